@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Idempotent install of everything AgentENV needs on a Debian 12 host: Debian packages
+# (QEMU, iproute2, iptables, kernel build tools, mmdebstrap, docker-registry, ...) and the
+# npm packages (Bun itself comes from npm, pinned in package.json).
+#   --test   also install what only the tests need
+set -euo pipefail
+cd "$(dirname "$0")/.."
+want_test=0
+[ "${1:-}" = "--test" ] && want_test=1
+
+# Debian packages, one list per purpose; each subsystem adds its own.
+pkgs=(iproute2 iptables ca-certificates)
+[ "$want_test" = 1 ] && pkgs+=()
+
+missing=()
+for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing Debian packages: ${missing[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >&2
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+fi
+
+# Bun from npm (its postinstall links the real binary), then the rest with bun from bun.lock.
+if ! .tools/node_modules/.bin/bun --version >/dev/null 2>&1; then
+  echo "installing bun from npm" >&2
+  mkdir -p .tools
+  echo '{"private":true,"allowScripts":{"bun":true}}' > .tools/package.json
+  npm install --prefix .tools --no-audit --no-fund --silent bun@1.4.4 >&2
+fi
+.tools/node_modules/.bin/bun install --frozen-lockfile >&2

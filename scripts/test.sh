@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Runs the whole test suite (README command 2). Installs what the tests need first
+# (apt packages, npm packages), then runs `bun test` and ends with one line
+# `N passed, N failed, N skipped`. Extra arguments go to `bun test` (e.g. a path filter).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install.sh --test || { echo "0 passed, 1 failed"; exit 1; }
+export PATH="$PWD/node_modules/.bin:$PATH" NODE_ENV=test
+log=$(mktemp)
+bun test --timeout 60000 "$@" 2>&1 | tee "$log"
+rc=${PIPESTATUS[0]}
+num() { grep -E "^ *[0-9]+ $1\$" "$log" | tail -1 | awk '{print $1}'; }
+p=$(num pass); f=$(num fail); s=$(num skip); t=$(num todo)
+# a run that dies before its summary still counts as a failure
+if [ -z "$p$f" ]; then f=1; fi
+[ "$rc" -ne 0 ] && [ "${f:-0}" -eq 0 ] && f=1
+rm -f "$log"
+echo "${p:-0} passed, ${f:-0} failed, $(( ${s:-0} + ${t:-0} )) skipped"
+exit $rc

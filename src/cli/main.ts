@@ -1,0 +1,16 @@
+#!/usr/bin/env bun
+/**
+ * `agentenv` — the single binary's entry point. Each subsystem registers one top-level
+ * subcommand here, loaded lazily so `agentenv envd` in a guest does not load the node.
+ */
+import { defineCommand, runMain } from "citty";
+import pkg from "../../package.json" with { type: "json" };
+
+const main = defineCommand({
+  meta: { name: "agentenv", version: pkg.version, description: "AgentENV: AI agent sandboxes in microVMs" },
+  subCommands: {
+    version: defineCommand({ meta: { description: "print the version" }, run: () => console.log(pkg.version) }),
+  },
+});
+
+await runMain(main);

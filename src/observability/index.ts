@@ -1,0 +1,1 @@
+export { log, logger } from "./log.ts";

@@ -1,0 +1,71 @@
+/**
+ * Plain data shared by the VMM drivers (QEMU, Firecracker) and the orchestrator.
+ * Sizes: memory in MiB; times in ms. Drivers throw `VmmError` (see ./errors.ts).
+ * DRAFT contract laid by the skeleton: the VMM work may refine it; the orchestrator codes against it.
+ */
+
+/** A virtio-blk drive. `path` is a regular file (or FUSE-served file, or block device). */
+export interface DriveSpec {
+  id: string;
+  path: string;
+  readOnly: boolean;
+  isRoot: boolean;
+}
+
+/** Guest network: a tap that already exists inside the netns the VMM is started in. */
+export interface NetSpec {
+  /** Path of the network namespace the VMM process runs in, e.g. /var/run/netns/aenv-3. */
+  netnsPath: string;
+  tapName: string;
+  /** Guest MAC, "02:xx:..". */
+  mac: string;
+  /** Guest address and gateway, passed on the kernel command line (ip=...). */
+  guestIp: string;
+  gatewayIp: string;
+  /** Prefix length of the tap link, e.g. 30. */
+  prefixLen: number;
+}
+
+/** Everything needed to boot one VM. */
+export interface VmSpec {
+  /** Sandbox id; names the work directory and the process. */
+  id: string;
+  /** Directory owned by this VM: sockets, logs, memory file. Created by the caller. */
+  workDir: string;
+  kernelPath: string;
+  /** Extra kernel command line appended to the driver's base arguments. */
+  bootArgs: string;
+  vcpus: number;
+  memoryMiB: number;
+  drives: DriveSpec[];
+  net?: NetSpec;
+}
+
+/** Files of a VM snapshot in the Firecracker model: device state + guest memory. */
+export interface SnapshotFiles {
+  statePath: string;
+  memPath: string;
+  kind: "full" | "diff";
+}
+
+/** A running (or paused) VM owned by a driver. */
+export interface VmHandle {
+  readonly id: string;
+  readonly pid: number;
+  /** Resolves when the VMM process exits, with its exit code (null when killed by signal). */
+  readonly exited: Promise<number | null>;
+  pause(): Promise<void>;
+  resume(): Promise<void>;
+  /** The VM must be paused. */
+  snapshot(files: SnapshotFiles): Promise<void>;
+  /** Stop the VMM process (graceful first, then SIGKILL after the driver's timeout) and free its resources. */
+  stop(): Promise<void>;
+}
+
+/** A VMM driver. */
+export interface VmmDriver {
+  readonly name: "qemu" | "firecracker";
+  boot(spec: VmSpec): Promise<VmHandle>;
+  /** Start a VM from snapshot files; it starts paused unless `resume` is true. */
+  restore(spec: VmSpec, files: SnapshotFiles, opts: { resume: boolean }): Promise<VmHandle>;
+}
