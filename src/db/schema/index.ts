@@ -1,0 +1,2 @@
+// One file per owning subsystem (sandboxes.ts, net.ts, ...); re-exported here for drizzle.
+export {};
