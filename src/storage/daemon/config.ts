@@ -1,0 +1,30 @@
+/** Typed view of config `[disk]` (defaults in config/default.toml). */
+import { get, loadConfig, type ConfigTable } from "../../config/index.ts";
+
+/** Settings of the disk service. */
+export interface DiskConfig {
+  /** FUSE reader threads per export. */
+  fuseWorkers: number;
+  /** Largest FUSE READ/WRITE, bytes. */
+  fuseMaxWrite: number;
+  /** FOPEN_DIRECT_IO on served files. */
+  fuseDirectIo: boolean;
+  /** Kernel FUSE request timeout, seconds (0 = none). */
+  fuseRequestTimeoutSec: number;
+  /** Longest wait for a serving child to report ready, ms. */
+  readyTimeoutMs: number;
+  /** Longest wait for a serving child to exit after SIGTERM before SIGKILL, ms. */
+  stopTimeoutMs: number;
+}
+
+/** Read `[disk]` from a loaded config (default: the node's config). */
+export function diskConfig(cfg: ConfigTable = loadConfig()): DiskConfig {
+  return {
+    fuseWorkers: get<number>(cfg, "disk.fuse_workers"),
+    fuseMaxWrite: get<number>(cfg, "disk.fuse_max_write"),
+    fuseDirectIo: get<boolean>(cfg, "disk.fuse_direct_io"),
+    fuseRequestTimeoutSec: get<number>(cfg, "disk.fuse_request_timeout_s"),
+    readyTimeoutMs: get<number>(cfg, "disk.ready_timeout_ms"),
+    stopTimeoutMs: get<number>(cfg, "disk.stop_timeout_ms"),
+  };
+}

@@ -1,0 +1,13 @@
+/**
+ * The disk service: serves sandbox disks to VMMs as plain files on FUSE mounts, one serving
+ * child process per disk (see ./serve.ts for why), and reaps what a crashed node left.
+ *
+ * - `exportDisk({ id, image, workDir, recordDir, config })` → `{ path, pid, exited, close() }`
+ * - `reapStaleDisks(recordDir, { mountRoots })` at node start
+ */
+export { diskConfig, type DiskConfig } from "./config.ts";
+export { DiskError } from "./errors.ts";
+export { agentenvCommand, exportDisk, type ExportedDisk } from "./export.ts";
+export { RawFileImage } from "./raw.ts";
+export { reapStaleDisks, type ReapReport } from "./reap.ts";
+export type { DiskImageSpec, FuseTuning, ServeSpec } from "./spec.ts";

@@ -1,0 +1,78 @@
+/**
+ * Plain-data description of one disk export, written as JSON for the serving child
+ * (`agentenv disk serve --spec FILE`), and the function that opens the image it names.
+ */
+import type { BlockImage } from "../block.ts";
+import { DiskError } from "./errors.ts";
+import { RawFileImage } from "./raw.ts";
+
+/** What to serve. `raw`: one plain file. */
+export type DiskImageSpec = { kind: "raw"; path: string; readOnly: boolean };
+
+/** Tunables of the FUSE export (from config `[disk]`). */
+export interface FuseTuning {
+  /** Reader threads blocking on /dev/fuse. */
+  workers: number;
+  /** Largest READ/WRITE in bytes. */
+  maxWrite: number;
+  /** FOPEN_DIRECT_IO on the served file. */
+  directIo: boolean;
+  /** Kernel FUSE request timeout, seconds (0 = none). */
+  requestTimeoutSec: number;
+}
+
+/** Everything the serving child needs. */
+export interface ServeSpec {
+  /** Disk id (sandbox id + disk name); names the record in `<runtimeDir>/disks/<id>.json`. */
+  id: string;
+  image: DiskImageSpec;
+  /** Directory the FUSE filesystem is mounted on. */
+  mountPoint: string;
+  /** Name of the served file inside the mount. */
+  fileName: string;
+  /** Directory holding the child's record (pid, mount point) for reaping after a crash. */
+  recordDir: string;
+  tuning: FuseTuning;
+}
+
+const ID_RE = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$/;
+
+/**
+ * Check a spec parsed from JSON.
+ * @throws DiskError `disk.bad_spec` naming the field at fault
+ */
+export function validateServeSpec(v: unknown): ServeSpec {
+  const bad = (field: string, value: unknown) =>
+    new DiskError("disk.bad_spec", `invalid disk spec: ${field}`, { field, value: value === undefined ? null : value });
+  if (typeof v !== "object" || v === null) throw bad("spec", v);
+  const s = v as Record<string, any>;
+  if (typeof s.id !== "string" || !ID_RE.test(s.id)) throw bad("id", s.id);
+  for (const f of ["mountPoint", "recordDir"] as const) {
+    if (typeof s[f] !== "string" || !s[f].startsWith("/")) throw bad(f, s[f]);
+  }
+  if (typeof s.fileName !== "string" || !/^[A-Za-z0-9][A-Za-z0-9_.-]*$/.test(s.fileName)) throw bad("fileName", s.fileName);
+  const img = s.image;
+  if (typeof img !== "object" || img === null) throw bad("image", img);
+  if (img.kind === "raw") {
+    if (typeof img.path !== "string" || !img.path.startsWith("/")) throw bad("image.path", img.path);
+    if (typeof img.readOnly !== "boolean") throw bad("image.readOnly", img.readOnly);
+  } else {
+    throw bad("image.kind", img.kind);
+  }
+  const t = s.tuning;
+  if (typeof t !== "object" || t === null) throw bad("tuning", t);
+  for (const f of ["workers", "maxWrite", "requestTimeoutSec"]) if (!Number.isInteger(t[f])) throw bad(`tuning.${f}`, t[f]);
+  if (typeof t.directIo !== "boolean") throw bad("tuning.directIo", t.directIo);
+  return s as ServeSpec;
+}
+
+/**
+ * Open the image a spec names.
+ * @throws DiskError `disk.open_failed`, `disk.bad_spec`
+ */
+export async function openImage(spec: DiskImageSpec): Promise<BlockImage> {
+  switch (spec.kind) {
+    case "raw":
+      return RawFileImage.open(spec.path, { readOnly: spec.readOnly });
+  }
+}

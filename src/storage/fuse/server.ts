@@ -1,0 +1,338 @@
+/**
+ * A FUSE filesystem holding exactly one regular file that exposes a BlockImage: the kernel
+ * protocol is spoken directly on /dev/fuse (no libfuse), the mount is made with mount(2).
+ * Reads and writes map 1:1 to BlockImage.pread/pwrite, fsync to sync(), fallocate
+ * PUNCH_HOLE|KEEP_SIZE (and ZERO_RANGE) to discard(); truncation and growth are refused.
+ * Protocol facts: /work/shared/docs/fuse-nbd.md §1 (opcodes, INIT flags, error rules).
+ *
+ * Threads: `workers` reader threads block in read(2) on the shared fd and pass each request to
+ * this (main) thread; replies are written here (a write to /dev/fuse never blocks).
+ */
+import { closeSync, mkdirSync, openSync, writeSync, constants as fsc } from "node:fs";
+import { fileURLToPath } from "node:url";
+import { Worker } from "node:worker_threads";
+import type { BlockImage } from "../block.ts";
+import * as F from "../../ffi/fuse.ts";
+import { MNT_DETACH, MS_NODEV, MS_NOSUID, mount, MountError, umount2 } from "../../ffi/mount.ts";
+import { logger } from "../../observability/log.ts";
+import { FuseError } from "./errors.ts";
+
+const log = logger("fuse");
+const O_CLOEXEC = 0o2000000;
+const FILE_INO = 2n;
+/** Attribute and entry validity handed to the kernel; the single file never changes shape. */
+const ATTR_VALID_SEC = 3600;
+
+/** Options of one export. */
+export interface FuseExportOptions {
+  /** Existing, empty directory to mount on. */
+  mountPoint: string;
+  /** Name of the single file inside the mount, e.g. "root.img". */
+  fileName: string;
+  image: BlockImage;
+  /** Reader threads blocking on /dev/fuse (1..16). */
+  workers: number;
+  /** Largest READ/WRITE payload in bytes (4096..1048576, a multiple of 4096). */
+  maxWrite: number;
+  /** Open the file with FOPEN_DIRECT_IO (no page cache on the host for this file). */
+  directIo: boolean;
+  /** Kernel request timeout in seconds (0 = none; needs protocol 7.43). */
+  requestTimeoutSec: number;
+  /** Mount `fstype` suffix and source; /proc/mounts shows `fuse.<name>` (used when reaping). */
+  fsName?: string;
+}
+
+/** Counters of served requests, for tests and metrics. */
+export interface FuseStats {
+  reads: number;
+  writes: number;
+  /** bytes */
+  bytesRead: number;
+  /** bytes */
+  bytesWritten: number;
+  fsyncs: number;
+  discards: number;
+  errors: number;
+}
+
+/** Default mount name; `reapStaleDisks` looks for `fuse.aenvdisk` mounts. */
+export const FUSE_FS_NAME = "aenvdisk";
+
+/**
+ * One mounted export. Create with `FuseExport.start(opts)`; `close()` unmounts, stops the
+ * reader threads, closes /dev/fuse and closes the image.
+ */
+export class FuseExport {
+  readonly mountPoint: string;
+  /** Absolute path of the served file. */
+  readonly path: string;
+  readonly stats: FuseStats = { reads: 0, writes: 0, bytesRead: 0, bytesWritten: 0, fsyncs: 0, discards: 0, errors: 0 };
+  /** Resolves when every reader thread has stopped (unmount or abort), with the reason. */
+  readonly ended: Promise<string>;
+
+  #fd: number;
+  #opts: FuseExportOptions;
+  #workers: Worker[] = [];
+  #closed = false;
+  #inflight = new Set<Promise<void>>();
+  #startTime = Math.floor(Date.now() / 1000);
+
+  private constructor(fd: number, opts: FuseExportOptions) {
+    this.#fd = fd;
+    this.#opts = opts;
+    this.mountPoint = opts.mountPoint;
+    this.path = `${opts.mountPoint}/${opts.fileName}`;
+    let stopped = 0;
+    let reason = "";
+    let resolveEnded!: (r: string) => void;
+    this.ended = new Promise((r) => (resolveEnded = r));
+    const bufSize = Math.max(F.MIN_READ_BUFFER, opts.maxWrite + 4096);
+    for (let i = 0; i < opts.workers; i++) {
+      const w = new Worker(fileURLToPath(new URL("./reader-worker.ts", import.meta.url)), { workerData: { fd, bufSize } });
+      w.on("message", (m: ArrayBuffer | { done: string }) => {
+        if (m instanceof ArrayBuffer) this.#dispatch(new Uint8Array(m));
+        else reason ||= m.done;
+      });
+      w.on("error", (e) => log.error({ err: e }, "fuse reader thread failed"));
+      w.on("exit", () => {
+        if (++stopped === opts.workers) resolveEnded(reason || "exit");
+      });
+      this.#workers.push(w);
+    }
+  }
+
+  /**
+   * Open /dev/fuse, mount it on `opts.mountPoint` and start serving.
+   * @throws FuseError `fuse.bad_options`, `fuse.open_device`, `fuse.mount`
+   */
+  static start(opts: FuseExportOptions): FuseExport {
+    validate(opts);
+    mkdirSync(opts.mountPoint, { recursive: true });
+    let fd: number;
+    try {
+      fd = openSync("/dev/fuse", fsc.O_RDWR | O_CLOEXEC);
+    } catch (e) {
+      throw new FuseError("fuse.open_device", `cannot open /dev/fuse: ${(e as Error).message}`, {}, { cause: e });
+    }
+    const name = opts.fsName ?? FUSE_FS_NAME;
+    const data = [
+      `fd=${fd}`, "rootmode=40000", "user_id=0", "group_id=0", "allow_other", "default_permissions",
+      `max_read=${opts.maxWrite}`,
+    ].join(",");
+    try {
+      mount(name, opts.mountPoint, `fuse.${name}`, MS_NOSUID | MS_NODEV, data);
+    } catch (e) {
+      closeSync(fd);
+      const errno = e instanceof MountError ? e.details.errno : undefined;
+      throw new FuseError("fuse.mount", `cannot mount FUSE export on ${opts.mountPoint}`, { mountPoint: opts.mountPoint, errno }, { cause: e });
+    }
+    try {
+      const exp = new FuseExport(fd, opts);
+      log.debug({ mountPoint: opts.mountPoint, size: opts.image.size }, "fuse export mounted");
+      return exp;
+    } catch (e) {
+      umount2(opts.mountPoint, MNT_DETACH);
+      closeSync(fd);
+      throw e;
+    }
+  }
+
+  /**
+   * Unmount (lazily: open files keep working until closed), wait for the reader threads and
+   * in-flight requests, close /dev/fuse, then sync and close the image. Idempotent.
+   */
+  async close(): Promise<void> {
+    if (this.#closed) return;
+    this.#closed = true;
+    const err = umount2(this.mountPoint, MNT_DETACH);
+    if (err !== 0 && err !== 22) log.warn({ mountPoint: this.mountPoint, errno: err }, "umount2 failed");
+    await this.ended;
+    await Promise.allSettled([...this.#inflight]);
+    closeSync(this.#fd);
+    try {
+      if (!this.#opts.image.readOnly) await this.#opts.image.sync();
+    } finally {
+      await this.#opts.image.close();
+    }
+  }
+
+  async [Symbol.asyncDispose](): Promise<void> {
+    await this.close();
+  }
+
+  #dispatch(req: Uint8Array): void {
+    const p = this.#handle(req).catch((e) => log.error({ err: e }, "fuse request handler failed"));
+    this.#inflight.add(p);
+    void p.finally(() => this.#inflight.delete(p));
+  }
+
+  #reply(unique: bigint, error: number, body?: Uint8Array): void {
+    if (error) this.stats.errors++;
+    try {
+      writeSync(this.#fd, F.encodeReply(unique, error, body));
+    } catch (e) {
+      // ENOENT: the request was interrupted or the connection aborted meanwhile.
+      const code = (e as NodeJS.ErrnoException).code;
+      if (code !== "ENOENT" && code !== "ENODEV" && code !== "ECONNABORTED") log.warn({ err: e }, "fuse reply failed");
+    }
+  }
+
+  #attr(ino: bigint): F.Attr {
+    const img = this.#opts.image;
+    if (ino === F.ROOT_ID) return { ino, size: 0, mode: F.S_IFDIR | 0o755, nlink: 2, uid: 0, gid: 0, time: this.#startTime };
+    return { ino, size: img.size, mode: F.S_IFREG | (img.readOnly ? 0o444 : 0o644), nlink: 1, uid: 0, gid: 0, time: this.#startTime };
+  }
+
+  async #handle(req: Uint8Array): Promise<void> {
+    if (req.byteLength < F.IN_HEADER_SIZE) return;
+    const h = F.decodeInHeader(req);
+    const body = req.subarray(F.IN_HEADER_SIZE, h.len);
+    const img = this.#opts.image;
+    const known = h.nodeid === F.ROOT_ID || h.nodeid === FILE_INO;
+    switch (h.opcode) {
+      case F.Op.INIT: {
+        const k = F.decodeInitIn(body);
+        if (k.major !== F.KERNEL_MAJOR) return this.#reply(h.unique, F.Errno.EPROTO);
+        const want = F.InitFlag.ASYNC_READ | F.InitFlag.BIG_WRITES | F.InitFlag.ASYNC_DIO | F.InitFlag.PARALLEL_DIROPS |
+          F.InitFlag.ABORT_ERROR | F.InitFlag.MAX_PAGES | F.InitFlag.INIT_EXT;
+        const minor = Math.min(k.minor, F.KERNEL_MINOR);
+        const timeout = this.#opts.requestTimeoutSec > 0 && minor >= 43 && (k.flags2 & F.InitFlag2.REQUEST_TIMEOUT) !== 0;
+        const out = F.encodeInitOut({
+          major: F.KERNEL_MAJOR, minor, maxReadahead: k.maxReadahead, flags: (want & k.flags) >>> 0,
+          flags2: timeout ? F.InitFlag2.REQUEST_TIMEOUT : 0, maxBackground: 64, congestionThreshold: 48,
+          maxWrite: this.#opts.maxWrite, maxPages: this.#opts.maxWrite / 4096,
+          requestTimeout: timeout ? this.#opts.requestTimeoutSec : 0,
+        });
+        return this.#reply(h.unique, 0, out);
+      }
+      case F.Op.FORGET:
+      case F.Op.BATCH_FORGET:
+      case F.Op.INTERRUPT:
+        return; // never answered
+      case F.Op.DESTROY:
+        return this.#reply(h.unique, 0);
+      case F.Op.LOOKUP: {
+        if (h.nodeid !== F.ROOT_ID) return this.#reply(h.unique, F.Errno.ENOTDIR);
+        if (F.decodeName(body) !== this.#opts.fileName) return this.#reply(h.unique, F.Errno.ENOENT);
+        return this.#reply(h.unique, 0, F.encodeEntryOut(this.#attr(FILE_INO), ATTR_VALID_SEC));
+      }
+      case F.Op.GETATTR:
+        if (!known) return this.#reply(h.unique, F.Errno.ENOENT);
+        return this.#reply(h.unique, 0, F.encodeAttrOut(this.#attr(h.nodeid), ATTR_VALID_SEC));
+      case F.Op.SETATTR: {
+        if (!known) return this.#reply(h.unique, F.Errno.ENOENT);
+        const s = F.decodeSetattrIn(body);
+        if ((s.valid & F.FATTR_SIZE) !== 0 && (h.nodeid !== FILE_INO || s.size !== img.size)) return this.#reply(h.unique, F.Errno.EPERM);
+        return this.#reply(h.unique, 0, F.encodeAttrOut(this.#attr(h.nodeid), ATTR_VALID_SEC));
+      }
+      case F.Op.OPEN: {
+        if (h.nodeid !== FILE_INO) return this.#reply(h.unique, h.nodeid === F.ROOT_ID ? F.Errno.EISDIR : F.Errno.ENOENT);
+        const flags = F.decodeOpenFlags(body);
+        if (img.readOnly && (flags & F.O_ACCMODE) !== F.O_RDONLY) return this.#reply(h.unique, F.Errno.EROFS);
+        const openFlags = (this.#opts.directIo ? F.FOPEN_DIRECT_IO : 0) | (img.readOnly ? F.FOPEN_KEEP_CACHE : 0);
+        return this.#reply(h.unique, 0, F.encodeOpenOut(0n, openFlags));
+      }
+      case F.Op.OPENDIR:
+        if (h.nodeid !== F.ROOT_ID) return this.#reply(h.unique, F.Errno.ENOTDIR);
+        return this.#reply(h.unique, 0, F.encodeOpenOut(0n, 0));
+      case F.Op.READDIR: {
+        if (h.nodeid !== F.ROOT_ID) return this.#reply(h.unique, F.Errno.ENOTDIR);
+        const r = F.decodeRwIn(body);
+        const entries: F.Dirent[] = [
+          { ino: F.ROOT_ID, name: ".", type: F.DT_DIR },
+          { ino: F.ROOT_ID, name: "..", type: F.DT_DIR },
+          { ino: FILE_INO, name: this.#opts.fileName, type: F.DT_REG },
+        ];
+        return this.#reply(h.unique, 0, F.encodeDirents(entries, r.offset, r.size));
+      }
+      case F.Op.READ: {
+        if (h.nodeid !== FILE_INO) return this.#reply(h.unique, F.Errno.EISDIR);
+        const r = F.decodeRwIn(body);
+        const len = Math.max(0, Math.min(r.size, img.size - r.offset));
+        if (len === 0) return this.#reply(h.unique, 0, new Uint8Array(0));
+        const buf = new Uint8Array(len);
+        try {
+          const n = await img.pread(buf, r.offset);
+          this.stats.reads++;
+          this.stats.bytesRead += n;
+          return this.#reply(h.unique, 0, buf.subarray(0, n));
+        } catch (e) {
+          log.error({ err: e, offset: r.offset, size: r.size }, "image read failed");
+          return this.#reply(h.unique, F.Errno.EIO);
+        }
+      }
+      case F.Op.WRITE: {
+        if (h.nodeid !== FILE_INO) return this.#reply(h.unique, F.Errno.EISDIR);
+        if (img.readOnly) return this.#reply(h.unique, F.Errno.EROFS);
+        const w = F.decodeRwIn(body);
+        const data = body.subarray(F.WRITE_IN_SIZE, F.WRITE_IN_SIZE + w.size);
+        if (data.byteLength !== w.size) return this.#reply(h.unique, F.Errno.EINVAL);
+        if (w.offset + w.size > img.size) return this.#reply(h.unique, F.Errno.ENOSPC);
+        try {
+          const n = await img.pwrite(data, w.offset);
+          this.stats.writes++;
+          this.stats.bytesWritten += n;
+          return this.#reply(h.unique, 0, F.encodeWriteOut(n));
+        } catch (e) {
+          log.error({ err: e, offset: w.offset, size: w.size }, "image write failed");
+          return this.#reply(h.unique, F.Errno.EIO);
+        }
+      }
+      case F.Op.FALLOCATE: {
+        if (h.nodeid !== FILE_INO) return this.#reply(h.unique, F.Errno.EISDIR);
+        if (img.readOnly) return this.#reply(h.unique, F.Errno.EROFS);
+        const a = F.decodeFallocateIn(body);
+        if (a.offset + a.length > img.size) return this.#reply(h.unique, F.Errno.ENOSPC);
+        const punch = a.mode === (F.FALLOC_FL_PUNCH_HOLE | F.FALLOC_FL_KEEP_SIZE);
+        const zero = (a.mode & ~F.FALLOC_FL_KEEP_SIZE) === F.FALLOC_FL_ZERO_RANGE;
+        if (a.mode === 0 || a.mode === F.FALLOC_FL_KEEP_SIZE) return this.#reply(h.unique, 0); // preallocation inside the size: nothing to do
+        if (!punch && !zero) return this.#reply(h.unique, F.Errno.EOPNOTSUPP);
+        try {
+          await img.discard(a.offset, a.length);
+          this.stats.discards++;
+          return this.#reply(h.unique, 0);
+        } catch (e) {
+          log.error({ err: e, offset: a.offset, length: a.length }, "image discard failed");
+          return this.#reply(h.unique, F.Errno.EIO);
+        }
+      }
+      case F.Op.FSYNC: {
+        try {
+          if (!img.readOnly) await img.sync();
+          this.stats.fsyncs++;
+          return this.#reply(h.unique, 0);
+        } catch (e) {
+          log.error({ err: e }, "image sync failed");
+          return this.#reply(h.unique, F.Errno.EIO);
+        }
+      }
+      case F.Op.FLUSH:
+      case F.Op.RELEASE:
+      case F.Op.RELEASEDIR:
+      case F.Op.FSYNCDIR:
+        return this.#reply(h.unique, 0);
+      case F.Op.STATFS:
+        return this.#reply(h.unique, 0, F.encodeStatfsOut(Math.ceil(img.size / 4096), 4096, 2));
+      case F.Op.CREATE:
+        return this.#reply(h.unique, F.Errno.EPERM);
+      default:
+        return this.#reply(h.unique, F.Errno.ENOSYS);
+    }
+  }
+}
+
+function validate(o: FuseExportOptions): void {
+  const bad = (why: string) => new FuseError("fuse.bad_options", `invalid FUSE export options: ${why}`, {
+    mountPoint: o.mountPoint, fileName: o.fileName, workers: o.workers, maxWrite: o.maxWrite,
+  });
+  if (!o.mountPoint.startsWith("/")) throw bad("mountPoint must be absolute");
+  if (!o.fileName || o.fileName.includes("/") || o.fileName === "." || o.fileName === ".." || o.fileName.includes("\0")) {
+    throw bad("fileName must be a plain file name");
+  }
+  if (!Number.isInteger(o.workers) || o.workers < 1 || o.workers > 16) throw bad("workers must be 1..16");
+  if (!Number.isInteger(o.maxWrite) || o.maxWrite < 4096 || o.maxWrite > 1 << 20 || o.maxWrite % 4096) {
+    throw bad("maxWrite must be a multiple of 4096 in 4096..1048576");
+  }
+  if (!Number.isInteger(o.requestTimeoutSec) || o.requestTimeoutSec < 0 || o.requestTimeoutSec > 65535) throw bad("requestTimeoutSec must be 0..65535");
+  if (o.image.size % 512 !== 0) throw bad("image size must be a multiple of 512");
+}
