@@ -22,6 +22,8 @@ export const ENV_ALIASES: Record<string, string> = {
   AENV_API_ADDR: "api.addr",
   AENV_API_KEY: "api.key",
   AENV_LOG_LEVEL: "log.level",
+  AENV_SANDBOX_PROXY_DOMAINS: "sandbox_proxy.domains",
+  AENV_NODE_ID: "node.id",
 };
 
 /** The embedded defaults, parsed once. */

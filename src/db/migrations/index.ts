@@ -2,9 +2,13 @@
  * Embedded migrations, in order. Each entry is a file drizzle-kit generated; statements are
  * separated by drizzle's `--> statement-breakpoint` marker. Append only; never edit a shipped one.
  */
+import sandboxes0001 from "./sandboxes_0001_init.sql" with { type: "text" };
+
 export interface Migration {
   tag: string;
   sql: string;
 }
 
-export const MIGRATIONS: Migration[] = [];
+export const MIGRATIONS: Migration[] = [
+  { tag: "sandboxes_0001_init", sql: sandboxes0001 },
+];

@@ -1,2 +1,2 @@
 // One file per owning subsystem (sandboxes.ts, net.ts, ...); re-exported here for drizzle.
-export {};
+export * from "./sandboxes.ts";

@@ -1,0 +1,39 @@
+/**
+ * The `sandboxes` table, owned by the orchestrator: one row per sandbox the node has ever
+ * created (killed rows are kept for a while for diagnostics and pruned by the orchestrator).
+ * Times are unix milliseconds. JSON columns hold plain data (see src/orchestrator/types.ts).
+ */
+import { index, integer, sqliteTable, text } from "drizzle-orm/sqlite-core";
+
+export const sandboxes = sqliteTable(
+  "sandboxes",
+  {
+    id: text("id").primaryKey(),
+    templateId: text("template_id").notNull(),
+    alias: text("alias"),
+    /** One of SANDBOX_STATES (src/orchestrator/states.ts). */
+    state: text("state").notNull(),
+    cpuCount: integer("cpu_count").notNull(),
+    memoryMB: integer("memory_mb").notNull(),
+    diskSizeMB: integer("disk_size_mb").notNull(),
+    envdVersion: text("envd_version").notNull(),
+    envdAccessToken: text("envd_access_token"),
+    trafficAccessToken: text("traffic_access_token"),
+    metadata: text("metadata", { mode: "json" }).$type<Record<string, string>>().notNull(),
+    envVars: text("env_vars", { mode: "json" }).$type<Record<string, string>>().notNull(),
+    autoPause: integer("auto_pause", { mode: "boolean" }).notNull(),
+    autoResume: integer("auto_resume", { mode: "boolean" }).notNull(),
+    allowInternetAccess: integer("allow_internet_access", { mode: "boolean" }),
+    network: text("network", { mode: "json" }).$type<Record<string, unknown>>(),
+    /** Where the sandbox's ports are reachable from the host: {host, ports?{guest: host}}. */
+    endpoint: text("endpoint", { mode: "json" }).$type<{ host: string; ports?: Record<string, number> }>(),
+    /** Runtime-owned opaque state (VMM pid, slot, work dir, snapshot files). */
+    runtimeState: text("runtime_state", { mode: "json" }).$type<Record<string, unknown>>(),
+    error: text("error"),
+    createdAt: integer("created_at").notNull(),
+    startedAt: integer("started_at").notNull(),
+    endAt: integer("end_at").notNull(),
+    updatedAt: integer("updated_at").notNull(),
+  },
+  (t) => [index("sandboxes_state_idx").on(t.state), index("sandboxes_started_idx").on(t.startedAt)],
+);

@@ -1,0 +1,8 @@
+/** Orchestrator: sandbox lifecycle over a SandboxRuntime. See orchestrator.ts and runtime.ts. */
+export { Orchestrator, type ConnectResult, type OrchestratorObserver, type SandboxEvent, encodeCursor, decodeCursor } from "./orchestrator.ts";
+export { OrchestratorError, notFound } from "./errors.ts";
+export { orchestratorConfig, type OrchestratorConfig } from "./config.ts";
+export type { SandboxRuntime, RuntimeStartSpec, RuntimeSandbox, RuntimeKnownSandbox, ReapReport } from "./runtime.ts";
+export { SANDBOX_STATES, TRANSITIONS, canTransition, publicState, type SandboxState } from "./states.ts";
+export { SANDBOX_ID_RE, newSandboxId, randomHex } from "./ids.ts";
+export type * from "./types.ts";

@@ -1,0 +1,516 @@
+/**
+ * The orchestrator: turns API requests into sandbox lifecycle operations on a SandboxRuntime.
+ * Owns the state machine (states.ts), per-sandbox serialisation (lock.ts), expiry (kill or
+ * pause at endAt), counters published to observers, and persistence (store.ts).
+ */
+import type { Logger } from "pino";
+import type { Db } from "../db/index.ts";
+import { logger } from "../observability/log.ts";
+import type { OrchestratorConfig } from "./config.ts";
+import { notFound, OrchestratorError } from "./errors.ts";
+import { newSandboxId, randomHex, SANDBOX_ID_RE } from "./ids.ts";
+import { KeyedLock } from "./lock.ts";
+import type { RuntimeSandbox, RuntimeStartSpec, SandboxRuntime } from "./runtime.ts";
+import { Semaphore } from "./semaphore.ts";
+import { assertTransition, LIVE_STATES, publicState, type SandboxState } from "./states.ts";
+import { SandboxStore, type ListCursor } from "./store.ts";
+import type { CreateSandboxRequest, ListSandboxesQuery, OrchestratorCounters, SandboxEndpoint, SandboxRecord, TemplateInfo } from "./types.ts";
+
+/** A state change, as published to observers. */
+export interface SandboxEvent {
+  id: string;
+  from: SandboxState | null;
+  to: SandboxState;
+  at: number;
+}
+
+/** Observer of counters and state changes. */
+export interface OrchestratorObserver {
+  onEvent?(e: SandboxEvent): void;
+  onCounters?(c: OrchestratorCounters): void;
+}
+
+/** Result of `connect()`: the record and whether it had to be resumed (HTTP 201 vs 200). */
+export interface ConnectResult {
+  sandbox: SandboxRecord;
+  resumed: boolean;
+}
+
+export class Orchestrator {
+  readonly store: SandboxStore;
+  private readonly lock: KeyedLock;
+  private readonly starts: Semaphore;
+  private readonly log: Logger = logger("orchestrator");
+  private readonly observers = new Set<OrchestratorObserver>();
+  private readonly counters: OrchestratorCounters = { running: 0, paused: 0, starting: 0, created: 0, failed: 0, killed: 0 };
+  private evictTimer: ReturnType<typeof setInterval> | undefined;
+  private readonly inflight = new Set<Promise<unknown>>();
+  private readonly shutdown = new AbortController();
+  private closed = false;
+
+  constructor(
+    db: Db,
+    readonly runtime: SandboxRuntime,
+    readonly config: OrchestratorConfig,
+    private readonly now: () => number = Date.now,
+  ) {
+    this.store = new SandboxStore(db);
+    this.lock = new KeyedLock(config.lockWaitMs, config.lockMaxWaiters);
+    this.starts = new Semaphore(config.maxConcurrentStarts);
+  }
+
+  /**
+   * Reconcile with what a previous run left, then start the expiry loop. Sandboxes that were
+   * in any state but `paused` cannot continue (their VMM died with the node or is orphaned):
+   * the runtime stops and frees them and they become `killed`. Paused ones stay paused.
+   */
+  async start(): Promise<void> {
+    const left = this.store.inStates(["creating", "running", "pausing", "resuming", "killing", "failed", "paused"]);
+    const report = await this.runtime.reap(left.map((r) => ({ id: r.id, state: r.state, runtimeState: r.runtimeState })));
+    const t = this.now();
+    for (const r of left) {
+      if (r.state === "paused") continue;
+      // "resuming"/"pausing" may have left a usable snapshot, but its completeness is unknown: discard
+      this.store.update(r.id, { state: "killed", error: r.error ?? `node restarted while ${r.state}`, endpoint: null }, t);
+      this.log.warn({ sandboxId: r.id, was: r.state }, "sandbox did not survive the node restart");
+    }
+    this.log.info({ stoppedVms: report.stoppedVms.length, removed: report.removed.length, paused: left.filter((r) => r.state === "paused").length }, "start-up reconciliation done");
+    this.store.prune(t - this.config.killedRetentionSecs * 1000);
+    this.recount();
+    this.evictTimer = setInterval(() => this.evictTick(), this.config.evictIntervalMs);
+  }
+
+  /**
+   * Stop the expiry loop, wait for operations in flight, then kill (or pause, per
+   * `shutdown_action`) every live sandbox, and close the runtime.
+   */
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    clearInterval(this.evictTimer);
+    this.shutdown.abort(new OrchestratorError("orchestrator.shutting_down", 503, "node is shutting down"));
+    await Promise.allSettled([...this.inflight]);
+    const live = this.store.inStates(["running", "creating", "resuming", "pausing"]);
+    await Promise.allSettled(
+      live.map((r) => (this.config.shutdownAction === "pause" && r.state === "running" ? this.pauseNow(r.id) : this.killNow(r.id, true))),
+    );
+    await this.runtime.close();
+  }
+
+  /** Subscribe; returns the unsubscribe function. The observer gets the counters at once. */
+  observe(o: OrchestratorObserver): () => void {
+    this.observers.add(o);
+    o.onCounters?.({ ...this.counters });
+    return () => this.observers.delete(o);
+  }
+
+  /** A copy of the current counters. */
+  getCounters(): OrchestratorCounters {
+    return { ...this.counters };
+  }
+
+  /** Templates the runtime can boot. */
+  listTemplates(): Promise<TemplateInfo[]> {
+    return this.runtime.listTemplates();
+  }
+
+  /**
+   * Create and boot a sandbox; resolves once envd is initialised.
+   * @throws OrchestratorError template_not_found (404), bad_request (400), capacity (429),
+   *   create_failed (500), shutting_down (503).
+   */
+  async create(req: CreateSandboxRequest): Promise<SandboxRecord> {
+    this.assertOpen();
+    const timeoutSecs = this.checkTimeout(req.timeoutSecs ?? this.config.defaultTimeoutSecs);
+    const templates = await this.runtime.listTemplates();
+    const tpl = templates.find((t) => t.templateID === req.template) ?? templates.find((t) => t.aliases.includes(req.template));
+    if (!tpl) throw new OrchestratorError("orchestrator.template_not_found", 404, `template '${req.template}' not found`, { template: req.template });
+    const live = this.counters.running + this.counters.starting;
+    if (live >= this.config.maxSandboxes) {
+      throw new OrchestratorError("orchestrator.capacity", 429, `node is at its limit of ${this.config.maxSandboxes} concurrent sandboxes`, { limit: this.config.maxSandboxes });
+    }
+    const id = newSandboxId();
+    const t = this.now();
+    const rec: SandboxRecord = {
+      id,
+      templateId: tpl.templateID,
+      alias: tpl.aliases.includes(req.template) ? req.template : (tpl.aliases[0] ?? null),
+      state: "creating",
+      cpuCount: tpl.cpuCount,
+      memoryMB: tpl.memoryMB,
+      diskSizeMB: tpl.diskSizeMB,
+      envdVersion: tpl.envdVersion,
+      envdAccessToken: req.secure ? randomHex(32) : null,
+      trafficAccessToken: null,
+      metadata: req.metadata ?? {},
+      envVars: req.envVars ?? {},
+      autoPause: req.autoPause ?? false,
+      autoResume: req.autoResume ?? false,
+      allowInternetAccess: req.allowInternetAccess ?? null,
+      network: req.network ?? null,
+      endpoint: null,
+      runtimeState: null,
+      error: null,
+      createdAt: t,
+      startedAt: t,
+      endAt: t + timeoutSecs * 1000,
+      updatedAt: t,
+    };
+    this.store.insert(rec);
+    this.counters.starting++;
+    this.emit({ id, from: null, to: "creating", at: t });
+    return this.track(
+      this.lock.run(id, async () => {
+        try {
+          const started = await this.withStartSlot(this.config.createTimeoutMs, (signal) => this.runtime.start(this.startSpec(rec, tpl, signal)));
+          const now = this.now();
+          this.transition(id, "creating", "running", {
+            endpoint: started.endpoint,
+            runtimeState: started.runtimeState,
+            envdVersion: started.envdVersion,
+            startedAt: now,
+            endAt: now + timeoutSecs * 1000,
+          });
+          this.counters.created++;
+          this.watchExit(id, started);
+          return this.store.get(id)!;
+        } catch (e) {
+          this.counters.failed++;
+          this.transition(id, "creating", "failed", { error: (e as Error).message });
+          this.log.error({ sandboxId: id, err: e }, "create failed");
+          if (e instanceof OrchestratorError && e.status < 500) throw e;
+          throw new OrchestratorError("orchestrator.create_failed", 500, `failed to create sandbox: ${(e as Error).message}`, { sandboxId: id, template: tpl.templateID }, { cause: e });
+        } finally {
+          this.counters.starting--;
+          this.recount();
+        }
+      }),
+    );
+  }
+
+  /** The live record of `id`. @throws OrchestratorError not_found (404). */
+  get(id: string): SandboxRecord {
+    const r = SANDBOX_ID_RE.test(id) ? this.store.get(id) : undefined;
+    if (!r || publicState(r.state) === null) throw notFound(id);
+    return r;
+  }
+
+  /**
+   * One page of live sandboxes matching `q`; `nextToken` is set when more exist.
+   * @throws OrchestratorError bad_request (400) for a malformed nextToken.
+   */
+  list(q: ListSandboxesQuery): { items: SandboxRecord[]; nextToken?: string } {
+    const want = q.states ?? ["running", "paused"];
+    const states = LIVE_STATES.filter((s) => want.includes(publicState(s)!));
+    let cursor: ListCursor | undefined;
+    if (q.nextToken) cursor = decodeCursor(q.nextToken);
+    const md = Object.entries(q.metadata ?? {});
+    const { items, more } = this.store.page({
+      states,
+      order: q.order ?? "asc",
+      limit: q.limit ?? 100,
+      cursor,
+      template: q.template,
+      startedAfter: q.startedAfter,
+      keep: (r) => md.every(([k, v]) => r.metadata[k] === v),
+    });
+    const last = items[items.length - 1];
+    return { items, nextToken: more && last ? encodeCursor({ startedAt: last.startedAt, id: last.id }) : undefined };
+  }
+
+  /** Number of sandboxes in state running (X-Total-Running). */
+  runningCount(): number {
+    return this.counters.running;
+  }
+
+  /** Kill a live sandbox. @throws OrchestratorError not_found (404), busy (409). */
+  kill(id: string): Promise<void> {
+    this.get(id);
+    return this.track(this.killNow(id, false));
+  }
+
+  /** Pause a running sandbox. @throws not_found (404), conflict (409 when already paused). */
+  pause(id: string): Promise<void> {
+    this.assertOpen();
+    this.get(id);
+    return this.track(this.pauseNow(id));
+  }
+
+  /**
+   * E2B connect: a running sandbox gets its TTL extended (if the new end is later) -> resumed
+   * false; a paused one is resumed with TTL now + timeout -> resumed true.
+   * @throws not_found (404), bad_request (400, timeout out of range).
+   */
+  connect(id: string, timeoutSecs?: number): Promise<ConnectResult> {
+    this.assertOpen();
+    const secs = this.checkTimeout(timeoutSecs ?? this.config.defaultTimeoutSecs);
+    this.get(id);
+    return this.track(
+      this.lock.run(id, async () => {
+        const r = this.get(id);
+        if (r.state === "paused") return { sandbox: await this.resumeLocked(r, secs), resumed: true };
+        const endAt = Math.max(r.endAt, this.now() + secs * 1000);
+        this.store.update(id, { endAt }, this.now());
+        return { sandbox: this.store.get(id)!, resumed: false };
+      }),
+    );
+  }
+
+  /** Deprecated E2B resume: 409 when running. @throws not_found (404), conflict (409). */
+  resume(id: string, timeoutSecs?: number): Promise<SandboxRecord> {
+    this.assertOpen();
+    const secs = this.checkTimeout(timeoutSecs ?? this.config.defaultTimeoutSecs);
+    this.get(id);
+    return this.track(
+      this.lock.run(id, async () => {
+        const r = this.get(id);
+        if (r.state !== "paused") throw new OrchestratorError("orchestrator.conflict", 409, `sandbox ${id} is already running`, { sandboxId: id, state: r.state });
+        return this.resumeLocked(r, secs);
+      }),
+    );
+  }
+
+  /** Set endAt = now + `secs` (may shorten). @throws not_found (404), bad_request (400). */
+  setTimeout(id: string, secs: number): Promise<void> {
+    this.checkTimeout(secs);
+    this.get(id);
+    return this.lock.run(id, async () => {
+      this.get(id);
+      this.store.update(id, { endAt: this.now() + secs * 1000 }, this.now());
+    });
+  }
+
+  /** Keep alive for `secs` more: endAt = max(endAt, now + secs). @throws not_found (404). */
+  refresh(id: string, secs: number): Promise<void> {
+    this.get(id);
+    return this.lock.run(id, async () => {
+      const r = this.get(id);
+      this.store.update(id, { endAt: Math.max(r.endAt, this.now() + secs * 1000) }, this.now());
+    });
+  }
+
+  /**
+   * Replace the egress policy of a running sandbox (runtime applies it; record keeps it).
+   * @throws not_found (404), conflict (409 when not running), bad_request (400 when unsupported).
+   */
+  updateNetwork(id: string, policy: Record<string, unknown>): Promise<void> {
+    this.get(id);
+    return this.lock.run(id, async () => {
+      const r = this.get(id);
+      if (r.state !== "running") throw new OrchestratorError("orchestrator.conflict", 409, `sandbox ${id} is not running`, { sandboxId: id, state: r.state });
+      if (!this.runtime.updateNetwork) throw new OrchestratorError("orchestrator.bad_request", 400, `runtime ${this.runtime.name} cannot change network policy`, { sandboxId: id });
+      await this.runtime.updateNetwork(id, r.runtimeState ?? {}, policy);
+      this.store.update(id, { network: { ...(r.network ?? {}), ...policy } }, this.now());
+    });
+  }
+
+  /**
+   * Where guest `port` of sandbox `id` is reachable, for the proxy. Only running sandboxes
+   * have an address.
+   * @throws OrchestratorError not_found (404) for unknown, paused or not-yet-running sandboxes.
+   */
+  resolve(id: string, port: number): { host: string; port: number; sandbox: SandboxRecord } {
+    const r = SANDBOX_ID_RE.test(id) ? this.store.get(id) : undefined;
+    if (!r || r.state !== "running" || !r.endpoint) throw notFound(id);
+    return { host: r.endpoint.host, port: r.endpoint.ports?.[String(port)] ?? port, sandbox: r };
+  }
+
+  /**
+   * Register a sandbox that already runs somewhere reachable (e.g. a sandbox whose VM another
+   * component started), in state running. Used by tooling and tests of the proxy.
+   */
+  adopt(rec: Omit<SandboxRecord, "state" | "createdAt" | "updatedAt"> & { endpoint: SandboxEndpoint }): SandboxRecord {
+    const t = this.now();
+    const full: SandboxRecord = { ...rec, state: "running", createdAt: t, updatedAt: t };
+    this.store.insert(full);
+    this.emit({ id: rec.id, from: null, to: "running", at: t });
+    this.recount();
+    return full;
+  }
+
+  // ---- internals ----
+
+  private async killNow(id: string, force: boolean): Promise<void> {
+    await this.lock.run(id, async () => {
+      const r = this.store.get(id);
+      if (!r || (publicState(r.state) === null && !(force && r.state === "failed"))) throw notFound(id);
+      this.transition(id, r.state, "killing", {});
+      try {
+        await this.runtime.kill(id, r.runtimeState);
+      } catch (e) {
+        this.transition(id, "killing", "failed", { error: `kill failed: ${(e as Error).message}` });
+        throw new OrchestratorError("orchestrator.runtime_failed", 500, `failed to kill sandbox ${id}: ${(e as Error).message}`, { sandboxId: id }, { cause: e });
+      }
+      this.transition(id, "killing", "killed", { endpoint: null, runtimeState: null });
+      this.counters.killed++;
+      this.recount();
+    });
+  }
+
+  private async pauseNow(id: string): Promise<void> {
+    await this.lock.run(id, async () => {
+      const r = this.get(id);
+      if (r.state === "paused") throw new OrchestratorError("orchestrator.conflict", 409, `sandbox ${id} is already paused`, { sandboxId: id });
+      this.transition(id, "running", "pausing", {});
+      const signal = AbortSignal.any([AbortSignal.timeout(this.config.pauseTimeoutMs)]);
+      try {
+        const st = await this.runtime.pause(id, r.runtimeState ?? {}, signal);
+        this.transition(id, "pausing", "paused", { runtimeState: st, endpoint: null });
+      } catch (e) {
+        // the runtime leaves the VM running when a pause fails before the VMM is stopped
+        this.transition(id, "pausing", "failed", { error: `pause failed: ${(e as Error).message}` });
+        await this.runtime.kill(id, r.runtimeState).catch(() => {});
+        this.recount();
+        throw new OrchestratorError("orchestrator.runtime_failed", 500, `failed to pause sandbox ${id}: ${(e as Error).message}`, { sandboxId: id }, { cause: e });
+      }
+      this.recount();
+    });
+  }
+
+  private async resumeLocked(r: SandboxRecord, secs: number): Promise<SandboxRecord> {
+    const tpl = (await this.runtime.listTemplates()).find((t) => t.templateID === r.templateId);
+    this.transition(r.id, "paused", "resuming", {});
+    this.counters.starting++;
+    try {
+      const started = await this.withStartSlot(this.config.createTimeoutMs, (signal) =>
+        this.runtime.resume(this.startSpec(r, tpl ?? templateOf(r), signal), r.runtimeState ?? {}),
+      );
+      const now = this.now();
+      this.transition(r.id, "resuming", "running", {
+        endpoint: started.endpoint,
+        runtimeState: started.runtimeState,
+        envdVersion: started.envdVersion,
+        endAt: now + secs * 1000,
+      });
+      this.watchExit(r.id, started);
+      return this.store.get(r.id)!;
+    } catch (e) {
+      this.transition(r.id, "resuming", "paused", { error: `resume failed: ${(e as Error).message}` });
+      throw new OrchestratorError("orchestrator.runtime_failed", 500, `failed to resume sandbox ${r.id}: ${(e as Error).message}`, { sandboxId: r.id }, { cause: e });
+    } finally {
+      this.counters.starting--;
+      this.recount();
+    }
+  }
+
+  private async withStartSlot<T>(timeoutMs: number, fn: (signal: AbortSignal) => Promise<T>): Promise<T> {
+    const signal = AbortSignal.any([AbortSignal.timeout(timeoutMs), this.shutdown.signal]);
+    const release = await this.starts.acquire(signal);
+    try {
+      return await fn(signal);
+    } finally {
+      release();
+    }
+  }
+
+  private startSpec(r: SandboxRecord, template: TemplateInfo, signal: AbortSignal): RuntimeStartSpec {
+    return {
+      id: r.id,
+      template,
+      cpuCount: r.cpuCount,
+      memoryMB: r.memoryMB,
+      envVars: r.envVars,
+      envdAccessToken: r.envdAccessToken,
+      allowInternetAccess: r.allowInternetAccess,
+      network: r.network,
+      signal,
+    };
+  }
+
+  /** When the VMM dies by itself, the sandbox becomes failed and its leftovers are freed. */
+  private watchExit(id: string, started: RuntimeSandbox): void {
+    if (!started.exited) return;
+    const startedAt = this.store.get(id)?.updatedAt;
+    void started.exited.then(() => {
+      if (this.closed) return;
+      void this.lock
+        .run(id, async () => {
+          const r = this.store.get(id);
+          // a later pause/kill/resume owns the record now
+          if (!r || r.state !== "running" || r.updatedAt < (startedAt ?? 0)) return;
+          if (r.runtimeState !== started.runtimeState && JSON.stringify(r.runtimeState) !== JSON.stringify(started.runtimeState)) return;
+          this.transition(id, "running", "failed", { error: "sandbox VM exited unexpectedly", endpoint: null });
+          await this.runtime.kill(id, r.runtimeState).catch((e) => this.log.error({ sandboxId: id, err: e }, "clean-up after exit failed"));
+          this.recount();
+        })
+        .catch((e) => this.log.error({ sandboxId: id, err: e }, "exit watcher failed"));
+    });
+  }
+
+  private evictTick(): void {
+    const t = this.now();
+    for (const { id, autoPause } of this.store.expired(t)) {
+      this.log.info({ sandboxId: id, action: autoPause ? "pause" : "kill" }, "sandbox timeout reached");
+      const op = autoPause ? this.pauseNow(id) : this.killNow(id, false);
+      this.track(op).catch((e) => {
+        if (!(e instanceof OrchestratorError && e.status === 404)) this.log.error({ sandboxId: id, err: e }, "expiry action failed");
+      });
+    }
+  }
+
+  private transition(id: string, from: SandboxState, to: SandboxState, fields: Partial<SandboxRecord>): void {
+    assertTransition(id, from, to);
+    const t = this.now();
+    this.store.update(id, { ...fields, state: to }, t);
+    this.emit({ id, from, to, at: t });
+  }
+
+  private emit(e: SandboxEvent): void {
+    for (const o of this.observers) {
+      try {
+        o.onEvent?.(e);
+      } catch (err) {
+        this.log.error({ err }, "observer failed");
+      }
+    }
+  }
+
+  private recount(): void {
+    const by = this.store.countByState();
+    this.counters.running = (by.running ?? 0) + (by.pausing ?? 0);
+    this.counters.paused = by.paused ?? 0;
+    for (const o of this.observers) {
+      try {
+        o.onCounters?.({ ...this.counters });
+      } catch (err) {
+        this.log.error({ err }, "observer failed");
+      }
+    }
+  }
+
+  private track<T>(p: Promise<T>): Promise<T> {
+    this.inflight.add(p);
+    void p.then(
+      () => this.inflight.delete(p),
+      () => this.inflight.delete(p),
+    );
+    return p;
+  }
+
+  private checkTimeout(secs: number): number {
+    if (!Number.isInteger(secs) || secs < 0 || secs > this.config.maxTimeoutSecs) {
+      throw new OrchestratorError("orchestrator.bad_request", 400, `timeout must be an integer between 0 and ${this.config.maxTimeoutSecs} seconds, got ${secs}`, { timeout: secs });
+    }
+    return secs;
+  }
+
+  private assertOpen(): void {
+    if (this.closed) throw new OrchestratorError("orchestrator.shutting_down", 503, "node is shutting down");
+  }
+}
+
+function templateOf(r: SandboxRecord): TemplateInfo {
+  return { templateID: r.templateId, aliases: r.alias ? [r.alias] : [], cpuCount: r.cpuCount, memoryMB: r.memoryMB, diskSizeMB: r.diskSizeMB, envdVersion: r.envdVersion, createdAt: r.createdAt, updatedAt: r.createdAt, buildID: "", buildStatus: "ready" };
+}
+
+/** Encode a list cursor as an opaque url-safe token. */
+export function encodeCursor(c: ListCursor): string {
+  return Buffer.from(`${c.startedAt}:${c.id}`).toString("base64url");
+}
+
+/** Decode a list cursor. @throws OrchestratorError bad_request (400) for anything malformed. */
+export function decodeCursor(token: string): ListCursor {
+  const m = /^(\d{1,16}):([a-z0-9]{1,64})$/.exec(Buffer.from(token, "base64url").toString());
+  if (!m) throw new OrchestratorError("orchestrator.bad_request", 400, `invalid nextToken ${JSON.stringify(token)}`, { nextToken: token });
+  return { startedAt: Number(m[1]), id: m[2]! };
+}

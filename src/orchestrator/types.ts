@@ -1,0 +1,95 @@
+/**
+ * Plain data of the orchestrator: sandbox records, create/list requests, templates.
+ * Times are unix milliseconds; sizes in MiB as E2B names them (memoryMB, diskSizeMB).
+ */
+import type { SandboxState } from "./states.ts";
+
+/** Where a sandbox's guest ports are reachable from the host. */
+export interface SandboxEndpoint {
+  /** Host address (guest IP inside its slot, or 127.0.0.1 when ports are forwarded). */
+  host: string;
+  /** Guest port -> host port, for runtimes that forward ports; absent ports map to themselves. */
+  ports?: Record<string, number>;
+}
+
+/** One sandbox as the orchestrator stores it. */
+export interface SandboxRecord {
+  id: string;
+  templateId: string;
+  alias: string | null;
+  state: SandboxState;
+  cpuCount: number;
+  memoryMB: number;
+  diskSizeMB: number;
+  envdVersion: string;
+  envdAccessToken: string | null;
+  trafficAccessToken: string | null;
+  metadata: Record<string, string>;
+  envVars: Record<string, string>;
+  autoPause: boolean;
+  autoResume: boolean;
+  allowInternetAccess: boolean | null;
+  network: Record<string, unknown> | null;
+  endpoint: SandboxEndpoint | null;
+  runtimeState: Record<string, unknown> | null;
+  error: string | null;
+  createdAt: number;
+  startedAt: number;
+  endAt: number;
+  updatedAt: number;
+}
+
+/** Already-validated create request (the API layer has parsed and checked it). */
+export interface CreateSandboxRequest {
+  /** Template id or alias. */
+  template: string;
+  /** Lifetime in seconds; the orchestrator's default when absent. */
+  timeoutSecs?: number;
+  autoPause?: boolean;
+  autoResume?: boolean;
+  metadata?: Record<string, string>;
+  envVars?: Record<string, string>;
+  /** Issue an envd access token (always for v2 create; v1 only with `secure`). */
+  secure: boolean;
+  allowInternetAccess?: boolean;
+  network?: Record<string, unknown>;
+}
+
+/** Filter of `list()`. */
+export interface ListSandboxesQuery {
+  /** Public states to include; both when absent. */
+  states?: ("running" | "paused")[];
+  /** Every pair must match. */
+  metadata?: Record<string, string>;
+  template?: string;
+  startedAfter?: number;
+  order?: "asc" | "desc";
+  /** 1..100. */
+  limit?: number;
+  /** Opaque cursor from a previous page. */
+  nextToken?: string;
+}
+
+/** A template the runtime can boot. */
+export interface TemplateInfo {
+  templateID: string;
+  aliases: string[];
+  cpuCount: number;
+  memoryMB: number;
+  diskSizeMB: number;
+  envdVersion: string;
+  createdAt: number;
+  updatedAt: number;
+  buildID: string;
+  buildStatus: "ready" | "building" | "error" | "waiting";
+}
+
+/** Counters the orchestrator publishes (running/starting are gauges, created/failed totals). */
+export interface OrchestratorCounters {
+  running: number;
+  paused: number;
+  starting: number;
+  created: number;
+  failed: number;
+  killed: number;
+}
