@@ -1,0 +1,66 @@
+/**
+ * File-extent system calls Bun's fs does not expose: lseek(2) with SEEK_DATA/SEEK_HOLE and the
+ * FICLONE ioctl (reflink). Values from include/uapi/linux/fs.h and include/uapi/linux/fs.h /
+ * asm-generic: SEEK_DATA 3, SEEK_HOLE 4, FICLONE _IOW(0x94, 9, int) = 0x40049409.
+ */
+import { dlopen, FFIType } from "bun:ffi";
+
+const SEEK_DATA = 3;
+const SEEK_HOLE = 4;
+const FICLONE = 0x40049409;
+const ENXIO = 6;
+
+const libc = dlopen("libc.so.6", {
+  lseek: { args: [FFIType.i32, FFIType.i64, FFIType.i32], returns: FFIType.i64 },
+  ioctl: { args: [FFIType.i32, FFIType.u64, FFIType.i32], returns: FFIType.i32 },
+  __errno_location: { args: [], returns: FFIType.ptr },
+});
+
+function errno(): number {
+  const { read } = require("bun:ffi") as typeof import("bun:ffi");
+  return read.i32(libc.symbols.__errno_location()!, 0);
+}
+
+/** Error from a failed system call; `errno` is the raw number. */
+export class SyscallError extends Error {
+  constructor(readonly call: string, readonly errno: number) {
+    super(`${call} failed: errno ${errno}`);
+  }
+}
+
+/**
+ * The data extents of an open file in [0, size), from SEEK_DATA/SEEK_HOLE. Filesystems without
+ * hole support report one extent covering the file.
+ * @param fd an open file descriptor
+ * @param size file size in bytes
+ * @returns sorted, non-overlapping [start, end) byte ranges holding data
+ * @throws SyscallError on an lseek failure other than ENXIO (no more data)
+ */
+export function dataExtents(fd: number, size: number): Array<[number, number]> {
+  const out: Array<[number, number]> = [];
+  let pos = 0;
+  while (pos < size) {
+    const d = Number(libc.symbols.lseek(fd, pos, SEEK_DATA));
+    if (d < 0) {
+      const e = errno();
+      if (e === ENXIO) break;
+      throw new SyscallError("lseek(SEEK_DATA)", e);
+    }
+    if (d >= size) break;
+    let h = Number(libc.symbols.lseek(fd, d, SEEK_HOLE));
+    if (h < 0) throw new SyscallError("lseek(SEEK_HOLE)", errno());
+    h = Math.min(h, size);
+    out.push([d, h]);
+    pos = h;
+  }
+  return out;
+}
+
+/**
+ * Make `dstFd` share `srcFd`'s extents (ioctl FICLONE).
+ * @returns 0 on success, else the errno (EOPNOTSUPP 95 / EXDEV 18 / EINVAL 22 where not supported)
+ */
+export function ficlone(dstFd: number, srcFd: number): number {
+  const r = libc.symbols.ioctl(dstFd, FICLONE, srcFd);
+  return r === 0 ? 0 : errno();
+}

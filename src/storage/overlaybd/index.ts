@@ -1,0 +1,27 @@
+/**
+ * overlaybd layered block images, byte-compatible with containerd/overlaybd.
+ *
+ * Typical use:
+ * ```ts
+ * import { openStack, createUpper, importRaw } from "../storage/overlaybd/index.ts";
+ * await importRaw("rootfs.ext4", "rootfs.layer");                       // committed layer
+ * await createUpper({ data: "w.data", index: "w.index" }, 0);             // 0 = lower's size
+ * const img = await openStack({ lowers: ["rootfs.layer"], upper: { data: "w.data", index: "w.index" } });
+ * await img.pread(buf, 0); await img.pwrite(buf, 4096); await img.sync(); await img.close();
+ * ```
+ * Every failure is an `OverlaybdError` with a stable `code` and `details.file`/`details.offset`.
+ */
+export { OverlaybdError } from "./errors.ts";
+export { type Backend, LocalFile, MemoryBackend, SliceBackend } from "./backend.ts";
+export { type HeaderTrailer, type Segment, SECTOR, NULL_UUID, HTFlag } from "./format.ts";
+export { openRoLayer, openRoLayerFile, unwrapBlob, type RoLayer } from "./layer.ts";
+export { RwLayer } from "./rw.ts";
+export { CommittedLayerWriter, writeCommitted, type CommitMeta } from "./commit.ts";
+export {
+  LayeredImage, openStack, createUpper, importRaw, importSparse, mergeLayers, reflinkOrCopy,
+  type StackOptions, type UpperPaths, type ImportOptions,
+} from "./stack.ts";
+export { ZFileReader, writeZFile, type ZFileWriteOptions, type ZAlgoName } from "./zfile.ts";
+export { openTarMember, tarPrefix } from "./tar.ts";
+export { openImageConfig, parseImageConfig, type ImageConfig } from "./imageconfig.ts";
+export { compressLayer } from "./compress.ts";

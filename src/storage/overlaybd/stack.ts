@@ -1,0 +1,499 @@
+/**
+ * A stack of read-only LSMT layers with an optional writable upper, served as one BlockImage
+ * (overlaybd-format.md 2.7): top-down resolution, zeroed segments read as zeros, unmapped ranges
+ * fall through, past every layer zeros. The RO layers' indexes are merged once at open; the
+ * upper's index is consulted first and its gaps filled from the merged index.
+ */
+import { copyFileSync, rmSync } from "node:fs";
+import type { BlockImage } from "../block.ts";
+import { LocalFile } from "./backend.ts";
+import { CommittedLayerWriter, type CommitMeta, writeCommitted } from "./commit.ts";
+import { fail } from "./errors.ts";
+import { MAX_LAYERS, NULL_UUID, SECTOR, type Segment } from "./format.ts";
+import { openRoLayerFile, type RoLayer } from "./layer.ts";
+import { RwLayer } from "./rw.ts";
+import { firstEndingAfter, overlay, trim } from "./segments.ts";
+import { dataExtents, ficlone } from "../../ffi/file_extents.ts";
+import { logger } from "../../observability/log.ts";
+
+const log = logger("overlaybd");
+
+/** Paths of a writable upper layer. */
+export interface UpperPaths {
+  data: string;
+  index: string;
+}
+
+/** What `openStack` accepts. */
+export interface StackOptions {
+  /** Read-only layers, bottom first: paths or already-open layers. */
+  lowers: Array<string | RoLayer>;
+  /** Writable upper layer; absent = read-only image. */
+  upper?: UpperPaths;
+  /** Check that each layer's parent_uuid names the layer below when both are set (stack_files). */
+  verifyChain?: boolean;
+}
+
+/**
+ * Overlay layers into one sorted index; layer i (bottom first) gets tag i.
+ * @throws OverlaybdError `too_many_layers` beyond 255
+ */
+export function mergeLayers(layers: readonly RoLayer[]): Segment[] {
+  if (layers.length > MAX_LAYERS) fail("too_many_layers", `a stack holds at most ${MAX_LAYERS} layers, got ${layers.length}`, { layers: layers.length });
+  let merged: Segment[] = [];
+  layers.forEach((l, i) => {
+    merged = overlay(l.segments.map((s) => ({ ...s, tag: i })), merged);
+  });
+  return merged;
+}
+
+/** An overlaybd image: RO layers plus an optional writable upper. Implements `BlockImage`. */
+export class LayeredImage implements BlockImage {
+  private layers: RoLayer[];
+  private merged: Segment[];
+  private upper: RwLayer | null;
+  private _size: number;
+  private closed = false;
+
+  constructor(layers: RoLayer[], upper: RwLayer | null) {
+    this.layers = layers;
+    this.merged = mergeLayers(layers);
+    this.upper = upper;
+    this._size = LayeredImage.computeSize(layers, upper);
+  }
+
+  private static computeSize(layers: readonly RoLayer[], upper: RwLayer | null): number {
+    if (upper && upper.virtualSize > 0) return upper.virtualSize;
+    for (let i = layers.length - 1; i >= 0; i--) if (layers[i]!.trailer.virtualSize > 0) return layers[i]!.trailer.virtualSize;
+    return 0;
+  }
+
+  /** Virtual size in bytes. */
+  get size(): number {
+    return this._size;
+  }
+
+  get readOnly(): boolean {
+    return this.upper === null;
+  }
+
+  /** The read-only layers, bottom first. */
+  get lowers(): readonly RoLayer[] {
+    return this.layers;
+  }
+
+  /** The writable layer, if any. */
+  get writable(): RwLayer | null {
+    return this.upper;
+  }
+
+  /** The merged read-only index (tags = layer numbers, bottom first). */
+  get roIndex(): readonly Segment[] {
+    return this.merged;
+  }
+
+  private where(): string {
+    return this.upper ? this.upper.data.name : (this.layers[this.layers.length - 1]?.name ?? "(empty stack)");
+  }
+
+  private checkRange(offset: number, length: number, op: string): void {
+    if (this.closed) fail("closed", `${op} on a closed image`, { file: this.where() });
+    if (!Number.isSafeInteger(offset) || offset < 0 || !Number.isSafeInteger(length) || length < 0) {
+      fail("bad_range", `${op}: bad offset ${offset} / length ${length}`, { file: this.where(), offset, length });
+    }
+  }
+
+  /**
+   * Read virtual bytes at `offset` into `buf`. Any offset and length; a read that starts at or
+   * past the virtual size throws `overlaybd.out_of_range`, one that crosses it is short.
+   */
+  async pread(buf: Uint8Array, offset: number): Promise<number> {
+    this.checkRange(offset, buf.length, "read");
+    if (buf.length === 0) return 0;
+    if (offset >= this._size) fail("out_of_range", `read at ${offset} is past the virtual size ${this._size}`, { file: this.where(), offset, size: this._size });
+    const end = Math.min(offset + buf.length, this._size);
+    const pending: Promise<void>[] = [];
+    if (this.upper) this.readUpper(buf, offset, offset, end, pending);
+    else this.readLowers(buf, offset, offset, end, pending);
+    if (pending.length > 0) await Promise.all(pending);
+    return end - offset;
+  }
+
+  private readUpper(buf: Uint8Array, base: number, from: number, to: number, pending: Promise<void>[]): void {
+    const up = this.upper!;
+    const segs = up.segments;
+    let pos = from;
+    for (let i = firstEndingAfter(segs, Math.floor(from / SECTOR)); i < segs.length && pos < to; i++) {
+      const s = segs[i]!;
+      const sStart = s.offset * SECTOR;
+      if (sStart >= to) break;
+      if (sStart > pos) {
+        this.readLowers(buf, base, pos, sStart, pending);
+        pos = sStart;
+      }
+      const e = Math.min(sStart + s.length * SECTOR, to);
+      if (s.zeroed) buf.fill(0, pos - base, e - base);
+      else {
+        const n = up.readData(buf.subarray(pos - base, e - base), s.moffset * SECTOR + (pos - sStart));
+        if (n < e - pos) buf.fill(0, pos - base + n, e - base);
+      }
+      pos = e;
+    }
+    if (pos < to) this.readLowers(buf, base, pos, to, pending);
+  }
+
+  private readLowers(buf: Uint8Array, base: number, from: number, to: number, pending: Promise<void>[]): void {
+    const segs = this.merged;
+    let pos = from;
+    for (let i = firstEndingAfter(segs, Math.floor(from / SECTOR)); i < segs.length && pos < to; i++) {
+      const s = segs[i]!;
+      const sStart = s.offset * SECTOR;
+      if (sStart >= to) break;
+      if (sStart > pos) {
+        buf.fill(0, pos - base, sStart - base);
+        pos = sStart;
+      }
+      const e = Math.min(sStart + s.length * SECTOR, to);
+      if (s.zeroed) buf.fill(0, pos - base, e - base);
+      else {
+        const b = this.layers[s.tag]!.lsmt;
+        const view = buf.subarray(pos - base, e - base);
+        const off = s.moffset * SECTOR + (pos - sStart);
+        if (b.preadSync) {
+          const n = b.preadSync(view, off);
+          if (n < view.length) view.fill(0, n);
+        } else pending.push(b.pread(view, off).then((n) => void (n < view.length && view.fill(0, n))));
+      }
+      pos = e;
+    }
+    if (pos < to) buf.fill(0, pos - base, to - base);
+  }
+
+  private requireUpper(op: string): RwLayer {
+    if (this.closed) fail("closed", `${op} on a closed image`, { file: this.where() });
+    if (!this.upper) fail("read_only", `${op} on a read-only image`, { file: this.where() });
+    return this.upper;
+  }
+
+  /**
+   * Write `buf` at virtual `offset`. Unaligned edges are read-modify-written.
+   * @throws OverlaybdError `read_only`, `out_of_range` (past the virtual size)
+   */
+  async pwrite(buf: Uint8Array, offset: number): Promise<number> {
+    const up = this.requireUpper("write");
+    this.checkRange(offset, buf.length, "write");
+    if (buf.length === 0) return 0;
+    if (offset + buf.length > this._size) fail("out_of_range", `write of ${buf.length} bytes at ${offset} is past the virtual size ${this._size}`, { file: up.data.name, offset, size: this._size });
+    const a = Math.floor(offset / SECTOR) * SECTOR;
+    const b = Math.ceil((offset + buf.length) / SECTOR) * SECTOR;
+    if (a === offset && b === offset + buf.length) {
+      up.writeAligned(buf, offset);
+      return buf.length;
+    }
+    const tmp = new Uint8Array(b - a);
+    await this.pread(tmp.subarray(0, SECTOR), a);
+    if (b - SECTOR > a) await this.pread(tmp.subarray(tmp.length - SECTOR), b - SECTOR);
+    tmp.set(buf, offset - a);
+    up.writeAligned(tmp, a);
+    return buf.length;
+  }
+
+  /** Make [offset, offset+length) read as zeros: zeroed entries for whole sectors, zero writes at the edges. */
+  async discard(offset: number, length: number): Promise<void> {
+    const up = this.requireUpper("discard");
+    this.checkRange(offset, length, "discard");
+    if (offset + length > this._size) fail("out_of_range", `discard of ${length} bytes at ${offset} is past the virtual size ${this._size}`, { file: up.data.name, offset, size: this._size });
+    const a = Math.ceil(offset / SECTOR) * SECTOR;
+    const b = Math.floor((offset + length) / SECTOR) * SECTOR;
+    if (a >= b) {
+      if (length > 0) await this.pwrite(new Uint8Array(length), offset);
+      return;
+    }
+    if (a > offset) await this.pwrite(new Uint8Array(a - offset), offset);
+    up.discardAligned(a, b - a);
+    if (offset + length > b) await this.pwrite(new Uint8Array(offset + length - b), b);
+  }
+
+  async sync(): Promise<void> {
+    if (this.closed) fail("closed", "sync on a closed image", { file: this.where() });
+    this.upper?.sync();
+  }
+
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    await this.upper?.close();
+    const seen = new Set<unknown>();
+    for (const l of this.layers) {
+      if (seen.has(l.lsmt)) continue;
+      seen.add(l.lsmt);
+      await l.lsmt.close();
+    }
+  }
+
+  /**
+   * The effective mapping of the whole image (upper over lowers), sorted; tags are layer numbers
+   * bottom first, the upper being `lowers.length`.
+   */
+  effectiveSegments(): Segment[] {
+    if (!this.upper) return this.merged;
+    const t = this.layers.length;
+    return overlay(this.upper.segments.map((s) => ({ ...s, tag: t })), this.merged);
+  }
+
+  /**
+   * Byte ranges inside [from, to) whose content comes from stored data (not zeroed, not unmapped).
+   * Everything else in the range reads as zeros.
+   */
+  dataRanges(from: number, to: number): Array<[number, number]> {
+    const out: Array<[number, number]> = [];
+    const segs = this.effectiveSegments();
+    for (let i = firstEndingAfter(segs, Math.floor(from / SECTOR)); i < segs.length; i++) {
+      const s = segs[i]!;
+      const a = Math.max(s.offset * SECTOR, from), b = Math.min((s.offset + s.length) * SECTOR, to);
+      if (a >= to) break;
+      if (!s.zeroed && a < b) out.push([a, b]);
+    }
+    return out;
+  }
+
+  private async readSegment(buf: Uint8Array, s: Segment, delta: number): Promise<void> {
+    const off = (s.moffset + delta) * SECTOR;
+    const n = s.tag === this.layers.length ? this.upper!.readData(buf, off) : await this.layers[s.tag]!.lsmt.pread(buf, off);
+    if (n < buf.length) buf.fill(0, n);
+  }
+
+  /**
+   * Write the upper layer's live data as a committed layer at `outPath` (overlaybd-commit).
+   * With `flatten`, write the whole image (every layer) as one layer instead. Syncs first.
+   * @throws OverlaybdError `read_only` (no upper and no flatten), `open_failed` when `outPath` exists
+   */
+  async commit(outPath: string, opts: { flatten?: boolean; meta?: Partial<CommitMeta> } = {}): Promise<{ segments: Segment[]; size: number }> {
+    if (this.closed) fail("closed", "commit on a closed image", { file: this.where() });
+    if (!opts.flatten && !this.upper) fail("read_only", "nothing to commit: the image has no writable layer", { file: this.where() });
+    this.upper?.sync();
+    const h = this.upper?.header;
+    const meta: CommitMeta = {
+      virtualSize: this._size,
+      uuid: opts.meta?.uuid ?? h?.uuid,
+      parentUuid: opts.meta?.parentUuid ?? (opts.flatten ? NULL_UUID : h?.parentUuid),
+      userTag: opts.meta?.userTag,
+    };
+    if (opts.flatten) {
+      const segs = this.effectiveSegments();
+      // unmapped ranges and zeroed entries of the bottom need no entry; keep zeroed ones that hide data
+      return writeCommitted(outPath, segs, (b, s, d) => this.readSegment(b, s, d), meta);
+    }
+    const t = this.layers.length;
+    return writeCommitted(outPath, this.upper!.segments.map((s) => ({ ...s, tag: t })), (b, s, d) => this.readSegment(b, s, d), meta);
+  }
+
+  /**
+   * Restack: commit the upper into `layerPath`, push it as the new top read-only layer and
+   * start an empty upper at `next` whose parent is the committed layer. Old upper files are
+   * left in place for the caller to delete.
+   * @throws OverlaybdError `read_only` when there is no upper
+   */
+  async restack(layerPath: string, next: UpperPaths): Promise<void> {
+    const up = this.requireUpper("restack");
+    const uuid = up.header.uuid && up.header.uuid !== NULL_UUID ? up.header.uuid : undefined;
+    await this.commit(layerPath, { meta: { uuid } });
+    const layer = await openRoLayerFile(layerPath);
+    const fresh = await RwLayer.create(next.data, next.index, { virtualSize: this._size, parentUuid: layer.trailer.uuid });
+    await up.close();
+    this.layers = [...this.layers, layer];
+    if (this.layers.length > MAX_LAYERS) fail("too_many_layers", `a stack holds at most ${MAX_LAYERS} layers`, { file: layerPath });
+    this.merged = overlay(layer.segments.map((s) => ({ ...s, tag: this.layers.length - 1 })), this.merged);
+    this.upper = fresh;
+  }
+
+  /**
+   * Copy the live upper pair to `dst` (sync first), by reflink where the filesystem supports
+   * FICLONE, else by plain copy.
+   * @returns how each file was copied
+   */
+  async snapshotUpper(dst: UpperPaths): Promise<"reflink" | "copy"> {
+    const up = this.requireUpper("snapshot");
+    up.sync();
+    let how: "reflink" | "copy" = "reflink";
+    for (const [src, to] of [[up.data, dst.data], [up.index, dst.index]] as const) {
+      if (reflinkOrCopy(src, to) === "copy") how = "copy";
+    }
+    return how;
+  }
+}
+
+/** Reflink `src` into a new file `dst` (FICLONE); on EOPNOTSUPP/EXDEV/EINVAL copy instead. */
+export function reflinkOrCopy(src: LocalFile, dst: string): "reflink" | "copy" {
+  const out = LocalFile.open(dst, { writable: true, create: true });
+  let err: number;
+  try {
+    err = ficlone(out.fd, src.fd);
+    if (err === 0) return "reflink";
+  } finally {
+    out.closeSync();
+  }
+  log.debug({ file: src.name, errno: err }, "FICLONE unsupported, copying");
+  rmSync(dst, { force: true });
+  copyFileSync(src.name, dst);
+  return "copy";
+}
+
+/**
+ * Open an image from layer paths (bottom first) and an optional writable upper.
+ * @throws OverlaybdError from any layer, `bad_chain` when `verifyChain` finds a UUID mismatch
+ */
+export async function openStack(opts: StackOptions): Promise<LayeredImage> {
+  const layers: RoLayer[] = [];
+  const opened: RoLayer[] = [];
+  let upper: RwLayer | null = null;
+  try {
+    for (const l of opts.lowers) {
+      if (typeof l === "string") {
+        const r = await openRoLayerFile(l);
+        opened.push(r);
+        layers.push(r);
+      } else layers.push(l);
+    }
+    if (opts.upper) upper = await RwLayer.open(opts.upper.data, opts.upper.index);
+    if (opts.verifyChain) {
+      const chain = [...layers.map((l) => ({ name: l.name, uuid: l.trailer.uuid, parent: l.trailer.parentUuid })),
+        ...(upper ? [{ name: upper.data.name, uuid: upper.header.uuid, parent: upper.header.parentUuid }] : [])];
+      for (let i = 1; i < chain.length; i++) {
+        const below = chain[i - 1]!, cur = chain[i]!;
+        if (below.uuid !== NULL_UUID && cur.parent !== NULL_UUID && below.uuid.toUpperCase() !== cur.parent.toUpperCase()) {
+          fail("bad_chain", `layer ${cur.name} has parent ${cur.parent} but the layer below is ${below.uuid}`, { file: cur.name, offset: 93, parent: cur.parent, below: below.uuid });
+        }
+      }
+    }
+    return new LayeredImage(layers, upper);
+  } catch (e) {
+    await upper?.close();
+    for (const l of opened) await l.lsmt.close();
+    throw e;
+  }
+}
+
+/**
+ * Create an empty writable upper pair of `virtualSize` bytes (overlaybd-create).
+ * @throws OverlaybdError `bad_size`, `open_failed` (a file exists)
+ */
+export async function createUpper(paths: UpperPaths, virtualSize: number, opts: { uuid?: string; parentUuid?: string } = {}): Promise<void> {
+  const l = await RwLayer.create(paths.data, paths.index, { virtualSize, ...opts });
+  await l.close();
+}
+
+/** Options of the importers. */
+export interface ImportOptions {
+  /** An image whose content the new layer goes on top of: identical blocks are not stored,
+   *  zero blocks over parent data become zeroed entries. */
+  parent?: LayeredImage;
+  /** Header fields; virtual size defaults to the source size rounded up to 512. */
+  meta?: Partial<CommitMeta>;
+  /** Comparison unit in bytes; default 4096. */
+  blockSize?: number;
+}
+
+/**
+ * Turn a raw disk image into a committed layer at `outPath`. All-zero 4 KiB blocks are not stored.
+ * @returns the merged index and file size
+ */
+export async function importRaw(rawPath: string, outPath: string, opts: ImportOptions = {}): Promise<{ segments: Segment[]; size: number }> {
+  const src = LocalFile.open(rawPath);
+  try {
+    return await importRanges(src, [[0, src.size]], outPath, opts);
+  } finally {
+    await src.close();
+  }
+}
+
+/**
+ * Turn a sparse file (memory dump, raw disk) into a committed layer at `outPath`, visiting only
+ * the data extents found with SEEK_DATA/SEEK_HOLE; holes cost nothing.
+ */
+export async function importSparse(path: string, outPath: string, opts: ImportOptions = {}): Promise<{ segments: Segment[]; size: number }> {
+  const src = LocalFile.open(path);
+  try {
+    return await importRanges(src, dataExtents(src.fd, src.size), outPath, opts);
+  } finally {
+    await src.close();
+  }
+}
+
+async function importRanges(src: LocalFile, extents: Array<[number, number]>, outPath: string, opts: ImportOptions): Promise<{ segments: Segment[]; size: number }> {
+  const bs = opts.blockSize ?? 4096;
+  if (bs % SECTOR !== 0 || bs <= 0 || (1 << 20) % bs !== 0) fail("bad_option", `block size ${bs} must be a multiple of 512 dividing 1 MiB`, { blockSize: bs });
+  const vsize = opts.meta?.virtualSize ?? Math.ceil(src.size / SECTOR) * SECTOR;
+  const parent = opts.parent;
+  if (parent && parent.size < vsize) fail("bad_option", `parent image of ${parent.size} bytes is smaller than the source (${vsize})`, { file: src.name, size: parent.size });
+  const w = new CommittedLayerWriter(outPath, { virtualSize: vsize, ...opts.meta });
+  const chunk = new Uint8Array(1 << 20);
+  const pchunk = parent ? new Uint8Array(1 << 20) : null;
+  // the zero ranges where a parent has data need zeroed entries; collect zero ranges in order
+  let zeroFrom = -1;
+  const flushZero = (upto: number) => {
+    if (zeroFrom < 0) return;
+    if (parent) for (const [a, b] of parent.dataRanges(zeroFrom, upto)) w.addZeroed(a / SECTOR, (b - a) / SECTOR);
+    zeroFrom = -1;
+  };
+  const markZero = (from: number) => {
+    if (zeroFrom < 0) zeroFrom = from;
+  };
+  try {
+    let prevEnd = 0;
+    for (const [e0, e1] of extents) {
+      const a = Math.floor(e0 / bs) * bs;
+      const bEnd = Math.min(Math.ceil(e1 / bs) * bs, vsize);
+      if (a > prevEnd) markZero(prevEnd);
+      const start = Math.max(a, prevEnd);
+      for (let off = start; off < bEnd; off += chunk.length) {
+        const len = Math.min(chunk.length, bEnd - off);
+        const c = chunk.subarray(0, len);
+        const n = src.preadSync(c, off);
+        if (n < len) c.fill(0, n);
+        if (pchunk) await parent!.pread(pchunk.subarray(0, len), off);
+        let runStart = -1;
+        for (let p = 0; p < len; p += bs) {
+          const blk = c.subarray(p, Math.min(p + bs, len));
+          const zero = isZero(blk);
+          const same = pchunk ? equal(blk, pchunk.subarray(p, p + blk.length)) : zero;
+          const store = !same && !zero;
+          if (store) {
+            flushZero(off + p);
+            if (runStart < 0) runStart = p;
+          } else {
+            if (runStart >= 0) {
+              w.addData((off + runStart) / SECTOR, c.subarray(runStart, p));
+              runStart = -1;
+            }
+            if (zero && !same) markZero(off + p);
+            else flushZero(off + p);
+          }
+        }
+        if (runStart >= 0) w.addData((off + runStart) / SECTOR, c.subarray(runStart, len));
+      }
+      prevEnd = Math.max(prevEnd, bEnd);
+    }
+    if (prevEnd < vsize) markZero(prevEnd);
+    flushZero(vsize);
+  } catch (e) {
+    await w.abort();
+    rmSync(outPath, { force: true });
+    throw e;
+  }
+  return w.finish();
+}
+
+function isZero(b: Uint8Array): boolean {
+  const n = b.length & ~7;
+  if ((b.byteOffset & 7) === 0) {
+    const w = new BigUint64Array(b.buffer, b.byteOffset, n >>> 3);
+    for (let i = 0; i < w.length; i++) if (w[i] !== 0n) return false;
+  } else for (let i = 0; i < n; i++) if (b[i] !== 0) return false;
+  for (let i = n; i < b.length; i++) if (b[i] !== 0) return false;
+  return true;
+}
+
+function equal(a: Uint8Array, b: Uint8Array): boolean {
+  return Buffer.compare(a, b) === 0;
+}
