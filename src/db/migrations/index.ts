@@ -3,6 +3,7 @@
  * separated by drizzle's `--> statement-breakpoint` marker. Append only; never edit a shipped one.
  */
 import sandboxes0001 from "./sandboxes_0001_init.sql" with { type: "text" };
+import net0001 from "./net_0001_slots.sql" with { type: "text" };
 
 export interface Migration {
   tag: string;
@@ -11,4 +12,5 @@ export interface Migration {
 
 export const MIGRATIONS: Migration[] = [
   { tag: "sandboxes_0001_init", sql: sandboxes0001 },
+  { tag: "net_0001_slots", sql: net0001 },
 ];

@@ -1,2 +1,3 @@
 // One file per owning subsystem (sandboxes.ts, net.ts, ...); re-exported here for drizzle.
 export * from "./sandboxes.ts";
+export * from "./net.ts";

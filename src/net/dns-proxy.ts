@@ -1,0 +1,164 @@
+/**
+ * The node's egress DNS proxy. Slots redirect the guest's UDP port 53 to it (DNAT in the slot
+ * netns), so it sees every query with the slot's namespace veth address as source. It forwards
+ * each query to an upstream resolver and, before relaying the answer, hands the A records to
+ * `onAnswer`, which opens the slot's firewall for them when the name matches an allowOut
+ * domain pattern. The guest therefore never sees an address its firewall does not admit yet.
+ *
+ * Bounds: at most `maxInflight` queries wait for upstream; each waits `timeoutMs`, then the guest
+ * gets SERVFAIL. Upstream answers are matched by (upstream address, port, random 16-bit id).
+ */
+import dgram from "node:dgram";
+import { readFileSync } from "node:fs";
+import { logger } from "../observability/log.ts";
+import { HDR_SIZE, parseMessage, readName, withId } from "./dns-wire.ts";
+
+const log = logger("net.dns");
+
+/** Called with the querying address, the question name and the A records before the reply is sent. */
+export type DnsAnswerHook = (clientIp: string, qname: string, addrs: { ip: string; ttl: number }[]) => Promise<void>;
+
+/** Settings of a DnsProxy; times in ms. */
+export interface DnsProxyOptions {
+  port: number;
+  /** Address to bind (default all). */
+  bindIp?: string;
+  upstream: { ip: string; port: number }[];
+  timeoutMs: number;
+  maxInflight: number;
+  onAnswer: DnsAnswerHook;
+}
+
+interface Pending {
+  clientIp: string;
+  clientPort: number;
+  clientId: number;
+  query: Uint8Array;
+  upstream: { ip: string; port: number };
+  timer: ReturnType<typeof setTimeout>;
+}
+
+/** Nameservers of /etc/resolv.conf (IPv4 only), port 53. */
+export function systemResolvers(path = "/etc/resolv.conf"): { ip: string; port: number }[] {
+  try {
+    return readFileSync(path, "utf8")
+      .split("\n")
+      .map((l) => /^\s*nameserver\s+([0-9.]+)\s*$/.exec(l)?.[1])
+      .filter((ip): ip is string => !!ip)
+      .map((ip) => ({ ip, port: 53 }));
+  } catch {
+    return [];
+  }
+}
+
+/** A SERVFAIL reply: the query's header and question, flags QR|RD|RA|rcode 2, no records. */
+function servfailFor(query: Uint8Array): Uint8Array {
+  let end = query.length;
+  try {
+    end = readName(query, HDR_SIZE).next + 4;
+  } catch {
+    end = Math.min(query.length, HDR_SIZE);
+  }
+  const out = Uint8Array.from(query.subarray(0, Math.min(end, query.length)));
+  const dv = new DataView(out.buffer);
+  dv.setUint16(2, 0x8182);
+  dv.setUint16(6, 0);
+  dv.setUint16(8, 0);
+  dv.setUint16(10, 0);
+  return out;
+}
+
+/** UDP DNS forwarder owned by the NetworkManager. */
+export class DnsProxy {
+  private server?: dgram.Socket;
+  private client?: dgram.Socket;
+  private readonly pending = new Map<string, Pending>();
+  private next = 0;
+
+  constructor(private readonly opts: DnsProxyOptions) {}
+
+  /** Bind both sockets. @throws Error from bind (e.g. EADDRINUSE). */
+  async start(): Promise<void> {
+    const server = dgram.createSocket("udp4");
+    const client = dgram.createSocket("udp4");
+    await new Promise<void>((res, rej) => {
+      server.once("error", rej);
+      server.bind(this.opts.port, this.opts.bindIp ?? "0.0.0.0", () => res());
+    });
+    await new Promise<void>((res, rej) => {
+      client.once("error", rej);
+      client.bind(0, "0.0.0.0", () => res());
+    });
+    server.on("message", (m, r) => this.onQuery(new Uint8Array(m), r.address, r.port));
+    client.on("message", (m, r) => void this.onUpstream(new Uint8Array(m), r.address, r.port));
+    server.on("error", (e) => log.error({ err: e }, "dns server socket error"));
+    client.on("error", (e) => log.error({ err: e }, "dns upstream socket error"));
+    this.server = server;
+    this.client = client;
+  }
+
+  /** Close sockets; pending queries are dropped. */
+  async stop(): Promise<void> {
+    for (const p of this.pending.values()) clearTimeout(p.timer);
+    this.pending.clear();
+    await Promise.all(
+      [this.server, this.client].filter((s): s is dgram.Socket => !!s).map((s) => new Promise<void>((res) => s.close(() => res()))),
+    );
+    this.server = this.client = undefined;
+  }
+
+  /** Number of queries waiting for upstream. */
+  get inflight(): number {
+    return this.pending.size;
+  }
+
+  private reply(msg: Uint8Array, ip: string, port: number): void {
+    this.server?.send(msg, port, ip);
+  }
+
+  private onQuery(msg: Uint8Array, ip: string, port: number): void {
+    if (msg.length < HDR_SIZE) return;
+    const upstream = this.opts.upstream[this.next++ % Math.max(1, this.opts.upstream.length)];
+    if (!upstream || this.pending.size >= this.opts.maxInflight) {
+      this.reply(servfailFor(msg), ip, port);
+      return;
+    }
+    const clientId = new DataView(msg.buffer, msg.byteOffset).getUint16(0);
+    let id = 0;
+    let key = "";
+    for (let tries = 0; tries < 16; tries++) {
+      id = (Math.random() * 65536) | 0;
+      key = `${upstream.ip}:${upstream.port}:${id}`;
+      if (!this.pending.has(key)) break;
+    }
+    if (this.pending.has(key)) {
+      this.reply(servfailFor(msg), ip, port);
+      return;
+    }
+    const timer = setTimeout(() => {
+      if (this.pending.delete(key)) this.reply(servfailFor(msg), ip, port);
+    }, this.opts.timeoutMs);
+    this.pending.set(key, { clientIp: ip, clientPort: port, clientId, query: msg, upstream, timer });
+    this.client?.send(withId(msg, id), upstream.port, upstream.ip);
+  }
+
+  private async onUpstream(msg: Uint8Array, ip: string, port: number): Promise<void> {
+    if (msg.length < HDR_SIZE) return;
+    const id = new DataView(msg.buffer, msg.byteOffset).getUint16(0);
+    const key = `${ip}:${port}:${id}`;
+    const p = this.pending.get(key);
+    if (!p) return;
+    this.pending.delete(key);
+    clearTimeout(p.timer);
+    try {
+      const parsed = parseMessage(msg);
+      if (parsed.qname !== null && parsed.answersA.length > 0) {
+        await this.opts.onAnswer(p.clientIp, parsed.qname, parsed.answersA.map(({ ip, ttl }) => ({ ip, ttl })));
+      }
+      this.reply(withId(msg, p.clientId), p.clientIp, p.clientPort);
+    } catch (e) {
+      log.warn({ err: e, client: p.clientIp }, "dns answer not relayed");
+      this.reply(servfailFor(p.query), p.clientIp, p.clientPort);
+    }
+  }
+}

@@ -1,0 +1,15 @@
+import { AgentEnvError } from "../errors.ts";
+
+/**
+ * Every failure of the sandbox-network subsystem. Stable codes:
+ * - `net.bad_policy`     an egress-policy entry is malformed (`details.field`, `details.index`, `details.entry`)
+ * - `net.bad_config`     a network/pool config value is invalid (`details.key`, `details.value`)
+ * - `net.capacity`       every slot index is in use (`details.maxSlots`, `details.inUse`)
+ * - `net.setup_failed`   building a slot failed; it was rolled back (`details.idx`, `details.cause`)
+ * - `net.command_failed` an `ip`/`iptables-restore` invocation failed (`details.cmd`, `details.rc`, `details.stderr`)
+ * - `net.timeout`        a command exceeded its time limit (`details.cmd`, `details.timeoutMs`)
+ * - `net.teardown_failed` a namespace or veth survived deletion (`details.netns`, `details.link`)
+ * - `net.unknown_slot`   release/update named a slot or sandbox this manager does not own
+ * - `net.shut_down`      the manager was used after `shutdown()`
+ */
+export class NetError extends AgentEnvError {}

@@ -1,0 +1,57 @@
+/**
+ * Sandbox networking (issue 5): one network slot per sandbox, a warm pool of slots, per-sandbox
+ * egress policy, inbound access from the node, and clean teardown (also after a crash).
+ *
+ * ## API for the orchestrator
+ * ```ts
+ * const net = new NetworkManager(netConfigFromConfig(cfg), db);
+ * await net.start();                                   // reap a crashed run, node rules, fill pool
+ * const policy = parseEgressPolicy(body.network);      // 400 on NetError code "net.bad_policy"
+ * const slot = await net.allocate(policy, sandboxId);  // NetError "net.capacity" when full
+ * vmm.boot({ ..., net: netSpec(slot) });               // QEMU/Firecracker run in slot.netnsPath
+ * const { host, port } = guestAddress(slot, 49983);    // node/proxy connect here
+ * await net.updatePolicy(sandboxId, parseEgressPolicy(putBody)); // PUT /sandboxes/{id}/network
+ * await net.release(sandboxId);                        // back to the pool (reset)
+ * await net.shutdown();                                // after the last sandbox is gone
+ * ```
+ * `allow_internet_access: false` at create is part of the policy (`allowInternetAccess`).
+ *
+ * ## Slot layout
+ * See slot.ts: netns `<prefix><idx>`, veth /31 from `[network.internal].veth_cidr`, a host
+ * address from `host_interaction_cidr` DNATed to the guest, tap `tap0` 169.254.0.22/30, guest
+ * 169.254.0.21 (same in every slot), MAC 02:ae:<idx>. The VMM starts inside the netns and opens
+ * the tap by name.
+ *
+ * ## Egress policy
+ * In the slot netns, every guest packet (not only the first of a connection) walks: allowOut
+ * CIDRs → addresses learned for allowOut domains → `always_denied_cidrs` → denyOut →
+ * `allow_internet_access`/`default_action`. First match wins, so allow beats deny. Replies to
+ * connections the node opened to the guest always pass. Slot-to-slot traffic is dropped in the
+ * node's FORWARD chain whatever the policies say; the node itself accepts from slots only replies
+ * and DNS-proxy queries.
+ *
+ * ## Domain rules: enforced on DNS-resolved addresses (not SNI/Host inspection). Why:
+ * - It covers every protocol (TCP, UDP, QUIC), not only TLS and plain HTTP; SNI is absent from
+ *   ECH/QUIC-initial-less flows and Host only exists in cleartext HTTP.
+ * - Enforcement stays in the kernel (one iptables chain per slot) with no proxy on the data path;
+ *   a transparent SNI proxy would terminate every guest connection in the node.
+ * - SNI/Host are chosen by the guest and can name an allowed domain while the packet goes to any
+ *   address; with DNS the node picks the resolver answer and admits only those addresses.
+ * Trade-offs, stated: an admitted address serves every name hosted on it (shared CDN IPs), and an
+ *   admitted address stays open for max(TTL, `dns_min_ttl_secs`).
+ * The slot DNATs the guest's UDP port 53 (whatever server it asks) to the node's DnsProxy, which
+ * installs the answer's A records in the slot's AENV-DNS chain before relaying the answer.
+ *
+ * ## Crash safety
+ * Allocations are persisted in SQLite (`net_slots`). All per-slot rules live in the slot netns, so
+ * deleting the netns removes them. `start()` deletes every `<prefix><digits>` netns and host link
+ * and every node chain starting with the prefix, then clears the table.
+ *
+ * Errors: `NetError` (errors.ts) with the codes listed there.
+ */
+export { type NetConfig, netConfigFromConfig, rangeCapacity, TAP_LINK, validateNetConfig } from "./config.ts";
+export { NetError } from "./errors.ts";
+export { NetworkManager, type NetStats } from "./manager.ts";
+export type { ReapReport } from "./netns.ts";
+export { defaultPolicy, domainMatches, type DomainPattern, type EgressPolicy, parseEgressPolicy, policyToJson } from "./policy.ts";
+export { type AllocatedSlot, GATEWAY_IP, GUEST_IP, guestAddress, netSpec, type Slot, slotLayout, TAP_NAME } from "./slot.ts";

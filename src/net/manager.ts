@@ -1,0 +1,394 @@
+/**
+ * NetworkManager: owns every slot of this node, the warm pool, the pool worker and the DNS proxy.
+ *
+ * Slot states (a slot is in exactly one):
+ *   free ──reserve──▶ building ──ok──▶ pooled ──allocate──▶ allocated ──release──▶ pooled
+ *                        │ fail: rolled back, index freed        │  (reset: new tap, deny-all)
+ *   pooled ──worker drains above high watermark / shutdown──▶ destroyed ──▶ free
+ *
+ * Bounds: at most `maxSlots` indices exist (free list); the pool holds at most `high` slots after
+ * the worker ran; each DNS-learned address list at most `dns.maxAddressesPerSlot`; every kernel
+ * command has `commandTimeoutMs`. One background worker (not one per release) refills and drains.
+ */
+import type { Db } from "../db/index.ts";
+import { logger } from "../observability/log.ts";
+import type { NetConfig } from "./config.ts";
+import { DnsProxy, systemResolvers } from "./dns-proxy.ts";
+import { NetError } from "./errors.ts";
+import { applyDnsAllowed, applyPolicy, buildSlot, destroySlot, reapAll, type ReapReport, resetSlot, setupHost, teardownHost } from "./netns.ts";
+import { domainMatches, type EgressPolicy } from "./policy.ts";
+import { type AllocatedSlot, type Slot, slotLayout } from "./slot.ts";
+import { SlotStore } from "./store.ts";
+
+const log = logger("net");
+
+/** Policy of a slot no sandbox holds: nothing leaves. */
+const PARKED: EgressPolicy = { allowCidrs: [], allowDomains: [], denyCidrs: [], allowInternetAccess: false };
+
+/** Counters for tests, metrics and the bench. */
+export interface NetStats {
+  pooled: number;
+  allocated: number;
+  building: number;
+  free: number;
+  /** Current refill target (low..high). */
+  target: number;
+  poolHits: number;
+  poolMisses: number;
+  built: number;
+  destroyed: number;
+}
+
+interface DnsEntry {
+  qname: string;
+  expiresAt: number;
+}
+
+/** See the module comment. Create, `start()`, use, `shutdown()`. */
+export class NetworkManager {
+  private readonly store: SlotStore;
+  private readonly free: number[] = [];
+  private readonly pool: Slot[] = [];
+  private readonly allocated = new Map<number, AllocatedSlot>();
+  private readonly bySandbox = new Map<string, number>();
+  private readonly byNsIp = new Map<string, number>();
+  private readonly dnsAllowed = new Map<number, Map<string, DnsEntry>>();
+  private readonly locks = new Map<number, Promise<unknown>>();
+  private building = 0;
+  private target: number;
+  private started = false;
+  private closed = false;
+  private worker?: Promise<void>;
+  private wakeWorker?: () => void;
+  private dns?: DnsProxy;
+  private counters = { poolHits: 0, poolMisses: 0, built: 0, destroyed: 0 };
+
+  /** @param db open node database (migrations applied). */
+  constructor(
+    readonly cfg: NetConfig,
+    db: Db,
+  ) {
+    this.store = new SlotStore(db);
+    this.target = cfg.pool.low;
+    for (let i = cfg.maxSlots - 1; i >= 0; i--) this.free.push(i);
+  }
+
+  /**
+   * Reap whatever a previous run left (namespaces, host veths and node chains with our prefix, and
+   * their rows), install the node rules, start the DNS proxy, fill the pool to the low watermark,
+   * then start the pool worker when `pool.maintenanceEnabled`.
+   * @returns what reaping removed.
+   * @throws NetError from the kernel commands; Error when the DNS port cannot be bound.
+   */
+  async start(): Promise<ReapReport> {
+    if (this.started) throw new NetError("net.bad_state", "NetworkManager.start() called twice", {});
+    this.started = true;
+    const stale = this.store.all();
+    const report = await reapAll(this.cfg);
+    this.store.clear();
+    if (stale.length + report.netns.length + report.links.length + report.chains.length > 0) {
+      log.warn({ rows: stale.length, ...report }, "reaped network state of a previous run");
+    }
+    await setupHost(this.cfg);
+    if (this.cfg.dns.enabled) {
+      const upstream = this.cfg.dns.upstream.length > 0 ? this.cfg.dns.upstream : systemResolvers();
+      this.dns = new DnsProxy({
+        port: this.cfg.dns.port,
+        upstream,
+        timeoutMs: this.cfg.dns.timeoutMs,
+        maxInflight: this.cfg.dns.maxInflight,
+        onAnswer: (ip, qname, addrs) => this.onDnsAnswer(ip, qname, addrs),
+      });
+      await this.dns.start();
+    }
+    while (this.pool.length < this.cfg.pool.low) await this.buildPooled();
+    if (this.cfg.pool.maintenanceEnabled) this.worker = this.runWorker();
+    return report;
+  }
+
+  /**
+   * Give `sandboxId` a slot with `policy` applied: a warm one from the pool, else one built now.
+   * @throws NetError `net.capacity` when all `maxSlots` indices are in use (nothing is built),
+   *   `net.setup_failed` when building failed (rolled back), `net.duplicate_sandbox`,
+   *   `net.shut_down`.
+   */
+  async allocate(policy: EgressPolicy, sandboxId: string): Promise<AllocatedSlot> {
+    this.assertOpen();
+    if (this.bySandbox.has(sandboxId)) {
+      throw new NetError("net.duplicate_sandbox", `sandbox ${sandboxId} already holds slot ${this.bySandbox.get(sandboxId)}`, { sandboxId });
+    }
+    this.bySandbox.set(sandboxId, -1); // reserve the id while we await
+    try {
+      let slot = this.pool.shift();
+      if (slot) {
+        this.counters.poolHits++;
+        try {
+          await this.serial(slot.idx, () => applyPolicy(this.cfg, slot!, policy, []));
+        } catch (e) {
+          await this.destroy(slot);
+          throw e;
+        }
+      } else {
+        this.counters.poolMisses++;
+        this.target = Math.min(this.cfg.pool.high, this.target + 1);
+        const idx = this.reserve();
+        slot = slotLayout(this.cfg, idx);
+        this.store.put(idx, slot.netnsName, "building");
+        this.building++;
+        try {
+          await buildSlot(this.cfg, slot, policy);
+          this.counters.built++;
+        } catch (e) {
+          this.store.delete(idx);
+          this.free.push(idx);
+          throw e;
+        } finally {
+          this.building--;
+        }
+      }
+      const a: AllocatedSlot = { ...slot, sandboxId, policy };
+      this.allocated.set(slot.idx, a);
+      this.bySandbox.set(sandboxId, slot.idx);
+      this.byNsIp.set(slot.nsVethIp, slot.idx);
+      this.store.put(slot.idx, slot.netnsName, "allocated", sandboxId, policy);
+      if (this.closed) {
+        await this.release(a);
+        throw new NetError("net.shut_down", "network manager shut down during allocation", { sandboxId });
+      }
+      return a;
+    } catch (e) {
+      if (this.bySandbox.get(sandboxId) === -1) this.bySandbox.delete(sandboxId);
+      throw e;
+    } finally {
+      this.kick();
+    }
+  }
+
+  /**
+   * Take a slot back. It is reset (fresh tap, deny-all policy) and returned to the pool; the worker
+   * drains the pool down to the high watermark asynchronously. Without maintenance, a release above
+   * the high watermark destroys the slot at once.
+   * @throws NetError `net.unknown_slot` when the slot/sandbox is not allocated here.
+   */
+  async release(slotOrSandbox: Slot | string): Promise<void> {
+    const a = this.lookup(slotOrSandbox);
+    this.allocated.delete(a.idx);
+    this.bySandbox.delete(a.sandboxId);
+    this.byNsIp.delete(a.nsVethIp);
+    this.dnsAllowed.delete(a.idx);
+    const slot = slotLayout(this.cfg, a.idx);
+    const keep = !this.closed && (this.cfg.pool.maintenanceEnabled || this.pool.length < this.cfg.pool.high);
+    if (keep) {
+      try {
+        await this.serial(a.idx, () => resetSlot(this.cfg, slot, PARKED));
+        this.store.put(a.idx, slot.netnsName, "pooled");
+        this.pool.push(slot);
+        this.kick();
+        return;
+      } catch (e) {
+        log.warn({ err: e, idx: a.idx }, "reset of a released slot failed; destroying it");
+      }
+    }
+    await this.destroy(slot);
+  }
+
+  /**
+   * Replace the egress policy of an allocated slot at runtime (`PUT /sandboxes/{id}/network`).
+   * Takes effect for the next packet; DNS-learned addresses whose name no longer matches an
+   * allowOut domain are dropped.
+   * @throws NetError `net.unknown_slot`, `net.command_failed`.
+   */
+  async updatePolicy(slotOrSandbox: Slot | string, policy: EgressPolicy): Promise<AllocatedSlot> {
+    this.assertOpen();
+    const a = this.lookup(slotOrSandbox);
+    await this.serial(a.idx, async () => {
+      const learned = this.dnsAllowed.get(a.idx);
+      if (learned) {
+        for (const [ip, e] of learned) if (!policy.allowDomains.some((d) => domainMatches(d, e.qname))) learned.delete(ip);
+      }
+      await applyPolicy(this.cfg, a, policy, this.liveDnsAddrs(a.idx));
+    });
+    a.policy = policy;
+    this.store.put(a.idx, a.netnsName, "allocated", a.sandboxId, policy);
+    return a;
+  }
+
+  /** The allocated slot of a sandbox, if any. */
+  slotOf(sandboxId: string): AllocatedSlot | undefined {
+    const idx = this.bySandbox.get(sandboxId);
+    return idx === undefined || idx < 0 ? undefined : this.allocated.get(idx);
+  }
+
+  /** Addresses currently admitted for a slot through DNS answers (sorted). */
+  dnsAllowedOf(slotOrSandbox: Slot | string): string[] {
+    return this.liveDnsAddrs(this.lookup(slotOrSandbox).idx);
+  }
+
+  /** Current counters. */
+  stats(): NetStats {
+    return {
+      pooled: this.pool.length,
+      allocated: this.allocated.size,
+      building: this.building,
+      free: this.free.length,
+      target: this.target,
+      ...this.counters,
+    };
+  }
+
+  /**
+   * Resolve once the worker has nothing to do (pool within [target, high]) or `timeoutMs` passed.
+   * @returns true when idle was reached.
+   */
+  async waitIdle(timeoutMs: number): Promise<boolean> {
+    const until = Date.now() + timeoutMs;
+    while (Date.now() < until) {
+      if (this.building === 0 && this.pool.length <= this.cfg.pool.high && (this.pool.length >= this.target || this.free.length === 0)) return true;
+      await Bun.sleep(10);
+    }
+    return false;
+  }
+
+  /**
+   * Stop the worker and the DNS proxy, delete every pooled and allocated slot and the node rules.
+   * Idempotent. Allocation after this throws `net.shut_down`.
+   */
+  async shutdown(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    this.kick();
+    await this.worker;
+    await this.dns?.stop();
+    while (this.building > 0) await Bun.sleep(5);
+    const all = [...this.pool.splice(0), ...[...this.allocated.values()].map((a) => slotLayout(this.cfg, a.idx))];
+    this.allocated.clear();
+    this.bySandbox.clear();
+    this.byNsIp.clear();
+    for (const s of all) await this.destroy(s);
+    if (this.started) await teardownHost(this.cfg);
+    this.store.clear();
+  }
+
+  // ---- internals -------------------------------------------------------------------------
+
+  private assertOpen(): void {
+    if (!this.started) throw new NetError("net.bad_state", "NetworkManager used before start()", {});
+    if (this.closed) throw new NetError("net.shut_down", "network manager is shut down", {});
+  }
+
+  private reserve(): number {
+    const idx = this.free.pop();
+    if (idx === undefined) {
+      throw new NetError("net.capacity", `no free network slot: all ${this.cfg.maxSlots} are in use`, {
+        maxSlots: this.cfg.maxSlots,
+        inUse: this.cfg.maxSlots,
+      });
+    }
+    return idx;
+  }
+
+  private lookup(slotOrSandbox: Slot | string): AllocatedSlot {
+    const idx = typeof slotOrSandbox === "string" ? this.bySandbox.get(slotOrSandbox) : slotOrSandbox.idx;
+    const a = idx === undefined ? undefined : this.allocated.get(idx);
+    if (!a) {
+      const what = typeof slotOrSandbox === "string" ? { sandboxId: slotOrSandbox } : { idx: slotOrSandbox.idx };
+      throw new NetError("net.unknown_slot", `no allocated slot for ${JSON.stringify(what)}`, what);
+    }
+    return a;
+  }
+
+  /** Run kernel updates of one slot one after another (policy vs DNS updates must not interleave). */
+  private async serial<T>(idx: number, fn: () => Promise<T>): Promise<T> {
+    const prev = this.locks.get(idx) ?? Promise.resolve();
+    const next = prev.then(fn, fn);
+    const tail = next.catch(() => undefined);
+    this.locks.set(idx, tail);
+    try {
+      return await next;
+    } finally {
+      if (this.locks.get(idx) === tail) this.locks.delete(idx);
+    }
+  }
+
+  private async buildPooled(): Promise<void> {
+    const idx = this.reserve();
+    const slot = slotLayout(this.cfg, idx);
+    this.store.put(idx, slot.netnsName, "building");
+    this.building++;
+    try {
+      await buildSlot(this.cfg, slot, PARKED);
+      this.counters.built++;
+      this.store.put(idx, slot.netnsName, "pooled");
+      this.pool.push(slot);
+    } catch (e) {
+      this.store.delete(idx);
+      this.free.push(idx);
+      throw e;
+    } finally {
+      this.building--;
+    }
+  }
+
+  private async destroy(slot: Slot): Promise<void> {
+    this.store.put(slot.idx, slot.netnsName, "draining");
+    await destroySlot(this.cfg, slot);
+    this.store.delete(slot.idx);
+    this.free.push(slot.idx);
+    this.counters.destroyed++;
+  }
+
+  private kick(): void {
+    const w = this.wakeWorker;
+    this.wakeWorker = undefined;
+    w?.();
+  }
+
+  /** The single pool worker: drain above high, refill up to target, else sleep until kicked. */
+  private async runWorker(): Promise<void> {
+    while (!this.closed) {
+      try {
+        if (this.pool.length > this.cfg.pool.high) {
+          await this.destroy(this.pool.pop()!);
+          continue;
+        }
+        if (this.pool.length < this.target && this.free.length > 0) {
+          await this.buildPooled();
+          continue;
+        }
+      } catch (e) {
+        log.error({ err: e }, "pool worker step failed; backing off");
+        await Bun.sleep(this.cfg.pool.retryBackoffMs);
+        continue;
+      }
+      await new Promise<void>((res) => (this.wakeWorker = res));
+    }
+  }
+
+  private liveDnsAddrs(idx: number): string[] {
+    const m = this.dnsAllowed.get(idx);
+    if (!m) return [];
+    const now = Date.now();
+    for (const [ip, e] of m) if (e.expiresAt <= now) m.delete(ip);
+    return [...m.keys()].sort();
+  }
+
+  /** DNS proxy hook: admit A records of names matching the querying slot's allowOut domains. */
+  private async onDnsAnswer(clientIp: string, qname: string, addrs: { ip: string; ttl: number }[]): Promise<void> {
+    const idx = this.byNsIp.get(clientIp);
+    const a = idx === undefined ? undefined : this.allocated.get(idx);
+    if (!a || !a.policy.allowDomains.some((d) => domainMatches(d, qname))) return;
+    await this.serial(a.idx, async () => {
+      let m = this.dnsAllowed.get(a.idx);
+      if (!m) this.dnsAllowed.set(a.idx, (m = new Map()));
+      const before = this.liveDnsAddrs(a.idx).join(",");
+      const now = Date.now();
+      for (const { ip, ttl } of addrs) {
+        m.delete(ip); // re-insert so Map order is by last refresh
+        m.set(ip, { qname, expiresAt: now + Math.max(ttl, this.cfg.dns.minTtlSecs) * 1000 });
+      }
+      while (m.size > this.cfg.dns.maxAddressesPerSlot) m.delete(m.keys().next().value!);
+      const after = this.liveDnsAddrs(a.idx);
+      if (after.join(",") !== before) await applyDnsAllowed(this.cfg, a, after);
+    });
+  }
+}

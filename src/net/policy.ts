@@ -1,0 +1,148 @@
+/**
+ * Per-sandbox egress policy: the validated, plain-data form of the `network` object of
+ * `POST /sandboxes` (`allowOut`, `denyOut`, `allow_internet_access`) and of the body of
+ * `PUT /sandboxes/{id}/network` (`SandboxNetworkUpdateConfig` in the upstream openapi.yml:
+ * allowOut = CIDR | IP | domain pattern, denyOut = CIDR | IP; allow wins over deny; an omitted
+ * field clears it; `allow_internet_access: false` ≡ denyOut 0.0.0.0/0).
+ *
+ * Evaluation order inside a slot (see rules.ts): allowOut CIDRs → addresses learned from DNS
+ * answers for allowOut domains → always-denied ranges (config) → denyOut → internet access /
+ * default action. The first match decides, so an allow entry beats every deny entry.
+ */
+import { NetError } from "./errors.ts";
+import { type Cidr, formatCidr, parseCidr } from "./ipv4.ts";
+
+/** A domain rule: `exact` matches one name; `suffix` (from "*.example.com") matches strict subdomains. */
+export interface DomainPattern {
+  /** Lower-case name without trailing dot and without the "*." */
+  name: string;
+  wildcard: boolean;
+}
+
+/** A validated egress policy. CIDRs are normalised ("10.1.2.3/8" → 10.0.0.0/8). */
+export interface EgressPolicy {
+  allowCidrs: Cidr[];
+  allowDomains: DomainPattern[];
+  denyCidrs: Cidr[];
+  /** false ≡ deny 0.0.0.0/0 (after allow rules). */
+  allowInternetAccess: boolean;
+}
+
+/** The policy of a sandbox created without any network fields. */
+export function defaultPolicy(): EgressPolicy {
+  return { allowCidrs: [], allowDomains: [], denyCidrs: [], allowInternetAccess: true };
+}
+
+const LABEL = /^[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?$/;
+
+/**
+ * Parse a domain rule: "example.com" or "*.example.com" (the wildcard only as the whole leftmost
+ * label). Labels follow RFC 1123 (letters, digits, hyphen; 1..63 bytes; underscore tolerated),
+ * at least two labels, total ≤ 253 bytes, last label not all digits (so "1.2.3.400" is a bad IP,
+ * not a domain). Returns null when malformed.
+ */
+export function parseDomainPattern(text: string): DomainPattern | null {
+  let s = text.trim().toLowerCase();
+  if (s.endsWith(".")) s = s.slice(0, -1);
+  let wildcard = false;
+  if (s.startsWith("*.")) {
+    wildcard = true;
+    s = s.slice(2);
+  }
+  if (s.length === 0 || s.length > 253) return null;
+  const labels = s.split(".");
+  if (labels.length < 2) return null;
+  if (!labels.every((l) => LABEL.test(l))) return null;
+  if (/^[0-9]+$/.test(labels[labels.length - 1]!)) return null;
+  return { name: s, wildcard };
+}
+
+/** True when DNS name `qname` (any case, optional trailing dot) is matched by `p`. */
+export function domainMatches(p: DomainPattern, qname: string): boolean {
+  let q = qname.toLowerCase();
+  if (q.endsWith(".")) q = q.slice(0, -1);
+  return p.wildcard ? q.endsWith("." + p.name) : q === p.name;
+}
+
+/** The text form of a pattern, as a user would write it. */
+export function formatDomainPattern(p: DomainPattern): string {
+  return p.wildcard ? `*.${p.name}` : p.name;
+}
+
+function bad(field: string, index: number | null, entry: unknown, why: string): NetError {
+  const where = index === null ? field : `${field}[${index}]`;
+  return new NetError("net.bad_policy", `${where} ${JSON.stringify(entry)}: ${why}`, { field, index, entry });
+}
+
+function looksNumeric(s: string): boolean {
+  return /^[0-9./]+$/.test(s);
+}
+
+function parseList(json: Record<string, unknown>, field: string): string[] {
+  const v = json[field];
+  if (v === undefined || v === null) return [];
+  if (!Array.isArray(v)) throw bad(field, null, v, "must be an array of strings");
+  v.forEach((e, i) => {
+    if (typeof e !== "string") throw bad(field, i, e, "must be a string");
+  });
+  return v as string[];
+}
+
+/** Upper bound on entries per list, so one request cannot build an unbounded chain. */
+export const MAX_POLICY_ENTRIES = 1024;
+
+/**
+ * Validate untrusted JSON (the API body) into an `EgressPolicy`.
+ * Accepts `allowOut`, `denyOut` (arrays of strings), and `allow_internet_access` or
+ * `allowInternetAccess` (boolean, default true). Unknown keys are ignored (the create body carries
+ * other network fields such as `allowPublicTraffic`).
+ * @throws NetError `net.bad_policy` naming the field, index and entry at fault, e.g.
+ *   `allowOut[2] "10.0.0.300": not a valid IPv4 address, CIDR or domain pattern`.
+ */
+export function parseEgressPolicy(json: unknown): EgressPolicy {
+  if (json === undefined || json === null) return defaultPolicy();
+  if (typeof json !== "object" || Array.isArray(json)) throw bad("network", null, json, "must be an object");
+  const obj = json as Record<string, unknown>;
+  const allow = parseList(obj, "allowOut");
+  const deny = parseList(obj, "denyOut");
+  for (const [field, list] of [["allowOut", allow], ["denyOut", deny]] as const) {
+    if (list.length > MAX_POLICY_ENTRIES) throw bad(field, null, list.length, `more than ${MAX_POLICY_ENTRIES} entries`);
+  }
+  const policy = defaultPolicy();
+  allow.forEach((entry, i) => {
+    const s = entry.trim();
+    if (s.includes(":")) throw bad("allowOut", i, entry, "IPv6 is not supported (sandboxes have IPv4 only)");
+    const cidr = parseCidr(s);
+    if (cidr) return void policy.allowCidrs.push(cidr);
+    if (!looksNumeric(s)) {
+      const d = parseDomainPattern(s);
+      if (d) return void policy.allowDomains.push(d);
+    }
+    throw bad("allowOut", i, entry, "not a valid IPv4 address, CIDR or domain pattern (example.com, *.example.com)");
+  });
+  deny.forEach((entry, i) => {
+    const s = entry.trim();
+    if (s.includes(":")) throw bad("denyOut", i, entry, "IPv6 is not supported (sandboxes have IPv4 only)");
+    const cidr = parseCidr(s);
+    if (cidr) return void policy.denyCidrs.push(cidr);
+    if (!looksNumeric(s) && parseDomainPattern(s)) throw bad("denyOut", i, entry, "domain names are not supported in denyOut");
+    throw bad("denyOut", i, entry, "not a valid IPv4 address or CIDR");
+  });
+  const snake = obj.allow_internet_access;
+  const camel = obj.allowInternetAccess;
+  for (const [field, v] of [["allow_internet_access", snake], ["allowInternetAccess", camel]] as const) {
+    if (v !== undefined && v !== null && typeof v !== "boolean") throw bad(field, null, v, "must be a boolean");
+  }
+  const flag = (snake ?? camel) as boolean | undefined | null;
+  if (flag === false) policy.allowInternetAccess = false;
+  return policy;
+}
+
+/** JSON form stored in SQLite and returned by the API (`allowOut`/`denyOut` as strings). */
+export function policyToJson(p: EgressPolicy): { allowOut: string[]; denyOut: string[]; allow_internet_access: boolean } {
+  return {
+    allowOut: [...p.allowCidrs.map(formatCidr), ...p.allowDomains.map(formatDomainPattern)],
+    denyOut: p.denyCidrs.map(formatCidr),
+    allow_internet_access: p.allowInternetAccess,
+  };
+}

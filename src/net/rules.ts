@@ -1,0 +1,121 @@
+/**
+ * iptables-restore scripts (text) for the node's namespace and for each slot's namespace.
+ * Pure functions: the caller feeds them to `iptables-restore --noflush`. In --noflush mode a chain
+ * declaration (":NAME - [0:0]") empties that chain, so a script that declares a chain and then
+ * appends to it replaces the chain atomically (one commit per table) without touching others.
+ *
+ * Where the rules live and why:
+ * - Egress policy, DNAT of inbound traffic and SNAT of outbound traffic live INSIDE the slot's
+ *   netns (fixed chain names). The guest cannot reach them, deleting the netns deletes them, so a
+ *   crashed node leaves no per-slot rule behind in the node's tables.
+ * - The node's namespace holds three shared chains named `<prefix>fwd`, `<prefix>in`,
+ *   `<prefix>post`, matching slot veths by the interface wildcard `<prefix>+`: slot-to-slot
+ *   forwarding is dropped, the node itself accepts only replies and DNS-proxy queries from slots,
+ *   and slot traffic leaving the node is masqueraded.
+ */
+import type { NetConfig } from "./config.ts";
+import { type Cidr, formatCidr } from "./ipv4.ts";
+import type { EgressPolicy } from "./policy.ts";
+import type { Slot } from "./slot.ts";
+
+/** Filter chain in the slot: everything the guest sends (jumped to from FORWARD -i tap0). */
+export const CHAIN_EGRESS = "AENV-EGRESS";
+/** Filter chain in the slot: the sandbox's policy; replaced as a whole on update. */
+export const CHAIN_POLICY = "AENV-POLICY";
+/** Filter chain in the slot: addresses learned from DNS answers for allowOut domains. */
+export const CHAIN_DNS = "AENV-DNS";
+
+const DENY = "REJECT --reject-with icmp-admin-prohibited";
+
+/** Names of the node-namespace chains for a prefix. */
+export function hostChains(prefix: string): { fwd: string; input: string; post: string } {
+  return { fwd: `${prefix}fwd`, input: `${prefix}in`, post: `${prefix}post` };
+}
+
+/** Node-namespace rules (filter + nat), applied once at start after reaping. */
+export function hostRules(cfg: NetConfig): string {
+  const { fwd, input, post } = hostChains(cfg.namePrefix);
+  const ifw = `${cfg.namePrefix}+`;
+  const lines = [
+    "*filter",
+    `:${fwd} - [0:0]`,
+    `:${input} - [0:0]`,
+    `-A ${fwd} -i ${ifw} -o ${ifw} -j DROP`,
+    `-A ${fwd} -i ${ifw} -j ACCEPT`,
+    `-A ${fwd} -o ${ifw} -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT`,
+    `-A ${input} -i ${ifw} -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT`,
+  ];
+  if (cfg.dns.enabled) lines.push(`-A ${input} -i ${ifw} -p udp --dport ${cfg.dns.port} -j ACCEPT`);
+  lines.push(
+    `-A ${input} -i ${ifw} -j DROP`,
+    `-I FORWARD 1 -j ${fwd}`,
+    `-I INPUT 1 -j ${input}`,
+    "COMMIT",
+    "*nat",
+    `:${post} - [0:0]`,
+    `-A ${post} -s ${formatCidr(cfg.vethCidr)} ! -o ${ifw} -j MASQUERADE`,
+    `-I POSTROUTING 1 -j ${post}`,
+    "COMMIT",
+    "",
+  );
+  return lines.join("\n");
+}
+
+/**
+ * The complete rule set of a fresh slot namespace: inbound DNAT hostIp → guest, outbound SNAT
+ * guest → nsVethIp, DNS redirect to the node's proxy, and the egress chains with `policy`.
+ */
+export function slotRules(cfg: NetConfig, slot: Slot, policy: EgressPolicy, dnsAllowed: string[] = []): string {
+  const nat = [
+    "*nat",
+    `-A PREROUTING -i ${slot.nsVeth} -d ${slot.hostIp}/32 -j DNAT --to-destination ${slot.guestIp}`,
+  ];
+  if (cfg.dns.enabled) {
+    nat.push(`-A PREROUTING -i ${slot.tapName} -p udp --dport 53 -j DNAT --to-destination ${slot.hostVethIp}:${cfg.dns.port}`);
+  }
+  nat.push(`-A POSTROUTING -o ${slot.nsVeth} -s ${slot.guestIp}/32 -j SNAT --to-source ${slot.nsVethIp}`, "COMMIT");
+  const filter = [
+    "*filter",
+    `:${CHAIN_EGRESS} - [0:0]`,
+    `-A INPUT -i ${slot.tapName} -p icmp -j ACCEPT`,
+    `-A INPUT -i ${slot.tapName} -j DROP`,
+    `-A FORWARD -i ${slot.tapName} -o ${slot.nsVeth} -j ${CHAIN_EGRESS}`,
+    `-A FORWARD -i ${slot.tapName} -j DROP`,
+    `-A FORWARD -i ${slot.nsVeth} -o ${slot.tapName} -m conntrack --ctstate DNAT,ESTABLISHED,RELATED -j ACCEPT`,
+    `-A FORWARD -i ${slot.nsVeth} -j DROP`,
+    // Replies to connections the node opened to the guest pass whatever the policy says.
+    `-A ${CHAIN_EGRESS} -m conntrack --ctstate ESTABLISHED,RELATED --ctdir REPLY -j ACCEPT`,
+  ];
+  if (cfg.dns.enabled) {
+    filter.push(`-A ${CHAIN_EGRESS} -d ${slot.hostVethIp}/32 -p udp --dport ${cfg.dns.port} -m conntrack --ctstate DNAT -j ACCEPT`);
+  }
+  filter.push(`-A ${CHAIN_EGRESS} -j ${CHAIN_POLICY}`, `-A ${CHAIN_EGRESS} -j ${DENY}`);
+  return [...nat, ...policyChains(cfg, policy, dnsAllowed, filter), "COMMIT", ""].join("\n");
+}
+
+/**
+ * A filter-table script replacing the policy and DNS chains (runtime policy update).
+ * Guest-originated packets are checked against the policy on every packet, not only the first of
+ * a connection, so a replaced policy also cuts connections that are already open.
+ */
+export function policyScript(cfg: NetConfig, policy: EgressPolicy, dnsAllowed: string[]): string {
+  return [...policyChains(cfg, policy, dnsAllowed, ["*filter"]), "COMMIT", ""].join("\n");
+}
+
+/** A filter-table script replacing only the DNS-learned chain. */
+export function dnsScript(dnsAllowed: string[]): string {
+  return ["*filter", `:${CHAIN_DNS} - [0:0]`, ...dnsAllowed.map((ip) => `-A ${CHAIN_DNS} -d ${ip}/32 -j ACCEPT`), "COMMIT", ""].join("\n");
+}
+
+function policyChains(cfg: NetConfig, policy: EgressPolicy, dnsAllowed: string[], into: string[]): string[] {
+  const c = (x: Cidr) => formatCidr(x);
+  into.push(`:${CHAIN_POLICY} - [0:0]`, `:${CHAIN_DNS} - [0:0]`);
+  for (const a of policy.allowCidrs) into.push(`-A ${CHAIN_POLICY} -d ${c(a)} -j ACCEPT`);
+  into.push(`-A ${CHAIN_POLICY} -j ${CHAIN_DNS}`);
+  for (const d of cfg.alwaysDenied) into.push(`-A ${CHAIN_POLICY} -d ${c(d)} -j ${DENY}`);
+  for (const d of policy.denyCidrs) into.push(`-A ${CHAIN_POLICY} -d ${c(d)} -j ${DENY}`);
+  const open = policy.allowInternetAccess && cfg.defaultAction === "allow";
+  into.push(`-A ${CHAIN_POLICY} -j ${open ? "ACCEPT" : DENY}`);
+  for (const ip of dnsAllowed) into.push(`-A ${CHAIN_DNS} -d ${ip}/32 -j ACCEPT`);
+  return into;
+}
