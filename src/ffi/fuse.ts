@@ -85,13 +85,15 @@ export function decodeInHeader(buf: Uint8Array): InHeader {
 
 /**
  * A complete reply: fuse_out_header + body. `error` is 0 or a positive errno (encoded negated);
- * an error reply carries no body (the kernel rejects one with EINVAL).
+ * an error reply carries no body (the kernel rejects one with EINVAL). With `separateBodyLen`
+ * only the header is returned, its `len` covering a body of that many bytes written after it
+ * in the same writev.
  */
-export function encodeReply(unique: bigint, error: number, body?: Uint8Array): Uint8Array {
-  const bodyLen = error === 0 && body ? body.byteLength : 0;
+export function encodeReply(unique: bigint, error: number, body?: Uint8Array, separateBodyLen = 0): Uint8Array {
+  const bodyLen = error === 0 && body && !separateBodyLen ? body.byteLength : 0;
   const out = new Uint8Array(OUT_HEADER_SIZE + bodyLen);
   const v = new DataView(out.buffer);
-  v.setUint32(0, out.byteLength, true);
+  v.setUint32(0, out.byteLength + (error === 0 ? separateBodyLen : 0), true);
   v.setInt32(4, error === 0 ? 0 : -error, true);
   v.setBigUint64(8, unique, true);
   if (bodyLen) out.set(body!, OUT_HEADER_SIZE);

@@ -5,9 +5,15 @@
 import type { BlockImage } from "../block.ts";
 import { DiskError } from "./errors.ts";
 import { RawFileImage } from "./raw.ts";
+import { openStack } from "../overlaybd/index.ts";
 
-/** What to serve. `raw`: one plain file. */
-export type DiskImageSpec = { kind: "raw"; path: string; readOnly: boolean };
+/**
+ * What to serve. `raw`: one plain file. `overlaybd`: read-only layer files (bottom first, shared
+ * by every sandbox of a template, opened O_RDONLY) plus a writable upper (data + index files).
+ */
+export type DiskImageSpec =
+  | { kind: "raw"; path: string; readOnly: boolean }
+  | { kind: "overlaybd"; lowers: string[]; upper: { data: string; index: string } };
 
 /** Tunables of the FUSE export (from config `[disk]`). */
 export interface FuseTuning {
@@ -56,6 +62,12 @@ export function validateServeSpec(v: unknown): ServeSpec {
   if (img.kind === "raw") {
     if (typeof img.path !== "string" || !img.path.startsWith("/")) throw bad("image.path", img.path);
     if (typeof img.readOnly !== "boolean") throw bad("image.readOnly", img.readOnly);
+  } else if (img.kind === "overlaybd") {
+    if (!Array.isArray(img.lowers) || img.lowers.length === 0) throw bad("image.lowers", img.lowers);
+    for (const l of img.lowers) if (typeof l !== "string" || !l.startsWith("/")) throw bad("image.lowers", l);
+    const u = img.upper;
+    if (typeof u !== "object" || u === null) throw bad("image.upper", u);
+    for (const f of ["data", "index"]) if (typeof u[f] !== "string" || !u[f].startsWith("/")) throw bad(`image.upper.${f}`, u[f]);
   } else {
     throw bad("image.kind", img.kind);
   }
@@ -74,5 +86,7 @@ export async function openImage(spec: DiskImageSpec): Promise<BlockImage> {
   switch (spec.kind) {
     case "raw":
       return RawFileImage.open(spec.path, { readOnly: spec.readOnly });
+    case "overlaybd":
+      return openStack({ lowers: spec.lowers, upper: spec.upper });
   }
 }

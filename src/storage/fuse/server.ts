@@ -8,7 +8,7 @@
  * Threads: `workers` reader threads block in read(2) on the shared fd and pass each request to
  * this (main) thread; replies are written here (a write to /dev/fuse never blocks).
  */
-import { closeSync, mkdirSync, openSync, writeSync, constants as fsc } from "node:fs";
+import { closeSync, mkdirSync, openSync, writeSync, writevSync, constants as fsc } from "node:fs";
 import { fileURLToPath } from "node:url";
 import { Worker } from "node:worker_threads";
 import type { BlockImage } from "../block.ts";
@@ -169,7 +169,12 @@ export class FuseExport {
   #reply(unique: bigint, error: number, body?: Uint8Array): void {
     if (error) this.stats.errors++;
     try {
-      writeSync(this.#fd, F.encodeReply(unique, error, body));
+      if (error === 0 && body && body.byteLength > 4096) {
+        // large payloads (READ data): header and body in one writev, without copying the body
+        writevSync(this.#fd, [F.encodeReply(unique, 0, undefined, body.byteLength), body]);
+      } else {
+        writeSync(this.#fd, F.encodeReply(unique, error, body));
+      }
     } catch (e) {
       // ENOENT: the request was interrupted or the connection aborted meanwhile.
       const code = (e as NodeJS.ErrnoException).code;

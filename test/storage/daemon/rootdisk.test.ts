@@ -1,0 +1,164 @@
+// Integration: a template of two overlaybd layers (made by src/storage/overlaybd importRaw) served
+// to ten sandboxes at once, each by its own `agentenv disk serve` child over a real FUSE mount.
+// Asserts: every sandbox reads the template byte-exactly, writes land only in that sandbox's
+// upper, the layer files are opened O_RDONLY by every server and stay byte-identical.
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { closeSync, existsSync, mkdirSync, mkdtempSync, openSync, readdirSync, readFileSync, readlinkSync, readSync, rmSync, writeFileSync, writeSync } from "node:fs";
+import { createHash } from "node:crypto";
+import { join } from "node:path";
+import { importRaw, openStack } from "../../../src/storage/overlaybd/index.ts";
+import { diskConfig, prepareRootDisk, reapStaleDisks, upperPaths, type DiskConfig, type ExportedDisk } from "../../../src/storage/daemon/index.ts";
+
+const MiB = 1 << 20;
+const SIZE = 8 * MiB;
+let root: string;
+let recordDir: string;
+let cfg: DiskConfig;
+let lowers: string[];
+let expected: Uint8Array;
+const sha = (b: Uint8Array) => createHash("sha256").update(b).digest("hex");
+
+beforeAll(async () => {
+  root = mkdtempSync("/tmp/aenv-rootdisk-test-");
+  recordDir = join(root, "records");
+  cfg = { ...diskConfig(), readyTimeoutMs: 20000 };
+  // base: a pattern with a zero hole in the middle; layer 2 rewrites 1 MiB at 3 MiB
+  const base = new Uint8Array(SIZE);
+  for (let i = 0; i < SIZE; i += 4) new DataView(base.buffer).setUint32(i, i * 2654435761, true);
+  base.fill(0, 5 * MiB, 6 * MiB);
+  writeFileSync(join(root, "base.raw"), base);
+  const top = base.slice();
+  top.fill(0x5a, 3 * MiB, 4 * MiB);
+  writeFileSync(join(root, "top.raw"), top);
+  mkdirSync(join(root, "template"));
+  lowers = [join(root, "template", "layer0"), join(root, "template", "layer1")];
+  await importRaw(join(root, "base.raw"), lowers[0]!);
+  const parent = await openStack({ lowers: [lowers[0]!] });
+  try {
+    await importRaw(join(root, "top.raw"), lowers[1]!, { parent });
+  } finally {
+    await parent.close();
+  }
+  expected = top;
+}, 60_000);
+
+afterAll(async () => {
+  await reapStaleDisks(recordDir, { mountRoots: [root] });
+  rmSync(root, { recursive: true, force: true });
+});
+
+/** open(2) access mode of every fd of `pid` that points at `path` (0 = O_RDONLY). */
+function accessModes(pid: number, path: string): number[] {
+  const modes: number[] = [];
+  for (const fd of readdirSync(`/proc/${pid}/fd`)) {
+    let target = "";
+    try {
+      target = readlinkSync(`/proc/${pid}/fd/${fd}`);
+    } catch {
+      continue;
+    }
+    if (target !== path) continue;
+    const flags = /flags:\s+([0-7]+)/.exec(readFileSync(`/proc/${pid}/fdinfo/${fd}`, "utf8"))![1]!;
+    modes.push(parseInt(flags, 8) & 3);
+  }
+  return modes;
+}
+
+describe("root disks: template layers + per-sandbox upper over FUSE", () => {
+  test("ten sandboxes share the template layers read-only; writes stay in each sandbox's upper", async () => {
+    const before = lowers.map((l) => sha(readFileSync(l)));
+    const disks: ExportedDisk[] = [];
+    try {
+      for (let i = 0; i < 10; i++) {
+        disks.push(await prepareRootDisk({ id: `sb${i}`, lowers, sandboxDir: join(root, `sb${i}`), recordDir, config: cfg }));
+      }
+      for (const [i, d] of disks.entries()) {
+        expect(d.path).toBe(join(root, `sb${i}`, "mnt", "root.img"));
+        // both template layers are open, and only for reading, in every server
+        for (const l of lowers) {
+          const modes = accessModes(d.pid, l);
+          expect(modes.length).toBeGreaterThan(0);
+          expect(modes.every((m) => m === 0)).toBe(true);
+        }
+      }
+      // every sandbox sees the merged template byte-exactly
+      for (const d of disks) expect(sha(readFileSync(d.path))).toBe(sha(expected));
+      // each sandbox writes its own marker into the shared region and into the hole
+      for (const [i, d] of disks.entries()) {
+        const fd = openSync(d.path, "r+");
+        try {
+          writeSync(fd, Buffer.from(`sandbox-${i}`.padEnd(4096, "!")), 0, 4096, 3 * MiB + i * 4096);
+          writeSync(fd, Buffer.from(`hole-${i}`), 0, `hole-${i}`.length, 5 * MiB + 17);
+        } finally {
+          closeSync(fd);
+        }
+      }
+      for (const [i, d] of disks.entries()) {
+        const got = readFileSync(d.path);
+        for (let j = 0; j < 10; j++) {
+          const block = got.subarray(3 * MiB + j * 4096, 3 * MiB + (j + 1) * 4096);
+          if (j === i) expect(block.toString().startsWith(`sandbox-${i}!`)).toBe(true);
+          else expect(block.every((b) => b === 0x5a)).toBe(true); // others' writes are invisible
+        }
+        expect(got.subarray(5 * MiB + 17, 5 * MiB + 17 + `hole-${i}`.length).toString()).toBe(`hole-${i}`);
+      }
+    } finally {
+      for (const d of disks) await d.close();
+    }
+    // template layers unchanged; each upper is its own pair of files holding its own writes
+    expect(lowers.map((l) => sha(readFileSync(l)))).toEqual(before);
+    const uppers = new Set<string>();
+    for (let i = 0; i < 10; i++) {
+      const u = upperPaths(join(root, `sb${i}`));
+      uppers.add(u.data);
+      const img = await openStack({ lowers, upper: u });
+      try {
+        const buf = new Uint8Array(4096);
+        await img.pread(buf, 3 * MiB + i * 4096);
+        expect(Buffer.from(buf).toString().startsWith(`sandbox-${i}!`)).toBe(true);
+        await img.pread(buf, 3 * MiB + ((i + 1) % 10) * 4096);
+        expect(buf.every((b) => b === 0x5a)).toBe(true);
+      } finally {
+        await img.close();
+      }
+    }
+    expect(uppers.size).toBe(10);
+  }, 120_000);
+
+  test("a restarted sandbox keeps its upper; a new sandbox starts fresh", async () => {
+    const again = await prepareRootDisk({ id: "sb3", lowers, sandboxDir: join(root, "sb3"), recordDir, config: cfg });
+    const fresh = await prepareRootDisk({ id: "sbnew", lowers, sandboxDir: join(root, "sbnew"), recordDir, config: cfg });
+    try {
+      const fd = openSync(again.path, "r");
+      const buf = Buffer.alloc(16);
+      readSync(fd, buf, 0, 16, 3 * MiB + 3 * 4096);
+      closeSync(fd);
+      expect(buf.toString()).toBe("sandbox-3!!!!!!!");
+      expect(sha(readFileSync(fresh.path))).toBe(sha(expected));
+    } finally {
+      await again.close();
+      await fresh.close();
+    }
+  }, 60_000);
+
+  test("bad input: no lowers, relative paths, unaligned size, missing layer", async () => {
+    const base = { id: "bad", sandboxDir: join(root, "bad"), recordDir, config: cfg };
+    const cases: [Record<string, unknown>, string][] = [
+      [{ lowers: [] }, "disk.bad_spec"],
+      [{ lowers: ["rel/layer"] }, "disk.bad_spec"],
+      [{ lowers, sandboxDir: "rel" }, "disk.bad_spec"],
+      [{ lowers, virtualSize: 1000 }, "disk.bad_spec"],
+      [{ lowers: [join(root, "nope.layer")] }, "disk.open_failed"],
+    ];
+    for (const [patch, code] of cases) {
+      let err: any;
+      try {
+        await prepareRootDisk({ ...base, lowers, ...patch } as any);
+      } catch (e) {
+        err = e;
+      }
+      expect(err?.code).toBe(code);
+    }
+    expect(existsSync(join(root, "bad", "mnt"))).toBe(false);
+  }, 60_000);
+});
