@@ -1,0 +1,203 @@
+/**
+ * `GET /files` and `POST /files` (docs/e2b-contract.md §3.3, §3.4): download a file, upload one
+ * or more files as multipart or octet-stream. Bodies are streamed to and from disk.
+ */
+import { createHash } from "node:crypto";
+import { lstatSync, statSync } from "node:fs";
+import { open, type FileHandle } from "node:fs/promises";
+import { basename, dirname } from "node:path";
+import { tokensEqual } from "../auth.ts";
+import { EnvdError, fromFsError } from "../errors.ts";
+import { resolvePath } from "../paths.ts";
+import { chownTo, ensureDirs, requireAccess, requireParentWritable, R_OK, W_OK } from "../permissions.ts";
+import type { EnvdState } from "../state.ts";
+import { lookupUser, type UserInfo } from "../users.ts";
+import { boundaryOf, readMultipart } from "./multipart.ts";
+
+/** One uploaded file in the POST /files answer. */
+export interface UploadedEntry {
+  path: string;
+  name: string;
+  type: "file";
+}
+
+/** `v1_` + base64 (no padding) of SHA-256 over `path:op:user:token[:exp]` (§3.4). */
+export function fileSignature(path: string, op: "read" | "write", user: string, token: string, expiration?: number): string {
+  const raw = expiration === undefined ? `${path}:${op}:${user}:${token}` : `${path}:${op}:${user}:${token}:${expiration}`;
+  return `v1_${createHash("sha256").update(raw).digest("base64").replace(/=+$/, "")}`;
+}
+
+/**
+ * Authorise a /files request: the access token if one is sent, else a signature when a token
+ * is set. Returns the acting user.
+ * @throws EnvdError `unauthenticated` for a bad token, signature, expiry or user.
+ */
+export function authorizeFiles(state: EnvdState, req: Request, url: URL, op: "read" | "write"): UserInfo {
+  const username = url.searchParams.get("username") ?? "";
+  const token = req.headers.get("x-access-token");
+  if (state.accessToken) {
+    if (token !== null) {
+      if (!tokensEqual(token, state.accessToken)) throw new EnvdError("unauthenticated", "invalid access token", {});
+    } else {
+      const sig = url.searchParams.get("signature");
+      if (!sig) throw new EnvdError("unauthenticated", "missing access token or signature", {});
+      const expRaw = url.searchParams.get("signature_expiration");
+      const exp = expRaw === null ? undefined : Number(expRaw);
+      if (exp !== undefined && !Number.isInteger(exp)) throw new EnvdError("unauthenticated", "invalid signature expiration", { expRaw });
+      const want = fileSignature(url.searchParams.get("path") ?? "", op, username, state.accessToken, exp);
+      if (!tokensEqual(sig, want)) throw new EnvdError("unauthenticated", "invalid signature", {});
+      if (exp !== undefined && exp < Date.now() / 1000) throw new EnvdError("unauthenticated", "signature expired", { exp });
+    }
+  }
+  return lookupUser(username || state.defaultUser);
+}
+
+/** Open `path` for writing as `user`: parents created and owned by the user, file truncated. */
+async function openForUpload(path: string, user: UserInfo): Promise<FileHandle> {
+  try {
+    if (lstatSync(path).isDirectory()) throw new EnvdError("invalid_argument", `path '${path}' is a directory`, { path });
+    requireAccess(user, path, W_OK, "upload");
+  } catch (err) {
+    if (err instanceof EnvdError && err.kind !== "not_found") throw err;
+    if (!(err instanceof EnvdError) && (err as NodeJS.ErrnoException).code !== "ENOENT") throw fromFsError(err, path, "upload");
+    requireParentWritable(user, path, "upload");
+  }
+  ensureDirs(dirname(path), user, "upload");
+  let fh: FileHandle;
+  try {
+    fh = await open(path, "w", 0o644);
+  } catch (err) {
+    throw fromFsError(err, path, "upload");
+  }
+  chownTo(path, user);
+  return fh;
+}
+
+async function writeAll(fh: FileHandle, chunk: Uint8Array, path: string): Promise<void> {
+  try {
+    let off = 0;
+    while (off < chunk.byteLength) off += (await fh.write(chunk, off, chunk.byteLength - off)).bytesWritten;
+  } catch (err) {
+    throw fromFsError(err, path, "upload");
+  }
+}
+
+function bodyStream(req: Request): ReadableStream<Uint8Array> {
+  const body = req.body ?? new ReadableStream<Uint8Array>({ start: (c) => c.close() });
+  const enc = (req.headers.get("content-encoding") ?? "").toLowerCase();
+  if (enc === "gzip") return body.pipeThrough(new DecompressionStream("gzip")) as ReadableStream<Uint8Array>;
+  if (enc && enc !== "identity") throw new EnvdError("invalid_argument", `unsupported content encoding '${enc}'`, { enc });
+  return body;
+}
+
+/**
+ * Handle POST /files.
+ * @throws EnvdError on bad input (400), auth (401), rights (403), space (507).
+ */
+export async function uploadFiles(state: EnvdState, req: Request, url: URL): Promise<UploadedEntry[]> {
+  const user = authorizeFiles(state, req, url, "write");
+  const queryPath = url.searchParams.get("path") || undefined;
+  const ctype = (req.headers.get("content-type") ?? "").toLowerCase();
+  const done: UploadedEntry[] = [];
+  const open_: FileHandle[] = [];
+  try {
+    if (ctype.startsWith("multipart/form-data")) {
+      const seen = new Set<string>();
+      await readMultipart(bodyStream(req), boundaryOf(req.headers.get("content-type")!), async (info) => {
+        if (info.name !== "file") return null;
+        const raw = queryPath ?? info.filename;
+        if (!raw) throw new EnvdError("invalid_argument", "part has no filename and no path query is given", {});
+        const path = resolvePath(raw, user, state.defaultWorkdir);
+        if (seen.has(path)) throw new EnvdError("invalid_argument", `path '${path}' given more than once`, { path });
+        seen.add(path);
+        const fh = await openForUpload(path, user);
+        open_.push(fh);
+        return {
+          write: (c) => writeAll(fh, c, path),
+          end: async () => {
+            open_.splice(open_.indexOf(fh), 1);
+            await fh.close();
+            done.push({ path, name: basename(path), type: "file" });
+          },
+        };
+      });
+    } else if (ctype.startsWith("application/octet-stream") || ctype === "") {
+      if (!queryPath) throw new EnvdError("invalid_argument", "path query is required for octet-stream uploads", {});
+      const path = resolvePath(queryPath, user, state.defaultWorkdir);
+      const stream = bodyStream(req);
+      const fh = await openForUpload(path, user);
+      open_.push(fh);
+      for await (const chunk of stream) await writeAll(fh, chunk, path);
+      open_.pop();
+      await fh.close();
+      done.push({ path, name: basename(path), type: "file" });
+    } else {
+      throw new EnvdError("invalid_argument", `unsupported content type '${ctype}'`, { contentType: ctype });
+    }
+  } finally {
+    for (const fh of open_) await fh.close().catch(() => {});
+  }
+  if (done.length === 0) throw new EnvdError("invalid_argument", "no file in the upload", {});
+  return done;
+}
+
+/** Parse a single `bytes=a-b` range against `size`; undefined when absent or unsupported. */
+export function parseRange(header: string | null, size: number): { start: number; end: number } | "unsatisfiable" | undefined {
+  if (!header) return undefined;
+  const m = /^bytes=(\d*)-(\d*)$/.exec(header.trim());
+  if (!m || (m[1] === "" && m[2] === "")) return undefined;
+  let start: number;
+  let end: number;
+  if (m[1] === "") {
+    start = Math.max(0, size - Number(m[2]));
+    end = size - 1;
+  } else {
+    start = Number(m[1]);
+    end = m[2] === "" ? size - 1 : Math.min(Number(m[2]), size - 1);
+  }
+  if (start > end || start >= size) return "unsatisfiable";
+  return { start, end };
+}
+
+/**
+ * Handle GET /files: the file's bytes (Range and gzip supported).
+ * @throws EnvdError not_found (404), directory (400), rights (403), auth (401).
+ */
+export function downloadFile(state: EnvdState, req: Request, url: URL): Response {
+  const user = authorizeFiles(state, req, url, "read");
+  const raw = url.searchParams.get("path");
+  if (!raw) throw new EnvdError("invalid_argument", "path query is required", {});
+  const path = resolvePath(raw, user, state.defaultWorkdir);
+  let st;
+  try {
+    st = statSync(path);
+  } catch (err) {
+    throw fromFsError(err, path, "download");
+  }
+  if (st.isDirectory()) throw new EnvdError("invalid_argument", `path '${path}' is a directory`, { path });
+  requireAccess(user, path, R_OK, "download");
+  const file = Bun.file(path);
+  const headers = new Headers({
+    "Content-Type": file.type || "application/octet-stream",
+    "Content-Disposition": `inline; filename="${basename(path).replace(/["\\]/g, "_")}"`,
+    "Accept-Ranges": "bytes",
+    "Last-Modified": st.mtime.toUTCString(),
+    Vary: "Accept-Encoding",
+  });
+  const range = parseRange(req.headers.get("range"), st.size);
+  if (range === "unsatisfiable") {
+    headers.set("Content-Range", `bytes */${st.size}`);
+    return new Response(null, { status: 416, headers });
+  }
+  if (range) {
+    headers.set("Content-Range", `bytes ${range.start}-${range.end}/${st.size}`);
+    return new Response(file.slice(range.start, range.end + 1), { status: 206, headers });
+  }
+  const accept = (req.headers.get("accept-encoding") ?? "").toLowerCase();
+  if (/\bgzip\b/.test(accept)) {
+    headers.set("Content-Encoding", "gzip");
+    return new Response(file.stream().pipeThrough(new CompressionStream("gzip")), { status: 200, headers });
+  }
+  if (st.size === 0) return new Response(new Uint8Array(0), { status: 200, headers });
+  return new Response(file, { status: 200, headers });
+}

@@ -1,0 +1,70 @@
+/**
+ * `POST /init` (docs/e2b-contract.md §3.2): install the access token, env vars, default user and
+ * workdir, and sync the clock. Once a token is set only a caller holding it (the host) may
+ * re-init.
+ */
+import { hasValidToken } from "../auth.ts";
+import { EnvdError } from "../errors.ts";
+import type { EnvdState, InitRequest } from "../state.ts";
+import { lookupUser } from "../users.ts";
+
+function isStringMap(v: unknown): v is Record<string, string> {
+  return typeof v === "object" && v !== null && !Array.isArray(v) && Object.values(v).every((x) => typeof x === "string");
+}
+
+/**
+ * Validate an /init JSON body into an InitRequest.
+ * @throws EnvdError `invalid_argument` naming the bad field.
+ */
+export function parseInitBody(body: unknown): InitRequest {
+  if (body === null || body === undefined) return {};
+  if (typeof body !== "object" || Array.isArray(body)) throw new EnvdError("invalid_argument", "init body must be a JSON object", {});
+  const b = body as Record<string, unknown>;
+  const out: InitRequest = {};
+  for (const key of ["accessToken", "timestamp", "defaultUser", "defaultWorkdir"] as const) {
+    if (b[key] === undefined || b[key] === null) continue;
+    if (typeof b[key] !== "string") throw new EnvdError("invalid_argument", `init field ${key} must be a string`, { field: key });
+    out[key] = b[key] as string;
+  }
+  if (b.envVars !== undefined && b.envVars !== null) {
+    if (!isStringMap(b.envVars)) throw new EnvdError("invalid_argument", "init field envVars must map strings to strings", { field: "envVars" });
+    out.envVars = b.envVars;
+  }
+  if (out.timestamp !== undefined && !Number.isFinite(Date.parse(out.timestamp))) {
+    throw new EnvdError("invalid_argument", "init field timestamp must be RFC 3339", { timestamp: out.timestamp });
+  }
+  if (out.defaultUser) lookupUser(out.defaultUser);
+  return out;
+}
+
+/** Clock skew tolerated before /init sets the system clock: behind, ahead (ms). */
+const CLOCK_BEHIND_MS = 50;
+const CLOCK_AHEAD_MS = 5000;
+
+/**
+ * Handle POST /init.
+ * @param syncClock when true and the host time differs enough, set the system clock (`date -s`).
+ * @throws EnvdError `unauthenticated` when a token is set and the caller does not hold it.
+ */
+export async function handleInit(state: EnvdState, req: Request, syncClock: boolean): Promise<void> {
+  if (state.accessToken && !hasValidToken(state, req.headers)) {
+    throw new EnvdError("unauthenticated", "access token required to re-initialise envd", {});
+  }
+  const text = await req.text();
+  let body: unknown;
+  try {
+    body = text.trim() ? JSON.parse(text) : {};
+  } catch {
+    throw new EnvdError("invalid_argument", "init body is not valid JSON", {});
+  }
+  const init = parseInitBody(body);
+  if (!state.apply(init)) return;
+  if (syncClock && init.timestamp) {
+    const host = Date.parse(init.timestamp);
+    const skew = host - Date.now();
+    if (skew > CLOCK_BEHIND_MS || skew < -CLOCK_AHEAD_MS) {
+      const p = Bun.spawn(["date", "-u", "-s", `@${(host / 1000).toFixed(3)}`], { stdout: "ignore", stderr: "ignore" });
+      await p.exited;
+    }
+  }
+}

@@ -1,0 +1,48 @@
+/**
+ * Sandbox-wide envd settings installed by `POST /init` (docs/e2b-contract.md §3.2): access token,
+ * env vars for every process, default user and working directory, last applied timestamp.
+ */
+
+/** Plain data form of the /init body, already validated. */
+export interface InitRequest {
+  accessToken?: string;
+  envVars?: Record<string, string>;
+  /** RFC 3339 host time; older than the last applied one => the request is ignored. */
+  timestamp?: string;
+  defaultUser?: string;
+  defaultWorkdir?: string;
+}
+
+/** Mutable settings shared by every handler of one envd instance. */
+export class EnvdState {
+  accessToken: string | undefined;
+  envVars: Record<string, string> = {};
+  defaultUser: string;
+  defaultWorkdir: string | undefined;
+  /** ms since epoch of the newest /init timestamp applied. */
+  lastInitMs = 0;
+
+  constructor(opts: { defaultUser?: string; accessToken?: string } = {}) {
+    this.defaultUser = opts.defaultUser ?? "root";
+    this.accessToken = opts.accessToken || undefined;
+  }
+
+  /**
+   * Apply an /init body. Returns false (nothing changed) when its timestamp is older than the
+   * last applied one, as E2B's envd does.
+   */
+  apply(req: InitRequest): boolean {
+    if (req.timestamp) {
+      const ms = Date.parse(req.timestamp);
+      if (Number.isFinite(ms)) {
+        if (ms < this.lastInitMs) return false;
+        this.lastInitMs = ms;
+      }
+    }
+    if (req.accessToken !== undefined) this.accessToken = req.accessToken || undefined;
+    if (req.envVars !== undefined) this.envVars = { ...req.envVars };
+    if (req.defaultUser) this.defaultUser = req.defaultUser;
+    if (req.defaultWorkdir !== undefined) this.defaultWorkdir = req.defaultWorkdir || undefined;
+    return true;
+  }
+}

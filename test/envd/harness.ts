@@ -1,0 +1,90 @@
+/**
+ * Test harness: starts a real envd as a child process (`bun src/cli/main.ts envd --port 0`),
+ * makes sure the unprivileged `user` account the SDK defaults to exists, and initialises envd
+ * through POST /init like the host does.
+ */
+import { spawnSync, type Subprocess } from "bun";
+import { join } from "node:path";
+
+const ROOT = join(import.meta.dir, "..", "..");
+
+/** Create the `user` account (home /home/user) if missing; idempotent. */
+export function ensureUserAccount(): { uid: number; gid: number } {
+  if (spawnSync(["id", "-u", "user"]).exitCode !== 0) {
+    const r = spawnSync(["useradd", "-m", "-s", "/bin/bash", "user"]);
+    if (r.exitCode !== 0 && spawnSync(["id", "-u", "user"]).exitCode !== 0) {
+      throw new Error(`useradd user failed: ${r.stderr.toString()}`);
+    }
+  }
+  const uid = Number(spawnSync(["id", "-u", "user"]).stdout.toString().trim());
+  const gid = Number(spawnSync(["id", "-g", "user"]).stdout.toString().trim());
+  return { uid, gid };
+}
+
+/** A running envd child process. */
+export interface EnvdChild {
+  url: string;
+  port: number;
+  proc: Subprocess;
+  stop(): Promise<void>;
+}
+
+/** Start envd on a free loopback port and wait for its readiness line. */
+export async function startEnvdChild(): Promise<EnvdChild> {
+  const proc = Bun.spawn(["bun", join(ROOT, "src/cli/main.ts"), "envd", "--port", "0", "--host", "127.0.0.1", "--no-clock-sync"], {
+    stdout: "pipe",
+    stderr: "inherit",
+    env: { ...process.env, AENV_LOG_LEVEL: "warn" },
+  });
+  const reader = proc.stdout.getReader();
+  let text = "";
+  const deadline = Date.now() + 15_000;
+  while (!/envd listening on (\d+)/.test(text)) {
+    if (Date.now() > deadline) throw new Error(`envd did not start: ${text}`);
+    const r = await reader.read();
+    if (r.done) throw new Error(`envd exited before listening: ${text}`);
+    text += new TextDecoder().decode(r.value);
+  }
+  reader.releaseLock();
+  const port = Number(/envd listening on (\d+)/.exec(text)![1]);
+  return {
+    url: `http://127.0.0.1:${port}`,
+    port,
+    proc,
+    async stop() {
+      proc.kill("SIGTERM");
+      const t = setTimeout(() => proc.kill("SIGKILL"), 5000);
+      await proc.exited;
+      clearTimeout(t);
+    },
+  };
+}
+
+/** POST /init as the host does. Returns the HTTP status. */
+export async function initEnvd(url: string, body: Record<string, unknown>, token?: string): Promise<Response> {
+  return fetch(`${url}/init`, {
+    method: "POST",
+    headers: { "content-type": "application/json", ...(token ? { "x-access-token": token } : {}) },
+    body: JSON.stringify(body),
+  });
+}
+
+/** State of a pid from /proc (`R`, `S`, `Z`, ...), or undefined when it no longer exists. */
+export function procState(pid: number): string | undefined {
+  try {
+    const s = require("node:fs").readFileSync(`/proc/${pid}/stat`, "utf8") as string;
+    return s.slice(s.lastIndexOf(")") + 2).split(" ")[0];
+  } catch {
+    return undefined;
+  }
+}
+
+/** Poll `cond` every 20 ms until true or `ms` elapse. */
+export async function waitFor(cond: () => boolean | Promise<boolean>, ms = 5000): Promise<boolean> {
+  const end = Date.now() + ms;
+  while (Date.now() < end) {
+    if (await cond()) return true;
+    await Bun.sleep(20);
+  }
+  return cond();
+}

@@ -1,0 +1,323 @@
+/**
+ * The unmodified e2b@2.51.0 JS SDK against a real envd child process on loopback.
+ * Real parts: envd (`bun src/cli/main.ts envd`), processes, PTYs, files under a temp dir.
+ * Only the control-plane create/connect call is answered by a tiny stub API in this file, so the
+ * SDK learns the envd URL (sandboxUrl), access token and envd version.
+ */
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { chownSync, mkdirSync, mkdtempSync, rmSync, statSync } from "node:fs";
+import { join } from "node:path";
+import {
+  AuthenticationError,
+  CommandExitError,
+  FileNotFoundError,
+  FilesystemEventType,
+  FileType,
+  InvalidArgumentError,
+  NotFoundError,
+  Sandbox,
+  SandboxError,
+} from "e2b";
+import { ENVD_VERSION } from "../../src/envd/version.ts";
+import { ensureUserAccount, initEnvd, procState, startEnvdChild, waitFor, type EnvdChild } from "./harness.ts";
+
+const TOKEN = "a".repeat(24) + "0123456789abcdef";
+let envd: EnvdChild;
+let api: ReturnType<typeof Bun.serve>;
+let sbx: Sandbox;
+let dir: string;
+let userIds: { uid: number; gid: number };
+
+const sandboxJson = () => ({
+  sandboxID: "sbxenvdtest",
+  templateID: "base",
+  clientID: "6532622b",
+  envdVersion: ENVD_VERSION,
+  envdAccessToken: TOKEN,
+});
+
+function sdkOpts() {
+  return { apiKey: "e2b_0123456789abcdef", apiUrl: `http://127.0.0.1:${api.port}`, sandboxUrl: envd.url, requestTimeoutMs: 20_000 };
+}
+
+beforeAll(async () => {
+  userIds = ensureUserAccount();
+  envd = await startEnvdChild();
+  const init = await initEnvd(envd.url, { accessToken: TOKEN, envVars: { SBX_VAR: "sbx" }, defaultUser: "user" });
+  expect(init.status).toBe(204);
+  expect(init.headers.get("x-envd-version")).toBe(ENVD_VERSION);
+  api = Bun.serve({
+    port: 0,
+    hostname: "127.0.0.1",
+    fetch(req) {
+      const path = new URL(req.url).pathname;
+      if (req.method === "POST" && path === "/v2/sandboxes") return Response.json(sandboxJson(), { status: 201 });
+      if (req.method === "POST" && path === "/v2/sandboxes/sbxenvdtest/connect") return Response.json(sandboxJson(), { status: 200 });
+      return Response.json({ code: 404, message: `stub: no ${req.method} ${path}` }, { status: 404 });
+    },
+  });
+  sbx = await Sandbox.create(sdkOpts());
+  dir = mkdtempSync("/tmp/envd-sdk-");
+  chownSync(dir, userIds.uid, userIds.gid);
+}, 30_000);
+
+afterAll(async () => {
+  await envd?.stop();
+  api?.stop(true);
+  if (dir) rmSync(dir, { recursive: true, force: true });
+});
+
+describe("commands", () => {
+  test("run returns stdout, stderr and exit code", async () => {
+    const r = await sbx.commands.run("echo hi; echo oops >&2");
+    expect(r.exitCode).toBe(0);
+    expect(r.stdout).toBe("hi\n");
+    expect(r.stderr).toBe("oops\n");
+  });
+
+  test("non-zero exit raises CommandExitError with the output kept", async () => {
+    const err = await sbx.commands.run("echo partial; echo bad >&2; exit 3").catch((e) => e);
+    expect(err).toBeInstanceOf(CommandExitError);
+    expect(err.exitCode).toBe(3);
+    expect(err.stdout).toBe("partial\n");
+    expect(err.stderr).toBe("bad\n");
+    expect(err.error).toBe("exit status 3");
+  });
+
+  test("streaming callbacks get output as it is produced", async () => {
+    const seen: string[] = [];
+    const times: number[] = [];
+    const t0 = Date.now();
+    const r = await sbx.commands.run("echo one; sleep 0.4; echo two >&2; sleep 0.4; echo three", {
+      onStdout: (d) => {
+        seen.push(`out:${d}`);
+        times.push(Date.now() - t0);
+      },
+      onStderr: (d) => {
+        seen.push(`err:${d}`);
+        times.push(Date.now() - t0);
+      },
+    });
+    expect(seen).toEqual(["out:one\n", "err:two\n", "out:three\n"]);
+    // the first chunk arrived well before the command finished: streamed, not buffered
+    expect(times[2]! - times[0]!).toBeGreaterThan(500);
+    expect(r.stdout).toBe("one\nthree\n");
+  });
+
+  test("envs, cwd and the sandbox-wide vars from /init reach the process", async () => {
+    const r = await sbx.commands.run('echo "$FOO|$SBX_VAR|$HOME|$USER"; pwd', { envs: { FOO: "bar baz" }, cwd: dir });
+    expect(r.stdout).toBe(`bar baz|sbx|/home/user|user\n${dir}\n`);
+  });
+
+  test("default user is `user` from /init; user: root switches identity", async () => {
+    const u = await sbx.commands.run("id -u; id -g; id -un");
+    expect(u.stdout).toBe(`${userIds.uid}\n${userIds.gid}\nuser\n`);
+    const r = await sbx.commands.run("id -u; id -un; pwd", { user: "root" });
+    expect(r.stdout).toBe("0\nroot\n/root\n");
+  });
+
+  test("missing cwd is InvalidArgumentError; unknown user is AuthenticationError", async () => {
+    const e1 = await sbx.commands.run("true", { cwd: "/does/not/exist" }).catch((e) => e);
+    expect(e1).toBeInstanceOf(InvalidArgumentError);
+    expect(String(e1.message)).toContain("/does/not/exist");
+    const e2 = await sbx.commands.run("true", { user: "nosuchuser" as "root" }).catch((e) => e);
+    expect(e2).toBeInstanceOf(AuthenticationError);
+  });
+
+  test("background process is listed, then killed", async () => {
+    const h = await sbx.commands.run("sleep 30", { background: true, tag: undefined });
+    expect(h.pid).toBeGreaterThan(0);
+    expect(procState(h.pid)).toBeDefined();
+    const list = await sbx.commands.list();
+    const mine = list.find((p) => p.pid === h.pid);
+    expect(mine?.cmd).toBe("/bin/bash");
+    expect(mine?.args).toEqual(["-l", "-c", "sleep 30"]);
+    expect(await sbx.commands.kill(h.pid)).toBe(true);
+    const err = await h.wait().catch((e) => e);
+    expect(err).toBeInstanceOf(CommandExitError);
+    expect(err.exitCode).toBe(-1);
+    expect(err.error).toBe("signal: killed");
+    // reaped: no zombie left behind
+    expect(await waitFor(() => procState(h.pid) === undefined)).toBe(true);
+    expect((await sbx.commands.list()).some((p) => p.pid === h.pid)).toBe(false);
+    expect(await sbx.commands.kill(h.pid)).toBe(false);
+  });
+
+  test("sendStdin and closeStdin feed a background process", async () => {
+    const h = await sbx.commands.run("read line; echo got:$line; cat; echo done", { background: true, stdin: true });
+    await sbx.commands.sendStdin(h.pid, "abc\n");
+    await sbx.commands.sendStdin(h.pid, new TextEncoder().encode("rest\n"));
+    await sbx.commands.closeStdin(h.pid);
+    const r = await h.wait();
+    expect(r.exitCode).toBe(0);
+    expect(r.stdout).toBe("got:abc\nrest\ndone\n");
+  });
+
+  test("connect re-attaches to a running process and sees its later output", async () => {
+    const h = await sbx.commands.run("sleep 0.6; echo late; exit 4", { background: true });
+    await h.disconnect();
+    const out: string[] = [];
+    const again = await sbx.commands.connect(h.pid, { onStdout: (d) => void out.push(d) });
+    const err = await again.wait().catch((e) => e);
+    expect(err).toBeInstanceOf(CommandExitError);
+    expect(err.exitCode).toBe(4);
+    expect(out.join("")).toBe("late\n");
+    const missing = await sbx.commands.connect(999_999).catch((e) => e);
+    expect(missing).toBeInstanceOf(NotFoundError);
+  });
+});
+
+describe("pty", () => {
+  test("create, sendInput, resize, kill", async () => {
+    let out = "";
+    const dec = new TextDecoder();
+    const h = await sbx.pty.create({ cols: 80, rows: 24, onData: (d) => void (out += dec.decode(d, { stream: true })) });
+    const enc = new TextEncoder();
+    await sbx.pty.sendInput(h.pid, enc.encode("stty size; tty; echo $TERM\n"));
+    expect(await waitFor(() => /24 80\r\n\/dev\/pts\/\d+\r\nxterm-256color/.test(out))).toBe(true);
+    await sbx.pty.resize(h.pid, { cols: 132, rows: 40 });
+    await sbx.pty.sendInput(h.pid, enc.encode("stty size; id -un\n"));
+    expect(await waitFor(() => /40 132\r\nuser\r\n/.test(out))).toBe(true);
+    expect(await sbx.pty.kill(h.pid)).toBe(true);
+    const err = await h.wait().catch((e) => e);
+    expect(err).toBeInstanceOf(CommandExitError);
+    expect(err.exitCode).toBe(-1);
+    expect(await waitFor(() => procState(h.pid) === undefined)).toBe(true);
+  }, 30_000);
+
+  test("exit from the shell ends the PTY with its exit code", async () => {
+    const h = await sbx.pty.create({ cols: 40, rows: 10, onData: () => {} });
+    await sbx.pty.sendInput(h.pid, new TextEncoder().encode("exit 0\n"));
+    const r = await h.wait();
+    expect(r.exitCode).toBe(0);
+  }, 30_000);
+});
+
+describe("files", () => {
+  test("write text, read as text, bytes and stream; owner is the user", async () => {
+    const p = join(dir, "hello.txt");
+    const info = await sbx.files.write(p, "hello world\n");
+    expect(info.path).toBe(p);
+    expect(info.name).toBe("hello.txt");
+    expect(await sbx.files.read(p)).toBe("hello world\n");
+    const bytes = await sbx.files.read(p, { format: "bytes" });
+    expect(Array.from(bytes)).toEqual(Array.from(new TextEncoder().encode("hello world\n")));
+    const stream = await sbx.files.read(p, { format: "stream" });
+    expect(await new Response(stream).text()).toBe("hello world\n");
+    const st = statSync(p);
+    expect([st.uid, st.gid]).toEqual([userIds.uid, userIds.gid]);
+  });
+
+  test("write binary bytes round-trips exactly (1 MiB, all byte values)", async () => {
+    const data = new Uint8Array(1 << 20);
+    for (let i = 0; i < data.length; i++) data[i] = (i * 7 + (i >> 8)) & 0xff;
+    const p = join(dir, "bin", "blob.bin");
+    await sbx.files.write(p, data.buffer);
+    const back = await sbx.files.read(p, { format: "bytes" });
+    expect(back.length).toBe(data.length);
+    expect(Buffer.compare(Buffer.from(back), Buffer.from(data))).toBe(0);
+  });
+
+  test("write several files at once into nested new directories", async () => {
+    const res = await sbx.files.write([
+      { path: join(dir, "multi/a/one.txt"), data: "1" },
+      { path: join(dir, "multi/b/c/two.txt"), data: "22" },
+      { path: "relative/three.txt", data: "333" },
+    ]);
+    expect(res.map((r) => r.path)).toEqual([join(dir, "multi/a/one.txt"), join(dir, "multi/b/c/two.txt"), "/home/user/relative/three.txt"]);
+    expect(await sbx.files.read(join(dir, "multi/b/c/two.txt"))).toBe("22");
+    expect(await sbx.files.read("relative/three.txt")).toBe("333");
+    const st = statSync(join(dir, "multi/b/c"));
+    expect(st.uid).toBe(userIds.uid);
+  });
+
+  test("list with depth, exists, getInfo", async () => {
+    const base = join(dir, "tree");
+    await sbx.files.write(join(base, "x/y/deep.txt"), "d");
+    await sbx.files.write(join(base, "top.txt"), "top");
+    const one = await sbx.files.list(base);
+    expect(one.map((e) => e.name).sort()).toEqual(["top.txt", "x"]);
+    const three = await sbx.files.list(base, { depth: 3 });
+    expect(three.map((e) => e.path).sort()).toEqual([join(base, "top.txt"), join(base, "x"), join(base, "x/y"), join(base, "x/y/deep.txt")]);
+    const dirEntry = three.find((e) => e.name === "x")!;
+    expect(dirEntry.type).toBe(FileType.DIR);
+    expect(await sbx.files.exists(join(base, "top.txt"))).toBe(true);
+    expect(await sbx.files.exists(join(base, "nope.txt"))).toBe(false);
+    const info = await sbx.files.getInfo(join(base, "top.txt"));
+    expect(info.type).toBe(FileType.FILE);
+    expect(info.size).toBe(3);
+    expect(info.owner).toBe("user");
+    expect(info.permissions).toBe("-rw-r--r--");
+    expect(info.mode).toBe(0o644);
+    expect(info.modifiedTime!.getTime()).toBeGreaterThan(Date.now() - 60_000);
+  });
+
+  test("rename, remove, makeDir", async () => {
+    const a = join(dir, "mv-src.txt");
+    await sbx.files.write(a, "move me");
+    const moved = await sbx.files.rename(a, join(dir, "moved/dst.txt"));
+    expect(moved.path).toBe(join(dir, "moved/dst.txt"));
+    expect(await sbx.files.exists(a)).toBe(false);
+    expect(await sbx.files.read(join(dir, "moved/dst.txt"))).toBe("move me");
+    expect(await sbx.files.makeDir(join(dir, "made/deep"))).toBe(true);
+    expect(await sbx.files.makeDir(join(dir, "made/deep"))).toBe(false);
+    expect(statSync(join(dir, "made/deep")).isDirectory()).toBe(true);
+    await sbx.files.remove(join(dir, "made"));
+    expect(await sbx.files.exists(join(dir, "made"))).toBe(false);
+    const err = await sbx.files.rename(join(dir, "ghost"), join(dir, "ghost2")).catch((e) => e);
+    expect(err).toBeInstanceOf(NotFoundError);
+  });
+
+  test("errors: missing file, directory read, permission denied", async () => {
+    const e1 = await sbx.files.read(join(dir, "missing.txt")).catch((e) => e);
+    expect(e1).toBeInstanceOf(FileNotFoundError);
+    const e2 = await sbx.files.read(dir).catch((e) => e);
+    expect(e2).toBeInstanceOf(InvalidArgumentError);
+    mkdirSync("/root/envd-private-test", { recursive: true });
+    try {
+      const e3 = await sbx.files.makeDir("/root/envd-private-test/x").catch((e) => e);
+      expect(e3).toBeInstanceOf(SandboxError);
+      expect(String(e3.message)).toContain("permission_denied");
+      const e4 = await sbx.files.write("/root/envd-private-test/y.txt", "no").catch((e) => e);
+      expect(e4).toBeInstanceOf(SandboxError);
+      // root may
+      await sbx.files.write("/root/envd-private-test/y.txt", "yes", { user: "root" });
+      expect(await sbx.files.read("/root/envd-private-test/y.txt", { user: "root" })).toBe("yes");
+      expect(statSync("/root/envd-private-test/y.txt").uid).toBe(0);
+    } finally {
+      rmSync("/root/envd-private-test", { recursive: true, force: true });
+    }
+  });
+
+  test("watchDir reports create, write and remove", async () => {
+    const wdir = join(dir, "watched");
+    await sbx.files.makeDir(wdir);
+    const events: { name: string; type: string }[] = [];
+    const handle = await sbx.files.watchDir(wdir, (ev) => void events.push({ name: ev.name, type: ev.type }));
+    await sbx.files.write(join(wdir, "new.txt"), "x");
+    expect(await waitFor(() => events.some((e) => e.name === "new.txt" && e.type === FilesystemEventType.CREATE))).toBe(true);
+    await sbx.files.write(join(wdir, "new.txt"), "more");
+    expect(await waitFor(() => events.some((e) => e.name === "new.txt" && e.type === FilesystemEventType.WRITE))).toBe(true);
+    await sbx.files.remove(join(wdir, "new.txt"));
+    expect(await waitFor(() => events.some((e) => e.name === "new.txt" && e.type === FilesystemEventType.REMOVE))).toBe(true);
+    await handle.stop();
+    const e = await sbx.files.watchDir(join(dir, "no-such-dir"), () => {}).catch((x) => x);
+    expect(e).toBeInstanceOf(NotFoundError);
+  });
+});
+
+describe("auth", () => {
+  test("a wrong access token is rejected with AuthenticationError", async () => {
+    const bad = new Sandbox({ ...sdkOpts(), sandboxId: "sbxenvdtest", envdVersion: ENVD_VERSION, envdAccessToken: "wrong" } as never);
+    const e = await bad.commands.run("true").catch((x) => x);
+    expect(e).toBeInstanceOf(AuthenticationError);
+    const e2 = await bad.files.list("/").catch((x) => x);
+    expect(e2).toBeInstanceOf(AuthenticationError);
+  });
+
+  test("Sandbox.connect reaches the same envd; isRunning via /health", async () => {
+    const again = await Sandbox.connect("sbxenvdtest", sdkOpts());
+    expect(await again.isRunning()).toBe(true);
+    expect((await again.commands.run("echo again")).stdout).toBe("again\n");
+  });
+});
