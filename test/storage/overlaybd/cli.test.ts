@@ -1,0 +1,84 @@
+/** `agentenv image ...` run as a real subprocess (bun src/cli/main.ts). */
+import { afterAll, describe, expect, test } from "bun:test";
+import { readFileSync, writeFileSync } from "node:fs";
+import { HELLO, rng, scratch, sha256 } from "./helpers.ts";
+
+const tmp = scratch();
+afterAll(() => tmp.cleanup());
+const MAIN = new URL("../../../src/cli/main.ts", import.meta.url).pathname;
+
+function run(...args: string[]): { code: number; out: Buffer; err: string } {
+  const p = Bun.spawnSync([process.execPath, MAIN, "image", ...args], { env: { ...process.env, AENV_LOG_LEVEL: "warn" } });
+  return { code: p.exitCode ?? -1, out: p.stdout as Buffer, err: p.stderr.toString() };
+}
+
+describe("agentenv image", () => {
+  test("every command has --help", () => {
+    for (const c of ["info", "cat", "create", "commit", "zfile", "import-raw", "import-sparse", "stack"]) {
+      const r = run(c, "--help");
+      expect(r.code).toBe(0);
+      expect(r.out.toString() + r.err).toContain("USAGE");
+    }
+  });
+
+  test("import-raw -> zfile (zstd and lz4) -> cat equals the raw image byte for byte", () => {
+    const raw = new Uint8Array(5 * 1024 * 1024);
+    const r = rng(11);
+    for (let i = 0; i < raw.length; i += 512) if (r() < 0.6) raw.fill(Math.floor(r() * 256), i, i + 512 - Math.floor(r() * 200));
+    raw.fill(0, 1 << 20, 2 << 20);
+    writeFileSync(tmp.path("disk.raw"), raw);
+    const imp = run("import-raw", tmp.path("disk.raw"), tmp.path("disk.layer"));
+    expect(imp.code).toBe(0);
+    expect(JSON.parse(imp.out.toString()).entries).toBeGreaterThan(0);
+    for (const algo of ["zstd", "lz4"]) {
+      const z = run("zfile", "--algo", algo, tmp.path("disk.layer"), tmp.path(`disk.${algo}`));
+      expect(z.code).toBe(0);
+      const info = JSON.parse(run("info", tmp.path(`disk.${algo}`)).out.toString());
+      expect(info.zfile.algo).toBe(algo === "zstd" ? 2 : 1);
+      expect(info.trailer.virtualSize).toBe(raw.length);
+      const c = run("cat", tmp.path(`disk.${algo}`));
+      expect(c.code).toBe(0);
+      expect(c.out.length).toBe(raw.length);
+      expect(sha256(c.out)).toBe(sha256(raw));
+    }
+    const part = run("cat", tmp.path("disk.lz4"), "--offset", "1000", "--length", "70000");
+    expect(Buffer.compare(part.out, Buffer.from(raw.subarray(1000, 71000)))).toBe(0);
+  }, 60_000);
+
+  test("cat through a config.v1.json; create, commit, stack", () => {
+    expect(run("create", tmp.path("u.data"), tmp.path("u.index"), "--size", "0").code).toBe(0);
+    const st = run("stack", tmp.path("config.v1.json"), "--lowers", HELLO, "--upper-data", tmp.path("u.data"), "--upper-index", tmp.path("u.index"));
+    expect(st.code).toBe(0);
+    expect(JSON.parse(st.out.toString()).size).toBe(64 * 1024 ** 3);
+    const c = run("cat", tmp.path("config.v1.json"), "--length", "4MiB");
+    expect(sha256(c.out)).toBe("1ba9757892e20ff13d4dc47e72694349129a92f41f20b65010a4082f3261466c");
+    const cm = run("commit", tmp.path("u.data"), tmp.path("u.index"), tmp.path("u.layer"), "-m", "empty");
+    expect(cm.code).toBe(0);
+    const info = JSON.parse(run("info", tmp.path("u.layer")).out.toString());
+    expect(info.header.userTag).toBe("empty");
+    expect(info.index.entries).toBe(0);
+  }, 30_000);
+
+  test("bad input: non-zero exit, one line naming the problem", () => {
+    writeFileSync(tmp.path("junk"), new Uint8Array(10000).fill(1));
+    const cases: Array<[string[], RegExp]> = [
+      [["cat"], /missing FILE/],
+      [["cat", tmp.path("nope")], /no such file/],
+      [["cat", tmp.path("junk")], /magic mismatch/],
+      [["cat", HELLO, "--offset", "abc"], /not a size/],
+      [["cat", HELLO, "--offset", String(64 * 1024 ** 3)], /past the virtual size/],
+      [["zfile", "--algo", "gzip", tmp.path("disk.layer"), tmp.path("x")], /zstd or lz4/],
+      [["zfile", HELLO, tmp.path("y")], /already ZFile/],
+      [["create", tmp.path("a"), tmp.path("b"), "--size", "1000"], /multiple of 512/],
+      [["import-raw", tmp.path("nope"), tmp.path("z")], /no such file/],
+      [["commit", tmp.path("junk"), tmp.path("junk"), tmp.path("z")], /magic/],
+      [["info", tmp.path("junk")], /magic/],
+    ];
+    for (const [args, re] of cases) {
+      const r = run(...args);
+      expect(r.code).not.toBe(0);
+      expect(r.err.trim().split("\n").length).toBe(1);
+      expect(r.err).toMatch(re);
+    }
+  }, 60_000);
+});
