@@ -30,6 +30,8 @@ export interface NetStats {
   pooled: number;
   allocated: number;
   building: number;
+  /** Slots being torn down. */
+  draining: number;
   free: number;
   /** Current refill target (low..high). */
   target: number;
@@ -55,6 +57,7 @@ export class NetworkManager {
   private readonly dnsAllowed = new Map<number, Map<string, DnsEntry>>();
   private readonly locks = new Map<number, Promise<unknown>>();
   private building = 0;
+  private draining = 0;
   private target: number;
   private started = false;
   private closed = false;
@@ -230,6 +233,7 @@ export class NetworkManager {
       pooled: this.pool.length,
       allocated: this.allocated.size,
       building: this.building,
+      draining: this.draining,
       free: this.free.length,
       target: this.target,
       ...this.counters,
@@ -243,7 +247,7 @@ export class NetworkManager {
   async waitIdle(timeoutMs: number): Promise<boolean> {
     const until = Date.now() + timeoutMs;
     while (Date.now() < until) {
-      if (this.building === 0 && this.pool.length <= this.cfg.pool.high && (this.pool.length >= this.target || this.free.length === 0)) return true;
+      if (this.building === 0 && this.draining === 0 && this.pool.length <= this.cfg.pool.high && (this.pool.length >= this.target || this.free.length === 0)) return true;
       await Bun.sleep(10);
     }
     return false;
@@ -259,7 +263,7 @@ export class NetworkManager {
     this.kick();
     await this.worker;
     await this.dns?.stop();
-    while (this.building > 0) await Bun.sleep(5);
+    while (this.building > 0 || this.draining > 0) await Bun.sleep(5);
     const all = [...this.pool.splice(0), ...[...this.allocated.values()].map((a) => slotLayout(this.cfg, a.idx))];
     this.allocated.clear();
     this.bySandbox.clear();
@@ -330,11 +334,16 @@ export class NetworkManager {
   }
 
   private async destroy(slot: Slot): Promise<void> {
-    this.store.put(slot.idx, slot.netnsName, "draining");
-    await destroySlot(this.cfg, slot);
-    this.store.delete(slot.idx);
-    this.free.push(slot.idx);
-    this.counters.destroyed++;
+    this.draining++;
+    try {
+      this.store.put(slot.idx, slot.netnsName, "draining");
+      await destroySlot(this.cfg, slot);
+      this.store.delete(slot.idx);
+      this.free.push(slot.idx);
+      this.counters.destroyed++;
+    } finally {
+      this.draining--;
+    }
   }
 
   private kick(): void {

@@ -77,6 +77,8 @@ export function slotRules(cfg: NetConfig, slot: Slot, policy: EgressPolicy, dnsA
   const filter = [
     "*filter",
     `:${CHAIN_EGRESS} - [0:0]`,
+    `:${CHAIN_POLICY} - [0:0]`,
+    `:${CHAIN_DNS} - [0:0]`,
     `-A INPUT -i ${slot.tapName} -p icmp -j ACCEPT`,
     `-A INPUT -i ${slot.tapName} -j DROP`,
     `-A FORWARD -i ${slot.tapName} -o ${slot.nsVeth} -j ${CHAIN_EGRESS}`,
@@ -90,7 +92,7 @@ export function slotRules(cfg: NetConfig, slot: Slot, policy: EgressPolicy, dnsA
     filter.push(`-A ${CHAIN_EGRESS} -d ${slot.hostVethIp}/32 -p udp --dport ${cfg.dns.port} -m conntrack --ctstate DNAT -j ACCEPT`);
   }
   filter.push(`-A ${CHAIN_EGRESS} -j ${CHAIN_POLICY}`, `-A ${CHAIN_EGRESS} -j ${DENY}`);
-  return [...nat, ...policyChains(cfg, policy, dnsAllowed, filter), "COMMIT", ""].join("\n");
+  return [...nat, ...policyChains(cfg, policy, dnsAllowed, filter, false), "COMMIT", ""].join("\n");
 }
 
 /**
@@ -99,7 +101,7 @@ export function slotRules(cfg: NetConfig, slot: Slot, policy: EgressPolicy, dnsA
  * a connection, so a replaced policy also cuts connections that are already open.
  */
 export function policyScript(cfg: NetConfig, policy: EgressPolicy, dnsAllowed: string[]): string {
-  return [...policyChains(cfg, policy, dnsAllowed, ["*filter"]), "COMMIT", ""].join("\n");
+  return [...policyChains(cfg, policy, dnsAllowed, ["*filter"], true), "COMMIT", ""].join("\n");
 }
 
 /** A filter-table script replacing only the DNS-learned chain. */
@@ -107,9 +109,9 @@ export function dnsScript(dnsAllowed: string[]): string {
   return ["*filter", `:${CHAIN_DNS} - [0:0]`, ...dnsAllowed.map((ip) => `-A ${CHAIN_DNS} -d ${ip}/32 -j ACCEPT`), "COMMIT", ""].join("\n");
 }
 
-function policyChains(cfg: NetConfig, policy: EgressPolicy, dnsAllowed: string[], into: string[]): string[] {
+function policyChains(cfg: NetConfig, policy: EgressPolicy, dnsAllowed: string[], into: string[], declare: boolean): string[] {
   const c = (x: Cidr) => formatCidr(x);
-  into.push(`:${CHAIN_POLICY} - [0:0]`, `:${CHAIN_DNS} - [0:0]`);
+  if (declare) into.push(`:${CHAIN_POLICY} - [0:0]`, `:${CHAIN_DNS} - [0:0]`);
   for (const a of policy.allowCidrs) into.push(`-A ${CHAIN_POLICY} -d ${c(a)} -j ACCEPT`);
   into.push(`-A ${CHAIN_POLICY} -j ${CHAIN_DNS}`);
   for (const d of cfg.alwaysDenied) into.push(`-A ${CHAIN_POLICY} -d ${c(d)} -j ${DENY}`);
