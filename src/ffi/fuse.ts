@@ -100,6 +100,23 @@ export function encodeReply(unique: bigint, error: number, body?: Uint8Array, se
   return out;
 }
 
+/** enum fuse_notify_code: ask the kernel to re-send requests read but not answered (7.40). */
+export const NOTIFY_RESEND = 7;
+
+/**
+ * A notification from server to kernel: out header with unique 0 and the positive notify code
+ * in `error`, followed by the notification's body (RESEND has none).
+ */
+export function encodeNotify(code: number, body: Uint8Array = new Uint8Array(0)): Uint8Array {
+  const out = new Uint8Array(OUT_HEADER_SIZE + body.byteLength);
+  const v = new DataView(out.buffer);
+  v.setUint32(0, out.byteLength, true);
+  v.setInt32(4, code, true);
+  v.setBigUint64(8, 0n, true);
+  out.set(body, OUT_HEADER_SIZE);
+  return out;
+}
+
 /** fuse_init_in (64 bytes; we read the first 20). */
 export interface InitIn {
   major: number;

@@ -13,8 +13,10 @@ export interface DiskConfig {
   fuseRequestTimeoutSec: number;
   /** Longest wait for a serving child to report ready, ms. */
   readyTimeoutMs: number;
-  /** Longest wait for a serving child to exit after SIGTERM before SIGKILL, ms. */
+  /** Longest wait for a serving child to exit after unmount before SIGTERM (and as long again before SIGKILL), ms. */
   stopTimeoutMs: number;
+  /** How many times a dead serving child is replaced over one export's life. */
+  maxRestarts: number;
 }
 
 /** Read `[disk]` from a loaded config (default: the node's config). */
@@ -26,5 +28,6 @@ export function diskConfig(cfg: ConfigTable = loadConfig()): DiskConfig {
     fuseRequestTimeoutSec: get<number>(cfg, "disk.fuse_request_timeout_s"),
     readyTimeoutMs: get<number>(cfg, "disk.ready_timeout_ms"),
     stopTimeoutMs: get<number>(cfg, "disk.stop_timeout_ms"),
+    maxRestarts: get<number>(cfg, "disk.max_restarts"),
   };
 }

@@ -1,27 +1,39 @@
 /**
- * Start and stop the serving child of one disk (`agentenv disk serve`), from the node.
+ * Start, supervise and stop the serving child of one disk (`agentenv disk serve`), from the node.
+ * The node mounts the FUSE connection and keeps its fd; the child inherits it as fd 3 and serves.
+ * A child that dies is replaced (`--resume`) up to `max_restarts` times, without unmounting.
  */
 import { closeSync, mkdirSync, openSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
+import { MNT_DETACH, umount2 } from "../../ffi/mount.ts";
 import { logger } from "../../observability/log.ts";
+import { mountFuse } from "../fuse/server.ts";
 import type { DiskConfig } from "./config.ts";
 import { DiskError } from "./errors.ts";
 import { removeRecord } from "./record.ts";
 import type { DiskImageSpec, ServeSpec } from "./spec.ts";
 
 const log = logger("disk");
+/** fd number the child finds the FUSE connection on (stdin, stdout, stderr, then this). */
+const CHILD_FUSE_FD = 3;
 
 /** A disk being served as a file. */
 export interface ExportedDisk {
   id: string;
   /** The file a VMM opens (raw format), inside the FUSE mount. */
   path: string;
-  /** pid of the serving child. */
-  pid: number;
-  /** Resolves with the child's exit code when it exits (null when killed by a signal). */
+  /** pid of the current serving child. */
+  readonly pid: number;
+  /** How many times a dead serving child was replaced. */
+  readonly restarts: number;
+  /**
+   * Resolves when serving ended for good, after `close()` or when the child died with no
+   * restarts left (the mount is then detached and the VM's disk I/O fails), with the last
+   * child's exit code (null when killed by a signal).
+   */
   exited: Promise<number | null>;
-  /** SIGTERM the child (SIGKILL after `stopTimeoutMs`), unmount, remove its record. Idempotent. */
+  /** Unmount, let the child drain and exit (SIGTERM, then SIGKILL after `stopTimeoutMs`), remove its record. Idempotent. */
   close(): Promise<void>;
 }
 
@@ -34,18 +46,59 @@ export function agentenvCommand(): string[] {
 
 function tail(path: string, bytes = 2000): string {
   try {
-    const t = readFileSync(path, "utf8");
-    return t.slice(-bytes);
+    return readFileSync(path, "utf8").slice(-bytes);
   } catch {
     return "";
   }
 }
 
+type Child = ReturnType<typeof Bun.spawn>;
+
 /**
- * Serve `image` as `<workDir>/mnt/<fileName>` from a new child process.
- * Files in `workDir`: `disk-<id>.json` (spec), `disk-<id>.log` (child's stderr), `mnt/` (mount).
+ * Spawn one serving child on `fuseFd` and wait for its `ready` line.
+ * @throws DiskError `disk.serve_failed` (exited early, not ready in time, unexpected output)
+ */
+async function spawnServer(id: string, specPath: string, logPath: string, fuseFd: number, resume: boolean, readyTimeoutMs: number): Promise<Child> {
+  const logFd = openSync(logPath, "a");
+  let proc: Child;
+  try {
+    const args = [...agentenvCommand(), "disk", "serve", "--spec", specPath, "--fuse-fd", String(CHILD_FUSE_FD)];
+    if (resume) args.push("--resume");
+    proc = Bun.spawn(args, { stdio: ["ignore", "pipe", logFd, fuseFd], env: process.env });
+  } finally {
+    closeSync(logFd);
+  }
+  const fail = async (why: string): Promise<never> => {
+    proc.kill("SIGKILL");
+    await proc.exited;
+    throw new DiskError("disk.serve_failed", `disk ${id}: serving child ${why}`, { id, specPath, exitCode: proc.exitCode, stderr: tail(logPath) });
+  };
+  const reader = (proc.stdout as ReadableStream<Uint8Array>).getReader();
+  let line = "";
+  let timer: Timer | undefined;
+  const timeout = new Promise<"timeout">((r) => (timer = setTimeout(() => r("timeout"), readyTimeoutMs)));
+  try {
+    for (;;) {
+      const r = await Promise.race([reader.read(), timeout]);
+      if (r === "timeout") return await fail(`not ready after ${readyTimeoutMs} ms`);
+      if (r.done) return await fail("exited before it was ready");
+      line += new TextDecoder().decode(r.value);
+      if (line.includes("\n")) break;
+    }
+  } finally {
+    clearTimeout(timer);
+    reader.releaseLock();
+  }
+  if (!/^ready .+$/m.test(line)) return await fail(`sent an unexpected line ${JSON.stringify(line)}`);
+  return proc;
+}
+
+/**
+ * Serve `image` as `<workDir>/mnt/<fileName>` from a supervised child process.
+ * Files in `workDir`: `disk-<id>.json` (spec), `disk-<id>.log` (children's stderr), `mnt/` (mount).
  * @param opts.recordDir where the child's pid record goes (`<runtime_path>/disks`)
- * @throws DiskError `disk.serve_failed` when the child exits early or is not ready in time
+ * @throws DiskError `disk.serve_failed` when the first child exits early or is not ready in
+ *   time (nothing is left mounted); FuseError `fuse.open_device` / `fuse.mount`
  */
 export async function exportDisk(opts: {
   id: string;
@@ -73,61 +126,82 @@ export async function exportDisk(opts: {
   const specPath = join(workDir, `disk-${id}.json`);
   const logPath = join(workDir, `disk-${id}.log`);
   writeFileSync(specPath, JSON.stringify(spec, null, 2));
-  const logFd = openSync(logPath, "a");
-  let proc: ReturnType<typeof Bun.spawn>;
-  try {
-    proc = Bun.spawn([...agentenvCommand(), "disk", "serve", "--spec", specPath], {
-      stdin: "ignore",
-      stdout: "pipe",
-      stderr: logFd,
-      env: { ...process.env, AENV_LOG_LEVEL: process.env.AENV_LOG_LEVEL ?? "info" },
-    });
-  } finally {
-    closeSync(logFd);
-  }
-  const exited = proc.exited.then(() => proc.exitCode);
-  const fail = async (why: string): Promise<never> => {
-    proc.kill("SIGKILL");
-    await exited;
-    throw new DiskError("disk.serve_failed", `disk ${id}: serving child ${why}`, { id, specPath, exitCode: proc.exitCode, stderr: tail(logPath) });
-  };
 
-  // Wait for the `ready <path>` line, the child's exit, or the timeout.
-  const reader = (proc.stdout as ReadableStream<Uint8Array>).getReader();
-  let line = "";
-  let timer: Timer | undefined;
-  const timeout = new Promise<"timeout">((r) => (timer = setTimeout(() => r("timeout"), config.readyTimeoutMs)));
+  let fuseFd = mountFuse(spec.mountPoint, config.fuseMaxWrite);
+  const release = () => {
+    umount2(spec.mountPoint, MNT_DETACH);
+    if (fuseFd >= 0) closeSync(fuseFd);
+    fuseFd = -1;
+    removeRecord(opts.recordDir, id);
+  };
+  let proc: Child;
   try {
-    for (;;) {
-      const r = await Promise.race([reader.read(), timeout]);
-      if (r === "timeout") return await fail(`not ready after ${config.readyTimeoutMs} ms`);
-      if (r.done) return await fail("exited before it was ready");
-      line += new TextDecoder().decode(r.value);
-      if (line.includes("\n")) break;
-    }
-  } finally {
-    clearTimeout(timer);
-    reader.releaseLock();
+    proc = await spawnServer(id, specPath, logPath, fuseFd, false, config.readyTimeoutMs);
+  } catch (e) {
+    release();
+    throw e;
   }
-  const m = /^ready (.+)$/m.exec(line);
-  if (!m) return await fail(`sent an unexpected line ${JSON.stringify(line)}`);
-  const path = m[1]!;
+  const path = join(spec.mountPoint, spec.fileName);
   log.debug({ id, path, pid: proc.pid }, "disk exported");
 
-  let closing: Promise<void> | undefined;
-  const close = () =>
-    (closing ??= (async () => {
-      if (proc.exitCode === null && proc.signalCode === null) {
-        proc.kill("SIGTERM");
-        const t = setTimeout(() => proc.kill("SIGKILL"), config.stopTimeoutMs);
-        await exited;
-        clearTimeout(t);
+  let closing = false;
+  let restarts = 0;
+  let resolveExited!: (code: number | null) => void;
+  const exited = new Promise<number | null>((r) => (resolveExited = r));
+
+  // Supervision: replace a dead child while restarts are left; otherwise give the disk up.
+  const watch = (child: Child): void => {
+    void child.exited.then(async () => {
+      if (closing) return resolveExited(child.exitCode);
+      log.error({ id, pid: child.pid, exitCode: child.exitCode, signal: child.signalCode, restarts }, "disk server died");
+      while (!closing && restarts < config.maxRestarts) {
+        restarts++;
+        try {
+          proc = await spawnServer(id, specPath, logPath, fuseFd, true, config.readyTimeoutMs);
+          log.warn({ id, pid: proc.pid, restarts }, "disk server replaced");
+          if (closing) proc.kill("SIGTERM");
+          return watch(proc);
+        } catch (e) {
+          log.error({ err: e, id, restarts }, "disk server restart failed");
+        }
       }
-      // A child killed hard leaves its mount behind: detach it.
-      const { umount2, MNT_DETACH } = await import("../../ffi/mount.ts");
+      release();
+      resolveExited(child.exitCode);
+    });
+  };
+  watch(proc);
+
+  let closed: Promise<void> | undefined;
+  const close = () =>
+    (closed ??= (async () => {
+      closing = true;
+      // Detach the mount and drop our hold on the connection: the child's reader threads then
+      // see ENODEV, it drains in-flight requests, syncs the image and exits 0.
       umount2(spec.mountPoint, MNT_DETACH);
+      if (fuseFd >= 0) closeSync(fuseFd);
+      fuseFd = -1;
+      const child = proc;
+      if (child.exitCode === null && child.signalCode === null) {
+        const term = setTimeout(() => child.kill("SIGTERM"), config.stopTimeoutMs);
+        const kill = setTimeout(() => child.kill("SIGKILL"), 2 * config.stopTimeoutMs);
+        await child.exited;
+        clearTimeout(term);
+        clearTimeout(kill);
+      }
+      resolveExited(child.exitCode);
       removeRecord(opts.recordDir, id);
     })());
-  return { id, path, pid: proc.pid, exited, close };
-}
 
+  return {
+    id,
+    path,
+    get pid() {
+      return proc.pid;
+    },
+    get restarts() {
+      return restarts;
+    },
+    exited,
+    close,
+  };
+}

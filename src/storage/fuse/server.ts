@@ -59,8 +59,8 @@ export interface FuseStats {
 export const FUSE_FS_NAME = "aenvdisk";
 
 /**
- * One mounted export. Create with `FuseExport.start(opts)`; `close()` unmounts, stops the
- * reader threads, closes /dev/fuse and closes the image.
+ * One served export: `FuseExport.start(opts)` mounts and serves in this process;
+ * `FuseExport.attach(opts)` serves a connection mounted by a supervising process.
  */
 export class FuseExport {
   readonly mountPoint: string;
@@ -74,11 +74,13 @@ export class FuseExport {
   #opts: FuseExportOptions;
   #workers: Worker[] = [];
   #closed = false;
+  #ownsMount: boolean;
   #inflight = new Set<Promise<void>>();
   #startTime = Math.floor(Date.now() / 1000);
 
-  private constructor(fd: number, opts: FuseExportOptions) {
+  private constructor(fd: number, opts: FuseExportOptions, ownsMount: boolean) {
     this.#fd = fd;
+    this.#ownsMount = ownsMount;
     this.#opts = opts;
     this.mountPoint = opts.mountPoint;
     this.path = `${opts.mountPoint}/${opts.fileName}`;
@@ -102,32 +104,14 @@ export class FuseExport {
   }
 
   /**
-   * Open /dev/fuse, mount it on `opts.mountPoint` and start serving.
+   * Open /dev/fuse, mount it on `opts.mountPoint` and start serving; `close()` unmounts.
    * @throws FuseError `fuse.bad_options`, `fuse.open_device`, `fuse.mount`
    */
   static start(opts: FuseExportOptions): FuseExport {
     validate(opts);
-    mkdirSync(opts.mountPoint, { recursive: true });
-    let fd: number;
+    const fd = mountFuse(opts.mountPoint, opts.maxWrite, opts.fsName);
     try {
-      fd = openSync("/dev/fuse", fsc.O_RDWR | O_CLOEXEC);
-    } catch (e) {
-      throw new FuseError("fuse.open_device", `cannot open /dev/fuse: ${(e as Error).message}`, {}, { cause: e });
-    }
-    const name = opts.fsName ?? FUSE_FS_NAME;
-    const data = [
-      `fd=${fd}`, "rootmode=40000", "user_id=0", "group_id=0", "allow_other", "default_permissions",
-      `max_read=${opts.maxWrite}`,
-    ].join(",");
-    try {
-      mount(name, opts.mountPoint, `fuse.${name}`, MS_NOSUID | MS_NODEV, data);
-    } catch (e) {
-      closeSync(fd);
-      const errno = e instanceof MountError ? e.details.errno : undefined;
-      throw new FuseError("fuse.mount", `cannot mount FUSE export on ${opts.mountPoint}`, { mountPoint: opts.mountPoint, errno }, { cause: e });
-    }
-    try {
-      const exp = new FuseExport(fd, opts);
+      const exp = new FuseExport(fd, opts, true);
       log.debug({ mountPoint: opts.mountPoint, size: opts.image.size }, "fuse export mounted");
       return exp;
     } catch (e) {
@@ -138,17 +122,43 @@ export class FuseExport {
   }
 
   /**
-   * Unmount (lazily: open files keep working until closed), wait for the reader threads and
-   * in-flight requests, close /dev/fuse, then sync and close the image. Idempotent.
+   * Serve a connection that another process mounted (see `mountFuse`) and handed over as `fd`.
+   * With `resume` (a replacement server: the kernel sends no second INIT) first ask the kernel
+   * to re-queue every request the previous server read but never answered (FUSE_NOTIFY_RESEND).
+   * `close()` does not unmount: the mounting process owns the mount.
+   * @throws FuseError `fuse.bad_options`
+   */
+  static attach(opts: FuseExportOptions & { fd: number; resume: boolean }): FuseExport {
+    validate(opts);
+    if (!Number.isInteger(opts.fd) || opts.fd < 0) throw new FuseError("fuse.bad_options", `invalid /dev/fuse fd ${opts.fd}`, { fd: opts.fd });
+    const exp = new FuseExport(opts.fd, opts, false);
+    if (opts.resume) {
+      try {
+        writeSync(opts.fd, F.encodeNotify(F.NOTIFY_RESEND));
+      } catch (e) {
+        // kernels before 6.9 lack RESEND: requests the old server held stay lost (callers get EIO on abort)
+        log.warn({ err: e }, "FUSE_NOTIFY_RESEND refused");
+      }
+    }
+    return exp;
+  }
+
+  /**
+   * Stop serving and release everything. Mounted by us (`start`): unmount lazily (open files keep
+   * working until closed), wait for the reader threads to see ENODEV, close /dev/fuse. Attached:
+   * leave the mount and the reader threads (they end with the process). Then wait for in-flight
+   * requests, sync and close the image. Idempotent.
    */
   async close(): Promise<void> {
     if (this.#closed) return;
     this.#closed = true;
-    const err = umount2(this.mountPoint, MNT_DETACH);
-    if (err !== 0 && err !== 22) log.warn({ mountPoint: this.mountPoint, errno: err }, "umount2 failed");
-    await this.ended;
+    if (this.#ownsMount) {
+      const err = umount2(this.mountPoint, MNT_DETACH);
+      if (err !== 0 && err !== 22) log.warn({ mountPoint: this.mountPoint, errno: err }, "umount2 failed");
+      await this.ended;
+    }
     await Promise.allSettled([...this.#inflight]);
-    closeSync(this.#fd);
+    if (this.#ownsMount) closeSync(this.#fd);
     try {
       if (!this.#opts.image.readOnly) await this.#opts.image.sync();
     } finally {
@@ -340,4 +350,33 @@ function validate(o: FuseExportOptions): void {
   }
   if (!Number.isInteger(o.requestTimeoutSec) || o.requestTimeoutSec < 0 || o.requestTimeoutSec > 65535) throw bad("requestTimeoutSec must be 0..65535");
   if (o.image.size % 512 !== 0) throw bad("image size must be a multiple of 512");
+}
+
+/**
+ * Open /dev/fuse and mount a FUSE filesystem of this server's kind on `mountPoint` (created if
+ * missing). The returned fd (O_CLOEXEC) is the connection: whoever holds it keeps the mount
+ * alive, so a supervisor can hold it while serving processes come and go.
+ * Mount data per /work/shared/docs/fuse-nbd.md §1.7.
+ * @param maxWrite bytes, the `max_read` mount option
+ * @throws FuseError `fuse.open_device`, `fuse.mount` (details.errno)
+ */
+export function mountFuse(mountPoint: string, maxWrite: number, fsName = FUSE_FS_NAME): number {
+  mkdirSync(mountPoint, { recursive: true });
+  let fd: number;
+  try {
+    fd = openSync("/dev/fuse", fsc.O_RDWR | O_CLOEXEC);
+  } catch (e) {
+    throw new FuseError("fuse.open_device", `cannot open /dev/fuse: ${(e as Error).message}`, {}, { cause: e });
+  }
+  const data = [
+    `fd=${fd}`, "rootmode=40000", "user_id=0", "group_id=0", "allow_other", "default_permissions", `max_read=${maxWrite}`,
+  ].join(",");
+  try {
+    mount(fsName, mountPoint, `fuse.${fsName}`, MS_NOSUID | MS_NODEV, data);
+  } catch (e) {
+    closeSync(fd);
+    const errno = e instanceof MountError ? e.details.errno : undefined;
+    throw new FuseError("fuse.mount", `cannot mount FUSE export on ${mountPoint}`, { mountPoint, errno }, { cause: e });
+  }
+  return fd;
 }
