@@ -6,7 +6,8 @@
 import { spawnSync, type Subprocess } from "bun";
 import { join } from "node:path";
 
-const ROOT = join(import.meta.dir, "..", "..");
+/** Repository root. */
+export const ROOT = join(import.meta.dir, "..", "..");
 
 /** Create the `user` account (home /home/user) if missing; idempotent. */
 export function ensureUserAccount(): { uid: number; gid: number } {
@@ -29,9 +30,12 @@ export interface EnvdChild {
   stop(): Promise<void>;
 }
 
-/** Start envd on a free loopback port and wait for its readiness line. */
-export async function startEnvdChild(): Promise<EnvdChild> {
-  const proc = Bun.spawn(["bun", join(ROOT, "src/cli/main.ts"), "envd", "--port", "0", "--host", "127.0.0.1", "--no-clock-sync"], {
+/**
+ * Start envd on a free loopback port and wait for its readiness line.
+ * @param command how to run the CLI (default: `bun src/cli/main.ts` from source).
+ */
+export async function startEnvdChild(command: string[] = ["bun", join(ROOT, "src/cli/main.ts")]): Promise<EnvdChild> {
+  const proc = Bun.spawn([...command, "envd", "--port", "0", "--host", "127.0.0.1", "--no-clock-sync"], {
     stdout: "pipe",
     stderr: "inherit",
     env: { ...process.env, AENV_LOG_LEVEL: "warn" },
