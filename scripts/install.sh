@@ -10,7 +10,12 @@ want_test=0
 
 # Debian packages, one list per purpose; each subsystem adds its own.
 pkgs=(iproute2 iptables ca-certificates)
+# VMM + guest kernel + base template (src/vmm, src/template): QEMU microvm, Debian kernel source
+# and its build tools, mmdebstrap, ext4 tools, nsenter (util-linux).
+pkgs+=(qemu-system-x86 linux-source-6.1 build-essential bc bison flex libelf-dev libssl-dev mmdebstrap e2fsprogs xz-utils util-linux)
 [ "$want_test" = 1 ] && pkgs+=()
+# VM tests: a static busybox for the kernel boot test rootfs.
+[ "$want_test" = 1 ] && pkgs+=(busybox-static)
 
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done

@@ -6,6 +6,12 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh --test || { echo "0 passed, 1 failed"; exit 1; }
 export PATH="$PWD/node_modules/.bin:$PATH" NODE_ENV=test
+# VM tests boot the guest kernel and the base template: build both once per machine into a fixed
+# cache dir (no-ops when cached; progress on stderr). A failure here shows up as failing VM tests.
+vm_home="${AENV_TEST_HOME_PATH:-/var/lib/agentenv-test}"
+mkdir -p "$vm_home"
+flock "$vm_home/.build.lock" sh -c 'AENV_HOME_PATH="$1" bun src/cli/main.ts kernel build >/dev/null && AENV_HOME_PATH="$1" bun src/cli/main.ts template build-base >/dev/null' _ "$vm_home" \
+  || echo "warning: guest kernel / base template build failed; VM tests will fail" >&2
 log=$(mktemp)
 bun test --timeout 60000 "$@" 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}

@@ -13,6 +13,8 @@ const main = defineCommand({
     disk: () => import("../storage/daemon/cli.ts").then((m) => m.default),
     envd: () => import("./envd.ts").then((m) => m.default),
     image: () => import("./image.ts").then((m) => m.default),
+    kernel: () => import("./kernel.ts").then((m) => m.default),
+    template: () => import("./template.ts").then((m) => m.default),
   },
 });
 

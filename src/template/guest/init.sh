@@ -1,0 +1,61 @@
+#!/bin/sh
+# AgentENV guest init (PID 1), installed as /sbin/aenv-init and started with init=/sbin/aenv-init.
+# The kernel has already mounted the root disk (root=/dev/vda) and, when the host passed ip=,
+# configured eth0 (CONFIG_IP_PNP). This script mounts the API filesystems, sets the clock from
+# aenv.clock=<unix ms>, sets the hostname, starts envd and reaps orphans until envd exits.
+# Kernel parameters read here (all optional):
+#   aenv.clock=<unix ms>   wall clock at boot, from the host
+#   aenv.hostname=<name>   guest hostname (default: agentenv)
+#   aenv.envd=0            do not start envd (kernel tests)
+#   aenv.run=<base64>      a shell script run after boot (its output goes to the console)
+PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+export PATH
+
+mountpoint -q /proc || mount -t proc proc /proc
+mountpoint -q /sys || mount -t sysfs sysfs /sys
+mountpoint -q /dev || mount -t devtmpfs devtmpfs /dev
+mkdir -p /dev/pts /dev/shm
+mount -t devpts -o gid=5,mode=620,ptmxmode=666 devpts /dev/pts
+mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /dev/shm
+mount -t tmpfs -o mode=755,nosuid,nodev tmpfs /run
+mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /tmp
+mount -t cgroup2 cgroup2 /sys/fs/cgroup 2>/dev/null
+mount -o remount,rw / 2>/dev/null
+[ -e /dev/fd ] || ln -s /proc/self/fd /dev/fd
+
+CLOCK=; HOST=agentenv; ENVD=1; RUN=
+for w in $(cat /proc/cmdline); do
+  case "$w" in
+    aenv.clock=*) CLOCK=${w#aenv.clock=} ;;
+    aenv.hostname=*) HOST=${w#aenv.hostname=} ;;
+    aenv.envd=*) ENVD=${w#aenv.envd=} ;;
+    aenv.run=*) RUN=${w#aenv.run=} ;;
+  esac
+done
+[ -n "$CLOCK" ] && date -s "@$((CLOCK / 1000))" >/dev/null 2>&1
+hostname "$HOST"
+echo "$HOST" > /etc/hostname 2>/dev/null
+ip link set lo up 2>/dev/null
+
+echo "@@AENV-INIT@@ uptime=$(cut -d' ' -f1 /proc/uptime) kernel=$(uname -r)" > /dev/console
+
+if [ -n "$RUN" ]; then
+  echo "$RUN" | base64 -d > /run/aenv-run.sh
+  sh /run/aenv-run.sh > /dev/console 2>&1
+  echo "@@AENV-RUN-EXIT@@ rc=$?" > /dev/console
+fi
+
+if [ "$ENVD" = 1 ] && [ -x /usr/local/bin/agentenv ]; then
+  # envd runs as root (it drops to the requested user per process) and logs to the console.
+  HOME=/root /usr/local/bin/agentenv envd > /dev/console 2>&1 &
+  ENVD_PID=$!
+  echo "@@AENV-ENVD-STARTED@@ pid=$ENVD_PID" > /dev/console
+  # PID 1 must reap every orphan; `wait` returns when any child exits, so loop until envd is gone.
+  while kill -0 "$ENVD_PID" 2>/dev/null; do wait; done
+  echo "@@AENV-ENVD-EXITED@@" > /dev/console
+fi
+sync
+# No init system to hand over to: reset directly (QEMU -no-reboot and Firecracker exit on a guest
+# reset). Without busybox, PID 1 exiting panics the kernel, and panic=1 resets it too.
+command -v busybox >/dev/null && busybox reboot -f
+exit 0

@@ -1,0 +1,88 @@
+/**
+ * QEMU command line for one microVM: `-M microvm` with ACPI (devices found as LNRO0005
+ * virtio-mmio), modern virtio-mmio (`force-legacy=false`), guest RAM in a named file, serial
+ * console to a file, QMP on a Unix socket, virtio-blk/net/rng devices. Recipe and measurements:
+ * docs/vm-on-this-machine.md §3, §7 and docs/bun-in-guest.md (`-cpu max` + virtio-rng).
+ */
+import { VmmError } from "../errors.ts";
+import type { VmSpec } from "../types.ts";
+
+/** Driver-level settings that are not part of a VmSpec. */
+export interface QemuArgsOptions {
+  accel: "kvm" | "tcg";
+  /** -cpu model ("max" under TCG, "host" under KVM). */
+  cpu: string;
+  /** tsc_early_khz value under TCG; null adds nothing. */
+  tscKhz: number | null;
+  /** Guest RAM file (memory-backend-file mem-path). */
+  memPath: string;
+  /** share=on maps the RAM file MAP_SHARED (boot); share=off maps it privately (copy-on-write restore). */
+  memShared: boolean;
+  qmpPath: string;
+  consolePath: string;
+  /** Kernel command line assembled by the driver (base + net + clock + spec.bootArgs). */
+  cmdline: string;
+  /** Add `-incoming defer` (restore). */
+  incoming: boolean;
+}
+
+// QEMU splits option values on ',' and the exec: migration URI goes through /bin/sh: keep paths plain.
+const SAFE_PATH = /^\/[A-Za-z0-9._\/+@:-]*$/;
+const SAFE_ID = /^[A-Za-z0-9_-]{1,64}$/;
+const MAC = /^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$/;
+const IFNAME = /^[A-Za-z0-9_.-]{1,15}$/;
+
+/** @throws VmmError `vmm.bad_spec` unless `p` is absolute and free of `,`, spaces and shell metacharacters. */
+export function checkPath(p: string, what: string): string {
+  if (!SAFE_PATH.test(p) || p.includes("..")) throw new VmmError("vmm.bad_spec", `${what} ${JSON.stringify(p)} must be an absolute plain path`, { [what]: p });
+  return p;
+}
+
+/**
+ * The argv (without the binary) for `qemu-system-x86_64`.
+ * @throws VmmError `vmm.bad_spec` for bad ids, paths, MACs, tap names, sizes, or a drive list
+ *   without exactly one root drive.
+ */
+export function buildQemuArgs(spec: VmSpec, o: QemuArgsOptions): string[] {
+  if (!SAFE_ID.test(spec.id)) throw new VmmError("vmm.bad_spec", `VM id ${JSON.stringify(spec.id)} must match ${SAFE_ID}`, { id: spec.id });
+  if (!Number.isInteger(spec.vcpus) || spec.vcpus < 1 || spec.vcpus > 32) throw new VmmError("vmm.bad_spec", `vcpus ${spec.vcpus} not in 1..32`, { vcpus: spec.vcpus });
+  if (!Number.isInteger(spec.memoryMiB) || spec.memoryMiB < 64 || spec.memoryMiB > 65536) {
+    throw new VmmError("vmm.bad_spec", `memoryMiB ${spec.memoryMiB} not in 64..65536`, { memoryMiB: spec.memoryMiB });
+  }
+  const roots = spec.drives.filter((d) => d.isRoot);
+  if (roots.length !== 1) throw new VmmError("vmm.bad_spec", `need exactly one root drive, got ${roots.length}`, { id: spec.id });
+  checkPath(spec.kernelPath, "kernelPath");
+  for (const [p, w] of [[o.memPath, "memPath"], [o.qmpPath, "qmpPath"], [o.consolePath, "consolePath"]] as const) checkPath(p, w);
+
+  const a: string[] = [
+    "-name", `aenv-${spec.id}`,
+    "-M", "microvm,memory-backend=mem",
+    "-accel", o.accel,
+    "-cpu", o.cpu,
+    "-m", `${spec.memoryMiB}M`,
+    "-smp", String(spec.vcpus),
+    "-object", `memory-backend-file,id=mem,size=${spec.memoryMiB}M,mem-path=${o.memPath},share=${o.memShared ? "on" : "off"}`,
+    "-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
+    "-global", "virtio-mmio.force-legacy=false",
+    "-serial", `file:${o.consolePath}`,
+    "-qmp", `unix:${o.qmpPath},server=on,wait=off`,
+    "-kernel", spec.kernelPath,
+    "-append", o.cmdline,
+  ];
+  // root drive first: with one drive per VM it is /dev/vda, which the template's root= names
+  for (const d of [...roots, ...spec.drives.filter((d) => !d.isRoot)]) {
+    if (!SAFE_ID.test(d.id)) throw new VmmError("vmm.bad_spec", `drive id ${JSON.stringify(d.id)} must match ${SAFE_ID}`, { driveId: d.id });
+    checkPath(d.path, "drivePath");
+    a.push("-drive", `id=${d.id},file=${d.path},format=raw,if=none,readonly=${d.readOnly ? "on" : "off"}`);
+    a.push("-device", `virtio-blk-device,drive=${d.id}`);
+  }
+  a.push("-object", "rng-random,id=rng0,filename=/dev/urandom", "-device", "virtio-rng-device,rng=rng0");
+  if (spec.net) {
+    if (!IFNAME.test(spec.net.tapName)) throw new VmmError("vmm.bad_spec", `tap name ${JSON.stringify(spec.net.tapName)} invalid`, { tapName: spec.net.tapName });
+    if (!MAC.test(spec.net.mac)) throw new VmmError("vmm.bad_spec", `MAC ${JSON.stringify(spec.net.mac)} invalid`, { mac: spec.net.mac });
+    a.push("-netdev", `tap,id=net0,ifname=${spec.net.tapName},script=no,downscript=no`);
+    a.push("-device", `virtio-net-device,netdev=net0,mac=${spec.net.mac}`);
+  }
+  if (o.incoming) a.push("-incoming", "defer");
+  return a;
+}

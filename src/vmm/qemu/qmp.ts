@@ -1,0 +1,167 @@
+/**
+ * QMP client: newline-delimited JSON over QEMU's Unix control socket (`-qmp unix:PATH,server=on,wait=off`).
+ * Protocol (QEMU docs/interop/qmp-spec): the server greets with {"QMP":{...}}, the client sends
+ * {"execute":"qmp_capabilities"}, then each {"execute":cmd,"arguments":..,"id":n} gets exactly one
+ * {"return":..,"id":n} or {"error":{"class","desc"},"id":n}; {"event":..} lines may come anytime.
+ */
+import { connect, type Socket } from "node:net";
+import { VmmError } from "../errors.ts";
+
+/** One asynchronous QMP event, e.g. `{ event: "STOP", data: {} }`. */
+export interface QmpEvent {
+  event: string;
+  data?: Record<string, unknown>;
+  timestamp?: { seconds: number; microseconds: number };
+}
+
+interface Pending {
+  resolve: (v: unknown) => void;
+  reject: (e: Error) => void;
+  timer: ReturnType<typeof setTimeout>;
+  cmd: string;
+}
+
+/** A connected QMP session (capabilities negotiated). Close it with `close()`. */
+export class QmpClient {
+  readonly events: QmpEvent[] = [];
+  private readonly pending = new Map<number, Pending>();
+  private nextId = 1;
+  private buf = "";
+  private closed = false;
+
+  private constructor(
+    private readonly sock: Socket,
+    readonly path: string,
+    private readonly timeoutMs: number,
+  ) {
+    sock.on("data", (d) => this.onData(d.toString()));
+    sock.on("close", () => this.failAll(new VmmError("vmm.qmp_closed", `QMP socket ${path} closed`, { path })));
+    sock.on("error", () => {});
+  }
+
+  /**
+   * Connect to `path`, retrying until `timeoutMs` (the socket appears shortly after QEMU starts),
+   * read the greeting and negotiate capabilities.
+   * @param isAlive polled between retries; when it returns false, connecting stops early.
+   * @throws VmmError `vmm.qmp_connect` on timeout or when the greeting is not QMP.
+   */
+  static async connect(path: string, timeoutMs: number, isAlive: () => boolean = () => true): Promise<QmpClient> {
+    const deadline = Date.now() + timeoutMs;
+    let lastErr = "";
+    while (Date.now() < deadline && isAlive()) {
+      try {
+        const sock = await new Promise<Socket>((resolve, reject) => {
+          const s = connect(path);
+          s.once("connect", () => resolve(s));
+          s.once("error", reject);
+        });
+        const greeting = await readLine(sock, Math.max(1, deadline - Date.now()));
+        if (!("QMP" in greeting)) {
+          sock.destroy();
+          throw new VmmError("vmm.qmp_connect", `unexpected QMP greeting on ${path}`, { path, greeting });
+        }
+        const c = new QmpClient(sock, path, timeoutMs);
+        await c.execute("qmp_capabilities");
+        return c;
+      } catch (e) {
+        if (e instanceof VmmError) throw e;
+        lastErr = (e as Error).message;
+        await Bun.sleep(20);
+      }
+    }
+    throw new VmmError("vmm.qmp_connect", `cannot connect to QMP socket ${path}: ${lastErr || "process exited"}`, { path, timeoutMs });
+  }
+
+  /**
+   * Run one command. Resolves with its `return` value.
+   * @throws VmmError `vmm.qmp_error` (QEMU's error class and desc in details), `vmm.qmp_timeout`, `vmm.qmp_closed`.
+   */
+  execute<T = unknown>(cmd: string, args?: Record<string, unknown>, timeoutMs = this.timeoutMs): Promise<T> {
+    if (this.closed) return Promise.reject(new VmmError("vmm.qmp_closed", `QMP socket ${this.path} closed`, { path: this.path, cmd }));
+    const id = this.nextId++;
+    return new Promise<T>((resolve, reject) => {
+      const timer = setTimeout(() => {
+        this.pending.delete(id);
+        reject(new VmmError("vmm.qmp_timeout", `QMP ${cmd} got no reply in ${timeoutMs} ms`, { path: this.path, cmd, timeoutMs }));
+      }, timeoutMs);
+      this.pending.set(id, { resolve: resolve as (v: unknown) => void, reject, timer, cmd });
+      this.sock.write(JSON.stringify(args ? { execute: cmd, arguments: args, id } : { execute: cmd, id }) + "\n");
+    });
+  }
+
+  /** Close the socket; pending commands fail with `vmm.qmp_closed`. */
+  close(): void {
+    this.sock.destroy();
+    this.failAll(new VmmError("vmm.qmp_closed", `QMP socket ${this.path} closed`, { path: this.path }));
+  }
+
+  private failAll(e: Error): void {
+    this.closed = true;
+    for (const [id, p] of this.pending) {
+      clearTimeout(p.timer);
+      this.pending.delete(id);
+      p.reject(e);
+    }
+  }
+
+  private onData(s: string): void {
+    this.buf += s;
+    let nl: number;
+    while ((nl = this.buf.indexOf("\n")) >= 0) {
+      const line = this.buf.slice(0, nl).trim();
+      this.buf = this.buf.slice(nl + 1);
+      if (!line) continue;
+      let msg: Record<string, unknown>;
+      try {
+        msg = JSON.parse(line);
+      } catch {
+        continue;
+      }
+      if (typeof msg.event === "string") {
+        this.events.push(msg as unknown as QmpEvent);
+        if (this.events.length > 256) this.events.shift();
+        continue;
+      }
+      const p = this.pending.get(msg.id as number);
+      if (!p) continue;
+      this.pending.delete(msg.id as number);
+      clearTimeout(p.timer);
+      if ("error" in msg) {
+        const err = msg.error as { class?: string; desc?: string };
+        p.reject(new VmmError("vmm.qmp_error", `QMP ${p.cmd}: ${err.class}: ${err.desc}`, { path: this.path, cmd: p.cmd, error: err }));
+      } else p.resolve(msg.return);
+    }
+  }
+}
+
+async function readLine(sock: Socket, timeoutMs: number): Promise<Record<string, unknown>> {
+  return await new Promise((resolve, reject) => {
+    let buf = "";
+    const timer = setTimeout(() => done(new Error("no QMP greeting")), timeoutMs);
+    const onData = (d: Buffer) => {
+      buf += d.toString();
+      const nl = buf.indexOf("\n");
+      if (nl < 0) return;
+      try {
+        done(null, JSON.parse(buf.slice(0, nl)));
+      } catch (e) {
+        done(e as Error);
+      }
+    };
+    const onClose = () => done(new Error("closed before greeting"));
+    function done(e: Error | null, v?: Record<string, unknown>) {
+      clearTimeout(timer);
+      sock.off("data", onData);
+      sock.off("close", onClose);
+      if (e) {
+        sock.destroy();
+        reject(e);
+      } else {
+        // anything after the greeting line belongs to the client proper; QEMU sends nothing more unprompted
+        resolve(v!);
+      }
+    }
+    sock.on("data", onData);
+    sock.on("close", onClose);
+  });
+}

@@ -1,0 +1,88 @@
+/**
+ * VMM process records and reaping. Each running VMM has `<runtimeDir>/vmm/<id>.json` holding its
+ * pid, its start time (field 22 of /proc/<pid>/stat, clock ticks since host boot: tells a live
+ * VMM from a recycled pid) and the files it owns. A node that crashed leaves these behind;
+ * `reapLeftovers` kills the matching processes and deletes their files at start-up.
+ */
+import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { logger } from "../observability/log.ts";
+
+const log = logger("vmm.supervise");
+
+/** What a VMM record file holds. */
+export interface VmmRecord {
+  id: string;
+  driver: "qemu" | "firecracker";
+  pid: number;
+  /** /proc/<pid>/stat field 22 (starttime, clock ticks). */
+  startTime: number;
+  /** Files and sockets to delete when the VMM is gone (RAM file, control socket, ...). */
+  ownedFiles: string[];
+}
+
+/** Start time of a live process (/proc/<pid>/stat field 22), or null when it does not exist. */
+export function processStartTime(pid: number): number | null {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+    // comm (field 2) may contain spaces and parentheses: fields after the last ')' start at field 3
+    const rest = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+    return Number(rest[22 - 3]);
+  } catch {
+    return null;
+  }
+}
+
+/** Directory of the VMM records under a runtime directory. */
+export function recordDir(runtimeDir: string): string {
+  return join(runtimeDir, "vmm");
+}
+
+/** Write (atomically) the record of a freshly spawned VMM. */
+export function writeRecord(runtimeDir: string, rec: VmmRecord): void {
+  const dir = recordDir(runtimeDir);
+  mkdirSync(dir, { recursive: true });
+  const path = join(dir, `${rec.id}.json`);
+  writeFileSync(`${path}.tmp`, JSON.stringify(rec));
+  renameSync(`${path}.tmp`, path);
+}
+
+/** Delete a VMM's record and the files it owned. */
+export function removeRecord(runtimeDir: string, rec: Pick<VmmRecord, "id" | "ownedFiles">): void {
+  for (const f of rec.ownedFiles) rmSync(f, { force: true });
+  rmSync(join(recordDir(runtimeDir), `${rec.id}.json`), { force: true });
+}
+
+/**
+ * Kill every VMM a previous run left behind (records in `<runtimeDir>/vmm/`), wait for each to
+ * die (bounded by `timeoutMs` per process) and delete its files.
+ * @returns the ids of the records reaped (processes killed or already gone).
+ */
+export async function reapLeftovers(runtimeDir: string, timeoutMs = 3000): Promise<string[]> {
+  const dir = recordDir(runtimeDir);
+  if (!existsSync(dir)) return [];
+  const reaped: string[] = [];
+  for (const f of readdirSync(dir)) {
+    if (!f.endsWith(".json")) continue;
+    let rec: VmmRecord;
+    try {
+      rec = JSON.parse(readFileSync(join(dir, f), "utf8"));
+    } catch {
+      rmSync(join(dir, f), { force: true });
+      continue;
+    }
+    if (processStartTime(rec.pid) === rec.startTime) {
+      log.warn({ id: rec.id, pid: rec.pid, driver: rec.driver }, "killing leftover VMM");
+      try {
+        process.kill(rec.pid, "SIGKILL");
+      } catch {
+        // already gone
+      }
+      const deadline = Date.now() + timeoutMs;
+      while (processStartTime(rec.pid) === rec.startTime && Date.now() < deadline) await Bun.sleep(10);
+    }
+    removeRecord(runtimeDir, { id: rec.id, ownedFiles: Array.isArray(rec.ownedFiles) ? rec.ownedFiles : [] });
+    reaped.push(rec.id);
+  }
+  return reaped;
+}

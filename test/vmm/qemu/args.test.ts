@@ -1,0 +1,148 @@
+/** Unit tests: QEMU argv, kernel command-line pieces, host detection (no VM started). */
+import { describe, expect, test } from "bun:test";
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { kernelClockArg, kernelIpArg, prefixToNetmask, VmmError, type VmSpec } from "../../../src/vmm/index.ts";
+import { buildQemuArgs, type QemuArgsOptions } from "../../../src/vmm/qemu/args.ts";
+import { detectAccel, hostTscKhz } from "../../../src/vmm/qemu/host.ts";
+
+const spec: VmSpec = {
+  id: "sb-1",
+  workDir: "/tmp/sb-1",
+  kernelPath: "/k/vmlinux",
+  bootArgs: "root=/dev/vda rw",
+  vcpus: 2,
+  memoryMiB: 512,
+  drives: [
+    { id: "data", path: "/d/data.img", readOnly: true, isRoot: false },
+    { id: "root", path: "/d/root.img", readOnly: false, isRoot: true },
+  ],
+  net: { netnsPath: "/run/netns/x", tapName: "tap0", mac: "02:ae:00:00:00:01", guestIp: "169.254.0.21", gatewayIp: "169.254.0.22", prefixLen: 30 },
+};
+const opts: QemuArgsOptions = {
+  accel: "tcg",
+  cpu: "max",
+  tscKhz: 2596134,
+  memPath: "/dev/shm/a/sb-1.mem",
+  memShared: true,
+  qmpPath: "/run/a/vmm/sb-1.qmp",
+  consolePath: "/tmp/sb-1/console.log",
+  cmdline: "console=ttyS0 root=/dev/vda",
+  incoming: false,
+};
+
+function flag(a: string[], f: string): string[] {
+  return a.flatMap((v, i) => (v === f ? [a[i + 1]!] : []));
+}
+
+function code(fn: () => unknown): string {
+  try {
+    fn();
+  } catch (e) {
+    expect(e).toBeInstanceOf(VmmError);
+    return (e as VmmError).code;
+  }
+  return "no error";
+}
+
+describe("buildQemuArgs", () => {
+  test("microvm with shared file RAM, QMP, console, root drive first, rng, tap", () => {
+    const a = buildQemuArgs(spec, opts);
+    expect(flag(a, "-M")).toEqual(["microvm,memory-backend=mem"]);
+    expect(flag(a, "-accel")).toEqual(["tcg"]);
+    expect(flag(a, "-cpu")).toEqual(["max"]);
+    expect(flag(a, "-m")).toEqual(["512M"]);
+    expect(flag(a, "-smp")).toEqual(["2"]);
+    expect(flag(a, "-object")).toEqual([
+      "memory-backend-file,id=mem,size=512M,mem-path=/dev/shm/a/sb-1.mem,share=on",
+      "rng-random,id=rng0,filename=/dev/urandom",
+    ]);
+    expect(flag(a, "-qmp")).toEqual(["unix:/run/a/vmm/sb-1.qmp,server=on,wait=off"]);
+    expect(flag(a, "-serial")).toEqual(["file:/tmp/sb-1/console.log"]);
+    expect(flag(a, "-kernel")).toEqual(["/k/vmlinux"]);
+    expect(flag(a, "-append")).toEqual(["console=ttyS0 root=/dev/vda"]);
+    expect(flag(a, "-drive")).toEqual([
+      "id=root,file=/d/root.img,format=raw,if=none,readonly=off",
+      "id=data,file=/d/data.img,format=raw,if=none,readonly=on",
+    ]);
+    expect(flag(a, "-device")).toEqual([
+      "virtio-blk-device,drive=root",
+      "virtio-blk-device,drive=data",
+      "virtio-rng-device,rng=rng0",
+      "virtio-net-device,netdev=net0,mac=02:ae:00:00:00:01",
+    ]);
+    expect(flag(a, "-netdev")).toEqual(["tap,id=net0,ifname=tap0,script=no,downscript=no"]);
+    expect(flag(a, "-global")).toEqual(["virtio-mmio.force-legacy=false"]);
+    for (const f of ["-nodefaults", "-no-reboot", "-nographic"]) expect(a).toContain(f);
+    expect(a).not.toContain("-incoming");
+  });
+
+  test("restore maps RAM privately and waits for migrate-incoming", () => {
+    const a = buildQemuArgs({ ...spec, net: undefined }, { ...opts, memShared: false, incoming: true });
+    expect(flag(a, "-object")[0]).toEndWith(",share=off");
+    expect(flag(a, "-incoming")).toEqual(["defer"]);
+    expect(flag(a, "-netdev")).toEqual([]);
+  });
+
+  test("bad input is rejected with vmm.bad_spec", () => {
+    expect(code(() => buildQemuArgs({ ...spec, id: "a b" }, opts))).toBe("vmm.bad_spec");
+    expect(code(() => buildQemuArgs({ ...spec, vcpus: 0 }, opts))).toBe("vmm.bad_spec");
+    expect(code(() => buildQemuArgs({ ...spec, memoryMiB: 10 }, opts))).toBe("vmm.bad_spec");
+    expect(code(() => buildQemuArgs({ ...spec, drives: spec.drives.filter((d) => !d.isRoot) }, opts))).toBe("vmm.bad_spec");
+    expect(code(() => buildQemuArgs({ ...spec, drives: spec.drives.map((d) => ({ ...d, isRoot: true })) }, opts))).toBe("vmm.bad_spec");
+    expect(code(() => buildQemuArgs({ ...spec, kernelPath: "vmlinux" }, opts))).toBe("vmm.bad_spec");
+    expect(code(() => buildQemuArgs({ ...spec, drives: [{ id: "r", path: "/a,b", readOnly: false, isRoot: true }] }, opts))).toBe("vmm.bad_spec");
+    expect(code(() => buildQemuArgs(spec, { ...opts, memPath: "/x/$(rm)" }))).toBe("vmm.bad_spec");
+    expect(code(() => buildQemuArgs({ ...spec, net: { ...spec.net!, mac: "zz" } }, opts))).toBe("vmm.bad_spec");
+    expect(code(() => buildQemuArgs({ ...spec, net: { ...spec.net!, tapName: "a-very-long-tap-name" } }, opts))).toBe("vmm.bad_spec");
+  });
+});
+
+describe("kernel command-line pieces", () => {
+  test("netmask and ip=", () => {
+    expect(prefixToNetmask(30)).toBe("255.255.255.252");
+    expect(prefixToNetmask(0)).toBe("0.0.0.0");
+    expect(prefixToNetmask(32)).toBe("255.255.255.255");
+    expect(prefixToNetmask(17)).toBe("255.255.128.0");
+    expect(kernelIpArg({ guestIp: "169.254.0.21", gatewayIp: "169.254.0.22", prefixLen: 30 })).toBe(
+      "ip=169.254.0.21::169.254.0.22:255.255.255.252::eth0:off",
+    );
+    expect(code(() => prefixToNetmask(33))).toBe("vmm.bad_spec");
+    expect(code(() => kernelIpArg({ guestIp: "169.254.0.256", gatewayIp: "169.254.0.22", prefixLen: 30 }))).toBe("vmm.bad_spec");
+    expect(code(() => kernelIpArg({ guestIp: "169.254.0.21", gatewayIp: "x", prefixLen: 30 }))).toBe("vmm.bad_spec");
+  });
+
+  test("clock argument carries unix ms", () => {
+    expect(kernelClockArg(1795948000123.7)).toBe("aenv.clock=1795948000123");
+  });
+});
+
+describe("host detection", () => {
+  test("kvm_pvm or no usable /dev/kvm means TCG", () => {
+    const d = mkdtempSync(join(tmpdir(), "c1host-"));
+    try {
+      mkdirSync(join(d, "sys/module/kvm_pvm"), { recursive: true });
+      mkdirSync(join(d, "dev"));
+      expect(detectAccel(join(d, "sys"), "/dev")).toBe("tcg");
+      expect(detectAccel(join(d, "nosys"), join(d, "dev"))).toBe("tcg"); // no kvm node
+      writeFileSync(join(d, "dev/kvm"), "");
+      expect(detectAccel(join(d, "nosys"), join(d, "dev"))).toBe("kvm");
+    } finally {
+      rmSync(d, { recursive: true, force: true });
+    }
+  });
+
+  test("TSC kHz from cpuinfo", () => {
+    const d = mkdtempSync(join(tmpdir(), "c1cpu-"));
+    try {
+      writeFileSync(join(d, "cpuinfo"), "processor\t: 0\ncpu MHz\t\t: 2596.134\ncpu MHz\t\t: 1.0\n");
+      expect(hostTscKhz(join(d, "cpuinfo"))).toBe(2596134);
+      writeFileSync(join(d, "none"), "processor\t: 0\n");
+      expect(hostTscKhz(join(d, "none"))).toBeNull();
+      expect(hostTscKhz(join(d, "missing"))).toBeNull();
+    } finally {
+      rmSync(d, { recursive: true, force: true });
+    }
+  });
+});

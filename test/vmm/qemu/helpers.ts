@@ -1,0 +1,117 @@
+/**
+ * Shared pieces of the VM tests: the test configuration (fixed cache dir so the kernel and the
+ * base template are built once per machine by scripts/test.sh), a QEMU driver with private
+ * runtime and memory dirs, console waits, and a minimal per-VM network: a netns holding the tap
+ * and a veth to the host, all on 169.254.0.0/16, so the test process reaches the guest directly.
+ */
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { loadConfig, type ConfigTable } from "../../../src/config/index.ts";
+import { QemuDriver, qemuOptions, type NetSpec } from "../../../src/vmm/index.ts";
+
+/** Data directory the test builds live in (scripts/test.sh exports the same). */
+export const TEST_HOME = process.env.AENV_TEST_HOME_PATH ?? "/var/lib/agentenv-test";
+
+/** Config as the tests see it: defaults + AENV_HOME_PATH=TEST_HOME. */
+export function testConfig(extra: Record<string, string> = {}): ConfigTable {
+  return loadConfig({ env: { ...process.env, AENV_HOME_PATH: TEST_HOME, ...extra } });
+}
+
+/** A QEMU driver whose records, sockets and RAM files live in fresh temp dirs; `dispose()` removes them. */
+export function testDriver(): { driver: QemuDriver; runtimeDir: string; dispose: () => void } {
+  const runtimeDir = mkdtempSync(join(tmpdir(), "c1rt-"));
+  const memoryDir = mkdtempSync("/dev/shm/c1mem-");
+  const driver = new QemuDriver({ ...qemuOptions(testConfig()), runtimeDir, memoryDir });
+  return {
+    driver,
+    runtimeDir,
+    dispose: () => {
+      rmSync(runtimeDir, { recursive: true, force: true });
+      rmSync(memoryDir, { recursive: true, force: true });
+    },
+  };
+}
+
+/** Poll `fn` every 20 ms until it returns a truthy value; throws after `timeoutMs`. */
+export async function waitFor<T>(what: string, fn: () => T | Promise<T>, timeoutMs: number): Promise<NonNullable<T>> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const v = await fn();
+    if (v) return v as NonNullable<T>;
+    if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
+    await Bun.sleep(20);
+  }
+}
+
+/** Wait until the console file matches `re`; returns the match. */
+export async function waitConsole(path: string, re: RegExp, timeoutMs: number): Promise<RegExpMatchArray> {
+  return await waitFor(`console ${path} to match ${re}`, () => {
+    try {
+      return readFileSync(path, "utf8").match(re);
+    } catch {
+      return null;
+    }
+  }, timeoutMs);
+}
+
+function sh(cmd: string[]): string {
+  const r = Bun.spawnSync(cmd, { stderr: "pipe" });
+  if (r.exitCode !== 0) throw new Error(`${cmd.join(" ")} failed: ${r.stderr.toString()}`);
+  return r.stdout.toString();
+}
+
+/**
+ * A VM network for tests, slot `n` (0..99): netns `c1t<pid>-<n>` with tap0 169.254.<10+n>.22/30
+ * (guest .21) and veth `veth0` 169.254.<110+n>.2/30 whose host end (.1) has a route to the tap
+ * link, so the test process talks to the guest at `guestIp`. No NAT, no other addresses.
+ */
+export class TestNet {
+  readonly netnsName: string;
+  readonly hostVeth: string;
+  readonly spec: NetSpec;
+
+  constructor(readonly n: number) {
+    this.netnsName = `c1t${process.pid}-${n}`;
+    this.hostVeth = `c1h${process.pid % 100000}x${n}`.slice(0, 15);
+    const tapNet = `169.254.${10 + n}`;
+    const vethNet = `169.254.${110 + n}`;
+    this.spec = {
+      netnsPath: `/run/netns/${this.netnsName}`,
+      tapName: "tap0",
+      mac: `02:c1:00:00:00:${(0x10 + n).toString(16).padStart(2, "0")}`,
+      guestIp: `${tapNet}.21`,
+      gatewayIp: `${tapNet}.22`,
+      prefixLen: 30,
+    };
+    const ns = ["ip", "-n", this.netnsName];
+    try {
+      sh(["ip", "netns", "add", this.netnsName]);
+      sh([...ns, "link", "set", "lo", "up"]);
+      sh([...ns, "tuntap", "add", "dev", "tap0", "mode", "tap"]);
+      sh([...ns, "addr", "add", `${tapNet}.22/30`, "dev", "tap0"]);
+      sh([...ns, "link", "set", "tap0", "up"]);
+      sh(["ip", "link", "add", this.hostVeth, "type", "veth", "peer", "name", "veth0", "netns", this.netnsName]);
+      sh(["ip", "addr", "add", `${vethNet}.1/30`, "dev", this.hostVeth]);
+      sh(["ip", "link", "set", this.hostVeth, "up"]);
+      sh([...ns, "addr", "add", `${vethNet}.2/30`, "dev", "veth0"]);
+      sh([...ns, "link", "set", "veth0", "up"]);
+      sh(["ip", "netns", "exec", this.netnsName, "sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+      sh(["ip", "route", "add", `${tapNet}.20/30`, "via", `${vethNet}.2`, "dev", this.hostVeth]);
+    } catch (e) {
+      this.destroy();
+      throw e;
+    }
+  }
+
+  /** Base URL of a guest TCP port. */
+  url(port: number): string {
+    return `http://${this.spec.guestIp}:${port}`;
+  }
+
+  /** Delete the netns (its tap and veth end go with it, and so do the host veth and route). */
+  destroy(): void {
+    Bun.spawnSync(["ip", "link", "del", this.hostVeth], { stderr: "ignore" });
+    Bun.spawnSync(["ip", "netns", "del", this.netnsName], { stderr: "ignore" });
+  }
+}

@@ -1,0 +1,83 @@
+/**
+ * QMP client against a real QEMU (`-M none`: no guest needed) and VMM record reaping against
+ * real processes.
+ */
+import { describe, expect, test } from "bun:test";
+import { spawn } from "node:child_process";
+import { existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { processStartTime, reapLeftovers, VmmError } from "../../../src/vmm/index.ts";
+import { QmpClient } from "../../../src/vmm/qemu/qmp.ts";
+import { writeRecord } from "../../../src/vmm/supervise.ts";
+
+describe("QMP client", () => {
+  test("negotiates, runs commands, surfaces QMP errors, and sees the socket close on quit", async () => {
+    const d = mkdtempSync(join(tmpdir(), "c1qmp-"));
+    const sock = join(d, "qmp.sock");
+    const q = spawn("qemu-system-x86_64", ["-M", "none", "-nodefaults", "-display", "none", "-qmp", `unix:${sock},server=on,wait=off`], { stdio: "ignore" });
+    const exited = new Promise<number | null>((r) => q.once("exit", r));
+    try {
+      const c = await QmpClient.connect(sock, 10_000);
+      const st = await c.execute<{ status: string; running: boolean }>("query-status");
+      expect(st.running).toBe(true);
+      expect(st.status).toBe("running");
+      await c.execute("stop");
+      expect((await c.execute<{ status: string }>("query-status")).status).toBe("paused");
+      expect(c.events.some((e) => e.event === "STOP")).toBe(true);
+      let err: unknown;
+      try {
+        await c.execute("no-such-command");
+      } catch (e) {
+        err = e;
+      }
+      expect(err).toBeInstanceOf(VmmError);
+      expect((err as VmmError).code).toBe("vmm.qmp_error");
+      expect(((err as VmmError).details.error as { class: string }).class).toBe("CommandNotFound");
+      // arguments are passed through: a bad one is QEMU's GenericError
+      await expect(c.execute("migrate-set-capabilities", { capabilities: [{ capability: "nope", state: true }] })).rejects.toThrow(/nope/);
+      await c.execute("quit").catch(() => {});
+      expect(await exited).toBe(0);
+      await expect(c.execute("query-status")).rejects.toMatchObject({ code: "vmm.qmp_closed" });
+    } finally {
+      q.kill("SIGKILL");
+      rmSync(d, { recursive: true, force: true });
+    }
+  }, 30_000);
+
+  test("connect gives up with vmm.qmp_connect when nothing listens", async () => {
+    const t0 = Date.now();
+    await expect(QmpClient.connect("/tmp/c1-no-such-qmp.sock", 300)).rejects.toMatchObject({ code: "vmm.qmp_connect" });
+    expect(Date.now() - t0).toBeLessThan(3000);
+  });
+});
+
+describe("reapLeftovers", () => {
+  test("kills a recorded live process, deletes its files, and leaves recycled pids alone", async () => {
+    const rt = mkdtempSync(join(tmpdir(), "c1reap-"));
+    const victim = spawn("sleep", ["300"], { stdio: "ignore" });
+    const bystander = spawn("sleep", ["300"], { stdio: "ignore" });
+    const victimExit = new Promise<string | null>((r) => victim.once("exit", (_c, sig) => r(sig)));
+    try {
+      const owned = join(rt, "victim.mem");
+      writeFileSync(owned, "ram");
+      writeRecord(rt, { id: "v1", driver: "qemu", pid: victim.pid!, startTime: processStartTime(victim.pid!)!, ownedFiles: [owned] });
+      // same pid as a live process but another start time: a recycled pid, must not be killed
+      writeRecord(rt, { id: "v2", driver: "qemu", pid: bystander.pid!, startTime: processStartTime(bystander.pid!)! - 1, ownedFiles: [] });
+      writeFileSync(join(rt, "vmm", "garbage.json"), "{not json");
+      const reaped = await reapLeftovers(rt);
+      expect(reaped.sort()).toEqual(["v1", "v2"]);
+      expect(await victimExit).toBe("SIGKILL");
+      expect(existsSync(owned)).toBe(false);
+      expect(processStartTime(bystander.pid!)).not.toBeNull();
+      expect(existsSync(join(rt, "vmm", "v1.json"))).toBe(false);
+      expect(existsSync(join(rt, "vmm", "garbage.json"))).toBe(false);
+      expect(await reapLeftovers(rt)).toEqual([]);
+      expect(await reapLeftovers(join(rt, "absent"))).toEqual([]);
+    } finally {
+      victim.kill("SIGKILL");
+      bystander.kill("SIGKILL");
+      rmSync(rt, { recursive: true, force: true });
+    }
+  });
+});
