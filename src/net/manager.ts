@@ -3,7 +3,7 @@
  *
  * Slot states (a slot is in exactly one):
  *   free ──reserve──▶ building ──ok──▶ pooled ──allocate──▶ allocated ──release──▶ pooled
- *                        │ fail: rolled back, index freed        │  (reset: new tap, deny-all)
+ *                        │ fail: rolled back, index freed        │  (reset: new tap, default policy)
  *   pooled ──worker drains above high watermark / shutdown──▶ destroyed ──▶ free
  *
  * Bounds: at most `maxSlots` indices exist (free list); the pool holds at most `high` slots after
@@ -16,14 +16,18 @@ import type { NetConfig } from "./config.ts";
 import { DnsProxy, systemResolvers } from "./dns-proxy.ts";
 import { NetError } from "./errors.ts";
 import { applyDnsAllowed, applyPolicy, buildSlot, destroySlot, reapAll, type ReapReport, resetSlot, setupHost, teardownHost } from "./netns.ts";
-import { domainMatches, type EgressPolicy } from "./policy.ts";
+import { defaultPolicy, domainMatches, type EgressPolicy, policyToJson } from "./policy.ts";
 import { type AllocatedSlot, type Slot, slotLayout } from "./slot.ts";
 import { SlotStore } from "./store.ts";
 
 const log = logger("net");
 
-/** Policy of a slot no sandbox holds: nothing leaves. */
-const PARKED: EgressPolicy = { allowCidrs: [], allowDomains: [], denyCidrs: [], allowInternetAccess: false };
+/**
+ * Policy installed in pooled slots. No VM is attached to a pooled slot, so it only has to be what
+ * most sandboxes ask for: then allocation from the pool needs no kernel call at all.
+ */
+const POOLED: EgressPolicy = defaultPolicy();
+const POOLED_JSON = JSON.stringify(policyToJson(POOLED));
 
 /** Counters for tests, metrics and the bench. */
 export interface NetStats {
@@ -126,7 +130,7 @@ export class NetworkManager {
       if (slot) {
         this.counters.poolHits++;
         try {
-          await this.serial(slot.idx, () => applyPolicy(this.cfg, slot!, policy, []));
+          if (JSON.stringify(policyToJson(policy)) !== POOLED_JSON) await this.serial(slot.idx, () => applyPolicy(this.cfg, slot!, policy, []));
         } catch (e) {
           await this.destroy(slot);
           throw e;
@@ -168,7 +172,7 @@ export class NetworkManager {
   }
 
   /**
-   * Take a slot back. It is reset (fresh tap, deny-all policy) and returned to the pool; the worker
+   * Take a slot back. It is reset (fresh tap, default policy, no DNS-learned addresses) and returned to the pool; the worker
    * drains the pool down to the high watermark asynchronously. Without maintenance, a release above
    * the high watermark destroys the slot at once.
    * @throws NetError `net.unknown_slot` when the slot/sandbox is not allocated here.
@@ -183,7 +187,7 @@ export class NetworkManager {
     const keep = !this.closed && (this.cfg.pool.maintenanceEnabled || this.pool.length < this.cfg.pool.high);
     if (keep) {
       try {
-        await this.serial(a.idx, () => resetSlot(this.cfg, slot, PARKED));
+        await this.serial(a.idx, () => resetSlot(this.cfg, slot, POOLED));
         this.store.put(a.idx, slot.netnsName, "pooled");
         this.pool.push(slot);
         this.kick();
@@ -320,7 +324,7 @@ export class NetworkManager {
     this.store.put(idx, slot.netnsName, "building");
     this.building++;
     try {
-      await buildSlot(this.cfg, slot, PARKED);
+      await buildSlot(this.cfg, slot, POOLED);
       this.counters.built++;
       this.store.put(idx, slot.netnsName, "pooled");
       this.pool.push(slot);

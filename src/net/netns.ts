@@ -30,6 +30,7 @@ export async function restoreIn(netnsPath: string | null, script: string, timeou
 export async function buildSlot(cfg: NetConfig, slot: Slot, policy: EgressPolicy): Promise<void> {
   const t = cfg.commandTimeoutMs;
   try {
+    // Node side: netns, veth pair (peer moved into the netns), host address, route to the slot.
     await run(["ip", "-batch", "-"], {
       timeoutMs: t,
       stdin: [
@@ -37,37 +38,33 @@ export async function buildSlot(cfg: NetConfig, slot: Slot, policy: EgressPolicy
         `link add ${slot.hostVeth} type veth peer name ${slot.nsVeth} netns ${slot.netnsName}`,
         `addr add ${slot.hostVethIp}/31 dev ${slot.hostVeth}`,
         `link set ${slot.hostVeth} up`,
+        `route add ${slot.hostIp}/32 via ${slot.nsVethIp} dev ${slot.hostVeth}`,
         "",
       ].join("\n"),
     });
-    await run(["ip", "-n", slot.netnsName, "-batch", "-"], {
+    // Namespace side in one process: links, tap, default route, sysctls, then the rules on stdin.
+    await run(["nsenter", `--net=${slot.netnsPath}`, "sh", "-c", `set -e\n${nsLinkScript(slot, true)}\nexec iptables-restore --noflush --wait`], {
       timeoutMs: t,
-      stdin: [
-        "link set lo up",
-        `addr add ${slot.nsVethIp}/31 dev ${slot.nsVeth}`,
-        `link set ${slot.nsVeth} up`,
-        `tuntap add dev ${slot.tapName} mode tap`,
-        `addr add ${slot.gatewayIp}/${TAP_PREFIX_LEN} dev ${slot.tapName}`,
-        `link set ${slot.tapName} up`,
-        `route add default via ${slot.hostVethIp} dev ${slot.nsVeth}`,
-        "",
-      ].join("\n"),
+      stdin: slotRules(cfg, slot, policy),
     });
-    await run(["ip", "route", "add", `${slot.hostIp}/32`, "via", slot.nsVethIp, "dev", slot.hostVeth], { timeoutMs: t });
-    await run(
-      [
-        "nsenter",
-        `--net=${slot.netnsPath}`,
-        "sh",
-        "-c",
-        "echo 1 > /proc/sys/net/ipv4/ip_forward && echo 1 > /proc/sys/net/ipv6/conf/all/disable_ipv6 && exec iptables-restore --noflush --wait",
-      ],
-      { timeoutMs: t, stdin: slotRules(cfg, slot, policy) },
-    );
   } catch (e) {
     await destroySlot(cfg, slot).catch((d) => log.error({ err: d, idx: slot.idx }, "rollback of a half-built slot failed"));
     throw new NetError("net.setup_failed", `building slot ${slot.idx} (${slot.netnsName}) failed: ${(e as Error).message}`, { idx: slot.idx, netns: slot.netnsName }, { cause: e });
   }
+}
+
+/** Shell text run inside the slot netns: (re)create the tap; with `full`, also lo, veth, route, sysctls. */
+function nsLinkScript(slot: Slot, full: boolean): string {
+  const tap = [
+    `tuntap add dev ${slot.tapName} mode tap`,
+    `addr add ${slot.gatewayIp}/${TAP_PREFIX_LEN} dev ${slot.tapName}`,
+    `link set ${slot.tapName} up`,
+  ];
+  const lines = full
+    ? ["link set lo up", `addr add ${slot.nsVethIp}/31 dev ${slot.nsVeth}`, `link set ${slot.nsVeth} up`, ...tap, `route add default via ${slot.hostVethIp} dev ${slot.nsVeth}`]
+    : tap;
+  const sysctl = full ? "\necho 1 > /proc/sys/net/ipv4/ip_forward\necho 1 > /proc/sys/net/ipv6/conf/all/disable_ipv6" : "";
+  return `ip -batch - <<'EOF'\n${lines.join("\n")}\nEOF${sysctl}`;
 }
 
 /** True when a link named `name` exists in the node's namespace. */
@@ -124,21 +121,11 @@ export async function applyDnsAllowed(cfg: NetConfig, slot: Slot, dnsAllowed: st
  * the given policy (normally deny-all until allocation).
  */
 export async function resetSlot(cfg: NetConfig, slot: Slot, policy: EgressPolicy): Promise<void> {
-  await run(["ip", "-n", slot.netnsName, "-force", "-batch", "-"], {
+  const script = `ip link del ${slot.tapName} 2>/dev/null || true\nset -e\n${nsLinkScript(slot, false)}\nexec iptables-restore --noflush --wait`;
+  await run(["nsenter", `--net=${slot.netnsPath}`, "sh", "-c", script], {
     timeoutMs: cfg.commandTimeoutMs,
-    check: false,
-    stdin: `link del ${slot.tapName}\n`,
+    stdin: policyScript(cfg, policy, []),
   });
-  await run(["ip", "-n", slot.netnsName, "-batch", "-"], {
-    timeoutMs: cfg.commandTimeoutMs,
-    stdin: [
-      `tuntap add dev ${slot.tapName} mode tap`,
-      `addr add ${slot.gatewayIp}/${TAP_PREFIX_LEN} dev ${slot.tapName}`,
-      `link set ${slot.tapName} up`,
-      "",
-    ].join("\n"),
-  });
-  await applyPolicy(cfg, slot, policy, []);
 }
 
 /** What start-up reaping found and removed. */
