@@ -220,7 +220,8 @@ export class Orchestrator {
 
   /** Number of sandboxes in state running (X-Total-Running). */
   runningCount(): number {
-    return this.counters.running;
+    const by = this.store.countByState();
+    return (by.running ?? 0) + (by.creating ?? 0) + (by.resuming ?? 0);
   }
 
   /** Kill a live sandbox. @throws OrchestratorError not_found (404), busy (409). */

@@ -1,0 +1,26 @@
+/**
+ * API-layer errors and the mapping of every error to E2B's body `{code, message, error_code}`.
+ */
+import { AgentEnvError } from "../errors.ts";
+import { OrchestratorError } from "../orchestrator/index.ts";
+
+/** Errors raised by the API layer itself (auth, request shape). `status` is the HTTP status. */
+export class ApiError extends AgentEnvError {
+  readonly status: number;
+  constructor(code: string, status: number, message: string, details: Record<string, unknown> = {}) {
+    super(code, message, details);
+    this.status = status;
+  }
+}
+
+/** A JSON error response as E2B sends it (the SDK reads `body.code`). */
+export function errorResponse(status: number, message: string, errorCode?: string, headers: Record<string, string> = {}): Response {
+  return Response.json({ code: status, message, ...(errorCode ? { error_code: errorCode } : {}) }, { status, headers });
+}
+
+/** Map any thrown value to an error response; unknown errors become 500 with their message. */
+export function toErrorResponse(e: unknown): Response {
+  if (e instanceof ApiError || e instanceof OrchestratorError) return errorResponse(e.status, e.message, e.code);
+  if (e instanceof AgentEnvError) return errorResponse(500, e.message, e.code);
+  return errorResponse(500, e instanceof Error ? e.message : String(e), "api.internal");
+}

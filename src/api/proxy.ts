@@ -1,0 +1,143 @@
+/**
+ * The sandbox proxy, on the API origin (so E2B_SANDBOX_URL may equal E2B_API_URL). A request
+ * is for a sandbox when it carries `E2b-Sandbox-Id` (+ `E2b-Sandbox-Port`) or
+ * `x-agentenv-sandbox-id` (+ optional `x-agentenv-sandbox-port`), when its Host is
+ * `{port}-{id}.{domain}` for a configured domain, or when its path is `/proxy/{id}/{port}/...`.
+ * Routing facts: e2b-dev/infra packages/shared/pkg/proxy/host.go (via e2b-contract.md §1.3).
+ * HTTP bodies stream both ways; WebSocket is relayed frame by frame (server.ts).
+ * Unknown sandbox or closed port: 502 `{sandboxId, message, code: 502}`.
+ */
+import type { Logger } from "pino";
+import { logger } from "../observability/log.ts";
+import { OrchestratorError, type Orchestrator } from "../orchestrator/index.ts";
+
+/** envd's port inside every sandbox. */
+export const ENVD_PORT = 49983;
+/** envd routes only the host may call (e2b-contract.md §3.2). */
+export const ENVD_INTERNAL = new Set(["/init", "/freeze", "/unfreeze", "/collapse", "/fsfreeze", "/fsthaw", "/upgrade"]);
+const HOP = ["connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade", "host", "proxy-authorization", "proxy-authenticate"];
+const ROUTING = ["e2b-sandbox-id", "e2b-sandbox-port", "x-agentenv-sandbox-id", "x-agentenv-sandbox-port"];
+
+/** A request's target inside a sandbox. */
+export interface ProxyRoute {
+  sandboxId: string;
+  port: number;
+  /** Path + query to send upstream. */
+  pathAndQuery: string;
+}
+
+export interface ProxyOptions {
+  /** Host suffixes for `{port}-{id}.{domain}` routing. */
+  domains: string[];
+  /** Bound on connect + response headers, ms. */
+  connectTimeoutMs: number;
+  /** Refuse ENVD_INTERNAL paths on the envd port. */
+  blockEnvdInternal: boolean;
+}
+
+/** A 502 as the E2B edge proxy answers it. */
+export function badGateway(sandboxId: string, message: string): Response {
+  return Response.json({ sandboxId, message, code: 502 }, { status: 502 });
+}
+
+function parsePort(s: string | null): number | null {
+  if (s === null || !/^[0-9]{1,5}$/.test(s)) return null;
+  const n = Number(s);
+  return n >= 1 && n <= 65535 ? n : null;
+}
+
+/**
+ * Decide whether `req` is for a sandbox.
+ * @returns the route, null when the request is for the API, or a 400 Response for a routing
+ *   header with a bad port.
+ */
+export function routeOf(req: Request, url: URL, domains: string[]): ProxyRoute | Response | null {
+  const h = req.headers;
+  const id = h.get("e2b-sandbox-id") ?? h.get("x-agentenv-sandbox-id");
+  const pathAndQuery = url.pathname + url.search;
+  if (id !== null) {
+    const rawPort = h.get("e2b-sandbox-port") ?? h.get("x-agentenv-sandbox-port");
+    const port = rawPort === null ? ENVD_PORT : parsePort(rawPort);
+    if (port === null) return Response.json({ code: 400, message: `invalid sandbox port ${JSON.stringify(rawPort)}` }, { status: 400 });
+    return { sandboxId: id, port, pathAndQuery };
+  }
+  const host = (h.get("host") ?? url.host).replace(/:\d+$/, "").toLowerCase();
+  for (const d of domains) {
+    const suffix = "." + d.toLowerCase();
+    if (!host.endsWith(suffix)) continue;
+    const label = host.slice(0, -suffix.length);
+    const m = /^([0-9]{1,5})-([a-z0-9]+)$/.exec(label);
+    if (!m) continue;
+    const port = parsePort(m[1]!);
+    if (port === null) continue;
+    return { sandboxId: m[2]!, port, pathAndQuery };
+  }
+  const p = /^\/proxy\/([a-z0-9]+)\/([0-9]{1,5})(\/.*)?$/.exec(url.pathname);
+  if (p) {
+    const port = parsePort(p[2]!);
+    if (port === null) return Response.json({ code: 400, message: `invalid sandbox port ${p[2]}` }, { status: 400 });
+    return { sandboxId: p[1]!, port, pathAndQuery: (p[3] ?? "/") + url.search };
+  }
+  return null;
+}
+
+/** Forwarding of HTTP requests to sandbox ports. */
+export class SandboxProxy {
+  private readonly log: Logger = logger("sandbox_proxy");
+
+  constructor(private readonly orch: Orchestrator, readonly opts: ProxyOptions) {}
+
+  /**
+   * Where a route goes: `host:port` of a running sandbox. A paused sandbox with autoResume is
+   * resumed first.
+   * @returns the upstream origin, or a 502/403 Response.
+   */
+  async target(route: ProxyRoute): Promise<string | Response> {
+    if (this.opts.blockEnvdInternal && route.port === ENVD_PORT && ENVD_INTERNAL.has(route.pathAndQuery.split("?")[0]!)) {
+      return Response.json({ code: 403, message: `path ${route.pathAndQuery.split("?")[0]} is not reachable through the proxy` }, { status: 403 });
+    }
+    try {
+      const rec = this.orch.store.get(route.sandboxId);
+      if (rec?.state === "paused" && rec.autoResume) await this.orch.connect(route.sandboxId);
+      const t = this.orch.resolve(route.sandboxId, route.port);
+      return `${t.host.includes(":") ? `[${t.host}]` : t.host}:${t.port}`;
+    } catch (e) {
+      if (e instanceof OrchestratorError && e.status === 404) return badGateway(route.sandboxId, "The sandbox was not found");
+      return badGateway(route.sandboxId, `cannot route to the sandbox: ${(e as Error).message}`);
+    }
+  }
+
+  /** Forward `req` to `route`, streaming the request and response bodies. */
+  async forward(req: Request, route: ProxyRoute, clientIp: string | null): Promise<Response> {
+    const target = await this.target(route);
+    if (target instanceof Response) return target;
+    const headers = new Headers(req.headers);
+    for (const n of HOP) headers.delete(n);
+    for (const n of ROUTING) headers.delete(n);
+    if (clientIp) headers.set("x-forwarded-for", clientIp);
+    const ctl = new AbortController();
+    const onClientAbort = () => ctl.abort(req.signal.reason);
+    req.signal.addEventListener("abort", onClientAbort, { once: true });
+    const timer = setTimeout(() => ctl.abort(new Error(`no response within ${this.opts.connectTimeoutMs} ms`)), this.opts.connectTimeoutMs);
+    let res: Response;
+    try {
+      res = await fetch(`http://${target}${route.pathAndQuery}`, {
+        method: req.method,
+        headers,
+        body: req.method === "GET" || req.method === "HEAD" ? undefined : req.body,
+        redirect: "manual",
+        decompress: false,
+        duplex: "half",
+        signal: ctl.signal,
+      } as RequestInit);
+    } catch (e) {
+      this.log.debug({ sandboxId: route.sandboxId, port: route.port, err: e }, "upstream unreachable");
+      return badGateway(route.sandboxId, `The sandbox is running but port ${route.port} is not open: ${(e as Error).message}`);
+    } finally {
+      clearTimeout(timer);
+    }
+    const rh = new Headers(res.headers);
+    for (const n of HOP) rh.delete(n);
+    return new Response(res.body, { status: res.status, statusText: res.statusText, headers: rh });
+  }
+}

@@ -1,0 +1,142 @@
+/**
+ * Request and response schemas of the node API (TypeBox via Elysia's `t`), named and shaped
+ * as E2B's `spec/openapi.yml` (/work/shared/contracts/e2b/openapi.yml). Integers use
+ * `t.Number({multipleOf: 1})`: Elysia's `t.Integer` would coerce strings.
+ */
+import { t } from "elysia";
+
+const Int = (o: { minimum?: number; maximum?: number; description?: string } = {}) => t.Number({ multipleOf: 1, ...o });
+const StrMap = t.Record(t.String(), t.String());
+
+export const ErrorBody = t.Object(
+  {
+    code: Int({ description: "HTTP status" }),
+    message: t.String(),
+    error_code: t.Optional(t.String({ description: "stable machine-readable code, e.g. orchestrator.not_found" })),
+  },
+  { description: "E2B error body" },
+);
+
+export const SandboxNetworkConfig = t.Object(
+  {
+    allowPublicTraffic: t.Optional(t.Boolean()),
+    allowOut: t.Optional(t.Array(t.String())),
+    denyOut: t.Optional(t.Array(t.String())),
+    maskRequestHost: t.Optional(t.String()),
+  },
+  { additionalProperties: true },
+);
+
+const newSandboxFields = {
+  templateID: t.String({ minLength: 1, maxLength: 256, description: "template id or alias" }),
+  timeout: t.Optional(Int({ minimum: 0, description: "lifetime, seconds" })),
+  autoPause: t.Optional(t.Boolean()),
+  autoPauseMemory: t.Optional(t.Boolean()),
+  autoResume: t.Optional(t.Object({ enabled: t.Boolean() })),
+  metadata: t.Optional(t.Union([StrMap, t.Null()])),
+  envVars: t.Optional(t.Union([StrMap, t.Null()])),
+  mcp: t.Optional(t.Any()),
+  network: t.Optional(t.Union([SandboxNetworkConfig, t.Null()])),
+  allow_internet_access: t.Optional(t.Boolean()),
+  volumeMounts: t.Optional(t.Array(t.Object({ name: t.String(), path: t.String() }))),
+};
+
+export const NewSandboxV2 = t.Object(newSandboxFields, { additionalProperties: true });
+export const NewSandbox = t.Object({ ...newSandboxFields, secure: t.Optional(t.Boolean()) }, { additionalProperties: true });
+
+export const Sandbox = t.Object({
+  sandboxID: t.String(),
+  templateID: t.String(),
+  clientID: t.String(),
+  envdVersion: t.String(),
+  envdAccessToken: t.Optional(t.String()),
+  trafficAccessToken: t.Optional(t.Union([t.String(), t.Null()])),
+  domain: t.Optional(t.Union([t.String(), t.Null()])),
+  alias: t.Optional(t.String()),
+});
+
+const listedFields = {
+  templateID: t.String(),
+  alias: t.Optional(t.String()),
+  sandboxID: t.String(),
+  clientID: t.String(),
+  startedAt: t.String({ format: "date-time" }),
+  endAt: t.String({ format: "date-time" }),
+  cpuCount: Int({ minimum: 1 }),
+  memoryMB: Int({ minimum: 128 }),
+  diskSizeMB: Int({ minimum: 0 }),
+  metadata: t.Optional(StrMap),
+  state: t.Union([t.Literal("running"), t.Literal("paused")]),
+  envdVersion: t.String(),
+};
+
+export const ListedSandbox = t.Object(listedFields);
+export const SandboxDetail = t.Object({
+  ...listedFields,
+  envdAccessToken: t.Optional(t.String()),
+  allowInternetAccess: t.Optional(t.Union([t.Boolean(), t.Null()])),
+  domain: t.Optional(t.Union([t.String(), t.Null()])),
+  network: t.Optional(t.Any()),
+  lifecycle: t.Optional(t.Object({ autoResume: t.Boolean(), onTimeout: t.Union([t.Literal("kill"), t.Literal("pause")]) })),
+});
+
+export const ConnectSandboxV2 = t.Object({ timeout: t.Optional(Int({ minimum: 0 })), memory: t.Optional(t.Boolean()) }, { additionalProperties: true });
+export const ConnectSandbox = t.Object({ timeout: Int({ minimum: 0 }), memory: t.Optional(t.Boolean()) }, { additionalProperties: true });
+export const ResumedSandbox = t.Object({ timeout: t.Optional(Int({ minimum: 0 })), autoPause: t.Optional(t.Boolean()), memory: t.Optional(t.Boolean()) }, { additionalProperties: true });
+export const SandboxTimeout = t.Object({ timeout: Int({ minimum: 0 }) }, { additionalProperties: true });
+export const SandboxRefresh = t.Object({ duration: t.Optional(Int({ minimum: 0, maximum: 3600 })) }, { additionalProperties: true });
+export const PauseBody = t.Object({ memory: t.Optional(t.Boolean()) }, { additionalProperties: true });
+
+export const ListQuery = t.Object({
+  metadata: t.Optional(t.String()),
+  state: t.Optional(t.String({ description: "comma-separated: running,paused" })),
+  order: t.Optional(t.Union([t.Literal("asc"), t.Literal("desc")])),
+  startedAfter: t.Optional(t.String({ format: "date-time" })),
+  template: t.Optional(t.String()),
+  limit: t.Optional(t.String({ pattern: "^[0-9]+$" })),
+  nextToken: t.Optional(t.String()),
+});
+
+export const Template = t.Object({
+  templateID: t.String(),
+  buildID: t.String(),
+  cpuCount: Int(),
+  memoryMB: Int(),
+  diskSizeMB: Int(),
+  public: t.Boolean(),
+  aliases: t.Array(t.String()),
+  names: t.Array(t.String()),
+  createdAt: t.String({ format: "date-time" }),
+  updatedAt: t.String({ format: "date-time" }),
+  createdBy: t.Null(),
+  lastSpawnedAt: t.Union([t.String(), t.Null()]),
+  spawnCount: Int(),
+  buildCount: Int(),
+  envdVersion: t.String(),
+  buildStatus: t.String(),
+});
+
+export const Node = t.Object({
+  id: t.String(),
+  nodeID: t.String(),
+  serviceInstanceID: t.String(),
+  clusterID: t.String(),
+  status: t.String(),
+  statusChangedAt: t.String({ format: "date-time" }),
+  sandboxCount: Int(),
+  sandboxStartingCount: Int(),
+  createSuccesses: Int(),
+  createFails: Int(),
+  version: t.String(),
+  commit: t.String(),
+  machineInfo: t.Object({ cpuFamily: t.String(), cpuModel: t.String(), cpuModelName: t.String(), cpuArchitecture: t.String() }),
+  metrics: t.Object({
+    allocatedCPU: Int(),
+    cpuPercent: Int(),
+    cpuCount: Int(),
+    allocatedMemoryBytes: Int(),
+    memoryUsedBytes: Int(),
+    memoryTotalBytes: Int(),
+    disks: t.Array(t.Any()),
+  }),
+});

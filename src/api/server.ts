@@ -1,0 +1,113 @@
+/**
+ * The node's HTTP listener: one Bun.serve in front of the Elysia app that (1) sends sandbox
+ * traffic to the proxy (HTTP and WebSocket), (2) checks X-API-Key, (3) hands the rest to the
+ * API. idleTimeout 0: envd streams (process output, watches) may be silent for long.
+ */
+import type { Server, ServerWebSocket } from "bun";
+import { logger } from "../observability/log.ts";
+import { PUBLIC_PATHS } from "./app.ts";
+import { keyMatches } from "./auth.ts";
+import { errorResponse } from "./errors.ts";
+import { badGateway, routeOf, type SandboxProxy } from "./proxy.ts";
+
+/** Anything with a fetch handler (the Elysia app). */
+export interface FetchApp {
+  handle(req: Request): Promise<Response> | Response;
+}
+
+export interface ServeOptions {
+  hostname: string;
+  port: number;
+  apiKey: string;
+  app: FetchApp;
+  proxy: SandboxProxy;
+  /** Largest API request body, bytes (proxied bodies are not bounded). */
+  maxBodyBytes: number;
+}
+
+interface WsData {
+  upstreamUrl: string;
+  headers: Record<string, string>;
+  up?: WebSocket;
+  queue: (string | Uint8Array)[];
+  queuedBytes: number;
+}
+
+/** Bound on bytes buffered for a WebSocket upstream that is still connecting. */
+const WS_QUEUE_MAX_BYTES = 8 * 1024 * 1024;
+const log = logger("api");
+
+/** Parse `host:port` (IPv6 in brackets). @throws Error naming the bad value. */
+export function parseAddr(addr: string): { hostname: string; port: number } {
+  const m = /^(?:\[([^\]]+)\]|([^:]*)):(\d{1,5})$/.exec(addr);
+  const port = m ? Number(m[3]) : NaN;
+  if (!m || port > 65535) throw new Error(`invalid listen address ${JSON.stringify(addr)}: expected host:port`);
+  return { hostname: m[1] ?? (m[2] || "0.0.0.0"), port };
+}
+
+/** Start listening. Stop with `server.stop(true)`. */
+export function serve(o: ServeOptions): Server<WsData> {
+  return Bun.serve<WsData>({
+    hostname: o.hostname,
+    port: o.port,
+    idleTimeout: 0,
+    maxRequestBodySize: Number.MAX_SAFE_INTEGER,
+    async fetch(req, server) {
+      const url = new URL(req.url);
+      const route = routeOf(req, url, o.proxy.opts.domains);
+      if (route instanceof Response) return route;
+      const ip = server.requestIP(req)?.address ?? null;
+      if (route) {
+        if (req.headers.get("upgrade")?.toLowerCase() === "websocket") {
+          const target = await o.proxy.target(route);
+          if (target instanceof Response) return target;
+          const headers: Record<string, string> = {};
+          for (const n of ["x-access-token", "authorization", "cookie", "origin", "user-agent"]) {
+            const v = req.headers.get(n);
+            if (v !== null) headers[n] = v;
+          }
+          if (ip) headers["x-forwarded-for"] = ip;
+          const ok = server.upgrade(req, { data: { upstreamUrl: `ws://${target}${route.pathAndQuery}`, headers, queue: [], queuedBytes: 0 } });
+          return ok ? undefined : badGateway(route.sandboxId, "WebSocket upgrade failed");
+        }
+        return o.proxy.forward(req, route, ip);
+      }
+      if (!PUBLIC_PATHS.some((p) => p.test(url.pathname)) && !keyMatches(req.headers.get("x-api-key"), o.apiKey)) {
+        return errorResponse(401, "Invalid API key, please visit https://e2b.dev/docs to get your API key (this node: see $home_path/api-key)", "api.unauthorized");
+      }
+      const len = Number(req.headers.get("content-length") ?? 0);
+      if (len > o.maxBodyBytes) return errorResponse(413, `request body of ${len} bytes exceeds the limit of ${o.maxBodyBytes}`, "api.body_too_large");
+      return o.app.handle(req);
+    },
+    websocket: {
+      open(ws: ServerWebSocket<WsData>) {
+        const up = new WebSocket(ws.data.upstreamUrl, { headers: ws.data.headers } as unknown as string[]);
+        up.binaryType = "arraybuffer";
+        ws.data.up = up;
+        up.onopen = () => {
+          for (const m of ws.data.queue) up.send(m);
+          ws.data.queue = [];
+          ws.data.queuedBytes = 0;
+        };
+        up.onmessage = (e) => ws.send(typeof e.data === "string" ? e.data : new Uint8Array(e.data as ArrayBuffer));
+        up.onclose = (e) => ws.close(e.code === 1005 || e.code === 1006 ? 1000 : e.code, e.reason);
+        up.onerror = () => {
+          log.debug({ url: ws.data.upstreamUrl }, "websocket upstream error");
+          ws.close(1011, "sandbox port unreachable");
+        };
+      },
+      message(ws, m) {
+        const up = ws.data.up!;
+        const data = typeof m === "string" ? m : new Uint8Array(m);
+        if (up.readyState === WebSocket.OPEN) return up.send(data);
+        ws.data.queuedBytes += typeof data === "string" ? data.length : data.byteLength;
+        if (ws.data.queuedBytes > WS_QUEUE_MAX_BYTES) return ws.close(1009, "too much data before the sandbox answered");
+        ws.data.queue.push(data);
+      },
+      close(ws, code, reason) {
+        const up = ws.data.up;
+        if (up && (up.readyState === WebSocket.OPEN || up.readyState === WebSocket.CONNECTING)) up.close(code === 1005 || code === 1006 ? 1000 : code, reason);
+      },
+    },
+  });
+}

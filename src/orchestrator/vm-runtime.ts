@@ -1,0 +1,250 @@
+/**
+ * The real SandboxRuntime: a sandbox is a microVM (QEMU or Firecracker via src/vmm) in its own
+ * network slot (src/net), booted from a template of the local store (src/template) on a
+ * private copy of the template's root image, with envd (guest port 49983) initialised over the
+ * slot's host address.
+ *
+ * Layout under the data dir: `sandboxes/<id>/` (root.img, VMM work files) and
+ * `snapshots/<id>/` (state + memory of a paused sandbox). Pause = VM pause, snapshot, stop the
+ * VMM, release the slot; the root disk stays. Resume = new slot, restore with the same MAC,
+ * re-init envd (same token).
+ */
+import { existsSync, mkdirSync, readdirSync, rmSync, statSync } from "node:fs";
+import { join } from "node:path";
+import type { Logger } from "pino";
+import { ENVD_VERSION } from "../envd/version.ts";
+import { guestAddress, netSpec, parseEgressPolicy, type NetworkManager } from "../net/index.ts";
+import { logger } from "../observability/log.ts";
+import { listTemplates, resolveTemplate } from "../template/index.ts";
+import { reapLeftovers, type VmHandle, type VmmDriver } from "../vmm/index.ts";
+import { initEnvd, waitEnvdHealthy } from "./envd-client.ts";
+import { OrchestratorError } from "./errors.ts";
+import { prepareRootDisk } from "./root-disk.ts";
+import type { ReapReport, RuntimeKnownSandbox, RuntimeSandbox, RuntimeStartSpec, SandboxRuntime } from "./runtime.ts";
+import type { TemplateInfo } from "./types.ts";
+
+/** envd's port in every guest. */
+export const ENVD_PORT = 49983;
+
+export interface VmRuntimeOptions {
+  homePath: string;
+  runtimePath: string;
+  kernelPath: () => string;
+  driver: VmmDriver;
+  net: NetworkManager;
+  defaultCpuCount: number;
+  defaultMemoryMB: number;
+  envdPollMs: number;
+  /** User envd runs commands as by default (templates create `user`, uid 1000). */
+  defaultUser: string;
+  /** Called last by close() (shuts the network manager down). */
+  onClose?: () => Promise<void>;
+}
+
+/** What this runtime keeps in `SandboxRecord.runtimeState` (JSON). */
+interface VmState {
+  workDir: string;
+  rootDisk: string;
+  mac: string;
+  vmmPid?: number;
+  snapshot?: { statePath: string; memPath: string };
+}
+
+export class VmRuntime implements SandboxRuntime {
+  readonly name: string;
+  private readonly vms = new Map<string, VmHandle>();
+  private readonly log: Logger = logger("orchestrator.vm");
+
+  constructor(private readonly o: VmRuntimeOptions) {
+    this.name = `vm:${o.driver.name}`;
+  }
+
+  async listTemplates(): Promise<TemplateInfo[]> {
+    return listTemplates(this.o.homePath).map((m) => {
+      const created = Date.parse(m.createdAt) || 0;
+      return {
+        templateID: m.name,
+        aliases: [m.name],
+        cpuCount: this.o.defaultCpuCount,
+        memoryMB: this.o.defaultMemoryMB,
+        diskSizeMB: Math.floor(m.diskBytes / (1024 * 1024)),
+        envdVersion: ENVD_VERSION,
+        createdAt: created,
+        updatedAt: created,
+        buildID: m.buildKey.slice(0, 32),
+        buildStatus: "ready",
+      };
+    });
+  }
+
+  async start(spec: RuntimeStartSpec): Promise<RuntimeSandbox> {
+    const tpl = resolveTemplate(this.o.homePath, spec.template.templateID);
+    const workDir = this.workDir(spec.id);
+    const policy = this.policyOf(spec);
+    let slotTaken = false;
+    let vm: VmHandle | undefined;
+    try {
+      const rootDisk = await prepareRootDisk(tpl.rootfsPath, workDir, spec.signal);
+      const slot = await this.o.net.allocate(policy, spec.id);
+      slotTaken = true;
+      vm = await this.o.driver.boot({
+        id: spec.id,
+        workDir,
+        kernelPath: this.o.kernelPath(),
+        bootArgs: `${tpl.bootArgs} aenv.hostname=${spec.id.slice(0, 12)}`,
+        vcpus: spec.cpuCount,
+        memoryMiB: spec.memoryMB,
+        drives: [{ id: "root", path: rootDisk, readOnly: false, isRoot: true }],
+        net: netSpec(slot),
+      });
+      this.vms.set(spec.id, vm);
+      const state: VmState = { workDir, rootDisk, mac: slot.mac, vmmPid: vm.pid };
+      return await this.ready(spec, vm, guestAddress(slot, ENVD_PORT).host, state);
+    } catch (e) {
+      await this.teardown(spec.id, vm, slotTaken, true);
+      throw e;
+    }
+  }
+
+  async pause(id: string, state: Record<string, unknown>, signal: AbortSignal): Promise<Record<string, unknown>> {
+    const st = state as unknown as VmState;
+    const vm = this.vms.get(id);
+    if (!vm) throw new OrchestratorError("orchestrator.runtime_failed", 500, `no VM handle for sandbox ${id}`, { sandboxId: id });
+    const snapDir = this.snapshotDir(id);
+    rmSync(snapDir, { recursive: true, force: true });
+    mkdirSync(snapDir, { recursive: true });
+    const files = { statePath: join(snapDir, "vm.state"), memPath: join(snapDir, "vm.mem"), kind: "full" as const };
+    if (signal.aborted) throw signal.reason;
+    await vm.pause();
+    await vm.snapshot(files);
+    await vm.stop();
+    this.vms.delete(id);
+    await this.o.net.release(id).catch((e) => this.log.warn({ sandboxId: id, err: e }, "slot release after pause failed"));
+    return { ...st, vmmPid: undefined, snapshot: { statePath: files.statePath, memPath: files.memPath } } satisfies VmState;
+  }
+
+  async resume(spec: RuntimeStartSpec, state: Record<string, unknown>): Promise<RuntimeSandbox> {
+    const st = state as unknown as VmState;
+    if (!st.snapshot || !existsSync(st.snapshot.statePath) || !existsSync(st.rootDisk)) {
+      throw new OrchestratorError("orchestrator.snapshot_missing", 500, `snapshot of sandbox ${spec.id} is missing`, { sandboxId: spec.id, snapshot: st.snapshot ?? null });
+    }
+    const tpl = resolveTemplate(this.o.homePath, spec.template.templateID);
+    let slotTaken = false;
+    let vm: VmHandle | undefined;
+    try {
+      const slot = await this.o.net.allocate(this.policyOf(spec), spec.id);
+      slotTaken = true;
+      vm = await this.o.driver.restore(
+        {
+          id: spec.id,
+          workDir: st.workDir,
+          kernelPath: this.o.kernelPath(),
+          bootArgs: `${tpl.bootArgs} aenv.hostname=${spec.id.slice(0, 12)}`,
+          vcpus: spec.cpuCount,
+          memoryMiB: spec.memoryMB,
+          drives: [{ id: "root", path: st.rootDisk, readOnly: false, isRoot: true }],
+          // the guest keeps the MAC it had; every slot gives the guest the same address
+          net: { ...netSpec(slot), mac: st.mac },
+        },
+        { statePath: st.snapshot.statePath, memPath: st.snapshot.memPath, kind: "full" },
+        { resume: true },
+      );
+      this.vms.set(spec.id, vm);
+      return await this.ready(spec, vm, guestAddress(slot, ENVD_PORT).host, { ...st, vmmPid: vm.pid }, spec.envdAccessToken);
+    } catch (e) {
+      // keep the snapshot and disk: the sandbox stays paused
+      await this.teardown(spec.id, vm, slotTaken, false);
+      throw e;
+    }
+  }
+
+  async kill(id: string, state: Record<string, unknown> | null): Promise<void> {
+    const vm = this.vms.get(id);
+    await this.teardown(id, vm, this.o.net.slotOf(id) !== undefined, true);
+    const st = state as unknown as VmState | null;
+    if (!vm && st?.vmmPid) {
+      // a VMM without handle (should not happen after start-up reaping): kill by pid
+      try {
+        process.kill(st.vmmPid, "SIGKILL");
+      } catch {
+        // gone
+      }
+    }
+    rmSync(this.snapshotDir(id), { recursive: true, force: true });
+  }
+
+  async updateNetwork(id: string, _state: Record<string, unknown>, policy: Record<string, unknown>): Promise<void> {
+    await this.o.net.updatePolicy(id, this.parsePolicy(policy));
+  }
+
+  async reap(known: RuntimeKnownSandbox[]): Promise<ReapReport> {
+    const stoppedVms = await reapLeftovers(this.o.runtimePath);
+    const removed: string[] = [];
+    const keep = new Set(known.filter((k) => k.state === "paused").map((k) => k.id));
+    for (const sub of ["sandboxes", "snapshots"]) {
+      const dir = join(this.o.homePath, sub);
+      if (!existsSync(dir)) continue;
+      for (const name of readdirSync(dir)) {
+        if (keep.has(name) || !statSync(join(dir, name)).isDirectory()) continue;
+        rmSync(join(dir, name), { recursive: true, force: true });
+        removed.push(`${sub}/${name}`);
+      }
+    }
+    return { stoppedVms, removed };
+  }
+
+  async close(): Promise<void> {
+    for (const [id, vm] of this.vms) await vm.stop().catch((e) => this.log.error({ sandboxId: id, err: e }, "stop at close failed"));
+    this.vms.clear();
+    await this.o.onClose?.();
+  }
+
+  // ---- internals ----
+
+  private workDir(id: string): string {
+    return join(this.o.homePath, "sandboxes", id);
+  }
+
+  private snapshotDir(id: string): string {
+    return join(this.o.homePath, "snapshots", id);
+  }
+
+  private parsePolicy(p: Record<string, unknown>) {
+    try {
+      return parseEgressPolicy(p);
+    } catch (e) {
+      throw new OrchestratorError("orchestrator.bad_request", 400, (e as Error).message, { network: p }, { cause: e });
+    }
+  }
+
+  private policyOf(spec: RuntimeStartSpec) {
+    return this.parsePolicy({ ...(spec.network ?? {}), ...(spec.allowInternetAccess === null ? {} : { allow_internet_access: spec.allowInternetAccess }) });
+  }
+
+  /** Wait for envd, init it, and describe the running sandbox. */
+  private async ready(spec: RuntimeStartSpec, vm: VmHandle, host: string, state: VmState, currentToken: string | null = null): Promise<RuntimeSandbox> {
+    const base = `http://${host}:${ENVD_PORT}`;
+    await waitEnvdHealthy(base, this.o.envdPollMs, spec.signal, vm.exited);
+    const version = await initEnvd(
+      base,
+      {
+        ...(spec.envdAccessToken ? { accessToken: spec.envdAccessToken } : {}),
+        envVars: spec.envVars,
+        defaultUser: this.o.defaultUser,
+        defaultWorkdir: `/home/${this.o.defaultUser}`,
+        timestamp: new Date().toISOString(),
+      },
+      currentToken,
+      spec.signal,
+    );
+    return { endpoint: { host }, runtimeState: { ...state }, envdVersion: version ?? ENVD_VERSION, exited: vm.exited };
+  }
+
+  /** Stop the VM, release the slot, and (when `dropDisk`) delete the work dir. Never throws. */
+  private async teardown(id: string, vm: VmHandle | undefined, releaseSlot: boolean, dropDisk: boolean): Promise<void> {
+    if (vm) await vm.stop().catch((e) => this.log.error({ sandboxId: id, err: e }, "VM stop failed"));
+    this.vms.delete(id);
+    if (releaseSlot) await this.o.net.release(id).catch((e) => this.log.error({ sandboxId: id, err: e }, "slot release failed"));
+    if (dropDisk) rmSync(this.workDir(id), { recursive: true, force: true });
+  }
+}

@@ -1,0 +1,82 @@
+/**
+ * Test helpers: a real node (SQLite, orchestrator, API + proxy listener on 127.0.0.1:0) over the
+ * VM runtime whose network manager is not started — enough for every route that boots no VM.
+ */
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { bootNode, type RunningNode } from "../../src/api/boot.ts";
+import { loadConfig } from "../../src/config/index.ts";
+import { netConfigFromConfig, NetworkManager } from "../../src/net/index.ts";
+import { VmRuntime } from "../../src/orchestrator/vm-runtime.ts";
+import { QemuDriver, qemuOptions } from "../../src/vmm/index.ts";
+import type { SandboxRecord } from "../../src/orchestrator/index.ts";
+
+export interface TestNode extends RunningNode {
+  home: string;
+  dispose(): Promise<void>;
+}
+
+/** Boot a node without host networking in a fresh temp data dir. */
+export async function startNodeNoVm(env: Record<string, string> = {}, home = mkdtempSync(join(tmpdir(), "aenv-api-"))): Promise<TestNode> {
+  const cfg = loadConfig({
+    env: { AENV_HOME_PATH: home, AENV_RUNTIME_PATH: join(home, "run"), AENV_API_ADDR: "127.0.0.1:0", AENV_LOG_LEVEL: "error", ...env },
+  });
+  const node = await bootNode(cfg, async (c, db, oc) =>
+    new VmRuntime({
+      homePath: home,
+      runtimePath: join(home, "run"),
+      kernelPath: () => "/nonexistent",
+      driver: new QemuDriver(qemuOptions(c)),
+      net: new NetworkManager(netConfigFromConfig(c), db),
+      defaultCpuCount: oc.defaultCpuCount,
+      defaultMemoryMB: oc.defaultMemoryMB,
+      envdPollMs: oc.envdPollMs,
+      defaultUser: "user",
+    }),
+  );
+  return {
+    ...node,
+    home,
+    dispose: async () => {
+      await node.close();
+      rmSync(home, { recursive: true, force: true });
+    },
+  };
+}
+
+/** Register a running sandbox whose ports are served by something on 127.0.0.1 (proxy tests). */
+export function adoptLoopback(node: RunningNode, id: string, ports: Record<string, number>, extra: Partial<SandboxRecord> = {}): SandboxRecord {
+  const t = Date.now();
+  return node.orch.adopt({
+    id,
+    templateId: "base",
+    alias: "base",
+    cpuCount: 1,
+    memoryMB: 512,
+    diskSizeMB: 2048,
+    envdVersion: "0.5.7",
+    envdAccessToken: "tok",
+    trafficAccessToken: null,
+    metadata: {},
+    envVars: {},
+    autoPause: false,
+    autoResume: false,
+    allowInternetAccess: null,
+    network: null,
+    runtimeState: null,
+    error: null,
+    startedAt: t,
+    endAt: t + 300_000,
+    ...extra,
+    endpoint: { host: "127.0.0.1", ports },
+  });
+}
+
+/** fetch against the node with the API key. */
+export function api(node: RunningNode, path: string, init: RequestInit & { key?: string | null } = {}): Promise<Response> {
+  const headers = new Headers(init.headers);
+  if (init.key !== null) headers.set("x-api-key", init.key ?? node.apiKey);
+  if (init.body && !headers.has("content-type")) headers.set("content-type", "application/json");
+  return fetch(node.url + path, { ...init, headers });
+}

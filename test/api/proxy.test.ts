@@ -1,0 +1,169 @@
+/**
+ * Sandbox proxy against a real upstream: a Bun HTTP + WebSocket server on 127.0.0.1 stands in
+ * for the guest's ports; a sandbox record (running) points its ports at it, and the proxy
+ * resolves sandbox id -> address through the orchestrator.
+ */
+import { afterAll, beforeAll, expect, test } from "bun:test";
+import { createHash } from "node:crypto";
+import type { Server } from "bun";
+import { adoptLoopback, startNodeNoVm, type TestNode } from "./helpers.ts";
+
+let node: TestNode;
+let upstream: Server<undefined>;
+let closedPort: number;
+const ID = "proxysbx1";
+
+beforeAll(async () => {
+  upstream = Bun.serve({
+    hostname: "127.0.0.1",
+    port: 0,
+    idleTimeout: 0,
+    async fetch(req, server) {
+      const u = new URL(req.url);
+      if (u.pathname === "/ws") return server.upgrade(req, { data: undefined }) ? undefined : new Response("no", { status: 400 });
+      if (u.pathname === "/stream") {
+        const body = new ReadableStream({
+          async start(c) {
+            for (let i = 0; i < 4; i++) {
+              c.enqueue(new TextEncoder().encode(`chunk${i}\n`));
+              await Bun.sleep(150);
+            }
+            c.close();
+          },
+        });
+        return new Response(body, { headers: { "content-type": "text/plain" } });
+      }
+      if (u.pathname === "/sha") {
+        const h = createHash("sha256");
+        let n = 0;
+        for await (const chunk of req.body!) {
+          h.update(chunk);
+          n += chunk.byteLength;
+        }
+        return Response.json({ n, sha: h.digest("hex") });
+      }
+      if (u.pathname === "/gzip") return new Response(Bun.gzipSync(new TextEncoder().encode("hello gzip")), { headers: { "content-encoding": "gzip" } });
+      const headers: Record<string, string> = {};
+      req.headers.forEach((v, k) => (headers[k] = v));
+      return Response.json({ method: req.method, path: u.pathname + u.search, headers, body: await req.text() }, { status: u.pathname === "/teapot" ? 418 : 200, headers: { "x-up": "1" } });
+    },
+    websocket: {
+      message(ws, m) {
+        if (m === "close-me") return ws.close(4001, "bye");
+        ws.send(typeof m === "string" ? `echo:${m}` : new Uint8Array([...new Uint8Array(m as Buffer)].reverse()));
+      },
+    },
+  });
+  const probe = Bun.serve({ hostname: "127.0.0.1", port: 0, fetch: () => new Response() });
+  closedPort = probe.port!;
+  await probe.stop(true);
+  node = await startNodeNoVm({ AENV_SANDBOX_PROXY_DOMAINS: "agentenv.test" });
+  adoptLoopback(node, ID, { "49983": upstream.port!, "3000": upstream.port!, "8080": closedPort });
+});
+
+afterAll(async () => {
+  await node.dispose();
+  await upstream.stop(true);
+});
+
+const hdr = (port = 49983, id = ID) => ({ "E2b-Sandbox-Id": id, "E2b-Sandbox-Port": String(port) });
+
+test("E2B headers route to the sandbox port, any method, body and query pass, routing headers are stripped", async () => {
+  const r = await fetch(`${node.url}/some/path?x=1&y=2`, { method: "PUT", headers: { ...hdr(), "x-access-token": "tok", "content-type": "text/plain" }, body: "payload" });
+  expect(r.status).toBe(200);
+  expect(r.headers.get("x-up")).toBe("1");
+  const b = await r.json();
+  expect(b).toMatchObject({ method: "PUT", path: "/some/path?x=1&y=2", body: "payload" });
+  expect(b.headers["x-access-token"]).toBe("tok");
+  expect(b.headers["e2b-sandbox-id"]).toBeUndefined();
+  expect(b.headers["x-forwarded-for"]).toBe("127.0.0.1");
+  // envd's /health collides with the API's /health: the routing header wins
+  const h = await fetch(`${node.url}/health`, { headers: hdr() });
+  expect((await h.json()).path).toBe("/health");
+  // upstream status codes pass through unchanged
+  expect((await fetch(`${node.url}/teapot`, { headers: hdr(3000) })).status).toBe(418);
+});
+
+test("x-agentenv-sandbox-id, {port}-{id}.{domain} hosts and /proxy/{id}/{port}/... route too", async () => {
+  const a = await (await fetch(`${node.url}/a?q=1`, { headers: { "x-agentenv-sandbox-id": ID } })).json();
+  expect(a.path).toBe("/a?q=1");
+  const b = await (await fetch(`${node.url}/b`, { headers: { host: `3000-${ID}.agentenv.test` } })).json();
+  expect(b.path).toBe("/b");
+  const c = await (await fetch(`${node.url}/proxy/${ID}/3000/c/d?z=9`, { method: "POST", body: "x" })).json();
+  expect(c).toMatchObject({ path: "/c/d?z=9", method: "POST", body: "x" });
+  // a host under an unconfigured domain is an API request (and needs the key)
+  expect((await fetch(`${node.url}/b`, { headers: { host: `3000-${ID}.other.test` } })).status).toBe(401);
+});
+
+test("responses stream without buffering; request bodies stream up; gzip passes untouched", async () => {
+  const t0 = performance.now();
+  const res = await fetch(`${node.url}/stream`, { headers: hdr() });
+  const reader = res.body!.getReader();
+  const times: number[] = [];
+  let text = "";
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) break;
+    times.push(performance.now() - t0);
+    text += new TextDecoder().decode(value);
+  }
+  expect(text).toBe("chunk0\nchunk1\nchunk2\nchunk3\n");
+  // the first chunk arrives long before the last one was produced (~450 ms)
+  expect(times[0]!).toBeLessThan(300);
+  expect(times[times.length - 1]! - times[0]!).toBeGreaterThan(300);
+
+  const size = 24 * 1024 * 1024;
+  const data = new Uint8Array(size);
+  for (let i = 0; i < size; i += 4096) data[i] = i & 0xff;
+  const up = await (await fetch(`${node.url}/sha`, { method: "POST", headers: hdr(), body: data })).json();
+  expect(up).toEqual({ n: size, sha: createHash("sha256").update(data).digest("hex") });
+
+  const gz = await fetch(`${node.url}/gzip`, { headers: hdr(), decompress: false } as RequestInit);
+  expect(gz.headers.get("content-encoding")).toBe("gzip");
+  expect(new TextDecoder().decode(Bun.gunzipSync(new Uint8Array(await gz.arrayBuffer())))).toBe("hello gzip");
+});
+
+test("WebSocket: text and binary frames both ways, close code passes through", async () => {
+  const ws = new WebSocket(`${node.url.replace("http", "ws")}/ws`, { headers: hdr(3000) } as unknown as string[]);
+  ws.binaryType = "arraybuffer";
+  const got: (string | number[])[] = [];
+  const closed = new Promise<{ code: number; reason: string }>((resolve) => (ws.onclose = (e) => resolve({ code: e.code, reason: e.reason })));
+  ws.onmessage = (e) => got.push(typeof e.data === "string" ? e.data : [...new Uint8Array(e.data as ArrayBuffer)]);
+  await new Promise((r) => (ws.onopen = r));
+  ws.send("hi");
+  ws.send(new Uint8Array([1, 2, 3]));
+  while (got.length < 2) await Bun.sleep(5);
+  ws.send("close-me");
+  expect(await closed).toEqual({ code: 4001, reason: "bye" });
+  expect(got).toEqual(["echo:hi", [3, 2, 1]]);
+});
+
+test("502 JSON for an unknown sandbox, a closed port, a killed sandbox; 403 for envd's host-only routes; 400 for a bad port", async () => {
+  const unknown = await fetch(`${node.url}/x`, { headers: hdr(49983, "nosuchsbx") });
+  expect(unknown.status).toBe(502);
+  expect(await unknown.json()).toEqual({ sandboxId: "nosuchsbx", message: "The sandbox was not found", code: 502 });
+  const closed = await fetch(`${node.url}/x`, { headers: hdr(8080) });
+  expect(closed.status).toBe(502);
+  expect(await closed.json()).toMatchObject({ sandboxId: ID, code: 502 });
+  const ws = new WebSocket(`${node.url.replace("http", "ws")}/ws`, { headers: hdr(49983, "nosuchsbx") } as unknown as string[]);
+  const wsErr = await new Promise<string>((r) => {
+    ws.onerror = () => r("error");
+    ws.onopen = () => r("open");
+  });
+  expect(wsErr).toBe("error");
+  for (const p of ["/init", "/freeze", "/upgrade"]) {
+    const r = await fetch(`${node.url}${p}`, { method: "POST", headers: hdr(), body: "{}" });
+    expect(r.status).toBe(403);
+    expect((await r.json()).code).toBe(403);
+  }
+  // /init on another port is just a path
+  expect((await fetch(`${node.url}/init`, { method: "POST", headers: hdr(3000) })).status).toBe(200);
+  for (const port of ["0", "70000", "abc"]) {
+    const r = await fetch(`${node.url}/x`, { headers: { "E2b-Sandbox-Id": ID, "E2b-Sandbox-Port": port } });
+    expect(r.status).toBe(400);
+  }
+  adoptLoopback(node, "proxysbx2", { "49983": upstream.port! });
+  expect((await fetch(`${node.url}/x`, { headers: hdr(49983, "proxysbx2") })).status).toBe(200);
+  await node.orch.kill("proxysbx2");
+  expect((await fetch(`${node.url}/x`, { headers: hdr(49983, "proxysbx2") })).status).toBe(502);
+});

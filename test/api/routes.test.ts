@@ -1,0 +1,229 @@
+import { afterAll, beforeAll, expect, test } from "bun:test";
+import { readFileSync, statSync, writeFileSync, mkdirSync } from "node:fs";
+import { join } from "node:path";
+import { writeManifest } from "../../src/template/index.ts";
+import { adoptLoopback, api, startNodeNoVm, type TestNode } from "./helpers.ts";
+
+let node: TestNode;
+
+beforeAll(async () => {
+  node = await startNodeNoVm();
+});
+afterAll(async () => {
+  await node.dispose();
+});
+
+async function json(res: Response) {
+  return { status: res.status, body: await res.json() };
+}
+
+test("API key: generated on first start as e2b_<40 hex> in $home/api-key (0600), reused on restart", async () => {
+  expect(node.apiKeySource).toBe("generated");
+  expect(node.apiKey).toMatch(/^e2b_[0-9a-f]{40}$/);
+  const file = join(node.home, "api-key");
+  expect(readFileSync(file, "utf8").trim()).toBe(node.apiKey);
+  expect(statSync(file).mode & 0o777).toBe(0o600);
+  const other = await startNodeNoVm({}, node.home + "-2");
+  const again = await startNodeNoVm({ AENV_HOME_PATH: node.home + "-2" }, node.home + "-2");
+  try {
+    expect(again.apiKeySource).toBe("file");
+    expect(again.apiKey).toBe(other.apiKey);
+  } finally {
+    await other.close();
+    await again.dispose();
+  }
+});
+
+test("AENV_API_KEY overrides the stored key", async () => {
+  const n = await startNodeNoVm({ AENV_API_KEY: "e2b_abc123" });
+  try {
+    expect(n.apiKeySource).toBe("config");
+    expect((await api(n, "/v2/sandboxes", { key: "e2b_abc123" })).status).toBe(200);
+    expect((await api(n, "/v2/sandboxes", { key: n.apiKey + "x" })).status).toBe(401);
+  } finally {
+    await n.dispose();
+  }
+});
+
+test("401 without or with a wrong X-API-Key, E2B error body; /health needs no key", async () => {
+  for (const key of [null, "", "e2b_0000", node.apiKey.toUpperCase()]) {
+    const r = await json(await api(node, "/v2/sandboxes", { key }));
+    expect(r.status).toBe(401);
+    expect(r.body.code).toBe(401);
+    expect(typeof r.body.message).toBe("string");
+  }
+  const h = await api(node, "/health", { key: null });
+  expect(h.status).toBe(200);
+  expect((await h.json()).status).toBe("ok");
+  // header name is case-insensitive (the SDK sends X-API-KEY)
+  expect((await fetch(node.url + "/v2/sandboxes", { headers: { "X-API-KEY": node.apiKey } })).status).toBe(200);
+});
+
+test("create: malformed JSON, missing/invalid fields are 400; unknown template is 404 as E2B", async () => {
+  for (const path of ["/v2/sandboxes", "/sandboxes"]) {
+    const bad = await json(await api(node, path, { method: "POST", body: "{not json" }));
+    expect(bad).toMatchObject({ status: 400, body: { code: 400 } });
+    expect((await json(await api(node, path, { method: "POST", body: "{}" }))).status).toBe(400);
+    expect((await json(await api(node, path, { method: "POST", body: JSON.stringify({ templateID: "base", timeout: "30" }) }))).status).toBe(400);
+    expect((await json(await api(node, path, { method: "POST", body: JSON.stringify({ templateID: "base", timeout: 1.5 }) }))).status).toBe(400);
+    expect((await json(await api(node, path, { method: "POST", body: JSON.stringify({ templateID: "base", metadata: { a: 1 } }) }))).status).toBe(400);
+    const unknown = await json(await api(node, path, { method: "POST", body: JSON.stringify({ templateID: "no-such-template" }) }));
+    expect(unknown).toEqual({ status: 404, body: { code: 404, message: "template 'no-such-template' not found", error_code: "orchestrator.template_not_found" } });
+  }
+  // no row was left behind by the refused creates
+  expect(node.orch.store.countByState()).toEqual({});
+});
+
+test("routes on a missing or malformed sandbox id answer 404 {code:404}", async () => {
+  const calls: [string, string, unknown?][] = [
+    ["GET", "/sandboxes/abc123"],
+    ["DELETE", "/sandboxes/abc123"],
+    ["POST", "/sandboxes/abc123/pause", {}],
+    ["POST", "/sandboxes/abc123/resume", {}],
+    ["POST", "/v2/sandboxes/abc123/connect", {}],
+    ["POST", "/sandboxes/abc123/connect", { timeout: 10 }],
+    ["POST", "/sandboxes/abc123/timeout", { timeout: 10 }],
+    ["POST", "/sandboxes/abc123/refreshes", { duration: 10 }],
+    ["PUT", "/sandboxes/abc123/network", { allowOut: [] }],
+    ["GET", "/sandboxes/BAD-ID.x"],
+    ["DELETE", "/sandboxes/..%2F..%2Fetc"],
+  ];
+  for (const [method, path, body] of calls) {
+    const r = await json(await api(node, path, { method, body: body === undefined ? undefined : JSON.stringify(body) }));
+    expect({ path, ...r }).toMatchObject({ path, status: 404, body: { code: 404 } });
+  }
+  expect((await json(await api(node, "/no/such/route"))).status).toBe(404);
+});
+
+test("v1 connect requires timeout; timeout bodies are validated", async () => {
+  const id = "conn1";
+  adoptLoopback(node, id, {});
+  expect((await api(node, `/sandboxes/${id}/connect`, { method: "POST", body: "{}" })).status).toBe(400);
+  expect((await api(node, `/sandboxes/${id}/timeout`, { method: "POST", body: JSON.stringify({ timeout: -1 }) })).status).toBe(400);
+  expect((await api(node, `/sandboxes/${id}/timeout`, { method: "POST", body: JSON.stringify({ timeout: 86401 }) })).status).toBe(400);
+  expect((await api(node, `/sandboxes/${id}/refreshes`, { method: "POST", body: JSON.stringify({ duration: 3601 }) })).status).toBe(400);
+  await node.orch.kill(id);
+});
+
+test("get, timeout, refresh, connect and resume on a running sandbox", async () => {
+  const id = "run1";
+  adoptLoopback(node, id, {}, { metadata: { user: "a b" }, endAt: Date.now() + 60_000 });
+  const d = await json(await api(node, `/sandboxes/${id}`));
+  expect(d.status).toBe(200);
+  expect(d.body).toMatchObject({ sandboxID: id, templateID: "base", alias: "base", clientID: "6532622b", state: "running", cpuCount: 1, memoryMB: 512, diskSizeMB: 2048, envdVersion: "0.5.7", envdAccessToken: "tok", metadata: { user: "a b" }, lifecycle: { autoResume: false, onTimeout: "kill" } });
+  expect(Date.parse(d.body.startedAt)).toBeGreaterThan(0);
+
+  const t0 = Date.now();
+  expect((await api(node, `/sandboxes/${id}/timeout`, { method: "POST", body: JSON.stringify({ timeout: 30 }) })).status).toBe(204);
+  let end = Date.parse((await json(await api(node, `/sandboxes/${id}`))).body.endAt);
+  expect(end).toBeGreaterThanOrEqual(t0 + 29_000);
+  expect(end).toBeLessThanOrEqual(Date.now() + 30_000);
+
+  // refresh never shortens
+  expect((await api(node, `/sandboxes/${id}/refreshes`, { method: "POST", body: JSON.stringify({ duration: 5 }) })).status).toBe(204);
+  expect(Date.parse((await json(await api(node, `/sandboxes/${id}`))).body.endAt)).toBe(end);
+
+  // connect on a running sandbox: 200, TTL extended only when later
+  const c = await json(await api(node, `/v2/sandboxes/${id}/connect`, { method: "POST", body: JSON.stringify({ timeout: 600 }) }));
+  expect(c.status).toBe(200);
+  expect(c.body).toMatchObject({ sandboxID: id, templateID: "base", envdAccessToken: "tok", envdVersion: "0.5.7", clientID: "6532622b" });
+  end = Date.parse((await json(await api(node, `/sandboxes/${id}`))).body.endAt);
+  expect(end).toBeGreaterThan(Date.now() + 590_000);
+  // an empty body is accepted by v2 connect (the SDK sends {})
+  expect((await api(node, `/v2/sandboxes/${id}/connect`, { method: "POST" })).status).toBe(200);
+
+  // the deprecated resume of a running sandbox is a conflict
+  const r = await json(await api(node, `/sandboxes/${id}/resume`, { method: "POST", body: "{}" }));
+  expect(r).toMatchObject({ status: 409, body: { code: 409 } });
+  await node.orch.kill(id);
+});
+
+test("list: state and metadata filters (SDK double encoding), order, pagination with X-Next-Token", async () => {
+  const ids: string[] = [];
+  const base = Date.now() - 100_000;
+  for (let i = 0; i < 7; i++) {
+    const id = `list${i}`;
+    ids.push(id);
+    adoptLoopback(node, id, {}, { startedAt: base + i, metadata: { user: i % 2 ? "a b" : "c&d=e", idx: String(i) } });
+  }
+  node.orch.store.update("list5", { state: "paused" }, Date.now());
+  const all = await api(node, "/v2/sandboxes?limit=100");
+  expect(all.status).toBe(200);
+  expect(all.headers.get("x-total-running")).toBe("6");
+  expect(all.headers.get("x-next-token")).toBeNull();
+  expect(((await all.json()) as { sandboxID: string }[]).map((s) => s.sandboxID)).toEqual(ids);
+
+  // the SDK encodes each key/value, joins with &, and encodes the whole thing again
+  const md = (o: Record<string, string>) => encodeURIComponent(Object.entries(o).map(([k, v]) => `${encodeURIComponent(k)}=${encodeURIComponent(v)}`).join("&"));
+  const odd = await json(await api(node, `/v2/sandboxes?metadata=${md({ user: "a b" })}&state=running`));
+  expect(odd.body.map((s: { sandboxID: string }) => s.sandboxID)).toEqual(["list1", "list3"]);
+  const amp = await json(await api(node, `/v2/sandboxes?metadata=${md({ user: "c&d=e", idx: "4" })}`));
+  expect(amp.body.map((s: { sandboxID: string }) => s.sandboxID)).toEqual(["list4"]);
+  const paused = await json(await api(node, `/v2/sandboxes?state=paused`));
+  expect(paused.body).toHaveLength(1);
+  expect(paused.body[0]).toMatchObject({ sandboxID: "list5", state: "paused" });
+  // the deprecated list shows running ones only
+  const v1 = await json(await api(node, `/sandboxes`));
+  expect(v1.body.map((s: { sandboxID: string }) => s.sandboxID)).toEqual(ids.filter((i) => i !== "list5"));
+
+  const pages: string[][] = [];
+  let token: string | null = null;
+  do {
+    const r: Response = await api(node, `/v2/sandboxes?limit=3&order=desc${token ? `&nextToken=${token}` : ""}`);
+    expect(r.status).toBe(200);
+    pages.push(((await r.json()) as { sandboxID: string }[]).map((s) => s.sandboxID));
+    token = r.headers.get("x-next-token");
+  } while (token);
+  expect(pages).toEqual([["list6", "list5", "list4"], ["list3", "list2", "list1"], ["list0"]]);
+
+  for (const q of ["limit=0", "limit=101", "limit=x", "state=dead", "order=up", "nextToken=zzz", "startedAfter=yesterday", `metadata=${encodeURIComponent("novalue")}`]) {
+    const r = await json(await api(node, `/v2/sandboxes?${q}`));
+    expect({ q, ...r }).toMatchObject({ q, status: 400, body: { code: 400 } });
+  }
+  for (const id of ids) await node.orch.kill(id);
+  expect(await (await api(node, "/v2/sandboxes")).json()).toEqual([]);
+});
+
+test("concurrent kills of one sandbox: exactly one 204, the rest 404; kill of a killed one is 404", async () => {
+  adoptLoopback(node, "race1", {});
+  const codes = await Promise.all(Array.from({ length: 6 }, () => api(node, "/sandboxes/race1", { method: "DELETE" }).then((r) => r.status)));
+  expect(codes.filter((c) => c === 204)).toHaveLength(1);
+  expect(codes.filter((c) => c === 404)).toHaveLength(5);
+  const again = await json(await api(node, "/sandboxes/race1", { method: "DELETE" }));
+  expect(again).toEqual({ status: 404, body: { code: 404, message: expect.stringContaining("race1"), error_code: "orchestrator.not_found" } });
+  expect(node.orch.store.get("race1")?.state).toBe("killed");
+});
+
+test("templates come from the template store; nodes describe this node", async () => {
+  const dir = join(node.home, "templates", "tpl1");
+  mkdirSync(dir, { recursive: true });
+  writeFileSync(join(dir, "rootfs.ext4"), Buffer.alloc(0));
+  writeManifest(node.home, { name: "tpl1", rootfs: "rootfs.ext4", layers: [], bootArgs: "root=/dev/vda", diskBytes: 2048 * 1024 * 1024, buildKey: "k".repeat(40), createdAt: "2026-11-29T10:00:00.000Z" });
+  const t = await json(await api(node, "/templates"));
+  expect(t.status).toBe(200);
+  expect(t.body).toEqual([
+    expect.objectContaining({ templateID: "tpl1", aliases: ["tpl1"], names: ["tpl1"], diskSizeMB: 2048, cpuCount: 1, memoryMB: 512, buildStatus: "ready", public: true, createdAt: "2026-11-29T10:00:00.000Z" }),
+  ]);
+  const nodes = await json(await api(node, "/nodes"));
+  expect(nodes.body).toHaveLength(1);
+  expect(nodes.body[0]).toMatchObject({ status: "ready", clusterID: "local", sandboxStartingCount: 0 });
+  expect((await json(await api(node, `/nodes/${nodes.body[0].id}`))).body.id).toBe(nodes.body[0].id);
+  expect((await json(await api(node, "/nodes/other"))).status).toBe(404);
+});
+
+test("OpenAPI at /openapi.json and an explorer at /docs that loads only assets served by the node", async () => {
+  const spec = await json(await api(node, "/openapi.json", { key: null }));
+  expect(spec.status).toBe(200);
+  expect(spec.body.openapi).toMatch(/^3\./);
+  for (const p of ["/v2/sandboxes", "/sandboxes", "/sandboxes/{sandboxID}", "/sandboxes/{sandboxID}/pause", "/v2/sandboxes/{sandboxID}/connect", "/templates", "/nodes", "/health"]) {
+    expect(Object.keys(spec.body.paths)).toContain(p);
+  }
+  const html = await (await api(node, "/docs", { key: null })).text();
+  expect(html).toContain("/_assets/scalar.js");
+  const srcs = [...html.matchAll(/(?:src|href)="([^"]+)"/g)].map((m) => m[1]!);
+  expect(srcs.filter((s) => /^(https?:)?\/\//.test(s))).toEqual([]);
+  const js = await api(node, "/_assets/scalar.js", { key: null });
+  expect(js.status).toBe(200);
+  expect(js.headers.get("content-type")).toContain("javascript");
+  expect((await js.arrayBuffer()).byteLength).toBeGreaterThan(1_000_000);
+});
