@@ -37,6 +37,8 @@ export interface NetConfig {
     maxInflight: number;
     maxAddressesPerSlot: number;
     minTtlSecs: number;
+    /** Period of the expiry scan of DNS-learned addresses. */
+    sweepIntervalMs: number;
   };
   pool: {
     low: number;
@@ -101,6 +103,7 @@ export function netConfigFromConfig(cfg: ConfigTable): NetConfig {
       maxInflight: intKey("network.egress.dns_max_inflight", g("network.egress.dns_max_inflight"), 1, 65536),
       maxAddressesPerSlot: intKey("network.egress.dns_max_addresses_per_slot", g("network.egress.dns_max_addresses_per_slot"), 1, 65536),
       minTtlSecs: intKey("network.egress.dns_min_ttl_secs", g("network.egress.dns_min_ttl_secs"), 0, 86_400),
+      sweepIntervalMs: intKey("network.egress.dns_sweep_interval_ms", g("network.egress.dns_sweep_interval_ms"), 10, 3_600_000),
     },
     pool: {
       low: intKey("pool.low_watermark", g("pool.low_watermark"), 0, 32768),

@@ -53,5 +53,6 @@ export { type NetConfig, netConfigFromConfig, rangeCapacity, TAP_LINK, validateN
 export { NetError } from "./errors.ts";
 export { NetworkManager, type NetStats } from "./manager.ts";
 export type { ReapReport } from "./netns.ts";
+export type { SlotRow, SlotState } from "./store.ts";
 export { defaultPolicy, domainMatches, type DomainPattern, type EgressPolicy, parseEgressPolicy, policyToJson } from "./policy.ts";
 export { type AllocatedSlot, GATEWAY_IP, GUEST_IP, guestAddress, netSpec, type Slot, slotLayout, TAP_NAME } from "./slot.ts";

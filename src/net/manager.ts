@@ -18,7 +18,7 @@ import { NetError } from "./errors.ts";
 import { applyDnsAllowed, applyPolicy, buildSlot, destroySlot, reapAll, type ReapReport, resetSlot, setupHost, teardownHost } from "./netns.ts";
 import { defaultPolicy, domainMatches, type EgressPolicy, policyToJson } from "./policy.ts";
 import { type AllocatedSlot, type Slot, slotLayout } from "./slot.ts";
-import { SlotStore } from "./store.ts";
+import { type SlotRow, SlotStore } from "./store.ts";
 
 const log = logger("net");
 
@@ -68,6 +68,8 @@ export class NetworkManager {
   private worker?: Promise<void>;
   private wakeWorker?: () => void;
   private dns?: DnsProxy;
+  private sweeper?: ReturnType<typeof setInterval>;
+  private sweeping?: Promise<void>;
   private counters = { poolHits: 0, poolMisses: 0, built: 0, destroyed: 0 };
 
   /** @param db open node database (migrations applied). */
@@ -84,10 +86,10 @@ export class NetworkManager {
    * Reap whatever a previous run left (namespaces, host veths and node chains with our prefix, and
    * their rows), install the node rules, start the DNS proxy, fill the pool to the low watermark,
    * then start the pool worker when `pool.maintenanceEnabled`.
-   * @returns what reaping removed.
+   * @returns what reaping removed, and the slot rows the previous run had persisted.
    * @throws NetError from the kernel commands; Error when the DNS port cannot be bound.
    */
-  async start(): Promise<ReapReport> {
+  async start(): Promise<ReapReport & { previous: SlotRow[] }> {
     if (this.started) throw new NetError("net.bad_state", "NetworkManager.start() called twice", {});
     this.started = true;
     const stale = this.store.all();
@@ -107,10 +109,13 @@ export class NetworkManager {
         onAnswer: (ip, qname, addrs) => this.onDnsAnswer(ip, qname, addrs),
       });
       await this.dns.start();
+      this.sweeper = setInterval(() => {
+        if (!this.sweeping) this.sweeping = this.sweepDns().finally(() => (this.sweeping = undefined));
+      }, this.cfg.dns.sweepIntervalMs);
     }
     while (this.pool.length < this.cfg.pool.low) await this.buildPooled();
     if (this.cfg.pool.maintenanceEnabled) this.worker = this.runWorker();
-    return report;
+    return { ...report, previous: stale };
   }
 
   /**
@@ -266,6 +271,8 @@ export class NetworkManager {
     this.closed = true;
     this.kick();
     await this.worker;
+    clearInterval(this.sweeper);
+    await this.sweeping;
     await this.dns?.stop();
     while (this.building > 0 || this.draining > 0) await Bun.sleep(5);
     const all = [...this.pool.splice(0), ...[...this.allocated.values()].map((a) => slotLayout(this.cfg, a.idx))];
@@ -374,6 +381,20 @@ export class NetworkManager {
         continue;
       }
       await new Promise<void>((res) => (this.wakeWorker = res));
+    }
+  }
+
+  /** Close DNS-learned addresses whose time ran out (periodic; errors are logged, retried next time). */
+  private async sweepDns(): Promise<void> {
+    const now = Date.now();
+    for (const [idx, m] of this.dnsAllowed) {
+      const a = this.allocated.get(idx);
+      if (!a || ![...m.values()].some((e) => e.expiresAt <= now)) continue;
+      try {
+        await this.serial(idx, () => applyDnsAllowed(this.cfg, a, this.liveDnsAddrs(idx)));
+      } catch (e) {
+        log.warn({ err: e, idx }, "closing expired DNS-learned addresses failed");
+      }
     }
   }
 

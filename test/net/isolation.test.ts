@@ -15,7 +15,7 @@ describe.skipIf(!root)("slot isolation and egress policy (real netns)", () => {
         ["169.254.200.2", 8080],
         ["169.254.200.3", 8080],
       ],
-      dns: { ip: "169.254.200.2", port: 53, names: { "api.allowed.test": "169.254.200.2", "x.blocked.test": "169.254.200.3" } },
+      dns: { ip: "169.254.200.2", port: 53, names: { "api.allowed.test": "169.254.200.2", "x.blocked.test": "169.254.200.3", "short.allowed.test": "169.254.200.3@1" } },
     });
     const a = await w.agent();
     expect(a.start.error).toBeUndefined();
@@ -95,6 +95,13 @@ describe.skipIf(!root)("slot isolation and egress policy (real netns)", () => {
     await agent.ok("update", { sandboxId: "sb-d", policy: { allowOut: ["*.other.test"] } });
     expect(await agent.ok("dnsAllowed", { sandboxId: "sb-d" })).toEqual([]);
     expect(w.tcp(g, "169.254.200.2", 8080).ok).toBe(false);
+    // a learned address closes again when its TTL (1 s here, floor 0) runs out
+    await agent.ok("update", { sandboxId: "sb-d", policy: { allowOut: ["*.allowed.test"] } });
+    expect(w.dns(g, "169.254.0.22", "short.allowed.test").addrs).toEqual(["169.254.200.3"]);
+    expect(w.tcp(g, "169.254.200.3", 8080).ok).toBe(true);
+    await Bun.sleep(1500);
+    expect(await agent.ok("dnsAllowed", { sandboxId: "sb-d" })).toEqual([]);
+    expect(w.tcp(g, "169.254.200.3", 8080).ok).toBe(false);
     await agent.ok("release", { sandboxId: "sb-d" });
   }, 60_000);
 });

@@ -109,6 +109,14 @@ describe.skipIf(!root)("slot life cycle (real netns)", () => {
     expect(report.netns).toEqual([0, 1, 2, 3].map((i) => `${w!.prefix}${i}`));
     expect(report.links).toEqual([0, 1, 2, 3].map((i) => `${w!.prefix}${i}`));
     expect(report.chains).toEqual([`filter/${w.prefix}fwd`, `filter/${w.prefix}in`, `nat/${w.prefix}post`]);
+    // the rows the crashed run persisted tell which sandboxes held which slot
+    expect(report.previous.map((r: any) => [r.idx, r.state, r.sandboxId])).toEqual([
+      [0, "allocated", "x"],
+      [1, "allocated", "y"],
+      [2, "pooled", null],
+      [3, "pooled", null],
+    ]);
+    expect(report.previous[0].policy).toEqual({ allowOut: ["1.2.3.4/32"], denyOut: [], allow_internet_access: true });
     // only the new pool's one slot exists, and the node rules are installed exactly once
     expect(w.slotNetns()).toEqual([`${w.prefix}0`]);
     expect(w.ourRules().filter((l) => l.startsWith("-A FORWARD") || l.startsWith("-A INPUT") || l.startsWith("-A POSTROUTING")).length).toBe(3);
