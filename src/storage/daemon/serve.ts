@@ -40,7 +40,8 @@ export async function serveDisk(specPath: string, fuseFd: number, resume: boolea
   writeRecord(spec.recordDir, { id: spec.id, pid: process.pid, mountPoint: spec.mountPoint, startedAt: Date.now() });
   let exp: FuseExport;
   try {
-    exp = FuseExport.attach({ mountPoint: spec.mountPoint, fileName: spec.fileName, image, ...spec.tuning, fd: fuseFd, resume });
+    const acceptWritableOpen = spec.image.kind === "raw" && spec.image.acceptWritableOpen === true;
+    exp = FuseExport.attach({ mountPoint: spec.mountPoint, fileName: spec.fileName, image, ...spec.tuning, acceptWritableOpen, fd: fuseFd, resume });
   } catch (e) {
     await image.close();
     throw e;

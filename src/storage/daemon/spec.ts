@@ -12,7 +12,7 @@ import { openStack } from "../overlaybd/index.ts";
  * by every sandbox of a template, opened O_RDONLY) plus a writable upper (data + index files).
  */
 export type DiskImageSpec =
-  | { kind: "raw"; path: string; readOnly: boolean }
+  | { kind: "raw"; path: string; readOnly: boolean; acceptWritableOpen?: boolean }
   | { kind: "overlaybd"; lowers: string[]; upper: { data: string; index: string } };
 
 /** Tunables of the FUSE export (from config `[disk]`). */
@@ -62,6 +62,7 @@ export function validateServeSpec(v: unknown): ServeSpec {
   if (img.kind === "raw") {
     if (typeof img.path !== "string" || !img.path.startsWith("/")) throw bad("image.path", img.path);
     if (typeof img.readOnly !== "boolean") throw bad("image.readOnly", img.readOnly);
+    if (img.acceptWritableOpen !== undefined && typeof img.acceptWritableOpen !== "boolean") throw bad("image.acceptWritableOpen", img.acceptWritableOpen);
   } else if (img.kind === "overlaybd") {
     if (!Array.isArray(img.lowers) || img.lowers.length === 0) throw bad("image.lowers", img.lowers);
     for (const l of img.lowers) if (typeof l !== "string" || !l.startsWith("/")) throw bad("image.lowers", l);

@@ -40,6 +40,11 @@ export interface FuseExportOptions {
   requestTimeoutSec: number;
   /** Mount `fstype` suffix and source; /proc/mounts shows `fuse.<name>` (used when reaping). */
   fsName?: string;
+  /**
+   * For a read-only image: accept read-write opens anyway (WRITE still gets EROFS). A VMM maps a
+   * guest-RAM file MAP_PRIVATE but opens it O_RDWR (QEMU memory-backend-file,share=off).
+   */
+  acceptWritableOpen?: boolean;
 }
 
 /** Counters of served requests, for tests and metrics. */
@@ -195,7 +200,7 @@ export class FuseExport {
   #attr(ino: bigint): F.Attr {
     const img = this.#opts.image;
     if (ino === F.ROOT_ID) return { ino, size: 0, mode: F.S_IFDIR | 0o755, nlink: 2, uid: 0, gid: 0, time: this.#startTime };
-    return { ino, size: img.size, mode: F.S_IFREG | (img.readOnly ? 0o444 : 0o644), nlink: 1, uid: 0, gid: 0, time: this.#startTime };
+    return { ino, size: img.size, mode: F.S_IFREG | (img.readOnly && !this.#opts.acceptWritableOpen ? 0o444 : 0o644), nlink: 1, uid: 0, gid: 0, time: this.#startTime };
   }
 
   async #handle(req: Uint8Array): Promise<void> {
@@ -243,7 +248,7 @@ export class FuseExport {
       case F.Op.OPEN: {
         if (h.nodeid !== FILE_INO) return this.#reply(h.unique, h.nodeid === F.ROOT_ID ? F.Errno.EISDIR : F.Errno.ENOENT);
         const flags = F.decodeOpenFlags(body);
-        if (img.readOnly && (flags & F.O_ACCMODE) !== F.O_RDONLY) return this.#reply(h.unique, F.Errno.EROFS);
+        if (img.readOnly && !this.#opts.acceptWritableOpen && (flags & F.O_ACCMODE) !== F.O_RDONLY) return this.#reply(h.unique, F.Errno.EROFS);
         const openFlags = (this.#opts.directIo ? F.FOPEN_DIRECT_IO : 0) | (img.readOnly ? F.FOPEN_KEEP_CACHE : 0);
         return this.#reply(h.unique, 0, F.encodeOpenOut(0n, openFlags));
       }

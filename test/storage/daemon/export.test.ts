@@ -138,6 +138,28 @@ describe("FUSE disk export", () => {
     expect(readFileSync(ro.d.path).equals(readFileSync(ro.backing))).toBe(true);
   }, 60_000);
 
+  test("a read-only guest-RAM style export accepts read-write opens but refuses every write", async () => {
+    const data = randomBytes(256 * 1024);
+    const workDir = join(root, "mem");
+    mkdirSync(workDir, { recursive: true });
+    writeFileSync(join(workDir, "mem.raw"), data);
+    const d = await exportDisk({
+      id: "mem", image: { kind: "raw", path: join(workDir, "mem.raw"), readOnly: true, acceptWritableOpen: true }, workDir, recordDir,
+      fileName: "mem.img", config: cfg,
+    });
+    open.push(d);
+    const fd = openSync(d.path, "r+");
+    try {
+      const buf = Buffer.alloc(4096);
+      expect(readSync(fd, buf, 0, 4096, 8192)).toBe(4096);
+      expect(buf.equals(data.subarray(8192, 12288))).toBe(true);
+      expect(errno(() => writeSync(fd, Buffer.alloc(4096, 1), 0, 4096, 0))).toBe("EROFS");
+    } finally {
+      closeSync(fd);
+    }
+    expect(readFileSync(join(workDir, "mem.raw")).equals(data)).toBe(true);
+  }, 60_000);
+
   test("close unmounts, removes the record and the child exits 0", async () => {
     const { d, workDir } = await serveRaw("cl", new Uint8Array(8192));
     expect(existsSync(join(recordDir, "cl.json"))).toBe(true);
