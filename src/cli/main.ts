@@ -15,6 +15,8 @@ const main = defineCommand({
     image: () => import("./image.ts").then((m) => m.default),
     kernel: () => import("./kernel.ts").then((m) => m.default),
     template: () => import("./template.ts").then((m) => m.default),
+    server: () => import("./server.ts").then((m) => m.default),
+    sandbox: () => import("./sandbox.ts").then((m) => m.default),
   },
 });
 

@@ -1,0 +1,254 @@
+/**
+ * `agentenv sandbox create|list|exec|pause|resume|kill`: a client of a node's API (the same
+ * E2B routes the SDKs use). Node URL: --url, AENV_API_URL or E2B_API_URL, else
+ * http://127.0.0.1:<port of [api] addr>. Key: --key, AENV_API_KEY or E2B_API_KEY, else
+ * $home_path/api-key. `exec` runs a command through the sandbox proxy with envd's Connect
+ * protocol (JSON codec, server streaming: 5-byte envelope = flags + big-endian length).
+ */
+import { defineCommand } from "citty";
+import { existsSync, readFileSync } from "node:fs";
+import { join } from "node:path";
+import { get, loadConfig } from "../config/index.ts";
+
+interface Conn {
+  url: string;
+  key: string;
+}
+
+const common = {
+  url: { type: "string", description: "node URL (AENV_API_URL / E2B_API_URL)" },
+  key: { type: "string", description: "API key (AENV_API_KEY / E2B_API_KEY / $home_path/api-key)" },
+  config: { type: "string", description: "config file (for the default URL and key file)" },
+} as const;
+
+class CliError extends Error {}
+
+function conn(args: { url?: string; key?: string; config?: string }): Conn {
+  const cfg = loadConfig({ path: args.config });
+  const addr = get<string>(cfg, "api.addr");
+  const port = addr.slice(addr.lastIndexOf(":") + 1);
+  const url = (args.url ?? process.env.AENV_API_URL ?? process.env.E2B_API_URL ?? `http://127.0.0.1:${port}`).replace(/\/$/, "");
+  let key = args.key ?? process.env.AENV_API_KEY ?? process.env.E2B_API_KEY ?? get<string>(cfg, "api.key");
+  if (!key) {
+    const f = join(get<string>(cfg, "home_path"), "api-key");
+    if (!existsSync(f)) throw new CliError(`no API key: pass --key, set AENV_API_KEY, or run on the node (${f} not found)`);
+    key = readFileSync(f, "utf8").trim();
+  }
+  return { url, key };
+}
+
+async function call(c: Conn, method: string, path: string, body?: unknown): Promise<{ status: number; data: unknown; headers: Headers }> {
+  let res: Response;
+  try {
+    res = await fetch(c.url + path, {
+      method,
+      headers: { "x-api-key": c.key, ...(body === undefined ? {} : { "content-type": "application/json" }) },
+      body: body === undefined ? undefined : JSON.stringify(body),
+    });
+  } catch (e) {
+    throw new CliError(`cannot reach the node at ${c.url}: ${(e as Error).message}`);
+  }
+  const text = await res.text();
+  let data: unknown = text;
+  try {
+    data = text ? JSON.parse(text) : null;
+  } catch {
+    // not JSON
+  }
+  if (res.status >= 400) {
+    const msg = (data as { message?: string } | null)?.message ?? text;
+    throw new CliError(`${method} ${path}: ${res.status} ${msg}`);
+  }
+  return { status: res.status, data, headers: res.headers };
+}
+
+/** Render rows as an aligned text table. */
+export function table(head: string[], rows: string[][]): string {
+  const w = head.map((h, i) => Math.max(h.length, ...rows.map((r) => (r[i] ?? "").length)));
+  const line = (r: string[]) => r.map((c, i) => c.padEnd(w[i]!)).join("  ").trimEnd();
+  return [line(head), ...rows.map(line)].join("\n");
+}
+
+function parseKv(list: string | string[] | undefined, what: string): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const s of list === undefined ? [] : Array.isArray(list) ? list : [list]) {
+    const i = s.indexOf("=");
+    if (i <= 0) throw new CliError(`${what} must be KEY=VALUE, got ${JSON.stringify(s)}`);
+    out[s.slice(0, i)] = s.slice(i + 1);
+  }
+  return out;
+}
+
+function run(fn: () => Promise<void>): Promise<void> {
+  return fn().catch((e) => {
+    if (e instanceof CliError) {
+      console.error(`error: ${e.message}`);
+      process.exit(1);
+    }
+    throw e;
+  });
+}
+
+/** Encode one Connect envelope (flags 0) holding `msg` as JSON. */
+export function connectEnvelope(msg: unknown): Uint8Array {
+  const body = new TextEncoder().encode(JSON.stringify(msg));
+  const out = new Uint8Array(5 + body.length);
+  new DataView(out.buffer).setUint32(1, body.length);
+  out.set(body, 5);
+  return out;
+}
+
+/** Split a Connect stream into envelopes: yields {flags, json}. */
+export async function* connectFrames(stream: ReadableStream<Uint8Array>): AsyncGenerator<{ flags: number; json: any }> {
+  let buf = new Uint8Array(0);
+  for await (const chunk of stream) {
+    const next = new Uint8Array(buf.length + chunk.length);
+    next.set(buf);
+    next.set(chunk, buf.length);
+    buf = next;
+    while (buf.length >= 5) {
+      const len = new DataView(buf.buffer, buf.byteOffset).getUint32(1);
+      if (buf.length < 5 + len) break;
+      const flags = buf[0]!;
+      const json = JSON.parse(new TextDecoder().decode(buf.subarray(5, 5 + len)));
+      buf = buf.subarray(5 + len);
+      yield { flags, json };
+    }
+  }
+}
+
+/**
+ * Run `cmd` with `/bin/bash -l -c` in sandbox `id` through the node's proxy; stdout/stderr are
+ * written as they arrive.
+ * @returns the exit code.
+ */
+export async function execInSandbox(c: Conn, id: string, cmd: string, opts: { user?: string; out: (b: Uint8Array) => void; err: (b: Uint8Array) => void }): Promise<number> {
+  const info = (await call(c, "GET", `/sandboxes/${id}`)).data as { envdAccessToken?: string };
+  const headers: Record<string, string> = {
+    "content-type": "application/connect+json",
+    "connect-protocol-version": "1",
+    "e2b-sandbox-id": id,
+    "e2b-sandbox-port": "49983",
+  };
+  if (info.envdAccessToken) headers["x-access-token"] = info.envdAccessToken;
+  if (opts.user) headers.authorization = `Basic ${btoa(`${opts.user}:`)}`;
+  const res = await fetch(`${c.url}/process.Process/Start`, {
+    method: "POST",
+    headers,
+    body: connectEnvelope({ process: { cmd: "/bin/bash", args: ["-l", "-c", cmd] }, stdin: false }),
+  });
+  if (!res.ok || !res.body) throw new CliError(`exec: ${res.status} ${await res.text()}`);
+  let code: number | null = null;
+  for await (const f of connectFrames(res.body)) {
+    if (f.flags & 2) {
+      if (f.json?.error) throw new CliError(`exec: ${f.json.error.code}: ${f.json.error.message}`);
+      break;
+    }
+    const ev = f.json?.event;
+    if (ev?.data?.stdout) opts.out(Buffer.from(ev.data.stdout, "base64"));
+    if (ev?.data?.stderr) opts.err(Buffer.from(ev.data.stderr, "base64"));
+    if (ev?.end) code = ev.end.exitCode ?? 0;
+  }
+  if (code === null) throw new CliError("exec: the process stream ended without an exit status");
+  return code;
+}
+
+export default defineCommand({
+  meta: { name: "sandbox", description: "manage sandboxes on a node" },
+  subCommands: {
+    create: defineCommand({
+      meta: { description: "create a sandbox and print its id" },
+      args: {
+        ...common,
+        template: { type: "positional", required: false, default: "base", description: "template id or alias" },
+        timeout: { type: "string", description: "lifetime in seconds (default 300)" },
+        env: { type: "string", description: "KEY=VALUE env var (repeatable)" },
+        meta: { type: "string", description: "KEY=VALUE metadata (repeatable)" },
+        json: { type: "boolean", description: "print the full response as JSON" },
+      },
+      run: ({ args }) =>
+        run(async () => {
+          const c = conn(args);
+          const timeout = args.timeout === undefined ? undefined : Number(args.timeout);
+          if (timeout !== undefined && (!Number.isInteger(timeout) || timeout < 0)) throw new CliError(`--timeout must be a whole number of seconds, got ${args.timeout}`);
+          const t0 = performance.now();
+          const r = await call(c, "POST", "/v2/sandboxes", {
+            templateID: args.template,
+            ...(timeout === undefined ? {} : { timeout }),
+            envVars: parseKv(args.env as string | string[] | undefined, "--env"),
+            metadata: parseKv(args.meta as string | string[] | undefined, "--meta"),
+          });
+          const s = r.data as { sandboxID: string; templateID: string };
+          if (args.json) return console.log(JSON.stringify(r.data, null, 2));
+          console.log(s.sandboxID);
+          console.error(`created from ${s.templateID} in ${Math.round(performance.now() - t0)} ms`);
+        }),
+    }),
+    list: defineCommand({
+      meta: { description: "list running and paused sandboxes" },
+      args: { ...common, state: { type: "string", description: "running, paused or running,paused" }, json: { type: "boolean", description: "JSON output" } },
+      run: ({ args }) =>
+        run(async () => {
+          const c = conn(args);
+          const all: any[] = [];
+          let token: string | null = null;
+          do {
+            const q = new URLSearchParams({ limit: "100", ...(args.state ? { state: args.state } : {}), ...(token ? { nextToken: token } : {}) });
+            const r = await call(c, "GET", `/v2/sandboxes?${q}`);
+            all.push(...(r.data as any[]));
+            token = r.headers.get("x-next-token");
+          } while (token);
+          if (args.json) return console.log(JSON.stringify(all, null, 2));
+          if (all.length === 0) return console.log("no sandboxes");
+          const left = (end: string) => `${Math.max(0, Math.round((Date.parse(end) - Date.now()) / 1000))}s`;
+          console.log(
+            table(
+              ["SANDBOX ID", "TEMPLATE", "STATE", "CPU", "MEM MiB", "STARTED", "EXPIRES IN", "METADATA"],
+              all.map((s) => [s.sandboxID, s.alias ?? s.templateID, s.state, String(s.cpuCount), String(s.memoryMB), s.startedAt.replace("T", " ").slice(0, 19), s.state === "running" ? left(s.endAt) : "-", Object.entries(s.metadata ?? {}).map(([k, v]) => `${k}=${v}`).join(",")]),
+            ),
+          );
+        }),
+    }),
+    exec: defineCommand({
+      meta: { description: "run a shell command in a sandbox; exits with its exit code" },
+      args: {
+        ...common,
+        id: { type: "positional", required: true, description: "sandbox id" },
+        command: { type: "positional", required: true, description: "shell command (quote it)" },
+        user: { type: "string", description: "run as this user (default: the sandbox's, `user`)" },
+      },
+      run: ({ args }) =>
+        run(async () => {
+          const code = await execInSandbox(conn(args), args.id, args.command, { user: args.user, out: (b) => process.stdout.write(b), err: (b) => process.stderr.write(b) });
+          process.exitCode = code;
+        }),
+    }),
+    pause: defineCommand({
+      meta: { description: "pause a sandbox (snapshot kept on the node)" },
+      args: { ...common, id: { type: "positional", required: true, description: "sandbox id" } },
+      run: ({ args }) =>
+        run(async () => {
+          await call(conn(args), "POST", `/sandboxes/${args.id}/pause`, {});
+          console.log(`paused ${args.id}`);
+        }),
+    }),
+    resume: defineCommand({
+      meta: { description: "resume a paused sandbox" },
+      args: { ...common, id: { type: "positional", required: true, description: "sandbox id" }, timeout: { type: "string", description: "new lifetime in seconds" } },
+      run: ({ args }) =>
+        run(async () => {
+          const r = await call(conn(args), "POST", `/v2/sandboxes/${args.id}/connect`, args.timeout ? { timeout: Number(args.timeout) } : {});
+          console.log(r.status === 201 ? `resumed ${args.id}` : `${args.id} was already running`);
+        }),
+    }),
+    kill: defineCommand({
+      meta: { description: "kill a sandbox" },
+      args: { ...common, id: { type: "positional", required: true, description: "sandbox id" } },
+      run: ({ args }) =>
+        run(async () => {
+          await call(conn(args), "DELETE", `/sandboxes/${args.id}`);
+          console.log(`killed ${args.id}`);
+        }),
+    }),
+  },
+});
