@@ -11,5 +11,8 @@ import { AgentEnvError } from "../errors.ts";
  * - `net.teardown_failed` a namespace or veth survived deletion (`details.netns`, `details.link`)
  * - `net.unknown_slot`   release/update named a slot or sandbox this manager does not own
  * - `net.shut_down`      the manager was used after `shutdown()`
+ * - `net.bad_state`      the manager was used before `start()`, or started twice
+ * - `net.duplicate_sandbox` the sandbox already holds a slot (`details.sandboxId`)
+ * - `net.bad_dns`        a DNS message could not be parsed (`details.offset`)
  */
 export class NetError extends AgentEnvError {}

@@ -6,7 +6,7 @@
  * ```ts
  * const net = new NetworkManager(netConfigFromConfig(cfg), db);
  * await net.start();                                   // reap a crashed run, node rules, fill pool
- * const policy = parseEgressPolicy(body.network);      // 400 on NetError code "net.bad_policy"
+ * const policy = parseCreateNetwork(createBody);      // 400 on NetError code "net.bad_policy"
  * const slot = await net.allocate(policy, sandboxId);  // NetError "net.capacity" when full
  * vmm.boot({ ..., net: netSpec(slot) });               // QEMU/Firecracker run in slot.netnsPath
  * const { host, port } = guestAddress(slot, 49983);    // node/proxy connect here
@@ -14,7 +14,9 @@
  * await net.release(sandboxId);                        // back to the pool (reset)
  * await net.shutdown();                                // after the last sandbox is gone
  * ```
- * `allow_internet_access: false` at create is part of the policy (`allowInternetAccess`).
+ * `allow_internet_access: false` at create (top level or in `network`) is part of the policy
+ * (`allowInternetAccess`). Stop the sandbox's VM before `release()`: the tap is recreated.
+ * One NetworkManager per name prefix per host: `start()` reaps everything with its prefix.
  *
  * ## Slot layout
  * See slot.ts: netns `<prefix><idx>`, veth /31 from `[network.internal].veth_cidr`, a host
@@ -54,5 +56,5 @@ export { NetError } from "./errors.ts";
 export { NetworkManager, type NetStats } from "./manager.ts";
 export type { ReapReport } from "./netns.ts";
 export type { SlotRow, SlotState } from "./store.ts";
-export { defaultPolicy, domainMatches, type DomainPattern, type EgressPolicy, parseEgressPolicy, policyToJson } from "./policy.ts";
+export { defaultPolicy, domainMatches, type DomainPattern, type EgressPolicy, parseCreateNetwork, parseEgressPolicy, policyToJson } from "./policy.ts";
 export { type AllocatedSlot, GATEWAY_IP, GUEST_IP, guestAddress, netSpec, type Slot, slotLayout, TAP_NAME } from "./slot.ts";

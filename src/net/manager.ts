@@ -122,10 +122,11 @@ export class NetworkManager {
    * Give `sandboxId` a slot with `policy` applied: a warm one from the pool, else one built now.
    * @throws NetError `net.capacity` when all `maxSlots` indices are in use (nothing is built),
    *   `net.setup_failed` when building failed (rolled back), `net.duplicate_sandbox`,
-   *   `net.shut_down`.
+   *   `net.bad_policy` for domain rules while the DNS proxy is disabled, `net.shut_down`.
    */
   async allocate(policy: EgressPolicy, sandboxId: string): Promise<AllocatedSlot> {
     this.assertOpen();
+    this.assertEnforceable(policy);
     if (this.bySandbox.has(sandboxId)) {
       throw new NetError("net.duplicate_sandbox", `sandbox ${sandboxId} already holds slot ${this.bySandbox.get(sandboxId)}`, { sandboxId });
     }
@@ -212,6 +213,7 @@ export class NetworkManager {
    */
   async updatePolicy(slotOrSandbox: Slot | string, policy: EgressPolicy): Promise<AllocatedSlot> {
     this.assertOpen();
+    this.assertEnforceable(policy);
     const a = this.lookup(slotOrSandbox);
     await this.serial(a.idx, async () => {
       const learned = this.dnsAllowed.get(a.idx);
@@ -289,6 +291,17 @@ export class NetworkManager {
   private assertOpen(): void {
     if (!this.started) throw new NetError("net.bad_state", "NetworkManager used before start()", {});
     if (this.closed) throw new NetError("net.shut_down", "network manager is shut down", {});
+  }
+
+  /** Domain rules work only through the DNS proxy; refuse them rather than silently never opening. */
+  private assertEnforceable(policy: EgressPolicy): void {
+    if (policy.allowDomains.length > 0 && !this.cfg.dns.enabled) {
+      const entry = policyToJson(policy).allowOut[policy.allowCidrs.length];
+      throw new NetError("net.bad_policy", `allowOut ${JSON.stringify(entry)}: domain rules need network.egress.dns_proxy_enabled`, {
+        field: "allowOut",
+        entry,
+      });
+    }
   }
 
   private reserve(): number {

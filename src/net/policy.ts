@@ -138,6 +138,25 @@ export function parseEgressPolicy(json: unknown): EgressPolicy {
   return policy;
 }
 
+/**
+ * The egress policy of a create request (`NewSandbox`/`NewSandboxV2` body): `network.allowOut`,
+ * `network.denyOut`, and the top-level `allow_internet_access` (false ≡ deny 0.0.0.0/0), which
+ * also counts when given inside `network`.
+ * @throws NetError `net.bad_policy` naming the entry, e.g. field "allowOut", index 2.
+ */
+export function parseCreateNetwork(body: unknown): EgressPolicy {
+  if (body === undefined || body === null) return defaultPolicy();
+  if (typeof body !== "object" || Array.isArray(body)) throw bad("body", null, body, "must be an object");
+  const b = body as Record<string, unknown>;
+  const net = b.network ?? {};
+  if (typeof net !== "object" || net === null || Array.isArray(net)) throw bad("network", null, net, "must be an object");
+  const top = b.allow_internet_access ?? b.allowInternetAccess;
+  if (top !== undefined && top !== null && typeof top !== "boolean") throw bad("allow_internet_access", null, top, "must be a boolean");
+  const policy = parseEgressPolicy(net);
+  if (top === false) policy.allowInternetAccess = false;
+  return policy;
+}
+
 /** JSON form stored in SQLite and returned by the API (`allowOut`/`denyOut` as strings). */
 export function policyToJson(p: EgressPolicy): { allowOut: string[]; denyOut: string[]; allow_internet_access: boolean } {
   return {

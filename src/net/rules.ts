@@ -81,6 +81,9 @@ export function slotRules(cfg: NetConfig, slot: Slot, policy: EgressPolicy, dnsA
     `:${CHAIN_DNS} - [0:0]`,
     `-A INPUT -i ${slot.tapName} -p icmp -j ACCEPT`,
     `-A INPUT -i ${slot.tapName} -j DROP`,
+    // A guest may only speak as itself: a forged source would dodge the SNAT and impersonate
+    // another slot towards the node (the DNS proxy identifies slots by source address).
+    `-A FORWARD -i ${slot.tapName} ! -s ${slot.guestIp}/32 -j DROP`,
     `-A FORWARD -i ${slot.tapName} -o ${slot.nsVeth} -j ${CHAIN_EGRESS}`,
     `-A FORWARD -i ${slot.tapName} -j DROP`,
     `-A FORWARD -i ${slot.nsVeth} -o ${slot.tapName} -m conntrack --ctstate DNAT,ESTABLISHED,RELATED -j ACCEPT`,

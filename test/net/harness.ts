@@ -177,8 +177,9 @@ export class World {
   }
 
   /** DNS A query from inside `ns` to `server`:53. */
-  dns(ns: string, server: string, name: string, timeoutMs = 2500): { ok: boolean; rcode?: number; addrs?: string[]; error?: string } {
-    const r = sh(["nsenter", `--net=/run/netns/${ns}`, BUN, join(FIX, "probe.ts"), "dns", server, name, String(timeoutMs)]);
+  dns(ns: string, server: string, name: string, timeoutMs = 2500, sourceIp?: string): { ok: boolean; rcode?: number; addrs?: string[]; error?: string } {
+    const src = sourceIp ? [sourceIp] : [];
+    const r = sh(["nsenter", `--net=/run/netns/${ns}`, BUN, join(FIX, "probe.ts"), "dns", server, name, String(timeoutMs), ...src]);
     return JSON.parse(r.out.trim().split("\n").pop()!);
   }
 

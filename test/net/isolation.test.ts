@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { type Agent, World } from "./harness.ts";
+import { type Agent, sh, World } from "./harness.ts";
 
 // Real namespaces, veths, taps and iptables; a NetworkManager process in a test-made netns.
 const root = process.getuid?.() === 0;
@@ -103,5 +103,22 @@ describe.skipIf(!root)("slot isolation and egress policy (real netns)", () => {
     expect(await agent.ok("dnsAllowed", { sandboxId: "sb-d" })).toEqual([]);
     expect(w.tcp(g, "169.254.200.3", 8080).ok).toBe(false);
     await agent.ok("release", { sandboxId: "sb-d" });
+  }, 60_000);
+
+  test("a guest cannot forge another slot's source to open that slot's firewall", async () => {
+    const a = await agent.ok("allocate", { sandboxId: "sp-a", policy: { allowOut: ["*.allowed.test"] } });
+    const b = await agent.ok("allocate", { sandboxId: "sp-b", policy: { allowOut: ["*.allowed.test"] } });
+    const ga = w.attachGuest(a);
+    w.attachGuest(b);
+    sh(["ip", "-n", ga, "addr", "add", `${b.nsVethIp}/32`, "dev", "eth0"]);
+    expect(w.dns(ga, "169.254.0.22", "api.allowed.test", 800, b.nsVethIp)).toEqual({ ok: false, error: "timeout" });
+    expect(await agent.ok("dnsAllowed", { sandboxId: "sp-b" })).toEqual([]);
+    expect(await agent.ok("dnsAllowed", { sandboxId: "sp-a" })).toEqual([]);
+    // control: the same query from the guest's own address works and opens slot a only
+    expect(w.dns(ga, "169.254.0.22", "api.allowed.test").addrs).toEqual(["169.254.200.2"]);
+    expect(await agent.ok("dnsAllowed", { sandboxId: "sp-a" })).toEqual(["169.254.200.2"]);
+    expect(await agent.ok("dnsAllowed", { sandboxId: "sp-b" })).toEqual([]);
+    await agent.ok("release", { sandboxId: "sp-a" });
+    await agent.ok("release", { sandboxId: "sp-b" });
   }, 60_000);
 });

@@ -89,6 +89,10 @@ describe("rules", () => {
     expect(r).toContain(`-A PREROUTING -i veth0 -d 10.11.0.2/32 -j DNAT --to-destination 169.254.0.21`);
     expect(r).toContain(`-A PREROUTING -i tap0 -p udp --dport 53 -j DNAT --to-destination 10.12.0.2:10053`);
     expect(r).toContain(`-A POSTROUTING -o veth0 -s 169.254.0.21/32 -j SNAT --to-source 10.12.0.3`);
+    // forged guest sources are dropped before the policy is consulted
+    const fwd = r.split("\n").filter((l) => l.startsWith("-A FORWARD -i tap0"));
+    expect(fwd[0]).toBe("-A FORWARD -i tap0 ! -s 169.254.0.21/32 -j DROP");
+    expect(fwd[1]).toBe("-A FORWARD -i tap0 -o veth0 -j AENV-EGRESS");
     const h = hostRules(c);
     expect(h).toContain("-A aenv-fwd -i aenv-+ -o aenv-+ -j DROP");
     expect(h).toContain("-A aenv-post -s 10.12.0.0/16 ! -o aenv-+ -j MASQUERADE");

@@ -61,7 +61,15 @@ describe.skipIf(!root)("slot life cycle (real netns)", () => {
 
   test("exhaustion is a capacity error and builds nothing; a failed build is rolled back", async () => {
     w = new World();
-    const { agent } = await w.agent({ network: { max_slots: 3 }, pool: { low_watermark: 0, high_watermark: 1, network: { maintenance_enabled: false } } });
+    const { agent } = await w.agent({
+      network: { max_slots: 3, egress: { dns_proxy_enabled: false } },
+      pool: { low_watermark: 0, high_watermark: 1, network: { maintenance_enabled: false } },
+    });
+    expect(w.slotNetns()).toEqual([]);
+    // without the DNS proxy a domain rule could never open: refused, nothing built
+    const dom = await agent.call("allocate", { sandboxId: "dom", policy: { allowOut: ["1.2.3.4", "*.example.com"] } });
+    expect(dom.error!.code).toBe("net.bad_policy");
+    expect(dom.error!.details).toEqual({ field: "allowOut", entry: "*.example.com" });
     expect(w.slotNetns()).toEqual([]);
 
     // make slot 0's build fail at its host route: nothing of slot 0 may stay behind

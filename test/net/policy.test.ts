@@ -1,7 +1,7 @@
 import { describe, expect, test } from "bun:test";
 import { NetError } from "../../src/net/errors.ts";
 import { cidrContains, cidrsOverlap, formatCidr, parseCidr, parseIpv4 } from "../../src/net/ipv4.ts";
-import { domainMatches, parseDomainPattern, parseEgressPolicy, policyToJson } from "../../src/net/policy.ts";
+import { domainMatches, parseCreateNetwork, parseDomainPattern, parseEgressPolicy, policyToJson } from "../../src/net/policy.ts";
 
 function policyError(json: unknown): NetError {
   try {
@@ -96,5 +96,31 @@ describe("parseEgressPolicy", () => {
     expect(e.details.field).toBe("network");
     e = policyError({ allowOut: Array(1025).fill("1.1.1.1") });
     expect(e.message).toContain("more than 1024");
+  });
+});
+
+describe("parseCreateNetwork", () => {
+  test("top-level allow_internet_access false is honoured alongside network.allowOut", () => {
+    const p = parseCreateNetwork({ templateID: "base", allow_internet_access: false, network: { allowOut: ["1.1.1.1"], allowPublicTraffic: false } });
+    expect(policyToJson(p)).toEqual({ allowOut: ["1.1.1.1/32"], denyOut: [], allow_internet_access: false });
+    expect(parseCreateNetwork({ templateID: "base" }).allowInternetAccess).toBe(true);
+    expect(parseCreateNetwork({ network: { allow_internet_access: false } }).allowInternetAccess).toBe(false);
+    expect(parseCreateNetwork({ allow_internet_access: true, network: {} }).allowInternetAccess).toBe(true);
+  });
+  test("bad input names the entry", () => {
+    for (const [body, field] of [
+      [{ allow_internet_access: 1 }, "allow_internet_access"],
+      [{ network: "open" }, "network"],
+      [{ network: { denyOut: ["example.com"] } }, "denyOut"],
+      ["x", "body"],
+    ] as const) {
+      try {
+        parseCreateNetwork(body);
+        throw new Error("no error");
+      } catch (e) {
+        expect((e as NetError).code).toBe("net.bad_policy");
+        expect((e as NetError).details.field).toBe(field);
+      }
+    }
   });
 });
