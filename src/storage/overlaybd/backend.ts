@@ -17,6 +17,8 @@ export interface Backend {
   pread(buf: Uint8Array, offset: number): Promise<number>;
   /** Same as `pread` when the source can answer without waiting. */
   preadSync?(buf: Uint8Array, offset: number): number;
+  /** Read `length` bytes at `offset` into `buf` at `bufOffset` without a view (hot path). */
+  preadSyncAt?(buf: Uint8Array, bufOffset: number, length: number, offset: number): number;
   /** Release what the backend holds. */
   close(): Promise<void>;
 }
@@ -65,6 +67,16 @@ export class LocalFile implements Backend {
     let done = 0;
     while (done < buf.length) {
       const n = readSync(this.fd, buf, done, buf.length - done, offset + done);
+      if (n === 0) break;
+      done += n;
+    }
+    return done;
+  }
+
+  preadSyncAt(buf: Uint8Array, bufOffset: number, length: number, offset: number): number {
+    let done = 0;
+    while (done < length) {
+      const n = readSync(this.fd, buf, bufOffset + done, length - done, offset + done);
       if (n === 0) break;
       done += n;
     }

@@ -143,7 +143,7 @@ export function lz4Decompress(src: Uint8Array, dst: Uint8Array): number {
     }
     if (ip + lit > iend) corrupt("literals run past the end", ip);
     if (op + lit > oend) corrupt("output overflow", ip);
-    if (lit < 16) for (let k = 0; k < lit; k++) dst[op++] = src[ip++]!;
+    if (lit < 32) for (let k = 0; k < lit; k++) dst[op++] = src[ip++]!;
     else {
       dst.set(src.subarray(ip, ip + lit), op);
       ip += lit;
@@ -166,8 +166,11 @@ export function lz4Decompress(src: Uint8Array, dst: Uint8Array): number {
     ml += MINMATCH;
     if (op + ml > oend) corrupt("output overflow", ip);
     let m = op - dist;
-    if (dist >= ml) {
+    if (ml >= 64 && dist >= ml) {
       dst.copyWithin(op, m, m + ml);
+      op += ml;
+    } else if (dist === 1 && ml >= 16) {
+      dst.fill(dst[m]!, op, op + ml); // run of one byte, common in zero-filled pages
       op += ml;
     } else for (let k = 0; k < ml; k++) dst[op++] = dst[m++]!;
   }

@@ -138,6 +138,11 @@ export class RwLayer {
     return this.data.preadSync(buf, fileOffset);
   }
 
+  /** Read `length` stored bytes at `fileOffset` into `buf` at `bufOffset`. */
+  readDataAt(buf: Uint8Array, bufOffset: number, length: number, fileOffset: number): number {
+    return this.data.preadSyncAt(buf, bufOffset, length, fileOffset);
+  }
+
   private log(entries: Segment[]): void {
     const bytes = encodeSegments(entries);
     this.index.pwriteSync(bytes, this.indexEnd);

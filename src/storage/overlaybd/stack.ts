@@ -17,6 +17,8 @@ import { dataExtents, ficlone } from "../../ffi/file_extents.ts";
 import { logger } from "../../observability/log.ts";
 
 const log = logger("overlaybd");
+/** Shared empty list for synchronous reads (nothing is ever pushed: every layer is sync). */
+const NO_PENDING: Promise<void>[] = [];
 
 /** Paths of a writable upper layer. */
 export interface UpperPaths {
@@ -54,6 +56,7 @@ export class LayeredImage implements BlockImage {
   private upper: RwLayer | null;
   private _size: number;
   private closed = false;
+  private readonly pendingScratch: Promise<void>[] = [];
 
   constructor(layers: RoLayer[], upper: RwLayer | null) {
     this.layers = layers;
@@ -112,11 +115,33 @@ export class LayeredImage implements BlockImage {
     if (buf.length === 0) return 0;
     if (offset >= this._size) fail("out_of_range", `read at ${offset} is past the virtual size ${this._size}`, { file: this.where(), offset, size: this._size });
     const end = Math.min(offset + buf.length, this._size);
-    const pending: Promise<void>[] = [];
+    // the traversal is synchronous, so one scratch list serves every call
+    const pending = this.pendingScratch;
     if (this.upper) this.readUpper(buf, offset, offset, end, pending);
     else this.readLowers(buf, offset, offset, end, pending);
-    if (pending.length > 0) await Promise.all(pending);
+    if (pending.length > 0) await Promise.all(pending.splice(0));
     return end - offset;
+  }
+
+  /**
+   * Synchronous `pread` for callers on a hot path (FUSE/ublk workers) when every layer is local
+   * (`syncReadable`). Same range rules as `pread`.
+   * @throws OverlaybdError `not_sync` when a layer needs asynchronous reads (registry)
+   */
+  preadSync(buf: Uint8Array, offset: number): number {
+    this.checkRange(offset, buf.length, "read");
+    if (buf.length === 0) return 0;
+    if (offset >= this._size) fail("out_of_range", `read at ${offset} is past the virtual size ${this._size}`, { file: this.where(), offset, size: this._size });
+    if (!this.syncReadable) fail("not_sync", "a layer of this image needs asynchronous reads", { file: this.where() });
+    const end = Math.min(offset + buf.length, this._size);
+    if (this.upper) this.readUpper(buf, offset, offset, end, NO_PENDING);
+    else this.readLowers(buf, offset, offset, end, NO_PENDING);
+    return end - offset;
+  }
+
+  /** True when every layer can be read without waiting (all local files). */
+  get syncReadable(): boolean {
+    return this.layers.every((l) => l.lsmt.preadSync !== undefined);
   }
 
   private readUpper(buf: Uint8Array, base: number, from: number, to: number, pending: Promise<void>[]): void {
@@ -134,7 +159,7 @@ export class LayeredImage implements BlockImage {
       const e = Math.min(sStart + s.length * SECTOR, to);
       if (s.zeroed) buf.fill(0, pos - base, e - base);
       else {
-        const n = up.readData(buf.subarray(pos - base, e - base), s.moffset * SECTOR + (pos - sStart));
+        const n = up.readDataAt(buf, pos - base, e - pos, s.moffset * SECTOR + (pos - sStart));
         if (n < e - pos) buf.fill(0, pos - base + n, e - base);
       }
       pos = e;
@@ -157,8 +182,14 @@ export class LayeredImage implements BlockImage {
       if (s.zeroed) buf.fill(0, pos - base, e - base);
       else {
         const b = this.layers[s.tag]!.lsmt;
-        const view = buf.subarray(pos - base, e - base);
         const off = s.moffset * SECTOR + (pos - sStart);
+        if (b.preadSyncAt) {
+          const n = b.preadSyncAt(buf, pos - base, e - pos, off);
+          if (n < e - pos) buf.fill(0, pos - base + n, e - base);
+          pos = e;
+          continue;
+        }
+        const view = buf.subarray(pos - base, e - base);
         if (b.preadSync) {
           const n = b.preadSync(view, off);
           if (n < view.length) view.fill(0, n);
