@@ -20,6 +20,8 @@ export function errorResponse(status: number, message: string, errorCode?: strin
 
 /** Map any thrown value to an error response; unknown errors become 500 with their message. */
 export function toErrorResponse(e: unknown): Response {
+  // 429 with Retry-After: the SDKs retry it by themselves (e2b-contract.md §2.2)
+  if (e instanceof OrchestratorError && e.status === 429) return errorResponse(429, e.message, e.code, { "retry-after": "1" });
   if (e instanceof ApiError || e instanceof OrchestratorError) return errorResponse(e.status, e.message, e.code);
   if (e instanceof AgentEnvError) return errorResponse(500, e.message, e.code);
   return errorResponse(500, e instanceof Error ? e.message : String(e), "api.internal");

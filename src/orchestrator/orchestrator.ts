@@ -122,6 +122,7 @@ export class Orchestrator {
   async create(req: CreateSandboxRequest): Promise<SandboxRecord> {
     this.assertOpen();
     const timeoutSecs = this.checkTimeout(req.timeoutSecs ?? this.config.defaultTimeoutSecs);
+    this.runtime.checkNetwork?.(req.network ?? null, req.allowInternetAccess ?? null);
     const templates = await this.runtime.listTemplates();
     const tpl = templates.find((t) => t.templateID === req.template) ?? templates.find((t) => t.aliases.includes(req.template));
     if (!tpl) throw new OrchestratorError("orchestrator.template_not_found", 404, `template '${req.template}' not found`, { template: req.template });

@@ -60,6 +60,11 @@ export interface SandboxRuntime {
   resume(spec: RuntimeStartSpec, state: Record<string, unknown>): Promise<RuntimeSandbox>;
   /** Stop the sandbox and delete everything it owns (VM, slot, disk, snapshot). Idempotent. */
   kill(id: string, state: Record<string, unknown> | null): Promise<void>;
+  /**
+   * Check a create request's network settings before anything is made.
+   * @throws OrchestratorError `orchestrator.bad_request` (400) naming the bad entry.
+   */
+  checkNetwork?(network: Record<string, unknown> | null, allowInternetAccess: boolean | null): void;
   /** Apply a new egress policy to a running sandbox. */
   updateNetwork?(id: string, state: Record<string, unknown>, policy: Record<string, unknown>): Promise<void>;
   /**

@@ -173,6 +173,10 @@ export class VmRuntime implements SandboxRuntime {
     rmSync(this.snapshotDir(id), { recursive: true, force: true });
   }
 
+  checkNetwork(network: Record<string, unknown> | null, allowInternetAccess: boolean | null): void {
+    this.policyOf({ network, allowInternetAccess } as RuntimeStartSpec);
+  }
+
   async updateNetwork(id: string, _state: Record<string, unknown>, policy: Record<string, unknown>): Promise<void> {
     await this.o.net.updatePolicy(id, this.parsePolicy(policy));
   }

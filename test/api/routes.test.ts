@@ -70,6 +70,8 @@ test("create: malformed JSON, missing/invalid fields are 400; unknown template i
     const unknown = await json(await api(node, path, { method: "POST", body: JSON.stringify({ templateID: "no-such-template" }) }));
     expect(unknown).toEqual({ status: 404, body: { code: 404, message: "template 'no-such-template' not found", error_code: "orchestrator.template_not_found" } });
   }
+  const net = await json(await api(node, "/v2/sandboxes", { method: "POST", body: JSON.stringify({ templateID: "base", network: { allowOut: ["10.0.0.300"] } }) }));
+  expect(net).toMatchObject({ status: 400, body: { code: 400, message: expect.stringContaining("10.0.0.300") } });
   // no row was left behind by the refused creates
   expect(node.orch.store.countByState()).toEqual({});
 });
