@@ -39,6 +39,11 @@ export interface VmSpec {
   memoryMiB: number;
   drives: DriveSpec[];
   net?: NetSpec;
+  /**
+   * Instance metadata served to the guest (Firecracker MMDS, JSON object; needs `net`).
+   * Drivers without a metadata service ignore it.
+   */
+  metadata?: Record<string, unknown>;
 }
 
 /** Files of a VM snapshot in the Firecracker model: device state + guest memory. */

@@ -1,0 +1,60 @@
+/**
+ * Client of Firecracker's HTTP/1.1 + JSON API on its Unix socket (`--api-sock`).
+ * Facts: /work/shared/contracts/firecracker-api.yaml; success is 204 (PUT/PATCH) or 200 with
+ * JSON (GET); failure is 400/500 with `{"fault_message": "..."}`.
+ */
+import { VmmError } from "../errors.ts";
+import { logger } from "../../observability/log.ts";
+
+const log = logger("vmm.firecracker");
+
+/** One API request as the driver sends it (plain data; also what tests assert on). */
+export interface ApiRequest {
+  method: "GET" | "PUT" | "PATCH";
+  path: string;
+  body?: unknown;
+}
+
+/** An API client bound to one socket. */
+export class FirecrackerApi {
+  constructor(
+    readonly socketPath: string,
+    readonly vmId: string,
+    private readonly timeoutMs: number,
+  ) {}
+
+  /**
+   * Send one request; resolves with the parsed JSON body for 200, undefined for 204.
+   * @throws VmmError `vmm.firecracker_api` (non-2xx; details.status, details.faultMessage),
+   *   `vmm.firecracker_unreachable` (socket refused, timed out)
+   */
+  async send(req: ApiRequest): Promise<unknown> {
+    let res: Response;
+    try {
+      res = await fetch(`http://localhost${req.path}`, {
+        unix: this.socketPath,
+        method: req.method,
+        headers: req.body === undefined ? { Accept: "application/json" } : { "Content-Type": "application/json", Accept: "application/json" },
+        body: req.body === undefined ? undefined : JSON.stringify(req.body),
+        signal: AbortSignal.timeout(this.timeoutMs),
+      } as RequestInit);
+    } catch (e) {
+      throw new VmmError("vmm.firecracker_unreachable", `firecracker API ${req.method} ${req.path} failed: ${(e as Error).message}`, {
+        id: this.vmId, socket: this.socketPath, method: req.method, path: req.path,
+      }, { cause: e });
+    }
+    const text = await res.text();
+    if (res.status === 204) return undefined;
+    if (res.status === 200) return text ? JSON.parse(text) : undefined;
+    let faultMessage = text;
+    try {
+      faultMessage = (JSON.parse(text) as { fault_message?: string }).fault_message ?? text;
+    } catch {
+      // not JSON: keep the raw text
+    }
+    log.warn({ id: this.vmId, method: req.method, path: req.path, status: res.status, faultMessage }, "firecracker API error");
+    throw new VmmError("vmm.firecracker_api", `firecracker ${req.method} ${req.path} → ${res.status}: ${faultMessage}`, {
+      id: this.vmId, method: req.method, path: req.path, status: res.status, faultMessage, body: req.body ?? null,
+    });
+  }
+}

@@ -1,0 +1,193 @@
+/**
+ * Firecracker driver: one `firecracker --api-sock <workDir>/firecracker.sock --id <id>` process
+ * per VM (inside the VM's network namespace via nsenter when it has a NIC), configured over its
+ * API socket. Serial console and Firecracker's own log go to `<workDir>/firecracker.log`
+ * (the handle's `consolePath`).
+ *
+ * VM states and the calls allowed in each (anything else throws `vmm.bad_state`):
+ *   running: pause, stop        paused: resume, snapshot, stop        exited: stop
+ */
+import { closeSync, existsSync, mkdirSync, openSync, rmSync } from "node:fs";
+import { join } from "node:path";
+import { VmmError } from "../errors.ts";
+import { processStartTime, removeRecord, writeRecord } from "../supervise.ts";
+import type { SnapshotFiles, VmHandle, VmmDriver, VmSpec } from "../types.ts";
+import { logger } from "../../observability/log.ts";
+import { FirecrackerApi, type ApiRequest } from "./api.ts";
+import type { FirecrackerConfig } from "./config.ts";
+import { bootRequests, restoreRequests, snapshotCreateRequest, validateSpec, vmStateRequest } from "./requests.ts";
+
+const log = logger("vmm.firecracker");
+
+type VmState = "running" | "paused" | "exited";
+type Action = "pause" | "resume" | "snapshot";
+/** Allowed actions per state. */
+const ALLOWED: Record<VmState, readonly Action[]> = {
+  running: ["pause"],
+  paused: ["resume", "snapshot"],
+  exited: [],
+};
+
+/** A Firecracker process owned by the driver. */
+class FirecrackerVm implements VmHandle {
+  readonly id: string;
+  readonly pid: number;
+  readonly exited: Promise<number | null>;
+  /** Guest serial console (Firecracker's stdout) and Firecracker's own messages. */
+  readonly consolePath: string;
+  #state: VmState;
+  #api: FirecrackerApi;
+  #proc: ReturnType<typeof Bun.spawn>;
+  #cfg: FirecrackerConfig;
+  #cleanup: () => void;
+  #stopping: Promise<void> | undefined;
+
+  constructor(id: string, proc: ReturnType<typeof Bun.spawn>, api: FirecrackerApi, cfg: FirecrackerConfig, state: VmState, consolePath: string, cleanup: () => void) {
+    this.id = id;
+    this.consolePath = consolePath;
+    this.pid = proc.pid;
+    this.#proc = proc;
+    this.#api = api;
+    this.#cfg = cfg;
+    this.#state = state;
+    this.#cleanup = cleanup;
+    this.exited = proc.exited.then(() => {
+      const unexpected = this.#stopping === undefined;
+      this.#state = "exited";
+      if (unexpected) log.error({ id, pid: proc.pid, exitCode: proc.exitCode, signal: proc.signalCode }, "firecracker exited unexpectedly");
+      this.#cleanup();
+      return proc.exitCode;
+    });
+  }
+
+  /** Current state as the driver tracks it. */
+  get state(): VmState {
+    return this.#state;
+  }
+
+  #require(action: Action): void {
+    if (!ALLOWED[this.#state].includes(action)) {
+      throw new VmmError("vmm.bad_state", `vm ${this.id}: cannot ${action} while ${this.#state}`, { id: this.id, action, state: this.#state });
+    }
+  }
+
+  async pause(): Promise<void> {
+    this.#require("pause");
+    await this.#api.send(vmStateRequest("Paused"));
+    this.#state = "paused";
+  }
+
+  async resume(): Promise<void> {
+    this.#require("resume");
+    await this.#api.send(vmStateRequest("Resumed"));
+    this.#state = "running";
+  }
+
+  async snapshot(files: SnapshotFiles): Promise<void> {
+    this.#require("snapshot");
+    await this.#api.send(snapshotCreateRequest(files));
+  }
+
+  /** SIGTERM, then SIGKILL after `stop_timeout_ms`; removes the socket and the record. */
+  stop(): Promise<void> {
+    this.#stopping ??= (async () => {
+      if (this.#proc.exitCode === null && this.#proc.signalCode === null) {
+        this.#proc.kill("SIGTERM");
+        const t = setTimeout(() => this.#proc.kill("SIGKILL"), this.#cfg.stopTimeoutMs);
+        await this.exited;
+        clearTimeout(t);
+      } else {
+        await this.exited;
+      }
+    })();
+    return this.#stopping;
+  }
+
+  async [Symbol.asyncDispose](): Promise<void> {
+    await this.stop();
+  }
+}
+
+/** Options of the driver. */
+export interface FirecrackerDriverOptions {
+  config: FirecrackerConfig;
+  /** Where VMM records go for crash reaping (`<runtime_path>`; see ../supervise.ts). */
+  runtimeDir: string;
+}
+
+/** The Firecracker implementation of VmmDriver. */
+export class FirecrackerDriver implements VmmDriver {
+  readonly name = "firecracker" as const;
+  readonly #cfg: FirecrackerConfig;
+  readonly #runtimeDir: string;
+
+  constructor(opts: FirecrackerDriverOptions) {
+    this.#cfg = opts.config;
+    this.#runtimeDir = opts.runtimeDir;
+  }
+
+  /**
+   * Spawn Firecracker, configure machine, kernel, drives, NIC and MMDS, then InstanceStart.
+   * @throws VmmError `vmm.bad_spec`, `vmm.spawn_failed`, `vmm.firecracker_api` (with Firecracker's
+   *   fault_message), `vmm.firecracker_unreachable`; the process is stopped on any failure.
+   */
+  async boot(spec: VmSpec): Promise<FirecrackerVm> {
+    const reqs = bootRequests(spec, this.#cfg);
+    return this.#start(spec, reqs, "running");
+  }
+
+  /**
+   * Spawn a fresh Firecracker and load `files` (memory from a File backend, mapped privately);
+   * the VM is paused unless `opts.resume`. MMDS data is PUT again after the load.
+   */
+  async restore(spec: VmSpec, files: SnapshotFiles, opts: { resume: boolean }): Promise<FirecrackerVm> {
+    const reqs = restoreRequests(spec, files, opts.resume, this.#cfg);
+    return this.#start(spec, reqs, opts.resume ? "running" : "paused");
+  }
+
+  async #start(spec: VmSpec, reqs: ApiRequest[], state: VmState): Promise<FirecrackerVm> {
+    validateSpec(spec);
+    mkdirSync(spec.workDir, { recursive: true });
+    const sock = join(spec.workDir, "firecracker.sock");
+    rmSync(sock, { force: true }); // Firecracker refuses to bind over an existing socket
+    const cmd = [this.#cfg.binary, "--api-sock", sock, "--id", spec.id];
+    if (spec.net) cmd.unshift("nsenter", `--net=${spec.net.netnsPath}`, "--");
+    const logFd = openSync(join(spec.workDir, "firecracker.log"), "a");
+    let proc: ReturnType<typeof Bun.spawn>;
+    try {
+      proc = Bun.spawn(cmd, { cwd: spec.workDir, stdin: "ignore", stdout: logFd, stderr: logFd });
+    } catch (e) {
+      throw new VmmError("vmm.spawn_failed", `vm ${spec.id}: cannot start ${this.#cfg.binary}: ${(e as Error).message}`, { id: spec.id, binary: this.#cfg.binary }, { cause: e });
+    } finally {
+      closeSync(logFd);
+    }
+    const record = { id: spec.id, ownedFiles: [sock] };
+    writeRecord(this.#runtimeDir, { id: spec.id, driver: "firecracker", pid: proc.pid, startTime: processStartTime(proc.pid) ?? 0, ownedFiles: [sock] });
+    const api = new FirecrackerApi(sock, spec.id, this.#cfg.apiTimeoutMs);
+    const vm = new FirecrackerVm(spec.id, proc, api, this.#cfg, state, join(spec.workDir, "firecracker.log"), () => removeRecord(this.#runtimeDir, record));
+    try {
+      await this.#waitSocket(sock, proc, spec.id);
+      for (const r of reqs) await api.send(r);
+    } catch (e) {
+      await vm.stop();
+      throw e;
+    }
+    log.info({ id: spec.id, pid: proc.pid, state }, "firecracker vm started");
+    return vm;
+  }
+
+  async #waitSocket(sock: string, proc: ReturnType<typeof Bun.spawn>, id: string): Promise<void> {
+    const deadline = Date.now() + this.#cfg.socketTimeoutMs;
+    while (!existsSync(sock)) {
+      if (proc.exitCode !== null || proc.signalCode !== null) {
+        throw new VmmError("vmm.spawn_failed", `vm ${id}: firecracker exited (${proc.exitCode ?? proc.signalCode}) before opening its API socket`, {
+          id, exitCode: proc.exitCode, signal: proc.signalCode, binary: this.#cfg.binary,
+        });
+      }
+      if (Date.now() > deadline) {
+        throw new VmmError("vmm.spawn_failed", `vm ${id}: API socket ${sock} not up after ${this.#cfg.socketTimeoutMs} ms`, { id, socket: sock });
+      }
+      await Bun.sleep(5);
+    }
+  }
+}
