@@ -33,6 +33,7 @@ export default defineCommand({
       maxListEntries: get<number>(cfg, "envd.max_list_entries"),
       maxWatchers: get<number>(cfg, "envd.max_watchers"),
       maxWatcherEvents: get<number>(cfg, "envd.max_watcher_events"),
+      maxWatchDirs: get<number>(cfg, "envd.max_watch_dirs"),
       idleTimeoutS: get<number>(cfg, "envd.idle_timeout_s"),
     });
     // Machine-readable readiness line for supervisors and tests.

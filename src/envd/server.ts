@@ -42,6 +42,8 @@ export interface EnvdOptions {
   maxListEntries: number;
   maxWatchers: number;
   maxWatcherEvents: number;
+  /** Most directories one recursive watch follows. */
+  maxWatchDirs: number;
   /** HTTP idle timeout, s (Bun caps it at 255). */
   idleTimeoutS: number;
 }
@@ -60,6 +62,7 @@ export const DEFAULT_ENVD_OPTIONS: EnvdOptions = {
   maxListEntries: 100_000,
   maxWatchers: 256,
   maxWatcherEvents: 10_000,
+  maxWatchDirs: 8192,
   idleTimeoutS: 255,
 };
 
@@ -123,6 +126,8 @@ export function startEnvd(partial: Partial<EnvdOptions> = {}): Envd {
     maxWatchers: opts.maxWatchers,
     maxWatcherEvents: opts.maxWatcherEvents,
     queueHighWater: opts.queueHighWater,
+    maxWatchDirs: opts.maxWatchDirs,
+    catPath: resolveBin("cat"),
   });
   const router = createConnectRouter({ jsonOptions: { ignoreUnknownFields: true } });
   router.service(

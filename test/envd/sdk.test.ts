@@ -125,7 +125,7 @@ describe("commands", () => {
   });
 
   test("background process is listed, then killed", async () => {
-    const h = await sbx.commands.run("sleep 30", { background: true, tag: undefined });
+    const h = await sbx.commands.run("sleep 30", { background: true });
     expect(h.pid).toBeGreaterThan(0);
     expect(procState(h.pid)).toBeDefined();
     const list = await sbx.commands.list();

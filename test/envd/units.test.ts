@@ -247,3 +247,40 @@ describe("event queue", () => {
     expect(() => new EventQueue(0)).toThrow(RangeError);
   });
 });
+
+describe("inotify ffi", () => {
+  test("decoder reassembles records split across chunks (16-byte header + padded name)", async () => {
+    const { InotifyDecoder, EVENT_HEADER_SIZE, IN_CREATE, IN_ISDIR } = await import("../../src/ffi/inotify.ts");
+    expect(EVENT_HEADER_SIZE).toBe(16);
+    const rec = (wd: number, mask: number, cookie: number, name: string) => {
+      const n = name ? Buffer.alloc(Math.ceil((name.length + 1) / 16) * 16) : Buffer.alloc(0);
+      n.write(name);
+      const h = Buffer.alloc(16);
+      h.writeInt32LE(wd, 0);
+      h.writeUInt32LE(mask, 4);
+      h.writeUInt32LE(cookie, 8);
+      h.writeUInt32LE(n.length, 12);
+      return Buffer.concat([h, n]);
+    };
+    const all = Buffer.concat([rec(1, IN_CREATE, 0, "a.txt"), rec(2, IN_CREATE | IN_ISDIR, 7, "a-much-longer-name"), rec(1, 0x400, 0, "")]);
+    const d = new InotifyDecoder();
+    const got = [];
+    for (let i = 0; i < all.length; i += 5) got.push(...d.push(all.subarray(i, i + 5)));
+    expect(got).toEqual([
+      { wd: 1, mask: IN_CREATE, cookie: 0, name: "a.txt" },
+      { wd: 2, mask: IN_CREATE | IN_ISDIR, cookie: 7, name: "a-much-longer-name" },
+      { wd: 1, mask: 0x400, cookie: 0, name: "" },
+    ]);
+  });
+
+  test("watching a missing directory is inotify.not_found", async () => {
+    const { inotifyInit, inotifyAddWatch, IN_CREATE } = await import("../../src/ffi/inotify.ts");
+    const fd = inotifyInit();
+    try {
+      expect(() => inotifyAddWatch(fd, "/no/such/dir/xyz", IN_CREATE)).toThrow(expect.objectContaining({ code: "inotify.not_found" }));
+      expect(inotifyAddWatch(fd, "/tmp", IN_CREATE)).toBeGreaterThan(0);
+    } finally {
+      require("node:fs").closeSync(fd);
+    }
+  });
+});

@@ -15,7 +15,7 @@ import { EventQueue } from "../queue.ts";
 import type { EnvdState } from "../state.ts";
 import { loadAccountNames, type AccountNames, type UserInfo } from "../users.ts";
 import { entryFromStats, entryInfo } from "./entry.ts";
-import { startWatch, type WatchSpec } from "./watcher.ts";
+import { startWatch, type DirWatch, type WatchSpec } from "./watcher.ts";
 
 /** Bounds from config (`[envd]`). */
 export interface FilesystemServiceOptions {
@@ -28,6 +28,10 @@ export interface FilesystemServiceOptions {
   maxWatcherEvents: number;
   /** Events buffered per WatchDir stream. */
   queueHighWater: number;
+  /** Most directories one recursive watch follows. */
+  maxWatchDirs: number;
+  /** Absolute path of `cat` (inotify relay). */
+  catPath: string;
 }
 
 function statOrThrow(path: string, op: string): Stats {
@@ -79,6 +83,7 @@ interface PollWatcher {
 /** Implementation of `filesystem.Filesystem`; call `close()` on shutdown to stop watchers. */
 export function filesystemService(state: EnvdState, opts: FilesystemServiceOptions): ServiceImpl<typeof Filesystem> & { close(): void } {
   const watchers = new Map<string, PollWatcher>();
+  const watchLimits = { maxDirs: opts.maxWatchDirs, catPath: opts.catPath };
 
   const watchSpec = (req: { path: string; recursive: boolean; includeEntry: boolean }, user: UserInfo): WatchSpec => {
     const path = resolvePath(req.path, user, state.defaultWorkdir);
@@ -170,11 +175,12 @@ export function filesystemService(state: EnvdState, opts: FilesystemServiceOptio
     async *watchDir(req, ctx) {
       let spec: WatchSpec;
       const q = new EventQueue<{ event: { case: "start" | "filesystem" | "keepalive"; value: object } }>(opts.queueHighWater);
-      let w: ReturnType<typeof startWatch>;
+      let w: DirWatch;
       try {
         spec = watchSpec(req, rpcUser(state, ctx.requestHeader));
         w = startWatch(
           spec,
+          watchLimits,
           (ev) => {
             if (q.size >= opts.queueHighWater) {
               q.close(new EnvdError("resource_exhausted", "watch client too slow, events overflowed", { path: spec.path }).toConnect());
@@ -205,6 +211,7 @@ export function filesystemService(state: EnvdState, opts: FilesystemServiceOptio
       const pw: PollWatcher = { spec, events: [], close: () => {} };
       const w = startWatch(
         spec,
+        watchLimits,
         (ev) => {
           pw.events.push(ev);
           if (pw.events.length > opts.maxWatcherEvents) pw.events.shift();

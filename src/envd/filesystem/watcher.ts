@@ -1,16 +1,44 @@
 /**
- * Directory watching on top of `fs.watch` (inotify in Bun on Linux). fs.watch reports only
- * `rename` and `change`; they are mapped to envd's EventType by looking at the path afterwards:
- * rename + present = CREATE, rename + gone = REMOVE, change = WRITE, or CHMOD when only the
- * ctime moved (mode/owner change). Known gap: a move-away is reported as REMOVE where inotify
- * proper would say RENAME.
+ * Directory watching with inotify (src/ffi/inotify.ts), mapped to envd's EventType the way
+ * E2B's envd (fsnotify) reports it: IN_CREATE/IN_MOVED_TO = CREATE, IN_MODIFY = WRITE,
+ * IN_DELETE = REMOVE, IN_MOVED_FROM = RENAME, IN_ATTRIB = CHMOD. Recursive watches add a watch
+ * per subdirectory, including directories created later. The blocking inotify fd is relayed
+ * through a child `cat` so Bun reads a pipe it can poll.
  */
-import { lstatSync, watch, type FSWatcher } from "node:fs";
+import { closeSync, lstatSync, readdirSync } from "node:fs";
 import { join } from "node:path";
+import type { Subprocess } from "bun";
 import { create } from "@bufbuild/protobuf";
+import {
+  IN_ATTRIB,
+  IN_CREATE,
+  IN_DELETE,
+  IN_DELETE_SELF,
+  IN_DONT_FOLLOW,
+  IN_IGNORED,
+  IN_ISDIR,
+  IN_MODIFY,
+  IN_MOVE_SELF,
+  IN_MOVED_FROM,
+  IN_MOVED_TO,
+  IN_ONLYDIR,
+  IN_Q_OVERFLOW,
+  InotifyDecoder,
+  InotifyError,
+  inotifyAddWatch,
+  inotifyInit,
+  type InotifyEvent,
+} from "../../ffi/inotify.ts";
+import { logger } from "../../observability/log.ts";
+import { EnvdError } from "../errors.ts";
 import { EventType, FilesystemEventSchema, type FilesystemEvent } from "../gen/filesystem_pb.ts";
 import { loadAccountNames } from "../users.ts";
 import { entryFromStats } from "./entry.ts";
+
+const log = logger("envd.watch");
+
+const WATCH_MASK =
+  IN_CREATE | IN_MODIFY | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO | IN_ATTRIB | IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR | IN_DONT_FOLLOW;
 
 /** What a watcher was asked for. */
 export interface WatchSpec {
@@ -20,32 +48,147 @@ export interface WatchSpec {
   includeEntry: boolean;
 }
 
-/** Translate one fs.watch callback into a FilesystemEvent. */
-export function classify(spec: WatchSpec, kind: string, name: string): FilesystemEvent {
-  const full = join(spec.path, name);
-  let st;
-  try {
-    st = lstatSync(full);
-  } catch {
-    st = undefined;
-  }
-  let type: EventType;
-  if (kind === "rename") type = st ? EventType.CREATE : EventType.REMOVE;
-  else type = st && st.ctimeMs > st.mtimeMs + 1 ? EventType.CHMOD : EventType.WRITE;
-  const ev = create(FilesystemEventSchema, { name, type });
-  if (spec.includeEntry && st) ev.entry = entryFromStats(full, st, loadAccountNames());
-  return ev;
+/** Bounds and tools for watchers. */
+export interface WatchLimits {
+  /** Most directories one recursive watcher follows. */
+  maxDirs: number;
+  /** Absolute path of `cat`. */
+  catPath: string;
+}
+
+/** EventType for an inotify mask (one record may carry one of these bits). */
+export function eventTypeOf(mask: number): EventType | undefined {
+  if (mask & (IN_CREATE | IN_MOVED_TO)) return EventType.CREATE;
+  if (mask & IN_MODIFY) return EventType.WRITE;
+  if (mask & IN_DELETE) return EventType.REMOVE;
+  if (mask & IN_MOVED_FROM) return EventType.RENAME;
+  if (mask & IN_ATTRIB) return EventType.CHMOD;
+  return undefined;
+}
+
+/** A live watch; `close()` releases the inotify fd and the relay process. */
+export interface DirWatch {
+  close(): void;
 }
 
 /**
- * Start watching; `onEvent` gets every event, `onError` once if the watch breaks (e.g. the
- * directory is removed). Close the returned watcher to stop.
+ * Start watching. `onEvent` gets each event (names relative to `spec.path`); `onError` is
+ * called once if the watch ends abnormally (watched directory removed, queue overflow).
+ * @throws EnvdError `not_found` when the directory is missing, `resource_exhausted` past limits.
  */
-export function startWatch(spec: WatchSpec, onEvent: (ev: FilesystemEvent) => void, onError: (err: Error) => void): FSWatcher {
-  const w = watch(spec.path, { recursive: spec.recursive, persistent: false }, (kind, name) => {
-    if (name === null) return;
-    onEvent(classify(spec, kind, String(name)));
-  });
-  w.on("error", onError);
-  return w;
+export function startWatch(spec: WatchSpec, limits: WatchLimits, onEvent: (ev: FilesystemEvent) => void, onError: (err: Error) => void): DirWatch {
+  let fd: number;
+  try {
+    fd = inotifyInit();
+  } catch (err) {
+    throw new EnvdError("resource_exhausted", `cannot create an inotify instance: ${(err as Error).message}`, { path: spec.path }, { cause: err });
+  }
+  const dirs = new Map<number, string>(); // wd -> path relative to the root ("" = root)
+  let closed = false;
+
+  const addDir = (rel: string, depthFirst: boolean) => {
+    if (dirs.size >= limits.maxDirs) {
+      throw new EnvdError("resource_exhausted", `watch covers more than ${limits.maxDirs} directories`, { path: spec.path, limit: limits.maxDirs });
+    }
+    const abs = rel ? join(spec.path, rel) : spec.path;
+    let wd: number;
+    try {
+      wd = inotifyAddWatch(fd, abs, WATCH_MASK);
+    } catch (err) {
+      if (err instanceof InotifyError && err.code === "inotify.not_found") {
+        if (!rel) throw new EnvdError("not_found", `path '${abs}' does not exist`, { path: abs });
+        return; // subdirectory vanished meanwhile
+      }
+      if (err instanceof InotifyError && err.code === "inotify.limit") {
+        throw new EnvdError("resource_exhausted", "inotify watch limit reached (fs.inotify.max_user_watches)", { path: abs });
+      }
+      throw new EnvdError("internal", (err as Error).message, { path: abs }, { cause: err });
+    }
+    dirs.set(wd, rel);
+    if (!depthFirst) return;
+    let names: string[] = [];
+    try {
+      names = readdirSync(abs);
+    } catch {
+      return;
+    }
+    for (const n of names) {
+      const childRel = rel ? `${rel}/${n}` : n;
+      try {
+        if (lstatSync(join(spec.path, childRel)).isDirectory()) addDir(childRel, true);
+      } catch {
+        /* raced with a delete */
+      }
+    }
+  };
+
+  let relay: Subprocess<number, "pipe", "ignore"> | undefined;
+  try {
+    addDir("", spec.recursive);
+    relay = Bun.spawn([limits.catPath], { stdin: fd, stdout: "pipe", stderr: "ignore" });
+  } catch (err) {
+    closeSync(fd);
+    throw err;
+  }
+
+  const close = () => {
+    if (closed) return;
+    closed = true;
+    relay?.kill("SIGKILL");
+    try {
+      closeSync(fd);
+    } catch {
+      /* already closed */
+    }
+  };
+
+  const handle = (ev: InotifyEvent) => {
+    if (ev.mask & IN_Q_OVERFLOW) {
+      log.warn({ path: spec.path }, "inotify queue overflow; events lost");
+      return;
+    }
+    const rel = dirs.get(ev.wd);
+    if (ev.mask & IN_IGNORED) {
+      dirs.delete(ev.wd);
+      if (rel === "") {
+        close();
+        onError(new Error(`watched directory '${spec.path}' was removed or moved`));
+      }
+      return;
+    }
+    if (rel === undefined || !ev.name) return; // self events: the parent reports them
+    const name = rel ? `${rel}/${ev.name}` : ev.name;
+    const type = eventTypeOf(ev.mask);
+    if (type === undefined) return;
+    if (spec.recursive && ev.mask & IN_ISDIR && type === EventType.CREATE) {
+      try {
+        addDir(name, true);
+      } catch (err) {
+        log.warn({ path: spec.path, name, err: (err as Error).message }, "cannot follow new directory");
+      }
+    }
+    const out = create(FilesystemEventSchema, { name, type });
+    if (spec.includeEntry && type !== EventType.REMOVE && type !== EventType.RENAME) {
+      const full = join(spec.path, name);
+      try {
+        out.entry = entryFromStats(full, lstatSync(full), loadAccountNames());
+      } catch {
+        /* gone again: no entry */
+      }
+    }
+    onEvent(out);
+  };
+
+  void (async () => {
+    const decoder = new InotifyDecoder();
+    try {
+      for await (const chunk of relay!.stdout) {
+        for (const ev of decoder.push(chunk)) if (!closed) handle(ev);
+      }
+    } catch (err) {
+      if (!closed) onError(err as Error);
+    }
+  })();
+
+  return { close };
 }
