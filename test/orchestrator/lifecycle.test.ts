@@ -1,0 +1,128 @@
+/**
+ * Orchestrator lifecycle without booting VMs: the real VM runtime (its network manager not
+ * started) over a real SQLite file; sandboxes are records adopted in state running whose
+ * endpoint is loopback. Covers expiry, events and counters, shutdown, and start-up
+ * reconciliation of what a crashed node left.
+ */
+import { afterEach, expect, test } from "bun:test";
+import { existsSync, mkdirSync, mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { loadConfig } from "../../src/config/index.ts";
+import { openDb, type Db } from "../../src/db/index.ts";
+import { netConfigFromConfig, NetworkManager } from "../../src/net/index.ts";
+import { Orchestrator, orchestratorConfig, type OrchestratorCounters, type SandboxEvent, type SandboxRecord } from "../../src/orchestrator/index.ts";
+import { VmRuntime } from "../../src/orchestrator/vm-runtime.ts";
+import { QemuDriver, qemuOptions } from "../../src/vmm/index.ts";
+
+const cleanup: (() => Promise<void> | void)[] = [];
+afterEach(async () => {
+  for (const f of cleanup.splice(0).reverse()) await f();
+});
+
+function world(env: Record<string, string> = {}, home = mkdtempSync(join(tmpdir(), "orch-life-"))) {
+  const cfg = loadConfig({ env: { AENV_HOME_PATH: home, AENV_RUNTIME_PATH: join(home, "run"), AENV__orchestrator__evict_interval_ms: "20", ...env } });
+  const db: Db = openDb(join(home, "node.db"));
+  const runtime = new VmRuntime({
+    homePath: home,
+    runtimePath: join(home, "run"),
+    kernelPath: () => "/nonexistent",
+    driver: new QemuDriver(qemuOptions(cfg)),
+    net: new NetworkManager(netConfigFromConfig(cfg), db),
+    defaultCpuCount: 1,
+    defaultMemoryMB: 512,
+    envdPollMs: 20,
+    defaultUser: "user",
+  });
+  const orch = new Orchestrator(db, runtime, orchestratorConfig(cfg));
+  return { home, db, orch };
+}
+
+function adopt(orch: Orchestrator, id: string, extra: Partial<SandboxRecord> = {}): SandboxRecord {
+  const t = Date.now();
+  return orch.adopt({
+    id, templateId: "base", alias: null, cpuCount: 1, memoryMB: 512, diskSizeMB: 1024, envdVersion: "0.5.7", envdAccessToken: null,
+    trafficAccessToken: null, metadata: {}, envVars: {}, autoPause: false, autoResume: false, allowInternetAccess: null, network: null,
+    runtimeState: null, error: null, startedAt: t, endAt: t + 60_000, ...extra, endpoint: { host: "127.0.0.1" },
+  });
+}
+
+test("a sandbox is killed when its timeout expires; observers see each transition and the counters", async () => {
+  const w = world();
+  cleanup.push(() => rmSync(w.home, { recursive: true, force: true }), () => w.db.close(), () => w.orch.close());
+  await w.orch.start();
+  const events: SandboxEvent[] = [];
+  const counters: OrchestratorCounters[] = [];
+  w.orch.observe({ onEvent: (e) => events.push(e), onCounters: (c) => counters.push(c) });
+  expect(counters[0]).toEqual({ running: 0, paused: 0, starting: 0, created: 0, failed: 0, killed: 0 });
+  adopt(w.orch, "exp1", { endAt: Date.now() + 150 });
+  adopt(w.orch, "keep1", { endAt: Date.now() + 60_000 });
+  expect(w.orch.getCounters().running).toBe(2);
+  const t0 = Date.now();
+  while (w.orch.store.get("exp1")!.state !== "killed" && Date.now() - t0 < 3000) await Bun.sleep(10);
+  const waited = Date.now() - t0;
+  expect(w.orch.store.get("exp1")!.state).toBe("killed");
+  expect(waited).toBeGreaterThanOrEqual(100);
+  expect(w.orch.store.get("keep1")!.state).toBe("running");
+  expect(events.map((e) => [e.id, e.from, e.to])).toEqual([
+    ["exp1", null, "running"],
+    ["keep1", null, "running"],
+    ["exp1", "running", "killing"],
+    ["exp1", "killing", "killed"],
+  ]);
+  expect(w.orch.getCounters()).toMatchObject({ running: 1, killed: 1 });
+  expect(counters[counters.length - 1]).toMatchObject({ running: 1, killed: 1 });
+  expect(() => w.orch.get("exp1")).toThrow(expect.objectContaining({ status: 404 }));
+  // setTimeout(0) expires at the next scan
+  await w.orch.setTimeout("keep1", 0);
+  while (w.orch.store.get("keep1")!.state !== "killed" && Date.now() - t0 < 3000) await Bun.sleep(10);
+  expect(w.orch.store.get("keep1")!.state).toBe("killed");
+});
+
+test("shutdown kills live sandboxes and refuses new work with 503", async () => {
+  const w = world();
+  cleanup.push(() => rmSync(w.home, { recursive: true, force: true }), () => w.db.close());
+  await w.orch.start();
+  adopt(w.orch, "live1");
+  adopt(w.orch, "live2");
+  await w.orch.close();
+  expect([w.orch.store.get("live1")!.state, w.orch.store.get("live2")!.state]).toEqual(["killed", "killed"]);
+  await expect(w.orch.create({ template: "base", secure: true })).rejects.toMatchObject({ code: "orchestrator.shutting_down", status: 503 });
+});
+
+test("start-up reconciliation: sandboxes a crashed node left running become killed and their dirs go; paused ones stay", async () => {
+  const home = mkdtempSync(join(tmpdir(), "orch-life-"));
+  cleanup.push(() => rmSync(home, { recursive: true, force: true }));
+  // a previous run: one running, one pausing (interrupted), one paused, with their directories
+  const first = world({}, home);
+  adopt(first.orch, "wasrun");
+  adopt(first.orch, "waspausing");
+  adopt(first.orch, "waspaused");
+  first.orch.store.update("waspausing", { state: "pausing" }, Date.now());
+  first.orch.store.update("waspaused", { state: "paused", endpoint: null }, Date.now());
+  for (const id of ["wasrun", "waspausing", "waspaused", "stray"]) mkdirSync(join(home, "sandboxes", id), { recursive: true });
+  mkdirSync(join(home, "snapshots", "waspaused"), { recursive: true });
+  mkdirSync(join(home, "snapshots", "wasrun"), { recursive: true });
+  first.db.close(); // the node died without shutting down
+
+  const second = world({}, home);
+  cleanup.push(() => second.db.close(), () => second.orch.close());
+  await second.orch.start();
+  expect(second.orch.store.get("wasrun")).toMatchObject({ state: "killed", error: "node restarted while running", endpoint: null });
+  expect(second.orch.store.get("waspausing")).toMatchObject({ state: "killed", error: "node restarted while pausing" });
+  expect(second.orch.store.get("waspaused")!.state).toBe("paused");
+  expect(second.orch.list({}).items.map((r) => [r.id, r.state])).toEqual([["waspaused", "paused"]]);
+  expect(second.orch.getCounters()).toMatchObject({ running: 0, paused: 1 });
+  expect(existsSync(join(home, "sandboxes", "waspaused"))).toBe(true);
+  expect(existsSync(join(home, "snapshots", "waspaused"))).toBe(true);
+  for (const gone of ["sandboxes/wasrun", "sandboxes/waspausing", "sandboxes/stray", "snapshots/wasrun"]) expect(existsSync(join(home, gone))).toBe(false);
+});
+
+test("create refuses bad timeouts and unknown templates before making anything", async () => {
+  const w = world({ AENV__orchestrator__max_timeout_secs: "600" });
+  cleanup.push(() => rmSync(w.home, { recursive: true, force: true }), () => w.db.close(), () => w.orch.close());
+  await w.orch.start();
+  await expect(w.orch.create({ template: "base", secure: true, timeoutSecs: 601 })).rejects.toMatchObject({ code: "orchestrator.bad_request", status: 400, details: { timeout: 601 } });
+  await expect(w.orch.create({ template: "base", secure: true })).rejects.toMatchObject({ code: "orchestrator.template_not_found", status: 404 });
+  expect(w.orch.store.countByState()).toEqual({});
+});
