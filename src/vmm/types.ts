@@ -30,7 +30,10 @@ export interface NetSpec {
 export interface VmSpec {
   /** Sandbox id; names the work directory and the process. */
   id: string;
-  /** Directory owned by this VM: sockets, logs, memory file. Created by the caller. */
+  /**
+   * Directory owned by this VM (created if missing): console log, driver files. The QEMU driver
+   * keeps guest RAM in `[qemu] memory_dir` and its QMP socket under `runtime_path/vmm/`.
+   */
   workDir: string;
   kernelPath: string;
   /** Extra kernel command line appended to the driver's base arguments. */
@@ -59,9 +62,14 @@ export interface VmHandle {
   readonly pid: number;
   /** Resolves when the VMM process exits, with its exit code (null when killed by signal). */
   readonly exited: Promise<number | null>;
+  /** Guest serial console output (a file that grows), when the driver captures it. */
+  readonly consolePath?: string;
   pause(): Promise<void>;
   resume(): Promise<void>;
-  /** The VM must be paused. */
+  /**
+   * Write device state + guest memory; the VM must be paused and may be resumed afterwards.
+   * QEMU writes a full snapshot for `kind: "diff"` too (it has no dirty-page diff in this model).
+   */
   snapshot(files: SnapshotFiles): Promise<void>;
   /** Stop the VMM process (graceful first, then SIGKILL after the driver's timeout) and free its resources. */
   stop(): Promise<void>;
