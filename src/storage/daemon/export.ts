@@ -25,7 +25,7 @@ export interface ExportedDisk {
   path: string;
   /** pid of the current serving child. */
   readonly pid: number;
-  /** How many times a dead serving child was replaced. */
+  /** How many times a dead serving child was replaced (by a child that became ready). */
   readonly restarts: number;
   /**
    * Resolves when serving ended for good, after `close()` or when the child died with no
@@ -145,7 +145,8 @@ export async function exportDisk(opts: {
   log.debug({ id, path, pid: proc.pid }, "disk exported");
 
   let closing = false;
-  let restarts = 0;
+  let restarts = 0; // replacements that became ready
+  let attempts = 0; // replacements tried, bounded by maxRestarts
   let resolveExited!: (code: number | null) => void;
   const exited = new Promise<number | null>((r) => (resolveExited = r));
 
@@ -154,10 +155,11 @@ export async function exportDisk(opts: {
     void child.exited.then(async () => {
       if (closing) return resolveExited(child.exitCode);
       log.error({ id, pid: child.pid, exitCode: child.exitCode, signal: child.signalCode, restarts }, "disk server died");
-      while (!closing && restarts < config.maxRestarts) {
-        restarts++;
+      while (!closing && attempts < config.maxRestarts) {
+        attempts++;
         try {
           proc = await spawnServer(id, specPath, logPath, fuseFd, true, config.readyTimeoutMs);
+          restarts++;
           log.warn({ id, pid: proc.pid, restarts }, "disk server replaced");
           if (closing) proc.kill("SIGTERM");
           return watch(proc);
