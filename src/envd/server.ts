@@ -119,6 +119,7 @@ export function startEnvd(partial: Partial<EnvdOptions> = {}): Envd {
     queueHighWater: opts.queueHighWater,
     setsidPath: resolveBin("setsid"),
     catPath: resolveBin("cat"),
+    setprivPath: Bun.which("setpriv", { PATH: "/usr/bin:/bin:/usr/sbin:/sbin" }) ?? undefined,
   });
   const fsService = filesystemService(state, {
     defaultKeepaliveS: opts.defaultKeepaliveS,

@@ -17,6 +17,11 @@ export function ensureUserAccount(): { uid: number; gid: number } {
       throw new Error(`useradd user failed: ${r.stderr.toString()}`);
     }
   }
+  // a supplementary group, so tests see that processes get the user's full group list
+  if (spawnSync(["getent", "group", "envdtest"]).exitCode !== 0) spawnSync(["groupadd", "envdtest"]);
+  if (!spawnSync(["id", "-Gn", "user"]).stdout.toString().split(/\s+/).includes("envdtest")) {
+    spawnSync(["usermod", "-aG", "envdtest", "user"]);
+  }
   const uid = Number(spawnSync(["id", "-u", "user"]).stdout.toString().trim());
   const gid = Number(spawnSync(["id", "-g", "user"]).stdout.toString().trim());
   return { uid, gid };

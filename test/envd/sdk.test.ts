@@ -110,8 +110,12 @@ describe("commands", () => {
   });
 
   test("default user is `user` from /init; user: root switches identity", async () => {
-    const u = await sbx.commands.run("id -u; id -g; id -un");
-    expect(u.stdout).toBe(`${userIds.uid}\n${userIds.gid}\nuser\n`);
+    const u = await sbx.commands.run("id -u; id -g; id -un; id -Gn");
+    expect(u.stdout).toBe(`${userIds.uid}\n${userIds.gid}\nuser\nuser envdtest\n`);
+    const missing = await sbx.commands.run("no-such-command-xyz").catch((e) => e);
+    expect(missing).toBeInstanceOf(CommandExitError);
+    expect(missing.exitCode).toBe(127);
+    expect(missing.stderr).toContain("no-such-command-xyz");
     const r = await sbx.commands.run("id -u; id -un; pwd", { user: "root" });
     expect(r.stdout).toBe("0\nroot\n/root\n");
   });

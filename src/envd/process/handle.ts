@@ -9,7 +9,7 @@ import { openPty, resizePty } from "../../ffi/pty.ts";
 import { logger } from "../../observability/log.ts";
 import { EnvdError } from "../errors.ts";
 import { EventQueue } from "../queue.ts";
-import type { UserInfo } from "../users.ts";
+import { userGroups, type UserInfo } from "../users.ts";
 import { exitStatusText } from "./signals.ts";
 
 const log = logger("envd.process");
@@ -57,6 +57,20 @@ export interface HandleLimits {
   setsidPath: string;
   /** Absolute path of `cat` (PTY master relay). */
   catPath: string;
+  /** Absolute path of util-linux `setpriv`, used when the user has supplementary groups. */
+  setprivPath?: string;
+}
+
+/**
+ * How to become `user`: Bun's uid/gid spawn options set only the primary group, so a user with
+ * supplementary groups is entered through `setpriv --init-groups` (which execs; the pid stays).
+ */
+function identity(user: UserInfo, limits: HandleLimits): { prefix: string[]; ids: { uid?: number; gid?: number } } {
+  if (process.getuid?.() !== 0 || user.uid === 0) return { prefix: [], ids: {} };
+  if (limits.setprivPath && userGroups(user).size > 1) {
+    return { prefix: [limits.setprivPath, `--reuid=${user.uid}`, `--regid=${user.gid}`, "--init-groups", "--"], ids: {} };
+  }
+  return { prefix: [], ids: { uid: user.uid, gid: user.gid } };
 }
 
 interface PtyRelay {
@@ -92,7 +106,11 @@ export class ProcessHandle {
    *   no PTY can be allocated.
    */
   static spawn(spec: SpawnSpec, limits: HandleLimits): ProcessHandle {
-    const ids = process.getuid?.() === 0 ? { uid: spec.user.uid, gid: spec.user.gid } : {};
+    const { prefix, ids } = identity(spec.user, limits);
+    if (prefix.length && !Bun.which(spec.cmd, { PATH: spec.env.PATH ?? "", cwd: spec.cwd })) {
+      // setpriv would report a missing program only as exit 127; answer like a failed spawn
+      throw new EnvdError("invalid_argument", `failed to start process '${spec.cmd}': not found or not executable`, { cmd: spec.cmd, cwd: spec.cwd });
+    }
     try {
       if (spec.pty) {
         const { master, slave } = openPty(spec.pty.cols, spec.pty.rows);
@@ -102,7 +120,7 @@ export class ProcessHandle {
         try {
           // setsid -c: new session with the PTY as controlling terminal; it execs, so the pid
           // we report is the command's own.
-          proc = Bun.spawn([limits.setsidPath, "-c", spec.cmd, ...spec.args], {
+          proc = Bun.spawn([limits.setsidPath, "-c", ...prefix, spec.cmd, ...spec.args], {
             cwd: spec.cwd,
             env: spec.env,
             stdin: slave,
@@ -119,7 +137,7 @@ export class ProcessHandle {
         }
         return new ProcessHandle(spec, proc, { master, reader, writer }, limits);
       }
-      const proc = Bun.spawn([spec.cmd, ...spec.args], {
+      const proc = Bun.spawn([...prefix, spec.cmd, ...spec.args], {
         cwd: spec.cwd,
         env: spec.env,
         stdin: spec.stdin ? "pipe" : "ignore",
