@@ -132,6 +132,10 @@ export class NetworkManager {
     }
     this.bySandbox.set(sandboxId, -1); // reserve the id while we await
     try {
+      // Every index taken but the worker is finishing a pooled slot: wait for it (bounded) rather
+      // than report a capacity error that is only a moment old.
+      const until = Date.now() + this.cfg.commandTimeoutMs;
+      while (this.pool.length === 0 && this.free.length === 0 && this.building > 0 && Date.now() < until) await Bun.sleep(5);
       let slot = this.pool.shift();
       if (slot) {
         this.counters.poolHits++;
