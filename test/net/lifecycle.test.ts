@@ -32,11 +32,11 @@ describe.skipIf(!root)("slot life cycle (real netns)", () => {
     expect(tap).toContain("inet 169.254.0.22/30");
     expect(sh(["ip", "-n", s1.netnsName, "-d", "link", "show", "tap0"]).out).toContain("tun type tap");
 
-    // drain the pool and miss: on-demand build, target grows
-    await agent.ok("allocate", { sandboxId: "s2", policy: {} });
-    await agent.ok("allocate", { sandboxId: "s3", policy: {} });
+    // two more at once: served from the pool (or built on demand when the refill lags)
+    await Promise.all(["s2", "s3"].map((id) => agent.ok("allocate", { sandboxId: id, policy: { allowOut: ["1.1.1.1"] } })));
     st = await agent.ok("stats", { idle: true });
     expect(st.allocated).toBe(3);
+    expect(st.poolHits + st.poolMisses).toBe(3);
     expect(await agent.ok("rows")).toContainEqual({ idx: 0, state: "allocated", sandboxId: "s1" });
 
     for (const id of ["s1", "s2", "s3"]) await agent.ok("release", { sandboxId: id });
@@ -84,6 +84,8 @@ describe.skipIf(!root)("slot life cycle (real netns)", () => {
 
     for (const id of ["a", "b", "c"]) await agent.ok("allocate", { sandboxId: id, policy: {} });
     expect(w.slotNetns().length).toBe(3);
+    // no pool here: every allocation was built on demand; the refill target is capped at high
+    expect(await agent.ok("stats")).toMatchObject({ pooled: 0, allocated: 3, free: 0, poolHits: 0, poolMisses: 4, target: 1 });
     const full = await agent.call("allocate", { sandboxId: "d", policy: {} });
     expect(full.error!.code).toBe("net.capacity");
     expect(full.error!.details).toEqual({ maxSlots: 3, inUse: 3 });
