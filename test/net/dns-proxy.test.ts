@@ -1,0 +1,113 @@
+/** DnsProxy on loopback with a real UDP upstream the test runs (no root needed). */
+import { afterEach, expect, test } from "bun:test";
+import dgram from "node:dgram";
+import type { AddressInfo } from "node:net";
+import { DnsProxy } from "../../src/net/dns-proxy.ts";
+import { buildQuery, buildResponse, parseMessage } from "../../src/net/dns-wire.ts";
+
+const cleanups: (() => Promise<void> | void)[] = [];
+afterEach(async () => {
+  for (const c of cleanups.splice(0).reverse()) await c();
+});
+
+async function udp(onMessage?: (sock: dgram.Socket, m: Uint8Array, r: dgram.RemoteInfo) => void): Promise<{ sock: dgram.Socket; port: number }> {
+  const sock = dgram.createSocket("udp4");
+  if (onMessage) sock.on("message", (m, r) => onMessage(sock, new Uint8Array(m), r));
+  await new Promise<void>((res) => sock.bind(0, "127.0.0.1", () => res()));
+  cleanups.push(() => new Promise<void>((res) => sock.close(() => res())));
+  return { sock, port: (sock.address() as AddressInfo).port };
+}
+
+async function freePort(): Promise<number> {
+  const s = dgram.createSocket("udp4");
+  await new Promise<void>((res) => s.bind(0, "127.0.0.1", () => res()));
+  const p = (s.address() as AddressInfo).port;
+  await new Promise<void>((res) => s.close(() => res()));
+  return p;
+}
+
+/** Send `q` from a fresh client socket; resolve with the first reply, or null after `ms`. */
+async function ask(port: number, q: Uint8Array, ms: number): Promise<Uint8Array | null> {
+  const c = await udp();
+  return await new Promise((res) => {
+    const t = setTimeout(() => res(null), ms);
+    c.sock.on("message", (m) => {
+      clearTimeout(t);
+      res(new Uint8Array(m));
+    });
+    c.sock.send(q, port, "127.0.0.1");
+  });
+}
+
+test("answers are relayed with the client's id after the hook saw the A records", async () => {
+  const upstream = await udp((sock, m, r) => sock.send(buildResponse(m, [{ ip: "192.0.2.7", ttl: 30 }]), r.port, r.address));
+  const seen: string[] = [];
+  const port = await freePort();
+  const proxy = new DnsProxy({
+    port,
+    bindIp: "127.0.0.1",
+    upstream: [{ ip: "127.0.0.1", port: upstream.port }],
+    timeoutMs: 1000,
+    maxInflight: 4,
+    onAnswer: async (client, qname, addrs) => {
+      await Bun.sleep(20);
+      seen.push(`${client} ${qname} ${addrs.map((a) => `${a.ip}/${a.ttl}`).join(",")}`);
+    },
+  });
+  await proxy.start();
+  cleanups.push(() => proxy.stop());
+  const reply = await ask(port, buildQuery(0xbeef, "api.example.com"), 2000);
+  expect(reply).not.toBeNull();
+  const p = parseMessage(reply!);
+  expect(p.id).toBe(0xbeef);
+  expect(p.answersA).toEqual([{ name: "api.example.com", ip: "192.0.2.7", ttl: 30 }]);
+  expect(seen).toEqual(["127.0.0.1 api.example.com 192.0.2.7/30"]);
+  expect(proxy.inflight).toBe(0);
+});
+
+test("a silent upstream yields SERVFAIL after the timeout; beyond maxInflight at once", async () => {
+  const upstream = await udp(() => {}); // never answers
+  const port = await freePort();
+  const proxy = new DnsProxy({
+    port,
+    bindIp: "127.0.0.1",
+    upstream: [{ ip: "127.0.0.1", port: upstream.port }],
+    timeoutMs: 300,
+    maxInflight: 1,
+    onAnswer: async () => {},
+  });
+  await proxy.start();
+  cleanups.push(() => proxy.stop());
+  const t0 = performance.now();
+  const first = ask(port, buildQuery(1, "a.example.com"), 2000);
+  await Bun.sleep(50);
+  expect(proxy.inflight).toBe(1);
+  const second = await ask(port, buildQuery(2, "b.example.com"), 2000);
+  expect(performance.now() - t0).toBeLessThan(250); // refused at once, not after the timeout
+  expect(parseMessage(second!)).toMatchObject({ id: 2, qname: "b.example.com", answersA: [] });
+  expect(parseMessage(second!).flags & 0xf).toBe(2);
+  const r1 = await first;
+  expect(performance.now() - t0).toBeGreaterThanOrEqual(290);
+  expect(parseMessage(r1!).flags & 0xf).toBe(2);
+  expect(proxy.inflight).toBe(0);
+});
+
+test("a hook failure turns the answer into SERVFAIL (the guest never sees an address its firewall lacks)", async () => {
+  const upstream = await udp((sock, m, r) => sock.send(buildResponse(m, [{ ip: "192.0.2.8", ttl: 30 }]), r.port, r.address));
+  const port = await freePort();
+  const proxy = new DnsProxy({
+    port,
+    bindIp: "127.0.0.1",
+    upstream: [{ ip: "127.0.0.1", port: upstream.port }],
+    timeoutMs: 1000,
+    maxInflight: 4,
+    onAnswer: async () => {
+      throw new Error("iptables failed");
+    },
+  });
+  await proxy.start();
+  cleanups.push(() => proxy.stop());
+  const reply = parseMessage((await ask(port, buildQuery(9, "x.example.com"), 2000))!);
+  expect(reply.flags & 0xf).toBe(2);
+  expect(reply.answersA).toEqual([]);
+});
