@@ -10,7 +10,8 @@
 import { closeSync, mkdtempSync, openSync, readSync, rmSync, writeSync, fsyncSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { compressLayer, createUpper, LocalFile, openStack, ZFileReader, type BlockImage } from "../src/storage/overlaybd/index.ts";
+import type { BlockImage } from "../src/storage/block.ts";
+import { compressLayer, createUpper, LocalFile, openStack, ZFileReader } from "../src/storage/overlaybd/index.ts";
 
 const SIZE = Number(process.argv[2] ?? 128) << 20;
 const SECS = Number(process.argv[3] ?? 2);

@@ -143,8 +143,16 @@ const commit = defineCommand({
     "parent-uuid": { type: "string", description: "parent UUID (default: the writable layer's)" },
     message: { type: "string", alias: "m", description: "commit message (user tag, <= 256 bytes)" },
     zfile: { type: "string", description: "also compress: zstd or lz4 (writes OUT compressed)" },
+    seal: { type: "boolean", description: "seal in place instead (DATA becomes a read-only layer; no OUT)" },
   },
   run: guarded("commit", async (a) => {
+    if (a.seal) {
+      if (a.out) throw new UsageError("--seal takes no OUT");
+      const { RwLayer } = await import("../storage/overlaybd/rw.ts");
+      const l = await RwLayer.open(need(a.data, "DATA"), need(a.index, "INDEX"));
+      await l.seal();
+      return;
+    }
     const out = need(a.out, "OUT");
     const img = await openStack({ lowers: [], upper: { data: need(a.data, "DATA"), index: need(a.index, "INDEX") } });
     try {

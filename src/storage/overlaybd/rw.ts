@@ -182,6 +182,28 @@ export class RwLayer {
     if (entries.length > 0) this.log(entries);
   }
 
+  /**
+   * Seal in place (overlaybd-commit --seal, close_seal): append the sorted index to the data
+   * file, padded to 512 bytes, then a trailer (flags 0x06, index_offset = old end, index_size =
+   * real count, uuid/parent from the header, no tag). The data file becomes a read-only layer;
+   * this object is closed afterwards.
+   * @returns the byte offset of the appended index
+   */
+  async seal(): Promise<number> {
+    if (this.closed) fail("closed", "seal of a closed writable layer", { file: this.data.name });
+    const indexOffset = this.dataEnd;
+    const idx = encodeSegments(this.segments.map((s) => ({ ...s, tag: 0 })));
+    const padded = new Uint8Array(Math.ceil(idx.length / SECTOR) * SECTOR);
+    padded.set(idx);
+    this.data.pwriteSync(padded, indexOffset);
+    const h = this.header;
+    this.data.pwriteSync(encodeHeaderTrailer({ flags: HTFlag.DATA | HTFlag.SEALED, indexOffset, indexSize: this.segments.length, virtualSize: h.virtualSize, uuid: h.uuid, parentUuid: h.parentUuid }), indexOffset + padded.length);
+    this.data.syncSync();
+    this.index.syncSync();
+    await this.close();
+    return indexOffset;
+  }
+
   /** fsync data, then index: after this returns, every completed write survives a crash. */
   sync(): void {
     this.data.syncSync();

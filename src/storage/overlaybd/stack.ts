@@ -320,22 +320,32 @@ export class LayeredImage implements BlockImage {
   }
 
   /**
-   * Restack: commit the upper into `layerPath`, push it as the new top read-only layer and
-   * start an empty upper at `next` whose parent is the committed layer. Old upper files are
-   * left in place for the caller to delete.
-   * @throws OverlaybdError `read_only` when there is no upper
+   * Restack: turn the upper into the new top read-only layer and start an empty upper at `next`
+   * whose parent is that layer. With `layerPath` the upper is committed (compacted) into that
+   * new file and the old pair is left for the caller to delete; with `null` it is sealed in
+   * place and its data file becomes the layer (no copy; its index file is no longer needed).
+   * @returns the path of the new read-only layer
+   * @throws OverlaybdError `read_only` when there is no upper, `too_many_layers` past 255
    */
-  async restack(layerPath: string, next: UpperPaths): Promise<void> {
+  async restack(layerPath: string | null, next: UpperPaths): Promise<string> {
     const up = this.requireUpper("restack");
-    const uuid = up.header.uuid && up.header.uuid !== NULL_UUID ? up.header.uuid : undefined;
-    await this.commit(layerPath, { meta: { uuid } });
-    const layer = await openRoLayerFile(layerPath);
+    if (this.layers.length + 1 > MAX_LAYERS) fail("too_many_layers", `a stack holds at most ${MAX_LAYERS} layers`, { file: up.data.name });
+    let path: string;
+    if (layerPath === null) {
+      path = up.data.name;
+      await up.seal();
+    } else {
+      path = layerPath;
+      const uuid = up.header.uuid && up.header.uuid !== NULL_UUID ? up.header.uuid : undefined;
+      await this.commit(layerPath, { meta: { uuid } });
+    }
+    const layer = await openRoLayerFile(path);
     const fresh = await RwLayer.create(next.data, next.index, { virtualSize: this._size, parentUuid: layer.trailer.uuid });
     await up.close();
     this.layers = [...this.layers, layer];
-    if (this.layers.length > MAX_LAYERS) fail("too_many_layers", `a stack holds at most ${MAX_LAYERS} layers`, { file: layerPath });
     this.merged = overlay(layer.segments.map((s) => ({ ...s, tag: this.layers.length - 1 })), this.merged);
     this.upper = fresh;
+    return path;
   }
 
   /**

@@ -57,6 +57,12 @@ describe("agentenv image", () => {
     const info = JSON.parse(run("info", tmp.path("u.layer")).out.toString());
     expect(info.header.userTag).toBe("empty");
     expect(info.index.entries).toBe(0);
+    expect(run("create", tmp.path("s.data"), tmp.path("s.index"), "--size", "1MiB").code).toBe(0);
+    expect(run("commit", "--seal", tmp.path("s.data"), tmp.path("s.index")).code).toBe(0);
+    const sealed = JSON.parse(run("info", tmp.path("s.data")).out.toString());
+    expect(sealed.header.flags).toBe(3);
+    expect(sealed.trailer.flags).toBe(6);
+    expect(sealed.trailer.indexSize).toBe(0);
   }, 30_000);
 
   test("bad input: non-zero exit, one line naming the problem", () => {

@@ -1,5 +1,6 @@
 /**
- * Property test: thousands of random writes, discards, reads, reopenings, restacks, ZFile
+ * Property test: thousands of random writes, discards, reads, reopenings, restacks (commit and
+ * seal), ZFile
  * compressions of lower layers and flattening commits against an in-memory reference disk,
  * with a fixed seed. Every read must equal the reference.
  */
@@ -69,14 +70,14 @@ test("random ops against a reference disk (seed 20261129)", async () => {
       gen++;
       const layer = tmp.path(`l${gen}.layer`);
       const next = { data: tmp.path(`u${gen}.data`), index: tmp.path(`u${gen}.index`) };
-      await img.restack(layer, next);
+      // every third restack seals the upper in place instead of committing a copy
+      lowers.push(await img.restack(gen % 3 === 0 ? null : layer, next));
       upper = next;
-      lowers.push(layer);
       // every other new layer is swapped for its ZFile form (alternating lz4 / zstd)
       if (gen % 2 === 0) {
         await img.close();
         const z = `${layer}.z`;
-        await compressLayer(layer, z, { algo: gen % 4 === 0 ? "lz4" : "zstd" });
+        await compressLayer(lowers[lowers.length - 1]!, z, { algo: gen % 4 === 0 ? "lz4" : "zstd" });
         lowers[lowers.length - 1] = z;
         img = await openStack({ lowers, upper });
       }

@@ -238,3 +238,32 @@ describe("image config", () => {
     await expect(openImageConfig(tmp.path("bad2.json"))).rejects.toMatchObject({ code: "overlaybd.bad_config" });
   });
 });
+
+describe("seal", () => {
+  test("section 6.2 sealed layout; the sealed data file opens as a read-only layer", async () => {
+    await createUpper(up(), 64 * MiB, { uuid: "11111111-2222-3333-4444-555555555555" });
+    const img = await openStack({ lowers: [], upper: up() });
+    await img.pwrite(new Uint8Array(4096).fill(0xcc), MiB);
+    const path = await img.restack(null, { data: tmp.path("n.data"), index: tmp.path("n.index") });
+    expect(path).toBe(up().data);
+    const b = readFileSync(up().data);
+    expect(b.length).toBe(0x2200 + 4096);
+    expect(b[0x1c]).toBe(3); // header untouched
+    expect(Array.from(b.subarray(0x2000, 0x2010))).toEqual(Array.from(hex("00 08 00 00 00 00 20 00 08 00 00 00 00 00 00 00")));
+    const t = b.subarray(0x2200);
+    expect(t[0x1c]).toBe(6);
+    expect(Array.from(t.subarray(0x20, 0x30))).toEqual(Array.from(hex("00 20 00 00 00 00 00 00 01 00 00 00 00 00 00 00")));
+    expect(new TextDecoder().decode(t.subarray(0x38, 0x38 + 36))).toBe("11111111-2222-3333-4444-555555555555");
+    // the stack keeps working on the fresh upper, whose parent is the sealed layer
+    await img.pwrite(new Uint8Array(512).fill(1), MiB);
+    const r = new Uint8Array(4096);
+    await img.pread(r, MiB);
+    expect(r.subarray(0, 512).every((x) => x === 1)).toBe(true);
+    expect(r.subarray(512).every((x) => x === 0xcc)).toBe(true);
+    await img.close();
+    const ro = await openStack({ lowers: [up().data], upper: { data: tmp.path("n.data"), index: tmp.path("n.index") }, verifyChain: true });
+    await ro.pread(r, MiB);
+    expect(r.subarray(0, 512).every((x) => x === 1)).toBe(true);
+    await ro.close();
+  });
+});
