@@ -7,7 +7,8 @@
  *  - writable-upper write MB/s (1 MiB writes + one sync) next to plain file writes.
  * Usage: bun bench/overlaybd.ts [sizeMiB=128] [seconds per case=2]
  */
-import { closeSync, mkdtempSync, openSync, readSync, rmSync, writeSync, fsyncSync } from "node:fs";
+import { closeSync, mkdtempSync, openSync, readSync, rmSync, writeSync, fsyncSync, promises as fsp } from "node:fs";
+import { IoUring, type ReadRequest } from "../src/ffi/io_uring.ts";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { BlockImage } from "../src/storage/block.ts";
@@ -132,6 +133,30 @@ try {
   scases.forEach(([n], i) => row(n, seq[i]!, seq[0]!, "MB/s"));
   await plain.close();
   await zmid.close();
+
+  // local-file backend candidates at queue depth 8 and 32 (4 KiB random reads of the flat file)
+  const ring = new IoUring(64);
+  const fh = await fsp.open(files.flat);
+  const blocks = SIZE / 4096;
+  for (const qd of [8, 32]) {
+    const reqs: ReadRequest[] = Array.from({ length: qd }, () => ({ buf: new Uint8Array(4096), bufOffset: 0, length: 4096, offset: 0 }));
+    const out: number[] = [];
+    const batch = (fn: () => Promise<void> | void) => async (_b: Uint8Array, _o: number) => {
+      for (const r of reqs) r.offset = Math.floor(rnd() * blocks) * 4096;
+      await fn();
+      return 0;
+    };
+    const qcases: Array<[string, Reader]> = [
+      [`4K random, QD${qd}, readSync x${qd} (Bun fs)`, batch(() => void reqs.forEach((r) => readSync(flatFd, r.buf, 0, 4096, r.offset)))],
+      [`4K random, QD${qd}, io_uring batch`, batch(() => void ring.readBatch(flatFd, reqs, out))],
+      [`4K random, QD${qd}, fs.promises read x${qd}`, batch(async () => void (await Promise.all(reqs.map((r) => fh.read(r.buf, 0, 4096, r.offset)))))],
+    ];
+    // each call of a case reads qd blocks
+    const v = (await interleaved(qcases, randomIops)).map((x) => x * qd);
+    qcases.forEach(([n], i) => row(n, v[i]!, v[0]!, "IOPS"));
+  }
+  ring.close();
+  await fh.close();
   closeSync(flatFd);
 
   for (const algo of ["lz4", "zst"]) {
