@@ -235,6 +235,40 @@ describe("files", () => {
     expect(st.uid).toBe(userIds.uid);
   });
 
+  test("octet-stream, gzip and ReadableStream uploads", async () => {
+    const p1 = join(dir, "oct/a.txt");
+    await sbx.files.write(p1, "octet body", { useOctetStream: true });
+    expect(await sbx.files.read(p1)).toBe("octet body");
+    const p2 = join(dir, "oct/b.txt");
+    await sbx.files.write(p2, "z".repeat(100_000), { gzip: true });
+    expect(await sbx.files.read(p2)).toBe("z".repeat(100_000));
+    const p3 = join(dir, "oct/c.bin");
+    const parts = [new Uint8Array([1, 2, 3]), new Uint8Array(200_000).fill(9), new Uint8Array([4])];
+    const stream = new ReadableStream<Uint8Array>({
+      start(c) {
+        for (const x of parts) c.enqueue(x);
+        c.close();
+      },
+    });
+    await sbx.files.write(p3, stream);
+    const back = await sbx.files.read(p3, { format: "bytes" });
+    expect(back.length).toBe(200_004);
+    expect([back[0], back[1], back[2], back[3], back[200_003]]).toEqual([1, 2, 3, 9, 4]);
+    expect(statSync(p3).uid).toBe(userIds.uid);
+  });
+
+  test("file metadata is stored as xattrs, listed, and replaced by the next upload", async () => {
+    const p = join(dir, "meta.txt");
+    const w = await sbx.files.write(p, "m", { metadata: { Owner: "agent-7", stage: "draft" } });
+    expect(w.metadata).toEqual({ owner: "agent-7", stage: "draft" });
+    expect((await sbx.files.getInfo(p)).metadata).toEqual({ owner: "agent-7", stage: "draft" });
+    expect((await sbx.files.list(dir)).find((e) => e.name === "meta.txt")?.metadata).toEqual({ owner: "agent-7", stage: "draft" });
+    await sbx.files.write(p, "m2", { metadata: { stage: "final" }, useOctetStream: true });
+    expect((await sbx.files.getInfo(p)).metadata).toEqual({ stage: "final" });
+    await sbx.files.write(p, "m3");
+    expect((await sbx.files.getInfo(p)).metadata).toBeUndefined();
+  });
+
   test("list with depth, exists, getInfo", async () => {
     const base = join(dir, "tree");
     await sbx.files.write(join(base, "x/y/deep.txt"), "d");
@@ -304,7 +338,15 @@ describe("files", () => {
     expect(await waitFor(() => events.some((e) => e.name === "new.txt" && e.type === FilesystemEventType.WRITE))).toBe(true);
     await sbx.files.remove(join(wdir, "new.txt"));
     expect(await waitFor(() => events.some((e) => e.name === "new.txt" && e.type === FilesystemEventType.REMOVE))).toBe(true);
+    await sbx.files.rename(join(wdir, "new.txt"), join(wdir, "renamed.txt")).catch(() => {});
     await handle.stop();
+    const withEntry: { name: string; type: string; size?: number }[] = [];
+    const h2 = await sbx.files.watchDir(wdir, (ev) => void withEntry.push({ name: ev.name, type: ev.type, size: ev.entry?.size }), { includeEntry: true, recursive: true });
+    await sbx.files.write(join(wdir, "deep/er/e.txt"), "12345");
+    expect(await waitFor(() => withEntry.some((e) => e.name === "deep/er/e.txt" && e.size === 5))).toBe(true);
+    await sbx.files.rename(join(wdir, "deep/er/e.txt"), join(wdir, "deep/er/f.txt"));
+    expect(await waitFor(() => withEntry.some((e) => e.name === "deep/er/e.txt" && e.type === FilesystemEventType.RENAME))).toBe(true);
+    await h2.stop();
     const e = await sbx.files.watchDir(join(dir, "no-such-dir"), () => {}).catch((x) => x);
     expect(e).toBeInstanceOf(NotFoundError);
   });

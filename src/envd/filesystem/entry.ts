@@ -9,6 +9,7 @@ import { create } from "@bufbuild/protobuf";
 import { timestampFromMs } from "@bufbuild/protobuf/wkt";
 import { fromFsError } from "../errors.ts";
 import { EntryInfoSchema, FileType, type EntryInfo } from "../gen/filesystem_pb.ts";
+import { readMetadata } from "../metadata.ts";
 import type { AccountNames } from "../users.ts";
 
 /** Go's FileMode.String() for stats from lstat. */
@@ -50,6 +51,7 @@ export function entryFromStats(path: string, st: Stats, names: AccountNames): En
     group: names.groupName(st.gid),
     modifiedTime: timestampFromMs(Math.floor(st.mtimeMs)),
   });
+  if (st.isFile() || st.isDirectory()) entry.metadata = readMetadata(path);
   if (st.isSymbolicLink()) {
     try {
       entry.symlinkTarget = realpathSync(path);

@@ -2,7 +2,7 @@
  * `filesystem.Filesystem` Connect service (docs/e2b-contract.md §4.3). Paths resolve per user
  * (paths.ts), rights are checked for that user and created entries belong to them.
  */
-import { lstatSync, readdirSync, renameSync, rmSync, statSync, type Stats } from "node:fs";
+import { lstatSync, readdirSync, renameSync, rmSync, statfsSync, statSync, type Stats } from "node:fs";
 import { dirname, join } from "node:path";
 import type { ServiceImpl } from "@connectrpc/connect";
 import { rpcUser } from "../auth.ts";
@@ -32,6 +32,18 @@ export interface FilesystemServiceOptions {
   maxWatchDirs: number;
   /** Absolute path of `cat` (inotify relay). */
   catPath: string;
+}
+
+// f_type values of network and FUSE filesystems, include/uapi/linux/magic.h
+const NETWORK_FS_MAGIC = new Set([0x6969 /* NFS */, 0x517b /* SMB */, 0xff534d42 /* CIFS */, 0xfe534d42 /* SMB2 */, 0x65735546 /* FUSE */]);
+
+/** True when `path` lives on NFS, SMB/CIFS or FUSE (inotify events there are unreliable). */
+export function isNetworkMount(path: string): boolean {
+  try {
+    return NETWORK_FS_MAGIC.has(Number(statfsSync(path).type) >>> 0);
+  } catch {
+    return false;
+  }
 }
 
 function statOrThrow(path: string, op: string): Stats {
@@ -85,10 +97,13 @@ export function filesystemService(state: EnvdState, opts: FilesystemServiceOptio
   const watchers = new Map<string, PollWatcher>();
   const watchLimits = { maxDirs: opts.maxWatchDirs, catPath: opts.catPath };
 
-  const watchSpec = (req: { path: string; recursive: boolean; includeEntry: boolean }, user: UserInfo): WatchSpec => {
+  const watchSpec = (req: { path: string; recursive: boolean; includeEntry: boolean; allowNetworkMounts: boolean }, user: UserInfo): WatchSpec => {
     const path = resolvePath(req.path, user, state.defaultWorkdir);
     const st = statOrThrow(path, "watch");
     if (!st.isDirectory()) throw new EnvdError("invalid_argument", `path '${path}' is not a directory`, { path });
+    if (!req.allowNetworkMounts && isNetworkMount(path)) {
+      throw new EnvdError("failed_precondition", `path '${path}' is on a network filesystem; set allowNetworkMounts to watch it`, { path });
+    }
     requireAccess(user, path, R_OK | X_OK, "watch");
     return { path, recursive: req.recursive, includeEntry: req.includeEntry };
   };

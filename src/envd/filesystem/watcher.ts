@@ -86,6 +86,25 @@ export function startWatch(spec: WatchSpec, limits: WatchLimits, onEvent: (ev: F
   const dirs = new Map<number, string>(); // wd -> path relative to the root ("" = root)
   let closed = false;
 
+  /** Directories (and their contents) that appeared before their watch existed. */
+  const announce = (rel: string) => {
+    let names: string[] = [];
+    try {
+      names = readdirSync(join(spec.path, rel));
+    } catch {
+      return;
+    }
+    for (const n of names) {
+      const childRel = `${rel}/${n}`;
+      emit(childRel, EventType.CREATE);
+      try {
+        if (lstatSync(join(spec.path, childRel)).isDirectory()) announce(childRel);
+      } catch {
+        /* gone */
+      }
+    }
+  };
+
   const addDir = (rel: string, depthFirst: boolean) => {
     if (dirs.size >= limits.maxDirs) {
       throw new EnvdError("resource_exhausted", `watch covers more than ${limits.maxDirs} directories`, { path: spec.path, limit: limits.maxDirs });
@@ -160,13 +179,19 @@ export function startWatch(spec: WatchSpec, limits: WatchLimits, onEvent: (ev: F
     const name = rel ? `${rel}/${ev.name}` : ev.name;
     const type = eventTypeOf(ev.mask);
     if (type === undefined) return;
+    emit(name, type);
     if (spec.recursive && ev.mask & IN_ISDIR && type === EventType.CREATE) {
       try {
         addDir(name, true);
+        // entries made between the mkdir and our watch raised no event: report them now
+        announce(name);
       } catch (err) {
         log.warn({ path: spec.path, name, err: (err as Error).message }, "cannot follow new directory");
       }
     }
+  };
+
+  const emit = (name: string, type: EventType) => {
     const out = create(FilesystemEventSchema, { name, type });
     if (spec.includeEntry && type !== EventType.REMOVE && type !== EventType.RENAME) {
       const full = join(spec.path, name);

@@ -8,6 +8,7 @@ import { open, type FileHandle } from "node:fs/promises";
 import { basename, dirname } from "node:path";
 import { tokensEqual } from "../auth.ts";
 import { EnvdError, fromFsError } from "../errors.ts";
+import { metadataFromHeaders, replaceMetadata } from "../metadata.ts";
 import { resolvePath } from "../paths.ts";
 import { chownTo, ensureDirs, requireAccess, requireParentWritable, R_OK, W_OK } from "../permissions.ts";
 import type { EnvdState } from "../state.ts";
@@ -19,6 +20,8 @@ export interface UploadedEntry {
   path: string;
   name: string;
   type: "file";
+  /** Stored metadata (X-Metadata-* headers), present when non-empty. */
+  metadata?: Record<string, string>;
 }
 
 /** `v1_` + base64 (no padding) of SHA-256 over `path:op:user:token[:exp]` (§3.4). */
@@ -98,6 +101,12 @@ export async function uploadFiles(state: EnvdState, req: Request, url: URL): Pro
   const user = authorizeFiles(state, req, url, "write");
   const queryPath = url.searchParams.get("path") || undefined;
   const ctype = (req.headers.get("content-type") ?? "").toLowerCase();
+  const meta = metadataFromHeaders(req.headers);
+  const hasMeta = Object.keys(meta).length > 0;
+  const finish = (path: string): UploadedEntry => {
+    replaceMetadata(path, meta);
+    return { path, name: basename(path), type: "file", ...(hasMeta ? { metadata: { ...meta } } : {}) };
+  };
   const done: UploadedEntry[] = [];
   const open_: FileHandle[] = [];
   try {
@@ -117,7 +126,7 @@ export async function uploadFiles(state: EnvdState, req: Request, url: URL): Pro
           end: async () => {
             open_.splice(open_.indexOf(fh), 1);
             await fh.close();
-            done.push({ path, name: basename(path), type: "file" });
+            done.push(finish(path));
           },
         };
       });
@@ -130,7 +139,7 @@ export async function uploadFiles(state: EnvdState, req: Request, url: URL): Pro
       for await (const chunk of stream) await writeAll(fh, chunk, path);
       open_.pop();
       await fh.close();
-      done.push({ path, name: basename(path), type: "file" });
+      done.push(finish(path));
     } else {
       throw new EnvdError("invalid_argument", `unsupported content type '${ctype}'`, { contentType: ctype });
     }
