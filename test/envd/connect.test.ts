@@ -282,3 +282,61 @@ describe("filesystem over binary Connect", () => {
     expect(await codeOf(fsc.createWatcher({ path: join(dir, "nowhere") }))).toBe(Code.NotFound);
   });
 });
+
+describe("plain HTTP routes", () => {
+  test("/health, /envs, /metrics, /init auth and validation", async () => {
+    expect((await fetch(`${envd.url}/health`)).status).toBe(204);
+    expect((await fetch(`${envd.url}/envs`)).status).toBe(401);
+    // re-init needs the current token; then env vars are replaced
+    expect((await initEnvd(envd.url, { envVars: { A: "1" } })).status).toBe(401);
+    expect((await initEnvd(envd.url, { envVars: { A: "1" }, defaultUser: "root" }, TOKEN)).status).toBe(204);
+    const envs = await fetch(`${envd.url}/envs`, { headers: { "x-access-token": TOKEN } });
+    expect(await envs.json()).toEqual({ A: "1" });
+    const bad = await initEnvd(envd.url, { defaultUser: "no-such-user-xyz" }, TOKEN);
+    expect(bad.status).toBe(400);
+    expect((await bad.json()).code).toBe(400);
+    expect((await initEnvd(envd.url, { envVars: "x" }, TOKEN)).status).toBe(400);
+    const m = await (await fetch(`${envd.url}/metrics`, { headers: { "x-access-token": TOKEN } })).json();
+    expect(m.cpu_count).toBeGreaterThan(0);
+    expect(m.mem_total).toBeGreaterThan(m.mem_used);
+    expect(m.disk_total).toBeGreaterThan(0);
+    expect(Math.abs(m.ts - Date.now() / 1000)).toBeLessThan(5);
+    expect((await fetch(`${envd.url}/nope`, { headers: { "x-access-token": TOKEN } })).status).toBe(404);
+  });
+
+  test("/files: signatures, Range, gzip, octet-stream without path, bad multipart", async () => {
+    const { fileSignature } = await import("../../src/envd/http/files.ts");
+    writeFileSync(join(dir, "r.txt"), "0123456789");
+    const path = join(dir, "r.txt");
+    const q = (extra: string) => `${envd.url}/files?path=${encodeURIComponent(path)}${extra}`;
+    expect((await fetch(q(""))).status).toBe(401);
+    const sig = fileSignature(path, "read", "", TOKEN);
+    expect(await (await fetch(q(`&signature=${sig}`))).text()).toBe("0123456789");
+    expect((await fetch(q(`&signature=${fileSignature(path, "write", "", TOKEN)}`))).status).toBe(401);
+    const past = Math.floor(Date.now() / 1000) - 10;
+    expect((await fetch(q(`&signature=${fileSignature(path, "read", "", TOKEN, past)}&signature_expiration=${past}`))).status).toBe(401);
+    const auth = { "x-access-token": TOKEN };
+    const part = await fetch(q(""), { headers: { ...auth, range: "bytes=2-4" } });
+    expect(part.status).toBe(206);
+    expect(part.headers.get("content-range")).toBe("bytes 2-4/10");
+    expect(await part.text()).toBe("234");
+    const gz = await fetch(q(""), { headers: { ...auth, "accept-encoding": "gzip" }, decompress: false } as RequestInit);
+    expect(gz.headers.get("content-encoding")).toBe("gzip");
+    expect(Buffer.from(Bun.gunzipSync(new Uint8Array(await gz.arrayBuffer()))).toString()).toBe("0123456789");
+    const noPath = await fetch(`${envd.url}/files`, { method: "POST", headers: { ...auth, "content-type": "application/octet-stream" }, body: "x" });
+    expect(noPath.status).toBe(400);
+    const badMp = await fetch(`${envd.url}/files`, {
+      method: "POST",
+      headers: { ...auth, "content-type": "multipart/form-data; boundary=zz" },
+      body: '--zz\r\nContent-Disposition: form-data; name="file"; filename="/tmp/x-envd-trunc"\r\n\r\nabc',
+    });
+    expect(badMp.status).toBe(400);
+    const dup = await fetch(`${envd.url}/files`, {
+      method: "POST",
+      headers: { ...auth, "content-type": "multipart/form-data; boundary=zz" },
+      body: `--zz\r\nContent-Disposition: form-data; name="file"; filename="${dir}/d.txt"\r\n\r\n1\r\n--zz\r\nContent-Disposition: form-data; name="file"; filename="${dir}/d.txt"\r\n\r\n2\r\n--zz--\r\n`,
+    });
+    expect(dup.status).toBe(400);
+    rmSync("/tmp/x-envd-trunc", { force: true });
+  });
+});

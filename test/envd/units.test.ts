@@ -123,7 +123,7 @@ describe("http helpers", () => {
     });
     expect(() => parseInitBody({ envVars: { A: 1 } })).toThrow(/envVars/);
     expect(() => parseInitBody({ timestamp: "yesterday" })).toThrow(/timestamp/);
-    expect(() => parseInitBody({ defaultUser: "no-such-user-xyz" })).toThrow(/invalid username/);
+    expect(() => parseInitBody({ defaultUser: "no-such-user-xyz" })).toThrow(/names no local user/);
     expect(() => parseInitBody([1])).toThrow(EnvdError);
   });
 

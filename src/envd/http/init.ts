@@ -33,7 +33,13 @@ export function parseInitBody(body: unknown): InitRequest {
   if (out.timestamp !== undefined && !Number.isFinite(Date.parse(out.timestamp))) {
     throw new EnvdError("invalid_argument", "init field timestamp must be RFC 3339", { timestamp: out.timestamp });
   }
-  if (out.defaultUser) lookupUser(out.defaultUser);
+  if (out.defaultUser) {
+    try {
+      lookupUser(out.defaultUser);
+    } catch {
+      throw new EnvdError("invalid_argument", `init field defaultUser names no local user: '${out.defaultUser}'`, { field: "defaultUser", user: out.defaultUser });
+    }
+  }
   return out;
 }
 
