@@ -8,7 +8,7 @@ import { existsSync, writeFileSync } from "node:fs";
 import { resolve } from "node:path";
 import {
   compressLayer, createUpper, importRaw, importSparse, LayeredImage, LocalFile, openImageConfig, openStack, OverlaybdError,
-  unwrapBlob, type ZAlgoName,
+  remoteOpener, unwrapBlob, type ZAlgoName,
 } from "../storage/overlaybd/index.ts";
 import { decodeHeaderTrailer, HT_SIZE } from "../storage/overlaybd/format.ts";
 import { openRoLayer } from "../storage/overlaybd/layer.ts";
@@ -53,7 +53,7 @@ function guarded(name: string, body: (args: Record<string, any>) => Promise<void
 
 async function openForRead(target: string): Promise<LayeredImage> {
   if (!existsSync(target)) throw new UsageError(`no such file: ${target}`);
-  return target.endsWith(".json") ? openImageConfig(target) : openStack({ lowers: [target] });
+  return target.endsWith(".json") ? openImageConfig(target, { remote: remoteOpener(loadConfig(), process.env.AENV_REGISTRY_AUTH_FILE) }) : openStack({ lowers: [target] });
 }
 
 const info = defineCommand({
@@ -92,7 +92,7 @@ const info = defineCommand({
 const cat = defineCommand({
   meta: { name: "cat", description: "write raw virtual bytes of a layer or a config.v1.json image to stdout" },
   args: {
-    file: { type: "positional", required: false, description: "layer blob or config.v1.json" },
+    file: { type: "positional", required: false, description: "layer blob or config.v1.json (remote lowers: credentials from $AENV_REGISTRY_AUTH_FILE, an auths JSON)" },
     offset: { type: "string", description: "start, bytes (default 0)" },
     length: { type: "string", description: "bytes to write (default: to the end)" },
   },

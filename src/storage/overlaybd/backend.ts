@@ -140,6 +140,11 @@ export class SliceBackend implements Backend {
     return n === 0 ? 0 : this.inner.pread(n === buf.length ? buf : buf.subarray(0, n), this.start + offset);
   }
 
+  /** Pass a cache eviction through to the inner backend, when it has a cache. */
+  evict(offset: number, length: number): void {
+    (this.inner as { evict?: (o: number, l: number) => void }).evict?.(this.start + offset, length);
+  }
+
   close(): Promise<void> {
     return this.inner.close();
   }

@@ -123,6 +123,19 @@ export class BlockCache implements Backend {
     return end - offset;
   }
 
+  /** Drop cached blocks overlapping [offset, offset+length) so the next read refetches them. */
+  evict(offset: number, length: number): void {
+    const bs = this.blockSize;
+    for (let i = Math.floor(offset / bs); i * bs < offset + length; i++) {
+      const b = this.blocks.get(i);
+      if (b) {
+        this.blocks.delete(i);
+        this.cachedBytes -= b.length;
+      }
+    }
+    this.stats.cachedBytes = this.cachedBytes;
+  }
+
   async close(): Promise<void> {
     this.blocks.clear();
     this.cachedBytes = 0;

@@ -25,3 +25,6 @@ export { ZFileReader, writeZFile, type ZFileWriteOptions, type ZAlgoName } from 
 export { openTarMember, tarPrefix } from "./tar.ts";
 export { openImageConfig, parseImageConfig, type ImageConfig } from "./imageconfig.ts";
 export { compressLayer } from "./compress.ts";
+export { BlockCache, type BlockCacheOptions, type CacheStats } from "./cache.ts";
+export { RegistryBlob, type RegistryOptions } from "./registry.ts";
+export { remoteOpener, findCredentials, type Credentials } from "./remote.ts";

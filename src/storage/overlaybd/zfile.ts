@@ -299,8 +299,18 @@ export class ZFileReader implements Backend {
     const b0 = Math.floor(offset / this.bs), b1 = Math.floor((end - 1) / this.bs);
     const cs = this.starts[b0]!, ce = this.starts[b1 + 1]!;
     const stored = new Uint8Array(ce - cs);
-    await readExact(this.inner, stored, cs);
-    return this.readWith(buf, offset, (b, o) => b.set(stored.subarray(o - cs, o - cs + b.length)));
+    // a bad block from a cache may be a bad fetch: drop it and refetch, up to 3 times (zfile.cpp)
+    const evict = (this.inner as { evict?: (o: number, l: number) => void }).evict;
+    for (let attempt = 1; ; attempt++) {
+      await readExact(this.inner, stored, cs);
+      try {
+        return this.readWith(buf, offset, (b, o) => b.set(stored.subarray(o - cs, o - cs + b.length)));
+      } catch (e) {
+        const code = (e as { code?: string }).code;
+        if (!evict || attempt > 3 || (code !== "overlaybd.crc_mismatch" && code !== "overlaybd.decompress_failed")) throw e;
+        evict.call(this.inner, cs, ce - cs);
+      }
+    }
   }
 
   close(): Promise<void> {

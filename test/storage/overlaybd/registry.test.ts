@@ -200,3 +200,59 @@ describe("block cache", () => {
     expect(() => new BlockCache(new MemoryBackend(data), { blockSize: 4096, capacityBytes: 100 })).toThrow(OverlaybdError);
   });
 });
+
+describe("remote opener from config", () => {
+  test("credentials lookup by host and path prefix", async () => {
+    const { findCredentials } = await import("../../../src/storage/overlaybd/remote.ts");
+    const doc = { auths: { "reg.example:5000": { username: "a", password: "1" }, "reg.example:5000/team": { auth: Buffer.from("b:2:x").toString("base64") } } };
+    expect(findCredentials(doc, "http://reg.example:5000/v2/other/blobs/sha256:1")).toEqual({ username: "a", password: "1" });
+    expect(findCredentials(doc, "http://reg.example:5000/team/v2/x")).toEqual({ username: "b", password: "2:x" }); // longest prefix wins
+    expect(findCredentials({ auths: { "reg.example:5000/v2/team": { auth: Buffer.from("b:2:x").toString("base64") } } }, "http://reg.example:5000/v2/team/app/blobs/d")).toEqual({ username: "b", password: "2:x" });
+    expect(findCredentials({}, "http://x/")).toBeNull();
+  });
+
+  test("agentenv image cat of a config.v1.json with a remote lower, credentials from an auths file", async () => {
+    const host = new URL(regUrl).host;
+    writeFileSync(tmp.path("auths.json"), JSON.stringify({ auths: { [host]: { auth: Buffer.from(`${USER}:${PASS}`).toString("base64") } } }));
+    writeFileSync(tmp.path("remote.json"), JSON.stringify({ repoBlobUrl: `${regUrl}/v2/${REPO}/blobs`, lowers: [{ digest, size: blob.length }] }));
+    const main = new URL("../../../src/cli/main.ts", import.meta.url).pathname;
+    // async spawn: the token server lives in this process's event loop
+    const run = async (env: Record<string, string>, ...args: string[]) => {
+      const p = Bun.spawn([process.execPath, main, "image", "cat", tmp.path("remote.json"), ...args], { env: { ...process.env, AENV_LOG_LEVEL: "warn", ...env }, stdout: "pipe", stderr: "pipe" });
+      const [out, err, code] = await Promise.all([new Response(p.stdout).arrayBuffer(), new Response(p.stderr).text(), p.exited]);
+      return { out: new Uint8Array(out), err, code };
+    };
+    const ok = await run({ AENV_REGISTRY_AUTH_FILE: tmp.path("auths.json"), AENV__overlaybd__cache_block_size: "65536" }, "--length", "4MiB");
+    expect(ok.err).toBe("");
+    expect(ok.code).toBe(0);
+    expect(sha256(ok.out)).toBe("1ba9757892e20ff13d4dc47e72694349129a92f41f20b65010a4082f3261466c");
+    const bad = await run({ AENV_REGISTRY_AUTH_FILE: "/nonexistent/auths.json" }, "--length", "512");
+    expect(bad.code).toBe(1);
+    expect(bad.err).toMatch(/cannot read credentials/);
+    const noauth = await run({}, "--length", "512");
+    expect(noauth.code).toBe(1);
+    expect(noauth.err).toMatch(/Basic credentials|token server .* 401/);
+  }, 60_000);
+
+  test("a corrupted fetch behind the cache is evicted and refetched (ZFile CRC retry)", async () => {
+    const { ZFileReader } = await import("../../../src/storage/overlaybd/zfile.ts");
+    const { openTarMember } = await import("../../../src/storage/overlaybd/tar.ts");
+    let corruptLeft = 1;
+    const flaky = new MemoryBackend(blob);
+    const inner = {
+      name: "flaky", size: blob.length, close: async () => {},
+      async pread(b: Uint8Array, off: number) {
+        const n = flaky.preadSync(b, off);
+        // corrupt one fetch that covers the data area (past the headers and jump table reads)
+        if (off >= 65536 && off < 500_000 && corruptLeft-- > 0) b[100] ^= 0xff;
+        return n;
+      },
+    };
+    const cache = new BlockCache(inner, { blockSize: 65536, capacityBytes: 4 << 20 });
+    const z = await ZFileReader.open((await openTarMember(cache))!);
+    const out = new Uint8Array(z.size);
+    await z.pread(out, 0);
+    expect(corruptLeft).toBeLessThan(1);
+    expect(sha256(out)).toBe("39195424aa10572fe002262190877b4306a66be9c62c8f1594141b01dc79c2ea");
+  }, 30_000);
+});
