@@ -14,8 +14,8 @@ pkgs=(iproute2 iptables ca-certificates)
 # and its build tools, mmdebstrap, ext4 tools, nsenter (util-linux).
 pkgs+=(qemu-system-x86 linux-source-6.1 build-essential bc bison flex libelf-dev libssl-dev mmdebstrap e2fsprogs xz-utils util-linux)
 [ "$want_test" = 1 ] && pkgs+=()
-# overlaybd registry tests (test/storage/overlaybd): a real OCI registry and openssl for its token cert.
-[ "$want_test" = 1 ] && pkgs+=(docker-registry openssl)
+# overlaybd tests (test/storage/overlaybd): a real OCI registry, openssl for its token cert, XFS for reflinks.
+[ "$want_test" = 1 ] && pkgs+=(docker-registry openssl xfsprogs)
 # VM tests: a static busybox for the kernel boot test rootfs.
 [ "$want_test" = 1 ] && pkgs+=(busybox-static)
 
