@@ -13,7 +13,7 @@ import { fileURLToPath } from "node:url";
 import { Worker } from "node:worker_threads";
 import type { BlockImage } from "../block.ts";
 import * as F from "../../ffi/fuse.ts";
-import { MNT_DETACH, MS_NODEV, MS_NOSUID, mount, MountError, umount2 } from "../../ffi/mount.ts";
+import { MS_NODEV, MS_NOSUID, mount, MountError } from "../../ffi/mount.ts";
 import { logger } from "../../observability/log.ts";
 import { FuseError } from "./errors.ts";
 
@@ -64,8 +64,8 @@ export interface FuseStats {
 export const FUSE_FS_NAME = "aenvdisk";
 
 /**
- * One served export: `FuseExport.start(opts)` mounts and serves in this process;
- * `FuseExport.attach(opts)` serves a connection mounted by a supervising process.
+ * One served export: `FuseExport.attach(opts)` serves a connection that a supervising process
+ * mounted with `mountFuse` and handed over as an fd.
  */
 export class FuseExport {
   readonly mountPoint: string;
@@ -79,13 +79,11 @@ export class FuseExport {
   #opts: FuseExportOptions;
   #workers: Worker[] = [];
   #closed = false;
-  #ownsMount: boolean;
   #inflight = new Set<Promise<void>>();
   #startTime = Math.floor(Date.now() / 1000);
 
-  private constructor(fd: number, opts: FuseExportOptions, ownsMount: boolean) {
+  private constructor(fd: number, opts: FuseExportOptions) {
     this.#fd = fd;
-    this.#ownsMount = ownsMount;
     this.#opts = opts;
     this.mountPoint = opts.mountPoint;
     this.path = `${opts.mountPoint}/${opts.fileName}`;
@@ -109,24 +107,6 @@ export class FuseExport {
   }
 
   /**
-   * Open /dev/fuse, mount it on `opts.mountPoint` and start serving; `close()` unmounts.
-   * @throws FuseError `fuse.bad_options`, `fuse.open_device`, `fuse.mount`
-   */
-  static start(opts: FuseExportOptions): FuseExport {
-    validate(opts);
-    const fd = mountFuse(opts.mountPoint, opts.maxWrite, opts.fsName);
-    try {
-      const exp = new FuseExport(fd, opts, true);
-      log.debug({ mountPoint: opts.mountPoint, size: opts.image.size }, "fuse export mounted");
-      return exp;
-    } catch (e) {
-      umount2(opts.mountPoint, MNT_DETACH);
-      closeSync(fd);
-      throw e;
-    }
-  }
-
-  /**
    * Serve a connection that another process mounted (see `mountFuse`) and handed over as `fd`.
    * With `resume` (a replacement server: the kernel sends no second INIT) first ask the kernel
    * to re-queue every request the previous server read but never answered (FUSE_NOTIFY_RESEND).
@@ -136,7 +116,7 @@ export class FuseExport {
   static attach(opts: FuseExportOptions & { fd: number; resume: boolean }): FuseExport {
     validate(opts);
     if (!Number.isInteger(opts.fd) || opts.fd < 0) throw new FuseError("fuse.bad_options", `invalid /dev/fuse fd ${opts.fd}`, { fd: opts.fd });
-    const exp = new FuseExport(opts.fd, opts, false);
+    const exp = new FuseExport(opts.fd, opts);
     if (opts.resume) {
       try {
         writeSync(opts.fd, F.encodeNotify(F.NOTIFY_RESEND));
@@ -149,21 +129,14 @@ export class FuseExport {
   }
 
   /**
-   * Stop serving and release everything. Mounted by us (`start`): unmount lazily (open files keep
-   * working until closed), wait for the reader threads to see ENODEV, close /dev/fuse. Attached:
-   * leave the mount and the reader threads (they end with the process). Then wait for in-flight
-   * requests, sync and close the image. Idempotent.
+   * Stop serving: wait for in-flight requests, then sync and close the image. The mount and the
+   * reader threads (parked in read(2)) belong to the mounting process and to this process's
+   * exit respectively. Idempotent.
    */
   async close(): Promise<void> {
     if (this.#closed) return;
     this.#closed = true;
-    if (this.#ownsMount) {
-      const err = umount2(this.mountPoint, MNT_DETACH);
-      if (err !== 0 && err !== 22) log.warn({ mountPoint: this.mountPoint, errno: err }, "umount2 failed");
-      await this.ended;
-    }
     await Promise.allSettled([...this.#inflight]);
-    if (this.#ownsMount) closeSync(this.#fd);
     try {
       if (!this.#opts.image.readOnly) await this.#opts.image.sync();
     } finally {

@@ -136,12 +136,13 @@ describe("FuseExport options", () => {
     ["maxWrite above 1 MiB", { maxWrite: 2 << 20 }],
     ["negative timeout", { requestTimeoutSec: -1 }],
     ["image size not sector aligned", { image: { ...img, size: 1000 } }],
+    ["negative fd", { fd: -1 }],
   ];
   for (const [name, patch] of cases) {
     test(`rejects ${name}`, () => {
       let err: any;
       try {
-        FuseExport.start({ ...base, ...patch } as any);
+        FuseExport.attach({ ...base, fd: 0, resume: false, ...patch } as any);
       } catch (e) {
         err = e;
       }
