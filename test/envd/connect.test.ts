@@ -294,9 +294,9 @@ describe("plain HTTP routes", () => {
     expect(await envs.json()).toEqual({ A: "1" });
     const bad = await initEnvd(envd.url, { defaultUser: "no-such-user-xyz" }, TOKEN);
     expect(bad.status).toBe(400);
-    expect((await bad.json()).code).toBe(400);
+    expect(((await bad.json()) as { code: number }).code).toBe(400);
     expect((await initEnvd(envd.url, { envVars: "x" }, TOKEN)).status).toBe(400);
-    const m = await (await fetch(`${envd.url}/metrics`, { headers: { "x-access-token": TOKEN } })).json();
+    const m = (await (await fetch(`${envd.url}/metrics`, { headers: { "x-access-token": TOKEN } })).json()) as Record<string, number>;
     expect(m.cpu_count).toBeGreaterThan(0);
     expect(m.mem_total).toBeGreaterThan(m.mem_used);
     expect(m.disk_total).toBeGreaterThan(0);
