@@ -280,4 +280,16 @@ describe("FUSE disk export", () => {
     // a second reap finds nothing
     expect(await reapStaleDisks(recordDir, { mountRoots: [root] })).toEqual({ killed: [], unmounted: [], records: 0 });
   }, 60_000);
+
+  test("reap leaves a recycled pid alone and drops unreadable records", async () => {
+    mkdirSync(recordDir, { recursive: true });
+    // a record whose pid now belongs to another program (this test runner)
+    writeFileSync(join(recordDir, "recycled.json"), JSON.stringify({ id: "recycled", pid: process.pid, mountPoint: join(root, "recycled", "mnt"), startedAt: 0 }));
+    writeFileSync(join(recordDir, "garbage.json"), "{not json");
+    const rep = await reapStaleDisks(recordDir, { mountRoots: [root] });
+    expect(rep.killed).toEqual([]);
+    expect(rep.records).toBe(2);
+    expect(existsSync(join(recordDir, "recycled.json"))).toBe(false);
+    expect(existsSync(join(recordDir, "garbage.json"))).toBe(false);
+  }, 60_000);
 });
