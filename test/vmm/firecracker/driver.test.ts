@@ -280,6 +280,20 @@ describe("Firecracker driver against the schema-validating stand-in", () => {
     await expectVmmError(driver.boot(spec), "vmm.spawn_failed");
   }, 60_000);
 
+  test("after a node crash, reapLeftovers kills the Firecracker process and removes its socket", async () => {
+    const { reapLeftovers } = await import("../../../src/vmm/supervise.ts");
+    const driver = new FirecrackerDriver({ config: cfg, runtimeDir });
+    const spec = makeSpec("vm-orphan");
+    const vm = await driver.boot(spec);
+    const sock = join(spec.workDir, "firecracker.sock");
+    expect(existsSync(sock)).toBe(true);
+    const reaped = await reapLeftovers(runtimeDir);
+    expect(reaped).toContain("vm-orphan");
+    expect(await vm.exited).toBeNull(); // SIGKILL
+    expect(existsSync(sock)).toBe(false);
+    expect(existsSync(join(runtimeDir, "vmm", "vm-orphan.json"))).toBe(false);
+  }, 60_000);
+
   test("a VMM that dies is noticed: exited resolves, record removed, further calls refused", async () => {
     const driver = new FirecrackerDriver({ config: cfg, runtimeDir });
     const vm = await driver.boot(makeSpec("vm-dies"));
