@@ -22,6 +22,8 @@ export interface FirecrackerConfig {
   driveCacheType: "Unsafe" | "Writeback";
   /** Drive I/O engine: "Sync" or "Async" (io_uring). */
   driveIoEngine: "Sync" | "Async";
+  /** Attach a virtio-rng device (PUT /entropy). */
+  entropyDevice: boolean;
 }
 
 /**
@@ -51,5 +53,6 @@ export function firecrackerConfig(cfg: ConfigTable = loadConfig()): FirecrackerC
     mmdsVersion: oneOf("mmds_version", ["V1", "V2"] as const),
     driveCacheType: oneOf("drive_cache_type", ["Unsafe", "Writeback"] as const),
     driveIoEngine: oneOf("drive_io_engine", ["Sync", "Async"] as const),
+    entropyDevice: get<boolean>(cfg, "firecracker.entropy_device"),
   };
 }

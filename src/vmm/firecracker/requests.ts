@@ -75,6 +75,8 @@ export function bootRequests(spec: VmSpec, cfg: FirecrackerConfig): ApiRequest[]
       reqs.push({ method: "PUT", path: "/mmds", body: spec.metadata });
     }
   }
+  // virtio-rng: a Bun envd in the guest needs entropy early (/work/shared/docs/bun-in-guest.md)
+  if (cfg.entropyDevice) reqs.push({ method: "PUT", path: "/entropy", body: {} });
   reqs.push({ method: "PUT", path: "/actions", body: { action_type: "InstanceStart" } });
   return reqs;
 }

@@ -123,6 +123,7 @@ describe("Firecracker driver against the schema-validating stand-in", () => {
       "PUT /boot-source 204",
       "PUT /drives/rootfs 204",
       "PUT /drives/data 204",
+      "PUT /entropy 204",
       "PUT /actions 204",
       "PATCH /vm 204",
       "PUT /snapshot/create 204",
@@ -136,11 +137,12 @@ describe("Firecracker driver against the schema-validating stand-in", () => {
       cache_type: "Writeback", io_engine: "Sync",
     });
     expect(log[3]!.body.is_read_only).toBe(true);
-    expect(log[4]!.body).toEqual({ action_type: "InstanceStart" });
-    expect(log[5]!.body).toEqual({ state: "Paused" });
-    expect(log[6]!.body).toEqual({ snapshot_type: "Full", snapshot_path: join(spec.workDir, "full.state"), mem_file_path: join(spec.workDir, "full.mem") });
-    expect(log[7]!.body.snapshot_type).toBe("Diff");
-    expect(log[8]!.body).toEqual({ state: "Resumed" });
+    expect(log[4]!.body).toEqual({});
+    expect(log[5]!.body).toEqual({ action_type: "InstanceStart" });
+    expect(log[6]!.body).toEqual({ state: "Paused" });
+    expect(log[7]!.body).toEqual({ snapshot_type: "Full", snapshot_path: join(spec.workDir, "full.state"), mem_file_path: join(spec.workDir, "full.mem") });
+    expect(log[8]!.body.snapshot_type).toBe("Diff");
+    expect(log[9]!.body).toEqual({ state: "Resumed" });
     expect(statSync(join(spec.workDir, "full.mem")).size).toBe(256 * 1024 * 1024);
 
     await vm.stop();
@@ -194,7 +196,7 @@ describe("Firecracker driver against the schema-validating stand-in", () => {
     const log = requests(spec);
     expect(seq(log)).toEqual([
       "PUT /machine-config 204", "PUT /boot-source 204", "PUT /drives/rootfs 204", "PUT /drives/data 204",
-      "PUT /network-interfaces/eth0 204", "PUT /mmds/config 204", "PUT /mmds 204", "PUT /actions 204",
+      "PUT /network-interfaces/eth0 204", "PUT /mmds/config 204", "PUT /mmds 204", "PUT /entropy 204", "PUT /actions 204",
     ]);
     expect(log[4]!.body).toEqual({ iface_id: "eth0", host_dev_name: "tap-a", guest_mac: "02:fc:00:00:00:01" });
     expect(log[5]!.body).toEqual({ version: "V2", network_interfaces: ["eth0"] });
