@@ -311,10 +311,13 @@ describe("plain HTTP routes", () => {
     const q = (extra: string) => `${envd.url}/files?path=${encodeURIComponent(path)}${extra}`;
     expect((await fetch(q(""))).status).toBe(401);
     const sig = fileSignature(path, "read", "", TOKEN);
-    expect(await (await fetch(q(`&signature=${sig}`))).text()).toBe("0123456789");
-    expect((await fetch(q(`&signature=${fileSignature(path, "write", "", TOKEN)}`))).status).toBe(401);
+    const enc = encodeURIComponent;
+    expect(await (await fetch(q(`&signature=${enc(sig)}`))).text()).toBe("0123456789");
+    expect((await fetch(q(`&signature=${enc(fileSignature(path, "write", "", TOKEN))}`))).status).toBe(401);
     const past = Math.floor(Date.now() / 1000) - 10;
-    expect((await fetch(q(`&signature=${fileSignature(path, "read", "", TOKEN, past)}&signature_expiration=${past}`))).status).toBe(401);
+    expect((await fetch(q(`&signature=${enc(fileSignature(path, "read", "", TOKEN, past))}&signature_expiration=${past}`))).status).toBe(401);
+    const future = Math.floor(Date.now() / 1000) + 60;
+    expect((await fetch(q(`&signature=${enc(fileSignature(path, "read", "", TOKEN, future))}&signature_expiration=${future}`))).status).toBe(200);
     const auth = { "x-access-token": TOKEN };
     const part = await fetch(q(""), { headers: { ...auth, range: "bytes=2-4" } });
     expect(part.status).toBe(206);
