@@ -80,6 +80,7 @@ export class FuseExport {
   #workers: Worker[] = [];
   #closed = false;
   #inflight = new Set<Promise<void>>();
+  #writeChain: Promise<void> = Promise.resolve();
   #startTime = Math.floor(Date.now() / 1000);
 
   private constructor(fd: number, opts: FuseExportOptions) {
@@ -146,6 +147,16 @@ export class FuseExport {
 
   async [Symbol.asyncDispose](): Promise<void> {
     await this.close();
+  }
+
+  /**
+   * Run image mutations one at a time, in arrival order: an unaligned write is a
+   * read-modify-write across awaits, and two overlapping ones must not interleave.
+   */
+  #serial<T>(op: () => Promise<T>): Promise<T> {
+    const run = this.#writeChain.then(op);
+    this.#writeChain = run.then(() => undefined, () => undefined);
+    return run;
   }
 
   #dispatch(req: Uint8Array): void {
@@ -262,7 +273,7 @@ export class FuseExport {
         if (data.byteLength !== w.size) return this.#reply(h.unique, F.Errno.EINVAL);
         if (w.offset + w.size > img.size) return this.#reply(h.unique, F.Errno.ENOSPC);
         try {
-          const n = await img.pwrite(data, w.offset);
+          const n = await this.#serial(() => img.pwrite(data, w.offset));
           this.stats.writes++;
           this.stats.bytesWritten += n;
           return this.#reply(h.unique, 0, F.encodeWriteOut(n));
@@ -281,7 +292,7 @@ export class FuseExport {
         if (a.mode === 0 || a.mode === F.FALLOC_FL_KEEP_SIZE) return this.#reply(h.unique, 0); // preallocation inside the size: nothing to do
         if (!punch && !zero) return this.#reply(h.unique, F.Errno.EOPNOTSUPP);
         try {
-          await img.discard(a.offset, a.length);
+          await this.#serial(() => img.discard(a.offset, a.length));
           this.stats.discards++;
           return this.#reply(h.unique, 0);
         } catch (e) {
@@ -291,7 +302,7 @@ export class FuseExport {
       }
       case F.Op.FSYNC: {
         try {
-          if (!img.readOnly) await img.sync();
+          if (!img.readOnly) await this.#serial(() => img.sync());
           this.stats.fsyncs++;
           return this.#reply(h.unique, 0);
         } catch (e) {

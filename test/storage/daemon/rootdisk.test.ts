@@ -141,6 +141,33 @@ describe("root disks: template layers + per-sandbox upper over FUSE", () => {
     }
   }, 60_000);
 
+  test("concurrent unaligned O_DIRECT writes from 6 processes into shared sectors lose no update", async () => {
+    const d = await prepareRootDisk({ id: "sbrace", lowers, sandboxDir: join(root, "sbrace"), recordDir, config: cfg });
+    try {
+      // writer k owns bytes [base + k*100, base + k*100 + 100) of the same two sectors and rewrites them
+      // 150 times with its own changing pattern; each WRITE is a read-modify-write in the image
+      const base = 2 * MiB + 37;
+      const script = `
+        const fs = require("node:fs");
+        const [path, k, base] = process.argv.slice(1).map((v, i) => (i === 0 ? v : Number(v)));
+        const fd = fs.openSync(path, fs.constants.O_RDWR | 0o40000);
+        for (let r = 0; r < 150; r++) fs.writeSync(fd, Buffer.alloc(100, (k * 40 + r) & 255), 0, 100, base + k * 100);
+        fs.closeSync(fd);`;
+      const procs = Array.from({ length: 6 }, (_, k) => Bun.spawn([process.execPath, "-e", script, d.path, String(k), String(base)], { stderr: "inherit" }));
+      expect(await Promise.all(procs.map((p) => p.exited))).toEqual([0, 0, 0, 0, 0, 0]);
+      const got = readFileSync(d.path);
+      for (let k = 0; k < 6; k++) {
+        const want = (k * 40 + 149) & 255;
+        expect(got.subarray(base + k * 100, base + k * 100 + 100).every((b) => b === want)).toBe(true);
+      }
+      // bytes around the written span keep the template's content
+      expect(got.subarray(base - 37, base).equals(Buffer.from(expected.subarray(base - 37, base)))).toBe(true);
+      expect(got.subarray(base + 600, base + 700).equals(Buffer.from(expected.subarray(base + 600, base + 700)))).toBe(true);
+    } finally {
+      await d.close();
+    }
+  }, 60_000);
+
   test("bad input: no lowers, relative paths, unaligned size, missing layer", async () => {
     const base = { id: "bad", sandboxDir: join(root, "bad"), recordDir, config: cfg };
     const cases: [Record<string, unknown>, string][] = [
