@@ -151,7 +151,9 @@ export class FuseExport {
 
   /**
    * Run image mutations one at a time, in arrival order: an unaligned write is a
-   * read-modify-write across awaits, and two overlapping ones must not interleave.
+   * read-modify-write across awaits, and two overlapping ones must not interleave. (The kernel
+   * already holds the inode lock around a direct write, but async direct I/O and page-cache
+   * writeback can still have several WRITEs of one file in flight.)
    */
   #serial<T>(op: () => Promise<T>): Promise<T> {
     const run = this.#writeChain.then(op);

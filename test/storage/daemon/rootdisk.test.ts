@@ -141,7 +141,7 @@ describe("root disks: template layers + per-sandbox upper over FUSE", () => {
     }
   }, 60_000);
 
-  test("concurrent unaligned O_DIRECT writes from 6 processes into shared sectors lose no update", async () => {
+  test("concurrent unaligned O_DIRECT writes from 6 processes into shared sectors: each range ends with its writer's last pattern", async () => {
     const d = await prepareRootDisk({ id: "sbrace", lowers, sandboxDir: join(root, "sbrace"), recordDir, config: cfg });
     try {
       // writer k owns bytes [base + k*100, base + k*100 + 100) of the same two sectors and rewrites them
