@@ -168,6 +168,25 @@ describe("root disks: template layers + per-sandbox upper over FUSE", () => {
     }
   }, 60_000);
 
+  test("a virtual size above the template's grows the disk: the template, then zeros, writable to the end", async () => {
+    const d = await prepareRootDisk({ id: "sbbig", lowers, sandboxDir: join(root, "sbbig"), virtualSize: SIZE + 4 * MiB, recordDir, config: cfg });
+    try {
+      const got = readFileSync(d.path);
+      expect(got.length).toBe(SIZE + 4 * MiB);
+      expect(sha(got.subarray(0, SIZE))).toBe(sha(expected));
+      expect(got.subarray(SIZE).every((b) => b === 0)).toBe(true);
+      const fd = openSync(d.path, "r+");
+      try {
+        expect(writeSync(fd, Buffer.from("end"), 0, 3, SIZE + 4 * MiB - 3)).toBe(3);
+      } finally {
+        closeSync(fd);
+      }
+      expect(readFileSync(d.path).subarray(SIZE + 4 * MiB - 3).toString()).toBe("end");
+    } finally {
+      await d.close();
+    }
+  }, 60_000);
+
   test("bad input: no lowers, relative paths, unaligned size, missing layer", async () => {
     const base = { id: "bad", sandboxDir: join(root, "bad"), recordDir, config: cfg };
     const cases: [Record<string, unknown>, string][] = [
