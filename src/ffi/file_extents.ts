@@ -1,7 +1,8 @@
 /**
  * File-extent system calls Bun's fs does not expose: lseek(2) with SEEK_DATA/SEEK_HOLE and the
- * FICLONE ioctl (reflink). Values from include/uapi/linux/fs.h and include/uapi/linux/fs.h /
- * asm-generic: SEEK_DATA 3, SEEK_HOLE 4, FICLONE _IOW(0x94, 9, int) = 0x40049409.
+ * FICLONE ioctl (reflink) and fallocate(2) hole punching. Values from include/uapi/linux/fs.h and
+ * include/uapi/linux/falloc.h: SEEK_DATA 3, SEEK_HOLE 4, FICLONE _IOW(0x94, 9, int) = 0x40049409,
+ * FALLOC_FL_KEEP_SIZE 1, FALLOC_FL_PUNCH_HOLE 2.
  */
 import { dlopen, FFIType } from "bun:ffi";
 
@@ -13,6 +14,7 @@ const ENXIO = 6;
 const libc = dlopen("libc.so.6", {
   lseek: { args: [FFIType.i32, FFIType.i64, FFIType.i32], returns: FFIType.i64 },
   ioctl: { args: [FFIType.i32, FFIType.u64, FFIType.i32], returns: FFIType.i32 },
+  fallocate: { args: [FFIType.i32, FFIType.i32, FFIType.i64, FFIType.i64], returns: FFIType.i32 },
   __errno_location: { args: [], returns: FFIType.ptr },
 });
 
@@ -63,4 +65,15 @@ export function dataExtents(fd: number, size: number): Array<[number, number]> {
 export function ficlone(dstFd: number, srcFd: number): number {
   const r = libc.symbols.ioctl(dstFd, FICLONE, srcFd);
   return r === 0 ? 0 : errno();
+}
+
+const FALLOC_FL_KEEP_SIZE = 1;
+const FALLOC_FL_PUNCH_HOLE = 2;
+
+/**
+ * Deallocate [offset, offset+length) bytes of an open file (reads return zeros; size unchanged).
+ * @throws SyscallError with the errno (EOPNOTSUPP 95 where the filesystem cannot punch holes)
+ */
+export function punchHole(fd: number, offset: number, length: number): void {
+  if (libc.symbols.fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, offset, length) !== 0) throw new SyscallError("fallocate(PUNCH_HOLE)", errno());
 }

@@ -12,7 +12,8 @@ import {
   decodeHeaderTrailer, decodeSegment, encodeHeaderTrailer, encodeSegments, ENTRY_SIZE, type HeaderTrailer, HT_SIZE, HTFlag,
   INVALID_OFFSET, MAX_ENTRY_SECTORS, MAX_RW_INDEX_ENTRIES, randomUuid, SECTOR, type Segment,
 } from "./format.ts";
-import { insertSegment } from "./segments.ts";
+import { insertSegment, removeRange } from "./segments.ts";
+import { dataExtents, punchHole } from "../../ffi/file_extents.ts";
 
 const log = logger("overlaybd");
 /** Largest data piece one index entry gets on write (sectors; overlaybd cuts at 4 MiB). */
@@ -26,17 +27,27 @@ export interface RwCreateOptions {
   uuid?: string;
   /** UUID of the layer below; null UUID when absent. */
   parentUuid?: string;
+  /**
+   * Sparse layout (`overlaybd-create -s`, header flags 0x13): virtual byte X lives at data-file
+   * byte 4096+X, the index is derived from the file's holes, the index file stays empty.
+   * Discard punches a hole, so a discarded range falls through to the layers below (as in
+   * overlaybd). Default false.
+   */
+  sparse?: boolean;
 }
 
 /** An open writable layer (data + index file pair). */
 export class RwLayer {
   /** Sorted, non-overlapping live mappings (sectors); tag 0. */
   readonly segments: Segment[];
+  /** Sparse layout (see RwCreateOptions.sparse). */
+  readonly sparse: boolean;
   private dataEnd: number; // bytes, sector aligned
   private indexEnd: number; // bytes
   private closed = false;
 
   private constructor(readonly data: LocalFile, readonly index: LocalFile, readonly header: HeaderTrailer, segs: Segment[], dataEnd: number, indexEnd: number) {
+    this.sparse = (header.flags & HTFlag.SPARSE) !== 0;
     this.segments = segs;
     this.dataEnd = dataEnd;
     this.indexEnd = indexEnd;
@@ -60,8 +71,10 @@ export class RwLayer {
     if (!Number.isSafeInteger(opts.virtualSize) || opts.virtualSize < 0 || opts.virtualSize % SECTOR !== 0) {
       fail("bad_size", `virtual size ${opts.virtualSize} is not a non-negative multiple of 512`, { file: dataPath, virtualSize: opts.virtualSize });
     }
+    if (opts.sparse && opts.virtualSize === 0) fail("bad_size", "a sparse writable layer needs its virtual size up front", { file: dataPath, virtualSize: 0 });
     const uuid = opts.uuid ?? randomUuid();
     const base = { virtualSize: opts.virtualSize, uuid, parentUuid: opts.parentUuid };
+    const dataFlags = HTFlag.HEADER | HTFlag.DATA | (opts.sparse ? HTFlag.SPARSE : 0);
     const data = LocalFile.open(dataPath, { writable: true, create: true });
     let index: LocalFile;
     try {
@@ -70,11 +83,12 @@ export class RwLayer {
       await data.close();
       throw e;
     }
-    data.pwriteSync(encodeHeaderTrailer({ ...base, flags: HTFlag.HEADER | HTFlag.DATA }), 0);
+    data.pwriteSync(encodeHeaderTrailer({ ...base, flags: dataFlags }), 0);
+    if (opts.sparse) data.truncateSync(HT_SIZE + opts.virtualSize);
     index.pwriteSync(encodeHeaderTrailer({ ...base, flags: HTFlag.HEADER, indexOffset: HT_SIZE }), 0);
     data.syncSync();
     index.syncSync();
-    const header = decodeHeaderTrailer(encodeHeaderTrailer({ ...base, flags: HTFlag.HEADER | HTFlag.DATA }), dataPath, 0);
+    const header = decodeHeaderTrailer(encodeHeaderTrailer({ ...base, flags: dataFlags }), dataPath, 0);
     return new RwLayer(data, index, header, [], HT_SIZE, HT_SIZE);
   }
 
@@ -93,7 +107,18 @@ export class RwLayer {
       if (!(header.flags & HTFlag.HEADER) || !(header.flags & HTFlag.DATA) || header.flags & HTFlag.SEALED) {
         fail("bad_flags", `writable data header flags 0x${header.flags.toString(16)} are not header|data`, { file: dataPath, offset: 0, flags: header.flags });
       }
-      if (header.flags & HTFlag.SPARSE) fail("unsupported", "sparse writable layers are not supported", { file: dataPath, offset: 0 });
+      if (header.flags & HTFlag.SPARSE) {
+        const segs: Segment[] = [];
+        const end = HT_SIZE + header.virtualSize;
+        for (const [a0, b0] of dataExtents(data.fd, Math.min(data.size, end))) {
+          const a = Math.max(HT_SIZE, Math.floor(a0 / SECTOR) * SECTOR), b = Math.min(end, Math.ceil(b0 / SECTOR) * SECTOR);
+          for (let s = a / SECTOR; s < b / SECTOR; s += MAX_ENTRY_SECTORS) {
+            const n = Math.min(MAX_ENTRY_SECTORS, b / SECTOR - s);
+            segs.push({ offset: s - HT_SIZE / SECTOR, length: n, moffset: s, zeroed: false, tag: 0 });
+          }
+        }
+        return new RwLayer(data, index, header, segs, end, HT_SIZE);
+      }
       index.preadSync(hb, 0);
       const ih = decodeHeaderTrailer(hb, indexPath, 0);
       if (!(ih.flags & HTFlag.HEADER) || ih.flags & (HTFlag.DATA | HTFlag.SEALED)) {
@@ -156,6 +181,14 @@ export class RwLayer {
    */
   writeAligned(buf: Uint8Array, offset: number): void {
     if (offset % SECTOR !== 0 || buf.length % SECTOR !== 0) fail("unaligned", `write of ${buf.length} bytes at ${offset} is not 512-aligned`, { file: this.data.name, offset, length: buf.length });
+    if (this.sparse) {
+      this.data.pwriteSync(buf, HT_SIZE + offset);
+      for (let p = 0; p < buf.length; p += MAX_ENTRY_SECTORS * SECTOR) {
+        const n = Math.min(MAX_ENTRY_SECTORS * SECTOR, buf.length - p);
+        insertSegment(this.segments, { offset: (offset + p) / SECTOR, length: n / SECTOR, moffset: (HT_SIZE + offset + p) / SECTOR, zeroed: false, tag: 0 });
+      }
+      return;
+    }
     const entries: Segment[] = [];
     for (let p = 0; p < buf.length; p += MAX_WRITE_SECTORS * SECTOR) {
       const piece = buf.subarray(p, Math.min(buf.length, p + MAX_WRITE_SECTORS * SECTOR));
@@ -172,6 +205,16 @@ export class RwLayer {
    */
   discardAligned(offset: number, length: number): void {
     if (offset % SECTOR !== 0 || length % SECTOR !== 0) fail("unaligned", `discard of ${length} bytes at ${offset} is not 512-aligned`, { file: this.data.name, offset, length });
+    if (this.sparse) {
+      if (length === 0) return;
+      try {
+        punchHole(this.data.fd, HT_SIZE + offset, length);
+      } catch (e) {
+        fail("discard_failed", `cannot punch a hole: ${(e as Error).message}`, { file: this.data.name, offset: HT_SIZE + offset, length });
+      }
+      removeRange(this.segments, offset / SECTOR, (offset + length) / SECTOR);
+      return;
+    }
     const entries: Segment[] = [];
     for (let s = offset / SECTOR, left = length / SECTOR; left > 0;) {
       const n = Math.min(left, MAX_ENTRY_SECTORS);
@@ -191,6 +234,7 @@ export class RwLayer {
    */
   async seal(): Promise<number> {
     if (this.closed) fail("closed", "seal of a closed writable layer", { file: this.data.name });
+    if (this.sparse) fail("unsupported", "a sparse writable layer cannot be sealed in place; commit it instead", { file: this.data.name, offset: 0 });
     const indexOffset = this.dataEnd;
     const idx = encodeSegments(this.segments.map((s) => ({ ...s, tag: 0 })));
     const padded = new Uint8Array(Math.ceil(idx.length / SECTOR) * SECTOR);

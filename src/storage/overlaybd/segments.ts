@@ -121,3 +121,17 @@ export function mergeNeighbours(segs: readonly Segment[]): Segment[] {
   }
   return out;
 }
+
+/** Remove every mapping of sectors [from, to) from the sorted `segs` in place (trimming or splitting). */
+export function removeRange(segs: Segment[], from: number, to: number): void {
+  if (to <= from) return;
+  const i = firstEndingAfter(segs, from);
+  let j = i;
+  while (j < segs.length && segs[j]!.offset < to) j++;
+  if (j === i) return;
+  const first = segs[i]!, last = segs[j - 1]!;
+  const keep: Segment[] = [];
+  if (first.offset < from) keep.push(trim(first, first.offset, from));
+  if (last.offset + last.length > to) keep.push(trim(last, to, last.offset + last.length));
+  segs.splice(i, j - i, ...keep);
+}

@@ -19,6 +19,8 @@ import { logger } from "../../observability/log.ts";
 const log = logger("overlaybd");
 /** Shared empty list for synchronous reads (nothing is ever pushed: every layer is sync). */
 const NO_PENDING: Promise<void>[] = [];
+/** Write/discard unit of a sparse upper (bytes): the filesystem block its holes are found in. */
+const SPARSE_BLOCK = 4096;
 
 /** Paths of a writable upper layer. */
 export interface UpperPaths {
@@ -215,15 +217,17 @@ export class LayeredImage implements BlockImage {
     this.checkRange(offset, buf.length, "write");
     if (buf.length === 0) return 0;
     if (offset + buf.length > this._size) fail("out_of_range", `write of ${buf.length} bytes at ${offset} is past the virtual size ${this._size}`, { file: up.data.name, offset, size: this._size });
-    const a = Math.floor(offset / SECTOR) * SECTOR;
-    const b = Math.ceil((offset + buf.length) / SECTOR) * SECTOR;
+    // a sparse upper maps whole filesystem blocks, so it is written in whole 4 KiB blocks
+    const A = up.sparse ? SPARSE_BLOCK : SECTOR;
+    const a = Math.floor(offset / A) * A;
+    const b = Math.min(Math.ceil((offset + buf.length) / A) * A, Math.max(this._size, offset + buf.length));
     if (a === offset && b === offset + buf.length) {
       up.writeAligned(buf, offset);
       return buf.length;
     }
     const tmp = new Uint8Array(b - a);
-    await this.pread(tmp.subarray(0, SECTOR), a);
-    if (b - SECTOR > a) await this.pread(tmp.subarray(tmp.length - SECTOR), b - SECTOR);
+    await this.pread(tmp.subarray(0, Math.min(A, tmp.length)), a);
+    if (b - A > a) await this.pread(tmp.subarray(tmp.length - A), b - A);
     tmp.set(buf, offset - a);
     up.writeAligned(tmp, a);
     return buf.length;
@@ -234,14 +238,21 @@ export class LayeredImage implements BlockImage {
     const up = this.requireUpper("discard");
     this.checkRange(offset, length, "discard");
     if (offset + length > this._size) fail("out_of_range", `discard of ${length} bytes at ${offset} is past the virtual size ${this._size}`, { file: up.data.name, offset, size: this._size });
-    const a = Math.ceil(offset / SECTOR) * SECTOR;
-    const b = Math.floor((offset + length) / SECTOR) * SECTOR;
+    const A = up.sparse ? SPARSE_BLOCK : SECTOR;
+    const a = Math.ceil(offset / A) * A;
+    const b = Math.floor((offset + length) / A) * A;
     if (a >= b) {
       if (length > 0) await this.pwrite(new Uint8Array(length), offset);
       return;
     }
     if (a > offset) await this.pwrite(new Uint8Array(a - offset), offset);
     up.discardAligned(a, b - a);
+    if (up.sparse) {
+      // a punched hole falls through to the lowers: zero what they hold there explicitly
+      for (const [x, y] of this.lowerDataRanges(a, b)) {
+        for (let p = x; p < y; p += 1 << 20) up.writeAligned(new Uint8Array(Math.min(1 << 20, y - p)), p);
+      }
+    }
     if (offset + length > b) await this.pwrite(new Uint8Array(offset + length - b), b);
   }
 
@@ -279,6 +290,19 @@ export class LayeredImage implements BlockImage {
   dataRanges(from: number, to: number): Array<[number, number]> {
     const out: Array<[number, number]> = [];
     const segs = this.effectiveSegments();
+    for (let i = firstEndingAfter(segs, Math.floor(from / SECTOR)); i < segs.length; i++) {
+      const s = segs[i]!;
+      const a = Math.max(s.offset * SECTOR, from), b = Math.min((s.offset + s.length) * SECTOR, to);
+      if (a >= to) break;
+      if (!s.zeroed && a < b) out.push([a, b]);
+    }
+    return out;
+  }
+
+  /** Byte ranges in [from, to) where the read-only layers hold data. */
+  private lowerDataRanges(from: number, to: number): Array<[number, number]> {
+    const out: Array<[number, number]> = [];
+    const segs = this.merged;
     for (let i = firstEndingAfter(segs, Math.floor(from / SECTOR)); i < segs.length; i++) {
       const s = segs[i]!;
       const a = Math.max(s.offset * SECTOR, from), b = Math.min((s.offset + s.length) * SECTOR, to);
@@ -340,7 +364,7 @@ export class LayeredImage implements BlockImage {
       await this.commit(layerPath, { meta: { uuid } });
     }
     const layer = await openRoLayerFile(path);
-    const fresh = await RwLayer.create(next.data, next.index, { virtualSize: this._size, parentUuid: layer.trailer.uuid });
+    const fresh = await RwLayer.create(next.data, next.index, { virtualSize: this._size, parentUuid: layer.trailer.uuid, sparse: up.sparse });
     await up.close();
     this.layers = [...this.layers, layer];
     this.merged = overlay(layer.segments.map((s) => ({ ...s, tag: this.layers.length - 1 })), this.merged);
@@ -419,7 +443,7 @@ export async function openStack(opts: StackOptions): Promise<LayeredImage> {
  * Create an empty writable upper pair of `virtualSize` bytes (overlaybd-create).
  * @throws OverlaybdError `bad_size`, `open_failed` (a file exists)
  */
-export async function createUpper(paths: UpperPaths, virtualSize: number, opts: { uuid?: string; parentUuid?: string } = {}): Promise<void> {
+export async function createUpper(paths: UpperPaths, virtualSize: number, opts: { uuid?: string; parentUuid?: string; sparse?: boolean } = {}): Promise<void> {
   const l = await RwLayer.create(paths.data, paths.index, { virtualSize, ...opts });
   await l.close();
 }

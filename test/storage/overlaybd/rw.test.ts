@@ -267,3 +267,32 @@ describe("seal", () => {
     await ro.close();
   });
 });
+
+describe("sparse writable layer (overlaybd-create -s)", () => {
+  test("layout, index from holes after reopen, discard over a lower reads zeros", async () => {
+    writeFileSync(tmp.path("raw.img"), new Uint8Array(MiB).fill(7));
+    await importRaw(tmp.path("raw.img"), tmp.path("base.layer"));
+    await createUpper(up(), MiB, { sparse: true });
+    expect(readFileSync(up().data)[0x1c]).toBe(0x13);
+    expect(statSync(up().data).size).toBe(4096 + MiB);
+    let img = await openStack({ lowers: [tmp.path("base.layer")], upper: up() });
+    await img.pwrite(new Uint8Array(512).fill(9), 8192 + 512); // inside one 4 KiB block: read-modify-write
+    await img.discard(65536, 65536);
+    await img.sync();
+    await img.close();
+    expect(statSync(up().index).size).toBe(4096);
+    img = await openStack({ lowers: [tmp.path("base.layer")], upper: up() });
+    expect(img.writable!.sparse).toBe(true);
+    const r = new Uint8Array(MiB);
+    await img.pread(r, 0);
+    const want = new Uint8Array(MiB).fill(7);
+    want.fill(9, 8704, 9216);
+    want.fill(0, 65536, 131072);
+    expect(Buffer.compare(r, want)).toBe(0);
+    // the data file stores virtual byte X at 4096 + X
+    expect(readFileSync(up().data)[4096 + 8704]).toBe(9);
+    await expect(img.restack(null, { data: tmp.path("n.data"), index: tmp.path("n.index") })).rejects.toMatchObject({ code: "overlaybd.unsupported" });
+    await img.close();
+    await expect(createUpper({ data: tmp.path("z.data"), index: tmp.path("z.index") }, 0, { sparse: true })).rejects.toMatchObject({ code: "overlaybd.bad_size" });
+  });
+});
