@@ -10,7 +10,7 @@ import {
   compressLayer, createUpper, importRaw, importSparse, LayeredImage, LocalFile, openImageConfig, openStack, OverlaybdError,
   remoteOpener, unwrapBlob, type ZAlgoName,
 } from "../storage/overlaybd/index.ts";
-import { decodeHeaderTrailer, HT_SIZE } from "../storage/overlaybd/format.ts";
+import { decodeHeaderTrailer, HT_SIZE, HTFlag } from "../storage/overlaybd/format.ts";
 import { openRoLayer } from "../storage/overlaybd/layer.ts";
 import { get, loadConfig } from "../config/index.ts";
 
@@ -70,7 +70,7 @@ const info = defineCommand({
       await lsmt.pread(hb, 0);
       const header = decodeHeaderTrailer(hb, file, 0);
       out.header = header;
-      if (header.flags & 4 || lsmt.size >= 2 * HT_SIZE) {
+      if (header.flags & HTFlag.SEALED || lsmt.size >= 2 * HT_SIZE) {
         try {
           const layer = await openRoLayer(lsmt);
           let data = 0, zeroed = 0;
@@ -78,7 +78,7 @@ const info = defineCommand({
           out.trailer = layer.trailer;
           out.index = { entries: layer.segments.length, dataSectors: data, zeroedSectors: zeroed };
         } catch (e) {
-          if (header.flags & 4) throw e;
+          if (header.flags & HTFlag.SEALED) throw e;
           out.trailer = null; // a writable data file has no trailer
         }
       }
@@ -127,9 +127,10 @@ const create = defineCommand({
     size: { type: "string", description: "virtual size (bytes or 64GiB-style); 0 = take the lower stack's", default: "0" },
     uuid: { type: "string", description: "layer UUID (default random)" },
     "parent-uuid": { type: "string", description: "parent layer UUID" },
+    sparse: { type: "boolean", description: "sparse layout (overlaybd-create -s): data at 4096+offset, index from holes" },
   },
   run: guarded("create", async (a) => {
-    await createUpper({ data: need(a.data, "DATA"), index: need(a.index, "INDEX") }, parseBytes(a.size, "--size"), { uuid: a.uuid, parentUuid: a["parent-uuid"] });
+    await createUpper({ data: need(a.data, "DATA"), index: need(a.index, "INDEX") }, parseBytes(a.size, "--size"), { uuid: a.uuid, parentUuid: a["parent-uuid"], sparse: !!a.sparse });
   }),
 });
 

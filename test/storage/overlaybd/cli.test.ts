@@ -63,6 +63,8 @@ describe("agentenv image", () => {
     expect(sealed.header.flags).toBe(3);
     expect(sealed.trailer.flags).toBe(6);
     expect(sealed.trailer.indexSize).toBe(0);
+    expect(run("create", "--sparse", tmp.path("sp.data"), tmp.path("sp.index"), "--size", "1MiB").code).toBe(0);
+    expect(JSON.parse(run("info", tmp.path("sp.data")).out.toString()).header.flags).toBe(0x13);
   }, 30_000);
 
   test("bad input: non-zero exit, one line naming the problem", () => {
