@@ -35,6 +35,7 @@ export default defineCommand({
       maxWatcherEvents: get<number>(cfg, "envd.max_watcher_events"),
       maxWatchDirs: get<number>(cfg, "envd.max_watch_dirs"),
       idleTimeoutS: get<number>(cfg, "envd.idle_timeout_s"),
+      maxRequestBodyBytes: get<number>(cfg, "envd.max_request_body_bytes"),
     });
     // Machine-readable readiness line for supervisors and tests.
     process.stdout.write(`envd listening on ${envd.port}\n`);

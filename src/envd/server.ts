@@ -46,6 +46,8 @@ export interface EnvdOptions {
   maxWatchDirs: number;
   /** HTTP idle timeout, s (Bun caps it at 255). */
   idleTimeoutS: number;
+  /** Largest request body (uploads), bytes; bodies are streamed to disk, never held whole. */
+  maxRequestBodyBytes: number;
 }
 
 /** Defaults matching config/default.toml `[envd]`, for tests and embedding. */
@@ -64,6 +66,7 @@ export const DEFAULT_ENVD_OPTIONS: EnvdOptions = {
   maxWatcherEvents: 10_000,
   maxWatchDirs: 8192,
   idleTimeoutS: 255,
+  maxRequestBodyBytes: 1024 ** 4,
 };
 
 /** A running envd. */
@@ -168,6 +171,7 @@ export function startEnvd(partial: Partial<EnvdOptions> = {}): Envd {
     port: opts.port,
     hostname: opts.host,
     idleTimeout: Math.min(255, opts.idleTimeoutS),
+    maxRequestBodySize: opts.maxRequestBodyBytes,
     async fetch(req) {
       try {
         return withCors(await route(req));

@@ -134,7 +134,8 @@ export async function readMultipart(
         const keep = final ? 0 : delim.length - 1;
         if (buf.length > keep) {
           const out = buf.subarray(0, buf.length - keep);
-          if (sink) await sink.write(Uint8Array.from(out));
+          // no copy: `buf` is not touched again until the sink has finished with `out`
+          if (sink) await sink.write(out);
           buf = buf.subarray(buf.length - keep);
         }
         return;
