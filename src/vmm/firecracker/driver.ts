@@ -166,7 +166,7 @@ export class FirecrackerDriver implements VmmDriver {
     const api = new FirecrackerApi(sock, spec.id, this.#cfg.apiTimeoutMs);
     const vm = new FirecrackerVm(spec.id, proc, api, this.#cfg, state, join(spec.workDir, "firecracker.log"), () => removeRecord(this.#runtimeDir, record));
     try {
-      await this.#waitSocket(sock, proc, spec.id);
+      await this.#waitApi(api, proc, spec.id);
       for (const r of reqs) await api.send(r);
     } catch (e) {
       await vm.stop();
@@ -176,16 +176,28 @@ export class FirecrackerDriver implements VmmDriver {
     return vm;
   }
 
-  async #waitSocket(sock: string, proc: ReturnType<typeof Bun.spawn>, id: string): Promise<void> {
+  /**
+   * Wait until the API answers `GET /` (the socket file appears at bind(), before listen(), so
+   * its existence alone is not enough), the process exits, or `socketTimeoutMs` passes.
+   */
+  async #waitApi(api: FirecrackerApi, proc: ReturnType<typeof Bun.spawn>, id: string): Promise<void> {
     const deadline = Date.now() + this.#cfg.socketTimeoutMs;
-    while (!existsSync(sock)) {
+    for (;;) {
       if (proc.exitCode !== null || proc.signalCode !== null) {
-        throw new VmmError("vmm.spawn_failed", `vm ${id}: firecracker exited (${proc.exitCode ?? proc.signalCode}) before opening its API socket`, {
+        throw new VmmError("vmm.spawn_failed", `vm ${id}: firecracker exited (${proc.exitCode ?? proc.signalCode}) before its API answered`, {
           id, exitCode: proc.exitCode, signal: proc.signalCode, binary: this.#cfg.binary,
         });
       }
+      if (existsSync(api.socketPath)) {
+        try {
+          await api.send({ method: "GET", path: "/" });
+          return;
+        } catch (e) {
+          if (!(e instanceof VmmError) || e.code !== "vmm.firecracker_unreachable") throw e;
+        }
+      }
       if (Date.now() > deadline) {
-        throw new VmmError("vmm.spawn_failed", `vm ${id}: API socket ${sock} not up after ${this.#cfg.socketTimeoutMs} ms`, { id, socket: sock });
+        throw new VmmError("vmm.spawn_failed", `vm ${id}: API socket ${api.socketPath} not answering after ${this.#cfg.socketTimeoutMs} ms`, { id, socket: api.socketPath });
       }
       await Bun.sleep(5);
     }

@@ -119,6 +119,7 @@ describe("Firecracker driver against the schema-validating stand-in", () => {
     await vm.resume();
     const log = requests(spec);
     expect(seq(log)).toEqual([
+      "GET / 200",
       "PUT /machine-config 204",
       "PUT /boot-source 204",
       "PUT /drives/rootfs 204",
@@ -130,6 +131,7 @@ describe("Firecracker driver against the schema-validating stand-in", () => {
       "PUT /snapshot/create 204",
       "PATCH /vm 204",
     ]);
+    log.shift(); // GET / readiness probe
     expect(log[0]!.body).toEqual({ vcpu_count: 2, mem_size_mib: 256, smt: false, track_dirty_pages: true });
     expect(log[1]!.body).toEqual({ kernel_image_path: kernel, boot_args: `${cfg.bootArgs} init=/sbin/aenv-init` });
     expect(log[2]!.body).toEqual({
@@ -167,7 +169,8 @@ describe("Firecracker driver against the schema-validating stand-in", () => {
     await r.resume();
     await r.pause();
     const log = requests(spec);
-    expect(seq(log)).toEqual(["PUT /snapshot/load 204", "PATCH /vm 204", "PATCH /vm 204"]);
+    expect(seq(log)).toEqual(["GET / 200", "PUT /snapshot/load 204", "PATCH /vm 204", "PATCH /vm 204"]);
+    log.shift();
     expect(log[0]!.body).toEqual({
       snapshot_path: files.statePath, mem_backend: { backend_type: "File", backend_path: files.memPath },
       track_dirty_pages: true, resume_vm: false,
@@ -177,8 +180,8 @@ describe("Firecracker driver against the schema-validating stand-in", () => {
 
     const spec2 = makeSpec("vm-restored2");
     const r2 = await driver.restore(spec2, files, { resume: true });
-    expect(requests(spec2)[0]!.body.resume_vm).toBe(true);
-    expect(requests(spec2)[0]!.state).toBe("Running");
+    expect(requests(spec2)[1]!.body.resume_vm).toBe(true);
+    expect(requests(spec2)[1]!.state).toBe("Running");
     await r2.pause();
     await r2.stop();
   }, 60_000);
@@ -195,9 +198,10 @@ describe("Firecracker driver against the schema-validating stand-in", () => {
     expect(start.netns).not.toBe(`net:[${statSync("/proc/self/ns/net").ino}]`);
     const log = requests(spec);
     expect(seq(log)).toEqual([
-      "PUT /machine-config 204", "PUT /boot-source 204", "PUT /drives/rootfs 204", "PUT /drives/data 204",
+      "GET / 200", "PUT /machine-config 204", "PUT /boot-source 204", "PUT /drives/rootfs 204", "PUT /drives/data 204",
       "PUT /network-interfaces/eth0 204", "PUT /mmds/config 204", "PUT /mmds 204", "PUT /entropy 204", "PUT /actions 204",
     ]);
+    log.shift();
     expect(log[4]!.body).toEqual({ iface_id: "eth0", host_dev_name: "tap-a", guest_mac: "02:fc:00:00:00:01" });
     expect(log[5]!.body).toEqual({ version: "V2", network_interfaces: ["eth0"] });
     expect(log[6]!.body).toEqual(metadata);
@@ -210,7 +214,8 @@ describe("Firecracker driver against the schema-validating stand-in", () => {
     const spec2 = makeSpec("vm-net2", { net: { ...net, tapName: "tap-b" }, metadata });
     const r = await driver.restore(spec2, files, { resume: true });
     const log2 = requests(spec2);
-    expect(seq(log2)).toEqual(["PUT /snapshot/load 204", "PUT /mmds 204"]);
+    expect(seq(log2)).toEqual(["GET / 200", "PUT /snapshot/load 204", "PUT /mmds 204"]);
+    log2.shift();
     expect(log2[0]!.body.network_overrides).toEqual([{ iface_id: "eth0", host_dev_name: "tap-b" }]);
     expect(log2[1]!.body).toEqual(metadata);
     await r.stop();
@@ -223,7 +228,7 @@ describe("Firecracker driver against the schema-validating stand-in", () => {
     expect(e.details.status).toBe(400);
     expect(e.details.path).toBe("/boot-source");
     expect(String(e.details.faultMessage)).toContain("kernel file cannot be opened");
-    expect(seq(requests(spec))).toEqual(["PUT /machine-config 204", "PUT /boot-source 400"]);
+    expect(seq(requests(spec))).toEqual(["GET / 200", "PUT /machine-config 204", "PUT /boot-source 400"]);
     expect(existsSync(join(runtimeDir, "vmm", "vm-nokernel.json"))).toBe(false);
     expect(existsSync(join(spec.workDir, "firecracker.sock"))).toBe(false);
 
@@ -294,6 +299,20 @@ describe("Firecracker driver against the schema-validating stand-in", () => {
     expect(await vm.exited).toBeNull(); // SIGKILL
     expect(existsSync(sock)).toBe(false);
     expect(existsSync(join(runtimeDir, "vmm", "vm-orphan.json"))).toBe(false);
+  }, 60_000);
+
+  test("an API socket that never answers times out as vmm.spawn_failed and the process is stopped", async () => {
+    const mute = join(root, "mute-firecracker");
+    // creates the socket path (as a plain file) but never serves on it
+    writeFileSync(mute, `#!/bin/sh\n: > "$2"\nexec sleep 60\n`);
+    chmodSync(mute, 0o755);
+    const driver = new FirecrackerDriver({ config: { ...cfg, binary: mute, socketTimeoutMs: 600 }, runtimeDir });
+    const spec = makeSpec("vm-mute");
+    const t0 = Date.now();
+    const e = await expectVmmError(driver.boot(spec), "vmm.spawn_failed");
+    expect(e.message).toContain("not answering");
+    expect(Date.now() - t0).toBeLessThan(10_000);
+    expect(existsSync(join(runtimeDir, "vmm", "vm-mute.json"))).toBe(false);
   }, 60_000);
 
   test("a VMM that dies is noticed: exited resolves, record removed, further calls refused", async () => {
