@@ -361,6 +361,21 @@ describe("auth", () => {
     expect(e2).toBeInstanceOf(AuthenticationError);
   });
 
+  test("signed uploadUrl/downloadUrl work without the access token; tampering is refused", async () => {
+    const p = join(dir, "signed.txt");
+    const up = await sbx.uploadUrl(p, { useSignatureExpiration: 60 });
+    const form = new FormData();
+    form.append("file", new Blob(["signed upload"]), "ignored-name.txt");
+    const res = await fetch(up, { method: "POST", body: form });
+    expect(res.status).toBe(200);
+    expect(((await res.json()) as { path: string }[])[0]!.path).toBe(p);
+    const down = await sbx.downloadUrl(p, { user: "user" });
+    expect(await (await fetch(down)).text()).toBe("signed upload");
+    const tampered = new URL(down);
+    tampered.searchParams.set("path", join(dir, "hello.txt"));
+    expect((await fetch(tampered)).status).toBe(401);
+  });
+
   test("Sandbox.connect reaches the same envd; isRunning via /health", async () => {
     const again = await Sandbox.connect("sbxenvdtest", sdkOpts());
     expect(await again.isRunning()).toBe(true);
