@@ -109,13 +109,14 @@ export class LayeredImage implements BlockImage {
   }
 
   /**
-   * Read virtual bytes at `offset` into `buf`. Any offset and length; a read that starts at or
-   * past the virtual size throws `overlaybd.out_of_range`, one that crosses it is short.
+   * Read virtual bytes at `offset` into `buf`. Any offset and length; a read that crosses the
+   * virtual size is short, one at exactly the size returns 0 (end of disk), one that starts past
+   * it throws `overlaybd.out_of_range` (the same rules as the raw-file image).
    */
   async pread(buf: Uint8Array, offset: number): Promise<number> {
     this.checkRange(offset, buf.length, "read");
-    if (buf.length === 0) return 0;
-    if (offset >= this._size) fail("out_of_range", `read at ${offset} is past the virtual size ${this._size}`, { file: this.where(), offset, size: this._size });
+    if (buf.length === 0 || offset === this._size) return 0;
+    if (offset > this._size) fail("out_of_range", `read at ${offset} is past the virtual size ${this._size}`, { file: this.where(), offset, size: this._size });
     const end = Math.min(offset + buf.length, this._size);
     // the traversal is synchronous, so one scratch list serves every call
     const pending = this.pendingScratch;
@@ -132,8 +133,8 @@ export class LayeredImage implements BlockImage {
    */
   preadSync(buf: Uint8Array, offset: number): number {
     this.checkRange(offset, buf.length, "read");
-    if (buf.length === 0) return 0;
-    if (offset >= this._size) fail("out_of_range", `read at ${offset} is past the virtual size ${this._size}`, { file: this.where(), offset, size: this._size });
+    if (buf.length === 0 || offset === this._size) return 0;
+    if (offset > this._size) fail("out_of_range", `read at ${offset} is past the virtual size ${this._size}`, { file: this.where(), offset, size: this._size });
     if (!this.syncReadable) fail("not_sync", "a layer of this image needs asynchronous reads", { file: this.where() });
     const end = Math.min(offset + buf.length, this._size);
     if (this.upper) this.readUpper(buf, offset, offset, end, NO_PENDING);

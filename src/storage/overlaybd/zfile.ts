@@ -273,10 +273,11 @@ export class ZFileReader implements Backend {
             fetch(comp, cs);
           }
           const whole = from === bStart && to === bEnd;
+          // blockBuf is about to change: forget what it held until the decode succeeds
+          if (!whole) this.cachedBlock = -1;
           const target = whole ? buf.subarray(from - offset, to - offset) : this.blockBuf;
           this.decodeBlock(i, comp.subarray(this.starts[i]! - cs, this.starts[i + 1]! - cs), target);
           if (whole) {
-            if (this.cachedBlock === i) this.cachedBlock = -1;
             pos = to;
             continue;
           }

@@ -108,7 +108,9 @@ describe("writable layer", () => {
     await createUpper(up(), MiB);
     const img = await openStack({ lowers: [], upper: up() });
     await expect(img.pwrite(new Uint8Array(512), MiB)).rejects.toMatchObject({ code: "overlaybd.out_of_range" });
-    await expect(img.pread(new Uint8Array(512), MiB)).rejects.toMatchObject({ code: "overlaybd.out_of_range", details: { file: up().data, offset: MiB } });
+    expect(await img.pread(new Uint8Array(512), MiB)).toBe(0); // end of disk
+    await expect(img.pread(new Uint8Array(512), MiB + 512)).rejects.toMatchObject({ code: "overlaybd.out_of_range", details: { file: up().data, offset: MiB + 512 } });
+    expect(() => img.preadSync(new Uint8Array(512), MiB + 512)).toThrow(OverlaybdError);
     await expect(img.pread(new Uint8Array(512), -1)).rejects.toMatchObject({ code: "overlaybd.bad_range" });
     expect(await img.pread(new Uint8Array(1024), MiB - 512)).toBe(512);
     await img.close();
