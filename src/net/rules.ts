@@ -24,8 +24,14 @@ export const CHAIN_EGRESS = "AENV-EGRESS";
 export const CHAIN_POLICY = "AENV-POLICY";
 /** Filter chain in the slot: addresses learned from DNS answers for allowOut domains. */
 export const CHAIN_DNS = "AENV-DNS";
+/**
+ * Filter chain in the slot: how a denied packet is refused. TCP gets a reset, the rest an ICMP
+ * admin-prohibited; both fail fast in the guest. (ICMP errors are rate-limited per destination,
+ * so TCP answered only by ICMP would often hang until the guest's SYN retries time out.)
+ */
+export const CHAIN_DENY = "AENV-DENY";
 
-const DENY = "REJECT --reject-with icmp-admin-prohibited";
+const DENY = CHAIN_DENY;
 
 /** Names of the node-namespace chains for a prefix. */
 export function hostChains(prefix: string): { fwd: string; input: string; post: string } {
@@ -79,6 +85,9 @@ export function slotRules(cfg: NetConfig, slot: Slot, policy: EgressPolicy, dnsA
     `:${CHAIN_EGRESS} - [0:0]`,
     `:${CHAIN_POLICY} - [0:0]`,
     `:${CHAIN_DNS} - [0:0]`,
+    `:${CHAIN_DENY} - [0:0]`,
+    `-A ${CHAIN_DENY} -p tcp -j REJECT --reject-with tcp-reset`,
+    `-A ${CHAIN_DENY} -j REJECT --reject-with icmp-admin-prohibited`,
     `-A INPUT -i ${slot.tapName} -p icmp -j ACCEPT`,
     `-A INPUT -i ${slot.tapName} -j DROP`,
     // A guest may only speak as itself: a forged source would dodge the SNAT and impersonate

@@ -77,12 +77,12 @@ describe("rules", () => {
     const policy = lines.filter((l) => l.startsWith("-A AENV-POLICY"));
     expect(policy[0]).toBe("-A AENV-POLICY -d 10.1.2.3/32 -j ACCEPT");
     expect(policy[1]).toBe("-A AENV-POLICY -j AENV-DNS");
-    expect(policy.slice(2, 8).every((l) => l.includes("REJECT"))).toBe(true);
-    expect(policy[8]).toBe("-A AENV-POLICY -d 8.8.8.0/24 -j REJECT --reject-with icmp-admin-prohibited");
+    expect(policy.slice(2, 8).every((l) => l.endsWith("-j AENV-DENY"))).toBe(true);
+    expect(policy[8]).toBe("-A AENV-POLICY -d 8.8.8.0/24 -j AENV-DENY");
     expect(policy[9]).toBe("-A AENV-POLICY -j ACCEPT");
     expect(lines).toContain("-A AENV-DNS -d 93.184.216.34/32 -j ACCEPT");
     const closed = policyScript(c, parseEgressPolicy({ allow_internet_access: false }), []);
-    expect(closed.trim().split("\n").at(-2)).toBe("-A AENV-POLICY -j REJECT --reject-with icmp-admin-prohibited");
+    expect(closed.trim().split("\n").at(-2)).toBe("-A AENV-POLICY -j AENV-DENY");
   });
   test("slot and host scripts carry the NAT of this slot and the prefix wildcard", () => {
     const r = slotRules(c, s, parseEgressPolicy({}));
@@ -93,6 +93,7 @@ describe("rules", () => {
     const fwd = r.split("\n").filter((l) => l.startsWith("-A FORWARD -i tap0"));
     expect(fwd[0]).toBe("-A FORWARD -i tap0 ! -s 169.254.0.21/32 -j DROP");
     expect(fwd[1]).toBe("-A FORWARD -i tap0 -o veth0 -j AENV-EGRESS");
+    expect(r).toContain("-A AENV-DENY -p tcp -j REJECT --reject-with tcp-reset");
     const h = hostRules(c);
     expect(h).toContain("-A aenv-fwd -i aenv-+ -o aenv-+ -j DROP");
     expect(h).toContain("-A aenv-post -s 10.12.0.0/16 ! -o aenv-+ -j MASQUERADE");
