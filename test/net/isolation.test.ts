@@ -68,13 +68,14 @@ describe.skipIf(!root)("slot isolation and egress policy (real netns)", () => {
     expect(w.tcp(w.nodeNs, a.hostIp, 7000).ok).toBe(true);
     // slot a has a policy that allows all of 169.254/16 and still cannot reach slot b
     expect(w.tcp(ga, "169.254.200.2", 8080).ok).toBe(true);
-    expect(w.tcp(ga, b.hostIp, 7000).ok).toBe(false);
-    expect(w.tcp(ga, b.nsVethIp, 7000).ok).toBe(false);
-    expect(w.tcp(gb, a.hostIp, 7000).ok).toBe(false);
+    expect(w.tcp(ga, b.hostIp, 7000, 700).ok).toBe(false);
+    expect(w.tcp(ga, b.nsVethIp, 7000, 700).ok).toBe(false);
+    expect(w.tcp(gb, a.hostIp, 7000, 700).ok).toBe(false);
+    // (dropped, not refused: 700 ms without an answer is the verdict)
     // nor the node itself (only DNS proxy and replies are accepted from slots)
     await w.servers({ tcp: [["169.254.200.1", 9000]] }, w.nodeNs);
     expect(w.tcp(w.nodeNs, "169.254.200.1", 9000).ok).toBe(true);
-    expect(w.tcp(ga, "169.254.200.1", 9000).ok).toBe(false);
+    expect(w.tcp(ga, "169.254.200.1", 9000, 700).ok).toBe(false);
     await agent.ok("release", { sandboxId: "sb-1" });
     await agent.ok("release", { sandboxId: "sb-2" });
   }, 60_000);
