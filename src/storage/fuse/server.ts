@@ -77,7 +77,6 @@ export class FuseExport {
 
   #fd: number;
   #opts: FuseExportOptions;
-  #workers: Worker[] = [];
   #closed = false;
   #inflight = new Set<Promise<void>>();
   #writeChain: Promise<void> = Promise.resolve();
@@ -103,7 +102,6 @@ export class FuseExport {
       w.on("exit", () => {
         if (++stopped === opts.workers) resolveEnded(reason || "exit");
       });
-      this.#workers.push(w);
     }
   }
 
@@ -138,6 +136,7 @@ export class FuseExport {
     if (this.#closed) return;
     this.#closed = true;
     await Promise.allSettled([...this.#inflight]);
+    log.debug({ mountPoint: this.mountPoint, ...this.stats }, "fuse export closing");
     try {
       if (!this.#opts.image.readOnly) await this.#opts.image.sync();
     } finally {
