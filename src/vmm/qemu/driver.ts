@@ -43,7 +43,8 @@ export interface QemuDriverOptions {
 /** Lifecycle of one QEMU VM. */
 export type QemuVmState = "running" | "paused" | "stopped" | "failed";
 
-const BASE_CMDLINE = "console=ttyS0 quiet panic=1";
+// pci=off: microvm has no PCI host bridge here (avoids probing one and its "No config space" error)
+const BASE_CMDLINE = "console=ttyS0 quiet panic=1 pci=off";
 
 /** The QEMU implementation of `VmmDriver`. */
 export class QemuDriver implements VmmDriver {
@@ -99,7 +100,12 @@ export class QemuDriver implements VmmDriver {
     } catch (e) {
       await vm.stop();
       if (e instanceof VmmError && e.code === "vmm.restore_failed") throw e;
-      throw new VmmError("vmm.restore_failed", `restore of ${spec.id} failed: ${(e as Error).message}`, { id: spec.id, files, console: vm.consoleTail() }, { cause: e });
+      throw new VmmError("vmm.restore_failed", `restore of ${spec.id} failed: ${(e as Error).message} ${vm.stderrTail(500)}`, {
+        id: spec.id,
+        files,
+        stderr: vm.stderrTail(),
+        console: vm.consoleTail(),
+      }, { cause: e });
     }
   }
 
@@ -262,7 +268,10 @@ export class QemuVm implements VmHandle {
     checkPath(files.memPath, "memPath");
     if (files.memPath === this.memPath) throw new VmmError("vmm.bad_spec", "snapshot memPath is the live RAM file", { memPath: files.memPath });
     rmSync(files.statePath, { force: true });
-    await this.qmp.execute("migrate-set-capabilities", { capabilities: [{ capability: "x-ignore-shared", state: this.memShared }] });
+    // Always on, as on the restoring side: the capability changes the stream format (RAM block
+    // addresses are added), so both ends must agree. A privately mapped RAM block is not "shared"
+    // and is streamed anyway.
+    await this.qmp.execute("migrate-set-capabilities", { capabilities: [{ capability: "x-ignore-shared", state: true }] });
     await this.qmp.execute("migrate", { uri: `exec:cat > ${files.statePath}` });
     await this.waitMigration("snapshot");
     const cp = Bun.spawnSync(["cp", "--sparse=always", "--reflink=auto", this.memPath, files.memPath]);
