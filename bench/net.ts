@@ -26,7 +26,9 @@ function config(low: number, high: number, maintenance: boolean): NetConfig {
   t.network.internal.host_interaction_cidr = "169.254.64.0/20";
   t.network.internal.veth_cidr = "169.254.128.0/20";
   t.network.egress.default_action = "deny";
-  t.network.egress.dns_proxy_enabled = false;
+  // as in production (DNS redirect rules in every slot); no query is ever sent
+  t.network.egress.dns_proxy_enabled = true;
+  t.network.egress.dns_upstream = ["127.0.0.1:53"];
   t.pool.low_watermark = low;
   t.pool.high_watermark = high;
   t.pool.network.maintenance_enabled = maintenance;
