@@ -2,7 +2,7 @@
 // (/dev/fuse + mount(2)), read and written by this process with ordinary syscalls and by
 // util-linux `fallocate`/`truncate`. Needs root. Every test unmounts and kills what it starts.
 import { afterAll, afterEach, beforeAll, describe, expect, test } from "bun:test";
-import { closeSync, existsSync, fstatSync, fsyncSync, mkdirSync, mkdtempSync, openSync, readFileSync, readSync, rmSync, statSync, writeFileSync, writeSync } from "node:fs";
+import { closeSync, existsSync, fstatSync, fsyncSync, mkdirSync, mkdtempSync, openSync, readdirSync, readFileSync, readSync, rmSync, statfsSync, statSync, writeFileSync, writeSync } from "node:fs";
 import { createHash, randomBytes } from "node:crypto";
 import { join } from "node:path";
 import { listMounts } from "../../../src/ffi/mount.ts";
@@ -75,6 +75,19 @@ describe("FUSE disk export", () => {
       closeSync(fd);
     }
     expect(fuseMounted(join(workDir, "mnt"))).toBe(true);
+  }, 60_000);
+
+  test("directory listing, statfs and unsupported ops behave like a one-file filesystem", async () => {
+    const { d, workDir } = await serveRaw("dir", new Uint8Array(2 * MiB));
+    const mnt = join(workDir, "mnt");
+    expect(readdirSync(mnt)).toEqual(["root.img"]);
+    const sf = statfsSync(mnt);
+    expect(sf.bsize).toBe(4096);
+    expect(sf.blocks).toBe((2 * MiB) / 4096);
+    expect(statSync(mnt).isDirectory()).toBe(true);
+    expect(errno(() => mkdirSync(join(mnt, "sub")))).toBeDefined();
+    expect(errno(() => rmSync(d.path))).toBeDefined();
+    expect(existsSync(d.path)).toBe(true);
   }, 60_000);
 
   test("writes land in the backing file byte-exactly; fsync succeeds", async () => {
