@@ -4,7 +4,8 @@
  * without waiting (local files and what sits only on them), so the hot read path skips a
  * promise per call.
  */
-import { closeSync, fstatSync, ftruncateSync, fsyncSync, openSync, readSync, writeSync, constants } from "node:fs";
+import { closeSync, existsSync, fstatSync, ftruncateSync, fsyncSync, linkSync, openSync, readSync, rmSync, unlinkSync, writeSync, constants } from "node:fs";
+import { dirname } from "node:path";
 import { fail } from "./errors.ts";
 
 /** A readable byte source. `size` is fixed once open. */
@@ -165,4 +166,51 @@ export class MemoryBackend implements Backend {
     return this.preadSync(buf, offset);
   }
   async close(): Promise<void> {}
+}
+
+/**
+ * A new file written under a temporary name (`<path>.partial`) and published under `path` only
+ * when complete, so a crash never leaves a half-written layer under its final name. A stale
+ * `.partial` from a crashed run is removed on start.
+ */
+export class AtomicOutput {
+  readonly file: LocalFile;
+  readonly tmpPath: string;
+  private finished = false;
+
+  /** @throws OverlaybdError `open_failed` when `path` already exists or cannot be created */
+  constructor(readonly path: string) {
+    if (existsSync(path)) fail("open_failed", `cannot create ${path}: it already exists`, { file: path, errno: "EEXIST" });
+    this.tmpPath = `${path}.partial`;
+    rmSync(this.tmpPath, { force: true });
+    this.file = LocalFile.open(this.tmpPath, { writable: true, create: true });
+  }
+
+  /** fsync, close, link into place (never replacing an existing file), fsync the folder. */
+  publish(): void {
+    this.file.syncSync();
+    this.file.closeSync();
+    try {
+      linkSync(this.tmpPath, this.path);
+    } catch (e) {
+      rmSync(this.tmpPath, { force: true });
+      fail("open_failed", `cannot publish ${this.path}: ${(e as Error).message}`, { file: this.path, errno: (e as NodeJS.ErrnoException).code });
+    }
+    unlinkSync(this.tmpPath);
+    const dfd = openSync(dirname(this.path), constants.O_RDONLY);
+    try {
+      fsyncSync(dfd);
+    } finally {
+      closeSync(dfd);
+    }
+    this.finished = true;
+  }
+
+  /** Close and remove the temporary file (no-op after publish). */
+  abort(): void {
+    if (this.finished) return;
+    this.finished = true;
+    this.file.closeSync();
+    rmSync(this.tmpPath, { force: true });
+  }
 }

@@ -4,7 +4,7 @@
  * merged with the compaction rule and padded to 256 entries, trailer (flags 0x06). Committing a
  * committed layer reproduces it byte for byte.
  */
-import { LocalFile } from "./backend.ts";
+import { AtomicOutput, type LocalFile } from "./backend.ts";
 import { fail } from "./errors.ts";
 import {
   encodeHeaderTrailer, encodeSegments, HT_SIZE, HTFlag, INDEX_PAGE_ENTRIES, MAX_ENTRY_SECTORS, NULL_UUID, SECTOR, type Segment,
@@ -33,6 +33,7 @@ export interface CommitMeta {
  * offset order, then `finish`. Offsets and lengths in sectors; data in bytes.
  */
 export class CommittedLayerWriter {
+  private readonly target: AtomicOutput;
   private readonly out: LocalFile;
   private readonly entries: Segment[] = [];
   private pos = HT_SIZE / SECTOR; // next data sector in the output
@@ -42,9 +43,10 @@ export class CommittedLayerWriter {
   private bufStart = HT_SIZE;
   private done = false;
 
-  /** @throws OverlaybdError `open_failed` when `path` exists */
+  /** @throws OverlaybdError `open_failed` when `path` exists; the file appears only at `finish` */
   constructor(readonly path: string, readonly meta: CommitMeta) {
-    this.out = LocalFile.open(path, { writable: true, create: true });
+    this.target = new AtomicOutput(path);
+    this.out = this.target.file;
   }
 
   private check(offset: number, length: number): void {
@@ -117,17 +119,18 @@ export class CommittedLayerWriter {
       const m = { virtualSize: this.meta.virtualSize, uuid: this.meta.uuid ?? NULL_UUID, parentUuid: this.meta.parentUuid ?? NULL_UUID, userTag: this.meta.userTag };
       this.out.pwriteSync(encodeHeaderTrailer({ ...m, flags: HTFlag.DATA | HTFlag.SEALED, indexOffset, indexSize: padded }), indexOffset + idx.length);
       this.out.pwriteSync(encodeHeaderTrailer({ ...m, flags: HTFlag.HEADER | HTFlag.DATA | HTFlag.SEALED }), 0);
-      this.out.syncSync();
+      this.target.publish();
       return { segments: merged, size: indexOffset + idx.length + HT_SIZE };
-    } finally {
-      await this.out.close();
+    } catch (e) {
+      this.target.abort();
+      throw e;
     }
   }
 
-  /** Abandon the output (closes the file; the caller removes it). */
+  /** Abandon the output: nothing appears at `path`. */
   async abort(): Promise<void> {
     this.done = true;
-    await this.out.close();
+    this.target.abort();
   }
 }
 
@@ -159,7 +162,6 @@ export async function writeCommitted(
     }
   } catch (e) {
     await w.abort();
-    require("node:fs").rmSync(outPath, { force: true });
     throw e;
   }
   return w.finish();

@@ -544,7 +544,6 @@ async function importRanges(src: LocalFile, extents: Array<[number, number]>, ou
     flushZero(vsize);
   } catch (e) {
     await w.abort();
-    rmSync(outPath, { force: true });
     throw e;
   }
   return w.finish();

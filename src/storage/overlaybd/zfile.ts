@@ -4,7 +4,7 @@
  * original bytes, verifying each block's CRC32C when the file says so; `writeZFile` produces the
  * format as `overlaybd-commit -z` does (header, blocks+CRC, jump table, trailer, header rewrite).
  */
-import { type Backend, LocalFile, readExact } from "./backend.ts";
+import { AtomicOutput, type Backend, readExact } from "./backend.ts";
 import { rawCrc32c, ZFILE_BLOCK_CRC_SEED } from "./crc32c.ts";
 import { fail } from "./errors.ts";
 import { lz4Bound, lz4Compress, lz4Decompress } from "./lz4.ts";
@@ -332,7 +332,8 @@ export interface ZFileWriteOptions {
 }
 
 /**
- * Compress all of `src` into a new ZFile at `outPath` (which must not exist).
+ * Compress all of `src` into a new ZFile at `outPath` (which must not exist; the file appears
+ * there only once complete).
  * @returns the stored size of the output in bytes
  * @throws OverlaybdError `overlaybd.bad_option` for an unsupported block size or algorithm
  */
@@ -344,7 +345,8 @@ export async function writeZFile(src: Backend, outPath: string, opts: ZFileWrite
   if (!ZFILE_BLOCK_SIZES.includes(bs)) fail("bad_option", `block size ${bs} is not one of ${ZFILE_BLOCK_SIZES.join(", ")}`, { blockSize: bs });
   const overwrite = opts.overwriteHeader ?? true;
   const base = opts.tar ? 1536 : 0;
-  const out = LocalFile.open(outPath, { writable: true, create: true });
+  const target = new AtomicOutput(outPath);
+  const out = target.file;
   try {
     const rawSize = src.size;
     const nBlocks = Math.ceil(rawSize / bs);
@@ -392,9 +394,10 @@ export async function writeZFile(src: Backend, outPath: string, opts: ZFileWrite
       out.pwriteSync(new Uint8Array(tarSuffixLength(payload)), wpos);
       wpos += tarSuffixLength(payload);
     }
-    out.syncSync();
+    target.publish();
     return wpos;
-  } finally {
-    await out.close();
+  } catch (e) {
+    target.abort();
+    throw e;
   }
 }
