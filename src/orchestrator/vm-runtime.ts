@@ -83,10 +83,14 @@ export class VmRuntime implements SandboxRuntime {
     const policy = this.policyOf(spec);
     let slotTaken = false;
     let vm: VmHandle | undefined;
+    const t0 = performance.now();
+    const ms = (t: number) => Math.round(performance.now() - t);
     try {
       const rootDisk = await prepareRootDisk(tpl.rootfsPath, workDir, spec.signal);
+      const tDisk = ms(t0);
       const slot = await this.o.net.allocate(policy, spec.id);
       slotTaken = true;
+      const tSlot = ms(t0);
       vm = await this.o.driver.boot({
         id: spec.id,
         workDir,
@@ -99,7 +103,10 @@ export class VmRuntime implements SandboxRuntime {
       });
       this.vms.set(spec.id, vm);
       const state: VmState = { workDir, rootDisk, mac: slot.mac, vmmPid: vm.pid };
-      return await this.ready(spec, vm, guestAddress(slot, ENVD_PORT).host, state);
+      const tVmm = ms(t0);
+      const r = await this.ready(spec, vm, guestAddress(slot, ENVD_PORT).host, state);
+      this.log.info({ sandboxId: spec.id, diskMs: tDisk, slotMs: tSlot - tDisk, vmmMs: tVmm - tSlot, envdMs: ms(t0) - tVmm, totalMs: ms(t0) }, "sandbox VM started");
+      return r;
     } catch (e) {
       await this.teardown(spec.id, vm, slotTaken, true);
       throw e;

@@ -1,0 +1,72 @@
+/**
+ * Restart: the node (agentenv server, real VMs, network slots, SQLite) is SIGKILLed with one
+ * running and one paused sandbox; the next start reaps the orphaned VMM, its slot namespace and
+ * disk, keeps the paused sandbox, and the API shows exactly that.
+ */
+import { afterAll, expect, test } from "bun:test";
+import { existsSync } from "node:fs";
+import { join } from "node:path";
+import { Database } from "bun:sqlite";
+import { NodeWorld, qemuPidsUnder, vmPrerequisites } from "./world.ts";
+
+const missing = vmPrerequisites();
+let world: NodeWorld | undefined;
+
+afterAll(async () => {
+  await world?.dispose();
+}, 60_000);
+
+function alive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+test("a crashed node's running sandbox is reaped at the next start; its paused sandbox survives", async () => {
+  if (missing) throw new Error(`VM prerequisites missing: ${missing}`);
+  world = new NodeWorld();
+  await world.start();
+  const p1 = await world.client("restart-phase1.ts");
+  expect(p1.paused).toBe(true);
+  expect(p1.states.sort()).toEqual([[p1.a, "running"], [p1.b, "paused"]].sort());
+
+  await world.crash();
+  // the crash left A's VMM and its slot behind
+  const db = new Database(join(world.home, "agentenv.db"), { readonly: true });
+  const rows = db.query<{ id: string; state: string; runtime_state: string }, []>("SELECT id, state, runtime_state FROM sandboxes").all();
+  db.close();
+  const a = rows.find((r) => r.id === p1.a)!;
+  expect(a.state).toBe("running");
+  const pidA = JSON.parse(a.runtime_state).vmmPid as number;
+  expect(alive(pidA)).toBe(true);
+  expect(qemuPidsUnder(world.home, world.memDir)).toEqual([pidA]);
+  const slotsBefore = world.slotNamespaces();
+  expect(slotsBefore.length).toBeGreaterThan(0);
+  expect(existsSync(join(world.home, "sandboxes", p1.a))).toBe(true);
+
+  await world.start();
+  expect(alive(pidA)).toBe(false);
+  expect(qemuPidsUnder(world.home, world.memDir)).toEqual([]);
+  expect(existsSync(join(world.home, "sandboxes", p1.a))).toBe(false);
+  expect(existsSync(join(world.home, "sandboxes", p1.b))).toBe(true);
+  expect(existsSync(join(world.home, "snapshots", p1.b))).toBe(true);
+
+  const p2 = await world.client("restart-phase2.ts", [p1.a, p1.b]);
+  expect(p2.listed).toEqual([[p1.b, "paused"]]);
+  expect(p2.aInfo).toBe("SandboxNotFoundError");
+  expect(p2.killA).toBe(false);
+  expect(p2.kept).toBe("survives a node crash");
+  expect(p2.run).toBe("resumed\n");
+  expect(p2.listedAfterResume).toEqual([[p1.b, "running"]]);
+  expect(p2.killB).toBe(true);
+  expect(p2.listedEnd).toEqual([]);
+  expect(existsSync(join(world.home, "snapshots", p1.b))).toBe(false);
+
+  expect(await world.stop()).toBe(0);
+  expect(qemuPidsUnder(world.home, world.memDir)).toEqual([]);
+  // a clean stop removes every slot of this node
+  expect(world.slotNamespaces()).toEqual([]);
+}, 400_000);

@@ -1,0 +1,49 @@
+/**
+ * End to end with the real parts: `agentenv server` (API, orchestrator, proxy, SQLite, network
+ * slots, QEMU microVMs booting the base template, envd in the guest) in a private network
+ * namespace, driven by the unmodified e2b@2.51.0 npm SDK.
+ */
+import { afterAll, beforeAll, expect, test } from "bun:test";
+import { NodeWorld, qemuPidsUnder, vmPrerequisites } from "./world.ts";
+
+const missing = vmPrerequisites();
+let world: NodeWorld;
+
+beforeAll(async () => {
+  if (missing) return;
+  world = new NodeWorld();
+  await world.start();
+}, 90_000);
+
+afterAll(async () => {
+  await world?.dispose();
+}, 60_000);
+
+test("e2b SDK: create, run, write/read, list, setTimeout, isolation of a second sandbox, kill", async () => {
+  if (missing) throw new Error(`VM prerequisites missing: ${missing}`);
+  const o = await world.client("sdk-flow.ts");
+  expect(o.run).toEqual({ stdout: "hello\nuser\n", stderr: "", exitCode: 0 });
+  expect(o.env).toBe("hi there\n");
+  expect(o.failed).toEqual({ name: "CommandExitError", exitCode: 3, stderr: "oops\n" });
+  expect(o.filesEqual).toBe(true);
+  expect(o.fileSize).toBe(300_000);
+  expect(o.note).toBe("from a");
+  expect(o.listed).toEqual([{ id: o.idA, state: "running", metadata: { suite: "e2e", who: "a" } }]);
+  expect(o.listedByMeta).toEqual([o.idA]);
+  expect(o.timeout.after).toBeLessThan(o.timeout.before);
+  expect(Math.abs(o.timeout.after - (o.timeout.now + 30_000))).toBeLessThan(5_000);
+  expect(o.running).toBe(true);
+  expect(o.bSeesNote).toBe(false);
+  expect(o.bSeesData).toBe(false);
+  expect(o.aSleepers).toBe("0");
+  expect(o.hostnames[0]).not.toBe(o.hostnames[1]);
+  expect(o.listedBoth).toEqual([o.idA, o.idB].sort());
+  expect(o.killB).toBe(true);
+  expect(o.killA).toBe(true);
+  expect(o.killAgain).toBe(false);
+  expect(o.listedAfter).toEqual([]);
+  expect(o.runningAfterKill).toBe(false);
+  // nothing left: no VMM process, no slot in use beyond the warm pool, no work dirs
+  expect(qemuPidsUnder(world.home, world.memDir)).toEqual([]);
+  console.log(`e2e: create took ${o.createMs} ms`);
+}, 300_000);

@@ -1,0 +1,195 @@
+/**
+ * A world for end-to-end tests: a private network namespace (so the node's host networking —
+ * iptables chains, ip_forward, DNS proxy, slot veths — never touches the machine's own), a fresh
+ * data dir whose `templates/` is the test cache built by scripts/test.sh, the real node started
+ * with `agentenv server` inside that namespace on 127.0.0.1, and clients (the e2b SDK) run
+ * inside it too. `dispose()` stops everything and removes what the node may have left.
+ */
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync, symlinkSync } from "node:fs";
+import { join } from "node:path";
+import type { Subprocess } from "bun";
+import { loadConfig } from "../../src/config/index.ts";
+import { resolveKernelPath } from "../../src/vmm/index.ts";
+
+/** Where scripts/test.sh builds the guest kernel and the base template. */
+export const TEST_HOME = process.env.AENV_TEST_HOME_PATH ?? "/var/lib/agentenv-test";
+const ROOT = join(import.meta.dir, "../..");
+const MAIN = join(ROOT, "src/cli/main.ts");
+const PORT = 18000;
+
+function sh(cmd: string[]): string {
+  const r = Bun.spawnSync(cmd, { stderr: "pipe", stdout: "pipe" });
+  if (r.exitCode !== 0) throw new Error(`${cmd.join(" ")} failed: ${r.stderr.toString()}`);
+  return r.stdout.toString();
+}
+
+/** Whether this machine can run the VM end-to-end tests (kernel + base template built, root, QEMU). */
+export function vmPrerequisites(): string | null {
+  if (process.getuid?.() !== 0) return "needs root";
+  if (!Bun.which("qemu-system-x86_64")) return "qemu-system-x86_64 missing";
+  if (!existsSync(join(TEST_HOME, "templates/base/manifest.json"))) return `base template missing in ${TEST_HOME}`;
+  try {
+    resolveKernelPath(loadConfig({ env: { AENV_HOME_PATH: TEST_HOME } }));
+  } catch (e) {
+    return (e as Error).message;
+  }
+  return null;
+}
+
+export class NodeWorld {
+  readonly prefix: string;
+  readonly ns: string;
+  readonly home: string;
+  readonly memDir: string;
+  readonly url = `http://127.0.0.1:${PORT}`;
+  apiKey = "";
+  node?: Subprocess<"ignore", "pipe", "pipe">;
+  private nodeErr = "";
+
+  constructor() {
+    const tag = Math.random().toString(36).slice(2, 6).replace(/[^a-z0-9]/g, "a");
+    this.prefix = `ae${tag}-`;
+    this.ns = `${this.prefix}node`;
+    this.home = mkdtempSync("/tmp/aenv-e2e-");
+    this.memDir = mkdtempSync("/dev/shm/aenv-e2e-");
+    mkdirSync(join(this.home, "run"));
+    symlinkSync(join(TEST_HOME, "templates"), join(this.home, "templates"));
+    sh(["ip", "netns", "add", this.ns]);
+    sh(["ip", "-n", this.ns, "link", "set", "lo", "up"]);
+  }
+
+  /** Environment of the node process. */
+  env(extra: Record<string, string> = {}): Record<string, string> {
+    return {
+      ...(process.env as Record<string, string>),
+      AENV_HOME_PATH: this.home,
+      AENV_RUNTIME_PATH: join(this.home, "run"),
+      AENV_API_ADDR: `127.0.0.1:${PORT}`,
+      AENV_LOG_LEVEL: "warn",
+      AENV__kernel__path: resolveKernelPath(loadConfig({ env: { AENV_HOME_PATH: TEST_HOME } })),
+      AENV__qemu__memory_dir: this.memDir,
+      AENV__network__name_prefix: this.prefix,
+      AENV__pool__low_watermark: "1",
+      AENV__pool__high_watermark: "2",
+      ...extra,
+    };
+  }
+
+  /** Start `agentenv server` in the namespace; resolves once it printed its URL and key. */
+  async start(extra: Record<string, string> = {}): Promise<void> {
+    const p = Bun.spawn(["nsenter", `--net=/run/netns/${this.ns}`, "--", process.execPath, MAIN, "server"], {
+      stdin: "ignore",
+      stdout: "pipe",
+      stderr: "pipe",
+      env: this.env(extra),
+    });
+    this.node = p;
+    this.nodeErr = "";
+    void (async () => {
+      for await (const c of p.stderr) this.nodeErr = (this.nodeErr + new TextDecoder().decode(c)).slice(-20_000);
+    })();
+    const reader = p.stdout.getReader();
+    let out = "";
+    const deadline = Date.now() + 60_000;
+    while (!/API key \(\w+\): (\S+)/.test(out)) {
+      const r = await Promise.race([reader.read(), Bun.sleep(Math.max(0, deadline - Date.now())).then(() => null)]);
+      if (!r || r.done) throw new Error(`node did not start: ${out}\n${this.nodeErr}`);
+      out += new TextDecoder().decode(r.value);
+    }
+    reader.releaseLock();
+    void (async () => {
+      for await (const _ of p.stdout) {
+        // drain
+      }
+    })();
+    this.apiKey = /API key \(\w+\): (\S+)/.exec(out)![1]!;
+    if (!out.includes(`listening on ${this.url}`)) throw new Error(`unexpected banner: ${out}`);
+  }
+
+  /** The node's stderr so far (for failure messages). */
+  get log(): string {
+    return this.nodeErr;
+  }
+
+  /** SIGKILL the node (a crash); VMs and slots it started stay behind. */
+  async crash(): Promise<void> {
+    this.node?.kill("SIGKILL");
+    await this.node?.exited;
+    this.node = undefined;
+  }
+
+  /** SIGTERM the node and wait for a clean exit; returns its exit code. */
+  async stop(): Promise<number | null> {
+    if (!this.node) return null;
+    this.node.kill("SIGTERM");
+    const code = await this.node.exited;
+    this.node = undefined;
+    return code;
+  }
+
+  /**
+   * Run a client script (bun) inside the namespace with the SDK pointed at the node; the script
+   * prints one JSON line last. Throws with its output when it fails.
+   */
+  async client<T = any>(script: string, args: string[] = [], timeoutMs = 240_000): Promise<T> {
+    const p = Bun.spawn(["nsenter", `--net=/run/netns/${this.ns}`, "--", process.execPath, join(import.meta.dir, "fixtures", script), ...args], {
+      stdout: "pipe",
+      stderr: "pipe",
+      env: {
+        ...(process.env as Record<string, string>),
+        E2B_API_URL: this.url,
+        E2B_SANDBOX_URL: this.url,
+        E2B_API_KEY: this.apiKey,
+        AENV_API_KEY: this.apiKey,
+        AENV_API_URL: this.url,
+        AENV_HOME_PATH: this.home,
+      },
+    });
+    const timer = setTimeout(() => p.kill("SIGKILL"), timeoutMs);
+    const [out, err, code] = await Promise.all([new Response(p.stdout).text(), new Response(p.stderr).text(), p.exited]);
+    clearTimeout(timer);
+    if (code !== 0) throw new Error(`client ${script} exited ${code}\nstdout: ${out}\nstderr: ${err}\nnode log: ${this.nodeErr.slice(-4000)}`);
+    const last = out.trim().split("\n").pop()!;
+    return JSON.parse(last) as T;
+  }
+
+  /** Named network namespaces of this world's slots. */
+  slotNamespaces(): string[] {
+    return existsSync("/run/netns") ? readdirSync("/run/netns").filter((n) => n.startsWith(this.prefix) && n !== this.ns) : [];
+  }
+
+  /** Stop the node, remove leftovers (slots, VMM processes, files), delete the namespace. */
+  async dispose(): Promise<void> {
+    await this.stop().catch(() => {});
+    // a VMM still alive here is a bug the test reports; make sure it does not outlive us
+    for (const pid of qemuPidsUnder(this.home, this.memDir)) {
+      try {
+        process.kill(pid, "SIGKILL");
+      } catch {
+        // gone
+      }
+    }
+    for (const n of this.slotNamespaces()) Bun.spawnSync(["ip", "netns", "del", n]);
+    Bun.spawnSync(["ip", "netns", "del", this.ns]);
+    rmSync(this.home, { recursive: true, force: true });
+    rmSync(this.memDir, { recursive: true, force: true });
+  }
+}
+
+/** pids of QEMU processes whose command line names `dir` (their work dir or RAM file). */
+export function qemuPidsUnder(...dirs: string[]): number[] {
+  const out: number[] = [];
+  for (const pid of readdirSync("/proc")) {
+    if (!/^\d+$/.test(pid)) continue;
+    let cmd: string;
+    try {
+      cmd = require("node:fs").readFileSync(`/proc/${pid}/cmdline`, "utf8");
+    } catch {
+      continue;
+    }
+    if (cmd.startsWith("qemu-system") || cmd.includes("/qemu-system")) {
+      if (dirs.some((d) => cmd.includes(d))) out.push(Number(pid));
+    }
+  }
+  return out;
+}
