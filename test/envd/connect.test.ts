@@ -5,7 +5,7 @@
  */
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { chmodSync, mkdtempSync, renameSync, rmSync, writeFileSync } from "node:fs";
-import { join } from "node:path";
+import { dirname, join } from "node:path";
 import { create, toBinary } from "@bufbuild/protobuf";
 import { Code, ConnectError, createClient, type Client } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
@@ -132,6 +132,51 @@ describe("process over binary Connect", () => {
     expect(late).toEqual(["start", "end"]);
     expect((await proc.list({})).processes.some((p) => p.pid === pid)).toBe(false);
   }, 20_000);
+
+  test("a client that stops reading and disconnects never stalls the process (back-pressure released)", async () => {
+    const ac = new AbortController();
+    // ~64 MiB of output: far more than pipe + stream buffers hold while nobody reads
+    const it = gen(proc.start({ process: { cmd: "/bin/sh", args: ["-c", "head -c 67108864 /dev/zero; echo finished >&2"] } }, { signal: ac.signal }));
+    const pid = ((await it.next()).value.event.event.value as { pid: number }).pid;
+    await it.next();
+    ac.abort();
+    await codeOf(it.next());
+    // attach late: the process must run to completion on its own
+    const kinds: string[] = [];
+    for await (const r of proc.connect({ process: { selector: { case: "pid", value: pid } } })) {
+      const ev = r.event!.event;
+      if (ev.case !== "data") kinds.push(ev.case!);
+      if (ev.case === "end") expect(ev.value.exitCode).toBe(0);
+    }
+    expect(kinds.at(-1)).toBe("end");
+    expect(await waitFor(() => procState(pid) === undefined)).toBe(true);
+  }, 30_000);
+
+  test("idle PTYs do not starve other work (no blocking reads on pool threads)", async () => {
+    const ptys = [];
+    for (let i = 0; i < 8; i++) {
+      const it = gen(proc.start({ process: { cmd: "/bin/sleep", args: ["20"] }, pty: { size: { cols: 80, rows: 24 } } }));
+      ptys.push({ it, pid: ((await it.next()).value.event.event.value as { pid: number }).pid });
+    }
+    try {
+      const t0 = performance.now();
+      let out = "";
+      for await (const r of proc.start({ process: { cmd: "/bin/echo", args: ["alive"] } })) {
+        const ev = r.event!.event;
+        if (ev.case === "data") out += dec.decode(ev.value.output.value as Uint8Array);
+      }
+      expect(out).toBe("alive\n");
+      const poolFile = join(mkdtempSync("/tmp/envd-pool-"), "pool.txt");
+      writeFileSync(poolFile, "pool");
+      const st = await fsc.stat({ path: poolFile });
+      rmSync(dirname(poolFile), { recursive: true });
+      expect(st.entry?.size).toBe(4n);
+      expect(performance.now() - t0).toBeLessThan(3000);
+    } finally {
+      for (const p of ptys) await proc.sendSignal({ process: { selector: { case: "pid", value: p.pid } }, signal: Signal.SIGKILL });
+      for (const p of ptys) for await (const _ of p.it);
+    }
+  }, 30_000);
 
   test("keepalive events arrive at the interval the client asks for", async () => {
     const c = createClient(Process, transport({ "x-access-token": TOKEN, "keepalive-ping-interval": "1" }));

@@ -128,6 +128,16 @@ describe("commands", () => {
     expect(e2).toBeInstanceOf(AuthenticationError);
   });
 
+  test("20 concurrent commands each get their own output", async () => {
+    const runs = await Promise.all(Array.from({ length: 20 }, (_, i) => sbx.commands.run(`echo n${i}; echo e${i} >&2; exit ${i % 2}`).catch((e) => e)));
+    runs.forEach((r, i) => {
+      expect(r.stdout).toBe(`n${i}\n`);
+      expect(r.stderr).toBe(`e${i}\n`);
+      expect(r.exitCode).toBe(i % 2);
+      if (i % 2) expect(r).toBeInstanceOf(CommandExitError);
+    });
+  });
+
   test("background process is listed, then killed", async () => {
     const h = await sbx.commands.run("sleep 30", { background: true });
     expect(h.pid).toBeGreaterThan(0);
