@@ -9,13 +9,13 @@
  * this (main) thread; replies are written here (a write to /dev/fuse never blocks).
  */
 import { closeSync, mkdirSync, openSync, writeSync, writevSync, constants as fsc } from "node:fs";
-import { fileURLToPath } from "node:url";
 import { Worker } from "node:worker_threads";
 import type { BlockImage } from "../block.ts";
 import * as F from "../../ffi/fuse.ts";
 import { MS_NODEV, MS_NOSUID, mount, MountError } from "../../ffi/mount.ts";
 import { logger } from "../../observability/log.ts";
 import { FuseError } from "./errors.ts";
+import { readerSource } from "./reader-worker.ts";
 
 const log = logger("fuse");
 const O_CLOEXEC = 0o2000000;
@@ -93,7 +93,7 @@ export class FuseExport {
     this.ended = new Promise((r) => (resolveEnded = r));
     const bufSize = Math.max(F.MIN_READ_BUFFER, opts.maxWrite + 4096);
     for (let i = 0; i < opts.workers; i++) {
-      const w = new Worker(fileURLToPath(new URL("./reader-worker.ts", import.meta.url)), { workerData: { fd, bufSize } });
+      const w = new Worker(readerSource(), { eval: true, workerData: { fd, bufSize } });
       w.on("message", (m: ArrayBuffer | { done: string }) => {
         if (m instanceof ArrayBuffer) this.#dispatch(new Uint8Array(m));
         else reason ||= m.done;
