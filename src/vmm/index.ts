@@ -32,6 +32,7 @@ export function qemuOptions(cfg: ConfigTable): QemuDriverOptions {
     accel,
     cpu: get<string>(cfg, "qemu.cpu"),
     tscKhz: get<number>(cfg, "qemu.tsc_khz"),
+    tcgTbSizeMiB: get<number>(cfg, "qemu.tcg_tb_size_mib"),
     runtimeDir: get<string>(cfg, "runtime_path"),
     memoryDir: get<string>(cfg, "qemu.memory_dir"),
     stopTimeoutMs: get<number>(cfg, "vm.stop_timeout_ms"),

@@ -10,6 +10,8 @@ import type { VmSpec } from "../types.ts";
 /** Driver-level settings that are not part of a VmSpec. */
 export interface QemuArgsOptions {
   accel: "kvm" | "tcg";
+  /** TCG translation-block cache size in MiB (`-accel tcg,tb-size=`); 0 keeps QEMU's default. */
+  tcgTbSizeMiB: number;
   /** -cpu model ("max" under TCG, "host" under KVM). */
   cpu: string;
   /** tsc_early_khz value under TCG; null adds nothing. */
@@ -57,7 +59,7 @@ export function buildQemuArgs(spec: VmSpec, o: QemuArgsOptions): string[] {
   const a: string[] = [
     "-name", `aenv-${spec.id}`,
     "-M", "microvm,memory-backend=mem",
-    "-accel", o.accel,
+    "-accel", o.accel === "tcg" && o.tcgTbSizeMiB > 0 ? `tcg,tb-size=${o.tcgTbSizeMiB}` : o.accel,
     "-cpu", o.cpu,
     "-m", `${spec.memoryMiB}M`,
     "-smp", String(spec.vcpus),

@@ -31,6 +31,8 @@ export interface QemuDriverOptions {
   cpu: string;
   /** tsc_early_khz for TCG; 0 reads the host's /proc/cpuinfo. */
   tscKhz: number;
+  /** TCG translation cache in MiB; 0 keeps QEMU's default (the largest per-VM memory cost under TCG). */
+  tcgTbSizeMiB: number;
   /** Where VMM records and QMP sockets live (`<runtimeDir>/vmm/`). */
   runtimeDir: string;
   /** Directory of the guest RAM files of booted VMs (`<memoryDir>/<id>.mem`); tmpfs is best. */
@@ -120,6 +122,7 @@ export class QemuDriver implements VmmDriver {
     rmSync(consolePath, { force: true });
     const args = buildQemuArgs(spec, {
       accel: this.accel,
+      tcgTbSizeMiB: this.opts.tcgTbSizeMiB,
       cpu: this.accel === "kvm" && this.opts.cpu === "max" ? "host" : this.opts.cpu,
       tscKhz: this.tsc,
       memPath: m.memPath,

@@ -22,6 +22,7 @@ const spec: VmSpec = {
 };
 const opts: QemuArgsOptions = {
   accel: "tcg",
+  tcgTbSizeMiB: 0,
   cpu: "max",
   tscKhz: 2596134,
   memPath: "/dev/shm/a/sb-1.mem",
@@ -76,6 +77,8 @@ describe("buildQemuArgs", () => {
     expect(flag(a, "-global")).toEqual(["virtio-mmio.force-legacy=false"]);
     for (const f of ["-nodefaults", "-no-reboot", "-nographic"]) expect(a).toContain(f);
     expect(a).not.toContain("-incoming");
+    expect(flag(buildQemuArgs(spec, { ...opts, tcgTbSizeMiB: 64 }), "-accel")).toEqual(["tcg,tb-size=64"]);
+    expect(flag(buildQemuArgs(spec, { ...opts, accel: "kvm", tcgTbSizeMiB: 64 }), "-accel")).toEqual(["kvm"]);
   });
 
   test("restore maps RAM privately and waits for migrate-incoming", () => {
