@@ -5,7 +5,8 @@ import { afterAll, afterEach, beforeAll, describe, expect, test } from "bun:test
 import { closeSync, existsSync, fstatSync, fsyncSync, mkdirSync, mkdtempSync, openSync, readdirSync, readFileSync, readSync, rmSync, statfsSync, statSync, writeFileSync, writeSync } from "node:fs";
 import { createHash, randomBytes } from "node:crypto";
 import { join } from "node:path";
-import { listMounts } from "../../../src/ffi/mount.ts";
+import { listMounts, MNT_DETACH, umount2 } from "../../../src/ffi/mount.ts";
+import { mountFuse } from "../../../src/storage/fuse/server.ts";
 import { diskConfig, exportDisk, reapStaleDisks, type DiskConfig, type ExportedDisk } from "../../../src/storage/daemon/index.ts";
 
 const MiB = 1 << 20;
@@ -184,6 +185,35 @@ describe("FUSE disk export", () => {
     expect(existsSync(join(recordDir, "cl.json"))).toBe(false);
     await d.close(); // idempotent
   }, 60_000);
+
+  test("the compiled single binary (bun build --compile) serves a disk too", async () => {
+    const workDir = join(root, "compiled");
+    mkdirSync(workDir, { recursive: true });
+    const bin = join(workDir, "agentenv");
+    const build = Bun.spawnSync([process.execPath, "build", "--compile", join(import.meta.dir, "../../../src/cli/main.ts"), "--outfile", bin]);
+    expect(build.exitCode).toBe(0);
+    const data = randomBytes(512 * 1024);
+    writeFileSync(join(workDir, "b.raw"), data);
+    const spec = {
+      id: "compiled", image: { kind: "raw", path: join(workDir, "b.raw"), readOnly: false }, mountPoint: join(workDir, "mnt"),
+      fileName: "d.img", recordDir, tuning: { workers: 2, maxWrite: 1 << 20, directIo: false, requestTimeoutSec: 0 },
+    };
+    writeFileSync(join(workDir, "spec.json"), JSON.stringify(spec));
+    let fd = mountFuse(spec.mountPoint, 1 << 20);
+    try {
+      const child = Bun.spawn([bin, "disk", "serve", "--spec", join(workDir, "spec.json"), "--fuse-fd", "3"], { stdio: ["ignore", "pipe", "inherit", fd] });
+      const first = await (child.stdout as ReadableStream<Uint8Array>).getReader().read();
+      expect(new TextDecoder().decode(first.value)).toBe(`ready ${join(workDir, "mnt", "d.img")}\n`);
+      expect(readFileSync(join(workDir, "mnt", "d.img")).equals(data)).toBe(true);
+      umount2(spec.mountPoint, MNT_DETACH);
+      closeSync(fd);
+      fd = -1;
+      expect(await child.exited).toBe(0);
+    } finally {
+      umount2(spec.mountPoint, MNT_DETACH);
+      if (fd >= 0) closeSync(fd);
+    }
+  }, 120_000);
 
   test("a spec naming a missing backing file fails with the child's error", async () => {
     const workDir = join(root, "missing");
