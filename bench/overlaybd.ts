@@ -131,9 +131,6 @@ try {
   ];
   const seq = await interleaved(scases, seqMBps);
   scases.forEach(([n], i) => row(n, seq[i]!, seq[0]!, "MB/s"));
-  await plain.close();
-  await zmid.close();
-
   // local-file backend candidates at queue depth 8 and 32 (4 KiB random reads of the flat file)
   const ring = new IoUring(64);
   const fh = await fsp.open(files.flat);
@@ -146,10 +143,16 @@ try {
       await fn();
       return 0;
     };
+    const sreqs = reqs.map((r) => ({ buf: r.buf, offset: 0 }));
     const qcases: Array<[string, Reader]> = [
       [`4K random, QD${qd}, readSync x${qd} (Bun fs)`, batch(() => void reqs.forEach((r) => readSync(flatFd, r.buf, 0, 4096, r.offset)))],
       [`4K random, QD${qd}, io_uring batch`, batch(() => void ring.readBatch(flatFd, reqs, out))],
       [`4K random, QD${qd}, fs.promises read x${qd}`, batch(async () => void (await Promise.all(reqs.map((r) => fh.read(r.buf, 0, 4096, r.offset)))))],
+      [`4K random, QD${qd}, 3-layer stack preadSync x${qd}`, batch(() => void reqs.forEach((r) => plain.preadSync(r.buf, r.offset)))],
+      [`4K random, QD${qd}, 3-layer stack io_uring batch`, batch(() => {
+        reqs.forEach((r, i) => (sreqs[i]!.offset = r.offset));
+        plain.preadBatchSync(sreqs, ring);
+      })],
     ];
     // each call of a case reads qd blocks
     const v = (await interleaved(qcases, randomIops)).map((x) => x * qd);
@@ -157,6 +160,8 @@ try {
   }
   ring.close();
   await fh.close();
+  await plain.close();
+  await zmid.close();
   closeSync(flatFd);
 
   for (const algo of ["lz4", "zst"]) {

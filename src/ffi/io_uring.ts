@@ -45,8 +45,9 @@ export class IoUringError extends Error {
   }
 }
 
-/** One read of a batch: fill `buf[bufOffset, bufOffset+length)` from file byte `offset`. */
+/** One read of a batch: fill `buf[bufOffset, bufOffset+length)` from file byte `offset` (of `fd` when set, else the batch's fd). */
 export interface ReadRequest {
+  fd?: number;
   buf: Uint8Array;
   bufOffset: number;
   length: number;
@@ -119,7 +120,7 @@ export class IoUring {
   }
 
   /**
-   * Submit every read, wait for all completions. The buffers are referenced by address during
+   * Submit every read (on `fd`, or each request's own `fd`), wait for all completions. The buffers are referenced by address during
    * the call only; no JS runs until the kernel is done with them.
    * @returns bytes read per request (short at end of file)
    * @throws IoUringError on a failed enter or a read that failed (negative res)
@@ -133,7 +134,7 @@ export class IoUring {
       const o = ((tail & this.sqMask) * SQE_SIZE) >>> 2; // in 32-bit words
       w.fill(0, o, o + SQE_SIZE / 4);
       w[o] = IORING_OP_READ; // opcode byte 0; flags, ioprio 0
-      w[o + 1] = fd;
+      w[o + 1] = r.fd ?? fd;
       w[o + 2] = r.offset % 2 ** 32;
       w[o + 3] = Math.floor(r.offset / 2 ** 32);
       const addr = ptr(r.buf, r.bufOffset) as number;

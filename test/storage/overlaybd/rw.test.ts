@@ -298,3 +298,47 @@ describe("sparse writable layer (overlaybd-create -s)", () => {
     await expect(createUpper({ data: tmp.path("z.data"), index: tmp.path("z.index") }, 0, { sparse: true })).rejects.toMatchObject({ code: "overlaybd.bad_size" });
   });
 });
+
+describe("batched reads through io_uring", () => {
+  test("preadBatchSync equals pread over plain, ZFile and upper layers", async () => {
+    const { IoUring } = await import("../../../src/ffi/io_uring.ts");
+    const { compressLayer } = await import("../../../src/storage/overlaybd/index.ts");
+    await createUpper(up(), 4 * MiB);
+    const img = await openStack({ lowers: [], upper: up() });
+    const b = new Uint8Array(MiB);
+    for (let k = 0; k < 4; k++) {
+      for (let i = 0; i < b.length; i++) b[i] = (i * (k + 3)) & 0xff;
+      await img.pwrite(b.subarray(0, MiB - k * 4096), k * 700 * 1024);
+      await img.discard(k * 300 * 1024, 8192);
+      await img.restack(tmp.path(`L${k}`), { data: tmp.path(`u${k}.data`), index: tmp.path(`u${k}.index`) });
+    }
+    await img.pwrite(new Uint8Array(5000).fill(0x77), 12345);
+    await img.sync();
+    await img.close();
+    await compressLayer(tmp.path("L1"), tmp.path("L1.z"), { algo: "lz4" });
+    const stack = await openStack({ lowers: [tmp.path("L0"), tmp.path("L1.z"), tmp.path("L2"), tmp.path("L3")], upper: { data: tmp.path("u3.data"), index: tmp.path("u3.index") } });
+    const ring = new IoUring(8);
+    try {
+      let seed = 5;
+      const rnd = () => ((seed = (Math.imul(seed, 1664525) + 1013904223) >>> 0) / 2 ** 32);
+      for (let round = 0; round < 20; round++) {
+        const reqs = Array.from({ length: 12 }, () => {
+          const offset = Math.floor(rnd() * 4 * MiB);
+          return { buf: new Uint8Array(1 + Math.floor(rnd() * 70_000)), offset };
+        });
+        reqs.push({ buf: new Uint8Array(512), offset: 4 * MiB });
+        const sizes = stack.preadBatchSync(reqs, ring);
+        for (let i = 0; i < reqs.length; i++) {
+          const want = new Uint8Array(reqs[i]!.buf.length);
+          const n = await stack.pread(want, reqs[i]!.offset);
+          expect(sizes[i]).toBe(n);
+          expect(Buffer.compare(reqs[i]!.buf.subarray(0, n), want.subarray(0, n))).toBe(0);
+        }
+      }
+      expect(() => stack.preadBatchSync([{ buf: new Uint8Array(512), offset: 5 * MiB }], ring)).toThrow(OverlaybdError);
+    } finally {
+      ring.close();
+      await stack.close();
+    }
+  });
+});
