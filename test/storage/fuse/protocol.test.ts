@@ -33,6 +33,17 @@ describe("fuse codec", () => {
     expect(Array.from(r)).toEqual([19, 0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3]);
   });
 
+  test("NOTIFY_RESEND is a bare header: len 16, positive code 7, unique 0", () => {
+    const n = F.encodeNotify(F.NOTIFY_RESEND);
+    expect(Array.from(n)).toEqual([16, 0, 0, 0, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+  });
+
+  test("a separately written body is counted in the header length", () => {
+    const h = F.encodeReply(3n, 0, undefined, 4096);
+    expect(h.byteLength).toBe(16);
+    expect(new DataView(h.buffer).getUint32(0, true)).toBe(16 + 4096);
+  });
+
   test("init_out is 64 bytes with fields at documented offsets", () => {
     const o = F.encodeInitOut({
       major: 7, minor: 45, maxReadahead: 131072, flags: 0x40648021, flags2: 0x400, maxBackground: 64,
