@@ -154,18 +154,6 @@ export async function listOurLinks(prefix: string, timeoutMs: number): Promise<s
   return out.sort();
 }
 
-/** Our chains in the node's namespace, per table, from `iptables-save`. */
-export async function listOurChains(prefix: string, timeoutMs: number): Promise<{ table: string; chain: string }[]> {
-  const out: { table: string; chain: string }[] = [];
-  for (const table of ["filter", "nat"]) {
-    const r = await run(["iptables-save", "-t", table], { timeoutMs });
-    for (const line of r.stdout.split("\n")) {
-      if (line.startsWith(`:${prefix}`)) out.push({ table, chain: line.slice(1).split(" ")[0]! });
-    }
-  }
-  return out;
-}
-
 /**
  * Remove our chains from the node's namespace: the jumps to them from built-in chains, then the
  * chains. Only chains whose name starts with `prefix` are touched.
