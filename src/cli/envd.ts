@@ -36,6 +36,7 @@ export default defineCommand({
       maxWatchDirs: get<number>(cfg, "envd.max_watch_dirs"),
       idleTimeoutS: get<number>(cfg, "envd.idle_timeout_s"),
       maxRequestBodyBytes: get<number>(cfg, "envd.max_request_body_bytes"),
+      maxComposeSources: get<number>(cfg, "envd.max_compose_sources"),
     });
     // Machine-readable readiness line for supervisors and tests.
     process.stdout.write(`envd listening on ${envd.port}\n`);

@@ -12,6 +12,7 @@ import { EnvdError } from "./errors.ts";
 import { filesystemService } from "./filesystem/service.ts";
 import { Filesystem } from "./gen/filesystem_pb.ts";
 import { Process } from "./gen/process_pb.ts";
+import { composeFiles, parseComposeBody } from "./http/compose.ts";
 import { downloadFile, uploadFiles } from "./http/files.ts";
 import { handleInit } from "./http/init.ts";
 import { collectMetrics } from "./http/metrics.ts";
@@ -48,6 +49,8 @@ export interface EnvdOptions {
   idleTimeoutS: number;
   /** Largest request body (uploads), bytes; bodies are streamed to disk, never held whole. */
   maxRequestBodyBytes: number;
+  /** Most source files one /files/compose takes. */
+  maxComposeSources: number;
 }
 
 /** Defaults matching config/default.toml `[envd]`, for tests and embedding. */
@@ -67,6 +70,7 @@ export const DEFAULT_ENVD_OPTIONS: EnvdOptions = {
   maxWatchDirs: 8192,
   idleTimeoutS: 255,
   maxRequestBodyBytes: 1024 ** 4,
+  maxComposeSources: 10_000,
 };
 
 /** A running envd. */
@@ -162,6 +166,15 @@ export function startEnvd(partial: Partial<EnvdOptions> = {}): Envd {
     if (!hasValidToken(state, req.headers)) return json({ code: 401, message: "invalid access token" }, 401);
     const handler = rpc.get(path);
     if (handler) return handler(req);
+    if (path === "/files/compose" && req.method === "POST") {
+      let body: unknown;
+      try {
+        body = await req.json();
+      } catch {
+        throw new EnvdError("invalid_argument", "compose body is not valid JSON", {});
+      }
+      return json(await composeFiles(state, parseComposeBody(body, opts.maxComposeSources)));
+    }
     if (path === "/envs" && req.method === "GET") return json(state.envVars);
     if (path === "/metrics" && req.method === "GET") return json(collectMetrics());
     return json({ code: 404, message: `no route for ${req.method} ${path}` }, 404);

@@ -427,3 +427,35 @@ describe("uploads are streamed", () => {
     rmSync(target);
   }, 60_000);
 });
+
+describe("/files/compose", () => {
+  test("concatenates sources in order into the destination and deletes them", async () => {
+    const auth = { "x-access-token": TOKEN, "content-type": "application/json" };
+    const d = mkdtempSync("/tmp/envd-compose-");
+    try {
+      writeFileSync(join(d, "p1"), "alpha-");
+      writeFileSync(join(d, "p2"), Buffer.alloc(200_000, 0x62));
+      writeFileSync(join(d, "p3"), "-omega");
+      const res = await fetch(`${envd.url}/files/compose`, {
+        method: "POST",
+        headers: auth,
+        body: JSON.stringify({ source_paths: [join(d, "p1"), join(d, "p2"), join(d, "p3")], destination: join(d, "out/whole.bin") }),
+      });
+      expect(res.status).toBe(200);
+      expect(await res.json()).toEqual({ path: join(d, "out/whole.bin"), name: "whole.bin", type: "file" });
+      const out = require("node:fs").readFileSync(join(d, "out/whole.bin"));
+      expect(out.length).toBe(6 + 200_000 + 6);
+      expect(out.subarray(0, 6).toString()).toBe("alpha-");
+      expect(out.subarray(-6).toString()).toBe("-omega");
+      expect(require("node:fs").existsSync(join(d, "p1"))).toBe(false);
+      const missing = await fetch(`${envd.url}/files/compose`, { method: "POST", headers: auth, body: JSON.stringify({ source_paths: [join(d, "p1")], destination: join(d, "x") }) });
+      expect(missing.status).toBe(404);
+      const bad = await fetch(`${envd.url}/files/compose`, { method: "POST", headers: auth, body: JSON.stringify({ source_paths: [], destination: join(d, "x") }) });
+      expect(bad.status).toBe(400);
+      const noToken = await fetch(`${envd.url}/files/compose`, { method: "POST", body: "{}" });
+      expect(noToken.status).toBe(401);
+    } finally {
+      rmSync(d, { recursive: true, force: true });
+    }
+  });
+});
