@@ -8,21 +8,22 @@
  * (`$AENV_TEST_HOME_PATH/kernels/<key>/vmlinux`); skipped when the kernel is not built yet.
  */
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { existsSync, readdirSync, readFileSync, statSync, writeFileSync } from "node:fs";
+import { existsSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { gzipSync } from "node:zlib";
+import { loadConfig } from "../../src/config/index.ts";
+import { resolveKernelPath } from "../../src/vmm/index.ts";
 import { type Agent, World } from "./harness.ts";
 
 const home = process.env.AENV_TEST_HOME_PATH ?? "/var/lib/agentenv-test";
+/** The guest kernel the VMM uses (`[kernel] path`, else the cached build under the test home). */
 function findKernel(): string | null {
-  const dir = join(home, "kernels");
-  if (!existsSync(dir)) return null;
-  const found = readdirSync(dir)
-    .filter((d) => !d.startsWith("."))
-    .map((d) => join(dir, d, "vmlinux"))
-    .filter((p) => existsSync(p))
-    .sort((a, b) => statSync(b).mtimeMs - statSync(a).mtimeMs);
-  return found[0] ?? null;
+  try {
+    const p = resolveKernelPath(loadConfig({ env: { ...process.env, AENV_HOME_PATH: home } }));
+    return existsSync(p) ? p : null;
+  } catch {
+    return null;
+  }
 }
 const kernel = findKernel();
 const busybox = ["/bin/busybox", "/usr/bin/busybox"].find((p) => existsSync(p));
