@@ -8,6 +8,7 @@ import { openapi } from "@elysiajs/openapi";
 import type { Orchestrator, SandboxRecord } from "../orchestrator/index.ts";
 import { ApiError, errorResponse, toErrorResponse } from "./errors.ts";
 import { parseMetadataFilter } from "./metadata.ts";
+import { renderPrometheus } from "../observability/metrics.ts";
 import { nodeInfo, type NodeIdentity } from "./node.ts";
 import * as S from "./schemas.ts";
 import { toDetail, toListed, toSandbox, toTemplate } from "./serialize.ts";
@@ -26,7 +27,7 @@ export interface ApiDeps {
 }
 
 /** Paths served without an API key. */
-export const PUBLIC_PATHS = [/^\/health$/, /^\/openapi\.json$/, /^\/docs(\/.*)?$/, /^\/_assets\//];
+export const PUBLIC_PATHS = [/^\/health$/, /^\/metrics$/, /^\/openapi\.json$/, /^\/docs(\/.*)?$/, /^\/_assets\//];
 
 const ERR = { 400: S.ErrorBody, 401: S.ErrorBody, 404: S.ErrorBody, 409: S.ErrorBody, 500: S.ErrorBody };
 const noContent = () => new Response(null, { status: 204 });
@@ -117,6 +118,14 @@ export function buildApp(deps: ApiDeps) {
       return toErrorResponse(error);
     })
     .get("/health", () => ({ status: "ok", version: pkg.version }), { detail: { summary: "Health check", tags: ["node"] } })
+    .get(
+      "/metrics",
+      () =>
+        new Response(renderPrometheus(orch.getCounters(), { agentenv_uptime_seconds: Math.round(process.uptime()) }), {
+          headers: { "content-type": "text/plain; version=0.0.4; charset=utf-8" },
+        }),
+      { detail: { summary: "Prometheus metrics (sandbox counters)", tags: ["node"] } },
+    )
     .post("/v2/sandboxes", async ({ body, set }) => created(await create(body, true), set), {
       body: S.NewSandboxV2,
       response: { 201: S.Sandbox, ...ERR },

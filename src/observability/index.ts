@@ -1,1 +1,2 @@
 export { log, logger } from "./log.ts";
+export { renderPrometheus } from "./metrics.ts";

@@ -191,6 +191,10 @@ test("concurrent kills of one sandbox: exactly one 204, the rest 404; kill of a 
   const codes = await Promise.all(Array.from({ length: 6 }, () => api(node, "/sandboxes/race1", { method: "DELETE" }).then((r) => r.status)));
   expect(codes.filter((c) => c === 204)).toHaveLength(1);
   expect(codes.filter((c) => c === 404)).toHaveLength(5);
+  const metrics = await (await api(node, "/metrics", { key: null })).text();
+  expect(metrics).toContain("# TYPE agentenv_sandbox_kills_total counter\n");
+  expect(Number(/^agentenv_sandbox_kills_total (\d+)$/m.exec(metrics)![1])).toBeGreaterThanOrEqual(1);
+  expect(metrics).toMatch(/^agentenv_sandboxes_running \d+$/m);
   const again = await json(await api(node, "/sandboxes/race1", { method: "DELETE" }));
   expect(again).toEqual({ status: 404, body: { code: 404, message: expect.stringContaining("race1"), error_code: "orchestrator.not_found" } });
   expect(node.orch.store.get("race1")?.state).toBe("killed");
