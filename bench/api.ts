@@ -1,0 +1,152 @@
+/**
+ * Node API benchmark (real parts: API, orchestrator, SQLite, network slots, QEMU microVMs,
+ * envd). Re-runs itself inside a private network namespace, boots a node in-process on
+ * 127.0.0.1 with the test data dir's kernel and base template, and prints:
+ *  1. the node's own overhead on create: client-observed create time minus the VM runtime's
+ *     start (boot + envd ready + init), measured in the same run, as a ratio to the boot;
+ *  2. create+kill throughput with 8 concurrent clients against 1 client (baseline, same run);
+ *  3. API-only latencies (GET one sandbox, list) against GET /health (baseline, same run).
+ * Usage: bun bench/api.ts [--cycles N]   (root; AENV_TEST_HOME_PATH, default /var/lib/agentenv-test)
+ */
+import { mkdirSync, mkdtempSync, rmSync, symlinkSync, readdirSync } from "node:fs";
+import { join } from "node:path";
+
+const TEST_HOME = process.env.AENV_TEST_HOME_PATH ?? "/var/lib/agentenv-test";
+const cyclesArg = process.argv.indexOf("--cycles");
+const CYCLES = cyclesArg > 0 ? Number(process.argv[cyclesArg + 1]) : 3;
+
+if (!process.env.AENV_BENCH_INNER) {
+  const ns = `aeb${process.pid % 1000}`;
+  const sh = (c: string[]) => Bun.spawnSync(c, { stdout: "inherit", stderr: "inherit" }).exitCode;
+  if (sh(["ip", "netns", "add", ns]) !== 0) process.exit(1);
+  let code = 1;
+  try {
+    sh(["ip", "-n", ns, "link", "set", "lo", "up"]);
+    const p = Bun.spawn(["nsenter", `--net=/run/netns/${ns}`, "--", process.execPath, import.meta.path, ...process.argv.slice(2)], {
+      stdout: "inherit",
+      stderr: "inherit",
+      env: { ...process.env, AENV_LOG_LEVEL: process.env.AENV_LOG_LEVEL ?? "warn", AENV_BENCH_INNER: ns },
+    });
+    code = await p.exited;
+  } finally {
+    for (const n of readdirSync("/run/netns")) if (n.startsWith(`${ns}-`)) sh(["ip", "netns", "del", n]);
+    sh(["ip", "netns", "del", ns]);
+  }
+  process.exit(code);
+}
+
+const { loadConfig } = await import("../src/config/index.ts");
+const { bootNode } = await import("../src/api/boot.ts");
+const { createVmRuntime } = await import("../src/orchestrator/vm-runtime-factory.ts");
+const { resolveKernelPath } = await import("../src/vmm/index.ts");
+
+const home = mkdtempSync("/tmp/aenv-bench-");
+const memDir = mkdtempSync("/dev/shm/aenv-bench-");
+mkdirSync(join(home, "run"));
+symlinkSync(join(TEST_HOME, "templates"), join(home, "templates"));
+const cfg = loadConfig({
+  env: {
+    AENV_HOME_PATH: home,
+    AENV_RUNTIME_PATH: join(home, "run"),
+    AENV_API_ADDR: "127.0.0.1:0",
+    AENV_LOG_LEVEL: "warn",
+    AENV__kernel__path: resolveKernelPath(loadConfig({ env: { AENV_HOME_PATH: TEST_HOME } })),
+    AENV__qemu__memory_dir: memDir,
+    AENV__network__name_prefix: `${process.env.AENV_BENCH_INNER}-`,
+    // this box has 2 cores: at most 2 VMs at once
+    AENV__orchestrator__max_sandboxes: "2",
+    AENV__orchestrator__max_concurrent_starts: "2",
+  },
+});
+
+const startMs = new Map<string, number>();
+const node = await bootNode(cfg, async (c, db, oc) => {
+  const rt = await createVmRuntime(c, db, oc);
+  const start = rt.start.bind(rt);
+  rt.start = async (spec) => {
+    const t = performance.now();
+    const r = await start(spec);
+    startMs.set(spec.id, performance.now() - t);
+    return r;
+  };
+  return rt;
+});
+const H = { "x-api-key": node.apiKey, "content-type": "application/json" };
+
+async function create(): Promise<{ id: string; ms: number }> {
+  for (;;) {
+    const t = performance.now();
+    const r = await fetch(`${node.url}/v2/sandboxes`, { method: "POST", headers: H, body: JSON.stringify({ templateID: "base", timeout: 120 }) });
+    if (r.status === 429) {
+      await r.arrayBuffer();
+      await Bun.sleep(50);
+      continue;
+    }
+    const b = (await r.json()) as { sandboxID?: string; message?: string };
+    if (r.status !== 201) throw new Error(`create: ${r.status} ${b.message}`);
+    return { id: b.sandboxID!, ms: performance.now() - t };
+  }
+}
+async function kill(id: string): Promise<void> {
+  const r = await fetch(`${node.url}/sandboxes/${id}`, { method: "DELETE", headers: H });
+  if (r.status !== 204) throw new Error(`kill ${id}: ${r.status}`);
+}
+const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
+const f = (x: number) => x.toFixed(1);
+
+try {
+  // warm-up (page cache of the template, kernel)
+  await kill((await create()).id);
+
+  // 1. overhead on create
+  const totals: number[] = [];
+  const boots: number[] = [];
+  for (let i = 0; i < CYCLES; i++) {
+    const c = await create();
+    totals.push(c.ms);
+    boots.push(startMs.get(c.id)!);
+    await kill(c.id);
+  }
+  const overhead = totals.map((t, i) => t - boots[i]!);
+  console.log(`create: total median ${f(median(totals))} ms, VM start (boot+envd+init, baseline) median ${f(median(boots))} ms`);
+  console.log(`create: node overhead median ${f(median(overhead))} ms = ${(median(overhead) / median(boots)).toFixed(5)}x of the VM start`);
+
+  // 2. throughput, 1 client (baseline) then 8 concurrent clients
+  const run = async (clients: number, total: number) => {
+    let left = total;
+    const t = performance.now();
+    await Promise.all(
+      Array.from({ length: clients }, async () => {
+        while (left > 0) {
+          left--;
+          await kill((await create()).id);
+        }
+      }),
+    );
+    return (total / (performance.now() - t)) * 1000;
+  };
+  const one = await run(1, CYCLES);
+  const eight = await run(8, CYCLES * 2);
+  console.log(`create+kill throughput: 1 client ${one.toFixed(2)}/s (baseline), 8 clients ${eight.toFixed(2)}/s = ${(eight / one).toFixed(2)}x`);
+
+  // 3. API-only latency on a live sandbox
+  const live = await create();
+  const lat = async (path: string, n = 300) => {
+    const xs: number[] = [];
+    for (let i = 0; i < n; i++) {
+      const t = performance.now();
+      await (await fetch(node.url + path, { headers: H })).arrayBuffer();
+      xs.push(performance.now() - t);
+    }
+    return median(xs) * 1000;
+  };
+  const health = await lat("/health");
+  const getOne = await lat(`/sandboxes/${live.id}`);
+  const list = await lat("/v2/sandboxes");
+  console.log(`API latency (median, µs): /health ${f(health)} (baseline), GET /sandboxes/{id} ${f(getOne)} = ${(getOne / health).toFixed(2)}x, GET /v2/sandboxes ${f(list)} = ${(list / health).toFixed(2)}x`);
+  await kill(live.id);
+} finally {
+  await node.close();
+  rmSync(home, { recursive: true, force: true });
+  rmSync(memDir, { recursive: true, force: true });
+}
