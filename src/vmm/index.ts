@@ -64,10 +64,8 @@ export async function createDriver(cfg: ConfigTable): Promise<VmmDriver> {
   const fc = want === "qemu" ? null : firecrackerBinary(cfg);
   if (want === "firecracker" && !fc) throw new VmmError("vmm.driver_unavailable", "firecracker binary not found", { driver: want });
   if (fc) {
-    const modPath = "./firecracker/index.ts";
-    const mod = (await import(modPath)) as { createFirecrackerDriver?: (cfg: ConfigTable) => VmmDriver };
-    if (mod.createFirecrackerDriver) return mod.createFirecrackerDriver(cfg);
-    if (want === "firecracker") throw new VmmError("vmm.driver_unavailable", "firecracker driver module has no createFirecrackerDriver", {});
+    const { createFirecrackerDriver } = await import("./firecracker/index.ts"); // loaded only when used
+    return createFirecrackerDriver(cfg);
   }
   return new QemuDriver(qemuOptions(cfg));
 }

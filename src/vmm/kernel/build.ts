@@ -134,7 +134,7 @@ async function run(cmd: string[], cwd: string, onLine?: (l: string) => void): Pr
 }
 
 /** Rough number of compile steps of this config (used only for the progress bar). */
-const ESTIMATED_STEPS = 1500;
+const ESTIMATED_STEPS = 1650;
 
 /**
  * Build the guest kernel unless the cache already has it. Unpacks the tarball into a scratch

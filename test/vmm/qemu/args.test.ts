@@ -1,6 +1,6 @@
 /** Unit tests: QEMU argv, kernel command-line pieces, host detection (no VM started). */
 import { describe, expect, test } from "bun:test";
-import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { kernelClockArg, kernelIpArg, prefixToNetmask, VmmError, type VmSpec } from "../../../src/vmm/index.ts";
@@ -147,5 +147,24 @@ describe("host detection", () => {
     } finally {
       rmSync(d, { recursive: true, force: true });
     }
+  });
+});
+
+describe("createDriver", () => {
+  test("auto without a firecracker binary gives QEMU; bad or unavailable choices are errors", async () => {
+    const { loadConfig } = await import("../../../src/config/index.ts");
+    const { createDriver, QemuDriver } = await import("../../../src/vmm/index.ts");
+    const env = (extra: Record<string, string>) => loadConfig({ env: { AENV__firecracker__binary: "/nonexistent/firecracker", ...extra } });
+    const auto = await createDriver(env({}));
+    expect(auto).toBeInstanceOf(QemuDriver);
+    expect(auto.name).toBe("qemu");
+    if (existsSync("/sys/module/kvm_pvm")) expect((auto as InstanceType<typeof QemuDriver>).accel).toBe("tcg");
+    expect((await createDriver(env({ AENV__vm__driver: "qemu" }))).name).toBe("qemu");
+    await expect(createDriver(env({ AENV__vm__driver: "firecracker" }))).rejects.toMatchObject({ code: "vmm.driver_unavailable" });
+    // with the binary present (any executable stands in; nothing is spawned here) auto picks Firecracker
+    expect((await createDriver(env({ AENV__firecracker__binary: "/bin/true" }))).name).toBe("firecracker");
+    expect((await createDriver(env({ AENV__firecracker__binary: "/bin/true", AENV__vm__driver: "qemu" }))).name).toBe("qemu");
+    await expect(createDriver(env({ AENV__vm__driver: "vbox" }))).rejects.toMatchObject({ code: "vmm.bad_config" });
+    await expect(createDriver(env({ AENV__qemu__accel: "hvf" }))).rejects.toMatchObject({ code: "vmm.bad_config" });
   });
 });

@@ -81,6 +81,9 @@ describe("sandboxes from the base template", () => {
     const uname = await runInGuest(base, "uname -a");
     expect(uname.exitCode).toBe(0);
     expect(uname.stdout).toMatch(/^Linux agentenv 6\.1\.\d+ #1 SMP .* x86_64 GNU\/Linux\n$/);
+    // the guest clock was set from aenv.clock= by init
+    const clock = await runInGuest(base, "date +%s");
+    expect(Math.abs(Number(clock.stdout) - Date.now() / 1000)).toBeLessThan(120);
     const who = await runInGuest(base, "id -u; id -un; echo $HOME", "user");
     expect(who).toEqual({ stdout: "1000\nuser\n/home/user\n", stderr: "", exitCode: 0 });
     const w = await runInGuest(base, "echo sandbox-a-was-here > /home/user/marker.txt && sync && cat /home/user/marker.txt", "user");
