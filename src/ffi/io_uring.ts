@@ -113,8 +113,8 @@ export class IoUring {
   }
 
   private map(len: number, off: number): Pointer {
-    const p = libc.symbols.mmap(null, len, PROT_RW, MAP_SHARED_POPULATE, this.fd, off);
-    if (!p || Number(p) === -1) throw new IoUringError("mmap", errno());
+    const p = libc.symbols.mmap(null, len, PROT_RW, MAP_SHARED_POPULATE, this.fd, off) as Pointer | null;
+    if (p === null || Number(p) === -1) throw new IoUringError("mmap", errno());
     this.maps.push([p, len]);
     return p;
   }
