@@ -29,7 +29,7 @@ export interface NetConfig {
   defaultAction: "allow" | "deny";
   dns: {
     enabled: boolean;
-    /** UDP port the node's DNS proxy listens on (all addresses; INPUT rules admit slot veths only). */
+    /** UDP port the node's DNS proxy listens on (all addresses; INPUT rules admit slot veths only); 0 = any free port. */
     port: number;
     /** Upstream resolvers as {ip, port}; empty = nameservers of /etc/resolv.conf. */
     upstream: { ip: string; port: number }[];
@@ -97,7 +97,7 @@ export function netConfigFromConfig(cfg: ConfigTable): NetConfig {
     defaultAction: action,
     dns: {
       enabled: g<boolean>("network.egress.dns_proxy_enabled"),
-      port: intKey("network.egress.dns_proxy_port", g("network.egress.dns_proxy_port"), 1, 65535),
+      port: intKey("network.egress.dns_proxy_port", g("network.egress.dns_proxy_port"), 0, 65535),
       upstream,
       timeoutMs: intKey("network.egress.dns_timeout_ms", g("network.egress.dns_timeout_ms"), 10, 60_000),
       maxInflight: intKey("network.egress.dns_max_inflight", g("network.egress.dns_max_inflight"), 1, 65536),

@@ -81,14 +81,25 @@ export class DnsProxy {
   async start(): Promise<void> {
     const server = dgram.createSocket("udp4");
     const client = dgram.createSocket("udp4");
-    await new Promise<void>((res, rej) => {
-      server.once("error", rej);
-      server.bind(this.opts.port, this.opts.bindIp ?? "0.0.0.0", () => res());
-    });
-    await new Promise<void>((res, rej) => {
-      client.once("error", rej);
-      client.bind(0, "0.0.0.0", () => res());
-    });
+    try {
+      await new Promise<void>((res, rej) => {
+        server.once("error", rej);
+        server.bind(this.opts.port, this.opts.bindIp ?? "0.0.0.0", () => res());
+      });
+      await new Promise<void>((res, rej) => {
+        client.once("error", rej);
+        client.bind(0, "0.0.0.0", () => res());
+      });
+    } catch (e) {
+      for (const s of [server, client]) {
+        try {
+          s.close();
+        } catch {
+          // never bound
+        }
+      }
+      throw e;
+    }
     server.on("message", (m, r) => this.onQuery(new Uint8Array(m), r.address, r.port));
     client.on("message", (m, r) => void this.onUpstream(new Uint8Array(m), r.address, r.port));
     server.on("error", (e) => log.error({ err: e }, "dns server socket error"));
@@ -105,6 +116,12 @@ export class DnsProxy {
       [this.server, this.client].filter((s): s is dgram.Socket => !!s).map((s) => new Promise<void>((res) => s.close(() => res()))),
     );
     this.server = this.client = undefined;
+  }
+
+  /** The UDP port the proxy listens on (the bound one when `port` was 0). */
+  get port(): number {
+    const a = this.server?.address();
+    return a && typeof a === "object" ? a.port : this.opts.port;
   }
 
   /** Number of queries waiting for upstream. */

@@ -72,11 +72,12 @@ export class NetworkManager {
   private sweeping?: Promise<void>;
   private counters = { poolHits: 0, poolMisses: 0, built: 0, destroyed: 0 };
 
+  /** The settings in force; after `start()`, `dns.port` is the bound port (relevant when configured 0). */
+  cfg: NetConfig;
+
   /** @param db open node database (migrations applied). */
-  constructor(
-    readonly cfg: NetConfig,
-    db: Db,
-  ) {
+  constructor(cfg: NetConfig, db: Db) {
+    this.cfg = cfg;
     this.store = new SlotStore(db);
     this.target = cfg.pool.low;
     for (let i = cfg.maxSlots - 1; i >= 0; i--) this.free.push(i);
@@ -98,8 +99,8 @@ export class NetworkManager {
     if (stale.length + report.netns.length + report.links.length + report.chains.length > 0) {
       log.warn({ rows: stale.length, ...report }, "reaped network state of a previous run");
     }
-    await setupHost(this.cfg);
     if (this.cfg.dns.enabled) {
+      // Bound first: the node rules and every slot's DNS redirect name the port actually bound.
       const upstream = this.cfg.dns.upstream.length > 0 ? this.cfg.dns.upstream : systemResolvers();
       this.dns = new DnsProxy({
         port: this.cfg.dns.port,
@@ -109,10 +110,12 @@ export class NetworkManager {
         onAnswer: (ip, qname, addrs) => this.onDnsAnswer(ip, qname, addrs),
       });
       await this.dns.start();
+      this.cfg = { ...this.cfg, dns: { ...this.cfg.dns, port: this.dns.port } };
       this.sweeper = setInterval(() => {
         if (!this.sweeping) this.sweeping = this.sweepDns().finally(() => (this.sweeping = undefined));
       }, this.cfg.dns.sweepIntervalMs);
     }
+    await setupHost(this.cfg);
     while (this.pool.length < this.cfg.pool.low) await this.buildPooled();
     if (this.cfg.pool.maintenanceEnabled) this.worker = this.runWorker();
     return { ...report, previous: stale };

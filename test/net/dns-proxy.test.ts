@@ -56,6 +56,7 @@ test("answers are relayed with the client's id after the hook saw the A records"
   });
   await proxy.start();
   cleanups.push(() => proxy.stop());
+  expect(proxy.port).toBe(port);
   const reply = await ask(port, buildQuery(0xbeef, "api.example.com"), 2000);
   expect(reply).not.toBeNull();
   const p = parseMessage(reply!);
@@ -110,4 +111,16 @@ test("a hook failure turns the answer into SERVFAIL (the guest never sees an add
   const reply = parseMessage((await ask(port, buildQuery(9, "x.example.com"), 2000))!);
   expect(reply.flags & 0xf).toBe(2);
   expect(reply.answersA).toEqual([]);
+});
+
+test("port 0 binds a free port and reports it; a taken port fails start() without leaking sockets", async () => {
+  const upstream = await udp(() => {});
+  const opts = { bindIp: "127.0.0.1", upstream: [{ ip: "127.0.0.1", port: upstream.port }], timeoutMs: 100, maxInflight: 1, onAnswer: async () => {} };
+  const a = new DnsProxy({ ...opts, port: 0 });
+  await a.start();
+  cleanups.push(() => a.stop());
+  expect(a.port).toBeGreaterThan(0);
+  const b = new DnsProxy({ ...opts, port: a.port });
+  await expect(b.start()).rejects.toThrow(/EADDRINUSE|in use/i);
+  await b.stop();
 });
