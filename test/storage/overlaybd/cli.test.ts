@@ -1,7 +1,7 @@
 /** `agentenv image ...` run as a real subprocess (bun src/cli/main.ts). */
 import { afterAll, describe, expect, test } from "bun:test";
 import { readFileSync, writeFileSync } from "node:fs";
-import { HELLO, rng, scratch, sha256 } from "./helpers.ts";
+import { extractExt4, HELLO, rng, scratch, sha256 } from "./helpers.ts";
 
 const tmp = scratch();
 afterAll(() => tmp.cleanup());
@@ -66,6 +66,25 @@ describe("agentenv image", () => {
     expect(run("create", "--sparse", tmp.path("sp.data"), tmp.path("sp.index"), "--size", "1MiB").code).toBe(0);
     expect(JSON.parse(run("info", tmp.path("sp.data")).out.toString()).header.flags).toBe(0x13);
   }, 30_000);
+
+  test("fixtures through image cat: README sha256s and the ext4 magic", async () => {
+    const ext4 = await extractExt4(tmp.dir);
+    const cases: Array<[string, string, string]> = [
+      [ext4, "4MiB", "3c651b5d7283c6fad4089b6ad061381fcb3bcecf57100a11cee5084131a27ad4"],
+      [HELLO, "4MiB", "1ba9757892e20ff13d4dc47e72694349129a92f41f20b65010a4082f3261466c"],
+      [HELLO, "8MiB", "6747a26dcb4c5000cbda3c13f8ca26b0132048eb2df88fef59504e304f2938ed"],
+    ];
+    for (const [file, length, want] of cases) {
+      const r = run("cat", file, "--offset", "0", "--length", length);
+      expect(r.code).toBe(0);
+      expect(sha256(r.out)).toBe(want);
+    }
+    const magic = run("cat", ext4, "--offset", "1080", "--length", "2");
+    expect(Array.from(magic.out)).toEqual([0x53, 0xef]);
+    const info = JSON.parse(run("info", ext4).out.toString());
+    expect(info.zfile.source).toBe("trailer");
+    expect(info.index).toEqual({ entries: 8323, dataSectors: 1_058_192, zeroedSectors: 133_159_536 });
+  }, 60_000);
 
   test("bad input: non-zero exit, one line naming the problem", () => {
     writeFileSync(tmp.path("junk"), new Uint8Array(10000).fill(1));
