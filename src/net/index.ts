@@ -49,6 +49,15 @@
  * deleting the netns removes them. `start()` deletes every `<prefix><digits>` netns and host link
  * and every node chain starting with the prefix, then clears the table.
  *
+ * ## Limits (known, by design for now)
+ * - IPv4 only: slots disable IPv6; allowOut/denyOut reject IPv6 entries.
+ * - The DNS proxy serves UDP. A guest falling back to TCP port 53 (truncated answers) goes through
+ *   the ordinary egress policy instead, and names learned that way open nothing.
+ * - Conntrack entries of a slot are not flushed when it is reused; harmless for egress, because
+ *   guest-originated packets are checked on every packet, not only the first.
+ * - Denied TCP is answered with a reset, other protocols with ICMP admin-prohibited; slot-to-slot
+ *   and slot-to-node traffic is silently dropped.
+ *
  * Errors: `NetError` (errors.ts) with the codes listed there.
  */
 export { type NetConfig, netConfigFromConfig, rangeCapacity, TAP_LINK, validateNetConfig } from "./config.ts";
