@@ -1,0 +1,55 @@
+/**
+ * Lifecycle routes with real VMs (agentenv server in a private netns): v1 create with autoPause
+ * and a short timeout pauses at expiry, deprecated resume, network policy update, and the
+ * `agentenv sandbox` CLI end to end (create, exec with exit code, pause, list, resume, kill).
+ */
+import { afterAll, beforeAll, expect, test } from "bun:test";
+import { NodeWorld, qemuPidsUnder, vmPrerequisites } from "./world.ts";
+
+const missing = vmPrerequisites();
+let world: NodeWorld;
+
+beforeAll(async () => {
+  if (missing) return;
+  world = new NodeWorld();
+  await world.start();
+}, 90_000);
+
+afterAll(async () => {
+  await world?.dispose();
+}, 60_000);
+
+test("v1 create + autoPause: paused at expiry, 409 on pause again, resume 201 with the same token, network update, kill", async () => {
+  if (missing) throw new Error(`VM prerequisites missing: ${missing}`);
+  const o = await world.client("v1-autopause.ts");
+  expect(o.create).toEqual({ status: 201, hasToken: true });
+  expect(o.autoPaused).toBe("paused");
+  expect(o.lifecycle).toEqual({ autoResume: false, onTimeout: "pause" });
+  expect(o.pauseAgain).toBe(409);
+  expect(o.resume).toEqual({ status: 201, sameToken: true });
+  expect(o.resumeAgain).toBe(409);
+  expect(o.run).toBe("back\n");
+  expect(o.network).toBe(204);
+  expect(o.badNetwork).toBe(400);
+  expect(o.detailNetwork).toMatchObject({ denyOut: ["1.1.1.1/32"], allowOut: ["example.com"] });
+  expect(o.kill).toBe(204);
+  expect(o.get).toBe(404);
+}, 300_000);
+
+test("agentenv sandbox CLI: create, exec (stdout, stderr, exit code, --user), pause, list, resume, kill", async () => {
+  if (missing) throw new Error(`VM prerequisites missing: ${missing}`);
+  const o = await world.client("cli-flow.ts");
+  expect(o.create.code).toBe(0);
+  expect(o.id).toMatch(/^[a-z0-9]{20}$/);
+  expect(o.exec).toEqual({ code: 4, out: "bar baz\nuser\n", err: "err\n" });
+  expect(o.execRoot).toMatchObject({ code: 0, out: "root\n" });
+  expect(o.pause).toMatchObject({ code: 0, out: `paused ${o.id}\n` });
+  expect(o.listPaused).toMatch(new RegExp(`^${o.id}\\s+base\\s+paused\\s.*via=cli$`, "m"));
+  expect(o.resume).toMatchObject({ code: 0, out: `resumed ${o.id}\n` });
+  expect(o.resumeAgain).toMatchObject({ code: 0, out: `${o.id} was already running\n` });
+  expect(o.execAfter).toMatchObject({ code: 0, out: "alive\n" });
+  expect(o.kill).toMatchObject({ code: 0, out: `killed ${o.id}\n` });
+  expect(o.killAgain.code).toBe(1);
+  expect(o.killAgain.err).toContain("404");
+  expect(qemuPidsUnder(world.home, world.memDir)).toEqual([]);
+}, 300_000);
