@@ -35,7 +35,9 @@ export function upperPaths(sandboxDir: string): { data: string; index: string } 
 /**
  * Create the sandbox's upper layer if it does not exist yet (a restarted sandbox keeps its
  * writes), then serve lowers + upper as `<sandboxDir>/mnt/root.img`.
- * @returns the export; `close()` stops serving (the upper files stay for the caller to keep or delete)
+ * @returns the export; `close()` stops serving (the upper files stay for the caller to keep or
+ *   delete). Stop the VMM first, and close before removing `sandboxDir`: a recursive delete would
+ *   otherwise walk into the live mount.
  * @throws DiskError `disk.bad_spec` (no lowers, relative paths, bad size), `disk.serve_failed`;
  *   OverlaybdError from creating the upper
  */
