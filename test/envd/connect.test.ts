@@ -459,3 +459,32 @@ describe("/files/compose", () => {
     }
   });
 });
+
+describe("PTY start errors", () => {
+  test("a missing program on a PTY is invalid_argument and leaks no fds", async () => {
+    const fds = () => require("node:fs").readdirSync(`/proc/${envd.proc.pid}/fd`).length;
+    await codeOf(gen(proc.start({ process: { cmd: "/bin/true" }, pty: { size: { cols: 10, rows: 5 } } })).next());
+    await Bun.sleep(200);
+    const before = fds();
+    for (let i = 0; i < 5; i++) {
+      expect(await codeOf(gen(proc.start({ process: { cmd: "/no/such/shell" }, pty: { size: { cols: 10, rows: 5 } } })).next())).toBe(Code.InvalidArgument);
+    }
+    expect(fds()).toBeLessThanOrEqual(before);
+  });
+
+  test("finished PTY sessions, commands and watches release their fds", async () => {
+    const fds = () => require("node:fs").readdirSync(`/proc/${envd.proc.pid}/fd`).length;
+    const before = fds();
+    for (let i = 0; i < 10; i++) {
+      for await (const _ of proc.start({ process: { cmd: "/bin/echo", args: ["x"] }, pty: { size: { cols: 10, rows: 5 } } }));
+      // stdin left open: the deadline (Connect-Timeout-Ms) kills it
+      await codeOf((async () => { for await (const _ of proc.start({ process: { cmd: "/bin/cat" }, stdin: true }, { timeoutMs: 200 })); })());
+      const ac = new AbortController();
+      const w = gen(fsc.watchDir({ path: dir }, { signal: ac.signal }));
+      await w.next();
+      ac.abort();
+      await codeOf(w.next());
+    }
+    expect(await waitFor(() => fds() <= before + 2, 3000)).toBe(true);
+  }, 30_000);
+});

@@ -107,15 +107,15 @@ export class ProcessHandle {
    */
   static spawn(spec: SpawnSpec, limits: HandleLimits): ProcessHandle {
     const { prefix, ids } = identity(spec.user, limits);
-    if (prefix.length && !Bun.which(spec.cmd, { PATH: spec.env.PATH ?? "", cwd: spec.cwd })) {
-      // setpriv would report a missing program only as exit 127; answer like a failed spawn
+    if ((prefix.length || spec.pty) && !Bun.which(spec.cmd, { PATH: spec.env.PATH ?? "", cwd: spec.cwd })) {
+      // behind setsid/setpriv a missing program shows only as an exit code; answer like a failed spawn
       throw new EnvdError("invalid_argument", `failed to start process '${spec.cmd}': not found or not executable`, { cmd: spec.cmd, cwd: spec.cwd });
     }
     try {
       if (spec.pty) {
         const { master, slave } = openPty(spec.pty.cols, spec.pty.rows);
-        let proc: Subprocess<any, any, any>;
-        let reader: PtyRelay["reader"];
+        let proc: Subprocess<any, any, any> | undefined;
+        let reader: PtyRelay["reader"] | undefined;
         let writer: PtyRelay["writer"];
         try {
           // setsid -c: new session with the PTY as controlling terminal; it execs, so the pid
@@ -132,6 +132,11 @@ export class ProcessHandle {
           // relays turn it into pipes Bun polls.
           reader = Bun.spawn([limits.catPath], { stdin: master, stdout: "pipe", stderr: "ignore" });
           writer = Bun.spawn([limits.catPath], { stdin: "pipe", stdout: master, stderr: "ignore" });
+        } catch (err) {
+          proc?.kill("SIGKILL");
+          reader?.kill("SIGKILL");
+          closeSync(master);
+          throw err;
         } finally {
           closeSync(slave);
         }
