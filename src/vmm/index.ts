@@ -37,6 +37,7 @@ export function qemuOptions(cfg: ConfigTable): QemuDriverOptions {
     memoryDir: get<string>(cfg, "qemu.memory_dir"),
     stopTimeoutMs: get<number>(cfg, "vm.stop_timeout_ms"),
     socketTimeoutMs: get<number>(cfg, "vm.socket_timeout_ms"),
+    consoleMaxBytes: get<number>(cfg, "vm.console_max_bytes"),
     qmpTimeoutMs: get<number>(cfg, "qemu.qmp_timeout_ms"),
   };
 }

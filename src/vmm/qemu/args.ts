@@ -21,7 +21,6 @@ export interface QemuArgsOptions {
   /** share=on maps the RAM file MAP_SHARED (boot); share=off maps it privately (copy-on-write restore). */
   memShared: boolean;
   qmpPath: string;
-  consolePath: string;
   /** Kernel command line assembled by the driver (base + net + clock + spec.bootArgs). */
   cmdline: string;
   /** Add `-incoming defer` (restore). */
@@ -54,7 +53,7 @@ export function buildQemuArgs(spec: VmSpec, o: QemuArgsOptions): string[] {
   const roots = spec.drives.filter((d) => d.isRoot);
   if (roots.length !== 1) throw new VmmError("vmm.bad_spec", `need exactly one root drive, got ${roots.length}`, { id: spec.id });
   checkPath(spec.kernelPath, "kernelPath");
-  for (const [p, w] of [[o.memPath, "memPath"], [o.qmpPath, "qmpPath"], [o.consolePath, "consolePath"]] as const) checkPath(p, w);
+  for (const [p, w] of [[o.memPath, "memPath"], [o.qmpPath, "qmpPath"]] as const) checkPath(p, w);
 
   const a: string[] = [
     "-name", `aenv-${spec.id}`,
@@ -66,7 +65,8 @@ export function buildQemuArgs(spec: VmSpec, o: QemuArgsOptions): string[] {
     "-object", `memory-backend-file,id=mem,size=${spec.memoryMiB}M,mem-path=${o.memPath},share=${o.memShared ? "on" : "off"}`,
     "-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
     "-global", "virtio-mmio.force-legacy=false",
-    "-serial", `file:${o.consolePath}`,
+    // serial console on stdout: the driver reads the pipe into a bounded log (../console.ts)
+    "-serial", "stdio",
     "-qmp", `unix:${o.qmpPath},server=on,wait=off`,
     "-kernel", spec.kernelPath,
     "-append", o.cmdline,

@@ -13,6 +13,7 @@ import { existsSync, mkdirSync, readFileSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import { logger } from "../../observability/log.ts";
 import { kernelClockArg, kernelIpArg } from "../bootargs.ts";
+import { ConsoleLog } from "../console.ts";
 import { VmmError } from "../errors.ts";
 import { processStartTime, removeRecord, writeRecord, type VmmRecord } from "../supervise.ts";
 import type { SnapshotFiles, VmHandle, VmmDriver, VmSpec } from "../types.ts";
@@ -39,6 +40,8 @@ export interface QemuDriverOptions {
   memoryDir: string;
   stopTimeoutMs: number;
   socketTimeoutMs: number;
+  /** Guest console log rotation threshold in bytes (`<workDir>/console.log`, one `.1` kept). */
+  consoleMaxBytes: number;
   qmpTimeoutMs: number;
 }
 
@@ -119,7 +122,6 @@ export class QemuDriver implements VmmDriver {
     if (qmpPath.length > 100) throw new VmmError("vmm.bad_spec", `QMP socket path too long for AF_UNIX: ${qmpPath}`, { qmpPath });
     const consolePath = join(spec.workDir, "console.log");
     rmSync(qmpPath, { force: true });
-    rmSync(consolePath, { force: true });
     const args = buildQemuArgs(spec, {
       accel: this.accel,
       tcgTbSizeMiB: this.opts.tcgTbSizeMiB,
@@ -128,12 +130,11 @@ export class QemuDriver implements VmmDriver {
       memPath: m.memPath,
       memShared: m.memShared,
       qmpPath,
-      consolePath,
       cmdline: this.cmdline(spec),
       incoming: m.incoming,
     });
     const argv = spec.net ? ["nsenter", `--net=${checkPath(spec.net.netnsPath, "netnsPath")}`, "--", this.opts.binary, ...args] : [this.opts.binary, ...args];
-    const child = spawn(argv[0]!, argv.slice(1), { stdio: ["ignore", "ignore", "pipe"] });
+    const child = spawn(argv[0]!, argv.slice(1), { stdio: ["ignore", "pipe", "pipe"] });
     const pid = child.pid;
     if (pid === undefined) {
       const err = await new Promise<Error>((r) => child.once("error", r));
@@ -179,7 +180,7 @@ export class QemuVm implements VmHandle {
     readonly pid: number,
     private readonly rec: VmmRecord,
     private readonly opts: QemuDriverOptions,
-    /** Serial console output of the guest (a file that grows). */
+    /** Serial console output of the guest (bounded: rotated to `.1` at `consoleMaxBytes`). */
     readonly consolePath: string,
     /** Guest RAM file this VM maps. */
     readonly memPath: string,
@@ -188,11 +189,15 @@ export class QemuVm implements VmHandle {
   ) {
     this.id = spec.id;
     this.state = initial;
+    const consoleLog = new ConsoleLog(consolePath, opts.consoleMaxBytes);
+    child.stdout!.on("data", (d: Buffer) => consoleLog.write(d));
+    child.stdout!.once("close", () => consoleLog.close());
     child.stderr!.on("data", (d: Buffer) => {
       this.stderr = (this.stderr + d.toString()).slice(-4000);
     });
     this.exited = new Promise((resolve) => {
-      child.once("exit", (code) => {
+      // "close" (not "exit"): fires once stdout is drained too, so the console log is complete
+      child.once("close", (code) => {
         if (!this.stopping) {
           this.state = "failed";
           log.error({ id: this.id, pid, code, stderr: this.stderr.slice(-1000), console: this.consoleTail(1000) }, "qemu exited unexpectedly");

@@ -28,7 +28,6 @@ const opts: QemuArgsOptions = {
   memPath: "/dev/shm/a/sb-1.mem",
   memShared: true,
   qmpPath: "/run/a/vmm/sb-1.qmp",
-  consolePath: "/tmp/sb-1/console.log",
   cmdline: "console=ttyS0 root=/dev/vda",
   incoming: false,
 };
@@ -60,7 +59,7 @@ describe("buildQemuArgs", () => {
       "rng-random,id=rng0,filename=/dev/urandom",
     ]);
     expect(flag(a, "-qmp")).toEqual(["unix:/run/a/vmm/sb-1.qmp,server=on,wait=off"]);
-    expect(flag(a, "-serial")).toEqual(["file:/tmp/sb-1/console.log"]);
+    expect(flag(a, "-serial")).toEqual(["stdio"]);
     expect(flag(a, "-kernel")).toEqual(["/k/vmlinux"]);
     expect(flag(a, "-append")).toEqual(["console=ttyS0 root=/dev/vda"]);
     expect(flag(a, "-drive")).toEqual([
