@@ -1,13 +1,18 @@
 /**
- * The node's egress DNS proxy. Slots redirect the guest's UDP port 53 to it (DNAT in the slot
+ * The node's egress DNS proxy. Slots redirect the guest's port 53 (UDP, TCP) to it (DNAT in the slot
  * netns), so it sees every query with the slot's namespace veth address as source. It forwards
  * each query to an upstream resolver and, before relaying the answer, hands the A records to
  * `onAnswer`, which opens the slot's firewall for them when the name matches an allowOut
  * domain pattern. The guest therefore never sees an address its firewall does not admit yet.
  *
- * Bounds: at most `maxInflight` queries wait for upstream; each waits `timeoutMs`, then the guest
- * gets SERVFAIL. Upstream answers are matched by (upstream address, port, random 16-bit id).
+ * UDP and TCP (RFC 7766: 2-byte length-prefixed messages; a TCP query goes to upstream over TCP,
+ * so answers too large for UDP work) are served on the same port number.
+ *
+ * Bounds: at most `maxInflight` queries (UDP + TCP) wait for upstream, and at most `maxInflight`
+ * TCP connections are open; each query waits `timeoutMs`, then the guest gets SERVFAIL. Upstream
+ * UDP answers are matched by (upstream address, port, random 16-bit id).
  */
+import type { Socket, TCPSocketListener } from "bun";
 import dgram from "node:dgram";
 import { readFileSync } from "node:fs";
 import { logger } from "../observability/log.ts";
@@ -68,10 +73,75 @@ function servfailFor(query: Uint8Array): Uint8Array {
   return out;
 }
 
-/** UDP DNS forwarder owned by the NetworkManager. */
+/** Per-connection state of a TCP client. */
+interface TcpConn {
+  buf: Uint8Array;
+  out: Uint8Array[];
+}
+
+/** Bytes of `msg` prefixed with its 2-byte big-endian length (RFC 1035 §4.2.2). */
+function frame(msg: Uint8Array): Uint8Array {
+  const out = new Uint8Array(msg.length + 2);
+  new DataView(out.buffer).setUint16(0, msg.length);
+  out.set(msg, 2);
+  return out;
+}
+
+function concat(a: Uint8Array, b: Uint8Array): Uint8Array {
+  const out = new Uint8Array(a.length + b.length);
+  out.set(a, 0);
+  out.set(b, a.length);
+  return out;
+}
+
+/**
+ * One query over TCP to `upstream`: connect, send the framed message, read one framed answer.
+ * @throws Error on connect failure, early close or after `timeoutMs`.
+ */
+export async function tcpExchange(upstream: { ip: string; port: number }, msg: Uint8Array, timeoutMs: number): Promise<Uint8Array> {
+  let sock: Socket<undefined> | undefined;
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  try {
+    return await new Promise<Uint8Array>((resolve, reject) => {
+      let buf: Uint8Array = new Uint8Array();
+      timer = setTimeout(() => reject(new Error(`dns tcp upstream ${upstream.ip}:${upstream.port} timed out`)), timeoutMs);
+      Bun.connect({
+        hostname: upstream.ip,
+        port: upstream.port,
+        socket: {
+          open(s) {
+            sock = s;
+            s.write(frame(msg));
+          },
+          data(_s, d) {
+            buf = concat(buf, new Uint8Array(d));
+            if (buf.length >= 2) {
+              const n = (buf[0]! << 8) | buf[1]!;
+              if (buf.length >= n + 2) resolve(buf.slice(2, n + 2));
+            }
+          },
+          close() {
+            reject(new Error("dns tcp upstream closed before answering"));
+          },
+          connectError(_s, e) {
+            reject(e);
+          },
+        },
+      }).catch(reject);
+    });
+  } finally {
+    clearTimeout(timer);
+    sock?.end();
+  }
+}
+
+/** UDP + TCP DNS forwarder owned by the NetworkManager. */
 export class DnsProxy {
   private server?: dgram.Socket;
   private client?: dgram.Socket;
+  private tcp?: TCPSocketListener<TcpConn>;
+  private tcpConns = 0;
+  private tcpInflight = 0;
   private readonly pending = new Map<string, Pending>();
   private next = 0;
 
@@ -100,6 +170,13 @@ export class DnsProxy {
       }
       throw e;
     }
+    try {
+      this.tcp = this.listenTcp((server.address() as { port: number }).port);
+    } catch (e) {
+      server.close();
+      client.close();
+      throw e;
+    }
     server.on("message", (m, r) => this.onQuery(new Uint8Array(m), r.address, r.port));
     client.on("message", (m, r) => void this.onUpstream(new Uint8Array(m), r.address, r.port));
     server.on("error", (e) => log.error({ err: e }, "dns server socket error"));
@@ -112,6 +189,8 @@ export class DnsProxy {
   async stop(): Promise<void> {
     for (const p of this.pending.values()) clearTimeout(p.timer);
     this.pending.clear();
+    this.tcp?.stop(true);
+    this.tcp = undefined;
     await Promise.all(
       [this.server, this.client].filter((s): s is dgram.Socket => !!s).map((s) => new Promise<void>((res) => s.close(() => res()))),
     );
@@ -124,9 +203,82 @@ export class DnsProxy {
     return a && typeof a === "object" ? a.port : this.opts.port;
   }
 
-  /** Number of queries waiting for upstream. */
+  /** Number of queries waiting for upstream (UDP + TCP). */
   get inflight(): number {
-    return this.pending.size;
+    return this.pending.size + this.tcpInflight;
+  }
+
+  private listenTcp(port: number): TCPSocketListener<TcpConn> {
+    const self = this;
+    const flush = (s: Socket<TcpConn>) => {
+      while (s.data.out.length > 0) {
+        const head = s.data.out[0]!;
+        const n = s.write(head);
+        if (n < head.length) {
+          s.data.out[0] = head.subarray(Math.max(n, 0));
+          return;
+        }
+        s.data.out.shift();
+      }
+    };
+    return Bun.listen<TcpConn>({
+      hostname: this.opts.bindIp ?? "0.0.0.0",
+      port,
+      socket: {
+        open(s) {
+          if (self.tcpConns >= self.opts.maxInflight) {
+            s.end();
+            return;
+          }
+          self.tcpConns++;
+          s.data = { buf: new Uint8Array(), out: [] };
+          s.timeout(Math.max(1, Math.ceil(self.opts.timeoutMs / 1000) * 2));
+        },
+        data(s, d) {
+          if (!s.data) return;
+          s.data.buf = concat(s.data.buf, new Uint8Array(d));
+          while (s.data.buf.length >= 2) {
+            const n = (s.data.buf[0]! << 8) | s.data.buf[1]!;
+            if (s.data.buf.length < n + 2) break;
+            const q = s.data.buf.slice(2, n + 2);
+            s.data.buf = s.data.buf.slice(n + 2);
+            void self.onTcpQuery(q, s.remoteAddress).then((answer) => {
+              s.data.out.push(frame(answer));
+              flush(s);
+            });
+          }
+        },
+        drain(s) {
+          if (s.data) flush(s);
+        },
+        timeout(s) {
+          s.end();
+        },
+        close(s) {
+          if (s.data) self.tcpConns--;
+        },
+      },
+    });
+  }
+
+  /** Answer one TCP query: upstream over TCP, hook, answer (SERVFAIL on any failure). */
+  private async onTcpQuery(msg: Uint8Array, clientIp: string): Promise<Uint8Array> {
+    const upstream = this.opts.upstream[this.next++ % Math.max(1, this.opts.upstream.length)];
+    if (msg.length < HDR_SIZE || !upstream || this.inflight >= this.opts.maxInflight) return servfailFor(msg);
+    this.tcpInflight++;
+    try {
+      const answer = await tcpExchange(upstream, msg, this.opts.timeoutMs);
+      const parsed = parseMessage(answer);
+      if (parsed.qname !== null && parsed.answersA.length > 0) {
+        await this.opts.onAnswer(clientIp, parsed.qname, parsed.answersA.map(({ ip, ttl }) => ({ ip, ttl })));
+      }
+      return answer;
+    } catch (e) {
+      log.warn({ err: e, client: clientIp }, "dns tcp answer not relayed");
+      return servfailFor(msg);
+    } finally {
+      this.tcpInflight--;
+    }
   }
 
   private reply(msg: Uint8Array, ip: string, port: number): void {
@@ -136,7 +288,7 @@ export class DnsProxy {
   private onQuery(msg: Uint8Array, ip: string, port: number): void {
     if (msg.length < HDR_SIZE) return;
     const upstream = this.opts.upstream[this.next++ % Math.max(1, this.opts.upstream.length)];
-    if (!upstream || this.pending.size >= this.opts.maxInflight) {
+    if (!upstream || this.inflight >= this.opts.maxInflight) {
       this.reply(servfailFor(msg), ip, port);
       return;
     }

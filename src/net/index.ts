@@ -41,7 +41,7 @@
  *   address; with DNS the node picks the resolver answer and admits only those addresses.
  * Trade-offs, stated: an admitted address serves every name hosted on it (shared CDN IPs), and an
  *   admitted address stays open for max(TTL, `dns_min_ttl_secs`).
- * The slot DNATs the guest's UDP port 53 (whatever server it asks) to the node's DnsProxy, which
+ * The slot DNATs the guest's port 53, UDP and TCP (whatever server it asks), to the node's DnsProxy, which
  * installs the answer's A records in the slot's AENV-DNS chain before relaying the answer.
  *
  * ## Crash safety
@@ -51,8 +51,6 @@
  *
  * ## Limits (known, by design for now)
  * - IPv4 only: slots disable IPv6; allowOut/denyOut reject IPv6 entries.
- * - The DNS proxy serves UDP. A guest falling back to TCP port 53 (truncated answers) goes through
- *   the ordinary egress policy instead, and names learned that way open nothing.
  * - Conntrack entries of a slot are not flushed when it is reused; harmless for egress, because
  *   guest-originated packets are checked on every packet, not only the first.
  * - Denied TCP is answered with a reset, other protocols with ICMP admin-prohibited; slot-to-slot

@@ -51,7 +51,9 @@ export function hostRules(cfg: NetConfig): string {
     `-A ${fwd} -o ${ifw} -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT`,
     `-A ${input} -i ${ifw} -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT`,
   ];
-  if (cfg.dns.enabled) lines.push(`-A ${input} -i ${ifw} -p udp --dport ${cfg.dns.port} -j ACCEPT`);
+  if (cfg.dns.enabled) {
+    for (const proto of ["udp", "tcp"]) lines.push(`-A ${input} -i ${ifw} -p ${proto} --dport ${cfg.dns.port} -j ACCEPT`);
+  }
   lines.push(
     `-A ${input} -i ${ifw} -j DROP`,
     `-I FORWARD 1 -j ${fwd}`,
@@ -77,7 +79,9 @@ export function slotRules(cfg: NetConfig, slot: Slot, policy: EgressPolicy, dnsA
     `-A PREROUTING -i ${slot.nsVeth} -d ${slot.hostIp}/32 -j DNAT --to-destination ${slot.guestIp}`,
   ];
   if (cfg.dns.enabled) {
-    nat.push(`-A PREROUTING -i ${slot.tapName} -p udp --dport 53 -j DNAT --to-destination ${slot.hostVethIp}:${cfg.dns.port}`);
+    for (const proto of ["udp", "tcp"]) {
+      nat.push(`-A PREROUTING -i ${slot.tapName} -p ${proto} --dport 53 -j DNAT --to-destination ${slot.hostVethIp}:${cfg.dns.port}`);
+    }
   }
   nat.push(`-A POSTROUTING -o ${slot.nsVeth} -s ${slot.guestIp}/32 -j SNAT --to-source ${slot.nsVethIp}`, "COMMIT");
   const filter = [
@@ -101,7 +105,9 @@ export function slotRules(cfg: NetConfig, slot: Slot, policy: EgressPolicy, dnsA
     `-A ${CHAIN_EGRESS} -m conntrack --ctstate ESTABLISHED,RELATED --ctdir REPLY -j ACCEPT`,
   ];
   if (cfg.dns.enabled) {
-    filter.push(`-A ${CHAIN_EGRESS} -d ${slot.hostVethIp}/32 -p udp --dport ${cfg.dns.port} -m conntrack --ctstate DNAT -j ACCEPT`);
+    for (const proto of ["udp", "tcp"]) {
+      filter.push(`-A ${CHAIN_EGRESS} -d ${slot.hostVethIp}/32 -p ${proto} --dport ${cfg.dns.port} -m conntrack --ctstate DNAT -j ACCEPT`);
+    }
   }
   filter.push(`-A ${CHAIN_EGRESS} -j ${CHAIN_POLICY}`, `-A ${CHAIN_EGRESS} -j ${DENY}`);
   return [...nat, ...policyChains(cfg, policy, dnsAllowed, filter, false), "COMMIT", ""].join("\n");

@@ -2,7 +2,7 @@
 import { afterEach, expect, test } from "bun:test";
 import dgram from "node:dgram";
 import type { AddressInfo } from "node:net";
-import { DnsProxy } from "../../src/net/dns-proxy.ts";
+import { DnsProxy, tcpExchange } from "../../src/net/dns-proxy.ts";
 import { buildQuery, buildResponse, parseMessage } from "../../src/net/dns-wire.ts";
 
 const cleanups: (() => Promise<void> | void)[] = [];
@@ -123,4 +123,46 @@ test("port 0 binds a free port and reports it; a taken port fails start() withou
   const b = new DnsProxy({ ...opts, port: a.port });
   await expect(b.start()).rejects.toThrow(/EADDRINUSE|in use/i);
   await b.stop();
+});
+
+test("TCP queries go upstream over TCP (large answers survive) and pass the hook", async () => {
+  // upstream TCP server: 40 A records (> 512 bytes, too big for classic UDP)
+  const many = Array.from({ length: 40 }, (_, i) => ({ ip: `192.0.2.${i + 1}`, ttl: 60 }));
+  let buf = new Uint8Array();
+  const up = Bun.listen({
+    hostname: "127.0.0.1",
+    port: 0,
+    socket: {
+      data(s, d) {
+        buf = Uint8Array.from([...buf, ...new Uint8Array(d)]);
+        const n = (buf[0]! << 8) | buf[1]!;
+        if (buf.length < n + 2) return;
+        const ans = buildResponse(buf.slice(2, n + 2), many);
+        buf = new Uint8Array();
+        s.write(Uint8Array.from([ans.length >> 8, ans.length & 255, ...ans]));
+      },
+    },
+  });
+  cleanups.push(() => up.stop(true));
+  const seen: number[] = [];
+  const proxy = new DnsProxy({
+    port: 0,
+    bindIp: "127.0.0.1",
+    upstream: [{ ip: "127.0.0.1", port: up.port }],
+    timeoutMs: 1000,
+    maxInflight: 4,
+    onAnswer: async (_c, _q, addrs) => void seen.push(addrs.length),
+  });
+  await proxy.start();
+  cleanups.push(() => proxy.stop());
+  const answer = parseMessage(await tcpExchange({ ip: "127.0.0.1", port: proxy.port }, buildQuery(0x4321, "big.example.com"), 2000));
+  expect(answer.id).toBe(0x4321);
+  expect(answer.answersA.length).toBe(40);
+  expect(answer.answersA[39]!.ip).toBe("192.0.2.40");
+  expect(seen).toEqual([40]);
+  expect(proxy.inflight).toBe(0);
+  // a dead upstream: SERVFAIL over TCP too
+  up.stop(true);
+  const fail = parseMessage(await tcpExchange({ ip: "127.0.0.1", port: proxy.port }, buildQuery(5, "big.example.com"), 3000));
+  expect(fail.flags & 0xf).toBe(2);
 });

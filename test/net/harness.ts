@@ -183,6 +183,12 @@ export class World {
     return JSON.parse(r.out.trim().split("\n").pop()!);
   }
 
+  /** DNS A query over TCP from inside `ns` to `server`:53. */
+  dnsTcp(ns: string, server: string, name: string, timeoutMs = 2500): { ok: boolean; rcode?: number; addrs?: string[]; error?: string } {
+    const r = sh(["nsenter", `--net=/run/netns/${ns}`, BUN, join(FIX, "probe.ts"), "dnstcp", server, name, String(timeoutMs)]);
+    return JSON.parse(r.out.trim().split("\n").pop()!);
+  }
+
   /** Our slot namespaces currently pinned (`<prefix><digits>`). */
   slotNetns(): string[] {
     const re = new RegExp(`^${this.prefix}[0-9]+$`);

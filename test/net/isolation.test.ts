@@ -88,6 +88,8 @@ describe.skipIf(!root)("slot isolation and egress policy (real netns)", () => {
     expect(w.dns(g, "169.254.0.22", "api.allowed.test")).toEqual({ ok: true, rcode: 0, addrs: ["169.254.200.2"] });
     expect(await agent.ok("dnsAllowed", { sandboxId: "sb-d" })).toEqual(["169.254.200.2"]);
     expect(w.tcp(g, "169.254.200.2", 8080)).toEqual({ ok: true, data: "hello 169.254.200.2:8080\n" });
+    // DNS over TCP is redirected too (whatever server the guest names)
+    expect(w.dnsTcp(g, "9.9.9.9", "api.allowed.test")).toEqual({ ok: true, rcode: 0, addrs: ["169.254.200.2"] });
     // a name outside the pattern resolves but its address stays closed
     expect(w.dns(g, "8.8.8.8", "x.blocked.test")).toEqual({ ok: true, rcode: 0, addrs: ["169.254.200.3"] });
     expect(w.tcp(g, "169.254.200.3", 8080).ok).toBe(false);
