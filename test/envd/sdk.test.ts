@@ -199,6 +199,19 @@ describe("pty", () => {
     expect(await waitFor(() => procState(h.pid) === undefined)).toBe(true);
   }, 30_000);
 
+  test("pty.connect re-attaches to a running PTY after disconnect", async () => {
+    const h = await sbx.pty.create({ cols: 60, rows: 12, onData: () => {} });
+    await h.disconnect();
+    let out = "";
+    const again = await sbx.pty.connect(h.pid, { onData: (d) => void (out += new TextDecoder().decode(d)) });
+    await sbx.pty.sendInput(h.pid, new TextEncoder().encode("echo reattached-$((6*7))\n"));
+    expect(await waitFor(() => out.includes("reattached-42"))).toBe(true);
+    await sbx.pty.sendInput(h.pid, new TextEncoder().encode("exit 3\n"));
+    const err = await again.wait().catch((e) => e);
+    expect(err).toBeInstanceOf(CommandExitError);
+    expect(err.exitCode).toBe(3);
+  }, 30_000);
+
   test("exit from the shell ends the PTY with its exit code", async () => {
     const h = await sbx.pty.create({ cols: 40, rows: 10, onData: () => {} });
     await sbx.pty.sendInput(h.pid, new TextEncoder().encode("exit 0\n"));
@@ -220,6 +233,13 @@ describe("files", () => {
     expect(await new Response(stream).text()).toBe("hello world\n");
     const st = statSync(p);
     expect([st.uid, st.gid]).toEqual([userIds.uid, userIds.gid]);
+  });
+
+  test("read with gzip: true gets the same bytes", async () => {
+    const p = join(dir, "gz.txt");
+    await sbx.files.write(p, "compress me ".repeat(1000));
+    expect(await sbx.files.read(p, { gzip: true })).toBe("compress me ".repeat(1000));
+    expect((await sbx.files.read(p, { format: "bytes", gzip: true })).length).toBe(12_000);
   });
 
   test("write binary bytes round-trips exactly (1 MiB, all byte values)", async () => {
