@@ -11,7 +11,8 @@
  * - The node's namespace holds three shared chains named `<prefix>fwd`, `<prefix>in`,
  *   `<prefix>post`, matching slot veths by the interface wildcard `<prefix>+`: slot-to-slot
  *   forwarding is dropped, the node itself accepts only replies and DNS-proxy queries from slots,
- *   and slot traffic leaving the node is masqueraded.
+ *   the DNS-proxy port accepts nothing from elsewhere, and slot traffic leaving the node is
+ *   masqueraded.
  */
 import type { NetConfig } from "./config.ts";
 import { type Cidr, formatCidr } from "./ipv4.ts";
@@ -52,7 +53,11 @@ export function hostRules(cfg: NetConfig): string {
     `-A ${input} -i ${ifw} -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT`,
   ];
   if (cfg.dns.enabled) {
-    for (const proto of ["udp", "tcp"]) lines.push(`-A ${input} -i ${ifw} -p ${proto} --dport ${cfg.dns.port} -j ACCEPT`);
+    for (const proto of ["udp", "tcp"]) {
+      lines.push(`-A ${input} -i ${ifw} -p ${proto} --dport ${cfg.dns.port} -j ACCEPT`);
+      // the proxy binds all addresses; it must not become an open resolver for other networks
+      lines.push(`-A ${input} ! -i ${ifw} -p ${proto} --dport ${cfg.dns.port} -j DROP`);
+    }
   }
   lines.push(
     `-A ${input} -i ${ifw} -j DROP`,

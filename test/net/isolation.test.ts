@@ -94,6 +94,10 @@ describe.skipIf(!root)("slot isolation and egress policy (real netns)", () => {
     expect(w.dns(g, "8.8.8.8", "x.blocked.test")).toEqual({ ok: true, rcode: 0, addrs: ["169.254.200.3"] });
     expect(w.tcp(g, "169.254.200.3", 8080).ok).toBe(false);
     expect(w.dns(g, "169.254.0.22", "missing.allowed.test")).toEqual({ ok: true, rcode: 3, addrs: [] });
+    // the proxy is not an open resolver: from outside the slots its port is silent
+    const port = await agent.ok("dnsPort");
+    expect(port).toBeGreaterThan(0);
+    expect(w.dns(w.inetNs, `169.254.200.1:${port}`, "api.allowed.test", 700)).toEqual({ ok: false, error: "timeout" });
     // replacing the policy drops learned addresses that no longer match
     await agent.ok("update", { sandboxId: "sb-d", policy: { allowOut: ["*.other.test"] } });
     expect(await agent.ok("dnsAllowed", { sandboxId: "sb-d" })).toEqual([]);

@@ -97,5 +97,7 @@ describe("rules", () => {
     const h = hostRules(c);
     expect(h).toContain("-A aenv-fwd -i aenv-+ -o aenv-+ -j DROP");
     expect(h).toContain("-A aenv-post -s 10.12.0.0/16 ! -o aenv-+ -j MASQUERADE");
+    expect(h).toContain("-A aenv-in ! -i aenv-+ -p udp --dport 10053 -j DROP");
+    expect(h).toContain("-A aenv-in ! -i aenv-+ -p tcp --dport 10053 -j DROP");
   });
 });
