@@ -17,10 +17,9 @@ export { type HeaderTrailer, type Segment, SECTOR, NULL_UUID, HTFlag } from "./f
 export { openRoLayer, openRoLayerFile, unwrapBlob, type RoLayer } from "./layer.ts";
 export { RwLayer } from "./rw.ts";
 export { CommittedLayerWriter, writeCommitted, type CommitMeta } from "./commit.ts";
-export {
-  LayeredImage, openStack, createUpper, importRaw, importSparse, mergeLayers, reflinkOrCopy,
-  type StackOptions, type UpperPaths, type ImportOptions,
-} from "./stack.ts";
+export { LayeredImage, openStack, createUpper, mergeLayers, type StackOptions, type UpperPaths } from "./stack.ts";
+export { importRaw, importSparse, type ImportOptions } from "./import.ts";
+export { reflinkOrCopy } from "./reflink.ts";
 export { ZFileReader, writeZFile, type ZFileWriteOptions, type ZAlgoName } from "./zfile.ts";
 export { openTarMember, tarPrefix } from "./tar.ts";
 export { openImageConfig, parseImageConfig, type ImageConfig } from "./imageconfig.ts";

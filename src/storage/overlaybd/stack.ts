@@ -4,20 +4,16 @@
  * fall through, past every layer zeros. The RO layers' indexes are merged once at open; the
  * upper's index is consulted first and its gaps filled from the merged index.
  */
-import { copyFileSync, rmSync } from "node:fs";
 import type { BlockImage } from "../block.ts";
 import { LocalFile } from "./backend.ts";
-import { CommittedLayerWriter, type CommitMeta, writeCommitted } from "./commit.ts";
+import { type CommitMeta, writeCommitted } from "./commit.ts";
 import { fail } from "./errors.ts";
 import { MAX_LAYERS, NULL_UUID, SECTOR, type Segment } from "./format.ts";
 import { openRoLayerFile, type RoLayer } from "./layer.ts";
 import { RwLayer } from "./rw.ts";
-import { firstEndingAfter, overlay, trim } from "./segments.ts";
-import { dataExtents, ficlone } from "../../ffi/file_extents.ts";
+import { firstEndingAfter, overlay } from "./segments.ts";
+import { reflinkOrCopy } from "./reflink.ts";
 import type { IoUring, ReadRequest } from "../../ffi/io_uring.ts";
-import { logger } from "../../observability/log.ts";
-
-const log = logger("overlaybd");
 /** Shared empty list for synchronous reads (nothing is ever pushed: every layer is sync). */
 const NO_PENDING: Promise<void>[] = [];
 /** Write/discard unit of a sparse upper (bytes): the filesystem block its holes are found in. */
@@ -436,22 +432,6 @@ export class LayeredImage implements BlockImage {
   }
 }
 
-/** Reflink `src` into a new file `dst` (FICLONE); on EOPNOTSUPP/EXDEV/EINVAL copy instead. */
-export function reflinkOrCopy(src: LocalFile, dst: string): "reflink" | "copy" {
-  const out = LocalFile.open(dst, { writable: true, create: true });
-  let err: number;
-  try {
-    err = ficlone(out.fd, src.fd);
-    if (err === 0) return "reflink";
-  } finally {
-    out.closeSync();
-  }
-  log.debug({ file: src.name, errno: err }, "FICLONE unsupported, copying");
-  rmSync(dst, { force: true });
-  copyFileSync(src.name, dst);
-  return "copy";
-}
-
 /**
  * Open an image from layer paths (bottom first) and an optional writable upper.
  * @throws OverlaybdError from any layer, `bad_chain` when `verifyChain` finds a UUID mismatch
@@ -494,118 +474,4 @@ export async function openStack(opts: StackOptions): Promise<LayeredImage> {
 export async function createUpper(paths: UpperPaths, virtualSize: number, opts: { uuid?: string; parentUuid?: string; sparse?: boolean } = {}): Promise<void> {
   const l = await RwLayer.create(paths.data, paths.index, { virtualSize, ...opts });
   await l.close();
-}
-
-/** Options of the importers. */
-export interface ImportOptions {
-  /** An image whose content the new layer goes on top of: identical blocks are not stored,
-   *  zero blocks over parent data become zeroed entries. */
-  parent?: LayeredImage;
-  /** Header fields; virtual size defaults to the source size rounded up to 512. */
-  meta?: Partial<CommitMeta>;
-  /** Comparison unit in bytes; default 4096. */
-  blockSize?: number;
-}
-
-/**
- * Turn a raw disk image into a committed layer at `outPath`. All-zero 4 KiB blocks are not stored.
- * @returns the merged index and file size
- */
-export async function importRaw(rawPath: string, outPath: string, opts: ImportOptions = {}): Promise<{ segments: Segment[]; size: number }> {
-  const src = LocalFile.open(rawPath);
-  try {
-    return await importRanges(src, [[0, src.size]], outPath, opts);
-  } finally {
-    await src.close();
-  }
-}
-
-/**
- * Turn a sparse file (memory dump, raw disk) into a committed layer at `outPath`, visiting only
- * the data extents found with SEEK_DATA/SEEK_HOLE; holes cost nothing.
- */
-export async function importSparse(path: string, outPath: string, opts: ImportOptions = {}): Promise<{ segments: Segment[]; size: number }> {
-  const src = LocalFile.open(path);
-  try {
-    return await importRanges(src, dataExtents(src.fd, src.size), outPath, opts);
-  } finally {
-    await src.close();
-  }
-}
-
-async function importRanges(src: LocalFile, extents: Array<[number, number]>, outPath: string, opts: ImportOptions): Promise<{ segments: Segment[]; size: number }> {
-  const bs = opts.blockSize ?? 4096;
-  if (bs % SECTOR !== 0 || bs <= 0 || (1 << 20) % bs !== 0) fail("bad_option", `block size ${bs} must be a multiple of 512 dividing 1 MiB`, { blockSize: bs });
-  const vsize = opts.meta?.virtualSize ?? Math.ceil(src.size / SECTOR) * SECTOR;
-  const parent = opts.parent;
-  if (parent && parent.size < vsize) fail("bad_option", `parent image of ${parent.size} bytes is smaller than the source (${vsize})`, { file: src.name, size: parent.size });
-  const w = new CommittedLayerWriter(outPath, { virtualSize: vsize, ...opts.meta });
-  const chunk = new Uint8Array(1 << 20);
-  const pchunk = parent ? new Uint8Array(1 << 20) : null;
-  // the zero ranges where a parent has data need zeroed entries; collect zero ranges in order
-  let zeroFrom = -1;
-  const flushZero = (upto: number) => {
-    if (zeroFrom < 0) return;
-    if (parent) for (const [a, b] of parent.dataRanges(zeroFrom, upto)) w.addZeroed(a / SECTOR, (b - a) / SECTOR);
-    zeroFrom = -1;
-  };
-  const markZero = (from: number) => {
-    if (zeroFrom < 0) zeroFrom = from;
-  };
-  try {
-    let prevEnd = 0;
-    for (const [e0, e1] of extents) {
-      const a = Math.floor(e0 / bs) * bs;
-      const bEnd = Math.min(Math.ceil(e1 / bs) * bs, vsize);
-      if (a > prevEnd) markZero(prevEnd);
-      const start = Math.max(a, prevEnd);
-      for (let off = start; off < bEnd; off += chunk.length) {
-        const len = Math.min(chunk.length, bEnd - off);
-        const c = chunk.subarray(0, len);
-        const n = src.preadSync(c, off);
-        if (n < len) c.fill(0, n);
-        if (pchunk) await parent!.pread(pchunk.subarray(0, len), off);
-        let runStart = -1;
-        for (let p = 0; p < len; p += bs) {
-          const blk = c.subarray(p, Math.min(p + bs, len));
-          const zero = isZero(blk);
-          const same = pchunk ? equal(blk, pchunk.subarray(p, p + blk.length)) : zero;
-          const store = !same && !zero;
-          if (store) {
-            flushZero(off + p);
-            if (runStart < 0) runStart = p;
-          } else {
-            if (runStart >= 0) {
-              w.addData((off + runStart) / SECTOR, c.subarray(runStart, p));
-              runStart = -1;
-            }
-            if (zero && !same) markZero(off + p);
-            else flushZero(off + p);
-          }
-        }
-        if (runStart >= 0) w.addData((off + runStart) / SECTOR, c.subarray(runStart, len));
-      }
-      prevEnd = Math.max(prevEnd, bEnd);
-    }
-    if (prevEnd < vsize) markZero(prevEnd);
-    flushZero(vsize);
-  } catch (e) {
-    await w.abort();
-    throw e;
-  }
-  return w.finish();
-}
-
-function isZero(b: Uint8Array): boolean {
-  const n = b.length & ~7;
-  if ((b.byteOffset & 7) === 0) {
-    const w = new BigUint64Array(b.buffer, b.byteOffset, n >>> 3);
-    for (let i = 0; i < w.length; i++) if (w[i] !== 0n) return false;
-  } else for (let i = 0; i < n; i++) if (b[i] !== 0) return false;
-  for (let i = n; i < b.length; i++) if (b[i] !== 0) return false;
-  return true;
-}
-
-function equal(a: Uint8Array, b: Uint8Array): boolean {
-  return Buffer.compare(a, b) === 0;
 }

@@ -16,7 +16,7 @@ beforeAll(async () => {
   await compressLayer(tmp.path("good.layer"), tmp.path("good.zfile"), { algo: "lz4" });
   layer = new Uint8Array(readFileSync(tmp.path("good.layer")));
   zlayer = new Uint8Array(readFileSync(tmp.path("good.zfile")));
-});
+}, 60_000);
 afterAll(() => tmp.cleanup());
 
 async function expectError(bytes: Uint8Array, code: string, offset?: number, read = false): Promise<OverlaybdError> {

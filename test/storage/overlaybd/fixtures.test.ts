@@ -12,7 +12,7 @@ const tmp = scratch();
 let EXT4 = "";
 beforeAll(async () => {
   EXT4 = await extractExt4(tmp.dir);
-});
+}, 60_000);
 afterAll(() => tmp.cleanup());
 
 async function hashBackend(b: { size: number; pread(buf: Uint8Array, off: number): Promise<number> }): Promise<string> {

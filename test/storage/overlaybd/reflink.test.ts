@@ -22,12 +22,12 @@ beforeAll(() => {
   mkdirSync(mnt);
   sh(["mount", "-o", "loop", img, mnt]);
   mounted = true;
-});
+}, 60_000);
 
 afterAll(() => {
   if (mounted) Bun.spawnSync(["umount", mnt]);
   tmp.cleanup();
-});
+}, 60_000);
 
 test("snapshotUpper reflinks on XFS; the copy is independent of later writes", async () => {
   const up = { data: `${mnt}/w.data`, index: `${mnt}/w.index` };

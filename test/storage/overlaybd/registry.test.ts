@@ -92,7 +92,7 @@ afterAll(async () => {
   }
   tokenServer?.stop(true);
   tmp.cleanup();
-});
+}, 30_000);
 
 describe("registry blob over a real docker-registry with token auth", () => {
   test("challenge parsing", () => {
