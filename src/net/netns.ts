@@ -118,7 +118,7 @@ export async function applyDnsAllowed(cfg: NetConfig, slot: Slot, dnsAllowed: st
 
 /**
  * Make a released slot fit for the next sandbox: a fresh tap (no state from the last VM) and
- * the given policy (normally deny-all until allocation).
+ * the given policy (the pool policy: the default one, so most allocations need no kernel call).
  */
 export async function resetSlot(cfg: NetConfig, slot: Slot, policy: EgressPolicy): Promise<void> {
   const script = `ip link del ${slot.tapName} 2>/dev/null || true\nset -e\n${nsLinkScript(slot, false)}\nexec iptables-restore --noflush --wait`;
