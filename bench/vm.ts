@@ -9,7 +9,7 @@
  *   bun bench/vm.ts [--runs 5] [--mem-mib 512]
  */
 import { mkdtempSync, readFileSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import { diskConfig, prepareRootDisk } from "../src/storage/daemon/index.ts";
 import { resolveTemplate } from "../src/template/index.ts";
@@ -35,6 +35,7 @@ function rollup(pid: number): Record<string, number> {
   return out;
 }
 
+const loadAtStart = loadavg()[0]!;
 const cfg = testConfig();
 const kernelPath = resolveKernelPath(cfg);
 const tpl = resolveTemplate(TEST_HOME, "base");
@@ -123,7 +124,7 @@ try {
   const oq = median(overhead.map((o) => o.qemuKiB));
   const od = median(overhead.map((o) => o.diskKiB));
   const og = median(overhead.map((o) => o.guestTouchedKiB));
-  console.log(`accel ${drv.driver.accel}, guest RAM ${MEM} MiB, 1 vCPU, ${RUNS} runs each (medians)`);
+  console.log(`accel ${drv.driver.accel}${drv.driver.opts.tcgTbSizeMiB ? `, tb-size ${drv.driver.opts.tcgTbSizeMiB} MiB` : ""}, guest RAM ${MEM} MiB, 1 vCPU, ${RUNS} runs each (medians); host load average ${loadAtStart.toFixed(1)} at start`);
   console.log(`baseline  QEMU spawn -> QMP ready (no guest):  ${fmt(q)}`);
   console.log(`cold boot -> envd /health ready:                ${fmt(b)}   (${(b / q).toFixed(1)}x baseline)   runs: ${bootMs.map(fmt).join(" ")}`);
   console.log(`restore   -> envd /health ready:                ${fmt(r)}   (${(r / q).toFixed(1)}x baseline, ${(b / r).toFixed(1)}x faster than cold boot)   runs: ${restoreMs.map(fmt).join(" ")}`);
