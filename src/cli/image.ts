@@ -158,7 +158,7 @@ const commit = defineCommand({
     const img = await openStack({ lowers: [], upper: { data: need(a.data, "DATA"), index: need(a.index, "INDEX") } });
     try {
       const target = a.zfile ? `${out}.tmp-commit` : out;
-      const algo = a.zfile ? algoArg(a.zfile, "zstd") : undefined;
+      const algo = a.zfile ? algoArg(a.zfile, get<string>(loadConfig(), "overlaybd.zfile_algo")) : undefined;
       await img.commit(target, { meta: { uuid: a.uuid, parentUuid: a["parent-uuid"], userTag: a.message } });
       if (algo) {
         try {

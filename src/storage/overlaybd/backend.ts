@@ -106,6 +106,11 @@ export class LocalFile implements Backend {
     fsyncSync(this.fd);
   }
 
+  /** `using f = LocalFile.open(...)` closes the descriptor at scope end. */
+  [Symbol.dispose](): void {
+    this.closeSync();
+  }
+
   /** Close the descriptor (idempotent). */
   closeSync(): void {
     if (this.closed) return;

@@ -305,6 +305,11 @@ export class LayeredImage implements BlockImage {
     this.upper?.sync();
   }
 
+  /** `await using img = await openStack(...)` closes the image at scope end. */
+  [Symbol.asyncDispose](): Promise<void> {
+    return this.close();
+  }
+
   async close(): Promise<void> {
     if (this.closed) return;
     this.closed = true;

@@ -152,6 +152,18 @@ describe("stacks", () => {
     await expect(openStack({ lowers: [tmp.path("l1.layer")], upper: { data: tmp.path("y.data"), index: tmp.path("y.index") }, verifyChain: true })).rejects.toMatchObject({ code: "overlaybd.bad_chain" });
   });
 
+  test("await using closes the image at scope end", async () => {
+    await createUpper(up(), MiB);
+    let leaked: Awaited<ReturnType<typeof openStack>> | null = null;
+    {
+      await using img = await openStack({ lowers: [], upper: up() });
+      leaked = img;
+      await img.pwrite(new Uint8Array(512).fill(1), 0);
+      await img.sync();
+    }
+    await expect(leaked!.pread(new Uint8Array(512), 0)).rejects.toMatchObject({ code: "overlaybd.closed" });
+  });
+
   test("snapshot copy of a live upper (reflink where supported, else copy)", async () => {
     await createUpper(up(), MiB);
     const img = await openStack({ lowers: [], upper: up() });
