@@ -37,6 +37,8 @@ export default defineCommand({
       idleTimeoutS: get<number>(cfg, "envd.idle_timeout_s"),
       maxRequestBodyBytes: get<number>(cfg, "envd.max_request_body_bytes"),
       maxComposeSources: get<number>(cfg, "envd.max_compose_sources"),
+      caDir: get<string>(cfg, "envd.ca_dir"),
+      caUpdateCommand: get<string>(cfg, "envd.ca_update_command"),
     });
     // Machine-readable readiness line for supervisors and tests.
     process.stdout.write(`envd listening on ${envd.port}\n`);

@@ -51,6 +51,10 @@ export interface EnvdOptions {
   maxRequestBodyBytes: number;
   /** Most source files one /files/compose takes. */
   maxComposeSources: number;
+  /** Directory /init's caBundle is written to. */
+  caDir: string;
+  /** Command run after writing a CA bundle; empty = none. */
+  caUpdateCommand: string;
 }
 
 /** Defaults matching config/default.toml `[envd]`, for tests and embedding. */
@@ -71,6 +75,8 @@ export const DEFAULT_ENVD_OPTIONS: EnvdOptions = {
   idleTimeoutS: 255,
   maxRequestBodyBytes: 1024 ** 4,
   maxComposeSources: 10_000,
+  caDir: "/usr/local/share/ca-certificates",
+  caUpdateCommand: "update-ca-certificates",
 };
 
 /** A running envd. */
@@ -160,7 +166,7 @@ export function startEnvd(partial: Partial<EnvdOptions> = {}): Envd {
       return json({ code: 405, message: "method not allowed" }, 405);
     }
     if (path === "/init" && req.method === "POST") {
-      await handleInit(state, req, opts.clockSync);
+      await handleInit(state, req, { syncClock: opts.clockSync, caDir: opts.caDir, caUpdateCommand: opts.caUpdateCommand });
       return new Response(null, { status: 204, headers: { "X-Envd-Version": ENVD_VERSION, "Cache-Control": "no-store" } });
     }
     if (!hasValidToken(state, req.headers)) return json({ code: 401, message: "invalid access token" }, 401);

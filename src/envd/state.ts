@@ -11,6 +11,8 @@ export interface InitRequest {
   timestamp?: string;
   defaultUser?: string;
   defaultWorkdir?: string;
+  /** PEM certificates to add to the trust store. */
+  caBundle?: string;
 }
 
 /** Mutable settings shared by every handler of one envd instance. */

@@ -38,12 +38,13 @@ export interface EnvdChild {
 /**
  * Start envd on a free loopback port and wait for its readiness line.
  * @param command how to run the CLI (default: `bun src/cli/main.ts` from source).
+ * @param env extra environment, e.g. `AENV__envd__ca_dir` config overrides.
  */
-export async function startEnvdChild(command: string[] = ["bun", join(ROOT, "src/cli/main.ts")]): Promise<EnvdChild> {
+export async function startEnvdChild(command: string[] = ["bun", join(ROOT, "src/cli/main.ts")], env: Record<string, string> = {}): Promise<EnvdChild> {
   const proc = Bun.spawn([...command, "envd", "--port", "0", "--host", "127.0.0.1", "--no-clock-sync"], {
     stdout: "pipe",
     stderr: "inherit",
-    env: { ...process.env, AENV_LOG_LEVEL: "warn" },
+    env: { ...process.env, AENV_LOG_LEVEL: "warn", ...env },
   });
   const reader = proc.stdout.getReader();
   let text = "";

@@ -39,3 +39,29 @@ test("SIGTERM stops envd and takes its processes with it", async () => {
     if (envd.proc.exitCode === null) await envd.stop();
   }
 }, 30_000);
+
+test("/init caBundle is written to the configured CA dir and the update command runs", async () => {
+  const { mkdtempSync, readFileSync, rmSync, existsSync } = await import("node:fs");
+  const { join } = await import("node:path");
+  const tmp = mkdtempSync("/tmp/envd-ca-");
+  // a real self-signed certificate, made by openssl
+  const gen = Bun.spawnSync(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", join(tmp, "k.pem"), "-out", join(tmp, "c.pem"), "-days", "1", "-subj", "/CN=agentenv-test"]);
+  expect(gen.exitCode).toBe(0);
+  const pem = readFileSync(join(tmp, "c.pem"), "utf8");
+  // the "update command" records that it ran
+  const marker = join(tmp, "updated");
+  const envd = await startEnvdChild(undefined, {
+    AENV__envd__ca_dir: join(tmp, "cas"),
+    AENV__envd__ca_update_command: `touch ${marker}`,
+  });
+  try {
+    expect((await initEnvd(envd.url, { caBundle: `junk before\n${pem}junk after` })).status).toBe(204);
+    expect(readFileSync(join(tmp, "cas/agentenv-init.crt"), "utf8")).toBe(pem.replace(/\r\n/g, "\n").trim() + "\n");
+    expect(existsSync(marker)).toBe(true);
+    const bad = await initEnvd(envd.url, { caBundle: "not a certificate" });
+    expect(bad.status).toBe(400);
+  } finally {
+    await envd.stop();
+    rmSync(tmp, { recursive: true, force: true });
+  }
+}, 30_000);

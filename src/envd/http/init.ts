@@ -7,6 +7,17 @@ import { hasValidToken } from "../auth.ts";
 import { EnvdError } from "../errors.ts";
 import type { EnvdState, InitRequest } from "../state.ts";
 import { lookupUser } from "../users.ts";
+import { installCaBundle, pemCertificates } from "./cabundle.ts";
+
+/** Where /init's side effects go (config `[envd]`). */
+export interface InitOptions {
+  /** Set the system clock from the timestamp (guests only). */
+  syncClock: boolean;
+  /** Directory for extra CA certificates. */
+  caDir: string;
+  /** Command that rebuilds the trust store; empty = none. */
+  caUpdateCommand: string;
+}
 
 function isStringMap(v: unknown): v is Record<string, string> {
   return typeof v === "object" && v !== null && !Array.isArray(v) && Object.values(v).every((x) => typeof x === "string");
@@ -21,7 +32,7 @@ export function parseInitBody(body: unknown): InitRequest {
   if (typeof body !== "object" || Array.isArray(body)) throw new EnvdError("invalid_argument", "init body must be a JSON object", {});
   const b = body as Record<string, unknown>;
   const out: InitRequest = {};
-  for (const key of ["accessToken", "timestamp", "defaultUser", "defaultWorkdir"] as const) {
+  for (const key of ["accessToken", "timestamp", "defaultUser", "defaultWorkdir", "caBundle"] as const) {
     if (b[key] === undefined || b[key] === null) continue;
     if (typeof b[key] !== "string") throw new EnvdError("invalid_argument", `init field ${key} must be a string`, { field: key });
     out[key] = b[key] as string;
@@ -33,6 +44,7 @@ export function parseInitBody(body: unknown): InitRequest {
   if (out.timestamp !== undefined && !Number.isFinite(Date.parse(out.timestamp))) {
     throw new EnvdError("invalid_argument", "init field timestamp must be RFC 3339", { timestamp: out.timestamp });
   }
+  if (out.caBundle) pemCertificates(out.caBundle);
   if (out.defaultUser) {
     try {
       lookupUser(out.defaultUser);
@@ -49,10 +61,12 @@ const CLOCK_AHEAD_MS = 5000;
 
 /**
  * Handle POST /init.
- * @param syncClock when true and the host time differs enough, set the system clock (`date -s`).
- * @throws EnvdError `unauthenticated` when a token is set and the caller does not hold it.
+ * Sets the system clock (`date -s`) when `opts.syncClock` and the host time differs enough, and
+ * installs `caBundle` certificates.
+ * @throws EnvdError `unauthenticated` when a token is set and the caller does not hold it,
+ *   `invalid_argument` for a bad body.
  */
-export async function handleInit(state: EnvdState, req: Request, syncClock: boolean): Promise<void> {
+export async function handleInit(state: EnvdState, req: Request, opts: InitOptions): Promise<void> {
   if (state.accessToken && !hasValidToken(state, req.headers)) {
     throw new EnvdError("unauthenticated", "access token required to re-initialise envd", {});
   }
@@ -65,7 +79,8 @@ export async function handleInit(state: EnvdState, req: Request, syncClock: bool
   }
   const init = parseInitBody(body);
   if (!state.apply(init)) return;
-  if (syncClock && init.timestamp) {
+  if (init.caBundle) await installCaBundle(init.caBundle, opts.caDir, opts.caUpdateCommand);
+  if (opts.syncClock && init.timestamp) {
     const host = Date.parse(init.timestamp);
     const skew = host - Date.now();
     if (skew > CLOCK_BEHIND_MS || skew < -CLOCK_AHEAD_MS) {
