@@ -182,6 +182,26 @@ describe("redirects and retries (loopback servers)", () => {
 });
 
 describe("block cache", () => {
+  test("concurrent misses share fetches and all read the right bytes", async () => {
+    const data = new Uint8Array(1 << 20);
+    for (let i = 0; i < data.length; i++) data[i] = (i * 13 + (i >> 10)) & 0xff;
+    const mem = new MemoryBackend(data);
+    let fetched = 0;
+    const slow = {
+      name: "slow", size: data.length, close: async () => {},
+      async pread(b: Uint8Array, off: number) {
+        await Bun.sleep(5);
+        fetched += b.length;
+        return mem.preadSync(b, off);
+      },
+    };
+    const c = new BlockCache(slow, { blockSize: 65536, capacityBytes: 1 << 20 });
+    const reqs = Array.from({ length: 64 }, (_, i) => ({ off: (i * 37_123) % (data.length - 9000), buf: new Uint8Array(9000) }));
+    await Promise.all(reqs.map((r) => c.pread(r.buf, r.off)));
+    for (const r of reqs) expect(Buffer.compare(r.buf, data.subarray(r.off, r.off + 9000))).toBe(0);
+    expect(fetched).toBeLessThanOrEqual(data.length); // no block fetched twice
+  });
+
   test("LRU bound, hits, and byte-exact reads across block edges", async () => {
     const data = new Uint8Array(1 << 20);
     for (let i = 0; i < data.length; i++) data[i] = (i * 31 + (i >> 9)) & 0xff;
