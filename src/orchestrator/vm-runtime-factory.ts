@@ -5,7 +5,9 @@
 import { get, type ConfigTable } from "../config/index.ts";
 import type { Db } from "../db/index.ts";
 import { netConfigFromConfig, NetworkManager } from "../net/index.ts";
+import { diskConfig, reapStaleDisks } from "../storage/daemon/index.ts";
 import { createDriver, reapLeftovers, resolveKernelPath } from "../vmm/index.ts";
+import { join } from "node:path";
 import type { OrchestratorConfig } from "./config.ts";
 import { VmRuntime } from "./vm-runtime.ts";
 
@@ -16,13 +18,16 @@ import { VmRuntime } from "./vm-runtime.ts";
 export async function createVmRuntime(cfg: ConfigTable, db: Db, oc: OrchestratorConfig): Promise<VmRuntime> {
   const runtimePath = get<string>(cfg, "runtime_path");
   const driver = await createDriver(cfg);
-  // VMMs first: a slot must not be torn down under a VMM that still runs in it
+  const homePath = get<string>(cfg, "home_path");
+  const recordDir = join(runtimePath, "disks");
+  // VMMs first: a slot or a disk must not be torn down under a VMM that still uses it
   await reapLeftovers(runtimePath);
+  await reapStaleDisks(recordDir, { mountRoots: [join(homePath, "sandboxes")] });
   const net = new NetworkManager(netConfigFromConfig(cfg), db);
   await net.start();
   let kernel: string | undefined;
   return new VmRuntime({
-    homePath: get<string>(cfg, "home_path"),
+    homePath,
     runtimePath,
     kernelPath: () => (kernel ??= resolveKernelPath(cfg)),
     driver,
@@ -31,6 +36,7 @@ export async function createVmRuntime(cfg: ConfigTable, db: Db, oc: Orchestrator
     defaultMemoryMB: oc.defaultMemoryMB,
     envdPollMs: oc.envdPollMs,
     defaultUser: "user",
+    disk: { recordDir, config: diskConfig(cfg) },
     onClose: () => net.shutdown(),
   });
 }

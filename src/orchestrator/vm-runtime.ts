@@ -4,10 +4,13 @@
  * private copy of the template's root image, with envd (guest port 49983) initialised over the
  * slot's host address.
  *
- * Layout under the data dir: `sandboxes/<id>/` (root.img, VMM work files) and
- * `snapshots/<id>/` (state + memory of a paused sandbox). Pause = VM pause, snapshot, stop the
- * VMM, release the slot; the root disk stays. Resume = new slot, restore with the same MAC,
- * re-init envd (same token).
+ * Root disk: a template with overlaybd layers gets the storage daemon's export (template lowers
+ * + a fresh upper in `sandboxes/<id>/upper/`, served as `sandboxes/<id>/mnt/root.img` by a FUSE
+ * child); a template with only a raw image gets a private sparse copy (`sandboxes/<id>/root.img`).
+ * Layout under the data dir: `sandboxes/<id>/` (disk, VMM work files) and `snapshots/<id>/`
+ * (state + memory of a paused sandbox). Pause = VM pause, snapshot, stop the VMM, stop serving
+ * the disk (the upper stays), release the slot. Resume = serve the disk again, new slot, restore
+ * with the same MAC, re-init envd (same token).
  */
 import { existsSync, mkdirSync, readdirSync, rmSync, statSync } from "node:fs";
 import { join } from "node:path";
@@ -15,7 +18,8 @@ import type { Logger } from "pino";
 import { ENVD_VERSION } from "../envd/version.ts";
 import { guestAddress, netSpec, parseEgressPolicy, type NetworkManager } from "../net/index.ts";
 import { logger } from "../observability/log.ts";
-import { listTemplates, resolveTemplate } from "../template/index.ts";
+import { prepareRootDisk as exportRootDisk, reapStaleDisks, type DiskConfig, type ExportedDisk } from "../storage/daemon/index.ts";
+import { listTemplates, resolveTemplate, type ResolvedTemplate } from "../template/index.ts";
 import { reapLeftovers, type VmHandle, type VmmDriver } from "../vmm/index.ts";
 import { initEnvd, waitEnvdHealthy } from "./envd-client.ts";
 import { OrchestratorError } from "./errors.ts";
@@ -37,6 +41,8 @@ export interface VmRuntimeOptions {
   envdPollMs: number;
   /** User envd runs commands as by default (templates create `user`, uid 1000). */
   defaultUser: string;
+  /** Storage daemon settings for overlaybd root disks; `recordDir` is `<runtime_path>/disks`. */
+  disk: { recordDir: string; config: DiskConfig };
   /** Called last by close() (shuts the network manager down). */
   onClose?: () => Promise<void>;
 }
@@ -46,6 +52,8 @@ interface VmState {
   workDir: string;
   rootDisk: string;
   mac: string;
+  /** "overlaybd": served by a storage daemon child; "copy": a plain file. */
+  diskKind: "overlaybd" | "copy";
   vmmPid?: number;
   snapshot?: { statePath: string; memPath: string };
 }
@@ -53,6 +61,7 @@ interface VmState {
 export class VmRuntime implements SandboxRuntime {
   readonly name: string;
   private readonly vms = new Map<string, VmHandle>();
+  private readonly disks = new Map<string, ExportedDisk>();
   private readonly log: Logger = logger("orchestrator.vm");
 
   constructor(private readonly o: VmRuntimeOptions) {
@@ -86,7 +95,7 @@ export class VmRuntime implements SandboxRuntime {
     const t0 = performance.now();
     const ms = (t: number) => Math.round(performance.now() - t);
     try {
-      const rootDisk = await prepareRootDisk(tpl.rootfsPath, workDir, spec.signal);
+      const { path: rootDisk, kind: diskKind } = await this.serveDisk(spec.id, tpl, workDir, spec.signal);
       const tDisk = ms(t0);
       const slot = await this.o.net.allocate(policy, spec.id);
       slotTaken = true;
@@ -102,7 +111,7 @@ export class VmRuntime implements SandboxRuntime {
         net: netSpec(slot),
       });
       this.vms.set(spec.id, vm);
-      const state: VmState = { workDir, rootDisk, mac: slot.mac, vmmPid: vm.pid };
+      const state: VmState = { workDir, rootDisk, mac: slot.mac, diskKind, vmmPid: vm.pid };
       const tVmm = ms(t0);
       const r = await this.ready(spec, vm, guestAddress(slot, ENVD_PORT).host, state);
       this.log.info({ sandboxId: spec.id, diskMs: tDisk, slotMs: tSlot - tDisk, vmmMs: tVmm - tSlot, envdMs: ms(t0) - tVmm, totalMs: ms(t0) }, "sandbox VM started");
@@ -126,19 +135,24 @@ export class VmRuntime implements SandboxRuntime {
     await vm.snapshot(files);
     await vm.stop();
     this.vms.delete(id);
+    await this.closeDisk(id);
     await this.o.net.release(id).catch((e) => this.log.warn({ sandboxId: id, err: e }, "slot release after pause failed"));
     return { ...st, vmmPid: undefined, snapshot: { statePath: files.statePath, memPath: files.memPath } } satisfies VmState;
   }
 
   async resume(spec: RuntimeStartSpec, state: Record<string, unknown>): Promise<RuntimeSandbox> {
     const st = state as unknown as VmState;
-    if (!st.snapshot || !existsSync(st.snapshot.statePath) || !existsSync(st.rootDisk)) {
+    if (!st.snapshot || !existsSync(st.snapshot.statePath) || (st.diskKind === "copy" && !existsSync(st.rootDisk))) {
       throw new OrchestratorError("orchestrator.snapshot_missing", 500, `snapshot of sandbox ${spec.id} is missing`, { sandboxId: spec.id, snapshot: st.snapshot ?? null });
     }
     const tpl = resolveTemplate(this.o.homePath, spec.template.templateID);
     let slotTaken = false;
     let vm: VmHandle | undefined;
     try {
+      const served = await this.serveDisk(spec.id, tpl, st.workDir, spec.signal);
+      if (served.path !== st.rootDisk) {
+        throw new OrchestratorError("orchestrator.runtime_failed", 500, `sandbox ${spec.id}: root disk moved from ${st.rootDisk} to ${served.path}`, { sandboxId: spec.id });
+      }
       const slot = await this.o.net.allocate(this.policyOf(spec), spec.id);
       slotTaken = true;
       vm = await this.o.driver.restore(
@@ -190,7 +204,8 @@ export class VmRuntime implements SandboxRuntime {
 
   async reap(known: RuntimeKnownSandbox[]): Promise<ReapReport> {
     const stoppedVms = await reapLeftovers(this.o.runtimePath);
-    const removed: string[] = [];
+    const disks = await reapStaleDisks(this.o.disk.recordDir, { mountRoots: [join(this.o.homePath, "sandboxes")] });
+    const removed: string[] = disks.unmounted.map((m) => `mount ${m}`);
     const keep = new Set(known.filter((k) => k.state === "paused").map((k) => k.id));
     for (const sub of ["sandboxes", "snapshots"]) {
       const dir = join(this.o.homePath, sub);
@@ -207,6 +222,7 @@ export class VmRuntime implements SandboxRuntime {
   async close(): Promise<void> {
     for (const [id, vm] of this.vms) await vm.stop().catch((e) => this.log.error({ sandboxId: id, err: e }, "stop at close failed"));
     this.vms.clear();
+    for (const id of [...this.disks.keys()]) await this.closeDisk(id);
     await this.o.onClose?.();
   }
 
@@ -251,10 +267,25 @@ export class VmRuntime implements SandboxRuntime {
     return { endpoint: { host }, runtimeState: { ...state }, envdVersion: version ?? ENVD_VERSION, exited: vm.exited };
   }
 
-  /** Stop the VM, release the slot, and (when `dropDisk`) delete the work dir. Never throws. */
+  /** Serve (overlaybd) or copy (raw) the root disk of sandbox `id` in `workDir`. */
+  private async serveDisk(id: string, tpl: ResolvedTemplate, workDir: string, signal: AbortSignal): Promise<{ path: string; kind: VmState["diskKind"] }> {
+    if (tpl.rootLayers.length === 0) return { path: await prepareRootDisk(tpl.rootfsPath, workDir, signal), kind: "copy" };
+    const d = await exportRootDisk({ id, lowers: tpl.rootLayers, sandboxDir: workDir, virtualSize: tpl.diskBytes, recordDir: this.o.disk.recordDir, config: this.o.disk.config });
+    this.disks.set(id, d);
+    return { path: d.path, kind: "overlaybd" };
+  }
+
+  private async closeDisk(id: string): Promise<void> {
+    const d = this.disks.get(id);
+    this.disks.delete(id);
+    await d?.close().catch((e) => this.log.error({ sandboxId: id, err: e }, "disk export close failed"));
+  }
+
+  /** Stop the VM, stop serving its disk, release the slot, and (when `dropDisk`) delete the work dir. Never throws. */
   private async teardown(id: string, vm: VmHandle | undefined, releaseSlot: boolean, dropDisk: boolean): Promise<void> {
     if (vm) await vm.stop().catch((e) => this.log.error({ sandboxId: id, err: e }, "VM stop failed"));
     this.vms.delete(id);
+    await this.closeDisk(id);
     if (releaseSlot) await this.o.net.release(id).catch((e) => this.log.error({ sandboxId: id, err: e }, "slot release failed"));
     if (dropDisk) rmSync(this.workDir(id), { recursive: true, force: true });
   }

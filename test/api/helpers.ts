@@ -9,6 +9,7 @@ import { bootNode, type RunningNode } from "../../src/api/boot.ts";
 import { loadConfig } from "../../src/config/index.ts";
 import { netConfigFromConfig, NetworkManager } from "../../src/net/index.ts";
 import { VmRuntime } from "../../src/orchestrator/vm-runtime.ts";
+import { diskConfig } from "../../src/storage/daemon/index.ts";
 import { QemuDriver, qemuOptions } from "../../src/vmm/index.ts";
 import type { SandboxRecord } from "../../src/orchestrator/index.ts";
 
@@ -33,6 +34,7 @@ export async function startNodeNoVm(env: Record<string, string> = {}, home = mkd
       defaultMemoryMB: oc.defaultMemoryMB,
       envdPollMs: oc.envdPollMs,
       defaultUser: "user",
+      disk: { recordDir: join(home, "run", "disks"), config: diskConfig(c) },
     }),
   );
   return {

@@ -72,24 +72,24 @@ test("E2B headers route to the sandbox port, any method, body and query pass, ro
   const r = await fetch(`${node.url}/some/path?x=1&y=2`, { method: "PUT", headers: { ...hdr(), "x-access-token": "tok", "content-type": "text/plain" }, body: "payload" });
   expect(r.status).toBe(200);
   expect(r.headers.get("x-up")).toBe("1");
-  const b = await r.json();
+  const b = (await r.json()) as any;
   expect(b).toMatchObject({ method: "PUT", path: "/some/path?x=1&y=2", body: "payload" });
   expect(b.headers["x-access-token"]).toBe("tok");
   expect(b.headers["e2b-sandbox-id"]).toBeUndefined();
   expect(b.headers["x-forwarded-for"]).toBe("127.0.0.1");
   // envd's /health collides with the API's /health: the routing header wins
   const h = await fetch(`${node.url}/health`, { headers: hdr() });
-  expect((await h.json()).path).toBe("/health");
+  expect(((await h.json()) as any).path).toBe("/health");
   // upstream status codes pass through unchanged
   expect((await fetch(`${node.url}/teapot`, { headers: hdr(3000) })).status).toBe(418);
 });
 
 test("x-agentenv-sandbox-id, {port}-{id}.{domain} hosts and /proxy/{id}/{port}/... route too", async () => {
-  const a = await (await fetch(`${node.url}/a?q=1`, { headers: { "x-agentenv-sandbox-id": ID } })).json();
+  const a = (await (await fetch(`${node.url}/a?q=1`, { headers: { "x-agentenv-sandbox-id": ID } })).json()) as any;
   expect(a.path).toBe("/a?q=1");
-  const b = await (await fetch(`${node.url}/b`, { headers: { host: `3000-${ID}.agentenv.test` } })).json();
+  const b = (await (await fetch(`${node.url}/b`, { headers: { host: `3000-${ID}.agentenv.test` } })).json()) as any;
   expect(b.path).toBe("/b");
-  const c = await (await fetch(`${node.url}/proxy/${ID}/3000/c/d?z=9`, { method: "POST", body: "x" })).json();
+  const c = (await (await fetch(`${node.url}/proxy/${ID}/3000/c/d?z=9`, { method: "POST", body: "x" })).json()) as any;
   expect(c).toMatchObject({ path: "/c/d?z=9", method: "POST", body: "x" });
   // a host under an unconfigured domain is an API request (and needs the key)
   expect((await fetch(`${node.url}/b`, { headers: { host: `3000-${ID}.other.test` } })).status).toBe(401);
@@ -115,7 +115,7 @@ test("responses stream without buffering; request bodies stream up; gzip passes 
   const size = 24 * 1024 * 1024;
   const data = new Uint8Array(size);
   for (let i = 0; i < size; i += 4096) data[i] = i & 0xff;
-  const up = await (await fetch(`${node.url}/sha`, { method: "POST", headers: hdr(), body: data })).json();
+  const up = (await (await fetch(`${node.url}/sha`, { method: "POST", headers: hdr(), body: data })).json()) as any;
   expect(up).toEqual({ n: size, sha: createHash("sha256").update(data).digest("hex") });
 
   const gz = await fetch(`${node.url}/gzip`, { headers: hdr(), decompress: false } as RequestInit);
@@ -154,7 +154,7 @@ test("502 JSON for an unknown sandbox, a closed port, a killed sandbox; 403 for 
   for (const p of ["/init", "/freeze", "/upgrade"]) {
     const r = await fetch(`${node.url}${p}`, { method: "POST", headers: hdr(), body: "{}" });
     expect(r.status).toBe(403);
-    expect((await r.json()).code).toBe(403);
+    expect(((await r.json()) as any).code).toBe(403);
   }
   // /init on another port is just a path
   expect((await fetch(`${node.url}/init`, { method: "POST", headers: hdr(3000) })).status).toBe(200);

@@ -13,7 +13,7 @@ afterAll(async () => {
   await node.dispose();
 });
 
-async function json(res: Response) {
+async function json(res: Response): Promise<{ status: number; body: any }> {
   return { status: res.status, body: await res.json() };
 }
 
@@ -54,7 +54,7 @@ test("401 without or with a wrong X-API-Key, E2B error body; /health needs no ke
   }
   const h = await api(node, "/health", { key: null });
   expect(h.status).toBe(200);
-  expect((await h.json()).status).toBe("ok");
+  expect(((await h.json()) as any).status).toBe("ok");
   // header name is case-insensitive (the SDK sends X-API-KEY)
   expect((await fetch(node.url + "/v2/sandboxes", { headers: { "X-API-KEY": node.apiKey } })).status).toBe(200);
 });

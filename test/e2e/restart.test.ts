@@ -4,7 +4,7 @@
  * disk, keeps the paused sandbox, and the API shows exactly that.
  */
 import { afterAll, expect, test } from "bun:test";
-import { existsSync } from "node:fs";
+import { existsSync, readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { Database } from "bun:sqlite";
 import { NodeWorld, qemuPidsUnder, vmPrerequisites } from "./world.ts";
@@ -15,6 +15,26 @@ let world: NodeWorld | undefined;
 afterAll(async () => {
   await world?.dispose();
 }, 60_000);
+
+/** pids of `agentenv disk serve` children serving sandbox `id`'s disk. */
+function diskServers(id: string): number[] {
+  return readdirSync("/proc")
+    .filter((p) => /^\d+$/.test(p))
+    .filter((p) => {
+      try {
+        const cmd = readFileSync(`/proc/${p}/cmdline`, "utf8");
+        return cmd.includes("disk\0serve") && cmd.includes(`disk-${id}.json`);
+      } catch {
+        return false;
+      }
+    })
+    .map(Number);
+}
+
+/** FUSE disk mounts under `dir`. */
+function diskMounts(dir: string): string[] {
+  return readFileSync("/proc/self/mountinfo", "utf8").split("\n").filter((l) => l.includes(" fuse.aenvdisk ") && l.includes(dir));
+}
 
 function alive(pid: number): boolean {
   try {
@@ -46,8 +66,14 @@ test("a crashed node's running sandbox is reaped at the next start; its paused s
   const slotsBefore = world.slotNamespaces();
   expect(slotsBefore.length).toBeGreaterThan(0);
   expect(existsSync(join(world.home, "sandboxes", p1.a))).toBe(true);
+  // A's root disk is still served (the template has overlaybd layers); paused B's is not
+  expect(diskServers(p1.a).length).toBe(1);
+  expect(diskServers(p1.b)).toEqual([]);
+  expect(diskMounts(world.home).length).toBe(1);
 
   await world.start();
+  expect(diskServers(p1.a)).toEqual([]);
+  expect(diskMounts(world.home)).toEqual([]);
   expect(alive(pidA)).toBe(false);
   expect(qemuPidsUnder(world.home, world.memDir)).toEqual([]);
   expect(existsSync(join(world.home, "sandboxes", p1.a))).toBe(false);
