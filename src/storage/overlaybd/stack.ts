@@ -112,17 +112,23 @@ export class LayeredImage implements BlockImage {
    * virtual size is short, one at exactly the size returns 0 (end of disk), one that starts past
    * it throws `overlaybd.out_of_range` (the same rules as the raw-file image).
    */
-  async pread(buf: Uint8Array, offset: number): Promise<number> {
-    this.checkRange(offset, buf.length, "read");
-    if (buf.length === 0 || offset === this._size) return 0;
-    if (offset > this._size) fail("out_of_range", `read at ${offset} is past the virtual size ${this._size}`, { file: this.where(), offset, size: this._size });
-    const end = Math.min(offset + buf.length, this._size);
-    // the traversal is synchronous, so one scratch list serves every call
-    const pending = this.pendingScratch;
-    if (this.upper) this.readUpper(buf, offset, offset, end, pending);
-    else this.readLowers(buf, offset, offset, end, pending);
-    if (pending.length > 0) await Promise.all(pending.splice(0));
-    return end - offset;
+  pread(buf: Uint8Array, offset: number): Promise<number> {
+    // not `async`: when every piece was read synchronously this costs one resolved promise
+    try {
+      this.checkRange(offset, buf.length, "read");
+      if (buf.length === 0 || offset === this._size) return Promise.resolve(0);
+      if (offset > this._size) fail("out_of_range", `read at ${offset} is past the virtual size ${this._size}`, { file: this.where(), offset, size: this._size });
+      const end = Math.min(offset + buf.length, this._size);
+      // the traversal is synchronous, so one scratch list serves every call
+      const pending = this.pendingScratch;
+      if (this.upper) this.readUpper(buf, offset, offset, end, pending);
+      else this.readLowers(buf, offset, offset, end, pending);
+      if (pending.length > 0) return Promise.all(pending.splice(0)).then(() => end - offset);
+      return Promise.resolve(end - offset);
+    } catch (e) {
+      this.pendingScratch.length = 0;
+      return Promise.reject(e);
+    }
   }
 
   /**
