@@ -1,7 +1,8 @@
 /**
  * Lifecycle routes with real VMs (agentenv server in a private netns): v1 create with autoPause
  * and a short timeout pauses at expiry, deprecated resume, network policy update, and the
- * `agentenv sandbox` CLI end to end (create, exec with exit code, pause, list, resume, kill).
+ * `agentenv sandbox` CLI end to end (create, exec with exit code, pause, list, resume, kill), and
+ * kills racing a create of the same sandbox.
  */
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { NodeWorld, qemuPidsUnder, vmPrerequisites } from "./world.ts";
@@ -51,5 +52,12 @@ test("agentenv sandbox CLI: create, exec (stdout, stderr, exit code, --user), pa
   expect(o.kill).toMatchObject({ code: 0, out: `killed ${o.id}\n` });
   expect(o.killAgain.code).toBe(1);
   expect(o.killAgain.err).toContain("404");
+  expect(qemuPidsUnder(world.home, world.memDir)).toEqual([]);
+}, 300_000);
+
+test("concurrent create and kill of one sandbox: the kills wait for the create; one 204, the rest 404; nothing left", async () => {
+  if (missing) throw new Error(`VM prerequisites missing: ${missing}`);
+  const o = await world.client("race.ts");
+  expect(o).toEqual({ sawWhileCreating: true, createStatus: 201, sameId: true, kills: [204, 404, 404], getAfter: 404, listAfter: 0 });
   expect(qemuPidsUnder(world.home, world.memDir)).toEqual([]);
 }, 300_000);
