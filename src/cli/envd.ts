@@ -37,6 +37,7 @@ export default defineCommand({
       idleTimeoutS: get<number>(cfg, "envd.idle_timeout_s"),
       maxRequestBodyBytes: get<number>(cfg, "envd.max_request_body_bytes"),
       maxComposeSources: get<number>(cfg, "envd.max_compose_sources"),
+      enforcePermissions: get<boolean>(cfg, "envd.enforce_permissions"),
       caDir: get<string>(cfg, "envd.ca_dir"),
       caUpdateCommand: get<string>(cfg, "envd.ca_update_command"),
     });

@@ -1,7 +1,8 @@
 /**
  * Permission checks and ownership for file operations done on behalf of a user. envd runs as
- * root, so it checks the user's rights from mode bits itself (root passes everything) and
- * chowns what it creates to the user.
+ * root and chowns what it creates to the user. Like E2B's envd it does not check the user's
+ * rights by default; with `[envd] enforce_permissions` it checks them from mode bits itself
+ * (`checkedAs` picks the identity checked; root passes everything).
  */
 import { chownSync, mkdirSync, statSync, type Stats } from "node:fs";
 import { dirname } from "node:path";
@@ -12,6 +13,14 @@ import { userGroups, type UserInfo } from "./users.ts";
 export const R_OK = 4;
 export const W_OK = 2;
 export const X_OK = 1;
+
+/**
+ * The identity rights are checked for: the user itself when `enforce`, else a root stand-in
+ * (E2B's envd acts as root for file operations; only ownership follows the user).
+ */
+export function checkedAs(user: UserInfo, enforce: boolean): UserInfo {
+  return enforce ? user : { ...user, uid: 0 };
+}
 
 /** Whether `user` has every bit of `want` on a file with stats `st`. */
 export function allowed(user: UserInfo, st: Stats, want: number): boolean {

@@ -51,6 +51,8 @@ export interface EnvdOptions {
   maxRequestBodyBytes: number;
   /** Most source files one /files/compose takes. */
   maxComposeSources: number;
+  /** Check the acting user's rights on file operations (off = E2B behaviour, see EnvdState). */
+  enforcePermissions: boolean;
   /** Directory /init's caBundle is written to. */
   caDir: string;
   /** Command run after writing a CA bundle; empty = none. */
@@ -75,6 +77,7 @@ export const DEFAULT_ENVD_OPTIONS: EnvdOptions = {
   idleTimeoutS: 255,
   maxRequestBodyBytes: 1024 ** 4,
   maxComposeSources: 10_000,
+  enforcePermissions: false,
   caDir: "/usr/local/share/ca-certificates",
   caUpdateCommand: "update-ca-certificates",
 };
@@ -124,7 +127,7 @@ function resolveBin(name: string): string {
  */
 export function startEnvd(partial: Partial<EnvdOptions> = {}): Envd {
   const opts = { ...DEFAULT_ENVD_OPTIONS, ...partial };
-  const state = new EnvdState({ defaultUser: opts.defaultUser, accessToken: opts.accessToken });
+  const state = new EnvdState({ defaultUser: opts.defaultUser, accessToken: opts.accessToken, enforcePermissions: opts.enforcePermissions });
   const manager = new ProcessManager({
     maxProcesses: opts.maxProcesses,
     exitedRetentionMs: opts.exitedRetentionMs,

@@ -24,9 +24,16 @@ export class EnvdState {
   /** ms since epoch of the newest /init timestamp applied. */
   lastInitMs = 0;
 
-  constructor(opts: { defaultUser?: string; accessToken?: string } = {}) {
+  /**
+   * Check the acting user's rights on file operations (403 / permission_denied). Off = E2B's
+   * behaviour: envd, as root, does what is asked and the user owns what gets created.
+   */
+  readonly enforcePermissions: boolean;
+
+  constructor(opts: { defaultUser?: string; accessToken?: string; enforcePermissions?: boolean } = {}) {
     this.defaultUser = opts.defaultUser ?? "root";
     this.accessToken = opts.accessToken || undefined;
+    this.enforcePermissions = opts.enforcePermissions ?? false;
   }
 
   /**

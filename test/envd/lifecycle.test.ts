@@ -3,7 +3,7 @@
  * processes it started (no orphans left running). Real envd child, real processes.
  */
 import { expect, test } from "bun:test";
-import { initEnvd, procState, startEnvdChild, waitFor } from "./harness.ts";
+import { ensureUserAccount, initEnvd, procState, startEnvdChild, waitFor } from "./harness.ts";
 
 test("SIGTERM stops envd and takes its processes with it", async () => {
   const envd = await startEnvdChild();
@@ -63,5 +63,35 @@ test("/init caBundle is written to the configured CA dir and the update command 
   } finally {
     await envd.stop();
     rmSync(tmp, { recursive: true, force: true });
+  }
+}, 30_000);
+
+test("[envd] enforce_permissions = true: the user's rights are checked (403 / permission_denied)", async () => {
+  const { mkdirSync, rmSync, existsSync } = await import("node:fs");
+  ensureUserAccount();
+  const envd = await startEnvdChild(undefined, { AENV__envd__enforce_permissions: "true" });
+  const priv = "/root/envd-enforce-test";
+  mkdirSync(priv, { recursive: true, mode: 0o700 });
+  try {
+    expect((await initEnvd(envd.url, { defaultUser: "user" })).status).toBe(204);
+    const asUser = { "content-type": "application/json", authorization: `Basic ${btoa("user:")}` };
+    const mk = await fetch(`${envd.url}/filesystem.Filesystem/MakeDir`, { method: "POST", headers: asUser, body: JSON.stringify({ path: `${priv}/x` }) });
+    expect(mk.status).toBe(403);
+    expect(((await mk.json()) as { code: string }).code).toBe("permission_denied");
+    const ls = await fetch(`${envd.url}/filesystem.Filesystem/ListDir`, { method: "POST", headers: asUser, body: JSON.stringify({ path: priv }) });
+    expect(ls.status).toBe(403);
+    const up = await fetch(`${envd.url}/files?path=${priv}/y.txt`, { method: "POST", headers: { "content-type": "application/octet-stream" }, body: "no" });
+    expect(up.status).toBe(403);
+    expect(existsSync(`${priv}/y.txt`)).toBe(false);
+    // root may
+    const asRoot = { "content-type": "application/json", authorization: `Basic ${btoa("root:")}` };
+    expect((await fetch(`${envd.url}/filesystem.Filesystem/MakeDir`, { method: "POST", headers: asRoot, body: JSON.stringify({ path: `${priv}/x` }) })).status).toBe(200);
+    expect((await fetch(`${envd.url}/files?path=${priv}/y.txt&username=root`, { method: "POST", headers: { "content-type": "application/octet-stream" }, body: "ok" })).status).toBe(200);
+    // and the user keeps full rights in its own home
+    expect((await fetch(`${envd.url}/files?path=enforce-ok.txt`, { method: "POST", headers: { "content-type": "application/octet-stream" }, body: "ok" })).status).toBe(200);
+    rmSync("/home/user/enforce-ok.txt", { force: true });
+  } finally {
+    await envd.stop();
+    rmSync(priv, { recursive: true, force: true });
   }
 }, 30_000);

@@ -336,22 +336,28 @@ describe("files", () => {
     expect(err).toBeInstanceOf(NotFoundError);
   });
 
-  test("errors: missing file, directory read, permission denied", async () => {
+  test("errors: missing file, directory read; like E2B, file ops act as root and the user owns the result", async () => {
     const e1 = await sbx.files.read(join(dir, "missing.txt")).catch((e) => e);
     expect(e1).toBeInstanceOf(FileNotFoundError);
     const e2 = await sbx.files.read(dir).catch((e) => e);
     expect(e2).toBeInstanceOf(InvalidArgumentError);
-    mkdirSync("/root/envd-private-test", { recursive: true });
+    // removing what is not there succeeds (E2B: os.RemoveAll)
+    await sbx.files.remove(join(dir, "never-existed"));
+    mkdirSync("/root/envd-private-test", { recursive: true, mode: 0o700 });
     try {
-      const e3 = await sbx.files.makeDir("/root/envd-private-test/x").catch((e) => e);
-      expect(e3).toBeInstanceOf(SandboxError);
-      expect(String(e3.message)).toContain("permission_denied");
-      const e4 = await sbx.files.write("/root/envd-private-test/y.txt", "no").catch((e) => e);
-      expect(e4).toBeInstanceOf(SandboxError);
-      // root may
-      await sbx.files.write("/root/envd-private-test/y.txt", "yes", { user: "root" });
-      expect(await sbx.files.read("/root/envd-private-test/y.txt", { user: "root" })).toBe("yes");
-      expect(statSync("/root/envd-private-test/y.txt").uid).toBe(0);
+      // default permission policy ([envd] enforce_permissions = false): `user` may write into
+      // root's directory; what it creates belongs to `user`
+      expect(await sbx.files.makeDir("/root/envd-private-test/x")).toBe(true);
+      await sbx.files.write("/root/envd-private-test/y.txt", "from user");
+      expect(statSync("/root/envd-private-test/y.txt").uid).toBe(userIds.uid);
+      expect(statSync("/root/envd-private-test/x").uid).toBe(userIds.uid);
+      await sbx.files.write("/root/envd-private-test/z.txt", "yes", { user: "root" });
+      expect(await sbx.files.read("/root/envd-private-test/z.txt", { user: "root" })).toBe("yes");
+      expect(statSync("/root/envd-private-test/z.txt").uid).toBe(0);
+      // but the commands themselves run as the user: the kernel refuses them
+      const denied = await sbx.commands.run("cat /root/envd-private-test/z.txt").catch((e) => e);
+      expect(denied).toBeInstanceOf(CommandExitError);
+      expect(denied.stderr).toContain("Permission denied");
     } finally {
       rmSync("/root/envd-private-test", { recursive: true, force: true });
     }

@@ -9,7 +9,7 @@ import { rpcUser } from "../auth.ts";
 import { EnvdError, fromFsError, toConnectError } from "../errors.ts";
 import { Filesystem, type EntryInfo, type FilesystemEvent } from "../gen/filesystem_pb.ts";
 import { resolvePath } from "../paths.ts";
-import { ensureDirs, requireAccess, requireParentWritable, R_OK, X_OK } from "../permissions.ts";
+import { checkedAs, ensureDirs, requireAccess, requireParentWritable, R_OK, X_OK } from "../permissions.ts";
 import { keepaliveMs } from "../process/service.ts";
 import { EventQueue } from "../queue.ts";
 import type { EnvdState } from "../state.ts";
@@ -54,8 +54,11 @@ function statOrThrow(path: string, op: string): Stats {
   }
 }
 
-/** Walk `root` down `depth` levels (1 = direct children), not following symlinks. */
-export function listDir(root: string, depth: number, names: AccountNames, user: UserInfo, limit: number): EntryInfo[] {
+/**
+ * Walk `root` down `depth` levels (1 = direct children), not following symlinks.
+ * @param checker identity whose read rights on `root` are required (see `checkedAs`).
+ */
+export function listDir(root: string, depth: number, names: AccountNames, checker: UserInfo, limit: number): EntryInfo[] {
   const out: EntryInfo[] = [];
   const walk = (dir: string, level: number) => {
     let children: string[];
@@ -80,7 +83,7 @@ export function listDir(root: string, depth: number, names: AccountNames, user: 
       if (st.isDirectory() && level < depth) walk(full, level + 1);
     }
   };
-  requireAccess(user, root, R_OK | X_OK, "list");
+  requireAccess(checker, root, R_OK | X_OK, "list");
   walk(root, 1);
   return out;
 }
@@ -104,7 +107,7 @@ export function filesystemService(state: EnvdState, opts: FilesystemServiceOptio
     if (!req.allowNetworkMounts && isNetworkMount(path)) {
       throw new EnvdError("failed_precondition", `path '${path}' is on a network filesystem; set allowNetworkMounts to watch it`, { path });
     }
-    requireAccess(user, path, R_OK | X_OK, "watch");
+    requireAccess(checkedAs(user, state.enforcePermissions), path, R_OK | X_OK, "watch");
     return { path, recursive: req.recursive, includeEntry: req.includeEntry };
   };
 
@@ -136,7 +139,7 @@ export function filesystemService(state: EnvdState, opts: FilesystemServiceOptio
       }
       if (existing?.isDirectory()) throw new EnvdError("already_exists", `directory '${path}' already exists`, { path });
       if (existing) throw new EnvdError("invalid_argument", `path '${path}' already exists and is not a directory`, { path });
-      requireParentWritable(user, path, "make_dir");
+      requireParentWritable(checkedAs(user, state.enforcePermissions), path, "make_dir");
       ensureDirs(path, user, "make_dir");
       return { entry: entryInfo(path, loadAccountNames()) };
     }),
@@ -150,8 +153,9 @@ export function filesystemService(state: EnvdState, opts: FilesystemServiceOptio
       } catch (err) {
         throw fromFsError(err, src, "move");
       }
-      requireParentWritable(user, src, "move");
-      requireParentWritable(user, dst, "move");
+      const checker = checkedAs(user, state.enforcePermissions);
+      requireParentWritable(checker, src, "move");
+      requireParentWritable(checker, dst, "move");
       ensureDirs(dirname(dst), user, "move");
       try {
         renameSync(src, dst);
@@ -167,7 +171,7 @@ export function filesystemService(state: EnvdState, opts: FilesystemServiceOptio
       const st = statOrThrow(path, "list");
       if (!st.isDirectory()) throw new EnvdError("invalid_argument", `path '${path}' is not a directory`, { path });
       const depth = req.depth === 0 ? 1 : req.depth;
-      return { entries: listDir(path, depth, loadAccountNames(), user, opts.maxListEntries) };
+      return { entries: listDir(path, depth, loadAccountNames(), checkedAs(user, state.enforcePermissions), opts.maxListEntries) };
     }),
 
     remove: wrap((req, ctx) => {
@@ -176,9 +180,11 @@ export function filesystemService(state: EnvdState, opts: FilesystemServiceOptio
       try {
         lstatSync(path);
       } catch (err) {
+        // like E2B's envd (os.RemoveAll): removing what is not there succeeds
+        if ((err as NodeJS.ErrnoException).code === "ENOENT") return {};
         throw fromFsError(err, path, "remove");
       }
-      requireParentWritable(user, path, "remove");
+      requireParentWritable(checkedAs(user, state.enforcePermissions), path, "remove");
       try {
         rmSync(path, { recursive: true, force: true });
       } catch (err) {

@@ -8,7 +8,7 @@ import { open } from "node:fs/promises";
 import { basename, dirname, join } from "node:path";
 import { EnvdError, fromFsError } from "../errors.ts";
 import { resolvePath } from "../paths.ts";
-import { chownTo, ensureDirs, requireAccess, requireParentWritable, R_OK } from "../permissions.ts";
+import { checkedAs, chownTo, ensureDirs, requireAccess, requireParentWritable, R_OK } from "../permissions.ts";
 import type { EnvdState } from "../state.ts";
 import { lookupUser } from "../users.ts";
 import type { UploadedEntry } from "./files.ts";
@@ -47,6 +47,7 @@ export async function composeFiles(state: EnvdState, req: ComposeRequest): Promi
   const user = lookupUser(req.username ?? state.defaultUser);
   const sources = req.sourcePaths.map((p) => resolvePath(p, user, state.defaultWorkdir));
   const dest = resolvePath(req.destination, user, state.defaultWorkdir);
+  const checker = checkedAs(user, state.enforcePermissions);
   for (const s of sources) {
     let st;
     try {
@@ -55,15 +56,15 @@ export async function composeFiles(state: EnvdState, req: ComposeRequest): Promi
       throw fromFsError(err, s, "compose");
     }
     if (st.isDirectory()) throw new EnvdError("invalid_argument", `source '${s}' is a directory`, { path: s });
-    requireAccess(user, s, R_OK, "compose");
-    requireParentWritable(user, s, "compose");
+    requireAccess(checker, s, R_OK, "compose");
+    requireParentWritable(checker, s, "compose");
   }
   try {
     if (lstatSync(dest).isDirectory()) throw new EnvdError("invalid_argument", `destination '${dest}' is a directory`, { path: dest });
   } catch (err) {
     if (err instanceof EnvdError) throw err;
   }
-  requireParentWritable(user, dest, "compose");
+  requireParentWritable(checker, dest, "compose");
   ensureDirs(dirname(dest), user, "compose");
   const tmp = join(dirname(dest), `.${basename(dest)}.compose-${crypto.randomUUID()}`);
   const fh = await open(tmp, "w", 0o644).catch((err) => {

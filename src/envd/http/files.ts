@@ -10,7 +10,7 @@ import { tokensEqual } from "../auth.ts";
 import { EnvdError, fromFsError } from "../errors.ts";
 import { metadataFromHeaders, replaceMetadata } from "../metadata.ts";
 import { resolvePath } from "../paths.ts";
-import { chownTo, ensureDirs, requireAccess, requireParentWritable, R_OK, W_OK } from "../permissions.ts";
+import { checkedAs, chownTo, ensureDirs, requireAccess, requireParentWritable, R_OK, W_OK } from "../permissions.ts";
 import type { EnvdState } from "../state.ts";
 import { lookupUser, type UserInfo } from "../users.ts";
 import { boundaryOf, readMultipart } from "./multipart.ts";
@@ -55,15 +55,18 @@ export function authorizeFiles(state: EnvdState, req: Request, url: URL, op: "re
   return lookupUser(username || state.defaultUser);
 }
 
-/** Open `path` for writing as `user`: parents created and owned by the user, file truncated. */
-async function openForUpload(path: string, user: UserInfo): Promise<FileHandle> {
+/**
+ * Open `path` for writing for `user`: parents created and owned by the user, file truncated.
+ * Rights are checked for `checker` (see `checkedAs`).
+ */
+async function openForUpload(path: string, user: UserInfo, checker: UserInfo): Promise<FileHandle> {
   try {
     if (lstatSync(path).isDirectory()) throw new EnvdError("invalid_argument", `path '${path}' is a directory`, { path });
-    requireAccess(user, path, W_OK, "upload");
+    requireAccess(checker, path, W_OK, "upload");
   } catch (err) {
     if (err instanceof EnvdError && err.kind !== "not_found") throw err;
     if (!(err instanceof EnvdError) && (err as NodeJS.ErrnoException).code !== "ENOENT") throw fromFsError(err, path, "upload");
-    requireParentWritable(user, path, "upload");
+    requireParentWritable(checker, path, "upload");
   }
   ensureDirs(dirname(path), user, "upload");
   let fh: FileHandle;
@@ -99,6 +102,7 @@ function bodyStream(req: Request): ReadableStream<Uint8Array> {
  */
 export async function uploadFiles(state: EnvdState, req: Request, url: URL): Promise<UploadedEntry[]> {
   const user = authorizeFiles(state, req, url, "write");
+  const checker = checkedAs(user, state.enforcePermissions);
   const queryPath = url.searchParams.get("path") || undefined;
   const ctype = (req.headers.get("content-type") ?? "").toLowerCase();
   const meta = metadataFromHeaders(req.headers);
@@ -119,7 +123,7 @@ export async function uploadFiles(state: EnvdState, req: Request, url: URL): Pro
         const path = resolvePath(raw, user, state.defaultWorkdir);
         if (seen.has(path)) throw new EnvdError("invalid_argument", `path '${path}' given more than once`, { path });
         seen.add(path);
-        const fh = await openForUpload(path, user);
+        const fh = await openForUpload(path, user, checker);
         open_.push(fh);
         return {
           write: (c) => writeAll(fh, c, path),
@@ -134,7 +138,7 @@ export async function uploadFiles(state: EnvdState, req: Request, url: URL): Pro
       if (!queryPath) throw new EnvdError("invalid_argument", "path query is required for octet-stream uploads", {});
       const path = resolvePath(queryPath, user, state.defaultWorkdir);
       const stream = bodyStream(req);
-      const fh = await openForUpload(path, user);
+      const fh = await openForUpload(path, user, checker);
       open_.push(fh);
       for await (const chunk of stream) await writeAll(fh, chunk, path);
       open_.pop();
@@ -184,7 +188,7 @@ export function downloadFile(state: EnvdState, req: Request, url: URL): Response
     throw fromFsError(err, path, "download");
   }
   if (st.isDirectory()) throw new EnvdError("invalid_argument", `path '${path}' is a directory`, { path });
-  requireAccess(user, path, R_OK, "download");
+  requireAccess(checkedAs(user, state.enforcePermissions), path, R_OK, "download");
   const file = Bun.file(path);
   const headers = new Headers({
     "Content-Type": file.type || "application/octet-stream",
