@@ -44,6 +44,8 @@ function guarded(name: string, body: (args: Record<string, any>) => Promise<void
     try {
       await body(args);
     } catch (e) {
+      // the reader went away (`image cat ... | head`): like cat(1), stop without a complaint
+      if ((e as NodeJS.ErrnoException).code === "EPIPE") process.exit(0);
       const msg = e instanceof OverlaybdError || e instanceof UsageError ? e.message : `${(e as Error).message ?? e}`;
       process.stderr.write(`agentenv image ${name}: ${msg.split("\n")[0]}\n`);
       process.exit(e instanceof UsageError ? 2 : 1);
