@@ -4,7 +4,7 @@
  * (`agentenv image <cmd>: <reason>`) when its input is bad.
  */
 import { defineCommand } from "citty";
-import { existsSync, writeFileSync } from "node:fs";
+import { existsSync, rmSync, writeFileSync } from "node:fs";
 import { resolve } from "node:path";
 import {
   compressLayer, createUpper, importRaw, importSparse, LayeredImage, LocalFile, openImageConfig, openStack, OverlaybdError,
@@ -166,7 +166,7 @@ const commit = defineCommand({
         try {
           await compressLayer(target, out, { algo });
         } finally {
-          require("node:fs").rmSync(target, { force: true });
+          rmSync(target, { force: true });
         }
       }
     } finally {

@@ -4,7 +4,7 @@
  * include/uapi/linux/falloc.h: SEEK_DATA 3, SEEK_HOLE 4, FICLONE _IOW(0x94, 9, int) = 0x40049409,
  * FALLOC_FL_KEEP_SIZE 1, FALLOC_FL_PUNCH_HOLE 2.
  */
-import { dlopen, FFIType } from "bun:ffi";
+import { dlopen, FFIType, read } from "bun:ffi";
 
 const SEEK_DATA = 3;
 const SEEK_HOLE = 4;
@@ -19,7 +19,6 @@ const libc = dlopen("libc.so.6", {
 });
 
 function errno(): number {
-  const { read } = require("bun:ffi") as typeof import("bun:ffi");
   return read.i32(libc.symbols.__errno_location()!, 0);
 }
 
