@@ -85,7 +85,7 @@ describe("process over binary Connect", () => {
   test("unknown pid is not_found; bad selector is invalid_argument; unsupported signal unimplemented", async () => {
     expect(await codeOf(proc.sendSignal({ process: { selector: { case: "pid", value: 999_999 } }, signal: Signal.SIGKILL }))).toBe(Code.NotFound);
     expect(await codeOf(proc.sendInput({ process: { selector: { case: "tag", value: "nope" } }, input: { input: { case: "stdin", value: new Uint8Array([1]) } } }))).toBe(Code.NotFound);
-    expect(await codeOf(proc.closeStdin({}))).toBe(Code.InvalidArgument);
+    expect(await codeOf(proc.closeStdin({}))).toBe(Code.Unimplemented);
     expect(await codeOf(gen(proc.start({ process: { cmd: "" } })).next())).toBe(Code.InvalidArgument);
     expect(await codeOf(gen(proc.start({ process: { cmd: "/no/such/binary" } })).next())).toBe(Code.InvalidArgument);
     const it = gen(proc.start({ process: { cmd: "/bin/sleep", args: ["5"] }, tag: "sleeper" }));

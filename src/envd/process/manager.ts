@@ -25,16 +25,13 @@ export class ProcessManager {
 
   /**
    * Spawn and register a process.
-   * @throws EnvdError `resource_exhausted` past `maxProcesses`, `already_exists` for a tag in use,
-   *   or what `ProcessHandle.spawn` throws.
+   * Tags need not be unique (as in E2B's envd); selecting by tag picks a running one.
+   * @throws EnvdError `resource_exhausted` past `maxProcesses`, or what `ProcessHandle.spawn` throws.
    */
   start(spec: SpawnSpec): ProcessHandle {
     const running = this.list();
     if (running.length >= this.limits.maxProcesses) {
       throw new EnvdError("resource_exhausted", `too many processes (limit ${this.limits.maxProcesses})`, { limit: this.limits.maxProcesses });
-    }
-    if (spec.tag !== undefined && running.some((h) => h.spec.tag === spec.tag)) {
-      throw new EnvdError("already_exists", `a process with tag '${spec.tag}' is already running`, { tag: spec.tag });
     }
     const h = ProcessHandle.spawn(spec, this.limits);
     this.byPid.set(h.pid, h);

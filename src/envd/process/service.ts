@@ -38,7 +38,8 @@ function selector(sel: ProcessSelector | undefined): Selector {
     case "tag":
       return { tag: sel.selector.value };
     default:
-      throw new EnvdError("invalid_argument", "process selector (pid or tag) is required", {});
+      // E2B's envd answers a request without pid or tag with `unimplemented`
+      throw new EnvdError("unimplemented", "process selector (pid or tag) is required", {});
   }
 }
 
