@@ -10,7 +10,7 @@ import { existsSync, mkdtempSync, readFileSync, rmSync, statSync } from "node:fs
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { resolveTemplate } from "../../../src/template/index.ts";
-import { resolveKernelPath, type VmSpec } from "../../../src/vmm/index.ts";
+import { processStartTime, reapLeftovers, resolveKernelPath, type VmSpec } from "../../../src/vmm/index.ts";
 import { TEST_HOME, testConfig, testDriver, waitConsole, waitFor } from "./helpers.ts";
 
 const drv = testDriver();
@@ -114,6 +114,18 @@ describe("QEMU snapshot and restore", () => {
     }
     expect(sha(files.memPath)).toBe(memSha); // clones mapped it copy-on-write
   }, 240_000);
+
+  test("reapLeftovers at start kills a VMM a crashed node left running and removes its files", async () => {
+    const vm = await drv.driver.boot(spec("orphan"));
+    await waitConsole(vm.consolePath, /COUNTER 1 /, 90_000);
+    // a new node process would only find the record in the runtime dir: reap from there
+    expect(await reapLeftovers(drv.runtimeDir)).toEqual([vm.id]);
+    expect(await vm.exited).toBeNull(); // SIGKILLed
+    expect(processStartTime(vm.pid)).toBeNull();
+    expect(existsSync(vm.memPath)).toBe(false);
+    expect(existsSync(join(drv.runtimeDir, "vmm", `${vm.id}.json`))).toBe(false);
+    expect(existsSync(join(drv.runtimeDir, "vmm", `${vm.id}.qmp`))).toBe(false);
+  }, 120_000);
 
   test("restore reports missing snapshot files", async () => {
     await expect(
