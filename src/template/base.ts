@@ -14,6 +14,7 @@ import { join, relative } from "node:path";
 import { logger } from "../observability/log.ts";
 import { TemplateError } from "./errors.ts";
 import { importSparse } from "../storage/overlaybd/index.ts";
+import { withBuildLock } from "../vmm/buildlock.ts";
 import { readManifest, templateDir, writeManifest, type TemplateManifest } from "./store.ts";
 import initScript from "./guest/init.sh" with { type: "text" };
 
@@ -142,6 +143,13 @@ function agentenvSource(): { key: string; build: (out: string) => Promise<void> 
  * @throws TemplateError `template.no_mirror`, `template.tool_missing`, `template.build_failed`.
  */
 export async function buildBase(opts: BaseBuildOptions): Promise<BaseBuildResult> {
+  // one template build per host at a time: builds share the mmdebstrap cache tree
+  return await withBuildLock(join(opts.homePath, "templates", ".build.lock"), 1_800_000, () => buildBaseLocked(opts), (pid) =>
+    opts.onProgress?.("waiting", `another template build (pid ${pid})`),
+  );
+}
+
+async function buildBaseLocked(opts: BaseBuildOptions): Promise<BaseBuildResult> {
   const name = opts.name ?? "base";
   const progress = opts.onProgress ?? (() => {});
   const mirror = opts.mirror || hostDebianMirror(opts.suite);

@@ -10,6 +10,7 @@ import { existsSync, mkdirSync, readFileSync, renameSync, rmSync, statSync, writ
 import { cpus } from "node:os";
 import { join } from "node:path";
 import { logger } from "../../observability/log.ts";
+import { withBuildLock } from "../buildlock.ts";
 import { VmmError } from "../errors.ts";
 import fragmentText from "./guest.config" with { type: "text" };
 
@@ -140,7 +141,8 @@ const ESTIMATED_STEPS = 1650;
  * Build the guest kernel unless the cache already has it. Unpacks the tarball into a scratch
  * directory under `$home/kernels/`, runs tinyconfig + fragment, checks every fragment line
  * stuck, runs `make vmlinux`, checks the PVH note, moves the result into the cache and removes
- * the scratch tree. About 5 minutes on 2 cores.
+ * the scratch tree. About 5 minutes on 2 cores. One build per host at a time
+ * (`$home/kernels/.build.lock`; a second caller waits, then finds the result cached).
  * @throws VmmError `vmm.kernel_source_missing`, `vmm.kernel_config_mismatch`,
  *   `vmm.kernel_build_failed`, `vmm.kernel_not_pvh`.
  */
@@ -150,8 +152,15 @@ export async function buildKernel(opts: KernelBuildOptions): Promise<KernelArtif
   const key = kernelCacheKey(sourceVersion, fragment);
   const out = kernelCachePath(opts.homePath, key);
   if (existsSync(out)) return { path: out, key, sourceVersion, built: false };
-
   const root = join(opts.homePath, "kernels");
+  return await withBuildLock(join(root, ".build.lock"), 3_600_000, async () => {
+    // another process may have finished this build while we waited
+    if (existsSync(out)) return { path: out, key, sourceVersion, built: false };
+    return await build(opts, fragment, sourceVersion, key, root, out);
+  }, (pid) => log.info({ pid }, "waiting for another kernel build"));
+}
+
+async function build(opts: KernelBuildOptions, fragment: string, sourceVersion: string, key: string, root: string, out: string): Promise<KernelArtifact> {
   const scratch = join(root, `.build-${key}-${process.pid}`);
   rmSync(scratch, { recursive: true, force: true });
   mkdirSync(scratch, { recursive: true });
