@@ -17,6 +17,7 @@ export type EnvdErrorKind =
   | "unimplemented"
   | "resource_exhausted"
   | "insufficient_storage"
+  | "unknown"
   | "internal";
 
 const CONNECT_CODE: Record<EnvdErrorKind, Code> = {
@@ -29,6 +30,7 @@ const CONNECT_CODE: Record<EnvdErrorKind, Code> = {
   unimplemented: Code.Unimplemented,
   resource_exhausted: Code.ResourceExhausted,
   insufficient_storage: Code.ResourceExhausted,
+  unknown: Code.Unknown,
   internal: Code.Internal,
 };
 
@@ -43,6 +45,7 @@ const HTTP_STATUS: Record<EnvdErrorKind, number> = {
   unimplemented: 501,
   resource_exhausted: 429,
   insufficient_storage: 507,
+  unknown: 500,
   internal: 500,
 };
 

@@ -92,6 +92,16 @@ describe("process over binary Connect", () => {
     const first = await it.next();
     const pid = (first.value.event.event.value as { pid: number }).pid;
     expect(await codeOf(proc.sendSignal({ process: { selector: { case: "pid", value: pid } }, signal: Signal.UNSPECIFIED }))).toBe(Code.Unimplemented);
+    // a process started with stdin: false takes no input; closing its stdin is a no-op (as in E2B)
+    const quiet = gen(proc.start({ process: { cmd: "/bin/sleep", args: ["5"] }, stdin: false }));
+    const qpid = ((await quiet.next()).value.event.event.value as { pid: number }).pid;
+    const sel = { selector: { case: "pid" as const, value: qpid } };
+    expect(await codeOf(proc.sendInput({ process: sel, input: { input: { case: "stdin", value: new Uint8Array([1]) } } }))).toBe(Code.Internal);
+    expect(await codeOf(proc.sendInput({ process: sel, input: { input: { case: "pty", value: new Uint8Array([1]) } } }))).toBe(Code.Internal);
+    expect(await codeOf(proc.update({ process: sel, pty: { size: { cols: 10, rows: 10 } } }))).toBe(Code.Internal);
+    expect(await codeOf(proc.closeStdin({ process: sel }))).toBe("ok");
+    await proc.sendSignal({ process: sel, signal: Signal.SIGKILL });
+    for await (const _ of quiet);
     // tags select too
     expect(await codeOf(proc.sendSignal({ process: { selector: { case: "tag", value: "sleeper" } }, signal: Signal.SIGTERM }))).toBe("ok");
     let end;
@@ -213,7 +223,8 @@ describe("process over binary Connect", () => {
     await proc.update({ process: { selector: { case: "pid", value: pid } }, pty: { size: { cols: 91, rows: 33 } } });
     await send("stty size\n");
     expect(await waitFor(() => screen.includes("33 91"))).toBe(true);
-    expect(await codeOf(proc.closeStdin({ process: { selector: { case: "pid", value: pid } } }))).toBe(Code.FailedPrecondition);
+    expect(await codeOf(proc.closeStdin({ process: { selector: { case: "pid", value: pid } } }))).toBe(Code.Unknown);
+    expect(await codeOf(proc.sendInput({ process: { selector: { case: "pid", value: pid } }, input: {} }))).toBe(Code.Unimplemented);
     await send("\x04");
     const end = await reading;
     expect(end).toMatchObject({ exitCode: 0, exited: true });

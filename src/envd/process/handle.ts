@@ -202,15 +202,15 @@ export class ProcessHandle {
 
   /**
    * Write to the process: `stdin` data needs a process started with stdin, `pty` data a PTY.
-   * @throws EnvdError `failed_precondition` when that input is not open.
+   * @throws EnvdError `internal` when that input is not open (the code E2B's envd uses).
    */
   async write(kind: "stdin" | "pty", data: Uint8Array): Promise<void> {
     if (!this.running) throw new EnvdError("not_found", `process with pid ${this.pid} has exited`, { pid: this.pid });
     if (kind === "pty" && !this.relay) {
-      throw new EnvdError("failed_precondition", `process ${this.pid} has no PTY`, { pid: this.pid });
+      throw new EnvdError("internal", `error writing to tty: process ${this.pid} has no PTY`, { pid: this.pid });
     }
     if (!this.stdinOpen) {
-      throw new EnvdError("failed_precondition", `stdin of process ${this.pid} is not open`, { pid: this.pid });
+      throw new EnvdError("internal", `error writing to stdin: stdin of process ${this.pid} is not enabled or closed`, { pid: this.pid });
     }
     // Stdin data to a PTY process goes to the terminal too (E2B does the same).
     const sink = this.relay ? this.relay.writer.stdin : (this.proc.stdin as FileSink);
@@ -219,12 +219,12 @@ export class ProcessHandle {
   }
 
   /**
-   * Send EOF on stdin (pipes only; a PTY takes Ctrl-D as data).
-   * @throws EnvdError `failed_precondition` for a PTY or a process without stdin.
+   * Send EOF on stdin (pipes only; a PTY takes Ctrl-D as data). A process without stdin, or
+   * whose stdin is already closed, is left as is.
+   * @throws EnvdError `unknown` for a PTY (the code E2B's envd uses).
    */
   async closeStdin(): Promise<void> {
-    if (this.relay) throw new EnvdError("failed_precondition", `process ${this.pid} is a PTY; send Ctrl-D instead`, { pid: this.pid });
-    if (!this.spec.stdin) throw new EnvdError("failed_precondition", `process ${this.pid} was started without stdin`, { pid: this.pid });
+    if (this.relay) throw new EnvdError("unknown", `error closing stdin: process ${this.pid} is a PTY; send Ctrl-D (0x04) instead`, { pid: this.pid });
     if (!this.stdinOpen) return;
     this.stdinOpen = false;
     await (this.proc.stdin as FileSink).end();
@@ -242,10 +242,10 @@ export class ProcessHandle {
 
   /**
    * Resize the PTY (cells).
-   * @throws EnvdError `failed_precondition` when the process has no PTY.
+   * @throws EnvdError `internal` when the process has no PTY (the code E2B's envd uses).
    */
   resize(cols: number, rows: number): void {
-    if (!this.relay) throw new EnvdError("failed_precondition", `process ${this.pid} has no PTY`, { pid: this.pid });
+    if (!this.relay) throw new EnvdError("internal", `error resizing tty: process ${this.pid} has no PTY`, { pid: this.pid });
     if (!this.running) throw new EnvdError("not_found", `process with pid ${this.pid} has exited`, { pid: this.pid });
     resizePty(this.relay.master, cols, rows);
   }

@@ -152,7 +152,7 @@ export function processService(manager: ProcessManager, state: EnvdState, opts: 
       try {
         const h = manager.getRunning(selector(req.process));
         const input = req.input?.input;
-        if (!input?.case) throw new EnvdError("invalid_argument", "input (stdin or pty) is required", { pid: h.pid });
+        if (!input?.case) throw new EnvdError("unimplemented", "input (stdin or pty) is required", { pid: h.pid });
         await h.write(input.case, input.value);
         return {};
       } catch (err) {
