@@ -45,6 +45,9 @@ export class Orchestrator {
   private readonly counters: OrchestratorCounters = { running: 0, paused: 0, starting: 0, created: 0, failed: 0, killed: 0 };
   private evictTimer: ReturnType<typeof setInterval> | undefined;
   private readonly inflight = new Set<Promise<unknown>>();
+  /** Per-sandbox count of VM starts (create/resume), to tell a stale VM exit from a live one. */
+  private readonly generations = new Map<string, number>();
+  private lastGeneration = 0;
   private readonly shutdown = new AbortController();
   private closed = false;
 
@@ -336,6 +339,7 @@ export class Orchestrator {
     await this.lock.run(id, async () => {
       const r = this.store.get(id);
       if (!r || (publicState(r.state) === null && !(force && r.state === "failed"))) throw notFound(id);
+      this.generations.delete(id);
       this.transition(id, r.state, "killing", {});
       try {
         await this.runtime.kill(id, r.runtimeState);
@@ -353,8 +357,9 @@ export class Orchestrator {
     await this.lock.run(id, async () => {
       const r = this.get(id);
       if (r.state === "paused") throw new OrchestratorError("orchestrator.conflict", 409, `sandbox ${id} is already paused`, { sandboxId: id });
+      this.generations.delete(id);
       this.transition(id, "running", "pausing", {});
-      const signal = AbortSignal.any([AbortSignal.timeout(this.config.pauseTimeoutMs)]);
+      const signal = AbortSignal.timeout(this.config.pauseTimeoutMs);
       try {
         const st = await this.runtime.pause(id, r.runtimeState ?? {}, signal);
         this.transition(id, "pausing", "paused", { runtimeState: st, endpoint: null });
@@ -419,18 +424,22 @@ export class Orchestrator {
     };
   }
 
-  /** When the VMM dies by itself, the sandbox becomes failed and its leftovers are freed. */
+  /**
+   * When the VMM dies by itself, the sandbox becomes failed and its leftovers are freed. Each
+   * start/resume gets a node-wide unique generation number; an exit of an older generation (the VM a pause or
+   * kill stopped) is ignored.
+   */
   private watchExit(id: string, started: RuntimeSandbox): void {
+    const gen = ++this.lastGeneration;
+    this.generations.set(id, gen);
     if (!started.exited) return;
-    const startedAt = this.store.get(id)?.updatedAt;
     void started.exited.then(() => {
-      if (this.closed) return;
+      if (this.closed || this.generations.get(id) !== gen) return;
       void this.lock
         .run(id, async () => {
           const r = this.store.get(id);
-          // a later pause/kill/resume owns the record now
-          if (!r || r.state !== "running" || r.updatedAt < (startedAt ?? 0)) return;
-          if (r.runtimeState !== started.runtimeState && JSON.stringify(r.runtimeState) !== JSON.stringify(started.runtimeState)) return;
+          if (!r || r.state !== "running" || this.generations.get(id) !== gen) return;
+          this.generations.delete(id);
           this.transition(id, "running", "failed", { error: "sandbox VM exited unexpectedly", endpoint: null });
           await this.runtime.kill(id, r.runtimeState).catch((e) => this.log.error({ sandboxId: id, err: e }, "clean-up after exit failed"));
           this.recount();

@@ -2,9 +2,11 @@
  * Lifecycle routes with real VMs (agentenv server in a private netns): v1 create with autoPause
  * and a short timeout pauses at expiry, deprecated resume, network policy update, and the
  * `agentenv sandbox` CLI end to end (create, exec with exit code, pause, list, resume, kill), and
- * kills racing a create of the same sandbox.
+ * kills racing a create of the same sandbox, and a VM that dies on its own.
  */
 import { afterAll, beforeAll, expect, test } from "bun:test";
+import { existsSync, readFileSync } from "node:fs";
+import { join } from "node:path";
 import { NodeWorld, qemuPidsUnder, vmPrerequisites } from "./world.ts";
 
 const missing = vmPrerequisites();
@@ -60,4 +62,16 @@ test("concurrent create and kill of one sandbox: the kills wait for the create; 
   const o = await world.client("race.ts");
   expect(o).toEqual({ sawWhileCreating: true, createStatus: 201, sameId: true, kills: [204, 404, 404], getAfter: 404, listAfter: 0 });
   expect(qemuPidsUnder(world.home, world.memDir)).toEqual([]);
+}, 300_000);
+
+test("a VM that dies on its own: the sandbox disappears (404, proxy 502) and its VMM, disk server and slot are freed", async () => {
+  if (missing) throw new Error(`VM prerequisites missing: ${missing}`);
+  const { id } = await world.client("create-hold.ts");
+  const pids = qemuPidsUnder(world.home, world.memDir);
+  expect(pids).toHaveLength(1);
+  process.kill(pids[0]!, "SIGKILL");
+  const o = await world.client("poll-gone.ts", [id]);
+  expect(o).toMatchObject({ status: 404, kill: false, proxy: 502, listed: 0 });
+  expect(existsSync(join(world.home, "sandboxes", id))).toBe(false);
+  expect(readFileSync("/proc/self/mountinfo", "utf8").includes(join(world.home, "sandboxes", id))).toBe(false);
 }, 300_000);
