@@ -284,3 +284,12 @@ describe("inotify ffi", () => {
     }
   });
 });
+
+describe("network mounts", () => {
+  test("ext4, /proc and missing paths are not network mounts", async () => {
+    const { isNetworkMount } = await import("../../src/envd/filesystem/service.ts");
+    expect(isNetworkMount("/")).toBe(false);
+    expect(isNetworkMount("/proc")).toBe(false);
+    expect(isNetworkMount("/no/such/path")).toBe(false);
+  });
+});

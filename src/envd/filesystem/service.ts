@@ -105,7 +105,7 @@ export function filesystemService(state: EnvdState, opts: FilesystemServiceOptio
     const st = statOrThrow(path, "watch");
     if (!st.isDirectory()) throw new EnvdError("invalid_argument", `path '${path}' is not a directory`, { path });
     if (!req.allowNetworkMounts && isNetworkMount(path)) {
-      throw new EnvdError("failed_precondition", `path '${path}' is on a network filesystem; set allowNetworkMounts to watch it`, { path });
+      throw new EnvdError("invalid_argument", `cannot watch path on network filesystem: ${path} (set allowNetworkMounts)`, { path });
     }
     requireAccess(checkedAs(user, state.enforcePermissions), path, R_OK | X_OK, "watch");
     return { path, recursive: req.recursive, includeEntry: req.includeEntry };
