@@ -37,7 +37,7 @@ export function fileSignature(path: string, op: "read" | "write", user: string, 
  */
 export function authorizeFiles(state: EnvdState, req: Request, url: URL, op: "read" | "write"): UserInfo {
   const username = url.searchParams.get("username") ?? "";
-  const token = req.headers.get("x-access-token");
+  const token = req.headers.get("x-access-token") || null; // empty = absent, as in E2B's envd
   if (state.accessToken) {
     if (token !== null) {
       if (!tokensEqual(token, state.accessToken)) throw new EnvdError("unauthenticated", "invalid access token", {});
