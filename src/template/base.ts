@@ -133,7 +133,17 @@ function agentenvSource(): { key: string; build: (out: string) => Promise<void> 
   for (const f of ["package.json", "bun.lock", "config/default.toml"]) if (existsSync(join(root, f))) h.update(f).update(readFileSync(join(root, f)));
   return {
     key: `src:${h.digest("hex")}`,
-    build: (out) => run([process.execPath, "build", "--compile", join(root, "src/cli/main.ts"), "--outfile", out]),
+    // --bytecode: precompiled JS, about 10x faster start (envd boot time under TCG); it needs a
+    // module graph without top-level await, so fall back to a plain compile if that ever changes
+    build: async (out) => {
+      const args = ["build", "--compile", join(root, "src/cli/main.ts"), "--outfile", out];
+      try {
+        await run([process.execPath, ...args.slice(0, 2), "--bytecode", ...args.slice(2)]);
+      } catch (e) {
+        log.warn({ err: (e as Error).message.slice(0, 500) }, "bytecode compile failed; compiling without --bytecode");
+        await run([process.execPath, ...args]);
+      }
+    },
   };
 }
 
