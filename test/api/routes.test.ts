@@ -131,6 +131,8 @@ test("get, timeout, refresh, connect and resume on a running sandbox", async () 
   expect(c.body).toMatchObject({ sandboxID: id, templateID: "base", envdAccessToken: "tok", envdVersion: "0.5.7", clientID: "6532622b" });
   end = Date.parse((await json(await api(node, `/sandboxes/${id}`))).body.endAt);
   expect(end).toBeGreaterThan(Date.now() + 590_000);
+  // v1 connect (timeout required) on a running sandbox: 200
+  expect((await api(node, `/sandboxes/${id}/connect`, { method: "POST", body: JSON.stringify({ timeout: 60 }) })).status).toBe(200);
   // an empty body is accepted by v2 connect (the SDK sends {})
   expect((await api(node, `/v2/sandboxes/${id}/connect`, { method: "POST" })).status).toBe(200);
 

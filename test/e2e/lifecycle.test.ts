@@ -75,3 +75,9 @@ test("a VM that dies on its own: the sandbox disappears (404, proxy 502) and its
   expect(existsSync(join(world.home, "sandboxes", id))).toBe(false);
   expect(readFileSync("/proc/self/mountinfo", "utf8").includes(join(world.home, "sandboxes", id))).toBe(false);
 }, 300_000);
+
+test("autoResume: proxy traffic to a paused sandbox resumes it", async () => {
+  if (missing) throw new Error(`VM prerequisites missing: ${missing}`);
+  const o = await world.client("autoresume.ts");
+  expect(o).toEqual({ create: 201, lifecycle: { autoResume: true, onTimeout: "pause" }, pause: 204, stateBefore: "paused", proxied: 204, stateAfter: "running", kill: 204 });
+}, 300_000);
