@@ -235,3 +235,21 @@ test("OpenAPI at /openapi.json and an explorer at /docs that loads only assets s
   expect(js.headers.get("content-type")).toContain("javascript");
   expect((await js.arrayBuffer()).byteLength).toBeGreaterThan(1_000_000);
 });
+
+test("at max_sandboxes a create is 429 with Retry-After (the SDKs retry it) and leaves nothing behind", async () => {
+  const n = await startNodeNoVm({ AENV__orchestrator__max_sandboxes: "1" });
+  try {
+    const dir = join(n.home, "templates", "tpl2");
+    mkdirSync(dir, { recursive: true });
+    writeFileSync(join(dir, "rootfs.ext4"), Buffer.alloc(0));
+    writeManifest(n.home, { name: "tpl2", rootfs: "rootfs.ext4", layers: [], bootArgs: "", diskBytes: 1 << 20, buildKey: "k", createdAt: "2026-11-29T10:00:00.000Z" });
+    adoptLoopback(n, "full1", {});
+    const r = await api(n, "/v2/sandboxes", { method: "POST", body: JSON.stringify({ templateID: "tpl2" }) });
+    expect(r.status).toBe(429);
+    expect(r.headers.get("retry-after")).toBe("1");
+    expect(await r.json()).toMatchObject({ code: 429, error_code: "orchestrator.capacity" });
+    expect(n.orch.store.countByState()).toEqual({ running: 1 });
+  } finally {
+    await n.dispose();
+  }
+});
