@@ -96,3 +96,18 @@ test("a crashed node's running sandbox is reaped at the next start; its paused s
   // a clean stop removes every slot of this node
   expect(world.slotNamespaces()).toEqual([]);
 }, 400_000);
+
+test("graceful stop with shutdown_action = pause: running sandboxes are paused and resume after the restart", async () => {
+  if (missing) throw new Error(`VM prerequisites missing: ${missing}`);
+  await world?.dispose();
+  world = new NodeWorld();
+  await world.start({ AENV__orchestrator__shutdown_action: "pause" });
+  const { id } = await world.client("shutdown-phase1.ts");
+  expect(await world.stop()).toBe(0);
+  expect(qemuPidsUnder(world.home, world.memDir)).toEqual([]);
+  expect(world.slotNamespaces()).toEqual([]);
+  expect(existsSync(join(world.home, "snapshots", id))).toBe(true);
+  await world.start();
+  const o = await world.client("shutdown-phase2.ts", [id]);
+  expect(o).toEqual({ listed: [[id, "paused"]], file: "paused at shutdown", killed: true });
+}, 400_000);
