@@ -214,6 +214,8 @@ async function buildBaseLocked(opts: BaseBuildOptions): Promise<BaseBuildResult>
   mkdirSync(join(tree, "usr/local/bin"), { recursive: true });
   await agentenv.build(join(tree, "usr/local/bin/agentenv"));
   chmodSync(join(tree, "usr/local/bin/agentenv"), 0o755);
+  // mmdebstrap leaves the build host's resolver here; the guest init writes the real one at boot
+  writeFileSync(join(tree, "etc/resolv.conf"), "# written by /sbin/aenv-init at boot\n");
   writeFileSync(join(tree, "sbin/aenv-init"), initScript);
   chmodSync(join(tree, "sbin/aenv-init"), 0o755);
 

@@ -30,6 +30,7 @@ describe("base template", () => {
     expect(debugfs(t.rootfsPath, "stat /home/user")).toMatch(/User:\s+1000\s+Group:\s+1000/);
     expect(debugfs(t.rootfsPath, "cat /etc/sudoers.d/user")).toBe("user ALL=(ALL:ALL) NOPASSWD: ALL\n");
     expect(debugfs(t.rootfsPath, "cat /etc/hosts")).toContain("127.0.0.1\tlocalhost\n");
+    expect(debugfs(t.rootfsPath, "cat /etc/resolv.conf")).toBe("# written by /sbin/aenv-init at boot\n"); // no build-host resolver
     expect(debugfs(t.rootfsPath, "cat /etc/debian_version")).toMatch(/^12\.\d+\n$/);
     expect(debugfs(t.rootfsPath, "stat /usr/bin/python3")).toContain("Type: symlink");
   });

@@ -8,6 +8,7 @@
 #   aenv.hostname=<name>   guest hostname (default: agentenv)
 #   aenv.envd=0            do not start envd (kernel tests)
 #   aenv.run=<base64>      a shell script run after boot (its output goes to the console)
+#   aenv.dns=<ip>          nameserver for /etc/resolv.conf (default: the default gateway)
 PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 export PATH
 
@@ -24,7 +25,7 @@ mount -t cgroup2 cgroup2 /sys/fs/cgroup 2>/dev/null
 mount -o remount,rw / 2>/dev/null
 [ -e /dev/fd ] || ln -s /proc/self/fd /dev/fd
 
-CLOCK=; HOST=agentenv; ENVD=1; RUN=
+CLOCK=; HOST=agentenv; ENVD=1; RUN=; DNS=
 read -r CMDLINE < /proc/cmdline
 for w in $CMDLINE; do
   case "$w" in
@@ -32,6 +33,7 @@ for w in $CMDLINE; do
     aenv.hostname=*) HOST=${w#aenv.hostname=} ;;
     aenv.envd=*) ENVD=${w#aenv.envd=} ;;
     aenv.run=*) RUN=${w#aenv.run=} ;;
+    aenv.dns=*) DNS=${w#aenv.dns=} ;;
   esac
 done
 [ -n "$CLOCK" ] && date -s "@$((CLOCK / 1000))" >/dev/null 2>&1
@@ -40,6 +42,18 @@ echo "$HOST" > /etc/hostname 2>/dev/null
 # ip= (kernel IP autoconfig) brings lo up; without it, do it here (IFF_UP is bit 0 of the flags)
 read -r LOFLAGS < /sys/class/net/lo/flags
 case "$LOFLAGS" in *[13579bdf]) ;; *) ip link set lo up 2>/dev/null ;; esac
+
+# DNS: aenv.dns=<ip>, else the default gateway (the host side of the tap answers or redirects
+# port 53). /proc/net/route holds the gateway as little-endian hex, e.g. 1600FEA9 = 169.254.0.22.
+if [ -z "$DNS" ]; then
+  while read -r IF DST GW _; do
+    if [ "$DST" = 00000000 ] && [ "$GW" != 00000000 ]; then
+      DNS="$((0x${GW#??????})).$((0x$(echo "$GW" | cut -c5-6))).$((0x$(echo "$GW" | cut -c3-4))).$((0x${GW%??????}))"
+      break
+    fi
+  done < /proc/net/route
+fi
+[ -n "$DNS" ] && echo "nameserver $DNS" > /etc/resolv.conf 2>/dev/null
 
 read -r UP _ < /proc/uptime
 read -r KREL < /proc/sys/kernel/osrelease

@@ -84,6 +84,8 @@ describe("sandboxes from the base template", () => {
     // the guest clock was set from aenv.clock= by init
     const clock = await runInGuest(base, "date +%s");
     expect(Math.abs(Number(clock.stdout) - Date.now() / 1000)).toBeLessThan(120);
+    // resolver: the default gateway (the tap's host side), written by init
+    expect((await runInGuest(base, "cat /etc/resolv.conf")).stdout).toBe(`nameserver ${a.net.spec.gatewayIp}\n`);
     const who = await runInGuest(base, "id -u; id -un; echo $HOME", "user");
     expect(who).toEqual({ stdout: "1000\nuser\n/home/user\n", stderr: "", exitCode: 0 });
     const w = await runInGuest(base, "echo sandbox-a-was-here > /home/user/marker.txt && sync && cat /home/user/marker.txt", "user");
