@@ -41,7 +41,7 @@ const kernelPath = resolveKernelPath(cfg);
 const tpl = resolveTemplate(TEST_HOME, "base");
 const drv = testDriver();
 const root = mkdtempSync(join(tmpdir(), "c1bench-"));
-const net = new TestNet(40);
+const net = new TestNet();
 const recordDir = join(drv.runtimeDir, "disks");
 
 function spec(id: string, diskPath: string): VmSpec {

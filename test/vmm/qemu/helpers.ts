@@ -62,26 +62,34 @@ function sh(cmd: string[]): string {
 }
 
 /**
- * A VM network for tests, slot `n` (0..99): netns `c1t<pid>-<n>` with tap0 169.254.<10+n>.22/30
- * (guest .21) and veth `veth0` 169.254.<110+n>.2/30 whose host end (.1) has a route to the tap
- * link, so the test process talks to the guest at `guestIp`. No NAT, no other addresses.
+ * A VM network for tests: netns `c1t<pid>-<o>` with tap0 169.254.<o>.22/30 (guest .21) and veth
+ * `veth0` 169.254.<o>.26/30 whose host end (.25) routes the tap link, so the test process talks
+ * to the guest at `guestIp`. `<o>` is picked at random among /24s no route uses yet, so test
+ * processes running at the same time (another checkout, CI) do not collide. No NAT, no other
+ * addresses.
  */
 export class TestNet {
   readonly netnsName: string;
   readonly hostVeth: string;
   readonly spec: NetSpec;
 
-  constructor(readonly n: number) {
-    this.netnsName = `c1t${process.pid}-${n}`;
-    this.hostVeth = `c1h${process.pid % 100000}x${n}`.slice(0, 15);
-    const tapNet = `169.254.${10 + n}`;
-    const vethNet = `169.254.${110 + n}`;
+  constructor() {
+    const used = sh(["ip", "-4", "route", "show"]);
+    let o = 0;
+    for (let i = 0; i < 100 && !o; i++) {
+      const c = 20 + Math.floor(Math.random() * 230);
+      if (!used.includes(`169.254.${c}.`)) o = c;
+    }
+    if (!o) throw new Error("no free 169.254.x.0/24 for a test network");
+    this.netnsName = `c1t${process.pid}-${o}`;
+    this.hostVeth = `c1h${o}-${process.pid % 100000}`;
+    const net = `169.254.${o}`;
     this.spec = {
       netnsPath: `/run/netns/${this.netnsName}`,
       tapName: "tap0",
-      mac: `02:c1:00:00:00:${(0x10 + n).toString(16).padStart(2, "0")}`,
-      guestIp: `${tapNet}.21`,
-      gatewayIp: `${tapNet}.22`,
+      mac: `02:c1:00:00:00:${o.toString(16).padStart(2, "0")}`,
+      guestIp: `${net}.21`,
+      gatewayIp: `${net}.22`,
       prefixLen: 30,
     };
     const ns = ["ip", "-n", this.netnsName];
@@ -89,15 +97,15 @@ export class TestNet {
       sh(["ip", "netns", "add", this.netnsName]);
       sh([...ns, "link", "set", "lo", "up"]);
       sh([...ns, "tuntap", "add", "dev", "tap0", "mode", "tap"]);
-      sh([...ns, "addr", "add", `${tapNet}.22/30`, "dev", "tap0"]);
+      sh([...ns, "addr", "add", `${net}.22/30`, "dev", "tap0"]);
       sh([...ns, "link", "set", "tap0", "up"]);
       sh(["ip", "link", "add", this.hostVeth, "type", "veth", "peer", "name", "veth0", "netns", this.netnsName]);
-      sh(["ip", "addr", "add", `${vethNet}.1/30`, "dev", this.hostVeth]);
+      sh(["ip", "addr", "add", `${net}.25/30`, "dev", this.hostVeth]);
       sh(["ip", "link", "set", this.hostVeth, "up"]);
-      sh([...ns, "addr", "add", `${vethNet}.2/30`, "dev", "veth0"]);
+      sh([...ns, "addr", "add", `${net}.26/30`, "dev", "veth0"]);
       sh([...ns, "link", "set", "veth0", "up"]);
       sh(["ip", "netns", "exec", this.netnsName, "sysctl", "-qw", "net.ipv4.ip_forward=1"]);
-      sh(["ip", "route", "add", `${tapNet}.20/30`, "via", `${vethNet}.2`, "dev", this.hostVeth]);
+      sh(["ip", "route", "add", `${net}.20/30`, "via", `${net}.26`, "dev", this.hostVeth]);
     } catch (e) {
       this.destroy();
       throw e;

@@ -42,7 +42,7 @@ interface Sandbox {
   dir: string;
 }
 
-async function startSandbox(name: string, slot: number): Promise<Sandbox> {
+async function startSandbox(name: string): Promise<Sandbox> {
   const dir = join(root, name);
   const disk = await prepareRootDisk({
     id: `c1-${process.pid}-${name}`,
@@ -52,7 +52,7 @@ async function startSandbox(name: string, slot: number): Promise<Sandbox> {
     config: diskConfig(cfg),
   });
   cleanups.push(() => disk.close());
-  const net = new TestNet(slot);
+  const net = new TestNet();
   cleanups.push(() => net.destroy());
   const vm = await drv.driver.boot({
     id: `c1-${process.pid}-${name}`,
@@ -71,7 +71,7 @@ async function startSandbox(name: string, slot: number): Promise<Sandbox> {
 describe("sandboxes from the base template", () => {
   test("A writes a file through envd; B from the same template does not see it; A's upper keeps it", async () => {
     expect(tpl.rootLayers.length).toBe(1);
-    const a = await startSandbox("a", 0);
+    const a = await startSandbox("a");
     const base = a.net.url(ENVD_PORT);
     try {
       await waitEnvd(base, 90_000);
@@ -95,7 +95,7 @@ describe("sandboxes from the base template", () => {
     expect(await a.vm.exited).toBe(0);
     await a.disk.close();
 
-    const b = await startSandbox("b", 1);
+    const b = await startSandbox("b");
     await waitEnvd(b.net.url(ENVD_PORT), 90_000);
     const r = await runInGuest(b.net.url(ENVD_PORT), "cat /home/user/marker.txt; echo rc=$?; cat /etc/debian_version");
     expect(r.stdout).toMatch(/^rc=1\n12\.\d+\n$/);
@@ -122,7 +122,7 @@ describe("sandboxes from the base template", () => {
   }, 300_000);
 
   test("a VMM killed from outside is noticed: state failed, record and RAM file removed", async () => {
-    const s = await startSandbox("k", 2);
+    const s = await startSandbox("k");
     const rec = join(drv.runtimeDir, "vmm", `${s.vm.id}.json`);
     expect(existsSync(rec)).toBe(true);
     expect(existsSync(s.vm.memPath)).toBe(true);
