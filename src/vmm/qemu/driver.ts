@@ -184,7 +184,8 @@ export class QemuVm implements VmHandle {
     readonly consolePath: string,
     /** Guest RAM file this VM maps. */
     readonly memPath: string,
-    private readonly memShared: boolean,
+    /** True when guest RAM maps `memPath` shared (booted VM); false for a copy-on-write restore. */
+    readonly memShared: boolean,
     initial: QemuVmState,
   ) {
     this.id = spec.id;
