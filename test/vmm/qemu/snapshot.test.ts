@@ -83,6 +83,8 @@ describe("QEMU snapshot and restore", () => {
     try {
       expect(c1.state).toBe("running");
       expect(c2.state).toBe("paused");
+      expect([vm.memShared, c1.memShared, c2.memShared]).toEqual([true, false, false]); // clones map RAM copy-on-write
+      expect(c1.memPath).toBe(files.memPath);
       await waitFor("clone1 to count 5 more", () => (counters(c1.consolePath).at(-1)?.n ?? 0) >= last.n + 5, 30_000);
       expect(counters(c2.consolePath)).toEqual([]); // still paused
       await c2.resume();
