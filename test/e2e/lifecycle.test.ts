@@ -72,6 +72,9 @@ test("a VM that dies on its own: the sandbox disappears (404, proxy 502) and its
   process.kill(pids[0]!, "SIGKILL");
   const o = await world.client("poll-gone.ts", [id]);
   expect(o).toMatchObject({ status: 404, kill: false, proxy: 502, listed: 0 });
+  // the API forgets the sandbox first; its clean-up (slot, disk server, files) follows
+  const t0 = Date.now();
+  while (existsSync(join(world.home, "sandboxes", id)) && Date.now() - t0 < 20_000) await Bun.sleep(50);
   expect(existsSync(join(world.home, "sandboxes", id))).toBe(false);
   expect(readFileSync("/proc/self/mountinfo", "utf8").includes(join(world.home, "sandboxes", id))).toBe(false);
 }, 300_000);

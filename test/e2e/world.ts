@@ -5,7 +5,7 @@
  * with `agentenv server` inside that namespace on 127.0.0.1, and clients (the e2b SDK) run
  * inside it too. `dispose()` stops everything and removes what the node may have left.
  */
-import { existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync, symlinkSync } from "node:fs";
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, symlinkSync } from "node:fs";
 import { join } from "node:path";
 import type { Subprocess } from "bun";
 import { loadConfig } from "../../src/config/index.ts";
@@ -148,9 +148,26 @@ export class NodeWorld {
     const timer = setTimeout(() => p.kill("SIGKILL"), timeoutMs);
     const [out, err, code] = await Promise.all([new Response(p.stdout).text(), new Response(p.stderr).text(), p.exited]);
     clearTimeout(timer);
-    if (code !== 0) throw new Error(`client ${script} exited ${code}\nstdout: ${out}\nstderr: ${err}\nnode log: ${this.nodeErr.slice(-4000)}`);
+    if (code !== 0) {
+      throw new Error(`client ${script} exited ${code}\nstdout: ${out}\nstderr: ${err}\nnode log: ${this.nodeErr.slice(-4000)}\n${this.consoles()}`);
+    }
     const last = out.trim().split("\n").pop()!;
     return JSON.parse(last) as T;
+  }
+
+  /** Tails of the guest consoles of every sandbox dir (for failure messages). */
+  consoles(): string {
+    const dir = join(this.home, "sandboxes");
+    if (!existsSync(dir)) return "";
+    return readdirSync(dir)
+      .map((id) => {
+        try {
+          return `--- console of ${id}:\n${readFileSync(join(dir, id, "console.log"), "utf8").slice(-3000)}`;
+        } catch {
+          return "";
+        }
+      })
+      .join("\n");
   }
 
   /** Named network namespaces of this world's slots. */
