@@ -91,6 +91,7 @@ export async function bootNode(cfg: ConfigTable, makeRuntime: RuntimeFactory = c
     close: () =>
       (closing ??= (async () => {
         await server.stop(true);
+        proxy.close();
         await orch.close();
         db.close();
       })()),

@@ -81,11 +81,64 @@ export function routeOf(req: Request, url: URL, domains: string[]): ProxyRoute |
   return null;
 }
 
-/** Forwarding of HTTP requests to sandbox ports. */
+/**
+ * Forwarding of HTTP requests to sandbox ports. Connections in flight are tracked per sandbox
+ * and cut when it is killed, paused or fails: a client streaming from a sandbox that goes away
+ * sees its stream end at once instead of hanging until a timeout.
+ */
 export class SandboxProxy {
   private readonly log: Logger = logger("sandbox_proxy");
+  private readonly active = new Map<string, Set<() => void>>();
+  private readonly unobserve: () => void;
 
-  constructor(private readonly orch: Orchestrator, readonly opts: ProxyOptions) {}
+  constructor(private readonly orch: Orchestrator, readonly opts: ProxyOptions) {
+    this.unobserve = orch.observe({
+      onEvent: (e) => {
+        if (e.to === "killing" || e.to === "pausing" || e.to === "failed") this.cut(e.id);
+      },
+    });
+  }
+
+  /**
+   * Register a connection to sandbox `id`; `close` is called if the sandbox goes away.
+   * @returns the function that unregisters it (call when the connection ends).
+   */
+  track(id: string, close: () => void): () => void {
+    let set = this.active.get(id);
+    if (!set) this.active.set(id, (set = new Set()));
+    set.add(close);
+    return () => {
+      set.delete(close);
+      if (set.size === 0 && this.active.get(id) === set) this.active.delete(id);
+    };
+  }
+
+  /** Number of tracked connections (all sandboxes). */
+  get connections(): number {
+    let n = 0;
+    for (const s of this.active.values()) n += s.size;
+    return n;
+  }
+
+  /** Close every tracked connection of sandbox `id`. */
+  cut(id: string): void {
+    const set = this.active.get(id);
+    if (!set) return;
+    this.active.delete(id);
+    for (const close of set) {
+      try {
+        close();
+      } catch (e) {
+        this.log.debug({ sandboxId: id, err: e }, "closing a proxied connection failed");
+      }
+    }
+  }
+
+  /** Stop observing the orchestrator and cut every connection. */
+  close(): void {
+    this.unobserve();
+    for (const id of [...this.active.keys()]) this.cut(id);
+  }
 
   /**
    * Where a route goes: `host:port` of a running sandbox. A paused sandbox with autoResume is
@@ -116,6 +169,8 @@ export class SandboxProxy {
     for (const n of ROUTING) headers.delete(n);
     if (clientIp) headers.set("x-forwarded-for", clientIp);
     const ctl = new AbortController();
+    const untrack = this.track(route.sandboxId, () => ctl.abort(new Error(`sandbox ${route.sandboxId} went away`)));
+    ctl.signal.addEventListener("abort", untrack, { once: true });
     const onClientAbort = () => ctl.abort(req.signal.reason);
     req.signal.addEventListener("abort", onClientAbort, { once: true });
     const timer = setTimeout(() => ctl.abort(new Error(`no response within ${this.opts.connectTimeoutMs} ms`)), this.opts.connectTimeoutMs);
@@ -131,6 +186,7 @@ export class SandboxProxy {
         signal: ctl.signal,
       } as RequestInit);
     } catch (e) {
+      untrack();
       this.log.debug({ sandboxId: route.sandboxId, port: route.port, err: e }, "upstream unreachable");
       return badGateway(route.sandboxId, `The sandbox is running but port ${route.port} is not open: ${(e as Error).message}`);
     } finally {
@@ -138,6 +194,42 @@ export class SandboxProxy {
     }
     const rh = new Headers(res.headers);
     for (const n of HOP) rh.delete(n);
-    return new Response(res.body, { status: res.status, statusText: res.statusText, headers: rh });
+    if (!res.body) {
+      untrack();
+      return new Response(null, { status: res.status, statusText: res.statusText, headers: rh });
+    }
+    return new Response(relay(res.body, untrack, ctl), { status: res.status, statusText: res.statusText, headers: rh });
   }
+}
+
+/**
+ * Relay an upstream body chunk by chunk (no buffering). When the upstream read fails (the
+ * sandbox was cut, or its connection broke) the relayed stream just ends: the client sees a
+ * truncated body (for Connect streams: no end-of-stream message) instead of a hang.
+ */
+function relay(upstream: ReadableStream<Uint8Array>, done: () => void, ctl: AbortController): ReadableStream<Uint8Array> {
+  const reader = upstream.getReader();
+  return new ReadableStream<Uint8Array>(
+    {
+      async pull(c) {
+        let r: Awaited<ReturnType<typeof reader.read>>;
+        try {
+          r = await reader.read();
+        } catch {
+          done();
+          return c.close();
+        }
+        if (r.done) {
+          done();
+          return c.close();
+        }
+        c.enqueue(r.value);
+      },
+      cancel(reason) {
+        done();
+        ctl.abort(reason);
+      },
+    },
+    { highWaterMark: 0 },
+  );
 }

@@ -26,6 +26,8 @@ export interface ServeOptions {
 }
 
 interface WsData {
+  sandboxId: string;
+  untrack?: () => void;
   upstreamUrl: string;
   headers: Record<string, string>;
   up?: WebSocket;
@@ -67,7 +69,7 @@ export function serve(o: ServeOptions): Server<WsData> {
             if (v !== null) headers[n] = v;
           }
           if (ip) headers["x-forwarded-for"] = ip;
-          const ok = server.upgrade(req, { data: { upstreamUrl: `ws://${target}${route.pathAndQuery}`, headers, queue: [], queuedBytes: 0 } });
+          const ok = server.upgrade(req, { data: { sandboxId: route.sandboxId, upstreamUrl: `ws://${target}${route.pathAndQuery}`, headers, queue: [], queuedBytes: 0 } });
           return ok ? undefined : badGateway(route.sandboxId, "WebSocket upgrade failed");
         }
         return o.proxy.forward(req, route, ip);
@@ -84,6 +86,7 @@ export function serve(o: ServeOptions): Server<WsData> {
         const up = new WebSocket(ws.data.upstreamUrl, { headers: ws.data.headers } as unknown as string[]);
         up.binaryType = "arraybuffer";
         ws.data.up = up;
+        ws.data.untrack = o.proxy.track(ws.data.sandboxId, () => ws.close(1001, "sandbox went away"));
         up.onopen = () => {
           for (const m of ws.data.queue) up.send(m);
           ws.data.queue = [];
@@ -105,6 +108,7 @@ export function serve(o: ServeOptions): Server<WsData> {
         ws.data.queue.push(data);
       },
       close(ws, code, reason) {
+        ws.data.untrack?.();
         const up = ws.data.up;
         if (up && (up.readyState === WebSocket.OPEN || up.readyState === WebSocket.CONNECTING)) up.close(code === 1005 || code === 1006 ? 1000 : code, reason);
       },

@@ -33,6 +33,18 @@ beforeAll(async () => {
         });
         return new Response(body, { headers: { "content-type": "text/plain" } });
       }
+      if (u.pathname === "/forever") {
+        let timer: ReturnType<typeof setInterval>;
+        const body = new ReadableStream({
+          start(c) {
+            timer = setInterval(() => c.enqueue(new TextEncoder().encode("tick\n")), 50);
+          },
+          cancel() {
+            clearInterval(timer);
+          },
+        });
+        return new Response(body);
+      }
       if (u.pathname === "/sha") {
         const h = createHash("sha256");
         let n = 0;
@@ -166,4 +178,27 @@ test("502 JSON for an unknown sandbox, a closed port, a killed sandbox; 403 for 
   expect((await fetch(`${node.url}/x`, { headers: hdr(49983, "proxysbx2") })).status).toBe(200);
   await node.orch.kill("proxysbx2");
   expect((await fetch(`${node.url}/x`, { headers: hdr(49983, "proxysbx2") })).status).toBe(502);
+});
+
+test("killing a sandbox cuts its proxied streams and WebSockets at once", async () => {
+  adoptLoopback(node, "proxysbx3", { "49983": upstream.port! });
+  const h = { "E2b-Sandbox-Id": "proxysbx3", "E2b-Sandbox-Port": "49983" };
+  const res = await fetch(`${node.url}/forever`, { headers: h });
+  const reader = res.body!.getReader();
+  expect(new TextDecoder().decode((await reader.read()).value)).toContain("tick");
+  const ws = new WebSocket(`${node.url.replace("http", "ws")}/ws`, { headers: h } as unknown as string[]);
+  await new Promise((r) => (ws.onopen = r));
+  const wsClosed = new Promise<number>((r) => (ws.onclose = (e) => r(e.code)));
+  const t0 = performance.now();
+  await node.orch.kill("proxysbx3");
+  const ended = (async () => {
+    try {
+      for (;;) if ((await reader.read()).done) return "done";
+    } catch {
+      return "error";
+    }
+  })();
+  expect(["done", "error"]).toContain(await ended);
+  expect(await wsClosed).toBe(1001);
+  expect(performance.now() - t0).toBeLessThan(2000);
 });

@@ -45,5 +45,5 @@ test("e2b SDK: create, run, write/read, list, setTimeout, isolation of a second 
   expect(o.runningAfterKill).toBe(false);
   // nothing left: no VMM process, no slot in use beyond the warm pool, no work dirs
   expect(qemuPidsUnder(world.home, world.memDir)).toEqual([]);
-  console.log(`e2e: create took ${o.createMs} ms`);
+  console.log(`e2e: create took ${o.createMs} ms; steps (ms since start): ${JSON.stringify(o.steps)}`);
 }, 300_000);
