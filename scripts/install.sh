@@ -36,3 +36,9 @@ if ! .tools/node_modules/.bin/bun --version >/dev/null 2>&1; then
   npm install --prefix .tools --no-audit --no-fund --silent bun@1.4.4 >&2
 fi
 .tools/node_modules/.bin/bun install --frozen-lockfile >&2
+# `bun run agentenv ...` (README) needs bun on PATH: link the pinned one unless a bun is there.
+if ! command -v bun >/dev/null 2>&1; then
+  ln -sf "$PWD/.tools/node_modules/.bin/bun" /usr/local/bin/bun 2>/dev/null \
+    && echo "linked /usr/local/bin/bun -> $PWD/.tools/node_modules/.bin/bun" >&2 \
+    || echo "note: bun is not on PATH; use $PWD/node_modules/.bin/bun" >&2
+fi
