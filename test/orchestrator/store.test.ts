@@ -1,5 +1,5 @@
-import { expect, test } from "bun:test";
-import { mkdtempSync } from "node:fs";
+import { afterAll, expect, test } from "bun:test";
+import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { openDb } from "../../src/db/index.ts";
@@ -18,8 +18,15 @@ function rec(id: string, state: SandboxState, startedAt: number, metadata: Recor
   };
 }
 
+const dirs: string[] = [];
+afterAll(() => {
+  for (const d of dirs) rmSync(d, { recursive: true, force: true });
+});
+
 function tempDb() {
-  return join(mkdtempSync(join(tmpdir(), "orch-store-")), "node.db");
+  const d = mkdtempSync(join(tmpdir(), "orch-store-"));
+  dirs.push(d);
+  return join(d, "node.db");
 }
 
 test("records round-trip through SQLite, JSON columns included, and survive reopening", () => {
