@@ -2,6 +2,10 @@
  * Start, supervise and stop the serving child of one disk (`agentenv disk serve`), from the node.
  * The node mounts the FUSE connection and keeps its fd; the child inherits it as fd 3 and serves.
  * A child that dies is replaced (`--resume`) up to `max_restarts` times, without unmounting.
+ *
+ * Children run in their own session (`detached`: setsid(2) before exec, Bun >= the pinned 1.4.4),
+ * so a Ctrl-C on the node's terminal (SIGINT to the whole foreground process group) reaches only
+ * the node: the disks keep serving until the node's shutdown closes them in order.
  */
 import { closeSync, mkdirSync, openSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
@@ -54,6 +58,19 @@ function tail(path: string, bytes = 2000): string {
 
 type Child = ReturnType<typeof Bun.spawn>;
 
+/** Set by `beginDiskShutdown()`: child exits are expected from then on (no error log, no replacement). */
+let serviceStopping = false;
+
+/**
+ * Tell the disk service the node is shutting down: from now on a serving child that exits is
+ * not replaced and its exit is not logged as an error (the disk is given up as on `close()`).
+ * Call it first in the node's shutdown, before pausing/stopping VMs and closing exports.
+ * Process-wide and one-way.
+ */
+export function beginDiskShutdown(): void {
+  serviceStopping = true;
+}
+
 /**
  * Spawn one serving child on `fuseFd` and wait for its `ready` line.
  * @throws DiskError `disk.serve_failed` (exited early, not ready in time, unexpected output)
@@ -64,7 +81,8 @@ async function spawnServer(id: string, specPath: string, logPath: string, fuseFd
   try {
     const args = [...agentenvCommand(), "disk", "serve", "--spec", specPath, "--fuse-fd", String(CHILD_FUSE_FD)];
     if (resume) args.push("--resume");
-    proc = Bun.spawn(args, { stdio: ["ignore", "pipe", logFd, fuseFd], env: process.env });
+    // own session: terminal signals to the node's process group do not reach the server
+    proc = Bun.spawn(args, { stdio: ["ignore", "pipe", logFd, fuseFd], env: process.env, detached: true });
   } finally {
     closeSync(logFd);
   }
@@ -154,14 +172,21 @@ export async function exportDisk(opts: {
   const watch = (child: Child): void => {
     void child.exited.then(async () => {
       if (closing) return resolveExited(child.exitCode);
+      // Exit code 0 only follows SIGTERM/SIGINT or an unmount (see serve.ts): someone stopped it
+      // on purpose; so does any exit once the service is shutting down. Not a crash: no replacement.
+      if (child.exitCode === 0 || serviceStopping) {
+        log.info({ id, pid: child.pid, exitCode: child.exitCode, signal: child.signalCode, shuttingDown: serviceStopping }, "disk server stopped");
+        release();
+        return resolveExited(child.exitCode);
+      }
       log.error({ id, pid: child.pid, exitCode: child.exitCode, signal: child.signalCode, restarts }, "disk server died");
-      while (!closing && attempts < config.maxRestarts) {
+      while (!closing && !serviceStopping && attempts < config.maxRestarts) {
         attempts++;
         try {
           proc = await spawnServer(id, specPath, logPath, fuseFd, true, config.readyTimeoutMs);
           restarts++;
           log.warn({ id, pid: proc.pid, restarts }, "disk server replaced");
-          if (closing) proc.kill("SIGTERM");
+          if (closing || serviceStopping) proc.kill("SIGTERM");
           return watch(proc);
         } catch (e) {
           log.error({ err: e, id, restarts }, "disk server restart failed");
