@@ -1,6 +1,7 @@
 /**
- * Assemble and start a node: database in the data dir, API key, orchestrator over the given
- * runtime (start-up reconciliation included), the API + proxy listener.
+ * Assemble and start a node: node locks (runtime path + network prefix) and the listen address
+ * first, then database in the data dir, orchestrator over the given runtime (start-up reaping and
+ * reconciliation included), API key; the listener answers 503 until everything is ready.
  */
 import { mkdirSync } from "node:fs";
 import { join } from "node:path";
@@ -10,10 +11,12 @@ import { logger } from "../observability/log.ts";
 import { Orchestrator, orchestratorConfig, type OrchestratorConfig, type SandboxRuntime } from "../orchestrator/index.ts";
 import { createVmRuntime } from "../orchestrator/vm-runtime-factory.ts";
 import { buildApp } from "./app.ts";
-import { loadOrCreateApiKey } from "./auth.ts";
+import { apiKeyPath, loadOrCreateApiKey } from "./auth.ts";
+import { ApiError } from "./errors.ts";
+import { acquireNodeLocks } from "./node-lock.ts";
 import { nodeId } from "./node.ts";
 import { SandboxProxy } from "./proxy.ts";
-import { parseAddr, serve } from "./server.ts";
+import { parseAddr, serve, type ServeOptions } from "./server.ts";
 
 /** A started node. `close()` stops listening, then the orchestrator (shutdown_action), then the DB. */
 export interface RunningNode {
@@ -31,31 +34,57 @@ export type RuntimeFactory = (cfg: ConfigTable, db: Db, oc: OrchestratorConfig) 
 
 /**
  * Start a node from `cfg`.
- * @throws ConfigError / OrchestratorError / DbError / VmmError / NetError for bad config, unusable
+ * @throws ApiError `node.already_running` when another live node holds this runtime path or network
+ *   prefix (nothing is reaped then), `api.listen_failed` when the address is taken;
+ *   ConfigError / OrchestratorError / DbError / VmmError / NetError for bad config, unusable
  *   data dir, host networking or failed reconciliation.
  */
 export async function bootNode(cfg: ConfigTable, makeRuntime: RuntimeFactory = createVmRuntime): Promise<RunningNode> {
   const log = logger("node");
   const home = get<string>(cfg, "home_path");
-  mkdirSync(home, { recursive: true });
-  const db = openDb(join(home, "agentenv.db"));
+  // Before anything reaps (VMM leftovers, disk exports, <name_prefix>* namespaces): make sure no
+  // other node owns this runtime path or network prefix, and that our listen address is free.
+  const locks = acquireNodeLocks(get<string>(cfg, "runtime_path"), get<string>(cfg, "network.name_prefix"));
+  const { hostname, port } = parseAddr(get<string>(cfg, "api.addr"));
+  const serveOpts: ServeOptions = { hostname, port, apiKey: "", apiKeyHint: null, app: null, proxy: null, maxBodyBytes: get<number>(cfg, "api.max_body_bytes") };
+  let server: ReturnType<typeof serve>;
+  try {
+    server = serve(serveOpts);
+  } catch (e) {
+    locks.release();
+    throw new ApiError("api.listen_failed", 500, `cannot listen on ${get<string>(cfg, "api.addr")}: ${(e as Error).message}`, { addr: get<string>(cfg, "api.addr") });
+  }
+  const undo = async (db?: Db) => {
+    await server.stop(true);
+    db?.close();
+    locks.release();
+  };
+  let db: Db;
+  try {
+    mkdirSync(home, { recursive: true });
+    db = openDb(join(home, "agentenv.db"));
+  } catch (e) {
+    await undo();
+    throw e;
+  }
   const oc = orchestratorConfig(cfg);
   let runtime: SandboxRuntime;
   try {
     runtime = await makeRuntime(cfg, db, oc);
   } catch (e) {
-    db.close();
+    await undo(db);
     throw e;
   }
   const orch = new Orchestrator(db, runtime, oc);
+  let key: string, source: RunningNode["apiKeySource"];
   try {
     await orch.start();
+    ({ key, source } = loadOrCreateApiKey(get<string>(cfg, "api.key"), home));
   } catch (e) {
-    await runtime.close().catch(() => {});
-    db.close();
+    await orch.close().catch(() => {});
+    await undo(db);
     throw e;
   }
-  const { key, source } = loadOrCreateApiKey(get<string>(cfg, "api.key"), home);
   const domains = get<string[]>(cfg, "sandbox_proxy.domains");
   const proxy = new SandboxProxy(orch, {
     domains,
@@ -68,15 +97,10 @@ export async function bootNode(cfg: ConfigTable, makeRuntime: RuntimeFactory = c
     docs: get<boolean>(cfg, "api.docs"),
     node: { id: nodeId(get<string>(cfg, "node.id")), clusterId: get<string>(cfg, "node.cluster_id"), homePath: home, startedAt: Date.now() },
   });
-  const { hostname, port } = parseAddr(get<string>(cfg, "api.addr"));
-  let server: ReturnType<typeof serve>;
-  try {
-    server = serve({ hostname, port, apiKey: key, app, proxy, maxBodyBytes: get<number>(cfg, "api.max_body_bytes") });
-  } catch (e) {
-    await orch.close();
-    db.close();
-    throw e;
-  }
+  serveOpts.apiKey = key;
+  serveOpts.apiKeyHint = source === "config" ? "config [api] key / AENV_API_KEY" : `file ${apiKeyPath(home)}`;
+  serveOpts.proxy = proxy;
+  serveOpts.app = app;
   const shownHost = hostname === "0.0.0.0" || hostname === "::" ? "127.0.0.1" : hostname;
   const url = `http://${shownHost.includes(":") ? `[${shownHost}]` : shownHost}:${server.port}`;
   log.info({ url, runtime: runtime.name, apiKeySource: source }, "node listening");
@@ -92,8 +116,12 @@ export async function bootNode(cfg: ConfigTable, makeRuntime: RuntimeFactory = c
       (closing ??= (async () => {
         await server.stop(true);
         proxy.close();
-        await orch.close();
-        db.close();
+        try {
+          await orch.close();
+          db.close();
+        } finally {
+          locks.release();
+        }
       })()),
   };
 }

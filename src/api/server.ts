@@ -19,8 +19,11 @@ export interface ServeOptions {
   hostname: string;
   port: number;
   apiKey: string;
-  app: FetchApp;
-  proxy: SandboxProxy;
+  /** Where the operator finds the key (`file <path>` or the config setting), named in 401 messages. */
+  apiKeyHint: string | null;
+  /** Null while the node is still starting (the address is bound first): every request gets 503. */
+  app: FetchApp | null;
+  proxy: SandboxProxy | null;
   /** Largest API request body, bytes (proxied bodies are not bounded). */
   maxBodyBytes: number;
 }
@@ -47,7 +50,11 @@ export function parseAddr(addr: string): { hostname: string; port: number } {
   return { hostname: m[1] ?? (m[2] || "0.0.0.0"), port };
 }
 
-/** Start listening. Stop with `server.stop(true)`. */
+/**
+ * Start listening. `o` is read on every request, so a caller may bind early with `app`/`proxy`
+ * null and fill them in once ready. Stop with `server.stop(true)`.
+ * @throws Error (EADDRINUSE, EACCES) when the address cannot be bound.
+ */
 export function serve(o: ServeOptions): Server<WsData> {
   return Bun.serve<WsData>({
     hostname: o.hostname,
@@ -55,13 +62,15 @@ export function serve(o: ServeOptions): Server<WsData> {
     idleTimeout: 0,
     maxRequestBodySize: Number.MAX_SAFE_INTEGER,
     async fetch(req, server) {
+      if (!o.app || !o.proxy) return errorResponse(503, "the node is starting, try again shortly", "api.starting", { "retry-after": "1" });
+      const { app, proxy } = o;
       const url = new URL(req.url);
-      const route = routeOf(req, url, o.proxy.opts.domains);
+      const route = routeOf(req, url, proxy.opts.domains);
       if (route instanceof Response) return route;
       const ip = server.requestIP(req)?.address ?? null;
       if (route) {
         if (req.headers.get("upgrade")?.toLowerCase() === "websocket") {
-          const target = await o.proxy.target(route);
+          const target = await proxy.target(route);
           if (target instanceof Response) return target;
           const headers: Record<string, string> = {};
           for (const n of ["x-access-token", "authorization", "cookie", "origin", "user-agent"]) {
@@ -72,21 +81,21 @@ export function serve(o: ServeOptions): Server<WsData> {
           const ok = server.upgrade(req, { data: { sandboxId: route.sandboxId, upstreamUrl: `ws://${target}${route.pathAndQuery}`, headers, queue: [], queuedBytes: 0 } });
           return ok ? undefined : badGateway(route.sandboxId, "WebSocket upgrade failed");
         }
-        return o.proxy.forward(req, route, ip);
+        return proxy.forward(req, route, ip);
       }
       if (!PUBLIC_PATHS.some((p) => p.test(url.pathname)) && !keyMatches(req.headers.get("x-api-key"), o.apiKey)) {
-        return errorResponse(401, "Invalid API key, please visit https://e2b.dev/docs to get your API key (this node: see $home_path/api-key)", "api.unauthorized");
+        return errorResponse(401, `Invalid API key: use this node's key (${o.apiKeyHint ?? "file $home_path/api-key"})`, "api.unauthorized");
       }
       const len = Number(req.headers.get("content-length") ?? 0);
       if (len > o.maxBodyBytes) return errorResponse(413, `request body of ${len} bytes exceeds the limit of ${o.maxBodyBytes}`, "api.body_too_large");
-      return o.app.handle(req);
+      return app.handle(req);
     },
     websocket: {
       open(ws: ServerWebSocket<WsData>) {
         const up = new WebSocket(ws.data.upstreamUrl, { headers: ws.data.headers } as unknown as string[]);
         up.binaryType = "arraybuffer";
         ws.data.up = up;
-        ws.data.untrack = o.proxy.track(ws.data.sandboxId, () => ws.close(1001, "sandbox went away"));
+        ws.data.untrack = o.proxy!.track(ws.data.sandboxId, () => ws.close(1001, "sandbox went away"));
         up.onopen = () => {
           for (const m of ws.data.queue) up.send(m);
           ws.data.queue = [];

@@ -5,6 +5,7 @@
 import { defineCommand } from "citty";
 import { loadConfig } from "../config/index.ts";
 import { bootNode } from "../api/boot.ts";
+import { ApiError } from "../api/errors.ts";
 import { log } from "../observability/log.ts";
 
 export default defineCommand({
@@ -16,7 +17,17 @@ export default defineCommand({
   async run({ args }) {
     const env = { ...process.env, ...(args.addr ? { AENV_API_ADDR: args.addr } : {}) };
     const cfg = loadConfig({ path: args.config, env });
-    const node = await bootNode(cfg);
+    let node: Awaited<ReturnType<typeof bootNode>>;
+    try {
+      node = await bootNode(cfg);
+    } catch (e) {
+      // another node owns this runtime path / prefix, or the address is taken: one clear line
+      if (e instanceof ApiError && (e.code === "node.already_running" || e.code === "api.listen_failed" || e.code === "node.lock_failed")) {
+        console.error(`agentenv server: ${e.message}`);
+        process.exit(1);
+      }
+      throw e;
+    }
     console.log(`AgentENV node listening on ${node.url}`);
     console.log(`  API key (${node.apiKeySource}): ${node.apiKey}`);
     console.log(`  E2B SDK: E2B_API_URL=${node.url} E2B_SANDBOX_URL=${node.url} E2B_API_KEY=${node.apiKey}`);

@@ -6,6 +6,7 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { bootNode, type RunningNode } from "../../src/api/boot.ts";
+import { netLockPath } from "../../src/api/node-lock.ts";
 import { loadConfig } from "../../src/config/index.ts";
 import { netConfigFromConfig, NetworkManager } from "../../src/net/index.ts";
 import { VmRuntime } from "../../src/orchestrator/vm-runtime.ts";
@@ -18,10 +19,23 @@ export interface TestNode extends RunningNode {
   dispose(): Promise<void>;
 }
 
-/** Boot a node without host networking in a fresh temp data dir. */
+/** A network name prefix of its own (the node's host-wide lock is per prefix). */
+export function testPrefix(): string {
+  return `t${Math.floor(Math.random() * 0xffffff).toString(16).padStart(6, "0")}-`;
+}
+
+/** Boot a node without host networking in a fresh temp data dir, with its own network prefix. */
 export async function startNodeNoVm(env: Record<string, string> = {}, home = mkdtempSync(join(tmpdir(), "aenv-api-"))): Promise<TestNode> {
+  const prefix = env.AENV__network__name_prefix ?? testPrefix();
   const cfg = loadConfig({
-    env: { AENV_HOME_PATH: home, AENV_RUNTIME_PATH: join(home, "run"), AENV_API_ADDR: "127.0.0.1:0", AENV_LOG_LEVEL: "error", ...env },
+    env: {
+      AENV_HOME_PATH: home,
+      AENV_RUNTIME_PATH: join(home, "run"),
+      AENV_API_ADDR: "127.0.0.1:0",
+      AENV_LOG_LEVEL: "error",
+      ...env,
+      AENV__network__name_prefix: prefix,
+    },
   });
   const node = await bootNode(cfg, async (c, db, oc) =>
     new VmRuntime({
@@ -40,9 +54,14 @@ export async function startNodeNoVm(env: Record<string, string> = {}, home = mkd
   return {
     ...node,
     home,
+    close: async () => {
+      await node.close();
+      rmSync(netLockPath(prefix), { force: true });
+    },
     dispose: async () => {
       await node.close();
       rmSync(home, { recursive: true, force: true });
+      rmSync(netLockPath(prefix), { force: true });
     },
   };
 }

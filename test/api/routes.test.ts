@@ -24,12 +24,12 @@ test("API key: generated on first start as e2b_<40 hex> in $home/api-key (0600),
   expect(readFileSync(file, "utf8").trim()).toBe(node.apiKey);
   expect(statSync(file).mode & 0o777).toBe(0o600);
   const other = await startNodeNoVm({}, node.home + "-2");
+  await other.close(); // one node per runtime path at a time
   const again = await startNodeNoVm({ AENV_HOME_PATH: node.home + "-2" }, node.home + "-2");
   try {
     expect(again.apiKeySource).toBe("file");
     expect(again.apiKey).toBe(other.apiKey);
   } finally {
-    await other.close();
     await again.dispose();
   }
 });
@@ -39,7 +39,9 @@ test("AENV_API_KEY overrides the stored key", async () => {
   try {
     expect(n.apiKeySource).toBe("config");
     expect((await api(n, "/v2/sandboxes", { key: "e2b_abc123" })).status).toBe(200);
-    expect((await api(n, "/v2/sandboxes", { key: n.apiKey + "x" })).status).toBe(401);
+    const r = await api(n, "/v2/sandboxes", { key: n.apiKey + "x" });
+    expect(r.status).toBe(401);
+    expect(((await r.json()) as any).message).toBe("Invalid API key: use this node's key (config [api] key / AENV_API_KEY)");
   } finally {
     await n.dispose();
   }
@@ -50,7 +52,8 @@ test("401 without or with a wrong X-API-Key, E2B error body; /health needs no ke
     const r = await json(await api(node, "/v2/sandboxes", { key }));
     expect(r.status).toBe(401);
     expect(r.body.code).toBe(401);
-    expect(typeof r.body.message).toBe("string");
+    // names this node's real key file, not a placeholder
+    expect(r.body.message).toBe(`Invalid API key: use this node's key (file ${join(node.home, "api-key")})`);
   }
   const h = await api(node, "/health", { key: null });
   expect(h.status).toBe(200);

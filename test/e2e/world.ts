@@ -5,6 +5,7 @@
  * with `agentenv server` inside that namespace on 127.0.0.1, and clients (the e2b SDK) run
  * inside it too. `dispose()` stops everything and removes what the node may have left.
  */
+import { netLockPath } from "../../src/api/node-lock.ts";
 import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, symlinkSync } from "node:fs";
 import { join } from "node:path";
 import type { Subprocess } from "bun";
@@ -190,6 +191,7 @@ export class NodeWorld {
     Bun.spawnSync(["ip", "netns", "del", this.ns]);
     rmSync(this.home, { recursive: true, force: true });
     rmSync(this.memDir, { recursive: true, force: true });
+    rmSync(netLockPath(this.prefix), { force: true }); // the node's host-wide lock file
   }
 }
 
