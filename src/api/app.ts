@@ -100,7 +100,9 @@ export function buildApp(deps: ApiDeps) {
         openapi({
           path: "/docs",
           specPath: "/openapi.json",
-          scalar: { cdn: "/_assets/scalar.js" } as never,
+          // no third-party fetches from the explorer: bundle served here, system fonts instead of
+          // fonts.scalar.com, requests sent straight to this node (no proxy.scalar.com)
+          scalar: { cdn: "/_assets/scalar.js", withDefaultFonts: false, proxyUrl: "", externalUrls: { proxyUrl: "" } } as never,
           exclude: { paths: ["/_assets/scalar.js"] },
           documentation: {
             info: { title: "AgentENV node API", version: pkg.version, description: "E2B-compatible sandbox API. Authenticate with the X-API-Key header. Sandbox ports are proxied on the same origin (headers E2b-Sandbox-Id + E2b-Sandbox-Port, hosts {port}-{id}.{domain}, or /proxy/{id}/{port}/...)." },

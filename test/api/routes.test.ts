@@ -233,6 +233,15 @@ test("OpenAPI at /openapi.json and an explorer at /docs that loads only assets s
   expect(html).toContain("/_assets/scalar.js");
   const srcs = [...html.matchAll(/(?:src|href)="([^"]+)"/g)].map((m) => m[1]!);
   expect(srcs.filter((s) => /^(https?:)?\/\//.test(s))).toEqual([]);
+  // the explorer's configuration: no default fonts (fonts.scalar.com), no request proxy
+  const attr = /data-configuration='([^']*)'/.exec(html);
+  expect(attr).not.toBeNull();
+  const conf = JSON.parse(attr![1]!);
+  expect(conf).toMatchObject({ cdn: "/_assets/scalar.js", withDefaultFonts: false, proxyUrl: "", externalUrls: { proxyUrl: "" } });
+  const { content: _spec, ...settings } = conf;
+  expect(JSON.stringify(settings)).not.toMatch(/https?:\/\//);
+  // nor anywhere else in the page (scripts, styles, font faces)
+  expect(html.replace(attr![0], "")).not.toMatch(/https?:\/\/|fonts\.scalar\.com|proxy\.scalar\.com/);
   const js = await api(node, "/_assets/scalar.js", { key: null });
   expect(js.status).toBe(200);
   expect(js.headers.get("content-type")).toContain("javascript");
