@@ -1,7 +1,7 @@
 /**
  * `agentenv sandbox create|list|exec|pause|resume|kill`: a client of a node's API (the same
  * E2B routes the SDKs use). Node URL: --url, AENV_API_URL or E2B_API_URL, else
- * http://127.0.0.1:<port of [api] addr>. Key: --key, AENV_API_KEY or E2B_API_KEY, else
+ * `[api] addr` (AENV_API_ADDR; a wildcard host becomes 127.0.0.1). Key: --key, AENV_API_KEY or E2B_API_KEY, else
  * $home_path/api-key. `exec` runs a command through the sandbox proxy with envd's Connect
  * protocol (JSON codec, server streaming: 5-byte envelope = flags + big-endian length).
  */
@@ -10,24 +10,40 @@ import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { get, loadConfig } from "../config/index.ts";
 
-interface Conn {
+export interface Conn {
   url: string;
   key: string;
 }
 
-const common = {
+/** Flags every node client command takes. */
+export const common = {
   url: { type: "string", description: "node URL (AENV_API_URL / E2B_API_URL)" },
   key: { type: "string", description: "API key (AENV_API_KEY / E2B_API_KEY / $home_path/api-key)" },
   config: { type: "string", description: "config file (for the default URL and key file)" },
 } as const;
 
-class CliError extends Error {}
+/** A user-facing failure: printed as `error: <message>`, exit status 1. */
+export class CliError extends Error {}
 
-function conn(args: { url?: string; key?: string; config?: string }): Conn {
+/**
+ * The node's URL when none is given: `[api] addr` (AENV_API_ADDR) with a wildcard host
+ * (0.0.0.0, ::, empty) replaced by 127.0.0.1.
+ */
+export function defaultNodeUrl(addr: string): string {
+  const m = /^(?:\[([^\]]+)\]|([^:]*)):(\d{1,5})$/.exec(addr);
+  if (!m) throw new CliError(`invalid [api] addr / AENV_API_ADDR ${JSON.stringify(addr)}: expected host:port`);
+  const host = m[1] ?? m[2] ?? "";
+  const shown = host === "" || host === "0.0.0.0" || host === "::" ? "127.0.0.1" : host;
+  return `http://${shown.includes(":") ? `[${shown}]` : shown}:${m[3]}`;
+}
+
+/**
+ * Node URL and API key from flags, environment, config and `$home_path/api-key`.
+ * @throws CliError when no key can be found.
+ */
+export function conn(args: { url?: string; key?: string; config?: string }): Conn {
   const cfg = loadConfig({ path: args.config });
-  const addr = get<string>(cfg, "api.addr");
-  const port = addr.slice(addr.lastIndexOf(":") + 1);
-  const url = (args.url ?? process.env.AENV_API_URL ?? process.env.E2B_API_URL ?? `http://127.0.0.1:${port}`).replace(/\/$/, "");
+  const url = (args.url || process.env.AENV_API_URL || process.env.E2B_API_URL || defaultNodeUrl(get<string>(cfg, "api.addr"))).replace(/\/$/, "");
   let key = args.key ?? process.env.AENV_API_KEY ?? process.env.E2B_API_KEY ?? get<string>(cfg, "api.key");
   if (!key) {
     const f = join(get<string>(cfg, "home_path"), "api-key");
@@ -37,7 +53,11 @@ function conn(args: { url?: string; key?: string; config?: string }): Conn {
   return { url, key };
 }
 
-async function call(c: Conn, method: string, path: string, body?: unknown): Promise<{ status: number; data: unknown; headers: Headers }> {
+/**
+ * One API call; JSON body in and out.
+ * @throws CliError when the node is unreachable or answers >= 400 (`METHOD path: status message`).
+ */
+export async function call(c: Conn, method: string, path: string, body?: unknown): Promise<{ status: number; data: unknown; headers: Headers }> {
   let res: Response;
   try {
     res = await fetch(c.url + path, {
@@ -79,7 +99,8 @@ function parseKv(list: string | string[] | undefined, what: string): Record<stri
   return out;
 }
 
-function run(fn: () => Promise<void>): Promise<void> {
+/** Run a command body: CliError -> `error: ...` on stderr and exit 1. */
+export function run(fn: () => Promise<void>): Promise<void> {
   return fn().catch((e) => {
     if (e instanceof CliError) {
       console.error(`error: ${e.message}`);
@@ -157,7 +178,7 @@ export default defineCommand({
   meta: { name: "sandbox", description: "manage sandboxes on a node" },
   subCommands: {
     create: defineCommand({
-      meta: { description: "create a sandbox and print its id" },
+      meta: { name: "create", description: "create a sandbox and print its id" },
       args: {
         ...common,
         template: { type: "positional", required: false, default: "base", description: "template id or alias" },
@@ -185,7 +206,7 @@ export default defineCommand({
         }),
     }),
     list: defineCommand({
-      meta: { description: "list running and paused sandboxes" },
+      meta: { name: "list", description: "list running and paused sandboxes" },
       args: { ...common, state: { type: "string", description: "running, paused or running,paused" }, json: { type: "boolean", description: "JSON output" } },
       run: ({ args }) =>
         run(async () => {
@@ -210,7 +231,7 @@ export default defineCommand({
         }),
     }),
     exec: defineCommand({
-      meta: { description: "run a shell command in a sandbox; exits with its exit code" },
+      meta: { name: "exec", description: "run a shell command in a sandbox; exits with its exit code" },
       args: {
         ...common,
         id: { type: "positional", required: true, description: "sandbox id" },
@@ -224,7 +245,7 @@ export default defineCommand({
         }),
     }),
     pause: defineCommand({
-      meta: { description: "pause a sandbox (snapshot kept on the node)" },
+      meta: { name: "pause", description: "pause a sandbox (snapshot kept on the node)" },
       args: { ...common, id: { type: "positional", required: true, description: "sandbox id" } },
       run: ({ args }) =>
         run(async () => {
@@ -233,7 +254,7 @@ export default defineCommand({
         }),
     }),
     resume: defineCommand({
-      meta: { description: "resume a paused sandbox" },
+      meta: { name: "resume", description: "resume a paused sandbox" },
       args: { ...common, id: { type: "positional", required: true, description: "sandbox id" }, timeout: { type: "string", description: "new lifetime in seconds" } },
       run: ({ args }) =>
         run(async () => {
@@ -242,7 +263,7 @@ export default defineCommand({
         }),
     }),
     kill: defineCommand({
-      meta: { description: "kill a sandbox" },
+      meta: { name: "kill", description: "kill a sandbox" },
       args: { ...common, id: { type: "positional", required: true, description: "sandbox id" } },
       run: ({ args }) =>
         run(async () => {

@@ -1,16 +1,33 @@
 /**
- * `agentenv template build-base` (Debian base template: mmdebstrap + envd + ext4, cached) and
- * `agentenv template list`.
+ * `agentenv template build-base` (Debian base template: mmdebstrap + envd + ext4, cached; local)
+ * and `agentenv template list` (asks the node: `GET /templates`, same --url/--key handling as
+ * `agentenv sandbox list`).
  */
 import { defineCommand } from "citty";
 import { get, loadConfig } from "../config/index.ts";
-import { buildBase, listTemplates } from "../template/index.ts";
+import { buildBase } from "../template/index.ts";
+import { call, common, conn, run, table } from "./sandbox.ts";
+
+/** `GET /templates` item fields the table shows. */
+interface TemplateRow {
+  templateID: string;
+  aliases: string[];
+  cpuCount: number;
+  memoryMB: number;
+  diskSizeMB: number;
+  buildStatus: string;
+  spawnCount: number;
+  lastSpawnedAt: string | null;
+  createdAt: string;
+}
+
+const when = (iso: string | null) => (iso ? iso.replace("T", " ").slice(0, 19) : "-");
 
 export default defineCommand({
   meta: { name: "template", description: "sandbox templates" },
   subCommands: {
     "build-base": defineCommand({
-      meta: { description: "build the Debian base template (idempotent, cached)" },
+      meta: { name: "build-base", description: "build the Debian base template (idempotent, cached)" },
       args: { config: { type: "string", description: "config file" } },
       async run({ args }) {
         const cfg = loadConfig({ path: args.config });
@@ -30,14 +47,20 @@ export default defineCommand({
       },
     }),
     list: defineCommand({
-      meta: { description: "list the templates in the local store" },
-      args: { config: { type: "string", description: "config file" }, json: { type: "boolean", description: "JSON output" } },
-      run({ args }) {
-        const cfg = loadConfig({ path: args.config });
-        const all = listTemplates(get<string>(cfg, "home_path"));
-        if (args.json) return console.log(JSON.stringify(all, null, 2));
-        for (const m of all) console.log(`${m.name}\t${Math.round(m.diskBytes / 1048576)} MiB\t${m.layers.length} layers\t${m.createdAt}`);
-      },
+      meta: { name: "list", description: "list the node's templates" },
+      args: { ...common, json: { type: "boolean", description: "JSON output" } },
+      run: ({ args }) =>
+        run(async () => {
+          const all = (await call(conn(args), "GET", "/templates")).data as TemplateRow[];
+          if (args.json) return console.log(JSON.stringify(all, null, 2));
+          if (all.length === 0) return console.log("no templates");
+          console.log(
+            table(
+              ["TEMPLATE ID", "ALIASES", "STATUS", "CPU", "MEM MiB", "DISK MiB", "SPAWNS", "LAST SPAWNED", "CREATED"],
+              all.map((t) => [t.templateID, t.aliases.join(",") || "-", t.buildStatus, String(t.cpuCount), String(t.memoryMB), String(t.diskSizeMB), String(t.spawnCount), when(t.lastSpawnedAt), when(t.createdAt)]),
+            ),
+          );
+        }),
     }),
   },
 });

@@ -1,7 +1,9 @@
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { join } from "node:path";
 import { adoptLoopback, startNodeNoVm, type TestNode } from "./helpers.ts";
-import { connectEnvelope, table } from "../../src/cli/sandbox.ts";
+import { mkdirSync, writeFileSync } from "node:fs";
+import { connectEnvelope, defaultNodeUrl, table } from "../../src/cli/sandbox.ts";
+import { writeManifest } from "../../src/template/index.ts";
 
 const MAIN = join(import.meta.dir, "../../src/cli/main.ts");
 let node: TestNode;
@@ -59,4 +61,57 @@ test("table aligns columns; Connect envelopes carry a big-endian length", () => 
   const env = connectEnvelope({ a: 1 });
   expect([...env.subarray(0, 5)]).toEqual([0, 0, 0, 0, 7]);
   expect(new TextDecoder().decode(env.subarray(5))).toBe('{"a":1}');
+});
+
+test("leaf --help names the full command: agentenv sandbox exec, agentenv template list", async () => {
+  const strip = (t: string) => t.replace(/\x1b\[[0-9;]*m/g, "");
+  const usage = async (args: string[]) => {
+    const r = await cli([...args, "--help"], { NO_COLOR: "1" });
+    expect(r.code).toBe(0);
+    return strip(r.out).split("\n").find((l) => l.startsWith("USAGE"));
+  };
+  expect(await usage(["sandbox", "exec"])).toBe("USAGE agentenv sandbox exec [OPTIONS] <ID> <COMMAND>");
+  expect(await usage(["sandbox", "list"])).toBe("USAGE agentenv sandbox list [OPTIONS] ");
+  expect(await usage(["template", "list"])).toBe("USAGE agentenv template list [OPTIONS] ");
+  expect(await usage(["sandbox"])).toBe("USAGE agentenv sandbox create|list|exec|pause|resume|kill");
+  expect(await usage([])).toStartWith("USAGE agentenv version|");
+});
+
+test("template list asks the node (GET /templates): 'no templates', then a table with a header; --json; bad key", async () => {
+  const url = ["--url", node.url];
+  expect(await cli(["template", "list", ...url])).toMatchObject({ code: 0, out: "no templates\n" });
+  const dir = join(node.home, "templates", "clitpl");
+  mkdirSync(dir, { recursive: true });
+  writeFileSync(join(dir, "rootfs.ext4"), Buffer.alloc(0));
+  writeManifest(node.home, { name: "clitpl", rootfs: "rootfs.ext4", layers: [], bootArgs: "root=/dev/vda", diskBytes: 1024 * 1024 * 1024, buildKey: "k".repeat(40), createdAt: "2026-11-29T10:00:00.000Z" });
+  const l = await cli(["template", "list", ...url]);
+  expect(l.code).toBe(0);
+  const lines = l.out.trimEnd().split("\n");
+  expect(lines).toHaveLength(2);
+  expect(lines[0]).toMatch(/^TEMPLATE ID\s+ALIASES\s+STATUS\s+CPU\s+MEM MiB\s+DISK MiB\s+SPAWNS\s+LAST SPAWNED\s+CREATED$/);
+  expect(lines[1]).toMatch(/^clitpl\s+clitpl\s+ready\s+1\s+512\s+1024\s+0\s+-\s+2026-11-29 10:00:00$/);
+  const j = JSON.parse((await cli(["template", "list", ...url, "--json"])).out);
+  expect(j.map((t: { templateID: string }) => t.templateID)).toEqual(["clitpl"]);
+  const w = await cli(["template", "list", ...url, "--key", "e2b_wrong"]);
+  expect(w.code).toBe(1);
+  expect(w.err).toStartWith("error: GET /templates: 401 ");
+});
+
+test("the default node URL comes from AENV_API_ADDR (a wildcard host means 127.0.0.1)", async () => {
+  expect(defaultNodeUrl("0.0.0.0:49982")).toBe("http://127.0.0.1:49982");
+  expect(defaultNodeUrl(":8080")).toBe("http://127.0.0.1:8080");
+  expect(defaultNodeUrl("[::]:8080")).toBe("http://127.0.0.1:8080");
+  expect(defaultNodeUrl("[::1]:8080")).toBe("http://[::1]:8080");
+  expect(defaultNodeUrl("10.1.2.3:80")).toBe("http://10.1.2.3:80");
+  expect(() => defaultNodeUrl("nope")).toThrow('invalid [api] addr / AENV_API_ADDR "nope"');
+  const clean = { AENV_API_URL: "", E2B_API_URL: "" };
+  const ok = await cli(["sandbox", "list"], { ...clean, AENV_API_ADDR: `0.0.0.0:${node.port}` });
+  expect(ok.code).toBe(0);
+  expect(ok.out).toMatch(/^(no sandboxes|SANDBOX ID)/);
+  const t = await cli(["template", "list", "--json"], { ...clean, AENV_API_ADDR: `127.0.0.1:${node.port}` });
+  expect(t.code).toBe(0);
+  expect(Array.isArray(JSON.parse(t.out))).toBe(true);
+  const off = await cli(["sandbox", "list"], { ...clean, AENV_API_ADDR: "0.0.0.0:9" });
+  expect(off.code).toBe(1);
+  expect(off.err).toContain("cannot reach the node at http://127.0.0.1:9");
 });
