@@ -36,6 +36,32 @@ export interface ProxyOptions {
 }
 
 /** A 502 as the E2B edge proxy answers it. */
+/**
+ * Our own words for a failed upstream fetch (Bun's messages address a desktop user: "Is the
+ * computer able to access the url?"). `signal` is the request's abort signal (timeout reason).
+ */
+export function upstreamFailure(e: unknown, signal: AbortSignal): string {
+  if (signal.aborted) return signal.reason instanceof Error ? signal.reason.message : "request aborted";
+  const code = (e as { code?: unknown } | null)?.code;
+  switch (code) {
+    case "ECONNREFUSED":
+    case "ConnectionRefused":
+      return "connection refused";
+    case "ECONNRESET":
+    case "ConnectionReset":
+    case "ConnectionClosed":
+      return "connection reset";
+    case "ETIMEDOUT":
+    case "Timeout":
+      return "connection timed out";
+    case "EHOSTUNREACH":
+    case "ENETUNREACH":
+      return "address unreachable";
+    default:
+      return typeof code === "string" ? `connection failed (${code})` : "connection failed";
+  }
+}
+
 export function badGateway(sandboxId: string, message: string): Response {
   return Response.json({ sandboxId, message, code: 502 }, { status: 502 });
 }
@@ -188,7 +214,7 @@ export class SandboxProxy {
     } catch (e) {
       untrack();
       this.log.debug({ sandboxId: route.sandboxId, port: route.port, err: e }, "upstream unreachable");
-      return badGateway(route.sandboxId, `The sandbox is running but port ${route.port} is not open: ${(e as Error).message}`);
+      return badGateway(route.sandboxId, `The sandbox is running but port ${route.port} is not open: ${upstreamFailure(e, ctl.signal)}`);
     } finally {
       clearTimeout(timer);
     }

@@ -156,7 +156,9 @@ test("502 JSON for an unknown sandbox, a closed port, a killed sandbox; 403 for 
   expect(await unknown.json()).toEqual({ sandboxId: "nosuchsbx", message: "The sandbox was not found", code: 502 });
   const closed = await fetch(`${node.url}/x`, { headers: hdr(8080) });
   expect(closed.status).toBe(502);
-  expect(await closed.json()).toMatchObject({ sandboxId: ID, code: 502 });
+  const closedBody = (await closed.json()) as { message: string };
+  expect(closedBody).toMatchObject({ sandboxId: ID, code: 502, message: "The sandbox is running but port 8080 is not open: connection refused" });
+  expect(closedBody.message).not.toContain("Is the computer");
   const ws = new WebSocket(`${node.url.replace("http", "ws")}/ws`, { headers: hdr(49983, "nosuchsbx") } as unknown as string[]);
   const wsErr = await new Promise<string>((r) => {
     ws.onerror = () => r("error");
