@@ -36,6 +36,14 @@ export interface ConnectResult {
   resumed: boolean;
 }
 
+/** What `Orchestrator.close()` did with the live sandboxes. */
+export interface ShutdownSummary {
+  killed: number;
+  paused: number;
+  /** Sandboxes whose kill or pause threw (logged individually). */
+  failed: number;
+}
+
 export class Orchestrator {
   readonly store: SandboxStore;
   private readonly lock: KeyedLock;
@@ -85,19 +93,34 @@ export class Orchestrator {
 
   /**
    * Stop the expiry loop, wait for operations in flight, then kill (or pause, per
-   * `shutdown_action`) every live sandbox, and close the runtime.
+   * `shutdown_action`) every live sandbox, log one summary line, and close the runtime.
+   * @returns how many sandboxes were killed, paused, or failed to stop (all 0 on a second call).
    */
-  async close(): Promise<void> {
-    if (this.closed) return;
+  async close(): Promise<ShutdownSummary> {
+    const summary: ShutdownSummary = { killed: 0, paused: 0, failed: 0 };
+    if (this.closed) return summary;
     this.closed = true;
     clearInterval(this.evictTimer);
     this.shutdown.abort(new OrchestratorError("orchestrator.shutting_down", 503, "node is shutting down"));
     await Promise.allSettled([...this.inflight]);
     const live = this.store.inStates(["running", "creating", "resuming", "pausing"]);
-    await Promise.allSettled(
-      live.map((r) => (this.config.shutdownAction === "pause" && r.state === "running" ? this.pauseNow(r.id) : this.killNow(r.id, true))),
+    const results = await Promise.allSettled(
+      live.map(async (r) => {
+        if (this.config.shutdownAction === "pause" && r.state === "running") {
+          await this.pauseNow(r.id);
+          return "paused" as const;
+        }
+        await this.killNow(r.id, true);
+        return "killed" as const;
+      }),
     );
+    results.forEach((x, i) => {
+      summary[x.status === "fulfilled" ? x.value : "failed"]++;
+      if (x.status === "rejected") this.log.warn({ sandboxId: live[i]!.id, err: x.reason }, "shutdown: sandbox did not stop");
+    });
+    this.log.info(summary, `shutdown: killed ${summary.killed}, paused ${summary.paused} sandboxes${summary.failed ? `, ${summary.failed} failed to stop` : ""}`);
     await this.runtime.close();
+    return summary;
   }
 
   /** Subscribe; returns the unsubscribe function. The observer gets the counters at once. */

@@ -101,9 +101,15 @@ test("graceful stop with shutdown_action = pause: running sandboxes are paused a
   if (missing) throw new Error(`VM prerequisites missing: ${missing}`);
   await world?.dispose();
   world = new NodeWorld();
-  await world.start({ AENV__orchestrator__shutdown_action: "pause" });
+  await world.start({ AENV__orchestrator__shutdown_action: "pause", AENV_LOG_LEVEL: "info" });
   const { id } = await world.client("shutdown-phase1.ts");
   expect(await world.stop()).toBe(0);
+  // one summary line for the shutdown
+  const lines = () => world!.log.split("\n").filter((l) => l.includes('"msg":"shutdown: '));
+  for (let i = 0; i < 100 && lines().length === 0; i++) await Bun.sleep(20); // stderr drains after exit
+  const summary = lines();
+  expect(summary).toHaveLength(1);
+  expect(JSON.parse(summary[0]!)).toMatchObject({ killed: 0, paused: 1, failed: 0, msg: "shutdown: killed 0, paused 1 sandboxes" });
   expect(qemuPidsUnder(world.home, world.memDir)).toEqual([]);
   expect(world.slotNamespaces()).toEqual([]);
   expect(existsSync(join(world.home, "snapshots", id))).toBe(true);

@@ -16,7 +16,7 @@ import { VmRuntime } from "../../src/orchestrator/vm-runtime.ts";
 import { diskConfig } from "../../src/storage/daemon/index.ts";
 import { QemuDriver, qemuOptions } from "../../src/vmm/index.ts";
 
-const cleanup: (() => Promise<void> | void)[] = [];
+const cleanup: (() => Promise<unknown> | void)[] = [];
 afterEach(async () => {
   for (const f of cleanup.splice(0).reverse()) await f();
 });
@@ -88,8 +88,9 @@ test("shutdown kills live sandboxes and refuses new work with 503", async () => 
   await w.orch.start();
   adopt(w.orch, "live1");
   adopt(w.orch, "live2");
-  await w.orch.close();
+  expect(await w.orch.close()).toEqual({ killed: 2, paused: 0, failed: 0 });
   expect([w.orch.store.get("live1")!.state, w.orch.store.get("live2")!.state]).toEqual(["killed", "killed"]);
+  expect(await w.orch.close()).toEqual({ killed: 0, paused: 0, failed: 0 }); // once only
   await expect(w.orch.create({ template: "base", secure: true })).rejects.toMatchObject({ code: "orchestrator.shutting_down", status: 503 });
 });
 
