@@ -123,7 +123,7 @@ export function buildApp(deps: ApiDeps) {
     .get(
       "/metrics",
       () =>
-        new Response(renderPrometheus(orch.getCounters(), { agentenv_uptime_seconds: Math.round(process.uptime()) }), {
+        new Response(renderPrometheus(orch.getCounters(), { agentenv_uptime_seconds: { value: Math.round(process.uptime()), help: "Seconds since the node process started." } }), {
           headers: { "content-type": "text/plain; version=0.0.4; charset=utf-8" },
         }),
       { detail: { summary: "Prometheus metrics (sandbox counters)", tags: ["node"] } },

@@ -14,12 +14,18 @@ const METRICS: [keyof OrchestratorCounters, string, "gauge" | "counter", string]
   ["killed", "agentenv_sandbox_kills_total", "counter", "Sandboxes killed since start."],
 ];
 
-/** Render counters as Prometheus text. */
-export function renderPrometheus(c: OrchestratorCounters, extra: Record<string, number> = {}): string {
+/** An extra gauge: its value, or value + HELP text. */
+export type ExtraGauge = number | { value: number; help: string };
+
+/** Render counters (and extra gauges) as Prometheus text. */
+export function renderPrometheus(c: OrchestratorCounters, extra: Record<string, ExtraGauge> = {}): string {
   const lines: string[] = [];
   for (const [key, name, type, help] of METRICS) {
     lines.push(`# HELP ${name} ${help}`, `# TYPE ${name} ${type}`, `${name} ${c[key]}`);
   }
-  for (const [name, v] of Object.entries(extra)) lines.push(`# TYPE ${name} gauge`, `${name} ${v}`);
+  for (const [name, g] of Object.entries(extra)) {
+    if (typeof g === "number") lines.push(`# TYPE ${name} gauge`, `${name} ${g}`);
+    else lines.push(`# HELP ${name} ${g.help}`, `# TYPE ${name} gauge`, `${name} ${g.value}`);
+  }
   return lines.join("\n") + "\n";
 }

@@ -200,6 +200,10 @@ test("concurrent kills of one sandbox: exactly one 204, the rest 404; kill of a 
   expect(metrics).toContain("# TYPE agentenv_sandbox_kills_total counter\n");
   expect(Number(/^agentenv_sandbox_kills_total (\d+)$/m.exec(metrics)![1])).toBeGreaterThanOrEqual(1);
   expect(metrics).toMatch(/^agentenv_sandboxes_running \d+$/m);
+  expect(metrics).toMatch(/^# HELP agentenv_uptime_seconds Seconds since the node process started\.\n# TYPE agentenv_uptime_seconds gauge\nagentenv_uptime_seconds \d+$/m);
+  // every metric has HELP and TYPE
+  const names = [...metrics.matchAll(/^(agentenv_\w+) /gm)].map((m) => m[1]);
+  for (const n of names) expect(metrics).toContain(`# HELP ${n} `);
   const again = await json(await api(node, "/sandboxes/race1", { method: "DELETE" }));
   expect(again).toEqual({ status: 404, body: { code: 404, message: expect.stringContaining("race1"), error_code: "orchestrator.not_found" } });
   expect(node.orch.store.get("race1")?.state).toBe("killed");
