@@ -1,7 +1,7 @@
 /**
  * Sandbox records -> E2B response bodies (`Sandbox`, `SandboxDetail`, `ListedSandbox`).
  */
-import type { SandboxRecord, TemplateInfo } from "../orchestrator/index.ts";
+import type { SandboxRecord, TemplateListing } from "../orchestrator/index.ts";
 import { publicState } from "../orchestrator/index.ts";
 
 /** E2B's deprecated constant `clientID`. */
@@ -54,7 +54,7 @@ export function toDetail(r: SandboxRecord, domain: string | null) {
 }
 
 /** `Template`. */
-export function toTemplate(tpl: TemplateInfo) {
+export function toTemplate(tpl: TemplateListing) {
   return {
     templateID: tpl.templateID,
     buildID: tpl.buildID,
@@ -67,8 +67,8 @@ export function toTemplate(tpl: TemplateInfo) {
     createdAt: iso(tpl.createdAt),
     updatedAt: iso(tpl.updatedAt),
     createdBy: null,
-    lastSpawnedAt: null,
-    spawnCount: 0,
+    lastSpawnedAt: tpl.lastSpawnedAt === null ? null : iso(tpl.lastSpawnedAt),
+    spawnCount: tpl.spawnCount,
     buildCount: 1,
     envdVersion: tpl.envdVersion,
     buildStatus: tpl.buildStatus,

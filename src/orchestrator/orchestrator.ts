@@ -14,7 +14,7 @@ import type { RuntimeSandbox, RuntimeStartSpec, SandboxRuntime } from "./runtime
 import { Semaphore } from "./semaphore.ts";
 import { assertTransition, LIVE_STATES, publicState, type SandboxState } from "./states.ts";
 import { SandboxStore, type ListCursor } from "./store.ts";
-import type { CreateSandboxRequest, ListSandboxesQuery, OrchestratorCounters, SandboxEndpoint, SandboxRecord, TemplateInfo } from "./types.ts";
+import type { CreateSandboxRequest, ListSandboxesQuery, OrchestratorCounters, SandboxEndpoint, SandboxRecord, TemplateInfo, TemplateListing } from "./types.ts";
 
 /** A state change, as published to observers. */
 export interface SandboxEvent {
@@ -135,9 +135,13 @@ export class Orchestrator {
     return { ...this.counters };
   }
 
-  /** Templates the runtime can boot. */
-  listTemplates(): Promise<TemplateInfo[]> {
-    return this.runtime.listTemplates();
+  /** Templates the runtime can boot, with their persisted spawn statistics. */
+  async listTemplates(): Promise<TemplateListing[]> {
+    const stats = this.store.spawnStats();
+    return (await this.runtime.listTemplates()).map((t) => {
+      const s = stats.get(t.templateID);
+      return { ...t, spawnCount: s?.spawnCount ?? 0, lastSpawnedAt: s?.lastSpawnedAt ?? null };
+    });
   }
 
   /**
@@ -199,6 +203,7 @@ export class Orchestrator {
             endAt: now + timeoutSecs * 1000,
           });
           this.counters.created++;
+          this.store.recordSpawn(tpl.templateID, now);
           this.watchExit(id, started);
           return this.store.get(id)!;
         } catch (e) {

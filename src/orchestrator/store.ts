@@ -5,7 +5,7 @@
  */
 import { and, asc, desc, eq, gt, inArray, lt, lte, or, sql } from "drizzle-orm";
 import type { Db } from "../db/index.ts";
-import { sandboxes } from "../db/schema/sandboxes.ts";
+import { sandboxes, templateSpawns } from "../db/schema/sandboxes.ts";
 import { parseState, type SandboxState } from "./states.ts";
 import type { SandboxRecord } from "./types.ts";
 
@@ -104,5 +104,19 @@ export class SandboxStore {
   prune(before: number): number {
     const res = this.db.sqlite.query("DELETE FROM sandboxes WHERE state IN ('killed','failed') AND updated_at < ?").run(before);
     return res.changes;
+  }
+
+  /** Count one sandbox created from `templateId` at `at` (unix ms). */
+  recordSpawn(templateId: string, at: number): void {
+    this.db.orm
+      .insert(templateSpawns)
+      .values({ templateId, spawnCount: 1, lastSpawnedAt: at })
+      .onConflictDoUpdate({ target: templateSpawns.templateId, set: { spawnCount: sql`${templateSpawns.spawnCount} + 1`, lastSpawnedAt: at } })
+      .run();
+  }
+
+  /** Spawn statistics per template id (templates never spawned are absent). */
+  spawnStats(): Map<string, { spawnCount: number; lastSpawnedAt: number }> {
+    return new Map(this.db.orm.select().from(templateSpawns).all().map((r) => [r.templateId, { spawnCount: r.spawnCount, lastSpawnedAt: r.lastSpawnedAt }]));
   }
 }

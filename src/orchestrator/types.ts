@@ -84,6 +84,14 @@ export interface TemplateInfo {
   buildStatus: "ready" | "building" | "error" | "waiting";
 }
 
+/** A template as the node lists it: what the runtime reports plus persisted spawn statistics. */
+export interface TemplateListing extends TemplateInfo {
+  /** Sandboxes created (reached running) from this template, ever. */
+  spawnCount: number;
+  /** When the last of them was created, unix ms; null when never. */
+  lastSpawnedAt: number | null;
+}
+
 /** Counters the orchestrator publishes (running/starting are gauges, created/failed totals). */
 export interface OrchestratorCounters {
   running: number;

@@ -2,6 +2,7 @@ import { afterAll, beforeAll, expect, test } from "bun:test";
 import { readFileSync, statSync, writeFileSync, mkdirSync } from "node:fs";
 import { join } from "node:path";
 import { writeManifest } from "../../src/template/index.ts";
+import { SandboxStore } from "../../src/orchestrator/store.ts";
 import { adoptLoopback, api, startNodeNoVm, type TestNode } from "./helpers.ts";
 
 let node: TestNode;
@@ -219,6 +220,12 @@ test("templates come from the template store; nodes describe this node", async (
   expect(t.body).toEqual([
     expect.objectContaining({ templateID: "tpl1", aliases: ["tpl1"], names: ["tpl1"], diskSizeMB: 2048, cpuCount: 1, memoryMB: 512, buildStatus: "ready", public: true, createdAt: "2026-11-29T10:00:00.000Z" }),
   ]);
+  // spawn statistics come from the node database (the orchestrator bumps them on each create)
+  new SandboxStore(node.db).recordSpawn("tpl1", Date.parse("2026-11-29T11:00:00.000Z"));
+  new SandboxStore(node.db).recordSpawn("tpl1", Date.parse("2026-11-29T11:30:00.000Z"));
+  const t2 = await json(await api(node, "/v2/templates"));
+  expect(t2.body[0]).toMatchObject({ templateID: "tpl1", spawnCount: 2, lastSpawnedAt: "2026-11-29T11:30:00.000Z" });
+  expect(t.body[0]).toMatchObject({ spawnCount: 0, lastSpawnedAt: null });
   const nodes = await json(await api(node, "/nodes"));
   expect(nodes.body).toHaveLength(1);
   expect(nodes.body[0]).toMatchObject({ status: "ready", clusterID: "local", sandboxStartingCount: 0 });

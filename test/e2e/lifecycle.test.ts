@@ -44,6 +44,9 @@ test("agentenv sandbox CLI: create, exec (stdout, stderr, exit code, --user), pa
   const o = await world.client("cli-flow.ts");
   expect(o.create.code).toBe(0);
   expect(o.id).toMatch(/^[a-z0-9]{20}$/);
+  // the create moved the template's spawn statistics
+  expect(o.tplAfter.spawnCount).toBe(o.tplBefore.spawnCount + 1);
+  expect(Date.parse(o.tplAfter.lastSpawnedAt)).toBeGreaterThanOrEqual(Date.parse(o.createStartedAt));
   expect(o.exec).toEqual({ code: 4, out: "bar baz\nuser\n", err: "err\n" });
   expect(o.execRoot).toMatchObject({ code: 0, out: "root\n" });
   expect(o.pause).toMatchObject({ code: 0, out: `paused ${o.id}\n` });

@@ -96,3 +96,20 @@ test("sandbox ids are 20 lowercase alphanumerics and distinct", () => {
     expect(SANDBOX_ID_RE.test(id)).toBe(true);
   }
 });
+
+test("template spawn statistics count each spawn, keep the latest time, and survive reopening", () => {
+  const file = tempDb();
+  const db = openDb(file);
+  const s = new SandboxStore(db);
+  expect(s.spawnStats().size).toBe(0);
+  s.recordSpawn("base", 1000);
+  s.recordSpawn("base", 3000);
+  s.recordSpawn("other", 2000);
+  db.close();
+  const again = openDb(file);
+  const stats = new SandboxStore(again).spawnStats();
+  expect(Object.fromEntries(stats)).toEqual({ base: { spawnCount: 2, lastSpawnedAt: 3000 }, other: { spawnCount: 1, lastSpawnedAt: 2000 } });
+  new SandboxStore(again).recordSpawn("base", 4000);
+  expect(new SandboxStore(again).spawnStats().get("base")).toEqual({ spawnCount: 3, lastSpawnedAt: 4000 });
+  again.close();
+});

@@ -37,3 +37,13 @@ export const sandboxes = sqliteTable(
   },
   (t) => [index("sandboxes_state_idx").on(t.state), index("sandboxes_started_idx").on(t.startedAt)],
 );
+
+/**
+ * Per-template spawn statistics (E2B `Template.spawnCount` / `lastSpawnedAt`), owned by the
+ * orchestrator: bumped once per sandbox created (running) from the template; unix ms.
+ */
+export const templateSpawns = sqliteTable("template_spawns", {
+  templateId: text("template_id").primaryKey(),
+  spawnCount: integer("spawn_count").notNull(),
+  lastSpawnedAt: integer("last_spawned_at").notNull(),
+});
