@@ -44,8 +44,8 @@ export async function bootNode(cfg: ConfigTable, makeRuntime: RuntimeFactory = c
   const home = get<string>(cfg, "home_path");
   // Before anything reaps (VMM leftovers, disk exports, <name_prefix>* namespaces): make sure no
   // other node owns this runtime path or network prefix, and that our listen address is free.
-  const locks = acquireNodeLocks(get<string>(cfg, "runtime_path"), get<string>(cfg, "network.name_prefix"));
   const { hostname, port } = parseAddr(get<string>(cfg, "api.addr"));
+  const locks = acquireNodeLocks(get<string>(cfg, "runtime_path"), get<string>(cfg, "network.name_prefix"));
   const serveOpts: ServeOptions = { hostname, port, apiKey: "", apiKeyHint: null, app: null, proxy: null, maxBodyBytes: get<number>(cfg, "api.max_body_bytes") };
   let server: ReturnType<typeof serve>;
   try {
