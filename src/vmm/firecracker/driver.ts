@@ -155,7 +155,9 @@ export class FirecrackerDriver implements VmmDriver {
     const logFd = openSync(join(spec.workDir, "firecracker.log"), "a");
     let proc: ReturnType<typeof Bun.spawn>;
     try {
-      proc = Bun.spawn(cmd, { cwd: spec.workDir, stdin: "ignore", stdout: logFd, stderr: logFd });
+      // own session (setsid before exec; nsenter execs Firecracker, same pid): Ctrl-C on the
+      // node's terminal does not reach the VMM before the node's shutdown handles it
+      proc = Bun.spawn(cmd, { cwd: spec.workDir, stdin: "ignore", stdout: logFd, stderr: logFd, detached: true });
     } catch (e) {
       throw new VmmError("vmm.spawn_failed", `vm ${spec.id}: cannot start ${this.#cfg.binary}: ${(e as Error).message}`, { id: spec.id, binary: this.#cfg.binary }, { cause: e });
     } finally {

@@ -134,7 +134,10 @@ export class QemuDriver implements VmmDriver {
       incoming: m.incoming,
     });
     const argv = spec.net ? ["nsenter", `--net=${checkPath(spec.net.netnsPath, "netnsPath")}`, "--", this.opts.binary, ...args] : [this.opts.binary, ...args];
-    const child = spawn(argv[0]!, argv.slice(1), { stdio: ["ignore", "pipe", "pipe"] });
+    // detached: setsid(2) before exec (nsenter then execs QEMU, so the pid stays QEMU's). In its
+    // own session QEMU does not get the SIGINT a terminal sends to the node's process group on
+    // Ctrl-C, and lives until the node's shutdown pauses/snapshots/stops it.
+    const child = spawn(argv[0]!, argv.slice(1), { stdio: ["ignore", "pipe", "pipe"], detached: true });
     const pid = child.pid;
     if (pid === undefined) {
       const err = await new Promise<Error>((r) => child.once("error", r));

@@ -315,6 +315,23 @@ describe("Firecracker driver against the schema-validating stand-in", () => {
     expect(existsSync(join(runtimeDir, "vmm", "vm-mute.json"))).toBe(false);
   }, 60_000);
 
+  test("the VMM runs in its own session (Ctrl-C to the node's process group does not reach it); the record holds its pid", async () => {
+    const driver = new FirecrackerDriver({ config: cfg, runtimeDir });
+    const vm = await driver.boot(makeSpec("vm-sid"));
+    try {
+      // /proc/<pid>/stat fields 5 (pgrp) and 6 (session), after the parenthesised comm
+      const stat = (pid: number) => readFileSync(`/proc/${pid}/stat`, "utf8").slice(readFileSync(`/proc/${pid}/stat`, "utf8").lastIndexOf(")") + 2).split(" ");
+      const [vmPgid, vmSid] = [Number(stat(vm.pid)[2]), Number(stat(vm.pid)[3])];
+      expect(vmPgid).toBe(vm.pid);
+      expect(vmSid).toBe(vm.pid);
+      expect(vmSid).not.toBe(Number(stat(process.pid)[3]));
+      expect(JSON.parse(readFileSync(join(runtimeDir, "vmm", "vm-sid.json"), "utf8")).pid).toBe(vm.pid);
+    } finally {
+      await vm.stop();
+    }
+    expect(existsSync(join(runtimeDir, "vmm", "vm-sid.json"))).toBe(false);
+  }, 60_000);
+
   test("a VMM that dies is noticed: exited resolves, record removed, further calls refused", async () => {
     const driver = new FirecrackerDriver({ config: cfg, runtimeDir });
     const vm = await driver.boot(makeSpec("vm-dies"));
