@@ -17,8 +17,27 @@ import dgram from "node:dgram";
 import { readFileSync } from "node:fs";
 import { logger } from "../observability/log.ts";
 import { HDR_SIZE, parseMessage, readName, withId } from "./dns-wire.ts";
+import { NetError } from "./errors.ts";
 
 const log = logger("net.dns");
+
+/** Config key that sets the proxy's port (named in bind errors so the operator knows what to change). */
+export const DNS_PORT_KEY = "network.egress.dns_proxy_port";
+
+/**
+ * A bind/listen failure of the proxy's own port as NetError `net.dns_bind` naming the config key,
+ * the address and the errno (EADDRINUSE: another process, or another node, holds the port).
+ */
+function bindError(e: unknown, protocol: "udp" | "tcp", ip: string, port: number): NetError {
+  const errno = (e as { code?: string }).code ?? "unknown";
+  const hint = errno === "EADDRINUSE" ? "port in use (another DNS proxy or node on this host?); " : "";
+  return new NetError(
+    "net.dns_bind",
+    `DNS proxy cannot bind ${protocol} ${ip}:${port}: ${errno}: ${hint}set ${DNS_PORT_KEY} to a free port (0 picks one)`,
+    { key: DNS_PORT_KEY, protocol, address: ip, port, errno },
+    { cause: e },
+  );
+}
 
 /** Called with the querying address, the question name and the A records before the reply is sent. */
 export type DnsAnswerHook = (clientIp: string, qname: string, addrs: { ip: string; ttl: number }[]) => Promise<void>;
@@ -147,14 +166,24 @@ export class DnsProxy {
 
   constructor(private readonly opts: DnsProxyOptions) {}
 
-  /** Bind both sockets. @throws Error from bind (e.g. EADDRINUSE). */
+  /**
+   * Bind the UDP server socket, the upstream socket and the TCP listener (same port number).
+   * @throws NetError `net.dns_bind` (`details.key` = `network.egress.dns_proxy_port`,
+   *   `details.protocol`, `details.address`, `details.port`, `details.errno`, e.g. EADDRINUSE)
+   *   when the proxy's port cannot be bound; nothing stays bound then.
+   */
   async start(): Promise<void> {
+    const ip = this.opts.bindIp ?? "0.0.0.0";
     const server = dgram.createSocket("udp4");
     const client = dgram.createSocket("udp4");
     try {
       await new Promise<void>((res, rej) => {
-        server.once("error", rej);
-        server.bind(this.opts.port, this.opts.bindIp ?? "0.0.0.0", () => res());
+        server.once("error", (e) => rej(bindError(e, "udp", ip, this.opts.port)));
+        try {
+          server.bind(this.opts.port, ip, () => res());
+        } catch (e) {
+          rej(bindError(e, "udp", ip, this.opts.port));
+        }
       });
       await new Promise<void>((res, rej) => {
         client.once("error", rej);
@@ -170,12 +199,13 @@ export class DnsProxy {
       }
       throw e;
     }
+    const boundPort = (server.address() as { port: number }).port;
     try {
-      this.tcp = this.listenTcp((server.address() as { port: number }).port);
+      this.tcp = this.listenTcp(boundPort);
     } catch (e) {
       server.close();
       client.close();
-      throw e;
+      throw bindError(e, "tcp", ip, boundPort);
     }
     server.on("message", (m, r) => this.onQuery(new Uint8Array(m), r.address, r.port));
     client.on("message", (m, r) => void this.onUpstream(new Uint8Array(m), r.address, r.port));

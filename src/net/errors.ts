@@ -14,5 +14,7 @@ import { AgentEnvError } from "../errors.ts";
  * - `net.bad_state`      the manager was used before `start()`, or started twice
  * - `net.duplicate_sandbox` the sandbox already holds a slot (`details.sandboxId`)
  * - `net.bad_dns`        a DNS message could not be parsed (`details.offset`)
+ * - `net.dns_bind`       the DNS proxy's port cannot be bound (`details.key` = the config key,
+ *                        `details.protocol`, `details.address`, `details.port`, `details.errno`)
  */
 export class NetError extends AgentEnvError {}

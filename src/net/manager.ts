@@ -88,7 +88,8 @@ export class NetworkManager {
    * their rows), install the node rules, start the DNS proxy, fill the pool to the low watermark,
    * then start the pool worker when `pool.maintenanceEnabled`.
    * @returns what reaping removed, and the slot rows the previous run had persisted.
-   * @throws NetError from the kernel commands; Error when the DNS port cannot be bound.
+   * @throws NetError from the kernel commands; NetError `net.dns_bind` when the DNS proxy's port
+   *   (`network.egress.dns_proxy_port`) cannot be bound.
    */
   async start(): Promise<ReapReport & { previous: SlotRow[] }> {
     if (this.started) throw new NetError("net.bad_state", "NetworkManager.start() called twice", {});
