@@ -18,6 +18,19 @@
  * (`allowInternetAccess`). Stop the sandbox's VM before `release()`: the tap is recreated.
  * One NetworkManager per name prefix per host: `start()` reaps everything with its prefix.
  *
+ * ## Several nodes on one host: `[network] name_prefix` must differ per node
+ * `start()` deletes every netns and host veth named `<name_prefix><digits>` and every node-netns
+ * iptables chain whose name starts with `<name_prefix>`, whoever made them: it cannot tell a
+ * crashed run of this node from another node that is running. A second node started on the same
+ * host (same network namespace) with the same prefix destroys the first node's sandbox networks.
+ * So give each node its own `name_prefix`, and never one that is a prefix of another node's
+ * (`aenv-` vs `aenv-b`): chain reaping and the `<prefix>+` interface wildcard of the node rules
+ * match by leading characters, so `aenv-` would also remove and filter `aenv-b`'s objects. Use
+ * equal-length prefixes such as `aenva-` / `aenvb-`. The DNS proxy port
+ * (`network.egress.dns_proxy_port`) must differ per node too (or be 0); a taken port fails
+ * `start()` with NetError `net.dns_bind`. This module takes no lock; guarding against two nodes
+ * with the same settings is the node's job.
+ *
  * ## Slot layout
  * See slot.ts: netns `<prefix><idx>`, veth /31 from `[network.internal].veth_cidr`, a host
  * address from `host_interaction_cidr` DNATed to the guest, tap `tap0` 169.254.0.22/30, guest

@@ -4,6 +4,9 @@
  *   "auto" and the firecracker binary is found), else QEMU microvm (`src/vmm/qemu/`).
  * - `resolveKernelPath(cfg)`: the guest kernel to boot (`[kernel] path`, else the cached build).
  * - `reapLeftovers(runtimeDir)`: kill VMMs a crashed node left running; call once at start-up.
+ *   Only the records under `<runtimeDir>/vmm/` are reaped: nodes on one host need distinct runtime paths.
+ * - VMMs run in their own session (setsid): a Ctrl-C on the node's terminal does not reach them,
+ *   the node's shutdown decides their fate (pause/snapshot or stop).
  * - `kernelIpArg`, `kernelClockArg`: command-line pieces every driver adds.
  * Shapes of specs and handles: ./types.ts. Errors: `VmmError` (./errors.ts).
  */

@@ -56,6 +56,10 @@ export function removeRecord(runtimeDir: string, rec: Pick<VmmRecord, "id" | "ow
 /**
  * Kill every VMM a previous run left behind (records in `<runtimeDir>/vmm/`), wait for each to
  * die (bounded by `timeoutMs` per process) and delete its files.
+ * Scope: only the records directly in `<runtimeDir>/vmm/` (no other directory, no search by
+ * process name), and only a pid whose start time matches its record; another node on the host
+ * with its own runtime path keeps its VMMs. Two live nodes sharing one runtime path would reap
+ * each other's VMMs: that takes a node-wide lock, outside this module.
  * @returns the ids of the records reaped (processes killed or already gone).
  */
 export async function reapLeftovers(runtimeDir: string, timeoutMs = 3000): Promise<string[]> {

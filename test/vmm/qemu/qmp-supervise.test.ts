@@ -80,4 +80,30 @@ describe("reapLeftovers", () => {
       rmSync(rt, { recursive: true, force: true });
     }
   });
+
+  test("reaps only the records under its own runtime dir: a second node's live VMM and files are untouched", async () => {
+    const base = mkdtempSync(join(tmpdir(), "c1reap2-"));
+    const mine = join(base, "node-a"); // runtime dirs of two nodes on one host
+    const other = join(base, "node-b");
+    const ours = spawn("sleep", ["300"], { stdio: "ignore" });
+    const theirs = spawn("sleep", ["300"], { stdio: "ignore" });
+    try {
+      const theirMem = join(base, "b.mem");
+      writeFileSync(theirMem, "ram");
+      writeRecord(mine, { id: "a1", driver: "qemu", pid: ours.pid!, startTime: processStartTime(ours.pid!)!, ownedFiles: [] });
+      writeRecord(other, { id: "b1", driver: "firecracker", pid: theirs.pid!, startTime: processStartTime(theirs.pid!)!, ownedFiles: [theirMem] });
+      expect(await reapLeftovers(mine)).toEqual(["a1"]);
+      expect(processStartTime(ours.pid!)).toBeNull();
+      expect(processStartTime(theirs.pid!)).not.toBeNull();
+      expect(existsSync(join(other, "vmm", "b1.json"))).toBe(true);
+      expect(existsSync(theirMem)).toBe(true);
+      // the parent of both runtime dirs holds no records of its own: nothing to reap there either
+      expect(await reapLeftovers(base)).toEqual([]);
+      expect(processStartTime(theirs.pid!)).not.toBeNull();
+    } finally {
+      ours.kill("SIGKILL");
+      theirs.kill("SIGKILL");
+      rmSync(base, { recursive: true, force: true });
+    }
+  });
 });
