@@ -36,7 +36,7 @@ function alive(pid: number): boolean {
 }
 
 /** Read stdout lines of a child until `n` lines arrived (or it closed). */
-async function lines(reader: ReadableStreamDefaultReader<Uint8Array>, n: number, acc: { text: string }): Promise<string[]> {
+async function lines(reader: { read(): Promise<{ done: boolean; value?: Uint8Array }> }, n: number, acc: { text: string }): Promise<string[]> {
   while (acc.text.split("\n").length - 1 < n) {
     const r = await reader.read();
     if (r.done) break;
