@@ -1,6 +1,6 @@
 /**
  * `agentenv server`: start the node (API + sandbox proxy on `[api] addr`), print the API URL
- * and key, run until SIGINT/SIGTERM, then shut down (`[orchestrator] shutdown_action`).
+ * and key, run until SIGINT/SIGTERM/SIGHUP, then shut down (`[orchestrator] shutdown_action`).
  */
 import { defineCommand } from "citty";
 import { loadConfig } from "../config/index.ts";
@@ -47,6 +47,8 @@ export default defineCommand({
     };
     process.on("SIGINT", () => stop("SIGINT"));
     process.on("SIGTERM", () => stop("SIGTERM"));
+    // VMs and disk servers run in their own sessions: a closed terminal must stop them through us
+    process.on("SIGHUP", () => stop("SIGHUP"));
     await new Promise(() => {}); // until a signal
   },
 });
