@@ -10,7 +10,6 @@ import { openDb, type Db } from "../db/index.ts";
 import { logger } from "../observability/log.ts";
 import { Orchestrator, orchestratorConfig, type OrchestratorConfig, type SandboxRuntime } from "../orchestrator/index.ts";
 import { createVmRuntime } from "../orchestrator/vm-runtime-factory.ts";
-import { beginDiskShutdown } from "../storage/daemon/index.ts";
 import { buildApp } from "./app.ts";
 import { apiKeyPath, loadOrCreateApiKey } from "./auth.ts";
 import { ApiError } from "./errors.ts";
@@ -115,8 +114,6 @@ export async function bootNode(cfg: ConfigTable, makeRuntime: RuntimeFactory = c
     port: server.port!,
     close: () =>
       (closing ??= (async () => {
-        // from here on a disk server that exits is expected: no error log, no replacement
-        beginDiskShutdown();
         await server.stop(true);
         proxy.close();
         try {

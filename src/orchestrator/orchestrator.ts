@@ -101,6 +101,7 @@ export class Orchestrator {
     if (this.closed) return summary;
     this.closed = true;
     clearInterval(this.evictTimer);
+    this.runtime.beginShutdown?.();
     this.shutdown.abort(new OrchestratorError("orchestrator.shutting_down", 503, "node is shutting down"));
     await Promise.allSettled([...this.inflight]);
     const live = this.store.inStates(["running", "creating", "resuming", "pausing"]);

@@ -72,6 +72,11 @@ export interface SandboxRuntime {
    * (everything not paused), keep paused snapshots, remove leftovers no record names.
    */
   reap(known: RuntimeKnownSandbox[]): Promise<ReapReport>;
+  /**
+   * Called first when the node starts shutting down, before sandboxes are paused or killed:
+   * helpers that die from now on (e.g. disk servers) are expected, not crashes to repair.
+   */
+  beginShutdown?(): void;
   /** Release runtime-wide resources (warm pools); running sandboxes are the orchestrator's job. */
   close(): Promise<void>;
 }

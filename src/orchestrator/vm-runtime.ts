@@ -18,7 +18,7 @@ import type { Logger } from "pino";
 import { ENVD_VERSION } from "../envd/version.ts";
 import { guestAddress, netSpec, parseEgressPolicy, type NetworkManager } from "../net/index.ts";
 import { logger } from "../observability/log.ts";
-import { prepareRootDisk as exportRootDisk, reapStaleDisks, type DiskConfig, type ExportedDisk } from "../storage/daemon/index.ts";
+import { beginDiskShutdown, prepareRootDisk as exportRootDisk, reapStaleDisks, type DiskConfig, type ExportedDisk } from "../storage/daemon/index.ts";
 import { listTemplates, resolveTemplate, type ResolvedTemplate } from "../template/index.ts";
 import { reapLeftovers, type VmHandle, type VmmDriver } from "../vmm/index.ts";
 import { initEnvd, waitEnvdHealthy } from "./envd-client.ts";
@@ -217,6 +217,10 @@ export class VmRuntime implements SandboxRuntime {
       }
     }
     return { stoppedVms, removed };
+  }
+
+  beginShutdown(): void {
+    beginDiskShutdown(this.o.disk.recordDir);
   }
 
   async close(): Promise<void> {

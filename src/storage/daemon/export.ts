@@ -8,7 +8,7 @@
  * the node: the disks keep serving until the node's shutdown closes them in order.
  */
 import { closeSync, mkdirSync, openSync, readFileSync, writeFileSync } from "node:fs";
-import { join } from "node:path";
+import { join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { MNT_DETACH, umount2 } from "../../ffi/mount.ts";
 import { logger } from "../../observability/log.ts";
@@ -58,17 +58,18 @@ function tail(path: string, bytes = 2000): string {
 
 type Child = ReturnType<typeof Bun.spawn>;
 
-/** Set by `beginDiskShutdown()`: child exits are expected from then on (no error log, no replacement). */
-let serviceStopping = false;
+/** Record dirs (one per node: `<runtime_path>/disks`) whose node has begun shutting down. */
+const stoppingRecordDirs = new Set<string>();
 
 /**
- * Tell the disk service the node is shutting down: from now on a serving child that exits is
- * not replaced and its exit is not logged as an error (the disk is given up as on `close()`).
- * Call it first in the node's shutdown, before pausing/stopping VMs and closing exports.
- * Process-wide and one-way.
+ * Tell the disk service that the node owning `recordDir` is shutting down: from now on a
+ * serving child of an export under that record dir that exits is not replaced and its exit is
+ * not logged as an error (the disk is given up as on `close()`). Call it first in the node's
+ * shutdown, before pausing/stopping VMs and closing exports. One-way; scoped to the record dir
+ * so other exports in the same process (tests, a second service) are unaffected.
  */
-export function beginDiskShutdown(): void {
-  serviceStopping = true;
+export function beginDiskShutdown(recordDir: string): void {
+  stoppingRecordDirs.add(resolve(recordDir));
 }
 
 /**
@@ -163,6 +164,8 @@ export async function exportDisk(opts: {
   log.debug({ id, path, pid: proc.pid }, "disk exported");
 
   let closing = false;
+  const recordKey = resolve(opts.recordDir);
+  const shuttingDown = (): boolean => stoppingRecordDirs.has(recordKey);
   let restarts = 0; // replacements that became ready
   let attempts = 0; // replacements tried, bounded by maxRestarts
   let resolveExited!: (code: number | null) => void;
@@ -174,19 +177,20 @@ export async function exportDisk(opts: {
       if (closing) return resolveExited(child.exitCode);
       // Exit code 0 only follows SIGTERM/SIGINT or an unmount (see serve.ts): someone stopped it
       // on purpose; so does any exit once the service is shutting down. Not a crash: no replacement.
+      const serviceStopping = shuttingDown();
       if (child.exitCode === 0 || serviceStopping) {
         log.info({ id, pid: child.pid, exitCode: child.exitCode, signal: child.signalCode, shuttingDown: serviceStopping }, "disk server stopped");
         release();
         return resolveExited(child.exitCode);
       }
       log.error({ id, pid: child.pid, exitCode: child.exitCode, signal: child.signalCode, restarts }, "disk server died");
-      while (!closing && !serviceStopping && attempts < config.maxRestarts) {
+      while (!closing && !shuttingDown() && attempts < config.maxRestarts) {
         attempts++;
         try {
           proc = await spawnServer(id, specPath, logPath, fuseFd, true, config.readyTimeoutMs);
           restarts++;
           log.warn({ id, pid: proc.pid, restarts }, "disk server replaced");
-          if (closing || serviceStopping) proc.kill("SIGTERM");
+          if (closing || shuttingDown()) proc.kill("SIGTERM");
           return watch(proc);
         } catch (e) {
           log.error({ err: e, id, restarts }, "disk server restart failed");

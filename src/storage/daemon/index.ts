@@ -6,7 +6,7 @@
  * - `prepareRootDisk({ id, lowers, sandboxDir, virtualSize, recordDir, config })` → the same, for
  *   a template's overlaybd layers + a fresh upper in the sandbox dir, served as `mnt/root.img`
  * - `reapStaleDisks(recordDir, { mountRoots })` at node start
- * - `beginDiskShutdown()` first thing in the node's shutdown: child exits are then expected
+ * - `beginDiskShutdown(recordDir)` first thing in that node's shutdown: its child exits are then expected
  *
  * Serving children run in their own session, so Ctrl-C on the node's terminal does not kill them.
  */

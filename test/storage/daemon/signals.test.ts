@@ -5,7 +5,7 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { listMounts } from "../../../src/ffi/mount.ts";
-import { diskConfig, exportDisk, reapStaleDisks } from "../../../src/storage/daemon/index.ts";
+import { beginDiskShutdown, diskConfig, exportDisk, reapStaleDisks } from "../../../src/storage/daemon/index.ts";
 
 let root: string;
 let recordDir: string;
@@ -109,8 +109,29 @@ describe("disk serving children and signals", () => {
     }
   }, 60_000);
 
+  test("beginDiskShutdown is scoped to one node's record dir: another node's crashed child is still replaced", async () => {
+    const workDir = join(root, "scoped");
+    mkdirSync(workDir, { recursive: true });
+    writeFileSync(join(workDir, "b.raw"), new Uint8Array(4096).fill(7));
+    beginDiskShutdown(join(root, "other-node-records"));
+    const d = await exportDisk({
+      id: "scoped", image: { kind: "raw", path: join(workDir, "b.raw"), readOnly: false }, workDir, recordDir,
+      config: { ...diskConfig(), readyTimeoutMs: 15000, maxRestarts: 2 },
+    });
+    try {
+      const first = d.pid;
+      process.kill(first, "SIGKILL");
+      for (let i = 0; i < 200 && d.restarts < 1; i++) await Bun.sleep(50);
+      expect(d.restarts).toBe(1);
+      expect(d.pid).not.toBe(first);
+      expect(readFileSync(d.path).every((b) => b === 7)).toBe(true);
+    } finally {
+      await d.close();
+    }
+  }, 60_000);
+
   test("after beginDiskShutdown a crashed child is not replaced", async () => {
-    // in a separate process: the shutdown flag is process-wide and one-way
+    // in a separate process, as a node would be
     const script = `
       const { beginDiskShutdown, diskConfig, exportDisk } = await import(${JSON.stringify(join(import.meta.dir, "../../../src/storage/daemon/index.ts"))});
       const [workDir, recordDir] = process.argv.slice(1);
@@ -118,7 +139,7 @@ describe("disk serving children and signals", () => {
       fs.mkdirSync(workDir, { recursive: true });
       fs.writeFileSync(workDir + "/b.raw", new Uint8Array(4096));
       const d = await exportDisk({ id: "shut", image: { kind: "raw", path: workDir + "/b.raw", readOnly: false }, workDir, recordDir, config: { ...diskConfig(), readyTimeoutMs: 15000, maxRestarts: 3 } });
-      beginDiskShutdown();
+      beginDiskShutdown(recordDir);
       const pid = d.pid;
       process.kill(pid, "SIGKILL");
       const code = await d.exited;
