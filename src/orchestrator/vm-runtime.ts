@@ -58,6 +58,17 @@ interface VmState {
   snapshot?: { statePath: string; memPath: string };
 }
 
+/**
+ * Names for the next snapshot in `snapDir`: `vm-<n>.state` / `vm-<n>.mem` with n one past the
+ * previous snapshot's number (`prev`, from the sandbox's state; the first is 1), so they never
+ * equal the files a resumed VM still maps.
+ */
+export function snapshotFiles(snapDir: string, prev: { statePath: string } | undefined): { statePath: string; memPath: string; kind: "full" } {
+  const m = prev ? /vm-(\d+)\.state$/.exec(prev.statePath) : null;
+  const n = m ? Number(m[1]) + 1 : 1;
+  return { statePath: join(snapDir, `vm-${n}.state`), memPath: join(snapDir, `vm-${n}.mem`), kind: "full" };
+}
+
 export class VmRuntime implements SandboxRuntime {
   readonly name: string;
   private readonly vms = new Map<string, VmHandle>();
@@ -127,14 +138,26 @@ export class VmRuntime implements SandboxRuntime {
     const vm = this.vms.get(id);
     if (!vm) throw new OrchestratorError("orchestrator.runtime_failed", 500, `no VM handle for sandbox ${id}`, { sandboxId: id });
     const snapDir = this.snapshotDir(id);
-    rmSync(snapDir, { recursive: true, force: true });
     mkdirSync(snapDir, { recursive: true });
-    const files = { statePath: join(snapDir, "vm.state"), memPath: join(snapDir, "vm.mem"), kind: "full" as const };
-    if (signal.aborted) throw signal.reason;
-    await vm.pause();
-    await vm.snapshot(files);
-    await vm.stop();
+    // A fresh pair of names per pause: a VM resumed from an earlier snapshot still maps that
+    // snapshot's memory file as its RAM (copy-on-write), so the new snapshot must not overwrite
+    // or delete it before the VMM is stopped.
+    const files = snapshotFiles(snapDir, st.snapshot);
+    try {
+      if (signal.aborted) throw signal.reason;
+      await vm.pause();
+      await vm.snapshot(files);
+      await vm.stop();
+    } catch (e) {
+      for (const p of [files.statePath, files.memPath]) rmSync(p, { force: true });
+      throw e;
+    }
     this.vms.delete(id);
+    // the VMM is gone: files of older snapshots are no longer mapped
+    for (const name of readdirSync(snapDir)) {
+      const p = join(snapDir, name);
+      if (p !== files.statePath && p !== files.memPath) rmSync(p, { recursive: true, force: true });
+    }
     await this.closeDisk(id);
     await this.o.net.release(id).catch((e) => this.log.warn({ sandboxId: id, err: e }, "slot release after pause failed"));
     return { ...st, vmmPid: undefined, snapshot: { statePath: files.statePath, memPath: files.memPath } } satisfies VmState;
@@ -148,13 +171,16 @@ export class VmRuntime implements SandboxRuntime {
     const tpl = resolveTemplate(this.o.homePath, spec.template.templateID);
     let slotTaken = false;
     let vm: VmHandle | undefined;
+    let step = "serve disk";
     try {
       const served = await this.serveDisk(spec.id, tpl, st.workDir, spec.signal);
       if (served.path !== st.rootDisk) {
         throw new OrchestratorError("orchestrator.runtime_failed", 500, `sandbox ${spec.id}: root disk moved from ${st.rootDisk} to ${served.path}`, { sandboxId: spec.id });
       }
+      step = "allocate slot";
       const slot = await this.o.net.allocate(this.policyOf(spec), spec.id);
       slotTaken = true;
+      step = "restore VM";
       vm = await this.o.driver.restore(
         {
           id: spec.id,
@@ -171,8 +197,10 @@ export class VmRuntime implements SandboxRuntime {
         { resume: true },
       );
       this.vms.set(spec.id, vm);
+      step = "envd health and /init";
       return await this.ready(spec, vm, guestAddress(slot, ENVD_PORT).host, { ...st, vmmPid: vm.pid }, spec.envdAccessToken);
     } catch (e) {
+      this.log.error({ sandboxId: spec.id, step, err: e }, `resume failed at step: ${step}`);
       // keep the snapshot and disk: the sandbox stays paused
       await this.teardown(spec.id, vm, slotTaken, false);
       throw e;
