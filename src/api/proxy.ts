@@ -63,8 +63,17 @@ export function upstreamFailure(e: unknown, signal: AbortSignal): string {
 }
 
 export function badGateway(sandboxId: string, message: string): Response {
-  return Response.json({ sandboxId, message, code: 502 }, { status: 502 });
+  return Response.json({ sandboxId, message, code: 502 }, { status: 502, headers: { [ERROR_SOURCE]: "proxy" } });
 }
+
+/**
+ * Header on every error the node's proxy answers by itself (`proxy`); an error status without it
+ * came from the sandbox (envd or the guest's own server) and was passed through.
+ */
+export const ERROR_SOURCE = "x-agentenv-error-source";
+
+/** Largest upstream 5xx body the proxy reads to log it (bytes); larger ones are relayed unread. */
+const LOGGED_BODY_MAX = 64 * 1024;
 
 function parsePort(s: string | null): number | null {
   if (s === null || !/^[0-9]{1,5}$/.test(s)) return null;
@@ -182,12 +191,29 @@ export class SandboxProxy {
       return `${t.host.includes(":") ? `[${t.host}]` : t.host}:${t.port}`;
     } catch (e) {
       if (e instanceof OrchestratorError && e.status === 404) return badGateway(route.sandboxId, "The sandbox was not found");
+      this.log.error({ sandboxId: route.sandboxId, port: route.port, path: route.pathAndQuery, err: e }, "proxy: cannot route to the sandbox");
       return badGateway(route.sandboxId, `cannot route to the sandbox: ${(e as Error).message}`);
     }
   }
 
-  /** Forward `req` to `route`, streaming the request and response bodies. */
+  /**
+   * Forward `req` to `route`, streaming the request and response bodies. An upstream 5xx is
+   * logged with its body (when small); a failure of the proxy itself is a 500 JSON
+   * `{sandboxId, message, code: 500}` with `x-agentenv-error-source: proxy`, logged too.
+   */
   async forward(req: Request, route: ProxyRoute, clientIp: string | null): Promise<Response> {
+    try {
+      return await this.forwardUnsafe(req, route, clientIp);
+    } catch (e) {
+      this.log.error({ sandboxId: route.sandboxId, port: route.port, path: route.pathAndQuery, err: e }, "proxy: forwarding failed");
+      return Response.json(
+        { sandboxId: route.sandboxId, message: `the node's proxy failed forwarding to port ${route.port}: ${(e as Error)?.message ?? String(e)}`, code: 500 },
+        { status: 500, headers: { [ERROR_SOURCE]: "proxy" } },
+      );
+    }
+  }
+
+  private async forwardUnsafe(req: Request, route: ProxyRoute, clientIp: string | null): Promise<Response> {
     const target = await this.target(route);
     if (target instanceof Response) return target;
     const headers = new Headers(req.headers);
@@ -220,6 +246,23 @@ export class SandboxProxy {
     }
     const rh = new Headers(res.headers);
     for (const n of HOP) rh.delete(n);
+    if (res.status >= 500 && res.body) {
+      const len = Number(res.headers.get("content-length") ?? NaN);
+      if (Number.isFinite(len) && len <= LOGGED_BODY_MAX) {
+        let body: Uint8Array;
+        try {
+          body = new Uint8Array(await res.arrayBuffer());
+        } catch (e) {
+          untrack();
+          this.log.warn({ sandboxId: route.sandboxId, port: route.port, path: route.pathAndQuery, status: res.status, err: e }, "proxy: the sandbox answered an error and its body broke off");
+          return badGateway(route.sandboxId, `The sandbox answered ${res.status} and its body broke off: ${upstreamFailure(e, ctl.signal)}`);
+        }
+        untrack();
+        this.log.warn({ sandboxId: route.sandboxId, port: route.port, method: req.method, path: route.pathAndQuery, status: res.status, body: new TextDecoder().decode(body.subarray(0, 2048)) }, "proxy: the sandbox answered an error");
+        return new Response(body, { status: res.status, statusText: res.statusText, headers: rh });
+      }
+      this.log.warn({ sandboxId: route.sandboxId, port: route.port, method: req.method, path: route.pathAndQuery, status: res.status }, "proxy: the sandbox answered an error");
+    }
     if (!res.body) {
       untrack();
       return new Response(null, { status: res.status, statusText: res.statusText, headers: rh });

@@ -61,6 +61,11 @@ export function serve(o: ServeOptions): Server<WsData> {
     port: o.port,
     idleTimeout: 0,
     maxRequestBodySize: Number.MAX_SAFE_INTEGER,
+    // a throw escaping fetch below: JSON naming the failure (Bun's default is an anonymous 500)
+    error(err) {
+      log.error({ err }, "request handler failed");
+      return errorResponse(500, `the node failed handling the request: ${err?.message ?? String(err)}`, "api.internal");
+    },
     async fetch(req, server) {
       if (!o.app || !o.proxy) return errorResponse(503, "the node is starting, try again shortly", "api.starting", { "retry-after": "1" });
       const { app, proxy } = o;

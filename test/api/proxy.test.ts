@@ -6,6 +6,7 @@
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { createHash } from "node:crypto";
 import type { Server } from "bun";
+import { SandboxProxy } from "../../src/api/proxy.ts";
 import { adoptLoopback, startNodeNoVm, type TestNode } from "./helpers.ts";
 
 let node: TestNode;
@@ -54,6 +55,7 @@ beforeAll(async () => {
         }
         return Response.json({ n, sha: h.digest("hex") });
       }
+      if (u.pathname === "/boom") return Response.json({ code: 500, message: "envd exploded at step X" }, { status: 500 });
       if (u.pathname === "/gzip") return new Response(Bun.gzipSync(new TextEncoder().encode("hello gzip")), { headers: { "content-encoding": "gzip" } });
       const headers: Record<string, string> = {};
       req.headers.forEach((v, k) => (headers[k] = v));
@@ -203,4 +205,32 @@ test("killing a sandbox cuts its proxied streams and WebSockets at once", async 
   expect(["done", "error"]).toContain(await ended);
   expect(await wsClosed).toBe(1001);
   expect(performance.now() - t0).toBeLessThan(2000);
+});
+
+test("a 500 from the sandbox passes through unchanged; the proxy's own errors carry x-agentenv-error-source: proxy", async () => {
+  const up = await fetch(`${node.url}/boom`, { method: "POST", headers: hdr(), body: "{}" });
+  expect(up.status).toBe(500);
+  expect(up.headers.get("x-agentenv-error-source")).toBeNull();
+  expect(await up.json()).toEqual({ code: 500, message: "envd exploded at step X" });
+  const closed = await fetch(`${node.url}/x`, { headers: hdr(8080) });
+  expect(closed.status).toBe(502);
+  expect(closed.headers.get("x-agentenv-error-source")).toBe("proxy");
+  await closed.arrayBuffer();
+  // a failure inside the proxy itself: 500 JSON naming it, not an anonymous error page
+  const proxy = new SandboxProxy(node.orch, { domains: [], connectTimeoutMs: 2000, blockEnvdInternal: true });
+  try {
+    const broken = new Proxy(new Request("http://x/y"), {
+      get(t, k) {
+        if (k === "headers") throw new Error("headers unreadable");
+        const v = Reflect.get(t, k, t);
+        return typeof v === "function" ? v.bind(t) : v;
+      },
+    });
+    const r = await proxy.forward(broken, { sandboxId: ID, port: 3000, pathAndQuery: "/y" }, null);
+    expect(r.status).toBe(500);
+    expect(r.headers.get("x-agentenv-error-source")).toBe("proxy");
+    expect(await r.json()).toEqual({ sandboxId: ID, code: 500, message: "the node's proxy failed forwarding to port 3000: headers unreadable" });
+  } finally {
+    proxy.close();
+  }
 });
