@@ -63,6 +63,15 @@ export class RawFileImage implements BlockImage {
     return done;
   }
 
+  /**
+   * The open file itself, for servers that read and write it from other threads (the FUSE
+   * export's reader threads): bytes map 1:1 to file offsets. The fd stays valid until `close()`;
+   * null once closed.
+   */
+  directFile(): { fd: number; readOnly: boolean } | null {
+    return this.#closed ? null : { fd: this.#fd, readOnly: this.readOnly };
+  }
+
   async pwrite(buf: Uint8Array, offset: number): Promise<number> {
     if (this.readOnly) throw new DiskError("disk.read_only", `image ${this.path} is read-only`, { path: this.path, offset });
     this.#check(offset, buf.byteLength);

@@ -5,8 +5,12 @@
  * PUNCH_HOLE|KEEP_SIZE (and ZERO_RANGE) to discard(); truncation and growth are refused.
  * Protocol facts: /work/shared/docs/fuse-nbd.md §1 (opcodes, INIT flags, error rules).
  *
- * Threads: `workers` reader threads block in read(2) on the shared fd and pass each request to
- * this (main) thread; replies are written here (a write to /dev/fuse never blocks).
+ * Threads: `workers` reader threads block in read(2) on the shared fd. When the image is one
+ * plain file (`DirectFileImage`, the raw image) they answer READ and WRITE of it themselves with
+ * pread/pwrite on its fd; every other request goes to this (main) thread, which answers it
+ * (a write to /dev/fuse never blocks). On the main thread, READ of an image with synchronous
+ * reads (`SyncReadImage`, a local overlaybd stack) is answered inline without a promise, into
+ * one reply buffer reused by every request.
  */
 import { closeSync, mkdirSync, openSync, writeSync, writevSync, constants as fsc } from "node:fs";
 import { Worker } from "node:worker_threads";
@@ -22,6 +26,46 @@ const O_CLOEXEC = 0o2000000;
 const FILE_INO = 2n;
 /** Attribute and entry validity handed to the kernel; the single file never changes shape. */
 const ATTR_VALID_SEC = 3600;
+
+/** A plain file holding the image's bytes 1:1 (offset = file offset). */
+export interface DirectFile {
+  /** Open fd of the file; valid until the image's `close()`. */
+  fd: number;
+  /** True when the fd must not be written. */
+  readOnly: boolean;
+}
+
+/**
+ * A BlockImage whose bytes are one plain file: reader threads may pread/pwrite its fd directly
+ * (the fd is shared by every thread of the process). `directFile()` returns null when that is
+ * not possible.
+ */
+export interface DirectFileImage extends BlockImage {
+  directFile(): DirectFile | null;
+}
+
+/** A BlockImage that can read synchronously (same range rules and errors as `pread`). */
+export interface SyncReadImage extends BlockImage {
+  preadSync(buf: Uint8Array, offset: number): number;
+  /** False when some part of the image needs asynchronous reads (then `preadSync` throws). */
+  readonly syncReadable?: boolean;
+}
+
+function directFileOf(img: BlockImage): DirectFile | null {
+  const d = (img as Partial<DirectFileImage>).directFile;
+  return typeof d === "function" ? d.call(img) : null;
+}
+
+function canReadSync(img: BlockImage): img is SyncReadImage {
+  const s = img as Partial<SyncReadImage>;
+  return typeof s.preadSync === "function" && s.syncReadable !== false;
+}
+
+/** Per reader thread counters in the shared stats array: reads, bytesRead, writes, bytesWritten, errors, unused. */
+const COUNTERS_PER_THREAD = 6;
+/** Offset of READ data in the inline reply buffer: page-aligned (misaligned copies are slow). */
+const INLINE_DATA = 4096;
+const INLINE_HDR = INLINE_DATA - F.OUT_HEADER_SIZE;
 
 /** Options of one export. */
 export interface FuseExportOptions {
@@ -71,7 +115,7 @@ export class FuseExport {
   readonly mountPoint: string;
   /** Absolute path of the served file. */
   readonly path: string;
-  readonly stats: FuseStats = { reads: 0, writes: 0, bytesRead: 0, bytesWritten: 0, fsyncs: 0, discards: 0, errors: 0 };
+  #stats: FuseStats = { reads: 0, writes: 0, bytesRead: 0, bytesWritten: 0, fsyncs: 0, discards: 0, errors: 0 };
   /** Resolves when every reader thread has stopped (unmount or abort), with the reason. */
   readonly ended: Promise<string>;
 
@@ -81,6 +125,18 @@ export class FuseExport {
   #inflight = new Set<Promise<void>>();
   #writeChain: Promise<void> = Promise.resolve();
   #startTime = Math.floor(Date.now() / 1000);
+  /** Shared with the reader threads: [0] closing flag, [1] direct requests in progress. */
+  #ctl = new Int32Array(new SharedArrayBuffer(8));
+  /** Reader threads' direct-I/O counters (COUNTERS_PER_THREAD per thread). */
+  #counters: Float64Array;
+  /** Set when READ can be answered inline on this thread (`SyncReadImage`). */
+  #syncRead: SyncReadImage | null;
+  /**
+   * Reply buffer of the inline READ path: data at INLINE_DATA (page-aligned, see the reader
+   * thread), the out header in the 16 bytes before it.
+   */
+  #out: Uint8Array;
+  #outView: DataView;
 
   private constructor(fd: number, opts: FuseExportOptions) {
     this.#fd = fd;
@@ -92,11 +148,21 @@ export class FuseExport {
     let resolveEnded!: (r: string) => void;
     this.ended = new Promise((r) => (resolveEnded = r));
     const bufSize = Math.max(F.MIN_READ_BUFFER, opts.maxWrite + 4096);
+    this.#counters = new Float64Array(new SharedArrayBuffer(8 * COUNTERS_PER_THREAD * opts.workers));
+    this.#syncRead = canReadSync(opts.image) ? opts.image : null;
+    this.#out = new Uint8Array(this.#syncRead ? INLINE_DATA + opts.maxWrite : 0);
+    this.#outView = new DataView(this.#out.buffer);
+    const file = directFileOf(opts.image);
+    const direct = file ? { fd: file.fd, readOnly: file.readOnly || opts.image.readOnly, size: opts.image.size, ctl: this.#ctl, counters: this.#counters } : undefined;
     for (let i = 0; i < opts.workers; i++) {
-      const w = new Worker(readerSource(), { eval: true, workerData: { fd, bufSize } });
-      w.on("message", (m: ArrayBuffer | { done: string }) => {
-        if (m instanceof ArrayBuffer) this.#dispatch(new Uint8Array(m));
-        else reason ||= m.done;
+      const w = new Worker(readerSource(), { eval: true, workerData: { fd, bufSize, slot: i, direct } });
+      w.on("message", (m: ArrayBuffer | { done?: string; fail?: string; op?: string; offset?: number; size?: number; warn?: string }) => {
+        if (m instanceof ArrayBuffer) {
+          const req = new Uint8Array(m);
+          if (!this.#readInline(req)) this.#dispatch(req);
+        } else if (m.done !== undefined) reason ||= m.done;
+        else if (m.fail !== undefined) log.error({ err: m.fail, offset: m.offset, size: m.size }, `image ${m.op} failed`);
+        else if (m.warn !== undefined) log.warn({ err: m.warn }, "fuse reply failed");
       });
       w.on("error", (e) => log.error({ err: e }, "fuse reader thread failed"));
       w.on("exit", () => {
@@ -135,6 +201,10 @@ export class FuseExport {
   async close(): Promise<void> {
     if (this.#closed) return;
     this.#closed = true;
+    // reader threads stop serving directly (later requests come here) and finish the ones
+    // they started before the image's fd is closed
+    Atomics.store(this.#ctl, 0, 1);
+    while (Atomics.load(this.#ctl, 1) > 0) await Bun.sleep(1);
     await Promise.allSettled([...this.#inflight]);
     log.debug({ mountPoint: this.mountPoint, ...this.stats }, "fuse export closing");
     try {
@@ -142,6 +212,20 @@ export class FuseExport {
     } finally {
       await this.#opts.image.close();
     }
+  }
+
+  /** Counters of served requests (this thread's and the reader threads' direct ones). */
+  get stats(): FuseStats {
+    const s = { ...this.#stats };
+    const c = this.#counters;
+    for (let i = 0; i < c.length; i += COUNTERS_PER_THREAD) {
+      s.reads += c[i]!;
+      s.bytesRead += c[i + 1]!;
+      s.writes += c[i + 2]!;
+      s.bytesWritten += c[i + 3]!;
+      s.errors += c[i + 4]!;
+    }
+    return s;
   }
 
   async [Symbol.asyncDispose](): Promise<void> {
@@ -166,8 +250,48 @@ export class FuseExport {
     void p.finally(() => this.#inflight.delete(p));
   }
 
+  /**
+   * Answer a READ of the file inline when the image reads synchronously: data read straight into
+   * the reused reply buffer after its header, one write(2). Same replies as the READ case of
+   * `#handle`. Returns false for any other request (handled by `#handle`).
+   */
+  #readInline(req: Uint8Array): boolean {
+    const img = this.#syncRead;
+    if (!img || req.byteLength < F.IN_HEADER_SIZE + 24) return false;
+    const v = new DataView(req.buffer, req.byteOffset, req.byteLength);
+    if (v.getUint32(4, true) !== F.Op.READ || v.getBigUint64(16, true) !== FILE_INO) return false;
+    const r = F.decodeRwIn(req.subarray(F.IN_HEADER_SIZE));
+    const unique = v.getBigUint64(8, true);
+    const len = Math.max(0, Math.min(r.size, img.size - r.offset, this.#out.byteLength - INLINE_DATA));
+    if (len === 0) {
+      this.#reply(unique, 0, new Uint8Array(0));
+      return true;
+    }
+    let n: number;
+    try {
+      n = img.preadSync(this.#out.subarray(INLINE_DATA, INLINE_DATA + len), r.offset);
+    } catch (e) {
+      log.error({ err: e, offset: r.offset, size: r.size }, "image read failed");
+      this.#reply(unique, F.Errno.EIO);
+      return true;
+    }
+    this.#stats.reads++;
+    this.#stats.bytesRead += n;
+    const o = this.#outView;
+    o.setUint32(INLINE_HDR, F.OUT_HEADER_SIZE + n, true);
+    o.setInt32(INLINE_HDR + 4, 0, true);
+    o.setBigUint64(INLINE_HDR + 8, unique, true);
+    try {
+      writeSync(this.#fd, this.#out, INLINE_HDR, F.OUT_HEADER_SIZE + n);
+    } catch (e) {
+      const code = (e as NodeJS.ErrnoException).code;
+      if (code !== "ENOENT" && code !== "ENODEV" && code !== "ECONNABORTED") log.warn({ err: e }, "fuse reply failed");
+    }
+    return true;
+  }
+
   #reply(unique: bigint, error: number, body?: Uint8Array): void {
-    if (error) this.stats.errors++;
+    if (error) this.#stats.errors++;
     try {
       if (error === 0 && body && body.byteLength > 4096) {
         // large payloads (READ data): header and body in one writev, without copying the body
@@ -258,8 +382,8 @@ export class FuseExport {
         const buf = new Uint8Array(len);
         try {
           const n = await img.pread(buf, r.offset);
-          this.stats.reads++;
-          this.stats.bytesRead += n;
+          this.#stats.reads++;
+          this.#stats.bytesRead += n;
           return this.#reply(h.unique, 0, buf.subarray(0, n));
         } catch (e) {
           log.error({ err: e, offset: r.offset, size: r.size }, "image read failed");
@@ -275,8 +399,8 @@ export class FuseExport {
         if (w.offset + w.size > img.size) return this.#reply(h.unique, F.Errno.ENOSPC);
         try {
           const n = await this.#serial(() => img.pwrite(data, w.offset));
-          this.stats.writes++;
-          this.stats.bytesWritten += n;
+          this.#stats.writes++;
+          this.#stats.bytesWritten += n;
           return this.#reply(h.unique, 0, F.encodeWriteOut(n));
         } catch (e) {
           log.error({ err: e, offset: w.offset, size: w.size }, "image write failed");
@@ -294,7 +418,7 @@ export class FuseExport {
         if (!punch && !zero) return this.#reply(h.unique, F.Errno.EOPNOTSUPP);
         try {
           await this.#serial(() => img.discard(a.offset, a.length));
-          this.stats.discards++;
+          this.#stats.discards++;
           return this.#reply(h.unique, 0);
         } catch (e) {
           log.error({ err: e, offset: a.offset, length: a.length }, "image discard failed");
@@ -304,7 +428,7 @@ export class FuseExport {
       case F.Op.FSYNC: {
         try {
           if (!img.readOnly) await this.#serial(() => img.sync());
-          this.stats.fsyncs++;
+          this.#stats.fsyncs++;
           return this.#reply(h.unique, 0);
         } catch (e) {
           log.error({ err: e }, "image sync failed");
