@@ -33,7 +33,17 @@ export interface ProxyOptions {
   connectTimeoutMs: number;
   /** Refuse ENVD_INTERNAL paths on the envd port. */
   blockEnvdInternal: boolean;
+  /**
+   * Longest wait for a sandbox that is being created, paused or resumed to settle before a
+   * request is routed, ms (default SETTLE_TIMEOUT_MS).
+   */
+  settleTimeoutMs?: number;
 }
+
+/** Default bound on waiting for a transitional state (creating, pausing, resuming), ms. */
+export const SETTLE_TIMEOUT_MS = 130_000;
+/** States a request waits out instead of being refused (the sandbox is about to run or pause). */
+const TRANSITIONAL = new Set(["creating", "pausing", "resuming"]);
 
 /** A 502 as the E2B edge proxy answers it. */
 /**
@@ -176,7 +186,9 @@ export class SandboxProxy {
   }
 
   /**
-   * Where a route goes: `host:port` of a running sandbox. A paused sandbox with autoResume is
+   * Where a route goes: `host:port` of a running sandbox. A sandbox being created, paused or
+   * resumed is waited for (up to `settleTimeoutMs`): traffic racing a resume (another request's
+   * autoResume, a connect) is not refused with "not found". A paused sandbox with autoResume is
    * resumed first.
    * @returns the upstream origin, or a 502/403 Response.
    */
@@ -185,6 +197,7 @@ export class SandboxProxy {
       return Response.json({ code: 403, message: `path ${route.pathAndQuery.split("?")[0]} is not reachable through the proxy` }, { status: 403 });
     }
     try {
+      await this.settled(route.sandboxId);
       const rec = this.orch.store.get(route.sandboxId);
       if (rec?.state === "paused" && rec.autoResume) await this.orch.connect(route.sandboxId);
       const t = this.orch.resolve(route.sandboxId, route.port);
@@ -194,6 +207,12 @@ export class SandboxProxy {
       this.log.error({ sandboxId: route.sandboxId, port: route.port, path: route.pathAndQuery, err: e }, "proxy: cannot route to the sandbox");
       return badGateway(route.sandboxId, `cannot route to the sandbox: ${(e as Error).message}`);
     }
+  }
+
+  /** Wait while sandbox `id` is in a transitional state (polls the store every 20 ms). */
+  private async settled(id: string): Promise<void> {
+    const until = performance.now() + (this.opts.settleTimeoutMs ?? SETTLE_TIMEOUT_MS);
+    while (TRANSITIONAL.has(this.orch.store.get(id)?.state ?? "") && performance.now() < until) await Bun.sleep(20);
   }
 
   /**

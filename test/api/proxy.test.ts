@@ -234,3 +234,24 @@ test("a 500 from the sandbox passes through unchanged; the proxy's own errors ca
     proxy.close();
   }
 });
+
+test("a request racing a resume waits for it instead of a 502 'not found'; a sandbox that ends paused is still 502", async () => {
+  adoptLoopback(node, "racesbx1", { "49983": upstream.port! });
+  node.orch.store.update("racesbx1", { state: "resuming" }, Date.now());
+  let settled = false;
+  const pending = fetch(`${node.url}/after-resume`, { headers: hdr(49983, "racesbx1") }).then((r) => ((settled = true), r));
+  await Bun.sleep(300);
+  expect(settled).toBe(false);
+  node.orch.store.update("racesbx1", { state: "running" }, Date.now());
+  const r = await pending;
+  expect(r.status).toBe(200);
+  expect(((await r.json()) as { path: string }).path).toBe("/after-resume");
+  // a resume that fails leaves it paused (no autoResume): the waiting request gets the 502
+  node.orch.store.update("racesbx1", { state: "resuming" }, Date.now());
+  const pending2 = fetch(`${node.url}/x`, { headers: hdr(49983, "racesbx1") });
+  await Bun.sleep(100);
+  node.orch.store.update("racesbx1", { state: "paused" }, Date.now());
+  const r2 = await pending2;
+  expect(r2.status).toBe(502);
+  expect(await r2.json()).toEqual({ sandboxId: "racesbx1", message: "The sandbox was not found", code: 502 });
+});
