@@ -16,6 +16,8 @@
 import { readFileSync } from "node:fs";
 import { FuseExport } from "../fuse/server.ts";
 import { logger } from "../../observability/log.ts";
+import { LayeredImage } from "../overlaybd/index.ts";
+import { layeredDirectPlan } from "./direct.ts";
 import { DiskError } from "./errors.ts";
 import { removeRecord, writeRecord } from "./record.ts";
 import { openImage, validateServeSpec } from "./spec.ts";
@@ -41,7 +43,9 @@ export async function serveDisk(specPath: string, fuseFd: number, resume: boolea
   let exp: FuseExport;
   try {
     const acceptWritableOpen = spec.image.kind === "raw" && spec.image.acceptWritableOpen === true;
-    exp = FuseExport.attach({ mountPoint: spec.mountPoint, fileName: spec.fileName, image, ...spec.tuning, acceptWritableOpen, fd: fuseFd, resume });
+    // reader threads read local layer files themselves; a raw image offers its file by itself
+    const direct = image instanceof LayeredImage ? (layeredDirectPlan(image) ?? undefined) : undefined;
+    exp = FuseExport.attach({ mountPoint: spec.mountPoint, fileName: spec.fileName, image, ...spec.tuning, acceptWritableOpen, direct, fd: fuseFd, resume });
   } catch (e) {
     await image.close();
     throw e;

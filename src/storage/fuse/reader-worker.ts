@@ -1,17 +1,27 @@
 /**
- * Body of a reader thread: blocks in read(2) on /dev/fuse. With a `direct` file (a raw image
- * whose bytes are one plain file) READ and WRITE of the served file are answered right here by
- * pread/pwrite on that file's fd, into one buffer allocated at start (reply header and data
- * contiguous: one write(2) per reply, no per-request allocation). Every other request, and every
- * request once the export is closing, is handed to the main thread (one read = one request),
- * which owns the BlockImage and writes the reply. Blocking reads must live off the main thread:
- * a parked read would stall the event loop.
+ * Body of a reader thread: blocks in read(2) on /dev/fuse. With a `direct` plan (where each byte
+ * of the image lives in plain files) READ of the served file is answered right here by pread on
+ * those files' fds (and WRITE by pwrite when the plan has a `writeFd`: a raw file), into one
+ * buffer allocated at start (reply header and data contiguous: one write(2) per reply, no
+ * per-request allocation). Every other request, a READ touching a block marked in `dirty`, and
+ * every request once the export is closing, is handed to the main thread (one read = one
+ * request), which owns the BlockImage and writes the reply. Blocking reads must live off the
+ * main thread: a parked read would stall the event loop.
  *
  * The thread is started with `eval: true` from this function's source text (see `readerSource`),
  * so it also runs from a `bun build --compile` binary, which embeds no separate worker file. The
  * function must therefore use nothing but its parameters.
  *
- * workerData: { fd, bufSize, slot, direct?: { fd, size, readOnly, ctl, counters } } where
+ * workerData: { fd, bufSize, slot, direct?: { size, ext, writeFd, zeroFill, dirty, ctl, counters } } where
+ *  - `ext` (Float64Array): 4 numbers per extent, sorted by offset: virtual offset, length, fd,
+ *    file offset (bytes); virtual bytes outside every extent read as zeros;
+ *  - `writeFd`: fd WRITE goes to at the virtual offset itself (identity map), -1 = WRITE goes to
+ *    the main thread;
+ *  - `zeroFill`: a file shorter than its extent reads as zeros past its end (else the reply is
+ *    short there, like a raw file's pread);
+ *  - `dirty` (Int32Array over a SharedArrayBuffer, or null): bit b set = the 4 KiB block b may
+ *    differ from `ext` (written through the main thread); set before such a write starts, never
+ *    cleared;
  *  - `ctl` (Int32Array over a SharedArrayBuffer): [0] = 1 once the export is closing (hand
  *    everything to the main thread), [1] = requests being served directly right now;
  *  - `counters` (Float64Array, shared): 6 per thread at `slot * 6`: reads, bytesRead, writes,
@@ -27,9 +37,11 @@ import type * as Fs from "node:fs";
 import type * as WorkerThreads from "node:worker_threads";
 
 interface Direct {
-  fd: number;
   size: number;
-  readOnly: boolean;
+  ext: Float64Array;
+  writeFd: number;
+  zeroFill: boolean;
+  dirty: Int32Array | null;
   ctl: Int32Array;
   counters: Float64Array;
 }
@@ -70,20 +82,61 @@ function readerLoop(fs: typeof Fs, wt: typeof WorkerThreads): void {
     const op = inView.getUint32(4, true);
     if (op !== OP_READ && op !== OP_WRITE) return false;
     if (inView.getUint32(16, true) !== FILE_INO || inView.getUint32(20, true) !== 0) return false;
-    if (op === OP_WRITE && d.readOnly) return false;
+    if (op === OP_WRITE && d.writeFd < 0) return false;
     // u64 offset; anything at or above 2^53 is past every image anyway
     const hi = inView.getUint32(52, true);
     const offset = hi >= 0x200000 ? Number.MAX_SAFE_INTEGER : hi * 4294967296 + inView.getUint32(48, true);
     const size = inView.getUint32(56, true);
     if (op === OP_READ) {
       const len = Math.max(0, Math.min(size, d.size - offset, bufSize));
+      const end = offset + len;
+      const dirty = d.dirty;
+      if (dirty && len > 0) {
+        for (let b = Math.floor(offset / 4096), last = Math.floor((end - 1) / 4096); b <= last; b++) {
+          if ((Atomics.load(dirty, b >>> 5) & (1 << (b & 31))) !== 0) return false;
+        }
+      }
+      const ext = d.ext;
+      const count = ext.length / 4;
       let done = 0;
       try {
-        while (done < len) {
-          const got = fs.readSync(d.fd, out, DATA + done, len - done, offset + done);
-          if (got === 0) break;
-          done += got;
+        // first extent ending after `offset`
+        let lo = 0, hi = count;
+        while (lo < hi) {
+          const mid = (lo + hi) >>> 1;
+          if (ext[mid * 4]! + ext[mid * 4 + 1]! <= offset) lo = mid + 1;
+          else hi = mid;
         }
+        let pos = offset;
+        for (let i = lo; pos < end; i++) {
+          const start = i < count ? ext[i * 4]! : end;
+          if (start >= end) {
+            out.fill(0, DATA + pos - offset, DATA + len);
+            pos = end;
+            break;
+          }
+          if (start > pos) {
+            out.fill(0, DATA + pos - offset, DATA + start - offset);
+            pos = start;
+          }
+          const stop = Math.min(start + ext[i * 4 + 1]!, end);
+          const efd = ext[i * 4 + 2]!, foff = ext[i * 4 + 3]! + (pos - start);
+          let got = 0;
+          while (pos + got < stop) {
+            const r = fs.readSync(efd, out, DATA + pos - offset + got, stop - pos - got, foff + got);
+            if (r === 0) break;
+            got += r;
+          }
+          if (pos + got < stop) {
+            if (!d.zeroFill) {
+              pos += got;
+              break;
+            }
+            out.fill(0, DATA + pos - offset + got, DATA + stop - offset);
+          }
+          pos = stop;
+        }
+        done = pos - offset;
       } catch (e) {
         port.postMessage({ fail: String(e), op: "read", offset, size });
         reply(0, EIO);
@@ -107,7 +160,7 @@ function readerLoop(fs: typeof Fs, wt: typeof WorkerThreads): void {
     }
     let done = 0;
     try {
-      while (done < size) done += fs.writeSync(d.fd, buf, 80 + done, size - done, offset + done);
+      while (done < size) done += fs.writeSync(d.writeFd, buf, 80 + done, size - done, offset + done);
     } catch (e) {
       port.postMessage({ fail: String(e), op: "write", offset, size });
       reply(0, EIO);

@@ -5,9 +5,12 @@
  * PUNCH_HOLE|KEEP_SIZE (and ZERO_RANGE) to discard(); truncation and growth are refused.
  * Protocol facts: /work/shared/docs/fuse-nbd.md §1 (opcodes, INIT flags, error rules).
  *
- * Threads: `workers` reader threads block in read(2) on the shared fd. When the image is one
- * plain file (`DirectFileImage`, the raw image) they answer READ and WRITE of it themselves with
- * pread/pwrite on its fd; every other request goes to this (main) thread, which answers it
+ * Threads: `workers` reader threads block in read(2) on the shared fd. With a `DirectPlan` (the
+ * image's bytes live in plain files: a raw image via `DirectFileImage`, or a plan the caller
+ * built, e.g. from an overlaybd stack's local lower layers) they answer READ themselves with
+ * pread on those files, and WRITE with pwrite for a raw file; blocks written through the main
+ * thread are marked in a shared bitmap before the write starts, and READs touching them go to
+ * the main thread. Every other request goes to this (main) thread, which answers it
  * (a write to /dev/fuse never blocks). On the main thread, READ of an image with synchronous
  * reads (`SyncReadImage`, a local overlaybd stack) is answered inline without a promise, into
  * one reply buffer reused by every request.
@@ -51,9 +54,32 @@ export interface SyncReadImage extends BlockImage {
   readonly syncReadable?: boolean;
 }
 
-function directFileOf(img: BlockImage): DirectFile | null {
+/**
+ * Where the image's bytes live in plain files, for reader threads answering READ without the
+ * main thread. Valid while the image is open (the server stops using it before `image.close()`).
+ */
+export interface DirectPlan {
+  /** Sorted, non-overlapping extents in bytes; virtual bytes outside every extent read as zeros. */
+  extents: Array<{ offset: number; length: number; fd: number; fileOffset: number }>;
+  /** fd that WRITE goes to at the same virtual offset (a raw file); absent: WRITE via the image. */
+  writeFd?: number;
+  /** A file shorter than its extent reads as zeros past its end (overlaybd); false: short reply (raw). */
+  zeroFill: boolean;
+  /**
+   * Byte ranges that already differ from `extents` (an overlaybd upper's mapped segments): READ
+   * there goes to the image. Ranges later written or discarded through the image are added.
+   */
+  diverted: Array<[number, number]>;
+}
+
+/** Size of a block of the diverted-reads bitmap (bytes). */
+const DIRTY_BLOCK = 4096;
+
+function directFileOf(img: BlockImage): DirectPlan | null {
   const d = (img as Partial<DirectFileImage>).directFile;
-  return typeof d === "function" ? d.call(img) : null;
+  const f = typeof d === "function" ? d.call(img) : null;
+  if (!f) return null;
+  return { extents: [{ offset: 0, length: img.size, fd: f.fd, fileOffset: 0 }], writeFd: f.readOnly || img.readOnly ? undefined : f.fd, zeroFill: false, diverted: [] };
 }
 
 function canReadSync(img: BlockImage): img is SyncReadImage {
@@ -84,6 +110,8 @@ export interface FuseExportOptions {
   requestTimeoutSec: number;
   /** Mount `fstype` suffix and source; /proc/mounts shows `fuse.<name>` (used when reaping). */
   fsName?: string;
+  /** Direct-read plan for the reader threads; default: from `image.directFile()` when offered. */
+  direct?: DirectPlan;
   /**
    * For a read-only image: accept read-write opens anyway (WRITE still gets EROFS). A VMM maps a
    * guest-RAM file MAP_PRIVATE but opens it O_RDWR (QEMU memory-backend-file,share=off).
@@ -137,6 +165,8 @@ export class FuseExport {
    */
   #out: Uint8Array;
   #outView: DataView;
+  /** Bit per DIRTY_BLOCK: READ there goes to the image (see `DirectPlan.diverted`); null = no tracking. */
+  #dirty: Int32Array | null = null;
 
   private constructor(fd: number, opts: FuseExportOptions) {
     this.#fd = fd;
@@ -152,8 +182,19 @@ export class FuseExport {
     this.#syncRead = canReadSync(opts.image) ? opts.image : null;
     this.#out = new Uint8Array(this.#syncRead ? INLINE_DATA + opts.maxWrite : 0);
     this.#outView = new DataView(this.#out.buffer);
-    const file = directFileOf(opts.image);
-    const direct = file ? { fd: file.fd, readOnly: file.readOnly || opts.image.readOnly, size: opts.image.size, ctl: this.#ctl, counters: this.#counters } : undefined;
+    const plan = opts.direct ?? directFileOf(opts.image);
+    let direct: object | undefined;
+    if (plan) {
+      const writeFd = plan.writeFd ?? -1;
+      // writes that go through the image change what reads must return: track them
+      if (writeFd < 0 && (!opts.image.readOnly || plan.diverted.length > 0)) {
+        this.#dirty = new Int32Array(new SharedArrayBuffer(4 * Math.ceil(opts.image.size / DIRTY_BLOCK / 32 + 1)));
+        for (const [a, b] of plan.diverted) this.#divert(a, b - a);
+      }
+      const ext = new Float64Array(plan.extents.length * 4);
+      plan.extents.forEach((e, i) => ext.set([e.offset, e.length, e.fd, e.fileOffset], i * 4));
+      direct = { size: opts.image.size, ext, writeFd, zeroFill: plan.zeroFill, dirty: this.#dirty, ctl: this.#ctl, counters: this.#counters };
+    }
     for (let i = 0; i < opts.workers; i++) {
       const w = new Worker(readerSource(), { eval: true, workerData: { fd, bufSize, slot: i, direct } });
       w.on("message", (m: ArrayBuffer | { done?: string; fail?: string; op?: string; offset?: number; size?: number; warn?: string }) => {
@@ -242,6 +283,22 @@ export class FuseExport {
     const run = this.#writeChain.then(op);
     this.#writeChain = run.then(() => undefined, () => undefined);
     return run;
+  }
+
+  /** Send later READs of [offset, offset+length) to the image (before a write there starts). */
+  #divert(offset: number, length: number): void {
+    const d = this.#dirty;
+    if (!d || length <= 0) return;
+    const last = Math.min(Math.floor((offset + length - 1) / DIRTY_BLOCK), d.length * 32 - 1);
+    for (let b = Math.floor(offset / DIRTY_BLOCK); b <= last;) {
+      if ((b & 31) === 0 && b + 31 <= last) {
+        Atomics.store(d, b >>> 5, -1); // a whole word of 32 blocks
+        b += 32;
+      } else {
+        Atomics.or(d, b >>> 5, 1 << (b & 31));
+        b++;
+      }
+    }
   }
 
   #dispatch(req: Uint8Array): void {
@@ -397,6 +454,7 @@ export class FuseExport {
         const data = body.subarray(F.WRITE_IN_SIZE, F.WRITE_IN_SIZE + w.size);
         if (data.byteLength !== w.size) return this.#reply(h.unique, F.Errno.EINVAL);
         if (w.offset + w.size > img.size) return this.#reply(h.unique, F.Errno.ENOSPC);
+        this.#divert(w.offset, w.size);
         try {
           const n = await this.#serial(() => img.pwrite(data, w.offset));
           this.#stats.writes++;
@@ -416,6 +474,7 @@ export class FuseExport {
         const zero = (a.mode & ~F.FALLOC_FL_KEEP_SIZE) === F.FALLOC_FL_ZERO_RANGE;
         if (a.mode === 0 || a.mode === F.FALLOC_FL_KEEP_SIZE) return this.#reply(h.unique, 0); // preallocation inside the size: nothing to do
         if (!punch && !zero) return this.#reply(h.unique, F.Errno.EOPNOTSUPP);
+        this.#divert(a.offset, a.length);
         try {
           await this.#serial(() => img.discard(a.offset, a.length));
           this.#stats.discards++;
