@@ -8,6 +8,7 @@ import { existsSync, readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { Database } from "bun:sqlite";
 import { NodeWorld, qemuPidsUnder, vmPrerequisites } from "./world.ts";
+import { alive } from "../helpers/proc.ts";
 
 const missing = vmPrerequisites();
 let world: NodeWorld | undefined;
@@ -36,14 +37,6 @@ function diskMounts(dir: string): string[] {
   return readFileSync("/proc/self/mountinfo", "utf8").split("\n").filter((l) => l.includes(" fuse.aenvdisk ") && l.includes(dir));
 }
 
-function alive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch {
-    return false;
-  }
-}
 
 test("a crashed node's running sandbox is reaped at the next start; its paused sandbox survives", async () => {
   if (missing) throw new Error(`VM prerequisites missing: ${missing}`);

@@ -6,6 +6,7 @@ import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync
 import { join } from "node:path";
 import { listMounts } from "../../../src/ffi/mount.ts";
 import { beginDiskShutdown, diskConfig, exportDisk, reapStaleDisks } from "../../../src/storage/daemon/index.ts";
+import { alive, groupOf } from "../../helpers/proc.ts";
 
 let root: string;
 let recordDir: string;
@@ -19,21 +20,7 @@ afterAll(async () => {
   rmSync(root, { recursive: true, force: true });
 });
 
-/** pgid and sid of a live process (/proc/<pid>/stat fields 5 and 6). */
-function groupOf(pid: number): { pgid: number; sid: number } {
-  const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
-  const f = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
-  return { pgid: Number(f[5 - 3]), sid: Number(f[6 - 3]) };
-}
 
-function alive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch {
-    return false;
-  }
-}
 
 /** Read stdout lines of a child until `n` lines arrived (or it closed). */
 async function lines(reader: { read(): Promise<{ done: boolean; value?: Uint8Array }> }, n: number, acc: { text: string }): Promise<string[]> {

@@ -8,25 +8,12 @@ import { afterAll, describe, expect, test } from "bun:test";
 import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { alive, groupOf } from "../../helpers/proc.ts";
 
 const dir = mkdtempSync(join(tmpdir(), "c1int-"));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
-/** pgid and sid of a live process (/proc/<pid>/stat fields 5 and 6). */
-function groupOf(pid: number): { pgid: number; sid: number } {
-  const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
-  const f = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
-  return { pgid: Number(f[5 - 3]), sid: Number(f[6 - 3]) };
-}
 
-function alive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch {
-    return false;
-  }
-}
 
 describe("QEMU and the node's process group", () => {
   test("QEMU runs in its own session; kill -INT to the node's group leaves it for the node to pause and stop", async () => {
