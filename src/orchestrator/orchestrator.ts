@@ -334,7 +334,10 @@ export class Orchestrator {
       if (r.state !== "running") throw new OrchestratorError("orchestrator.conflict", 409, `sandbox ${id} is not running`, { sandboxId: id, state: r.state });
       if (!this.runtime.updateNetwork) throw new OrchestratorError("orchestrator.bad_request", 400, `runtime ${this.runtime.name} cannot change network policy`, { sandboxId: id });
       await this.runtime.updateNetwork(id, r.runtimeState ?? {}, policy);
-      this.store.update(id, { network: { ...(r.network ?? {}), ...policy } }, this.now());
+      // the body replaces the policy (an omitted field clears it): keep exactly what was applied,
+      // so a resume or restart rebuilds the same rules
+      const flag = policy.allow_internet_access ?? policy.allowInternetAccess;
+      this.store.update(id, { network: policy, allowInternetAccess: typeof flag === "boolean" ? flag : null }, this.now());
     });
   }
 
