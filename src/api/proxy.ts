@@ -13,6 +13,8 @@ import { OrchestratorError, type Orchestrator } from "../orchestrator/index.ts";
 
 /** envd's port inside every sandbox. */
 export const ENVD_PORT = 49983;
+/** Header carrying a sandbox's traffic access token (E2B). */
+export const TRAFFIC_TOKEN_HEADER = "e2b-traffic-access-token";
 /** envd routes only the host may call (e2b-contract.md §3.2). */
 export const ENVD_INTERNAL = new Set(["/init", "/freeze", "/unfreeze", "/collapse", "/fsfreeze", "/fsthaw", "/upgrade"]);
 const HOP = ["connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade", "host", "proxy-authorization", "proxy-authenticate"];
@@ -190,9 +192,19 @@ export class SandboxProxy {
    * resumed is waited for (up to `settleTimeoutMs`): traffic racing a resume (another request's
    * autoResume, a connect) is not refused with "not found". A paused sandbox with autoResume is
    * resumed first.
+   * Ports other than envd's of a sandbox created with `network.allowPublicTraffic=false` need
+   * header `e2b-traffic-access-token` equal to its `trafficAccessToken` (E2B proxy rule).
+   * @param headers the client's request headers (for the traffic access token).
    * @returns the upstream origin, or a 502/403 Response.
    */
-  async target(route: ProxyRoute): Promise<string | Response> {
+  async target(route: ProxyRoute, headers: Headers): Promise<string | Response> {
+    const token = route.port === ENVD_PORT ? null : this.orch.store.get(route.sandboxId)?.trafficAccessToken;
+    if (token && headers.get(TRAFFIC_TOKEN_HEADER) !== token) {
+      return Response.json(
+        { sandboxId: route.sandboxId, code: 403, message: `port ${route.port} of sandbox ${route.sandboxId} is private: send header ${TRAFFIC_TOKEN_HEADER} with the sandbox's trafficAccessToken` },
+        { status: 403, headers: { [ERROR_SOURCE]: "proxy" } },
+      );
+    }
     if (this.opts.blockEnvdInternal && route.port === ENVD_PORT && ENVD_INTERNAL.has(route.pathAndQuery.split("?")[0]!)) {
       return Response.json({ code: 403, message: `path ${route.pathAndQuery.split("?")[0]} is not reachable through the proxy` }, { status: 403 });
     }
@@ -233,7 +245,7 @@ export class SandboxProxy {
   }
 
   private async forwardUnsafe(req: Request, route: ProxyRoute, clientIp: string | null): Promise<Response> {
-    const target = await this.target(route);
+    const target = await this.target(route, req.headers);
     if (target instanceof Response) return target;
     const headers = new Headers(req.headers);
     for (const n of HOP) headers.delete(n);

@@ -75,7 +75,7 @@ export function serve(o: ServeOptions): Server<WsData> {
       const ip = server.requestIP(req)?.address ?? null;
       if (route) {
         if (req.headers.get("upgrade")?.toLowerCase() === "websocket") {
-          const target = await proxy.target(route);
+          const target = await proxy.target(route, req.headers);
           if (target instanceof Response) return target;
           const headers: Record<string, string> = {};
           for (const n of ["x-access-token", "authorization", "cookie", "origin", "user-agent"]) {

@@ -173,7 +173,8 @@ export class Orchestrator {
       diskSizeMB: tpl.diskSizeMB,
       envdVersion: tpl.envdVersion,
       envdAccessToken: req.secure ? randomHex(32) : null,
-      trafficAccessToken: null,
+      // E2B: network.allowPublicTraffic=false makes non-envd ports require this token
+      trafficAccessToken: req.network?.allowPublicTraffic === false ? randomHex(32) : null,
       metadata: req.metadata ?? {},
       envVars: req.envVars ?? {},
       autoPause: req.autoPause ?? false,

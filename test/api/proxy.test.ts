@@ -255,3 +255,19 @@ test("a request racing a resume waits for it instead of a 502 'not found'; a san
   expect(r2.status).toBe(502);
   expect(await r2.json()).toEqual({ sandboxId: "racesbx1", message: "The sandbox was not found", code: 502 });
 });
+
+test("a sandbox created with allowPublicTraffic=false: its user ports need e2b-traffic-access-token, envd's port does not", async () => {
+  adoptLoopback(node, "privsbx1", { "49983": upstream.port!, "3000": upstream.port! }, { trafficAccessToken: "secret-traffic" });
+  const h = (port: number, extra: Record<string, string> = {}) => ({ "e2b-sandbox-id": "privsbx1", "e2b-sandbox-port": String(port), ...extra });
+  const none = await fetch(`${node.url}/teapot`, { headers: h(3000) });
+  expect(none.status).toBe(403);
+  expect(none.headers.get("x-agentenv-error-source")).toBe("proxy");
+  expect(((await none.json()) as any).message).toContain("e2b-traffic-access-token");
+  expect((await fetch(`${node.url}/teapot`, { headers: h(3000, { "e2b-traffic-access-token": "wrong" }) })).status).toBe(403);
+  expect((await fetch(`${node.url}/teapot`, { headers: h(3000, { "e2b-traffic-access-token": "secret-traffic" }) })).status).toBe(418);
+  // envd (49983) is guarded by the envd access token instead
+  expect((await fetch(`${node.url}/teapot`, { headers: h(49983) })).status).toBe(418);
+  // WebSocket upgrades are checked too
+  const ws = await fetch(`${node.url}/ws`, { headers: h(3000, { upgrade: "websocket", connection: "Upgrade", "sec-websocket-key": "dGhlIHNhbXBsZSBub25jZQ==", "sec-websocket-version": "13" }) });
+  expect(ws.status).toBe(403);
+});

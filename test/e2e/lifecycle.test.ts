@@ -25,7 +25,7 @@ afterAll(async () => {
 test("v1 create + autoPause: paused at expiry, 409 on pause again, resume 201 with the same token, network update, kill", async () => {
   if (missing) throw new Error(`VM prerequisites missing: ${missing}`);
   const o = await world.client("v1-autopause.ts");
-  expect(o.create).toEqual({ status: 201, hasToken: true });
+  expect(o.create).toEqual({ status: 201, hasToken: true, trafficToken: true });
   expect(o.autoPaused).toBe("paused");
   expect(o.lifecycle).toEqual({ autoResume: false, onTimeout: "pause" });
   expect(o.pauseAgain).toBe(409);
