@@ -19,6 +19,9 @@ pkgs+=(qemu-system-x86 linux-source-6.1 build-essential bc bison flex libelf-dev
 # VM tests: a static busybox for the kernel boot test rootfs.
 [ "$want_test" = 1 ] && pkgs+=(busybox-static)
 
+# npm installs Bun itself (below); Debian's nodejs/npm when the host has no npm yet.
+command -v npm >/dev/null 2>&1 || pkgs+=(nodejs npm)
+
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

@@ -68,6 +68,8 @@ export class NodeWorld {
       AENV_API_ADDR: `127.0.0.1:${PORT}`,
       AENV_LOG_LEVEL: "warn",
       AENV__kernel__path: resolveKernelPath(loadConfig({ env: { AENV_HOME_PATH: TEST_HOME } })),
+      // pinned: a firecracker binary on PATH must not switch these tests to another VMM
+      AENV__vm__driver: "qemu",
       AENV__qemu__memory_dir: this.memDir,
       AENV__network__name_prefix: this.prefix,
       AENV__pool__low_watermark: "1",
