@@ -7,6 +7,7 @@ import { Elysia, t } from "elysia";
 import { openapi } from "@elysiajs/openapi";
 import type { Orchestrator, SandboxRecord } from "../orchestrator/index.ts";
 import { ApiError, errorResponse, toErrorResponse } from "./errors.ts";
+import { refuseUnsupported, UNSUPPORTED } from "./unsupported.ts";
 import { parseMetadataFilter } from "./metadata.ts";
 import { renderPrometheus } from "../observability/metrics.ts";
 import { nodeInfo, type NodeIdentity } from "./node.ts";
@@ -77,8 +78,9 @@ export function buildApp(deps: ApiDeps) {
     set.status = 201;
     return toSandbox(r, domain);
   };
-  const create = (body: typeof S.NewSandbox.static, secure: boolean) =>
-    orch.create({
+  const create = (body: typeof S.NewSandbox.static, secure: boolean) => {
+    refuseUnsupported(body, UNSUPPORTED.create);
+    return orch.create({
       template: body.templateID,
       timeoutSecs: body.timeout,
       autoPause: body.autoPause,
@@ -89,6 +91,7 @@ export function buildApp(deps: ApiDeps) {
       allowInternetAccess: body.allow_internet_access,
       network: (body.network as Record<string, unknown> | null | undefined) ?? undefined,
     });
+  };
 
   const root = new Elysia({ normalize: false });
   if (deps.docs) {
@@ -194,7 +197,8 @@ export function buildApp(deps: ApiDeps) {
     )
     .post(
       "/sandboxes/:sandboxID/pause",
-      async ({ params }) => {
+      async ({ params, body }) => {
+        refuseUnsupported(body, UNSUPPORTED.pause);
         await orch.pause(params.sandboxID);
         return noContent();
       },
@@ -202,12 +206,16 @@ export function buildApp(deps: ApiDeps) {
     )
     .post(
       "/sandboxes/:sandboxID/resume",
-      async ({ params, body, set }) => created(await orch.resume(params.sandboxID, body?.timeout), set),
+      async ({ params, body, set }) => {
+        refuseUnsupported(body, UNSUPPORTED.resume);
+        return created(await orch.resume(params.sandboxID, body?.timeout), set);
+      },
       { body: t.Optional(S.ResumedSandbox), response: { 201: S.Sandbox, ...ERR }, detail: { summary: "Resume a paused sandbox (deprecated; use connect)", tags: ["sandboxes"] } },
     )
     .post(
       "/v2/sandboxes/:sandboxID/connect",
       async ({ params, body, set }) => {
+        refuseUnsupported(body, UNSUPPORTED.connect);
         const r = await orch.connect(params.sandboxID, body?.timeout);
         set.status = r.resumed ? 201 : 200;
         return toSandbox(r.sandbox, domain);
@@ -217,6 +225,7 @@ export function buildApp(deps: ApiDeps) {
     .post(
       "/sandboxes/:sandboxID/connect",
       async ({ params, body, set }) => {
+        refuseUnsupported(body, UNSUPPORTED.connect);
         const r = await orch.connect(params.sandboxID, body.timeout);
         set.status = r.resumed ? 201 : 200;
         return toSandbox(r.sandbox, domain);

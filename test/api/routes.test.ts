@@ -80,6 +80,38 @@ test("create: malformed JSON, missing/invalid fields are 400; unknown template i
   expect(node.orch.store.countByState()).toEqual({});
 });
 
+test("fields this node does not implement are refused with 400 api.unsupported naming the field, never ignored", async () => {
+  const create: [Record<string, unknown>, string][] = [
+    [{ volumeMounts: [{ name: "v", path: "/mnt/v" }] }, "volumeMounts"],
+    [{ mcp: { server: {} } }, "mcp"],
+    [{ iam: { role: "x" } }, "iam"],
+    [{ autoPause: true, autoPauseMemory: false }, "autoPauseMemory"],
+    [{ network: { maskRequestHost: "x.example" } }, "network.maskRequestHost"],
+    [{ network: { egressProxy: { url: "http://p" } } }, "network.egressProxy"],
+    [{ network: { rules: [{ host: "a" }] } }, "network.rules"],
+  ];
+  for (const [extra, field] of create) {
+    for (const path of ["/v2/sandboxes", "/sandboxes"]) {
+      const r = await json(await api(node, path, { method: "POST", body: JSON.stringify({ templateID: "base", ...extra }) }));
+      expect(r).toEqual({ status: 400, body: { code: 400, message: expect.stringContaining(`${field}:`), error_code: "api.unsupported" } });
+    }
+  }
+  // defaults and empty values are fine (checked against a missing template: 404, not 400)
+  const ok = await json(await api(node, "/v2/sandboxes", { method: "POST", body: JSON.stringify({ templateID: "nope", volumeMounts: [], autoPauseMemory: true, mcp: null }) }));
+  expect(ok.status).toBe(404);
+  const id = "unsup1";
+  adoptLoopback(node, id, {});
+  for (const [path, body] of [[`/sandboxes/${id}/pause`, { memory: false }], [`/sandboxes/${id}/connect`, { timeout: 30, memory: false }], [`/v2/sandboxes/${id}/connect`, { memory: false }], [`/sandboxes/${id}/resume`, { memory: false }], [`/sandboxes/${id}/resume`, { autoPause: true }]] as const) {
+    const r = await json(await api(node, path, { method: "POST", body: JSON.stringify(body) }));
+    expect(r.status).toBe(400);
+    expect(r.body.error_code).toBe("api.unsupported");
+  }
+  // the refused pause did nothing
+  expect((await json(await api(node, `/sandboxes/${id}`))).body.state).toBe("running");
+  expect(node.orch.store.countByState()).toEqual({ running: 1 });
+  await api(node, `/sandboxes/${id}`, { method: "DELETE" });
+});
+
 test("routes on a missing or malformed sandbox id answer 404 {code:404}", async () => {
   const calls: [string, string, unknown?][] = [
     ["GET", "/sandboxes/abc123"],

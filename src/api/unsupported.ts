@@ -1,0 +1,42 @@
+/**
+ * E2B request fields this node does not implement. Accepting them silently would tell the
+ * client something happened that did not (a volume mounted, a filesystem-only snapshot, ...),
+ * so a non-default value is refused with 400 `api.unsupported` naming the field.
+ * Field meanings: /work/shared/docs/e2b-contract.md, E2B's spec/openapi.yml.
+ */
+import { ApiError } from "./errors.ts";
+
+/** A field path and a test that is true when its value asks for something unsupported. */
+type Rule = [path: string, asks: (v: unknown) => boolean, why: string];
+
+const present = (v: unknown) => v !== undefined && v !== null;
+const nonEmpty = (v: unknown) => (Array.isArray(v) ? v.length > 0 : present(v));
+
+const CREATE: Rule[] = [
+  ["volumeMounts", nonEmpty, "volumes are not supported by this node"],
+  ["mcp", present, "MCP gateways are not supported by this node"],
+  ["iam", present, "IAM settings are not supported by this node"],
+  ["autoPauseMemory", (v) => v === false, "filesystem-only (memory: false) snapshots are not supported; pauses keep memory"],
+  ["network.maskRequestHost", present, "request host masking is not supported by this node"],
+  ["network.egressProxy", present, "egress proxies are not supported by this node"],
+  ["network.rules", nonEmpty, "network rules are not supported by this node; use allowOut/denyOut"],
+];
+const MEMORY: Rule[] = [["memory", (v) => v === false, "filesystem-only (memory: false) snapshots are not supported; pauses keep memory"]];
+const RESUME: Rule[] = [...MEMORY, ["autoPause", (v) => v === true, "autoPause on resume is not supported; set it at create"]];
+
+/** Which rules apply to which request body. */
+export const UNSUPPORTED = { create: CREATE, pause: MEMORY, connect: MEMORY, resume: RESUME } as const;
+
+/**
+ * Refuse a body that asks for an unsupported feature.
+ * @param body the parsed JSON body (may be undefined).
+ * @throws ApiError `api.unsupported` (400) naming the first such field and why.
+ */
+export function refuseUnsupported(body: unknown, rules: readonly Rule[]): void {
+  if (typeof body !== "object" || body === null) return;
+  for (const [path, asks, why] of rules) {
+    let v: unknown = body;
+    for (const part of path.split(".")) v = typeof v === "object" && v !== null ? (v as Record<string, unknown>)[part] : undefined;
+    if (asks(v)) throw new ApiError("api.unsupported", 400, `${path}: ${why}`, { field: path });
+  }
+}
