@@ -53,6 +53,8 @@ export class Orchestrator {
   private readonly counters: OrchestratorCounters = { running: 0, paused: 0, starting: 0, created: 0, failed: 0, killed: 0 };
   private evictTimer: ReturnType<typeof setInterval> | undefined;
   private readonly inflight = new Set<Promise<unknown>>();
+  /** Sandboxes whose expiry action is queued or running: later ticks must not queue it again. */
+  private readonly expiring = new Set<string>();
   /** Per-sandbox count of VM starts (create/resume), to tell a stale VM exit from a live one. */
   private readonly generations = new Map<string, number>();
   private lastGeneration = 0;
@@ -484,11 +486,15 @@ export class Orchestrator {
   private evictTick(): void {
     const t = this.now();
     for (const { id, autoPause } of this.store.expired(t)) {
+      if (this.expiring.has(id)) continue;
+      this.expiring.add(id);
       this.log.info({ sandboxId: id, action: autoPause ? "pause" : "kill" }, "sandbox timeout reached");
       const op = autoPause ? this.pauseNow(id) : this.killNow(id, false);
-      this.track(op).catch((e) => {
-        if (!(e instanceof OrchestratorError && e.status === 404)) this.log.error({ sandboxId: id, err: e }, "expiry action failed");
-      });
+      this.track(op)
+        .catch((e) => {
+          if (!(e instanceof OrchestratorError && e.status === 404)) this.log.error({ sandboxId: id, err: e }, "expiry action failed");
+        })
+        .finally(() => this.expiring.delete(id));
     }
   }
 
