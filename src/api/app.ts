@@ -248,7 +248,7 @@ export function buildApp(deps: ApiDeps) {
       response: { 200: t.Array(S.Template), ...ERR },
       detail: { summary: "List templates", tags: ["templates"] },
     })
-    .get("/nodes", () => [nodeInfo(deps.node, orch)], { response: { 200: t.Array(S.Node), ...ERR }, detail: { summary: "List nodes (this node)", tags: ["nodes"] } })
+    .get("/nodes", async () => [await nodeInfo(deps.node, orch)], { response: { 200: t.Array(S.Node), ...ERR }, detail: { summary: "List nodes (this node)", tags: ["nodes"] } })
     .get(
       "/nodes/:nodeID",
       ({ params }) => {

@@ -3,6 +3,7 @@
  */
 import { cpus, freemem, hostname, totalmem, arch } from "node:os";
 import { statfsSync } from "node:fs";
+import { hostCpuPercent } from "../observability/host.ts";
 import type { Orchestrator } from "../orchestrator/index.ts";
 import pkg from "../../package.json" with { type: "json" };
 
@@ -20,7 +21,7 @@ export function nodeId(configured: string): string {
 }
 
 /** The `Node` body of this node. */
-export function nodeInfo(n: NodeIdentity, orch: Orchestrator) {
+export async function nodeInfo(n: NodeIdentity, orch: Orchestrator) {
   const c = orch.getCounters();
   const cpu = cpus();
   const disks = [];
@@ -47,7 +48,7 @@ export function nodeInfo(n: NodeIdentity, orch: Orchestrator) {
     machineInfo: { cpuFamily: "", cpuModel: "", cpuModelName: cpu[0]?.model ?? "", cpuArchitecture: arch() },
     metrics: {
       allocatedCPU: live.reduce((a, r) => a + r.cpuCount, 0),
-      cpuPercent: 0,
+      cpuPercent: await hostCpuPercent(),
       cpuCount: cpu.length,
       allocatedMemoryBytes: live.reduce((a, r) => a + r.memoryMB * 1024 * 1024, 0),
       memoryUsedBytes: totalmem() - freemem(),
