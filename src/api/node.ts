@@ -15,6 +15,17 @@ export interface NodeIdentity {
   startedAt: number;
 }
 
+/**
+ * The source commit this node runs: `AENV_BUILD_COMMIT` (set when building the binary), else
+ * `git rev-parse HEAD` of the checkout it runs from, else "" (a copy without git metadata).
+ */
+export const BUILD_COMMIT: string = (() => {
+  if (process.env.AENV_BUILD_COMMIT) return process.env.AENV_BUILD_COMMIT;
+  if (import.meta.dir.startsWith("/$bunfs")) return "";
+  const r = Bun.spawnSync(["git", "rev-parse", "HEAD"], { cwd: import.meta.dir, stdout: "pipe", stderr: "ignore" });
+  return r.exitCode === 0 ? r.stdout.toString().trim() : "";
+})();
+
 /** Node id from config, else the host name reduced to [a-z0-9-]. */
 export function nodeId(configured: string): string {
   return configured || hostname().toLowerCase().replace(/[^a-z0-9-]/g, "-") || "node";
@@ -44,7 +55,7 @@ export async function nodeInfo(n: NodeIdentity, orch: Orchestrator) {
     createSuccesses: c.created,
     createFails: c.failed,
     version: pkg.version,
-    commit: "",
+    commit: BUILD_COMMIT,
     machineInfo: { cpuFamily: "", cpuModel: "", cpuModelName: cpu[0]?.model ?? "", cpuArchitecture: arch() },
     metrics: {
       allocatedCPU: live.reduce((a, r) => a + r.cpuCount, 0),

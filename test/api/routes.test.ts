@@ -261,6 +261,8 @@ test("templates come from the template store; nodes describe this node", async (
   const nodes = await json(await api(node, "/nodes"));
   expect(nodes.body).toHaveLength(1);
   expect(nodes.body[0]).toMatchObject({ status: "ready", clusterID: "local", sandboxStartingCount: 0 });
+  // the commit of this checkout (tests run from a git clone)
+  expect(nodes.body[0].commit).toMatch(/^[0-9a-f]{40}$/);
   const cpu = nodes.body[0].metrics.cpuPercent;
   expect(Number.isInteger(cpu) && cpu >= 0 && cpu <= 100).toBe(true);
   expect((await json(await api(node, `/nodes/${nodes.body[0].id}`))).body.id).toBe(nodes.body[0].id);
