@@ -122,8 +122,7 @@ test("responses stream without buffering; request bodies stream up; gzip passes 
     text += new TextDecoder().decode(value);
   }
   expect(text).toBe("chunk0\nchunk1\nchunk2\nchunk3\n");
-  // the first chunk arrives long before the last one was produced (~450 ms)
-  expect(times[0]!).toBeLessThan(300);
+  // chunks arrive spread out as produced (~450 ms from first to last), not all at once at the end
   expect(times[times.length - 1]! - times[0]!).toBeGreaterThan(300);
 
   const size = 24 * 1024 * 1024;
@@ -204,7 +203,8 @@ test("killing a sandbox cuts its proxied streams and WebSockets at once", async 
   })();
   expect(["done", "error"]).toContain(await ended);
   expect(await wsClosed).toBe(1001);
-  expect(performance.now() - t0).toBeLessThan(2000);
+  // cut by the kill, not by a timeout (the SDK's own stream timeout is 60 s)
+  expect(performance.now() - t0).toBeLessThan(10_000);
 });
 
 test("a 500 from the sandbox passes through unchanged; the proxy's own errors carry x-agentenv-error-source: proxy", async () => {

@@ -73,22 +73,22 @@ test("a silent upstream yields SERVFAIL after the timeout; beyond maxInflight at
     port,
     bindIp: "127.0.0.1",
     upstream: [{ ip: "127.0.0.1", port: upstream.port }],
-    timeoutMs: 300,
+    timeoutMs: 1500,
     maxInflight: 1,
     onAnswer: async () => {},
   });
   await proxy.start();
   cleanups.push(() => proxy.stop());
   const t0 = performance.now();
-  const first = ask(port, buildQuery(1, "a.example.com"), 2000);
+  const first = ask(port, buildQuery(1, "a.example.com"), 4000);
   await Bun.sleep(50);
   expect(proxy.inflight).toBe(1);
   const second = await ask(port, buildQuery(2, "b.example.com"), 2000);
-  expect(performance.now() - t0).toBeLessThan(250); // refused at once, not after the timeout
+  expect(performance.now() - t0).toBeLessThan(1000); // refused at once, not after the 1500 ms timeout
   expect(parseMessage(second!)).toMatchObject({ id: 2, qname: "b.example.com", answersA: [] });
   expect(parseMessage(second!).flags & 0xf).toBe(2);
   const r1 = await first;
-  expect(performance.now() - t0).toBeGreaterThanOrEqual(290);
+  expect(performance.now() - t0).toBeGreaterThanOrEqual(1490);
   expect(parseMessage(r1!).flags & 0xf).toBe(2);
   expect(proxy.inflight).toBe(0);
 });

