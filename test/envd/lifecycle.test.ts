@@ -31,7 +31,11 @@ test("SIGTERM stops envd and takes its processes with it", async () => {
       pids.push(msg.event.start.pid);
       ac.abort();
     }
-    for (const pid of pids) expect(procState(pid)).toBeDefined();
+    for (const pid of pids) {
+      // alive and not a zombie
+      expect(procState(pid)).toBeDefined();
+      expect(procState(pid)).not.toBe("Z");
+    }
     envd.proc.kill("SIGTERM");
     expect(await envd.proc.exited).toBe(0);
     for (const pid of pids) expect(await waitFor(() => procState(pid) === undefined, 3000)).toBe(true);

@@ -142,6 +142,7 @@ describe("commands", () => {
     const h = await sbx.commands.run("sleep 30", { background: true });
     expect(h.pid).toBeGreaterThan(0);
     expect(procState(h.pid)).toBeDefined();
+    expect(procState(h.pid)).not.toBe("Z");
     const list = await sbx.commands.list();
     const mine = list.find((p) => p.pid === h.pid);
     expect(mine?.cmd).toBe("/bin/bash");
