@@ -17,7 +17,7 @@ pkgs+=(qemu-system-x86 linux-source-6.1 build-essential bc bison flex libelf-dev
 # overlaybd tests (test/storage/overlaybd): a real OCI registry, openssl for its token cert, XFS for reflinks.
 [ "$want_test" = 1 ] && pkgs+=(docker-registry openssl xfsprogs)
 # VM tests: a static busybox for the kernel boot test rootfs.
-[ "$want_test" = 1 ] && pkgs+=(busybox-static)
+[ "$want_test" = 1 ] && pkgs+=(busybox-static procps)
 
 # npm installs Bun itself (below); Debian's nodejs/npm when the host has no npm yet.
 command -v npm >/dev/null 2>&1 || pkgs+=(nodejs npm)

@@ -4,7 +4,7 @@
  * disk, keeps the paused sandbox, and the API shows exactly that.
  */
 import { afterAll, expect, test } from "bun:test";
-import { existsSync, readdirSync, readFileSync } from "node:fs";
+import { existsSync, readFileSync, readdirSync } from "node:fs";
 import { join } from "node:path";
 import { Database } from "bun:sqlite";
 import { NodeWorld, qemuPidsUnder, vmPrerequisites } from "./world.ts";
@@ -58,6 +58,13 @@ test("a crashed node's running sandbox is reaped at the next start; its paused s
   expect(qemuPidsUnder(world.home, world.memDir)).toEqual([pidA]);
   const slotsBefore = world.slotNamespaces();
   expect(slotsBefore.length).toBeGreaterThan(0);
+  // mark each namespace of the crashed run: a reaped and rebuilt slot of the same name lacks the mark
+  // (the mark: a per-namespace sysctl off its default of 64)
+  const marked = (n: string) => Bun.spawnSync(["ip", "netns", "exec", n, "cat", "/proc/sys/net/ipv4/ip_default_ttl"]).stdout.toString().trim() === "77";
+  for (const n of slotsBefore) {
+    expect(Bun.spawnSync(["ip", "netns", "exec", n, "sysctl", "-qw", "net.ipv4.ip_default_ttl=77"]).exitCode).toBe(0);
+    expect(marked(n)).toBe(true);
+  }
   expect(existsSync(join(world.home, "sandboxes", p1.a))).toBe(true);
   // A's root disk is still served (the template has overlaybd layers); paused B's is not
   expect(diskServers(p1.a).length).toBe(1);
@@ -65,6 +72,8 @@ test("a crashed node's running sandbox is reaped at the next start; its paused s
   expect(diskMounts(world.home).length).toBe(1);
 
   await world.start();
+  // every slot namespace of the crashed run was deleted (a name may be reused by the new warm pool)
+  expect(world.slotNamespaces().filter(marked)).toEqual([]);
   expect(diskServers(p1.a)).toEqual([]);
   expect(diskMounts(world.home)).toEqual([]);
   expect(alive(pidA)).toBe(false);
