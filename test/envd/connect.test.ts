@@ -409,7 +409,16 @@ describe("uploads are streamed", () => {
     const size = 320 * 1024 * 1024;
     const before = await rss();
     let peak = before;
-    const sampler = setInterval(async () => (peak = Math.max(peak, await rss().catch(() => 0))), 25);
+    let samples = 0;
+    let sampleError: unknown;
+    const sampler = setInterval(async () => {
+      try {
+        peak = Math.max(peak, await rss());
+        samples++;
+      } catch (e) {
+        sampleError = e;
+      }
+    }, 25);
     let sent = 0;
     const body = new ReadableStream<Uint8Array>({
       pull(c) {
@@ -427,6 +436,10 @@ describe("uploads are streamed", () => {
       duplex: "half",
     } as RequestInit);
     clearInterval(sampler);
+    peak = Math.max(peak, await rss());
+    expect(sampleError).toBeUndefined();
+    // the bound below means something only if the upload was watched while it ran
+    expect(samples).toBeGreaterThanOrEqual(10);
     expect(res.status).toBe(200);
     expect(require("node:fs").statSync(target).size).toBe(size);
     const fd = require("node:fs").openSync(target, "r");
