@@ -4,26 +4,15 @@
  * `agentenv sandbox` CLI end to end (create, exec with exit code, pause, list, resume, kill), and
  * kills racing a create of the same sandbox, and a VM that dies on its own.
  */
-import { afterAll, beforeAll, expect, test } from "bun:test";
+import { expect, test } from "bun:test";
 import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
-import { NodeWorld, qemuPidsUnder, vmPrerequisites } from "./world.ts";
+import { nodeForFile, qemuPidsUnder } from "./world.ts";
 
-const missing = vmPrerequisites();
-let world: NodeWorld;
-
-beforeAll(async () => {
-  if (missing) return;
-  world = new NodeWorld();
-  await world.start();
-}, 90_000);
-
-afterAll(async () => {
-  await world?.dispose();
-}, 60_000);
+const node = nodeForFile();
 
 test("v1 create + autoPause: paused at expiry, 409 on pause again, resume 201 with the same token, network update, kill", async () => {
-  if (missing) throw new Error(`VM prerequisites missing: ${missing}`);
+  const world = node();
   const o = await world.client("v1-autopause.ts");
   expect(o.create).toEqual({ status: 201, hasToken: true, trafficToken: true });
   expect(o.autoPaused).toBe("paused");
@@ -42,7 +31,7 @@ test("v1 create + autoPause: paused at expiry, 409 on pause again, resume 201 wi
 }, 300_000);
 
 test("agentenv sandbox CLI: create, exec (stdout, stderr, exit code, --user), pause, list, resume, kill", async () => {
-  if (missing) throw new Error(`VM prerequisites missing: ${missing}`);
+  const world = node();
   const o = await world.client("cli-flow.ts");
   expect(o.create.code).toBe(0);
   expect(o.id).toMatch(/^[a-z0-9]{20}$/);
@@ -63,14 +52,14 @@ test("agentenv sandbox CLI: create, exec (stdout, stderr, exit code, --user), pa
 }, 300_000);
 
 test("concurrent create and kill of one sandbox: the kills wait for the create; one 204, the rest 404; nothing left", async () => {
-  if (missing) throw new Error(`VM prerequisites missing: ${missing}`);
+  const world = node();
   const o = await world.client("race.ts");
   expect(o).toEqual({ sawWhileCreating: true, createStatus: 201, sameId: true, kills: [204, 404, 404], getAfter: 404, listAfter: 0 });
   expect(qemuPidsUnder(world.home, world.memDir)).toEqual([]);
 }, 300_000);
 
 test("a VM that dies on its own: the sandbox disappears (404, proxy 502) and its VMM, disk server and slot are freed", async () => {
-  if (missing) throw new Error(`VM prerequisites missing: ${missing}`);
+  const world = node();
   const { id } = await world.client("create-hold.ts");
   const pids = qemuPidsUnder(world.home, world.memDir);
   expect(pids).toHaveLength(1);
@@ -85,7 +74,7 @@ test("a VM that dies on its own: the sandbox disappears (404, proxy 502) and its
 }, 300_000);
 
 test("autoResume: proxy traffic to a paused sandbox resumes it", async () => {
-  if (missing) throw new Error(`VM prerequisites missing: ${missing}`);
+  const world = node();
   const o = await world.client("autoresume.ts");
   expect(o).toEqual({ create: 201, lifecycle: { autoResume: true, onTimeout: "pause" }, pause: 204, stateBefore: "paused", proxied: 204, stateAfter: "running", kill: 204 });
 }, 300_000);

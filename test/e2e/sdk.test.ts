@@ -3,24 +3,13 @@
  * slots, QEMU microVMs booting the base template, envd in the guest) in a private network
  * namespace, driven by the unmodified e2b@2.51.0 npm SDK.
  */
-import { afterAll, beforeAll, expect, test } from "bun:test";
-import { NodeWorld, qemuPidsUnder, vmPrerequisites } from "./world.ts";
+import { expect, test } from "bun:test";
+import { nodeForFile, qemuPidsUnder } from "./world.ts";
 
-const missing = vmPrerequisites();
-let world: NodeWorld;
-
-beforeAll(async () => {
-  if (missing) return;
-  world = new NodeWorld();
-  await world.start();
-}, 90_000);
-
-afterAll(async () => {
-  await world?.dispose();
-}, 60_000);
+const node = nodeForFile();
 
 test("e2b SDK: create, run, write/read, list, setTimeout, isolation of a second sandbox, kill", async () => {
-  if (missing) throw new Error(`VM prerequisites missing: ${missing}`);
+  const world = node();
   const o = await world.client("sdk-flow.ts");
   expect(o.run).toEqual({ stdout: "hello\nuser\n", stderr: "", exitCode: 0 });
   expect(o.env).toBe("hi there\n");

@@ -9,6 +9,7 @@ import { netLockPath } from "../../src/api/node-lock.ts";
 import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, symlinkSync } from "node:fs";
 import { join } from "node:path";
 import type { Subprocess } from "bun";
+import { afterAll, beforeAll } from "bun:test";
 import { loadConfig } from "../../src/config/index.ts";
 import { resolveKernelPath } from "../../src/vmm/index.ts";
 
@@ -213,4 +214,26 @@ export function qemuPidsUnder(...dirs: string[]): number[] {
     }
   }
   return out;
+}
+
+/**
+ * One node shared by all tests of a file: started before them, disposed after them.
+ * @returns an accessor for the running node; it throws (failing the test, never skipping it)
+ *   when the VM prerequisites are missing.
+ */
+export function nodeForFile(): () => NodeWorld {
+  const missing = vmPrerequisites();
+  let world: NodeWorld | undefined;
+  beforeAll(async () => {
+    if (missing) return;
+    world = new NodeWorld();
+    await world.start();
+  }, 90_000);
+  afterAll(async () => {
+    await world?.dispose();
+  }, 60_000);
+  return () => {
+    if (missing) throw new Error(`VM prerequisites missing: ${missing}`);
+    return world!;
+  };
 }
