@@ -3,11 +3,12 @@
 // byte-exactness through a real `agentenv disk serve` child while writes, pre-existing upper
 // data and reads of every kind interleave.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { closeSync, constants as fsc, mkdirSync, mkdtempSync, openSync, readSync, rmSync, writeFileSync, writeSync } from "node:fs";
+import { closeSync, constants as fsc, mkdirSync, mkdtempSync, openSync, readSync, rmSync, writeSync } from "node:fs";
 import { join } from "node:path";
-import { compressLayer, createUpper, importRaw, LocalFile, openStack } from "../../../src/storage/overlaybd/index.ts";
+import { compressLayer, createUpper, LocalFile, openStack } from "../../../src/storage/overlaybd/index.ts";
 import { layeredDirectPlan } from "../../../src/storage/daemon/direct.ts";
 import { diskConfig, prepareRootDisk, reapStaleDisks, upperPaths, type DiskConfig } from "../../../src/storage/daemon/index.ts";
+import { twoLayerTemplate } from "./fixtures/template.ts";
 
 const MiB = 1 << 20;
 const SIZE = 8 * MiB;
@@ -22,23 +23,7 @@ beforeAll(async () => {
   root = mkdtempSync("/tmp/aenv-direct-test-");
   recordDir = join(root, "records");
   cfg = { ...diskConfig(), readyTimeoutMs: 20000 };
-  const base = new Uint8Array(SIZE);
-  for (let i = 0; i < SIZE; i += 4) new DataView(base.buffer).setUint32(i, (i + 7) * 2654435761, true);
-  base.fill(0, 5 * MiB, 6 * MiB); // a hole: no extent, reads as zeros
-  writeFileSync(join(root, "base.raw"), base);
-  const top = base.slice();
-  top.fill(0x5a, 3 * MiB, 4 * MiB);
-  writeFileSync(join(root, "top.raw"), top);
-  mkdirSync(join(root, "t"));
-  lowers = [join(root, "t", "layer0"), join(root, "t", "layer1")];
-  await importRaw(join(root, "base.raw"), lowers[0]!);
-  const parent = await openStack({ lowers: [lowers[0]!] });
-  try {
-    await importRaw(join(root, "top.raw"), lowers[1]!, { parent });
-  } finally {
-    await parent.close();
-  }
-  template = top;
+  ({ lowers, expected: template } = await twoLayerTemplate(root, "t", SIZE, 7));
 }, 60_000);
 
 afterAll(async () => {

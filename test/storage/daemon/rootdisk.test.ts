@@ -3,11 +3,12 @@
 // Asserts: every sandbox reads the template byte-exactly, writes land only in that sandbox's
 // upper, the layer files are opened O_RDONLY by every server and stay byte-identical.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { closeSync, existsSync, mkdirSync, mkdtempSync, openSync, readdirSync, readFileSync, readlinkSync, readSync, rmSync, writeFileSync, writeSync } from "node:fs";
+import { closeSync, existsSync, mkdtempSync, openSync, readdirSync, readFileSync, readlinkSync, readSync, rmSync, writeSync } from "node:fs";
 import { createHash } from "node:crypto";
 import { join } from "node:path";
-import { importRaw, openStack } from "../../../src/storage/overlaybd/index.ts";
+import { openStack } from "../../../src/storage/overlaybd/index.ts";
 import { diskConfig, prepareRootDisk, reapStaleDisks, upperPaths, type DiskConfig, type ExportedDisk } from "../../../src/storage/daemon/index.ts";
+import { twoLayerTemplate } from "./fixtures/template.ts";
 
 const MiB = 1 << 20;
 const SIZE = 8 * MiB;
@@ -22,24 +23,7 @@ beforeAll(async () => {
   root = mkdtempSync("/tmp/aenv-rootdisk-test-");
   recordDir = join(root, "records");
   cfg = { ...diskConfig(), readyTimeoutMs: 20000 };
-  // base: a pattern with a zero hole in the middle; layer 2 rewrites 1 MiB at 3 MiB
-  const base = new Uint8Array(SIZE);
-  for (let i = 0; i < SIZE; i += 4) new DataView(base.buffer).setUint32(i, i * 2654435761, true);
-  base.fill(0, 5 * MiB, 6 * MiB);
-  writeFileSync(join(root, "base.raw"), base);
-  const top = base.slice();
-  top.fill(0x5a, 3 * MiB, 4 * MiB);
-  writeFileSync(join(root, "top.raw"), top);
-  mkdirSync(join(root, "template"));
-  lowers = [join(root, "template", "layer0"), join(root, "template", "layer1")];
-  await importRaw(join(root, "base.raw"), lowers[0]!);
-  const parent = await openStack({ lowers: [lowers[0]!] });
-  try {
-    await importRaw(join(root, "top.raw"), lowers[1]!, { parent });
-  } finally {
-    await parent.close();
-  }
-  expected = top;
+  ({ lowers, expected } = await twoLayerTemplate(root, "template", SIZE));
 }, 60_000);
 
 afterAll(async () => {
