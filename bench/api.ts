@@ -36,8 +36,8 @@ if (!process.env.AENV_BENCH_INNER) {
 }
 
 const { loadConfig } = await import("../src/config/index.ts");
-const { bootNode } = await import("../src/api/boot.ts");
-const { createVmRuntime } = await import("../src/orchestrator/vm-runtime-factory.ts");
+const { bootNode } = await import("../src/node/index.ts");
+const { createVmRuntime } = await import("../src/sandbox/index.ts");
 const { resolveKernelPath } = await import("../src/vmm/index.ts");
 
 const home = mkdtempSync("/tmp/aenv-bench-");

@@ -1,8 +1,7 @@
 /** Node API: E2B-compatible REST routes, auth, sandbox proxy, listener. */
-export { bootNode, type RunningNode } from "./boot.ts";
 export { buildApp, type ApiDeps, PUBLIC_PATHS } from "./app.ts";
 export { ApiError, errorResponse, toErrorResponse } from "./errors.ts";
 export { loadOrCreateApiKey, apiKeyPath, keyMatches } from "./auth.ts";
-export { SandboxProxy, routeOf, badGateway, ENVD_PORT, type ProxyRoute, type ProxyOptions } from "./proxy.ts";
+export { SandboxProxy, routeOf, badGateway, type ProxyRoute, type ProxyOptions } from "./proxy.ts";
 export { serve, parseAddr } from "./server.ts";
 export { parseMetadataFilter } from "./metadata.ts";

@@ -8,11 +8,10 @@
  * Unknown sandbox or closed port: 502 `{sandboxId, message, code: 502}`.
  */
 import type { Logger } from "pino";
+import { ENVD_PORT } from "../envd/version.ts";
 import { logger } from "../observability/log.ts";
 import { OrchestratorError, type Orchestrator } from "../orchestrator/index.ts";
 
-/** envd's port inside every sandbox. */
-export const ENVD_PORT = 49983;
 /** Header carrying a sandbox's traffic access token (E2B). */
 export const TRAFFIC_TOKEN_HEADER = "e2b-traffic-access-token";
 /** envd routes only the host may call (e2b-contract.md §3.2). */

@@ -4,7 +4,7 @@
  */
 import { defineCommand } from "citty";
 import { loadConfig } from "../config/index.ts";
-import { bootNode } from "../api/boot.ts";
+import { bootNode } from "../node/index.ts";
 import { ApiError } from "../api/errors.ts";
 import { log } from "../observability/log.ts";
 

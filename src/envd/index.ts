@@ -4,5 +4,5 @@
  */
 export { startEnvd, DEFAULT_ENVD_OPTIONS, type Envd, type EnvdOptions } from "./server.ts";
 export { EnvdError, type EnvdErrorKind } from "./errors.ts";
-export { ENVD_VERSION } from "./version.ts";
+export { ENVD_PORT, ENVD_VERSION } from "./version.ts";
 export { fileSignature } from "./http/files.ts";

@@ -6,3 +6,6 @@
  * events (0.6.3), `allowNetworkMounts` for watches (0.6.4).
  */
 export const ENVD_VERSION = "0.6.4";
+
+/** The port envd listens on in every guest (E2B's envd port; e2b-contract.md §3). */
+export const ENVD_PORT = 49983;

@@ -1,6 +1,6 @@
 /**
  * The contract between the orchestrator (state machine, timers, persistence) and whatever
- * really runs sandboxes. The VM assembly (src/orchestrator/vm-runtime.ts: net slot + root disk
+ * really runs sandboxes. The VM assembly (src/sandbox/vm-runtime.ts: net slot + root disk
  * + VMM + envd init) implements it. Every method may take seconds; the orchestrator calls at
  * most one method per sandbox at a time and bounds each call with its own timeout (`signal`).
  */

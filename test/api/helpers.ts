@@ -5,11 +5,11 @@
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { bootNode, type RunningNode } from "../../src/api/boot.ts";
-import { netLockPath } from "../../src/api/node-lock.ts";
+import { bootNode, type RunningNode } from "../../src/node/index.ts";
+import { netLockPath } from "../../src/node/lock.ts";
 import { loadConfig } from "../../src/config/index.ts";
 import { netConfigFromConfig, NetworkManager } from "../../src/net/index.ts";
-import { VmRuntime } from "../../src/orchestrator/vm-runtime.ts";
+import { VmRuntime } from "../../src/sandbox/vm-runtime.ts";
 import { diskConfig } from "../../src/storage/daemon/index.ts";
 import { QemuDriver, qemuOptions } from "../../src/vmm/index.ts";
 import type { SandboxRecord } from "../../src/orchestrator/index.ts";

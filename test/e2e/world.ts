@@ -5,7 +5,7 @@
  * with `agentenv server` inside that namespace on 127.0.0.1, and clients (the e2b SDK) run
  * inside it too. `dispose()` stops everything and removes what the node may have left.
  */
-import { netLockPath } from "../../src/api/node-lock.ts";
+import { netLockPath } from "../../src/node/lock.ts";
 import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, symlinkSync } from "node:fs";
 import { join } from "node:path";
 import type { Subprocess } from "bun";

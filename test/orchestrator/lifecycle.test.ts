@@ -12,7 +12,7 @@ import { loadConfig } from "../../src/config/index.ts";
 import { openDb, type Db } from "../../src/db/index.ts";
 import { netConfigFromConfig, NetworkManager } from "../../src/net/index.ts";
 import { Orchestrator, orchestratorConfig, type OrchestratorCounters, type SandboxEvent, type SandboxRecord } from "../../src/orchestrator/index.ts";
-import { VmRuntime } from "../../src/orchestrator/vm-runtime.ts";
+import { VmRuntime } from "../../src/sandbox/vm-runtime.ts";
 import { diskConfig } from "../../src/storage/daemon/index.ts";
 import { QemuDriver, qemuOptions } from "../../src/vmm/index.ts";
 

@@ -4,8 +4,7 @@ import { createConnectTransport } from "@connectrpc/connect-node";
 import { Process } from "../../../src/envd/gen/process_pb.ts";
 import { waitFor } from "./helpers.ts";
 
-/** Port envd listens on in the guest (E2B's envd port). */
-export const ENVD_PORT = 49983;
+export { ENVD_PORT } from "../../../src/envd/version.ts";
 
 /** Wait until GET <base>/health answers 2xx; returns ms waited. */
 export async function waitEnvd(base: string, timeoutMs: number): Promise<number> {

@@ -6,7 +6,7 @@
  */
 import { existsSync, mkdirSync } from "node:fs";
 import { join } from "node:path";
-import { OrchestratorError } from "./errors.ts";
+import { OrchestratorError } from "../orchestrator/errors.ts";
 
 /** File name of the root disk inside a sandbox work dir. */
 export const ROOT_DISK_FILE = "root.img";

@@ -9,14 +9,14 @@ import { get, type ConfigTable } from "../config/index.ts";
 import { openDb, type Db } from "../db/index.ts";
 import { logger } from "../observability/log.ts";
 import { Orchestrator, orchestratorConfig, type OrchestratorConfig, type SandboxRuntime } from "../orchestrator/index.ts";
-import { createVmRuntime } from "../orchestrator/vm-runtime-factory.ts";
-import { buildApp } from "./app.ts";
-import { apiKeyPath, loadOrCreateApiKey } from "./auth.ts";
-import { ApiError } from "./errors.ts";
-import { acquireNodeLocks } from "./node-lock.ts";
-import { nodeId } from "./node.ts";
-import { SandboxProxy } from "./proxy.ts";
-import { parseAddr, serve, type ServeOptions } from "./server.ts";
+import { createVmRuntime } from "../sandbox/index.ts";
+import { buildApp } from "../api/app.ts";
+import { apiKeyPath, loadOrCreateApiKey } from "../api/auth.ts";
+import { ApiError } from "../api/errors.ts";
+import { acquireNodeLocks } from "./lock.ts";
+import { nodeId } from "../api/node.ts";
+import { SandboxProxy } from "../api/proxy.ts";
+import { parseAddr, serve, type ServeOptions } from "../api/server.ts";
 
 /** A started node. `close()` stops listening, then the orchestrator (shutdown_action), then the DB. */
 export interface RunningNode {

@@ -3,7 +3,7 @@
  * (token, env vars, default user, clock; answers 204 with `X-Envd-Version`).
  * Facts: e2b-contract.md §3.2.
  */
-import { OrchestratorError } from "./errors.ts";
+import { OrchestratorError } from "../orchestrator/errors.ts";
 
 /** Body of envd `/init` (the fields AgentENV sends). */
 export interface EnvdInit {

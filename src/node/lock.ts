@@ -8,7 +8,7 @@
 import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { tryFlockExclusive, type HeldFlock } from "../ffi/flock.ts";
-import { ApiError } from "./errors.ts";
+import { ApiError } from "../api/errors.ts";
 
 /** Directory of the host-wide per-prefix locks. */
 export const HOST_LOCK_DIR = "/run";

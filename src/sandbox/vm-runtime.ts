@@ -15,20 +15,17 @@
 import { existsSync, mkdirSync, readdirSync, rmSync, statSync } from "node:fs";
 import { join } from "node:path";
 import type { Logger } from "pino";
-import { ENVD_VERSION } from "../envd/version.ts";
+import { ENVD_PORT, ENVD_VERSION } from "../envd/version.ts";
 import { guestAddress, netSpec, parseEgressPolicy, type NetworkManager } from "../net/index.ts";
 import { logger } from "../observability/log.ts";
 import { beginDiskShutdown, prepareRootDisk as exportRootDisk, reapStaleDisks, type DiskConfig, type ExportedDisk } from "../storage/daemon/index.ts";
 import { listTemplates, resolveTemplate, type ResolvedTemplate } from "../template/index.ts";
 import { reapLeftovers, type VmHandle, type VmmDriver } from "../vmm/index.ts";
 import { initEnvd, waitEnvdHealthy } from "./envd-client.ts";
-import { OrchestratorError } from "./errors.ts";
+import { OrchestratorError } from "../orchestrator/errors.ts";
 import { prepareRootDisk } from "./root-disk.ts";
-import type { ReapReport, RuntimeKnownSandbox, RuntimeSandbox, RuntimeStartSpec, SandboxRuntime } from "./runtime.ts";
-import type { TemplateInfo } from "./types.ts";
-
-/** envd's port in every guest. */
-export const ENVD_PORT = 49983;
+import type { ReapReport, RuntimeKnownSandbox, RuntimeSandbox, RuntimeStartSpec, SandboxRuntime } from "../orchestrator/runtime.ts";
+import type { TemplateInfo } from "../orchestrator/types.ts";
 
 export interface VmRuntimeOptions {
   homePath: string;

@@ -8,7 +8,7 @@ import { netConfigFromConfig, NetworkManager } from "../net/index.ts";
 import { diskConfig, reapStaleDisks } from "../storage/daemon/index.ts";
 import { createDriver, reapLeftovers, resolveKernelPath } from "../vmm/index.ts";
 import { join } from "node:path";
-import type { OrchestratorConfig } from "./config.ts";
+import type { OrchestratorConfig } from "../orchestrator/config.ts";
 import { VmRuntime } from "./vm-runtime.ts";
 
 /**
