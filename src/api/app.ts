@@ -9,10 +9,11 @@ import type { Orchestrator, SandboxRecord } from "../orchestrator/index.ts";
 import { ApiError, errorResponse, toErrorResponse } from "./errors.ts";
 import { refuseUnsupported, UNSUPPORTED } from "./unsupported.ts";
 import { parseMetadataFilter } from "./metadata.ts";
-import { renderPrometheus } from "../observability/metrics.ts";
+import { renderPrometheus, renderSandboxMetrics } from "../observability/metrics.ts";
 import { nodeInfo, type NodeIdentity } from "./node.ts";
 import * as S from "./schemas.ts";
 import { toDetail, toListed, toSandbox, toTemplate } from "./serialize.ts";
+import { telemetryRoutes } from "./routes/telemetry.ts";
 import pkg from "../../package.json" with { type: "json" };
 // @ts-expect-error: a file asset (path string), embedded by `bun build --compile`
 import scalarJs from "../../node_modules/@scalar/api-reference/dist/browser/standalone.js" with { type: "file" };
@@ -123,13 +124,18 @@ export function buildApp(deps: ApiDeps) {
       return toErrorResponse(error);
     })
     .get("/health", () => ({ status: "ok", version: pkg.version }), { detail: { summary: "Health check", tags: ["node"] } })
+    .use(telemetryRoutes(orch))
     .get(
       "/metrics",
       () =>
-        new Response(renderPrometheus(orch.getCounters(), { agentenv_uptime_seconds: { value: Math.round(process.uptime()), help: "Seconds since the node process started." } }), {
-          headers: { "content-type": "text/plain; version=0.0.4; charset=utf-8" },
-        }),
-      { detail: { summary: "Prometheus metrics (sandbox counters)", tags: ["node"] } },
+        new Response(
+          renderPrometheus(orch.getCounters(), { agentenv_uptime_seconds: { value: Math.round(process.uptime()), help: "Seconds since the node process started." } }) +
+            renderSandboxMetrics(orch.latestMetrics(orch.store.inStates(["running"]).map((r) => r.id))),
+          {
+            headers: { "content-type": "text/plain; version=0.0.4; charset=utf-8" },
+          },
+        ),
+      { detail: { summary: "Prometheus metrics (sandbox counters, per-sandbox resource gauges)", tags: ["node"] } },
     )
     .post("/v2/sandboxes", async ({ body, set }) => created(await create(body, true), set), {
       body: S.NewSandboxV2,

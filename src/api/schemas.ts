@@ -140,3 +140,27 @@ export const Node = t.Object({
     disks: t.Array(t.Any()),
   }),
 });
+
+export const SandboxMetric = t.Object({
+  timestamp: t.String({ format: "date-time" }),
+  timestampUnix: Int({ description: "unix seconds" }),
+  cpuCount: Int(),
+  cpuUsedPct: t.Number({ description: "percent of all vCPUs, 0..100" }),
+  memUsed: Int({ description: "bytes" }),
+  memTotal: Int({ description: "bytes" }),
+  memCache: Int({ description: "bytes" }),
+  diskUsed: Int({ description: "bytes" }),
+  diskTotal: Int({ description: "bytes" }),
+});
+
+export const SandboxLogEntry = t.Object({
+  timestamp: t.String({ format: "date-time" }),
+  level: t.Union([t.Literal("debug"), t.Literal("info"), t.Literal("warn"), t.Literal("error")]),
+  message: t.String(),
+  fields: StrMap,
+});
+
+export const SandboxLogs = t.Object({
+  logs: t.Array(t.Object({ timestamp: t.String({ format: "date-time" }), line: t.String() })),
+  logEntries: t.Array(SandboxLogEntry),
+});

@@ -1,2 +1,2 @@
 export { log, logger } from "./log.ts";
-export { renderPrometheus } from "./metrics.ts";
+export { renderPrometheus, renderSandboxMetrics } from "./metrics.ts";

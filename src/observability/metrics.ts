@@ -2,7 +2,7 @@
  * Prometheus text exposition (format 0.0.4) of the orchestrator's counters,
  * reading the orchestrator's published counters. Served by the API at GET /metrics.
  */
-import type { OrchestratorCounters } from "../orchestrator/types.ts";
+import type { OrchestratorCounters, SandboxMetricsSample } from "../orchestrator/types.ts";
 
 /** Metric name, type and help of each counter. */
 const METRICS: [keyof OrchestratorCounters, string, "gauge" | "counter", string][] = [
@@ -26,6 +26,32 @@ export function renderPrometheus(c: OrchestratorCounters, extra: Record<string, 
   for (const [name, g] of Object.entries(extra)) {
     if (typeof g === "number") lines.push(`# TYPE ${name} gauge`, `${name} ${g}`);
     else lines.push(`# HELP ${name} ${g.help}`, `# TYPE ${name} gauge`, `${name} ${g.value}`);
+  }
+  return lines.join("\n") + "\n";
+}
+
+/** Per-sandbox gauges: name, sample field, HELP. */
+const SANDBOX_GAUGES: [string, keyof SandboxMetricsSample, string][] = [
+  ["agentenv_sandbox_cpu_count", "cpuCount", "vCPUs of the sandbox."],
+  ["agentenv_sandbox_cpu_used_percent", "cpuUsedPct", "CPU busy share of the sandbox's vCPUs at the last sample, 0..100."],
+  ["agentenv_sandbox_memory_used_bytes", "memUsed", "Guest memory in use (MemTotal - MemAvailable) at the last sample."],
+  ["agentenv_sandbox_memory_total_bytes", "memTotal", "Guest memory size (MemTotal)."],
+  ["agentenv_sandbox_memory_cache_bytes", "memCache", "Guest page cache and buffers at the last sample."],
+  ["agentenv_sandbox_disk_used_bytes", "diskUsed", "Used bytes of the sandbox's root filesystem at the last sample."],
+  ["agentenv_sandbox_disk_total_bytes", "diskTotal", "Size of the sandbox's root filesystem."],
+];
+
+/**
+ * Prometheus text of the last sample of each running sandbox, one series per sandbox per gauge
+ * with the single label `sandbox_id` (bounded by the node's sandbox limit; no per-request labels).
+ * Sandbox ids match ^[a-z0-9]+$, so they need no escaping.
+ */
+export function renderSandboxMetrics(latest: ReadonlyMap<string, SandboxMetricsSample>): string {
+  if (latest.size === 0) return "";
+  const lines: string[] = [];
+  for (const [name, key, help] of SANDBOX_GAUGES) {
+    lines.push(`# HELP ${name} ${help}`, `# TYPE ${name} gauge`);
+    for (const [id, s] of latest) lines.push(`${name}{sandbox_id="${id}"} ${s[key]}`);
   }
   return lines.join("\n") + "\n";
 }

@@ -33,14 +33,19 @@ export interface OrchestratorConfig {
   defaultMemoryMB: number;
   /** Period of polling envd's /health during boot, ms. */
   envdPollMs: number;
+  /** `[metrics]`: sampling period, per-sample bound (ms) and samples kept per sandbox. */
+  metrics: { sampleIntervalMs: number; sampleTimeoutMs: number; historySamples: number };
+  /** `[logs]`: entries kept per sandbox, longest message (bytes), batch period (ms), pending bound. */
+  logs: { maxEntriesPerSandbox: number; maxLineBytes: number; flushIntervalMs: number; maxPendingLines: number };
 }
 
 /** Read `[orchestrator]`. @throws OrchestratorError `orchestrator.bad_config` for out-of-range values. */
 export function orchestratorConfig(cfg: ConfigTable): OrchestratorConfig {
   const n = (k: string, min: number) => {
-    const v = get<number>(cfg, `orchestrator.${k}`);
+    const key = k.includes(".") ? k : `orchestrator.${k}`;
+    const v = get<number>(cfg, key);
     if (!Number.isInteger(v) || v < min) {
-      throw new OrchestratorError("orchestrator.bad_config", 500, `orchestrator.${k} must be an integer >= ${min}, got ${v}`, { key: k, value: v });
+      throw new OrchestratorError("orchestrator.bad_config", 500, `${key} must be an integer >= ${min}, got ${v}`, { key: k, value: v });
     }
     return v;
   };
@@ -63,5 +68,16 @@ export function orchestratorConfig(cfg: ConfigTable): OrchestratorConfig {
     defaultCpuCount: n("default_cpu_count", 1),
     defaultMemoryMB: n("default_memory_mb", 128),
     envdPollMs: n("envd_poll_ms", 1),
+    metrics: {
+      sampleIntervalMs: n("metrics.sample_interval_ms", 100),
+      sampleTimeoutMs: n("metrics.sample_timeout_ms", 10),
+      historySamples: n("metrics.history_samples", 1),
+    },
+    logs: {
+      maxEntriesPerSandbox: n("logs.max_entries_per_sandbox", 1),
+      maxLineBytes: n("logs.max_line_bytes", 64),
+      flushIntervalMs: n("logs.flush_interval_ms", 1),
+      maxPendingLines: n("logs.max_pending_lines", 1),
+    },
   };
 }

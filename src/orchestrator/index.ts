@@ -6,3 +6,6 @@ export type { SandboxRuntime, RuntimeStartSpec, RuntimeSandbox, RuntimeKnownSand
 export { SANDBOX_STATES, TRANSITIONS, canTransition, publicState, type SandboxState } from "./states.ts";
 export { SANDBOX_ID_RE, newSandboxId, randomHex } from "./ids.ts";
 export type * from "./types.ts";
+export { LOG_LEVELS } from "./types.ts";
+export type { RuntimeMetricsTarget } from "./runtime.ts";
+export { lifecycleEntry } from "./orchestrator.ts";

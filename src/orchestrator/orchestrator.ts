@@ -10,11 +10,16 @@ import type { OrchestratorConfig } from "./config.ts";
 import { notFound, OrchestratorError } from "./errors.ts";
 import { newSandboxId, randomHex, SANDBOX_ID_RE } from "./ids.ts";
 import { KeyedLock } from "./lock.ts";
+import { SandboxLogStore } from "./logs.ts";
+import { MetricsHistory, MetricsSampler } from "./metrics.ts";
 import type { RuntimeSandbox, RuntimeStartSpec, SandboxRuntime } from "./runtime.ts";
 import { Semaphore } from "./semaphore.ts";
 import { assertTransition, LIVE_STATES, publicState, type SandboxState } from "./states.ts";
 import { SandboxStore, type ListCursor } from "./store.ts";
-import type { CreateSandboxRequest, ListSandboxesQuery, OrchestratorCounters, SandboxEndpoint, SandboxRecord, TemplateInfo, TemplateListing } from "./types.ts";
+import type {
+  CreateSandboxRequest, ListSandboxesQuery, OrchestratorCounters, SandboxEndpoint, SandboxLogEntry, SandboxLogQuery, SandboxMetricsSample, SandboxRecord, TemplateInfo,
+  TemplateListing,
+} from "./types.ts";
 
 /** A state change, as published to observers. */
 export interface SandboxEvent {
@@ -46,6 +51,11 @@ export interface ShutdownSummary {
 
 export class Orchestrator {
   readonly store: SandboxStore;
+  /** Resource samples of live sandboxes (bounded per sandbox). */
+  readonly metricsHistory: MetricsHistory;
+  /** Sandbox log entries (database, bounded per sandbox). */
+  readonly logs: SandboxLogStore;
+  private readonly sampler: MetricsSampler;
   private readonly lock: KeyedLock;
   private readonly starts: Semaphore;
   private readonly log: Logger = logger("orchestrator");
@@ -70,6 +80,20 @@ export class Orchestrator {
     this.store = new SandboxStore(db);
     this.lock = new KeyedLock(config.lockWaitMs, config.lockMaxWaiters);
     this.starts = new Semaphore(config.maxConcurrentStarts);
+    this.metricsHistory = new MetricsHistory(config.metrics.historySamples);
+    this.logs = new SandboxLogStore(db, config.logs, this.log);
+    this.sampler = new MetricsSampler(
+      runtime,
+      this.metricsHistory,
+      () =>
+        this.store
+          .inStates(["running"])
+          .filter((r) => r.endpoint)
+          .map((r) => ({ id: r.id, endpoint: r.endpoint!, envdAccessToken: r.envdAccessToken, runtimeState: r.runtimeState })),
+      { intervalMs: config.metrics.sampleIntervalMs, timeoutMs: config.metrics.sampleTimeoutMs },
+      now,
+      this.log,
+    );
   }
 
   /**
@@ -89,8 +113,11 @@ export class Orchestrator {
     }
     this.log.info({ stoppedVms: report.stoppedVms.length, removed: report.removed.length, paused: left.filter((r) => r.state === "paused").length }, "start-up reconciliation done");
     this.store.prune(t - this.config.killedRetentionSecs * 1000);
+    this.logs.pruneOrphans();
+    this.logs.start();
     this.recount();
     this.evictTimer = setInterval(() => this.evictTick(), this.config.evictIntervalMs);
+    this.sampler.start();
   }
 
   /**
@@ -103,6 +130,7 @@ export class Orchestrator {
     if (this.closed) return summary;
     this.closed = true;
     clearInterval(this.evictTimer);
+    await this.sampler.stop();
     this.runtime.beginShutdown?.();
     this.shutdown.abort(new OrchestratorError("orchestrator.shutting_down", 503, "node is shutting down"));
     await Promise.allSettled([...this.inflight]);
@@ -123,6 +151,7 @@ export class Orchestrator {
     });
     this.log.info(summary, `shutdown: killed ${summary.killed}, paused ${summary.paused} sandboxes${summary.failed ? `, ${summary.failed} failed to stop` : ""}`);
     await this.runtime.close();
+    this.logs.close();
     return summary;
   }
 
@@ -258,6 +287,36 @@ export class Orchestrator {
   runningCount(): number {
     const by = this.store.countByState();
     return (by.running ?? 0) + (by.creating ?? 0) + (by.resuming ?? 0);
+  }
+
+  /**
+   * Resource samples of live sandbox `id` taken in [startMs, endMs] (inclusive, unix ms; open
+   * ends when absent), oldest first. A paused sandbox keeps the samples it had.
+   * @throws OrchestratorError not_found (404).
+   */
+  metrics(id: string, startMs?: number, endMs?: number): SandboxMetricsSample[] {
+    this.get(id);
+    return this.metricsHistory.range(id, startMs, endMs);
+  }
+
+  /**
+   * The newest sample of each of `ids` that is live and has one; unknown ids are left out
+   * (E2B `GET /sandboxes/metrics`).
+   */
+  latestMetrics(ids: readonly string[]): Map<string, SandboxMetricsSample> {
+    const out = new Map<string, SandboxMetricsSample>();
+    for (const id of ids) {
+      const r = SANDBOX_ID_RE.test(id) ? this.store.get(id) : undefined;
+      const s = r && publicState(r.state) !== null ? this.metricsHistory.latest(id) : undefined;
+      if (s) out.set(id, s);
+    }
+    return out;
+  }
+
+  /** Log entries of live sandbox `id` (running or paused). @throws OrchestratorError not_found (404). */
+  sandboxLogs(id: string, q: SandboxLogQuery): SandboxLogEntry[] {
+    this.get(id);
+    return this.logs.query(id, q);
   }
 
   /** Kill a live sandbox. @throws OrchestratorError not_found (404), busy (409). */
@@ -456,6 +515,7 @@ export class Orchestrator {
       allowInternetAccess: r.allowInternetAccess,
       network: r.network,
       signal,
+      onLog: (line) => this.logs.append(r.id, { ...line, fields: line.fields ?? {} }),
     };
   }
 
@@ -502,10 +562,12 @@ export class Orchestrator {
     assertTransition(id, from, to);
     const t = this.now();
     this.store.update(id, { ...fields, state: to }, t);
-    this.emit({ id, from, to, at: t });
+    this.emit({ id, from, to, at: t }, fields.error ?? null);
   }
 
-  private emit(e: SandboxEvent): void {
+  private emit(e: SandboxEvent, error: string | null = null): void {
+    this.logs.append(e.id, lifecycleEntry(e, error));
+    if (e.to === "killed" || e.to === "failed") this.metricsHistory.drop(e.id);
     for (const o of this.observers) {
       try {
         o.onEvent?.(e);
@@ -547,6 +609,27 @@ export class Orchestrator {
   private assertOpen(): void {
     if (this.closed) throw new OrchestratorError("orchestrator.shutting_down", 503, "node is shutting down");
   }
+}
+
+/** The log entry of a state change: what happened in words an SDK user reads, error level for failures. */
+export function lifecycleEntry(e: SandboxEvent, error: string | null): SandboxLogEntry {
+  const what: Record<string, string> = {
+    "null>creating": "sandbox create requested",
+    "null>running": "sandbox registered",
+    "creating>running": "sandbox created",
+    "running>pausing": "sandbox pausing",
+    "pausing>paused": "sandbox paused",
+    "pausing>running": "sandbox pause undone",
+    "paused>resuming": "sandbox resuming",
+    "resuming>running": "sandbox resumed",
+    "resuming>paused": "sandbox resume failed; it stays paused",
+    "killing>killed": "sandbox killed",
+  };
+  const key = `${e.from}>${e.to}`;
+  let message = what[key] ?? (e.to === "killing" ? "sandbox killing" : e.to === "failed" ? `sandbox failed (was ${e.from})` : `sandbox ${e.from} -> ${e.to}`);
+  if (error) message += `: ${error}`;
+  const level = e.to === "failed" ? "error" : key === "resuming>paused" ? "warn" : "info";
+  return { at: e.at, level, source: "lifecycle", message, fields: { from: e.from ?? "", to: e.to } };
 }
 
 function templateOf(r: SandboxRecord): TemplateInfo {

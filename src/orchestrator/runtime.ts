@@ -4,7 +4,7 @@
  * + VMM + envd init) implements it. Every method may take seconds; the orchestrator calls at
  * most one method per sandbox at a time and bounds each call with its own timeout (`signal`).
  */
-import type { SandboxEndpoint, TemplateInfo } from "./types.ts";
+import type { SandboxEndpoint, SandboxLogLine, SandboxMetricsSample, TemplateInfo } from "./types.ts";
 
 /** What a runtime needs to start one sandbox. */
 export interface RuntimeStartSpec {
@@ -20,6 +20,19 @@ export interface RuntimeStartSpec {
   network: Record<string, unknown> | null;
   /** Aborted when the orchestrator gives up (create timeout, shutdown). */
   signal: AbortSignal;
+  /**
+   * Sink for the sandbox's own log lines (guest console, envd): the orchestrator keeps them in the
+   * sandbox's log. Called synchronously, possibly many times a second; must not throw.
+   */
+  onLog?: (line: SandboxLogLine) => void;
+}
+
+/** What `sampleMetrics` needs to reach a running sandbox. */
+export interface RuntimeMetricsTarget {
+  id: string;
+  endpoint: SandboxEndpoint;
+  envdAccessToken: string | null;
+  runtimeState: Record<string, unknown> | null;
 }
 
 /** A sandbox the runtime has running (envd answered `/health` and took `/init`). */
@@ -65,6 +78,12 @@ export interface SandboxRuntime {
    * @throws OrchestratorError `orchestrator.bad_request` (400) naming the bad entry.
    */
   checkNetwork?(network: Record<string, unknown> | null, allowInternetAccess: boolean | null): void;
+  /**
+   * One resource sample of a running sandbox (vCPUs, CPU %, memory, disk) as its guest sees them.
+   * `at` is left to the caller. Bounded by `signal`.
+   * @throws any error when the sandbox cannot be sampled now (it is pausing, envd is busy, ...).
+   */
+  sampleMetrics?(target: RuntimeMetricsTarget, signal: AbortSignal): Promise<Omit<SandboxMetricsSample, "at">>;
   /** Apply a new egress policy to a running sandbox. */
   updateNetwork?(id: string, state: Record<string, unknown>, policy: Record<string, unknown>): Promise<void>;
   /**

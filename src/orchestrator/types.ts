@@ -101,3 +101,61 @@ export interface OrchestratorCounters {
   failed: number;
   killed: number;
 }
+
+/**
+ * One resource sample of a sandbox (E2B `SandboxMetric`): taken by the node every
+ * `[metrics] sample_interval_ms` while the sandbox runs. Bytes, percent 0..100 of all vCPUs.
+ */
+export interface SandboxMetricsSample {
+  /** When the node took it, unix ms. */
+  at: number;
+  cpuCount: number;
+  cpuUsedPct: number;
+  memUsed: number;
+  memTotal: number;
+  /** Page cache + buffers, bytes. */
+  memCache: number;
+  diskUsed: number;
+  diskTotal: number;
+}
+
+/** E2B `LogLevel`, lowest first. */
+export const LOG_LEVELS = ["debug", "info", "warn", "error"] as const;
+export type LogLevel = (typeof LOG_LEVELS)[number];
+
+/** Where a sandbox log line came from. */
+export type LogSource = "lifecycle" | "console" | "envd";
+
+/** A log line a runtime hands to the orchestrator (`RuntimeStartSpec.onLog`). */
+export interface SandboxLogLine {
+  /** Unix ms. */
+  at: number;
+  level: LogLevel;
+  source: Exclude<LogSource, "lifecycle">;
+  message: string;
+  /** Extra string fields (envd's structured keys). */
+  fields?: Record<string, string>;
+}
+
+/** One entry of a sandbox's log (E2B `SandboxLogEntry` plus its source and order). */
+export interface SandboxLogEntry {
+  /** Unix ms. */
+  at: number;
+  level: LogLevel;
+  source: LogSource;
+  message: string;
+  fields: Record<string, string>;
+}
+
+/** Query of a sandbox's log (E2B `GET /v2/sandboxes/{id}/logs`), already validated. */
+export interface SandboxLogQuery {
+  /** Unix ms: forward returns entries at or after it, backward at or before it. */
+  cursor?: number;
+  /** 0..1000. */
+  limit: number;
+  direction: "forward" | "backward";
+  /** Minimum level. */
+  level?: LogLevel;
+  /** Case-sensitive substring of the message. */
+  search?: string;
+}

@@ -60,3 +60,51 @@ export async function initEnvd(base: string, body: EnvdInit, currentToken: strin
   if (!res.ok) throw new OrchestratorError("orchestrator.envd_init_failed", 500, `envd /init at ${base} answered ${res.status}: ${text.slice(0, 200)}`, { base, status: res.status });
   return res.headers.get("x-envd-version");
 }
+
+/** envd `GET /metrics` body (envd.yaml `Metrics`), the fields the node reads. */
+interface EnvdMetricsBody {
+  cpu_count: number;
+  cpu_used_pct: number;
+  mem_total: number;
+  mem_used: number;
+  mem_cache?: number;
+  disk_used?: number;
+  disk_total?: number;
+}
+
+/**
+ * `GET base/metrics`: the guest's view of its vCPUs, CPU use since envd's previous answer (%),
+ * memory and root disk (bytes).
+ * @throws OrchestratorError `orchestrator.envd_metrics_failed` for a network error, a non-2xx
+ *   answer or a body without the numeric fields.
+ */
+export async function fetchEnvdMetrics(
+  base: string,
+  token: string | null,
+  signal: AbortSignal,
+): Promise<{ cpuCount: number; cpuUsedPct: number; memUsed: number; memTotal: number; memCache: number; diskUsed: number; diskTotal: number }> {
+  let body: EnvdMetricsBody;
+  try {
+    const res = await fetch(`${base}/metrics`, { headers: token ? { "x-access-token": token } : {}, signal });
+    if (!res.ok) {
+      const text = await res.text();
+      throw new Error(`HTTP ${res.status}: ${text.slice(0, 200)}`);
+    }
+    body = (await res.json()) as EnvdMetricsBody;
+  } catch (e) {
+    throw new OrchestratorError("orchestrator.envd_metrics_failed", 500, `envd /metrics at ${base} failed: ${(e as Error).message}`, { base });
+  }
+  const num = (v: unknown) => (typeof v === "number" && Number.isFinite(v) ? v : NaN);
+  const out = {
+    cpuCount: num(body.cpu_count),
+    cpuUsedPct: num(body.cpu_used_pct),
+    memUsed: num(body.mem_used),
+    memTotal: num(body.mem_total),
+    memCache: num(body.mem_cache ?? 0),
+    diskUsed: num(body.disk_used ?? 0),
+    diskTotal: num(body.disk_total ?? 0),
+  };
+  const bad = Object.entries(out).find(([, v]) => Number.isNaN(v));
+  if (bad) throw new OrchestratorError("orchestrator.envd_metrics_failed", 500, `envd /metrics at ${base}: ${bad[0]} is not a number`, { base, field: bad[0] });
+  return out;
+}

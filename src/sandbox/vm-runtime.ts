@@ -21,11 +21,12 @@ import { logger } from "../observability/log.ts";
 import { beginDiskShutdown, prepareRootDisk as exportRootDisk, reapStaleDisks, type DiskConfig, type ExportedDisk } from "../storage/daemon/index.ts";
 import { listTemplates, resolveTemplate, type ResolvedTemplate } from "../template/index.ts";
 import { reapLeftovers, type VmHandle, type VmmDriver } from "../vmm/index.ts";
-import { initEnvd, waitEnvdHealthy } from "./envd-client.ts";
+import { consoleLogLine } from "./console-lines.ts";
+import { fetchEnvdMetrics, initEnvd, waitEnvdHealthy } from "./envd-client.ts";
 import { OrchestratorError } from "../orchestrator/errors.ts";
 import { prepareRootDisk } from "./root-disk.ts";
-import type { ReapReport, RuntimeKnownSandbox, RuntimeSandbox, RuntimeStartSpec, SandboxRuntime } from "../orchestrator/runtime.ts";
-import type { TemplateInfo } from "../orchestrator/types.ts";
+import type { ReapReport, RuntimeKnownSandbox, RuntimeMetricsTarget, RuntimeSandbox, RuntimeStartSpec, SandboxRuntime } from "../orchestrator/runtime.ts";
+import type { SandboxMetricsSample, TemplateInfo } from "../orchestrator/types.ts";
 
 export interface VmRuntimeOptions {
   homePath: string;
@@ -64,6 +65,12 @@ export function snapshotFiles(snapDir: string, prev: { statePath: string } | und
   const m = prev ? /vm-(\d+)\.state$/.exec(prev.statePath) : null;
   const n = m ? Number(m[1]) + 1 : 1;
   return { statePath: join(snapDir, `vm-${n}.state`), memPath: join(snapDir, `vm-${n}.mem`), kind: "full" };
+}
+
+/** A VMM console listener that files each line in the sandbox's log, or none without a sink. */
+function consoleSink(spec: RuntimeStartSpec): ((line: string) => void) | undefined {
+  const sink = spec.onLog;
+  return sink ? (line) => sink(consoleLogLine(line, Date.now())) : undefined;
 }
 
 export class VmRuntime implements SandboxRuntime {
@@ -117,6 +124,7 @@ export class VmRuntime implements SandboxRuntime {
         memoryMiB: spec.memoryMB,
         drives: [{ id: "root", path: rootDisk, readOnly: false, isRoot: true }],
         net: netSpec(slot),
+        onConsoleLine: consoleSink(spec),
       });
       this.vms.set(spec.id, vm);
       const state: VmState = { workDir, rootDisk, mac: slot.mac, diskKind, vmmPid: vm.pid };
@@ -189,6 +197,7 @@ export class VmRuntime implements SandboxRuntime {
           drives: [{ id: "root", path: st.rootDisk, readOnly: false, isRoot: true }],
           // the guest keeps the MAC it had; every slot gives the guest the same address
           net: { ...netSpec(slot), mac: st.mac },
+          onConsoleLine: consoleSink(spec),
         },
         { statePath: st.snapshot.statePath, memPath: st.snapshot.memPath, kind: "full" },
         { resume: true },
@@ -217,6 +226,18 @@ export class VmRuntime implements SandboxRuntime {
       }
     }
     rmSync(this.snapshotDir(id), { recursive: true, force: true });
+  }
+
+  /**
+   * Metrics come from envd's `GET /metrics` inside the guest, not from the VMM process on the
+   * host: the guest's view is what E2B reports (vCPUs, CPU busy share, MemTotal - MemAvailable,
+   * the root filesystem's use), while the host only sees QEMU's RSS (pages ever touched, never
+   * given back) and its CPU time (under TCG mostly translation work), neither of which is what
+   * the sandbox's programs use.
+   */
+  async sampleMetrics(t: RuntimeMetricsTarget, signal: AbortSignal): Promise<Omit<SandboxMetricsSample, "at">> {
+    const port = t.endpoint.ports?.[String(ENVD_PORT)] ?? ENVD_PORT;
+    return fetchEnvdMetrics(`http://${t.endpoint.host}:${port}`, t.envdAccessToken, signal);
   }
 
   checkNetwork(network: Record<string, unknown> | null, allowInternetAccess: boolean | null): void {

@@ -43,6 +43,11 @@ export interface VmSpec {
   drives: DriveSpec[];
   net?: NetSpec;
   /**
+   * Called with each line the guest writes on its serial console (drivers that capture the console
+   * through a pipe: QEMU). Must not throw; called synchronously as output arrives.
+   */
+  onConsoleLine?: (line: string) => void;
+  /**
    * Instance metadata served to the guest (Firecracker MMDS, JSON object; needs `net`).
    * Drivers without a metadata service ignore it.
    */

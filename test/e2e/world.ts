@@ -218,16 +218,17 @@ export function qemuPidsUnder(...dirs: string[]): number[] {
 
 /**
  * One node shared by all tests of a file: started before them, disposed after them.
+ * @param env extra environment of the node (config overrides as AENV__section__key)
  * @returns an accessor for the running node; it throws (failing the test, never skipping it)
  *   when the VM prerequisites are missing.
  */
-export function nodeForFile(): () => NodeWorld {
+export function nodeForFile(env: Record<string, string> = {}): () => NodeWorld {
   const missing = vmPrerequisites();
   let world: NodeWorld | undefined;
   beforeAll(async () => {
     if (missing) return;
     world = new NodeWorld();
-    await world.start();
+    await world.start(env);
   }, 90_000);
   afterAll(async () => {
     await world?.dispose();

@@ -15,6 +15,9 @@ test("out-of-range values are orchestrator.bad_config naming the key", () => {
     expect.objectContaining({ code: "orchestrator.bad_config", details: { key: "max_sandboxes", value: 0 } }),
   );
   expect(() => orchestratorConfig(loadConfig({ env: { AENV__orchestrator__shutdown_action: "explode" } }))).toThrow(expect.objectContaining({ code: "orchestrator.bad_config" }));
+  expect(() => orchestratorConfig(loadConfig({ env: { AENV__metrics__history_samples: "0" } }))).toThrow(
+    expect.objectContaining({ code: "orchestrator.bad_config", message: "metrics.history_samples must be an integer >= 1, got 0" }),
+  );
 });
 
 test("AENV_SANDBOX_PROXY_DOMAINS and AENV_NODE_ID are aliases", () => {

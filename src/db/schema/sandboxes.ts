@@ -47,3 +47,23 @@ export const templateSpawns = sqliteTable("template_spawns", {
   spawnCount: integer("spawn_count").notNull(),
   lastSpawnedAt: integer("last_spawned_at").notNull(),
 });
+
+/**
+ * Sandbox log entries, owned by the orchestrator (src/orchestrator/logs.ts): lifecycle events,
+ * guest console and envd lines; `seq` orders entries written at the same ms. Bounded per sandbox
+ * (`[logs] max_entries_per_sandbox`, oldest deleted first); deleted with the sandbox's record.
+ * `level` is the index in LOG_LEVELS (0 debug .. 3 error); `fields` a JSON object of strings.
+ */
+export const sandboxLogs = sqliteTable(
+  "sandbox_logs",
+  {
+    seq: integer("seq").primaryKey({ autoIncrement: true }),
+    sandboxId: text("sandbox_id").notNull(),
+    at: integer("at").notNull(),
+    level: integer("level").notNull(),
+    source: text("source").notNull(),
+    message: text("message").notNull(),
+    fields: text("fields", { mode: "json" }).$type<Record<string, string>>().notNull(),
+  },
+  (t) => [index("sandbox_logs_at_idx").on(t.sandboxId, t.at), index("sandbox_logs_seq_idx").on(t.sandboxId, t.seq)],
+);

@@ -193,7 +193,7 @@ export class QemuVm implements VmHandle {
   ) {
     this.id = spec.id;
     this.state = initial;
-    const consoleLog = new ConsoleLog(consolePath, opts.consoleMaxBytes);
+    const consoleLog = new ConsoleLog(consolePath, opts.consoleMaxBytes, spec.onConsoleLine);
     child.stdout!.on("data", (d: Buffer) => consoleLog.write(d));
     child.stdout!.once("close", () => consoleLog.close());
     child.stderr!.on("data", (d: Buffer) => {

@@ -1,0 +1,43 @@
+/**
+ * SDK parity end to end (issue 13) with the real parts: `agentenv server` with QEMU microVMs
+ * booting the base template, envd in the guest, driven by the unmodified e2b SDK pinned in
+ * package.json (raw HTTP where it has no call). One node for the file, metrics sampled every 1 s.
+ */
+import { expect, test } from "bun:test";
+import { nodeForFile } from "./world.ts";
+
+const node = nodeForFile({ AENV__metrics__sample_interval_ms: "1000" });
+
+test("getMetrics() shows a 10 s CPU-bound command and the guest's memory; logs name create, pause and a console line", async () => {
+  const world = node();
+  const o = await world.client("parity-telemetry.ts");
+  const during = (o.metrics as any[]).filter((m) => m.at > o.busyFrom + 1500 && m.at < o.busyTo);
+  expect(during.length).toBeGreaterThan(2);
+  // one vCPU spinning: the guest sees it nearly all busy
+  expect(Math.max(...during.map((m) => m.cpuUsedPct))).toBeGreaterThan(80);
+  for (const m of o.metrics) {
+    expect(m.cpuCount).toBe(1);
+    // 512 MiB guest: MemTotal is what the kernel kept after its own reservations
+    expect(m.memTotal).toBeGreaterThan(400 * 1048576);
+    expect(m.memTotal).toBeLessThanOrEqual(512 * 1048576);
+    expect(m.memUsed).toBeGreaterThan(10 * 1048576);
+    expect(m.memUsed).toBeLessThan(m.memTotal);
+    expect(m.diskTotal).toBeGreaterThan(1024 * 1048576);
+    expect(m.diskUsed).toBeGreaterThan(100 * 1048576);
+  }
+  expect(o.prometheus).toContain(`agentenv_sandbox_cpu_count{sandbox_id="${o.id}"} 1`);
+  expect(o.paused).toBe(true);
+  expect(o.metricsWhilePaused).toBeGreaterThanOrEqual(o.metrics.length);
+  expect(o.logsStatus).toBe(200);
+  const lines = (o.logs as any[]).map((e) => `${e.source}:${e.message}`);
+  const idx = (s: string) => lines.findIndex((l) => l.includes(s));
+  expect(idx("lifecycle:sandbox created")).toBeGreaterThan(0);
+  expect(idx("console:parity-console-marker-42")).toBeGreaterThan(idx("lifecycle:sandbox created"));
+  expect(idx("lifecycle:sandbox paused")).toBeGreaterThan(idx("console:parity-console-marker-42"));
+  // the kernel's and envd's own lines are there too
+  expect(lines.some((l) => l.startsWith("envd:"))).toBe(true);
+  expect(lines.some((l) => l.startsWith("console:") && l.includes("@@AENV-INIT@@"))).toBe(true);
+  expect(o.killed).toBe(true);
+  console.log(`parity telemetry: ${o.metrics.length} samples, busy max ${Math.max(...during.map((m) => m.cpuUsedPct))}%, ${lines.length} log lines`);
+  expect(o.logsAfterKill).toMatchObject({ status: 404, body: { code: 404 } });
+}, 300_000);
