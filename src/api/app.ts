@@ -91,6 +91,8 @@ export function buildApp(deps: ApiDeps) {
       secure,
       allowInternetAccess: body.allow_internet_access,
       network: (body.network as Record<string, unknown> | null | undefined) ?? undefined,
+      cpuCount: body.cpuCount,
+      memoryMB: body.memoryMB,
     });
   };
 

@@ -39,6 +39,8 @@ const newSandboxFields = {
   network: t.Optional(t.Union([SandboxNetworkConfig, t.Null()])),
   allow_internet_access: t.Optional(t.Boolean()),
   volumeMounts: t.Optional(t.Array(t.Object({ name: t.String(), path: t.String() }))),
+  cpuCount: t.Optional(Int({ minimum: 1, description: "vCPUs (default: the template's); at most [orchestrator] max_cpu_count" })),
+  memoryMB: t.Optional(Int({ minimum: 128, description: "guest memory, MiB (default: the template's); at most [orchestrator] max_memory_mb" })),
 };
 
 export const NewSandboxV2 = t.Object(newSandboxFields, { additionalProperties: true });

@@ -31,6 +31,10 @@ export interface OrchestratorConfig {
   defaultCpuCount: number;
   /** Memory of a sandbox whose template does not say, MiB. */
   defaultMemoryMB: number;
+  /** Largest vCPU count of one sandbox (template or request). */
+  maxCpuCount: number;
+  /** Largest memory of one sandbox, MiB (template or request). */
+  maxMemoryMB: number;
   /** Period of polling envd's /health during boot, ms. */
   envdPollMs: number;
   /** `[metrics]`: sampling period, per-sample bound (ms) and samples kept per sandbox. */
@@ -67,6 +71,8 @@ export function orchestratorConfig(cfg: ConfigTable): OrchestratorConfig {
     shutdownAction,
     defaultCpuCount: n("default_cpu_count", 1),
     defaultMemoryMB: n("default_memory_mb", 128),
+    maxCpuCount: n("max_cpu_count", 1),
+    maxMemoryMB: n("max_memory_mb", 128),
     envdPollMs: n("envd_poll_ms", 1),
     metrics: {
       sampleIntervalMs: n("metrics.sample_interval_ms", 100),

@@ -188,6 +188,7 @@ export class Orchestrator {
     const templates = await this.runtime.listTemplates();
     const tpl = templates.find((t) => t.templateID === req.template) ?? templates.find((t) => t.aliases.includes(req.template));
     if (!tpl) throw new OrchestratorError("orchestrator.template_not_found", 404, `template '${req.template}' not found`, { template: req.template });
+    const { cpuCount, memoryMB } = this.checkResources(req.cpuCount ?? tpl.cpuCount, req.memoryMB ?? tpl.memoryMB, req.cpuCount !== undefined || req.memoryMB !== undefined);
     const live = this.counters.running + this.counters.starting;
     if (live >= this.config.maxSandboxes) {
       throw new OrchestratorError("orchestrator.capacity", 429, `node is at its limit of ${this.config.maxSandboxes} concurrent sandboxes`, { limit: this.config.maxSandboxes });
@@ -199,8 +200,8 @@ export class Orchestrator {
       templateId: tpl.templateID,
       alias: tpl.aliases.includes(req.template) ? req.template : (tpl.aliases[0] ?? null),
       state: "creating",
-      cpuCount: tpl.cpuCount,
-      memoryMB: tpl.memoryMB,
+      cpuCount,
+      memoryMB,
       diskSizeMB: tpl.diskSizeMB,
       envdVersion: tpl.envdVersion,
       envdAccessToken: req.secure ? randomHex(32) : null,
@@ -597,6 +598,31 @@ export class Orchestrator {
       () => this.inflight.delete(p),
     );
     return p;
+  }
+
+  /**
+   * vCPUs and memory within this node's limits.
+   * @throws OrchestratorError bad_request (400) naming the limit (config key) a value passes.
+   */
+  private checkResources(cpuCount: number, memoryMB: number, requested: boolean): { cpuCount: number; memoryMB: number } {
+    const from = requested ? "requested" : "template's";
+    if (!Number.isInteger(cpuCount) || cpuCount < 1 || cpuCount > this.config.maxCpuCount) {
+      throw new OrchestratorError(
+        "orchestrator.bad_request",
+        400,
+        `cpuCount ${cpuCount} (${from}) is outside 1..${this.config.maxCpuCount}, this node's limit [orchestrator] max_cpu_count`,
+        { cpuCount, limit: this.config.maxCpuCount, key: "orchestrator.max_cpu_count" },
+      );
+    }
+    if (!Number.isInteger(memoryMB) || memoryMB < 128 || memoryMB > this.config.maxMemoryMB) {
+      throw new OrchestratorError(
+        "orchestrator.bad_request",
+        400,
+        `memoryMB ${memoryMB} (${from}) is outside 128..${this.config.maxMemoryMB}, this node's limit [orchestrator] max_memory_mb`,
+        { memoryMB, limit: this.config.maxMemoryMB, key: "orchestrator.max_memory_mb" },
+      );
+    }
+    return { cpuCount, memoryMB };
   }
 
   private checkTimeout(secs: number): number {

@@ -53,6 +53,10 @@ export interface CreateSandboxRequest {
   secure: boolean;
   allowInternetAccess?: boolean;
   network?: Record<string, unknown>;
+  /** vCPUs; the template's when absent. */
+  cpuCount?: number;
+  /** Guest memory, MiB; the template's when absent. */
+  memoryMB?: number;
 }
 
 /** Filter of `list()`. */

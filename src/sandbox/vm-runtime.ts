@@ -89,8 +89,8 @@ export class VmRuntime implements SandboxRuntime {
       return {
         templateID: m.name,
         aliases: [m.name],
-        cpuCount: this.o.defaultCpuCount,
-        memoryMB: this.o.defaultMemoryMB,
+        cpuCount: m.cpuCount ?? this.o.defaultCpuCount,
+        memoryMB: m.memoryMB ?? this.o.defaultMemoryMB,
         diskSizeMB: Math.floor(m.diskBytes / (1024 * 1024)),
         envdVersion: ENVD_VERSION,
         createdAt: created,

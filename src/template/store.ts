@@ -23,6 +23,10 @@ export interface TemplateManifest {
   /** Build cache key: changes when any input of the build changes. */
   buildKey: string;
   createdAt: string;
+  /** vCPUs of sandboxes made from it (a create may override); the node's default when absent. */
+  cpuCount?: number;
+  /** Guest memory in MiB of sandboxes made from it (a create may override); the node's default when absent. */
+  memoryMB?: number;
 }
 
 /** A template resolved to absolute paths, ready for the orchestrator to boot. */
@@ -56,7 +60,8 @@ export function readManifest(homePath: string, name: string): TemplateManifest {
   const ok =
     m && m.name === name && typeof m.rootfs === "string" && !isAbsolute(m.rootfs) && !m.rootfs.includes("..") &&
     Array.isArray(m.layers) && m.layers.every((l) => typeof l === "string" && !isAbsolute(l) && !l.includes("..")) &&
-    typeof m.bootArgs === "string" && Number.isInteger(m.diskBytes) && m.diskBytes > 0 && typeof m.buildKey === "string";
+    typeof m.bootArgs === "string" && Number.isInteger(m.diskBytes) && m.diskBytes > 0 && typeof m.buildKey === "string" &&
+    (m.cpuCount === undefined || (Number.isInteger(m.cpuCount) && m.cpuCount >= 1)) && (m.memoryMB === undefined || (Number.isInteger(m.memoryMB) && m.memoryMB >= 1));
   if (!ok) throw new TemplateError("template.bad_manifest", `${path}: missing or invalid fields`, { name, path });
   return m;
 }

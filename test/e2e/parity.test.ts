@@ -41,3 +41,17 @@ test("getMetrics() shows a 10 s CPU-bound command and the guest's memory; logs n
   console.log(`parity telemetry: ${o.metrics.length} samples, busy max ${Math.max(...during.map((m) => m.cpuUsedPct))}%, ${lines.length} log lines`);
   expect(o.logsAfterKill).toMatchObject({ status: 404, body: { code: 404 } });
 }, 300_000);
+
+test("cpuCount / memoryMB at create are the guest's real vCPUs and RAM; oversize asks are a 400 naming the limit", async () => {
+  const o = await node().client("parity-resources.ts");
+  expect(o.createStatus).toBe(201);
+  expect(o.nproc).toBe("2");
+  // MemTotal is the RAM the guest was given minus what the kernel reserved at boot
+  expect(o.memTotalKb).toBeGreaterThan(640 * 1024);
+  expect(o.memTotalKb).toBeLessThanOrEqual(768 * 1024);
+  expect(o.info).toEqual({ cpuCount: 2, memoryMB: 768 });
+  expect(o.oversize).toEqual({
+    status: 400,
+    body: { code: 400, message: "cpuCount 64 (requested) is outside 1..8, this node's limit [orchestrator] max_cpu_count", error_code: "orchestrator.bad_request" },
+  });
+}, 300_000);
