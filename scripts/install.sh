@@ -18,6 +18,8 @@ pkgs+=(qemu-system-x86 linux-source-6.1 build-essential bc bison flex libelf-dev
 [ "$want_test" = 1 ] && pkgs+=(docker-registry openssl xfsprogs)
 # VM tests: a static busybox for the kernel boot test rootfs.
 [ "$want_test" = 1 ] && pkgs+=(busybox-static procps)
+# cluster tests (test/services): the scheduler's shared Redis store against a real redis-server.
+[ "$want_test" = 1 ] && pkgs+=(redis-server)
 
 # npm installs Bun itself (below); Debian's nodejs/npm when the host has no npm yet.
 command -v npm >/dev/null 2>&1 || pkgs+=(nodejs npm)

@@ -17,6 +17,7 @@ const main = defineCommand({
     template: () => import("./template.ts").then((m) => m.default),
     server: () => import("./server.ts").then((m) => m.default),
     sandbox: () => import("./sandbox.ts").then((m) => m.default),
+    scheduler: () => import("../../services/scheduler/cli.ts").then((m) => m.default),
   },
 });
 

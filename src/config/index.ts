@@ -24,6 +24,12 @@ export const ENV_ALIASES: Record<string, string> = {
   AENV_LOG_LEVEL: "log.level",
   AENV_SANDBOX_PROXY_DOMAINS: "sandbox_proxy.domains",
   AENV_NODE_ID: "node.id",
+  AENV_CLUSTER_ID: "node.cluster_id",
+  // scheduler reporting, named as upstream AgentENV names them
+  AENV_OBSERVABILITY_SCHEDULER_REPORT_ENABLED: "observability.scheduler_report.enabled",
+  AENV_OBSERVABILITY_SCHEDULER_ENDPOINT: "cluster.scheduler_endpoint",
+  AENV_OBSERVABILITY_REPORT_INTERVAL_SECS: "observability.scheduler_report.interval_secs",
+  AENV_GATEWAY_SANDBOX_PROXY_DOMAINS: "gateway.sandbox_proxy_domains",
 };
 
 /** The embedded defaults, parsed once. */

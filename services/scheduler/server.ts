@@ -1,0 +1,99 @@
+/**
+ * Composition of a running scheduler: store (SQLite or Redis), discovery (static or
+ * Kubernetes), core, the periodic sweep, and the nice-grpc server on `[scheduler] addr`.
+ */
+import { mkdirSync } from "node:fs";
+import { dirname } from "node:path";
+import { createServer } from "nice-grpc";
+import { logger } from "../../src/observability/log.ts";
+import { SchedulerDefinition } from "../proto/index.ts";
+import type { SchedulerConfig } from "./config.ts";
+import { SchedulerCore } from "./core.ts";
+import { KubernetesDiscovery } from "./discovery/kubernetes.ts";
+import { StaticDiscovery } from "./discovery/static.ts";
+import type { Discovery } from "./discovery/types.ts";
+import { SchedulerError } from "./errors.ts";
+import { schedulerService } from "./grpc.ts";
+import { RedisStore } from "./store/redis.ts";
+import { SqliteStore } from "./store/sqlite.ts";
+import type { SchedulerStore } from "./store/types.ts";
+
+/** A started scheduler. */
+export interface RunningScheduler {
+  /** host:port actually bound. */
+  addr: string;
+  port: number;
+  core: SchedulerCore;
+  /** Stop serving (in-flight RPCs finish), stop discovery and the sweep, close the store. */
+  close(): Promise<void>;
+}
+
+function parseListen(addr: string): { host: string; port: number } {
+  const m = /^(?:\[([^\]]+)\]|([^:]*)):(\d{1,5})$/.exec(addr);
+  if (!m || Number(m[3]) > 65535) throw new SchedulerError("scheduler.bad_config", `invalid [scheduler] addr ${JSON.stringify(addr)}: expected host:port`, { addr });
+  return { host: m[1] ?? (m[2] || "0.0.0.0"), port: Number(m[3]) };
+}
+
+/** Open the configured store. @throws SchedulerError store_failed (Redis unreachable) / DbError. */
+export async function openStore(c: SchedulerConfig): Promise<SchedulerStore> {
+  if (c.store === "redis") {
+    const s = new RedisStore(c.redisUrl, c.redisPrefix);
+    try {
+      await s.ping();
+    } catch (e) {
+      await s.close();
+      throw e;
+    }
+    return s;
+  }
+  if (c.dbPath !== ":memory:") mkdirSync(dirname(c.dbPath), { recursive: true });
+  return new SqliteStore(c.dbPath);
+}
+
+/**
+ * Start a scheduler.
+ * @throws SchedulerError bad_config, store_failed, discovery_failed; Error when the address
+ *   cannot be bound. Nothing stays open when it throws.
+ */
+export async function startScheduler(c: SchedulerConfig): Promise<RunningScheduler> {
+  const log = logger("scheduler");
+  const { host, port } = parseListen(c.addr);
+  const discovery: Discovery = c.discovery === "kubernetes" ? new KubernetesDiscovery(c.kubernetes) : new StaticDiscovery(c.nodes);
+  const store = await openStore(c);
+  try {
+    await discovery.start();
+  } catch (e) {
+    await store.close();
+    throw e;
+  }
+  const core = new SchedulerCore(store, discovery, { strategy: c.strategy, bindingTtlMs: c.bindingTtlMs, reportTtlMs: c.reportTtlMs, maxP2pArtifacts: c.maxP2pArtifacts });
+  const server = createServer();
+  server.add(SchedulerDefinition, schedulerService(core));
+  let bound: number;
+  try {
+    bound = await server.listen(`${host.includes(":") ? `[${host}]` : host}:${port}`);
+  } catch (e) {
+    await discovery.close();
+    await store.close();
+    throw new SchedulerError("scheduler.bad_config", `cannot listen on ${c.addr}: ${(e as Error).message}`, { addr: c.addr }, { cause: e });
+  }
+  let sweeping: Promise<unknown> = Promise.resolve();
+  const timer = setInterval(() => {
+    sweeping = core.sweep().catch((err) => log.warn({ err }, "sweep failed"));
+  }, c.sweepIntervalMs);
+  log.info({ addr: `${host}:${bound}`, store: store.kind, discovery: discovery.mode, strategy: c.strategy, nodes: core.listNodes().map((n) => n.nodeId) }, "scheduler listening");
+  let closing: Promise<void> | undefined;
+  return {
+    addr: `${host}:${bound}`,
+    port: bound,
+    core,
+    close: () =>
+      (closing ??= (async () => {
+        clearInterval(timer);
+        await server.shutdown();
+        await sweeping;
+        await discovery.close();
+        await store.close();
+      })()),
+  };
+}

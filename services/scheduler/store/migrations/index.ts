@@ -1,0 +1,8 @@
+/**
+ * Embedded migrations of the scheduler database, in order (drizzle-kit output from
+ * ../schema.ts; statements split on `--> statement-breakpoint`). Append only.
+ */
+import type { Migration } from "../../../../src/db/migrations/index.ts";
+import init from "./scheduler_0001_init.sql" with { type: "text" };
+
+export const SCHEDULER_MIGRATIONS: Migration[] = [{ tag: "scheduler_0001_init", sql: init }];

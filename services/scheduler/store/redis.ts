@@ -1,0 +1,203 @@
+/**
+ * SchedulerStore in Redis (Bun's built-in RedisClient), for several scheduler replicas sharing
+ * bindings. Layout under the configured prefix P:
+ *   P b:<sandboxId>   string, JSON {n: nodeId, e: endpoint, t: updatedAt ms}
+ *   P n:<nodeId>      set of the sandbox ids bound to that node
+ *   P nodes           set of node ids that have a P n:<nodeId> set
+ *   P reports         hash nodeId -> JSON {node: ObservedNode JSON, p2p: P2pEndpoint JSON | null}
+ * Every change touching more than one key runs as one Lua script (atomic on the server).
+ * Keys are built inside the scripts, so the store needs a single Redis, not Redis Cluster.
+ */
+import { RedisClient } from "bun";
+import { ObservedNode, P2pEndpoint } from "../../proto/index.ts";
+import { SchedulerError } from "../errors.ts";
+import type { Binding, NodeReport } from "../types.ts";
+import type { RosterChange, SchedulerStore } from "./types.ts";
+
+// ARGV[1] = prefix, then per script
+const PUT = `
+local p = ARGV[1]
+local key = p .. 'b:' .. ARGV[2]
+local old = redis.call('GET', key)
+if old then
+  local o = cjson.decode(old)
+  if o.n ~= ARGV[3] then redis.call('SREM', p .. 'n:' .. o.n, ARGV[2]) end
+end
+redis.call('SET', key, cjson.encode({n = ARGV[3], e = ARGV[4], t = tonumber(ARGV[5])}))
+redis.call('SADD', p .. 'n:' .. ARGV[3], ARGV[2])
+redis.call('SADD', p .. 'nodes', ARGV[3])
+return 1`;
+
+const DEL = `
+local p = ARGV[1]
+local key = p .. 'b:' .. ARGV[2]
+local old = redis.call('GET', key)
+if not old then return 0 end
+local o = cjson.decode(old)
+if ARGV[3] ~= '' and o.n ~= ARGV[3] then return 0 end
+redis.call('DEL', key)
+redis.call('SREM', p .. 'n:' .. o.n, ARGV[2])
+return 1`;
+
+// ARGV: prefix, nodeId, endpoint, now, staleBefore, ids...
+const ROSTER = `
+local p = ARGV[1]
+local node, ep, now, stale = ARGV[2], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
+local nset = p .. 'n:' .. node
+local listed = {}
+local added = 0
+for i = 6, #ARGV do
+  local id = ARGV[i]
+  listed[id] = true
+  local key = p .. 'b:' .. id
+  local old = redis.call('GET', key)
+  if old then
+    local o = cjson.decode(old)
+    if o.n ~= node then redis.call('SREM', p .. 'n:' .. o.n, id); added = added + 1 end
+  else
+    added = added + 1
+  end
+  redis.call('SET', key, cjson.encode({n = node, e = ep, t = now}))
+  redis.call('SADD', nset, id)
+end
+redis.call('SADD', p .. 'nodes', node)
+local removed = 0
+for _, id in ipairs(redis.call('SMEMBERS', nset)) do
+  if not listed[id] then
+    local key = p .. 'b:' .. id
+    local old = redis.call('GET', key)
+    if not old then
+      redis.call('SREM', nset, id)
+    else
+      local o = cjson.decode(old)
+      if o.n ~= node then
+        redis.call('SREM', nset, id)
+      elseif o.t < stale then
+        redis.call('DEL', key)
+        redis.call('SREM', nset, id)
+        removed = removed + 1
+      end
+    end
+  end
+end
+return {added, removed}`;
+
+const DROP = `
+local p = ARGV[1]
+local nset = p .. 'n:' .. ARGV[2]
+local n = 0
+for _, id in ipairs(redis.call('SMEMBERS', nset)) do
+  local key = p .. 'b:' .. id
+  local old = redis.call('GET', key)
+  if old and cjson.decode(old).n == ARGV[2] then redis.call('DEL', key); n = n + 1 end
+end
+redis.call('DEL', nset)
+redis.call('SREM', p .. 'nodes', ARGV[2])
+return n`;
+
+const COUNT = `
+local p = ARGV[1]
+local n = 0
+for _, node in ipairs(redis.call('SMEMBERS', p .. 'nodes')) do n = n + redis.call('SCARD', p .. 'n:' .. node) end
+return n`;
+
+export class RedisStore implements SchedulerStore {
+  readonly kind = "redis" as const;
+  private readonly client: RedisClient;
+
+  /**
+   * @param url redis://[user:password@]host:port[/db]
+   * @param prefix prefix of every key (e.g. `agentenv:scheduler:`)
+   * Connects lazily (and again after a lost connection, at the next command); a command fails with `scheduler.store_failed` while the server is
+   * unreachable.
+   */
+  constructor(private readonly url: string, private readonly prefix: string) {
+    this.client = new RedisClient(url, { autoReconnect: false, enableOfflineQueue: false, connectionTimeout: 3000 });
+  }
+
+  /** Check the server answers. @throws SchedulerError store_failed */
+  async ping(): Promise<void> {
+    await this.run("ping", () => this.client.send("PING", []));
+  }
+
+  private async run<T>(what: string, fn: () => Promise<T>): Promise<T> {
+    try {
+      // commands are not queued while disconnected (a scheduler RPC fails fast instead)
+      if (!this.client.connected) await this.client.connect();
+      return await fn();
+    } catch (e) {
+      throw new SchedulerError("scheduler.store_failed", `scheduler Redis store ${redactUrl(this.url)}: ${what} failed: ${(e as Error).message}`, { url: redactUrl(this.url) }, { cause: e });
+    }
+  }
+
+  private eval(script: string, args: (string | number)[]): Promise<unknown> {
+    return this.client.send("EVAL", [script, "0", this.prefix, ...args.map(String)]);
+  }
+
+  async getBinding(sandboxId: string): Promise<Binding | null> {
+    const raw = await this.run("lookup", () => this.client.get(this.prefix + "b:" + sandboxId));
+    if (raw === null) return null;
+    const o = JSON.parse(raw) as { n: string; e: string; t: number };
+    return { sandboxId, nodeId: o.n, endpoint: o.e, updatedAt: o.t };
+  }
+
+  async putBinding(b: Binding): Promise<void> {
+    await this.run("record", () => this.eval(PUT, [b.sandboxId, b.nodeId, b.endpoint, b.updatedAt]));
+  }
+
+  async deleteBinding(sandboxId: string, nodeId?: string): Promise<boolean> {
+    return (await this.run("delete", () => this.eval(DEL, [sandboxId, nodeId ?? ""]))) === 1;
+  }
+
+  async reconcileRoster(nodeId: string, endpoint: string, roster: string[], now: number, staleBefore: number): Promise<RosterChange> {
+    const [added, removed] = (await this.run("roster reconcile", () => this.eval(ROSTER, [nodeId, endpoint, now, staleBefore, ...roster]))) as [number, number];
+    return { added, removed };
+  }
+
+  async dropNodeBindings(nodeId: string): Promise<number> {
+    return (await this.run("node drop", () => this.eval(DROP, [nodeId]))) as number;
+  }
+
+  async nodeBindings(nodeId: string): Promise<string[]> {
+    return (await this.run("node bindings", () => this.client.smembers(this.prefix + "n:" + nodeId))).sort();
+  }
+
+  async countBindings(): Promise<number> {
+    return (await this.run("count", () => this.eval(COUNT, []))) as number;
+  }
+
+  async putReport(r: NodeReport): Promise<void> {
+    const value = JSON.stringify({ node: ObservedNode.toJSON(r.node), p2p: r.p2p ? P2pEndpoint.toJSON(r.p2p) : null });
+    await this.run("report write", () => this.client.hset(this.prefix + "reports", { [r.node.nodeId]: value }));
+  }
+
+  async getReport(nodeId: string): Promise<NodeReport | null> {
+    const raw = await this.run("report read", () => this.client.hget(this.prefix + "reports", nodeId));
+    return raw === null ? null : parseReport(raw);
+  }
+
+  async listReports(): Promise<NodeReport[]> {
+    const all = await this.run("report list", () => this.client.hgetall(this.prefix + "reports"));
+    return Object.keys(all)
+      .sort()
+      .map((k) => parseReport(all[k]!));
+  }
+
+  async deleteReport(nodeId: string): Promise<void> {
+    await this.run("report delete", () => this.client.hdel(this.prefix + "reports", nodeId));
+  }
+
+  async close(): Promise<void> {
+    this.client.close();
+  }
+}
+
+function parseReport(raw: string): NodeReport {
+  const o = JSON.parse(raw) as { node: unknown; p2p: unknown };
+  return { node: ObservedNode.fromJSON(o.node), p2p: o.p2p ? P2pEndpoint.fromJSON(o.p2p) : null };
+}
+
+/** The URL without its password (for messages and logs). */
+export function redactUrl(url: string): string {
+  return url.replace(/\/\/([^:@/]*):[^@/]*@/, "//$1:***@");
+}

@@ -1,0 +1,143 @@
+/**
+ * SchedulerStore in SQLite (bun:sqlite + drizzle, WAL), the default: one file, one scheduler.
+ * Hot paths (lookup, roster upserts) use prepared statements.
+ */
+import { and, count, eq, lt, sql } from "drizzle-orm";
+import { drizzle, type BunSQLiteDatabase } from "drizzle-orm/bun-sqlite";
+import { openDb, type Db } from "../../../src/db/index.ts";
+import { ObservedNode, P2pEndpoint } from "../../proto/index.ts";
+import { SchedulerError } from "../errors.ts";
+import type { Binding, NodeReport } from "../types.ts";
+import { SCHEDULER_MIGRATIONS } from "./migrations/index.ts";
+import * as schema from "./schema.ts";
+import type { RosterChange, SchedulerStore } from "./types.ts";
+
+const { bindings, nodeReports } = schema;
+
+function wrap<T>(what: string, path: string, fn: () => T): T {
+  try {
+    return fn();
+  } catch (e) {
+    throw new SchedulerError("scheduler.store_failed", `scheduler database ${path}: ${what} failed: ${(e as Error).message}`, { path }, { cause: e });
+  }
+}
+
+export class SqliteStore implements SchedulerStore {
+  readonly kind = "sqlite" as const;
+  private readonly db: Db;
+  private readonly orm: BunSQLiteDatabase<typeof schema>;
+  private readonly getStmt;
+  private readonly upsertStmt;
+
+  /**
+   * Open (creating) the database at `path` (":memory:" for tests) and apply migrations.
+   * @throws DbError when the file cannot be opened or migrated.
+   */
+  constructor(private readonly path: string) {
+    this.db = openDb(path, SCHEDULER_MIGRATIONS);
+    this.orm = drizzle({ client: this.db.sqlite, schema });
+    this.getStmt = this.orm.select().from(bindings).where(eq(bindings.sandboxId, sql.placeholder("id"))).prepare();
+    this.upsertStmt = this.orm
+      .insert(bindings)
+      .values({ sandboxId: sql.placeholder("sandboxId"), nodeId: sql.placeholder("nodeId"), endpoint: sql.placeholder("endpoint"), updatedAt: sql.placeholder("updatedAt") })
+      .onConflictDoUpdate({ target: bindings.sandboxId, set: { nodeId: sql`excluded.node_id`, endpoint: sql`excluded.endpoint`, updatedAt: sql`excluded.updated_at` } })
+      .prepare();
+  }
+
+  async getBinding(sandboxId: string): Promise<Binding | null> {
+    return wrap("lookup", this.path, () => this.getStmt.get({ id: sandboxId }) ?? null);
+  }
+
+  async putBinding(b: Binding): Promise<void> {
+    wrap("record", this.path, () => this.upsertStmt.run({ ...b }));
+  }
+
+  async deleteBinding(sandboxId: string, nodeId?: string): Promise<boolean> {
+    return wrap("delete", this.path, () => {
+      const cond = nodeId === undefined ? eq(bindings.sandboxId, sandboxId) : and(eq(bindings.sandboxId, sandboxId), eq(bindings.nodeId, nodeId));
+      return this.orm.delete(bindings).where(cond).returning({ id: bindings.sandboxId }).all().length > 0;
+    });
+  }
+
+  async reconcileRoster(nodeId: string, endpoint: string, roster: string[], now: number, staleBefore: number): Promise<RosterChange> {
+    return wrap("roster reconcile", this.path, () =>
+      this.db.sqlite.transaction((): RosterChange => {
+        let added = 0;
+        for (const id of roster) {
+          const cur = this.getStmt.get({ id });
+          if (!cur || cur.nodeId !== nodeId) added++;
+          this.upsertStmt.run({ sandboxId: id, nodeId, endpoint, updatedAt: now });
+        }
+        // diffed here rather than in one NOT IN (...): a roster may exceed SQLite's parameter limit
+        const listed = new Set(roster);
+        const old = this.orm
+          .select({ id: bindings.sandboxId })
+          .from(bindings)
+          .where(and(eq(bindings.nodeId, nodeId), lt(bindings.updatedAt, staleBefore)))
+          .all();
+        let removed = 0;
+        for (const { id } of old) {
+          if (listed.has(id)) continue;
+          this.orm.delete(bindings).where(eq(bindings.sandboxId, id)).run();
+          removed++;
+        }
+        return { added, removed };
+      })(),
+    );
+  }
+
+  async dropNodeBindings(nodeId: string): Promise<number> {
+    return wrap("node drop", this.path, () => this.orm.delete(bindings).where(eq(bindings.nodeId, nodeId)).returning({ id: bindings.sandboxId }).all().length);
+  }
+
+  /** Sorted. */
+  async nodeBindings(nodeId: string): Promise<string[]> {
+    return wrap("node bindings", this.path, () =>
+      this.orm
+        .select({ id: bindings.sandboxId })
+        .from(bindings)
+        .where(eq(bindings.nodeId, nodeId))
+        .orderBy(bindings.sandboxId)
+        .all()
+        .map((r) => r.id),
+    );
+  }
+
+  async countBindings(): Promise<number> {
+    return wrap("count", this.path, () => this.orm.select({ n: count() }).from(bindings).get()?.n ?? 0);
+  }
+
+  async putReport(r: NodeReport): Promise<void> {
+    wrap("report write", this.path, () => {
+      const row = { nodeId: r.node.nodeId, node: ObservedNode.toJSON(r.node), p2p: r.p2p ? P2pEndpoint.toJSON(r.p2p) : null, lastSeen: r.node.lastSeenUnixMs };
+      this.orm
+        .insert(nodeReports)
+        .values(row)
+        .onConflictDoUpdate({ target: nodeReports.nodeId, set: { node: row.node, p2p: row.p2p, lastSeen: row.lastSeen } })
+        .run();
+    });
+  }
+
+  async getReport(nodeId: string): Promise<NodeReport | null> {
+    return wrap("report read", this.path, () => {
+      const row = this.orm.select().from(nodeReports).where(eq(nodeReports.nodeId, nodeId)).get();
+      return row ? toReport(row) : null;
+    });
+  }
+
+  async listReports(): Promise<NodeReport[]> {
+    return wrap("report list", this.path, () => this.orm.select().from(nodeReports).orderBy(nodeReports.nodeId).all().map(toReport));
+  }
+
+  async deleteReport(nodeId: string): Promise<void> {
+    wrap("report delete", this.path, () => this.orm.delete(nodeReports).where(eq(nodeReports.nodeId, nodeId)).run());
+  }
+
+  async close(): Promise<void> {
+    this.db.close();
+  }
+}
+
+function toReport(row: { node: unknown; p2p: unknown }): NodeReport {
+  return { node: ObservedNode.fromJSON(row.node), p2p: row.p2p ? P2pEndpoint.fromJSON(row.p2p) : null };
+}

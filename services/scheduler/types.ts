@@ -1,0 +1,33 @@
+/**
+ * Plain data of the scheduler. Times are unix milliseconds.
+ */
+import type { ObservedNode, P2pEndpoint } from "../proto/index.ts";
+
+/** A node as discovery knows it: its id and the base URL of its HTTP API. */
+export interface NodeRef {
+  nodeId: string;
+  /** e.g. `http://10.0.0.7:8000` (no trailing slash). */
+  endpoint: string;
+}
+
+/** Where a sandbox lives. */
+export interface Binding {
+  sandboxId: string;
+  nodeId: string;
+  /** The node's endpoint when the binding was made (discovery's current one wins at lookup). */
+  endpoint: string;
+  /** Last refresh (RecordAssignment, a roster listing it, a sandbox event), unix ms. */
+  updatedAt: number;
+}
+
+/** A node's last report, as persisted: the proto record plus its P2P endpoint. */
+export interface NodeReport {
+  node: ObservedNode;
+  p2p: P2pEndpoint | null;
+}
+
+/** What discovery currently says: nodes to schedule on, and nodes draining (terminating). */
+export interface DiscoveredNodes {
+  active: NodeRef[];
+  lingering: NodeRef[];
+}

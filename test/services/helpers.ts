@@ -1,0 +1,90 @@
+/**
+ * Helpers of the cluster tests: heartbeat requests, a scheduler started from config on
+ * 127.0.0.1:0, and a gRPC client for it.
+ */
+import { createChannel, createClient } from "nice-grpc";
+import { loadConfig } from "../../src/config/index.ts";
+import { NodeStatus, SchedulerDefinition, type HeartbeatRequest, type SchedulerClient } from "../../services/proto/index.ts";
+import { schedulerConfig, startScheduler, type RunningScheduler } from "../../services/scheduler/index.ts";
+
+/** A heartbeat from `nodeId` holding `roster`, with `running` sandboxes and `freeMiB` free memory. */
+export function beat(nodeId: string, roster: string[], o: { running?: number; freeMiB?: number; reportedAt?: number; instance?: string } = {}): HeartbeatRequest {
+  const total = 16 * 1024 ** 3;
+  return {
+    nodeId,
+    clusterId: "c1",
+    serviceInstanceId: o.instance ?? `${nodeId}-1`,
+    version: "0.1.0",
+    commit: "abc",
+    machineInfo: { cpuFamily: "6", cpuModel: "85", cpuModelName: "Test CPU", cpuArchitecture: "x64", cpuConfigJson: "" },
+    snapshot: {
+      status: NodeStatus.NODE_STATUS_UNSPECIFIED,
+      allocatedCpu: 0,
+      allocatedMemoryBytes: 0,
+      cpuPercent: 5,
+      cpuCount: 2,
+      memoryUsedBytes: total - (o.freeMiB ?? 8192) * 1024 ** 2,
+      memoryTotalBytes: total,
+      disks: [],
+      sandboxCount: o.running ?? roster.length,
+      sandboxStartingCount: 0,
+      createSuccesses: 0,
+      createFails: 0,
+      reportedAtUnixMs: o.reportedAt ?? 0,
+      pausedSandboxCount: 0,
+      pausedAllocatedCpu: 0,
+      pausedAllocatedMemoryBytes: 0,
+    },
+    sandboxIds: roster,
+    p2pEndpoint: undefined,
+  };
+}
+
+/** Start a scheduler on 127.0.0.1:0 with `env` overrides (AENV__scheduler__... keys). */
+export async function startTestScheduler(env: Record<string, string>): Promise<RunningScheduler & { client: SchedulerClient }> {
+  const s = await startScheduler(schedulerConfig(loadConfig({ env: { AENV_LOG_LEVEL: "error", AENV__scheduler__addr: "127.0.0.1:0", ...env } })));
+  const client = createClient(SchedulerDefinition, createChannel(`127.0.0.1:${s.port}`));
+  return { ...s, client };
+}
+
+/** A redis-server this test started on 127.0.0.1 (no persistence); `stop()` kills it by pid. */
+export interface TestRedis {
+  url: string;
+  port: number;
+  stop(): Promise<void>;
+}
+
+/**
+ * Start Debian's redis-server on a free port. Fails (never skips) when it is not installed.
+ * @throws Error with redis-server's output when it does not come up.
+ */
+export async function startRedis(): Promise<TestRedis> {
+  const bin = Bun.which("redis-server");
+  if (!bin) throw new Error("redis-server missing: install Debian's redis-server (scripts/install.sh --test)");
+  const probe = Bun.listen({ hostname: "127.0.0.1", port: 0, socket: { data() {} } });
+  const port = probe.port;
+  probe.stop(true);
+  const p = Bun.spawn([bin, "--bind", "127.0.0.1", "--port", String(port), "--save", "", "--appendonly", "no", "--daemonize", "no"], { stdout: "pipe", stderr: "pipe" });
+  const deadline = Date.now() + 10_000;
+  for (;;) {
+    try {
+      const c = await Bun.connect({ hostname: "127.0.0.1", port, socket: { data() {} } });
+      c.end();
+      break;
+    } catch {
+      if (p.exitCode !== null || Date.now() > deadline) {
+        p.kill("SIGKILL");
+        throw new Error(`redis-server did not start: ${await new Response(p.stdout).text()}`);
+      }
+      await Bun.sleep(50);
+    }
+  }
+  return {
+    url: `redis://127.0.0.1:${port}`,
+    port,
+    stop: async () => {
+      p.kill("SIGKILL");
+      await p.exited;
+    },
+  };
+}

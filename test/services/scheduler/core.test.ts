@@ -1,0 +1,211 @@
+/**
+ * SchedulerCore over a real SQLite store (in memory) and static discovery, with a test clock:
+ * strategies, binding TTL, roster truth, node health, unregister, events, observed nodes.
+ */
+import { describe, expect, test } from "bun:test";
+import { NodeStatus, SandboxEventType } from "../../../services/proto/index.ts";
+import { SchedulerCore, SqliteStore, StaticDiscovery, type SchedulerCoreOptions } from "../../../services/scheduler/index.ts";
+import { beat } from "../helpers.ts";
+
+function world(o: Partial<SchedulerCoreOptions> = {}, nodes = ["a=http://10.0.0.1:8000", "b=http://10.0.0.2:8000", "c=http://10.0.0.3:8000"]) {
+  const clock = { t: 1_000_000 };
+  const store = new SqliteStore(":memory:");
+  const core = new SchedulerCore(store, new StaticDiscovery(nodes), { strategy: "round_robin", bindingTtlMs: 30_000, reportTtlMs: 10_000, maxP2pArtifacts: 100, now: () => clock.t, ...o });
+  return { clock, store, core };
+}
+
+async function picks(core: SchedulerCore, n: number): Promise<string[]> {
+  const out: string[] = [];
+  for (let i = 0; i < n; i++) out.push((await core.schedule()).nodeId);
+  return out;
+}
+
+describe("placement", () => {
+  test("round_robin cycles through discovered nodes in id order, endpoints from discovery", async () => {
+    const { core } = world();
+    expect(await picks(core, 7)).toEqual(["a", "b", "c", "a", "b", "c", "a"]);
+    expect(await core.schedule()).toEqual({ nodeId: "b", endpoint: "http://10.0.0.2:8000" });
+  });
+
+  test("random follows the random source", async () => {
+    const seq = [0.9, 0.1, 0.5, 0.0];
+    const { core } = world({ strategy: "random", random: () => seq.shift()! });
+    expect(await picks(core, 4)).toEqual(["c", "a", "b", "a"]);
+  });
+
+  test("least_loaded: fewest running+starting, then most free memory, counting placements since the last heartbeat", async () => {
+    const { core } = world({ strategy: "least_loaded" });
+    await core.heartbeat(beat("a", ["s1", "s2", "s3"], { freeMiB: 9000 }));
+    await core.heartbeat(beat("b", ["s4"], { freeMiB: 1000 }));
+    await core.heartbeat(beat("c", ["s5"], { freeMiB: 4000 }));
+    // b and c have one each; c has more free memory
+    expect(await picks(core, 1)).toEqual(["c"]);
+    // c now counts 2 (placement since its heartbeat): b (1) next, then b/c tie at 2 → c by memory
+    expect(await picks(core, 3)).toEqual(["b", "c", "b"]);
+    // a heartbeat resets the pending count to the reported figure
+    await core.heartbeat(beat("a", [], { running: 0, freeMiB: 9000 }));
+    expect(await picks(core, 1)).toEqual(["a"]);
+  });
+
+  test("a node whose reports stopped is skipped; none left → no_nodes naming them", async () => {
+    const { core, clock } = world({}, ["a=http://10.0.0.1:8000", "b=http://10.0.0.2:8000"]);
+    await core.heartbeat(beat("a", []));
+    clock.t += 5_000;
+    await core.heartbeat(beat("b", []));
+    clock.t += 6_000; // a: 11 s since its report (> 10 s), b: 6 s
+    expect(await picks(core, 3)).toEqual(["b", "b", "b"]);
+    clock.t += 5_000;
+    await expect(core.schedule()).rejects.toMatchObject({ code: "scheduler.no_nodes", message: expect.stringContaining("a, b") });
+    // a reports again: schedulable again
+    await core.heartbeat(beat("a", []));
+    expect(await picks(core, 1)).toEqual(["a"]);
+  });
+
+  test("no discovered nodes → no_nodes", async () => {
+    const { core } = world({}, []);
+    await expect(core.schedule()).rejects.toMatchObject({ code: "scheduler.no_nodes", message: "no nodes discovered" });
+  });
+});
+
+describe("bindings", () => {
+  test("record + lookup; unknown → not_found; malformed ids → bad_request", async () => {
+    const { core } = world();
+    await core.recordAssignment("sbx1", { nodeId: "b", endpoint: "" });
+    expect(await core.lookup("sbx1")).toEqual({ nodeId: "b", endpoint: "http://10.0.0.2:8000" });
+    await expect(core.lookup("nope")).rejects.toMatchObject({ code: "scheduler.not_found" });
+    await expect(core.lookup("Bad-Id")).rejects.toMatchObject({ code: "scheduler.bad_request" });
+    await expect(core.recordAssignment("sbx2", undefined)).rejects.toMatchObject({ code: "scheduler.bad_request" });
+    await expect(core.recordAssignment("sbx2", { nodeId: "zz", endpoint: "" })).rejects.toMatchObject({ code: "scheduler.bad_request", message: expect.stringContaining("unknown to discovery") });
+    // a node discovery does not know, with an endpoint given, is accepted as is
+    await core.recordAssignment("sbx3", { nodeId: "zz", endpoint: "http://10.9.9.9:8000" });
+    expect(await core.lookup("sbx3")).toEqual({ nodeId: "zz", endpoint: "http://10.9.9.9:8000" });
+  });
+
+  test("binding_ttl: a binding not refreshed is dropped at lookup; a roster listing it refreshes it", async () => {
+    const { core, clock, store } = world();
+    await core.recordAssignment("old", { nodeId: "a", endpoint: "" });
+    await core.recordAssignment("kept", { nodeId: "a", endpoint: "" });
+    clock.t += 20_000;
+    await core.heartbeat(beat("a", ["kept", "old"]));
+    clock.t += 20_000; // old and kept refreshed 20 s ago
+    expect((await core.lookup("old")).nodeId).toBe("a");
+    clock.t += 15_000; // 35 s since refresh
+    await expect(core.lookup("old")).rejects.toMatchObject({ code: "scheduler.not_found", message: expect.stringContaining("expired") });
+    expect(await store.getBinding("old")).toBeNull();
+  });
+
+  test("heartbeat roster is the truth: missing bindings dropped, listed ones added, newer ones kept", async () => {
+    const { core, clock, store } = world();
+    await core.recordAssignment("s1", { nodeId: "a", endpoint: "" });
+    await core.recordAssignment("s2", { nodeId: "a", endpoint: "" });
+    await core.recordAssignment("moved", { nodeId: "b", endpoint: "" });
+    clock.t += 1000;
+    const takenAt = clock.t;
+    clock.t += 500;
+    // recorded after the roster below was taken: must survive it
+    await core.recordAssignment("fresh", { nodeId: "a", endpoint: "" });
+    clock.t += 500;
+    const change = await core.heartbeat(beat("a", ["s1", "s3", "moved"], { reportedAt: takenAt }));
+    expect(change).toEqual({ added: 2, removed: 1 });
+    expect(await store.nodeBindings("a")).toEqual(["fresh", "moved", "s1", "s3"]);
+    expect(await store.nodeBindings("b")).toEqual([]);
+    expect(await store.getBinding("s2")).toBeNull();
+    expect((await core.lookup("s3")).endpoint).toBe("http://10.0.0.1:8000");
+    // the next roster without "fresh" drops it
+    clock.t += 1000;
+    await core.heartbeat(beat("a", ["s1"], { reportedAt: clock.t }));
+    expect(await store.nodeBindings("a")).toEqual(["s1"]);
+  });
+
+  test("a roster with a malformed id or a bad node id is refused whole", async () => {
+    const { core, store } = world();
+    await core.recordAssignment("s1", { nodeId: "a", endpoint: "" });
+    await expect(core.heartbeat(beat("a", ["ok", "NOT OK"]))).rejects.toMatchObject({ code: "scheduler.bad_request" });
+    await expect(core.heartbeat(beat("", []))).rejects.toMatchObject({ code: "scheduler.bad_request" });
+    expect(await store.nodeBindings("a")).toEqual(["s1"]);
+  });
+
+  test("sandbox events: create/resume bind, delete unbinds only from the reporting node", async () => {
+    const { core, store } = world();
+    await core.reportEvents({ nodeId: "a", clusterId: "", serviceInstanceId: "", events: [{ sandboxId: "e1", eventType: SandboxEventType.SANDBOX_EVENT_TYPE_CREATE, requestedCpu: 1, requestedMemoryBytes: 0, requestedDiskBytes: 0 }] });
+    expect((await core.lookup("e1")).nodeId).toBe("a");
+    await core.reportEvents({ nodeId: "b", clusterId: "", serviceInstanceId: "", events: [{ sandboxId: "e1", eventType: SandboxEventType.SANDBOX_EVENT_TYPE_DELETE, requestedCpu: 0, requestedMemoryBytes: 0, requestedDiskBytes: 0 }] });
+    expect((await core.lookup("e1")).nodeId).toBe("a");
+    await core.reportEvents({ nodeId: "a", clusterId: "", serviceInstanceId: "", events: [{ sandboxId: "e1", eventType: SandboxEventType.SANDBOX_EVENT_TYPE_DELETE, requestedCpu: 0, requestedMemoryBytes: 0, requestedDiskBytes: 0 }] });
+    expect(await store.getBinding("e1")).toBeNull();
+  });
+});
+
+describe("nodes", () => {
+  test("observed nodes: READY, CONNECTING, UNHEALTHY; getNode of an unknown node → not_found", async () => {
+    const { core, clock } = world();
+    await core.heartbeat(beat("a", ["x1"]));
+    clock.t += 6000;
+    await core.heartbeat(beat("b", []));
+    clock.t += 5000;
+    const seen = await core.listObserved();
+    expect(seen.map((n) => [n.nodeId, n.snapshot!.status, n.endpoint])).toEqual([
+      ["a", NodeStatus.NODE_STATUS_UNHEALTHY, "http://10.0.0.1:8000"],
+      ["b", NodeStatus.NODE_STATUS_READY, "http://10.0.0.2:8000"],
+      ["c", NodeStatus.NODE_STATUS_CONNECTING, "http://10.0.0.3:8000"],
+    ]);
+    expect(seen[0]!.machineInfo!.cpuModelName).toBe("Test CPU");
+    expect(seen[0]!.snapshot!.sandboxCount).toBe(1);
+    expect((await core.getNode("b")).serviceInstanceId).toBe("b-1");
+    await expect(core.getNode("zz")).rejects.toMatchObject({ code: "scheduler.not_found" });
+    expect((await core.listObserved("other-cluster")).map((n) => n.nodeId)).toEqual(["c"]);
+  });
+
+  test("sweep drops the bindings of a node whose reports stopped, once", async () => {
+    const { core, clock, store } = world();
+    await core.heartbeat(beat("a", ["s1", "s2"]));
+    await core.heartbeat(beat("b", ["s3"]));
+    clock.t += 9000;
+    await core.heartbeat(beat("b", ["s3"]));
+    expect(await core.sweep()).toEqual([]);
+    clock.t += 2000;
+    expect(await core.sweep()).toEqual(["a"]);
+    expect(await store.nodeBindings("a")).toEqual([]);
+    expect((await core.lookup("s3")).nodeId).toBe("b");
+    expect(await core.sweep()).toEqual([]);
+  });
+
+  test("unregister forgets the node and its bindings; one from an older instance is ignored", async () => {
+    const { core, store } = world();
+    await core.heartbeat(beat("a", ["s1"], { instance: "new" }));
+    expect(await core.unregister("a", "old")).toBe(false);
+    expect((await core.lookup("s1")).nodeId).toBe("a");
+    expect(await core.unregister("a", "new")).toBe(true);
+    await expect(core.lookup("s1")).rejects.toMatchObject({ code: "scheduler.not_found" });
+    expect(await store.getReport("a")).toBeNull();
+    expect((await core.getNode("a")).snapshot!.status).toBe(NodeStatus.NODE_STATUS_CONNECTING);
+  });
+
+  test("P2P: peers from heartbeats, artifacts bounded and looked up", async () => {
+    const { core } = world({ maxP2pArtifacts: 2 });
+    await core.heartbeat({ ...beat("a", []), p2pEndpoint: { backend: "iroh", address: "a-addr" } });
+    await core.heartbeat({ ...beat("b", []), p2pEndpoint: { backend: "iroh", address: "b-addr" } });
+    await core.heartbeat(beat("c", []));
+    expect((await core.p2pPeers("", "iroh", "a")).map((p) => p.nodeId)).toEqual(["b"]);
+    core.recordArtifact("", "iroh", "k1", "a");
+    core.recordArtifact("", "iroh", "k1", "b");
+    expect((await core.lookupArtifact("", "iroh", "k1", "b")).map((p) => p.nodeId)).toEqual(["a"]);
+    core.recordArtifact("", "iroh", "k2", "a");
+    core.recordArtifact("", "iroh", "k3", "a"); // bound 2: k1 (oldest) goes
+    expect(await core.lookupArtifact("", "iroh", "k1", "")).toEqual([]);
+    core.forgetArtifact("", "iroh", "k3", "a");
+    expect(await core.lookupArtifact("", "iroh", "k3", "")).toEqual([]);
+    expect(() => core.recordArtifact("", "iroh", "", "a")).toThrow("key is empty");
+  });
+});
+
+test("static discovery refuses malformed and duplicate entries", () => {
+  expect(() => new StaticDiscovery(["a"])).toThrow('expected "id=http://host:port"');
+  expect(() => new StaticDiscovery(["a=ftp://x"])).toThrow("http or https");
+  expect(() => new StaticDiscovery(["a=not a url"])).toThrow("is not a URL");
+  expect(() => new StaticDiscovery(["a=http://x:1", "a=http://y:1"])).toThrow("twice");
+  expect(new StaticDiscovery(["b=http://y:1/", "a=http://x:1"]).nodes().active).toEqual([
+    { nodeId: "a", endpoint: "http://x:1" },
+    { nodeId: "b", endpoint: "http://y:1" },
+  ]);
+});

@@ -1,0 +1,191 @@
+/**
+ * Kubernetes discovery against a stand-in API server (no Kubernetes API server can run on this
+ * machine): a Bun.serve on 127.0.0.1 that speaks the published EndpointSlice list + watch
+ * protocol of discovery.k8s.io/v1 — list with metadata.resourceVersion, `watch=1` streaming one
+ * JSON event per line (ADDED/MODIFIED/DELETED/BOOKMARK/ERROR), HTTP 410 or an ERROR event with
+ * Status code 410 for an expired resourceVersion — and checks the bearer token and label selector.
+ */
+import { afterEach, expect, test } from "bun:test";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { KubernetesDiscovery, nodesFromSlices, type EndpointSlice } from "../../../services/scheduler/index.ts";
+
+type Ev = { type: string; object: unknown };
+
+/** The stand-in API server. Events pushed with `emit` go to every open watch. */
+function fakeApi(token: string) {
+  const state = { rv: 10, items: new Map<string, EndpointSlice>(), watches: new Set<ReadableStreamDefaultController<Uint8Array>>(), requests: [] as string[], goneBelow: 0 };
+  const enc = new TextEncoder();
+  const server = Bun.serve({
+    hostname: "127.0.0.1",
+    port: 0,
+    fetch(req) {
+      const u = new URL(req.url);
+      state.requests.push(u.pathname + u.search);
+      if (req.headers.get("authorization") !== `Bearer ${token}`) return Response.json({ kind: "Status", code: 401 }, { status: 401 });
+      if (u.pathname !== "/apis/discovery.k8s.io/v1/namespaces/agentenv/endpointslices") return new Response("not found", { status: 404 });
+      if (u.searchParams.get("labelSelector") !== "kubernetes.io/service-name=agentenv-nodes") return Response.json({ items: [] });
+      if (u.searchParams.get("watch") !== "1") {
+        return Response.json({ kind: "EndpointSliceList", apiVersion: "discovery.k8s.io/v1", metadata: { resourceVersion: String(state.rv) }, items: [...state.items.values()] });
+      }
+      if (Number(u.searchParams.get("resourceVersion")) < state.goneBelow) return Response.json({ kind: "Status", code: 410, reason: "Expired" }, { status: 410 });
+      let ctl!: ReadableStreamDefaultController<Uint8Array>;
+      const body = new ReadableStream<Uint8Array>({
+        start(c) {
+          ctl = c;
+          state.watches.add(c);
+        },
+        cancel() {
+          state.watches.delete(ctl);
+        },
+      });
+      return new Response(body, { headers: { "content-type": "application/json" } });
+    },
+  });
+  const send = (ev: Ev) => {
+    for (const c of state.watches) c.enqueue(enc.encode(JSON.stringify(ev) + "\n"));
+  };
+  return {
+    url: `http://127.0.0.1:${server.port}`,
+    state,
+    /** Change a slice and tell the watchers. */
+    put(s: EndpointSlice, type: "ADDED" | "MODIFIED" = "ADDED") {
+      state.rv++;
+      s.metadata.resourceVersion = String(state.rv);
+      state.items.set(s.metadata.name, s);
+      send({ type, object: s });
+    },
+    del(name: string) {
+      state.rv++;
+      const s = state.items.get(name)!;
+      state.items.delete(name);
+      send({ type: "DELETED", object: { ...s, metadata: { ...s.metadata, resourceVersion: String(state.rv) } } });
+    },
+    raw: send,
+    /** End every open watch (as the API server does at timeoutSeconds). */
+    endWatches() {
+      for (const c of state.watches) c.close();
+      state.watches.clear();
+    },
+    stop: () => server.stop(true),
+  };
+}
+
+function slice(name: string, eps: { pod: string; ip: string; ready?: boolean | null; serving?: boolean; terminating?: boolean }[], port = 8000): EndpointSlice {
+  return {
+    metadata: { name, labels: { "kubernetes.io/service-name": "agentenv-nodes" } },
+    addressType: "IPv4",
+    endpoints: eps.map((e) => ({
+      addresses: [e.ip],
+      conditions: { ...(e.ready === undefined ? {} : { ready: e.ready }), ...(e.serving === undefined ? {} : { serving: e.serving }), ...(e.terminating === undefined ? {} : { terminating: e.terminating }) },
+      nodeName: `host-${e.pod}`,
+      targetRef: { kind: "Pod", name: e.pod, namespace: "agentenv" },
+    })),
+    ports: [{ name: "api", port, protocol: "TCP" }],
+  };
+}
+
+async function until(cond: () => boolean, what: string): Promise<void> {
+  for (let i = 0; i < 500; i++) {
+    if (cond()) return;
+    await Bun.sleep(10);
+  }
+  throw new Error(`timed out waiting for ${what}`);
+}
+
+const cleanup: (() => unknown)[] = [];
+afterEach(async () => {
+  for (const f of cleanup.splice(0).reverse()) await f();
+});
+
+function discovery(api: ReturnType<typeof fakeApi>, tokenPath: string) {
+  const d = new KubernetesDiscovery({ apiUrl: api.url, namespace: "agentenv", serviceName: "agentenv-nodes", port: 8000, scheme: "http", tokenPath, caPath: null, watchTimeoutSecs: 300, retryBackoffMs: 20 });
+  cleanup.push(() => d.close());
+  return d;
+}
+
+const ids = (d: KubernetesDiscovery) => d.nodes().active.map((n) => `${n.nodeId}@${n.endpoint}`);
+
+test("lists, then follows ADDED/MODIFIED/DELETED; ready endpoints only; watch restarts and 410 re-lists", async () => {
+  const dir = mkdtempSync("/tmp/aenv-k8s-");
+  cleanup.push(() => rmSync(dir, { recursive: true, force: true }));
+  writeFileSync(join(dir, "token"), "tok123\n");
+  const api = fakeApi("tok123");
+  cleanup.push(() => api.stop());
+  api.state.items.set("s1", slice("s1", [{ pod: "node-a", ip: "10.0.0.1" }, { pod: "node-x", ip: "10.0.0.9", ready: false }]));
+  const d = discovery(api, join(dir, "token"));
+  await d.start();
+  expect(ids(d)).toEqual(["node-a@http://10.0.0.1:8000"]);
+  await until(() => api.state.watches.size === 1, "a watch");
+  const watchReq = api.state.requests.find((r) => r.includes("watch=1"))!;
+  expect(watchReq).toContain("resourceVersion=10");
+  expect(watchReq).toContain("allowWatchBookmarks=true");
+
+  // node-x becomes ready, node-b appears in a second slice
+  api.put(slice("s1", [{ pod: "node-a", ip: "10.0.0.1" }, { pod: "node-x", ip: "10.0.0.9", ready: true }]), "MODIFIED");
+  api.put(slice("s2", [{ pod: "node-b", ip: "10.0.0.2" }]));
+  await until(() => ids(d).length === 3, "three nodes");
+  expect(ids(d)).toEqual(["node-a@http://10.0.0.1:8000", "node-b@http://10.0.0.2:8000", "node-x@http://10.0.0.9:8000"]);
+
+  // node-a terminating but still serving: lingering, not active; a slice on another port is ignored
+  api.put(slice("s1", [{ pod: "node-a", ip: "10.0.0.1", ready: false, serving: true, terminating: true }]), "MODIFIED");
+  api.put(slice("s3", [{ pod: "node-q", ip: "10.0.0.7" }], 9999));
+  await until(() => d.nodes().lingering.length === 1, "node-a lingering");
+  expect(ids(d)).toEqual(["node-b@http://10.0.0.2:8000"]);
+  expect(d.nodes().lingering).toEqual([{ nodeId: "node-a", endpoint: "http://10.0.0.1:8000" }]);
+
+  // a bookmark moves the resourceVersion; the server ends the watch; the client re-watches from it
+  api.raw({ type: "BOOKMARK", object: { metadata: { resourceVersion: "77" } } });
+  await Bun.sleep(50);
+  api.endWatches();
+  await until(() => api.state.requests.filter((r) => r.includes("watch=1")).length === 2, "a second watch");
+  expect(api.state.requests.filter((r) => r.includes("watch=1"))[1]).toContain("resourceVersion=77");
+  await until(() => api.state.watches.size === 1, "the second watch open");
+
+  // DELETED
+  api.del("s2");
+  await until(() => ids(d).length === 0, "node-b gone");
+
+  // expired resourceVersion: ERROR event with 410 → list again (sees changes made meanwhile)
+  const listsBefore = d.lists;
+  api.state.items.set("s4", slice("s4", [{ pod: "node-c", ip: "10.0.0.3" }]));
+  api.raw({ type: "ERROR", object: { kind: "Status", code: 410, reason: "Expired", message: "too old resource version" } });
+  await until(() => d.lists === listsBefore + 1, "a re-list after the 410 event");
+  await until(() => ids(d).includes("node-c@http://10.0.0.3:8000"), "node-c from the re-list");
+
+  // HTTP 410 at watch start → list again
+  api.state.goneBelow = 10_000;
+  api.endWatches();
+  await until(() => d.lists >= listsBefore + 2, "a re-list after HTTP 410");
+  api.state.goneBelow = 0;
+});
+
+test("the first list failing (bad token) is a discovery_failed error naming the server", async () => {
+  const dir = mkdtempSync("/tmp/aenv-k8s-");
+  cleanup.push(() => rmSync(dir, { recursive: true, force: true }));
+  writeFileSync(join(dir, "token"), "wrong");
+  const api = fakeApi("right");
+  cleanup.push(() => api.stop());
+  const d = discovery(api, join(dir, "token"));
+  await expect(d.start()).rejects.toMatchObject({ code: "scheduler.discovery_failed", message: expect.stringContaining("HTTP 401") });
+});
+
+test("nodesFromSlices: nil ready counts as ready, IPv6 in brackets, an endpoint without a Pod name is left out", () => {
+  const s: EndpointSlice = {
+    metadata: { name: "x" },
+    endpoints: [
+      { addresses: ["fd00::5"], conditions: {}, targetRef: { name: "v6" } },
+      { addresses: ["10.1.1.1"], conditions: { ready: null }, targetRef: { name: "nilready" } },
+      { addresses: ["10.1.1.2"], conditions: { ready: true } },
+      { addresses: ["not-an-ip"], conditions: { ready: true }, targetRef: { name: "dns" } },
+    ],
+    ports: [{ port: 8000 }],
+  };
+  expect(nodesFromSlices([s], 8000, "https")).toEqual({
+    active: [
+      { nodeId: "nilready", endpoint: "https://10.1.1.1:8000" },
+      { nodeId: "v6", endpoint: "https://[fd00::5]:8000" },
+    ],
+    lingering: [],
+  });
+});

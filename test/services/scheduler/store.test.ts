@@ -1,0 +1,136 @@
+/**
+ * The same store contract against both implementations: SQLite (a temp file, reopened) and
+ * Redis (Debian's redis-server started by this test on 127.0.0.1, killed by pid after).
+ */
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { mkdtempSync, rmSync } from "node:fs";
+import { join } from "node:path";
+import { NodeStatus } from "../../../services/proto/index.ts";
+import { RedisStore, SqliteStore, type SchedulerStore } from "../../../services/scheduler/index.ts";
+import { startRedis, type TestRedis } from "../helpers.ts";
+
+let redis: TestRedis;
+const dir = mkdtempSync("/tmp/aenv-sched-store-");
+beforeAll(async () => {
+  redis = await startRedis();
+});
+afterAll(async () => {
+  await redis?.stop();
+  rmSync(dir, { recursive: true, force: true });
+});
+
+const kinds: [string, () => SchedulerStore][] = [
+  ["sqlite", () => new SqliteStore(join(dir, "s.db"))],
+  ["redis", () => new RedisStore(redis.url, `t${Math.random().toString(36).slice(2, 8)}:`)],
+];
+
+const report = (nodeId: string, lastSeen: number) => ({
+  node: {
+    nodeId,
+    endpoint: `http://${nodeId}:8000`,
+    clusterId: "c",
+    serviceInstanceId: "i",
+    version: "v",
+    commit: "",
+    machineInfo: undefined,
+    snapshot: { status: NodeStatus.NODE_STATUS_READY, allocatedCpu: 2, allocatedMemoryBytes: 2 ** 33, cpuPercent: 1, cpuCount: 2, memoryUsedBytes: 1, memoryTotalBytes: 2 ** 34, disks: [{ mountPoint: "/", device: "sda", filesystemType: "ext4", usedBytes: 5, totalBytes: 10 }], sandboxCount: 1, sandboxStartingCount: 0, createSuccesses: 9, createFails: 1, reportedAtUnixMs: lastSeen, pausedSandboxCount: 0, pausedAllocatedCpu: 0, pausedAllocatedMemoryBytes: 0 },
+    lastSeenUnixMs: lastSeen,
+  },
+  p2p: nodeId === "a" ? { backend: "iroh", address: "x" } : null,
+});
+
+for (const [kind, make] of kinds) {
+  describe(kind, () => {
+    test("bindings: put, move, delete (node-guarded), roster reconcile, node drop, count", async () => {
+      const s = make();
+      try {
+        await s.putBinding({ sandboxId: "s1", nodeId: "a", endpoint: "http://a:8000", updatedAt: 100 });
+        await s.putBinding({ sandboxId: "s2", nodeId: "a", endpoint: "http://a:8000", updatedAt: 100 });
+        await s.putBinding({ sandboxId: "s3", nodeId: "b", endpoint: "http://b:8000", updatedAt: 100 });
+        expect(await s.getBinding("s1")).toEqual({ sandboxId: "s1", nodeId: "a", endpoint: "http://a:8000", updatedAt: 100 });
+        expect(await s.getBinding("zz")).toBeNull();
+        // move s2 to b
+        await s.putBinding({ sandboxId: "s2", nodeId: "b", endpoint: "http://b:8000", updatedAt: 200 });
+        expect(await s.nodeBindings("a")).toEqual(["s1"]);
+        expect(await s.nodeBindings("b")).toEqual(["s2", "s3"]);
+        expect(await s.deleteBinding("s3", "a")).toBe(false);
+        expect(await s.deleteBinding("s3", "b")).toBe(true);
+        expect(await s.deleteBinding("s3")).toBe(false);
+        expect(await s.countBindings()).toBe(2);
+        // roster of a: s1 missing (old → dropped), s4 new, s2 moves back
+        await s.putBinding({ sandboxId: "s5", nodeId: "a", endpoint: "http://a:8000", updatedAt: 900 });
+        expect(await s.reconcileRoster("a", "http://a:8001", ["s2", "s4"], 1000, 500)).toEqual({ added: 2, removed: 1 });
+        expect(await s.nodeBindings("a")).toEqual(["s2", "s4", "s5"]);
+        expect(await s.nodeBindings("b")).toEqual([]);
+        expect(await s.getBinding("s4")).toEqual({ sandboxId: "s4", nodeId: "a", endpoint: "http://a:8001", updatedAt: 1000 });
+        expect(await s.getBinding("s5")).toMatchObject({ updatedAt: 900 });
+        // an empty roster drops everything older
+        expect(await s.reconcileRoster("a", "http://a:8001", [], 2000, 2000)).toEqual({ added: 0, removed: 3 });
+        await s.reconcileRoster("a", "http://a:8001", ["s6", "s7"], 3000, 3000);
+        expect(await s.dropNodeBindings("a")).toBe(2);
+        expect(await s.countBindings()).toBe(0);
+      } finally {
+        await s.close();
+      }
+    });
+
+    test("a roster of 5,000 ids in one reconcile", async () => {
+      const s = make();
+      try {
+        const ids = Array.from({ length: 5000 }, (_, i) => `big${i}`);
+        expect(await s.reconcileRoster("big", "http://big:8000", ids, 10, 10)).toEqual({ added: 5000, removed: 0 });
+        expect(await s.reconcileRoster("big", "http://big:8000", ids.slice(1), 20, 20)).toEqual({ added: 0, removed: 1 });
+        expect((await s.nodeBindings("big")).length).toBe(4999);
+        await s.dropNodeBindings("big");
+      } finally {
+        await s.close();
+      }
+    });
+
+    test("node reports round-trip (numbers, nested snapshot, p2p) and are listed by id", async () => {
+      const s = make();
+      try {
+        await s.putReport(report("b", 5));
+        await s.putReport(report("a", 7));
+        await s.putReport(report("a", 8));
+        const all = await s.listReports();
+        expect(all.map((r) => [r.node.nodeId, r.node.lastSeenUnixMs])).toEqual([
+          ["a", 8],
+          ["b", 5],
+        ]);
+        expect(all[0]).toEqual(report("a", 8));
+        expect(await s.getReport("b")).toEqual(report("b", 5));
+        await s.deleteReport("a");
+        expect(await s.getReport("a")).toBeNull();
+        await s.deleteReport("b");
+      } finally {
+        await s.close();
+      }
+    });
+  });
+}
+
+test("sqlite: bindings survive closing and reopening the file", async () => {
+  const path = join(dir, "persist.db");
+  const a = new SqliteStore(path);
+  await a.putBinding({ sandboxId: "keep", nodeId: "n", endpoint: "http://n:1", updatedAt: 42 });
+  await a.close();
+  const b = new SqliteStore(path);
+  expect(await b.getBinding("keep")).toEqual({ sandboxId: "keep", nodeId: "n", endpoint: "http://n:1", updatedAt: 42 });
+  await b.close();
+});
+
+test("redis: an unreachable server is a store_failed error naming it (password redacted)", async () => {
+  const s = new RedisStore("redis://u:secret@127.0.0.1:1", "x:");
+  try {
+    const e = await s.ping().then(
+      () => null,
+      (err) => err,
+    );
+    expect(e).toMatchObject({ code: "scheduler.store_failed" });
+    expect(e.message).toContain("redis://u:***@127.0.0.1:1");
+    expect(e.message).not.toContain("secret");
+  } finally {
+    await s.close();
+  }
+});
