@@ -1,26 +1,52 @@
 /**
  * A bounded single-consumer event queue with back-pressure for the producer and keepalive
- * injection for the consumer. One queue per open stream (Start, Connect, WatchDir).
+ * injection for the consumer. One queue per open stream (Start, Connect, WatchDir). Bounded by
+ * event count and, when given a weight function, by the bytes the queued events hold.
  */
 
 /** Why a queue stopped producing: normal end or an error to raise in the consumer. */
 export type QueueEnd = { error?: unknown };
 
+/** Bounds of one queue. */
+export interface QueueBounds<T> {
+  /** Events buffered before `waitForSpace()` blocks the producer (> 0). */
+  highWater: number;
+  /** Bytes buffered (sum of `weigh`) before `waitForSpace()` blocks; default: no byte bound. */
+  highWaterBytes?: number;
+  /** Bytes an event holds (e.g. its payload length). */
+  weigh?: (item: T) => number;
+}
+
 /** FIFO of events for one subscriber. */
 export class EventQueue<T> {
-  private readonly items: T[] = [];
+  readonly highWater: number;
+  readonly highWaterBytes: number;
+  private readonly weigh: (item: T) => number;
+  private items: T[] = [];
+  private head = 0;
+  private held = 0;
   private wakeConsumer: (() => void) | undefined;
   private spaceWaiters: (() => void)[] = [];
   private end: QueueEnd | undefined;
 
-  /** @param highWater events buffered before `waitForSpace()` blocks the producer. */
-  constructor(readonly highWater: number) {
-    if (!(highWater > 0)) throw new RangeError(`highWater must be > 0, got ${highWater}`);
+  /** @param bounds event count bound (a number), or count + byte bounds. */
+  constructor(bounds: number | QueueBounds<T>) {
+    const b = typeof bounds === "number" ? { highWater: bounds } : bounds;
+    if (!(b.highWater > 0)) throw new RangeError(`highWater must be > 0, got ${b.highWater}`);
+    if (b.highWaterBytes !== undefined && !(b.highWaterBytes > 0)) throw new RangeError(`highWaterBytes must be > 0, got ${b.highWaterBytes}`);
+    this.highWater = b.highWater;
+    this.highWaterBytes = b.highWaterBytes ?? Infinity;
+    this.weigh = b.weigh ?? (() => 0);
   }
 
   /** Number of events not yet taken by the consumer. */
   get size(): number {
-    return this.items.length;
+    return this.items.length - this.head;
+  }
+
+  /** Bytes held by the events not yet taken (sum of `weigh`). */
+  get bytes(): number {
+    return this.held;
   }
 
   /** True once `close()` was called. */
@@ -32,12 +58,13 @@ export class EventQueue<T> {
   push(item: T): void {
     if (this.end) return;
     this.items.push(item);
+    this.held += this.weigh(item);
     this.wake();
   }
 
-  /** Resolves once the queue holds fewer than `highWater` events or is closed. */
+  /** Resolves once the queue is under both bounds or is closed. */
   waitForSpace(): Promise<void> {
-    if (this.items.length < this.highWater || this.end) return Promise.resolve();
+    if (this.hasSpace() || this.end) return Promise.resolve();
     return new Promise((r) => this.spaceWaiters.push(r));
   }
 
@@ -50,31 +77,80 @@ export class EventQueue<T> {
   }
 
   /**
+   * Take queued events in order, at least one when any is queued, then more while their total
+   * weight stays within `maxBytes` and their number within `maxItems`. Returns [] when nothing
+   * is queued.
+   */
+  take(maxBytes: number, maxItems = Infinity): T[] {
+    const out: T[] = [];
+    let sum = 0;
+    while (this.head < this.items.length) {
+      const item = this.items[this.head]!;
+      const w = this.weigh(item);
+      if (out.length > 0 && (sum + w > maxBytes || out.length >= maxItems)) break;
+      out.push(item);
+      sum += w;
+      this.shift(w);
+    }
+    if (out.length > 0 && this.hasSpace()) this.releaseSpace();
+    return out;
+  }
+
+  /**
+   * Wait until events are queued ("items"), the queue is closed and drained ("end"; the close
+   * error, if any, is thrown), `timeoutMs` passed without an event ("idle") or `signal`
+   * aborted ("aborted").
+   */
+  async ready(signal: AbortSignal, timeoutMs?: number): Promise<"items" | "end" | "idle" | "aborted"> {
+    for (;;) {
+      if (signal.aborted) return "aborted";
+      if (this.size > 0) return "items";
+      if (this.end) {
+        if (this.end.error !== undefined) throw this.end.error;
+        return "end";
+      }
+      const onAbort = () => this.wake();
+      signal.addEventListener("abort", onAbort);
+      try {
+        if (await this.waitForItem(timeoutMs)) return "idle";
+      } finally {
+        signal.removeEventListener("abort", onAbort);
+      }
+    }
+  }
+
+  /**
    * Drain the queue until it is closed or `signal` aborts. When nothing arrives for
    * `keepaliveMs`, yields `keepalive()` instead.
    */
   async *iterate(signal: AbortSignal, keepaliveMs?: number, keepalive?: () => T): AsyncGenerator<T> {
-    const onAbort = () => this.wake();
-    signal.addEventListener("abort", onAbort);
     try {
-      while (!signal.aborted) {
-        if (this.items.length > 0) {
-          const item = this.items.shift()!;
-          if (this.items.length < this.highWater) this.releaseSpace();
-          yield item;
-          continue;
-        }
-        if (this.end) {
-          if (this.end.error !== undefined) throw this.end.error;
-          return;
-        }
-        const timedOut = await this.waitForItem(keepaliveMs);
-        if (timedOut && keepalive && !signal.aborted) yield keepalive();
+      for (;;) {
+        const r = await this.ready(signal, keepaliveMs);
+        if (r === "items") yield this.take(0, 1)[0]!;
+        else if (r === "idle") {
+          if (keepalive) yield keepalive();
+        } else return;
       }
     } finally {
-      signal.removeEventListener("abort", onAbort);
       // A consumer that went away must never hold its producer back.
       this.close();
+    }
+  }
+
+  private hasSpace(): boolean {
+    return this.size < this.highWater && this.held < this.highWaterBytes;
+  }
+
+  private shift(weight: number): void {
+    this.items[this.head++] = undefined as T;
+    this.held -= weight;
+    if (this.head === this.items.length) {
+      this.items = [];
+      this.head = 0;
+    } else if (this.head >= 1024 && this.head * 2 >= this.items.length) {
+      this.items = this.items.slice(this.head);
+      this.head = 0;
     }
   }
 

@@ -17,7 +17,7 @@ import { downloadFile, uploadFiles } from "./http/files.ts";
 import { handleInit } from "./http/init.ts";
 import { collectMetrics } from "./http/metrics.ts";
 import { ProcessManager } from "./process/manager.ts";
-import { processService } from "./process/service.ts";
+import { processService, processStreams } from "./process/service.ts";
 import { EnvdState } from "./state.ts";
 import { ENVD_VERSION } from "./version.ts";
 
@@ -40,6 +40,16 @@ export interface EnvdOptions {
   exitedRetentionMs: number;
   outputDrainMs: number;
   queueHighWater: number;
+  /** Output bytes buffered per process stream before the process's pipe is no longer read. */
+  queueHighWaterBytes: number;
+  /** Largest output payload of one data event, bytes (≤ 65536). */
+  maxEventBytes: number;
+  /** Most output bytes sent to a client in one body chunk (several whole events). */
+  batchBytes: number;
+  /** Encoded output bytes between synchronous garbage collections; 0 = never. */
+  gcEveryBytes: number;
+  /** Largest request message of a streaming RPC (Start/Connect), bytes. */
+  maxStreamRequestBytes: number;
   maxListEntries: number;
   maxWatchers: number;
   maxWatcherEvents: number;
@@ -70,6 +80,11 @@ export const DEFAULT_ENVD_OPTIONS: EnvdOptions = {
   exitedRetentionMs: 30_000,
   outputDrainMs: 100,
   queueHighWater: 256,
+  queueHighWaterBytes: 1024 * 1024,
+  maxEventBytes: 32 * 1024,
+  batchBytes: 256 * 1024,
+  gcEveryBytes: 32 * 1024 * 1024,
+  maxStreamRequestBytes: 4 * 1024 * 1024,
   maxListEntries: 100_000,
   maxWatchers: 256,
   maxWatcherEvents: 10_000,
@@ -127,12 +142,17 @@ function resolveBin(name: string): string {
  */
 export function startEnvd(partial: Partial<EnvdOptions> = {}): Envd {
   const opts = { ...DEFAULT_ENVD_OPTIONS, ...partial };
+  if (!Number.isInteger(opts.maxEventBytes) || opts.maxEventBytes < 1 || opts.maxEventBytes > 65536) {
+    throw new EnvdError("invalid_argument", `output event size ${opts.maxEventBytes} not in 1..65536 bytes`, { maxEventBytes: opts.maxEventBytes });
+  }
   const state = new EnvdState({ defaultUser: opts.defaultUser, accessToken: opts.accessToken, enforcePermissions: opts.enforcePermissions });
   const manager = new ProcessManager({
     maxProcesses: opts.maxProcesses,
     exitedRetentionMs: opts.exitedRetentionMs,
     outputDrainMs: opts.outputDrainMs,
     queueHighWater: opts.queueHighWater,
+    queueHighWaterBytes: opts.queueHighWaterBytes,
+    maxEventBytes: opts.maxEventBytes,
     setsidPath: resolveBin("setsid"),
     catPath: resolveBin("cat"),
     setprivPath: Bun.which("setpriv", { PATH: "/usr/bin:/bin:/usr/sbin:/sbin" }) ?? undefined,
@@ -147,16 +167,17 @@ export function startEnvd(partial: Partial<EnvdOptions> = {}): Envd {
     catPath: resolveBin("cat"),
   });
   const router = createConnectRouter({ jsonOptions: { ignoreUnknownFields: true } });
-  router.service(
-    Process,
-    processService(manager, state, {
-      defaultKeepaliveS: opts.defaultKeepaliveS,
-      defaultPty: { cols: 80, rows: 24 },
-      path: process.env.PATH || "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-    }),
-  );
+  router.service(Process, processService(manager));
   router.service(Filesystem, fsService);
   const rpc = new Map(router.handlers.map((h) => [h.requestPath, createFetchHandler(h)]));
+  const streams = processStreams(manager, state, {
+    defaultKeepaliveS: opts.defaultKeepaliveS,
+    defaultPty: { cols: 80, rows: 24 },
+    path: process.env.PATH || "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    batchBytes: opts.batchBytes,
+    gcEveryBytes: opts.gcEveryBytes,
+    stream: { maxRequestBytes: opts.maxStreamRequestBytes, maxTimeoutMs: Number.MAX_SAFE_INTEGER },
+  });
 
   const route = async (req: Request): Promise<Response> => {
     const url = new URL(req.url);
@@ -173,7 +194,7 @@ export function startEnvd(partial: Partial<EnvdOptions> = {}): Envd {
       return new Response(null, { status: 204, headers: { "X-Envd-Version": ENVD_VERSION, "Cache-Control": "no-store" } });
     }
     if (!hasValidToken(state, req.headers)) return json({ code: 401, message: "invalid access token" }, 401);
-    const handler = rpc.get(path);
+    const handler = streams.get(path) ?? rpc.get(path);
     if (handler) return handler(req);
     if (path === "/files/compose" && req.method === "POST") {
       let body: unknown;

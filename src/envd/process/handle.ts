@@ -51,7 +51,11 @@ export interface SpawnSpec {
 export interface HandleLimits {
   /** Events buffered per stream before output reading pauses. */
   queueHighWater: number;
-  /** ms to keep reading output after the process exited (grandchildren may hold the pipe). */
+  /** Output bytes buffered per stream before output reading pauses (back-pressure to the pipe). */
+  queueHighWaterBytes: number;
+  /** Largest output payload of one data event, bytes (E2B's envd reads 32 KiB at a time). */
+  maxEventBytes: number;
+  /** After the process exited, output is read until a read waited this long, ms (grandchildren may hold the pipe). */
   outputDrainMs: number;
   /** Absolute path of util-linux `setsid` (PTY sessions). */
   setsidPath: string;
@@ -73,6 +77,14 @@ function identity(user: UserInfo, limits: HandleLimits): { prefix: string[]; ids
   return { prefix: [], ids: { uid: user.uid, gid: user.gid } };
 }
 
+/** Bytes of output an event holds (what the per-stream byte bound counts). */
+export function eventBytes(ev: ProcEvent): number {
+  return ev.kind === "data" ? ev.data.byteLength : 0;
+}
+
+/** The reader side of a process output stream. */
+type OutputReader = { read(): Promise<{ done: true; value?: undefined } | { done: false; value: Uint8Array }> };
+
 interface PtyRelay {
   master: number;
   reader: Subprocess<number, "pipe", "ignore">;
@@ -88,6 +100,10 @@ export class ProcessHandle {
   private readonly subscribers = new Set<EventQueue<ProcEvent>>();
   private endEvent: ProcessEnd | undefined;
   private stdinOpen: boolean;
+  /** The process itself is gone (its output may still be draining). */
+  private exited = false;
+  /** Idle timers of pending output reads, armed at exit. */
+  private readonly onExit = new Set<() => void>();
   /** Resolves once the end event is recorded and every stream got it. */
   readonly done: Promise<ProcessEnd>;
 
@@ -183,7 +199,11 @@ export class ProcessHandle {
    * `start` and the retained `end`, then closes.
    */
   subscribe(): EventQueue<ProcEvent> {
-    const q = new EventQueue<ProcEvent>(this.limits.queueHighWater);
+    const q = new EventQueue<ProcEvent>({
+      highWater: this.limits.queueHighWater,
+      highWaterBytes: this.limits.queueHighWaterBytes,
+      weigh: eventBytes,
+    });
     q.push({ kind: "start", pid: this.pid });
     if (this.endEvent) {
       q.push({ kind: "end", end: this.endEvent });
@@ -259,14 +279,48 @@ export class ProcessHandle {
     for (const q of this.subscribers) await q.waitForSpace();
   }
 
-  private async pump(stream: ReadableStream<Uint8Array>, name: "stdout" | "stderr" | "pty", stop: Promise<void>): Promise<void> {
-    const reader = stream.getReader();
-    const stopped = stop.then(() => ({ done: true as const, value: undefined }));
+  /**
+   * Next read of `reader`, or "idle" once the process has exited and nothing arrived for
+   * `outputDrainMs` (background children may hold the pipe open forever). Time spent waiting
+   * for a slow consumer never counts: the timer runs only while a read is pending.
+   */
+  private readOrIdle(reader: OutputReader): Promise<{ done: true; value?: undefined } | { done: false; value: Uint8Array } | "idle"> {
+    return new Promise((resolve, reject) => {
+      let timer: ReturnType<typeof setTimeout> | undefined;
+      const arm = () => {
+        timer = setTimeout(() => resolve("idle"), this.limits.outputDrainMs);
+      };
+      if (this.exited) arm();
+      else this.onExit.add(arm);
+      reader.read().then(
+        (r) => {
+          clearTimeout(timer);
+          this.onExit.delete(arm);
+          resolve(r);
+        },
+        (err) => {
+          clearTimeout(timer);
+          this.onExit.delete(arm);
+          reject(err);
+        },
+      );
+    });
+  }
+
+  private async pump(stream: ReadableStream<Uint8Array>, name: "stdout" | "stderr" | "pty"): Promise<void> {
+    const reader = stream.getReader() as unknown as OutputReader & { cancel(): Promise<void> };
+    const max = this.limits.maxEventBytes;
     try {
       for (;;) {
-        const r = await Promise.race([reader.read(), stopped]);
-        if (r.done) break;
-        if (r.value.byteLength > 0) await this.broadcast({ kind: "data", stream: name, data: r.value });
+        const r = await this.readOrIdle(reader);
+        if (r === "idle" || r.done) break;
+        // Bun hands over whatever the pipe held (up to ~176 KiB): split it into protocol-sized
+        // events (views, no copy); each waits for room in the slowest stream's queue, so a
+        // slow consumer stops the reads and the process blocks on its full pipe.
+        const chunk = r.value;
+        for (let off = 0; off < chunk.byteLength; off += max) {
+          await this.broadcast({ kind: "data", stream: name, data: chunk.subarray(off, Math.min(off + max, chunk.byteLength)) });
+        }
       }
     } catch (err) {
       log.debug({ pid: this.pid, stream: name, err: (err as Error).message }, "output stream ended with error");
@@ -276,17 +330,13 @@ export class ProcessHandle {
   }
 
   private async run(): Promise<ProcessEnd> {
-    let exitedAt!: () => void;
-    const drainDeadline = new Promise<void>((r) => (exitedAt = r));
-    const stop = drainDeadline.then(() => Bun.sleep(this.limits.outputDrainMs));
     const pumps = this.relay
-      ? [this.pump(this.relay.reader.stdout, "pty", stop)]
-      : [
-          this.pump(this.proc.stdout as ReadableStream<Uint8Array>, "stdout", stop),
-          this.pump(this.proc.stderr as ReadableStream<Uint8Array>, "stderr", stop),
-        ];
+      ? [this.pump(this.relay.reader.stdout, "pty")]
+      : [this.pump(this.proc.stdout as ReadableStream<Uint8Array>, "stdout"), this.pump(this.proc.stderr as ReadableStream<Uint8Array>, "stderr")];
     const code = await this.proc.exited;
-    exitedAt();
+    this.exited = true;
+    for (const arm of this.onExit) arm();
+    this.onExit.clear();
     await Promise.all(pumps);
     const signal = (this.proc.signalCode as string | null) ?? null;
     const end: ProcessEnd = {

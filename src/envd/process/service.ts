@@ -1,19 +1,21 @@
 /**
  * `process.Process` Connect service (docs/e2b-contract.md §4.2) on top of ProcessManager.
  * Handlers validate the request, resolve user/cwd/env, and turn process events into
- * ProcessEvent messages with keepalives.
+ * ProcessEvent messages with keepalives. The two output streams (Start, Connect) bypass the
+ * Connect router (`processStreams`): their events are batched into one body chunk and pulled.
  */
 import { statSync } from "node:fs";
-import type { MessageInitShape } from "@bufbuild/protobuf";
 import type { ServiceImpl } from "@connectrpc/connect";
 import { rpcUser } from "../auth.ts";
+import { serveServerStream, type StreamBody, type StreamLimits } from "../connect-stream.ts";
 import { EnvdError, toConnectError } from "../errors.ts";
-import { Process, Signal, type ProcessSelector, type ProcessEventSchema } from "../gen/process_pb.ts";
+import { ConnectRequestSchema, Process, Signal, StartRequestSchema, type ProcessSelector, type StartRequest } from "../gen/process_pb.ts";
 import { resolveCwd } from "../paths.ts";
 import type { EnvdState } from "../state.ts";
 import type { UserInfo } from "../users.ts";
-import type { ProcEvent, ProcessHandle } from "./handle.ts";
+import type { ProcessHandle } from "./handle.ts";
 import type { ProcessManager, Selector } from "./manager.ts";
+import { encodeEvents } from "./wire.ts";
 
 /** Settings the service needs besides the manager. */
 export interface ProcessServiceOptions {
@@ -23,6 +25,17 @@ export interface ProcessServiceOptions {
   defaultPty: { cols: number; rows: number };
   /** PATH for children (E2B passes envd's own). */
   path: string;
+  /** Most output bytes encoded into one response body chunk (several events, each whole). */
+  batchBytes: number;
+  /**
+   * Bytes of encoded output (all streams together) after which envd collects garbage
+   * synchronously; 0 = leave it to the runtime. Bulk output allocates a read buffer, a base64
+   * string and a body chunk per batch; without this, RSS climbs tens of MiB before the
+   * runtime's own collector catches up.
+   */
+  gcEveryBytes: number;
+  /** Request-side limits of the output streams. */
+  stream: StreamLimits;
 }
 
 /** The keepalive interval a streaming request asks for, ms. */
@@ -43,36 +56,111 @@ function selector(sel: ProcessSelector | undefined): Selector {
   }
 }
 
-function toProto(ev: ProcEvent): MessageInitShape<typeof ProcessEventSchema> {
-  switch (ev.kind) {
-    case "start":
-      return { event: { case: "start" as const, value: { pid: ev.pid } } };
-    case "data":
-      return { event: { case: "data", value: { output: { case: ev.stream as "stdout", value: ev.data } } } };
-    case "end":
-      return { event: { case: "end" as const, value: { ...ev.end } } };
-    case "keepalive":
-      return { event: { case: "keepalive" as const, value: {} } };
-  }
-}
-
 /** Build the child environment: PATH, the user's identity, sandbox vars, then request envs. */
 function childEnv(user: UserInfo, state: EnvdState, req: Record<string, string>, path: string): Record<string, string> {
   return { PATH: path, HOME: user.home, USER: user.name, LOGNAME: user.name, ...state.envVars, ...req };
 }
 
-/** Events of `h` as StartResponse/ConnectResponse bodies (both are `{event: ProcessEvent}`). */
-async function* streamEvents(h: ProcessHandle, signal: AbortSignal, kaMs: number): AsyncGenerator<{ event: MessageInitShape<typeof ProcessEventSchema> }> {
-  const q = h.subscribe();
-  try {
-    for await (const ev of q.iterate(signal, kaMs, () => ({ kind: "keepalive" }) as const)) yield { event: toProto(ev) };
-  } finally {
-    h.unsubscribe(q);
+/** Runs a synchronous garbage collection after every `everyBytes` of output sent (0 = never). */
+class GcPacer {
+  private sent = 0;
+
+  constructor(private readonly everyBytes: number) {}
+
+  count(bytes: number): void {
+    if (this.everyBytes <= 0) return;
+    this.sent += bytes;
+    if (this.sent < this.everyBytes) return;
+    this.sent = 0;
+    Bun.gc(true);
   }
 }
 
-/** Implementation of `process.Process` for `router.service(Process, ...)`. */
-export function processService(manager: ProcessManager, state: EnvdState, opts: ProcessServiceOptions): ServiceImpl<typeof Process> {
+/**
+ * The output stream of `h` for one client: start, data (several events per body chunk, at most
+ * `batchBytes` of output each), keepalives when idle for `kaMs`, end. Its queue is bounded
+ * (`HandleLimits`), so a client that reads slowly holds the process back.
+ */
+function eventStream(h: ProcessHandle, binary: boolean, kaMs: number, batchBytes: number, gc: GcPacer): StreamBody {
+  const q = h.subscribe();
+  return {
+    async next(signal) {
+      const r = await q.ready(signal, kaMs);
+      if (r === "idle") return encodeEvents([{ kind: "keepalive" }], binary);
+      if (r !== "items") return null;
+      const chunk = encodeEvents(q.take(batchBytes), binary);
+      gc.count(chunk.byteLength);
+      return chunk;
+    },
+    close: () => h.unsubscribe(q),
+  };
+}
+
+/**
+ * Validate a StartRequest, resolve user, cwd and environment, and spawn the process. A
+ * `connect-timeout-ms` bounds the process lifetime, not only the stream (E2B semantics).
+ * @throws EnvdError `invalid_argument` (no cmd, missing cwd, not executable), `unauthenticated`
+ *   (unknown user), `resource_exhausted` (too many processes).
+ */
+function startProcess(manager: ProcessManager, state: EnvdState, opts: ProcessServiceOptions, req: StartRequest, header: Headers, timeoutMs: number | undefined): ProcessHandle {
+  const user = rpcUser(state, header);
+  const cfg = req.process;
+  if (!cfg || !cfg.cmd) throw new EnvdError("invalid_argument", "process.cmd is required", {});
+  const cwd = resolveCwd(cfg.cwd, user, state.defaultWorkdir);
+  let isDir = false;
+  try {
+    isDir = statSync(cwd).isDirectory();
+  } catch {
+    /* reported below */
+  }
+  if (!isDir) throw new EnvdError("invalid_argument", `cwd '${cwd}' does not exist`, { cwd });
+  const size = req.pty?.size;
+  const h = manager.start({
+    cmd: cfg.cmd,
+    args: cfg.args,
+    env: childEnv(user, state, cfg.envs, opts.path),
+    requestEnvs: { ...cfg.envs },
+    cwd,
+    requestCwd: cfg.cwd,
+    user,
+    tag: req.tag,
+    stdin: req.stdin ?? true,
+    pty: req.pty ? { cols: size?.cols || opts.defaultPty.cols, rows: size?.rows || opts.defaultPty.rows } : undefined,
+  });
+  if (timeoutMs !== undefined && timeoutMs > 0) {
+    const timer = setTimeout(() => h.signal(9), timeoutMs);
+    void h.done.then(() => clearTimeout(timer));
+  }
+  return h;
+}
+
+/**
+ * The server-streaming RPCs `process.Process/Start` and `/Connect`, served by
+ * `serveServerStream` (batched envelopes, pulled by the client) rather than the Connect router.
+ * Keys are request paths.
+ */
+export function processStreams(manager: ProcessManager, state: EnvdState, opts: ProcessServiceOptions): Map<string, (req: Request) => Promise<Response>> {
+  const ka = (header: Headers) => keepaliveMs(header, opts.defaultKeepaliveS);
+  const gc = new GcPacer(opts.gcEveryBytes);
+  return new Map([
+    [
+      "/process.Process/Start",
+      (req: Request) =>
+        serveServerStream(req, StartRequestSchema, opts.stream, (call) => {
+          const h = startProcess(manager, state, opts, call.message, call.header, call.timeoutMs);
+          return eventStream(h, call.binary, ka(call.header), opts.batchBytes, gc);
+        }),
+    ],
+    [
+      "/process.Process/Connect",
+      (req: Request) =>
+        serveServerStream(req, ConnectRequestSchema, opts.stream, (call) => eventStream(manager.get(selector(call.message.process)), call.binary, ka(call.header), opts.batchBytes, gc)),
+    ],
+  ]);
+}
+
+/** Unary and client-streaming RPCs of `process.Process` for `router.service(Process, ...)` (Start and Connect: `processStreams`). */
+export function processService(manager: ProcessManager): Partial<ServiceImpl<typeof Process>> {
   return {
     async list() {
       return {
@@ -82,56 +170,6 @@ export function processService(manager: ProcessManager, state: EnvdState, opts: 
           config: { cmd: h.spec.cmd, args: h.spec.args, envs: h.spec.requestEnvs, cwd: h.spec.requestCwd },
         })),
       };
-    },
-
-    async *start(req, ctx) {
-      let h: ProcessHandle;
-      try {
-        const user = rpcUser(state, ctx.requestHeader);
-        const cfg = req.process;
-        if (!cfg || !cfg.cmd) throw new EnvdError("invalid_argument", "process.cmd is required", {});
-        const cwd = resolveCwd(cfg.cwd, user, state.defaultWorkdir);
-        let isDir = false;
-        try {
-          isDir = statSync(cwd).isDirectory();
-        } catch {
-          /* reported below */
-        }
-        if (!isDir) throw new EnvdError("invalid_argument", `cwd '${cwd}' does not exist`, { cwd });
-        const size = req.pty?.size;
-        h = manager.start({
-          cmd: cfg.cmd,
-          args: cfg.args,
-          env: childEnv(user, state, cfg.envs, opts.path),
-          requestEnvs: { ...cfg.envs },
-          cwd,
-          requestCwd: cfg.cwd,
-          user,
-          tag: req.tag,
-          stdin: req.stdin ?? true,
-          pty: req.pty ? { cols: size?.cols || opts.defaultPty.cols, rows: size?.rows || opts.defaultPty.rows } : undefined,
-        });
-      } catch (err) {
-        throw toConnectError(err);
-      }
-      // Connect-Timeout-Ms bounds the process lifetime, not only this stream (E2B semantics).
-      const limit = ctx.timeoutMs();
-      let timer: ReturnType<typeof setTimeout> | undefined;
-      if (limit !== undefined && limit > 0) {
-        timer = setTimeout(() => h.signal(9), limit);
-        void h.done.then(() => clearTimeout(timer));
-      }
-      yield* streamEvents(h, ctx.signal, keepaliveMs(ctx.requestHeader, opts.defaultKeepaliveS));
-    },
-
-    async *connect(req, ctx) {
-      let h: ProcessHandle;
-      try {
-        h = manager.get(selector(req.process));
-      } catch (err) {
-        throw toConnectError(err);
-      }
-      yield* streamEvents(h, ctx.signal, keepaliveMs(ctx.requestHeader, opts.defaultKeepaliveS));
     },
 
     async update(req) {
