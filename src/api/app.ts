@@ -6,7 +6,8 @@
 import { Elysia, t } from "elysia";
 import { openapi } from "@elysiajs/openapi";
 import type { Orchestrator, SandboxRecord } from "../orchestrator/index.ts";
-import { ApiError, errorResponse, toErrorResponse } from "./errors.ts";
+import { ApiError } from "./errors.ts";
+import { errorResponse, toErrorResponse } from "./status.ts";
 import { refuseUnsupported, UNSUPPORTED } from "./unsupported.ts";
 import { parseMetadataFilter } from "./metadata.ts";
 import { renderPrometheus, renderSandboxMetrics } from "../observability/metrics.ts";
@@ -46,19 +47,19 @@ function parseList(query: Record<string, string | undefined>) {
   if (query.state) {
     states = [];
     for (const s of query.state.split(",")) {
-      if (s !== "running" && s !== "paused") throw new ApiError("api.bad_state", 400, `invalid state ${JSON.stringify(s)}: expected running or paused`, { state: s });
+      if (s !== "running" && s !== "paused") throw new ApiError("api.bad_state", `invalid state ${JSON.stringify(s)}: expected running or paused`, { state: s });
       states.push(s);
     }
   }
   let limit = 100;
   if (query.limit !== undefined) {
     limit = Number(query.limit);
-    if (!Number.isInteger(limit) || limit < 1 || limit > 100) throw new ApiError("api.bad_limit", 400, `limit must be between 1 and 100, got ${query.limit}`, { limit: query.limit });
+    if (!Number.isInteger(limit) || limit < 1 || limit > 100) throw new ApiError("api.bad_limit", `limit must be between 1 and 100, got ${query.limit}`, { limit: query.limit });
   }
   let startedAfter: number | undefined;
   if (query.startedAfter) {
     startedAfter = Date.parse(query.startedAfter);
-    if (Number.isNaN(startedAfter)) throw new ApiError("api.bad_time", 400, `startedAfter must be RFC 3339, got ${query.startedAfter}`, { startedAfter: query.startedAfter });
+    if (Number.isNaN(startedAfter)) throw new ApiError("api.bad_time", `startedAfter must be RFC 3339, got ${query.startedAfter}`, { startedAfter: query.startedAfter });
   }
   const order = query.order as "asc" | "desc" | undefined;
   return {
@@ -120,9 +121,9 @@ export function buildApp(deps: ApiDeps) {
   }
   const app = root
     .onError(({ code, error }) => {
-      if (code === "VALIDATION") return errorResponse(400, validationMessage(error), "api.validation");
-      if (code === "PARSE") return errorResponse(400, `malformed request body: ${(error as Error).message}`, "api.parse");
-      if (code === "NOT_FOUND") return errorResponse(404, "no such route", "api.no_route");
+      if (code === "VALIDATION") return errorResponse("api.validation", validationMessage(error));
+      if (code === "PARSE") return errorResponse("api.parse", `malformed request body: ${(error as Error).message}`);
+      if (code === "NOT_FOUND") return errorResponse("api.no_route", "no such route");
       return toErrorResponse(error);
     })
     .get("/health", () => ({ status: "ok", version: pkg.version }), { detail: { summary: "Health check", tags: ["node"] } })
@@ -260,7 +261,7 @@ export function buildApp(deps: ApiDeps) {
     .get(
       "/nodes/:nodeID",
       ({ params }) => {
-        if (params.nodeID !== deps.node.id) throw new ApiError("api.node_not_found", 404, `node ${params.nodeID} not found`, { nodeID: params.nodeID });
+        if (params.nodeID !== deps.node.id) throw new ApiError("api.node_not_found", `node ${params.nodeID} not found`, { nodeID: params.nodeID });
         return nodeInfo(deps.node, orch);
       },
       { response: { 200: S.Node, ...ERR }, detail: { summary: "Get a node", tags: ["nodes"] } },

@@ -27,9 +27,9 @@ export function loadOrCreateApiKey(configured: string, homePath: string): { key:
     try {
       key = readFileSync(path, "utf8").trim();
     } catch (e) {
-      throw new ApiError("api.key_unreadable", 500, `cannot read API key file ${path}: ${(e as Error).message}`, { path });
+      throw new ApiError("api.key_unreadable", `cannot read API key file ${path}: ${(e as Error).message}`, { path });
     }
-    if (!key) throw new ApiError("api.key_unreadable", 500, `API key file ${path} is empty`, { path });
+    if (!key) throw new ApiError("api.key_unreadable", `API key file ${path} is empty`, { path });
     return { key, source: "file" };
   }
   mkdirSync(homePath, { recursive: true });

@@ -1,37 +1,27 @@
-/**
- * API-layer errors and the mapping of every error to E2B's body `{code, message, error_code}`.
- */
-import { AgentEnvError } from "../errors.ts";
-import { logger } from "../observability/log.ts";
-import { OrchestratorError } from "../orchestrator/index.ts";
+/** API-layer errors; their statuses and the error responses: ./status.ts. */
+import { AgentEnvError, type ErrorTable } from "../errors.ts";
 
-const log = logger("api");
+/** Errors the API layer raises itself (auth, request shape, routing). Adding a code: see src/errors.ts. */
+export const API_ERRORS = {
+  "api.validation": "the request does not match the route's schema",
+  "api.parse": "the request body is not valid JSON",
+  "api.no_route": "no route for this method and path",
+  "api.bad_limit": "a list `limit` outside 1..100",
+  "api.bad_metadata": "a metadata filter that is not key=value pairs or is badly percent-encoded",
+  "api.bad_state": "a list `state` other than running or paused",
+  "api.bad_time": "a time parameter that is not RFC 3339",
+  "api.bad_time_range": "a metrics range whose end is before its start (details.start, end)",
+  "api.bad_sandbox_ids": "sandbox_ids empty or naming more than 100 ids",
+  "api.unsupported": "an E2B field this node does not implement (details.field)",
+  "api.unauthorized": "a missing or wrong X-API-Key",
+  "api.body_too_large": "a request body above [api] max_body_bytes",
+  "api.node_not_found": "a node id other than this node's",
+  "api.key_unreadable": "the API key file cannot be read or is empty (details.path)",
+  "api.starting": "the node is still starting",
+  "api.internal": "an unexpected failure inside the node (a bug; logged with its cause)",
+} as const satisfies ErrorTable;
+/** An ApiError code. */
+export type ApiErrorCode = keyof typeof API_ERRORS;
 
-/** Errors raised by the API layer itself (auth, request shape). `status` is the HTTP status. */
-export class ApiError extends AgentEnvError {
-  readonly status: number;
-  constructor(code: string, status: number, message: string, details: Record<string, unknown> = {}) {
-    super(code, message, details);
-    this.status = status;
-  }
-}
-
-/** A JSON error response as E2B sends it (the SDK reads `body.code`). */
-export function errorResponse(status: number, message: string, errorCode?: string, headers: Record<string, string> = {}): Response {
-  return Response.json({ code: status, message, ...(errorCode ? { error_code: errorCode } : {}) }, { status, headers });
-}
-
-/**
- * Map any thrown value to an error response; unknown errors become 500 with their message.
- * Every 5xx is logged with the error and its cause chain (which step of a start, pause or
- * resume failed).
- */
-export function toErrorResponse(e: unknown): Response {
-  const status = e instanceof ApiError || e instanceof OrchestratorError ? e.status : 500;
-  if (status >= 500) log.error({ err: e, code: (e as AgentEnvError)?.code, details: (e as AgentEnvError)?.details }, `API answered ${status}: ${(e as Error)?.message ?? String(e)}`);
-  // 429 with Retry-After: the SDKs retry it by themselves (e2b-contract.md §2.2)
-  if (e instanceof OrchestratorError && e.status === 429) return errorResponse(429, e.message, e.code, { "retry-after": "1" });
-  if (e instanceof ApiError || e instanceof OrchestratorError) return errorResponse(e.status, e.message, e.code);
-  if (e instanceof AgentEnvError) return errorResponse(500, e.message, e.code);
-  return errorResponse(500, e instanceof Error ? e.message : String(e), "api.internal");
-}
+/** Errors raised by the API layer itself (auth, request shape). Its status: `ERROR_STATUS[code]`. */
+export class ApiError extends AgentEnvError<ApiErrorCode> {}

@@ -14,11 +14,11 @@ export function parseMetadataFilter(raw: string): Record<string, string> {
   if (raw === "") return out;
   for (const pair of raw.split("&")) {
     const eq = pair.indexOf("=");
-    if (eq <= 0) throw new ApiError("api.bad_metadata", 400, `invalid metadata filter ${JSON.stringify(raw)}: expected key=value pairs`, { metadata: raw });
+    if (eq <= 0) throw new ApiError("api.bad_metadata", `invalid metadata filter ${JSON.stringify(raw)}: expected key=value pairs`, { metadata: raw });
     try {
       out[decodeURIComponent(pair.slice(0, eq))] = decodeURIComponent(pair.slice(eq + 1));
     } catch {
-      throw new ApiError("api.bad_metadata", 400, `invalid metadata filter ${JSON.stringify(raw)}: bad percent-encoding`, { metadata: raw });
+      throw new ApiError("api.bad_metadata", `invalid metadata filter ${JSON.stringify(raw)}: bad percent-encoding`, { metadata: raw });
     }
   }
   return out;

@@ -214,7 +214,7 @@ export class SandboxProxy {
       const t = this.orch.resolve(route.sandboxId, route.port);
       return `${t.host.includes(":") ? `[${t.host}]` : t.host}:${t.port}`;
     } catch (e) {
-      if (e instanceof OrchestratorError && e.status === 404) return badGateway(route.sandboxId, "The sandbox was not found");
+      if (e instanceof OrchestratorError && e.code === "orchestrator.not_found") return badGateway(route.sandboxId, "The sandbox was not found");
       this.log.error({ sandboxId: route.sandboxId, port: route.port, path: route.pathAndQuery, err: e }, "proxy: cannot route to the sandbox");
       return badGateway(route.sandboxId, `cannot route to the sandbox: ${(e as Error).message}`);
     }

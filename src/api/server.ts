@@ -7,7 +7,7 @@ import type { Server, ServerWebSocket } from "bun";
 import { logger } from "../observability/log.ts";
 import { PUBLIC_PATHS } from "./app.ts";
 import { keyMatches } from "./auth.ts";
-import { errorResponse } from "./errors.ts";
+import { errorResponse } from "./status.ts";
 import { badGateway, routeOf, type SandboxProxy } from "./proxy.ts";
 
 /** Anything with a fetch handler (the Elysia app). */
@@ -64,10 +64,10 @@ export function serve(o: ServeOptions): Server<WsData> {
     // a throw escaping fetch below: JSON naming the failure (Bun's default is an anonymous 500)
     error(err) {
       log.error({ err }, "request handler failed");
-      return errorResponse(500, `the node failed handling the request: ${err?.message ?? String(err)}`, "api.internal");
+      return errorResponse("api.internal", `the node failed handling the request: ${err?.message ?? String(err)}`);
     },
     async fetch(req, server) {
-      if (!o.app || !o.proxy) return errorResponse(503, "the node is starting, try again shortly", "api.starting", { "retry-after": "1" });
+      if (!o.app || !o.proxy) return errorResponse("api.starting", "the node is starting, try again shortly", { "retry-after": "1" });
       const { app, proxy } = o;
       const url = new URL(req.url);
       const route = routeOf(req, url, proxy.opts.domains);
@@ -89,10 +89,10 @@ export function serve(o: ServeOptions): Server<WsData> {
         return proxy.forward(req, route, ip);
       }
       if (!PUBLIC_PATHS.some((p) => p.test(url.pathname)) && !keyMatches(req.headers.get("x-api-key"), o.apiKey)) {
-        return errorResponse(401, `Invalid API key: use this node's key (${o.apiKeyHint ?? "file $home_path/api-key"})`, "api.unauthorized");
+        return errorResponse("api.unauthorized", `Invalid API key: use this node's key (${o.apiKeyHint ?? "file $home_path/api-key"})`);
       }
       const len = Number(req.headers.get("content-length") ?? 0);
-      if (len > o.maxBodyBytes) return errorResponse(413, `request body of ${len} bytes exceeds the limit of ${o.maxBodyBytes}`, "api.body_too_large");
+      if (len > o.maxBodyBytes) return errorResponse("api.body_too_large", `request body of ${len} bytes exceeds the limit of ${o.maxBodyBytes}`);
       return app.handle(req);
     },
     websocket: {

@@ -37,6 +37,6 @@ export function refuseUnsupported(body: unknown, rules: readonly Rule[]): void {
   for (const [path, asks, why] of rules) {
     let v: unknown = body;
     for (const part of path.split(".")) v = typeof v === "object" && v !== null ? (v as Record<string, unknown>)[part] : undefined;
-    if (asks(v)) throw new ApiError("api.unsupported", 400, `${path}: ${why}`, { field: path });
+    if (asks(v)) throw new ApiError("api.unsupported", `${path}: ${why}`, { field: path });
   }
 }

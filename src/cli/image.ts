@@ -12,7 +12,7 @@ import {
 } from "../storage/overlaybd/index.ts";
 import { decodeHeaderTrailer, HT_SIZE, HTFlag } from "../storage/overlaybd/format.ts";
 import { openRoLayer } from "../storage/overlaybd/layer.ts";
-import { get, loadConfig } from "../config/index.ts";
+import { loadConfigOrExit } from "./config.ts";
 
 class UsageError extends Error {}
 
@@ -55,7 +55,7 @@ function guarded(name: string, body: (args: Record<string, any>) => Promise<void
 
 async function openForRead(target: string): Promise<LayeredImage> {
   if (!existsSync(target)) throw new UsageError(`no such file: ${target}`);
-  return target.endsWith(".json") ? openImageConfig(target, { remote: remoteOpener(loadConfig(), process.env.AENV_REGISTRY_AUTH_FILE) }) : openStack({ lowers: [target] });
+  return target.endsWith(".json") ? openImageConfig(target, { remote: remoteOpener(loadConfigOrExit(), process.env.AENV_REGISTRY_AUTH_FILE) }) : openStack({ lowers: [target] });
 }
 
 const info = defineCommand({
@@ -160,7 +160,7 @@ const commit = defineCommand({
     const img = await openStack({ lowers: [], upper: { data: need(a.data, "DATA"), index: need(a.index, "INDEX") } });
     try {
       const target = a.zfile ? `${out}.tmp-commit` : out;
-      const algo = a.zfile ? algoArg(a.zfile, get<string>(loadConfig(), "overlaybd.zfile_algo")) : undefined;
+      const algo = a.zfile ? algoArg(a.zfile, loadConfigOrExit().overlaybd.zfile_algo) : undefined;
       await img.commit(target, { meta: { uuid: a.uuid, parentUuid: a["parent-uuid"], userTag: a.message } });
       if (algo) {
         try {
@@ -185,9 +185,9 @@ const zfile = defineCommand({
     tar: { type: "boolean", description: "wrap in overlaybd's tar wrapper" },
   },
   run: guarded("zfile", async (a) => {
-    const cfg = loadConfig();
-    const algo = algoArg(a.algo, get<string>(cfg, "overlaybd.zfile_algo"));
-    const bs = a["block-size"] ? parseBytes(a["block-size"], "--block-size") : get<number>(cfg, "overlaybd.zfile_block_size");
+    const cfg = loadConfigOrExit();
+    const algo = algoArg(a.algo, cfg.overlaybd.zfile_algo);
+    const bs = a["block-size"] ? parseBytes(a["block-size"], "--block-size") : cfg.overlaybd.zfile_block_size;
     await compressLayer(need(a.src, "SRC"), need(a.dst, "DST"), { algo, blockSize: bs, tar: !!a.tar });
   }),
 });

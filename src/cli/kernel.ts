@@ -3,7 +3,7 @@
  * with the project config fragment; prints the vmlinux path on stdout, progress on stderr.
  */
 import { defineCommand } from "citty";
-import { get, loadConfig } from "../config/index.ts";
+import { loadConfigOrExit } from "./config.ts";
 import { buildKernel } from "../vmm/kernel/build.ts";
 
 export default defineCommand({
@@ -13,13 +13,13 @@ export default defineCommand({
       meta: { description: "build the guest kernel (cached by source version and config fragment)" },
       args: { config: { type: "string", description: "config file" } },
       async run({ args }) {
-        const cfg = loadConfig({ path: args.config });
+        const cfg = loadConfigOrExit({ path: args.config });
         let last = -1;
         const art = await buildKernel({
-          homePath: get<string>(cfg, "home_path"),
-          sourceTarball: get<string>(cfg, "kernel.source_tarball"),
-          sourcePackage: get<string>(cfg, "kernel.source_package"),
-          jobs: get<number>(cfg, "kernel.jobs"),
+          homePath: cfg.home_path,
+          sourceTarball: cfg.kernel.source_tarball,
+          sourcePackage: cfg.kernel.source_package,
+          jobs: cfg.kernel.jobs,
           onProgress(done, total) {
             const pct = Math.floor((done * 100) / total);
             if (pct !== last) {

@@ -10,6 +10,7 @@ const main = defineCommand({
   meta: { name: "agentenv", version: pkg.version, description: "AgentENV: AI agent sandboxes in microVMs" },
   subCommands: {
     version: defineCommand({ meta: { description: "print the version" }, run: () => console.log(pkg.version) }),
+    config: () => import("./config.ts").then((m) => m.default),
     disk: () => import("../storage/daemon/cli.ts").then((m) => m.default),
     envd: () => import("./envd.ts").then((m) => m.default),
     image: () => import("./image.ts").then((m) => m.default),

@@ -8,7 +8,7 @@
 import { defineCommand } from "citty";
 import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
-import { get, loadConfig } from "../config/index.ts";
+import { loadConfigOrExit } from "./config.ts";
 
 export interface Conn {
   url: string;
@@ -42,11 +42,11 @@ export function defaultNodeUrl(addr: string): string {
  * @throws CliError when no key can be found.
  */
 export function conn(args: { url?: string; key?: string; config?: string }): Conn {
-  const cfg = loadConfig({ path: args.config });
-  const url = (args.url || process.env.AENV_API_URL || process.env.E2B_API_URL || defaultNodeUrl(get<string>(cfg, "api.addr"))).replace(/\/$/, "");
-  let key = args.key ?? process.env.AENV_API_KEY ?? process.env.E2B_API_KEY ?? get<string>(cfg, "api.key");
+  const cfg = loadConfigOrExit({ path: args.config });
+  const url = (args.url || process.env.AENV_API_URL || process.env.E2B_API_URL || defaultNodeUrl(cfg.api.addr)).replace(/\/$/, "");
+  let key = args.key ?? process.env.AENV_API_KEY ?? process.env.E2B_API_KEY ?? cfg.api.key;
   if (!key) {
-    const f = join(get<string>(cfg, "home_path"), "api-key");
+    const f = join(cfg.home_path, "api-key");
     if (!existsSync(f)) throw new CliError(`no API key: pass --key, set AENV_API_KEY, or run on the node (${f} not found)`);
     key = readFileSync(f, "utf8").trim();
   }

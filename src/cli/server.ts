@@ -3,9 +3,8 @@
  * and key, run until SIGINT/SIGTERM/SIGHUP, then shut down (`[orchestrator] shutdown_action`).
  */
 import { defineCommand } from "citty";
-import { loadConfig } from "../config/index.ts";
-import { bootNode } from "../node/index.ts";
-import { ApiError } from "../api/errors.ts";
+import { loadConfigOrExit } from "./config.ts";
+import { bootNode, NodeError } from "../node/index.ts";
 import { log } from "../observability/log.ts";
 
 export default defineCommand({
@@ -16,13 +15,13 @@ export default defineCommand({
   },
   async run({ args }) {
     const env = { ...process.env, ...(args.addr ? { AENV_API_ADDR: args.addr } : {}) };
-    const cfg = loadConfig({ path: args.config, env });
+    const cfg = loadConfigOrExit({ path: args.config, env });
     let node: Awaited<ReturnType<typeof bootNode>>;
     try {
       node = await bootNode(cfg);
     } catch (e) {
       // another node owns this runtime path / prefix, or the address is taken: one clear line
-      if (e instanceof ApiError && (e.code === "node.already_running" || e.code === "api.listen_failed" || e.code === "node.lock_failed")) {
+      if (e instanceof NodeError) {
         console.error(`agentenv server: ${e.message}`);
         process.exit(1);
       }

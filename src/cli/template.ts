@@ -4,7 +4,7 @@
  * `agentenv sandbox list`).
  */
 import { defineCommand } from "citty";
-import { get, loadConfig } from "../config/index.ts";
+import { loadConfigOrExit } from "./config.ts";
 import { buildBase } from "../template/index.ts";
 import { call, common, conn, run, table } from "./sandbox.ts";
 
@@ -30,14 +30,14 @@ export default defineCommand({
       meta: { name: "build-base", description: "build the Debian base template (idempotent, cached)" },
       args: { config: { type: "string", description: "config file" } },
       async run({ args }) {
-        const cfg = loadConfig({ path: args.config });
+        const cfg = loadConfigOrExit({ path: args.config });
         const t0 = performance.now();
         const r = await buildBase({
-          homePath: get<string>(cfg, "home_path"),
-          suite: get<string>(cfg, "template.suite"),
-          mirror: get<string>(cfg, "template.mirror"),
-          packages: get<string[]>(cfg, "template.packages"),
-          sizeMiB: get<number>(cfg, "template.rootfs_size_mib"),
+          homePath: cfg.home_path,
+          suite: cfg.template.suite,
+          mirror: cfg.template.mirror,
+          packages: cfg.template.packages,
+          sizeMiB: cfg.template.rootfs_size_mib,
           onProgress(phase, detail) {
             const s = ((performance.now() - t0) / 1000).toFixed(1);
             process.stderr.write(`[${s.padStart(6)}s] ${phase}: ${detail.slice(0, 160)}\n`);

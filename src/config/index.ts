@@ -1,19 +1,36 @@
 /**
- * Node configuration: one typed tree whose defaults are `config/default.toml` (embedded in the
- * binary), overridden by an operator file (`--config` / `AENV_CONFIG_PATH`) and then by
- * environment variables. Every key must exist in the defaults and keep its type.
+ * Node configuration: one typed tree (`Config`) defined by `CONFIG_SCHEMA` (src/config/schema.ts,
+ * where every key, default, range and unit lives; config/default.toml is generated from it),
+ * overridden by an operator file (`--config` / `AENV_CONFIG_PATH`) and then by environment
+ * variables (`ENV_ALIASES`, and `AENV__<section>__<key>` for any key).
+ *
+ * Every value is checked against the schema when it is loaded: an unknown key, a value of the
+ * wrong type or out of range stops start-up with one line naming the source, the key, the value
+ * and what was expected. Code then reads `cfg.section.key` with its static type.
+ * Adding a key: see the doc comment of src/config/schema.ts.
  */
-import { parse } from "smol-toml";
-import defaultToml from "../../config/default.toml" with { type: "text" };
+import { readFileSync } from "node:fs";
+import { type TSchema, Kind } from "@sinclair/typebox";
+import { Value } from "@sinclair/typebox/value";
+import { parse, TomlError } from "smol-toml";
 import { AgentEnvError } from "../errors.ts";
+import { CONFIG_SCHEMA, type Config, expectation } from "./schema.ts";
 
-/** Thrown for unreadable files, bad TOML, unknown keys and values of the wrong type. */
-export class ConfigError extends AgentEnvError {}
+export { CONFIG_SCHEMA, type Config, type ConfigUnit, expectation } from "./schema.ts";
+export { renderDefaultToml } from "./toml.ts";
 
-/** A TOML table as plain data. */
-export type ConfigTable = { [key: string]: ConfigValue };
-/** Any value a config key may hold. */
-export type ConfigValue = string | number | boolean | ConfigValue[] | ConfigTable;
+/** Stable codes of ConfigError, each with what it means. */
+export const CONFIG_ERRORS = {
+  "config.unreadable": "the operator's config file cannot be read (details.path)",
+  "config.bad_toml": "the operator's config file is not valid TOML (details.path, line, column)",
+  "config.unknown_key": "a file key or AENV__ variable names no config key (details.key, source)",
+  "config.bad_value": "a value has the wrong type or is out of range (details.key, value, expected, source)",
+} as const;
+/** A ConfigError code. */
+export type ConfigErrorCode = keyof typeof CONFIG_ERRORS;
+
+/** Thrown for unreadable files, bad TOML, unknown keys and values of the wrong type or range. */
+export class ConfigError extends AgentEnvError<ConfigErrorCode> {}
 
 /** Environment variables with a fixed meaning, mapped to their config key path. */
 export const ENV_ALIASES: Record<string, string> = {
@@ -32,113 +49,114 @@ export const ENV_ALIASES: Record<string, string> = {
   AENV_GATEWAY_SANDBOX_PROXY_DOMAINS: "gateway.sandbox_proxy_domains",
 };
 
-/** The embedded defaults, parsed once. */
-export function defaultConfig(): ConfigTable {
-  return parse(defaultToml) as ConfigTable;
+type Table = Record<string, unknown>;
+
+/** The defaults of every key (a fresh tree on each call). */
+export function defaultConfig(): Config {
+  return defaultsOf(CONFIG_SCHEMA) as Config;
+}
+
+function defaultsOf(schema: TSchema): unknown {
+  if (schema.type === "object") {
+    const out: Table = {};
+    for (const [k, s] of Object.entries(schema.properties as Record<string, TSchema>)) out[k] = defaultsOf(s);
+    return out;
+  }
+  return structuredClone(schema.default);
 }
 
 /**
  * Load the configuration.
  * @param opts.path operator TOML file; falls back to `env.AENV_CONFIG_PATH`; none when both are absent.
  * @param opts.env environment to read overrides from (default `process.env`).
- * @throws ConfigError naming the file, key and value at fault.
+ * @param opts.tree a partial config tree applied after the file and before the environment,
+ *   checked like a file (tests and embedders use it instead of writing TOML).
+ * @throws ConfigError naming the source (file or variable), key, value and expectation.
  */
-export function loadConfig(opts: { path?: string; env?: Record<string, string | undefined> } = {}): ConfigTable {
+export function loadConfig(opts: { path?: string; env?: Record<string, string | undefined>; tree?: Record<string, unknown> } = {}): Config {
   const env = opts.env ?? process.env;
-  const cfg = defaultConfig();
+  const cfg = defaultConfig() as unknown as Table;
   const path = opts.path ?? env.AENV_CONFIG_PATH;
   if (path) {
     let text: string;
     try {
-      text = require("node:fs").readFileSync(path, "utf8");
+      text = readFileSync(path, "utf8");
     } catch (e) {
       throw new ConfigError("config.unreadable", `cannot read config file ${path}: ${(e as Error).message}`, { path });
     }
-    let user: ConfigTable;
+    let user: Table;
     try {
-      user = parse(text) as ConfigTable;
+      user = parse(text) as Table;
     } catch (e) {
-      throw new ConfigError("config.bad_toml", `config file ${path} is not valid TOML: ${(e as Error).message}`, { path });
+      // smol-toml, not Bun.TOML: Bun 1.4.4's parse errors carry no position in the document
+      const where = e instanceof TomlError ? ` at line ${e.line}, column ${e.column}` : "";
+      const first = (e as Error).message.split("\n")[0];
+      throw new ConfigError("config.bad_toml", `config file ${path} is not valid TOML${where}: ${first}`, {
+        path,
+        ...(e instanceof TomlError ? { line: e.line, column: e.column } : {}),
+      });
     }
-    merge(cfg, user, "", path);
+    mergeFile(cfg, CONFIG_SCHEMA, user, "", path);
   }
-  for (const [name, value] of Object.entries(env)) {
-    if (value === undefined) continue;
+  if (opts.tree) mergeFile(cfg, CONFIG_SCHEMA, opts.tree, "", "config tree");
+  for (const [name, raw] of Object.entries(env)) {
+    if (raw === undefined) continue;
     let key: string | undefined = ENV_ALIASES[name];
     if (!key && name.startsWith("AENV__")) key = name.slice(6).split("__").join(".");
     if (!key) continue;
-    setFromString(cfg, key, value, name);
+    setFromEnv(cfg, key, raw, name);
   }
-  return cfg;
+  return cfg as unknown as Config;
 }
 
-/**
- * Read a typed value by dotted path, e.g. `get<number>(cfg, "pool.low_watermark")`.
- * @throws ConfigError when the key does not exist.
- */
-export function get<T extends ConfigValue>(cfg: ConfigTable, key: string): T {
-  let cur: ConfigValue = cfg;
-  for (const part of key.split(".")) {
-    if (typeof cur !== "object" || Array.isArray(cur) || !(part in cur)) {
-      throw new ConfigError("config.unknown_key", `unknown config key ${key}`, { key });
-    }
-    cur = (cur as ConfigTable)[part]!;
-  }
-  return cur as T;
-}
-
-function kind(v: ConfigValue): string {
-  return Array.isArray(v) ? "array" : typeof v;
-}
-
-function merge(into: ConfigTable, from: ConfigTable, prefix: string, source: string): void {
+function mergeFile(into: Table, schema: TSchema, from: Table, prefix: string, source: string): void {
   for (const [k, v] of Object.entries(from)) {
     const key = prefix + k;
-    if (!(k in into)) throw new ConfigError("config.unknown_key", `${source}: unknown config key ${key}`, { key, source });
-    const cur = into[k]!;
-    if (kind(cur) !== kind(v)) {
-      throw new ConfigError("config.bad_type", `${source}: ${key} must be ${kind(cur)}, got ${kind(v)}`, { key, source });
+    const s = (schema.properties as Record<string, TSchema>)[k];
+    if (!s) throw unknownKey(key, source);
+    if (s.type === "object") {
+      if (typeof v !== "object" || v === null || Array.isArray(v)) throw badValue(key, v, s, source);
+      mergeFile(into[k] as Table, s, v as Table, key + ".", source);
+    } else {
+      if (!Value.Check(s, v)) throw badValue(key, v, s, source);
+      into[k] = v;
     }
-    if (kind(cur) === "object") merge(cur as ConfigTable, v as ConfigTable, key + ".", source);
-    else into[k] = v;
   }
 }
 
-function setFromString(cfg: ConfigTable, key: string, raw: string, source: string): void {
+function setFromEnv(cfg: Table, key: string, raw: string, source: string): void {
   const parts = key.split(".");
   const last = parts.pop()!;
   let table = cfg;
+  let schema: TSchema = CONFIG_SCHEMA;
   for (const p of parts) {
-    const next = table[p];
-    if (next === undefined || kind(next) !== "object") {
-      throw new ConfigError("config.unknown_key", `${source}: unknown config key ${key}`, { key, source });
-    }
-    table = next as ConfigTable;
+    const s = (schema.properties as Record<string, TSchema>)[p];
+    if (!s || s.type !== "object") throw unknownKey(key, source);
+    schema = s;
+    table = table[p] as Table;
   }
-  if (!(last in table)) throw new ConfigError("config.unknown_key", `${source}: unknown config key ${key}`, { key, source });
-  const cur = table[last]!;
-  let value: ConfigValue;
-  switch (kind(cur)) {
-    case "string":
-      value = raw;
-      break;
-    case "number":
-      value = Number(raw);
-      if (raw.trim() === "" || !Number.isFinite(value)) {
-        throw new ConfigError("config.bad_type", `${source}: ${key} must be a number, got ${JSON.stringify(raw)}`, { key, source });
-      }
-      break;
-    case "boolean":
-      if (raw !== "true" && raw !== "false") {
-        throw new ConfigError("config.bad_type", `${source}: ${key} must be true or false, got ${JSON.stringify(raw)}`, { key, source });
-      }
-      value = raw === "true";
-      break;
-    case "array":
-      value = raw.trim() === "" ? [] : raw.split(",").map((s) => s.trim());
-      break;
-    default:
-      throw new ConfigError("config.bad_type", `${source}: ${key} is a table and cannot be set from one variable`, { key, source });
-  }
+  const s = (schema.properties as Record<string, TSchema>)[last];
+  if (!s) throw unknownKey(key, source);
+  if (s.type === "object") throw badValue(key, raw, s, source);
+  const value = fromString(s, raw);
+  if (!Value.Check(s, value)) throw badValue(key, raw, s, source);
   table[last] = value;
+}
+
+/** An environment string as the schema's type; a string that cannot be converted stays a string (and fails the check). */
+function fromString(s: TSchema, raw: string): unknown {
+  const numeric = s.type === "integer" || (s[Kind] === "Union" && typeof (s.anyOf as TSchema[])[0]!.const === "number");
+  if (numeric) return raw.trim() === "" || !Number.isFinite(Number(raw)) ? raw : Number(raw);
+  if (s.type === "boolean") return raw === "true" ? true : raw === "false" ? false : raw;
+  if (s.type === "array") return raw.trim() === "" ? [] : raw.split(",").map((x) => x.trim());
+  return raw;
+}
+
+function unknownKey(key: string, source: string): ConfigError {
+  return new ConfigError("config.unknown_key", `config: ${source}: unknown key ${key}`, { key, source });
+}
+
+function badValue(key: string, value: unknown, s: TSchema, source: string): ConfigError {
+  const expected = expectation(s);
+  return new ConfigError("config.bad_value", `config: ${source}: ${key} = ${JSON.stringify(value)}: expected ${expected}`, { key, value, expected, source });
 }

@@ -5,12 +5,20 @@
  */
 import { Database } from "bun:sqlite";
 import { drizzle, type BunSQLiteDatabase } from "drizzle-orm/bun-sqlite";
-import { AgentEnvError } from "../errors.ts";
+import { AgentEnvError, type ErrorTable } from "../errors.ts";
 import { MIGRATIONS, type Migration } from "./migrations/index.ts";
 import * as schema from "./schema/index.ts";
 
+/** Database failures. Adding a code: see src/errors.ts. */
+export const DB_ERRORS = {
+  "db.open_failed": "the database file cannot be opened (details.path)",
+  "db.migration_failed": "a migration failed (details.path, migration)",
+} as const satisfies ErrorTable;
+/** A DbError code. */
+export type DbErrorCode = keyof typeof DB_ERRORS;
+
 /** Thrown when the database cannot be opened or a migration fails. */
-export class DbError extends AgentEnvError {}
+export class DbError extends AgentEnvError<DbErrorCode> {}
 
 /** An open database: the drizzle handle and the raw bun:sqlite connection. */
 export interface Db {

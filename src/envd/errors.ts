@@ -49,8 +49,11 @@ const HTTP_STATUS: Record<EnvdErrorKind, number> = {
   internal: 500,
 };
 
+/** An EnvdError code: `envd.<kind>`. */
+export type EnvdErrorCode = `envd.${EnvdErrorKind}`;
+
 /** A typed envd failure; `details` names the offending path, pid, user, ... */
-export class EnvdError extends AgentEnvError {
+export class EnvdError extends AgentEnvError<EnvdErrorCode> {
   readonly kind: EnvdErrorKind;
 
   constructor(kind: EnvdErrorKind, message: string, details: Record<string, unknown> = {}, options?: ErrorOptions) {

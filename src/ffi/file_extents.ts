@@ -5,6 +5,7 @@
  * FALLOC_FL_KEEP_SIZE 1, FALLOC_FL_PUNCH_HOLE 2.
  */
 import { dlopen, FFIType, read } from "bun:ffi";
+import { SyscallError } from "./errors.ts";
 
 const SEEK_DATA = 3;
 const SEEK_HOLE = 4;
@@ -22,12 +23,7 @@ function errno(): number {
   return read.i32(libc.symbols.__errno_location()!, 0);
 }
 
-/** Error from a failed system call; `errno` is the raw number. */
-export class SyscallError extends Error {
-  constructor(readonly call: string, readonly errno: number) {
-    super(`${call} failed: errno ${errno}`);
-  }
-}
+export { SyscallError };
 
 /**
  * The data extents of an open file in [0, size), from SEEK_DATA/SEEK_HOLE. Filesystems without

@@ -6,6 +6,8 @@
  * 02000000; LOCK_EX 2, LOCK_NB 4, LOCK_UN 8; EWOULDBLOCK = EAGAIN 11, EINTR 4.
  */
 import { dlopen, FFIType, read } from "bun:ffi";
+import { AgentEnvError } from "../errors.ts";
+import type { FfiCodes } from "./errors.ts";
 
 const O_RDWR = 0o2;
 const O_CREAT = 0o100;
@@ -27,9 +29,13 @@ function errno(): number {
 }
 
 /** A failed open(2)/flock(2); `errno` is the raw number, `path` the lock file. */
-export class FlockError extends Error {
-  constructor(readonly call: string, readonly path: string, readonly errno: number) {
-    super(`${call}(${path}) failed: errno ${errno}`);
+export class FlockError extends AgentEnvError<FfiCodes<"flock">> {
+  constructor(
+    readonly call: string,
+    readonly path: string,
+    readonly errno: number,
+  ) {
+    super("flock.failed", `${call}(${path}) failed: errno ${errno}`, { call, path, errno });
   }
 }
 

@@ -6,9 +6,10 @@
  */
 import { dlopen, FFIType, ptr, read } from "bun:ffi";
 import { AgentEnvError } from "../errors.ts";
+import type { FfiCodes } from "./errors.ts";
 
 /** Thrown when an inotify call fails; `details.errno` holds the C errno. */
-export class InotifyError extends AgentEnvError {}
+export class InotifyError extends AgentEnvError<FfiCodes<"inotify">> {}
 
 // include/uapi/linux/inotify.h
 export const IN_MODIFY = 0x00000002;

@@ -12,6 +12,8 @@
  * bytes; mmap offsets SQ_RING 0, CQ_RING 0x8000000, SQES 0x10000000.
  */
 import { dlopen, FFIType, ptr, read, toArrayBuffer, type Pointer } from "bun:ffi";
+import { AgentEnvError } from "../errors.ts";
+import type { FfiCodes } from "./errors.ts";
 
 const SYS_io_uring_setup = 425;
 const SYS_io_uring_enter = 426;
@@ -84,9 +86,12 @@ function errno(): number {
 }
 
 /** A failed io_uring system call or operation; `errno` is the raw (positive) number. */
-export class IoUringError extends Error {
-  constructor(readonly call: string, readonly errno: number) {
-    super(`${call} failed: errno ${errno}`);
+export class IoUringError extends AgentEnvError<FfiCodes<"io_uring">> {
+  constructor(
+    readonly call: string,
+    readonly errno: number,
+  ) {
+    super("io_uring.failed", `${call} failed: errno ${errno}`, { call, errno });
   }
 }
 

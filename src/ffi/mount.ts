@@ -5,9 +5,10 @@
  */
 import { dlopen, FFIType, read, type Pointer } from "bun:ffi";
 import { AgentEnvError } from "../errors.ts";
+import type { FfiCodes } from "./errors.ts";
 
 /** Thrown when a mount-related syscall fails; `details.errno` holds the raw errno. */
-export class MountError extends AgentEnvError {}
+export class MountError extends AgentEnvError<FfiCodes<"mount">> {}
 
 /** mount flags (include/uapi/linux/mount.h). */
 export const MS_NOSUID = 0x2;

@@ -7,9 +7,10 @@
  */
 import { dlopen, FFIType, ptr } from "bun:ffi";
 import { AgentEnvError } from "../errors.ts";
+import type { FfiCodes } from "./errors.ts";
 
 /** Thrown when a PTY cannot be allocated or resized; `details.errno` holds the C errno. */
-export class PtyError extends AgentEnvError {}
+export class PtyError extends AgentEnvError<FfiCodes<"pty">> {}
 
 // include/uapi/asm-generic/ioctls.h
 const TIOCSWINSZ = 0x5414;

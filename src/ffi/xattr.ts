@@ -4,9 +4,10 @@
  */
 import { dlopen, FFIType, ptr, read } from "bun:ffi";
 import { AgentEnvError } from "../errors.ts";
+import type { FfiCodes } from "./errors.ts";
 
 /** Thrown when an xattr call fails; `details.errno` holds the C errno. */
-export class XattrError extends AgentEnvError {}
+export class XattrError extends AgentEnvError<FfiCodes<"xattr">> {}
 
 // asm-generic/errno-base.h, errno.h
 export const ENOENT = 2;

@@ -3,7 +3,7 @@
  * `[network.egress]`, `[pool]` and `[pool.network]` sections of the node config
  * (defaults and meaning of every key: config/default.toml).
  */
-import { type ConfigTable, get } from "../config/index.ts";
+import type { Config } from "../config/index.ts";
 import { NetError } from "./errors.ts";
 import { type Cidr, cidrSize, cidrsOverlap, formatCidr, parseCidr, parseIpv4 } from "./ipv4.ts";
 
@@ -53,17 +53,10 @@ function badConfig(key: string, value: unknown, why: string): NetError {
   return new NetError("net.bad_config", `${key} = ${JSON.stringify(value)}: ${why}`, { key, value });
 }
 
-function cidrKey(key: string, v: unknown): Cidr {
-  const c = typeof v === "string" ? parseCidr(v) : null;
+function cidrKey(key: string, v: string): Cidr {
+  const c = parseCidr(v);
   if (!c) throw badConfig(key, v, "not a valid IPv4 CIDR");
   return c;
-}
-
-function intKey(key: string, v: unknown, min: number, max: number): number {
-  if (typeof v !== "number" || !Number.isInteger(v) || v < min || v > max) {
-    throw badConfig(key, v, `must be an integer in ${min}..${max}`);
-  }
-  return v;
 }
 
 /** How many slots the two address ranges can number. */
@@ -76,40 +69,40 @@ export function rangeCapacity(hostInteraction: Cidr, veth: Cidr): number {
  * @throws NetError `net.bad_config` naming the key and value (bad CIDR, overlapping ranges,
  *   prefix too long for 15-byte interface names, low > high watermark, ...).
  */
-export function netConfigFromConfig(cfg: ConfigTable): NetConfig {
-  const g = <T>(k: string) => get(cfg, k) as unknown as T;
-  const upstream = g<unknown[]>("network.egress.dns_upstream").map((e, i) => {
+export function netConfigFromConfig(cfg: Config): NetConfig {
+  const n = cfg.network;
+  const e = n.egress;
+  const upstream = e.dns_upstream.map((entry, i) => {
     const key = `network.egress.dns_upstream[${i}]`;
-    const m = typeof e === "string" ? /^([0-9.]+)(?::([0-9]{1,5}))?$/.exec(e) : null;
-    if (!m || parseIpv4(m[1]!) === null) throw badConfig(key, e, "must be \"ip\" or \"ip:port\"");
-    return { ip: m[1]!, port: intKey(key, Number(m[2] ?? 53), 1, 65535) };
+    const m = /^([0-9.]+)(?::([0-9]{1,5}))?$/.exec(entry);
+    const port = Number(m?.[2] ?? 53);
+    if (!m || parseIpv4(m[1]!) === null || port < 1 || port > 65535) throw badConfig(key, entry, 'must be "ip" or "ip:port"');
+    return { ip: m[1]!, port };
   });
-  const action = g<string>("network.egress.default_action");
-  if (action !== "allow" && action !== "deny") throw badConfig("network.egress.default_action", action, "must be allow or deny");
   const c: NetConfig = {
-    namePrefix: g<string>("network.name_prefix"),
-    maxSlots: intKey("network.max_slots", g("network.max_slots"), 1, 32768),
-    commandTimeoutMs: intKey("network.command_timeout_ms", g("network.command_timeout_ms"), 100, 600_000),
-    enableIpForward: g<boolean>("network.enable_ip_forward"),
-    hostInteractionCidr: cidrKey("network.internal.host_interaction_cidr", g("network.internal.host_interaction_cidr")),
-    vethCidr: cidrKey("network.internal.veth_cidr", g("network.internal.veth_cidr")),
-    alwaysDenied: g<unknown[]>("network.egress.always_denied_cidrs").map((v, i) => cidrKey(`network.egress.always_denied_cidrs[${i}]`, v)),
-    defaultAction: action,
+    namePrefix: n.name_prefix,
+    maxSlots: n.max_slots,
+    commandTimeoutMs: n.command_timeout_ms,
+    enableIpForward: n.enable_ip_forward,
+    hostInteractionCidr: cidrKey("network.internal.host_interaction_cidr", n.internal.host_interaction_cidr),
+    vethCidr: cidrKey("network.internal.veth_cidr", n.internal.veth_cidr),
+    alwaysDenied: e.always_denied_cidrs.map((v, i) => cidrKey(`network.egress.always_denied_cidrs[${i}]`, v)),
+    defaultAction: e.default_action,
     dns: {
-      enabled: g<boolean>("network.egress.dns_proxy_enabled"),
-      port: intKey("network.egress.dns_proxy_port", g("network.egress.dns_proxy_port"), 0, 65535),
+      enabled: e.dns_proxy_enabled,
+      port: e.dns_proxy_port,
       upstream,
-      timeoutMs: intKey("network.egress.dns_timeout_ms", g("network.egress.dns_timeout_ms"), 10, 60_000),
-      maxInflight: intKey("network.egress.dns_max_inflight", g("network.egress.dns_max_inflight"), 1, 65536),
-      maxAddressesPerSlot: intKey("network.egress.dns_max_addresses_per_slot", g("network.egress.dns_max_addresses_per_slot"), 1, 65536),
-      minTtlSecs: intKey("network.egress.dns_min_ttl_secs", g("network.egress.dns_min_ttl_secs"), 0, 86_400),
-      sweepIntervalMs: intKey("network.egress.dns_sweep_interval_ms", g("network.egress.dns_sweep_interval_ms"), 10, 3_600_000),
+      timeoutMs: e.dns_timeout_ms,
+      maxInflight: e.dns_max_inflight,
+      maxAddressesPerSlot: e.dns_max_addresses_per_slot,
+      minTtlSecs: e.dns_min_ttl_secs,
+      sweepIntervalMs: e.dns_sweep_interval_ms,
     },
     pool: {
-      low: intKey("pool.low_watermark", g("pool.low_watermark"), 0, 32768),
-      high: intKey("pool.high_watermark", g("pool.high_watermark"), 0, 32768),
-      maintenanceEnabled: g<boolean>("pool.network.maintenance_enabled"),
-      retryBackoffMs: intKey("pool.network.retry_backoff_ms", g("pool.network.retry_backoff_ms"), 1, 600_000),
+      low: cfg.pool.low_watermark,
+      high: cfg.pool.high_watermark,
+      maintenanceEnabled: cfg.pool.network.maintenance_enabled,
+      retryBackoffMs: cfg.pool.network.retry_backoff_ms,
     },
   };
   validateNetConfig(c);

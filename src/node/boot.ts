@@ -5,14 +5,14 @@
  */
 import { mkdirSync } from "node:fs";
 import { join } from "node:path";
-import { get, type ConfigTable } from "../config/index.ts";
+import { type Config } from "../config/index.ts";
 import { openDb, type Db } from "../db/index.ts";
 import { logger } from "../observability/log.ts";
 import { Orchestrator, orchestratorConfig, type OrchestratorConfig, type SandboxRuntime } from "../orchestrator/index.ts";
 import { createVmRuntime } from "../sandbox/index.ts";
 import { buildApp } from "../api/app.ts";
 import { apiKeyPath, loadOrCreateApiKey } from "../api/auth.ts";
-import { ApiError } from "../api/errors.ts";
+import { NodeError } from "./errors.ts";
 import { acquireNodeLocks } from "./lock.ts";
 import { nodeId } from "../api/node.ts";
 import { SandboxProxy } from "../api/proxy.ts";
@@ -30,29 +30,29 @@ export interface RunningNode {
 }
 
 /** Makes the runtime once the database is open (default: the VM runtime). */
-export type RuntimeFactory = (cfg: ConfigTable, db: Db, oc: OrchestratorConfig) => Promise<SandboxRuntime>;
+export type RuntimeFactory = (cfg: Config, db: Db, oc: OrchestratorConfig) => Promise<SandboxRuntime>;
 
 /**
  * Start a node from `cfg`.
- * @throws ApiError `node.already_running` when another live node holds this runtime path or network
- *   prefix (nothing is reaped then), `api.listen_failed` when the address is taken;
+ * @throws NodeError `node.already_running` when another live node holds this runtime path or network
+ *   prefix (nothing is reaped then), `node.listen_failed` when the address is taken;
  *   ConfigError / OrchestratorError / DbError / VmmError / NetError for bad config, unusable
  *   data dir, host networking or failed reconciliation.
  */
-export async function bootNode(cfg: ConfigTable, makeRuntime: RuntimeFactory = createVmRuntime): Promise<RunningNode> {
+export async function bootNode(cfg: Config, makeRuntime: RuntimeFactory = createVmRuntime): Promise<RunningNode> {
   const log = logger("node");
-  const home = get<string>(cfg, "home_path");
+  const home = cfg.home_path;
   // Before anything reaps (VMM leftovers, disk exports, <name_prefix>* namespaces): make sure no
   // other node owns this runtime path or network prefix, and that our listen address is free.
-  const { hostname, port } = parseAddr(get<string>(cfg, "api.addr"));
-  const locks = acquireNodeLocks(get<string>(cfg, "runtime_path"), get<string>(cfg, "network.name_prefix"));
-  const serveOpts: ServeOptions = { hostname, port, apiKey: "", apiKeyHint: null, app: null, proxy: null, maxBodyBytes: get<number>(cfg, "api.max_body_bytes") };
+  const { hostname, port } = parseAddr(cfg.api.addr);
+  const locks = acquireNodeLocks(cfg.runtime_path, cfg.network.name_prefix);
+  const serveOpts: ServeOptions = { hostname, port, apiKey: "", apiKeyHint: null, app: null, proxy: null, maxBodyBytes: cfg.api.max_body_bytes };
   let server: ReturnType<typeof serve>;
   try {
     server = serve(serveOpts);
   } catch (e) {
     locks.release();
-    throw new ApiError("api.listen_failed", 500, `cannot listen on ${get<string>(cfg, "api.addr")}: ${(e as Error).message}`, { addr: get<string>(cfg, "api.addr") });
+    throw new NodeError("node.listen_failed", `cannot listen on ${cfg.api.addr}: ${(e as Error).message}`, { addr: cfg.api.addr });
   }
   const undo = async (db?: Db) => {
     await server.stop(true);
@@ -79,23 +79,23 @@ export async function bootNode(cfg: ConfigTable, makeRuntime: RuntimeFactory = c
   let key: string, source: RunningNode["apiKeySource"];
   try {
     await orch.start();
-    ({ key, source } = loadOrCreateApiKey(get<string>(cfg, "api.key"), home));
+    ({ key, source } = loadOrCreateApiKey(cfg.api.key, home));
   } catch (e) {
     await orch.close().catch(() => {});
     await undo(db);
     throw e;
   }
-  const domains = get<string[]>(cfg, "sandbox_proxy.domains");
+  const domains = cfg.sandbox_proxy.domains;
   const proxy = new SandboxProxy(orch, {
     domains,
-    connectTimeoutMs: get<number>(cfg, "sandbox_proxy.connect_timeout_ms"),
-    blockEnvdInternal: get<boolean>(cfg, "sandbox_proxy.block_envd_internal"),
+    connectTimeoutMs: cfg.sandbox_proxy.connect_timeout_ms,
+    blockEnvdInternal: cfg.sandbox_proxy.block_envd_internal,
   });
   const app = buildApp({
     orch,
     domain: domains[0] ?? null,
-    docs: get<boolean>(cfg, "api.docs"),
-    node: { id: nodeId(get<string>(cfg, "node.id")), clusterId: get<string>(cfg, "node.cluster_id"), homePath: home, startedAt: Date.now() },
+    docs: cfg.api.docs,
+    node: { id: nodeId(cfg.node.id), clusterId: cfg.node.cluster_id, homePath: home, startedAt: Date.now() },
   });
   serveOpts.apiKey = key;
   serveOpts.apiKeyHint = source === "config" ? "config [api] key / AENV_API_KEY" : `file ${apiKeyPath(home)}`;

@@ -4,3 +4,4 @@
  */
 export { bootNode, type RunningNode, type RuntimeFactory } from "./boot.ts";
 export { acquireNodeLocks, netLockPath, type NodeLocks } from "./lock.ts";
+export { NodeError, NODE_ERRORS, type NodeErrorCode } from "./errors.ts";

@@ -8,7 +8,7 @@
 import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { tryFlockExclusive, type HeldFlock } from "../ffi/flock.ts";
-import { ApiError } from "../api/errors.ts";
+import { NodeError } from "./errors.ts";
 
 /** Directory of the host-wide per-prefix locks. */
 export const HOST_LOCK_DIR = "/run";
@@ -40,7 +40,7 @@ function owner(path: string): Owner {
 
 /**
  * Take both locks, runtime path first.
- * @throws ApiError `node.already_running` (details: pid, runtimePath, namePrefix, lockPath) when
+ * @throws NodeError `node.already_running` (details: pid, runtimePath, namePrefix, lockPath) when
  *   another process holds either; `node.lock_failed` when a lock file cannot be opened.
  */
 export function acquireNodeLocks(runtimePath: string, namePrefix: string, hostLockDir = HOST_LOCK_DIR): NodeLocks {
@@ -59,13 +59,12 @@ export function acquireNodeLocks(runtimePath: string, namePrefix: string, hostLo
         mkdirSync(dir, { recursive: true });
         h = tryFlockExclusive(path);
       } catch (e) {
-        throw new ApiError("node.lock_failed", 500, `cannot lock ${path}: ${(e as Error).message}`, { lockPath: path });
+        throw new NodeError("node.lock_failed", `cannot lock ${path}: ${(e as Error).message}`, { lockPath: path });
       }
       if (!h) {
         const o = owner(path);
-        throw new ApiError(
+        throw new NodeError(
           "node.already_running",
-          409,
           `another node is running (pid ${o.pid ?? "unknown"}) with runtime path ${o.runtimePath ?? "?"} / network prefix ${o.namePrefix ?? "?"} (lock ${path})`,
           { pid: o.pid ?? null, runtimePath: o.runtimePath ?? null, namePrefix: o.namePrefix ?? null, lockPath: path },
         );

@@ -1,8 +1,7 @@
 /**
  * Typed view of the `[orchestrator]` config section (documented in config/default.toml).
  */
-import { get, type ConfigTable } from "../config/index.ts";
-import { OrchestratorError } from "./errors.ts";
+import type { Config } from "../config/index.ts";
 
 export interface OrchestratorConfig {
   /** Sandbox lifetime when a create omits `timeout`, seconds. */
@@ -43,47 +42,36 @@ export interface OrchestratorConfig {
   logs: { maxEntriesPerSandbox: number; maxLineBytes: number; flushIntervalMs: number; maxPendingLines: number };
 }
 
-/** Read `[orchestrator]`. @throws OrchestratorError `orchestrator.bad_config` for out-of-range values. */
-export function orchestratorConfig(cfg: ConfigTable): OrchestratorConfig {
-  const n = (k: string, min: number) => {
-    const key = k.includes(".") ? k : `orchestrator.${k}`;
-    const v = get<number>(cfg, key);
-    if (!Number.isInteger(v) || v < min) {
-      throw new OrchestratorError("orchestrator.bad_config", 500, `${key} must be an integer >= ${min}, got ${v}`, { key: k, value: v });
-    }
-    return v;
-  };
-  const shutdownAction = get<string>(cfg, "orchestrator.shutdown_action");
-  if (shutdownAction !== "kill" && shutdownAction !== "pause") {
-    throw new OrchestratorError("orchestrator.bad_config", 500, `orchestrator.shutdown_action must be "kill" or "pause", got ${shutdownAction}`, { key: "shutdown_action", value: shutdownAction });
-  }
+/** Read `[orchestrator]`, `[metrics]` and `[logs]` (ranges were checked when the config was loaded). */
+export function orchestratorConfig(cfg: Config): OrchestratorConfig {
+  const o = cfg.orchestrator;
   return {
-    defaultTimeoutSecs: n("default_timeout_secs", 1),
-    maxTimeoutSecs: n("max_timeout_secs", 1),
-    maxSandboxes: n("max_sandboxes", 1),
-    maxConcurrentStarts: n("max_concurrent_starts", 1),
-    createTimeoutMs: n("create_timeout_ms", 100),
-    pauseTimeoutMs: n("pause_timeout_ms", 100),
-    lockWaitMs: n("lock_wait_ms", 1),
-    lockMaxWaiters: n("lock_max_waiters", 1),
-    evictIntervalMs: n("evict_interval_ms", 10),
-    killedRetentionSecs: n("killed_retention_secs", 0),
-    shutdownAction,
-    defaultCpuCount: n("default_cpu_count", 1),
-    defaultMemoryMB: n("default_memory_mb", 128),
-    maxCpuCount: n("max_cpu_count", 1),
-    maxMemoryMB: n("max_memory_mb", 128),
-    envdPollMs: n("envd_poll_ms", 1),
+    defaultTimeoutSecs: o.default_timeout_secs,
+    maxTimeoutSecs: o.max_timeout_secs,
+    maxSandboxes: o.max_sandboxes,
+    maxConcurrentStarts: o.max_concurrent_starts,
+    createTimeoutMs: o.create_timeout_ms,
+    pauseTimeoutMs: o.pause_timeout_ms,
+    lockWaitMs: o.lock_wait_ms,
+    lockMaxWaiters: o.lock_max_waiters,
+    evictIntervalMs: o.evict_interval_ms,
+    killedRetentionSecs: o.killed_retention_secs,
+    shutdownAction: o.shutdown_action,
+    defaultCpuCount: o.default_cpu_count,
+    defaultMemoryMB: o.default_memory_mb,
+    maxCpuCount: o.max_cpu_count,
+    maxMemoryMB: o.max_memory_mb,
+    envdPollMs: o.envd_poll_ms,
     metrics: {
-      sampleIntervalMs: n("metrics.sample_interval_ms", 100),
-      sampleTimeoutMs: n("metrics.sample_timeout_ms", 10),
-      historySamples: n("metrics.history_samples", 1),
+      sampleIntervalMs: cfg.metrics.sample_interval_ms,
+      sampleTimeoutMs: cfg.metrics.sample_timeout_ms,
+      historySamples: cfg.metrics.history_samples,
     },
     logs: {
-      maxEntriesPerSandbox: n("logs.max_entries_per_sandbox", 1),
-      maxLineBytes: n("logs.max_line_bytes", 64),
-      flushIntervalMs: n("logs.flush_interval_ms", 1),
-      maxPendingLines: n("logs.max_pending_lines", 1),
+      maxEntriesPerSandbox: cfg.logs.max_entries_per_sandbox,
+      maxLineBytes: cfg.logs.max_line_bytes,
+      flushIntervalMs: cfg.logs.flush_interval_ms,
+      maxPendingLines: cfg.logs.max_pending_lines,
     },
   };
 }

@@ -24,7 +24,7 @@ export class KeyedLock {
   async run<T>(key: string, fn: () => Promise<T>): Promise<T> {
     const queued = this.waiting.get(key) ?? 0;
     if (queued >= this.maxWaiters) {
-      throw new OrchestratorError("orchestrator.busy", 409, `sandbox ${key} has too many operations queued`, { sandboxId: key, queued });
+      throw new OrchestratorError("orchestrator.busy", `sandbox ${key} has too many operations queued`, { sandboxId: key, queued });
     }
     const prev = this.tails.get(key) ?? Promise.resolve();
     let release!: () => void;
@@ -44,7 +44,7 @@ export class KeyedLock {
           release();
           if (this.tails.get(key) === tail) this.tails.delete(key);
         });
-        throw new OrchestratorError("orchestrator.busy", 409, `sandbox ${key} is changing state, try again`, { sandboxId: key, waitMs: this.waitMs });
+        throw new OrchestratorError("orchestrator.busy", `sandbox ${key} is changing state, try again`, { sandboxId: key, waitMs: this.waitMs });
       }
     } finally {
       clearTimeout(timer);

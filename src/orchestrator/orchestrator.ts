@@ -7,7 +7,7 @@ import type { Logger } from "pino";
 import type { Db } from "../db/index.ts";
 import { logger } from "../observability/log.ts";
 import type { OrchestratorConfig } from "./config.ts";
-import { notFound, OrchestratorError } from "./errors.ts";
+import { isRequestFault, notFound, OrchestratorError } from "./errors.ts";
 import { newSandboxId, randomHex, SANDBOX_ID_RE } from "./ids.ts";
 import { KeyedLock } from "./lock.ts";
 import { SandboxLogStore } from "./logs.ts";
@@ -132,7 +132,7 @@ export class Orchestrator {
     clearInterval(this.evictTimer);
     await this.sampler.stop();
     this.runtime.beginShutdown?.();
-    this.shutdown.abort(new OrchestratorError("orchestrator.shutting_down", 503, "node is shutting down"));
+    this.shutdown.abort(new OrchestratorError("orchestrator.shutting_down", "node is shutting down"));
     await Promise.allSettled([...this.inflight]);
     const live = this.store.inStates(["running", "creating", "resuming", "pausing"]);
     const results = await Promise.allSettled(
@@ -187,11 +187,11 @@ export class Orchestrator {
     this.runtime.checkNetwork?.(req.network ?? null, req.allowInternetAccess ?? null);
     const templates = await this.runtime.listTemplates();
     const tpl = templates.find((t) => t.templateID === req.template) ?? templates.find((t) => t.aliases.includes(req.template));
-    if (!tpl) throw new OrchestratorError("orchestrator.template_not_found", 404, `template '${req.template}' not found`, { template: req.template });
+    if (!tpl) throw new OrchestratorError("orchestrator.template_not_found", `template '${req.template}' not found`, { template: req.template });
     const { cpuCount, memoryMB } = this.checkResources(req.cpuCount ?? tpl.cpuCount, req.memoryMB ?? tpl.memoryMB, req.cpuCount !== undefined || req.memoryMB !== undefined);
     const live = this.counters.running + this.counters.starting;
     if (live >= this.config.maxSandboxes) {
-      throw new OrchestratorError("orchestrator.capacity", 429, `node is at its limit of ${this.config.maxSandboxes} concurrent sandboxes`, { limit: this.config.maxSandboxes });
+      throw new OrchestratorError("orchestrator.capacity", `node is at its limit of ${this.config.maxSandboxes} concurrent sandboxes`, { limit: this.config.maxSandboxes });
     }
     const id = newSandboxId();
     const t = this.now();
@@ -244,8 +244,8 @@ export class Orchestrator {
           this.counters.failed++;
           this.transition(id, "creating", "failed", { error: (e as Error).message });
           this.log.error({ sandboxId: id, err: e }, "create failed");
-          if (e instanceof OrchestratorError && e.status < 500) throw e;
-          throw new OrchestratorError("orchestrator.create_failed", 500, `failed to create sandbox: ${(e as Error).message}`, { sandboxId: id, template: tpl.templateID }, { cause: e });
+          if (isRequestFault(e)) throw e;
+          throw new OrchestratorError("orchestrator.create_failed", `failed to create sandbox: ${(e as Error).message}`, { sandboxId: id, template: tpl.templateID }, { cause: e });
         } finally {
           this.counters.starting--;
           this.recount();
@@ -361,7 +361,7 @@ export class Orchestrator {
     return this.track(
       this.lock.run(id, async () => {
         const r = this.get(id);
-        if (r.state !== "paused") throw new OrchestratorError("orchestrator.conflict", 409, `sandbox ${id} is already running`, { sandboxId: id, state: r.state });
+        if (r.state !== "paused") throw new OrchestratorError("orchestrator.conflict", `sandbox ${id} is already running`, { sandboxId: id, state: r.state });
         return this.resumeLocked(r, secs);
       }),
     );
@@ -394,8 +394,8 @@ export class Orchestrator {
     this.get(id);
     return this.lock.run(id, async () => {
       const r = this.get(id);
-      if (r.state !== "running") throw new OrchestratorError("orchestrator.conflict", 409, `sandbox ${id} is not running`, { sandboxId: id, state: r.state });
-      if (!this.runtime.updateNetwork) throw new OrchestratorError("orchestrator.bad_request", 400, `runtime ${this.runtime.name} cannot change network policy`, { sandboxId: id });
+      if (r.state !== "running") throw new OrchestratorError("orchestrator.conflict", `sandbox ${id} is not running`, { sandboxId: id, state: r.state });
+      if (!this.runtime.updateNetwork) throw new OrchestratorError("orchestrator.bad_request", `runtime ${this.runtime.name} cannot change network policy`, { sandboxId: id });
       await this.runtime.updateNetwork(id, r.runtimeState ?? {}, policy);
       // the body replaces the policy (an omitted field clears it): keep exactly what was applied,
       // so a resume or restart rebuilds the same rules
@@ -440,7 +440,7 @@ export class Orchestrator {
         await this.runtime.kill(id, r.runtimeState);
       } catch (e) {
         this.transition(id, "killing", "failed", { error: `kill failed: ${(e as Error).message}` });
-        throw new OrchestratorError("orchestrator.runtime_failed", 500, `failed to kill sandbox ${id}: ${(e as Error).message}`, { sandboxId: id }, { cause: e });
+        throw new OrchestratorError("orchestrator.runtime_failed", `failed to kill sandbox ${id}: ${(e as Error).message}`, { sandboxId: id }, { cause: e });
       }
       this.transition(id, "killing", "killed", { endpoint: null, runtimeState: null });
       this.counters.killed++;
@@ -451,7 +451,7 @@ export class Orchestrator {
   private async pauseNow(id: string): Promise<void> {
     await this.lock.run(id, async () => {
       const r = this.get(id);
-      if (r.state === "paused") throw new OrchestratorError("orchestrator.conflict", 409, `sandbox ${id} is already paused`, { sandboxId: id });
+      if (r.state === "paused") throw new OrchestratorError("orchestrator.conflict", `sandbox ${id} is already paused`, { sandboxId: id });
       this.generations.delete(id);
       this.transition(id, "running", "pausing", {});
       const signal = AbortSignal.timeout(this.config.pauseTimeoutMs);
@@ -463,7 +463,7 @@ export class Orchestrator {
         this.transition(id, "pausing", "failed", { error: `pause failed: ${(e as Error).message}` });
         await this.runtime.kill(id, r.runtimeState).catch(() => {});
         this.recount();
-        throw new OrchestratorError("orchestrator.runtime_failed", 500, `failed to pause sandbox ${id}: ${(e as Error).message}`, { sandboxId: id }, { cause: e });
+        throw new OrchestratorError("orchestrator.runtime_failed", `failed to pause sandbox ${id}: ${(e as Error).message}`, { sandboxId: id }, { cause: e });
       }
       this.recount();
     });
@@ -488,7 +488,7 @@ export class Orchestrator {
       return this.store.get(r.id)!;
     } catch (e) {
       this.transition(r.id, "resuming", "paused", { error: `resume failed: ${(e as Error).message}` });
-      throw new OrchestratorError("orchestrator.runtime_failed", 500, `failed to resume sandbox ${r.id}: ${(e as Error).message}`, { sandboxId: r.id }, { cause: e });
+      throw new OrchestratorError("orchestrator.runtime_failed", `failed to resume sandbox ${r.id}: ${(e as Error).message}`, { sandboxId: r.id }, { cause: e });
     } finally {
       this.counters.starting--;
       this.recount();
@@ -553,7 +553,7 @@ export class Orchestrator {
       const op = autoPause ? this.pauseNow(id) : this.killNow(id, false);
       this.track(op)
         .catch((e) => {
-          if (!(e instanceof OrchestratorError && e.status === 404)) this.log.error({ sandboxId: id, err: e }, "expiry action failed");
+          if (!(e instanceof OrchestratorError && e.code === "orchestrator.not_found")) this.log.error({ sandboxId: id, err: e }, "expiry action failed");
         })
         .finally(() => this.expiring.delete(id));
     }
@@ -609,7 +609,6 @@ export class Orchestrator {
     if (!Number.isInteger(cpuCount) || cpuCount < 1 || cpuCount > this.config.maxCpuCount) {
       throw new OrchestratorError(
         "orchestrator.bad_request",
-        400,
         `cpuCount ${cpuCount} (${from}) is outside 1..${this.config.maxCpuCount}, this node's limit [orchestrator] max_cpu_count`,
         { cpuCount, limit: this.config.maxCpuCount, key: "orchestrator.max_cpu_count" },
       );
@@ -617,7 +616,6 @@ export class Orchestrator {
     if (!Number.isInteger(memoryMB) || memoryMB < 128 || memoryMB > this.config.maxMemoryMB) {
       throw new OrchestratorError(
         "orchestrator.bad_request",
-        400,
         `memoryMB ${memoryMB} (${from}) is outside 128..${this.config.maxMemoryMB}, this node's limit [orchestrator] max_memory_mb`,
         { memoryMB, limit: this.config.maxMemoryMB, key: "orchestrator.max_memory_mb" },
       );
@@ -627,13 +625,13 @@ export class Orchestrator {
 
   private checkTimeout(secs: number): number {
     if (!Number.isInteger(secs) || secs < 0 || secs > this.config.maxTimeoutSecs) {
-      throw new OrchestratorError("orchestrator.bad_request", 400, `timeout must be an integer between 0 and ${this.config.maxTimeoutSecs} seconds, got ${secs}`, { timeout: secs });
+      throw new OrchestratorError("orchestrator.bad_request", `timeout must be an integer between 0 and ${this.config.maxTimeoutSecs} seconds, got ${secs}`, { timeout: secs });
     }
     return secs;
   }
 
   private assertOpen(): void {
-    if (this.closed) throw new OrchestratorError("orchestrator.shutting_down", 503, "node is shutting down");
+    if (this.closed) throw new OrchestratorError("orchestrator.shutting_down", "node is shutting down");
   }
 }
 
@@ -670,6 +668,6 @@ export function encodeCursor(c: ListCursor): string {
 /** Decode a list cursor. @throws OrchestratorError bad_request (400) for anything malformed. */
 export function decodeCursor(token: string): ListCursor {
   const m = /^(\d{1,16}):([a-z0-9]{1,64})$/.exec(Buffer.from(token, "base64url").toString());
-  if (!m) throw new OrchestratorError("orchestrator.bad_request", 400, `invalid nextToken ${JSON.stringify(token)}`, { nextToken: token });
+  if (!m) throw new OrchestratorError("orchestrator.bad_request", `invalid nextToken ${JSON.stringify(token)}`, { nextToken: token });
   return { startedAt: Number(m[1]), id: m[2]! };
 }

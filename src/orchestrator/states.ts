@@ -38,7 +38,7 @@ export function canTransition(from: SandboxState, to: SandboxState): boolean {
  */
 export function assertTransition(id: string, from: SandboxState, to: SandboxState): void {
   if (!canTransition(from, to)) {
-    throw new OrchestratorError("orchestrator.bad_transition", 500, `sandbox ${id}: transition ${from} -> ${to} is not allowed`, { sandboxId: id, from, to });
+    throw new OrchestratorError("orchestrator.bad_transition", `sandbox ${id}: transition ${from} -> ${to} is not allowed`, { sandboxId: id, from, to });
   }
 }
 
@@ -66,5 +66,5 @@ export function publicState(s: SandboxState): "running" | "paused" | null {
 /** Parse a stored state string. @throws OrchestratorError `orchestrator.bad_state` for unknown text. */
 export function parseState(id: string, s: string): SandboxState {
   if ((SANDBOX_STATES as readonly string[]).includes(s)) return s as SandboxState;
-  throw new OrchestratorError("orchestrator.bad_state", 500, `sandbox ${id}: unknown stored state ${JSON.stringify(s)}`, { sandboxId: id, state: s });
+  throw new OrchestratorError("orchestrator.bad_state", `sandbox ${id}: unknown stored state ${JSON.stringify(s)}`, { sandboxId: id, state: s });
 }

@@ -25,8 +25,8 @@ export async function waitEnvdHealthy(base: string, pollMs: number, signal: Abor
   void gone?.then(() => (dead = true));
   let last = "no answer yet";
   for (;;) {
-    if (dead) throw new OrchestratorError("orchestrator.envd_unready", 500, `the sandbox VM exited before envd answered (${last})`, { base });
-    if (signal.aborted) throw new OrchestratorError("orchestrator.envd_unready", 500, `envd at ${base} not ready in time (${last})`, { base });
+    if (dead) throw new OrchestratorError("orchestrator.envd_unready", `the sandbox VM exited before envd answered (${last})`, { base });
+    if (signal.aborted) throw new OrchestratorError("orchestrator.envd_unready", `envd at ${base} not ready in time (${last})`, { base });
     try {
       const res = await fetch(`${base}/health`, { signal: AbortSignal.any([signal, AbortSignal.timeout(Math.max(pollMs * 10, 500))]) });
       await res.arrayBuffer();
@@ -54,10 +54,10 @@ export async function initEnvd(base: string, body: EnvdInit, currentToken: strin
       signal,
     });
   } catch (e) {
-    throw new OrchestratorError("orchestrator.envd_init_failed", 500, `envd /init at ${base} failed: ${(e as Error).message}`, { base });
+    throw new OrchestratorError("orchestrator.envd_init_failed", `envd /init at ${base} failed: ${(e as Error).message}`, { base });
   }
   const text = await res.text();
-  if (!res.ok) throw new OrchestratorError("orchestrator.envd_init_failed", 500, `envd /init at ${base} answered ${res.status}: ${text.slice(0, 200)}`, { base, status: res.status });
+  if (!res.ok) throw new OrchestratorError("orchestrator.envd_init_failed", `envd /init at ${base} answered ${res.status}: ${text.slice(0, 200)}`, { base, status: res.status });
   return res.headers.get("x-envd-version");
 }
 
@@ -92,7 +92,7 @@ export async function fetchEnvdMetrics(
     }
     body = (await res.json()) as EnvdMetricsBody;
   } catch (e) {
-    throw new OrchestratorError("orchestrator.envd_metrics_failed", 500, `envd /metrics at ${base} failed: ${(e as Error).message}`, { base });
+    throw new OrchestratorError("orchestrator.envd_metrics_failed", `envd /metrics at ${base} failed: ${(e as Error).message}`, { base });
   }
   const num = (v: unknown) => (typeof v === "number" && Number.isFinite(v) ? v : NaN);
   const out = {
@@ -105,6 +105,6 @@ export async function fetchEnvdMetrics(
     diskTotal: num(body.disk_total ?? 0),
   };
   const bad = Object.entries(out).find(([, v]) => Number.isNaN(v));
-  if (bad) throw new OrchestratorError("orchestrator.envd_metrics_failed", 500, `envd /metrics at ${base}: ${bad[0]} is not a number`, { base, field: bad[0] });
+  if (bad) throw new OrchestratorError("orchestrator.envd_metrics_failed", `envd /metrics at ${base}: ${bad[0]} is not a number`, { base, field: bad[0] });
   return out;
 }

@@ -2,7 +2,7 @@
  * Build the VM runtime from the node config: VMM driver (`[vm]`), network manager (`[network]`,
  * started here: it reaps slots a crashed run left, after leftover VMMs are killed), guest kernel.
  */
-import { get, type ConfigTable } from "../config/index.ts";
+import { type Config } from "../config/index.ts";
 import type { Db } from "../db/index.ts";
 import { netConfigFromConfig, NetworkManager } from "../net/index.ts";
 import { diskConfig, reapStaleDisks } from "../storage/daemon/index.ts";
@@ -15,10 +15,10 @@ import { VmRuntime } from "./vm-runtime.ts";
  * Create and start the VM runtime.
  * @throws VmmError (bad driver config), NetError (host networking setup failed).
  */
-export async function createVmRuntime(cfg: ConfigTable, db: Db, oc: OrchestratorConfig): Promise<VmRuntime> {
-  const runtimePath = get<string>(cfg, "runtime_path");
+export async function createVmRuntime(cfg: Config, db: Db, oc: OrchestratorConfig): Promise<VmRuntime> {
+  const runtimePath = cfg.runtime_path;
   const driver = await createDriver(cfg);
-  const homePath = get<string>(cfg, "home_path");
+  const homePath = cfg.home_path;
   const recordDir = join(runtimePath, "disks");
   // VMMs first: a slot or a disk must not be torn down under a VMM that still uses it
   await reapLeftovers(runtimePath);

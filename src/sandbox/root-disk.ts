@@ -24,9 +24,9 @@ export async function prepareRootDisk(templateRootfs: string, workDir: string, s
   const proc = Bun.spawn(["cp", "--sparse=always", "--reflink=auto", templateRootfs, tmp], { stderr: "pipe", stdout: "ignore", signal });
   const [code, err] = await Promise.all([proc.exited, new Response(proc.stderr).text()]);
   if (code !== 0) {
-    throw new OrchestratorError("orchestrator.disk_failed", 500, `copying root image ${templateRootfs} failed (exit ${code}): ${err.trim()}`, { templateRootfs, workDir, code });
+    throw new OrchestratorError("orchestrator.disk_failed", `copying root image ${templateRootfs} failed (exit ${code}): ${err.trim()}`, { templateRootfs, workDir, code });
   }
   const mv = Bun.spawnSync(["mv", "-f", tmp, path]);
-  if (mv.exitCode !== 0) throw new OrchestratorError("orchestrator.disk_failed", 500, `cannot move ${tmp} into place`, { tmp, path });
+  if (mv.exitCode !== 0) throw new OrchestratorError("orchestrator.disk_failed", `cannot move ${tmp} into place`, { tmp, path });
   return path;
 }

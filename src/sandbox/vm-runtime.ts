@@ -141,7 +141,7 @@ export class VmRuntime implements SandboxRuntime {
   async pause(id: string, state: Record<string, unknown>, signal: AbortSignal): Promise<Record<string, unknown>> {
     const st = state as unknown as VmState;
     const vm = this.vms.get(id);
-    if (!vm) throw new OrchestratorError("orchestrator.runtime_failed", 500, `no VM handle for sandbox ${id}`, { sandboxId: id });
+    if (!vm) throw new OrchestratorError("orchestrator.runtime_failed", `no VM handle for sandbox ${id}`, { sandboxId: id });
     const snapDir = this.snapshotDir(id);
     mkdirSync(snapDir, { recursive: true });
     // A fresh pair of names per pause: a VM resumed from an earlier snapshot still maps that
@@ -171,7 +171,7 @@ export class VmRuntime implements SandboxRuntime {
   async resume(spec: RuntimeStartSpec, state: Record<string, unknown>): Promise<RuntimeSandbox> {
     const st = state as unknown as VmState;
     if (!st.snapshot || !existsSync(st.snapshot.statePath) || (st.diskKind === "copy" && !existsSync(st.rootDisk))) {
-      throw new OrchestratorError("orchestrator.snapshot_missing", 500, `snapshot of sandbox ${spec.id} is missing`, { sandboxId: spec.id, snapshot: st.snapshot ?? null });
+      throw new OrchestratorError("orchestrator.snapshot_missing", `snapshot of sandbox ${spec.id} is missing`, { sandboxId: spec.id, snapshot: st.snapshot ?? null });
     }
     const tpl = resolveTemplate(this.o.homePath, spec.template.templateID);
     let slotTaken = false;
@@ -180,7 +180,7 @@ export class VmRuntime implements SandboxRuntime {
     try {
       const served = await this.serveDisk(spec.id, tpl, st.workDir, spec.signal);
       if (served.path !== st.rootDisk) {
-        throw new OrchestratorError("orchestrator.runtime_failed", 500, `sandbox ${spec.id}: root disk moved from ${st.rootDisk} to ${served.path}`, { sandboxId: spec.id });
+        throw new OrchestratorError("orchestrator.runtime_failed", `sandbox ${spec.id}: root disk moved from ${st.rootDisk} to ${served.path}`, { sandboxId: spec.id });
       }
       step = "allocate slot";
       const slot = await this.o.net.allocate(this.policyOf(spec), spec.id);
@@ -290,7 +290,7 @@ export class VmRuntime implements SandboxRuntime {
     try {
       return parseEgressPolicy(p);
     } catch (e) {
-      throw new OrchestratorError("orchestrator.bad_request", 400, (e as Error).message, { network: p }, { cause: e });
+      throw new OrchestratorError("orchestrator.bad_request", (e as Error).message, { network: p }, { cause: e });
     }
   }
 

@@ -11,7 +11,7 @@
  * Shapes of specs and handles: ./types.ts. Errors: `VmmError` (./errors.ts).
  */
 import { existsSync } from "node:fs";
-import { get, type ConfigTable } from "../config/index.ts";
+import { type Config } from "../config/index.ts";
 import { VmmError } from "./errors.ts";
 import { kernelCacheKey, kernelCachePath, kernelFragment, kernelSourceVersion } from "./kernel/build.ts";
 import { QemuDriver, type QemuDriverOptions } from "./qemu/driver.ts";
@@ -25,29 +25,25 @@ export { QemuDriver, QemuVm, type QemuDriverOptions, type QemuVmState } from "./
 export { buildKernel, hasPvhNote, type KernelArtifact } from "./kernel/build.ts";
 
 /** The `[qemu]`/`[vm]` settings as QemuDriverOptions. */
-export function qemuOptions(cfg: ConfigTable): QemuDriverOptions {
-  const accel = get<string>(cfg, "qemu.accel");
-  if (accel !== "auto" && accel !== "kvm" && accel !== "tcg") {
-    throw new VmmError("vmm.bad_config", `qemu.accel must be auto, kvm or tcg, got ${accel}`, { accel });
-  }
+export function qemuOptions(cfg: Config): QemuDriverOptions {
   return {
-    binary: get<string>(cfg, "qemu.binary"),
-    accel,
-    cpu: get<string>(cfg, "qemu.cpu"),
-    tscKhz: get<number>(cfg, "qemu.tsc_khz"),
-    tcgTbSizeMiB: get<number>(cfg, "qemu.tcg_tb_size_mib"),
-    runtimeDir: get<string>(cfg, "runtime_path"),
-    memoryDir: get<string>(cfg, "qemu.memory_dir"),
-    stopTimeoutMs: get<number>(cfg, "vm.stop_timeout_ms"),
-    socketTimeoutMs: get<number>(cfg, "vm.socket_timeout_ms"),
-    consoleMaxBytes: get<number>(cfg, "vm.console_max_bytes"),
-    qmpTimeoutMs: get<number>(cfg, "qemu.qmp_timeout_ms"),
+    binary: cfg.qemu.binary,
+    accel: cfg.qemu.accel,
+    cpu: cfg.qemu.cpu,
+    tscKhz: cfg.qemu.tsc_khz,
+    tcgTbSizeMiB: cfg.qemu.tcg_tb_size_mib,
+    runtimeDir: cfg.runtime_path,
+    memoryDir: cfg.qemu.memory_dir,
+    stopTimeoutMs: cfg.vm.stop_timeout_ms,
+    socketTimeoutMs: cfg.vm.socket_timeout_ms,
+    consoleMaxBytes: cfg.vm.console_max_bytes,
+    qmpTimeoutMs: cfg.qemu.qmp_timeout_ms,
   };
 }
 
-function firecrackerBinary(cfg: ConfigTable): string | null {
+function firecrackerBinary(cfg: Config): string | null {
   try {
-    const bin = get<string>(cfg, "firecracker.binary");
+    const bin = cfg.firecracker.binary;
     return bin.includes("/") ? (existsSync(bin) ? bin : null) : Bun.which(bin);
   } catch {
     return null;
@@ -57,14 +53,10 @@ function firecrackerBinary(cfg: ConfigTable): string | null {
 /**
  * The driver for this node. "firecracker" (or "auto" with the binary present) loads
  * `./firecracker/index.ts`, which exports `createFirecrackerDriver(cfg): VmmDriver`.
- * @throws VmmError `vmm.bad_config` for an unknown `[vm] driver`, `vmm.driver_unavailable`
- *   when Firecracker is requested but absent.
+ * @throws VmmError `vmm.driver_unavailable` when Firecracker is requested but absent.
  */
-export async function createDriver(cfg: ConfigTable): Promise<VmmDriver> {
-  const want = get<string>(cfg, "vm.driver");
-  if (want !== "auto" && want !== "qemu" && want !== "firecracker") {
-    throw new VmmError("vmm.bad_config", `vm.driver must be auto, qemu or firecracker, got ${want}`, { driver: want });
-  }
+export async function createDriver(cfg: Config): Promise<VmmDriver> {
+  const want = cfg.vm.driver;
   const fc = want === "qemu" ? null : firecrackerBinary(cfg);
   if (want === "firecracker" && !fc) throw new VmmError("vmm.driver_unavailable", "firecracker binary not found", { driver: want });
   if (fc) {
@@ -79,12 +71,12 @@ export async function createDriver(cfg: ConfigTable): Promise<VmmDriver> {
  * built by `agentenv kernel build` for the configured source and the shipped fragment.
  * @throws VmmError `vmm.kernel_missing` when that file does not exist.
  */
-export function resolveKernelPath(cfg: ConfigTable): string {
-  const explicit = get<string>(cfg, "kernel.path");
+export function resolveKernelPath(cfg: Config): string {
+  const explicit = cfg.kernel.path;
   let path = explicit;
   if (!path) {
-    const ver = kernelSourceVersion(get<string>(cfg, "kernel.source_tarball"), get<string>(cfg, "kernel.source_package"));
-    path = kernelCachePath(get<string>(cfg, "home_path"), kernelCacheKey(ver, kernelFragment()));
+    const ver = kernelSourceVersion(cfg.kernel.source_tarball, cfg.kernel.source_package);
+    path = kernelCachePath(cfg.home_path, kernelCacheKey(ver, kernelFragment()));
   }
   if (!existsSync(path)) {
     throw new VmmError("vmm.kernel_missing", `guest kernel ${path} not found (run \`agentenv kernel build\`)`, { path });

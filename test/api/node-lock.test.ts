@@ -123,7 +123,7 @@ test("a taken listen address is refused before reaping, and the locks are given 
       made++;
       throw new Error("no");
     }).catch((x) => x);
-    expect(e.code).toBe("api.listen_failed");
+    expect(e.code).toBe("node.listen_failed");
     expect(e.message).toContain(`cannot listen on 127.0.0.1:${blocker.port}`);
     expect(made).toBe(0);
     acquireNodeLocks(run, prefix).release();

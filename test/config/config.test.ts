@@ -1,41 +1,184 @@
 import { describe, expect, test } from "bun:test";
-import { mkdtempSync, writeFileSync } from "node:fs";
+import { mkdtempSync, readFileSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { ConfigError, get, loadConfig } from "../../src/config/index.ts";
+import { Value } from "@sinclair/typebox/value";
+import { parse } from "smol-toml";
+import { CONFIG_SCHEMA, ConfigError, defaultConfig, loadConfig, renderDefaultToml } from "../../src/config/index.ts";
 
-describe("config", () => {
-  test("embedded defaults", () => {
+const REPO = join(import.meta.dir, "../..");
+
+function tomlFile(text: string): string {
+  const p = join(mkdtempSync(join(tmpdir(), "cfg-")), "c.toml");
+  writeFileSync(p, text);
+  return p;
+}
+
+/** The ConfigError `fn` throws (fails the test when it throws nothing or something else). */
+function configError(fn: () => unknown): ConfigError {
+  let err: unknown;
+  try {
+    fn();
+  } catch (e) {
+    err = e;
+  }
+  expect(err).toBeInstanceOf(ConfigError);
+  const e = err as ConfigError;
+  expect(e.message).not.toContain("\n"); // one line for the operator
+  return e;
+}
+
+describe("defaults", () => {
+  test("config/default.toml is the schema's rendering and parses back to the defaults", () => {
+    const text = readFileSync(join(REPO, "config/default.toml"), "utf8");
+    expect(text).toBe(renderDefaultToml()); // stale: run `bun run config:defaults`
+    expect(parse(text) as unknown).toEqual(defaultConfig());
+  });
+
+  test("every default satisfies its own key's type and range", () => {
+    expect([...Value.Errors(CONFIG_SCHEMA, defaultConfig())].map((e) => `${e.path}: ${e.message}`)).toEqual([]);
+  });
+
+  test("loadConfig without file or variables gives the defaults, typed", () => {
     const cfg = loadConfig({ env: {} });
-    expect(get<string>(cfg, "api.addr")).toBe("0.0.0.0:8000");
-    expect(get<string>(cfg, "home_path")).toBe("/var/lib/agentenv");
+    expect(cfg).toEqual(defaultConfig());
+    expect(cfg.api.addr).toBe("0.0.0.0:8000");
+    expect(cfg.home_path).toBe("/var/lib/agentenv");
+    expect(cfg.orchestrator.max_sandboxes).toBe(16);
+    expect(cfg.network.egress.always_denied_cidrs).toHaveLength(6);
   });
 
-  test("file then env overrides, aliases and generic form", () => {
-    const dir = mkdtempSync(join(tmpdir(), "cfg-"));
-    const file = join(dir, "c.toml");
-    writeFileSync(file, 'home_path = "/x"\n[api]\naddr = "127.0.0.1:9000"\n');
-    const cfg = loadConfig({ env: { AENV_CONFIG_PATH: file, AENV_API_ADDR: "127.0.0.1:9001", AENV__log__level: "debug" } });
-    expect(get<string>(cfg, "home_path")).toBe("/x");
-    expect(get<string>(cfg, "api.addr")).toBe("127.0.0.1:9001");
-    expect(get<string>(cfg, "log.level")).toBe("debug");
+  test("defaultConfig returns a fresh tree each call", () => {
+    const a = defaultConfig();
+    a.template.packages.push("vim");
+    a.api.addr = "x:1";
+    expect(defaultConfig().template.packages).not.toContain("vim");
+    expect(defaultConfig().api.addr).toBe("0.0.0.0:8000");
+  });
+});
+
+describe("overrides", () => {
+  test("file, then aliases and AENV__section__key variables, each typed", () => {
+    const file = tomlFile('home_path = "/x"\n[api]\naddr = "127.0.0.1:9000"\n[network.egress]\ndns_timeout_ms = 500\n');
+    const cfg = loadConfig({
+      env: {
+        AENV_CONFIG_PATH: file,
+        AENV_API_ADDR: "127.0.0.1:9001",
+        AENV__log__level: "debug",
+        AENV__pool__low_watermark: "4",
+        AENV__disk__fuse_direct_io: "true",
+        AENV__network__egress__dns_upstream: "1.1.1.1, 8.8.8.8:53",
+        AENV_SANDBOX_PROXY_DOMAINS: "",
+      },
+    });
+    expect(cfg.home_path).toBe("/x");
+    expect(cfg.api.addr).toBe("127.0.0.1:9001");
+    expect(cfg.log.level).toBe("debug");
+    expect(cfg.pool.low_watermark).toBe(4);
+    expect(cfg.disk.fuse_direct_io).toBe(true);
+    expect(cfg.network.egress.dns_timeout_ms).toBe(500);
+    expect(cfg.network.egress.dns_upstream).toEqual(["1.1.1.1", "8.8.8.8:53"]);
+    expect(cfg.sandbox_proxy.domains).toEqual([]);
   });
 
-  test("unknown key, wrong type and bad TOML are typed errors", () => {
-    const dir = mkdtempSync(join(tmpdir(), "cfg-"));
-    const bad = join(dir, "bad.toml");
-    writeFileSync(bad, "[api]\nnope = 1\n");
-    expect(() => loadConfig({ path: bad, env: {} })).toThrow(/unknown config key api.nope/);
-    writeFileSync(bad, "[api]\naddr = 5\n");
-    expect(() => loadConfig({ path: bad, env: {} })).toThrow(ConfigError);
-    writeFileSync(bad, "[api\n");
-    try {
-      loadConfig({ path: bad, env: {} });
-      throw new Error("no throw");
-    } catch (e) {
-      expect((e as ConfigError).code).toBe("config.bad_toml");
+  test("a tree is checked like a file", () => {
+    expect(loadConfig({ env: {}, tree: { pool: { network: { retry_backoff_ms: 7 } } } }).pool.network.retry_backoff_ms).toBe(7);
+    const e = configError(() => loadConfig({ env: {}, tree: { pool: { nope: 1 } } }));
+    expect(e.code).toBe("config.unknown_key");
+    expect(e.details.key).toBe("pool.nope");
+  });
+});
+
+describe("refusals name the source, key, value and expectation", () => {
+  test("unknown key in a file", () => {
+    const file = tomlFile("[api]\nnope = 1\n");
+    const e = configError(() => loadConfig({ path: file, env: {} }));
+    expect(e.code).toBe("config.unknown_key");
+    expect(e.details).toEqual({ key: "api.nope", source: file });
+    expect(e.message).toBe(`config: ${file}: unknown key api.nope`);
+    const top = tomlFile("[nosection]\nx = 1\n");
+    expect(configError(() => loadConfig({ path: top, env: {} })).details.key).toBe("nosection");
+  });
+
+  test("wrong type in a file", () => {
+    const file = tomlFile("[api]\naddr = 5\n");
+    const e = configError(() => loadConfig({ path: file, env: {} }));
+    expect(e.code).toBe("config.bad_value");
+    expect(e.details.key).toBe("api.addr");
+    expect(e.details.value).toBe(5);
+    expect(e.message).toBe(`config: ${file}: api.addr = 5: expected a string matching /^.+:[0-9]{1,5}$/`);
+    const table = tomlFile("api = 1\n");
+    expect(configError(() => loadConfig({ path: table, env: {} })).message).toBe(`config: ${table}: api = 1: expected a table`);
+    const list = tomlFile('[template]\npackages = "curl"\n');
+    expect(configError(() => loadConfig({ path: list, env: {} })).message).toContain('template.packages = "curl": expected a list of strings');
+  });
+
+  test("out of range, not a multiple, not one of the allowed values", () => {
+    const cases: [string, string][] = [
+      ["[disk]\nfuse_workers = 17\n", "disk.fuse_workers = 17: expected an integer in 1..16 (count)"],
+      ["[disk]\nfuse_max_write = 5000\n", "disk.fuse_max_write = 5000: expected an integer in 4096..1048576, a multiple of 4096 (bytes)"],
+      ["[orchestrator]\nmax_sandboxes = 0\n", "orchestrator.max_sandboxes = 0: expected an integer >= 1 (count)"],
+      ["[orchestrator]\nevict_interval_ms = 2.5\n", "orchestrator.evict_interval_ms = 2.5: expected an integer in 10..86400000 (ms)"],
+      ['[orchestrator]\nshutdown_action = "explode"\n', 'orchestrator.shutdown_action = "explode": expected one of "kill", "pause"'],
+      ["[overlaybd]\nzfile_block_size = 1000\n", 'overlaybd.zfile_block_size = 1000: expected one of 4096, 8192, 16384, 32768, 65536'],
+      ['[network]\nname_prefix = "BAD"\n', 'network.name_prefix = "BAD": expected a string matching /^[a-z][a-z0-9-]{0,9}$/'],
+    ];
+    for (const [text, want] of cases) {
+      const file = tomlFile(text);
+      const e = configError(() => loadConfig({ path: file, env: {} }));
+      expect(e.code).toBe("config.bad_value");
+      expect(e.message).toBe(`config: ${file}: ${want}`);
     }
-    expect(() => loadConfig({ path: join(dir, "missing.toml"), env: {} })).toThrow(/cannot read/);
-    expect(() => get(loadConfig({ env: {} }), "api.missing")).toThrow(ConfigError);
+  });
+
+  test("AENV__ variables: unknown key, wrong type, range, a whole table", () => {
+    const cases: [Record<string, string>, string, string][] = [
+      [{ AENV__pool__low_watermark: "abc" }, "config.bad_value", 'config: AENV__pool__low_watermark: pool.low_watermark = "abc": expected an integer in 0..32768 (count)'],
+      [{ AENV__pool__low_watermark: "" }, "config.bad_value", 'config: AENV__pool__low_watermark: pool.low_watermark = "": expected an integer in 0..32768 (count)'],
+      [{ AENV__api__docs: "yes" }, "config.bad_value", 'config: AENV__api__docs: api.docs = "yes": expected true or false'],
+      [{ AENV__vm__stop_timeout_ms: "-5" }, "config.bad_value", 'config: AENV__vm__stop_timeout_ms: vm.stop_timeout_ms = "-5": expected an integer in 1..86400000 (ms)'],
+      [{ AENV__firecracker__mmds_version: "V3" }, "config.bad_value", 'config: AENV__firecracker__mmds_version: firecracker.mmds_version = "V3": expected one of "V1", "V2"'],
+      [{ AENV__overlaybd__cache_block_size: "4097" }, "config.bad_value", 'config: AENV__overlaybd__cache_block_size: overlaybd.cache_block_size = "4097": expected one of 4096, 8192, 16384, 32768, 65536, 131072, 262144, 524288, 1048576, 2097152, 4194304'],
+      [{ AENV__api: "1" }, "config.bad_value", 'config: AENV__api: api = "1": expected a table'],
+      [{ AENV__network__egress: "1" }, "config.bad_value", 'config: AENV__network__egress: network.egress = "1": expected a table'],
+      [{ AENV__nope__x: "1" }, "config.unknown_key", "config: AENV__nope__x: unknown key nope.x"],
+      [{ AENV__api__addr__x: "1" }, "config.unknown_key", "config: AENV__api__addr__x: unknown key api.addr.x"],
+      [{ AENV_LOG_LEVEL: "loud" }, "config.bad_value", 'config: AENV_LOG_LEVEL: log.level = "loud": expected one of "trace", "debug", "info", "warn", "error", "fatal", "silent"'],
+    ];
+    for (const [env, code, message] of cases) {
+      const e = configError(() => loadConfig({ env }));
+      expect([e.code, e.message]).toEqual([code, message]);
+    }
+  });
+
+  test("unreadable file and bad TOML (with its position)", () => {
+    const missing = join(mkdtempSync(join(tmpdir(), "cfg-")), "missing.toml");
+    const e1 = configError(() => loadConfig({ path: missing, env: {} }));
+    expect(e1.code).toBe("config.unreadable");
+    expect(e1.message).toStartWith(`cannot read config file ${missing}: `);
+    const bad = tomlFile('[api]\naddr = "x:1"\ndocs = = true\n');
+    const e2 = configError(() => loadConfig({ path: bad, env: {} }));
+    expect(e2.code).toBe("config.bad_toml");
+    expect(e2.details.line).toBe(3);
+    expect(e2.message).toStartWith(`config file ${bad} is not valid TOML at line 3, column `);
+  });
+});
+
+describe("start-up", () => {
+  test("`agentenv server` with a bad variable exits 1 with one line naming key, value and expectation", () => {
+    const r = Bun.spawnSync(["bun", join(REPO, "src/cli/main.ts"), "server"], {
+      env: { PATH: process.env.PATH!, HOME: process.env.HOME ?? "/root", AENV__orchestrator__max_sandboxes: "many" },
+      stdout: "pipe",
+      stderr: "pipe",
+    });
+    expect(r.exitCode).toBe(1);
+    expect(r.stdout.toString()).toBe("");
+    expect(r.stderr.toString()).toBe('agentenv: config: AENV__orchestrator__max_sandboxes: orchestrator.max_sandboxes = "many": expected an integer >= 1 (count)\n');
+  });
+
+  test("`agentenv config defaults` prints config/default.toml", () => {
+    const r = Bun.spawnSync(["bun", join(REPO, "src/cli/main.ts"), "config", "defaults"], { stdout: "pipe", stderr: "pipe" });
+    expect(r.exitCode).toBe(0);
+    expect(r.stdout.toString()).toBe(readFileSync(join(REPO, "config/default.toml"), "utf8"));
   });
 });

@@ -5,7 +5,6 @@
  */
 import { describe, expect, test } from "bun:test";
 import { closeSync, openSync, readSync } from "node:fs";
-import { get } from "../../src/config/index.ts";
 import { openStack } from "../../src/storage/overlaybd/index.ts";
 import { BASE_BOOT_ARGS, buildBase, guestInitScript, readManifest, resolveTemplate } from "../../src/template/index.ts";
 import { TEST_HOME, testConfig } from "../vmm/qemu/helpers.ts";
@@ -59,10 +58,10 @@ describe("base template", () => {
     const cfg = testConfig();
     const opts = {
       homePath: TEST_HOME,
-      suite: get<string>(cfg, "template.suite"),
-      mirror: get<string>(cfg, "template.mirror"),
-      packages: get<string[]>(cfg, "template.packages"),
-      sizeMiB: get<number>(cfg, "template.rootfs_size_mib"),
+      suite: cfg.template.suite,
+      mirror: cfg.template.mirror,
+      packages: cfg.template.packages,
+      sizeMiB: cfg.template.rootfs_size_mib,
     };
     // the first run rebuilds only if sources changed since the pre-step (shared work tree)
     const first = await buildBase(opts);

@@ -49,8 +49,8 @@ function int(v: string | undefined): number | undefined {
  */
 export function parseSandboxIds(raw: string): string[] {
   const ids = [...new Set(raw.split(",").map((s) => s.trim()).filter(Boolean))];
-  if (ids.length === 0) throw new ApiError("api.bad_sandbox_ids", 400, "sandbox_ids must name at least one sandbox id", { sandbox_ids: raw });
-  if (ids.length > MAX_METRICS_IDS) throw new ApiError("api.bad_sandbox_ids", 400, `sandbox_ids names ${ids.length} ids; at most ${MAX_METRICS_IDS} are allowed`, { count: ids.length });
+  if (ids.length === 0) throw new ApiError("api.bad_sandbox_ids", "sandbox_ids must name at least one sandbox id", { sandbox_ids: raw });
+  if (ids.length > MAX_METRICS_IDS) throw new ApiError("api.bad_sandbox_ids", `sandbox_ids names ${ids.length} ids; at most ${MAX_METRICS_IDS} are allowed`, { count: ids.length });
   return ids;
 }
 
@@ -75,7 +75,7 @@ export function telemetryRoutes(orch: Orchestrator) {
         const start = int(query.start);
         const end = int(query.end);
         if (start !== undefined && end !== undefined && end < start) {
-          throw new ApiError("api.bad_time_range", 400, `end (${end}) must not be before start (${start})`, { start, end });
+          throw new ApiError("api.bad_time_range", `end (${end}) must not be before start (${start})`, { start, end });
         }
         return orch.metrics(params.sandboxID, start === undefined ? undefined : start * 1000, end === undefined ? undefined : end * 1000 + 999).map(toMetric);
       },
@@ -103,7 +103,7 @@ export function telemetryRoutes(orch: Orchestrator) {
       "/v2/sandboxes/:sandboxID/logs",
       ({ params, query }) => {
         const limit = int(query.limit) ?? MAX_LOG_LIMIT;
-        if (limit > MAX_LOG_LIMIT) throw new ApiError("api.bad_limit", 400, `limit must be between 0 and ${MAX_LOG_LIMIT}, got ${limit}`, { limit });
+        if (limit > MAX_LOG_LIMIT) throw new ApiError("api.bad_limit", `limit must be between 0 and ${MAX_LOG_LIMIT}, got ${limit}`, { limit });
         const entries = orch.sandboxLogs(params.sandboxID, {
           cursor: int(query.cursor),
           limit,

@@ -1,5 +1,5 @@
 /** Typed view of config `[disk]` (defaults in config/default.toml). */
-import { get, loadConfig, type ConfigTable } from "../../config/index.ts";
+import { loadConfig, type Config } from "../../config/index.ts";
 
 /** Settings of the disk service. */
 export interface DiskConfig {
@@ -20,14 +20,14 @@ export interface DiskConfig {
 }
 
 /** Read `[disk]` from a loaded config (default: the node's config). */
-export function diskConfig(cfg: ConfigTable = loadConfig()): DiskConfig {
+export function diskConfig(cfg: Config = loadConfig()): DiskConfig {
   return {
-    fuseWorkers: get<number>(cfg, "disk.fuse_workers"),
-    fuseMaxWrite: get<number>(cfg, "disk.fuse_max_write"),
-    fuseDirectIo: get<boolean>(cfg, "disk.fuse_direct_io"),
-    fuseRequestTimeoutSec: get<number>(cfg, "disk.fuse_request_timeout_s"),
-    readyTimeoutMs: get<number>(cfg, "disk.ready_timeout_ms"),
-    stopTimeoutMs: get<number>(cfg, "disk.stop_timeout_ms"),
-    maxRestarts: get<number>(cfg, "disk.max_restarts"),
+    fuseWorkers: cfg.disk.fuse_workers,
+    fuseMaxWrite: cfg.disk.fuse_max_write,
+    fuseDirectIo: cfg.disk.fuse_direct_io,
+    fuseRequestTimeoutSec: cfg.disk.fuse_request_timeout_s,
+    readyTimeoutMs: cfg.disk.ready_timeout_ms,
+    stopTimeoutMs: cfg.disk.stop_timeout_ms,
+    maxRestarts: cfg.disk.max_restarts,
   };
 }

@@ -1,9 +1,13 @@
-import { AgentEnvError } from "../../errors.ts";
+import { AgentEnvError, type ErrorTable } from "../../errors.ts";
 
-/**
- * Errors of the FUSE export. Codes: `fuse.open_device` (cannot open /dev/fuse), `fuse.mount`
- * (mount(2) refused; details.errno), `fuse.bad_options` (invalid export options),
- * `fuse.closed` (the export was already closed), `fuse.connection_lost` (the kernel ended the
- * connection while serving).
- */
-export class FuseError extends AgentEnvError {}
+/** Errors of the FUSE export. Adding a code: see src/errors.ts. */
+export const FUSE_ERRORS = {
+  "fuse.open_device": "/dev/fuse cannot be opened",
+  "fuse.mount": "mount(2) refused the FUSE mount (details.errno)",
+  "fuse.bad_options": "invalid export options",
+} as const satisfies ErrorTable;
+/** A FuseError code. */
+export type FuseErrorCode = keyof typeof FUSE_ERRORS;
+
+/** A failure of this subsystem: one of `FUSE_ERRORS` as `code`, the offending values in `details`. */
+export class FuseError extends AgentEnvError<FuseErrorCode> {}

@@ -5,7 +5,7 @@
  * host/segment, host/segment/segment..., the longest match winning).
  */
 import { readFileSync } from "node:fs";
-import { type ConfigTable, get } from "../../config/index.ts";
+import { type Config } from "../../config/index.ts";
 import type { Backend } from "./backend.ts";
 import { BlockCache } from "./cache.ts";
 import { fail } from "./errors.ts";
@@ -49,7 +49,7 @@ export function findCredentials(doc: unknown, url: string): Credentials | null {
  * `registry_token_ttl_ms`). `credFile` is an optional auths JSON file.
  * @throws OverlaybdError `bad_credentials` when the file cannot be read or parsed
  */
-export function remoteOpener(cfg: ConfigTable, credFile?: string): RemoteOpener {
+export function remoteOpener(cfg: Config, credFile?: string): RemoteOpener {
   let doc: unknown = null;
   if (credFile) {
     try {
@@ -62,11 +62,11 @@ export function remoteOpener(cfg: ConfigTable, credFile?: string): RemoteOpener 
     const creds = findCredentials(doc, url);
     const opts: RegistryOptions = {
       ...(creds ?? {}),
-      retries: get<number>(cfg, "overlaybd.registry_retries"),
-      timeoutMs: get<number>(cfg, "overlaybd.registry_timeout_ms"),
-      tokenTtlMs: get<number>(cfg, "overlaybd.registry_token_ttl_ms"),
+      retries: cfg.overlaybd.registry_retries,
+      timeoutMs: cfg.overlaybd.registry_timeout_ms,
+      tokenTtlMs: cfg.overlaybd.registry_token_ttl_ms,
     };
     const blob = await RegistryBlob.open(url, opts, size);
-    return new BlockCache(blob, { blockSize: get<number>(cfg, "overlaybd.cache_block_size"), capacityBytes: get<number>(cfg, "overlaybd.cache_size_bytes") });
+    return new BlockCache(blob, { blockSize: cfg.overlaybd.cache_block_size, capacityBytes: cfg.overlaybd.cache_size_bytes });
   };
 }

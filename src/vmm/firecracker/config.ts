@@ -1,6 +1,5 @@
 /** Typed view of config `[firecracker]` plus the shared `[vm]` timeouts (defaults and documentation in config/default.toml). */
-import { get, loadConfig, type ConfigTable } from "../../config/index.ts";
-import { VmmError } from "../errors.ts";
+import { loadConfig, type Config } from "../../config/index.ts";
 
 /** Settings of the Firecracker driver. */
 export interface FirecrackerConfig {
@@ -26,33 +25,19 @@ export interface FirecrackerConfig {
   entropyDevice: boolean;
 }
 
-/**
- * Read `[firecracker]` from a loaded config (default: the node's config).
- * @throws VmmError `vmm.bad_config` for a value outside its allowed set or range
- */
-export function firecrackerConfig(cfg: ConfigTable = loadConfig()): FirecrackerConfig {
-  const oneOf = <T extends string>(key: string, allowed: readonly T[]): T => {
-    const v = get<string>(cfg, `firecracker.${key}`);
-    if (!(allowed as readonly string[]).includes(v)) {
-      throw new VmmError("vmm.bad_config", `firecracker.${key} must be one of ${allowed.join(", ")}, got ${JSON.stringify(v)}`, { key: `firecracker.${key}`, value: v });
-    }
-    return v as T;
-  };
-  const ms = (key: string): number => {
-    const v = get<number>(cfg, key);
-    if (!Number.isInteger(v) || v <= 0) throw new VmmError("vmm.bad_config", `${key} must be a positive integer (ms), got ${v}`, { key, value: v });
-    return v;
-  };
+/** Read `[firecracker]` from a loaded config (default: the node's config); values were checked when it was loaded. */
+export function firecrackerConfig(cfg: Config = loadConfig()): FirecrackerConfig {
+  const fc = cfg.firecracker;
   return {
-    binary: get<string>(cfg, "firecracker.binary"),
-    bootArgs: get<string>(cfg, "firecracker.boot_args"),
-    apiTimeoutMs: ms("firecracker.api_timeout_ms"),
-    socketTimeoutMs: ms("vm.socket_timeout_ms"),
-    stopTimeoutMs: ms("vm.stop_timeout_ms"),
-    trackDirtyPages: get<boolean>(cfg, "firecracker.track_dirty_pages"),
-    mmdsVersion: oneOf("mmds_version", ["V1", "V2"] as const),
-    driveCacheType: oneOf("drive_cache_type", ["Unsafe", "Writeback"] as const),
-    driveIoEngine: oneOf("drive_io_engine", ["Sync", "Async"] as const),
-    entropyDevice: get<boolean>(cfg, "firecracker.entropy_device"),
+    binary: fc.binary,
+    bootArgs: fc.boot_args,
+    apiTimeoutMs: fc.api_timeout_ms,
+    socketTimeoutMs: cfg.vm.socket_timeout_ms,
+    stopTimeoutMs: cfg.vm.stop_timeout_ms,
+    trackDirtyPages: fc.track_dirty_pages,
+    mmdsVersion: fc.mmds_version,
+    driveCacheType: fc.drive_cache_type,
+    driveIoEngine: fc.drive_io_engine,
+    entropyDevice: fc.entropy_device,
   };
 }

@@ -3,7 +3,7 @@
  * `createDriver` in ../index.ts) or `new FirecrackerDriver({ config: firecrackerConfig(cfg), runtimeDir })`
  * implements `VmmDriver` from ../types.ts; request builders are exported for inspection.
  */
-import { get, type ConfigTable } from "../../config/index.ts";
+import { type Config } from "../../config/index.ts";
 import { firecrackerConfig } from "./config.ts";
 import { FirecrackerDriver } from "./driver.ts";
 
@@ -11,8 +11,8 @@ import { FirecrackerDriver } from "./driver.ts";
  * The driver configured by `[firecracker]`, `[vm]` and `runtime_path`.
  * @throws VmmError `vmm.bad_config`
  */
-export function createFirecrackerDriver(cfg: ConfigTable): FirecrackerDriver {
-  return new FirecrackerDriver({ config: firecrackerConfig(cfg), runtimeDir: get<string>(cfg, "runtime_path") });
+export function createFirecrackerDriver(cfg: Config): FirecrackerDriver {
+  return new FirecrackerDriver({ config: firecrackerConfig(cfg), runtimeDir: cfg.runtime_path });
 }
 
 export { FirecrackerApi, type ApiRequest } from "./api.ts";

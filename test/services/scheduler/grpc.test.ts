@@ -93,7 +93,9 @@ test("two scheduler replicas sharing Redis see each other's bindings and node re
 });
 
 test("bad configuration stops the scheduler with a clear error", async () => {
-  await expect(startTestScheduler({ AENV_HOME_PATH: home, AENV__scheduler__strategy: "fastest" })).rejects.toThrow('[scheduler] strategy must be one of round_robin, random, least_loaded, got "fastest"');
+  await expect(startTestScheduler({ AENV_HOME_PATH: home, AENV__scheduler__strategy: "fastest" })).rejects.toThrow(
+    'config: AENV__scheduler__strategy: scheduler.strategy = "fastest": expected one of "round_robin", "random", "least_loaded"',
+  );
   await expect(startTestScheduler({ AENV_HOME_PATH: home, AENV__scheduler__nodes: "a=nope" })).rejects.toThrow("is not a URL");
   await expect(startTestScheduler({ AENV_HOME_PATH: home, AENV__scheduler__store: "redis", AENV__scheduler__redis_url: "redis://127.0.0.1:1" })).rejects.toMatchObject({ code: "scheduler.store_failed" });
 });

@@ -2,6 +2,7 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { readFileSync, writeFileSync } from "node:fs";
 import { compressLayer, createUpper, openStack, OverlaybdError } from "../../../src/storage/overlaybd/index.ts";
+import type { OverlaybdErrorCode } from "../../../src/storage/overlaybd/errors.ts";
 import { encodeSegments, HT_SIZE } from "../../../src/storage/overlaybd/format.ts";
 import { scratch } from "./helpers.ts";
 
@@ -19,7 +20,7 @@ beforeAll(async () => {
 }, 60_000);
 afterAll(() => tmp.cleanup());
 
-async function expectError(bytes: Uint8Array, code: string, offset?: number, read = false): Promise<OverlaybdError> {
+async function expectError(bytes: Uint8Array, code: OverlaybdErrorCode, offset?: number, read = false): Promise<OverlaybdError> {
   const p = tmp.path(`bad-${Math.random().toString(36).slice(2)}`);
   writeFileSync(p, bytes);
   let err: unknown;

@@ -5,7 +5,8 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { chmodSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { VmmError } from "../../../src/vmm/errors.ts";
+import { VmmError, type VmmErrorCode } from "../../../src/vmm/errors.ts";
+import { ConfigError } from "../../../src/config/index.ts";
 import { FirecrackerApi, FirecrackerDriver, createFirecrackerDriver, bootRequests, firecrackerConfig, validateSpec, type FirecrackerConfig } from "../../../src/vmm/firecracker/index.ts";
 import type { VmSpec } from "../../../src/vmm/types.ts";
 
@@ -55,7 +56,7 @@ function requests(spec: VmSpec): Logged[] {
 }
 const seq = (l: Logged[]) => l.map((r) => `${r.method} ${r.path} ${r.status}`);
 
-async function expectVmmError(p: Promise<unknown> | (() => unknown), code: string): Promise<VmmError> {
+async function expectVmmError(p: Promise<unknown> | (() => unknown), code: VmmErrorCode): Promise<VmmError> {
   let err: unknown;
   try {
     await (typeof p === "function" ? p() : p);
@@ -358,8 +359,16 @@ describe("firecracker config", () => {
       AENV__vm__stop_timeout_ms: "-5",
     };
     for (const [k, v] of Object.entries(bad)) {
-      const e = await expectVmmError(() => firecrackerConfig(loadConfig({ env: { [k]: v } })), "vmm.bad_config");
-      expect(e.details.value).toBe(k.endsWith("ms") ? Number(v) : v);
+      let err: unknown;
+      try {
+        loadConfig({ env: { [k]: v } });
+      } catch (e) {
+        err = e;
+      }
+      expect(err).toBeInstanceOf(ConfigError);
+      expect((err as ConfigError).code).toBe("config.bad_value");
+      expect((err as ConfigError).details.key).toBe(k.slice(6).replace("__", "."));
+      expect((err as ConfigError).details.value).toBe(v);
     }
   });
 });

@@ -7,14 +7,14 @@
 import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { loadConfig, type ConfigTable } from "../../../src/config/index.ts";
+import { loadConfig, type Config } from "../../../src/config/index.ts";
 import { QemuDriver, qemuOptions, type NetSpec } from "../../../src/vmm/index.ts";
 
 /** Data directory the test builds live in (scripts/test.sh exports the same). */
 export const TEST_HOME = process.env.AENV_TEST_HOME_PATH ?? "/var/lib/agentenv-test";
 
 /** Config as the tests see it: defaults + AENV_HOME_PATH=TEST_HOME. */
-export function testConfig(extra: Record<string, string> = {}): ConfigTable {
+export function testConfig(extra: Record<string, string> = {}): Config {
   return loadConfig({ env: { ...process.env, AENV_HOME_PATH: TEST_HOME, ...extra } });
 }
 

@@ -1,0 +1,417 @@
+/**
+ * The node configuration schema: every key, its type, default, range, unit and documentation.
+ * This file is the one place a key is defined; `config/default.toml` is generated from it
+ * (`bun run config:defaults`, checked by test/config/config.test.ts).
+ *
+ * Adding a key: add one line to the section's object below with `int`, `str`, `bool`, `oneOf`
+ * or `list` (default, range, unit, doc comment), then run `bun run config:defaults` to
+ * regenerate config/default.toml. Read it typed as `cfg.section.key` (type `Config`); a value
+ * outside the range is refused at load time with the key named, so code need not re-check it.
+ * Cross-key rules (low <= high, ranges that must not overlap) stay in the subsystem that owns the
+ * keys (e.g. src/net/config.ts).
+ */
+import { Kind, type Static, type TLiteral, type TObject, type TProperties, type TSchema, type TUnion, Type as T } from "@sinclair/typebox";
+
+/** Units a numeric key may carry; they appear in the generated documentation and in errors. */
+export type ConfigUnit = "ms" | "s" | "bytes" | "MiB" | "kHz" | "count";
+
+/** An integer key in `[min, max]` (`max` omitted: no upper bound). */
+function int(def: number, doc: string, o: { min: number; max?: number; unit?: ConfigUnit; multipleOf?: number }) {
+  return T.Integer({ default: def, description: doc, minimum: o.min, ...(o.max === undefined ? {} : { maximum: o.max }), ...(o.unit ? { unit: o.unit } : {}), ...(o.multipleOf ? { multipleOf: o.multipleOf } : {}) });
+}
+
+/** A string key; `pattern` (a regular expression source) restricts it when given. */
+function str(def: string, doc: string, o: { pattern?: string; minLength?: number } = {}) {
+  return T.String({ default: def, description: doc, ...o });
+}
+
+function bool(def: boolean, doc: string) {
+  return T.Boolean({ default: def, description: doc });
+}
+
+/** A key that takes one of a fixed set of strings or numbers. */
+function oneOf<const V extends string | number>(values: readonly V[], def: NoInfer<V>, doc: string): TUnion<TLiteral<V>[]> {
+  return T.Union(
+    values.map((v) => T.Literal(v)),
+    { default: def, description: doc },
+  ) as unknown as TUnion<TLiteral<V>[]>;
+}
+
+/** A list of strings (from an environment variable: comma-separated). */
+function list(def: string[], doc: string) {
+  return T.Array(T.String(), { default: def, description: doc });
+}
+
+/** A TOML table; unknown keys in it are refused. */
+function section<P extends TProperties>(doc: string, props: P): TObject<P> {
+  return T.Object(props, { description: doc, additionalProperties: false });
+}
+
+const MS_MAX = 86_400_000; // one day: no wait in this node is meant to be longer
+const TIB = 1024 ** 4;
+
+/** Every key of the node configuration. */
+export const CONFIG_SCHEMA = section("", {
+  home_path: str("/var/lib/agentenv", "Data directory: SQLite database, API key, templates, snapshots, sandbox uppers.\nAENV_HOME_PATH overrides it.", { minLength: 1 }),
+  runtime_path: str("/run/agentenv", "Transient state: sockets, pid files. AENV_RUNTIME_PATH overrides it.", { minLength: 1 }),
+
+  api: section("", {
+    addr: str("0.0.0.0:8000", "host:port the node API (and the sandbox proxy) listens on. AENV_API_ADDR overrides it.", { pattern: "^.+:[0-9]{1,5}$" }),
+    key: str("", "API key clients send as X-API-Key. Empty: generated on first start and stored in\n$home_path/api-key. AENV_API_KEY overrides it."),
+    max_body_bytes: int(1_048_576, "Largest request body the API accepts, bytes (sandbox proxy bodies are streamed, not bounded here).", { min: 1024, max: TIB, unit: "bytes" }),
+    docs: bool(true, "Serve the OpenAPI document at /openapi.json and the offline explorer at /docs."),
+  }),
+
+  log: section("", {
+    level: oneOf(["trace", "debug", "info", "warn", "error", "fatal", "silent"], "info", "pino level: trace, debug, info, warn, error, fatal, silent. AENV_LOG_LEVEL overrides it."),
+  }),
+
+  vm: section("", {
+    driver: oneOf(["auto", "qemu", "firecracker"], "auto", 'VMM driver: "auto" (Firecracker when its binary is found, else QEMU), "qemu" or "firecracker".'),
+    stop_timeout_ms: int(3000, "Longest wait (ms) for a VMM process to exit after a graceful stop before SIGKILL.", { min: 1, max: MS_MAX, unit: "ms" }),
+    socket_timeout_ms: int(10_000, "Longest wait (ms) for the VMM's control socket (QMP / API socket) to appear after spawn.", { min: 1, max: MS_MAX, unit: "ms" }),
+    console_max_bytes: int(4_194_304, "Guest serial console log per VM (<workDir>/console.log): rotated to console.log.1 when it\nwould pass this many bytes, so at most twice this is kept.", { min: 4096, max: TIB, unit: "bytes" }),
+  }),
+
+  qemu: section("", {
+    binary: str("qemu-system-x86_64", "QEMU system emulator (Debian package qemu-system-x86).", { minLength: 1 }),
+    accel: oneOf(["auto", "kvm", "tcg"], "auto", '"auto": KVM when /dev/kvm can run ordinary guests (not kvm_pvm), else TCG. Or "kvm" / "tcg".'),
+    cpu: str("max", '-cpu model. Bun needs x86-64-v2, which QEMU\'s default qemu64 lacks: keep "max" under TCG.', { minLength: 1 }),
+    tsc_khz: int(0, 'Guest TSC frequency hint in kHz (tsc_early_khz=, required on microvm/TCG); 0 reads the\nhost\'s "cpu MHz" from /proc/cpuinfo.', { min: 0, unit: "kHz" }),
+    tcg_tb_size_mib: int(
+      0,
+      "TCG translation cache per VM in MiB (-accel tcg,tb-size=); 0 keeps QEMU's default (large,\nfilled lazily). Under TCG this cache is most of QEMU's own memory per VM: bench/vm.ts measured\nabout 210 MiB beyond guest RAM with the default and 107 MiB with 64, but boots with 64 were\nslower in some runs (retranslation after the cache fills), so speed wins by default.",
+      { min: 0, max: 65536, unit: "MiB" },
+    ),
+    qmp_timeout_ms: int(30_000, "Longest wait (ms) for one QMP command (migrations included).", { min: 1, max: MS_MAX, unit: "ms" }),
+    memory_dir: str("/dev/shm/agentenv", "Directory of the guest RAM files of booted VMs (<dir>/<vm id>.mem, mapped shared so snapshots\nneed not stream RAM). A tmpfs keeps guest RAM off the disk.", { minLength: 1 }),
+  }),
+
+  kernel: section("", {
+    path: str("", "Guest kernel to boot. Empty: the one `agentenv kernel build` made for this source and fragment\n($home_path/kernels/<key>/vmlinux). Any PVH ELF vmlinux path may be named instead."),
+    source_tarball: str("/usr/src/linux-source-6.1.tar.xz", "Debian kernel source tarball that `kernel build` unpacks, and the package that ships it\n(its version enters the cache key).", { minLength: 1 }),
+    source_package: str("linux-source-6.1", "", { minLength: 1 }),
+    jobs: int(0, "make -j for `kernel build`; 0 uses every CPU.", { min: 0, max: 1024, unit: "count" }),
+  }),
+
+  template: section("", {
+    suite: str("bookworm", "Debian suite of the base template (mmdebstrap).", { minLength: 1 }),
+    mirror: str("", "Debian mirror for mmdebstrap. Empty: the first http(s) deb URL in this host's apt sources."),
+    packages: list(["ca-certificates", "iproute2", "procps", "sudo", "curl", "git", "python3"], "Packages added to mmdebstrap's minbase variant."),
+    rootfs_size_mib: int(2048, "Size of the base root filesystem image in MiB (ext4; the guest sees this much disk).", { min: 64, max: 1_048_576, unit: "MiB" }),
+  }),
+
+  node: section("", {
+    id: str(
+      "",
+      "Node id shown by GET /nodes and sent in scheduler heartbeats. Empty: derived from the host\nname. In a cluster it must equal the id discovery gives the node ([scheduler] nodes entry, or\nthe Pod name with Kubernetes discovery). AENV_NODE_ID overrides it.",
+    ),
+    cluster_id: str("local", "Cluster id shown by GET /nodes and sent in heartbeats (single-node deployments keep the\ndefault). AENV_CLUSTER_ID overrides it.", { minLength: 1 }),
+    service_instance_id: str("", "Id of this node process, sent with heartbeats and UnregisterNode (a late unregister of an old\nprocess must not remove its successor). Empty: a random id per start."),
+  }),
+
+  cluster: section("", {
+    scheduler_endpoint: str(
+      "",
+      "The scheduler's gRPC address (host:port, or http://host:port) that nodes report to and the\ngateway asks. Empty: no scheduler (a single node). AENV_OBSERVABILITY_SCHEDULER_ENDPOINT\noverrides it for the node's reporter.",
+    ),
+  }),
+
+  observability: section("", {
+    scheduler_report: section("", {
+      enabled: bool(
+        false,
+        "Send Heartbeat every interval (node snapshot: identity, machine, host CPU/memory/disk,\ncounters, the full sandbox roster) and UnregisterNode on shutdown. Needs\n[cluster] scheduler_endpoint. AENV_OBSERVABILITY_SCHEDULER_REPORT_ENABLED overrides it.",
+      ),
+      interval_secs: int(5, "Seconds between heartbeats. AENV_OBSERVABILITY_REPORT_INTERVAL_SECS overrides it. The\nscheduler's [scheduler] report_ttl_secs should be about twice this.", { min: 1, max: 86_400, unit: "s" }),
+      timeout_ms: int(3000, "Bound on one Heartbeat or UnregisterNode call, ms.", { min: 1, max: MS_MAX, unit: "ms" }),
+    }),
+  }),
+
+  scheduler: section("`agentenv scheduler`: picks nodes for new sandboxes and remembers where each sandbox lives.", {
+    addr: str("0.0.0.0:9090", "gRPC listen address host:port.", { pattern: "^.+:[0-9]{1,5}$" }),
+    strategy: oneOf(
+      ["round_robin", "random", "least_loaded"],
+      "round_robin",
+      'Placement: "round_robin", "random", or "least_loaded" (fewest running + starting sandboxes\nfrom the heartbeats, then most free memory). Nodes whose reports stopped are never picked.',
+    ),
+    store: oneOf(["sqlite", "redis"], "sqlite", 'Where bindings (sandbox -> node) and observed nodes persist: "sqlite" (db_path) or "redis"\n(redis_url; several scheduler replicas may share it).'),
+    db_path: str("", "SQLite file. Empty: $home_path/scheduler.db."),
+    redis_url: str("redis://127.0.0.1:6379", 'Redis server of store = "redis" (redis://[user:password@]host:port[/db]).'),
+    redis_prefix: str("agentenv:scheduler:", "Prefix of every Redis key the scheduler writes."),
+    binding_ttl_secs: int(
+      30,
+      "Freshness of a binding, seconds: one not refreshed for this long (by a heartbeat roster that\nlists it, a RecordAssignment or a sandbox event) is dropped at the next lookup. A restarted\nscheduler counts it from its own start, so downtime loses no binding.",
+      { min: 1, unit: "s" },
+    ),
+    report_ttl_secs: int(10, "A node that reported once and then sent nothing for this long is UNHEALTHY: never scheduled,\nand its bindings are dropped. Seconds.", { min: 1, unit: "s" }),
+    sweep_interval_ms: int(1000, "Period of the scan that finds nodes whose reports stopped, ms.", { min: 1, max: MS_MAX, unit: "ms" }),
+    discovery: oneOf(["static", "kubernetes"], "static", 'Node discovery: "static" (the nodes list) or "kubernetes" (EndpointSlices of a headless\nService, ready endpoints only).'),
+    nodes: list([], 'Static nodes, "id=http://host:port" each (id as the node reports it in [node] id).\nAENV__scheduler__nodes="a=http://10.0.0.1:8000,b=http://10.0.0.2:8000" overrides it.'),
+    max_p2p_artifacts: int(100_000, "Bound on P2P artifact records kept (ListP2pPeers / LookupP2pArtifact bookkeeping).", { min: 1, unit: "count" }),
+
+    kubernetes: section("", {
+      namespace: str("", "Namespace of the Service. Empty: the scheduler Pod's own (service account namespace file)."),
+      service_name: str("agentenv-nodes", "Headless Service whose EndpointSlices list the nodes (label kubernetes.io/service-name).", { minLength: 1 }),
+      port: int(8000, "Port of the node API on each endpoint, and the URL scheme the gateway uses.", { min: 1, max: 65535 }),
+      scheme: oneOf(["http", "https"], "http", ""),
+      api_url: str("", "API server URL. Empty: https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT (in-cluster)."),
+      token_path: str("/var/run/secrets/kubernetes.io/serviceaccount/token", "Service account token and CA bundle (in-cluster defaults)."),
+      ca_path: str("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt", ""),
+      watch_timeout_secs: int(300, "Server-side timeout of one watch request, seconds (the client re-watches from the last\nresourceVersion after it).", { min: 1, max: 86_400, unit: "s" }),
+      retry_backoff_ms: int(2000, "Wait before re-listing after a failed list or watch, ms.", { min: 1, max: MS_MAX, unit: "ms" }),
+    }),
+  }),
+
+  gateway: section(
+    "`agentenv gateway`: the cluster's E2B API. Clients authenticate with [api] key\n(AENV_API_KEY; empty: generated in $home_path/api-key); the gateway sends node_api_key to\nnodes. Scheduler address: [cluster] scheduler_endpoint.",
+    {
+      addr: str("0.0.0.0:8080", "Listen address host:port.", { pattern: "^.+:[0-9]{1,5}$" }),
+      node_api_key: str("", "X-API-Key the gateway presents to nodes (every node must be configured with it).\nEmpty: the gateway's own key, i.e. one key for the whole cluster."),
+      sandbox_proxy_domains: list(
+        [],
+        "DNS suffixes for host routes {port}-{sandboxID}.{domain} on the gateway; the first is\nreturned to SDKs as the sandbox `domain`. AENV_GATEWAY_SANDBOX_PROXY_DOMAINS overrides it.",
+      ),
+      request_timeout_ms: int(
+        30_000,
+        "Bound on connecting to a node and receiving its response headers, ms; then 502 naming the\nnode. Creates, pauses and resumes take longer: create_timeout_ms bounds those.",
+        { min: 1, max: MS_MAX, unit: "ms" },
+      ),
+      create_timeout_ms: int(150_000, "Bound on a create, pause, resume or connect forwarded to a node (a VM boot or snapshot), ms.", { min: 1, max: MS_MAX, unit: "ms" }),
+      scheduler_timeout_ms: int(3000, "Bound on one scheduler RPC, ms; a scheduler that does not answer makes creates 503.", { min: 1, max: MS_MAX, unit: "ms" }),
+      route_cache_size: int(100_000, "Sandbox -> node routes the gateway remembers (LRU). Routing of known sandboxes keeps working\nfrom it while the scheduler is down.", { min: 1, unit: "count" }),
+      node_list_ttl_ms: int(2000, "How long the node list from the scheduler is reused for list/aggregation fan-out, ms.", { min: 0, max: MS_MAX, unit: "ms" }),
+      max_body_bytes: int(1_048_576, "Largest control-plane request body the gateway accepts, bytes (sandbox traffic is streamed).", { min: 1024, max: TIB, unit: "bytes" }),
+    },
+  ),
+
+  orchestrator: section("", {
+    default_timeout_secs: int(300, "Sandbox lifetime when a create request omits `timeout`, seconds (E2B SDKs default to 300).", { min: 1, unit: "s" }),
+    max_timeout_secs: int(86_400, "Largest `timeout` a request may ask for, seconds (86400 = 24 h).", { min: 1, unit: "s" }),
+    max_sandboxes: int(16, "Bound on live sandboxes (starting + running); further creates answer 429.", { min: 1, unit: "count" }),
+    max_concurrent_starts: int(2, "Bound on sandboxes booting or resuming at once; further ones wait their turn.", { min: 1, unit: "count" }),
+    create_timeout_ms: int(120_000, "Bound on one create or resume (boot + envd ready + init), ms.", { min: 100, max: MS_MAX, unit: "ms" }),
+    pause_timeout_ms: int(120_000, "Bound on one pause (VM pause + snapshot), ms.", { min: 100, max: MS_MAX, unit: "ms" }),
+    lock_wait_ms: int(180_000, "Bound on waiting behind another operation on the same sandbox, ms; then 409.", { min: 1, max: MS_MAX, unit: "ms" }),
+    lock_max_waiters: int(32, "Bound on operations queued on one sandbox; further ones answer 409.", { min: 1, unit: "count" }),
+    evict_interval_ms: int(1000, "Period of the scan that kills (or pauses, with autoPause) expired sandboxes, ms.", { min: 10, max: MS_MAX, unit: "ms" }),
+    killed_retention_secs: int(3600, "How long killed and failed sandbox records stay in the database, seconds.", { min: 0, unit: "s" }),
+    shutdown_action: oneOf(["kill", "pause"], "kill", 'What a graceful shutdown (SIGINT/SIGTERM) does with running sandboxes: "kill" or "pause".'),
+    default_cpu_count: int(1, "vCPUs and memory (MiB) of a sandbox whose template does not say.", { min: 1, max: 255, unit: "count" }),
+    default_memory_mb: int(512, "", { min: 128, max: 1_048_576, unit: "MiB" }),
+    max_cpu_count: int(
+      8,
+      "Largest vCPU count and memory (MiB) one sandbox may have, from its template or from the create\nrequest's cpuCount / memoryMB; larger asks answer 400 naming the limit. (QEMU accepts at most 32\nvCPUs; memory below 128 MiB is refused as E2B does.)",
+      { min: 1, max: 32, unit: "count" },
+    ),
+    max_memory_mb: int(16_384, "", { min: 128, max: 1_048_576, unit: "MiB" }),
+    envd_poll_ms: int(20, "Period of polling envd's /health while a sandbox boots, ms.", { min: 1, max: 60_000, unit: "ms" }),
+  }),
+
+  metrics: section("", {
+    sample_interval_ms: int(
+      5000,
+      "Sandbox resource samples (GET /sandboxes/{id}/metrics, Prometheus /metrics): every running\nsandbox's envd is asked for its guest view (vCPUs, CPU %, memory, disk) this often, ms.",
+      { min: 100, max: MS_MAX, unit: "ms" },
+    ),
+    sample_timeout_ms: int(2000, "Bound on one sample (envd's /metrics answer), ms; a sandbox that does not answer in time\nis skipped until the next round.", { min: 10, max: MS_MAX, unit: "ms" }),
+    history_samples: int(
+      720,
+      "Samples kept per sandbox (oldest dropped first): 720 x 5 s = the last hour. The history is\nkept in memory while the sandbox lives (also while it is paused) and dropped when it is killed.",
+      { min: 1, unit: "count" },
+    ),
+  }),
+
+  logs: section(
+    "Sandbox logs (GET /sandboxes/{id}/logs, /v2/sandboxes/{id}/logs): lifecycle events, the guest\nconsole and envd's own lines, stored in the node database.",
+    {
+      max_entries_per_sandbox: int(10_000, "Entries kept per sandbox; the oldest are deleted first. Kept while the sandbox is paused,\ndeleted with the sandbox's record.", { min: 1, unit: "count" }),
+      max_line_bytes: int(4096, "Longest stored message, bytes (a longer console line is cut; the rest starts a new entry).", { min: 64, unit: "bytes" }),
+      flush_interval_ms: int(250, "New lines are written to the database in batches this often, ms (a query writes them first).", { min: 1, max: MS_MAX, unit: "ms" }),
+      max_pending_lines: int(
+        20_000,
+        "Bound on lines waiting for the next batch; beyond it the oldest waiting lines are dropped\n(and counted in the log as one warning entry).",
+        { min: 1, unit: "count" },
+      ),
+    },
+  ),
+
+  sandbox_proxy: section("", {
+    domains: list(
+      [],
+      "DNS suffixes accepted for host-based routes {port}-{sandboxID}.{domain}; the first one is\nreturned to SDKs as the sandbox `domain`. Empty: header and /proxy routing only.\nAENV_SANDBOX_PROXY_DOMAINS overrides it (comma-separated).",
+    ),
+    connect_timeout_ms: int(30_000, "Bound on connecting to a sandbox port and receiving response headers, ms; then 502.", { min: 1, max: MS_MAX, unit: "ms" }),
+    block_envd_internal: bool(true, "Refuse envd's host-only routes (/init, /freeze, ...) arriving through the proxy."),
+  }),
+
+  disk: section("Sandbox disks are served to the VMM as plain files on FUSE mounts, one child process per disk.", {
+    fuse_workers: int(2, "Reader threads per export blocking on /dev/fuse (1..16).", { min: 1, max: 16, unit: "count" }),
+    fuse_max_write: int(1_048_576, "Largest FUSE READ/WRITE in bytes (multiple of 4096, at most 1048576 = max_pages 256).", { min: 4096, max: 1_048_576, multipleOf: 4096, unit: "bytes" }),
+    fuse_direct_io: bool(false, "Open served files with FOPEN_DIRECT_IO (no host page cache for the file). QEMU cache=none\nalready bypasses it; false keeps buffered readers (Firecracker \"Sync\" engine) cached."),
+    fuse_request_timeout_s: int(60, "Kernel FUSE request timeout in seconds (protocol 7.43+); a hung server's requests then fail\ninstead of blocking the VMM forever. 0 = none.", { min: 0, max: 65535, unit: "s" }),
+    ready_timeout_ms: int(10_000, "Longest wait (ms) for a serving child to mount and report ready.", { min: 1, max: MS_MAX, unit: "ms" }),
+    stop_timeout_ms: int(5000, "Longest wait (ms) for a serving child to exit after its disk is unmounted before SIGTERM\n(and as long again before SIGKILL).", { min: 1, max: MS_MAX, unit: "ms" }),
+    max_restarts: int(5, "How many times a serving child that died is replaced over one export's life. The node holds\nthe FUSE connection, so a replacement resumes it (FUSE_NOTIFY_RESEND) without guest errors.", { min: 0, unit: "count" }),
+  }),
+
+  firecracker: section("", {
+    binary: str("/usr/local/bin/firecracker", "Path of the firecracker executable (not packaged by Debian; install a release binary).", { minLength: 1 }),
+    boot_args: str("console=ttyS0 reboot=k panic=1 pci=off", "Kernel command line the driver starts from; `ip=` (when the VM has a NIC) and the\nsandbox's own arguments are appended."),
+    api_timeout_ms: int(30_000, "Longest wait (ms) for one API request on the Unix socket (snapshot create/load included).\n(Socket and stop timeouts: [vm] socket_timeout_ms and stop_timeout_ms.)", { min: 1, max: MS_MAX, unit: "ms" }),
+    track_dirty_pages: bool(true, "KVM dirty-page tracking, needed for Diff snapshots (set at boot and again on snapshot load)."),
+    mmds_version: oneOf(["V1", "V2"], "V2", 'MMDS version: "V1" or "V2" (token-based; V1 is deprecated).'),
+    drive_cache_type: oneOf(["Unsafe", "Writeback"], "Writeback", 'Drive cache_type: "Unsafe" (no flush advertised) or "Writeback" (guest flush -> host fsync).'),
+    drive_io_engine: oneOf(["Sync", "Async"], "Sync", 'Drive io_engine: "Sync" or "Async" (io_uring, developer preview).'),
+    entropy_device: bool(true, "Attach a virtio-rng device (PUT /entropy): the guest's Bun-based envd needs entropy at boot."),
+  }),
+
+  network: section(
+    "Sandbox networks (src/net).",
+    {
+      name_prefix: str(
+        "aenv-",
+        "Prefix of every netns (<prefix><idx> in /run/netns), host veth and\nnode iptables chain (<prefix>fwd, <prefix>in, <prefix>post) the node creates; start-up reaping\ndeletes exactly the objects named <prefix><digits> and the chains starting with it.\n[a-z][a-z0-9-]{0,9}; prefix + largest index must fit the 15-byte interface name limit.\nSeveral nodes on one host: each needs its own prefix, none a prefix of another's (aenva-/aenvb-),\nor a node's start-up reaping destroys the other node's sandbox networks (see src/net/index.ts).",
+        { pattern: "^[a-z][a-z0-9-]{0,9}$" },
+      ),
+      max_slots: int(1024, "Bound on slots (warm + allocated + being built); also bounded by the two address ranges.", { min: 1, max: 32768, unit: "count" }),
+      command_timeout_ms: int(10_000, "Time limit of one ip / iptables-restore invocation, ms.", { min: 100, max: 600_000, unit: "ms" }),
+      enable_ip_forward: bool(true, "Set net.ipv4.ip_forward=1 in the node's network namespace at start (needed to route slots)."),
+
+      internal: section(
+        "Address ranges of the slots. They must not overlap each other or the VM tap link\n169.254.0.20/30 (guest .21, gateway .22 inside every slot netns).",
+        {
+          host_interaction_cidr: str("10.11.0.0/16", "One address per slot: the node reaches guest port P at <base + 1 + idx>:P (DNAT in the netns)."),
+          veth_cidr: str("10.12.0.0/16", "Two addresses (/31) per slot: host veth end <base + 2*idx>, netns end <base + 2*idx + 1>; slot\ntraffic leaves the netns with the netns end as source and is masqueraded by the node."),
+        },
+      ),
+
+      egress: section("", {
+        always_denied_cidrs: list(
+          ["10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12", "192.168.0.0/16"],
+          "Destinations denied after a sandbox's allowOut rules and before its denyOut rules, so only an\nexplicit allowOut entry opens them: RFC 1918, CGNAT, loopback, link-local.",
+        ),
+        default_action: oneOf(
+          ["allow", "deny"],
+          "allow",
+          'Egress that no rule matched, for a sandbox with internet access: "allow" (E2B behaviour) or\n"deny" (only allowOut entries get out). allow_internet_access=false always denies it.',
+        ),
+        dns_proxy_enabled: bool(
+          true,
+          "Redirect the guests' port 53 (UDP and TCP) to the node's DNS proxy, which admits the A records of names\nmatching allowOut domain patterns (\"*.example.com\") before relaying the answer.",
+        ),
+        dns_proxy_port: int(10053, "UDP and TCP port of the DNS proxy on the node (all addresses; node INPUT rules admit it from slots only).\n0: any free port (the rules name the bound one), e.g. for several nodes on one host.", { min: 0, max: 65535 }),
+        dns_upstream: list([], 'Upstream resolvers, "ip" or "ip:port". Empty: the nameservers of /etc/resolv.conf.'),
+        dns_timeout_ms: int(2000, "Wait for an upstream answer, ms; then the guest gets SERVFAIL.", { min: 10, max: 60_000, unit: "ms" }),
+        dns_max_inflight: int(1024, "Bound on queries waiting for upstream at once; more get SERVFAIL.", { min: 1, max: 65536, unit: "count" }),
+        dns_max_addresses_per_slot: int(256, "Bound on DNS-learned addresses per slot; the least recently refreshed are dropped first.", { min: 1, max: 65536, unit: "count" }),
+        dns_min_ttl_secs: int(60, "Floor on how long a learned address stays admitted, seconds (answers' TTLs below it are raised).", { min: 0, max: 86_400, unit: "s" }),
+        dns_sweep_interval_ms: int(5000, "Period of the scan that closes DNS-learned addresses whose time ran out, ms.", { min: 10, max: 3_600_000, unit: "ms" }),
+      }),
+    },
+  ),
+
+  pool: section(
+    "Warm network slots: the pool starts at the low watermark and its refill target grows by one per\npool miss up to the high watermark; slots released above the high watermark are drained.\nLow must not exceed high; high must not exceed network.max_slots.",
+    {
+      low_watermark: int(2, "", { min: 0, max: 32768, unit: "count" }),
+      high_watermark: int(64, "", { min: 0, max: 32768, unit: "count" }),
+
+      network: section("", {
+        maintenance_enabled: bool(
+          true,
+          "Keep the network-slot pool between the watermarks with one background worker. Off: the pool is\nfilled to the low watermark at start only, and releases above high are destroyed at once.",
+        ),
+        retry_backoff_ms: int(1000, "Wait after a failed background slot build before the worker retries, ms.", { min: 1, max: 600_000, unit: "ms" }),
+      }),
+    },
+  ),
+
+  envd: section("In-guest daemon (`agentenv envd`), E2B envd protocol.", {
+    port: int(49983, "TCP port the SDKs reach (guest side).", { min: 1, max: 65535 }),
+    host: str("0.0.0.0", "Bind address.", { minLength: 1 }),
+    default_user: str("root", 'Acting user before POST /init sets one (E2B\'s envd default is root; templates set "user").', { minLength: 1 }),
+    clock_sync: bool(true, "Set the guest clock from /init's timestamp when it is >50 ms behind or >5 s ahead. Guests only."),
+    keepalive_interval_s: int(90, "Keepalive interval on streams when the client sends no Keepalive-Ping-Interval header, seconds.", { min: 1, max: 86_400, unit: "s" }),
+    max_processes: int(1024, "Most processes running at once; more Start calls get resource_exhausted.", { min: 1, unit: "count" }),
+    exited_retention_ms: int(30_000, "How long an exited process stays attachable with Connect (its end event is kept), ms.", { min: 0, max: MS_MAX, unit: "ms" }),
+    output_drain_ms: int(
+      100,
+      "After a process exited, its output is read until no byte arrived for this long (background\nchildren may hold its pipes open), ms. Waiting for a slow client does not count.",
+      { min: 0, max: 600_000, unit: "ms" },
+    ),
+    stream_queue_events: int(256, "Events buffered per open stream before process output reading pauses (back-pressure).", { min: 1, unit: "count" }),
+    stream_queue_bytes: int(
+      1_048_576,
+      "Output bytes buffered per open process stream (Start/Connect) before envd stops reading the\nprocess's pipe, so a slow client blocks the writer instead of growing envd's memory.",
+      { min: 1, max: TIB, unit: "bytes" },
+    ),
+    output_event_bytes: int(32_768, "Largest output payload of one data event, bytes (1..65536; E2B's envd reads 32 KiB at a time).", { min: 1, max: 65_536, unit: "bytes" }),
+    output_batch_bytes: int(
+      262_144,
+      "Most output bytes written to a client in one response chunk (several whole events): fewer,\nlarger socket writes when output is fast.",
+      { min: 1, max: TIB, unit: "bytes" },
+    ),
+    gc_every_output_bytes: int(
+      33_554_432,
+      "Bytes of output sent to clients (all streams) after which envd collects garbage at once; bulk\noutput leaves short-lived buffers behind and the runtime's own collector lets RSS climb tens of\nMiB first. 0 = leave it to the runtime.",
+      { min: 0, unit: "bytes" },
+    ),
+    stream_request_max_bytes: int(4_194_304, "Largest request message of a streaming call (Start/Connect: command, args, env), bytes.", { min: 1024, max: TIB, unit: "bytes" }),
+    max_list_entries: int(100_000, "Most entries one ListDir answer holds; deeper/larger listings get resource_exhausted.", { min: 1, unit: "count" }),
+    max_watchers: int(256, "Most polling watchers (CreateWatcher) at once.", { min: 1, unit: "count" }),
+    max_watcher_events: int(10_000, "Events a polling watcher keeps between GetWatcherEvents calls; the oldest are dropped beyond it.", { min: 1, unit: "count" }),
+    max_watch_dirs: int(8192, "Most directories one recursive watch follows (one inotify watch each).", { min: 1, unit: "count" }),
+    idle_timeout_s: int(255, "HTTP idle timeout per connection, s (Bun caps it at 255); streams send keepalives well inside it.", { min: 0, max: 255, unit: "s" }),
+    max_request_body_bytes: int(
+      TIB,
+      "Largest request body (uploads), bytes. Bodies are streamed to disk, never held whole; Bun's own\ndefault (128 MiB) would refuse bigger files. Default 1 TiB.",
+      { min: 1, unit: "bytes" },
+    ),
+    max_compose_sources: int(10_000, "Most source files one POST /files/compose concatenates.", { min: 1, unit: "count" }),
+    enforce_permissions: bool(
+      false,
+      "Check the acting user's rights on file operations (upload, download, list, make_dir, move,\nremove, watch): refusals are 403 / permission_denied. false = E2B's behaviour: envd acts as root\nand only ownership follows the user.",
+    ),
+    ca_dir: str("/usr/local/share/ca-certificates", "Where POST /init's caBundle (PEM) is written, as agentenv-init.crt (Debian's extra-CA directory).", { minLength: 1 }),
+    ca_update_command: str("update-ca-certificates", "Command that rebuilds the trust store after a new bundle; empty: none. Skipped if not installed."),
+  }),
+
+  overlaybd: section("", {
+    cache_size_bytes: int(268_435_456, "Block cache in front of remote (registry) layers: total bytes kept in memory (LRU).", { min: 0, max: TIB, unit: "bytes" }),
+    cache_block_size: oneOf(
+      [4096, 8192, 16384, 32768, 65536, 131072, 262144, 524288, 1048576, 2097152, 4194304],
+      262144,
+      "Block cache unit, bytes (a power of two, 4096..4194304); misses fetch whole blocks of this size.",
+    ),
+    zfile_algo: oneOf(["zstd", "lz4"], "zstd", 'Default ZFile algorithm for new compressed layers: "zstd" (level 3) or "lz4".'),
+    zfile_block_size: oneOf([4096, 8192, 16384, 32768, 65536], 4096, "ZFile block size, bytes: 4096, 8192, 16384, 32768 or 65536 (overlaybd reads 4096 best)."),
+    registry_retries: int(3, "Registry range requests: attempts per read before failing.", { min: 1, max: 100, unit: "count" }),
+    registry_timeout_ms: int(30_000, "Registry request timeout, ms.", { min: 1, max: MS_MAX, unit: "ms" }),
+    registry_token_ttl_ms: int(30_000, "How long a registry bearer token is reused when the server states no expiry, ms.", { min: 0, max: MS_MAX, unit: "ms" }),
+  }),
+});
+
+/** The loaded, validated node configuration (keys as in config/default.toml). */
+export type Config = Static<typeof CONFIG_SCHEMA>;
+
+/** What a key accepts, in words: `an integer in 1..16 (count)`, `one of "kill", "pause"`, ... */
+export function expectation(s: TSchema): string {
+  if (s[Kind] === "Union") return `one of ${(s.anyOf as TSchema[]).map((l) => JSON.stringify(l.const)).join(", ")}`;
+  switch (s.type) {
+    case "integer": {
+      const range = s.maximum !== undefined ? ` in ${s.minimum}..${s.maximum}` : ` >= ${s.minimum}`;
+      const mult = s.multipleOf ? `, a multiple of ${s.multipleOf}` : "";
+      return `an integer${range}${mult}${s.unit ? ` (${s.unit})` : ""}`;
+    }
+    case "boolean":
+      return "true or false";
+    case "array":
+      return "a list of strings";
+    case "object":
+      return "a table";
+    default:
+      return s.pattern ? `a string matching /${s.pattern}/` : s.minLength ? "a non-empty string" : "a string";
+  }
+}
+
