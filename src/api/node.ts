@@ -1,9 +1,10 @@
 /**
  * This node's identity and live figures for `GET /nodes` (E2B `Node` shape).
  */
-import { cpus, freemem, hostname, totalmem, arch } from "node:os";
+import { cpus, freemem, totalmem } from "node:os";
 import { statfsSync } from "node:fs";
 import { hostCpuPercent } from "../observability/host.ts";
+import { BUILD_COMMIT, machineInfo } from "../observability/identity.ts";
 import type { Orchestrator } from "../orchestrator/index.ts";
 import pkg from "../../package.json" with { type: "json" };
 
@@ -13,23 +14,11 @@ export interface NodeIdentity {
   /** Directory whose file system is reported as the node's disk. */
   homePath: string;
   startedAt: number;
+  /** This node process's id (heartbeats); the node id when absent. */
+  serviceInstanceId?: string;
 }
 
-/**
- * The source commit this node runs: `AENV_BUILD_COMMIT` (set when building the binary), else
- * `git rev-parse HEAD` of the checkout it runs from, else "" (a copy without git metadata).
- */
-export const BUILD_COMMIT: string = (() => {
-  if (process.env.AENV_BUILD_COMMIT) return process.env.AENV_BUILD_COMMIT;
-  if (import.meta.dir.startsWith("/$bunfs")) return "";
-  const r = Bun.spawnSync(["git", "rev-parse", "HEAD"], { cwd: import.meta.dir, stdout: "pipe", stderr: "ignore" });
-  return r.exitCode === 0 ? r.stdout.toString().trim() : "";
-})();
-
-/** Node id from config, else the host name reduced to [a-z0-9-]. */
-export function nodeId(configured: string): string {
-  return configured || hostname().toLowerCase().replace(/[^a-z0-9-]/g, "-") || "node";
-}
+export { BUILD_COMMIT, nodeId } from "../observability/identity.ts";
 
 /** The `Node` body of this node. */
 export async function nodeInfo(n: NodeIdentity, orch: Orchestrator) {
@@ -46,7 +35,7 @@ export async function nodeInfo(n: NodeIdentity, orch: Orchestrator) {
   return {
     id: n.id,
     nodeID: n.id,
-    serviceInstanceID: n.id,
+    serviceInstanceID: n.serviceInstanceId ?? n.id,
     clusterID: n.clusterId,
     status: "ready",
     statusChangedAt: new Date(n.startedAt).toISOString(),
@@ -56,7 +45,7 @@ export async function nodeInfo(n: NodeIdentity, orch: Orchestrator) {
     createFails: c.failed,
     version: pkg.version,
     commit: BUILD_COMMIT,
-    machineInfo: { cpuFamily: "", cpuModel: "", cpuModelName: cpu[0]?.model ?? "", cpuArchitecture: arch() },
+    machineInfo: machineInfo(),
     metrics: {
       allocatedCPU: live.reduce((a, r) => a + r.cpuCount, 0),
       cpuPercent: await hostCpuPercent(),

@@ -14,6 +14,8 @@ import { buildApp } from "../api/app.ts";
 import { apiKeyPath, loadOrCreateApiKey } from "../api/auth.ts";
 import { NodeError } from "./errors.ts";
 import { acquireNodeLocks } from "./lock.ts";
+import { reporterOptions, startReporting } from "./reporting.ts";
+import { randomHex } from "../orchestrator/index.ts";
 import { nodeId } from "../api/node.ts";
 import { SandboxProxy } from "../api/proxy.ts";
 import { parseAddr, serve, type ServeOptions } from "../api/server.ts";
@@ -45,6 +47,7 @@ export async function bootNode(cfg: Config, makeRuntime: RuntimeFactory = create
   // Before anything reaps (VMM leftovers, disk exports, <name_prefix>* namespaces): make sure no
   // other node owns this runtime path or network prefix, and that our listen address is free.
   const { hostname, port } = parseAddr(cfg.api.addr);
+  const reporting = reporterOptions(cfg);
   const locks = acquireNodeLocks(cfg.runtime_path, cfg.network.name_prefix);
   const serveOpts: ServeOptions = { hostname, port, apiKey: "", apiKeyHint: null, app: null, proxy: null, maxBodyBytes: cfg.api.max_body_bytes };
   let server: ReturnType<typeof serve>;
@@ -91,11 +94,13 @@ export async function bootNode(cfg: Config, makeRuntime: RuntimeFactory = create
     connectTimeoutMs: cfg.sandbox_proxy.connect_timeout_ms,
     blockEnvdInternal: cfg.sandbox_proxy.block_envd_internal,
   });
+  const id = nodeId(cfg.node.id);
+  const identity = { id, clusterId: cfg.node.cluster_id, homePath: home, startedAt: Date.now(), serviceInstanceId: cfg.node.service_instance_id || `${id}-${randomHex(4)}` };
   const app = buildApp({
     orch,
     domain: domains[0] ?? null,
     docs: cfg.api.docs,
-    node: { id: nodeId(cfg.node.id), clusterId: cfg.node.cluster_id, homePath: home, startedAt: Date.now() },
+    node: identity,
   });
   serveOpts.apiKey = key;
   serveOpts.apiKeyHint = source === "config" ? "config [api] key / AENV_API_KEY" : `file ${apiKeyPath(home)}`;
@@ -103,7 +108,8 @@ export async function bootNode(cfg: Config, makeRuntime: RuntimeFactory = create
   serveOpts.app = app;
   const shownHost = hostname === "0.0.0.0" || hostname === "::" ? "127.0.0.1" : hostname;
   const url = `http://${shownHost.includes(":") ? `[${shownHost}]` : shownHost}:${server.port}`;
-  log.info({ url, runtime: runtime.name, apiKeySource: source }, "node listening");
+  const stopReporting = reporting ? startReporting(reporting, { nodeId: id, clusterId: identity.clusterId, serviceInstanceId: identity.serviceInstanceId, homePath: home }, orch) : null;
+  log.info({ url, runtime: runtime.name, apiKeySource: source, scheduler: reporting?.endpoint ?? null }, "node listening");
   let closing: Promise<void> | undefined;
   return {
     url,
@@ -114,6 +120,8 @@ export async function bootNode(cfg: Config, makeRuntime: RuntimeFactory = create
     port: server.port!,
     close: () =>
       (closing ??= (async () => {
+        // leave the scheduler first: no new sandboxes are placed here while this node stops
+        await stopReporting?.();
         await server.stop(true);
         proxy.close();
         try {

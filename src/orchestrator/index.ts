@@ -3,7 +3,7 @@ export { Orchestrator, type ConnectResult, type OrchestratorObserver, type Sandb
 export { OrchestratorError, ORCHESTRATOR_ERRORS, type OrchestratorErrorCode, isRequestFault, notFound } from "./errors.ts";
 export { orchestratorConfig, type OrchestratorConfig } from "./config.ts";
 export type { SandboxRuntime, RuntimeStartSpec, RuntimeSandbox, RuntimeKnownSandbox, ReapReport } from "./runtime.ts";
-export { SANDBOX_STATES, TRANSITIONS, canTransition, publicState, type SandboxState } from "./states.ts";
+export { SANDBOX_STATES, TRANSITIONS, LIVE_STATES, canTransition, publicState, type SandboxState } from "./states.ts";
 export { SANDBOX_ID_RE, newSandboxId, randomHex } from "./ids.ts";
 export type * from "./types.ts";
 export { LOG_LEVELS } from "./types.ts";

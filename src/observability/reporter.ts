@@ -1,0 +1,152 @@
+/**
+ * Scheduler reporting (seeds: Observability Data Flow): every `interval_secs` a Heartbeat with
+ * the node snapshot (identity, machine, host figures, counters, the full sandbox roster); on
+ * sandbox lifecycle changes a ReportSandboxEvent (batched), so bindings follow at once; on
+ * shutdown a best-effort UnregisterNode. Every RPC is bounded by `timeout_ms`; a scheduler that
+ * is down is logged (once per outage) and retried at the next tick, never awaited by requests.
+ */
+import { createChannel, createClient, type Channel } from "nice-grpc";
+import type { Logger } from "pino";
+import { NodeStatus, SandboxEventType, SchedulerDefinition, type HeartbeatRequest, type SandboxEvent, type SchedulerClient } from "../../services/proto/index.ts";
+import { logger } from "./log.ts";
+import { nodeSnapshot, type NodeIdentityInfo, type SnapshotSource } from "./snapshot.ts";
+
+export interface ReporterOptions {
+  /** Scheduler address: host:port or http://host:port. */
+  endpoint: string;
+  intervalMs: number;
+  timeoutMs: number;
+}
+
+/** A lifecycle change to report: the orchestrator's state change. */
+export interface LifecycleChange {
+  id: string;
+  from: string | null;
+  to: string;
+  cpuCount?: number;
+  memoryMB?: number;
+}
+
+/** Event type of a state change, or null when the scheduler need not hear of it. */
+export function eventTypeOf(c: LifecycleChange): SandboxEventType | null {
+  if (c.to === "running") return c.from === "resuming" ? SandboxEventType.SANDBOX_EVENT_TYPE_RESUME : SandboxEventType.SANDBOX_EVENT_TYPE_CREATE;
+  if (c.to === "paused") return SandboxEventType.SANDBOX_EVENT_TYPE_PAUSE;
+  if (c.to === "killed" || c.to === "failed") return SandboxEventType.SANDBOX_EVENT_TYPE_DELETE;
+  return null;
+}
+
+/** The gRPC target for nice-grpc: `host:port` (an http:// prefix is dropped). */
+export function grpcTarget(endpoint: string): string {
+  return endpoint.replace(/^(?:http|grpc):\/\//, "").replace(/\/+$/, "");
+}
+
+export class SchedulerReporter {
+  private readonly log: Logger = logger("reporter");
+  private readonly channel: Channel;
+  private readonly client: SchedulerClient;
+  private timer: ReturnType<typeof setInterval> | undefined;
+  private inflight: Promise<void> | undefined;
+  private pending: SandboxEvent[] = [];
+  private flushTimer: ReturnType<typeof setTimeout> | undefined;
+  private failing = false;
+  private closed = false;
+  /** Heartbeats answered OK (for tests and logs). */
+  sent = 0;
+
+  constructor(private readonly identity: NodeIdentityInfo, private readonly source: SnapshotSource, private readonly o: ReporterOptions) {
+    this.channel = createChannel(grpcTarget(o.endpoint));
+    this.client = createClient(SchedulerDefinition, this.channel);
+  }
+
+  /** Send the first heartbeat now (not awaited), then every interval. */
+  start(): void {
+    this.tick();
+    this.timer = setInterval(() => this.tick(), this.o.intervalMs);
+  }
+
+  /** Queue a lifecycle change; sent within ~100 ms together with others. */
+  noteChange(c: LifecycleChange): void {
+    const type = eventTypeOf(c);
+    if (type === null || this.closed) return;
+    this.pending.push({ sandboxId: c.id, eventType: type, requestedCpu: c.cpuCount ?? 0, requestedMemoryBytes: (c.memoryMB ?? 0) * 1024 * 1024, requestedDiskBytes: 0 });
+    this.flushTimer ??= setTimeout(() => void this.flush(), 100);
+  }
+
+  private async flush(): Promise<void> {
+    this.flushTimer = undefined;
+    const events = this.pending.splice(0, 1000);
+    if (events.length === 0) return;
+    try {
+      await this.client.reportSandboxEvent({ nodeId: this.identity.nodeId, clusterId: this.identity.clusterId, serviceInstanceId: this.identity.serviceInstanceId, events }, { signal: AbortSignal.timeout(this.o.timeoutMs) });
+    } catch (e) {
+      // the next heartbeat's roster carries the same truth
+      this.log.debug({ err: e, events: events.length }, "sandbox events not delivered");
+    }
+  }
+
+  /** Build the HeartbeatRequest from a fresh snapshot. */
+  async heartbeatRequest(): Promise<HeartbeatRequest> {
+    const s = await nodeSnapshot(this.identity, this.source);
+    return {
+      nodeId: s.identity.nodeId,
+      clusterId: s.identity.clusterId,
+      serviceInstanceId: s.identity.serviceInstanceId,
+      version: s.version,
+      commit: s.commit,
+      machineInfo: { ...s.machine, cpuConfigJson: "" },
+      snapshot: {
+        status: NodeStatus.NODE_STATUS_READY,
+        allocatedCpu: s.allocatedCpu,
+        allocatedMemoryBytes: s.allocatedMemoryBytes,
+        cpuPercent: s.cpuPercent,
+        cpuCount: s.cpuCount,
+        memoryUsedBytes: s.memoryUsedBytes,
+        memoryTotalBytes: s.memoryTotalBytes,
+        disks: s.disks,
+        sandboxCount: s.sandboxCount,
+        sandboxStartingCount: s.startingCount,
+        createSuccesses: s.createSuccesses,
+        createFails: s.createFails,
+        reportedAtUnixMs: s.takenAt,
+        pausedSandboxCount: s.pausedCount,
+        pausedAllocatedCpu: s.pausedAllocatedCpu,
+        pausedAllocatedMemoryBytes: s.pausedAllocatedMemoryBytes,
+      },
+      sandboxIds: s.roster,
+      p2pEndpoint: undefined,
+    };
+  }
+
+  private tick(): void {
+    if (this.inflight || this.closed) return; // a slow scheduler: never more than one heartbeat in flight
+    this.inflight = this.beat().finally(() => (this.inflight = undefined));
+  }
+
+  private async beat(): Promise<void> {
+    try {
+      const req = await this.heartbeatRequest();
+      await this.client.heartbeat(req, { signal: AbortSignal.timeout(this.o.timeoutMs) });
+      this.sent++;
+      if (this.failing) this.log.info({ endpoint: this.o.endpoint }, "scheduler reachable again");
+      this.failing = false;
+    } catch (e) {
+      if (!this.failing) this.log.warn({ endpoint: this.o.endpoint, err: e }, "heartbeat to the scheduler failed; retrying every interval");
+      this.failing = true;
+    }
+  }
+
+  /** Stop reporting, then tell the scheduler this node leaves (best effort, bounded). */
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    clearInterval(this.timer);
+    clearTimeout(this.flushTimer);
+    await this.inflight;
+    try {
+      await this.client.unregisterNode({ nodeId: this.identity.nodeId, serviceInstanceId: this.identity.serviceInstanceId }, { signal: AbortSignal.timeout(this.o.timeoutMs) });
+    } catch (e) {
+      this.log.warn({ endpoint: this.o.endpoint, err: e }, "UnregisterNode failed (the scheduler drops this node when its reports stop)");
+    }
+    this.channel.close();
+  }
+}
