@@ -16,6 +16,8 @@ import * as S from "./schemas.ts";
 import { toDetail, toListed, toSandbox, toTemplate } from "./serialize.ts";
 import { telemetryRoutes } from "./routes/telemetry.ts";
 import pkg from "../../package.json" with { type: "json" };
+import type { TemplateService } from "../template/index.ts";
+import { templateRoutes } from "./routes/templates.ts";
 // @ts-expect-error: a file asset (path string), embedded by `bun build --compile`
 import scalarJs from "../../node_modules/@scalar/api-reference/dist/browser/standalone.js" with { type: "file" };
 
@@ -27,6 +29,8 @@ export interface ApiDeps {
   node: NodeIdentity;
   /** Serve /openapi.json and /docs. */
   docs: boolean;
+  /** Template builds (routes under /v3/templates, /templates/...); absent: not served. */
+  templates?: TemplateService;
 }
 
 /** Paths served without an API key. */
@@ -266,6 +270,7 @@ export function buildApp(deps: ApiDeps) {
       },
       { response: { 200: S.Node, ...ERR }, detail: { summary: "Get a node", tags: ["nodes"] } },
     );
+  if (deps.templates) app.use(templateRoutes(deps.templates, orch));
 
   return app;
 }

@@ -26,6 +26,11 @@ export interface ServeOptions {
   proxy: SandboxProxy | null;
   /** Largest API request body, bytes (proxied bodies are not bounded). */
   maxBodyBytes: number;
+  /**
+   * Requests authorised by their URL instead of the API key, with bodies bounded by their own
+   * handler (template file uploads): a Response, or null when `req` is not one of them.
+   */
+  direct?: ((req: Request, url: URL) => Promise<Response | null>) | null;
 }
 
 interface WsData {
@@ -88,6 +93,8 @@ export function serve(o: ServeOptions): Server<WsData> {
         }
         return proxy.forward(req, route, ip);
       }
+      const direct = await o.direct?.(req, url);
+      if (direct) return direct;
       if (!PUBLIC_PATHS.some((p) => p.test(url.pathname)) && !keyMatches(req.headers.get("x-api-key"), o.apiKey)) {
         return errorResponse("api.unauthorized", `Invalid API key: use this node's key (${o.apiKeyHint ?? "file $home_path/api-key"})`);
       }

@@ -78,6 +78,14 @@ const NOT_500 = {
   "net.capacity": 503,
   "template.not_found": 404,
   "template.bad_name": 400,
+  "template.build_not_found": 404,
+  "template.not_ready": 400,
+  "template.bad_request": 400,
+  "template.read_only": 400,
+  "template.conflict": 409,
+  "template.files_missing": 400,
+  "template.upload_denied": 403,
+  "template.upload_too_large": 413,
 } as const satisfies Partial<Record<ErrorCode, number>>;
 
 /** HTTP status of every code an API response may carry: `NOT_500`, else 500. */

@@ -101,6 +101,26 @@ export const CONFIG_SCHEMA = section("", {
     rootfs_size_mib: int(2048, "Size of the base root filesystem image in MiB (ext4; the guest sees this much disk).", { min: 64, max: 1_048_576, unit: "MiB" }),
   }),
 
+  template_build: section("Template builds through the API (E2B Template SDK) and `agentenv template build|pull`.", {
+    insecure_registries: list(
+      [],
+      "Registries (host or host:port) reached over plain HTTP / without verifying TLS. Loopback\nregistries (localhost, 127.0.0.0/8, ::1) always are, as Docker treats them; others need TLS.",
+    ),
+    default_base: str("base", "What a build without a base starts from (the SDK's default `e2bdev/base`): a template name.", { minLength: 1 }),
+    default_cpu_count: int(2, "Build VM vCPUs and memory (MiB) when the build request names none.", { min: 1, max: 32, unit: "count" }),
+    default_memory_mb: int(1024, "", { min: 128, max: 1_048_576, unit: "MiB" }),
+    max_concurrent_builds: int(1, "Builds running at once; later ones stay `waiting` until one ends.", { min: 1, max: 64, unit: "count" }),
+    step_timeout_ms: int(3_600_000, "Bound on one step (RUN, COPY, WORKDIR, USER); a step past it fails the build.", { min: 1000, max: MS_MAX, unit: "ms" }),
+    ready_timeout_ms: int(600_000, "Bound on the ready command after the start command, at build and at sandbox start (E2B: 10 min).", { min: 1000, max: MS_MAX, unit: "ms" }),
+    ready_poll_ms: int(2000, "Period of polling the ready command (E2B: 2 s).", { min: 10, max: 60_000, unit: "ms" }),
+    vm_boot_timeout_ms: int(180_000, "Bound on booting a build VM until its envd answers.", { min: 1000, max: MS_MAX, unit: "ms" }),
+    tool_timeout_ms: int(1_800_000, "Bound on one skopeo / umoci / mkfs run of an image pull.", { min: 1000, max: MS_MAX, unit: "ms" }),
+    image_headroom_mib: int(2048, "Free space added to a pulled image's files for its root filesystem (sparse: costs nothing\nuntil written).", { min: 0, max: 1_048_576, unit: "MiB" }),
+    image_min_disk_mib: int(1024, "Smallest root disk of a pulled image.", { min: 16, max: 1_048_576, unit: "MiB" }),
+    upload_url_ttl_secs: int(1800, "Lifetime of the upload URL `GET /templates/{id}/files/{hash}` returns.", { min: 1, max: 86_400, unit: "s" }),
+    max_upload_bytes: int(4_294_967_296, "Largest uploaded file archive of a COPY step.", { min: 1, unit: "bytes" }),
+  }),
+
   node: section("", {
     id: str(
       "",

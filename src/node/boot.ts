@@ -19,6 +19,9 @@ import { randomHex } from "../orchestrator/index.ts";
 import { nodeId } from "../api/node.ts";
 import { SandboxProxy } from "../api/proxy.ts";
 import { parseAddr, serve, type ServeOptions } from "../api/server.ts";
+import { handleUpload } from "../api/routes/templates.ts";
+import { createTemplateService } from "./templates.ts";
+import type { TemplateService } from "../template/index.ts";
 
 /** A started node. `close()` stops listening, then the orchestrator (shutdown_action), then the DB. */
 export interface RunningNode {
@@ -80,9 +83,11 @@ export async function bootNode(cfg: Config, makeRuntime: RuntimeFactory = create
   }
   const orch = new Orchestrator(db, runtime, oc);
   let key: string, source: RunningNode["apiKeySource"];
+  let templates: TemplateService;
   try {
     await orch.start();
     ({ key, source } = loadOrCreateApiKey(cfg.api.key, home));
+    templates = createTemplateService(cfg, runtime);
   } catch (e) {
     await orch.close().catch(() => {});
     await undo(db);
@@ -100,11 +105,13 @@ export async function bootNode(cfg: Config, makeRuntime: RuntimeFactory = create
     orch,
     domain: domains[0] ?? null,
     docs: cfg.api.docs,
+    templates,
     node: identity,
   });
   serveOpts.apiKey = key;
   serveOpts.apiKeyHint = source === "config" ? "config [api] key / AENV_API_KEY" : `file ${apiKeyPath(home)}`;
   serveOpts.proxy = proxy;
+  serveOpts.direct = (req, url) => handleUpload(req, url, templates);
   serveOpts.app = app;
   const shownHost = hostname === "0.0.0.0" || hostname === "::" ? "127.0.0.1" : hostname;
   const url = `http://${shownHost.includes(":") ? `[${shownHost}]` : shownHost}:${server.port}`;
@@ -125,6 +132,7 @@ export async function bootNode(cfg: Config, makeRuntime: RuntimeFactory = create
         await server.stop(true);
         proxy.close();
         try {
+          await templates.close();
           await orch.close();
           db.close();
         } finally {

@@ -18,6 +18,8 @@ export const ORCHESTRATOR_ERRORS = {
   "orchestrator.runtime_failed": "the runtime failed a kill, pause or resume (details.sandboxId; cause)",
   "orchestrator.envd_unready": "envd in the guest did not answer /health in time, or the VM exited first",
   "orchestrator.envd_init_failed": "envd's POST /init failed (details.status)",
+  "orchestrator.envd_failed": "an envd process start, stream or file upload failed (details.base, cmd / guestPath)",
+  "orchestrator.template_not_ready": "a template's start command failed or its ready command did not pass at sandbox start (details.sandboxId)",
   "orchestrator.envd_metrics_failed": "envd's GET /metrics failed or answered a non-number (details.base, field)",
   "orchestrator.snapshot_missing": "a paused sandbox's snapshot is gone (details.snapshot)",
   "orchestrator.disk_failed": "preparing the sandbox's root disk failed",

@@ -108,3 +108,126 @@ export async function fetchEnvdMetrics(
   if (bad) throw new OrchestratorError("orchestrator.envd_metrics_failed", `envd /metrics at ${base}: ${bad[0]} is not a number`, { base, field: bad[0] });
   return out;
 }
+
+/** What `runInGuest` runs: a program with arguments, as a user, in a directory, with extra env. */
+export interface GuestCommand {
+  cmd: string;
+  args: string[];
+  /** Guest user the process runs as (envd's Basic-auth user). */
+  user: string;
+  cwd?: string;
+  envs?: Record<string, string>;
+  /** Token for `X-Access-Token` when envd has one. */
+  accessToken?: string | null;
+}
+
+/** How a guest process ended. `output` is the last `keepBytes` of stdout+stderr interleaved. */
+export interface GuestResult {
+  exitCode: number;
+  output: string;
+  pid: number;
+}
+
+/** Connect envelope: flags (1 byte; 0x02 = end of stream) + big-endian length + JSON. */
+function envelope(json: unknown): Uint8Array {
+  const body = new TextEncoder().encode(JSON.stringify(json));
+  const out = new Uint8Array(5 + body.length);
+  new DataView(out.buffer).setUint32(1, body.length);
+  out.set(body, 5);
+  return out;
+}
+
+/**
+ * Run a process in the guest through envd's `process.Process/Start` (Connect protocol, JSON
+ * codec, server stream) and wait for it to end. Output chunks go to `onData` as they come.
+ * `signal` aborts the stream (the process is then left to envd).
+ * @returns exit code (-1 when envd reports no exit code), the output tail and the pid.
+ * @throws OrchestratorError `orchestrator.envd_failed` when envd refuses the call or the stream breaks.
+ */
+export async function runInGuest(
+  base: string,
+  c: GuestCommand,
+  signal: AbortSignal,
+  onData?: (stream: "stdout" | "stderr", text: string) => void,
+  keepBytes = 16_384,
+): Promise<GuestResult> {
+  const req = { process: { cmd: c.cmd, args: c.args, envs: c.envs ?? {}, ...(c.cwd ? { cwd: c.cwd } : {}) }, stdin: false };
+  let res: Response;
+  try {
+    res = await fetch(`${base}/process.Process/Start`, {
+      method: "POST",
+      headers: {
+        "content-type": "application/connect+json",
+        "connect-protocol-version": "1",
+        authorization: `Basic ${Buffer.from(`${c.user}:`).toString("base64")}`,
+        ...(c.accessToken ? { "x-access-token": c.accessToken } : {}),
+      },
+      body: envelope(req),
+      signal,
+    });
+  } catch (e) {
+    throw new OrchestratorError("orchestrator.envd_failed", `envd process start at ${base} failed: ${(e as Error).message}`, { base, cmd: c.cmd });
+  }
+  if (!res.ok || !res.body) {
+    const text = await res.text();
+    throw new OrchestratorError("orchestrator.envd_failed", `envd process start answered ${res.status}: ${text.slice(0, 300)}`, { base, status: res.status });
+  }
+  let buf = new Uint8Array(0);
+  let output = "";
+  let exitCode: number | null = null;
+  let pid = 0;
+  const dec = new TextDecoder();
+  const take = (stream: "stdout" | "stderr", b64: string) => {
+    const text = Buffer.from(b64, "base64").toString("utf8");
+    output = (output + text).slice(-keepBytes);
+    onData?.(stream, text);
+  };
+  try {
+    for await (const chunk of res.body) {
+      const next = new Uint8Array(buf.length + chunk.length);
+      next.set(buf);
+      next.set(chunk, buf.length);
+      buf = next;
+      while (buf.length >= 5) {
+        const len = new DataView(buf.buffer, buf.byteOffset).getUint32(1);
+        if (buf.length < 5 + len) break;
+        const flags = buf[0]!;
+        const msg = JSON.parse(dec.decode(buf.subarray(5, 5 + len))) as Record<string, any>;
+        buf = buf.slice(5 + len);
+        if (flags & 0x02) {
+          if (msg.error) throw new OrchestratorError("orchestrator.envd_failed", `envd: ${msg.error.code}: ${msg.error.message}`, { base, cmd: c.cmd });
+          continue;
+        }
+        const ev = msg.event ?? {};
+        if (ev.start) pid = ev.start.pid ?? 0;
+        if (ev.data?.stdout !== undefined) take("stdout", ev.data.stdout);
+        if (ev.data?.stderr !== undefined) take("stderr", ev.data.stderr);
+        if (ev.data?.pty !== undefined) take("stdout", ev.data.pty);
+        if (ev.end) exitCode = ev.end.exitCode ?? (ev.end.exited ? 0 : -1);
+      }
+    }
+  } catch (e) {
+    if (e instanceof OrchestratorError) throw e;
+    throw new OrchestratorError("orchestrator.envd_failed", `envd process stream of ${c.cmd} broke: ${(e as Error).message}`, { base, cmd: c.cmd });
+  }
+  if (exitCode === null) throw new OrchestratorError("orchestrator.envd_failed", `envd process stream of ${c.cmd} ended without an end event`, { base, cmd: c.cmd });
+  return { exitCode, output, pid };
+}
+
+/**
+ * Write a host file into the guest at `guestPath` (octet-stream `POST /files`, streamed), owned
+ * by `user`. @throws OrchestratorError `orchestrator.envd_failed` for a non-2xx answer.
+ */
+export async function uploadToGuest(base: string, localPath: string, guestPath: string, user: string, signal: AbortSignal, accessToken?: string | null): Promise<void> {
+  const url = `${base}/files?path=${encodeURIComponent(guestPath)}&username=${encodeURIComponent(user)}`;
+  const res = await fetch(url, {
+    method: "POST",
+    headers: { "content-type": "application/octet-stream", ...(accessToken ? { "x-access-token": accessToken } : {}) },
+    body: Bun.file(localPath),
+    signal,
+  }).catch((e) => {
+    throw new OrchestratorError("orchestrator.envd_failed", `upload of ${localPath} to the guest failed: ${(e as Error).message}`, { base, guestPath });
+  });
+  const text = await res.text();
+  if (!res.ok) throw new OrchestratorError("orchestrator.envd_failed", `envd /files answered ${res.status}: ${text.slice(0, 300)}`, { base, guestPath, status: res.status });
+}

@@ -35,6 +35,8 @@ export async function createVmRuntime(cfg: Config, db: Db, oc: OrchestratorConfi
     defaultCpuCount: oc.defaultCpuCount,
     defaultMemoryMB: oc.defaultMemoryMB,
     envdPollMs: oc.envdPollMs,
+    readyTimeoutMs: cfg.template_build.ready_timeout_ms,
+    readyPollMs: cfg.template_build.ready_poll_ms,
     defaultUser: "user",
     disk: { recordDir, config: diskConfig(cfg) },
     onClose: () => net.shutdown(),

@@ -19,10 +19,11 @@ import { ENVD_PORT, ENVD_VERSION } from "../envd/version.ts";
 import { guestAddress, netSpec, parseEgressPolicy, type NetworkManager } from "../net/index.ts";
 import { logger } from "../observability/log.ts";
 import { beginDiskShutdown, prepareRootDisk as exportRootDisk, reapStaleDisks, type DiskConfig, type ExportedDisk } from "../storage/daemon/index.ts";
-import { listTemplates, resolveTemplate, type ResolvedTemplate } from "../template/index.ts";
+import { readyProbe, resolveTemplate, TemplateCatalog, TemplateError, type BootSpec, type BuildVmLauncher, type ResolvedTemplate } from "../template/index.ts";
 import { reapLeftovers, type VmHandle, type VmmDriver } from "../vmm/index.ts";
 import { consoleLogLine } from "./console-lines.ts";
-import { fetchEnvdMetrics, initEnvd, waitEnvdHealthy } from "./envd-client.ts";
+import { fetchEnvdMetrics, initEnvd, runInGuest, waitEnvdHealthy } from "./envd-client.ts";
+import { bootBuildVm } from "./build-vm.ts";
 import { OrchestratorError } from "../orchestrator/errors.ts";
 import { prepareRootDisk } from "./root-disk.ts";
 import type { ReapReport, RuntimeKnownSandbox, RuntimeMetricsTarget, RuntimeSandbox, RuntimeStartSpec, SandboxRuntime } from "../orchestrator/runtime.ts";
@@ -43,6 +44,15 @@ export interface VmRuntimeOptions {
   disk: { recordDir: string; config: DiskConfig };
   /** Called last by close() (shuts the network manager down). */
   onClose?: () => Promise<void>;
+  /** Bound on a template's ready command at sandbox start (cold boot), ms; default 600000. */
+  readyTimeoutMs?: number;
+  /** Period of polling a template's ready command, ms; default 2000. */
+  readyPollMs?: number;
+}
+
+/** A template resolved for booting: disk + what runs in it. */
+interface BootTemplate extends ResolvedTemplate {
+  boot: Pick<BootSpec, "envs" | "workdir" | "user" | "startCmd" | "readyCmd"> | null;
 }
 
 /** What this runtime keeps in `SandboxRecord.runtimeState` (JSON). */
@@ -78,31 +88,65 @@ export class VmRuntime implements SandboxRuntime {
   private readonly vms = new Map<string, VmHandle>();
   private readonly disks = new Map<string, ExportedDisk>();
   private readonly log: Logger = logger("orchestrator.vm");
+  /** The template catalog of this home (built templates and build-base ones). */
+  readonly catalog: TemplateCatalog;
 
   constructor(private readonly o: VmRuntimeOptions) {
     this.name = `vm:${o.driver.name}`;
+    this.catalog = new TemplateCatalog(o.homePath, (path, err) => this.log.warn({ path, err: err.message }, "unreadable template record skipped"));
   }
 
   async listTemplates(): Promise<TemplateInfo[]> {
-    return listTemplates(this.o.homePath).map((m) => {
-      const created = Date.parse(m.createdAt) || 0;
+    return this.catalog.list().map((t) => {
+      const b = [...t.builds].reverse().find((x) => x.status === "ready") ?? t.builds[t.builds.length - 1];
       return {
-        templateID: m.name,
-        aliases: [m.name],
-        cpuCount: m.cpuCount ?? this.o.defaultCpuCount,
-        memoryMB: m.memoryMB ?? this.o.defaultMemoryMB,
-        diskSizeMB: Math.floor(m.diskBytes / (1024 * 1024)),
+        templateID: t.templateID,
+        aliases: t.aliases,
+        cpuCount: b?.cpuCount || this.o.defaultCpuCount,
+        memoryMB: b?.memoryMB || this.o.defaultMemoryMB,
+        diskSizeMB: b?.diskSizeMB ?? 0,
         envdVersion: ENVD_VERSION,
-        createdAt: created,
-        updatedAt: created,
-        buildID: m.buildKey.slice(0, 32),
-        buildStatus: "ready",
+        createdAt: t.createdAt,
+        updatedAt: t.updatedAt,
+        buildID: b?.buildID ?? "",
+        buildStatus: b?.status ?? "waiting",
       };
     });
   }
 
+  /** Boots template build VMs (internal sandboxes outside the orchestrator's table). */
+  buildVmLauncher(bootTimeoutMs: number): BuildVmLauncher {
+    return { boot: (spec) => bootBuildVm(this.o, spec, bootTimeoutMs) };
+  }
+
+  /**
+   * The disk and process defaults of template `id` (catalog build or build-base manifest).
+   * @throws OrchestratorError `orchestrator.template_not_found` (404) when it has no ready build.
+   */
+  private bootTemplate(id: string): BootTemplate {
+    const t = this.catalog.find(id);
+    if (t && !t.legacy) {
+      let boot: BootSpec;
+      try {
+        boot = this.catalog.readyBuild(t.templateID).build.boot!;
+      } catch (e) {
+        throw new OrchestratorError("orchestrator.template_not_found", (e as TemplateError).message, { template: id });
+      }
+      return {
+        name: t.templateID,
+        dir: this.o.homePath,
+        rootfsPath: "",
+        rootLayers: boot.layers.map((l) => join(this.o.homePath, l)),
+        bootArgs: boot.bootArgs,
+        diskBytes: boot.diskBytes,
+        boot,
+      };
+    }
+    return { ...resolveTemplate(this.o.homePath, id), boot: null };
+  }
+
   async start(spec: RuntimeStartSpec): Promise<RuntimeSandbox> {
-    const tpl = resolveTemplate(this.o.homePath, spec.template.templateID);
+    const tpl = this.bootTemplate(spec.template.templateID);
     const workDir = this.workDir(spec.id);
     const policy = this.policyOf(spec);
     let slotTaken = false;
@@ -129,7 +173,8 @@ export class VmRuntime implements SandboxRuntime {
       this.vms.set(spec.id, vm);
       const state: VmState = { workDir, rootDisk, mac: slot.mac, diskKind, vmmPid: vm.pid };
       const tVmm = ms(t0);
-      const r = await this.ready(spec, vm, guestAddress(slot, ENVD_PORT).host, state);
+      const r = await this.ready(spec, vm, guestAddress(slot, ENVD_PORT).host, state, null, tpl.boot);
+      if (tpl.boot?.startCmd || tpl.boot?.readyCmd) await this.startTemplateProcess(spec, `http://${r.endpoint.host}:${ENVD_PORT}`, tpl.boot);
       this.log.info({ sandboxId: spec.id, diskMs: tDisk, slotMs: tSlot - tDisk, vmmMs: tVmm - tSlot, envdMs: ms(t0) - tVmm, totalMs: ms(t0) }, "sandbox VM started");
       return r;
     } catch (e) {
@@ -173,7 +218,7 @@ export class VmRuntime implements SandboxRuntime {
     if (!st.snapshot || !existsSync(st.snapshot.statePath) || (st.diskKind === "copy" && !existsSync(st.rootDisk))) {
       throw new OrchestratorError("orchestrator.snapshot_missing", `snapshot of sandbox ${spec.id} is missing`, { sandboxId: spec.id, snapshot: st.snapshot ?? null });
     }
-    const tpl = resolveTemplate(this.o.homePath, spec.template.templateID);
+    const tpl = this.bootTemplate(spec.template.templateID);
     let slotTaken = false;
     let vm: VmHandle | undefined;
     let step = "serve disk";
@@ -204,7 +249,7 @@ export class VmRuntime implements SandboxRuntime {
       );
       this.vms.set(spec.id, vm);
       step = "envd health and /init";
-      return await this.ready(spec, vm, guestAddress(slot, ENVD_PORT).host, { ...st, vmmPid: vm.pid }, spec.envdAccessToken);
+      return await this.ready(spec, vm, guestAddress(slot, ENVD_PORT).host, { ...st, vmmPid: vm.pid }, spec.envdAccessToken, tpl.boot);
     } catch (e) {
       this.log.error({ sandboxId: spec.id, step, err: e }, `resume failed at step: ${step}`);
       // keep the snapshot and disk: the sandbox stays paused
@@ -298,17 +343,52 @@ export class VmRuntime implements SandboxRuntime {
     return this.parsePolicy({ ...(spec.network ?? {}), ...(spec.allowInternetAccess === null ? {} : { allow_internet_access: spec.allowInternetAccess }) });
   }
 
-  /** Wait for envd, init it, and describe the running sandbox. */
-  private async ready(spec: RuntimeStartSpec, vm: VmHandle, host: string, state: VmState, currentToken: string | null = null): Promise<RuntimeSandbox> {
+  /**
+   * Cold-boot half of a template's start command: run it in the background as the template's
+   * user and poll its ready command (`readyProbe`) every `readyPollMs` until it exits 0.
+   * @throws OrchestratorError `orchestrator.template_not_ready` when the start command exits
+   *   non-zero or the ready command does not pass within `readyTimeoutMs`.
+   */
+  private async startTemplateProcess(spec: RuntimeStartSpec, base: string, boot: NonNullable<BootTemplate["boot"]>): Promise<void> {
+    const c = { user: boot.user, cwd: boot.workdir, envs: { ...boot.envs, ...spec.envVars }, accessToken: spec.envdAccessToken };
+    let failed: string | null = null;
+    // the start command's output stream is watched until the ready check passes, then dropped
+    // (envd keeps the process running when its stream ends)
+    const watch = new AbortController();
+    try {
+      if (boot.startCmd) {
+        void runInGuest(base, { ...c, cmd: "/bin/sh", args: ["-c", boot.startCmd] }, AbortSignal.any([spec.signal, watch.signal])).then(
+          (r) => (failed = r.exitCode !== 0 ? `exited with code ${r.exitCode}: ${r.output.slice(-500)}` : failed),
+          () => {},
+        );
+      }
+      if (!boot.readyCmd) return;
+      const probe = readyProbe(boot.readyCmd);
+      const end = Date.now() + (this.o.readyTimeoutMs ?? 600_000);
+      for (;;) {
+        if (failed) throw new OrchestratorError("orchestrator.template_not_ready", `template start command ${failed}`, { sandboxId: spec.id });
+        const r = await runInGuest(base, { ...c, cmd: "/bin/sh", args: ["-c", probe] }, spec.signal);
+        if (r.exitCode === 0) return;
+        if (Date.now() >= end) throw new OrchestratorError("orchestrator.template_not_ready", `template ready command did not pass: ${boot.readyCmd}`, { sandboxId: spec.id });
+        await Bun.sleep(this.o.readyPollMs ?? 2000);
+      }
+    } finally {
+      watch.abort();
+    }
+  }
+
+  /** Wait for envd, init it (template's user, workdir and env under the request's), and describe the running sandbox. */
+  private async ready(spec: RuntimeStartSpec, vm: VmHandle, host: string, state: VmState, currentToken: string | null = null, boot: BootTemplate["boot"] = null): Promise<RuntimeSandbox> {
     const base = `http://${host}:${ENVD_PORT}`;
     await waitEnvdHealthy(base, this.o.envdPollMs, spec.signal, vm.exited);
+    const user = boot?.user ?? this.o.defaultUser;
     const version = await initEnvd(
       base,
       {
         ...(spec.envdAccessToken ? { accessToken: spec.envdAccessToken } : {}),
-        envVars: spec.envVars,
-        defaultUser: this.o.defaultUser,
-        defaultWorkdir: `/home/${this.o.defaultUser}`,
+        envVars: { ...(boot?.envs ?? {}), ...spec.envVars },
+        defaultUser: user,
+        defaultWorkdir: boot?.workdir ?? `/home/${user}`,
         timestamp: new Date().toISOString(),
       },
       currentToken,

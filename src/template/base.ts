@@ -258,3 +258,31 @@ async function buildBaseLocked(opts: BaseBuildOptions): Promise<BaseBuildResult>
   return { manifest, built: true };
 }
 
+
+/**
+ * The envd binary (`agentenv`) and init script that image-based templates get, taken from the
+ * `base` template's root image (`debugfs dump`, so it matches what base sandboxes run), cached
+ * as `$home/images/agentenv-<buildKey>`.
+ * @returns the binary's path, the init text, and a key that changes with either.
+ * @throws TemplateError `template.not_found` when no base template with a raw image exists,
+ *   `template.build_failed` when debugfs fails.
+ */
+export function guestBinaries(homePath: string, baseName = "base"): { agentenvPath: string; init: string; key: string } {
+  const m = readManifest(homePath, baseName);
+  const img = join(templateDir(homePath, baseName), m.rootfs);
+  if (!existsSync(img)) throw new TemplateError("template.not_found", `template ${baseName} has no root image ${img}: run 'agentenv template build-base' (image templates take envd from it)`, { img });
+  const dir = join(homePath, "images");
+  mkdirSync(dir, { recursive: true });
+  const out = join(dir, `agentenv-${m.buildKey}`);
+  if (!existsSync(out)) {
+    const tmp = `${out}.${process.pid}.tmp`;
+    const r = Bun.spawnSync(["debugfs", "-R", `dump /usr/local/bin/agentenv ${tmp}`, img], { stderr: "pipe", stdout: "pipe" });
+    if (r.exitCode !== 0 || !existsSync(tmp) || statSync(tmp).size === 0) {
+      rmSync(tmp, { force: true });
+      throw new TemplateError("template.build_failed", `cannot extract agentenv from ${img}: ${r.stderr.toString().slice(-500)}`, { img });
+    }
+    chmodSync(tmp, 0o755);
+    renameSync(tmp, out);
+  }
+  return { agentenvPath: out, init: initScript, key: sha(m.buildKey, initScript) };
+}

@@ -1,9 +1,10 @@
 /**
- * Template subsystem: the local template store (`resolveTemplate`, `listTemplates`) and the base
- * template build (`buildBase`). The orchestrator boots a sandbox from `resolveTemplate(home, name)`:
- * `rootfsPath` (raw ext4, never written) or `rootLayers` (overlaybd layers, lowest first) for the
- * root disk, `bootArgs` for the kernel command line; the kernel itself comes from
- * `resolveKernelPath` in `src/vmm/index.ts`.
+ * Template subsystem: the local template store of `build-base` templates (`resolveTemplate`,
+ * `listTemplates`), the versioned catalog of API-built templates (`TemplateCatalog`: ids,
+ * names, builds, tags, logs), uploaded build files (`BuildFiles`), the build runner
+ * (`TemplateBuilder`, steps in a build VM behind the `BuildVmLauncher` port) and the service the
+ * API calls (`TemplateService`). The orchestrator boots a sandbox from `resolveTemplate(home,
+ * name)` or a catalog build's `BootSpec` (overlaybd layers, lowest first; process defaults).
  */
 export { TemplateError } from "./errors.ts";
 export {
@@ -16,4 +17,24 @@ export {
   type ResolvedTemplate,
   type TemplateManifest,
 } from "./store.ts";
-export { BASE_BOOT_ARGS, buildBase, guestInitScript, hostDebianMirror, type BaseBuildOptions, type BaseBuildResult } from "./base.ts";
+export { BASE_BOOT_ARGS, buildBase, guestBinaries, guestInitScript, hostDebianMirror, type BaseBuildOptions, type BaseBuildResult } from "./base.ts";
+export {
+  ALIAS_RE,
+  DEFAULT_TAG,
+  parseName,
+  TAG_RE,
+  TemplateCatalog,
+  type BootSpec,
+  type BuildLogEntry,
+  type BuildReason,
+  type BuildRecord,
+  type BuildStatus,
+  type LogLevel,
+  type TemplateRecord,
+} from "./catalog.ts";
+export { BuildFiles, UPLOAD_PATH_RE } from "./files.ts";
+export { checkBuildSpec, stepKey, baseKey, SUPPORTED_STEPS, IGNORED_STEPS, type BuildSpec, type BuildStep } from "./spec.ts";
+export { readyProbe } from "./ready.ts";
+export { copyScript, expandEnv, StepFailure, TemplateBuilder, type BaseImage, type BuildSettings, type BuilderDeps, type StepContext } from "./builder.ts";
+export type { BuildVm, BuildVmLauncher, BuildVmSpec, VmCommand } from "./build-vm.ts";
+export { TemplateService, type NewBuildRequest, type TemplateServiceOptions } from "./service.ts";

@@ -47,6 +47,21 @@ export async function importSparse(path: string, outPath: string, opts: ImportOp
   }
 }
 
+/**
+ * Turn byte ranges `extents` (sorted, non-overlapping) of the file at `path` into a committed
+ * layer; everything outside them is "unchanged" (holes, or the parent's data). With `parent`,
+ * only blocks inside the ranges that differ from it are stored (e.g. a VM disk read through its
+ * export, restricted to the ranges its writable upper touched).
+ */
+export async function importExtents(path: string, extents: Array<[number, number]>, outPath: string, opts: ImportOptions = {}): Promise<{ segments: Segment[]; size: number }> {
+  const src = LocalFile.open(path);
+  try {
+    return await importRanges(src, extents, outPath, opts);
+  } finally {
+    await src.close();
+  }
+}
+
 async function importRanges(src: LocalFile, extents: Array<[number, number]>, outPath: string, opts: ImportOptions): Promise<{ segments: Segment[]; size: number }> {
   const bs = opts.blockSize ?? 4096;
   if (bs % SECTOR !== 0 || bs <= 0 || (1 << 20) % bs !== 0) fail("bad_option", `block size ${bs} must be a multiple of 512 dividing 1 MiB`, { blockSize: bs });

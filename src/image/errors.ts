@@ -1,0 +1,21 @@
+import { AgentEnvError, type ErrorTable } from "../errors.ts";
+
+/** OCI image pull and conversion failures. Adding a code: see src/errors.ts. */
+export const IMAGE_ERRORS = {
+  "image.bad_reference": "an image reference outside Docker's grammar (details.ref)",
+  "image.not_found": "the registry has no such repository, tag or digest (details.ref)",
+  "image.no_platform": "a manifest list without a linux/amd64 entry (details.platforms)",
+  "image.auth": "the registry refused the credentials or wants some (details.registry)",
+  "image.tls": "the registry needs TLS the node cannot verify, or speaks plain HTTP while not listed as insecure",
+  "image.unreachable": "the registry cannot be reached (details.registry)",
+  "image.digest_mismatch": "a blob's bytes do not match its digest (details.ref, stderr)",
+  "image.pull_failed": "skopeo failed otherwise, or timed out (details.stderr)",
+  "image.unpack_failed": "umoci could not unpack the layers (details.ref)",
+  "image.convert_failed": "making the ext4 root filesystem failed (details.ref)",
+  "image.tool_missing": "skopeo, umoci or mkfs.ext4 is not installed (details.cmd)",
+} as const satisfies ErrorTable;
+/** An ImageError code. */
+export type ImageErrorCode = keyof typeof IMAGE_ERRORS;
+
+/** A failure of this subsystem: one of `IMAGE_ERRORS` as `code`, the offending values in `details`. */
+export class ImageError extends AgentEnvError<ImageErrorCode> {}

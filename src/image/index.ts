@@ -1,0 +1,8 @@
+/**
+ * Container images as template bases: parse references, pull from an OCI / Docker v2 registry
+ * with Debian's skopeo, unpack with umoci, and make one bootable overlaybd layer, cached by
+ * manifest digest (see pull.ts for the format choice).
+ */
+export { ImageError } from "./errors.ts";
+export { formatImageRef, isLoopbackRegistry, parseImageRef, type ImageRef } from "./reference.ts";
+export { classifySkopeo, installGuestBits, pullImage, reapPullLeftovers, type GuestBits, type ImageRunConfig, type PulledImage, type PullOptions } from "./pull.ts";

@@ -1,0 +1,310 @@
+/**
+ * Base images from a registry (OCI or Docker v2), made bootable: Debian's `skopeo` fetches the
+ * manifest (a manifest list resolves to linux/amd64), every blob (token and basic auth, gzip and
+ * zstd layers, each blob's digest checked while it streams) into a `dir:` copy with
+ * decompressed layers; that copy is written as an OCI layout which Debian's `umoci` unpacks
+ * (layers applied in order, whiteouts and opaque directories honoured, digests checked again).
+ * The guest bits (init, envd binary, `user` account) go into the tree, `mkfs.ext4 -d` makes a
+ * filesystem of it and it is imported as ONE committed overlaybd layer.
+ *
+ * Why one flattened layer and not one per image layer: the guest mounts one ext4 block device,
+ * so an image layer (a tar of file changes) would have to be applied to an ext4 image at block
+ * level to become an overlaybd layer (what overlaybd-apply / turboOCI do); umoci does the file
+ * level work instead and one mkfs gives a compact, fsck-clean filesystem. E2B flattens too.
+ * Build steps above it are per-step layers.
+ *
+ * Cache: `$home/images/<key>.layer` + `<key>.json`, key = sha256(manifest digest, guest bits
+ * key); a second pull of the same tag asks the registry for the manifest only.
+ */
+import { createHash, randomBytes } from "node:crypto";
+import { chmodSync, copyFileSync, existsSync, linkSync, mkdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { importSparse } from "../storage/overlaybd/index.ts";
+import { ImageError } from "./errors.ts";
+import { formatImageRef, isLoopbackRegistry, parseImageRef, type ImageRef } from "./reference.ts";
+
+/** Process defaults of the image (its OCI config, as umoci's runtime spec has them). */
+export interface ImageRunConfig {
+  env: Record<string, string>;
+  workdir: string;
+  /** uid:gid the image names (E2B runs steps as `user` regardless). */
+  user: string;
+  /** ENTRYPOINT + CMD. */
+  cmd: string[];
+}
+
+/** Files every bootable root filesystem gets. */
+export interface GuestBits {
+  /** Text of `/sbin/aenv-init`. */
+  init: string;
+  /** Host path of the envd binary (`agentenv`) copied to `/usr/local/bin/agentenv`. */
+  agentenvPath: string;
+  /** Changes whenever either changes (enters the cache key). */
+  key: string;
+}
+
+/** Inputs of `pullImage`. */
+export interface PullOptions {
+  homePath: string;
+  ref: string;
+  credentials?: { username: string; password: string };
+  /** Registries (host[:port]) reached without TLS besides loopback ones. */
+  insecureRegistries: string[];
+  /** The guest bits, asked for once the manifest is resolved (it may throw). */
+  guest: () => GuestBits;
+  /** Free space added to the unpacked size, MiB; and the smallest disk, MiB. */
+  headroomMiB: number;
+  minDiskMiB: number;
+  /** Bound on each skopeo/umoci/mkfs run, ms. */
+  toolTimeoutMs: number;
+  onProgress?: (line: string) => void;
+  signal?: AbortSignal;
+}
+
+/** A bootable image layer. */
+export interface PulledImage {
+  ref: string;
+  /** Digest of the manifest (or manifest list) the tag named. */
+  digest: string;
+  /** Absolute path of the committed overlaybd layer. */
+  layerPath: string;
+  diskBytes: number;
+  config: ImageRunConfig;
+  /** false: served from the cache, only the manifest was fetched. */
+  pulled: boolean;
+  /** Compressed bytes of the image's layers (what a pull downloads). */
+  compressedBytes: number;
+  /** ms spent fetching blobs (0 when cached). */
+  fetchMs: number;
+}
+
+interface CacheEntry {
+  ref: string;
+  digest: string;
+  diskBytes: number;
+  config: ImageRunConfig;
+  compressedBytes: number;
+}
+
+/**
+ * Run a tool; stderr lines go to `onLine`.
+ * @returns stdout.
+ * @throws ImageError `image.tool_missing`, or `classify(stderr)` when it exits non-zero.
+ */
+async function tool(cmd: string[], timeoutMs: number, classify: (err: string, code: number | null) => ImageError, onLine?: (l: string) => void, signal?: AbortSignal): Promise<string> {
+  let p: ReturnType<typeof Bun.spawn>;
+  try {
+    p = Bun.spawn(cmd, { stdin: "ignore", stdout: "pipe", stderr: "pipe", signal: AbortSignal.any([AbortSignal.timeout(timeoutMs), ...(signal ? [signal] : [])]) });
+  } catch (e) {
+    throw new ImageError("image.tool_missing", `cannot run ${cmd[0]}: ${(e as Error).message}`, { cmd: cmd[0] });
+  }
+  let err = "";
+  const errDone = (async () => {
+    let buf = "";
+    for await (const c of p.stderr as ReadableStream<Uint8Array>) {
+      const s = new TextDecoder().decode(c);
+      err = (err + s).slice(-8000);
+      buf += s;
+      const lines = buf.split("\n");
+      buf = lines.pop()!;
+      for (const l of lines) if (l.trim()) onLine?.(l.trim());
+    }
+  })();
+  const [out, code] = await Promise.all([new Response(p.stdout as ReadableStream).text(), p.exited, errDone]);
+  if (code !== 0) throw classify(err.trim() || out.trim().slice(-2000), p.signalCode ? null : code);
+  return out;
+}
+
+/** Map skopeo's stderr to a typed error. */
+export function classifySkopeo(ref: string, registry: string, err: string, code: number | null): ImageError {
+  const d = { ref, registry, stderr: err.slice(-1500) };
+  const tailMsg = err.split("\n").filter(Boolean).pop() ?? `exit ${code}`;
+  if (code === null) return new ImageError("image.pull_failed", `pulling ${ref} timed out or was cancelled`, d);
+  if (/digest did not match|digest mismatch|Digest mismatch|computed digest/i.test(err)) return new ImageError("image.digest_mismatch", `a blob of ${ref} does not match its digest: ${tailMsg}`, d);
+  if (/manifest unknown|name unknown|not found|NAME_UNKNOWN|MANIFEST_UNKNOWN/i.test(err)) return new ImageError("image.not_found", `image ${ref} not found: ${tailMsg}`, d);
+  if (/no image found in manifest list|choosing image instance/i.test(err)) return new ImageError("image.no_platform", `image ${ref} has no linux/amd64 entry: ${tailMsg}`, d);
+  if (/unauthorized|authentication required|denied|401|403|invalid username\/password/i.test(err)) return new ImageError("image.auth", `registry ${registry} refused access to ${ref}: ${tailMsg}`, d);
+  if (/http: server gave HTTP response to HTTPS client|x509|tls:|certificate/i.test(err)) {
+    return new ImageError("image.tls", `registry ${registry} does not speak verified TLS (list it in [template_build] insecure_registries to allow plain HTTP): ${tailMsg}`, d);
+  }
+  if (/connection refused|no such host|i\/o timeout|network is unreachable|dial tcp/i.test(err)) return new ImageError("image.unreachable", `registry ${registry} unreachable: ${tailMsg}`, d);
+  return new ImageError("image.pull_failed", `pulling ${ref} failed: ${tailMsg}`, d);
+}
+
+/** skopeo flags for reaching `r`'s registry (TLS policy, credentials). */
+function srcFlags(r: ImageRef, o: PullOptions): string[] {
+  const insecure = isLoopbackRegistry(r.registry) || o.insecureRegistries.includes(r.registry);
+  return [`--src-tls-verify=${insecure ? "false" : "true"}`, ...(o.credentials ? ["--src-creds", `${o.credentials.username}:${o.credentials.password}`] : ["--src-no-creds"])];
+}
+
+const sha256hex = (b: Uint8Array | string) => createHash("sha256").update(b).digest("hex");
+
+/**
+ * Resolve `ref` to its manifest digest and the linux/amd64 manifest (sizes of its layers).
+ * @throws ImageError (see classifySkopeo).
+ */
+async function resolveManifest(r: ImageRef, o: PullOptions): Promise<{ digest: string; compressedBytes: number }> {
+  const ref = formatImageRef(r);
+  const inspect = async (target: string) => {
+    const out = await tool(["skopeo", "inspect", "--raw", "--retry-times", "0", ...srcFlags(r, o).map((f) => f.replace("--src-", "--")), `docker://${target}`], o.toolTimeoutMs, (e, c) => classifySkopeo(ref, r.registry, e, c), undefined, o.signal);
+    return out;
+  };
+  const raw = await inspect(ref);
+  const digest = `sha256:${sha256hex(raw)}`;
+  let m = JSON.parse(raw) as { manifests?: { digest: string; platform?: { os?: string; architecture?: string } }[]; layers?: { size: number }[] };
+  if (Array.isArray(m.manifests)) {
+    const pick = m.manifests.find((x) => x.platform?.os === "linux" && x.platform?.architecture === "amd64");
+    if (!pick) throw new ImageError("image.no_platform", `image ${ref} has no linux/amd64 entry in its manifest list`, { ref, platforms: m.manifests.map((x) => `${x.platform?.os}/${x.platform?.architecture}`) });
+    m = JSON.parse(await inspect(`${r.registry}/${r.repository}@${pick.digest}`));
+  }
+  return { digest, compressedBytes: (m.layers ?? []).reduce((a, l) => a + (l.size ?? 0), 0) };
+}
+
+/** Read ENV/WORKDIR/USER/CMD from umoci's runtime spec (`bundle/config.json`). */
+function runConfig(bundle: string): ImageRunConfig {
+  const spec = JSON.parse(readFileSync(join(bundle, "config.json"), "utf8")) as { process?: { env?: string[]; cwd?: string; user?: { uid?: number; gid?: number }; args?: string[] } };
+  const env: Record<string, string> = {};
+  for (const kv of spec.process?.env ?? []) {
+    const i = kv.indexOf("=");
+    if (i > 0) env[kv.slice(0, i)] = kv.slice(i + 1);
+  }
+  return { env, workdir: spec.process?.cwd || "/", user: `${spec.process?.user?.uid ?? 0}:${spec.process?.user?.gid ?? 0}`, cmd: spec.process?.args ?? [] };
+}
+
+/** Turn skopeo's `dir:` copy into an OCI layout umoci reads (blobs hard-linked, OCI media types). */
+function dirToOciLayout(dir: string, layout: string): void {
+  const manifest = JSON.parse(readFileSync(join(dir, "manifest.json"), "utf8")) as { config: { digest: string; size: number }; layers: { digest: string; size: number; mediaType: string }[] };
+  mkdirSync(join(layout, "blobs", "sha256"), { recursive: true });
+  const put = (digest: string) => {
+    const hex = digest.replace(/^sha256:/, "");
+    linkSync(join(dir, hex), join(layout, "blobs", "sha256", hex));
+  };
+  put(manifest.config.digest);
+  for (const l of manifest.layers) put(l.digest);
+  const oci = {
+    schemaVersion: 2,
+    mediaType: "application/vnd.oci.image.manifest.v1+json",
+    config: { mediaType: "application/vnd.oci.image.config.v1+json", digest: manifest.config.digest, size: manifest.config.size },
+    layers: manifest.layers.map((l) => ({ mediaType: "application/vnd.oci.image.layer.v1.tar", digest: l.digest, size: l.size })),
+  };
+  const body = JSON.stringify(oci);
+  const hex = sha256hex(body);
+  writeFileSync(join(layout, "blobs", "sha256", hex), body);
+  writeFileSync(join(layout, "oci-layout"), JSON.stringify({ imageLayoutVersion: "1.0.0" }));
+  writeFileSync(
+    join(layout, "index.json"),
+    JSON.stringify({ schemaVersion: 2, manifests: [{ mediaType: oci.mediaType, digest: `sha256:${hex}`, size: Buffer.byteLength(body), annotations: { "org.opencontainers.image.ref.name": "img" } }] }),
+  );
+}
+
+/** Add init, envd and the `user` account (uid 1000, as E2B templates have) to a root tree. */
+export function installGuestBits(rootfs: string, guest: GuestBits): void {
+  for (const d of ["sbin", "usr/local/bin", "etc", "home", "proc", "sys", "dev", "tmp", "run"]) mkdirSync(join(rootfs, d), { recursive: true });
+  writeFileSync(join(rootfs, "sbin/aenv-init"), guest.init);
+  chmodSync(join(rootfs, "sbin/aenv-init"), 0o755);
+  rmSync(join(rootfs, "usr/local/bin/agentenv"), { force: true });
+  copyFileSync(guest.agentenvPath, join(rootfs, "usr/local/bin/agentenv"));
+  chmodSync(join(rootfs, "usr/local/bin/agentenv"), 0o755);
+  chmodSync(join(rootfs, "tmp"), 0o1777);
+  // the guest init writes the real resolver at boot; a dangling symlink would make that fail
+  rmSync(join(rootfs, "etc/resolv.conf"), { force: true });
+  writeFileSync(join(rootfs, "etc/resolv.conf"), "# written by /sbin/aenv-init at boot\n");
+  if (!existsSync(join(rootfs, "etc/hosts"))) writeFileSync(join(rootfs, "etc/hosts"), "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n");
+  const read = (f: string) => (existsSync(join(rootfs, f)) ? readFileSync(join(rootfs, f), "utf8") : "");
+  const passwd = read("etc/passwd");
+  if (!/^user:/m.test(passwd)) {
+    const shell = existsSync(join(rootfs, "bin/bash")) ? "/bin/bash" : "/bin/sh";
+    writeFileSync(join(rootfs, "etc/passwd"), `${passwd}${passwd && !passwd.endsWith("\n") ? "\n" : ""}user:x:1000:1000::/home/user:${shell}\n`);
+    const group = read("etc/group");
+    if (!/^user:/m.test(group)) writeFileSync(join(rootfs, "etc/group"), `${group}${group && !group.endsWith("\n") ? "\n" : ""}user:x:1000:\n`);
+    if (existsSync(join(rootfs, "etc/shadow"))) writeFileSync(join(rootfs, "etc/shadow"), `${read("etc/shadow")}user:*:19000:0:99999:7:::\n`);
+    if (existsSync(join(rootfs, "etc/sudoers.d"))) writeFileSync(join(rootfs, "etc/sudoers.d/user"), "user ALL=(ALL:ALL) NOPASSWD: ALL\n", { mode: 0o440 });
+  }
+  if (!existsSync(join(rootfs, "home/user"))) {
+    mkdirSync(join(rootfs, "home/user"));
+    Bun.spawnSync(["chown", "1000:1000", join(rootfs, "home/user")]);
+  }
+}
+
+/** Apparent size of a tree in bytes (`du -sb`). */
+function treeBytes(dir: string): number {
+  const r = Bun.spawnSync(["du", "-sb", dir], { stdout: "pipe" });
+  return Number(r.stdout.toString().split(/\s/)[0] ?? 0);
+}
+
+/**
+ * Pull `o.ref` (or find it cached) and return its bootable overlaybd layer. Work happens in a
+ * temporary directory removed on every path; only a finished layer is renamed into the cache.
+ * @throws ImageError (bad reference, not found, auth, TLS, digest mismatch, tool failures).
+ */
+export async function pullImage(o: PullOptions): Promise<PulledImage> {
+  const r = parseImageRef(o.ref);
+  const ref = formatImageRef(r);
+  const progress = o.onProgress ?? (() => {});
+  const cacheDir = join(o.homePath, "images");
+  mkdirSync(cacheDir, { recursive: true });
+  progress(`resolving ${ref}`);
+  const { digest, compressedBytes } = await resolveManifest(r, o);
+  const guest = o.guest();
+  const key = sha256hex(`${digest}\0${guest.key}`).slice(0, 32);
+  const layerPath = join(cacheDir, `${key}.layer`);
+  const metaPath = join(cacheDir, `${key}.json`);
+  if (existsSync(layerPath) && existsSync(metaPath)) {
+    const m = JSON.parse(readFileSync(metaPath, "utf8")) as CacheEntry;
+    progress(`${ref} ${digest}: cached`);
+    return { ref, digest, layerPath, diskBytes: m.diskBytes, config: m.config, pulled: false, compressedBytes: m.compressedBytes, fetchMs: 0 };
+  }
+  const work = join(cacheDir, `.pull-${randomBytes(6).toString("hex")}`);
+  mkdirSync(work);
+  try {
+    const t0 = performance.now();
+    progress(`pulling ${ref} (${(compressedBytes / 1048576).toFixed(1)} MiB compressed)`);
+    await tool(
+      ["skopeo", "copy", "--retry-times", "0", "--dest-decompress", "--format", "oci", "--override-os", "linux", "--override-arch", "amd64", ...srcFlags(r, o), `docker://${r.registry}/${r.repository}@${digest}`, `dir:${join(work, "dir")}`],
+      o.toolTimeoutMs,
+      (e, c) => classifySkopeo(ref, r.registry, e, c),
+      progress,
+      o.signal,
+    );
+    const fetchMs = performance.now() - t0;
+    dirToOciLayout(join(work, "dir"), join(work, "oci"));
+    progress("unpacking layers (umoci)");
+    const bundle = join(work, "bundle");
+    await tool(["umoci", "unpack", "--image", `${join(work, "oci")}:img`, bundle], o.toolTimeoutMs, (e) => new ImageError("image.unpack_failed", `umoci unpack of ${ref} failed: ${e.slice(-800)}`, { ref }), undefined, o.signal);
+    rmSync(join(work, "dir"), { recursive: true, force: true });
+    rmSync(join(work, "oci"), { recursive: true, force: true });
+    const config = runConfig(bundle);
+    const rootfs = join(bundle, "rootfs");
+    installGuestBits(rootfs, guest);
+    const used = treeBytes(rootfs);
+    const mib = Math.max(o.minDiskMiB, Math.ceil((used * 1.25) / 1048576) + o.headroomMiB);
+    const diskBytes = mib * 1048576;
+    progress(`making ext4 of ${mib} MiB (${(used / 1048576).toFixed(1)} MiB of files)`);
+    const img = join(work, "rootfs.ext4");
+    writeFileSync(img, "");
+    await tool(["truncate", "-s", `${mib}M`, img], o.toolTimeoutMs, (e) => new ImageError("image.convert_failed", `truncate failed: ${e}`, { ref }));
+    await tool(["mkfs.ext4", "-q", "-F", "-L", "aenv-root", "-E", "root_owner=0:0", "-d", rootfs, img], o.toolTimeoutMs, (e) => new ImageError("image.convert_failed", `mkfs.ext4 of ${ref} failed: ${e.slice(-800)}`, { ref }), undefined, o.signal);
+    rmSync(bundle, { recursive: true, force: true });
+    progress("importing as an overlaybd layer");
+    const tmpLayer = join(work, "rootfs.layer");
+    await importSparse(img, tmpLayer);
+    const entry: CacheEntry = { ref, digest, diskBytes, config, compressedBytes };
+    writeFileSync(`${metaPath}.tmp`, JSON.stringify(entry, null, 2));
+    renameSync(tmpLayer, layerPath);
+    renameSync(`${metaPath}.tmp`, metaPath);
+    progress(`${ref} ${digest}: ${(compressedBytes / 1048576).toFixed(1)} MiB in ${(fetchMs / 1000).toFixed(1)} s`);
+    return { ref, digest, layerPath, diskBytes, config, pulled: true, compressedBytes, fetchMs };
+  } finally {
+    rmSync(work, { recursive: true, force: true });
+    rmSync(`${metaPath}.tmp`, { force: true });
+  }
+}
+
+/** Remove pull work directories a crashed node left in `$home/images`. */
+export function reapPullLeftovers(homePath: string): void {
+  const dir = join(homePath, "images");
+  if (!existsSync(dir)) return;
+  for (const name of require("node:fs").readdirSync(dir) as string[]) {
+    if (name.startsWith(".pull-") && statSync(join(dir, name)).isDirectory()) rmSync(join(dir, name), { recursive: true, force: true });
+  }
+}

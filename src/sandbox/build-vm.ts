@@ -1,0 +1,118 @@
+/**
+ * Build VMs for template builds (the `BuildVmLauncher` port of src/template): an internal
+ * sandbox — network slot, the storage daemon's export of the build's layers plus a fresh upper,
+ * the VMM, envd initialised as root — that is not in the orchestrator's table. Its work dir is
+ * `$home/sandboxes/build-<id>/`, so start-up reaping removes what a crashed node left.
+ *
+ * A checkpoint freezes and thaws the guest's root filesystem (fsfreeze, FIFREEZE: every dirty
+ * block and the journal reach the disk; `sync` alone where the image has no fsfreeze), then reads
+ * the export's file at the ranges the writable upper holds and stores the blocks that differ
+ * from the parent layers as one committed layer.
+ */
+import { mkdirSync, rmSync } from "node:fs";
+import { join } from "node:path";
+import { ENVD_PORT } from "../envd/version.ts";
+import { guestAddress, netSpec, parseEgressPolicy } from "../net/index.ts";
+import { logger } from "../observability/log.ts";
+import { OrchestratorError } from "../orchestrator/errors.ts";
+import { importExtents, openStack, RwLayer, SECTOR } from "../storage/overlaybd/index.ts";
+import { prepareRootDisk as exportRootDisk, upperPaths, type ExportedDisk } from "../storage/daemon/index.ts";
+import type { BuildVm, BuildVmSpec, VmCommand } from "../template/build-vm.ts";
+import type { VmHandle } from "../vmm/index.ts";
+import { initEnvd, runInGuest, uploadToGuest, waitEnvdHealthy } from "./envd-client.ts";
+import type { VmRuntimeOptions } from "./vm-runtime.ts";
+
+const log = logger("template.vm");
+
+/** Merge byte ranges (sorted by start) that touch or overlap. */
+function mergeRanges(r: Array<[number, number]>): Array<[number, number]> {
+  const out: Array<[number, number]> = [];
+  for (const [a, b] of [...r].sort((x, y) => x[0] - y[0])) {
+    const last = out[out.length - 1];
+    if (last && a <= last[1]) last[1] = Math.max(last[1], b);
+    else out.push([a, b]);
+  }
+  return out;
+}
+
+/**
+ * Boot a build VM from `spec.layers` and wait until its envd is initialised.
+ * @throws OrchestratorError / DiskError / VmmError / NetError from the parts; everything made is
+ *   freed first.
+ */
+export async function bootBuildVm(o: VmRuntimeOptions, spec: BuildVmSpec, bootTimeoutMs: number): Promise<BuildVm> {
+  const id = `build-${spec.id.replace(/[^a-z0-9]/g, "").slice(0, 12)}`;
+  const workDir = join(o.homePath, "sandboxes", id);
+  rmSync(workDir, { recursive: true, force: true });
+  mkdirSync(workDir, { recursive: true });
+  let disk: ExportedDisk | undefined;
+  let vm: VmHandle | undefined;
+  let slotTaken = false;
+  const stop = async () => {
+    if (vm) await vm.stop().catch((e) => log.error({ id, err: e }, "build VM stop failed"));
+    vm = undefined;
+    await disk?.close().catch((e) => log.error({ id, err: e }, "build disk close failed"));
+    disk = undefined;
+    if (slotTaken) await o.net.release(id).catch((e) => log.error({ id, err: e }, "build slot release failed"));
+    slotTaken = false;
+    rmSync(workDir, { recursive: true, force: true });
+  };
+  try {
+    disk = await exportRootDisk({ id, lowers: spec.layers, sandboxDir: workDir, virtualSize: spec.diskBytes, recordDir: o.disk.recordDir, config: o.disk.config });
+    const slot = await o.net.allocate(parseEgressPolicy({}), id);
+    slotTaken = true;
+    vm = await o.driver.boot({
+      id,
+      workDir,
+      kernelPath: o.kernelPath(),
+      bootArgs: `${spec.bootArgs} aenv.hostname=build`,
+      vcpus: spec.cpuCount,
+      memoryMiB: spec.memoryMB,
+      drives: [{ id: "root", path: disk.path, readOnly: false, isRoot: true }],
+      net: netSpec(slot),
+    });
+    const base = `http://${guestAddress(slot, ENVD_PORT).host}:${ENVD_PORT}`;
+    const bootSignal = AbortSignal.any([spec.signal, AbortSignal.timeout(bootTimeoutMs)]);
+    await waitEnvdHealthy(base, o.envdPollMs, bootSignal, vm.exited);
+    await initEnvd(base, { envVars: {}, defaultUser: "root", defaultWorkdir: "/", timestamp: new Date().toISOString() }, null, bootSignal);
+    log.info({ id, layers: spec.layers.length }, "build VM ready");
+    const diskPath = disk.path;
+    const run = async (c: VmCommand) => {
+      const timeout = AbortSignal.timeout(c.timeoutMs);
+      try {
+        return await runInGuest(base, { cmd: "/bin/sh", args: ["-c", c.script], user: c.user, cwd: c.cwd, envs: c.envs }, AbortSignal.any([spec.signal, timeout]), c.onOutput);
+      } catch (e) {
+        if (timeout.aborted && !spec.signal.aborted) return { exitCode: -1, output: `timed out after ${c.timeoutMs} ms` };
+        throw e;
+      }
+    };
+    return {
+      run,
+      async spawn(c) {
+        const done = runInGuest(base, { cmd: "/bin/sh", args: ["-c", c.script], user: c.user, cwd: c.cwd, envs: c.envs }, spec.signal, c.onOutput);
+        done.catch(() => {}); // the VM stops under it at the end of the build
+        return { pid: 0, done };
+      },
+      upload: (local, guestPath) => uploadToGuest(base, local, guestPath, "root", spec.signal),
+      async checkpoint(outPath, parentLayers) {
+        const flush = await run({ script: "sync; if command -v fsfreeze >/dev/null 2>&1; then fsfreeze -f / && fsfreeze -u /; fi; sync", user: "root", cwd: "/", timeoutMs: 120_000 });
+        if (flush.exitCode !== 0) throw new OrchestratorError("orchestrator.runtime_failed", `flushing the build VM's disk failed: ${flush.output}`, { id });
+        const upper = upperPaths(workDir);
+        const rw = await RwLayer.open(upper.data, upper.index, { readOnly: true });
+        const ranges = mergeRanges(rw.segments.map((s) => [s.offset * SECTOR, (s.offset + s.length) * SECTOR] as [number, number]));
+        await rw.close();
+        const parent = await openStack({ lowers: parentLayers });
+        try {
+          const r = await importExtents(diskPath, ranges, outPath, { parent, meta: { virtualSize: spec.diskBytes } });
+          return r.size;
+        } finally {
+          await parent.close();
+        }
+      },
+      stop,
+    };
+  } catch (e) {
+    await stop();
+    throw e;
+  }
+}

@@ -1,0 +1,371 @@
+/**
+ * Runs one template build: base (a pulled image or another template's ready build), then the
+ * steps, each one's result a committed overlaybd layer cached under the hash of everything
+ * before it (E2B's chaining, ../shared/docs/template-build.md §4: an unchanged prefix is reused,
+ * `force` rebuilds from the first forced step on), then the start and ready commands, checked in
+ * the build VM. Steps run in ONE build VM booted from the last cached layer; ENV/ARG steps
+ * change no disk and make no layer.
+ *
+ * Semantics chosen where E2B leaves room (documented in README): RUN runs as the step's user,
+ * else the current USER (E2B's `user` by default), with `/bin/sh -c`, cwd = WORKDIR, the
+ * accumulated ENV; COPY extracts the uploaded archive, strips the glob part of `src`, copies a
+ * file to `dest` (a trailing `/` = into that directory) or merges a directory into `dest`, then
+ * chowns what it copied to the step's user (else the current USER) and applies `mode` when given.
+ * A relative `dest` or WORKDIR resolves against the current WORKDIR.
+ */
+import { existsSync, mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
+import { isAbsolute, join, posix, relative } from "node:path";
+import type { BuildVm, BuildVmLauncher } from "./build-vm.ts";
+import type { BootSpec, BuildLogEntry, LogLevel, TemplateCatalog } from "./catalog.ts";
+import { TemplateError, type TemplateErrorCode } from "./errors.ts";
+import type { BuildFiles } from "./files.ts";
+import { baseKey, IGNORED_STEPS, stepKey, SUPPORTED_STEPS, type BuildSpec, type BuildStep } from "./spec.ts";
+import { readyProbe } from "./ready.ts";
+
+/** Process context a step leaves for the next one. */
+export interface StepContext {
+  envs: Record<string, string>;
+  workdir: string;
+  user: string;
+}
+
+/** A base image ready to boot (what the image puller returns). */
+export interface BaseImage {
+  digest: string;
+  layerPath: string;
+  diskBytes: number;
+  env: Record<string, string>;
+  workdir: string;
+}
+
+/** Tunables of builds (`[template_build]`). Times in ms. */
+export interface BuildSettings {
+  stepTimeoutMs: number;
+  readyTimeoutMs: number;
+  readyPollMs: number;
+  bootArgs: string;
+}
+
+/** What the builder needs. */
+export interface BuilderDeps {
+  homePath: string;
+  catalog: TemplateCatalog;
+  files: BuildFiles;
+  vms: BuildVmLauncher;
+  pullBase(ref: string, credentials: BuildSpec["credentials"], progress: (line: string) => void, signal: AbortSignal): Promise<BaseImage>;
+  settings: BuildSettings;
+}
+
+/** A cached step result: the full layer stack after it and the context it leaves. */
+interface StepEntry {
+  layers: string[];
+  context: StepContext;
+  diskBytes: number;
+}
+
+/** A failure attributed to a step ("base", "<n>", "finalize"). */
+export class StepFailure extends TemplateError {
+  constructor(readonly step: string, code: TemplateErrorCode, message: string, details: Record<string, unknown> = {}) {
+    super(code, message, { ...details, step });
+  }
+}
+
+const q = (s: string) => `'${s.replace(/'/g, `'\\''`)}'`;
+
+/** Expand `$VAR` / `${VAR}` from `envs` (unknown names expand to ""), as a shell would for ENV values. */
+export function expandEnv(value: string, envs: Record<string, string>): string {
+  return value.replace(/\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))/g, (_, a, b) => envs[a ?? b] ?? "");
+}
+
+/** The shell script that applies a COPY step from an archive at `archive` (see the module doc). */
+export function copyScript(archive: string, src: string, dest: string, owner: string, mode: string): string {
+  // the part of src before the first path component with a glob character (a glob's matches
+  // are merged into dest like a directory's content)
+  const parts = src.replace(/^\.\/+/, "").split("/");
+  const globAt = parts.findIndex((p) => /[*?[]/.test(p));
+  const base = (globAt < 0 ? parts : parts.slice(0, globAt)).filter((p) => p !== "" && p !== ".").join("/");
+  return [
+    "set -e",
+    `u=$(mktemp -d /tmp/aenv-copy.XXXXXX)`,
+    `tar -xf ${q(archive)} -C "$u"`,
+    `s="$u"/${q(base || ".")}`,
+    `d=${q(dest)}`,
+    `[ -e "$s" ] || { echo "COPY: ${src.replace(/["$`\\]/g, "")} matched nothing in the uploaded files" >&2; exit 1; }`,
+    // list of copied paths (relative to the destination) for chown/chmod
+    `if [ -d "$s" ]; then mkdir -p "$d"; (cd "$s" && find . -mindepth 1) > "$u.list"; cp -a "$s"/. "$d"/; t="$d"`,
+    `else case "$d" in */) mkdir -p "$d"; t="$d$(basename "$s")" ;; *) mkdir -p "$(dirname "$d")"; t="$d" ;; esac; cp -a "$s" "$t"; : > "$u.list"; fi`,
+    `chown -h ${q(owner)} "$t"`,
+    `while IFS= read -r f; do chown -h ${q(owner)} "$t/$f"; done < "$u.list"`,
+    ...(mode ? [`chmod ${q(mode)} "$t"`, `while IFS= read -r f; do [ -L "$t/$f" ] || chmod ${q(mode)} "$t/$f"; done < "$u.list"`] : []),
+    `rm -rf "$u" "$u.list" ${q(archive)}`,
+  ].join("\n");
+}
+
+/** Builds templates. One instance per node. */
+export class TemplateBuilder {
+  constructor(private readonly d: BuilderDeps) {
+    mkdirSync(this.layerDir, { recursive: true });
+    mkdirSync(this.stepDir, { recursive: true });
+  }
+
+  private get layerDir(): string {
+    return join(this.d.catalog.dir, "layers");
+  }
+  private get stepDir(): string {
+    return join(this.d.catalog.dir, "steps");
+  }
+
+  /**
+   * Run build `buildID` of `templateID` to `ready` or `error` (never throws: the outcome is the
+   * build's status, reason and log).
+   */
+  async run(templateID: string, buildID: string, spec: BuildSpec, signal: AbortSignal): Promise<void> {
+    const { catalog } = this.d;
+    const log = (level: LogLevel, message: string, step?: string) => {
+      const e: BuildLogEntry = { timestamp: new Date().toISOString(), level, message, ...(step ? { step } : {}) };
+      catalog.appendLog(buildID, [e]);
+    };
+    const { build } = catalog.build(templateID, buildID);
+    catalog.setStatus(templateID, buildID, "building");
+    let vm: BuildVm | undefined;
+    const t0 = performance.now();
+    try {
+      const n = spec.steps.length;
+      spec.steps.forEach((s, i) => {
+        if (!SUPPORTED_STEPS.has(s.type) && !IGNORED_STEPS.has(s.type)) {
+          throw new StepFailure(String(i + 1), "template.unsupported_step", `step ${i + 1}: ${s.type} is not supported (supported: ${[...SUPPORTED_STEPS].join(", ")}; ignored: ${[...IGNORED_STEPS].join(", ")})`, { type: s.type });
+        }
+        if ((s.type === "COPY" || s.type === "ADD") && (!s.filesHash || s.args.length < 2)) {
+          throw new StepFailure(String(i + 1), "template.bad_request", `step ${i + 1}: ${s.type} needs src, dest and filesHash`, {});
+        }
+        if ((s.type === "COPY" || s.type === "ADD") && !this.d.files.has(s.filesHash!)) {
+          throw new StepFailure(String(i + 1), "template.files_missing", `step ${i + 1}: ${s.type} ${s.args[0]}: the files (hash ${s.filesHash}) were never uploaded`, { filesHash: s.filesHash });
+        }
+      });
+
+      // base
+      let base: StepEntry;
+      let key: string;
+      if (spec.fromTemplate) {
+        log("info", `[base] FROM TEMPLATE ${spec.fromTemplate}`, "base");
+        let parent;
+        try {
+          parent = catalog.readyBuild(spec.fromTemplate);
+        } catch (e) {
+          throw new StepFailure("base", (e as TemplateError).code ?? "template.not_found", `base template: ${(e as Error).message}`);
+        }
+        const boot = parent.build.boot ?? this.legacyBoot(parent.template.templateID);
+        base = { layers: boot.layers, context: { envs: boot.envs, workdir: boot.workdir, user: boot.user }, diskBytes: boot.diskBytes };
+        key = baseKey({ templateBuildID: parent.build.buildID });
+      } else {
+        const ref = spec.fromImage!;
+        log("info", `[base] FROM ${ref}`, "base");
+        let img: BaseImage;
+        try {
+          img = await this.d.pullBase(ref, spec.credentials, (line) => log("info", line, "base"), signal);
+        } catch (e) {
+          throw new StepFailure("base", "template.build_failed", `base image ${ref}: ${(e as Error).message}`);
+        }
+        const workdir = img.workdir && img.workdir !== "/" ? img.workdir : "/home/user";
+        base = { layers: [relative(this.d.homePath, img.layerPath)], context: { envs: img.env, workdir, user: "user" }, diskBytes: img.diskBytes };
+        key = baseKey({ imageDigest: img.digest });
+      }
+
+      // steps: find the cached prefix
+      const keys: string[] = [];
+      for (const s of spec.steps) keys.push((key = stepKey(key, s)));
+      const firstForced = spec.force ? 0 : spec.steps.findIndex((s) => s.force);
+      let state = base;
+      let i = 0;
+      for (; i < n && (firstForced < 0 || i < firstForced); i++) {
+        const hit = this.readEntry(keys[i]!);
+        if (!hit) break;
+        state = hit;
+        log("info", `CACHED [builder ${i + 1}/${n}] ${describe(spec.steps[i]!)} [${keys[i]!.slice(0, 12)}]`, String(i + 1));
+      }
+      for (; i < n; i++) {
+        const step = spec.steps[i]!;
+        const label = String(i + 1);
+        log("info", `[builder ${i + 1}/${n}] ${describe(step)} [${keys[i]!.slice(0, 12)}]`, label);
+        const needsVm = !(step.type === "ENV" || step.type === "ARG" || IGNORED_STEPS.has(step.type));
+        if (needsVm && !vm) {
+          log("info", `booting the build VM (${build.cpuCount} vCPU, ${build.memoryMB} MiB)`, label);
+          vm = await this.d.vms.boot({ id: buildID, layers: this.abs(state.layers), diskBytes: state.diskBytes, bootArgs: this.d.settings.bootArgs, cpuCount: build.cpuCount, memoryMB: build.memoryMB, signal });
+        }
+        const context = await this.apply(vm, step, state.context, label, log);
+        let layers = state.layers;
+        if (needsVm) {
+          const out = join(this.layerDir, `${keys[i]}.layer`);
+          const size = await vm!.checkpoint(out, this.abs(state.layers));
+          layers = [...state.layers, relative(this.d.homePath, out)];
+          log("debug", `layer ${keys[i]!.slice(0, 12)}: ${size} bytes`, label);
+        }
+        state = { layers, context, diskBytes: state.diskBytes };
+        this.writeEntry(keys[i]!, state);
+      }
+
+      // finalize: start + ready check
+      const { startCmd } = spec;
+      const readyCmd = spec.readyCmd;
+      if (startCmd || readyCmd) {
+        if (!vm) {
+          log("info", `booting the build VM for the start command`, "finalize");
+          vm = await this.d.vms.boot({ id: buildID, layers: this.abs(state.layers), diskBytes: state.diskBytes, bootArgs: this.d.settings.bootArgs, cpuCount: build.cpuCount, memoryMB: build.memoryMB, signal });
+        }
+        await this.checkReady(vm, startCmd, readyCmd, state.context, log);
+      }
+      const boot: BootSpec = { layers: state.layers, bootArgs: this.d.settings.bootArgs, diskBytes: state.diskBytes, envs: state.context.envs, workdir: state.context.workdir, user: state.context.user, startCmd, readyCmd };
+      await vm?.stop();
+      vm = undefined;
+      catalog.setStatus(templateID, buildID, "ready", { boot, diskSizeMB: Math.floor(state.diskBytes / 1048576) });
+      log("info", `build ready in ${((performance.now() - t0) / 1000).toFixed(1)} s: ${state.layers.length} layers`, "finalize");
+    } catch (e) {
+      await vm?.stop();
+      const step = e instanceof StepFailure ? e.step : undefined;
+      const message = signal.aborted && !(e instanceof StepFailure) ? `build cancelled: ${(e as Error).message}` : (e as Error).message;
+      log("error", message, step);
+      catalog.setStatus(templateID, buildID, "error", { reason: { message, ...(step ? { step } : {}) } });
+    }
+  }
+
+  /** Apply one step; returns the context after it. @throws StepFailure. */
+  private async apply(vm: BuildVm | undefined, step: BuildStep, ctx: StepContext, label: string, log: (l: LogLevel, m: string, s?: string) => void): Promise<StepContext> {
+    const out = (_: string, text: string) => {
+      for (const line of text.split("\n")) if (line.trim()) log("info", line, label);
+    };
+    const runRoot = async (script: string, what: string) => {
+      const r = await vm!.run({ script, user: "root", cwd: "/", envs: ctx.envs, timeoutMs: this.d.settings.stepTimeoutMs, onOutput: out });
+      if (r.exitCode !== 0) throw new StepFailure(label, "template.step_failed", `step ${label}: ${what} failed with exit code ${r.exitCode}: ${r.output.trim().slice(-1500)}`, { exitCode: r.exitCode });
+    };
+    const resolve = (p: string) => (p.startsWith("/") ? posix.normalize(p) : posix.join(ctx.workdir, p));
+    switch (step.type) {
+      case "RUN": {
+        const [cmd = "", user] = step.args;
+        const r = await vm!.run({ script: cmd, user: user || ctx.user, cwd: ctx.workdir, envs: ctx.envs, timeoutMs: this.d.settings.stepTimeoutMs, onOutput: out });
+        if (r.exitCode !== 0) {
+          throw new StepFailure(label, "template.step_failed", `step ${label}: RUN ${cmd.slice(0, 200)} failed with exit code ${r.exitCode}: ${r.output.trim().slice(-1500)}`, { exitCode: r.exitCode });
+        }
+        return ctx;
+      }
+      case "COPY":
+      case "ADD": {
+        const [src = "", destRaw = "", user, mode] = step.args;
+        const archive = `/tmp/aenv-files-${step.filesHash}.tar`;
+        await vm!.upload(this.d.files.path(step.filesHash!), archive);
+        const dest = resolve(destRaw) + (destRaw.endsWith("/") && destRaw !== "/" ? "/" : "");
+        await runRoot(copyScript(archive, src, dest, user || ctx.user, mode ?? ""), `${step.type} ${src} ${destRaw}`);
+        return ctx;
+      }
+      case "ENV":
+      case "ARG": {
+        const envs = { ...ctx.envs };
+        const a = step.args;
+        if (step.type === "ARG" && a.length === 1) {
+          if (!a[0]!.includes("=")) return ctx;
+          const [k, ...v] = a[0]!.split("=");
+          envs[k!] = expandEnv(v.join("="), envs);
+        } else {
+          if (a.length % 2 !== 0) throw new StepFailure(label, "template.bad_request", `step ${label}: ${step.type} needs key/value pairs, got ${a.length} args`);
+          for (let j = 0; j < a.length; j += 2) envs[a[j]!] = expandEnv(a[j + 1]!, envs);
+        }
+        return { ...ctx, envs };
+      }
+      case "WORKDIR": {
+        const dir = resolve(step.args[0] ?? "");
+        await runRoot(`mkdir -p ${q(dir)} && chown ${q(ctx.user)} ${q(dir)} 2>/dev/null || mkdir -p ${q(dir)}`, `WORKDIR ${dir}`);
+        return { ...ctx, workdir: dir };
+      }
+      case "USER": {
+        const user = step.args[0] ?? "";
+        if (!/^[a-z_][a-z0-9_-]*$/i.test(user) && !/^\d+$/.test(user)) throw new StepFailure(label, "template.bad_request", `step ${label}: invalid user ${JSON.stringify(user)}`);
+        await runRoot(`id -u ${q(user)} >/dev/null 2>&1 || useradd -m -s /bin/sh ${q(user)} 2>/dev/null || adduser -D ${q(user)}`, `USER ${user}`);
+        return { ...ctx, user };
+      }
+      default:
+        return ctx; // EXPOSE, LABEL, ...: metadata only
+    }
+  }
+
+  /** Start `startCmd` (if any) and poll `readyCmd` until it exits 0. @throws StepFailure "finalize". */
+  private async checkReady(vm: BuildVm, startCmd: string, readyCmd: string, ctx: StepContext, log: (l: LogLevel, m: string, s?: string) => void): Promise<void> {
+    const base = { user: ctx.user, cwd: ctx.workdir, envs: ctx.envs };
+    let exited: { exitCode: number; output: string } | undefined;
+    if (startCmd) {
+      log("info", `[finalize] START ${startCmd}`, "finalize");
+      const started = await vm.spawn({ script: startCmd, ...base, onOutput: (_, t) => t.split("\n").forEach((l) => l.trim() && log("info", l, "finalize")) });
+      void started.done.then((r) => (exited = r));
+    }
+    if (!readyCmd) return;
+    const probe = readyProbe(readyCmd);
+    log("info", `[finalize] READY ${readyCmd}`, "finalize");
+    const end = Date.now() + this.d.settings.readyTimeoutMs;
+    let last = "";
+    for (;;) {
+      if (exited && exited.exitCode !== 0) {
+        throw new StepFailure("finalize", "template.step_failed", `start command exited with code ${exited.exitCode} before it was ready: ${exited.output.trim().slice(-1500)}`);
+      }
+      const r = await vm.run({ script: probe, ...base, timeoutMs: Math.max(1000, Math.min(60_000, end - Date.now())) });
+      if (r.exitCode === 0) return;
+      last = r.output.trim();
+      if (Date.now() >= end) break;
+      await Bun.sleep(this.d.settings.readyPollMs);
+    }
+    throw new StepFailure("finalize", "template.ready_timeout", `ready command ${JSON.stringify(readyCmd)} did not succeed within ${this.d.settings.readyTimeoutMs} ms${last ? `: ${last.slice(-500)}` : ""}`);
+  }
+
+  private abs(layers: string[]): string[] {
+    return layers.map((l) => (isAbsolute(l) ? l : join(this.d.homePath, l)));
+  }
+
+  /** Boot spec of a `build-base` template (no catalog record). */
+  private legacyBoot(name: string): BootSpec {
+    const manifestPath = join(this.d.homePath, "templates", name, "manifest.json");
+    const m = JSON.parse(readFileSync(manifestPath, "utf8")) as { layers: string[]; bootArgs: string; diskBytes: number };
+    if (m.layers.length === 0) throw new StepFailure("base", "template.not_ready", `template ${name} has no overlaybd layer to build on`);
+    return { layers: m.layers.map((l) => join("templates", name, l)), bootArgs: m.bootArgs, diskBytes: m.diskBytes, envs: {}, workdir: "/home/user", user: "user", startCmd: "", readyCmd: "" };
+  }
+
+  private readEntry(key: string): StepEntry | undefined {
+    const p = join(this.stepDir, `${key}.json`);
+    if (!existsSync(p)) return undefined;
+    try {
+      const e = JSON.parse(readFileSync(p, "utf8")) as StepEntry;
+      // a cache entry whose layers were removed is a miss
+      return this.abs(e.layers).every((l) => existsSync(l)) ? e : undefined;
+    } catch {
+      return undefined;
+    }
+  }
+
+  private writeEntry(key: string, e: StepEntry): void {
+    const p = join(this.stepDir, `${key}.json`);
+    writeFileSync(`${p}.tmp`, JSON.stringify(e));
+    renameSync(`${p}.tmp`, p);
+  }
+
+  /** Remove temporary files a crashed build left in the layer cache. */
+  reapLeftovers(): void {
+    for (const dir of [this.layerDir, this.stepDir]) {
+      for (const f of require("node:fs").readdirSync(dir) as string[]) if (f.endsWith(".tmp")) rmSync(join(dir, f), { force: true });
+    }
+  }
+}
+
+/** One-line description of a step for the log. */
+function describe(s: BuildStep): string {
+  switch (s.type) {
+    case "RUN":
+      return `RUN ${s.args[0] ?? ""}${s.args[1] ? ` (as ${s.args[1]})` : ""}`;
+    case "COPY":
+    case "ADD":
+      return `${s.type} ${s.args[0]} ${s.args[1]}`;
+    case "ENV":
+    case "ARG": {
+      const pairs: string[] = [];
+      for (let i = 0; i < s.args.length; i += 2) pairs.push(`${s.args[i]}=${s.args[i + 1] ?? ""}`);
+      return `${s.type} ${pairs.join(" ")}`;
+    }
+    default:
+      return `${s.type} ${s.args.join(" ")}`;
+  }
+}

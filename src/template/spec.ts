@@ -1,0 +1,109 @@
+/**
+ * What a build runs (`POST /v2/templates/{id}/builds/{buildID}` body, E2B's TemplateBuildStartV2)
+ * as plain checked data, and the cache keys of its steps. Wire facts (step JSON, ready helpers,
+ * E2B's step hashing): ../shared/docs/template-build.md §1, §4.
+ */
+import { createHash } from "node:crypto";
+import { TemplateError } from "./errors.ts";
+
+/** One step as the SDK sends it (`{type, args, filesHash?, force?}`). */
+export interface BuildStep {
+  /** RUN, COPY, ADD, ENV, ARG, WORKDIR, USER (others end the build in `error`). */
+  type: string;
+  args: string[];
+  filesHash?: string;
+  force: boolean;
+}
+
+/** Credentials for the base image's registry (`fromImageRegistry` of type `registry`). */
+export interface RegistryCredentials {
+  username: string;
+  password: string;
+}
+
+/** A checked build request. Exactly one of `fromImage` / `fromTemplate` is set. */
+export interface BuildSpec {
+  fromImage?: string;
+  fromTemplate?: string;
+  credentials?: RegistryCredentials;
+  /** Rebuild every step regardless of the cache. */
+  force: boolean;
+  steps: BuildStep[];
+  startCmd: string;
+  readyCmd: string;
+}
+
+/** Step types a build runs. ADD = COPY and ARG = ENV, as E2B treats them. */
+export const SUPPORTED_STEPS = new Set(["RUN", "COPY", "ADD", "ENV", "ARG", "WORKDIR", "USER"]);
+/** Dockerfile metadata instructions accepted and ignored (they change nothing on disk). */
+export const IGNORED_STEPS = new Set(["EXPOSE", "LABEL", "MAINTAINER"]);
+const HASH_RE = /^[0-9a-f]{64}$/;
+
+function bad(message: string, details: Record<string, unknown> = {}): never {
+  throw new TemplateError("template.bad_request", message, details);
+}
+
+/**
+ * Check a build start body. Unknown keys are ignored (later SDKs add some). Step *types* are not
+ * checked here: an unsupported one fails the build naming the step (so the SDK shows it).
+ * `defaultTemplate` replaces E2B's `e2bdev/base` (what the SDK sends without any `from*`).
+ * @throws TemplateError `template.bad_request` naming the field.
+ */
+export function checkBuildSpec(body: Record<string, unknown>, defaultTemplate: string): BuildSpec {
+  const str = (k: string): string | undefined => {
+    const v = body[k];
+    if (v === undefined || v === null) return undefined;
+    if (typeof v !== "string") bad(`${k} must be a string`, { field: k });
+    return v;
+  };
+  let fromImage = str("fromImage");
+  let fromTemplate = str("fromTemplate");
+  if (fromImage && fromTemplate) bad("give either fromImage or fromTemplate, not both", { field: "fromTemplate" });
+  if ((!fromImage && !fromTemplate) || fromImage === "e2bdev/base") {
+    // the SDK's default base: the node's default template
+    fromImage = undefined;
+    fromTemplate = defaultTemplate;
+  }
+  let credentials: RegistryCredentials | undefined;
+  const reg = body.fromImageRegistry as Record<string, unknown> | undefined | null;
+  if (reg !== undefined && reg !== null) {
+    if (typeof reg !== "object" || Array.isArray(reg)) bad("fromImageRegistry must be an object", { field: "fromImageRegistry" });
+    if (reg.type !== "registry") bad(`fromImageRegistry type ${JSON.stringify(reg.type)} is not supported (only "registry": username + password)`, { field: "fromImageRegistry.type" });
+    if (typeof reg.username !== "string" || typeof reg.password !== "string") bad("fromImageRegistry needs username and password strings", { field: "fromImageRegistry" });
+    credentials = { username: reg.username, password: reg.password };
+  }
+  const rawSteps = body.steps ?? [];
+  if (!Array.isArray(rawSteps)) bad("steps must be an array", { field: "steps" });
+  const steps = rawSteps.map((s, i): BuildStep => {
+    const where = `steps[${i}]`;
+    if (typeof s !== "object" || s === null) bad(`${where} must be an object`, { field: where });
+    const o = s as Record<string, unknown>;
+    if (typeof o.type !== "string" || o.type.length === 0) bad(`${where}.type must be a non-empty string`, { field: `${where}.type` });
+    const args = o.args ?? [];
+    if (!Array.isArray(args) || args.some((a) => typeof a !== "string")) bad(`${where}.args must be an array of strings`, { field: `${where}.args` });
+    if (o.filesHash !== undefined && o.filesHash !== null && (typeof o.filesHash !== "string" || !HASH_RE.test(o.filesHash))) {
+      bad(`${where}.filesHash must be 64 lowercase hex digits`, { field: `${where}.filesHash` });
+    }
+    if (o.force !== undefined && o.force !== null && typeof o.force !== "boolean") bad(`${where}.force must be a boolean`, { field: `${where}.force` });
+    return { type: o.type.toUpperCase(), args: args as string[], ...(typeof o.filesHash === "string" ? { filesHash: o.filesHash } : {}), force: o.force === true };
+  });
+  if (body.force !== undefined && body.force !== null && typeof body.force !== "boolean") bad("force must be a boolean", { field: "force" });
+  return { fromImage, fromTemplate, credentials, force: body.force === true, steps, startCmd: str("startCmd") ?? "", readyCmd: str("readyCmd") ?? "" };
+}
+
+/** sha256 hex over parts separated by NUL. */
+export function hashParts(...parts: string[]): string {
+  const h = createHash("sha256");
+  for (const p of parts) h.update(p).update("\0");
+  return h.digest("hex");
+}
+
+/** Cache key of the base (before any step): the image's manifest digest or the parent build. */
+export function baseKey(base: { imageDigest: string } | { templateBuildID: string }): string {
+  return "imageDigest" in base ? hashParts("aenv-template-v1", "image", base.imageDigest) : hashParts("aenv-template-v1", "template", base.templateBuildID);
+}
+
+/** Cache key of a step: the previous key, the step's type, args and files hash (E2B's chaining). */
+export function stepKey(prev: string, step: BuildStep): string {
+  return hashParts(prev, step.type, step.args.join(" "), step.filesHash ?? "");
+}

@@ -1,0 +1,29 @@
+/** Image reference parsing as Docker reads names, loopback detection, skopeo error mapping. */
+import { expect, test } from "bun:test";
+import { classifySkopeo, formatImageRef, isLoopbackRegistry, parseImageRef } from "../../src/image/index.ts";
+
+test("parseImageRef: registry, library/ prefix, default tag, digest, bad input", () => {
+  expect(parseImageRef("debian")).toEqual({ registry: "docker.io", repository: "library/debian", tag: "latest" });
+  expect(parseImageRef("debian:bookworm-slim")).toEqual({ registry: "docker.io", repository: "library/debian", tag: "bookworm-slim" });
+  expect(parseImageRef("127.0.0.1:5000/test/img:v1")).toEqual({ registry: "127.0.0.1:5000", repository: "test/img", tag: "v1" });
+  expect(parseImageRef("localhost/x")).toEqual({ registry: "localhost", repository: "x", tag: "latest" });
+  const d = "sha256:" + "a".repeat(64);
+  expect(parseImageRef(`ghcr.io/o/r@${d}`)).toEqual({ registry: "ghcr.io", repository: "o/r", tag: "latest", digest: d });
+  expect(formatImageRef(parseImageRef("debian"))).toBe("docker.io/library/debian:latest");
+  for (const bad of ["", "UPPER/case", "x@sha256:12", "a/b:c:d", "x:bad tag"]) expect(() => parseImageRef(bad)).toThrow("invalid image reference");
+});
+
+test("loopback registries are 127.0.0.0/8, localhost and ::1 only", () => {
+  for (const r of ["127.0.0.1:5000", "127.1.2.3", "localhost:80", "[::1]:5000"]) expect(isLoopbackRegistry(r)).toBe(true);
+  for (const r of ["10.0.0.1:5000", "docker.io", "128.0.0.1", "localhost.example.com"]) expect(isLoopbackRegistry(r)).toBe(false);
+});
+
+test("skopeo failures map to typed codes", () => {
+  const c = (err: string) => classifySkopeo("r", "reg", err, 1).code;
+  expect(c("reading manifest v1 in reg/r: manifest unknown: manifest unknown")).toBe("image.not_found");
+  expect(c("unauthorized: authentication required")).toBe("image.auth");
+  expect(c("writing blob: Digest did not match, expected sha256:1, got sha256:2")).toBe("image.digest_mismatch");
+  expect(c("http: server gave HTTP response to HTTPS client")).toBe("image.tls");
+  expect(c("dial tcp 127.0.0.1:1: connect: connection refused")).toBe("image.unreachable");
+  expect(classifySkopeo("r", "reg", "", null).code).toBe("image.pull_failed");
+});

@@ -1,0 +1,109 @@
+/**
+ * Pure parts of template builds: the build body check, step cache keys, ENV expansion, the
+ * waitForPort ready-probe rewrite (run against this host's real /proc/net/tcp), and the COPY
+ * script (run with /bin/sh on a real archive: files land with the step's owner and mode).
+ */
+import { expect, test } from "bun:test";
+import { mkdtempSync, readFileSync, rmSync, statSync, writeFileSync, mkdirSync, lstatSync, readlinkSync, symlinkSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { baseKey, checkBuildSpec, copyScript, expandEnv, readyProbe, stepKey } from "../../src/template/index.ts";
+
+test("checkBuildSpec: defaults, e2bdev/base → the default template, credentials, bad fields", () => {
+  expect(checkBuildSpec({}, "base")).toEqual({ fromImage: undefined, fromTemplate: "base", credentials: undefined, force: false, steps: [], startCmd: "", readyCmd: "" });
+  expect(checkBuildSpec({ fromImage: "e2bdev/base" }, "base").fromTemplate).toBe("base");
+  const s = checkBuildSpec(
+    { fromImage: "127.0.0.1:5000/a:b", fromImageRegistry: { type: "registry", username: "u", password: "p" }, steps: [{ type: "run", args: ["echo hi", "root"], force: true }], force: false, startCmd: "x", readyCmd: "y", extra: 1 },
+    "base",
+  );
+  expect(s).toEqual({ fromImage: "127.0.0.1:5000/a:b", fromTemplate: undefined, credentials: { username: "u", password: "p" }, force: false, steps: [{ type: "RUN", args: ["echo hi", "root"], force: true }], startCmd: "x", readyCmd: "y" });
+  const bad: [Record<string, unknown>, string][] = [
+    [{ fromImage: "a", fromTemplate: "b" }, "not both"],
+    [{ steps: {} }, "steps must be an array"],
+    [{ steps: [{ args: [] }] }, "steps[0].type"],
+    [{ steps: [{ type: "RUN", args: [1] }] }, "steps[0].args"],
+    [{ steps: [{ type: "COPY", args: ["a", "b"], filesHash: "XYZ" }] }, "filesHash"],
+    [{ fromImageRegistry: { type: "aws" } }, "not supported"],
+    [{ force: "yes" }, "force must be a boolean"],
+  ];
+  for (const [body, msg] of bad) expect(() => checkBuildSpec(body, "base")).toThrow(msg);
+});
+
+test("step keys chain: same prefix same key, any change in type, args, files or base changes it", () => {
+  const b = baseKey({ imageDigest: "sha256:" + "1".repeat(64) });
+  const run = { type: "RUN", args: ["echo a"], force: false };
+  const k1 = stepKey(b, run);
+  expect(stepKey(b, { ...run, force: true })).toBe(k1); // force is not part of the key
+  expect(stepKey(b, { ...run, args: ["echo b"] })).not.toBe(k1);
+  expect(stepKey(baseKey({ imageDigest: "sha256:" + "2".repeat(64) }), run)).not.toBe(k1);
+  expect(stepKey(baseKey({ templateBuildID: "x" }), run)).not.toBe(k1);
+  const copy = { type: "COPY", args: ["a", "/b"], filesHash: "a".repeat(64), force: false };
+  expect(stepKey(k1, copy)).not.toBe(stepKey(k1, { ...copy, filesHash: "b".repeat(64) }));
+  expect(k1).toMatch(/^[0-9a-f]{64}$/);
+});
+
+test("expandEnv expands $VAR and ${VAR}, unknown to empty", () => {
+  expect(expandEnv("$HOME/bin:${PATH}:$NOPE.", { HOME: "/h", PATH: "/usr/bin" })).toBe("/h/bin:/usr/bin:.");
+});
+
+test("readyProbe: the SDK's waitForPort text becomes a /proc/net/tcp probe that sees a real listener", async () => {
+  expect(readyProbe("pgrep 'x' > /dev/null")).toBe("pgrep 'x' > /dev/null");
+  const server = Bun.serve({ port: 0, hostname: "127.0.0.1", fetch: () => new Response("ok") });
+  try {
+    const probe = readyProbe(`[ -n "$(ss -Htuln sport = :${server.port})" ]`);
+    expect(probe).not.toContain("ss ");
+    expect(Bun.spawnSync(["sh", "-c", probe]).exitCode).toBe(0);
+  } finally {
+    server.stop(true);
+  }
+  // a port nothing listens on (the server is gone)
+  const free = Bun.serve({ port: 0, hostname: "127.0.0.1", fetch: () => new Response("") });
+  const port = free.port;
+  free.stop(true);
+  await Bun.sleep(50);
+  expect(Bun.spawnSync(["sh", "-c", readyProbe(`[ -n "$(ss -Htuln sport = :${port})" ]`)]).exitCode).toBe(1);
+});
+
+test("copyScript: directory merge, file into a directory, file renamed, glob; owner and mode applied", () => {
+  const root = mkdtempSync(join(tmpdir(), "aenv-copy-"));
+  try {
+    const ctx = join(root, "ctx");
+    mkdirSync(join(ctx, "app/sub"), { recursive: true });
+    writeFileSync(join(ctx, "app/main.py"), "print(1)\n");
+    writeFileSync(join(ctx, "app/sub/data.txt"), "data\n");
+    symlinkSync("main.py", join(ctx, "app/link"));
+    writeFileSync(join(ctx, "single.txt"), "one\n");
+    const tarOf = (name: string, ...paths: string[]) => {
+      const p = join(root, name);
+      expect(Bun.spawnSync(["tar", "-czf", p, "-C", ctx, ...paths]).exitCode).toBe(0);
+      return p;
+    };
+    const sh = (script: string) => {
+      const r = Bun.spawnSync(["sh", "-c", script], { stderr: "pipe" });
+      return { code: r.exitCode, err: r.stderr.toString() };
+    };
+    const dest = join(root, "dest");
+    mkdirSync(join(dest, "app"), { recursive: true });
+    writeFileSync(join(dest, "app/keep.txt"), "kept\n");
+    expect(sh(copyScript(tarOf("a.tar", "app"), "app/", `${dest}/app/`, "nobody", "")).code).toBe(0);
+    expect(readFileSync(join(dest, "app/main.py"), "utf8")).toBe("print(1)\n");
+    expect(readFileSync(join(dest, "app/sub/data.txt"), "utf8")).toBe("data\n");
+    expect(readFileSync(join(dest, "app/keep.txt"), "utf8")).toBe("kept\n");
+    expect(readlinkSync(join(dest, "app/link"))).toBe("main.py");
+    const nobody = Number(Bun.spawnSync(["id", "-u", "nobody"]).stdout.toString().trim());
+    expect(statSync(join(dest, "app/sub/data.txt")).uid).toBe(nobody);
+    expect(lstatSync(join(dest, "app/link")).uid).toBe(nobody);
+    expect(statSync(join(dest, "app/keep.txt")).uid).toBe(process.getuid!()); // not copied: untouched
+    expect(sh(copyScript(tarOf("b.tar", "single.txt"), "single.txt", `${dest}/etc/`, "root", "0600")).code).toBe(0);
+    expect(statSync(join(dest, "etc/single.txt")).mode & 0o777).toBe(0o600);
+    expect(sh(copyScript(tarOf("c.tar", "single.txt"), "single.txt", `${dest}/renamed.txt`, "root", "")).code).toBe(0);
+    expect(readFileSync(join(dest, "renamed.txt"), "utf8")).toBe("one\n");
+    expect(sh(copyScript(tarOf("d.tar", "app/main.py"), "app/*.py", `${dest}/py`, "root", "0755")).code).toBe(0);
+    expect(statSync(join(dest, "py/main.py")).mode & 0o777).toBe(0o755);
+    const miss = sh(copyScript(tarOf("e.tar", "single.txt"), "nothere.txt", `${dest}/x`, "root", ""));
+    expect(miss.code).not.toBe(0);
+    expect(miss.err).toContain("matched nothing");
+  } finally {
+    rmSync(root, { recursive: true, force: true });
+  }
+});
