@@ -16,6 +16,10 @@ pkgs+=(qemu-system-x86 linux-source-6.1 build-essential bc bison flex libelf-dev
 [ "$want_test" = 1 ] && pkgs+=()
 # overlaybd tests (test/storage/overlaybd): a real OCI registry, openssl for its token cert, XFS for reflinks.
 [ "$want_test" = 1 ] && pkgs+=(docker-registry openssl xfsprogs)
+# Template builds from registry images (src/image): skopeo pulls, umoci unpacks, zstd layers.
+pkgs+=(skopeo umoci zstd)
+# Template build tests: a local registry (above) reached from a node's namespace with curl.
+[ "$want_test" = 1 ] && pkgs+=(curl)
 # VM tests: a static busybox for the kernel boot test rootfs.
 [ "$want_test" = 1 ] && pkgs+=(busybox-static procps)
 # cluster tests (test/services): the scheduler's shared Redis store against a real redis-server.

@@ -27,7 +27,7 @@ import { formatImageRef, isLoopbackRegistry, parseImageRef, type ImageRef } from
 export interface ImageRunConfig {
   env: Record<string, string>;
   workdir: string;
-  /** uid:gid the image names (E2B runs steps as `user` regardless). */
+  /** USER the image names (E2B runs steps as `user` regardless). */
   user: string;
   /** ENTRYPOINT + CMD. */
   cmd: string[];
@@ -160,15 +160,18 @@ async function resolveManifest(r: ImageRef, o: PullOptions): Promise<{ digest: s
   return { digest, compressedBytes: (m.layers ?? []).reduce((a, l) => a + (l.size ?? 0), 0) };
 }
 
-/** Read ENV/WORKDIR/USER/CMD from umoci's runtime spec (`bundle/config.json`). */
-function runConfig(bundle: string): ImageRunConfig {
-  const spec = JSON.parse(readFileSync(join(bundle, "config.json"), "utf8")) as { process?: { env?: string[]; cwd?: string; user?: { uid?: number; gid?: number }; args?: string[] } };
+/** ENV/WORKDIR/USER/ENTRYPOINT+CMD from the image config blob of skopeo's `dir:` copy. */
+function runConfig(dir: string): ImageRunConfig {
+  const manifest = JSON.parse(readFileSync(join(dir, "manifest.json"), "utf8")) as { config: { digest: string } };
+  const cfg = JSON.parse(readFileSync(join(dir, manifest.config.digest.replace(/^sha256:/, "")), "utf8")) as {
+    config?: { Env?: string[]; WorkingDir?: string; User?: string; Entrypoint?: string[] | null; Cmd?: string[] | null };
+  };
   const env: Record<string, string> = {};
-  for (const kv of spec.process?.env ?? []) {
+  for (const kv of cfg.config?.Env ?? []) {
     const i = kv.indexOf("=");
     if (i > 0) env[kv.slice(0, i)] = kv.slice(i + 1);
   }
-  return { env, workdir: spec.process?.cwd || "/", user: `${spec.process?.user?.uid ?? 0}:${spec.process?.user?.gid ?? 0}`, cmd: spec.process?.args ?? [] };
+  return { env, workdir: cfg.config?.WorkingDir || "/", user: cfg.config?.User ?? "", cmd: [...(cfg.config?.Entrypoint ?? []), ...(cfg.config?.Cmd ?? [])] };
 }
 
 /** Turn skopeo's `dir:` copy into an OCI layout umoci reads (blobs hard-linked, OCI media types). */
@@ -267,13 +270,13 @@ export async function pullImage(o: PullOptions): Promise<PulledImage> {
       o.signal,
     );
     const fetchMs = performance.now() - t0;
+    const config = runConfig(join(work, "dir"));
     dirToOciLayout(join(work, "dir"), join(work, "oci"));
     progress("unpacking layers (umoci)");
     const bundle = join(work, "bundle");
     await tool(["umoci", "unpack", "--image", `${join(work, "oci")}:img`, bundle], o.toolTimeoutMs, (e) => new ImageError("image.unpack_failed", `umoci unpack of ${ref} failed: ${e.slice(-800)}`, { ref }), undefined, o.signal);
     rmSync(join(work, "dir"), { recursive: true, force: true });
     rmSync(join(work, "oci"), { recursive: true, force: true });
-    const config = runConfig(bundle);
     const rootfs = join(bundle, "rootfs");
     installGuestBits(rootfs, guest);
     const used = treeBytes(rootfs);

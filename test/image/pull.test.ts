@@ -1,0 +1,165 @@
+/**
+ * Image pulls against Debian's docker-registry on 127.0.0.1 with images this test makes: a gzip
+ * layer, then a zstd layer holding a whiteout and an opaque directory; pulled with skopeo,
+ * unpacked with umoci, made an ext4 overlaybd layer whose files (read back with debugfs) show
+ * the whiteouts applied, owners kept and the guest bits added; the second pull fetches only the
+ * manifest. A manifest list resolves to linux/amd64. Unknown tags, a registry that wants
+ * credentials, and a blob whose bytes do not match its digest fail with typed errors and leave
+ * nothing in the cache.
+ */
+import { afterAll, beforeAll, expect, test } from "bun:test";
+import { chownSync, existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { pullImage, type PullOptions } from "../../src/image/index.ts";
+import { openStack } from "../../src/storage/overlaybd/index.ts";
+import { pushImage, pushIndex, registryBlobPath, startRegistry, type TestRegistry } from "./registry.ts";
+
+let reg: TestRegistry;
+let authReg: TestRegistry;
+let work: string;
+let pushed: { digest: string; compressedBytes: number; dir: string };
+const creds = { username: "alice", password: "s3cret" };
+
+beforeAll(async () => {
+  work = mkdtempSync(join(tmpdir(), "aenv-pull-"));
+  reg = await startRegistry();
+  authReg = await startRegistry({ auth: creds });
+  // layer 1 (gzip): files, a directory with two files, a file owned by 1234:1234, a symlink
+  const l1 = join(work, "l1");
+  mkdirSync(join(l1, "etc"), { recursive: true });
+  mkdirSync(join(l1, "data/old"), { recursive: true });
+  mkdirSync(join(l1, "bin"), { recursive: true });
+  writeFileSync(join(l1, "etc/hello"), "hello from layer 1\n");
+  writeFileSync(join(l1, "etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n");
+  writeFileSync(join(l1, "etc/gone"), "deleted by layer 2\n");
+  writeFileSync(join(l1, "data/old/a"), "a\n");
+  writeFileSync(join(l1, "data/owned"), "owned\n");
+  chownSync(join(l1, "data/owned"), 1234, 1234);
+  symlinkSync("/etc/hello", join(l1, "bin/hello-link"));
+  // layer 2 (zstd): whiteout of /etc/gone, /data/old made opaque with new content
+  const l2 = join(work, "l2");
+  mkdirSync(join(l2, "etc"), { recursive: true });
+  mkdirSync(join(l2, "data/old"), { recursive: true });
+  writeFileSync(join(l2, "etc/.wh.gone"), "");
+  writeFileSync(join(l2, "data/old/.wh..wh..opq"), "");
+  writeFileSync(join(l2, "data/old/b"), "b from layer 2\n");
+  pushed = pushImage(reg.host, "test/tiny:v1", [{ dir: l1, compression: "gzip" }, { dir: l2, compression: "zstd" }], { Env: ["PATH=/usr/bin:/bin", "GREETING=hi"], WorkingDir: "/data" });
+  pushIndex(reg.host, "test/multi:v1", pushed.dir);
+  pushImage(authReg.host, "private/tiny:v1", [{ dir: l1, compression: "gzip" }], {}, creds);
+}, 60_000);
+
+afterAll(async () => {
+  await reg?.stop();
+  await authReg?.stop();
+  rmSync(work, { recursive: true, force: true });
+  if (pushed) rmSync(pushed.dir, { recursive: true, force: true });
+});
+
+function opts(home: string, ref: string, extra: Partial<PullOptions> = {}): PullOptions {
+  const agentenv = join(work, "fake-agentenv");
+  writeFileSync(agentenv, "#!/bin/sh\necho envd\n");
+  return {
+    homePath: home,
+    ref,
+    insecureRegistries: [],
+    guest: () => ({ init: "#!/bin/sh\n# test init\n", agentenvPath: agentenv, key: "test-guest-v1" }),
+    headroomMiB: 16,
+    minDiskMiB: 32,
+    toolTimeoutMs: 120_000,
+    ...extra,
+  };
+}
+
+/** Write the layer's data into a sparse raw file, for debugfs. */
+async function toRaw(layer: string, out: string): Promise<void> {
+  const img = await openStack({ lowers: [layer] });
+  try {
+    const f = Bun.file(out).writer();
+    await f.end();
+    const fd = require("node:fs").openSync(out, "r+");
+    require("node:fs").ftruncateSync(fd, img.size);
+    for (const [a, b] of img.dataRanges(0, img.size)) {
+      const buf = new Uint8Array(b - a);
+      await img.pread(buf, a);
+      require("node:fs").writeSync(fd, buf, 0, buf.length, a);
+    }
+    require("node:fs").closeSync(fd);
+  } finally {
+    await img.close();
+  }
+}
+
+const debugfs = (raw: string, req: string) => Bun.spawnSync(["debugfs", "-R", req, raw], { stdout: "pipe", stderr: "pipe" }).stdout.toString();
+
+test("pull: gzip + zstd layers, whiteout and opaque dir applied, owners kept, guest bits added; cached by digest", async () => {
+  const home = join(work, "home1");
+  const lines: string[] = [];
+  const p = await pullImage(opts(home, `${reg.host}/test/tiny:v1`, { onProgress: (l) => lines.push(l) }));
+  expect(p.digest).toBe(pushed.digest);
+  expect(p.pulled).toBe(true);
+  expect(p.compressedBytes).toBe(pushed.compressedBytes);
+  expect(p.config.env).toEqual({ PATH: "/usr/bin:/bin", GREETING: "hi" });
+  expect(p.config.workdir).toBe("/data");
+  expect(p.diskBytes).toBe(32 * 1048576);
+  expect(existsSync(p.layerPath)).toBe(true);
+  expect(lines.some((l) => l.startsWith("pulling "))).toBe(true);
+  const raw = join(work, "tiny.raw");
+  await toRaw(p.layerPath, raw);
+  expect(debugfs(raw, "cat /etc/hello")).toBe("hello from layer 1\n");
+  expect(debugfs(raw, "ls /etc")).not.toContain("gone");
+  const old = debugfs(raw, "ls /data/old");
+  expect(old).toContain("b");
+  expect(old).not.toMatch(/\ba\b/);
+  expect(debugfs(raw, "cat /data/old/b")).toBe("b from layer 2\n");
+  expect(debugfs(raw, "stat /data/owned")).toMatch(/User:\s+1234\s+Group:\s+1234/);
+  expect(debugfs(raw, "stat /bin/hello-link")).toContain('Fast link dest: "/etc/hello"');
+  expect(debugfs(raw, "cat /usr/local/bin/agentenv")).toBe("#!/bin/sh\necho envd\n");
+  expect(debugfs(raw, "cat /sbin/aenv-init")).toBe("#!/bin/sh\n# test init\n");
+  expect(debugfs(raw, "cat /etc/passwd")).toBe("root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000::/home/user:/bin/sh\n");
+  expect(debugfs(raw, "stat /home/user")).toMatch(/User:\s+1000\s+Group:\s+1000/);
+  expect(Bun.spawnSync(["e2fsck", "-fn", raw], { stdout: "pipe", stderr: "pipe" }).exitCode).toBe(0);
+
+  // second pull: the manifest only, same layer
+  const again = await pullImage(opts(home, `${reg.host}/test/tiny:v1`));
+  expect(again.pulled).toBe(false);
+  expect(again.layerPath).toBe(p.layerPath);
+  expect(readdirSync(join(home, "images")).sort()).toEqual([p.layerPath.split("/").pop()!, p.layerPath.split("/").pop()!.replace(".layer", ".json")].sort());
+}, 120_000);
+
+test("a manifest list resolves to its linux/amd64 image", async () => {
+  const p = await pullImage(opts(join(work, "home2"), `${reg.host}/test/multi:v1`));
+  expect(p.pulled).toBe(true);
+  expect(p.digest).not.toBe(pushed.digest); // the list's own digest is the cache key
+  expect(p.compressedBytes).toBe(pushed.compressedBytes);
+}, 120_000);
+
+test("basic auth: refused without credentials (image.auth), pulled with them", async () => {
+  const home = join(work, "home3");
+  await expect(pullImage(opts(home, `${authReg.host}/private/tiny:v1`))).rejects.toMatchObject({ code: "image.auth" });
+  const p = await pullImage(opts(home, `${authReg.host}/private/tiny:v1`, { credentials: creds }));
+  expect(p.pulled).toBe(true);
+}, 120_000);
+
+test("unknown tag and repository: image.not_found; nothing left in the cache", async () => {
+  const home = join(work, "home4");
+  await expect(pullImage(opts(home, `${reg.host}/test/tiny:nope`))).rejects.toMatchObject({ code: "image.not_found" });
+  await expect(pullImage(opts(home, `${reg.host}/no/such:v1`))).rejects.toMatchObject({ code: "image.not_found" });
+  expect(readdirSync(join(home, "images"))).toEqual([]);
+}, 60_000);
+
+test("a blob whose bytes do not match its digest: image.digest_mismatch, nothing cached", async () => {
+  const l = join(work, "lc");
+  mkdirSync(l, { recursive: true });
+  writeFileSync(join(l, "file"), "x".repeat(100_000));
+  const img = pushImage(reg.host, "test/corrupt:v1", [{ dir: l, compression: "gzip" }]);
+  const m = JSON.parse(require("node:fs").readFileSync(join(img.dir, "manifest.json"), "utf8")) as { layers: { digest: string }[] };
+  const blob = registryBlobPath(reg, m.layers[0]!.digest);
+  const bytes = new Uint8Array(await Bun.file(blob).arrayBuffer());
+  bytes[bytes.length - 20] ^= 0xff; // same size, different bytes
+  writeFileSync(blob, bytes);
+  rmSync(img.dir, { recursive: true, force: true });
+  const home = join(work, "home5");
+  await expect(pullImage(opts(home, `${reg.host}/test/corrupt:v1`))).rejects.toMatchObject({ code: "image.digest_mismatch" });
+  expect(readdirSync(join(home, "images"))).toEqual([]);
+}, 60_000);

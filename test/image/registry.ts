@@ -1,0 +1,158 @@
+/**
+ * Test fixtures for image pulls: Debian's `docker-registry` on 127.0.0.1 (optionally behind
+ * htpasswd basic auth), and images the test makes itself: layers written as tar files (gzip or
+ * zstd, whiteouts and opaque-directory markers included as given), assembled as skopeo's `dir:`
+ * layout and pushed with `skopeo copy`; an image index (manifest list) pushed from an OCI layout.
+ */
+import { createHash } from "node:crypto";
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import type { Subprocess } from "bun";
+
+/** A running registry. */
+export interface TestRegistry {
+  /** `127.0.0.1:<port>` */
+  host: string;
+  root: string;
+  proc: Subprocess;
+  stop(): Promise<void>;
+}
+
+function run(cmd: string[], opts: { cwd?: string; stdin?: Uint8Array } = {}): string {
+  const r = Bun.spawnSync(cmd, { cwd: opts.cwd, stdout: "pipe", stderr: "pipe", ...(opts.stdin ? { stdin: opts.stdin } : {}) });
+  if (r.exitCode !== 0) throw new Error(`${cmd.join(" ")} failed (${r.exitCode}): ${r.stderr.toString()}`);
+  return r.stdout.toString();
+}
+
+async function freePort(): Promise<number> {
+  const s = Bun.serve({ port: 0, hostname: "127.0.0.1", fetch: () => new Response("") });
+  const p = s.port!;
+  s.stop(true);
+  return p;
+}
+
+/**
+ * Start `docker-registry serve` on 127.0.0.1 with storage in a temp dir. `auth` puts it behind
+ * htpasswd (bcrypt) basic auth. `netns` runs it inside that network namespace (the node's).
+ */
+export async function startRegistry(opts: { auth?: { username: string; password: string }; netns?: string; port?: number } = {}): Promise<TestRegistry> {
+  const root = mkdtempSync(join(tmpdir(), "aenv-registry-"));
+  const port = opts.port ?? (await freePort());
+  let auth = "";
+  if (opts.auth) {
+    const hash = await Bun.password.hash(opts.auth.password, { algorithm: "bcrypt", cost: 4 });
+    writeFileSync(join(root, "htpasswd"), `${opts.auth.username}:${hash}\n`);
+    auth = `auth:\n  htpasswd:\n    realm: test\n    path: ${join(root, "htpasswd")}\n`;
+  }
+  writeFileSync(
+    join(root, "config.yml"),
+    `version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n    rootdirectory: ${join(root, "data")}\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:${port}\n${auth}`,
+  );
+  const cmd = ["docker-registry", "serve", join(root, "config.yml")];
+  const proc = Bun.spawn(opts.netns ? ["ip", "netns", "exec", opts.netns, ...cmd] : cmd, { stdout: "ignore", stderr: "pipe" });
+  const host = `127.0.0.1:${port}`;
+  const probe = opts.netns ? ["ip", "netns", "exec", opts.netns, "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", `http://${host}/v2/`] : null;
+  for (let i = 0; ; i++) {
+    let up = false;
+    if (probe) up = Bun.spawnSync(probe, { stdout: "pipe" }).stdout.toString() !== "000";
+    else up = await fetch(`http://${host}/v2/`).then(() => true, () => false);
+    if (up) break;
+    if (proc.exitCode !== null || i > 200) throw new Error(`docker-registry did not start: ${await new Response(proc.stderr).text()}`);
+    await Bun.sleep(50);
+  }
+  return {
+    host,
+    root,
+    proc,
+    async stop() {
+      proc.kill("SIGKILL");
+      await proc.exited;
+      rmSync(root, { recursive: true, force: true });
+    },
+  };
+}
+
+/** One image layer: a tar of `dir` (paths relative to it), compressed. */
+export interface LayerSpec {
+  dir: string;
+  paths?: string[];
+  compression: "gzip" | "zstd" | "none";
+}
+
+const sha = (b: Uint8Array | string) => createHash("sha256").update(b).digest("hex");
+const MEDIA = { gzip: "application/vnd.oci.image.layer.v1.tar+gzip", zstd: "application/vnd.oci.image.layer.v1.tar+zstd", none: "application/vnd.oci.image.layer.v1.tar" };
+
+/**
+ * Build an image as skopeo's `dir:` layout from `layers` (bottom first) and push it to
+ * `docker://host/ref` (plain HTTP). `config` sets Env/WorkingDir/Cmd.
+ * @returns the pushed manifest's digest and the compressed size of its layers.
+ */
+export function pushImage(host: string, ref: string, layers: LayerSpec[], config: { Env?: string[]; WorkingDir?: string; Cmd?: string[] } = {}, creds?: { username: string; password: string }): { digest: string; compressedBytes: number; dir: string } {
+  const dir = mkdtempSync(join(tmpdir(), "aenv-image-"));
+  const descs = layers.map((l, i) => {
+    const tarPath = join(dir, `layer${i}.tar`);
+    run(["tar", "--numeric-owner", "--xattrs", "-cf", tarPath, "-C", l.dir, ...(l.paths ?? ["."])]);
+    const diffId = sha(readFileSync(tarPath));
+    let blobPath = tarPath;
+    if (l.compression === "gzip") run(["gzip", "-1", "-n", tarPath]), (blobPath = `${tarPath}.gz`);
+    if (l.compression === "zstd") run(["zstd", "-q", "-T0", "-3", "--rm", tarPath]), (blobPath = `${tarPath}.zst`);
+    const blob = readFileSync(blobPath);
+    const digest = sha(blob);
+    writeFileSync(join(dir, digest), blob);
+    rmSync(blobPath);
+    return { mediaType: MEDIA[l.compression], digest: `sha256:${digest}`, size: blob.length, diffId: `sha256:${diffId}` };
+  });
+  const cfg = JSON.stringify({
+    architecture: "amd64",
+    os: "linux",
+    config: { Env: config.Env ?? ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"], WorkingDir: config.WorkingDir ?? "", Cmd: config.Cmd ?? ["/bin/sh"] },
+    rootfs: { type: "layers", diff_ids: descs.map((d) => d.diffId) },
+  });
+  writeFileSync(join(dir, sha(cfg)), cfg);
+  const manifest = JSON.stringify({
+    schemaVersion: 2,
+    mediaType: "application/vnd.oci.image.manifest.v1+json",
+    config: { mediaType: "application/vnd.oci.image.config.v1+json", digest: `sha256:${sha(cfg)}`, size: Buffer.byteLength(cfg) },
+    layers: descs.map(({ mediaType, digest, size }) => ({ mediaType, digest, size })),
+  });
+  writeFileSync(join(dir, "manifest.json"), manifest);
+  writeFileSync(join(dir, "version"), "Directory Transport Version: 1.1\n");
+  run(["skopeo", "copy", "--dest-tls-verify=false", ...(creds ? ["--dest-creds", `${creds.username}:${creds.password}`] : []), `dir:${dir}`, `docker://${host}/${ref}`]);
+  return { digest: `sha256:${sha(manifest)}`, compressedBytes: descs.reduce((a, d) => a + d.size, 0), dir };
+}
+
+/**
+ * Push an image index (manifest list) naming `amd64Dir`'s image for linux/amd64 and a second
+ * entry for linux/arm64 (the same manifest, so the registry has its blobs), via an OCI layout
+ * and `skopeo copy --all`.
+ */
+export function pushIndex(host: string, ref: string, amd64Dir: string): void {
+  const layout = mkdtempSync(join(tmpdir(), "aenv-index-"));
+  try {
+    mkdirSync(join(layout, "blobs", "sha256"), { recursive: true });
+    const manifest = readFileSync(join(amd64Dir, "manifest.json"));
+    const m = JSON.parse(manifest.toString()) as { config: { digest: string }; layers: { digest: string }[] };
+    for (const d of [m.config.digest, ...m.layers.map((l) => l.digest)]) {
+      const hex = d.slice(7);
+      writeFileSync(join(layout, "blobs", "sha256", hex), readFileSync(join(amd64Dir, hex)));
+    }
+    const mhex = sha(manifest);
+    writeFileSync(join(layout, "blobs", "sha256", mhex), manifest);
+    const entry = (arch: string) => ({ mediaType: "application/vnd.oci.image.manifest.v1+json", digest: `sha256:${mhex}`, size: manifest.length, platform: { os: "linux", architecture: arch } });
+    const index = JSON.stringify({ schemaVersion: 2, mediaType: "application/vnd.oci.image.index.v1+json", manifests: [entry("arm64"), entry("amd64")] });
+    const ihex = sha(index);
+    writeFileSync(join(layout, "blobs", "sha256", ihex), index);
+    writeFileSync(join(layout, "oci-layout"), JSON.stringify({ imageLayoutVersion: "1.0.0" }));
+    writeFileSync(join(layout, "index.json"), JSON.stringify({ schemaVersion: 2, manifests: [{ mediaType: "application/vnd.oci.image.index.v1+json", digest: `sha256:${ihex}`, size: index.length, annotations: { "org.opencontainers.image.ref.name": "idx" } }] }));
+    run(["skopeo", "copy", "--all", "--dest-tls-verify=false", `oci:${layout}:idx`, `docker://${host}/${ref}`]);
+  } finally {
+    rmSync(layout, { recursive: true, force: true });
+  }
+}
+
+/** Path of a blob's data file in the registry's filesystem storage. */
+export function registryBlobPath(reg: TestRegistry, digest: string): string {
+  const hex = digest.replace(/^sha256:/, "");
+  return join(reg.root, "data", "docker", "registry", "v2", "blobs", "sha256", hex.slice(0, 2), hex, "data");
+}
