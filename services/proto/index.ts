@@ -4,3 +4,4 @@
  * Shared by the scheduler, the gateway and the node's reporter (src/observability/reporter.ts).
  */
 export * from "./gen/scheduler.ts";
+export { schedulerChannel } from "./channel.ts";

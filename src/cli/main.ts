@@ -19,6 +19,7 @@ const main = defineCommand({
     server: () => import("./server.ts").then((m) => m.default),
     sandbox: () => import("./sandbox.ts").then((m) => m.default),
     scheduler: () => import("../../services/scheduler/cli.ts").then((m) => m.default),
+    gateway: () => import("../../services/gateway/cli.ts").then((m) => m.default),
   },
 });
 

@@ -5,9 +5,9 @@
  * shutdown a best-effort UnregisterNode. Every RPC is bounded by `timeout_ms`; a scheduler that
  * is down is logged (once per outage) and retried at the next tick, never awaited by requests.
  */
-import { createChannel, createClient, type Channel } from "nice-grpc";
+import { createClient, type Channel } from "nice-grpc";
 import type { Logger } from "pino";
-import { NodeStatus, SandboxEventType, SchedulerDefinition, type HeartbeatRequest, type SandboxEvent, type SchedulerClient } from "../../services/proto/index.ts";
+import { NodeStatus, SandboxEventType, SchedulerDefinition, schedulerChannel, type HeartbeatRequest, type SandboxEvent, type SchedulerClient } from "../../services/proto/index.ts";
 import { logger } from "./log.ts";
 import { nodeSnapshot, type NodeIdentityInfo, type SnapshotSource } from "./snapshot.ts";
 
@@ -54,7 +54,7 @@ export class SchedulerReporter {
   sent = 0;
 
   constructor(private readonly identity: NodeIdentityInfo, private readonly source: SnapshotSource, private readonly o: ReporterOptions) {
-    this.channel = createChannel(grpcTarget(o.endpoint));
+    this.channel = schedulerChannel(o.endpoint);
     this.client = createClient(SchedulerDefinition, this.channel);
   }
 

@@ -2,9 +2,15 @@
  * Helpers of the cluster tests: heartbeat requests, a scheduler started from config on
  * 127.0.0.1:0, and a gRPC client for it.
  */
-import { createChannel, createClient } from "nice-grpc";
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { createClient } from "nice-grpc";
+import { bootNode, type RunningNode } from "../../src/node/index.ts";
+import { netLockPath } from "../../src/node/lock.ts";
+import { LoopbackRuntime } from "../helpers/loopback-runtime.ts";
 import { loadConfig } from "../../src/config/index.ts";
-import { NodeStatus, SchedulerDefinition, type HeartbeatRequest, type SchedulerClient } from "../../services/proto/index.ts";
+import { NodeStatus, SchedulerDefinition, schedulerChannel, type HeartbeatRequest, type SchedulerClient } from "../../services/proto/index.ts";
 import { schedulerConfig, startScheduler, type RunningScheduler } from "../../services/scheduler/index.ts";
 
 /** A heartbeat from `nodeId` holding `roster`, with `running` sandboxes and `freeMiB` free memory. */
@@ -43,7 +49,7 @@ export function beat(nodeId: string, roster: string[], o: { running?: number; fr
 /** Start a scheduler on 127.0.0.1:0 with `env` overrides (AENV__scheduler__... keys). */
 export async function startTestScheduler(env: Record<string, string>): Promise<RunningScheduler & { client: SchedulerClient }> {
   const s = await startScheduler(schedulerConfig(loadConfig({ env: { AENV_LOG_LEVEL: "error", AENV__scheduler__addr: "127.0.0.1:0", ...env } })));
-  const client = createClient(SchedulerDefinition, createChannel(`127.0.0.1:${s.port}`));
+  const client = createClient(SchedulerDefinition, schedulerChannel(`127.0.0.1:${s.port}`));
   return { ...s, client };
 }
 
@@ -85,6 +91,57 @@ export async function startRedis(): Promise<TestRedis> {
     stop: async () => {
       p.kill("SIGKILL");
       await p.exited;
+    },
+  };
+}
+
+/** A free TCP port on 127.0.0.1 (probe-and-release). */
+export function freePort(): number {
+  const s = Bun.listen({ hostname: "127.0.0.1", port: 0, socket: { data() {} } });
+  const p = s.port;
+  s.stop(true);
+  return p;
+}
+
+/**
+ * A real node (API, orchestrator, SQLite, proxy) over LoopbackRuntime, reporting to the
+ * scheduler at `schedulerPort` every second, node id `name`.
+ */
+export async function startLoopbackNode(name: string, schedulerPort: number, apiKey: string, env: Record<string, string> = {}): Promise<RunningNode & { home: string; runtime: LoopbackRuntime; dispose(): Promise<void> }> {
+  const home = mkdtempSync(join(tmpdir(), `aenv-${name}-`));
+  const prefix = `t${Math.floor(Math.random() * 0xffffff).toString(16).padStart(6, "0")}-`;
+  const cfg = loadConfig({
+    env: {
+      AENV_HOME_PATH: home,
+      AENV_RUNTIME_PATH: join(home, "run"),
+      AENV_API_ADDR: "127.0.0.1:0",
+      AENV_API_KEY: apiKey,
+      AENV_LOG_LEVEL: "error",
+      AENV_NODE_ID: name,
+      AENV_OBSERVABILITY_SCHEDULER_REPORT_ENABLED: "true",
+      AENV_OBSERVABILITY_SCHEDULER_ENDPOINT: `127.0.0.1:${schedulerPort}`,
+      AENV_OBSERVABILITY_REPORT_INTERVAL_SECS: "1",
+      AENV__network__name_prefix: prefix,
+      ...env,
+    },
+  });
+  const runtime = new LoopbackRuntime(name);
+  const node = await bootNode(cfg, async () => runtime);
+  let closed = false;
+  const close = async () => {
+    if (closed) return;
+    closed = true;
+    await node.close();
+    rmSync(netLockPath(prefix), { force: true });
+  };
+  return {
+    ...node,
+    home,
+    runtime,
+    close,
+    dispose: async () => {
+      await close();
+      rmSync(home, { recursive: true, force: true });
     },
   };
 }

@@ -1,0 +1,122 @@
+/**
+ * Cluster-wide reads the gateway answers by asking every node: sandbox lists (v1 and v2 with
+ * filters and keyset pagination), templates, snapshots, nodes. A node that does not answer is
+ * left out and named in the response header `x-agentenv-unreachable-nodes` (a list keeps
+ * working while one node is down); a node's 4xx (bad filter) is returned as is.
+ *
+ * v2 pagination across nodes: the nodes order sandboxes by (startedAt, sandboxID), ascending
+ * unless `order=desc`, and their nextToken is an opaque keyset cursor over exactly that pair
+ * (src/orchestrator: base64url of "startedAt:id"). The gateway sends the same query (limit L,
+ * nextToken T) to every node, merges the answers in the same order, keeps the first L, and
+ * issues the cursor of the last one kept when any node had more: a node then resumes after
+ * that key, so no sandbox is skipped or repeated.
+ */
+import { encodeCursor } from "../../src/orchestrator/index.ts";
+import type { NodeRef } from "../scheduler/types.ts";
+import { GatewayError } from "./errors.ts";
+import { getJson } from "./forward.ts";
+
+/** Header naming the nodes a fan-out could not reach. */
+export const UNREACHABLE_HEADER = "x-agentenv-unreachable-nodes";
+
+/** One node's answer in a fan-out, or its failure. */
+export type NodeAnswer<T> = { node: NodeRef; ok: true; body: T; headers: Headers } | { node: NodeRef; ok: false; error: string };
+
+/** Ask every node for `pathAndQuery` in parallel. A 4xx answer is thrown as-is (a bad query). */
+export async function fanOut<T>(nodes: NodeRef[], pathAndQuery: string, apiKey: string, timeoutMs: number): Promise<NodeAnswer<T>[]> {
+  return Promise.all(
+    nodes.map(async (node): Promise<NodeAnswer<T>> => {
+      try {
+        const r = await getJson<T>(node, pathAndQuery, apiKey, timeoutMs);
+        if (r.status >= 400 && r.status < 500) throw new ClientFault(r.status, r.body);
+        if (r.status >= 500) return { node, ok: false, error: `HTTP ${r.status}` };
+        return { node, ok: true, body: r.body, headers: r.headers };
+      } catch (e) {
+        if (e instanceof ClientFault) throw e;
+        return { node, ok: false, error: e instanceof GatewayError ? e.message : String(e) };
+      }
+    }),
+  );
+}
+
+/** A node refused the query itself (4xx): answered to the client unchanged. */
+export class ClientFault extends Error {
+  constructor(readonly status: number, readonly body: unknown) {
+    super(`node answered ${status}`);
+  }
+}
+
+function unreachable<T>(answers: NodeAnswer<T>[]): Record<string, string> {
+  const down = answers.filter((a) => !a.ok).map((a) => a.node.nodeId);
+  return down.length ? { [UNREACHABLE_HEADER]: down.join(",") } : {};
+}
+
+interface Listed {
+  sandboxID: string;
+  startedAt: string;
+}
+
+/**
+ * GET /v2/sandboxes across nodes. `learn` is told which node holds each listed sandbox.
+ * @param query the client's query string (URLSearchParams)
+ */
+export async function listV2(nodes: NodeRef[], query: URLSearchParams, apiKey: string, timeoutMs: number, learn: (id: string, n: NodeRef) => void): Promise<Response> {
+  const limit = query.has("limit") ? Number(query.get("limit")) : 100;
+  const answers = await fanOut<Listed[]>(nodes, `/v2/sandboxes?${query.toString()}`, apiKey, timeoutMs);
+  const asc = query.get("order") !== "desc";
+  const items: { item: Listed; at: number }[] = [];
+  let more = false;
+  let running = 0;
+  for (const a of answers) {
+    if (!a.ok) continue;
+    running += Number(a.headers.get("x-total-running") ?? 0);
+    if (a.headers.get("x-next-token")) more = true;
+    for (const item of a.body) {
+      learn(item.sandboxID, a.node);
+      items.push({ item, at: Date.parse(item.startedAt) });
+    }
+  }
+  items.sort((x, y) => {
+    const d = x.at - y.at || (x.item.sandboxID < y.item.sandboxID ? -1 : x.item.sandboxID > y.item.sandboxID ? 1 : 0);
+    return asc ? d : -d;
+  });
+  if (items.length > limit) more = true;
+  const page = items.slice(0, limit);
+  const last = page[page.length - 1];
+  const headers: Record<string, string> = { "x-total-running": String(running), ...unreachable(answers) };
+  if (more && last) headers["x-next-token"] = encodeCursor({ startedAt: last.at, id: last.item.sandboxID });
+  return Response.json(
+    page.map((p) => p.item),
+    { headers },
+  );
+}
+
+/** GET /sandboxes (v1: running only, no pagination) across nodes, newest first. */
+export async function listV1(nodes: NodeRef[], search: string, apiKey: string, timeoutMs: number, learn: (id: string, n: NodeRef) => void): Promise<Response> {
+  const answers = await fanOut<Listed[]>(nodes, `/sandboxes${search}`, apiKey, timeoutMs);
+  const all: Listed[] = [];
+  for (const a of answers) if (a.ok) for (const s of a.body) (learn(s.sandboxID, a.node), all.push(s));
+  all.sort((x, y) => Date.parse(y.startedAt) - Date.parse(x.startedAt) || (x.sandboxID < y.sandboxID ? 1 : -1));
+  return Response.json(all, { headers: unreachable(answers) });
+}
+
+/**
+ * A list of records merged from every node, deduplicated by `key` (templates present on several
+ * nodes appear once; numeric `spawnCount`/`buildCount` are summed).
+ */
+export async function mergedList(nodes: NodeRef[], pathAndQuery: string, key: string, apiKey: string, timeoutMs: number): Promise<{ response: Response; holders: Map<string, NodeRef[]> }> {
+  const answers = await fanOut<Record<string, unknown>[]>(nodes, pathAndQuery, apiKey, timeoutMs);
+  const byKey = new Map<string, Record<string, unknown>>();
+  const holders = new Map<string, NodeRef[]>();
+  for (const a of answers) {
+    if (!a.ok || !Array.isArray(a.body)) continue;
+    for (const rec of a.body) {
+      const k = String(rec[key]);
+      holders.set(k, [...(holders.get(k) ?? []), a.node]);
+      const prev = byKey.get(k);
+      if (!prev) byKey.set(k, { ...rec });
+      else for (const f of ["spawnCount", "buildCount"]) if (typeof rec[f] === "number" && typeof prev[f] === "number") prev[f] = (prev[f] as number) + (rec[f] as number);
+    }
+  }
+  return { response: Response.json([...byKey.values()], { headers: unreachable(answers) }), holders };
+}

@@ -1,0 +1,39 @@
+/**
+ * `agentenv gateway`: run the cluster's E2B API until SIGINT/SIGTERM; prints the SDK line.
+ */
+import { defineCommand } from "citty";
+import { loadConfig } from "../../src/config/index.ts";
+import { AgentEnvError } from "../../src/errors.ts";
+import { log } from "../../src/observability/log.ts";
+
+export default defineCommand({
+  meta: { name: "gateway", description: "run the cluster gateway: the E2B API in front of the nodes" },
+  args: {
+    config: { type: "string", description: "config file (TOML); also AENV_CONFIG_PATH" },
+    addr: { type: "string", description: "listen address host:port (overrides [gateway] addr)" },
+  },
+  async run({ args }) {
+    const { gatewayConfig, startGateway } = await import("./index.ts");
+    let g: ReturnType<typeof startGateway>;
+    try {
+      g = startGateway(gatewayConfig(loadConfig({ path: args.config, env: { ...process.env, ...(args.addr ? { AENV__gateway__addr: args.addr } : {}) } })));
+    } catch (e) {
+      if (e instanceof AgentEnvError) {
+        console.error(`agentenv gateway: ${e.message}`);
+        process.exit(1);
+      }
+      throw e;
+    }
+    console.log(`AgentENV gateway listening on ${g.url}`);
+    console.log(`  E2B SDK: E2B_API_URL=${g.url} E2B_SANDBOX_URL=${g.url} E2B_API_KEY=${g.apiKey}`);
+    let stopping = false;
+    const stop = (sig: string) => {
+      if (stopping) return;
+      stopping = true;
+      log.info({ signal: sig }, "gateway shutting down");
+      g.close().then(() => process.exit(0), () => process.exit(1));
+    };
+    for (const sig of ["SIGINT", "SIGTERM", "SIGHUP"] as const) process.on(sig, () => stop(sig));
+    await new Promise(() => {});
+  },
+});

@@ -1,0 +1,44 @@
+/**
+ * Typed view of the gateway's config: `[gateway]`, `[cluster] scheduler_endpoint`, and the
+ * client key (`[api] key` / AENV_API_KEY, else generated in $home_path/api-key).
+ */
+import type { Config } from "../../src/config/index.ts";
+import { ConfigError } from "../../src/config/index.ts";
+
+export interface GatewayConfig {
+  addr: string;
+  /** Scheduler gRPC target. */
+  schedulerEndpoint: string;
+  /** Key clients must send ("" = resolve from the data dir). */
+  apiKey: string;
+  /** Key sent to nodes ("" = the client key). */
+  nodeApiKey: string;
+  homePath: string;
+  domains: string[];
+  requestTimeoutMs: number;
+  createTimeoutMs: number;
+  schedulerTimeoutMs: number;
+  routeCacheSize: number;
+  nodeListTtlMs: number;
+  maxBodyBytes: number;
+}
+
+/** @throws ConfigError config.bad_value when no scheduler endpoint is configured. */
+export function gatewayConfig(cfg: Config): GatewayConfig {
+  const g = cfg.gateway;
+  if (!cfg.cluster.scheduler_endpoint) throw new ConfigError("config.bad_value", "the gateway needs [cluster] scheduler_endpoint (AENV__cluster__scheduler_endpoint)", { key: "cluster.scheduler_endpoint" });
+  return {
+    addr: g.addr,
+    schedulerEndpoint: cfg.cluster.scheduler_endpoint,
+    apiKey: cfg.api.key,
+    nodeApiKey: g.node_api_key,
+    homePath: cfg.home_path,
+    domains: g.sandbox_proxy_domains,
+    requestTimeoutMs: g.request_timeout_ms,
+    createTimeoutMs: g.create_timeout_ms,
+    schedulerTimeoutMs: g.scheduler_timeout_ms,
+    routeCacheSize: g.route_cache_size,
+    nodeListTtlMs: g.node_list_ttl_ms,
+    maxBodyBytes: g.max_body_bytes,
+  };
+}

@@ -1,0 +1,79 @@
+/**
+ * Forwarding one HTTP request to a node: streamed both ways, hop-by-hop headers dropped, a
+ * bound on connecting and receiving the response headers (then the body streams unbounded),
+ * the client's abort passed on. A node that does not answer is a GatewayError
+ * `gateway.node_unreachable` naming it; a node's own answer (any status) is passed through.
+ */
+import { upstreamFailure } from "../../src/api/proxy.ts";
+import { GatewayError } from "./errors.ts";
+import type { NodeRef } from "../scheduler/types.ts";
+
+const HOP = ["connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade", "host", "proxy-authorization", "proxy-authenticate", "content-length"];
+
+export interface ForwardOptions {
+  /** Path + query on the node. */
+  pathAndQuery: string;
+  /** Bound on connect + response headers, ms. */
+  timeoutMs: number;
+  /** Headers to set (e.g. the node key, routing headers). */
+  set?: Record<string, string>;
+  /** Request body to send instead of the client's stream (already read). */
+  body?: Uint8Array | null;
+  /** The client's address (x-forwarded-for). */
+  clientIp?: string | null;
+}
+
+/** Response headers without hop-by-hop ones. */
+export function passHeaders(h: Headers): Headers {
+  const out = new Headers(h);
+  for (const n of HOP) if (n !== "content-length") out.delete(n);
+  return out;
+}
+
+/**
+ * Send `req` to `node`.
+ * @throws GatewayError gateway.node_unreachable (connection refused/reset, no headers in time).
+ */
+export async function forwardToNode(req: Request, node: NodeRef, o: ForwardOptions): Promise<Response> {
+  const headers = new Headers(req.headers);
+  for (const n of HOP) headers.delete(n);
+  for (const [k, v] of Object.entries(o.set ?? {})) headers.set(k, v);
+  if (o.clientIp) headers.set("x-forwarded-for", o.clientIp);
+  const ctl = new AbortController();
+  const onAbort = () => ctl.abort(req.signal.reason);
+  req.signal.addEventListener("abort", onAbort, { once: true });
+  const timer = setTimeout(() => ctl.abort(new Error(`no answer within ${o.timeoutMs} ms`)), o.timeoutMs);
+  const hasBody = req.method !== "GET" && req.method !== "HEAD";
+  let res: Response;
+  try {
+    res = await fetch(node.endpoint + o.pathAndQuery, {
+      method: req.method,
+      headers,
+      body: hasBody ? (o.body !== undefined ? o.body : req.body) : undefined,
+      redirect: "manual",
+      decompress: false,
+      duplex: "half",
+      signal: ctl.signal,
+    } as RequestInit);
+  } catch (e) {
+    req.signal.removeEventListener("abort", onAbort);
+    throw new GatewayError("gateway.node_unreachable", `node ${node.nodeId} (${node.endpoint}) is unreachable: ${upstreamFailure(e, ctl.signal)}`, { nodeId: node.nodeId });
+  } finally {
+    clearTimeout(timer);
+  }
+  return new Response(res.body, { status: res.status, statusText: res.statusText, headers: passHeaders(res.headers) });
+}
+
+/** GET a JSON document from a node (fan-out reads). @throws GatewayError node_unreachable; Error on a non-2xx answer. */
+export async function getJson<T>(node: NodeRef, pathAndQuery: string, apiKey: string, timeoutMs: number): Promise<{ body: T; headers: Headers; status: number }> {
+  const req = new Request("http://gateway.invalid" + pathAndQuery, { headers: { "x-api-key": apiKey, accept: "application/json" } });
+  const res = await forwardToNode(req, node, { pathAndQuery, timeoutMs });
+  const text = await res.text();
+  let body: T;
+  try {
+    body = JSON.parse(text) as T;
+  } catch {
+    throw new GatewayError("gateway.node_unreachable", `node ${node.nodeId} answered ${pathAndQuery} with a body that is not JSON (HTTP ${res.status})`, { nodeId: node.nodeId });
+  }
+  return { body, headers: res.headers, status: res.status };
+}

@@ -1,0 +1,132 @@
+/**
+ * The gateway's listener: one Bun.serve that sends sandbox traffic (HTTP and WebSocket) to the
+ * sandbox's node, checks X-API-Key on everything else (but /health), and hands it to Gateway.
+ * idleTimeout 0: envd streams may be silent for long.
+ */
+import type { Server, ServerWebSocket } from "bun";
+import { keyMatches, loadOrCreateApiKey } from "../../src/api/auth.ts";
+import { parseAddr } from "../../src/api/server.ts";
+import { logger } from "../../src/observability/log.ts";
+import type { GatewayConfig } from "./config.ts";
+import { dataRoute } from "./dataplane.ts";
+import { gatewayError, GatewayError } from "./errors.ts";
+import { Gateway, routeHeaders } from "./gateway.ts";
+
+/** A started gateway. */
+export interface RunningGateway {
+  url: string;
+  port: number;
+  apiKey: string;
+  gateway: Gateway;
+  close(): Promise<void>;
+}
+
+interface WsData {
+  upstreamUrl: string;
+  headers: Record<string, string>;
+  up?: WebSocket;
+  queue: (string | Uint8Array)[];
+  queuedBytes: number;
+}
+
+/** Bound on bytes buffered for a WebSocket upstream that is still connecting. */
+const WS_QUEUE_MAX_BYTES = 8 * 1024 * 1024;
+/** Client headers a WebSocket upgrade carries on to the node. */
+const WS_PASS = ["x-access-token", "authorization", "cookie", "origin", "user-agent", "e2b-sandbox-id", "e2b-sandbox-port", "x-agentenv-sandbox-id", "x-agentenv-sandbox-port", "e2b-traffic-access-token", "sec-websocket-protocol"];
+const log = logger("gateway");
+
+/**
+ * Start the gateway.
+ * @throws GatewayError / ApiError when the key file cannot be read; Error when the address is taken.
+ */
+export function startGateway(c: GatewayConfig): RunningGateway {
+  const { key } = loadOrCreateApiKey(c.apiKey, c.homePath);
+  const gw = new Gateway(c, key);
+  const { hostname, port } = parseAddr(c.addr);
+  let server: Server<WsData>;
+  try {
+    server = Bun.serve<WsData>({
+      hostname,
+      port,
+      idleTimeout: 0,
+      maxRequestBodySize: Number.MAX_SAFE_INTEGER,
+      error(err) {
+        log.error({ err }, "gateway request handler failed");
+        return gatewayError("gateway.internal", `the gateway failed handling the request: ${err?.message ?? String(err)}`);
+      },
+      async fetch(req, srv) {
+        const url = new URL(req.url);
+        const ip = srv.requestIP(req)?.address ?? null;
+        const route = dataRoute(req, url, c.domains);
+        if (typeof route === "string") return gatewayError("gateway.bad_request", route);
+        if (route) {
+          if (req.headers.get("upgrade")?.toLowerCase() !== "websocket") return gw.data(req, url, route, ip);
+          let node;
+          try {
+            node = await gw.resolve(route.sandboxId);
+          } catch (e) {
+            return Response.json({ sandboxId: route.sandboxId, message: (e as Error).message, code: 503 }, { status: 503 });
+          }
+          if (!node) return Response.json({ sandboxId: route.sandboxId, message: "The sandbox was not found", code: 502 }, { status: 502 });
+          const headers: Record<string, string> = { ...routeHeaders(route) };
+          for (const n of WS_PASS) {
+            const v = req.headers.get(n);
+            if (v !== null) headers[n] = v;
+          }
+          if (ip) headers["x-forwarded-for"] = ip;
+          const upstreamUrl = node.endpoint.replace(/^http/, "ws") + url.pathname + url.search;
+          return srv.upgrade(req, { data: { upstreamUrl, headers, queue: [], queuedBytes: 0 } }) ? undefined : gatewayError("gateway.bad_request", "WebSocket upgrade failed");
+        }
+        if (url.pathname !== "/health" && !keyMatches(req.headers.get("x-api-key"), key)) {
+          return gatewayError("gateway.unauthorized", "Invalid API key: use the gateway's key ([api] key / AENV_API_KEY, or the api-key file in its data directory)");
+        }
+        const len = Number(req.headers.get("content-length") ?? 0);
+        if (len > c.maxBodyBytes) return gatewayError("gateway.body_too_large", `request body of ${len} bytes exceeds the limit of ${c.maxBodyBytes}`);
+        return gw.control(req, url, ip);
+      },
+      websocket: {
+        open(ws: ServerWebSocket<WsData>) {
+          const up = new WebSocket(ws.data.upstreamUrl, { headers: ws.data.headers } as unknown as string[]);
+          up.binaryType = "arraybuffer";
+          ws.data.up = up;
+          up.onopen = () => {
+            for (const m of ws.data.queue) up.send(m);
+            ws.data.queue = [];
+            ws.data.queuedBytes = 0;
+          };
+          up.onmessage = (e) => ws.send(typeof e.data === "string" ? e.data : new Uint8Array(e.data as ArrayBuffer));
+          up.onclose = (e) => ws.close(e.code === 1005 || e.code === 1006 ? 1000 : e.code, e.reason);
+          up.onerror = () => ws.close(1011, "the sandbox's node is unreachable");
+        },
+        message(ws, m) {
+          const up = ws.data.up!;
+          const data = typeof m === "string" ? m : new Uint8Array(m);
+          if (up.readyState === WebSocket.OPEN) return up.send(data);
+          ws.data.queuedBytes += typeof data === "string" ? data.length : data.byteLength;
+          if (ws.data.queuedBytes > WS_QUEUE_MAX_BYTES) return ws.close(1009, "too much data before the sandbox answered");
+          ws.data.queue.push(data);
+        },
+        close(ws, code, reason) {
+          const up = ws.data.up;
+          if (up && (up.readyState === WebSocket.OPEN || up.readyState === WebSocket.CONNECTING)) up.close(code === 1005 || code === 1006 ? 1000 : code, reason);
+        },
+      },
+    });
+  } catch (e) {
+    gw.close();
+    throw new GatewayError("gateway.internal", `cannot listen on ${c.addr}: ${(e as Error).message}`, { addr: c.addr });
+  }
+  const shown = hostname === "0.0.0.0" || hostname === "::" ? "127.0.0.1" : hostname;
+  const url = `http://${shown.includes(":") ? `[${shown}]` : shown}:${server.port}`;
+  log.info({ url, scheduler: c.schedulerEndpoint }, "gateway listening");
+  return {
+    url,
+    port: server.port!,
+    apiKey: key,
+    gateway: gw,
+    close: async () => {
+      await server.stop(true);
+      gw.close();
+    },
+  };
+}

@@ -1,0 +1,232 @@
+/**
+ * The gateway with the real parts around it: a scheduler (SQLite, static discovery), two nodes
+ * (API, orchestrator, SQLite, proxy; sandboxes are LoopbackRuntime servers on 127.0.0.1, no VM)
+ * reporting every second, and the gateway on 127.0.0.1 — driven over HTTP and WebSocket.
+ * Tests run in order and share the cluster.
+ */
+import { afterAll, beforeAll, expect, test } from "bun:test";
+import { mkdtempSync, rmSync } from "node:fs";
+import { loadConfig } from "../../../src/config/index.ts";
+import { gatewayConfig, startGateway, type RunningGateway } from "../../../services/gateway/index.ts";
+import { freePort, startLoopbackNode, startTestScheduler } from "../helpers.ts";
+
+const KEY = "e2b_" + "ab".repeat(20);
+const home = mkdtempSync("/tmp/aenv-gw-");
+let schedPort: number;
+let sched: Awaited<ReturnType<typeof startTestScheduler>>;
+let nodes: Awaited<ReturnType<typeof startLoopbackNode>>[];
+let gw: RunningGateway;
+const ids: string[] = [];
+const placed: Record<string, string> = {};
+
+function schedulerEnv() {
+  return { AENV_HOME_PATH: home, AENV__scheduler__addr: `127.0.0.1:${schedPort}`, AENV__scheduler__nodes: nodes.map((n, i) => `${"ab"[i]}=${n.url}`).join(","), AENV__scheduler__report_ttl_secs: "2" };
+}
+
+const api = (path: string, init: RequestInit & { key?: string | null } = {}) => {
+  const headers = new Headers(init.headers);
+  if (init.key !== null) headers.set("x-api-key", init.key ?? KEY);
+  if (init.body) headers.set("content-type", "application/json");
+  return fetch(gw.url + path, { ...init, headers });
+};
+
+beforeAll(async () => {
+  schedPort = freePort();
+  nodes = [await startLoopbackNode("a", schedPort, KEY), await startLoopbackNode("b", schedPort, KEY)];
+  sched = await startTestScheduler(schedulerEnv());
+  gw = startGateway(gatewayConfig(loadConfig({ env: { AENV_HOME_PATH: home, AENV_API_KEY: KEY, AENV_LOG_LEVEL: "error", AENV__gateway__addr: "127.0.0.1:0", AENV__cluster__scheduler_endpoint: `127.0.0.1:${schedPort}`, AENV__gateway__sandbox_proxy_domains: "sbx.test", AENV__gateway__request_timeout_ms: "5000", AENV__gateway__scheduler_timeout_ms: "1000" } })));
+});
+
+afterAll(async () => {
+  await gw?.close();
+  await sched?.close();
+  for (const n of nodes ?? []) await n.dispose();
+  rmSync(home, { recursive: true, force: true });
+});
+
+test("auth: the gateway's key is required on the control plane, not on /health", async () => {
+  expect((await api("/v2/sandboxes", { key: null })).status).toBe(401);
+  const bad = await api("/v2/sandboxes", { key: "e2b_wrong" });
+  expect(bad.status).toBe(401);
+  expect((await bad.json() as any).code).toBe(401);
+  expect(await (await api("/health", { key: null })).json()).toMatchObject({ status: "ok", role: "gateway" });
+});
+
+test("create: Schedule picks the node, the node creates, the binding is recorded; domain is the gateway's", async () => {
+  for (let i = 0; i < 4; i++) {
+    const r = await api(i % 2 ? "/sandboxes" : "/v2/sandboxes", { method: "POST", body: JSON.stringify({ templateID: "base", timeout: 600, metadata: { n: String(i), team: i < 2 ? "x" : "y" }, secure: true }) });
+    expect(r.status).toBe(201);
+    const body: any = await r.json();
+    expect(body.domain).toBe("sbx.test");
+    expect(body.envdAccessToken).toMatch(/^[0-9a-f]+$/);
+    ids.push(body.sandboxID);
+  }
+  for (const id of ids) placed[id] = (await sched.client.lookupNode({ sandboxId: id })).node!.nodeId;
+  expect(ids.map((id) => placed[id])).toEqual(["a", "b", "a", "b"]);
+  expect(nodes[0]!.runtime.starts).toBe(2);
+  expect(nodes[1]!.runtime.starts).toBe(2);
+  // bad input: malformed JSON is refused by the gateway, a bad field by the node
+  expect((await api("/v2/sandboxes", { method: "POST", body: "{nope" })).status).toBe(400);
+  const bad = await api("/v2/sandboxes", { method: "POST", body: JSON.stringify({ templateID: "base", timeout: -5 }) });
+  expect(bad.status).toBe(400);
+  expect((await bad.json() as any).code).toBe(400);
+});
+
+test("control routes go to the sandbox's node; an unknown id is 404 without asking any node", async () => {
+  for (const id of ids) {
+    const r = await api(`/sandboxes/${id}`);
+    expect(r.status).toBe(200);
+    expect((await r.json() as any).sandboxID).toBe(id);
+  }
+  const before = gw.gateway.stats.requests;
+  const nodeReqs = () => nodes.map((n) => n.orch.getCounters());
+  const countersBefore = JSON.stringify(nodeReqs());
+  const r = await api("/sandboxes/doesnotexist1");
+  expect(r.status).toBe(404);
+  expect(await r.json()).toMatchObject({ code: 404, error_code: "gateway.sandbox_not_found" });
+  expect((await api("/sandboxes/Bad-Id!")).status).toBe(404);
+  expect(gw.gateway.stats.requests).toBe(before + 2);
+  expect(gw.gateway.stats.nodeErrors).toBe(0);
+  expect(JSON.stringify(nodeReqs())).toBe(countersBefore);
+  // timeout refresh through the gateway
+  expect((await api(`/sandboxes/${ids[1]}/timeout`, { method: "POST", body: JSON.stringify({ timeout: 900 }) })).status).toBe(204);
+});
+
+test("data plane: headers, {port}-{id}.{domain} hosts (DNS-label rules), /proxy paths, WebSocket", async () => {
+  for (const id of ids) {
+    const h = await fetch(`${gw.url}/whoami?x=1`, { headers: { "e2b-sandbox-id": id, "e2b-sandbox-port": "49983" } });
+    expect(await h.json()).toEqual({ sandbox: id, node: placed[id], path: "/whoami", query: "?x=1" });
+    const x = await fetch(`${gw.url}/whoami`, { headers: { "x-agentenv-sandbox-id": id, "x-agentenv-sandbox-port": "8080" } });
+    expect((await x.json() as any).sandbox).toBe(id);
+    const host = await fetch(`${gw.url}/whoami`, { headers: { host: `8080-${id}.sbx.test` } });
+    expect((await host.json() as any).sandbox).toBe(id);
+    const path = await fetch(`${gw.url}/proxy/${id}/8080/whoami`);
+    expect((await path.json() as any).sandbox).toBe(id);
+  }
+  // a 2 MiB body streams through and back
+  const big = new Uint8Array(2 * 1024 * 1024).map((_, i) => i * 31);
+  const echo = await fetch(`${gw.url}/echo`, { method: "POST", body: big, headers: { "e2b-sandbox-id": ids[0]!, "e2b-sandbox-port": "8080" } });
+  expect(Buffer.compare(Buffer.from(await echo.arrayBuffer()), Buffer.from(big))).toBe(0);
+  // host rules: a label over 63 characters or a domain not configured is not a sandbox host
+  const longId = "a".repeat(60);
+  expect((await fetch(`${gw.url}/whoami`, { headers: { host: `8080-${longId}.sbx.test` } })).status).toBe(401);
+  expect((await fetch(`${gw.url}/whoami`, { headers: { host: `8080-${ids[0]}.other.test` } })).status).toBe(401);
+  // unknown sandbox on the data plane: 502 as the E2B proxy answers; bad port header: 400
+  const unknown = await fetch(`${gw.url}/whoami`, { headers: { "e2b-sandbox-id": "nosuchsandbox", "e2b-sandbox-port": "49983" } });
+  expect(unknown.status).toBe(502);
+  expect(await unknown.json()).toMatchObject({ sandboxId: "nosuchsandbox", code: 502 });
+  expect((await fetch(`${gw.url}/x`, { headers: { "e2b-sandbox-id": ids[0]!, "e2b-sandbox-port": "99999" } })).status).toBe(400);
+  // WebSocket by header and by /proxy path
+  for (const [url, headers] of [
+    [`${gw.url.replace("http", "ws")}/ws`, { "e2b-sandbox-id": ids[1]!, "e2b-sandbox-port": "8080" }],
+    [`${gw.url.replace("http", "ws")}/proxy/${ids[2]}/8080/ws`, {}],
+  ] as const) {
+    const ws = new WebSocket(url, { headers } as unknown as string[]);
+    const got = await new Promise<string>((resolve, reject) => {
+      ws.onopen = () => ws.send("ping");
+      ws.onmessage = (e) => resolve(String(e.data));
+      ws.onerror = () => reject(new Error(`websocket ${url} failed`));
+    });
+    ws.close();
+    expect(got).toBe(`${headers["e2b-sandbox-id"] ?? ids[2]}:ping`);
+  }
+});
+
+test("lists across nodes: v2 filters and pagination without gaps or repeats, v1, templates, nodes", async () => {
+  const all = await api("/v2/sandboxes?limit=100");
+  expect(all.headers.get("x-total-running")).toBe("4");
+  expect(all.headers.get("x-next-token")).toBeNull();
+  const listed = (await all.json()) as { sandboxID: string; startedAt: string }[];
+  expect(listed.map((s) => s.sandboxID).sort()).toEqual([...ids].sort());
+  // oldest first, as a node orders by default
+  const times = listed.map((s) => Date.parse(s.startedAt));
+  expect([...times].sort((a, b) => a - b)).toEqual(times);
+  const seen: string[] = [];
+  let token: string | null = null;
+  let pages = 0;
+  do {
+    const r = await api(`/v2/sandboxes?limit=3${token ? `&nextToken=${token}` : ""}`);
+    expect(r.status).toBe(200);
+    const page = (await r.json()) as { sandboxID: string }[];
+    seen.push(...page.map((s) => s.sandboxID));
+    token = r.headers.get("x-next-token");
+    pages++;
+  } while (token && pages < 10);
+  expect(pages).toBe(2);
+  expect(seen).toEqual(listed.map((s) => s.sandboxID));
+  const desc = (await (await api("/v2/sandboxes?order=desc&limit=2")).json()) as { sandboxID: string }[];
+  expect(desc.map((s) => s.sandboxID)).toEqual(listed.map((s) => s.sandboxID).reverse().slice(0, 2));
+  const team = (await (await api(`/v2/sandboxes?metadata=${encodeURIComponent("team=y")}`)).json()) as { sandboxID: string }[];
+  expect(team.map((s) => s.sandboxID).sort()).toEqual([ids[2], ids[3]].sort());
+  const bad = await api("/v2/sandboxes?limit=0");
+  expect(bad.status).toBe(400);
+  expect(((await (await api("/sandboxes")).json()) as unknown[]).length).toBe(4);
+  const tpls = (await (await api("/templates")).json()) as { templateID: string; spawnCount: number }[];
+  expect(tpls.map((t) => t.templateID)).toEqual(["base"]);
+  expect(tpls[0]!.spawnCount).toBe(4);
+  const ns = (await (await api("/nodes")).json()) as { id: string; sandboxCount: number }[];
+  expect(ns.map((n) => [n.id, n.sandboxCount])).toEqual([
+    ["a", 2],
+    ["b", 2],
+  ]);
+  expect((await (await api("/nodes/b")).json() as any).id).toBe("b");
+  expect((await api("/nodes/zz")).status).toBe(404);
+  expect((await api("/no/such/route")).status).toBe(404);
+});
+
+test("pause and connect through the gateway; delete unbinds", async () => {
+  expect((await api(`/sandboxes/${ids[3]}/pause`, { method: "POST" })).status).toBe(204);
+  expect((await (await api(`/sandboxes/${ids[3]}`)).json() as any).state).toBe("paused");
+  const c = await api(`/v2/sandboxes/${ids[3]}/connect`, { method: "POST", body: JSON.stringify({ timeout: 300 }) });
+  expect(c.status).toBe(201);
+  expect((await c.json() as any).domain).toBe("sbx.test");
+  const who = await fetch(`${gw.url}/whoami`, { headers: { "e2b-sandbox-id": ids[3]!, "e2b-sandbox-port": "8080" } });
+  expect((await who.json() as any).sandbox).toBe(ids[3]);
+  const extra = (await (await api("/v2/sandboxes", { method: "POST", body: JSON.stringify({ templateID: "base" }) })).json() as any).sandboxID as string;
+  expect((await api(`/sandboxes/${extra}`, { method: "DELETE" })).status).toBe(204);
+  expect((await api(`/sandboxes/${extra}`)).status).toBe(404);
+});
+
+test("scheduler down: creates answer 503, known sandboxes keep routing from the cache; back up: bindings intact", async () => {
+  await sched.close();
+  const c = await api("/v2/sandboxes", { method: "POST", body: JSON.stringify({ templateID: "base" }) });
+  expect(c.status).toBe(503);
+  expect(await c.json()).toMatchObject({ code: 503, error_code: "gateway.scheduler_unavailable" });
+  for (const id of ids) {
+    expect((await api(`/sandboxes/${id}`)).status).toBe(200);
+    const w = await fetch(`${gw.url}/whoami`, { headers: { "e2b-sandbox-id": id, "e2b-sandbox-port": "8080" } });
+    expect((await w.json() as any).sandbox).toBe(id);
+  }
+  // a sandbox the gateway never saw cannot be resolved: 503, not a false 404
+  expect((await api("/sandboxes/neverseen1")).status).toBe(503);
+  // a list still works from the last known node list
+  expect(((await (await api("/v2/sandboxes")).json()) as unknown[]).length).toBe(4);
+  sched = await startTestScheduler(schedulerEnv());
+  for (const id of ids) expect((await sched.client.lookupNode({ sandboxId: id })).node!.nodeId).toBe(placed[id]!);
+});
+
+test("a node killed: its sandboxes answer 502 naming it (fast), the other node's keep working; it leaves scheduling", async () => {
+  const b = nodes[1]!;
+  await b.close();
+  const onB = ids.filter((id) => placed[id] === "b");
+  const onA = ids.filter((id) => placed[id] === "a");
+  for (const id of onB) {
+    const r = await api(`/sandboxes/${id}`);
+    expect(r.status).toBe(502);
+    const body: any = await r.json();
+    expect(body).toMatchObject({ code: 502, error_code: "gateway.node_unreachable" });
+    expect(body.message).toContain("node b (");
+    const d = await fetch(`${gw.url}/whoami`, { headers: { "e2b-sandbox-id": id, "e2b-sandbox-port": "8080" } });
+    expect(d.status).toBe(502);
+    expect((await d.json() as any).message).toContain("node b");
+  }
+  for (const id of onA) expect((await api(`/sandboxes/${id}`)).status).toBe(200);
+  const l = await api("/v2/sandboxes");
+  expect(l.headers.get("x-agentenv-unreachable-nodes")).toBe("b");
+  expect(((await l.json()) as { sandboxID: string }[]).map((s) => s.sandboxID).sort()).toEqual([...onA].sort());
+  // creates keep succeeding: a refused connection is retried on another node
+  for (let i = 0; i < 2; i++) {
+    const c = await api("/v2/sandboxes", { method: "POST", body: JSON.stringify({ templateID: "base" }) });
+    expect(c.status).toBe(201);
+  }
+}, 20_000);
