@@ -20,6 +20,7 @@ const main = defineCommand({
     sandbox: () => import("./sandbox.ts").then((m) => m.default),
     scheduler: () => import("../../services/scheduler/cli.ts").then((m) => m.default),
     gateway: () => import("../../services/gateway/cli.ts").then((m) => m.default),
+    deploy: () => import("../../deploy/cli.ts").then((m) => m.default),
   },
 });
 

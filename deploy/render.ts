@@ -1,0 +1,208 @@
+/**
+ * Kubernetes manifests of a cluster (`agentenv deploy render`): nodes as a privileged DaemonSet
+ * (one per host: /dev/kvm, /dev/fuse, host network for sandbox namespaces and iptables, the
+ * data directory on a hostPath) behind the headless Service `agentenv-nodes` whose
+ * EndpointSlices the scheduler watches; the scheduler (Deployment, SQLite on a volume claim,
+ * RBAC to list/watch EndpointSlices) and the gateway (Deployment) with their Services; and a
+ * ConfigMap holding config/default.toml verbatim, so node configuration stays single-sourced
+ * (operators edit the ConfigMap; the environment below only wires the cluster together).
+ * The API key comes from a Secret the operator creates (`agentenv-api-key`, key `key`).
+ */
+import YAML from "yaml";
+import defaultToml from "../config/default.toml" with { type: "text" };
+
+export interface RenderOptions {
+  namespace: string;
+  /** Image holding the `agentenv` binary (and QEMU for nodes). */
+  image: string;
+  /** Gateway replicas. */
+  gatewayReplicas: number;
+}
+
+export const DEFAULT_RENDER: RenderOptions = { namespace: "agentenv", image: "agentenv:latest", gatewayReplicas: 2 };
+
+const NODE_PORT = 8000;
+const SCHEDULER_PORT = 9090;
+const GATEWAY_PORT = 8080;
+const CONFIG_FILE = "agentenv.toml";
+const CONFIG_DIR = "/etc/agentenv";
+
+type Obj = Record<string, unknown>;
+
+const labels = (component: string) => ({ "app.kubernetes.io/name": "agentenv", "app.kubernetes.io/component": component });
+const apiKeyEnv = { name: "AENV_API_KEY", valueFrom: { secretKeyRef: { name: "agentenv-api-key", key: "key" } } };
+const configEnv = { name: "AENV_CONFIG_PATH", value: `${CONFIG_DIR}/${CONFIG_FILE}` };
+const configMount = { name: "config", mountPath: CONFIG_DIR, readOnly: true };
+const configVolume = { name: "config", configMap: { name: "agentenv-config" } };
+const health = (port: number) => ({ httpGet: { path: "/health", port }, periodSeconds: 5, failureThreshold: 3 });
+
+/** The manifests as plain objects, in apply order. */
+export function manifests(o: RenderOptions = DEFAULT_RENDER): Obj[] {
+  const ns = o.namespace;
+  const meta = (name: string, component: string) => ({ name, namespace: ns, labels: labels(component) });
+  const schedulerAddr = `agentenv-scheduler.${ns}.svc:${SCHEDULER_PORT}`;
+  return [
+    { apiVersion: "v1", kind: "Namespace", metadata: { name: ns, labels: { "app.kubernetes.io/name": "agentenv" } } },
+    { apiVersion: "v1", kind: "ConfigMap", metadata: meta("agentenv-config", "config"), data: { [CONFIG_FILE]: defaultToml } },
+    { apiVersion: "v1", kind: "ServiceAccount", metadata: meta("agentenv-scheduler", "scheduler") },
+    {
+      apiVersion: "rbac.authorization.k8s.io/v1",
+      kind: "Role",
+      metadata: meta("agentenv-scheduler", "scheduler"),
+      rules: [{ apiGroups: ["discovery.k8s.io"], resources: ["endpointslices"], verbs: ["get", "list", "watch"] }],
+    },
+    {
+      apiVersion: "rbac.authorization.k8s.io/v1",
+      kind: "RoleBinding",
+      metadata: meta("agentenv-scheduler", "scheduler"),
+      roleRef: { apiGroup: "rbac.authorization.k8s.io", kind: "Role", name: "agentenv-scheduler" },
+      subjects: [{ kind: "ServiceAccount", name: "agentenv-scheduler", namespace: ns }],
+    },
+    {
+      apiVersion: "apps/v1",
+      kind: "DaemonSet",
+      metadata: meta("agentenv-node", "node"),
+      spec: {
+        selector: { matchLabels: labels("node") },
+        updateStrategy: { type: "RollingUpdate", rollingUpdate: { maxUnavailable: 1 } },
+        template: {
+          metadata: { labels: labels("node") },
+          spec: {
+            hostNetwork: true,
+            dnsPolicy: "ClusterFirstWithHostNet",
+            // sandboxes are paused or killed on SIGTERM ([orchestrator] shutdown_action)
+            terminationGracePeriodSeconds: 120,
+            containers: [
+              {
+                name: "node",
+                image: o.image,
+                command: ["agentenv", "server"],
+                securityContext: { privileged: true },
+                ports: [{ name: "api", containerPort: NODE_PORT, protocol: "TCP" }],
+                env: [
+                  configEnv,
+                  apiKeyEnv,
+                  { name: "AENV_API_ADDR", value: `0.0.0.0:${NODE_PORT}` },
+                  // the Pod name is the node id Kubernetes discovery gives it (EndpointSlice targetRef)
+                  { name: "AENV_NODE_ID", valueFrom: { fieldRef: { fieldPath: "metadata.name" } } },
+                  { name: "AENV_OBSERVABILITY_SCHEDULER_REPORT_ENABLED", value: "true" },
+                  { name: "AENV_OBSERVABILITY_SCHEDULER_ENDPOINT", value: schedulerAddr },
+                ],
+                readinessProbe: health(NODE_PORT),
+                volumeMounts: [
+                  configMount,
+                  { name: "data", mountPath: "/var/lib/agentenv" },
+                  { name: "run", mountPath: "/run/agentenv" },
+                  { name: "kvm", mountPath: "/dev/kvm" },
+                  { name: "fuse", mountPath: "/dev/fuse" },
+                  { name: "netns", mountPath: "/run/netns", mountPropagation: "Bidirectional" },
+                ],
+              },
+            ],
+            volumes: [
+              configVolume,
+              { name: "data", hostPath: { path: "/var/lib/agentenv", type: "DirectoryOrCreate" } },
+              { name: "run", hostPath: { path: "/run/agentenv", type: "DirectoryOrCreate" } },
+              { name: "kvm", hostPath: { path: "/dev/kvm", type: "CharDevice" } },
+              { name: "fuse", hostPath: { path: "/dev/fuse", type: "CharDevice" } },
+              { name: "netns", hostPath: { path: "/run/netns", type: "DirectoryOrCreate" } },
+            ],
+          },
+        },
+      },
+    },
+    {
+      apiVersion: "v1",
+      kind: "Service",
+      metadata: meta("agentenv-nodes", "node"),
+      spec: { clusterIP: "None", selector: labels("node"), ports: [{ name: "api", port: NODE_PORT, targetPort: NODE_PORT, protocol: "TCP" }] },
+    },
+    {
+      apiVersion: "v1",
+      kind: "PersistentVolumeClaim",
+      metadata: meta("agentenv-scheduler-data", "scheduler"),
+      spec: { accessModes: ["ReadWriteOnce"], resources: { requests: { storage: "1Gi" } } },
+    },
+    {
+      apiVersion: "apps/v1",
+      kind: "Deployment",
+      metadata: meta("agentenv-scheduler", "scheduler"),
+      spec: {
+        // SQLite: one replica (store = "redis" allows more)
+        replicas: 1,
+        strategy: { type: "Recreate" },
+        selector: { matchLabels: labels("scheduler") },
+        template: {
+          metadata: { labels: labels("scheduler") },
+          spec: {
+            serviceAccountName: "agentenv-scheduler",
+            containers: [
+              {
+                name: "scheduler",
+                image: o.image,
+                command: ["agentenv", "scheduler"],
+                ports: [{ name: "grpc", containerPort: SCHEDULER_PORT, protocol: "TCP" }],
+                env: [
+                  configEnv,
+                  { name: "AENV_HOME_PATH", value: "/var/lib/agentenv-scheduler" },
+                  { name: "AENV__scheduler__addr", value: `0.0.0.0:${SCHEDULER_PORT}` },
+                  { name: "AENV__scheduler__discovery", value: "kubernetes" },
+                  { name: "AENV__scheduler__kubernetes__namespace", valueFrom: { fieldRef: { fieldPath: "metadata.namespace" } } },
+                  { name: "AENV__scheduler__kubernetes__service_name", value: "agentenv-nodes" },
+                  { name: "AENV__scheduler__kubernetes__port", value: String(NODE_PORT) },
+                ],
+                readinessProbe: { tcpSocket: { port: SCHEDULER_PORT }, periodSeconds: 5 },
+                volumeMounts: [configMount, { name: "data", mountPath: "/var/lib/agentenv-scheduler" }],
+              },
+            ],
+            volumes: [configVolume, { name: "data", persistentVolumeClaim: { claimName: "agentenv-scheduler-data" } }],
+          },
+        },
+      },
+    },
+    {
+      apiVersion: "v1",
+      kind: "Service",
+      metadata: meta("agentenv-scheduler", "scheduler"),
+      spec: { selector: labels("scheduler"), ports: [{ name: "grpc", port: SCHEDULER_PORT, targetPort: SCHEDULER_PORT, protocol: "TCP" }] },
+    },
+    {
+      apiVersion: "apps/v1",
+      kind: "Deployment",
+      metadata: meta("agentenv-gateway", "gateway"),
+      spec: {
+        replicas: o.gatewayReplicas,
+        selector: { matchLabels: labels("gateway") },
+        template: {
+          metadata: { labels: labels("gateway") },
+          spec: {
+            containers: [
+              {
+                name: "gateway",
+                image: o.image,
+                command: ["agentenv", "gateway"],
+                ports: [{ name: "http", containerPort: GATEWAY_PORT, protocol: "TCP" }],
+                env: [configEnv, apiKeyEnv, { name: "AENV_HOME_PATH", value: "/tmp/agentenv-gateway" }, { name: "AENV__gateway__addr", value: `0.0.0.0:${GATEWAY_PORT}` }, { name: "AENV__cluster__scheduler_endpoint", value: schedulerAddr }],
+                readinessProbe: health(GATEWAY_PORT),
+                volumeMounts: [configMount],
+              },
+            ],
+            volumes: [configVolume],
+          },
+        },
+      },
+    },
+    {
+      apiVersion: "v1",
+      kind: "Service",
+      metadata: meta("agentenv-gateway", "gateway"),
+      spec: { selector: labels("gateway"), ports: [{ name: "http", port: 80, targetPort: GATEWAY_PORT, protocol: "TCP" }] },
+    },
+  ];
+}
+
+/** The manifests as one multi-document YAML stream. */
+export function renderYaml(o: RenderOptions = DEFAULT_RENDER): string {
+  const head = "# AgentENV on Kubernetes, rendered by `agentenv deploy render` (deploy/render.ts); do not edit by hand.\n# Before applying: kubectl create namespace agentenv; kubectl -n agentenv create secret generic agentenv-api-key --from-literal=key=e2b_<40 hex>\n";
+  return head + manifests(o).map((m) => YAML.stringify(m, { lineWidth: 0 })).map((d) => "---\n" + d).join("");
+}

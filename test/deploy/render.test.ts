@@ -1,0 +1,122 @@
+/**
+ * The Kubernetes manifests `agentenv deploy render` prints: parsed back from YAML, kinds,
+ * selectors against the Pod labels, Services against container ports, the node DaemonSet's
+ * host access, RBAC for the EndpointSlice watch, and the ConfigMap equal to config/default.toml.
+ */
+import { expect, test } from "bun:test";
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
+import YAML from "yaml";
+import { defaultConfig, loadConfig } from "../../src/config/index.ts";
+
+const ROOT = join(import.meta.dir, "../..");
+
+function render(args: string[] = []): any[] {
+  const r = Bun.spawnSync([process.execPath, join(ROOT, "src/cli/main.ts"), "deploy", "render", ...args], { stdout: "pipe", stderr: "pipe" });
+  if (r.exitCode !== 0) throw new Error(`deploy render failed: ${r.stderr.toString()}`);
+  return YAML.parseAllDocuments(r.stdout.toString()).map((d) => {
+    if (d.errors.length) throw new Error(`YAML error: ${d.errors[0]!.message}`);
+    return d.toJS();
+  });
+}
+
+const docs = render();
+const byKind = (kind: string) => docs.filter((d) => d.kind === kind);
+const one = (kind: string, name: string) => {
+  const d = docs.find((x) => x.kind === kind && x.metadata.name === name);
+  if (!d) throw new Error(`no ${kind} ${name}`);
+  return d;
+};
+
+test("kinds and names", () => {
+  expect(docs.map((d) => `${d.kind}/${d.metadata.name}`)).toEqual([
+    "Namespace/agentenv",
+    "ConfigMap/agentenv-config",
+    "ServiceAccount/agentenv-scheduler",
+    "Role/agentenv-scheduler",
+    "RoleBinding/agentenv-scheduler",
+    "DaemonSet/agentenv-node",
+    "Service/agentenv-nodes",
+    "PersistentVolumeClaim/agentenv-scheduler-data",
+    "Deployment/agentenv-scheduler",
+    "Service/agentenv-scheduler",
+    "Deployment/agentenv-gateway",
+    "Service/agentenv-gateway",
+  ]);
+  for (const d of docs.slice(1)) expect(d.metadata.namespace).toBe("agentenv");
+});
+
+test("every selector matches its Pod template's labels; Services target declared container ports", () => {
+  const workloads = [...byKind("DaemonSet"), ...byKind("Deployment")];
+  for (const w of workloads) {
+    const podLabels = w.spec.template.metadata.labels;
+    for (const [k, v] of Object.entries(w.spec.selector.matchLabels)) expect(podLabels[k]).toBe(v);
+  }
+  for (const svc of byKind("Service")) {
+    const targets = workloads.filter((w) => Object.entries(svc.spec.selector).every(([k, v]) => w.spec.template.metadata.labels[k] === v));
+    expect(targets.length).toBe(1);
+    const ports = targets[0].spec.template.spec.containers.flatMap((c: any) => c.ports.map((p: any) => p.containerPort));
+    for (const p of svc.spec.ports) expect(ports).toContain(p.targetPort);
+  }
+  expect(one("Service", "agentenv-nodes").spec.clusterIP).toBe("None");
+  expect(one("Service", "agentenv-nodes").spec.selector).toEqual(one("DaemonSet", "agentenv-node").spec.template.metadata.labels);
+});
+
+test("the node DaemonSet: privileged, host network, /dev/kvm, hostPath data dir, node id = Pod name, reporting on", () => {
+  const spec = one("DaemonSet", "agentenv-node").spec.template.spec;
+  expect(spec.hostNetwork).toBe(true);
+  const c = spec.containers[0];
+  expect(c.securityContext.privileged).toBe(true);
+  expect(c.command).toEqual(["agentenv", "server"]);
+  const vol = (name: string) => spec.volumes.find((v: any) => v.name === name);
+  expect(vol("kvm").hostPath).toEqual({ path: "/dev/kvm", type: "CharDevice" });
+  expect(vol("data").hostPath.path).toBe("/var/lib/agentenv");
+  expect(c.volumeMounts.find((m: any) => m.name === "kvm").mountPath).toBe("/dev/kvm");
+  const env = Object.fromEntries(c.env.map((e: any) => [e.name, e.value ?? e.valueFrom]));
+  expect(env.AENV_NODE_ID).toEqual({ fieldRef: { fieldPath: "metadata.name" } });
+  expect(env.AENV_OBSERVABILITY_SCHEDULER_REPORT_ENABLED).toBe("true");
+  expect(env.AENV_OBSERVABILITY_SCHEDULER_ENDPOINT).toBe("agentenv-scheduler.agentenv.svc:9090");
+  expect(env.AENV_API_KEY).toEqual({ secretKeyRef: { name: "agentenv-api-key", key: "key" } });
+  // the config the environment names is the one mounted from the ConfigMap
+  expect(env.AENV_CONFIG_PATH).toBe("/etc/agentenv/agentenv.toml");
+  expect(vol("config").configMap.name).toBe("agentenv-config");
+  // every environment override names a real config key (loads without error)
+  const plain = Object.fromEntries(c.env.filter((e: any) => typeof e.value === "string" && e.name !== "AENV_CONFIG_PATH").map((e: any) => [e.name, e.value]));
+  expect(loadConfig({ env: plain }).observability.scheduler_report.enabled).toBe(true);
+});
+
+test("scheduler: Kubernetes discovery of agentenv-nodes with RBAC to watch EndpointSlices", () => {
+  const d = one("Deployment", "agentenv-scheduler").spec.template.spec;
+  expect(d.serviceAccountName).toBe("agentenv-scheduler");
+  const env = Object.fromEntries(d.containers[0].env.filter((e: any) => e.value && e.name !== "AENV_CONFIG_PATH").map((e: any) => [e.name, e.value]));
+  const cfg = loadConfig({ env });
+  expect(cfg.scheduler.discovery).toBe("kubernetes");
+  expect(cfg.scheduler.kubernetes.service_name).toBe("agentenv-nodes");
+  expect(one("Role", "agentenv-scheduler").rules).toEqual([{ apiGroups: ["discovery.k8s.io"], resources: ["endpointslices"], verbs: ["get", "list", "watch"] }]);
+  const rb = one("RoleBinding", "agentenv-scheduler");
+  expect(rb.roleRef.name).toBe("agentenv-scheduler");
+  expect(rb.subjects).toEqual([{ kind: "ServiceAccount", name: "agentenv-scheduler", namespace: "agentenv" }]);
+  const g = one("Deployment", "agentenv-gateway").spec.template.spec.containers[0];
+  expect(g.env.find((e: any) => e.name === "AENV__cluster__scheduler_endpoint").value).toBe("agentenv-scheduler.agentenv.svc:9090");
+});
+
+test("the ConfigMap is config/default.toml byte for byte, and parses to the default config", () => {
+  const text = one("ConfigMap", "agentenv-config").data["agentenv.toml"];
+  expect(text).toBe(readFileSync(join(ROOT, "config/default.toml"), "utf8"));
+  const tmp = `/tmp/aenv-cm-${process.pid}.toml`;
+  require("node:fs").writeFileSync(tmp, text);
+  try {
+    expect(loadConfig({ path: tmp, env: {} })).toEqual(defaultConfig());
+  } finally {
+    require("node:fs").rmSync(tmp);
+  }
+});
+
+test("options: namespace and image; a bad replica count is refused", () => {
+  const d = render(["--namespace", "sbx", "--image", "reg/agentenv:1"]);
+  expect(d.slice(1).every((x) => x.metadata.namespace === "sbx")).toBe(true);
+  expect(d.find((x) => x.kind === "DaemonSet").spec.template.spec.containers[0].image).toBe("reg/agentenv:1");
+  const r = Bun.spawnSync([process.execPath, join(ROOT, "src/cli/main.ts"), "deploy", "render", "--gateway-replicas", "0"], { stderr: "pipe" });
+  expect(r.exitCode).toBe(2);
+  expect(r.stderr.toString()).toContain("--gateway-replicas must be a positive integer");
+});
