@@ -5,30 +5,23 @@
  * from the event loop (IORING_REGISTER_EVENTFD + an async read). EFD_CLOEXEC = O_CLOEXEC
  * 0o2000000 (include/uapi/linux/eventfd.h via fcntl.h).
  */
-import { dlopen, FFIType, read } from "bun:ffi";
+import { SyscallError } from "./errors.ts";
+import { errno, libc } from "./libc.ts";
 import { closeSync, writeSync } from "node:fs";
 
 const EFD_CLOEXEC = 0o2000000;
 
-const libc = dlopen("libc.so.6", {
-  eventfd: { args: [FFIType.u32, FFIType.i32], returns: FFIType.i32 },
-  __errno_location: { args: [], returns: FFIType.ptr },
-});
 
 /** A failed eventfd call; `errno` is the raw number. */
-export class EventfdError extends Error {
-  constructor(readonly call: string, readonly errno: number) {
-    super(`${call} failed: errno ${errno}`);
-  }
-}
+export class EventfdError extends SyscallError {}
 
 /**
  * A new blocking eventfd (close-on-exec) with counter 0.
  * @throws EventfdError (EMFILE, ENFILE)
  */
 export function createEventfd(): number {
-  const fd = libc.symbols.eventfd(0, EFD_CLOEXEC);
-  if (fd < 0) throw new EventfdError("eventfd", read.i32(libc.symbols.__errno_location()!, 0));
+  const fd = libc().eventfd(0, EFD_CLOEXEC);
+  if (fd < 0) throw new EventfdError("eventfd", errno());
   return fd;
 }
 

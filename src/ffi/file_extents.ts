@@ -4,24 +4,16 @@
  * include/uapi/linux/falloc.h: SEEK_DATA 3, SEEK_HOLE 4, FICLONE _IOW(0x94, 9, int) = 0x40049409,
  * FALLOC_FL_KEEP_SIZE 1, FALLOC_FL_PUNCH_HOLE 2.
  */
-import { dlopen, FFIType, read } from "bun:ffi";
+import type { Pointer } from "bun:ffi";
 import { SyscallError } from "./errors.ts";
+import { errno, libc } from "./libc.ts";
 
 const SEEK_DATA = 3;
 const SEEK_HOLE = 4;
 const FICLONE = 0x40049409;
 const ENXIO = 6;
 
-const libc = dlopen("libc.so.6", {
-  lseek: { args: [FFIType.i32, FFIType.i64, FFIType.i32], returns: FFIType.i64 },
-  ioctl: { args: [FFIType.i32, FFIType.u64, FFIType.i32], returns: FFIType.i32 },
-  fallocate: { args: [FFIType.i32, FFIType.i32, FFIType.i64, FFIType.i64], returns: FFIType.i32 },
-  __errno_location: { args: [], returns: FFIType.ptr },
-});
 
-function errno(): number {
-  return read.i32(libc.symbols.__errno_location()!, 0);
-}
 
 export { SyscallError };
 
@@ -37,14 +29,14 @@ export function dataExtents(fd: number, size: number): Array<[number, number]> {
   const out: Array<[number, number]> = [];
   let pos = 0;
   while (pos < size) {
-    const d = Number(libc.symbols.lseek(fd, pos, SEEK_DATA));
+    const d = Number(libc().lseek(fd, pos, SEEK_DATA));
     if (d < 0) {
       const e = errno();
       if (e === ENXIO) break;
       throw new SyscallError("lseek(SEEK_DATA)", e);
     }
     if (d >= size) break;
-    let h = Number(libc.symbols.lseek(fd, d, SEEK_HOLE));
+    let h = Number(libc().lseek(fd, d, SEEK_HOLE));
     if (h < 0) throw new SyscallError("lseek(SEEK_HOLE)", errno());
     h = Math.min(h, size);
     out.push([d, h]);
@@ -58,7 +50,8 @@ export function dataExtents(fd: number, size: number): Array<[number, number]> {
  * @returns 0 on success, else the errno (EOPNOTSUPP 95 / EXDEV 18 / EINVAL 22 where not supported)
  */
 export function ficlone(dstFd: number, srcFd: number): number {
-  const r = libc.symbols.ioctl(dstFd, FICLONE, srcFd);
+  // the int argument travels as a pointer-sized value (ioctl is variadic)
+  const r = libc().ioctl(dstFd, FICLONE, srcFd as unknown as Pointer);
   return r === 0 ? 0 : errno();
 }
 
@@ -70,5 +63,5 @@ const FALLOC_FL_PUNCH_HOLE = 2;
  * @throws SyscallError with the errno (EOPNOTSUPP 95 where the filesystem cannot punch holes)
  */
 export function punchHole(fd: number, offset: number, length: number): void {
-  if (libc.symbols.fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, offset, length) !== 0) throw new SyscallError("fallocate(PUNCH_HOLE)", errno());
+  if (libc().fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, offset, length) !== 0) throw new SyscallError("fallocate(PUNCH_HOLE)", errno());
 }

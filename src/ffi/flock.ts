@@ -5,9 +5,9 @@
  * include/uapi/asm-generic/errno-base.h (x86-64/arm64): O_RDWR 02, O_CREAT 0100, O_CLOEXEC
  * 02000000; LOCK_EX 2, LOCK_NB 4, LOCK_UN 8; EWOULDBLOCK = EAGAIN 11, EINTR 4.
  */
-import { dlopen, FFIType, read } from "bun:ffi";
 import { AgentEnvError } from "../errors.ts";
 import type { FfiCodes } from "./errors.ts";
+import { errno, libc } from "./libc.ts";
 
 const O_RDWR = 0o2;
 const O_CREAT = 0o100;
@@ -17,16 +17,7 @@ const LOCK_NB = 4;
 const EWOULDBLOCK = 11;
 const EINTR = 4;
 
-const libc = dlopen("libc.so.6", {
-  open: { args: [FFIType.cstring, FFIType.i32, FFIType.u32], returns: FFIType.i32 },
-  flock: { args: [FFIType.i32, FFIType.i32], returns: FFIType.i32 },
-  close: { args: [FFIType.i32], returns: FFIType.i32 },
-  __errno_location: { args: [], returns: FFIType.ptr },
-});
 
-function errno(): number {
-  return read.i32(libc.symbols.__errno_location()!, 0);
-}
 
 /** A failed open(2)/flock(2); `errno` is the raw number, `path` the lock file. */
 export class FlockError extends AgentEnvError<FfiCodes<"flock">> {
@@ -52,13 +43,13 @@ export interface HeldFlock {
  * @throws FlockError for any other open/flock failure (missing directory, EACCES, ...).
  */
 export function tryFlockExclusive(path: string): HeldFlock | null {
-  const fd = libc.symbols.open(Buffer.from(path + "\0"), O_RDWR | O_CREAT | O_CLOEXEC, 0o644);
+  const fd = libc().open(Buffer.from(path + "\0"), O_RDWR | O_CREAT | O_CLOEXEC, 0o644);
   if (fd < 0) throw new FlockError("open", path, errno());
   for (;;) {
-    if (libc.symbols.flock(fd, LOCK_EX | LOCK_NB) === 0) break;
+    if (libc().flock(fd, LOCK_EX | LOCK_NB) === 0) break;
     const e = errno();
     if (e === EINTR) continue;
-    libc.symbols.close(fd);
+    libc().close(fd);
     if (e === EWOULDBLOCK) return null;
     throw new FlockError("flock", path, e);
   }
@@ -69,7 +60,7 @@ export function tryFlockExclusive(path: string): HeldFlock | null {
     release() {
       if (!open) return;
       open = false;
-      libc.symbols.close(fd); // closing the only descriptor of the description drops the lock
+      libc().close(fd); // closing the only descriptor of the description drops the lock
     },
   };
 }

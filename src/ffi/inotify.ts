@@ -4,9 +4,10 @@
  * through a child `cat` so Bun polls a pipe instead of parking a pool thread).
  * Sources: inotify(7), include/uapi/linux/inotify.h.
  */
-import { dlopen, FFIType, ptr, read } from "bun:ffi";
+import { ptr } from "bun:ffi";
 import { AgentEnvError } from "../errors.ts";
 import type { FfiCodes } from "./errors.ts";
+import { errno, libc } from "./libc.ts";
 
 /** Thrown when an inotify call fails; `details.errno` holds the C errno. */
 export class InotifyError extends AgentEnvError<FfiCodes<"inotify">> {}
@@ -39,23 +40,14 @@ const ENOENT = 2;
 const ENOTDIR = 20;
 const ENOSPC = 28;
 
-const lib = dlopen("libc.so.6", {
-  inotify_init1: { args: [FFIType.i32], returns: FFIType.i32 },
-  inotify_add_watch: { args: [FFIType.i32, FFIType.ptr, FFIType.u32], returns: FFIType.i32 },
-  inotify_rm_watch: { args: [FFIType.i32, FFIType.i32], returns: FFIType.i32 },
-  __errno_location: { args: [], returns: FFIType.ptr },
-});
 
-function errno(): number {
-  return read.i32(lib.symbols.__errno_location()!, 0);
-}
 
 /**
  * New inotify instance (close-on-exec, blocking reads).
  * @throws InotifyError `inotify.init_failed` (e.g. EMFILE: fs.inotify.max_user_instances).
  */
 export function inotifyInit(): number {
-  const fd = lib.symbols.inotify_init1(IN_CLOEXEC);
+  const fd = libc().inotify_init1(IN_CLOEXEC);
   if (fd < 0) throw new InotifyError("inotify.init_failed", "inotify_init1 failed", { errno: errno() });
   return fd;
 }
@@ -67,7 +59,7 @@ export function inotifyInit(): number {
  */
 export function inotifyAddWatch(fd: number, path: string, mask: number): number {
   const c = Buffer.from(`${path}\0`);
-  const wd = lib.symbols.inotify_add_watch(fd, ptr(c), mask >>> 0);
+  const wd = libc().inotify_add_watch(fd, ptr(c), mask >>> 0);
   if (wd < 0) {
     const e = errno();
     const code = e === ENOENT || e === ENOTDIR ? "inotify.not_found" : e === ENOSPC ? "inotify.limit" : "inotify.add_failed";
@@ -78,7 +70,7 @@ export function inotifyAddWatch(fd: number, path: string, mask: number): number 
 
 /** Remove a watch; errors (already gone) are ignored. */
 export function inotifyRmWatch(fd: number, wd: number): void {
-  lib.symbols.inotify_rm_watch(fd, wd);
+  libc().inotify_rm_watch(fd, wd);
 }
 
 /** One decoded event record. */

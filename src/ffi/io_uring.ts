@@ -11,9 +11,10 @@
  * bytes (128 with IORING_SETUP_SQE128; the URING_CMD payload starts at SQE byte 48); CQE 16
  * bytes; mmap offsets SQ_RING 0, CQ_RING 0x8000000, SQES 0x10000000.
  */
-import { dlopen, FFIType, ptr, read, toArrayBuffer, type Pointer } from "bun:ffi";
+import { ptr, read, toArrayBuffer, type Pointer } from "bun:ffi";
 import { AgentEnvError } from "../errors.ts";
 import type { FfiCodes } from "./errors.ts";
+import { errno, libc, mapFailed } from "./libc.ts";
 
 const SYS_io_uring_setup = 425;
 const SYS_io_uring_enter = 426;
@@ -73,17 +74,7 @@ export const SQE = {
 /** io_uring_cqe: user_data u64 @0, res s32 @8, flags u32 @12. */
 export const CQE = { SIZE: 16, USER_DATA: 0, RES: 8, FLAGS: 12 } as const;
 
-const libc = dlopen("libc.so.6", {
-  syscall: { args: [FFIType.i64, FFIType.i64, FFIType.i64, FFIType.i64, FFIType.i64, FFIType.i64, FFIType.i64], returns: FFIType.i64 },
-  mmap: { args: [FFIType.ptr, FFIType.u64, FFIType.i32, FFIType.i32, FFIType.i32, FFIType.i64], returns: FFIType.ptr },
-  munmap: { args: [FFIType.ptr, FFIType.u64], returns: FFIType.i32 },
-  close: { args: [FFIType.i32], returns: FFIType.i32 },
-  __errno_location: { args: [], returns: FFIType.ptr },
-});
 
-function errno(): number {
-  return read.i32(libc.symbols.__errno_location()!, 0);
-}
 
 /** A failed io_uring system call or operation; `errno` is the raw (positive) number. */
 export class IoUringError extends AgentEnvError<FfiCodes<"io_uring">> {
@@ -181,7 +172,7 @@ export class IoUring {
     const dv = new DataView(params.buffer);
     dv.setUint32(PARAMS.FLAGS, flags, true);
     if (o.cqEntries !== undefined) dv.setUint32(PARAMS.CQ_ENTRIES, o.cqEntries, true);
-    const fd = Number(libc.symbols.syscall(SYS_io_uring_setup, o.entries, ptr(params), 0, 0, 0, 0));
+    const fd = Number(libc().syscall(SYS_io_uring_setup, o.entries, ptr(params), 0, 0, 0, 0));
     if (fd < 0) throw new IoUringError("io_uring_setup", errno());
     this.fd = fd;
     this.flags = flags;
@@ -223,8 +214,8 @@ export class IoUring {
   }
 
   private map(len: number, off: number): Pointer {
-    const p = libc.symbols.mmap(null, len, PROT_RW, MAP_SHARED_POPULATE, this.fd, off) as Pointer | null;
-    if (p === null || Number(p) === -1) throw new IoUringError("mmap", errno());
+    const p = libc().mmap(null, len, PROT_RW, MAP_SHARED_POPULATE, this.fd, off) as Pointer | null;
+    if (mapFailed(p)) throw new IoUringError("mmap", errno());
     this.maps.push([p, len]);
     return p;
   }
@@ -282,7 +273,7 @@ export class IoUring {
    * @throws IoUringError for any other failure
    */
   enter(toSubmit: number, minComplete: number, flags: number): number {
-    const n = Number(libc.symbols.syscall(SYS_io_uring_enter, this.fd, toSubmit, minComplete, flags, 0, 0));
+    const n = Number(libc().syscall(SYS_io_uring_enter, this.fd, toSubmit, minComplete, flags, 0, 0));
     if (n >= 0) return n;
     const e = errno();
     if (e === EINTR) return -EINTR;
@@ -333,7 +324,7 @@ export class IoUring {
    */
   registerEventfd(eventFd: number): void {
     const arg = new Int32Array([eventFd]);
-    const r = Number(libc.symbols.syscall(SYS_io_uring_register, this.fd, IORING_REGISTER_EVENTFD, ptr(arg), 1, 0, 0));
+    const r = Number(libc().syscall(SYS_io_uring_register, this.fd, IORING_REGISTER_EVENTFD, ptr(arg), 1, 0, 0));
     if (r < 0) throw new IoUringError("io_uring_register(EVENTFD)", errno());
   }
 
@@ -368,7 +359,7 @@ export class IoUring {
   close(): void {
     if (this.closed) return;
     this.closed = true;
-    for (const [p, len] of this.maps) libc.symbols.munmap(p, len);
-    libc.symbols.close(this.fd);
+    for (const [p, len] of this.maps) libc().munmap(p, len);
+    libc().close(this.fd);
   }
 }

@@ -6,7 +6,9 @@
  * PROT_READ 1, PROT_WRITE 2, MAP_SHARED 0x01, MAP_PRIVATE 0x02, MAP_ANONYMOUS 0x20,
  * MAP_NORESERVE 0x4000, MAP_POPULATE 0x8000.
  */
-import { dlopen, FFIType, read, toArrayBuffer, type Pointer } from "bun:ffi";
+import { toArrayBuffer, type Pointer } from "bun:ffi";
+import { SyscallError } from "./errors.ts";
+import { errno, libc, mapFailed } from "./libc.ts";
 
 export const PROT_READ = 1;
 export const PROT_WRITE = 2;
@@ -18,18 +20,9 @@ export const MAP_POPULATE = 0x8000;
 /** Page size this code assumes (x86_64). */
 export const PAGE_SIZE = 4096;
 
-const libc = dlopen("libc.so.6", {
-  mmap: { args: [FFIType.ptr, FFIType.u64, FFIType.i32, FFIType.i32, FFIType.i32, FFIType.i64], returns: FFIType.ptr },
-  munmap: { args: [FFIType.ptr, FFIType.u64], returns: FFIType.i32 },
-  __errno_location: { args: [], returns: FFIType.ptr },
-});
 
 /** A failed mmap/munmap; `errno` is the raw number. */
-export class MmapError extends Error {
-  constructor(readonly call: string, readonly errno: number) {
-    super(`${call} failed: errno ${errno}`);
-  }
-}
+export class MmapError extends SyscallError {}
 
 /** One mapping: its address (a plain number, valid in every thread of the process), length and a view. */
 export interface Mapping {
@@ -56,8 +49,8 @@ export function mapMemory(length: number, opts: { fd?: number; offset?: number; 
   const len = pageAlign(length);
   const fd = opts.fd ?? -1;
   const flags = opts.flags ?? (fd < 0 ? MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE : MAP_SHARED);
-  const p = libc.symbols.mmap(null, len, opts.prot ?? PROT_READ | PROT_WRITE, flags, fd, opts.offset ?? 0) as Pointer | null;
-  if (p === null || Number(p) === -1) throw new MmapError("mmap", read.i32(libc.symbols.__errno_location()!, 0));
+  const p = libc().mmap(null, len, opts.prot ?? PROT_READ | PROT_WRITE, flags, fd, opts.offset ?? 0) as Pointer | null;
+  if (mapFailed(p)) throw new MmapError("mmap", errno());
   return { ptr: Number(p), length: len, buffer: toArrayBuffer(p, 0, len) };
 }
 
@@ -74,5 +67,5 @@ export function viewMemory(address: number, length: number): ArrayBuffer {
  * @throws MmapError on failure
  */
 export function unmapMemory(m: Pick<Mapping, "ptr" | "length">): void {
-  if (libc.symbols.munmap(m.ptr as unknown as Pointer, m.length) !== 0) throw new MmapError("munmap", read.i32(libc.symbols.__errno_location()!, 0));
+  if (libc().munmap(m.ptr as unknown as Pointer, m.length) !== 0) throw new MmapError("munmap", errno());
 }

@@ -3,9 +3,9 @@
  * libfuse or fusermount (we run as root, so the raw syscall suffices).
  * Source of the constants: include/uapi/linux/mount.h and sys/mount.h (x86_64).
  */
-import { dlopen, FFIType, read, type Pointer } from "bun:ffi";
 import { AgentEnvError } from "../errors.ts";
 import type { FfiCodes } from "./errors.ts";
+import { errno, libc } from "./libc.ts";
 
 /** Thrown when a mount-related syscall fails; `details.errno` holds the raw errno. */
 export class MountError extends AgentEnvError<FfiCodes<"mount">> {}
@@ -20,30 +20,11 @@ export const MNT_DETACH = 0x2;
 /** errno values we branch on (asm-generic/errno-base.h). */
 export const ERRNO = { EPERM: 1, ENOENT: 2, EINTR: 4, EIO: 5, EAGAIN: 11, EBUSY: 16, ENODEV: 19, EINVAL: 22 } as const;
 
-let lib: ReturnType<typeof openLibc> | undefined;
-
-function openLibc() {
-  return dlopen("libc.so.6", {
-    mount: { args: [FFIType.cstring, FFIType.cstring, FFIType.cstring, FFIType.u64, FFIType.cstring], returns: FFIType.i32 },
-    umount2: { args: [FFIType.cstring, FFIType.i32], returns: FFIType.i32 },
-    __errno_location: { args: [], returns: FFIType.ptr },
-  });
-}
-
-function libc() {
-  lib ??= openLibc();
-  return lib.symbols;
-}
-
 function cstr(s: string): Buffer {
   if (s.includes("\0")) throw new MountError("mount.bad_argument", "argument contains a NUL byte", { value: s });
   return Buffer.from(s + "\0", "utf8");
 }
 
-/** errno of the last failed libc call on this thread (read right after the call). */
-function lastErrno(): number {
-  return read.i32(libc().__errno_location() as Pointer, 0);
-}
 
 /**
  * mount(2).
@@ -58,8 +39,8 @@ export function mount(source: string, target: string, fstype: string, flags: num
   const s = cstr(source), t = cstr(target), f = cstr(fstype), d = cstr(data);
   const rc = libc().mount(s, t, f, BigInt(flags), d);
   if (rc !== 0) {
-    const errno = lastErrno();
-    throw new MountError("mount.failed", `mount ${fstype} on ${target} failed: errno ${errno}`, { errno, target, fstype, source });
+    const e = errno();
+    throw new MountError("mount.failed", `mount ${fstype} on ${target} failed: errno ${e}`, { errno: e, target, fstype, source });
   }
 }
 
@@ -70,7 +51,7 @@ export function mount(source: string, target: string, fstype: string, flags: num
  */
 export function umount2(target: string, flags: number): number {
   const rc = libc().umount2(cstr(target), flags);
-  return rc === 0 ? 0 : lastErrno();
+  return rc === 0 ? 0 : errno();
 }
 
 /** One line of /proc/self/mountinfo reduced to what reaping needs. */

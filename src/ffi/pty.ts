@@ -5,9 +5,10 @@
  * Sources: openpty(3) (in libc.so.6 since glibc 2.34, libutil.so.1 before), ioctl_tty(2),
  * `struct winsize` in include/uapi/asm-generic/termios.h.
  */
-import { dlopen, FFIType, ptr } from "bun:ffi";
+import { ptr } from "bun:ffi";
 import { AgentEnvError } from "../errors.ts";
 import type { FfiCodes } from "./errors.ts";
+import { errno, libc, openptyFn } from "./libc.ts";
 
 /** Thrown when a PTY cannot be allocated or resized; `details.errno` holds the C errno. */
 export class PtyError extends AgentEnvError<FfiCodes<"pty">> {}
@@ -18,33 +19,6 @@ const TIOCSWINSZ = 0x5414;
 export const WINSIZE_SIZE = 8;
 const WS_ROW = 0;
 const WS_COL = 2;
-
-const symbols = {
-  openpty: { args: [FFIType.ptr, FFIType.ptr, FFIType.ptr, FFIType.ptr, FFIType.ptr], returns: FFIType.i32 },
-  ioctl: { args: [FFIType.i32, FFIType.u64, FFIType.ptr], returns: FFIType.i32 },
-  __errno_location: { args: [], returns: FFIType.ptr },
-} as const;
-
-type Lib = ReturnType<typeof dlopen<typeof symbols>>;
-let lib: Lib | undefined;
-
-function libc(): Lib {
-  if (lib) return lib;
-  try {
-    lib = dlopen("libc.so.6", symbols);
-  } catch {
-    // glibc < 2.34 keeps openpty in libutil; ioctl and errno stay in libc.
-    const util = dlopen("libutil.so.1", { openpty: symbols.openpty });
-    const c = dlopen("libc.so.6", { ioctl: symbols.ioctl, __errno_location: symbols.__errno_location });
-    lib = { symbols: { ...c.symbols, openpty: util.symbols.openpty }, close: () => (util.close(), c.close()) } as Lib;
-  }
-  return lib;
-}
-
-function errno(): number {
-  const { read } = require("bun:ffi") as typeof import("bun:ffi");
-  return read.i32(libc().symbols.__errno_location()!, 0);
-}
 
 /** Encode a `struct winsize` (rows, cols in character cells; pixels left 0). */
 export function encodeWinsize(cols: number, rows: number): Uint8Array {
@@ -68,7 +42,7 @@ export interface PtyPair {
 export function openPty(cols: number, rows: number): PtyPair {
   const fds = new Int32Array(2);
   const ws = encodeWinsize(cols, rows);
-  const rc = libc().symbols.openpty(ptr(fds), ptr(fds, 4), null, null, ptr(ws));
+  const rc = openptyFn()(ptr(fds), ptr(fds, 4), null, null, ptr(ws));
   if (rc !== 0) throw new PtyError("pty.open_failed", "openpty failed", { errno: errno(), cols, rows });
   return { master: fds[0]!, slave: fds[1]! };
 }
@@ -80,6 +54,6 @@ export function openPty(cols: number, rows: number): PtyPair {
  */
 export function resizePty(fd: number, cols: number, rows: number): void {
   const ws = encodeWinsize(cols, rows);
-  const rc = libc().symbols.ioctl(fd, TIOCSWINSZ, ptr(ws));
+  const rc = libc().ioctl(fd, TIOCSWINSZ, ptr(ws));
   if (rc !== 0) throw new PtyError("pty.resize_failed", "ioctl(TIOCSWINSZ) failed", { errno: errno(), fd, cols, rows });
 }

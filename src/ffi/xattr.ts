@@ -2,9 +2,10 @@
  * Extended attributes through libc via bun:ffi: lsetxattr/lgetxattr/llistxattr/lremovexattr
  * (never following symlinks). Sources: xattr(7), setxattr(2), listxattr(2).
  */
-import { dlopen, FFIType, ptr, read } from "bun:ffi";
+import { ptr } from "bun:ffi";
 import { AgentEnvError } from "../errors.ts";
 import type { FfiCodes } from "./errors.ts";
+import { errno, libc } from "./libc.ts";
 
 /** Thrown when an xattr call fails; `details.errno` holds the C errno. */
 export class XattrError extends AgentEnvError<FfiCodes<"xattr">> {}
@@ -20,17 +21,7 @@ const XATTR_SIZE_MAX = 65536;
 /** Largest name list this module reads, bytes (XATTR_LIST_MAX). */
 const XATTR_LIST_MAX = 65536;
 
-const lib = dlopen("libc.so.6", {
-  lsetxattr: { args: [FFIType.ptr, FFIType.ptr, FFIType.ptr, FFIType.u64, FFIType.i32], returns: FFIType.i32 },
-  lgetxattr: { args: [FFIType.ptr, FFIType.ptr, FFIType.ptr, FFIType.u64], returns: FFIType.i64 },
-  llistxattr: { args: [FFIType.ptr, FFIType.ptr, FFIType.u64], returns: FFIType.i64 },
-  lremovexattr: { args: [FFIType.ptr, FFIType.ptr], returns: FFIType.i32 },
-  __errno_location: { args: [], returns: FFIType.ptr },
-});
 
-function errno(): number {
-  return read.i32(lib.symbols.__errno_location()!, 0);
-}
 
 function cstr(s: string): Buffer {
   return Buffer.from(`${s}\0`);
@@ -49,7 +40,7 @@ function fail(op: string, path: string, name?: string): never {
 export function listXattrs(path: string): string[] {
   const p = cstr(path);
   const buf = Buffer.alloc(XATTR_LIST_MAX);
-  const n = Number(lib.symbols.llistxattr(ptr(p), ptr(buf), buf.length));
+  const n = Number(libc().llistxattr(ptr(p), ptr(buf), buf.length));
   if (n < 0) fail("llistxattr", path);
   return buf
     .subarray(0, n)
@@ -64,7 +55,7 @@ export function listXattrs(path: string): string[] {
  */
 export function getXattr(path: string, name: string): string | undefined {
   const buf = Buffer.alloc(XATTR_SIZE_MAX);
-  const n = Number(lib.symbols.lgetxattr(ptr(cstr(path)), ptr(cstr(name)), ptr(buf), buf.length));
+  const n = Number(libc().lgetxattr(ptr(cstr(path)), ptr(cstr(name)), ptr(buf), buf.length));
   if (n < 0) {
     if (errno() === ENODATA) return undefined;
     fail("lgetxattr", path, name);
@@ -80,10 +71,10 @@ export function setXattr(path: string, name: string, value: string): void {
   const v = Buffer.from(value, "utf8");
   // ptr() of an empty buffer is invalid; pass a 1-byte buffer with size 0
   const data = v.length ? v : Buffer.alloc(1);
-  if (lib.symbols.lsetxattr(ptr(cstr(path)), ptr(cstr(name)), ptr(data), v.length, 0) !== 0) fail("lsetxattr", path, name);
+  if (libc().lsetxattr(ptr(cstr(path)), ptr(cstr(name)), ptr(data), v.length, 0) !== 0) fail("lsetxattr", path, name);
 }
 
 /** Remove one attribute; a missing one is not an error. */
 export function removeXattr(path: string, name: string): void {
-  if (lib.symbols.lremovexattr(ptr(cstr(path)), ptr(cstr(name))) !== 0 && errno() !== ENODATA) fail("lremovexattr", path, name);
+  if (libc().lremovexattr(ptr(cstr(path)), ptr(cstr(name))) !== 0 && errno() !== ENODATA) fail("lremovexattr", path, name);
 }
