@@ -4,7 +4,10 @@
  *    with the middle layer ZFile/zstd), next to plain pread of a flat file with the same bytes,
  *    as ratios to that baseline;
  *  - ZFile decompression MB/s (lz4, zstd);
- *  - writable-upper write MB/s (1 MiB writes + one sync) next to plain file writes.
+ *  - writable-upper write MB/s (1 MiB writes + one sync) next to plain file writes;
+ *  - raw CRC-32C (ZFile's block and jump-table checksum) through the `@node-rs/crc32` addon that
+ *    src/storage/overlaybd/crc32c.ts uses, next to a table-driven slicing-by-8 in TypeScript (the
+ *    candidate for dropping the native dependency), per buffer size.
  * Usage: bun bench/overlaybd.ts [sizeMiB=128] [seconds per case=2]
  */
 import { closeSync, mkdtempSync, openSync, readSync, rmSync, writeSync, fsyncSync, promises as fsp } from "node:fs";
@@ -13,6 +16,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { BlockImage } from "../src/storage/block.ts";
 import { compressLayer, createUpper, LocalFile, openStack, ZFileReader } from "../src/storage/overlaybd/index.ts";
+import { rawCrc32c, ZFILE_BLOCK_CRC_SEED } from "../src/storage/overlaybd/crc32c.ts";
 
 const SIZE = Number(process.argv[2] ?? 128) << 20;
 const SECS = Number(process.argv[3] ?? 2);
@@ -98,6 +102,58 @@ async function interleaved(cases: Array<[string, Reader]>, fn: (r: Reader, ms: n
   const got: number[][] = cases.map(() => []);
   for (let r = 0; r < ROUNDS; r++) for (let i = 0; i < cases.length; i++) got[i]!.push(await fn(cases[i]![1], (SECS * 1000) / ROUNDS));
   return got.map((v) => v.sort((a, b) => a - b)[ROUNDS >> 1]!);
+}
+
+/** Table-driven CRC-32C (slicing-by-8, reflected 0x82F63B78, raw register as ZFile uses it). */
+const CRC_T = (() => {
+  const t = new Uint32Array(8 * 256);
+  for (let n = 0; n < 256; n++) {
+    let c = n;
+    for (let k = 0; k < 8; k++) c = c & 1 ? (c >>> 1) ^ 0x82f63b78 : c >>> 1;
+    t[n] = c >>> 0;
+  }
+  for (let n = 0; n < 256; n++) for (let k = 1; k < 8; k++) t[k * 256 + n] = (t[(k - 1) * 256 + n]! >>> 8) ^ t[t[(k - 1) * 256 + n]! & 0xff]!;
+  return t;
+})();
+function tableCrc32c(d: Uint8Array, seed: number): number {
+  const t = CRC_T;
+  let c = seed >>> 0;
+  let i = 0;
+  for (const end = d.length - (d.length & 7); i < end; i += 8) {
+    const a = (c ^ (d[i]! | (d[i + 1]! << 8) | (d[i + 2]! << 16) | (d[i + 3]! << 24))) >>> 0;
+    c = t[1792 + (a & 0xff)]! ^ t[1536 + ((a >>> 8) & 0xff)]! ^ t[1280 + ((a >>> 16) & 0xff)]! ^ t[1024 + (a >>> 24)]! ^ t[768 + d[i + 4]!]! ^ t[512 + d[i + 5]!]! ^ t[256 + d[i + 6]!]! ^ t[d[i + 7]!]!;
+  }
+  for (; i < d.length; i++) c = t[(c ^ d[i]!) & 0xff]! ^ (c >>> 8);
+  return c >>> 0;
+}
+
+/** CRC-32C MiB/s, addon vs table, interleaved per size; refuses to report when they disagree. */
+function crcBench(): void {
+  console.log("CRC-32C (raw register)        size   addon MiB/s  table MiB/s  table/addon");
+  const check = new TextEncoder().encode("123456789");
+  if (tableCrc32c(check, 0) !== 0x58e3fa20 || rawCrc32c(check, 0) !== 0x58e3fa20) throw new Error("CRC-32C check vector mismatch");
+  for (const size of [64, 512, 4096, 65536, 1 << 20]) {
+    const d = new Uint8Array(size);
+    fill(d.subarray(0, size - (size % 512)));
+    if (tableCrc32c(d, ZFILE_BLOCK_CRC_SEED) !== rawCrc32c(d, ZFILE_BLOCK_CRC_SEED)) throw new Error(`CRC-32C mismatch at ${size} bytes`);
+    const total = 128 << 20;
+    const iters = Math.max(1, total / size);
+    const rate = (f: (d: Uint8Array, s: number) => number): number => {
+      let x = 0;
+      const s = performance.now();
+      for (let i = 0; i < iters; i++) x ^= f(d, i);
+      if (x === 0.5) console.log(x); // keep the result alive
+      return total / 1048576 / ((performance.now() - s) / 1000);
+    };
+    const a: number[] = [];
+    const t: number[] = [];
+    for (let r = 0; r < 3; r++) {
+      a.push(rate(rawCrc32c));
+      t.push(rate(tableCrc32c));
+    }
+    const med = (v: number[]) => v.sort((x, y) => x - y)[1]!;
+    console.log(`${"".padEnd(28)} ${String(size).padStart(7)} ${med(a).toFixed(0).padStart(12)} ${med(t).toFixed(0).padStart(12)} ${(med(t) / med(a)).toFixed(2).padStart(11)}x`);
+  }
 }
 
 const row = (name: string, v: number, base: number, unit: string) =>
@@ -194,6 +250,8 @@ try {
   await up.close();
   row("1M writes + sync, plain file (baseline)", plainW, plainW, "MB/s");
   row("1M writes + sync, writable upper", upW, plainW, "MB/s");
+
+  crcBench();
 } finally {
   rmSync(dir, { recursive: true, force: true });
 }
