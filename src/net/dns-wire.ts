@@ -37,7 +37,10 @@ export function readName(msg: Uint8Array, off: number): { name: string; next: nu
     if ((b & 0xc0) === 0xc0) {
       if (pos + 1 >= msg.length) throw malformed("truncated pointer", pos);
       if (next < 0) next = pos + 2;
-      pos = ((b & 0x3f) << 8) | msg[pos + 1]!;
+      const target = ((b & 0x3f) << 8) | msg[pos + 1]!;
+      // a pointer names an earlier occurrence (RFC 1035 §4.1.4): never itself, later bytes or past the end
+      if (target >= pos) throw malformed("compression pointer does not point backwards", pos);
+      pos = target;
       continue;
     }
     if ((b & 0xc0) !== 0) throw malformed("reserved label type", pos);

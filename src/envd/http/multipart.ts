@@ -30,7 +30,11 @@ export function boundaryOf(contentType: string): string {
   return b;
 }
 
-/** Parse a Content-Disposition value's `name` and `filename` parameters. */
+/**
+ * Parse a Content-Disposition value's `name` and `filename` parameters (`filename*` is RFC 5987
+ * percent-encoded UTF-8).
+ * @throws EnvdError `invalid_argument` for a `filename*` that does not decode.
+ */
 export function parseDisposition(value: string): { name?: string; filename?: string } {
   const out: { name?: string; filename?: string } = {};
   const re = /;\s*([A-Za-z0-9_*-]+)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^;]*))/g;
@@ -41,7 +45,11 @@ export function parseDisposition(value: string): { name?: string; filename?: str
     else if (key === "filename") out.filename = raw;
     else if (key === "filename*") {
       const ext = /^[^']*'[^']*'(.*)$/.exec(raw);
-      out.filename = decodeURIComponent(ext ? ext[1]! : raw);
+      try {
+        out.filename = decodeURIComponent(ext ? ext[1]! : raw);
+      } catch {
+        throw new EnvdError("invalid_argument", `multipart filename* is not valid percent-encoded UTF-8: ${JSON.stringify(raw.slice(0, 200))}`, {});
+      }
     }
   }
   return out;

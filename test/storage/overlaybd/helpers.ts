@@ -21,17 +21,7 @@ export async function extractExt4(dir: string): Promise<string> {
   return join(dir, "ext4_64");
 }
 
-/** Deterministic PRNG (mulberry32). */
-export function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+export { rng } from "../../helpers/fuzz.ts";
 
 export function hex(s: string): Uint8Array {
   const clean = s.replace(/[^0-9a-f]/gi, "");
