@@ -12,6 +12,7 @@ import { refuseUnsupported, UNSUPPORTED } from "./unsupported.ts";
 import { parseMetadataFilter } from "./metadata.ts";
 import { renderPrometheus, renderSandboxMetrics } from "../observability/metrics.ts";
 import { nodeInfo, type NodeIdentity } from "./node.ts";
+import { CpuMeter } from "../observability/host.ts";
 import * as S from "./schemas.ts";
 import { toDetail, toListed, toSandbox, toTemplate } from "./serialize.ts";
 import { telemetryRoutes } from "./routes/telemetry.ts";
@@ -80,6 +81,7 @@ function parseList(query: Record<string, string | undefined>) {
 /** Build the Elysia app. Not listening: server.ts wraps its `fetch`. */
 export function buildApp(deps: ApiDeps) {
   const { orch, domain } = deps;
+  const cpu = new CpuMeter(); // GET /nodes: host CPU since the previous GET
   const created = (r: SandboxRecord, set: { status?: number | string }) => {
     set.status = 201;
     return toSandbox(r, domain);
@@ -261,12 +263,12 @@ export function buildApp(deps: ApiDeps) {
       response: { 200: t.Array(S.Template), ...ERR },
       detail: { summary: "List templates", tags: ["templates"] },
     })
-    .get("/nodes", async () => [await nodeInfo(deps.node, orch)], { response: { 200: t.Array(S.Node), ...ERR }, detail: { summary: "List nodes (this node)", tags: ["nodes"] } })
+    .get("/nodes", async () => [await nodeInfo(deps.node, orch, cpu)], { response: { 200: t.Array(S.Node), ...ERR }, detail: { summary: "List nodes (this node)", tags: ["nodes"] } })
     .get(
       "/nodes/:nodeID",
       ({ params }) => {
         if (params.nodeID !== deps.node.id) throw new ApiError("api.node_not_found", `node ${params.nodeID} not found`, { nodeID: params.nodeID });
-        return nodeInfo(deps.node, orch);
+        return nodeInfo(deps.node, orch, cpu);
       },
       { response: { 200: S.Node, ...ERR }, detail: { summary: "Get a node", tags: ["nodes"] } },
     );

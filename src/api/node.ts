@@ -3,8 +3,8 @@
  */
 import { cpus, freemem, totalmem } from "node:os";
 import { statfsSync } from "node:fs";
-import { hostCpuPercent } from "../observability/host.ts";
-import { BUILD_COMMIT, machineInfo } from "../observability/identity.ts";
+import type { CpuMeter } from "../observability/host.ts";
+import { machineInfo } from "../observability/identity.ts";
 import type { Orchestrator } from "../orchestrator/index.ts";
 import pkg from "../../package.json" with { type: "json" };
 
@@ -16,12 +16,14 @@ export interface NodeIdentity {
   startedAt: number;
   /** This node process's id (heartbeats); the node id when absent. */
   serviceInstanceId?: string;
+  /** Source commit (buildCommit(), measured once at start). */
+  commit: string;
 }
 
-export { BUILD_COMMIT, nodeId } from "../observability/identity.ts";
+export { buildCommit, nodeId } from "../observability/identity.ts";
 
-/** The `Node` body of this node. */
-export async function nodeInfo(n: NodeIdentity, orch: Orchestrator) {
+/** The `Node` body of this node; `meter` is the caller's CPU meter (its window runs from its previous call). */
+export async function nodeInfo(n: NodeIdentity, orch: Orchestrator, meter: CpuMeter) {
   const c = orch.getCounters();
   const cpu = cpus();
   const disks = [];
@@ -44,11 +46,11 @@ export async function nodeInfo(n: NodeIdentity, orch: Orchestrator) {
     createSuccesses: c.created,
     createFails: c.failed,
     version: pkg.version,
-    commit: BUILD_COMMIT,
+    commit: n.commit,
     machineInfo: machineInfo(),
     metrics: {
       allocatedCPU: live.reduce((a, r) => a + r.cpuCount, 0),
-      cpuPercent: await hostCpuPercent(),
+      cpuPercent: await meter.percent(),
       cpuCount: cpu.length,
       allocatedMemoryBytes: live.reduce((a, r) => a + r.memoryMB * 1024 * 1024, 0),
       memoryUsedBytes: totalmem() - freemem(),

@@ -16,6 +16,7 @@ import { composeFiles, parseComposeBody } from "./http/compose.ts";
 import { downloadFile, uploadFiles } from "./http/files.ts";
 import { handleInit } from "./http/init.ts";
 import { collectMetrics } from "./http/metrics.ts";
+import { CpuMeter } from "../observability/host.ts";
 import { ProcessManager } from "./process/manager.ts";
 import { processService, processStreams } from "./process/service.ts";
 import { EnvdState } from "./state.ts";
@@ -166,6 +167,7 @@ export function startEnvd(partial: Partial<EnvdOptions> = {}): Envd {
     maxWatchDirs: opts.maxWatchDirs,
     catPath: resolveBin("cat"),
   });
+  const cpu = new CpuMeter();
   const router = createConnectRouter({ jsonOptions: { ignoreUnknownFields: true } });
   router.service(Process, processService(manager));
   router.service(Filesystem, fsService);
@@ -206,7 +208,7 @@ export function startEnvd(partial: Partial<EnvdOptions> = {}): Envd {
       return json(await composeFiles(state, parseComposeBody(body, opts.maxComposeSources)));
     }
     if (path === "/envs" && req.method === "GET") return json(state.envVars);
-    if (path === "/metrics" && req.method === "GET") return json(collectMetrics());
+    if (path === "/metrics" && req.method === "GET") return json(collectMetrics(cpu));
     return json({ code: 404, message: `no route for ${req.method} ${path}` }, 404);
   };
 

@@ -16,7 +16,7 @@ import { NodeError } from "./errors.ts";
 import { acquireNodeLocks } from "./lock.ts";
 import { reporterOptions, startReporting } from "./reporting.ts";
 import { randomHex } from "../orchestrator/index.ts";
-import { nodeId } from "../api/node.ts";
+import { buildCommit, nodeId } from "../api/node.ts";
 import { SandboxProxy } from "../api/proxy.ts";
 import { parseAddr, serve, type ServeOptions } from "../api/server.ts";
 import { handleUpload } from "../api/routes/templates.ts";
@@ -100,7 +100,8 @@ export async function bootNode(cfg: Config, makeRuntime: RuntimeFactory = create
     blockEnvdInternal: cfg.sandbox_proxy.block_envd_internal,
   });
   const id = nodeId(cfg.node.id);
-  const identity = { id, clusterId: cfg.node.cluster_id, homePath: home, startedAt: Date.now(), serviceInstanceId: cfg.node.service_instance_id || `${id}-${randomHex(4)}` };
+  const commit = buildCommit();
+  const identity = { id, clusterId: cfg.node.cluster_id, homePath: home, startedAt: Date.now(), serviceInstanceId: cfg.node.service_instance_id || `${id}-${randomHex(4)}`, commit };
   const app = buildApp({
     orch,
     domain: domains[0] ?? null,
@@ -115,7 +116,7 @@ export async function bootNode(cfg: Config, makeRuntime: RuntimeFactory = create
   serveOpts.app = app;
   const shownHost = hostname === "0.0.0.0" || hostname === "::" ? "127.0.0.1" : hostname;
   const url = `http://${shownHost.includes(":") ? `[${shownHost}]` : shownHost}:${server.port}`;
-  const stopReporting = reporting ? startReporting(reporting, { nodeId: id, clusterId: identity.clusterId, serviceInstanceId: identity.serviceInstanceId, homePath: home }, orch) : null;
+  const stopReporting = reporting ? startReporting(reporting, { nodeId: id, clusterId: identity.clusterId, serviceInstanceId: identity.serviceInstanceId, homePath: home, commit }, orch) : null;
   log.info({ url, runtime: runtime.name, apiKeySource: source, scheduler: reporting?.endpoint ?? null }, "node listening");
   let closing: Promise<void> | undefined;
   return {

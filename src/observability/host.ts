@@ -26,20 +26,40 @@ export function cpuPercentBetween(a: CpuSample, b: CpuSample): number {
   return dt > 0 ? Math.min(100, Math.max(0, ((b.busy - a.busy) / dt) * 100)) : 0;
 }
 
-let last: CpuSample | undefined;
-
 /**
- * Host CPU percent since the previous call, rounded to a whole percent (the E2B/upstream
- * `cpuPercent` is an integer). The first call samples twice, `firstWindowMs`
- * apart, so it never reports a made-up zero.
+ * Host CPU usage between the calls of one consumer: each consumer (the API's GET /nodes, the
+ * scheduler reporter, envd's /metrics) owns its meter, so their windows do not cut each other.
  */
-export async function hostCpuPercent(firstWindowMs = 100): Promise<number> {
-  let prev = last;
-  if (!prev) {
-    prev = readCpuSample();
-    await Bun.sleep(firstWindowMs);
+export class CpuMeter {
+  private last: CpuSample | undefined;
+
+  /** @param sample the sampler (default: /proc/stat), replaceable for tests. */
+  constructor(private readonly sample: () => CpuSample = () => readCpuSample()) {}
+
+  /**
+   * Percent since this meter's previous call, rounded to a whole percent (the E2B/upstream
+   * `cpuPercent` is an integer). The first call samples twice, `firstWindowMs` apart, so it
+   * never reports a made-up zero.
+   */
+  async percent(firstWindowMs = 100): Promise<number> {
+    let prev = this.last;
+    if (!prev) {
+      prev = this.sample();
+      await Bun.sleep(firstWindowMs);
+    }
+    return Math.round(this.advance(prev));
   }
-  const now = readCpuSample();
-  last = now;
-  return Math.round(cpuPercentBetween(prev, now));
+
+  /** Percent since the previous call without waiting (0 on the first call), unrounded. */
+  sinceLast(): number {
+    const prev = this.last;
+    const pct = this.advance(prev);
+    return prev ? pct : 0;
+  }
+
+  private advance(prev: CpuSample | undefined): number {
+    const now = this.sample();
+    this.last = now;
+    return prev ? cpuPercentBetween(prev, now) : 0;
+  }
 }

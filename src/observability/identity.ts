@@ -8,13 +8,14 @@ import { arch, cpus, hostname } from "node:os";
 /**
  * The source commit this node runs: `AENV_BUILD_COMMIT` (set when building the binary), else
  * `git rev-parse HEAD` of the checkout it runs from, else "" (a copy without git metadata).
+ * Spawns git: call it once at start-up (bootNode) and pass the result on.
  */
-export const BUILD_COMMIT: string = (() => {
-  if (process.env.AENV_BUILD_COMMIT) return process.env.AENV_BUILD_COMMIT;
+export function buildCommit(env: Record<string, string | undefined> = process.env): string {
+  if (env.AENV_BUILD_COMMIT) return env.AENV_BUILD_COMMIT;
   if (import.meta.dir.startsWith("/$bunfs")) return "";
   const r = Bun.spawnSync(["git", "rev-parse", "HEAD"], { cwd: import.meta.dir, stdout: "pipe", stderr: "ignore" });
   return r.exitCode === 0 ? r.stdout.toString().trim() : "";
-})();
+}
 
 /** Node id from config, else the host name reduced to [a-z0-9-]. */
 export function nodeId(configured: string): string {

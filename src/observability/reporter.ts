@@ -5,6 +5,7 @@
  * shutdown a best-effort UnregisterNode. Every RPC is bounded by `timeout_ms`; a scheduler that
  * is down is logged (once per outage) and retried at the next tick, never awaited by requests.
  */
+import { CpuMeter } from "./host.ts";
 import { createClient, type Channel } from "nice-grpc";
 import type { Logger } from "pino";
 import { NodeStatus, SandboxEventType, SchedulerDefinition, schedulerChannel, type HeartbeatRequest, type SandboxEvent, type SchedulerClient } from "../../services/proto/index.ts";
@@ -42,6 +43,7 @@ export function grpcTarget(endpoint: string): string {
 
 export class SchedulerReporter {
   private readonly log: Logger = logger("reporter");
+  private readonly cpu = new CpuMeter();
   private readonly channel: Channel;
   private readonly client: SchedulerClient;
   private timer: ReturnType<typeof setInterval> | undefined;
@@ -86,7 +88,7 @@ export class SchedulerReporter {
 
   /** Build the HeartbeatRequest from a fresh snapshot. */
   async heartbeatRequest(): Promise<HeartbeatRequest> {
-    const s = await nodeSnapshot(this.identity, this.source);
+    const s = await nodeSnapshot(this.identity, this.source, this.cpu);
     return {
       nodeId: s.identity.nodeId,
       clusterId: s.identity.clusterId,

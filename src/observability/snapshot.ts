@@ -6,8 +6,8 @@
 import { statfsSync } from "node:fs";
 import { cpus, freemem, totalmem } from "node:os";
 import pkg from "../../package.json" with { type: "json" };
-import { hostCpuPercent } from "./host.ts";
-import { BUILD_COMMIT, machineInfo, type MachineInfo } from "./identity.ts";
+import type { CpuMeter } from "./host.ts";
+import { machineInfo, type MachineInfo } from "./identity.ts";
 
 /** Who the node is. */
 export interface NodeIdentityInfo {
@@ -17,6 +17,8 @@ export interface NodeIdentityInfo {
   serviceInstanceId: string;
   /** Directory whose file system is reported as the node's disk. */
   homePath: string;
+  /** Source commit (buildCommit(), measured once at start). */
+  commit: string;
 }
 
 /** One sandbox as the snapshot counts it. */
@@ -72,7 +74,7 @@ export interface NodeSnapshotData {
 const MIB = 1024 * 1024;
 
 /** Measure the snapshot (host CPU needs two /proc/stat samples: the first call takes ~100 ms). */
-export async function nodeSnapshot(identity: NodeIdentityInfo, source: SnapshotSource): Promise<NodeSnapshotData> {
+export async function nodeSnapshot(identity: NodeIdentityInfo, source: SnapshotSource, cpu: CpuMeter): Promise<NodeSnapshotData> {
   const takenAt = Date.now();
   const c = source.counters();
   const all = source.sandboxes();
@@ -88,9 +90,9 @@ export async function nodeSnapshot(identity: NodeIdentityInfo, source: SnapshotS
   return {
     identity,
     version: pkg.version,
-    commit: BUILD_COMMIT,
+    commit: identity.commit,
     machine: machineInfo(),
-    cpuPercent: await hostCpuPercent(),
+    cpuPercent: await cpu.percent(),
     cpuCount: cpus().length,
     memoryUsedBytes: totalmem() - freemem(),
     memoryTotalBytes: totalmem(),

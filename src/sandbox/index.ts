@@ -6,4 +6,4 @@
 export { createVmRuntime } from "./factory.ts";
 export { VmRuntime, snapshotFiles, type VmRuntimeOptions } from "./vm-runtime.ts";
 export { initEnvd, waitEnvdHealthy } from "./envd-client.ts";
-export { prepareRootDisk, ROOT_DISK_FILE } from "./root-disk.ts";
+export { copyRootImage } from "./root-disk.ts";

@@ -7,16 +7,15 @@
 import { existsSync, mkdirSync } from "node:fs";
 import { join } from "node:path";
 import { OrchestratorError } from "../orchestrator/errors.ts";
+import { ROOT_DISK_FILE } from "../storage/daemon/index.ts";
 
-/** File name of the root disk inside a sandbox work dir. */
-export const ROOT_DISK_FILE = "root.img";
 
 /**
  * Make `workDir/root.img` from `templateRootfs` unless it exists already (resume).
  * @returns its path.
  * @throws OrchestratorError `orchestrator.disk_failed` with cp's stderr.
  */
-export async function prepareRootDisk(templateRootfs: string, workDir: string, signal: AbortSignal): Promise<string> {
+export async function copyRootImage(templateRootfs: string, workDir: string, signal: AbortSignal): Promise<string> {
   mkdirSync(workDir, { recursive: true });
   const path = join(workDir, ROOT_DISK_FILE);
   if (existsSync(path)) return path;

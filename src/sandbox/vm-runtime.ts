@@ -18,14 +18,14 @@ import type { Logger } from "pino";
 import { ENVD_PORT, ENVD_VERSION } from "../envd/version.ts";
 import { guestAddress, netSpec, parseEgressPolicy, type NetworkManager } from "../net/index.ts";
 import { logger } from "../observability/log.ts";
-import { beginDiskShutdown, prepareRootDisk as exportRootDisk, reapStaleDisks, type DiskConfig, type ExportedDisk } from "../storage/daemon/index.ts";
+import { DiskShutdown, prepareRootDisk as exportRootDisk, reapStaleDisks, type DiskConfig, type ExportedDisk } from "../storage/daemon/index.ts";
 import { readyProbe, resolveTemplate, TemplateCatalog, TemplateError, type BootSpec, type BuildVmLauncher, type ResolvedTemplate } from "../template/index.ts";
 import { reapLeftovers, type VmHandle, type VmmDriver } from "../vmm/index.ts";
 import { consoleLogLine } from "./console-lines.ts";
 import { fetchEnvdMetrics, initEnvd, runInGuest, waitEnvdHealthy } from "./envd-client.ts";
 import { bootBuildVm } from "./build-vm.ts";
 import { OrchestratorError } from "../orchestrator/errors.ts";
-import { prepareRootDisk } from "./root-disk.ts";
+import { copyRootImage } from "./root-disk.ts";
 import type { ReapReport, RuntimeKnownSandbox, RuntimeMetricsTarget, RuntimeSandbox, RuntimeStartSpec, SandboxRuntime } from "../orchestrator/runtime.ts";
 import type { SandboxMetricsSample, TemplateInfo } from "../orchestrator/types.ts";
 
@@ -87,6 +87,8 @@ export class VmRuntime implements SandboxRuntime {
   readonly name: string;
   private readonly vms = new Map<string, VmHandle>();
   private readonly disks = new Map<string, ExportedDisk>();
+  /** Begun by beginShutdown(): disk-server exits are then expected, not replaced. */
+  private readonly diskShutdown = new DiskShutdown();
   private readonly log: Logger = logger("orchestrator.vm");
   /** The template catalog of this home (built templates and build-base ones). */
   readonly catalog: TemplateCatalog;
@@ -311,7 +313,7 @@ export class VmRuntime implements SandboxRuntime {
   }
 
   beginShutdown(): void {
-    beginDiskShutdown(this.o.disk.recordDir);
+    this.diskShutdown.begin();
   }
 
   async close(): Promise<void> {
@@ -399,8 +401,8 @@ export class VmRuntime implements SandboxRuntime {
 
   /** Serve (overlaybd) or copy (raw) the root disk of sandbox `id` in `workDir`. */
   private async serveDisk(id: string, tpl: ResolvedTemplate, workDir: string, signal: AbortSignal): Promise<{ path: string; kind: VmState["diskKind"] }> {
-    if (tpl.rootLayers.length === 0) return { path: await prepareRootDisk(tpl.rootfsPath, workDir, signal), kind: "copy" };
-    const d = await exportRootDisk({ id, lowers: tpl.rootLayers, sandboxDir: workDir, virtualSize: tpl.diskBytes, recordDir: this.o.disk.recordDir, config: this.o.disk.config });
+    if (tpl.rootLayers.length === 0) return { path: await copyRootImage(tpl.rootfsPath, workDir, signal), kind: "copy" };
+    const d = await exportRootDisk({ id, lowers: tpl.rootLayers, sandboxDir: workDir, virtualSize: tpl.diskBytes, recordDir: this.o.disk.recordDir, config: this.o.disk.config, shutdown: this.diskShutdown });
     this.disks.set(id, d);
     return { path: d.path, kind: "overlaybd" };
   }

@@ -1,5 +1,5 @@
 import { expect, test } from "bun:test";
-import { cpuPercentBetween, hostCpuPercent, readCpuSample } from "../../src/observability/host.ts";
+import { CpuMeter, cpuPercentBetween, readCpuSample, type CpuSample } from "../../src/observability/host.ts";
 
 test("/proc/stat parsing and the busy share between two samples", () => {
   const a = readCpuSample("cpu  100 0 100 700 100 0 0 0 0 0\ncpu0 1 2 3 4\n");
@@ -10,12 +10,31 @@ test("/proc/stat parsing and the busy share between two samples", () => {
   expect(cpuPercentBetween(a, a)).toBe(0);
 });
 
-test("host CPU percent is measured, within 0..100, and follows real load", async () => {
-  const idleish = await hostCpuPercent(50);
-  expect(idleish).toBeGreaterThanOrEqual(0);
-  expect(idleish).toBeLessThanOrEqual(100);
-  // keep one core busy for 300 ms: the share of 2+ cores must be clearly above zero
+test("a CpuMeter measures between its own calls; two meters do not share a window", async () => {
+  const samples: CpuSample[] = [
+    { busy: 0, total: 100 },
+    { busy: 50, total: 200 },
+    { busy: 50, total: 300 },
+  ];
+  let i = 0;
+  const m = new CpuMeter(() => samples[i++]!);
+  expect(await m.percent(0)).toBe(50); // first call: two samples, 50 of 100 busy
+  expect(await m.percent(0)).toBe(0); // then since the previous call: 0 of 100
+  const other = new CpuMeter(() => ({ busy: 10, total: 20 }));
+  expect(other.sinceLast()).toBe(0); // first sinceLast has no window
+  expect(other.sinceLast()).toBe(0);
+});
+
+test("the host's busy jiffies grow while this process burns CPU", () => {
+  // a count, not a time bound: 300 ms of work on one core adds busy jiffies (USER_HZ 100)
+  // whatever else the host runs
+  const before = readCpuSample();
   const end = performance.now() + 300;
   while (performance.now() < end) Math.sqrt(Math.random());
-  expect(await hostCpuPercent()).toBeGreaterThan(5);
+  const after = readCpuSample();
+  expect(after.busy).toBeGreaterThan(before.busy);
+  expect(after.total).toBeGreaterThan(before.total);
+  const pct = cpuPercentBetween(before, after);
+  expect(pct).toBeGreaterThan(0);
+  expect(pct).toBeLessThanOrEqual(100);
 });

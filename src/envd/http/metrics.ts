@@ -4,6 +4,7 @@
  */
 import { readFileSync, statfsSync } from "node:fs";
 import { cpus } from "node:os";
+import type { CpuMeter } from "../../observability/host.ts";
 
 /** Wire shape of /metrics. */
 export interface EnvdMetrics {
@@ -19,15 +20,6 @@ export interface EnvdMetrics {
   disk_total: number;
 }
 
-let lastCpu: { busy: number; total: number } | undefined;
-
-function cpuSample(): { busy: number; total: number } {
-  const line = readFileSync("/proc/stat", "utf8").split("\n")[0]!;
-  const v = line.trim().split(/\s+/).slice(1).map(Number);
-  const idle = (v[3] ?? 0) + (v[4] ?? 0);
-  const total = v.reduce((a, b) => a + b, 0);
-  return { busy: total - idle, total };
-}
 
 /** Parse /proc/meminfo into bytes per key. */
 export function parseMeminfo(text: string): Record<string, number> {
@@ -39,12 +31,9 @@ export function parseMeminfo(text: string): Record<string, number> {
   return out;
 }
 
-/** Collect one metrics sample. CPU % is over the time since the previous call (0 on the first). */
-export function collectMetrics(): EnvdMetrics {
-  const cur = cpuSample();
-  let pct = 0;
-  if (lastCpu && cur.total > lastCpu.total) pct = (100 * (cur.busy - lastCpu.busy)) / (cur.total - lastCpu.total);
-  lastCpu = cur;
+/** Collect one metrics sample. CPU % is over the time since `cpu`'s previous call (0 on the first). */
+export function collectMetrics(cpu: CpuMeter): EnvdMetrics {
+  const pct = cpu.sinceLast();
   const mem = parseMeminfo(readFileSync("/proc/meminfo", "utf8"));
   const total = mem.MemTotal ?? 0;
   const used = total - (mem.MemAvailable ?? 0);

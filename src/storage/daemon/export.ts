@@ -8,7 +8,7 @@
  * the node: the disks keep serving until the node's shutdown closes them in order.
  */
 import { closeSync, mkdirSync, openSync, readFileSync, writeFileSync } from "node:fs";
-import { join, resolve } from "node:path";
+import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { MNT_DETACH, umount2 } from "../../ffi/mount.ts";
 import { logger } from "../../observability/log.ts";
@@ -58,18 +58,23 @@ function tail(path: string, bytes = 2000): string {
 
 type Child = ReturnType<typeof Bun.spawn>;
 
-/** Record dirs (one per node: `<runtime_path>/disks`) whose node has begun shutting down. */
-const stoppingRecordDirs = new Set<string>();
-
 /**
- * Tell the disk service that the node owning `recordDir` is shutting down: from now on a
- * serving child of an export under that record dir that exits is not replaced and its exit is
- * not logged as an error (the disk is given up as on `close()`). Call it first in the node's
- * shutdown, before pausing/stopping VMs and closing exports. One-way; scoped to the record dir
- * so other exports in the same process (tests, a second service) are unaffected.
+ * The shutdown switch of one owner of exports (a node's VM runtime). Once `begin()` is called, a
+ * serving child of an export created with this switch that exits is not replaced and its exit
+ * is not logged as an error (the disk is given up as on `close()`). The owner calls it first in
+ * its shutdown, before pausing/stopping VMs and closing exports. One-way; other owners' exports
+ * (tests, a second node in the process) are unaffected.
  */
-export function beginDiskShutdown(recordDir: string): void {
-  stoppingRecordDirs.add(resolve(recordDir));
+export class DiskShutdown {
+  private begun = false;
+  /** Start shutting down (idempotent). */
+  begin(): void {
+    this.begun = true;
+  }
+  /** True once `begin()` was called. */
+  get active(): boolean {
+    return this.begun;
+  }
 }
 
 /**
@@ -116,6 +121,7 @@ async function spawnServer(id: string, specPath: string, logPath: string, fuseFd
  * Serve `image` as `<workDir>/mnt/<fileName>` from a supervised child process.
  * Files in `workDir`: `disk-<id>.json` (spec), `disk-<id>.log` (children's stderr), `mnt/` (mount).
  * @param opts.recordDir where the child's pid record goes (`<runtime_path>/disks`)
+ * @param opts.shutdown the owner's shutdown switch (none: the export is only stopped by close())
  * @throws DiskError `disk.serve_failed` when the first child exits early or is not ready in
  *   time (nothing is left mounted); FuseError `fuse.open_device` / `fuse.mount`
  */
@@ -126,6 +132,7 @@ export async function exportDisk(opts: {
   recordDir: string;
   fileName?: string;
   config: DiskConfig;
+  shutdown?: DiskShutdown;
 }): Promise<ExportedDisk> {
   const { id, workDir, config } = opts;
   mkdirSync(workDir, { recursive: true });
@@ -164,8 +171,7 @@ export async function exportDisk(opts: {
   log.debug({ id, path, pid: proc.pid }, "disk exported");
 
   let closing = false;
-  const recordKey = resolve(opts.recordDir);
-  const shuttingDown = (): boolean => stoppingRecordDirs.has(recordKey);
+  const shuttingDown = (): boolean => opts.shutdown?.active ?? false;
   let restarts = 0; // replacements that became ready
   let attempts = 0; // replacements tried, bounded by maxRestarts
   let resolveExited!: (code: number | null) => void;

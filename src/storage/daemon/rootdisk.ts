@@ -7,7 +7,7 @@ import { join } from "node:path";
 import { createUpper } from "../overlaybd/index.ts";
 import type { DiskConfig } from "./config.ts";
 import { DiskError } from "./errors.ts";
-import { exportDisk, type ExportedDisk } from "./export.ts";
+import { type DiskShutdown, exportDisk, type ExportedDisk } from "./export.ts";
 
 /** Name of the served root disk file inside `<sandboxDir>/mnt/`. */
 export const ROOT_DISK_FILE = "root.img";
@@ -25,6 +25,8 @@ export interface RootDiskOptions {
   /** `<runtime_path>/disks`: records for crash reaping. */
   recordDir: string;
   config: DiskConfig;
+  /** The owner's shutdown switch (see DiskShutdown). */
+  shutdown?: DiskShutdown;
 }
 
 /** Paths of a sandbox's writable upper layer. */
@@ -65,5 +67,6 @@ export async function prepareRootDisk(opts: RootDiskOptions): Promise<ExportedDi
     recordDir: opts.recordDir,
     fileName: ROOT_DISK_FILE,
     config: opts.config,
+    shutdown: opts.shutdown,
   });
 }

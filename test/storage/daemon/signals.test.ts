@@ -5,7 +5,7 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { listMounts } from "../../../src/ffi/mount.ts";
-import { beginDiskShutdown, diskConfig, exportDisk, reapStaleDisks } from "../../../src/storage/daemon/index.ts";
+import { DiskShutdown, diskConfig, exportDisk, reapStaleDisks } from "../../../src/storage/daemon/index.ts";
 import { alive, groupOf } from "../../helpers/proc.ts";
 
 let root: string;
@@ -96,14 +96,15 @@ describe("disk serving children and signals", () => {
     }
   }, 60_000);
 
-  test("beginDiskShutdown is scoped to one node's record dir: another node's crashed child is still replaced", async () => {
+  test("a DiskShutdown is scoped to its owner's exports: another owner's crashed child is still replaced", async () => {
     const workDir = join(root, "scoped");
     mkdirSync(workDir, { recursive: true });
     writeFileSync(join(workDir, "b.raw"), new Uint8Array(4096).fill(7));
-    beginDiskShutdown(join(root, "other-node-records"));
+    new DiskShutdown().begin(); // another owner's switch
+    const mine = new DiskShutdown();
     const d = await exportDisk({
       id: "scoped", image: { kind: "raw", path: join(workDir, "b.raw"), readOnly: false }, workDir, recordDir,
-      config: { ...diskConfig(), readyTimeoutMs: 15000, maxRestarts: 2 },
+      config: { ...diskConfig(), readyTimeoutMs: 15000, maxRestarts: 2 }, shutdown: mine,
     });
     try {
       const first = d.pid;
@@ -117,16 +118,17 @@ describe("disk serving children and signals", () => {
     }
   }, 60_000);
 
-  test("after beginDiskShutdown a crashed child is not replaced", async () => {
+  test("after DiskShutdown.begin() a crashed child is not replaced", async () => {
     // in a separate process, as a node would be
     const script = `
-      const { beginDiskShutdown, diskConfig, exportDisk } = await import(${JSON.stringify(join(import.meta.dir, "../../../src/storage/daemon/index.ts"))});
+      const { DiskShutdown, diskConfig, exportDisk } = await import(${JSON.stringify(join(import.meta.dir, "../../../src/storage/daemon/index.ts"))});
       const [workDir, recordDir] = process.argv.slice(1);
       const fs = require("node:fs");
       fs.mkdirSync(workDir, { recursive: true });
       fs.writeFileSync(workDir + "/b.raw", new Uint8Array(4096));
-      const d = await exportDisk({ id: "shut", image: { kind: "raw", path: workDir + "/b.raw", readOnly: false }, workDir, recordDir, config: { ...diskConfig(), readyTimeoutMs: 15000, maxRestarts: 3 } });
-      beginDiskShutdown(recordDir);
+      const shutdown = new DiskShutdown();
+      const d = await exportDisk({ id: "shut", image: { kind: "raw", path: workDir + "/b.raw", readOnly: false }, workDir, recordDir, config: { ...diskConfig(), readyTimeoutMs: 15000, maxRestarts: 3 }, shutdown });
+      shutdown.begin();
       const pid = d.pid;
       process.kill(pid, "SIGKILL");
       const code = await d.exited;
