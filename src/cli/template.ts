@@ -1,12 +1,38 @@
 /**
- * `agentenv template build-base` (Debian base template: mmdebstrap + envd + ext4, cached; local)
- * and `agentenv template list` (asks the node: `GET /templates`, same --url/--key handling as
- * `agentenv sandbox list`).
+ * `agentenv template build-base` (Debian base template: mmdebstrap + envd + ext4, cached; local),
+ * and against the node (same --url/--key handling as `agentenv sandbox`): `template list`,
+ * `template build --dockerfile FILE --name NAME` (a Dockerfile's FROM/RUN/COPY/ENV/ARG/WORKDIR/
+ * USER/CMD as a template build; COPY sources uploaded from the context directory),
+ * `template pull IMAGE --name NAME` (a registry image as a template, optional start/ready
+ * command), `template rm NAME`. Builds stream their log lines to stderr with the elapsed time.
  */
 import { defineCommand } from "citty";
 import { loadConfigOrExit } from "./config.ts";
 import { buildBase } from "../template/index.ts";
-import { call, common, conn, run, table } from "./sandbox.ts";
+import { dirname, resolve } from "node:path";
+import { readFileSync } from "node:fs";
+import { parseDockerfile } from "../template/dockerfile.ts";
+import { call, CliError, common, conn, run, table } from "./sandbox.ts";
+import { buildOnNode, filesHash } from "./template-build.ts";
+
+/** Elapsed-time prefixed log printer for builds. */
+function progress(): (line: string) => void {
+  const t0 = performance.now();
+  return (line) => process.stderr.write(`[${((performance.now() - t0) / 1000).toFixed(1).padStart(6)}s] ${line}\n`);
+}
+
+const sizeArgs = {
+  cpu: { type: "string", description: "build VM and sandbox vCPUs" },
+  memory: { type: "string", description: "build VM and sandbox memory, MiB" },
+  "no-cache": { type: "boolean", description: "run every step again (skip the step cache)" },
+} as const;
+
+function num(v: string | undefined, what: string): number | undefined {
+  if (v === undefined) return undefined;
+  const n = Number(v);
+  if (!Number.isInteger(n) || n < 1) throw new CliError(`--${what} must be a positive integer, got ${v}`);
+  return n;
+}
 
 /** `GET /templates` item fields the table shows. */
 interface TemplateRow {
@@ -45,6 +71,87 @@ export default defineCommand({
         });
         console.log(`${r.manifest.name} ${r.built ? "built" : "cached"} ${r.manifest.buildKey}`);
       },
+    }),
+    build: defineCommand({
+      meta: { name: "build", description: "build a template from a Dockerfile on the node" },
+      args: {
+        ...common,
+        ...sizeArgs,
+        dockerfile: { type: "string", description: "Dockerfile path", required: true },
+        name: { type: "string", description: "template name[:tag]", required: true },
+        context: { type: "string", description: "directory COPY sources are relative to (default: the Dockerfile's)" },
+      },
+      run: ({ args }) =>
+        run(async () => {
+          const file = resolve(args.dockerfile);
+          const contextDir = resolve(args.context ?? dirname(file));
+          let text: string;
+          try {
+            text = readFileSync(file, "utf8");
+          } catch (e) {
+            throw new CliError(`cannot read ${file}: ${(e as Error).message}`);
+          }
+          let df;
+          try {
+            df = parseDockerfile(text, (src, dest) => filesHash(contextDir, src, dest));
+          } catch (e) {
+            if (e instanceof CliError) throw e;
+            throw new CliError((e as Error).message);
+          }
+          const r = await buildOnNode(
+            conn(args),
+            { name: args.name, fromImage: df.fromImage, steps: df.steps, startCmd: df.startCmd, readyCmd: df.readyCmd, contextDir, cpuCount: num(args.cpu, "cpu"), memoryMB: num(args.memory, "memory"), force: args["no-cache"] === true },
+            progress(),
+          );
+          console.log(`${args.name} ready: template ${r.templateID} build ${r.buildID}`);
+        }),
+    }),
+    pull: defineCommand({
+      meta: { name: "pull", description: "make a template of a registry image on the node" },
+      args: {
+        ...common,
+        ...sizeArgs,
+        image: { type: "positional", description: "image reference, e.g. 127.0.0.1:5000/app:v1", required: true },
+        name: { type: "string", description: "template name[:tag]", required: true },
+        "start-cmd": { type: "string", description: "command started in every sandbox (before it is handed out)" },
+        "ready-cmd": { type: "string", description: "command polled until it exits 0 after the start command" },
+        port: { type: "string", description: "ready when this port listens (instead of --ready-cmd)" },
+        username: { type: "string", description: "registry user" },
+        password: { type: "string", description: "registry password (AENV_REGISTRY_PASSWORD)" },
+      },
+      run: ({ args }) =>
+        run(async () => {
+          const port = num(args.port, "port");
+          const readyCmd = port ? `[ -n "$(ss -Htuln sport = :${port})" ]` : (args["ready-cmd"] ?? "");
+          const password = args.password ?? process.env.AENV_REGISTRY_PASSWORD;
+          if (args.username && password === undefined) throw new CliError("--username needs --password or AENV_REGISTRY_PASSWORD");
+          const r = await buildOnNode(
+            conn(args),
+            {
+              name: args.name,
+              fromImage: args.image,
+              ...(args.username ? { registry: { username: args.username, password: password! } } : {}),
+              steps: [],
+              startCmd: args["start-cmd"] ?? "",
+              readyCmd,
+              contextDir: process.cwd(),
+              cpuCount: num(args.cpu, "cpu"),
+              memoryMB: num(args.memory, "memory"),
+              force: args["no-cache"] === true,
+            },
+            progress(),
+          );
+          console.log(`${args.name} ready: template ${r.templateID} build ${r.buildID}`);
+        }),
+    }),
+    rm: defineCommand({
+      meta: { name: "rm", description: "delete a template (its builds and tags) from the node" },
+      args: { ...common, name: { type: "positional", description: "template name or id", required: true } },
+      run: ({ args }) =>
+        run(async () => {
+          await call(conn(args), "DELETE", `/templates/${encodeURIComponent(args.name)}`);
+          console.log(`${args.name} deleted`);
+        }),
     }),
     list: defineCommand({
       meta: { name: "list", description: "list the node's templates" },

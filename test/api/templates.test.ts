@@ -6,7 +6,7 @@
  * tags, delete.
  */
 import { afterAll, beforeAll, expect, test } from "bun:test";
-import { existsSync, readdirSync } from "node:fs";
+import { existsSync, readdirSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import { api, startNodeNoVm, type TestNode } from "./helpers.ts";
 
@@ -174,3 +174,35 @@ test("a build registered and then interrupted by a node restart reads error afte
   expect(st.status).toBe("error");
   expect(st.reason.message).toContain("restarted");
 });
+
+test("CLI: template build --dockerfile streams the log and fails naming an unsupported instruction; template rm", async () => {
+  const dir = require("node:fs").mkdtempSync(join(require("node:os").tmpdir(), "aenv-df-"));
+  try {
+    require("node:fs").mkdirSync(join(dir, "app"));
+    require("node:fs").writeFileSync(join(dir, "app", "a.txt"), "a\n");
+    require("node:fs").writeFileSync(join(dir, "Dockerfile"), "FROM 127.0.0.1:1/x:y\nCOPY app/ /opt/app/\nHEALTHCHECK CMD true\nRUN true\n");
+    // async: the node answers from this very process
+    const cli = async (...args: string[]) => {
+      const p = Bun.spawn([process.execPath, join(import.meta.dir, "../../src/cli/main.ts"), "template", ...args, "--url", node.url, "--key", node.apiKey], { stdout: "pipe", stderr: "pipe", env: { ...process.env, AENV_LOG_LEVEL: "error" } });
+      const [stdout, stderr, exitCode] = await Promise.all([new Response(p.stdout).text(), new Response(p.stderr).text(), p.exited]);
+      return { stdout, stderr, exitCode };
+    };
+    const r = await cli("build", "--dockerfile", join(dir, "Dockerfile"), "--name", "from-cli");
+    const err = r.stderr;
+    expect(r.exitCode).toBe(1);
+    // the COPY's files were uploaded before the build started, then the build failed at step 4
+    // (USER root and WORKDIR / come first, as the SDK prepends them)
+    expect(err).toMatch(/\[\s*\d+\.\ds\] uploading COPY app\/ \(/);
+    expect(err).toContain("error: build failed at step 4: step 4: HEALTHCHECK is not supported");
+    expect(readdirSync(join(node.home, "catalog", "files")).filter((f) => f.endsWith(".tar")).length).toBeGreaterThan(0);
+    const list = await cli("list", "--json");
+    expect(JSON.parse(list.stdout).find((t: any) => t.aliases.includes("from-cli")).buildStatus).toBe("error");
+    expect((await cli("rm", "from-cli")).exitCode).toBe(0);
+    expect((await api(node, "/templates/aliases/from-cli")).status).toBe(404);
+    const missing = await cli("rm", "from-cli");
+    expect(missing.exitCode).toBe(1);
+    expect(missing.stderr).toContain("404");
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+}, 60_000);

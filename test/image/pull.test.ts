@@ -17,6 +17,7 @@ import { pushImage, pushIndex, registryBlobPath, startRegistry, type TestRegistr
 
 let reg: TestRegistry;
 let authReg: TestRegistry;
+let tokenReg: TestRegistry;
 let work: string;
 let pushed: { digest: string; compressedBytes: number; dir: string };
 const creds = { username: "alice", password: "s3cret" };
@@ -25,6 +26,7 @@ beforeAll(async () => {
   work = mkdtempSync(join(tmpdir(), "aenv-pull-"));
   reg = await startRegistry();
   authReg = await startRegistry({ auth: creds });
+  tokenReg = await startRegistry({ auth: creds, token: true });
   // layer 1 (gzip): files, a directory with two files, a file owned by 1234:1234, a symlink
   const l1 = join(work, "l1");
   mkdirSync(join(l1, "etc"), { recursive: true });
@@ -44,14 +46,15 @@ beforeAll(async () => {
   writeFileSync(join(l2, "etc/.wh.gone"), "");
   writeFileSync(join(l2, "data/old/.wh..wh..opq"), "");
   writeFileSync(join(l2, "data/old/b"), "b from layer 2\n");
-  pushed = pushImage(reg.host, "test/tiny:v1", [{ dir: l1, compression: "gzip" }, { dir: l2, compression: "zstd" }], { Env: ["PATH=/usr/bin:/bin", "GREETING=hi"], WorkingDir: "/data" });
-  pushIndex(reg.host, "test/multi:v1", pushed.dir);
-  pushImage(authReg.host, "private/tiny:v1", [{ dir: l1, compression: "gzip" }], {}, creds);
+  pushed = await pushImage(reg.host, "test/tiny:v1", [{ dir: l1, compression: "gzip" }, { dir: l2, compression: "zstd" }], { Env: ["PATH=/usr/bin:/bin", "GREETING=hi"], WorkingDir: "/data" });
+  await pushIndex(reg.host, "test/multi:v1", pushed.dir);
+  for (const r of [authReg, tokenReg]) rmSync((await pushImage(r.host, "private/tiny:v1", [{ dir: l1, compression: "gzip" }], {}, creds)).dir, { recursive: true, force: true });
 }, 60_000);
 
 afterAll(async () => {
   await reg?.stop();
   await authReg?.stop();
+  await tokenReg?.stop();
   rmSync(work, { recursive: true, force: true });
   if (pushed) rmSync(pushed.dir, { recursive: true, force: true });
 });
@@ -141,6 +144,16 @@ test("basic auth: refused without credentials (image.auth), pulled with them", a
   expect(p.pulled).toBe(true);
 }, 120_000);
 
+test("token auth: refused without credentials (image.auth), pulled with a token fetched with them", async () => {
+  const home = join(work, "home6");
+  await expect(pullImage(opts(home, `${tokenReg.host}/private/tiny:v1`))).rejects.toMatchObject({ code: "image.auth" });
+  const before = tokenReg.tokenRequests;
+  const p = await pullImage(opts(home, `${tokenReg.host}/private/tiny:v1`, { credentials: creds }));
+  expect(p.pulled).toBe(true);
+  expect(tokenReg.tokenRequests).toBeGreaterThan(before);
+  await expect(pullImage(opts(join(work, "home7"), `${tokenReg.host}/private/tiny:v1`, { credentials: { username: "alice", password: "wrong" } }))).rejects.toMatchObject({ code: "image.auth" });
+}, 120_000);
+
 test("unknown tag and repository: image.not_found; nothing left in the cache", async () => {
   const home = join(work, "home4");
   await expect(pullImage(opts(home, `${reg.host}/test/tiny:nope`))).rejects.toMatchObject({ code: "image.not_found" });
@@ -152,7 +165,7 @@ test("a blob whose bytes do not match its digest: image.digest_mismatch, nothing
   const l = join(work, "lc");
   mkdirSync(l, { recursive: true });
   writeFileSync(join(l, "file"), "x".repeat(100_000));
-  const img = pushImage(reg.host, "test/corrupt:v1", [{ dir: l, compression: "gzip" }]);
+  const img = await pushImage(reg.host, "test/corrupt:v1", [{ dir: l, compression: "gzip" }]);
   const m = JSON.parse(require("node:fs").readFileSync(join(img.dir, "manifest.json"), "utf8")) as { layers: { digest: string }[] };
   const blob = registryBlobPath(reg, m.layers[0]!.digest);
   const bytes = new Uint8Array(await Bun.file(blob).arrayBuffer());

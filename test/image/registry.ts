@@ -4,7 +4,7 @@
  * zstd, whiteouts and opaque-directory markers included as given), assembled as skopeo's `dir:`
  * layout and pushed with `skopeo copy`; an image index (manifest list) pushed from an OCI layout.
  */
-import { createHash } from "node:crypto";
+import { createHash, createPrivateKey, randomUUID, sign } from "node:crypto";
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -16,7 +16,48 @@ export interface TestRegistry {
   host: string;
   root: string;
   proc: Subprocess;
+  /** Token requests served (token auth only). */
+  tokenRequests: number;
   stop(): Promise<void>;
+}
+
+/**
+ * A token server for the registry's token auth (distribution's `auth: token`): RS256 JWTs signed
+ * by a throw-away openssl certificate, granting the scopes asked for when Basic credentials match.
+ */
+function tokenServer(root: string, creds: { username: string; password: string }, counter: { n: number }) {
+  const key = join(root, "token-key.pem");
+  const cert = join(root, "token-cert.pem");
+  run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert, "-days", "1", "-subj", "/CN=agentenv-test-token"]);
+  const pk = createPrivateKey(readFileSync(key));
+  const der = readFileSync(cert, "utf8").replace(/-----[^-]+-----|\s/g, "");
+  const b64url = (b: Buffer | string) => Buffer.from(b).toString("base64url");
+  const server = Bun.serve({
+    hostname: "127.0.0.1",
+    port: 0,
+    fetch(req) {
+      counter.n++;
+      const u = new URL(req.url);
+      if (req.headers.get("authorization") !== "Basic " + Buffer.from(`${creds.username}:${creds.password}`).toString("base64")) return new Response("denied", { status: 401 });
+      const access = u.searchParams.getAll("scope").flatMap((x) => x.split(" ")).filter(Boolean).map((x) => {
+        const [type, name, actions] = x.split(":");
+        return { type, name, actions: actions!.split(",") };
+      });
+      const now = Math.floor(Date.now() / 1000);
+      const header = b64url(JSON.stringify({ alg: "RS256", typ: "JWT", x5c: [der] }));
+      const claims = b64url(JSON.stringify({ iss: "agentenv-test", sub: creds.username, aud: "agentenv-registry", exp: now + 300, nbf: now - 10, iat: now, jti: randomUUID(), access }));
+      const sig = b64url(sign("sha256", Buffer.from(`${header}.${claims}`), pk));
+      return Response.json({ token: `${header}.${claims}.${sig}`, expires_in: 300 });
+    },
+  });
+  return { server, cert };
+}
+
+/** Run a command to its end without blocking the event loop (the token server lives in this process). */
+async function runAsync(cmd: string[]): Promise<void> {
+  const p = Bun.spawn(cmd, { stdout: "ignore", stderr: "pipe" });
+  const [err, code] = await Promise.all([new Response(p.stderr).text(), p.exited]);
+  if (code !== 0) throw new Error(`${cmd.join(" ")} failed (${code}): ${err}`);
 }
 
 function run(cmd: string[], opts: { cwd?: string; stdin?: Uint8Array } = {}): string {
@@ -34,13 +75,19 @@ async function freePort(): Promise<number> {
 
 /**
  * Start `docker-registry serve` on 127.0.0.1 with storage in a temp dir. `auth` puts it behind
- * htpasswd (bcrypt) basic auth. `netns` runs it inside that network namespace (the node's).
+ * htpasswd (bcrypt) basic auth, or with `token` behind token auth served by this process (not
+ * with `netns`). `netns` runs it inside that network namespace (the node's).
  */
-export async function startRegistry(opts: { auth?: { username: string; password: string }; netns?: string; port?: number } = {}): Promise<TestRegistry> {
+export async function startRegistry(opts: { auth?: { username: string; password: string }; token?: boolean; netns?: string; port?: number } = {}): Promise<TestRegistry> {
   const root = mkdtempSync(join(tmpdir(), "aenv-registry-"));
   const port = opts.port ?? (await freePort());
   let auth = "";
-  if (opts.auth) {
+  const counter = { n: 0 };
+  let tokens: ReturnType<typeof tokenServer> | null = null;
+  if (opts.auth && opts.token) {
+    tokens = tokenServer(root, opts.auth, counter);
+    auth = `auth:\n  token:\n    realm: http://127.0.0.1:${tokens.server.port}/token\n    service: agentenv-registry\n    issuer: agentenv-test\n    rootcertbundle: ${tokens.cert}\n`;
+  } else if (opts.auth) {
     const hash = await Bun.password.hash(opts.auth.password, { algorithm: "bcrypt", cost: 4 });
     writeFileSync(join(root, "htpasswd"), `${opts.auth.username}:${hash}\n`);
     auth = `auth:\n  htpasswd:\n    realm: test\n    path: ${join(root, "htpasswd")}\n`;
@@ -65,9 +112,13 @@ export async function startRegistry(opts: { auth?: { username: string; password:
     host,
     root,
     proc,
+    get tokenRequests() {
+      return counter.n;
+    },
     async stop() {
       proc.kill("SIGKILL");
       await proc.exited;
+      tokens?.server.stop(true);
       rmSync(root, { recursive: true, force: true });
     },
   };
@@ -85,10 +136,17 @@ const MEDIA = { gzip: "application/vnd.oci.image.layer.v1.tar+gzip", zstd: "appl
 
 /**
  * Build an image as skopeo's `dir:` layout from `layers` (bottom first) and push it to
- * `docker://host/ref` (plain HTTP). `config` sets Env/WorkingDir/Cmd.
+ * `docker://host/ref` (plain HTTP; from inside `netns` when given). `config` sets Env/WorkingDir/Cmd.
  * @returns the pushed manifest's digest and the compressed size of its layers.
  */
-export function pushImage(host: string, ref: string, layers: LayerSpec[], config: { Env?: string[]; WorkingDir?: string; Cmd?: string[] } = {}, creds?: { username: string; password: string }): { digest: string; compressedBytes: number; dir: string } {
+export async function pushImage(
+  host: string,
+  ref: string,
+  layers: LayerSpec[],
+  config: { Env?: string[]; WorkingDir?: string; Cmd?: string[] } = {},
+  creds?: { username: string; password: string },
+  netns?: string,
+): Promise<{ digest: string; compressedBytes: number; dir: string }> {
   const dir = mkdtempSync(join(tmpdir(), "aenv-image-"));
   const descs = layers.map((l, i) => {
     const tarPath = join(dir, `layer${i}.tar`);
@@ -118,7 +176,8 @@ export function pushImage(host: string, ref: string, layers: LayerSpec[], config
   });
   writeFileSync(join(dir, "manifest.json"), manifest);
   writeFileSync(join(dir, "version"), "Directory Transport Version: 1.1\n");
-  run(["skopeo", "copy", "--dest-tls-verify=false", ...(creds ? ["--dest-creds", `${creds.username}:${creds.password}`] : []), `dir:${dir}`, `docker://${host}/${ref}`]);
+  const push = ["skopeo", "copy", "--dest-tls-verify=false", ...(creds ? ["--dest-creds", `${creds.username}:${creds.password}`] : []), `dir:${dir}`, `docker://${host}/${ref}`];
+  await runAsync(netns ? ["ip", "netns", "exec", netns, ...push] : push);
   return { digest: `sha256:${sha(manifest)}`, compressedBytes: descs.reduce((a, d) => a + d.size, 0), dir };
 }
 
@@ -127,7 +186,7 @@ export function pushImage(host: string, ref: string, layers: LayerSpec[], config
  * entry for linux/arm64 (the same manifest, so the registry has its blobs), via an OCI layout
  * and `skopeo copy --all`.
  */
-export function pushIndex(host: string, ref: string, amd64Dir: string): void {
+export async function pushIndex(host: string, ref: string, amd64Dir: string): Promise<void> {
   const layout = mkdtempSync(join(tmpdir(), "aenv-index-"));
   try {
     mkdirSync(join(layout, "blobs", "sha256"), { recursive: true });
@@ -145,7 +204,7 @@ export function pushIndex(host: string, ref: string, amd64Dir: string): void {
     writeFileSync(join(layout, "blobs", "sha256", ihex), index);
     writeFileSync(join(layout, "oci-layout"), JSON.stringify({ imageLayoutVersion: "1.0.0" }));
     writeFileSync(join(layout, "index.json"), JSON.stringify({ schemaVersion: 2, manifests: [{ mediaType: "application/vnd.oci.image.index.v1+json", digest: `sha256:${ihex}`, size: index.length, annotations: { "org.opencontainers.image.ref.name": "idx" } }] }));
-    run(["skopeo", "copy", "--all", "--dest-tls-verify=false", `oci:${layout}:idx`, `docker://${host}/${ref}`]);
+    await runAsync(["skopeo", "copy", "--all", "--dest-tls-verify=false", `oci:${layout}:idx`, `docker://${host}/${ref}`]);
   } finally {
     rmSync(layout, { recursive: true, force: true });
   }
@@ -155,4 +214,22 @@ export function pushIndex(host: string, ref: string, amd64Dir: string): void {
 export function registryBlobPath(reg: TestRegistry, digest: string): string {
   const hex = digest.replace(/^sha256:/, "");
   return join(reg.root, "data", "docker", "registry", "v2", "blobs", "sha256", hex.slice(0, 2), hex, "data");
+}
+
+/**
+ * The Debian tree `template build-base` cached in the test home (python3, coreutils, bash): a
+ * real distribution rootfs for images, without docs, man pages and locales.
+ * @throws Error when the base template was never built there.
+ */
+export function debianTree(testHome: string): { dir: string; paths: string[] } {
+  const cache = join(testHome, "templates", ".cache");
+  const tree = require("node:fs").readdirSync(cache).find((d: string) => d.startsWith("debian-") && require("node:fs").existsSync(join(cache, d, ".complete")));
+  if (!tree) throw new Error(`no Debian tree in ${cache}: run 'agentenv template build-base' with AENV_HOME_PATH=${testHome}`);
+  const dir = join(cache, tree);
+  const skip = new Set(["usr", ".complete", "proc", "sys", "dev"]);
+  const paths = (require("node:fs").readdirSync(dir) as string[]).filter((p) => !skip.has(p)).map((p) => `./${p}`);
+  const usrSkip = new Set(["share"]);
+  for (const p of require("node:fs").readdirSync(join(dir, "usr")) as string[]) if (!usrSkip.has(p)) paths.push(`./usr/${p}`);
+  for (const p of require("node:fs").readdirSync(join(dir, "usr/share")) as string[]) if (!["doc", "man", "locale", "info", "i18n"].includes(p)) paths.push(`./usr/share/${p}`);
+  return { dir, paths };
 }

@@ -1,0 +1,67 @@
+/**
+ * Template builds end to end with the real parts: Debian's docker-registry inside the node's
+ * network namespace holding a Debian image this test packs (one zstd layer made from the test
+ * home's Debian tree), `agentenv server` (API, catalog, image pull with skopeo + umoci, build
+ * VMs under QEMU with envd, per-step overlaybd layers), and the unmodified e2b@2.51.0 SDK's
+ * Template builder (test/e2e/fixtures/template-build.ts). One node, one registry.
+ */
+import { afterAll, beforeAll, expect, test } from "bun:test";
+import { existsSync, readdirSync, rmSync } from "node:fs";
+import { join } from "node:path";
+import { debianTree, pushImage, startRegistry, type TestRegistry } from "../image/registry.ts";
+import { nodeForFile, qemuPidsUnder, TEST_HOME } from "./world.ts";
+
+const node = nodeForFile();
+let reg: TestRegistry | undefined;
+
+beforeAll(async () => {
+  const world = node();
+  reg = await startRegistry({ netns: world.ns });
+  const tree = debianTree(TEST_HOME);
+  const img = await pushImage(reg.host, "test/deb:v1", [{ dir: tree.dir, paths: tree.paths, compression: "zstd" }], { Env: ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8"] }, undefined, world.ns);
+  rmSync(img.dir, { recursive: true, force: true });
+}, 180_000);
+
+afterAll(async () => {
+  await reg?.stop();
+});
+
+test("e2b SDK Template: fromImage build, create answers at once, warm rebuild cached, failing step, Dockerfile, delete", async () => {
+  const world = node();
+  const o = await world.client("template-build.ts", [reg!.host], 900_000);
+  console.log(`template e2e ms: ${JSON.stringify(o.ms)}`);
+  // first build: every step ran, the image was pulled, the ready check passed
+  expect(o.b1.templateId).toMatch(/^[a-z0-9]{20}$/);
+  expect(o.b1.name).toBe("e2e-app");
+  const logs1 = o.logs1 as string[];
+  expect(logs1.some((l) => l.startsWith(`[base] FROM ${reg!.host}/test/deb:v1`))).toBe(true);
+  expect(logs1.some((l) => l.startsWith("pulling "))).toBe(true);
+  for (let i = 1; i <= 5; i++) expect(logs1.some((l) => l.startsWith(`[builder ${i}/5] `))).toBe(true);
+  expect(logs1.some((l) => l.startsWith("CACHED"))).toBe(false);
+  expect(logs1.some((l) => l.startsWith("[finalize] READY"))).toBe(true);
+  // the sandbox: files, owner, env, workdir, user, and the start command answering on 8080
+  expect(o.proxied).toEqual({ status: 200, body: "one\n" });
+  expect(o.run.exitCode).toBe(0);
+  expect(o.run.stdout).toBe("one\nprint('main')\ntwo\nm1 user /opt/app\n/opt/app\nm1\nuser\nuser 644\nrunning\n");
+  // warm rebuild: same template, new build, every step from the cache, nothing pulled
+  expect(o.b2.templateId).toBe(o.b1.templateId);
+  expect(o.b2.buildId).not.toBe(o.b1.buildId);
+  const logs2 = o.logs2 as string[];
+  for (let i = 1; i <= 5; i++) expect(logs2.some((l) => l.startsWith(`CACHED [builder ${i}/5] `))).toBe(true);
+  expect(logs2.some((l) => l.startsWith("pulling "))).toBe(false);
+  expect(logs2.some((l) => /: cached$/.test(l))).toBe(true);
+  // failing step: BuildError with the command's output and the step named
+  expect(o.failed.name).toBe("BuildError");
+  expect(o.failed.message).toContain("step 2: RUN echo boom >&2; exit 3 failed with exit code 3: boom");
+  // Dockerfile: FROM/RUN/COPY/ENV/WORKDIR/USER
+  expect(o.docker).toBe("from-dockerfile\nprint('main')\n/srv/app\nhello docker\nroot\n");
+  expect(o.tagsBefore).toEqual(["default"]);
+  expect(o.existsBefore).toBe(true);
+  expect(o.deleted).toBe(true);
+  expect(o.existsAfter).toBe(false);
+  // nothing left running or half made
+  expect(qemuPidsUnder(world.home, world.memDir)).toEqual([]);
+  const layers = readdirSync(join(world.home, "catalog", "layers"));
+  expect(layers.filter((f) => !/^[0-9a-f]{64}\.layer$/.test(f))).toEqual([]);
+  expect(existsSync(join(world.home, "sandboxes")) ? readdirSync(join(world.home, "sandboxes")).filter((d) => d.startsWith("build-")) : []).toEqual([]);
+}, 1_200_000);
