@@ -56,13 +56,14 @@ export async function importSparse(path: string, outPath: string, opts: ImportOp
 export async function importExtents(path: string, extents: Array<[number, number]>, outPath: string, opts: ImportOptions = {}): Promise<{ segments: Segment[]; size: number }> {
   const src = LocalFile.open(path);
   try {
-    return await importRanges(src, extents, outPath, opts);
+    return await importRanges(src, extents, outPath, opts, false);
   } finally {
     await src.close();
   }
 }
 
-async function importRanges(src: LocalFile, extents: Array<[number, number]>, outPath: string, opts: ImportOptions): Promise<{ segments: Segment[]; size: number }> {
+/** `gapsAreZero`: bytes outside `extents` read as zeros (holes of a sparse file); false: they are unchanged from the parent. */
+async function importRanges(src: LocalFile, extents: Array<[number, number]>, outPath: string, opts: ImportOptions, gapsAreZero = true): Promise<{ segments: Segment[]; size: number }> {
   const bs = opts.blockSize ?? 4096;
   if (bs % SECTOR !== 0 || bs <= 0 || (1 << 20) % bs !== 0) fail("bad_option", `block size ${bs} must be a multiple of 512 dividing 1 MiB`, { blockSize: bs });
   const vsize = opts.meta?.virtualSize ?? Math.ceil(src.size / SECTOR) * SECTOR;
@@ -86,7 +87,10 @@ async function importRanges(src: LocalFile, extents: Array<[number, number]>, ou
     for (const [e0, e1] of extents) {
       const a = Math.floor(e0 / bs) * bs;
       const bEnd = Math.min(Math.ceil(e1 / bs) * bs, vsize);
-      if (a > prevEnd) markZero(prevEnd);
+      if (a > prevEnd) {
+        if (gapsAreZero) markZero(prevEnd);
+        else flushZero(prevEnd);
+      }
       const start = Math.max(a, prevEnd);
       for (let off = start; off < bEnd; off += chunk.length) {
         const len = Math.min(chunk.length, bEnd - off);
@@ -116,7 +120,8 @@ async function importRanges(src: LocalFile, extents: Array<[number, number]>, ou
       }
       prevEnd = Math.max(prevEnd, bEnd);
     }
-    if (prevEnd < vsize) markZero(prevEnd);
+    if (!gapsAreZero) flushZero(prevEnd);
+    else if (prevEnd < vsize) markZero(prevEnd);
     flushZero(vsize);
   } catch (e) {
     await w.abort();
