@@ -110,33 +110,8 @@ export function run(fn: () => Promise<void>): Promise<void> {
   });
 }
 
-/** Encode one Connect envelope (flags 0) holding `msg` as JSON. */
-export function connectEnvelope(msg: unknown): Uint8Array {
-  const body = new TextEncoder().encode(JSON.stringify(msg));
-  const out = new Uint8Array(5 + body.length);
-  new DataView(out.buffer).setUint32(1, body.length);
-  out.set(body, 5);
-  return out;
-}
-
-/** Split a Connect stream into envelopes: yields {flags, json}. */
-export async function* connectFrames(stream: ReadableStream<Uint8Array>): AsyncGenerator<{ flags: number; json: any }> {
-  let buf = new Uint8Array(0);
-  for await (const chunk of stream) {
-    const next = new Uint8Array(buf.length + chunk.length);
-    next.set(buf);
-    next.set(chunk, buf.length);
-    buf = next;
-    while (buf.length >= 5) {
-      const len = new DataView(buf.buffer, buf.byteOffset).getUint32(1);
-      if (buf.length < 5 + len) break;
-      const flags = buf[0]!;
-      const json = JSON.parse(new TextDecoder().decode(buf.subarray(5, 5 + len)));
-      buf = buf.subarray(5 + len);
-      yield { flags, json };
-    }
-  }
-}
+export { connectEnvelope, connectFrames } from "../sandbox/envd-client.ts";
+import { connectEnvelope, connectFrames } from "../sandbox/envd-client.ts";
 
 /**
  * Run `cmd` with `/bin/bash -l -c` in sandbox `id` through the node's proxy; stdout/stderr are

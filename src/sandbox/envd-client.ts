@@ -128,13 +128,32 @@ export interface GuestResult {
   pid: number;
 }
 
-/** Connect envelope: flags (1 byte; 0x02 = end of stream) + big-endian length + JSON. */
-function envelope(json: unknown): Uint8Array {
-  const body = new TextEncoder().encode(JSON.stringify(json));
+/** Encode one Connect envelope (flags 0: 1 byte flags + big-endian length + JSON) holding `msg`. */
+export function connectEnvelope(msg: unknown): Uint8Array {
+  const body = new TextEncoder().encode(JSON.stringify(msg));
   const out = new Uint8Array(5 + body.length);
   new DataView(out.buffer).setUint32(1, body.length);
   out.set(body, 5);
   return out;
+}
+
+/** Split a Connect stream into envelopes: yields {flags, json} (flags 0x02 = end of stream). */
+export async function* connectFrames(stream: ReadableStream<Uint8Array>): AsyncGenerator<{ flags: number; json: any }> {
+  let buf = new Uint8Array(0);
+  for await (const chunk of stream) {
+    const next = new Uint8Array(buf.length + chunk.length);
+    next.set(buf);
+    next.set(chunk, buf.length);
+    buf = next;
+    while (buf.length >= 5) {
+      const len = new DataView(buf.buffer, buf.byteOffset).getUint32(1);
+      if (buf.length < 5 + len) break;
+      const flags = buf[0]!;
+      const json = JSON.parse(new TextDecoder().decode(buf.subarray(5, 5 + len)));
+      buf = buf.subarray(5 + len);
+      yield { flags, json };
+    }
+  }
 }
 
 /**
@@ -162,7 +181,7 @@ export async function runInGuest(
         authorization: `Basic ${Buffer.from(`${c.user}:`).toString("base64")}`,
         ...(c.accessToken ? { "x-access-token": c.accessToken } : {}),
       },
-      body: envelope(req),
+      body: connectEnvelope(req),
       signal,
     });
   } catch (e) {
@@ -172,39 +191,26 @@ export async function runInGuest(
     const text = await res.text();
     throw new OrchestratorError("orchestrator.envd_failed", `envd process start answered ${res.status}: ${text.slice(0, 300)}`, { base, status: res.status });
   }
-  let buf = new Uint8Array(0);
   let output = "";
   let exitCode: number | null = null;
   let pid = 0;
-  const dec = new TextDecoder();
   const take = (stream: "stdout" | "stderr", b64: string) => {
     const text = Buffer.from(b64, "base64").toString("utf8");
     output = (output + text).slice(-keepBytes);
     onData?.(stream, text);
   };
   try {
-    for await (const chunk of res.body) {
-      const next = new Uint8Array(buf.length + chunk.length);
-      next.set(buf);
-      next.set(chunk, buf.length);
-      buf = next;
-      while (buf.length >= 5) {
-        const len = new DataView(buf.buffer, buf.byteOffset).getUint32(1);
-        if (buf.length < 5 + len) break;
-        const flags = buf[0]!;
-        const msg = JSON.parse(dec.decode(buf.subarray(5, 5 + len))) as Record<string, any>;
-        buf = buf.slice(5 + len);
-        if (flags & 0x02) {
-          if (msg.error) throw new OrchestratorError("orchestrator.envd_failed", `envd: ${msg.error.code}: ${msg.error.message}`, { base, cmd: c.cmd });
-          continue;
-        }
-        const ev = msg.event ?? {};
-        if (ev.start) pid = ev.start.pid ?? 0;
-        if (ev.data?.stdout !== undefined) take("stdout", ev.data.stdout);
-        if (ev.data?.stderr !== undefined) take("stderr", ev.data.stderr);
-        if (ev.data?.pty !== undefined) take("stdout", ev.data.pty);
-        if (ev.end) exitCode = ev.end.exitCode ?? (ev.end.exited ? 0 : -1);
+    for await (const { flags, json: msg } of connectFrames(res.body)) {
+      if (flags & 0x02) {
+        if (msg.error) throw new OrchestratorError("orchestrator.envd_failed", `envd: ${msg.error.code}: ${msg.error.message}`, { base, cmd: c.cmd });
+        continue;
       }
+      const ev = msg.event ?? {};
+      if (ev.start) pid = ev.start.pid ?? 0;
+      if (ev.data?.stdout !== undefined) take("stdout", ev.data.stdout);
+      if (ev.data?.stderr !== undefined) take("stderr", ev.data.stderr);
+      if (ev.data?.pty !== undefined) take("stdout", ev.data.pty);
+      if (ev.end) exitCode = ev.end.exitCode ?? (ev.end.exited ? 0 : -1);
     }
   } catch (e) {
     if (e instanceof OrchestratorError) throw e;
