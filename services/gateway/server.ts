@@ -3,9 +3,10 @@
  * sandbox's node, checks X-API-Key on everything else (but /health), and hands it to Gateway.
  * idleTimeout 0: envd streams may be silent for long.
  */
-import type { Server, ServerWebSocket } from "bun";
+import type { Server } from "bun";
 import { keyMatches, loadOrCreateApiKey } from "../../src/api/auth.ts";
 import { parseAddr } from "../../src/api/server.ts";
+import { relayData, wsRelay, type RelayData } from "../../src/api/ws-relay.ts";
 import { logger } from "../../src/observability/log.ts";
 import type { GatewayConfig } from "./config.ts";
 import { dataRoute } from "./dataplane.ts";
@@ -21,16 +22,6 @@ export interface RunningGateway {
   close(): Promise<void>;
 }
 
-interface WsData {
-  upstreamUrl: string;
-  headers: Record<string, string>;
-  up?: WebSocket;
-  queue: (string | Uint8Array)[];
-  queuedBytes: number;
-}
-
-/** Bound on bytes buffered for a WebSocket upstream that is still connecting. */
-const WS_QUEUE_MAX_BYTES = 8 * 1024 * 1024;
 /** Client headers a WebSocket upgrade carries on to the node. */
 const WS_PASS = ["x-access-token", "authorization", "cookie", "origin", "user-agent", "e2b-sandbox-id", "e2b-sandbox-port", "x-agentenv-sandbox-id", "x-agentenv-sandbox-port", "e2b-traffic-access-token", "sec-websocket-protocol"];
 const log = logger("gateway");
@@ -43,9 +34,9 @@ export function startGateway(c: GatewayConfig): RunningGateway {
   const { key } = loadOrCreateApiKey(c.apiKey, c.homePath);
   const gw = new Gateway(c, key);
   const { hostname, port } = parseAddr(c.addr);
-  let server: Server<WsData>;
+  let server: Server<RelayData>;
   try {
-    server = Bun.serve<WsData>({
+    server = Bun.serve<RelayData>({
       hostname,
       port,
       idleTimeout: 0,
@@ -75,7 +66,7 @@ export function startGateway(c: GatewayConfig): RunningGateway {
           }
           if (ip) headers["x-forwarded-for"] = ip;
           const upstreamUrl = node.endpoint.replace(/^http/, "ws") + url.pathname + url.search;
-          return srv.upgrade(req, { data: { upstreamUrl, headers, queue: [], queuedBytes: 0 } }) ? undefined : gatewayError("gateway.bad_request", "WebSocket upgrade failed");
+          return srv.upgrade(req, { data: relayData(upstreamUrl, headers, {}) }) ? undefined : gatewayError("gateway.bad_request", "WebSocket upgrade failed");
         }
         if (url.pathname !== "/health" && !keyMatches(req.headers.get("x-api-key"), key)) {
           return gatewayError("gateway.unauthorized", "Invalid API key: use the gateway's key ([api] key / AENV_API_KEY, or the api-key file in its data directory)");
@@ -84,33 +75,7 @@ export function startGateway(c: GatewayConfig): RunningGateway {
         if (len > c.maxBodyBytes) return gatewayError("gateway.body_too_large", `request body of ${len} bytes exceeds the limit of ${c.maxBodyBytes}`);
         return gw.control(req, url, ip);
       },
-      websocket: {
-        open(ws: ServerWebSocket<WsData>) {
-          const up = new WebSocket(ws.data.upstreamUrl, { headers: ws.data.headers } as unknown as string[]);
-          up.binaryType = "arraybuffer";
-          ws.data.up = up;
-          up.onopen = () => {
-            for (const m of ws.data.queue) up.send(m);
-            ws.data.queue = [];
-            ws.data.queuedBytes = 0;
-          };
-          up.onmessage = (e) => ws.send(typeof e.data === "string" ? e.data : new Uint8Array(e.data as ArrayBuffer));
-          up.onclose = (e) => ws.close(e.code === 1005 || e.code === 1006 ? 1000 : e.code, e.reason);
-          up.onerror = () => ws.close(1011, "the sandbox's node is unreachable");
-        },
-        message(ws, m) {
-          const up = ws.data.up!;
-          const data = typeof m === "string" ? m : new Uint8Array(m);
-          if (up.readyState === WebSocket.OPEN) return up.send(data);
-          ws.data.queuedBytes += typeof data === "string" ? data.length : data.byteLength;
-          if (ws.data.queuedBytes > WS_QUEUE_MAX_BYTES) return ws.close(1009, "too much data before the sandbox answered");
-          ws.data.queue.push(data);
-        },
-        close(ws, code, reason) {
-          const up = ws.data.up;
-          if (up && (up.readyState === WebSocket.OPEN || up.readyState === WebSocket.CONNECTING)) up.close(code === 1005 || code === 1006 ? 1000 : code, reason);
-        },
-      },
+      websocket: wsRelay<RelayData>({ unreachable: "the sandbox's node is unreachable" }),
     });
   } catch (e) {
     gw.close();

@@ -8,6 +8,7 @@
 import type { Logger } from "pino";
 import { logger } from "../../src/observability/log.ts";
 import {
+  NodeSnapshot,
   NodeStatus,
   SandboxEventType,
   type HeartbeatRequest,
@@ -200,7 +201,7 @@ export class SchedulerCore {
     const base: ObservedNode = r?.node ?? { nodeId: ref!.nodeId, endpoint: "", clusterId: "", serviceInstanceId: "", version: "", commit: "", machineInfo: undefined, snapshot: undefined, lastSeenUnixMs: 0 };
     const status = this.statusOf(kind, r);
     const endpoint = this.endpointOf(base.nodeId) ?? base.endpoint;
-    return { ...base, endpoint, snapshot: base.snapshot ? { ...base.snapshot, status } : emptySnapshot(status) };
+    return { ...base, endpoint, snapshot: base.snapshot ? { ...base.snapshot, status } : NodeSnapshot.fromPartial({ status }) };
   }
 
   /**
@@ -280,25 +281,4 @@ export class SchedulerCore {
     const peers = await this.p2pPeers(clusterId, backend, excludeNodeId);
     return peers.filter((p) => holders.has(p.nodeId));
   }
-}
-
-function emptySnapshot(status: NodeStatus) {
-  return {
-    status,
-    allocatedCpu: 0,
-    allocatedMemoryBytes: 0,
-    cpuPercent: 0,
-    cpuCount: 0,
-    memoryUsedBytes: 0,
-    memoryTotalBytes: 0,
-    disks: [],
-    sandboxCount: 0,
-    sandboxStartingCount: 0,
-    createSuccesses: 0,
-    createFails: 0,
-    reportedAtUnixMs: 0,
-    pausedSandboxCount: 0,
-    pausedAllocatedCpu: 0,
-    pausedAllocatedMemoryBytes: 0,
-  };
 }

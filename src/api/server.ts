@@ -3,12 +3,13 @@
  * traffic to the proxy (HTTP and WebSocket), (2) checks X-API-Key, (3) hands the rest to the
  * API. idleTimeout 0: envd streams (process output, watches) may be silent for long.
  */
-import type { Server, ServerWebSocket } from "bun";
+import type { Server } from "bun";
 import { logger } from "../observability/log.ts";
 import { PUBLIC_PATHS } from "./app.ts";
 import { keyMatches } from "./auth.ts";
 import { errorResponse } from "./status.ts";
 import { badGateway, routeOf, type SandboxProxy } from "./proxy.ts";
+import { relayData, wsRelay, type RelayData } from "./ws-relay.ts";
 
 /** Anything with a fetch handler (the Elysia app). */
 export interface FetchApp {
@@ -33,18 +34,10 @@ export interface ServeOptions {
   direct?: ((req: Request, url: URL) => Promise<Response | null>) | null;
 }
 
-interface WsData {
+interface WsData extends RelayData {
   sandboxId: string;
-  untrack?: () => void;
-  upstreamUrl: string;
-  headers: Record<string, string>;
-  up?: WebSocket;
-  queue: (string | Uint8Array)[];
-  queuedBytes: number;
 }
 
-/** Bound on bytes buffered for a WebSocket upstream that is still connecting. */
-const WS_QUEUE_MAX_BYTES = 8 * 1024 * 1024;
 const log = logger("api");
 
 /** Parse `host:port` (IPv6 in brackets). @throws Error naming the bad value. */
@@ -88,7 +81,7 @@ export function serve(o: ServeOptions): Server<WsData> {
             if (v !== null) headers[n] = v;
           }
           if (ip) headers["x-forwarded-for"] = ip;
-          const ok = server.upgrade(req, { data: { sandboxId: route.sandboxId, upstreamUrl: `ws://${target}${route.pathAndQuery}`, headers, queue: [], queuedBytes: 0 } });
+          const ok = server.upgrade(req, { data: relayData(`ws://${target}${route.pathAndQuery}`, headers, { sandboxId: route.sandboxId }) });
           return ok ? undefined : badGateway(route.sandboxId, "WebSocket upgrade failed");
         }
         return proxy.forward(req, route, ip);
@@ -102,37 +95,9 @@ export function serve(o: ServeOptions): Server<WsData> {
       if (len > o.maxBodyBytes) return errorResponse("api.body_too_large", `request body of ${len} bytes exceeds the limit of ${o.maxBodyBytes}`);
       return app.handle(req);
     },
-    websocket: {
-      open(ws: ServerWebSocket<WsData>) {
-        const up = new WebSocket(ws.data.upstreamUrl, { headers: ws.data.headers } as unknown as string[]);
-        up.binaryType = "arraybuffer";
-        ws.data.up = up;
-        ws.data.untrack = o.proxy!.track(ws.data.sandboxId, () => ws.close(1001, "sandbox went away"));
-        up.onopen = () => {
-          for (const m of ws.data.queue) up.send(m);
-          ws.data.queue = [];
-          ws.data.queuedBytes = 0;
-        };
-        up.onmessage = (e) => ws.send(typeof e.data === "string" ? e.data : new Uint8Array(e.data as ArrayBuffer));
-        up.onclose = (e) => ws.close(e.code === 1005 || e.code === 1006 ? 1000 : e.code, e.reason);
-        up.onerror = () => {
-          log.debug({ url: ws.data.upstreamUrl }, "websocket upstream error");
-          ws.close(1011, "sandbox port unreachable");
-        };
-      },
-      message(ws, m) {
-        const up = ws.data.up!;
-        const data = typeof m === "string" ? m : new Uint8Array(m);
-        if (up.readyState === WebSocket.OPEN) return up.send(data);
-        ws.data.queuedBytes += typeof data === "string" ? data.length : data.byteLength;
-        if (ws.data.queuedBytes > WS_QUEUE_MAX_BYTES) return ws.close(1009, "too much data before the sandbox answered");
-        ws.data.queue.push(data);
-      },
-      close(ws, code, reason) {
-        ws.data.untrack?.();
-        const up = ws.data.up;
-        if (up && (up.readyState === WebSocket.OPEN || up.readyState === WebSocket.CONNECTING)) up.close(code === 1005 || code === 1006 ? 1000 : code, reason);
-      },
-    },
+    websocket: wsRelay<WsData>({
+      onOpen: (ws) => o.proxy!.track(ws.data.sandboxId, () => ws.close(1001, "sandbox went away")),
+      unreachable: "sandbox port unreachable",
+    }),
   });
 }

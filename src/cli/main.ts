@@ -21,6 +21,7 @@ const main = defineCommand({
     scheduler: () => import("../../services/scheduler/cli.ts").then((m) => m.default),
     gateway: () => import("../../services/gateway/cli.ts").then((m) => m.default),
     deploy: () => import("../../deploy/cli.ts").then((m) => m.default),
+    cluster: () => import("../../services/cluster/cli.ts").then((m) => m.default),
   },
 });
 

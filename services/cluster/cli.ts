@@ -1,0 +1,65 @@
+/** `agentenv cluster up`: scheduler + gateway + N nodes on this host (services/cluster/up.ts). */
+import { defineCommand } from "citty";
+import { join } from "node:path";
+import { loadConfig } from "../../src/config/index.ts";
+
+export default defineCommand({
+  meta: { name: "cluster", description: "a local cluster on one host" },
+  subCommands: {
+    up: defineCommand({
+      meta: { description: "start a scheduler, a gateway and N nodes (own data dirs, runtime paths, network prefixes); prints the E2B SDK line for the gateway" },
+      args: {
+        home: { type: "string", description: "base directory of the cluster's data dirs (default: $home_path/cluster)" },
+        "from-home": { type: "string", description: "data dir whose kernels/ and templates/ the nodes use (default: $home_path)" },
+        runtime: { type: "string", description: "base of the nodes' runtime paths (default: /run/agentenv-cluster)" },
+        nodes: { type: "string", default: "2", description: "number of nodes (1..10)" },
+        "gateway-addr": { type: "string", description: "gateway listen address (default: [gateway] addr)" },
+        "scheduler-port": { type: "string", default: "9090", description: "scheduler port on 127.0.0.1" },
+        "node-port": { type: "string", default: "8001", description: "first node API port on 127.0.0.1" },
+        "report-interval": { type: "string", default: "1", description: "node heartbeat interval, seconds" },
+        "node-restart-delay": { type: "string", default: "5000", description: "pause before a dead node is restarted, ms" },
+      },
+      async run({ args }) {
+        const cfg = loadConfig();
+        const { LocalCluster } = await import("./up.ts");
+        const num = (v: string, name: string) => {
+          const n = Number(v);
+          if (!Number.isInteger(n) || n < 0) {
+            console.error(`agentenv cluster up: --${name} must be a non-negative integer, got ${v}`);
+            process.exit(2);
+          }
+          return n;
+        };
+        let cluster: InstanceType<typeof LocalCluster>;
+        try {
+          cluster = new LocalCluster({
+            home: args.home ?? join(cfg.home_path, "cluster"),
+            fromHome: args["from-home"] ?? cfg.home_path,
+            runtime: args.runtime ?? "/run/agentenv-cluster",
+            nodes: num(args.nodes, "nodes"),
+            gatewayAddr: args["gateway-addr"] ?? cfg.gateway.addr,
+            schedulerPort: num(args["scheduler-port"], "scheduler-port"),
+            nodePortBase: num(args["node-port"], "node-port"),
+            apiKey: cfg.api.key,
+            reportIntervalSecs: Math.max(1, num(args["report-interval"], "report-interval")),
+            nodeRestartDelayMs: num(args["node-restart-delay"], "node-restart-delay"),
+            serviceRestartDelayMs: 500,
+            print: (l) => console.log(l),
+          });
+          await cluster.up();
+        } catch (e) {
+          console.error(`agentenv cluster up: ${(e as Error).message}`);
+          process.exit(1);
+        }
+        let stopping = false;
+        const stop = () => {
+          if (stopping) return;
+          stopping = true;
+          cluster.down().then(() => process.exit(0), () => process.exit(1));
+        };
+        for (const sig of ["SIGINT", "SIGTERM", "SIGHUP"] as const) process.on(sig, stop);
+        await new Promise(() => {});
+      },
+    }),
+  },
+});
