@@ -157,21 +157,46 @@ export class Gateway {
         }
         throw e;
       }
-      if (res.status !== 201) return res;
-      const out = await this.withOurDomain(res);
-      const id = out.body?.sandboxID;
-      if (typeof id === "string") {
-        this.routes.set(id, node);
-        try {
-          await this.scheduler.record(id, node);
-        } catch (e) {
-          // the node's next heartbeat roster binds it anyway; the route cache serves it meanwhile
-          this.log.warn({ sandboxId: id, nodeId: node.nodeId, err: (e as Error).message }, "RecordAssignment failed");
-        }
+      if (res.status === 404) {
+        // templates are node-local: place the sandbox on a node that holds the template
+        const text = await res.text();
+        const holder = await this.templateHolder(String(json.templateID ?? ""), text);
+        if (!holder || holder.nodeId === node.nodeId) return new Response(text, { status: 404, headers: res.headers });
+        this.log.info({ template: json.templateID, from: node.nodeId, to: holder.nodeId }, "create: template not on the scheduled node; creating where it is");
+        res = await this.forward(req, url, holder, clientIp, true, bytes);
+        if (res.status !== 201) return res;
+        return this.created(res, holder);
       }
-      return out.res;
+      if (res.status !== 201) return res;
+      return this.created(res, node);
     }
     throw lastErr ?? new GatewayError("gateway.no_nodes", `no reachable node to create on (tried ${[...tried].join(", ")})`);
+  }
+
+  /** A node listing template `id` (id, alias or name), when a node's 404 says the template is missing there. */
+  private async templateHolder(id: string, notFoundBody: string): Promise<NodeRef | null> {
+    if (!id || !/template/.test(notFoundBody)) return null;
+    const answers = await fanOut<{ templateID: string; aliases?: string[]; names?: string[] }[]>(await this.nodes(), "/templates", this.nodeKey, this.cfg.requestTimeoutMs);
+    for (const a of answers) {
+      if (a.ok && a.body.some((t) => t.templateID === id || t.aliases?.includes(id) || t.names?.includes(id))) return a.node;
+    }
+    return null;
+  }
+
+  /** A 201 create answer: our domain, the route cached, the binding recorded. */
+  private async created(res: Response, node: NodeRef): Promise<Response> {
+    const out = await this.withOurDomain(res);
+    const id = out.body?.sandboxID;
+    if (typeof id === "string") {
+      this.routes.set(id, node);
+      try {
+        await this.scheduler.record(id, node);
+      } catch (e) {
+        // the node's next heartbeat roster binds it anyway; the route cache serves it meanwhile
+        this.log.warn({ sandboxId: id, nodeId: node.nodeId, err: (e as Error).message }, "RecordAssignment failed");
+      }
+    }
+    return out.res;
   }
 
   private async bySandbox(req: Request, url: URL, id: string, op: string | undefined, clientIp: string | null): Promise<Response> {

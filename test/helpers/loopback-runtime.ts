@@ -13,11 +13,12 @@ export class LoopbackRuntime implements SandboxRuntime {
   /** Sandboxes started (creates + resumes), for assertions. */
   starts = 0;
 
-  constructor(private readonly nodeName: string) {}
+  /** @param templates template ids this node holds (each with itself as alias) */
+  constructor(private readonly nodeName: string, private readonly templates: string[] = ["base"]) {}
 
   async listTemplates(): Promise<TemplateInfo[]> {
     const t = Date.UTC(2026, 0, 1);
-    return [{ templateID: "base", aliases: ["base"], cpuCount: 1, memoryMB: 128, diskSizeMB: 1024, envdVersion: "0.5.7", createdAt: t, updatedAt: t, buildID: "build1", buildStatus: "ready" }];
+    return this.templates.map((id) => ({ templateID: id, aliases: [id], cpuCount: 1, memoryMB: 128, diskSizeMB: 1024, envdVersion: "0.5.7", createdAt: t, updatedAt: t, buildID: "build1", buildStatus: "ready" as const }));
   }
 
   private serve(id: string): RuntimeSandbox {

@@ -107,7 +107,7 @@ export function freePort(): number {
  * A real node (API, orchestrator, SQLite, proxy) over LoopbackRuntime, reporting to the
  * scheduler at `schedulerPort` every second, node id `name`.
  */
-export async function startLoopbackNode(name: string, schedulerPort: number, apiKey: string, env: Record<string, string> = {}): Promise<RunningNode & { home: string; runtime: LoopbackRuntime; dispose(): Promise<void> }> {
+export async function startLoopbackNode(name: string, schedulerPort: number, apiKey: string, env: Record<string, string> = {}, templates = ["base"]): Promise<RunningNode & { home: string; runtime: LoopbackRuntime; dispose(): Promise<void> }> {
   const home = mkdtempSync(join(tmpdir(), `aenv-${name}-`));
   const prefix = `t${Math.floor(Math.random() * 0xffffff).toString(16).padStart(6, "0")}-`;
   const cfg = loadConfig({
@@ -125,7 +125,7 @@ export async function startLoopbackNode(name: string, schedulerPort: number, api
       ...env,
     },
   });
-  const runtime = new LoopbackRuntime(name);
+  const runtime = new LoopbackRuntime(name, templates);
   const node = await bootNode(cfg, async () => runtime);
   let closed = false;
   const close = async () => {

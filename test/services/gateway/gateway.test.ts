@@ -32,7 +32,7 @@ const api = (path: string, init: RequestInit & { key?: string | null } = {}) => 
 
 beforeAll(async () => {
   schedPort = freePort();
-  nodes = [await startLoopbackNode("a", schedPort, KEY), await startLoopbackNode("b", schedPort, KEY)];
+  nodes = [await startLoopbackNode("a", schedPort, KEY), await startLoopbackNode("b", schedPort, KEY, {}, ["base", "onlyb"])];
   sched = await startTestScheduler(schedulerEnv());
   gw = startGateway(gatewayConfig(loadConfig({ env: { AENV_HOME_PATH: home, AENV_API_KEY: KEY, AENV_LOG_LEVEL: "error", AENV__gateway__addr: "127.0.0.1:0", AENV__cluster__scheduler_endpoint: `127.0.0.1:${schedPort}`, AENV__gateway__sandbox_proxy_domains: "sbx.test", AENV__gateway__request_timeout_ms: "5000", AENV__gateway__scheduler_timeout_ms: "2500" } })));
 });
@@ -162,7 +162,7 @@ test("lists across nodes: v2 filters and pagination without gaps or repeats, v1,
   expect(bad.status).toBe(400);
   expect(((await (await api("/sandboxes")).json()) as unknown[]).length).toBe(4);
   const tpls = (await (await api("/templates")).json()) as { templateID: string; spawnCount: number }[];
-  expect(tpls.map((t) => t.templateID)).toEqual(["base"]);
+  expect(tpls.map((t) => t.templateID).sort()).toEqual(["base", "onlyb"]);
   expect(tpls[0]!.spawnCount).toBe(4);
   const ns = (await (await api("/nodes")).json()) as { id: string; sandboxCount: number }[];
   expect(ns.map((n) => [n.id, n.sandboxCount])).toEqual([
@@ -172,6 +172,23 @@ test("lists across nodes: v2 filters and pagination without gaps or repeats, v1,
   expect((await (await api("/nodes/b")).json() as any).id).toBe("b");
   expect((await api("/nodes/zz")).status).toBe(404);
   expect((await api("/no/such/route")).status).toBe(404);
+});
+
+test("a template only one node holds: creates land there whatever Schedule picked; an unknown template is 404", async () => {
+  const got: string[] = [];
+  for (let i = 0; i < 2; i++) {
+    const r = await api("/v2/sandboxes", { method: "POST", body: JSON.stringify({ templateID: "onlyb" }) });
+    expect(r.status).toBe(201);
+    const id = (await r.json() as any).sandboxID as string;
+    got.push((await sched.client.lookupNode({ sandboxId: id })).node!.nodeId);
+    expect((await api(`/sandboxes/${id}`, { method: "DELETE" })).status).toBe(204);
+  }
+  expect(got).toEqual(["b", "b"]);
+  const missing = await api("/v2/sandboxes", { method: "POST", body: JSON.stringify({ templateID: "nowhere" }) });
+  expect(missing.status).toBe(404);
+  expect((await missing.json() as any).code).toBe(404);
+  const tpls = (await (await api("/v2/templates")).json()) as { templateID: string }[];
+  expect(tpls.map((t) => t.templateID).sort()).toEqual(["base", "onlyb"]);
 });
 
 test("pause and connect through the gateway; delete unbinds", async () => {
