@@ -189,3 +189,28 @@ test("nodesFromSlices: nil ready counts as ready, IPv6 in brackets, an endpoint 
     lingering: [],
   });
 });
+
+test("`agentenv scheduler` config with discovery = kubernetes: ListNodes serves the watched slices", async () => {
+  const dir = mkdtempSync("/tmp/aenv-k8s-");
+  cleanup.push(() => rmSync(dir, { recursive: true, force: true }));
+  writeFileSync(join(dir, "token"), "tokcfg");
+  const api = fakeApi("tokcfg");
+  cleanup.push(() => api.stop());
+  api.state.items.set("s1", slice("s1", [{ pod: "agentenv-node-x1", ip: "10.2.0.1" }, { pod: "agentenv-node-x2", ip: "10.2.0.2", ready: false }]));
+  const { startTestScheduler } = await import("../helpers.ts");
+  const s = await startTestScheduler({
+    AENV_HOME_PATH: dir,
+    AENV__scheduler__discovery: "kubernetes",
+    AENV__scheduler__kubernetes__api_url: api.url,
+    AENV__scheduler__kubernetes__namespace: "agentenv",
+    AENV__scheduler__kubernetes__token_path: join(dir, "token"),
+    AENV__scheduler__kubernetes__ca_path: join(dir, "no-ca.crt"),
+  });
+  cleanup.push(() => s.close());
+  expect((await s.client.listNodes({})).nodes).toEqual([{ nodeId: "agentenv-node-x1", endpoint: "http://10.2.0.1:8000" }]);
+  await until(() => api.state.watches.size === 1, "the scheduler's watch");
+  api.put(slice("s1", [{ pod: "agentenv-node-x1", ip: "10.2.0.1" }, { pod: "agentenv-node-x2", ip: "10.2.0.2", ready: true }]), "MODIFIED");
+  for (let i = 0; i < 200 && (await s.client.listNodes({})).nodes.length < 2; i++) await Bun.sleep(10);
+  expect((await s.client.schedule({ hint: undefined })).node!.nodeId).toBe("agentenv-node-x1");
+  expect((await s.client.schedule({ hint: undefined })).node!.nodeId).toBe("agentenv-node-x2");
+});
