@@ -5,8 +5,9 @@
  * e2b SDK pointed at the gateway. Four sandboxes land on both nodes; commands, files, a sandbox
  * port over HTTP and WebSocket, list, pause/resume; the scheduler (and then the gateway, whose
  * route cache goes with it) is killed and restarted and every sandbox still routes; one node is
- * killed with SIGKILL: its sandboxes answer 502 naming it while the other node's keep working;
- * the node is restarted by `cluster up` and reaps what it left.
+ * killed with SIGKILL: its sandboxes answer 502 naming it while the other node's keep working,
+ * the scheduler marks it UNHEALTHY and drops its bindings; the node is restarted by `cluster up`
+ * and reaps what it left.
  */
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { existsSync, mkdtempSync, readdirSync, rmSync } from "node:fs";
@@ -17,7 +18,7 @@ import { resolveKernelPath } from "../../src/vmm/index.ts";
 import { qemuPidsUnder, TEST_HOME, vmPrerequisites } from "./world.ts";
 
 const MAIN = join(import.meta.dir, "../../src/cli/main.ts");
-const NODE_RESTART_MS = 12_000;
+const NODE_RESTART_MS = 20_000;
 
 class ClusterWorld {
   readonly ns = `aclu${process.pid % 1000}`;
@@ -183,6 +184,11 @@ test("cluster: SDK through the gateway on two nodes; scheduler and gateway resta
       expect(down[id].run).not.toContain("alive");
     } else expect(down[id]).toMatchObject({ status: 200, run: `alive-${id}` });
   }
+  // the scheduler: node-b UNHEALTHY (unschedulable) and its bindings gone, before node-b is back
+  const q = await w.client("scheduler-query.ts", ["127.0.0.1:19090", "node-b", JSON.stringify(ids)]);
+  expect(w.out.slice(mark)).not.toMatch(/node node-b pid \d+/);
+  expect(q.statuses).toEqual({ "node-a": "NODE_STATUS_READY", "node-b": "NODE_STATUS_UNHEALTHY" });
+  for (const id of ids) expect(q.lookups[id]).toBe(o.placement[id] === "node-b" ? null : "node-a");
   // cluster up restarts node-b; at start it reaps the VMs its crashed run left
   await w.waitFor(/node node-b pid \d+/, NODE_RESTART_MS + 60_000, mark);
   const bIds = ids.filter((id) => o.placement[id] === "node-b");
