@@ -39,17 +39,13 @@ export function parseCpuinfo(text: string, architecture = arch()): MachineInfo {
   return { cpuFamily: field("cpu family"), cpuModel: field("model"), cpuModelName: field("model name") || (cpus()[0]?.model ?? ""), cpuArchitecture: architecture };
 }
 
-let machine: MachineInfo | undefined;
-/** This host's MachineInfo (read once). */
+/** This host's MachineInfo, read from /proc/cpuinfo at each call (a few KiB; no cached state). */
 export function machineInfo(): MachineInfo {
-  if (!machine) {
-    let text = "";
-    try {
-      text = readFileSync("/proc/cpuinfo", "utf8");
-    } catch {
-      // no /proc: names from os.cpus() only
-    }
-    machine = parseCpuinfo(text);
+  let text = "";
+  try {
+    text = readFileSync("/proc/cpuinfo", "utf8");
+  } catch {
+    // no /proc: names from os.cpus() only
   }
-  return machine;
+  return parseCpuinfo(text);
 }
