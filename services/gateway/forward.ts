@@ -10,6 +10,9 @@ import type { NodeRef } from "../scheduler/types.ts";
 
 const HOP = ["connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade", "host", "proxy-authorization", "proxy-authenticate", "content-length"];
 
+/** Response header naming the node that answered a forwarded request. */
+export const NODE_HEADER = "x-agentenv-node-id";
+
 export interface ForwardOptions {
   /** Path + query on the node. */
   pathAndQuery: string;
@@ -61,7 +64,9 @@ export async function forwardToNode(req: Request, node: NodeRef, o: ForwardOptio
   } finally {
     clearTimeout(timer);
   }
-  return new Response(res.body, { status: res.status, statusText: res.statusText, headers: passHeaders(res.headers) });
+  const h = passHeaders(res.headers);
+  h.set(NODE_HEADER, node.nodeId);
+  return new Response(res.body, { status: res.status, statusText: res.statusText, headers: h });
 }
 
 /** GET a JSON document from a node (fan-out reads). @throws GatewayError node_unreachable; Error on a non-2xx answer. */

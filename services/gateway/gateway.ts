@@ -85,6 +85,7 @@ export class Gateway {
     const path = url.pathname;
     const m = req.method;
     if (path === "/health") return Response.json({ status: "ok", version: pkg.version, role: "gateway" });
+    if (path === "/metrics") return this.metrics();
     if (m === "POST" && (path === "/sandboxes" || path === "/v2/sandboxes")) return this.create(req, url, clientIp);
     if (m === "GET" && path === "/v2/sandboxes") return listV2(await this.nodes(), url.searchParams, this.nodeKey, this.cfg.requestTimeoutMs, this.learn);
     if (m === "GET" && path === "/sandboxes") return listV1(await this.nodes(), url.search, this.nodeKey, this.cfg.requestTimeoutMs, this.learn);
@@ -99,6 +100,18 @@ export class Gateway {
     const node = /^\/nodes\/([^/]+)$/.exec(path);
     if (node) return this.oneNode(req, url, decodeURIComponent(node[1]!), clientIp);
     return gatewayError("gateway.no_route", `no route ${m} ${path}`);
+  }
+
+  /** Prometheus text of the gateway's counters. */
+  private metrics(): Response {
+    const g: [string, string, number][] = [
+      ["agentenv_gateway_requests_total", "Requests handled (control plane and sandbox traffic).", this.stats.requests],
+      ["agentenv_gateway_node_errors_total", "Requests answered 502 because a node did not answer.", this.stats.nodeErrors],
+      ["agentenv_gateway_scheduler_errors_total", "Requests answered 503 because the scheduler did not answer.", this.stats.schedulerErrors],
+      ["agentenv_gateway_route_cache_entries", "Sandbox routes in the gateway's cache.", this.routes.size],
+    ];
+    const text = g.map(([n, help, v]) => `# HELP ${n} ${help}\n# TYPE ${n} ${n.endsWith("_total") ? "counter" : "gauge"}\n${n} ${v}`).join("\n") + "\n";
+    return new Response(text, { headers: { "content-type": "text/plain; version=0.0.4; charset=utf-8" } });
   }
 
   /** Discovered nodes. @throws GatewayError scheduler_unavailable (and no list known), no_nodes */

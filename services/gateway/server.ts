@@ -68,7 +68,7 @@ export function startGateway(c: GatewayConfig): RunningGateway {
           const upstreamUrl = node.endpoint.replace(/^http/, "ws") + url.pathname + url.search;
           return srv.upgrade(req, { data: relayData(upstreamUrl, headers, {}) }) ? undefined : gatewayError("gateway.bad_request", "WebSocket upgrade failed");
         }
-        if (url.pathname !== "/health" && !keyMatches(req.headers.get("x-api-key"), key)) {
+        if (url.pathname !== "/health" && url.pathname !== "/metrics" && !keyMatches(req.headers.get("x-api-key"), key)) {
           return gatewayError("gateway.unauthorized", "Invalid API key: use the gateway's key ([api] key / AENV_API_KEY, or the api-key file in its data directory)");
         }
         const len = Number(req.headers.get("content-length") ?? 0);

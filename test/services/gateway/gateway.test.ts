@@ -63,6 +63,8 @@ test("create: Schedule picks the node, the node creates, the binding is recorded
   }
   for (const id of ids) placed[id] = (await sched.client.lookupNode({ sandboxId: id })).node!.nodeId;
   expect(ids.map((id) => placed[id])).toEqual(["a", "b", "a", "b"]);
+  // the answering node is named on forwarded responses
+  for (const id of ids) expect((await api(`/sandboxes/${id}`)).headers.get("x-agentenv-node-id")).toBe(placed[id]!);
   expect(nodes[0]!.runtime.starts).toBe(2);
   expect(nodes[1]!.runtime.starts).toBe(2);
   // bad input: malformed JSON is refused by the gateway, a bad field by the node
@@ -246,4 +248,8 @@ test("a node killed: its sandboxes answer 502 naming it (fast), the other node's
     const c = await api("/v2/sandboxes", { method: "POST", body: JSON.stringify({ templateID: "base" }) });
     expect([c.status, c.status === 201 ? "" : await c.text()]).toEqual([201, ""]);
   }
+  const m = await (await api("/metrics", { key: null })).text();
+  expect(m).toMatch(/^agentenv_gateway_node_errors_total [1-9]\d*$/m);
+  expect(m).toMatch(/^agentenv_gateway_scheduler_errors_total [1-9]\d*$/m);
+  expect(m).toMatch(/^agentenv_gateway_route_cache_entries \d+$/m);
 }, 20_000);
