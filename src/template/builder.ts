@@ -195,7 +195,8 @@ export class TemplateBuilder {
         const context = await this.apply(vm, step, state.context, label, log);
         let layers = state.layers;
         if (needsVm) {
-          const out = join(this.layerDir, `${keys[i]}.layer`);
+          // a fresh name per build: a forced rebuild must not replace a layer older templates stack on
+          const out = join(this.layerDir, `${keys[i]}.${buildID.slice(0, 8)}.layer`);
           const size = await vm!.checkpoint(out, this.abs(state.layers));
           layers = [...state.layers, relative(this.d.homePath, out)];
           log("debug", `layer ${keys[i]!.slice(0, 12)}: ${size} bytes`, label);
@@ -346,7 +347,7 @@ export class TemplateBuilder {
   /** Remove temporary files a crashed build left in the layer cache. */
   reapLeftovers(): void {
     for (const dir of [this.layerDir, this.stepDir]) {
-      for (const f of require("node:fs").readdirSync(dir) as string[]) if (f.endsWith(".tmp")) rmSync(join(dir, f), { force: true });
+      for (const f of require("node:fs").readdirSync(dir) as string[]) if (f.endsWith(".tmp") || f.endsWith(".partial")) rmSync(join(dir, f), { force: true });
     }
   }
 }

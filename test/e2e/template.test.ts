@@ -11,7 +11,8 @@ import { join } from "node:path";
 import { debianTree, pushImage, startRegistry, type TestRegistry } from "../image/registry.ts";
 import { nodeForFile, qemuPidsUnder, TEST_HOME } from "./world.ts";
 
-const node = nodeForFile();
+// a short ready bound, so the never-ready build fails in seconds (python's server is up well within it)
+const node = nodeForFile({ AENV__template_build__ready_timeout_ms: "20000" });
 let reg: TestRegistry | undefined;
 
 beforeAll(async () => {
@@ -54,6 +55,15 @@ test("e2b SDK Template: fromImage build, create answers at once, warm rebuild ca
   expect(o.failed.name).toBe("BuildError");
   expect(o.failed.message).toContain("step 2: RUN echo boom >&2; exit 3 failed with exit code 3: boom");
   // Dockerfile: FROM/RUN/COPY/ENV/WORKDIR/USER
+  // a cached step, then the same step with skipCache() run again (a new layer beside the old one)
+  expect(o.cachedLogs).toEqual([expect.stringMatching(/^CACHED \[builder 1\/1\] RUN echo ok \[/)]);
+  expect(o.forcedLogs).toEqual([expect.stringMatching(/^\[builder 1\/1\] RUN echo ok \[/), "ok"]);
+  // an unknown image and a ready check that never passes end in error naming base / finalize
+  expect(o.unknownImage.name).toBe("BuildError");
+  expect(o.unknownImage.message).toContain(`image ${reg!.host}/test/nope:v1 not found`);
+  expect(o.neverReady.name).toBe("BuildError");
+  expect(o.neverReady.message).toContain('ready command "test -f /nonexistent" did not succeed within 20000 ms');
+  expect(o.failedStatus).toEqual({ status: "error", step: "finalize" });
   expect(o.docker).toBe("from-dockerfile\nprint('main')\n/srv/app\nhello docker\nroot\n");
   expect(o.tagsBefore).toEqual(["default"]);
   expect(o.existsBefore).toBe(true);
@@ -62,6 +72,6 @@ test("e2b SDK Template: fromImage build, create answers at once, warm rebuild ca
   // nothing left running or half made
   expect(qemuPidsUnder(world.home, world.memDir)).toEqual([]);
   const layers = readdirSync(join(world.home, "catalog", "layers"));
-  expect(layers.filter((f) => !/^[0-9a-f]{64}\.layer$/.test(f))).toEqual([]);
+  expect(layers.filter((f) => !/^[0-9a-f]{64}\.[0-9a-f]{8}\.layer$/.test(f))).toEqual([]);
   expect(existsSync(join(world.home, "sandboxes")) ? readdirSync(join(world.home, "sandboxes")).filter((d) => d.startsWith("build-")) : []).toEqual([]);
 }, 1_200_000);
