@@ -65,6 +65,10 @@ test("e2b SDK Template: fromImage build, create answers at once, warm rebuild ca
   expect(o.neverReady.message).toContain('ready command "test -f /nonexistent" did not succeed within 20000 ms');
   expect(o.failedStatus).toEqual({ status: "error", step: "finalize" });
   expect(o.docker).toBe("from-dockerfile\nprint('main')\n/srv/app\nhello docker\nroot\n");
+  expect(o.cliPull.code).toBe(0);
+  expect(o.cliPull.stdout).toMatch(/^cli-pulled ready: template [a-z0-9]{20} build [0-9a-f-]{36}\n$/);
+  expect(o.cliPull.stderr).toMatch(/\[\s*\d+\.\ds\] \[base\] FROM /);
+  expect(o.cliPull.stderr).toMatch(/: cached\n/);
   expect(o.tagsBefore).toEqual(["default"]);
   expect(o.existsBefore).toBe(true);
   expect(o.deleted).toBe(true);
