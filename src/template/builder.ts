@@ -188,20 +188,25 @@ export class TemplateBuilder {
         const label = String(i + 1);
         log("info", `[builder ${i + 1}/${n}] ${describe(step)} [${keys[i]!.slice(0, 12)}]`, label);
         const needsVm = !(step.type === "ENV" || step.type === "ARG" || IGNORED_STEPS.has(step.type));
-        if (needsVm && !vm) {
-          log("info", `booting the build VM (${build.cpuCount} vCPU, ${build.memoryMB} MiB)`, label);
-          vm = await this.d.vms.boot({ id: buildID, layers: this.abs(state.layers), diskBytes: state.diskBytes, bootArgs: this.d.settings.bootArgs, cpuCount: build.cpuCount, memoryMB: build.memoryMB, signal });
+        try {
+          if (needsVm && !vm) {
+            log("info", `booting the build VM (${build.cpuCount} vCPU, ${build.memoryMB} MiB)`, label);
+            vm = await this.d.vms.boot({ id: buildID, layers: this.abs(state.layers), diskBytes: state.diskBytes, bootArgs: this.d.settings.bootArgs, cpuCount: build.cpuCount, memoryMB: build.memoryMB, signal });
+          }
+          const context = await this.apply(vm, step, state.context, label, log);
+          let layers = state.layers;
+          if (needsVm) {
+            // a fresh name per build: a forced rebuild must not replace a layer older templates stack on
+            const out = join(this.layerDir, `${keys[i]}.${buildID.slice(0, 8)}.layer`);
+            const size = await vm!.checkpoint(out, this.abs(state.layers));
+            layers = [...state.layers, relative(this.d.homePath, out)];
+            log("debug", `layer ${keys[i]!.slice(0, 12)}: ${size} bytes`, label);
+          }
+          state = { layers, context, diskBytes: state.diskBytes };
+        } catch (e) {
+          if (e instanceof StepFailure) throw e;
+          throw new StepFailure(label, "template.build_failed", `step ${label}: ${(e as Error).message}`);
         }
-        const context = await this.apply(vm, step, state.context, label, log);
-        let layers = state.layers;
-        if (needsVm) {
-          // a fresh name per build: a forced rebuild must not replace a layer older templates stack on
-          const out = join(this.layerDir, `${keys[i]}.${buildID.slice(0, 8)}.layer`);
-          const size = await vm!.checkpoint(out, this.abs(state.layers));
-          layers = [...state.layers, relative(this.d.homePath, out)];
-          log("debug", `layer ${keys[i]!.slice(0, 12)}: ${size} bytes`, label);
-        }
-        state = { layers, context, diskBytes: state.diskBytes };
         this.writeEntry(keys[i]!, state);
       }
 
@@ -209,11 +214,16 @@ export class TemplateBuilder {
       const { startCmd } = spec;
       const readyCmd = spec.readyCmd;
       if (startCmd || readyCmd) {
-        if (!vm) {
-          log("info", `booting the build VM for the start command`, "finalize");
-          vm = await this.d.vms.boot({ id: buildID, layers: this.abs(state.layers), diskBytes: state.diskBytes, bootArgs: this.d.settings.bootArgs, cpuCount: build.cpuCount, memoryMB: build.memoryMB, signal });
+        try {
+          if (!vm) {
+            log("info", `booting the build VM for the start command`, "finalize");
+            vm = await this.d.vms.boot({ id: buildID, layers: this.abs(state.layers), diskBytes: state.diskBytes, bootArgs: this.d.settings.bootArgs, cpuCount: build.cpuCount, memoryMB: build.memoryMB, signal });
+          }
+          await this.checkReady(vm, startCmd, readyCmd, state.context, log);
+        } catch (e) {
+          if (e instanceof StepFailure) throw e;
+          throw new StepFailure("finalize", "template.build_failed", `finalize: ${(e as Error).message}`);
         }
-        await this.checkReady(vm, startCmd, readyCmd, state.context, log);
       }
       const boot: BootSpec = { layers: state.layers, bootArgs: this.d.settings.bootArgs, diskBytes: state.diskBytes, envs: state.context.envs, workdir: state.context.workdir, user: state.context.user, startCmd, readyCmd };
       await vm?.stop();
