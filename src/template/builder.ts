@@ -3,7 +3,9 @@
  * steps, each one's result a committed overlaybd layer cached under the hash of everything
  * before it (E2B's chaining, ../shared/docs/template-build.md §4: an unchanged prefix is reused,
  * `force` rebuilds from the first forced step on), then the start and ready commands, checked in
- * the build VM. Steps run in ONE build VM booted from the last cached layer; ENV/ARG steps
+ * the build VM (the check's success is cached under the last step's key + both commands, so a
+ * fully cached rebuild boots no VM; E2B never caches its finalize phase, whose snapshot we do
+ * not take yet). Steps run in ONE build VM booted from the last cached layer; ENV/ARG steps
  * change no disk and make no layer.
  *
  * Semantics chosen where E2B leaves room (documented in README): RUN runs as the step's user,
@@ -19,7 +21,7 @@ import type { BuildVm, BuildVmLauncher } from "./build-vm.ts";
 import type { BootSpec, BuildLogEntry, LogLevel, TemplateCatalog } from "./catalog.ts";
 import { TemplateError, type TemplateErrorCode } from "./errors.ts";
 import type { BuildFiles } from "./files.ts";
-import { baseKey, IGNORED_STEPS, stepKey, SUPPORTED_STEPS, type BuildSpec, type BuildStep } from "./spec.ts";
+import { baseKey, hashParts, IGNORED_STEPS, stepKey, SUPPORTED_STEPS, type BuildSpec, type BuildStep } from "./spec.ts";
 import { readyProbe } from "./ready.ts";
 
 /** Process context a step leaves for the next one. */
@@ -213,7 +215,12 @@ export class TemplateBuilder {
       // finalize: start + ready check
       const { startCmd } = spec;
       const readyCmd = spec.readyCmd;
-      if (startCmd || readyCmd) {
+      // the ready check's outcome is cached like a step (sandboxes cold-boot and run the start
+      // command themselves; nothing of the build VM's finalize state is kept)
+      const finalKey = hashParts(key, "finalize", startCmd, readyCmd);
+      const finalCached = (startCmd || readyCmd) && firstForced < 0 && existsSync(join(this.stepDir, `${finalKey}.json`));
+      if (finalCached) log("info", `CACHED [finalize] START ${startCmd || "-"} READY ${readyCmd || "-"}`, "finalize");
+      if ((startCmd || readyCmd) && !finalCached) {
         try {
           if (!vm) {
             log("info", `booting the build VM for the start command`, "finalize");
@@ -224,6 +231,7 @@ export class TemplateBuilder {
           if (e instanceof StepFailure) throw e;
           throw new StepFailure("finalize", "template.build_failed", `finalize: ${(e as Error).message}`);
         }
+        writeFileSync(join(this.stepDir, `${finalKey}.json`), JSON.stringify({ ready: true, at: new Date().toISOString() }));
       }
       const boot: BootSpec = { layers: state.layers, bootArgs: this.d.settings.bootArgs, diskBytes: state.diskBytes, envs: state.context.envs, workdir: state.context.workdir, user: state.context.user, startCmd, readyCmd };
       await vm?.stop();

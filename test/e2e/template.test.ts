@@ -51,6 +51,8 @@ test("e2b SDK Template: fromImage build, create answers at once, warm rebuild ca
   for (let i = 1; i <= 5; i++) expect(logs2.some((l) => l.startsWith(`CACHED [builder ${i}/5] `))).toBe(true);
   expect(logs2.some((l) => l.startsWith("pulling "))).toBe(false);
   expect(logs2.some((l) => /: cached$/.test(l))).toBe(true);
+  expect(logs2.some((l) => l.startsWith("CACHED [finalize] START python3 -m http.server 8080"))).toBe(true);
+  expect(logs2.some((l) => l.startsWith("booting the build VM"))).toBe(false);
   // failing step: BuildError with the command's output and the step named
   expect(o.failed.name).toBe("BuildError");
   expect(o.failed.message).toContain("step 2: RUN echo boom >&2; exit 3 failed with exit code 3: boom");
