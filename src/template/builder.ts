@@ -312,7 +312,11 @@ export class TemplateBuilder {
     if (startCmd) {
       log("info", `[finalize] START ${startCmd}`, "finalize");
       const started = await vm.spawn({ script: startCmd, ...base, onOutput: (_, t) => t.split("\n").forEach((l) => l.trim() && log("info", l, "finalize")) });
-      void started.done.then((r) => (exited = r));
+      // the stream breaks when the VM stops at the end of the build: nothing to report then
+      void started.done.then(
+        (r) => (exited = r),
+        () => {},
+      );
     }
     if (!readyCmd) return;
     const probe = readyProbe(readyCmd);
