@@ -192,10 +192,35 @@ export class NodeWorld {
     }
     for (const n of this.slotNamespaces()) Bun.spawnSync(["ip", "netns", "del", n]);
     Bun.spawnSync(["ip", "netns", "del", this.ns]);
+    // a node that died (a test's failure) leaves its disk children and FUSE mounts: remove them
+    // first, or the recursive delete below walks into a live mount
+    for (const pid of pidsNaming(this.home)) {
+      try {
+        process.kill(pid, "SIGKILL");
+      } catch {
+        // gone
+      }
+    }
+    const mounts = readFileSync("/proc/mounts", "utf8").split("\n").map((l) => l.split(" ")[1] ?? "").filter((m) => m.startsWith(`${this.home}/`));
+    for (const m of mounts) Bun.spawnSync(["umount", "-l", m]);
     rmSync(this.home, { recursive: true, force: true });
     rmSync(this.memDir, { recursive: true, force: true });
     rmSync(netLockPath(this.prefix), { force: true }); // the node's host-wide lock file
   }
+}
+
+/** pids of processes (other than this one) whose command line names `dir`. */
+export function pidsNaming(dir: string): number[] {
+  const out: number[] = [];
+  for (const pid of readdirSync("/proc")) {
+    if (!/^\d+$/.test(pid) || Number(pid) === process.pid) continue;
+    try {
+      if (readFileSync(`/proc/${pid}/cmdline`, "utf8").includes(dir)) out.push(Number(pid));
+    } catch {
+      // gone
+    }
+  }
+  return out;
 }
 
 /** pids of QEMU processes whose command line names `dir` (their work dir or RAM file). */
