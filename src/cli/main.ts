@@ -22,6 +22,7 @@ const main = defineCommand({
     gateway: () => import("../../services/gateway/cli.ts").then((m) => m.default),
     deploy: () => import("../../deploy/cli.ts").then((m) => m.default),
     cluster: () => import("../../services/cluster/cli.ts").then((m) => m.default),
+    ublk: () => import("../storage/ublk/cli.ts").then((m) => m.default),
   },
 });
 

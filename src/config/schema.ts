@@ -97,7 +97,7 @@ export const CONFIG_SCHEMA = section("", {
   template: section("", {
     suite: str("bookworm", "Debian suite of the base template (mmdebstrap).", { minLength: 1 }),
     mirror: str("", "Debian mirror for mmdebstrap. Empty: the first http(s) deb URL in this host's apt sources."),
-    packages: list(["ca-certificates", "iproute2", "procps", "sudo", "curl", "git", "python3"], "Packages added to mmdebstrap's minbase variant."),
+    packages: list(["ca-certificates", "iproute2", "procps", "sudo", "curl", "git", "python3", "fio"], "Packages added to mmdebstrap's minbase variant."),
     rootfs_size_mib: int(2048, "Size of the base root filesystem image in MiB (ext4; the guest sees this much disk).", { min: 64, max: 1_048_576, unit: "MiB" }),
   }),
 
@@ -409,6 +409,18 @@ export const CONFIG_SCHEMA = section("", {
     registry_retries: int(3, "Registry range requests: attempts per read before failing.", { min: 1, max: 100, unit: "count" }),
     registry_timeout_ms: int(30_000, "Registry request timeout, ms.", { min: 1, max: MS_MAX, unit: "ms" }),
     registry_token_ttl_ms: int(30_000, "How long a registry bearer token is reused when the server states no expiry, ms.", { min: 0, max: MS_MAX, unit: "ms" }),
+  }),
+
+  ublk: section("ublk block devices (src/storage/ublk/): overlaybd stacks and CoW files served as /dev/ublkbN\nthrough io_uring, one worker thread per queue. Needs /dev/ublk-control (CONFIG_BLK_DEV_UBLK).", {
+    queues: int(1, "Queues per device, each one io_uring + one worker thread (the kernel clamps to the CPUs).", { min: 1, max: 16, unit: "count" }),
+    queue_depth: int(64, "Requests in flight per queue. Each holds a buffer of max_io_bytes.", { min: 1, max: 4096, unit: "count" }),
+    max_io_bytes: int(524_288, "Largest request payload in bytes.", { min: 4096, max: 16_777_216, multipleOf: 4096, unit: "bytes" }),
+    logical_block_shift: int(9, "log2 of the logical block size in bytes (9 = 512 B).", { min: 9, max: 12, unit: "count" }),
+    physical_block_shift: int(12, "log2 of the physical block size in bytes (12 = 4 KiB); at least logical_block_shift.", { min: 9, max: 12, unit: "count" }),
+    user_recovery: bool(true, "Ask for user recovery (USER_RECOVERY + REISSUE) where the kernel offers it: when the serving\nprocess dies, the device stays, requests wait, and a new process resumes it; false: the kernel\nremoves the device when its server dies."),
+    control_timeout_ms: int(30_000, "Longest wait (ms) for one control command (START_DEV waits for every queue to be ready).", { min: 1, max: MS_MAX, unit: "ms" }),
+    recovery_wait_ms: int(30_000, "Longest wait (ms) for the device of a dead server to become recoverable (the kernel notices a\ndead server within about 5 s) and for its old server's files to be released.", { min: 1, max: MS_MAX, unit: "ms" }),
+    cow_chunk_bytes: oneOf([4096, 8192, 16384, 32768, 65536, 131072, 262144, 524288, 1048576, 2097152, 4194304], 65536, "Copy-on-write unit of a CoW file over a read-only origin, bytes (a power of two, 4096..4194304)."),
   }),
 });
 

@@ -15,6 +15,7 @@ import { logger } from "../observability/log.ts";
 import { TemplateError } from "./errors.ts";
 import { importSparse } from "../storage/overlaybd/index.ts";
 import { withBuildLock } from "../vmm/buildlock.ts";
+import { WORKER_ENTRYPOINTS } from "../bundle.ts";
 import { readManifest, templateDir, writeManifest, type TemplateManifest } from "./store.ts";
 import initScript from "./guest/init.sh" with { type: "text" };
 
@@ -136,7 +137,8 @@ function agentenvSource(): { key: string; build: (out: string) => Promise<void> 
     // --bytecode: precompiled JS, about 10x faster start (envd boot time under TCG); it needs a
     // module graph without top-level await, so fall back to a plain compile if that ever changes
     build: async (out) => {
-      const args = ["build", "--compile", join(root, "src/cli/main.ts"), "--outfile", out];
+      // worker modules are extra entry points, or the binary would not embed them (src/bundle.ts)
+      const args = ["build", "--compile", join(root, "src/cli/main.ts"), ...WORKER_ENTRYPOINTS.map((w) => join(root, "src", w)), "--outfile", out];
       try {
         await run([process.execPath, ...args.slice(0, 2), "--bytecode", ...args.slice(2)]);
       } catch (e) {

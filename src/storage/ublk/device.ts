@@ -1,0 +1,411 @@
+/**
+ * One ublk device served by this process: create (ADD_DEV, SET_PARAMS, queue threads, START_DEV),
+ * take over after the previous server died (START_USER_RECOVERY, queue threads,
+ * END_USER_RECOVERY), answer the requests the queue threads forward (through the target's
+ * BlockImage, writes serialised), and stop (STOP_DEV, threads drain and exit, DEL_DEV).
+ * Sequence and pitfalls: ../shared/docs/ublk-iouring-firecracker.md §1.8–1.11.
+ */
+import { closeSync, openSync, readFileSync } from "node:fs";
+import { Worker } from "node:worker_threads";
+import { workerEntry } from "../../bundle.ts";
+import { closeEventfd, createEventfd, signalEventfd } from "../../ffi/eventfd.ts";
+import { mapMemory, MAP_POPULATE, MAP_SHARED, PROT_READ, unmapMemory, type Mapping } from "../../ffi/mmap.ts";
+import {
+  encodeParams, ioDescMapping, UBLK_ATTR, UBLK_CMD, UBLK_DEV_ID_ANY, UBLK_F, UBLK_IO_OP, UBLK_S_DEV, ublkBlockPath, ublkCharPath, type DevInfo,
+} from "../../ffi/ublk.ts";
+import { logger } from "../../observability/log.ts";
+import type { UblkConfig } from "./config.ts";
+import { errnoName, type UblkControl } from "./control.ts";
+import { UblkError } from "./errors.ts";
+import { markDiverted, newDivertMap } from "./plan.ts";
+import { MAILBOX_STOP, mailboxPut, type QueueInit, type QueueMessage } from "./queue.ts";
+import type { UblkTarget } from "./targets.ts";
+
+const log = logger("ublk");
+const O_RDWR = 2, O_CLOEXEC = 0o2000000;
+const EIO = 5, ENOSPC = 28, EBUSY = 16;
+/** Pause between checks while waiting for a dead server's device to become recoverable, ms. */
+const RECOVERY_POLL_MS = 200;
+
+/** Device lifecycle states (see `UblkDevice.state`). */
+export type DeviceState = "starting" | "live" | "stopping" | "stopped" | "failed";
+
+/** Per-device choices (defaults from `[ublk]`). */
+export interface DeviceOptions {
+  /** Wanted device id; default: the kernel picks. */
+  devId?: number;
+  /** Override `[ublk] user_recovery` for this device. */
+  userRecovery?: boolean;
+}
+
+interface Queue {
+  worker: Worker;
+  desc: Mapping;
+  arena: Mapping;
+  bufs: Uint8Array;
+  mailbox: Int32Array;
+  cap: number;
+  doorbell: number;
+  exited: Promise<string>;
+}
+
+function nextPow2(n: number): number {
+  let p = 1;
+  while (p < n) p *= 2;
+  return p;
+}
+
+/** Errno for a failed image operation: ENOSPC passes through, everything else is EIO. */
+function errnoOf(e: unknown): number {
+  const code = (e as { code?: string; details?: { errno?: string } }).details?.errno ?? (e as { code?: string }).code;
+  return code === "ENOSPC" ? ENOSPC : EIO;
+}
+
+/**
+ * A ublk device served by this process. Obtain with `createDevice` or `recoverDevice`; `close()`
+ * removes it. The device owns its target's image and closes it.
+ */
+export class UblkDevice {
+  readonly devId: number;
+  /** `/dev/ublkbN`: the block device a VMM opens. */
+  readonly blockPath: string;
+  /** `/dev/ublkcN`. */
+  readonly charPath: string;
+  /** The kernel's view after ADD_DEV / GET_DEV_INFO (queues, depth, buffer size, accepted flags). */
+  readonly info: DevInfo;
+  readonly target: UblkTarget;
+  /** Size in bytes. */
+  readonly size: number;
+  /** Resolves when every queue thread has stopped, with the first reason. */
+  readonly ended: Promise<string>;
+  #state: DeviceState = "starting";
+  #ctrl: UblkControl;
+  #charFd = -1;
+  #queues: Queue[] = [];
+  #divert: Int32Array | null;
+  #writeChain: Promise<unknown> = Promise.resolve();
+  #closing: Promise<void> | null = null;
+  #resolveEnded!: (r: string) => void;
+  #forwarded = 0;
+
+  private constructor(ctrl: UblkControl, info: DevInfo, target: UblkTarget) {
+    this.#ctrl = ctrl;
+    this.info = info;
+    this.devId = info.devId;
+    this.blockPath = ublkBlockPath(info.devId);
+    this.charPath = ublkCharPath(info.devId);
+    this.target = target;
+    this.size = target.image.size;
+    const p = target.plan;
+    // reads of what the main thread writes (an overlaybd upper) must not come from the plan
+    this.#divert = p?.kind === "extents" && p.writeFile < 0 && (!target.image.readOnly || p.diverted.length > 0) ? newDivertMap(this.size) : null;
+    if (this.#divert && p?.kind === "extents") for (const [a, b] of p.diverted) markDiverted(this.#divert, a, b - a);
+    this.ended = new Promise((r) => (this.#resolveEnded = r));
+  }
+
+  /** Lifecycle state. */
+  get state(): DeviceState {
+    return this.#state;
+  }
+
+  /** True when the kernel accepted user recovery for this device. */
+  get recoverable(): boolean {
+    return (this.info.flags & UBLK_F.USER_RECOVERY) !== 0n;
+  }
+
+  /** Requests the queue threads handed to the main thread so far. */
+  get forwardedRequests(): number {
+    return this.#forwarded;
+  }
+
+  /** Open the char device (close-on-exec: a child must never hold it, or DEL_DEV and recovery wait on it). */
+  async #openChar(waitMs: number): Promise<void> {
+    const deadline = Date.now() + waitMs;
+    for (;;) {
+      try {
+        this.#charFd = openSync(this.charPath, O_RDWR | O_CLOEXEC);
+        return;
+      } catch (e) {
+        const code = (e as NodeJS.ErrnoException).code;
+        // devtmpfs makes the node as the device is added; EBUSY: the old server still holds it
+        if ((code !== "ENOENT" && code !== "EBUSY") || Date.now() > deadline) {
+          throw new UblkError("ublk.queue_failed", `cannot open ${this.charPath}: ${(e as Error).message}`, { devId: this.devId, path: this.charPath, code });
+        }
+      }
+      await Bun.sleep(RECOVERY_POLL_MS / 10);
+    }
+  }
+
+  /** Map each queue's descriptors and buffers and start its thread; resolves once every tag is fetched. */
+  async #startQueues(encodedOps: boolean, timeoutMs: number): Promise<void> {
+    const { nrHwQueues, queueDepth: depth, maxIoBufBytes: maxIo } = this.info;
+    const ready: Promise<void>[] = [];
+    for (let q = 0; q < nrHwQueues; q++) {
+      const m = ioDescMapping(q, depth);
+      const desc = mapMemory(m.length, { fd: this.#charFd, offset: m.offset, prot: PROT_READ, flags: MAP_SHARED | MAP_POPULATE });
+      let arena: Mapping;
+      try {
+        arena = mapMemory(depth * maxIo);
+      } catch (e) {
+        unmapMemory(desc);
+        throw e;
+      }
+      const cap = nextPow2(depth + 2);
+      const mailbox = new Int32Array(new SharedArrayBuffer(4 * (2 + 2 * cap)));
+      const doorbell = createEventfd();
+      const init: QueueInit = {
+        devId: this.devId, qId: q, depth, maxIoBytes: maxIo, charFd: this.#charFd, descPtr: desc.ptr, descLength: desc.length, bufPtr: arena.ptr,
+        encodedOps, size: this.size, readOnly: this.target.image.readOnly, plan: this.target.plan, divert: this.#divert,
+        mailbox: mailbox.buffer as SharedArrayBuffer, mailboxCap: cap, doorbellFd: doorbell, ringFlags: 0,
+      };
+      const worker = new Worker(workerEntry("storage/ublk/queue-worker.ts"), { workerData: init });
+      let onReady!: () => void, onFail!: (e: Error) => void;
+      ready.push(new Promise<void>((res, rej) => ((onReady = res), (onFail = rej))));
+      const exited = new Promise<string>((resolve) => {
+        let reason = "";
+        worker.on("message", (msg: QueueMessage) => {
+          if (Array.isArray(msg)) return this.#serve(q, msg);
+          if (msg.type === "ready") onReady();
+          else if (msg.type === "exit") reason = msg.reason;
+        });
+        worker.on("error", (e: Error) => {
+          reason ||= `queue ${q} thread crashed: ${e.message}`;
+          log.error({ devId: this.devId, queue: q, err: e.message }, "queue thread crashed");
+          onFail(e);
+        });
+        worker.on("exit", () => {
+          onFail(new UblkError("ublk.queue_failed", `queue ${q} of device ${this.devId} ended before it was ready: ${reason}`, { devId: this.devId, queue: q, reason }));
+          resolve(reason || "exited");
+        });
+      });
+      this.#queues.push({ worker, desc, arena, bufs: new Uint8Array(arena.buffer, 0, depth * maxIo), mailbox, cap, doorbell, exited });
+    }
+    void Promise.all(this.#queues.map((q) => q.exited)).then((reasons) => {
+      if (this.#state === "live" || this.#state === "starting") {
+        this.#state = "failed";
+        log.error({ devId: this.devId, reasons }, "every queue of the device stopped while it was live");
+      }
+      this.#resolveEnded(reasons.find((r) => r) ?? "exited");
+    });
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const timeout = new Promise<never>((_, rej) => {
+      timer = setTimeout(() => rej(new UblkError("ublk.timeout", `queues of device ${this.devId} not ready within ${timeoutMs} ms`, { devId: this.devId, timeoutMs })), timeoutMs);
+    });
+    try {
+      await Promise.race([Promise.all(ready), timeout]);
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
+  /** Answer a request a queue thread forwarded: `[tag, op, flags, offset, length]`. */
+  #serve(q: number, [tag, op, , offset, length]: [number, number, number, number, number]): void {
+    this.#forwarded++;
+    const queue = this.#queues[q]!;
+    const maxIo = this.info.maxIoBufBytes;
+    const buf = queue.bufs.subarray(tag * maxIo, tag * maxIo + length);
+    const img = this.target.image;
+    const done = (result: number) => {
+      mailboxPut(queue.mailbox, queue.cap, tag, result);
+      signalEventfd(queue.doorbell);
+    };
+    const failed = (e: unknown) => {
+      const err = e as Error & { code?: string; details?: Record<string, unknown> };
+      log.error({ devId: this.devId, queue: q, tag, op, offset, length, code: err.code, file: err.details?.file, fileOffset: err.details?.offset, err: err.message }, `request failed: ${err.message}`);
+      done(-errnoOf(e));
+    };
+    let work: Promise<number>;
+    switch (op) {
+      case UBLK_IO_OP.READ:
+        work = img.pread(buf, offset).then((n) => (n === length ? n : Promise.reject(new UblkError("ublk.io_failed", `short read at ${offset}: ${n} of ${length} bytes`, { offset, length }))));
+        break;
+      case UBLK_IO_OP.WRITE:
+        if (this.#divert) markDiverted(this.#divert, offset, length);
+        work = this.#serial(() => img.pwrite(buf, offset));
+        break;
+      case UBLK_IO_OP.FLUSH:
+        work = this.#serial(() => img.sync().then(() => 0));
+        break;
+      case UBLK_IO_OP.DISCARD:
+      case UBLK_IO_OP.WRITE_ZEROES:
+        if (this.#divert) markDiverted(this.#divert, offset, length);
+        work = this.#serial(() => img.discard(offset, length).then(() => 0));
+        break;
+      default:
+        done(-95);
+        return;
+    }
+    work.then(done, failed);
+  }
+
+  /** Run writes, discards and flushes one after another, in arrival order (a flush covers every write before it). */
+  #serial(fn: () => Promise<number>): Promise<number> {
+    const p = this.#writeChain.then(fn);
+    this.#writeChain = p.catch(() => {});
+    return p;
+  }
+
+  /**
+   * Stop serving and remove the device: STOP_DEV (the block device goes away after the requests
+   * in flight are answered; the queue threads then see every tag aborted and end), release the
+   * char device and mappings, DEL_DEV, close the target. Idempotent.
+   * @throws UblkError `ublk.control_failed` / `ublk.timeout` when the kernel refuses (the rest is
+   * still released)
+   */
+  close(): Promise<void> {
+    this.#closing ??= this.#close();
+    return this.#closing;
+  }
+
+  async #close(): Promise<void> {
+    if (this.#state !== "failed") this.#state = "stopping";
+    let firstError: unknown = null;
+    try {
+      await this.#ctrl.command(UBLK_CMD.STOP_DEV, this.devId);
+    } catch (e) {
+      firstError = e;
+    }
+    await this.#stopQueues(this.#ctrl.timeoutMs);
+    this.#release();
+    try {
+      await this.#ctrl.command(UBLK_CMD.DEL_DEV, this.devId);
+    } catch (e) {
+      firstError ??= e;
+    }
+    await this.#writeChain;
+    await this.target.image.close();
+    this.#state = "stopped";
+    if (firstError) throw firstError;
+  }
+
+  /** Wait for the queue threads to end; past `waitMs`, tell them to stop and terminate them. */
+  async #stopQueues(waitMs: number): Promise<void> {
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const all = Promise.all(this.#queues.map((q) => q.exited));
+    const late = await Promise.race([all.then(() => false), new Promise<boolean>((r) => (timer = setTimeout(() => r(true), waitMs)))]);
+    clearTimeout(timer);
+    if (!late) return;
+    log.warn({ devId: this.devId, waitMs }, "queue threads did not end after STOP_DEV: stopping them");
+    for (const q of this.#queues) {
+      mailboxPut(q.mailbox, q.cap, MAILBOX_STOP, 0);
+      signalEventfd(q.doorbell);
+    }
+    const stopped = await Promise.race([all.then(() => true), Bun.sleep(1000).then(() => false)]);
+    if (!stopped) for (const q of this.#queues) await q.worker.terminate();
+  }
+
+  #release(): void {
+    for (const q of this.#queues) {
+      unmapMemory(q.desc);
+      unmapMemory(q.arena);
+      closeEventfd(q.doorbell);
+    }
+    this.#queues = [];
+    if (this.#charFd >= 0) closeSync(this.#charFd);
+    this.#charFd = -1;
+  }
+
+  /**
+   * Create and start a device serving `target`.
+   * @throws UblkError `ublk.unavailable`, `ublk.bad_config` (size not a multiple of the logical
+   * block), `ublk.control_failed`, `ublk.queue_failed`, `ublk.timeout`; nothing is left behind
+   */
+  static async create(ctrl: UblkControl, target: UblkTarget, cfg: UblkConfig, opts: DeviceOptions = {}): Promise<UblkDevice> {
+    const img = target.image;
+    const lbs = 1 << cfg.logicalBlockShift;
+    if (img.size <= 0 || img.size % lbs !== 0) throw new UblkError("ublk.bad_config", `image size ${img.size} is not a positive multiple of the ${lbs}-byte logical block`, { size: img.size, logicalBlockBytes: lbs });
+    const features = await ctrl.features();
+    const wantRecovery = (opts.userRecovery ?? cfg.userRecovery) && (features.flags & UBLK_F.USER_RECOVERY) !== 0n;
+    const flags = wantRecovery ? UBLK_F.USER_RECOVERY | UBLK_F.USER_RECOVERY_REISSUE : 0n;
+    const info = await ctrl.addDevice({
+      nrHwQueues: cfg.queues, queueDepth: cfg.queueDepth, state: 0, maxIoBufBytes: cfg.maxIoBytes, devId: opts.devId ?? UBLK_DEV_ID_ANY,
+      ublksrvPid: -1, flags, ublksrvFlags: 0n, ownerUid: 0, ownerGid: 0,
+    });
+    const dev = new UblkDevice(ctrl, info, target);
+    try {
+      const maxSectors = info.maxIoBufBytes / 512;
+      await ctrl.command(UBLK_CMD.SET_PARAMS, dev.devId, {
+        payload: encodeParams({
+          attrs: img.readOnly ? UBLK_ATTR.READ_ONLY : UBLK_ATTR.VOLATILE_CACHE,
+          logicalBsShift: cfg.logicalBlockShift,
+          physicalBsShift: cfg.physicalBlockShift,
+          ioOptShift: cfg.physicalBlockShift,
+          ioMinShift: cfg.logicalBlockShift,
+          maxSectors,
+          devSectors: img.size / 512,
+          discard: target.discard && !img.readOnly ? { granularity: 1 << cfg.physicalBlockShift, maxDiscardSectors: maxSectors, maxWriteZeroesSectors: maxSectors } : undefined,
+        }),
+      });
+      await dev.#openChar(cfg.controlTimeoutMs);
+      await dev.#startQueues(features.encodedOps, cfg.controlTimeoutMs);
+      await ctrl.command(UBLK_CMD.START_DEV, dev.devId, { data0: process.pid });
+      dev.#state = "live";
+      log.info({ devId: dev.devId, path: dev.blockPath, target: target.describe, size: img.size, queues: info.nrHwQueues, depth: info.queueDepth, recovery: dev.recoverable }, "ublk device started");
+      return dev;
+    } catch (e) {
+      dev.#state = "failed";
+      await dev.close().catch((c) => log.warn({ devId: dev.devId, err: (c as Error).message }, "cleanup after a failed start"));
+      throw e;
+    }
+  }
+
+  /**
+   * Serve device `devId` again after its server died (user recovery): wait until the kernel has
+   * quiesced it and released the old server's files, START_USER_RECOVERY, start the queue
+   * threads, END_USER_RECOVERY. Requests the guest issued meanwhile were held and now run.
+   * @throws UblkError `ublk.not_found`, `ublk.not_recoverable` (no USER_RECOVERY, another live
+   * server, wrong size), `ublk.timeout`, `ublk.control_failed`, `ublk.queue_failed`
+   */
+  static async recover(ctrl: UblkControl, devId: number, target: UblkTarget, cfg: UblkConfig): Promise<UblkDevice> {
+    const features = await ctrl.features();
+    let info = await ctrl.deviceInfo(devId);
+    if ((info.flags & UBLK_F.USER_RECOVERY) === 0n) throw new UblkError("ublk.not_recoverable", `device ${devId} was created without user recovery`, { devId, flags: info.flags.toString() });
+    const params = await ctrl.deviceParams(devId);
+    if (params.devSectors * 512 !== target.image.size) {
+      throw new UblkError("ublk.not_recoverable", `device ${devId} has ${params.devSectors * 512} bytes, the target ${target.image.size}`, { devId, deviceBytes: params.devSectors * 512, targetBytes: target.image.size });
+    }
+    const deadline = Date.now() + cfg.recoveryWaitMs;
+    // the kernel notices the dead server on its own schedule (6.1: a 5 s monitor), then quiesces
+    while (info.state !== UBLK_S_DEV.QUIESCED) {
+      if (info.state === UBLK_S_DEV.DEAD) throw new UblkError("ublk.not_recoverable", `device ${devId} is stopped`, { devId, state: info.state });
+      if (info.state === UBLK_S_DEV.LIVE && info.ublksrvPid > 0 && processAlive(info.ublksrvPid)) {
+        throw new UblkError("ublk.not_recoverable", `device ${devId} is served by the running process ${info.ublksrvPid}`, { devId, pid: info.ublksrvPid });
+      }
+      if (Date.now() > deadline) throw new UblkError("ublk.timeout", `device ${devId} did not become recoverable within ${cfg.recoveryWaitMs} ms (state ${info.state}, server pid ${info.ublksrvPid})`, { devId, state: info.state, pid: info.ublksrvPid });
+      await Bun.sleep(RECOVERY_POLL_MS);
+      info = await ctrl.deviceInfo(devId);
+    }
+    for (;;) {
+      const r = await ctrl.raw(UBLK_CMD.START_USER_RECOVERY, devId);
+      if (r.res === 0) break;
+      // EBUSY: the dead server's /dev/ublkcN is not released yet
+      if (r.res !== -EBUSY || Date.now() > deadline) throw new UblkError("ublk.control_failed", `START_USER_RECOVERY of device ${devId} failed: ${errnoName(-r.res)}`, { command: "START_USER_RECOVERY", devId, errno: -r.res });
+      await Bun.sleep(RECOVERY_POLL_MS);
+    }
+    const dev = new UblkDevice(ctrl, info, target);
+    try {
+      await dev.#openChar(Math.max(0, deadline - Date.now()));
+      await dev.#startQueues(features.encodedOps, cfg.controlTimeoutMs);
+      await ctrl.command(UBLK_CMD.END_USER_RECOVERY, devId, { data0: process.pid });
+      dev.#state = "live";
+      log.info({ devId, path: dev.blockPath, target: target.describe, queues: info.nrHwQueues, depth: info.queueDepth }, "ublk device recovered");
+      return dev;
+    } catch (e) {
+      dev.#state = "failed";
+      // the device stays quiesced for another attempt: release only what this process took
+      await dev.#stopQueues(1000);
+      dev.#release();
+      throw e;
+    }
+  }
+}
+
+/** True when `pid` runs and is not a zombie (a dead server's queue threads are gone once it is reaped or a zombie). */
+export function processAlive(pid: number): boolean {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+    return !/^\d+ \(.*\) [ZX] /s.test(stat);
+  } catch {
+    return false;
+  }
+}

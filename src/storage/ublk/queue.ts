@@ -1,0 +1,272 @@
+/**
+ * One ublk queue, served on its own thread (a Worker: the driver binds a queue to the task that
+ * fetched its tags, and the blocking io_uring_enter must not stall the event loop). The thread
+ * owns one io_uring: it parks every tag with FETCH_REQ, and for each request the kernel hands
+ * over (descriptor in the mmap'd `ublksrv_io_desc` array) it either answers from the target's
+ * direct plan — file reads and writes as more SQEs in the same ring, zero fill in place, CoW
+ * chunk copies — or forwards it to the main thread, which owns the BlockImage. Answers go back
+ * with COMMIT_AND_FETCH_REQ, batched into the next io_uring_enter. The main thread returns its
+ * results through a shared mailbox and rings an eventfd doorbell that a READ in this ring waits
+ * on. STOP_DEV makes the kernel complete every parked tag with UBLK_IO_RES_ABORT; when all tags
+ * are aborted the loop ends. Lifecycle facts: ../shared/docs/ublk-iouring-firecracker.md §1.4,
+ * §1.7–1.10 (copy mode: the server's buffer address goes with every FETCH and COMMIT).
+ */
+import { IORING_FSYNC_DATASYNC, IORING_OP, IoUring, SQE } from "../../ffi/io_uring.ts";
+import { mapMemory, unmapMemory, viewMemory } from "../../ffi/mmap.ts";
+import { encodeIoCmd, IO_DESC, ioOpcode, UBLK_IO, UBLK_IO_OP, UBLK_IO_RES } from "../../ffi/ublk.ts";
+import { logger } from "../../observability/log.ts";
+import { cowFilesOf, cowFlush, cowWrite, planCowRead, type CowFiles } from "./cow.ts";
+import { isDiverted, planExtentRead, type DirectPlan, type ExtentPlan, type PlanFile, type ReadPiece } from "./plan.ts";
+
+/** What the main thread hands a queue thread (structured-clone data; fds and addresses are process-wide). */
+export interface QueueInit {
+  devId: number;
+  qId: number;
+  /** Tags of this queue. */
+  depth: number;
+  /** Buffer bytes per tag (the device's max_io_buf_bytes). */
+  maxIoBytes: number;
+  /** Open /dev/ublkcN. */
+  charFd: number;
+  /** This queue's descriptor mapping (mapped read-only by the main thread). */
+  descPtr: number;
+  descLength: number;
+  /** This queue's buffers: tag t at `bufPtr + t * maxIoBytes` (mapped by the main thread). */
+  bufPtr: number;
+  /** Send ioctl-encoded opcodes (else legacy numbers). */
+  encodedOps: boolean;
+  /** Device size in bytes; requests past it fail with EIO. */
+  size: number;
+  readOnly: boolean;
+  plan: DirectPlan | null;
+  /** Bit per 4 KiB block that must be read through the main thread (extent plans with main-thread writes). */
+  divert: Int32Array | null;
+  /** Int32Array view source: [0] tail (main), [1] head (this thread), then `mailboxCap` (tag, result) pairs. */
+  mailbox: SharedArrayBuffer;
+  /** Entries of the mailbox (a power of two > depth). */
+  mailboxCap: number;
+  /** eventfd the main thread signals after adding results to the mailbox. */
+  doorbellFd: number;
+  /** IORING_SETUP_* flags of the queue ring. */
+  ringFlags: number;
+}
+
+/** Messages from a queue thread. A forwarded request is `[tag, op, flags, offset, length]` (bytes). */
+export type QueueMessage =
+  | { type: "ready" }
+  | { type: "exit"; reason: string }
+  | [number, number, number, number, number];
+
+/** Mailbox tag that tells the queue thread to stop serving at once (used when the kernel cannot abort it). */
+export const MAILBOX_STOP = -1;
+
+const KIND_IO = 1, KIND_DOORBELL = 2;
+const TWO32 = 2 ** 32;
+const EIO = 5, EOPNOTSUPP = 95;
+
+/** Where the main thread's view of a mailbox puts a result; see `QueueInit.mailbox`. */
+export function mailboxPut(mb: Int32Array, cap: number, tag: number, result: number): void {
+  const t = Atomics.load(mb, 0);
+  const i = 2 + (t & (cap - 1)) * 2;
+  mb[i] = tag;
+  mb[i + 1] = result;
+  Atomics.store(mb, 0, (t + 1) | 0);
+}
+
+/**
+ * Serve one queue until every tag is aborted (STOP_DEV, device removal) or a stop token arrives.
+ * Runs on the calling thread and blocks it.
+ * @returns why serving ended
+ */
+export function runQueue(init: QueueInit, post: (m: QueueMessage) => void): string {
+  const log = logger("ublk", { devId: init.devId, queue: init.qId });
+  const { depth, maxIoBytes: maxIo, charFd, qId } = init;
+  const ring = new IoUring({ entries: Math.min(4096, nextPow2(2 * depth + 2)), cqEntries: Math.min(8192, nextPow2(4 * depth + 4)), flags: init.ringFlags });
+  const desc = new DataView(viewMemory(init.descPtr, init.descLength));
+  const arena = new Uint8Array(viewMemory(init.bufPtr, depth * maxIo));
+  const bell = mapMemory(4096);
+  const mb = new Int32Array(init.mailbox);
+  const FETCH = ioOpcode(UBLK_IO.FETCH_REQ, init.encodedOps), COMMIT = ioOpcode(UBLK_IO.COMMIT_AND_FETCH_REQ, init.encodedOps);
+  const ext: ExtentPlan | null = init.plan?.kind === "extents" ? init.plan : null;
+  const cow: CowFiles | null = init.plan?.kind === "cow" ? cowFilesOf(init.plan) : null;
+  const files: PlanFile[] = ext ? ext.files : cow ? [cow.origin, cow.cow] : [];
+  const writeFile = ext ? ext.writeFile : -1;
+
+  // per tag: request length (bytes), pieces in flight, first error, the pieces themselves
+  const reqLen = new Float64Array(depth);
+  const inflight = new Int32Array(depth);
+  const failure = new Int32Array(depth);
+  const pieces: ReadPiece[][] = Array.from({ length: depth }, () => []);
+  const pieceOp = new Uint8Array(depth);
+  let aborted = 0;
+  let stop = "";
+
+  const command = (op: number, tag: number, result: number) => {
+    const w = ring.prepUringCmd(charFd, op, tag);
+    encodeIoCmd(ring.sqeWords, w + SQE.CMD / 4, qId, tag, result, init.bufPtr + tag * maxIo);
+  };
+  const commit = (tag: number, result: number) => command(COMMIT, tag, result);
+  const armDoorbell = () => ring.prep({ opcode: IORING_OP.READ, fd: init.doorbellFd, addr: bell.ptr, len: 8, userData: KIND_DOORBELL * TWO32 });
+  const pieceSqe = (tag: number, i: number) => {
+    const p = pieces[tag]![i]!;
+    ring.prep({ opcode: pieceOp[tag]!, fd: files[p.file]!.fd, off: p.fileOffset, addr: init.bufPtr + tag * maxIo + p.bufOffset, len: p.length, userData: KIND_IO * TWO32 + tag * 65536 + i });
+  };
+  const startPieces = (tag: number, op: number) => {
+    const list = pieces[tag]!;
+    if (list.length === 0) return commit(tag, reqLen[tag]!);
+    pieceOp[tag] = op;
+    inflight[tag] = list.length;
+    failure[tag] = 0;
+    for (let i = 0; i < list.length; i++) pieceSqe(tag, i);
+  };
+  const forward = (tag: number, op: number, flags: number, offset: number, length: number) => post([tag, op, flags, offset, length]);
+
+  const handle = (tag: number) => {
+    const at = tag * IO_DESC.SIZE;
+    const opFlags = desc.getUint32(at + IO_DESC.OP_FLAGS, true);
+    const op = opFlags & 0xff;
+    const length = desc.getUint32(at + IO_DESC.NR_SECTORS, true) * 512;
+    const offset = (desc.getUint32(at + IO_DESC.START_SECTOR, true) + desc.getUint32(at + IO_DESC.START_SECTOR + 4, true) * TWO32) * 512;
+    reqLen[tag] = length;
+    if (offset + length > init.size && op !== UBLK_IO_OP.FLUSH) {
+      log.warn({ tag, op, offset, length, size: init.size }, "request past the device end: I/O error");
+      return commit(tag, -EIO);
+    }
+    const list = pieces[tag]!;
+    list.length = 0;
+    switch (op) {
+      case UBLK_IO_OP.READ:
+        if (ext && !(init.divert && isDiverted(init.divert, offset, length))) {
+          const base = tag * maxIo;
+          planExtentRead(ext, offset, length, list, (b, n) => arena.fill(0, base + b, base + b + n));
+          return startPieces(tag, IORING_OP.READ);
+        }
+        if (cow) {
+          planCowRead(cow, offset, length, list);
+          return startPieces(tag, IORING_OP.READ);
+        }
+        return forward(tag, op, opFlags & ~0xff, offset, length);
+      case UBLK_IO_OP.WRITE:
+        if (init.readOnly) return commit(tag, -EIO);
+        if (writeFile >= 0) {
+          list.push({ file: writeFile, fileOffset: offset, bufOffset: 0, length });
+          return startPieces(tag, IORING_OP.WRITE);
+        }
+        if (cow) {
+          try {
+            cowWrite(cow, arena.subarray(tag * maxIo, tag * maxIo + length), offset);
+            return commit(tag, length);
+          } catch (e) {
+            log.error({ err: (e as Error).message, ...(e as { details?: object }).details, tag, offset, length }, "CoW write failed");
+            return commit(tag, -EIO);
+          }
+        }
+        return forward(tag, op, opFlags & ~0xff, offset, length);
+      case UBLK_IO_OP.FLUSH:
+        if (writeFile >= 0) {
+          pieceOp[tag] = IORING_OP.FSYNC;
+          inflight[tag] = 1;
+          failure[tag] = 0;
+          reqLen[tag] = 0;
+          list.push({ file: writeFile, fileOffset: 0, bufOffset: 0, length: 0 });
+          ring.prep({ opcode: IORING_OP.FSYNC, fd: files[writeFile]!.fd, opFlags: IORING_FSYNC_DATASYNC, userData: KIND_IO * TWO32 + tag * 65536 });
+          return;
+        }
+        if (cow) {
+          try {
+            cowFlush(cow);
+            return commit(tag, 0);
+          } catch (e) {
+            log.error({ err: (e as Error).message, tag }, "flush failed");
+            return commit(tag, -EIO);
+          }
+        }
+        return forward(tag, op, opFlags & ~0xff, offset, length);
+      case UBLK_IO_OP.DISCARD:
+      case UBLK_IO_OP.WRITE_ZEROES:
+        if (init.readOnly) return commit(tag, -EIO);
+        return forward(tag, op, opFlags & ~0xff, offset, length);
+      default:
+        return commit(tag, -EOPNOTSUPP);
+    }
+  };
+
+  const pieceDone = (tag: number, i: number, res: number) => {
+    const p = pieces[tag]![i]!;
+    const op = pieceOp[tag]!;
+    if (op !== IORING_OP.FSYNC && res > 0 && res < p.length) {
+      // a short transfer that is not the end of the file: go on with the rest
+      p.fileOffset += res;
+      p.bufOffset += res;
+      p.length -= res;
+      pieceSqe(tag, i);
+      return;
+    }
+    if (res < 0 || (res === 0 && p.length > 0)) {
+      if (failure[tag] === 0) {
+        const f = files[p.file]!;
+        const what = op === IORING_OP.READ ? "read" : op === IORING_OP.WRITE ? "write" : "fdatasync";
+        // a layer file ending inside an extent is corrupt (truncated): fail, never invent bytes
+        log.error({ file: f.name, offset: p.fileOffset, length: p.length, errno: res < 0 ? -res : undefined }, res < 0 ? `${what} of ${f.name} at ${p.fileOffset} failed: errno ${-res}` : `short read of ${f.name} at ${p.fileOffset}: the file ends inside the image's data`);
+      }
+      failure[tag] = -EIO;
+    }
+    if (--inflight[tag]! === 0) commit(tag, failure[tag] || reqLen[tag]!);
+  };
+
+  const drainMailbox = () => {
+    let h = Atomics.load(mb, 1);
+    const t = Atomics.load(mb, 0);
+    while (h !== t) {
+      const i = 2 + (h & (init.mailboxCap - 1)) * 2;
+      const tag = mb[i]!, result = mb[i + 1]!;
+      if (tag === MAILBOX_STOP) stop = "stop requested";
+      else commit(tag, result);
+      h = (h + 1) | 0;
+    }
+    Atomics.store(mb, 1, h);
+  };
+
+  const onCqe = (ud: number, res: number) => {
+    const kind = Math.floor(ud / TWO32);
+    const low = ud % TWO32;
+    if (kind === 0) {
+      if (res === UBLK_IO_RES.OK) return handle(low);
+      if (res !== UBLK_IO_RES.ABORT) log.error({ tag: low, errno: -res }, `I/O command for tag ${low} refused: errno ${-res}`);
+      if (++aborted === depth) stop ||= "all tags aborted";
+      return;
+    }
+    if (kind === KIND_IO) return pieceDone(Math.floor(low / 65536), low % 65536, res);
+    if (kind === KIND_DOORBELL) {
+      if (res < 0 && res !== -4) log.warn({ errno: -res }, "doorbell read failed");
+      drainMailbox();
+      if (!stop) armDoorbell();
+    }
+  };
+
+  let reason = "";
+  try {
+    for (let tag = 0; tag < depth; tag++) command(FETCH, tag, 0);
+    armDoorbell();
+    ring.submit(0);
+    post({ type: "ready" });
+    while (!stop) {
+      ring.submit(1);
+      ring.reap(onCqe);
+    }
+    reason = stop;
+  } catch (e) {
+    reason = `queue failed: ${(e as Error).message}`;
+    log.error({ err: (e as Error).message }, "queue thread failed");
+  } finally {
+    ring.close();
+    unmapMemory(bell);
+  }
+  return reason;
+}
+
+function nextPow2(n: number): number {
+  let p = 1;
+  while (p < n) p *= 2;
+  return p;
+}

@@ -1,0 +1,158 @@
+/**
+ * `UblkServer`: one process's ublk control channel plus the devices it serves. Device ids, the
+ * kernel's device list, and removal of devices left by a dead server live here; one device's
+ * lifecycle is in device.ts.
+ */
+import { existsSync, readdirSync } from "node:fs";
+import { UBLK_CMD, UBLK_CONTROL_PATH, UBLK_F, UBLK_S_DEV, type DevInfo } from "../../ffi/ublk.ts";
+import { logger } from "../../observability/log.ts";
+import type { UblkConfig } from "./config.ts";
+import { UblkControl, type UblkFeatures } from "./control.ts";
+import { processAlive, UblkDevice, type DeviceOptions } from "./device.ts";
+import { UblkError } from "./errors.ts";
+import type { UblkTarget } from "./targets.ts";
+
+const log = logger("ublk");
+/** sysfs class of ublk char devices (`ublk_chr_class`, drivers/block/ublk_drv.c). */
+const UBLK_CHAR_CLASS = "/sys/class/ublk-char";
+
+/** True when this kernel offers ublk (the control device exists). */
+export function ublkAvailable(): boolean {
+  return existsSync(UBLK_CONTROL_PATH);
+}
+
+/** One device as the kernel reports it. */
+export interface UblkDeviceSummary {
+  devId: number;
+  /** "dead" (stopped or never started), "live", "quiesced" (server gone, recoverable), "fail_io". */
+  state: "dead" | "live" | "quiesced" | "fail_io";
+  /** pid of the server that started or recovered it, -1 when none. */
+  serverPid: number;
+  queues: number;
+  depth: number;
+  recoverable: boolean;
+}
+
+const STATE_NAMES = ["dead", "live", "quiesced", "fail_io"] as const;
+
+function summary(i: DevInfo): UblkDeviceSummary {
+  return {
+    devId: i.devId,
+    state: STATE_NAMES[i.state] ?? "dead",
+    serverPid: i.ublksrvPid,
+    queues: i.nrHwQueues,
+    depth: i.queueDepth,
+    recoverable: (i.flags & UBLK_F.USER_RECOVERY) !== 0n,
+  };
+}
+
+/** The ublk server of this process. */
+export class UblkServer {
+  readonly config: UblkConfig;
+  #ctrl: UblkControl;
+  #devices = new Set<UblkDevice>();
+
+  private constructor(cfg: UblkConfig, ctrl: UblkControl) {
+    this.config = cfg;
+    this.#ctrl = ctrl;
+  }
+
+  /**
+   * Open the control channel.
+   * @throws UblkError `ublk.unavailable`
+   */
+  static open(cfg: UblkConfig): UblkServer {
+    return new UblkServer(cfg, UblkControl.open(cfg.controlTimeoutMs));
+  }
+
+  /** The kernel's ublk features (flags, opcode form). */
+  features(): Promise<UblkFeatures> {
+    return this.#ctrl.features();
+  }
+
+  /** Devices this server created or recovered and has not closed. */
+  get devices(): readonly UblkDevice[] {
+    for (const d of this.#devices) if (d.state === "stopped") this.#devices.delete(d);
+    return [...this.#devices];
+  }
+
+  #track(dev: UblkDevice): UblkDevice {
+    this.#devices.add(dev);
+    return dev;
+  }
+
+  /**
+   * Create and start a device for `target` (queues, depth, buffer size, block size from the
+   * config). The device owns the target's image from here on.
+   * @throws UblkError (see `UblkDevice.create`); the target is closed on failure
+   */
+  async create(target: UblkTarget, opts: DeviceOptions = {}): Promise<UblkDevice> {
+    try {
+      return this.#track(await UblkDevice.create(this.#ctrl, target, this.config, opts));
+    } catch (e) {
+      await target.image.close().catch(() => {});
+      throw e;
+    }
+  }
+
+  /**
+   * Take over device `devId` after its server died (user recovery).
+   * @throws UblkError (see `UblkDevice.recover`); the target is closed on failure
+   */
+  async recover(devId: number, target: UblkTarget): Promise<UblkDevice> {
+    try {
+      return this.#track(await UblkDevice.recover(this.#ctrl, devId, target, this.config));
+    } catch (e) {
+      await target.image.close().catch(() => {});
+      throw e;
+    }
+  }
+
+  /**
+   * The kernel's view of device `devId`.
+   * @throws UblkError `ublk.not_found`
+   */
+  async info(devId: number): Promise<UblkDeviceSummary> {
+    return summary(await this.#ctrl.deviceInfo(devId));
+  }
+
+  /** Every ublk device of this kernel (from sysfs), whoever serves it. */
+  async list(): Promise<UblkDeviceSummary[]> {
+    if (!existsSync(UBLK_CHAR_CLASS)) return [];
+    const ids = readdirSync(UBLK_CHAR_CLASS).map((n) => /^ublkc(\d+)$/.exec(n)?.[1]).filter((x): x is string => x !== undefined).map(Number).sort((a, b) => a - b);
+    const out: UblkDeviceSummary[] = [];
+    for (const id of ids) {
+      try {
+        out.push(await this.info(id));
+      } catch (e) {
+        if ((e as UblkError).code !== "ublk.not_found") throw e; // deleted meanwhile
+      }
+    }
+    return out;
+  }
+
+  /**
+   * Remove a device this process does not serve (left by a server that died): STOP_DEV unless
+   * already stopped, then DEL_DEV.
+   * @throws UblkError `ublk.not_found`, `ublk.busy` (a running process serves it, or it is one of
+   * ours: close that instead), `ublk.control_failed`
+   */
+  async remove(devId: number): Promise<void> {
+    if (this.devices.some((d) => d.devId === devId)) throw new UblkError("ublk.busy", `device ${devId} is served by this process: close it`, { devId });
+    const info = await this.#ctrl.deviceInfo(devId);
+    if (info.ublksrvPid > 0 && info.state === UBLK_S_DEV.LIVE && processAlive(info.ublksrvPid)) {
+      throw new UblkError("ublk.busy", `device ${devId} is served by the running process ${info.ublksrvPid}`, { devId, pid: info.ublksrvPid });
+    }
+    if (info.state !== UBLK_S_DEV.DEAD) await this.#ctrl.command(UBLK_CMD.STOP_DEV, devId);
+    await this.#ctrl.command(UBLK_CMD.DEL_DEV, devId);
+    log.info({ devId, state: info.state, pid: info.ublksrvPid }, "removed ublk device left by a dead server");
+  }
+
+  /** Close every device of this server, then the control channel. */
+  async close(): Promise<void> {
+    const errors: unknown[] = [];
+    for (const d of this.devices) await d.close().catch((e) => errors.push(e));
+    this.#ctrl.close();
+    if (errors.length) throw errors[0];
+  }
+}

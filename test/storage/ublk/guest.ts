@@ -1,0 +1,80 @@
+/**
+ * Run a shell script inside a VM for the ublk tests and bench: QEMU microvm/TCG with the guest
+ * kernel (ublk + io_uring built in) and the base template's root filesystem (read-only; it holds
+ * the compiled `agentenv` and fio), no network. The script travels on a second virtio drive
+ * (/dev/vdb, NUL-padded) because the kernel command line is too short for it; the guest init
+ * runs it (`aenv.run`) with its output on the serial console and ends with `@@AENV-RUN-EXIT@@ rc=N`.
+ * Scratch space in the guest: /dev/shm and /tmp (tmpfs).
+ */
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { resolveTemplate } from "../../../src/template/index.ts";
+import { resolveKernelPath } from "../../../src/vmm/index.ts";
+import { TEST_HOME, testConfig, testDriver, waitConsole } from "../../vmm/qemu/helpers.ts";
+
+/** What a guest script printed and how it ended. */
+export interface GuestRun {
+  /** The whole serial console. */
+  console: string;
+  /** Exit code of the script. */
+  rc: number;
+  /** Wall time from boot to the script's end, seconds. */
+  seconds: number;
+  /** `@@U <key> <value>` lines, by key (the last one wins). */
+  values: Map<string, string>;
+}
+
+/** Parse the script's `@@U <key> <value>` lines. */
+export function guestValues(console: string): Map<string, string> {
+  const m = new Map<string, string>();
+  for (const line of console.split("\n")) {
+    const r = /^@@U (\S+) ?(.*?)\r?$/.exec(line);
+    if (r) m.set(r[1]!, r[2]!);
+  }
+  return m;
+}
+
+/**
+ * Boot a VM, run `script` (POSIX sh) as root in it, stop the VM.
+ * @throws Error when the VM does not finish the script within `timeoutMs` (with the console tail)
+ */
+export async function runGuestScript(opts: { name: string; script: string; vcpus?: number; memoryMiB?: number; timeoutMs: number }): Promise<GuestRun> {
+  const cfg = testConfig();
+  const tpl = resolveTemplate(TEST_HOME, "base");
+  const drv = testDriver();
+  const dir = mkdtempSync(join(tmpdir(), `ublk-${opts.name}-`));
+  const scriptBytes = new TextEncoder().encode(opts.script);
+  const padded = new Uint8Array(Math.ceil((scriptBytes.length + 1) / 512) * 512);
+  padded.set(scriptBytes);
+  writeFileSync(join(dir, "script.raw"), padded);
+  const boot = 'tr -d "\\000" </dev/vdb >/run/t.sh; sh /run/t.sh';
+  const t0 = performance.now();
+  const vm = await drv.driver.boot({
+    id: `ublk${process.pid}${opts.name}`.slice(0, 40),
+    workDir: join(dir, "vm"),
+    kernelPath: resolveKernelPath(cfg),
+    bootArgs: `root=/dev/vda ro init=/sbin/aenv-init aenv.envd=0 aenv.run=${btoa(boot)}`,
+    vcpus: opts.vcpus ?? 2,
+    memoryMiB: opts.memoryMiB ?? 1024,
+    drives: [
+      { id: "root", path: tpl.rootfsPath, readOnly: true, isRoot: true },
+      { id: "script", path: join(dir, "script.raw"), readOnly: true, isRoot: false },
+    ],
+  });
+  try {
+    let rc: number;
+    try {
+      rc = Number((await waitConsole(vm.consolePath!, /@@AENV-RUN-EXIT@@ rc=(\d+)/, opts.timeoutMs))[1]);
+    } catch (e) {
+      throw new Error(`${(e as Error).message}\nconsole:\n${vm.consoleTail(6000)}`);
+    }
+    const seconds = (performance.now() - t0) / 1000;
+    const console = vm.consoleTail(1 << 30);
+    return { console, rc, seconds, values: guestValues(console) };
+  } finally {
+    await vm.stop();
+    drv.dispose();
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
