@@ -16,6 +16,7 @@ import { CpuMeter } from "../observability/host.ts";
 import * as S from "./schemas.ts";
 import { toDetail, toListed, toSandbox, toTemplate } from "./serialize.ts";
 import { telemetryRoutes } from "./routes/telemetry.ts";
+import { volumeRoutes } from "./routes/volumes.ts";
 import pkg from "../../package.json" with { type: "json" };
 import type { TemplateService } from "../template/index.ts";
 import { templateRoutes } from "./routes/templates.ts";
@@ -36,6 +37,11 @@ export interface ApiDeps {
 
 /** Paths served without an API key. */
 export const PUBLIC_PATHS = [/^\/health$/, /^\/metrics$/, /^\/openapi\.json$/, /^\/docs(\/.*)?$/, /^\/_assets\//];
+/**
+ * Paths whose routes check their own credentials instead of the API key (the volume content API
+ * takes the volume's bearer token) and stream their bodies (no `max_body_bytes` bound).
+ */
+export const SELF_AUTH_PATHS = [/^\/volumecontent\//];
 
 const ERR = { 400: S.ErrorBody, 401: S.ErrorBody, 404: S.ErrorBody, 409: S.ErrorBody, 500: S.ErrorBody };
 const noContent = () => new Response(null, { status: 204 });
@@ -100,6 +106,7 @@ export function buildApp(deps: ApiDeps) {
       network: (body.network as Record<string, unknown> | null | undefined) ?? undefined,
       cpuCount: body.cpuCount,
       memoryMB: body.memoryMB,
+      volumeMounts: body.volumeMounts,
     });
   };
 
@@ -134,6 +141,7 @@ export function buildApp(deps: ApiDeps) {
     })
     .get("/health", () => ({ status: "ok", version: pkg.version }), { detail: { summary: "Health check", tags: ["node"] } })
     .use(telemetryRoutes(orch))
+    .use(volumeRoutes(orch))
     .get(
       "/metrics",
       () =>

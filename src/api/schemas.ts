@@ -38,7 +38,15 @@ const newSandboxFields = {
   mcp: t.Optional(t.Any()),
   network: t.Optional(t.Union([SandboxNetworkConfig, t.Null()])),
   allow_internet_access: t.Optional(t.Boolean()),
-  volumeMounts: t.Optional(t.Array(t.Object({ name: t.String(), path: t.String() }))),
+  volumeMounts: t.Optional(
+    t.Array(
+      t.Object({
+        name: t.String({ description: "volume name" }),
+        path: t.String({ description: "absolute mount path in the guest; not /, /proc, /sys, /dev or below them" }),
+        readOnly: t.Optional(t.Boolean({ description: "this node's addition: mount read-only (many readers); default: the one writer" })),
+      }),
+    ),
+  ),
   cpuCount: t.Optional(Int({ minimum: 1, description: "vCPUs (default: the template's); at most [orchestrator] max_cpu_count" })),
   memoryMB: t.Optional(Int({ minimum: 128, description: "guest memory, MiB (default: the template's); at most [orchestrator] max_memory_mb" })),
 };
@@ -70,6 +78,7 @@ const listedFields = {
   metadata: t.Optional(StrMap),
   state: t.Union([t.Literal("running"), t.Literal("paused")]),
   envdVersion: t.String(),
+  volumeMounts: t.Optional(t.Array(t.Object({ name: t.String(), path: t.String() }))),
 };
 
 export const ListedSandbox = t.Object(listedFields);
@@ -165,4 +174,23 @@ export const SandboxLogEntry = t.Object({
 export const SandboxLogs = t.Object({
   logs: t.Array(t.Object({ timestamp: t.String({ format: "date-time" }), line: t.String() })),
   logEntries: t.Array(SandboxLogEntry),
+});
+
+export const Uint32 = Int({ minimum: 0, maximum: 4294967295 });
+
+export const Volume = t.Object({ volumeID: t.String(), name: t.String() });
+export const VolumeAndToken = t.Object({ volumeID: t.String(), name: t.String(), token: t.String({ description: "Bearer token of /volumecontent/{volumeID}/..." }) });
+
+export const VolumeEntryStat = t.Object({
+  name: t.String(),
+  path: t.String({ description: "volume-relative" }),
+  type: t.Union([t.Literal("file"), t.Literal("directory"), t.Literal("symlink"), t.Literal("unknown")]),
+  size: Int({ description: "bytes" }),
+  mode: Uint32,
+  uid: Uint32,
+  gid: Uint32,
+  atime: t.String({ format: "date-time" }),
+  mtime: t.String({ format: "date-time" }),
+  ctime: t.String({ format: "date-time" }),
+  target: t.Optional(t.String()),
 });

@@ -38,6 +38,7 @@ export function toListed(r: SandboxRecord) {
     metadata: r.metadata,
     state: publicState(r.state) ?? "running",
     envdVersion: r.envdVersion,
+    volumeMounts: r.volumeMounts.map((m) => ({ name: m.name, path: m.path })),
   };
 }
 

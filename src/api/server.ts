@@ -5,7 +5,7 @@
  */
 import type { Server } from "bun";
 import { logger } from "../observability/log.ts";
-import { PUBLIC_PATHS } from "./app.ts";
+import { PUBLIC_PATHS, SELF_AUTH_PATHS } from "./app.ts";
 import { keyMatches } from "./auth.ts";
 import { errorResponse } from "./status.ts";
 import { badGateway, routeOf, type SandboxProxy } from "./proxy.ts";
@@ -88,11 +88,12 @@ export function serve(o: ServeOptions): Server<WsData> {
       }
       const direct = await o.direct?.(req, url);
       if (direct) return direct;
-      if (!PUBLIC_PATHS.some((p) => p.test(url.pathname)) && !keyMatches(req.headers.get("x-api-key"), o.apiKey)) {
+      const selfAuth = SELF_AUTH_PATHS.some((p) => p.test(url.pathname));
+      if (!selfAuth && !PUBLIC_PATHS.some((p) => p.test(url.pathname)) && !keyMatches(req.headers.get("x-api-key"), o.apiKey)) {
         return errorResponse("api.unauthorized", `Invalid API key: use this node's key (${o.apiKeyHint ?? "file $home_path/api-key"})`);
       }
       const len = Number(req.headers.get("content-length") ?? 0);
-      if (len > o.maxBodyBytes) return errorResponse("api.body_too_large", `request body of ${len} bytes exceeds the limit of ${o.maxBodyBytes}`);
+      if (!selfAuth && len > o.maxBodyBytes) return errorResponse("api.body_too_large", `request body of ${len} bytes exceeds the limit of ${o.maxBodyBytes}`);
       return app.handle(req);
     },
     websocket: wsRelay<WsData>({

@@ -18,6 +18,7 @@ import { FUSE_ERRORS, type FuseErrorCode } from "../storage/fuse/errors.ts";
 import { OVERLAYBD_ERRORS, type OverlaybdErrorCode } from "../storage/overlaybd/errors.ts";
 import { TEMPLATE_ERRORS, type TemplateErrorCode } from "../template/errors.ts";
 import { VMM_ERRORS, type VmmErrorCode } from "../vmm/errors.ts";
+import { VOLUME_ERRORS, type VolumeErrorCode } from "../volume/errors.ts";
 import { logger } from "../observability/log.ts";
 import { AgentEnvError } from "../errors.ts";
 import { API_ERRORS, type ApiErrorCode } from "./errors.ts";
@@ -34,7 +35,8 @@ export type ErrorCode =
   | FuseErrorCode
   | OverlaybdErrorCode
   | TemplateErrorCode
-  | VmmErrorCode;
+  | VmmErrorCode
+  | VolumeErrorCode;
 
 /** Every subsystem code table this module maps (for tests and documentation). */
 export const ERROR_TABLES = {
@@ -49,6 +51,7 @@ export const ERROR_TABLES = {
   overlaybd: OVERLAYBD_ERRORS,
   template: TEMPLATE_ERRORS,
   vmm: VMM_ERRORS,
+  volume: VOLUME_ERRORS,
 } as const;
 
 /** Codes whose status is not 500: faults of the request, and refusals a client may retry. */
@@ -63,6 +66,7 @@ const NOT_500 = {
   "api.bad_time_range": 400,
   "api.bad_sandbox_ids": 400,
   "api.unsupported": 400,
+  "api.bad_depth": 400,
   "api.unauthorized": 401,
   "api.body_too_large": 413,
   "api.node_not_found": 404,
@@ -74,6 +78,17 @@ const NOT_500 = {
   "orchestrator.capacity": 429,
   "orchestrator.busy": 409,
   "orchestrator.shutting_down": 503,
+  "orchestrator.volume_not_found": 404,
+  "orchestrator.volume_exists": 409,
+  "orchestrator.volume_in_use": 409,
+  "orchestrator.volume_busy": 409,
+  "volume.bad_path": 400,
+  "volume.path_not_found": 404,
+  "volume.exists": 409,
+  "volume.not_a_directory": 400,
+  "volume.is_a_directory": 400,
+  "volume.too_many_entries": 400,
+  "volume.read_only": 409,
   "net.bad_policy": 400,
   "net.capacity": 503,
   "template.not_found": 404,

@@ -13,7 +13,6 @@ const present = (v: unknown) => v !== undefined && v !== null;
 const nonEmpty = (v: unknown) => (Array.isArray(v) ? v.length > 0 : present(v));
 
 const CREATE: Rule[] = [
-  ["volumeMounts", nonEmpty, "volumes are not supported by this node"],
   ["mcp", present, "MCP gateways are not supported by this node"],
   ["iam", present, "IAM settings are not supported by this node"],
   ["autoPauseMemory", (v) => v === false, "filesystem-only (memory: false) snapshots are not supported; pauses keep memory"],

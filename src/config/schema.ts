@@ -256,6 +256,20 @@ export const CONFIG_SCHEMA = section("", {
     },
   ),
 
+  volumes: section(
+    "Persistent volumes (POST /volumes, volumeMounts on create, /volumecontent/{id}/...): an ext4\nfilesystem inside an overlaybd image in $home_path/volumes/<id>/, attached to sandboxes as an\nextra drive.",
+    {
+      size_mib: int(1024, "Size of a new volume's filesystem, MiB (sparse: unused space costs nothing).", { min: 16, max: 16 * 1024 * 1024, unit: "MiB" }),
+      max_mounts_per_sandbox: int(8, "Most volumes one sandbox may mount.", { min: 1, max: 16, unit: "count" }),
+      default_uid: int(1000, "Owner (uid, gid) of a new volume's root directory and of what the content API creates without\nexplicit uid/gid: the templates' `user` account.", { min: 0, max: 4_294_967_294, unit: "count" }),
+      default_gid: int(1000, "", { min: 0, max: 4_294_967_294, unit: "count" }),
+      host_idle_ms: int(10_000, "The content API mounts a volume nobody holds on the node; the mount is kept this long after the\nlast operation, ms (a sandbox attaching the volume closes it at once).", { min: 0, max: MS_MAX, unit: "ms" }),
+      max_list_entries: int(10_000, "Most entries one directory listing returns.", { min: 1, unit: "count" }),
+      detach_timeout_ms: int(10_000, "Bound on syncing and unmounting a sandbox's volumes in the guest before its VM is killed, ms.", { min: 1, max: MS_MAX, unit: "ms" }),
+      guest_op_timeout_ms: int(30_000, "Bound on one file operation done through a sandbox's envd (commands, not transfers), ms.", { min: 1, max: MS_MAX, unit: "ms" }),
+    },
+  ),
+
   sandbox_proxy: section("", {
     domains: list(
       [],

@@ -38,11 +38,13 @@ export interface OrchestratorConfig {
   envdPollMs: number;
   /** `[metrics]`: sampling period, per-sample bound (ms) and samples kept per sandbox. */
   metrics: { sampleIntervalMs: number; sampleTimeoutMs: number; historySamples: number };
+  /** `[volumes]` the orchestrator needs: new volume size (bytes), mounts per sandbox, guest detach bound (ms). */
+  volumes: { sizeBytes: number; maxMountsPerSandbox: number; detachTimeoutMs: number };
   /** `[logs]`: entries kept per sandbox, longest message (bytes), batch period (ms), pending bound. */
   logs: { maxEntriesPerSandbox: number; maxLineBytes: number; flushIntervalMs: number; maxPendingLines: number };
 }
 
-/** Read `[orchestrator]`, `[metrics]` and `[logs]` (ranges were checked when the config was loaded). */
+/** Read `[orchestrator]`, `[metrics]`, `[volumes]` and `[logs]` (ranges were checked when the config was loaded). */
 export function orchestratorConfig(cfg: Config): OrchestratorConfig {
   const o = cfg.orchestrator;
   return {
@@ -66,6 +68,11 @@ export function orchestratorConfig(cfg: Config): OrchestratorConfig {
       sampleIntervalMs: cfg.metrics.sample_interval_ms,
       sampleTimeoutMs: cfg.metrics.sample_timeout_ms,
       historySamples: cfg.metrics.history_samples,
+    },
+    volumes: {
+      sizeBytes: cfg.volumes.size_mib * 1048576,
+      maxMountsPerSandbox: cfg.volumes.max_mounts_per_sandbox,
+      detachTimeoutMs: cfg.volumes.detach_timeout_ms,
     },
     logs: {
       maxEntriesPerSandbox: cfg.logs.max_entries_per_sandbox,

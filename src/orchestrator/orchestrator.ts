@@ -12,7 +12,8 @@ import { newSandboxId, randomHex, SANDBOX_ID_RE } from "./ids.ts";
 import { KeyedLock } from "./lock.ts";
 import { SandboxLogStore } from "./logs.ts";
 import { MetricsHistory, MetricsSampler } from "./metrics.ts";
-import type { RuntimeSandbox, RuntimeStartSpec, SandboxRuntime } from "./runtime.ts";
+import { VolumeManager } from "./volumes.ts";
+import type { RuntimeMetricsTarget, RuntimeSandbox, RuntimeStartSpec, SandboxRuntime } from "./runtime.ts";
 import { Semaphore } from "./semaphore.ts";
 import { assertTransition, LIVE_STATES, publicState, type SandboxState } from "./states.ts";
 import { SandboxStore, type ListCursor } from "./store.ts";
@@ -55,6 +56,8 @@ export class Orchestrator {
   readonly metricsHistory: MetricsHistory;
   /** Sandbox log entries (database, bounded per sandbox). */
   readonly logs: SandboxLogStore;
+  /** Volumes and who holds them. */
+  readonly volumes: VolumeManager;
   private readonly sampler: MetricsSampler;
   private readonly lock: KeyedLock;
   private readonly starts: Semaphore;
@@ -82,6 +85,14 @@ export class Orchestrator {
     this.starts = new Semaphore(config.maxConcurrentStarts);
     this.metricsHistory = new MetricsHistory(config.metrics.historySamples);
     this.logs = new SandboxLogStore(db, config.logs, this.log);
+    this.volumes = new VolumeManager(
+      db,
+      runtime.volumes,
+      { ...config.volumes, lockWaitMs: config.lockWaitMs },
+      () => this.store.inStates(["creating", "running", "pausing", "paused", "resuming", "killing"]),
+      runtime.guestVolumeFiles ? (holder, mount) => runtime.guestVolumeFiles!(targetOf(holder), mount.path) : undefined,
+      now,
+    );
     this.sampler = new MetricsSampler(
       runtime,
       this.metricsHistory,
@@ -89,7 +100,7 @@ export class Orchestrator {
         this.store
           .inStates(["running"])
           .filter((r) => r.endpoint)
-          .map((r) => ({ id: r.id, endpoint: r.endpoint!, envdAccessToken: r.envdAccessToken, runtimeState: r.runtimeState })),
+          .map(targetOf),
       { intervalMs: config.metrics.sampleIntervalMs, timeoutMs: config.metrics.sampleTimeoutMs },
       now,
       this.log,
@@ -185,6 +196,8 @@ export class Orchestrator {
     this.assertOpen();
     const timeoutSecs = this.checkTimeout(req.timeoutSecs ?? this.config.defaultTimeoutSecs);
     this.runtime.checkNetwork?.(req.network ?? null, req.allowInternetAccess ?? null);
+    // checked now for a prompt 400/409, and again just before the record is inserted (holders may change meanwhile)
+    this.volumes.resolveMounts(req.volumeMounts ?? []);
     const templates = await this.runtime.listTemplates();
     const tpl = templates.find((t) => t.templateID === req.template) ?? templates.find((t) => t.aliases.includes(req.template));
     if (!tpl) throw new OrchestratorError("orchestrator.template_not_found", `template '${req.template}' not found`, { template: req.template });
@@ -193,6 +206,7 @@ export class Orchestrator {
     if (live >= this.config.maxSandboxes) {
       throw new OrchestratorError("orchestrator.capacity", `node is at its limit of ${this.config.maxSandboxes} concurrent sandboxes`, { limit: this.config.maxSandboxes });
     }
+    const volumeMounts = this.volumes.resolveMounts(req.volumeMounts ?? []);
     const id = newSandboxId();
     const t = this.now();
     const rec: SandboxRecord = {
@@ -213,6 +227,7 @@ export class Orchestrator {
       autoResume: req.autoResume ?? false,
       allowInternetAccess: req.allowInternetAccess ?? null,
       network: req.network ?? null,
+      volumeMounts,
       endpoint: null,
       runtimeState: null,
       error: null,
@@ -227,7 +242,10 @@ export class Orchestrator {
     return this.track(
       this.lock.run(id, async () => {
         try {
-          const started = await this.withStartSlot(this.config.createTimeoutMs, (signal) => this.runtime.start(this.startSpec(rec, tpl, signal)));
+          const started = await this.withStartSlot(this.config.createTimeoutMs, async (signal) => {
+            if (rec.volumeMounts.length > 0) await this.volumes.prepareAttach(rec);
+            return this.runtime.start(this.startSpec(rec, tpl, signal));
+          });
           const now = this.now();
           this.transition(id, "creating", "running", {
             endpoint: started.endpoint,
@@ -419,9 +437,9 @@ export class Orchestrator {
    * Register a sandbox that already runs somewhere reachable (e.g. a sandbox whose VM another
    * component started), in state running. Used by tooling and tests of the proxy.
    */
-  adopt(rec: Omit<SandboxRecord, "state" | "createdAt" | "updatedAt"> & { endpoint: SandboxEndpoint }): SandboxRecord {
+  adopt(rec: Omit<SandboxRecord, "state" | "createdAt" | "updatedAt" | "volumeMounts"> & { endpoint: SandboxEndpoint; volumeMounts?: SandboxRecord["volumeMounts"] }): SandboxRecord {
     const t = this.now();
-    const full: SandboxRecord = { ...rec, state: "running", createdAt: t, updatedAt: t };
+    const full: SandboxRecord = { ...rec, volumeMounts: rec.volumeMounts ?? [], state: "running", createdAt: t, updatedAt: t };
     this.store.insert(full);
     this.emit({ id: rec.id, from: null, to: "running", at: t });
     this.recount();
@@ -435,7 +453,14 @@ export class Orchestrator {
       const r = this.store.get(id);
       if (!r || (publicState(r.state) === null && !(force && r.state === "failed"))) throw notFound(id);
       this.generations.delete(id);
+      const wasRunning = r.state === "running" && r.endpoint !== null;
       this.transition(id, r.state, "killing", {});
+      if (wasRunning && r.volumeMounts.some((m) => !m.readOnly) && this.runtime.quiesce) {
+        // the volume outlives the sandbox: flush and unmount it in the guest before the VM dies
+        await this.runtime
+          .quiesce(targetOf(r), r.volumeMounts, this.config.volumes.detachTimeoutMs)
+          .catch((e) => this.log.warn({ sandboxId: id, err: e }, "could not unmount the volumes in the guest before the kill; their journals will be replayed"));
+      }
       try {
         await this.runtime.kill(id, r.runtimeState);
       } catch (e) {
@@ -515,6 +540,7 @@ export class Orchestrator {
       envdAccessToken: r.envdAccessToken,
       allowInternetAccess: r.allowInternetAccess,
       network: r.network,
+      volumes: r.volumeMounts,
       signal,
       onLog: (line) => this.logs.append(r.id, { ...line, fields: line.fields ?? {} }),
     };
@@ -633,6 +659,11 @@ export class Orchestrator {
   private assertOpen(): void {
     if (this.closed) throw new OrchestratorError("orchestrator.shutting_down", "node is shutting down");
   }
+}
+
+/** How the runtime reaches a sandbox's envd. */
+function targetOf(r: SandboxRecord): RuntimeMetricsTarget {
+  return { id: r.id, endpoint: r.endpoint!, envdAccessToken: r.envdAccessToken, runtimeState: r.runtimeState };
 }
 
 /** The log entry of a state change: what happened in words an SDK user reads, error level for failures. */

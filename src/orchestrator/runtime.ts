@@ -4,7 +4,8 @@
  * + VMM + envd init) implements it. Every method may take seconds; the orchestrator calls at
  * most one method per sandbox at a time and bounds each call with its own timeout (`signal`).
  */
-import type { SandboxEndpoint, SandboxLogLine, SandboxMetricsSample, TemplateInfo } from "./types.ts";
+import type { VolumeFiles } from "../volume/types.ts";
+import type { SandboxEndpoint, SandboxLogLine, SandboxMetricsSample, TemplateInfo, VolumeMount } from "./types.ts";
 
 /** What a runtime needs to start one sandbox. */
 export interface RuntimeStartSpec {
@@ -18,6 +19,11 @@ export interface RuntimeStartSpec {
   envdAccessToken: string | null;
   allowInternetAccess: boolean | null;
   network: Record<string, unknown> | null;
+  /**
+   * Volumes to attach as extra drives (in this order, after the root drive) and mount in the
+   * guest; the orchestrator has made sure no other sandbox writes them.
+   */
+  volumes: VolumeMount[];
   /** Aborted when the orchestrator gives up (create timeout, shutdown). */
   signal: AbortSignal;
   /**
@@ -25,6 +31,32 @@ export interface RuntimeStartSpec {
    * sandbox's log. Called synchronously, possibly many times a second; must not throw.
    */
   onLog?: (line: SandboxLogLine) => void;
+}
+
+/**
+ * The volumes' disks, as the orchestrator manages them (create, delete, host access for the
+ * content API). Whoever attaches a volume to a VM or the node is coordinated by the orchestrator:
+ * one writer or many readers, never both.
+ */
+export interface VolumeBackend {
+  /** Make the disk of new volume `id` (empty ext4 of `sizeBytes`, label `name`). */
+  create(id: string, name: string, sizeBytes: number): Promise<void>;
+  /** Delete volume `id`'s disk (the node's own access is closed first). */
+  destroy(id: string): Promise<void>;
+  /**
+   * Make the filesystem consistent for read-only mounts (replay the journal a killed writer
+   * left). Called before the first reader attaches, while nobody holds the volume.
+   */
+  prepareShared(id: string): Promise<void>;
+  /**
+   * The node's own access to volume `id` (mounted on the host), read-only beside read-only
+   * guests. `release()` ends the operation (the mount may stay for a while for the next one).
+   */
+  hostFiles(id: string, readOnly: boolean): Promise<{ files: VolumeFiles; release(): void }>;
+  /** Close the node's access to `id` (before a sandbox attaches it). */
+  releaseHost(id: string): Promise<void>;
+  /** Close every host access. */
+  close(): Promise<void>;
 }
 
 /** What `sampleMetrics` needs to reach a running sandbox. */
@@ -84,6 +116,16 @@ export interface SandboxRuntime {
    * @throws any error when the sandbox cannot be sampled now (it is pausing, envd is busy, ...).
    */
   sampleMetrics?(target: RuntimeMetricsTarget, signal: AbortSignal): Promise<Omit<SandboxMetricsSample, "at">>;
+  /** The volumes' disks; absent when this runtime cannot attach volumes (creates with volumeMounts are refused). */
+  readonly volumes?: VolumeBackend;
+  /** File operations on a volume mounted at `mountPath` in running sandbox `target`, done by its envd. */
+  guestVolumeFiles?(target: RuntimeMetricsTarget, mountPath: string): VolumeFiles;
+  /**
+   * Before the VM is stopped for good (kill) or without its memory: flush the guest's
+   * filesystems and unmount its volumes, so their disks are clean. Bounded by `timeoutMs`.
+   * @throws when the guest could not be reached or a volume stayed mounted (it was synced then)
+   */
+  quiesce?(target: RuntimeMetricsTarget, volumes: VolumeMount[], timeoutMs: number): Promise<void>;
   /** Apply a new egress policy to a running sandbox. */
   updateNetwork?(id: string, state: Record<string, unknown>, policy: Record<string, unknown>): Promise<void>;
   /**

@@ -30,6 +30,8 @@ export interface SandboxRecord {
   autoResume: boolean;
   allowInternetAccess: boolean | null;
   network: Record<string, unknown> | null;
+  /** Volumes attached as extra drives and mounted in the guest, in drive order. */
+  volumeMounts: VolumeMount[];
   endpoint: SandboxEndpoint | null;
   runtimeState: Record<string, unknown> | null;
   error: string | null;
@@ -57,6 +59,28 @@ export interface CreateSandboxRequest {
   cpuCount?: number;
   /** Guest memory, MiB; the template's when absent. */
   memoryMB?: number;
+  /** Volumes to mount, by volume name (E2B `volumeMounts`; `readOnly` is this node's addition). */
+  volumeMounts?: { name: string; path: string; readOnly?: boolean }[];
+}
+
+/** A persistent volume (E2B `Volume` + its content token). */
+export interface VolumeRecord {
+  id: string;
+  /** DNS label, unique on the node. */
+  name: string;
+  /** Bearer token of the content API (`/volumecontent/{id}/...`). */
+  token: string;
+  /** Size of its filesystem, bytes. */
+  sizeBytes: number;
+  createdAt: number;
+}
+
+/** A volume attached to a sandbox: mounted at `path` in the guest, read-only or as its one writer. */
+export interface VolumeMount {
+  volumeId: string;
+  name: string;
+  path: string;
+  readOnly: boolean;
 }
 
 /** Filter of `list()`. */

@@ -194,8 +194,10 @@ export async function runInGuest(
   let output = "";
   let exitCode: number | null = null;
   let pid = 0;
+  // one streaming decoder per stream: a character split across two data events is decoded whole
+  const decoders = { stdout: new TextDecoder(), stderr: new TextDecoder() };
   const take = (stream: "stdout" | "stderr", b64: string) => {
-    const text = Buffer.from(b64, "base64").toString("utf8");
+    const text = decoders[stream].decode(Buffer.from(b64, "base64"), { stream: true });
     output = (output + text).slice(-keepBytes);
     onData?.(stream, text);
   };

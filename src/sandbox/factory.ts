@@ -7,6 +7,8 @@ import type { Db } from "../db/index.ts";
 import { netConfigFromConfig, NetworkManager } from "../net/index.ts";
 import { diskConfig, reapStaleDisks } from "../storage/daemon/index.ts";
 import { createDriver, reapLeftovers, resolveKernelPath } from "../vmm/index.ts";
+import { reapHostVolumes } from "../volume/index.ts";
+import { rmSync } from "node:fs";
 import { join } from "node:path";
 import type { OrchestratorConfig } from "../orchestrator/config.ts";
 import { VmRuntime } from "./vm-runtime.ts";
@@ -20,9 +22,13 @@ export async function createVmRuntime(cfg: Config, db: Db, oc: OrchestratorConfi
   const driver = await createDriver(cfg);
   const homePath = cfg.home_path;
   const recordDir = join(runtimePath, "disks");
-  // VMMs first: a slot or a disk must not be torn down under a VMM that still uses it
+  const volumeHostDir = join(runtimePath, "volumes");
+  // VMMs first: a slot or a disk must not be torn down under a VMM that still uses it; the
+  // node's own volume mounts (ext4 on a loop over an export) before the exports under them
   await reapLeftovers(runtimePath);
-  await reapStaleDisks(recordDir, { mountRoots: [join(homePath, "sandboxes")] });
+  reapHostVolumes(volumeHostDir);
+  await reapStaleDisks(recordDir, { mountRoots: [join(homePath, "sandboxes"), volumeHostDir] });
+  rmSync(volumeHostDir, { recursive: true, force: true });
   const net = new NetworkManager(netConfigFromConfig(cfg), db);
   await net.start();
   let kernel: string | undefined;
@@ -39,6 +45,16 @@ export async function createVmRuntime(cfg: Config, db: Db, oc: OrchestratorConfi
     readyPollMs: cfg.template_build.ready_poll_ms,
     defaultUser: "user",
     disk: { recordDir, config: diskConfig(cfg) },
+    volumes: {
+      volumesDir: join(homePath, "volumes"),
+      hostDir: volumeHostDir,
+      recordDir,
+      disk: diskConfig(cfg),
+      defaults: { uid: cfg.volumes.default_uid, gid: cfg.volumes.default_gid, fileMode: 0o644, dirMode: 0o755 },
+      maxListEntries: cfg.volumes.max_list_entries,
+      hostIdleMs: cfg.volumes.host_idle_ms,
+      guestOpTimeoutMs: cfg.volumes.guest_op_timeout_ms,
+    },
     onClose: () => net.shutdown(),
   });
 }

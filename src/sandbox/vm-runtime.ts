@@ -24,10 +24,14 @@ import { reapLeftovers, type VmHandle, type VmmDriver } from "../vmm/index.ts";
 import { consoleLogLine } from "./console-lines.ts";
 import { fetchEnvdMetrics, initEnvd, runInGuest, waitEnvdHealthy } from "./envd-client.ts";
 import { bootBuildVm } from "./build-vm.ts";
+import { GuestVolumeFiles } from "./guest-volume-files.ts";
+import { execInGuest } from "./guest-exec.ts";
+import { mountVolumesInGuest, QUIESCE_SCRIPT, serveVolumeDrives, VmVolumes, type VmVolumesOptions } from "./volumes.ts";
 import { OrchestratorError } from "../orchestrator/errors.ts";
 import { copyRootImage } from "./root-disk.ts";
 import type { ReapReport, RuntimeKnownSandbox, RuntimeMetricsTarget, RuntimeSandbox, RuntimeStartSpec, SandboxRuntime } from "../orchestrator/runtime.ts";
-import type { SandboxMetricsSample, TemplateInfo } from "../orchestrator/types.ts";
+import type { SandboxMetricsSample, TemplateInfo, VolumeMount } from "../orchestrator/types.ts";
+import type { DriveSpec } from "../vmm/index.ts";
 
 export interface VmRuntimeOptions {
   homePath: string;
@@ -42,6 +46,8 @@ export interface VmRuntimeOptions {
   defaultUser: string;
   /** Storage daemon settings for overlaybd root disks; `recordDir` is `<runtime_path>/disks`. */
   disk: { recordDir: string; config: DiskConfig };
+  /** Volumes (`[volumes]`); absent: this runtime cannot attach volumes. */
+  volumes?: VmVolumesOptions;
   /** Called last by close() (shuts the network manager down). */
   onClose?: () => Promise<void>;
   /** Bound on a template's ready command at sandbox start (cold boot), ms; default 600000. */
@@ -77,6 +83,11 @@ export function snapshotFiles(snapDir: string, prev: { statePath: string } | und
   return { statePath: join(snapDir, `vm-${n}.state`), memPath: join(snapDir, `vm-${n}.mem`), kind: "full" };
 }
 
+/** envd's base URL of a running sandbox. */
+function envdBase(t: RuntimeMetricsTarget): string {
+  return `http://${t.endpoint.host}:${t.endpoint.ports?.[String(ENVD_PORT)] ?? ENVD_PORT}`;
+}
+
 /** A VMM console listener that files each line in the sandbox's log, or none without a sink. */
 function consoleSink(spec: RuntimeStartSpec): ((line: string) => void) | undefined {
   const sink = spec.onLog;
@@ -87,15 +98,19 @@ export class VmRuntime implements SandboxRuntime {
   readonly name: string;
   private readonly vms = new Map<string, VmHandle>();
   private readonly disks = new Map<string, ExportedDisk>();
+  /** Volume drive exports per sandbox. */
+  private readonly volumeDisks = new Map<string, ExportedDisk[]>();
   /** Begun by beginShutdown(): disk-server exits are then expected, not replaced. */
   private readonly diskShutdown = new DiskShutdown();
   private readonly log: Logger = logger("orchestrator.vm");
   /** The template catalog of this home (built templates and build-base ones). */
   readonly catalog: TemplateCatalog;
+  readonly volumes?: VmVolumes;
 
   constructor(private readonly o: VmRuntimeOptions) {
     this.name = `vm:${o.driver.name}`;
     this.catalog = new TemplateCatalog(o.homePath, (path, err) => this.log.warn({ path, err: err.message }, "unreadable template record skipped"));
+    if (o.volumes) this.volumes = new VmVolumes(o.volumes, this.diskShutdown);
   }
 
   async listTemplates(): Promise<TemplateInfo[]> {
@@ -157,6 +172,7 @@ export class VmRuntime implements SandboxRuntime {
     const ms = (t: number) => Math.round(performance.now() - t);
     try {
       const { path: rootDisk, kind: diskKind } = await this.serveDisk(spec.id, tpl, workDir, spec.signal);
+      const volumeDrives = await this.serveVolumes(spec.id, workDir, spec.volumes);
       const tDisk = ms(t0);
       const slot = await this.o.net.allocate(policy, spec.id);
       slotTaken = true;
@@ -168,14 +184,16 @@ export class VmRuntime implements SandboxRuntime {
         bootArgs: `${tpl.bootArgs} aenv.hostname=${spec.id.slice(0, 12)}`,
         vcpus: spec.cpuCount,
         memoryMiB: spec.memoryMB,
-        drives: [{ id: "root", path: rootDisk, readOnly: false, isRoot: true }],
+        drives: [{ id: "root", path: rootDisk, readOnly: false, isRoot: true }, ...volumeDrives],
         net: netSpec(slot),
         onConsoleLine: consoleSink(spec),
       });
       this.vms.set(spec.id, vm);
       const state: VmState = { workDir, rootDisk, mac: slot.mac, diskKind, vmmPid: vm.pid };
       const tVmm = ms(t0);
-      const r = await this.ready(spec, vm, guestAddress(slot, ENVD_PORT).host, state, null, tpl.boot);
+      const host = guestAddress(slot, ENVD_PORT).host;
+      const r = await this.ready(spec, vm, host, state, null, tpl.boot);
+      if (spec.volumes.length > 0) await mountVolumesInGuest(`http://${host}:${ENVD_PORT}`, spec.envdAccessToken, spec.volumes, this.guestOpTimeoutMs());
       if (tpl.boot?.startCmd || tpl.boot?.readyCmd) await this.startTemplateProcess(spec, `http://${r.endpoint.host}:${ENVD_PORT}`, tpl.boot);
       this.log.info({ sandboxId: spec.id, diskMs: tDisk, slotMs: tSlot - tDisk, vmmMs: tVmm - tSlot, envdMs: ms(t0) - tVmm, totalMs: ms(t0) }, "sandbox VM started");
       return r;
@@ -229,6 +247,8 @@ export class VmRuntime implements SandboxRuntime {
       if (served.path !== st.rootDisk) {
         throw new OrchestratorError("orchestrator.runtime_failed", `sandbox ${spec.id}: root disk moved from ${st.rootDisk} to ${served.path}`, { sandboxId: spec.id });
       }
+      step = "serve volumes";
+      const volumeDrives = await this.serveVolumes(spec.id, st.workDir, spec.volumes);
       step = "allocate slot";
       const slot = await this.o.net.allocate(this.policyOf(spec), spec.id);
       slotTaken = true;
@@ -241,7 +261,8 @@ export class VmRuntime implements SandboxRuntime {
           bootArgs: `${tpl.bootArgs} aenv.hostname=${spec.id.slice(0, 12)}`,
           vcpus: spec.cpuCount,
           memoryMiB: spec.memoryMB,
-          drives: [{ id: "root", path: st.rootDisk, readOnly: false, isRoot: true }],
+          // the same devices in the same order as when the snapshot was taken
+          drives: [{ id: "root", path: st.rootDisk, readOnly: false, isRoot: true }, ...volumeDrives],
           // the guest keeps the MAC it had; every slot gives the guest the same address
           net: { ...netSpec(slot), mac: st.mac },
           onConsoleLine: consoleSink(spec),
@@ -283,8 +304,18 @@ export class VmRuntime implements SandboxRuntime {
    * the sandbox's programs use.
    */
   async sampleMetrics(t: RuntimeMetricsTarget, signal: AbortSignal): Promise<Omit<SandboxMetricsSample, "at">> {
-    const port = t.endpoint.ports?.[String(ENVD_PORT)] ?? ENVD_PORT;
-    return fetchEnvdMetrics(`http://${t.endpoint.host}:${port}`, t.envdAccessToken, signal);
+    return fetchEnvdMetrics(envdBase(t), t.envdAccessToken, signal);
+  }
+
+  guestVolumeFiles(t: RuntimeMetricsTarget, mountPath: string): GuestVolumeFiles {
+    const v = this.requireVolumes();
+    return new GuestVolumeFiles(envdBase(t), t.envdAccessToken, mountPath, v.o.defaults, v.o.maxListEntries, v.o.guestOpTimeoutMs);
+  }
+
+  async quiesce(t: RuntimeMetricsTarget, volumes: VolumeMount[], timeoutMs: number): Promise<void> {
+    const paths = volumes.filter((m) => !m.readOnly).map((m) => m.path);
+    const r = await execInGuest(envdBase(t), t.envdAccessToken, "/bin/sh", ["-c", QUIESCE_SCRIPT, "sh", ...paths], timeoutMs);
+    if (r.exitCode !== 0) throw new OrchestratorError("orchestrator.volume_busy", `a volume of sandbox ${t.id} stayed mounted (busy); it was synced`, { sandboxId: t.id, stderr: r.stderr });
   }
 
   checkNetwork(network: Record<string, unknown> | null, allowInternetAccess: boolean | null): void {
@@ -319,7 +350,8 @@ export class VmRuntime implements SandboxRuntime {
   async close(): Promise<void> {
     for (const [id, vm] of this.vms) await vm.stop().catch((e) => this.log.error({ sandboxId: id, err: e }, "stop at close failed"));
     this.vms.clear();
-    for (const id of [...this.disks.keys()]) await this.closeDisk(id);
+    for (const id of new Set([...this.disks.keys(), ...this.volumeDisks.keys()])) await this.closeDisk(id);
+    await this.volumes?.close();
     await this.o.onClose?.();
   }
 
@@ -407,10 +439,30 @@ export class VmRuntime implements SandboxRuntime {
     return { path: d.path, kind: "overlaybd" };
   }
 
+  /** Stop serving the root disk and the volume drives of sandbox `id`. */
   private async closeDisk(id: string): Promise<void> {
     const d = this.disks.get(id);
     this.disks.delete(id);
     await d?.close().catch((e) => this.log.error({ sandboxId: id, err: e }, "disk export close failed"));
+    for (const v of this.volumeDisks.get(id) ?? []) await v.close().catch((e) => this.log.error({ sandboxId: id, err: e }, "volume export close failed"));
+    this.volumeDisks.delete(id);
+  }
+
+  /** Serve the volume drives of sandbox `id` (kept for closeDisk). */
+  private async serveVolumes(id: string, workDir: string, mounts: VolumeMount[]): Promise<DriveSpec[]> {
+    if (mounts.length === 0) return [];
+    const { disks, drives } = await serveVolumeDrives(id, workDir, mounts, this.requireVolumes().o, this.diskShutdown);
+    this.volumeDisks.set(id, disks);
+    return drives;
+  }
+
+  private requireVolumes(): VmVolumes {
+    if (!this.volumes) throw new OrchestratorError("orchestrator.bad_request", "this runtime has no volume support configured", {});
+    return this.volumes;
+  }
+
+  private guestOpTimeoutMs(): number {
+    return this.requireVolumes().o.guestOpTimeoutMs;
   }
 
   /** Stop the VM, stop serving its disk, release the slot, and (when `dropDisk`) delete the work dir. Never throws. */

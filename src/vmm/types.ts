@@ -10,6 +10,12 @@ export interface DriveSpec {
   path: string;
   readOnly: boolean;
   isRoot: boolean;
+  /**
+   * Serial number the guest reads in /sys/block/vdX/serial (virtio-blk ID, 1-20 of [A-Za-z0-9]),
+   * so it can find this drive whatever name the kernel gave it. QEMU sets it; Firecracker has no
+   * such property (its drives keep their order: root first, then the list's order).
+   */
+  serial?: string;
 }
 
 /** Guest network: a tap that already exists inside the netns the VMM is started in. */

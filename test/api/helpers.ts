@@ -49,6 +49,16 @@ export async function startNodeNoVm(env: Record<string, string> = {}, home = mkd
       envdPollMs: oc.envdPollMs,
       defaultUser: "user",
       disk: { recordDir: join(home, "run", "disks"), config: diskConfig(c) },
+      volumes: {
+        volumesDir: join(home, "volumes"),
+        hostDir: join(home, "run", "volumes"),
+        recordDir: join(home, "run", "disks"),
+        disk: diskConfig(c),
+        defaults: { uid: 1000, gid: 1000, fileMode: 0o644, dirMode: 0o755 },
+        maxListEntries: 100,
+        hostIdleMs: 200,
+        guestOpTimeoutMs: 30_000,
+      },
     }),
   );
   return {

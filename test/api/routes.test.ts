@@ -82,7 +82,6 @@ test("create: malformed JSON, missing/invalid fields are 400; unknown template i
 
 test("fields this node does not implement are refused with 400 api.unsupported naming the field, never ignored", async () => {
   const create: [Record<string, unknown>, string][] = [
-    [{ volumeMounts: [{ name: "v", path: "/mnt/v" }] }, "volumeMounts"],
     [{ mcp: { server: {} } }, "mcp"],
     [{ iam: { role: "x" } }, "iam"],
     [{ autoPause: true, autoPauseMemory: false }, "autoPauseMemory"],

@@ -55,3 +55,38 @@ test("cpuCount / memoryMB at create are the guest's real vCPUs and RAM; oversize
     body: { code: 400, message: "cpuCount 64 (requested) is outside 1..8, this node's limit [orchestrator] max_cpu_count", error_code: "orchestrator.bad_request" },
   });
 }, 300_000);
+
+test("a volume written by one sandbox survives its pause, kill and a node restart; two read-only sandboxes read it; 409 while mounted", async () => {
+  const world = node();
+  const o = await world.client("parity-volumes.ts", [], 400_000);
+  expect(o.aWrite).toEqual({ exitCode: 0, stdout: "user\next4\n", stderr: "" });
+  expect(o.info).toEqual([{ name: "e2e-data", path: "/mnt/data" }]);
+  expect(o.apiReadWhileRunning).toBe("written-by-a\n");
+  // created through A's envd with the default owner (the templates' user, uid 1000) and mode 644
+  expect(o.aSeesApiFile).toEqual({ exitCode: 0, stdout: "put through the APIuser 644\n", stderr: "" });
+  expect(o.apiList).toEqual(["a.txt", "from-api.txt", "lost+found"]);
+  expect(o.paused).toBe(true);
+  expect(o.afterResume).toEqual({ exitCode: 0, stdout: "written-by-a\n", stderr: "" });
+  expect(o.destroyWhileMounted).toContain(`mounted by sandbox ${o.idA}`);
+  expect(o.secondWriter).toMatchObject({ status: 409, body: { code: 409, error_code: "orchestrator.volume_in_use" } });
+  expect(o.killA).toBe(true);
+  // what A wrote right before its kill reached the volume's disk (synced and unmounted in the guest first)
+  expect(o.apiReadAfterKill).toBe("written-by-a\nmore\n");
+  expect(o.readers).toHaveLength(2);
+  for (const r of o.readers) {
+    expect(r.read).toEqual({ exitCode: 0, stdout: "written-by-a\nmore\nput through the API", stderr: "" });
+    expect(r.write.exitCode).not.toBe(0);
+    expect(r.write.stderr).toContain("Read-only file system");
+  }
+  expect(o.apiReadBesideReaders).toBe("put through the API");
+  expect(o.apiWriteBesideReaders).toContain("read-only");
+
+  expect(await world.stop()).toBe(0);
+  await world.start({ AENV__metrics__sample_interval_ms: "1000" });
+  const p = await world.client("parity-volumes-2.ts", [o.volumeId], 300_000);
+  expect(p.listed).toEqual(["e2e-data"]);
+  expect(p.apiRead).toBe("written-by-a\nmore\n");
+  expect(p.dRead).toBe("written-by-a\nmore\nput through the API");
+  expect(p.destroyed).toBe(true);
+  expect(p.listedAfter).toEqual([]);
+}, 700_000);

@@ -25,6 +25,8 @@ export const sandboxes = sqliteTable(
     autoResume: integer("auto_resume", { mode: "boolean" }).notNull(),
     allowInternetAccess: integer("allow_internet_access", { mode: "boolean" }),
     network: text("network", { mode: "json" }).$type<Record<string, unknown>>(),
+    /** Volumes mounted in the guest: [{volumeId, name, path, readOnly}] in drive order. */
+    volumeMounts: text("volume_mounts", { mode: "json" }).$type<{ volumeId: string; name: string; path: string; readOnly: boolean }[]>().notNull().default([]),
     /** Where the sandbox's ports are reachable from the host: {host, ports?{guest: host}}. */
     endpoint: text("endpoint", { mode: "json" }).$type<{ host: string; ports?: Record<string, number> }>(),
     /** Runtime-owned opaque state (VMM pid, slot, work dir, snapshot files). */
@@ -67,3 +69,16 @@ export const sandboxLogs = sqliteTable(
   },
   (t) => [index("sandbox_logs_at_idx").on(t.sandboxId, t.at), index("sandbox_logs_seq_idx").on(t.sandboxId, t.seq)],
 );
+
+/**
+ * Volumes, owned by the orchestrator (src/orchestrator/volumes.ts): persistent ext4-in-overlaybd
+ * disks under `$home_path/volumes/<id>/`. Which sandboxes hold a volume is read from the
+ * sandboxes' `volume_mounts`, never stored twice.
+ */
+export const volumes = sqliteTable("volumes", {
+  id: text("id").primaryKey(),
+  name: text("name").notNull().unique(),
+  token: text("token").notNull(),
+  sizeBytes: integer("size_bytes").notNull(),
+  createdAt: integer("created_at").notNull(),
+});

@@ -9,11 +9,13 @@ import { openStack } from "../overlaybd/index.ts";
 
 /**
  * What to serve. `raw`: one plain file. `overlaybd`: read-only layer files (bottom first, shared
- * by every sandbox of a template, opened O_RDONLY) plus a writable upper (data + index files).
+ * by every sandbox of a template, opened O_RDONLY) plus a writable upper (data + index files);
+ * with `readOnly` the upper is opened O_RDONLY too and the served file refuses writes (one of
+ * several readers of a volume).
  */
 export type DiskImageSpec =
   | { kind: "raw"; path: string; readOnly: boolean; acceptWritableOpen?: boolean }
-  | { kind: "overlaybd"; lowers: string[]; upper: { data: string; index: string } };
+  | { kind: "overlaybd"; lowers: string[]; upper: { data: string; index: string }; readOnly?: boolean };
 
 /** Tunables of the FUSE export (from config `[disk]`). */
 export interface FuseTuning {
@@ -69,6 +71,7 @@ export function validateServeSpec(v: unknown): ServeSpec {
     const u = img.upper;
     if (typeof u !== "object" || u === null) throw bad("image.upper", u);
     for (const f of ["data", "index"]) if (typeof u[f] !== "string" || !u[f].startsWith("/")) throw bad(`image.upper.${f}`, u[f]);
+    if (img.readOnly !== undefined && typeof img.readOnly !== "boolean") throw bad("image.readOnly", img.readOnly);
   } else {
     throw bad("image.kind", img.kind);
   }
@@ -88,6 +91,6 @@ export async function openImage(spec: DiskImageSpec): Promise<BlockImage> {
     case "raw":
       return RawFileImage.open(spec.path, { readOnly: spec.readOnly });
     case "overlaybd":
-      return openStack({ lowers: spec.lowers, upper: spec.upper });
+      return openStack({ lowers: spec.lowers, upper: spec.upper, upperReadOnly: spec.readOnly === true });
   }
 }

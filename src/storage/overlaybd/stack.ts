@@ -31,6 +31,11 @@ export interface StackOptions {
   lowers: Array<string | RoLayer>;
   /** Writable upper layer; absent = read-only image. */
   upper?: UpperPaths;
+  /**
+   * Open the upper's files read-only and refuse writes (the image is read-only, the upper's data
+   * is read): one of several readers of an image another process may write later, never at once.
+   */
+  upperReadOnly?: boolean;
   /** Check that each layer's parent_uuid names the layer below when both are set (stack_files). */
   verifyChain?: boolean;
 }
@@ -59,7 +64,12 @@ export class LayeredImage implements BlockImage {
   /** When set, local-file pieces are queued here instead of read (batched reads). */
   private collect: ReadRequest[] | null = null;
 
-  constructor(layers: RoLayer[], upper: RwLayer | null) {
+  /** @param upperReadOnly the upper was opened read-only: reads see it, writes are refused */
+  constructor(
+    layers: RoLayer[],
+    upper: RwLayer | null,
+    private readonly upperReadOnly = false,
+  ) {
     this.layers = layers;
     this.merged = mergeLayers(layers);
     this.upper = upper;
@@ -78,7 +88,7 @@ export class LayeredImage implements BlockImage {
   }
 
   get readOnly(): boolean {
-    return this.upper === null;
+    return this.upper === null || this.upperReadOnly;
   }
 
   /** The read-only layers, bottom first. */
@@ -254,7 +264,7 @@ export class LayeredImage implements BlockImage {
 
   private requireUpper(op: string): RwLayer {
     if (this.closed) fail("closed", `${op} on a closed image`, { file: this.where() });
-    if (!this.upper) fail("read_only", `${op} on a read-only image`, { file: this.where() });
+    if (!this.upper || this.upperReadOnly) fail("read_only", `${op} on a read-only image`, { file: this.where() });
     return this.upper;
   }
 
@@ -308,7 +318,7 @@ export class LayeredImage implements BlockImage {
 
   async sync(): Promise<void> {
     if (this.closed) fail("closed", "sync on a closed image", { file: this.where() });
-    this.upper?.sync();
+    if (!this.upperReadOnly) this.upper?.sync();
   }
 
   /** `await using img = await openStack(...)` closes the image at scope end. */
@@ -459,7 +469,7 @@ export async function openStack(opts: StackOptions): Promise<LayeredImage> {
         layers.push(r);
       } else layers.push(l);
     }
-    if (opts.upper) upper = await RwLayer.open(opts.upper.data, opts.upper.index);
+    if (opts.upper) upper = await RwLayer.open(opts.upper.data, opts.upper.index, { readOnly: opts.upperReadOnly === true });
     if (opts.verifyChain) {
       const chain = [...layers.map((l) => ({ name: l.name, uuid: l.trailer.uuid, parent: l.trailer.parentUuid })),
         ...(upper ? [{ name: upper.data.name, uuid: upper.header.uuid, parent: upper.header.parentUuid }] : [])];
@@ -470,7 +480,7 @@ export async function openStack(opts: StackOptions): Promise<LayeredImage> {
         }
       }
     }
-    return new LayeredImage(layers, upper);
+    return new LayeredImage(layers, upper, opts.upperReadOnly === true);
   } catch (e) {
     await upper?.close();
     for (const l of opened) await l.lsmt.close();

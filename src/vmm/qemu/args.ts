@@ -76,7 +76,8 @@ export function buildQemuArgs(spec: VmSpec, o: QemuArgsOptions): string[] {
     if (!SAFE_ID.test(d.id)) throw new VmmError("vmm.bad_spec", `drive id ${JSON.stringify(d.id)} must match ${SAFE_ID}`, { driveId: d.id });
     checkPath(d.path, "drivePath");
     a.push("-drive", `id=${d.id},file=${d.path},format=raw,if=none,readonly=${d.readOnly ? "on" : "off"}`);
-    a.push("-device", `virtio-blk-device,drive=${d.id}`);
+    if (d.serial !== undefined && !/^[A-Za-z0-9]{1,20}$/.test(d.serial)) throw new VmmError("vmm.bad_spec", `drive serial ${JSON.stringify(d.serial)} must be 1-20 of [A-Za-z0-9]`, { driveId: d.id });
+    a.push("-device", `virtio-blk-device,drive=${d.id}${d.serial ? `,serial=${d.serial}` : ""}`);
   }
   a.push("-object", "rng-random,id=rng0,filename=/dev/urandom", "-device", "virtio-rng-device,rng=rng0");
   if (spec.net) {

@@ -16,6 +16,30 @@ const MiB = 1 << 20;
 const up = () => ({ data: tmp.path("w.data"), index: tmp.path("w.index") });
 
 describe("writable layer", () => {
+  test("an upper opened read-only (one of several readers) reads its data, refuses writes and leaves its files untouched", async () => {
+    await createUpper(up(), 8 * MiB);
+    const w = await openStack({ lowers: [], upper: up() });
+    await w.pwrite(new Uint8Array(4096).fill(0x5a), MiB);
+    await w.sync();
+    await w.close();
+    // a torn index tail a writer would truncate on open: a reader must leave it as it is
+    appendFileSync(up().index, new Uint8Array(7));
+    const before = [readFileSync(up().data), readFileSync(up().index)];
+    const a = await openStack({ lowers: [], upper: up(), upperReadOnly: true });
+    const b = await openStack({ lowers: [], upper: up(), upperReadOnly: true });
+    expect(a.readOnly).toBe(true);
+    const buf = new Uint8Array(4096);
+    await b.pread(buf, MiB);
+    expect(buf.every((x) => x === 0x5a)).toBe(true);
+    await expect(a.pwrite(new Uint8Array(512), 0)).rejects.toMatchObject({ code: "overlaybd.read_only" });
+    await expect(a.discard(0, 4096)).rejects.toMatchObject({ code: "overlaybd.read_only" });
+    await a.sync();
+    await a.close();
+    await b.close();
+    expect(Buffer.compare(readFileSync(up().data), before[0]!)).toBe(0);
+    expect(Buffer.compare(readFileSync(up().index), before[1]!)).toBe(0);
+  });
+
   test("section 6.2 file layout after one 4 KiB write", async () => {
     await createUpper(up(), 64 * MiB, { uuid: "11111111-2222-3333-4444-555555555555" });
     const img = await openStack({ lowers: [], upper: up() });

@@ -98,6 +98,14 @@ describe("buildQemuArgs", () => {
     expect(code(() => buildQemuArgs(spec, { ...opts, memPath: "/x/$(rm)" }))).toBe("vmm.bad_spec");
     expect(code(() => buildQemuArgs({ ...spec, net: { ...spec.net!, mac: "zz" } }, opts))).toBe("vmm.bad_spec");
     expect(code(() => buildQemuArgs({ ...spec, net: { ...spec.net!, tapName: "a-very-long-tap-name" } }, opts))).toBe("vmm.bad_spec");
+    for (const serial of ["", "a,b", "x".repeat(21), "vol-1"]) {
+      expect(code(() => buildQemuArgs({ ...spec, drives: [...spec.drives, { id: "v", path: "/d/v.img", readOnly: true, isRoot: false, serial }] }, opts))).toBe("vmm.bad_spec");
+    }
+  });
+
+  test("a drive serial (a volume's id) is the virtio-blk serial the guest finds it by", () => {
+    const a = buildQemuArgs({ ...spec, drives: [...spec.drives, { id: "vol0", path: "/d/v.img", readOnly: true, isRoot: false, serial: "abc123def456ghi789jk" }] }, opts);
+    expect(flag(a, "-device")).toContain("virtio-blk-device,drive=vol0,serial=abc123def456ghi789jk");
   });
 });
 

@@ -1,0 +1,191 @@
+/**
+ * Volumes for the VM runtime: the `VolumeBackend` the orchestrator manages volumes through (disks
+ * in `<home>/volumes/<id>/`, the node's own host mounts in `<runtime_path>/volumes/<id>/`, kept
+ * `hostIdleMs` after their last use), and the two halves of attaching a volume to a VM: serving
+ * its disk as an extra drive (`serveVolumeDrives`, one export per sandbox and volume, read-only
+ * for readers; the drive's virtio serial is the volume id) and mounting it in the guest through
+ * envd (`mountVolumesInGuest`: the device whose /sys/block/vdX/serial is the id).
+ */
+import { rmSync } from "node:fs";
+import { join } from "node:path";
+import type { Logger } from "pino";
+import { logger } from "../observability/log.ts";
+import type { VolumeBackend } from "../orchestrator/runtime.ts";
+import type { VolumeMount } from "../orchestrator/types.ts";
+import { exportDisk, type DiskConfig, type DiskShutdown, type ExportedDisk } from "../storage/daemon/index.ts";
+import { createVolumeImage, HostFiles, HostVolume, repairVolume, volumeImageSpec, volumePaths, VOLUME_FILE, type CreateDefaults, type HostVolumeOptions } from "../volume/index.ts";
+import type { DriveSpec } from "../vmm/index.ts";
+import { OrchestratorError } from "../orchestrator/errors.ts";
+import { execInGuest } from "./guest-exec.ts";
+
+/** Settings of the volume backend. */
+export interface VmVolumesOptions {
+  /** `<home>/volumes`: the disks. */
+  volumesDir: string;
+  /** `<runtime_path>/volumes`: the node's host mounts. */
+  hostDir: string;
+  /** `<runtime_path>/disks`: export records. */
+  recordDir: string;
+  disk: DiskConfig;
+  /** Owner and modes of what is created without explicit metadata (and of a new volume's root). */
+  defaults: CreateDefaults;
+  maxListEntries: number;
+  hostIdleMs: number;
+  /** Bound on one envd command of a guest-side file operation or mount, ms. */
+  guestOpTimeoutMs: number;
+}
+
+interface Cached {
+  mount: HostVolume;
+  idle?: ReturnType<typeof setTimeout>;
+  busy: number;
+}
+
+/** `VolumeBackend` of the VM runtime. */
+export class VmVolumes implements VolumeBackend {
+  private readonly host = new Map<string, Cached>();
+  private readonly log: Logger = logger("volume");
+
+  /** @param shutdown the runtime's disk-service switch: once thrown, export exits are expected */
+  constructor(
+    readonly o: VmVolumesOptions,
+    readonly shutdown?: DiskShutdown,
+  ) {}
+
+  async create(id: string, name: string, sizeBytes: number): Promise<void> {
+    await createVolumeImage(volumePaths(this.o.volumesDir, id), sizeBytes, this.o.defaults, name);
+  }
+
+  async destroy(id: string): Promise<void> {
+    await this.releaseHost(id);
+    rmSync(volumePaths(this.o.volumesDir, id).dir, { recursive: true, force: true });
+    rmSync(join(this.o.hostDir, id), { recursive: true, force: true });
+  }
+
+  async prepareShared(id: string): Promise<void> {
+    await this.releaseHost(id);
+    await repairVolume(this.hostOptions(id));
+  }
+
+  async hostFiles(id: string, readOnly: boolean): Promise<{ files: HostFiles; release(): void }> {
+    let c = this.host.get(id);
+    if (c && c.mount.readOnly !== readOnly) {
+      await this.releaseHost(id);
+      c = undefined;
+    }
+    if (!c) {
+      c = { mount: await HostVolume.open(this.hostOptions(id), readOnly), busy: 0 };
+      this.host.set(id, c);
+    }
+    clearTimeout(c.idle);
+    c.busy++;
+    const entry = c;
+    let released = false;
+    return {
+      files: new HostFiles(c.mount.root, readOnly, this.o.defaults, this.o.maxListEntries),
+      release: () => {
+        if (released) return;
+        released = true;
+        entry.busy--;
+        if (entry.busy === 0) {
+          entry.idle = setTimeout(() => {
+            if (this.host.get(id) === entry && entry.busy === 0) void this.releaseHost(id);
+          }, this.o.hostIdleMs);
+        }
+      },
+    };
+  }
+
+  async releaseHost(id: string): Promise<void> {
+    const c = this.host.get(id);
+    if (!c) return;
+    this.host.delete(id);
+    clearTimeout(c.idle);
+    await c.mount.close().catch((e) => this.log.error({ volumeId: id, err: e }, "closing the node's mount of a volume failed"));
+  }
+
+  async close(): Promise<void> {
+    for (const id of [...this.host.keys()]) await this.releaseHost(id);
+  }
+
+  private hostOptions(id: string): HostVolumeOptions {
+    return { id, paths: volumePaths(this.o.volumesDir, id), workDir: join(this.o.hostDir, id), recordDir: this.o.recordDir, disk: this.o.disk, shutdown: this.shutdown };
+  }
+}
+
+/**
+ * Serve each volume of a sandbox as a drive file (`<sandboxDir>/vol-<volumeId>/mnt/volume.img`),
+ * read-only for read-only mounts. On failure the exports already made are closed.
+ * @returns the exports and their drives (ids `vol0`, `vol1`, ... in mount order; serial = volume id)
+ */
+export async function serveVolumeDrives(
+  sandboxId: string,
+  sandboxDir: string,
+  mounts: VolumeMount[],
+  o: Pick<VmVolumesOptions, "volumesDir" | "recordDir" | "disk">,
+  shutdown?: DiskShutdown,
+): Promise<{ disks: ExportedDisk[]; drives: DriveSpec[] }> {
+  const disks: ExportedDisk[] = [];
+  const drives: DriveSpec[] = [];
+  try {
+    for (const [i, m] of mounts.entries()) {
+      const d = await exportDisk({
+        id: `${sandboxId}-vol-${m.volumeId}`,
+        image: volumeImageSpec(volumePaths(o.volumesDir, m.volumeId), m.readOnly),
+        workDir: join(sandboxDir, `vol-${m.volumeId}`),
+        recordDir: o.recordDir,
+        fileName: VOLUME_FILE,
+        config: o.disk,
+        shutdown,
+      });
+      disks.push(d);
+      drives.push({ id: `vol${i}`, path: d.path, readOnly: m.readOnly, isRoot: false, serial: m.volumeId });
+    }
+  } catch (e) {
+    for (const d of disks) await d.close().catch(() => {});
+    throw e;
+  }
+  return { disks, drives };
+}
+
+/**
+ * The guest-side script that mounts one volume: find the block device whose virtio serial is the
+ * volume id, make the mount point, mount ext4 (read-only: `ro,noload`, the journal is clean).
+ * Arguments: $1 volume id, $2 mount path, $3 "ro" or "rw".
+ */
+export const MOUNT_SCRIPT = `
+dev=
+for s in /sys/block/vd*/serial; do
+  [ -r "$s" ] && [ "$(cat "$s")" = "$1" ] && dev=/dev/\${s#/sys/block/} && dev=\${dev%/serial}
+done
+[ -n "$dev" ] || { echo "no drive with serial $1" >&2; exit 2; }
+mkdir -p -- "$2"
+if [ "$3" = ro ]; then mount -t ext4 -o ro,noload,nodev,nosuid "$dev" "$2"; else mount -t ext4 -o rw,nodev,nosuid "$dev" "$2"; fi
+`;
+
+/**
+ * Mount each volume at its path in the guest (as root through envd).
+ * @throws OrchestratorError `orchestrator.volume_mount_failed` naming the volume and mount's message
+ */
+export async function mountVolumesInGuest(base: string, token: string | null, mounts: VolumeMount[], timeoutMs: number): Promise<void> {
+  for (const m of mounts) {
+    const r = await execInGuest(base, token, "/bin/sh", ["-c", MOUNT_SCRIPT, "sh", m.volumeId, m.path, m.readOnly ? "ro" : "rw"], timeoutMs);
+    if (r.exitCode !== 0) {
+      throw new OrchestratorError("orchestrator.volume_mount_failed", `mounting volume ${m.name} at ${m.path} in the guest failed (exit ${r.exitCode}): ${r.stderr.trim()}`, {
+        volumeId: m.volumeId,
+        path: m.path,
+      });
+    }
+  }
+}
+
+/**
+ * Flush the guest's filesystems and unmount its volumes (`sync`, then `umount` each; a busy one
+ * is synced and left mounted). Arguments: the mount paths.
+ */
+export const QUIESCE_SCRIPT = `
+sync
+rc=0
+for p in "$@"; do umount -- "$p" 2>/dev/null || { sync -f -- "$p" 2>/dev/null; rc=3; }; done
+exit $rc
+`;
