@@ -5,7 +5,12 @@
  *  1. the node's own overhead on create: client-observed create time minus the VM runtime's
  *     start (boot + envd ready + init), measured in the same run, as a ratio to the boot;
  *  2. create+kill throughput with 8 concurrent clients against 1 client (baseline, same run);
- *  3. API-only latencies (GET one sandbox, list) against GET /health (baseline, same run).
+ *  3. API-only latencies (GET one sandbox, list) against GET /health (baseline, same run);
+ *  4. the metrics routes with 20 sandboxes' full history ([metrics] history_samples each; the
+ *     records are registered and their histories filled, no VMs): one sandbox's whole history,
+ *     a one-minute window, and the latest sample of all 20, against GET /health;
+ *  5. the volume attach cost on create: create (+ kill) with one volume mounted against without
+ *     (baseline), alternating, as a ratio.
  * Usage: bun bench/api.ts [--cycles N]   (root; AENV_TEST_HOME_PATH, default /var/lib/agentenv-test)
  */
 import { mkdirSync, mkdtempSync, rmSync, symlinkSync, readdirSync } from "node:fs";
@@ -73,10 +78,10 @@ const node = await bootNode(cfg, async (c, db, oc) => {
 });
 const H = { "x-api-key": node.apiKey, "content-type": "application/json" };
 
-async function create(): Promise<{ id: string; ms: number }> {
+async function create(extra: Record<string, unknown> = {}): Promise<{ id: string; ms: number }> {
   for (;;) {
     const t = performance.now();
-    const r = await fetch(`${node.url}/v2/sandboxes`, { method: "POST", headers: H, body: JSON.stringify({ templateID: "base", timeout: 120 }) });
+    const r = await fetch(`${node.url}/v2/sandboxes`, { method: "POST", headers: H, body: JSON.stringify({ templateID: "base", timeout: 120, ...extra }) });
     if (r.status === 429) {
       await r.arrayBuffer();
       await Bun.sleep(50);
@@ -145,6 +150,50 @@ try {
   const list = await lat("/v2/sandboxes");
   console.log(`API latency (median, µs): /health ${f(health)} (baseline), GET /sandboxes/{id} ${f(getOne)} = ${(getOne / health).toFixed(2)}x, GET /v2/sandboxes ${f(list)} = ${(list / health).toFixed(2)}x`);
   await kill(live.id);
+
+  // 4. metrics routes with 20 sandboxes' full history
+  const hist = cfg.metrics.history_samples;
+  const stepMs = cfg.metrics.sample_interval_ms;
+  const ids: string[] = [];
+  const now = Date.now();
+  for (let i = 0; i < 20; i++) {
+    const id = `benchmetrics${String(i).padStart(2, "0")}`;
+    node.orch.adopt({
+      id, templateId: "base", alias: "base", cpuCount: 1, memoryMB: 512, diskSizeMB: 2048, envdVersion: "0.6.4", envdAccessToken: null, trafficAccessToken: null,
+      metadata: {}, envVars: {}, autoPause: false, autoResume: false, allowInternetAccess: null, network: null, runtimeState: null, error: null,
+      startedAt: now, endAt: now + 3_600_000, endpoint: { host: "127.0.0.1", ports: { "49983": 1 } },
+    });
+    for (let k = hist; k > 0; k--) {
+      node.orch.metricsHistory.add(id, { at: now - k * stepMs, cpuCount: 1, cpuUsedPct: (k * 7) % 100, memUsed: 100e6 + k, memTotal: 500e6, memCache: 20e6, diskUsed: 700e6, diskTotal: 2e9 });
+    }
+    ids.push(id);
+  }
+  const oneFull = await lat(`/sandboxes/${ids[7]}/metrics`, 200);
+  const minute = Math.floor(now / 1000);
+  const window = await lat(`/sandboxes/${ids[7]}/metrics?start=${minute - 60}&end=${minute}`, 200);
+  const all20 = await lat(`/sandboxes/metrics?sandbox_ids=${ids.join(",")}`, 200);
+  console.log(
+    `metrics routes, 20 sandboxes x ${hist} samples (median, µs): /health ${f(health)} (baseline), one sandbox's whole history ${f(oneFull)} = ${(oneFull / health).toFixed(2)}x, a 60 s window ${f(window)} = ${(window / health).toFixed(2)}x, latest of 20 ${f(all20)} = ${(all20 / health).toFixed(2)}x`,
+  );
+  for (const id of ids) await kill(id);
+
+  // 5. volume attach cost on create (create + kill, alternating with and without a volume)
+  const vr = await fetch(`${node.url}/volumes`, { method: "POST", headers: H, body: JSON.stringify({ name: "bench-vol" }) });
+  const vol = (await vr.json()) as { volumeID: string };
+  if (vr.status !== 201) throw new Error(`volume create: ${vr.status} ${JSON.stringify(vol)}`);
+  const plain: number[] = [];
+  const withVol: number[] = [];
+  for (let i = 0; i < CYCLES; i++) {
+    const a = await create();
+    plain.push(a.ms);
+    await kill(a.id);
+    const b = await create({ volumeMounts: [{ name: "bench-vol", path: "/mnt/bench" }] });
+    withVol.push(b.ms);
+    await kill(b.id);
+  }
+  console.log(`create with one volume mounted: median ${f(median(withVol))} ms vs without ${f(median(plain))} ms (baseline) = ${(median(withVol) / median(plain)).toFixed(3)}x`);
+  const del = await fetch(`${node.url}/volumes/${vol.volumeID}`, { method: "DELETE", headers: H });
+  if (del.status !== 204) throw new Error(`volume delete: ${del.status}`);
 } finally {
   await node.close();
   rmSync(home, { recursive: true, force: true });
