@@ -17,7 +17,7 @@
  * key); a second pull of the same tag asks the registry for the manifest only.
  */
 import { createHash, randomBytes } from "node:crypto";
-import { chmodSync, copyFileSync, existsSync, linkSync, mkdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from "node:fs";
+import { chmodSync, copyFileSync, existsSync, linkSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { importSparse } from "../storage/overlaybd/index.ts";
 import { ImageError } from "./errors.ts";
@@ -39,6 +39,10 @@ export interface GuestBits {
   init: string;
   /** Host path of the envd binary (`agentenv`) copied to `/usr/local/bin/agentenv`. */
   agentenvPath: string;
+  /** Host directory of the loader + libraries it needs, copied to `guestLibDir` (absent: none). */
+  libDir?: string;
+  /** Where `libDir` goes in the guest (the binary's interpreter and run path point there). */
+  guestLibDir?: string;
   /** Changes whenever either changes (enters the cache key). */
   key: string;
 }
@@ -208,6 +212,12 @@ export function installGuestBits(rootfs: string, guest: GuestBits): void {
   rmSync(join(rootfs, "usr/local/bin/agentenv"), { force: true });
   copyFileSync(guest.agentenvPath, join(rootfs, "usr/local/bin/agentenv"));
   chmodSync(join(rootfs, "usr/local/bin/agentenv"), 0o755);
+  if (guest.libDir && guest.guestLibDir) {
+    const to = join(rootfs, guest.guestLibDir);
+    rmSync(to, { recursive: true, force: true });
+    mkdirSync(to, { recursive: true });
+    for (const f of readdirSync(guest.libDir)) copyFileSync(join(guest.libDir, f), join(to, f));
+  }
   chmodSync(join(rootfs, "tmp"), 0o1777);
   // the guest init writes the real resolver at boot; a dangling symlink would make that fail
   rmSync(join(rootfs, "etc/resolv.conf"), { force: true });
@@ -307,7 +317,7 @@ export async function pullImage(o: PullOptions): Promise<PulledImage> {
 export function reapPullLeftovers(homePath: string): void {
   const dir = join(homePath, "images");
   if (!existsSync(dir)) return;
-  for (const name of require("node:fs").readdirSync(dir) as string[]) {
+  for (const name of readdirSync(dir)) {
     if (name.startsWith(".pull-") && statSync(join(dir, name)).isDirectory()) rmSync(join(dir, name), { recursive: true, force: true });
   }
 }

@@ -8,7 +8,7 @@ import type { Config } from "../config/index.ts";
 import { pullImage, reapPullLeftovers } from "../image/index.ts";
 import type { SandboxRuntime } from "../orchestrator/index.ts";
 import { VmRuntime } from "../sandbox/index.ts";
-import { BASE_BOOT_ARGS, BuildFiles, guestBinaries, TemplateBuilder, TemplateCatalog, TemplateError, TemplateService, type BuildVmLauncher } from "../template/index.ts";
+import { BASE_BOOT_ARGS, BuildFiles, GUEST_LIB_DIR, guestBinaries, TemplateBuilder, TemplateCatalog, TemplateError, TemplateService, type BuildVmLauncher } from "../template/index.ts";
 
 /** The template service of a node whose runtime is `runtime` (builds need the VM runtime). */
 export function createTemplateService(cfg: Config, runtime: SandboxRuntime): TemplateService {
@@ -37,7 +37,7 @@ export function createTemplateService(cfg: Config, runtime: SandboxRuntime): Tem
         ref,
         credentials,
         insecureRegistries: k.insecure_registries,
-        guest: () => guestBinaries(home),
+        guest: () => ({ ...guestBinaries(home), guestLibDir: GUEST_LIB_DIR }),
         headroomMiB: k.image_headroom_mib,
         minDiskMiB: k.image_min_disk_mib,
         toolTimeoutMs: k.tool_timeout_ms,

@@ -261,30 +261,64 @@ async function buildBaseLocked(opts: BaseBuildOptions): Promise<BaseBuildResult>
 }
 
 
+/** Where image templates carry envd's own glibc (loader + libraries), inside the guest. */
+export const GUEST_LIB_DIR = "/opt/aenv/lib";
+
 /**
- * The envd binary (`agentenv`) and init script that image-based templates get, taken from the
- * `base` template's root image (`debugfs dump`, so it matches what base sandboxes run), cached
- * as `$home/images/agentenv-<buildKey>`.
- * @returns the binary's path, the init text, and a key that changes with either.
+ * The envd binary (`agentenv`) and init script that image-based templates get. The binary is
+ * taken from the `base` template's root image (`debugfs dump`, so it matches what base
+ * sandboxes run) and made independent of the image's userland: its ELF interpreter and run path
+ * are set (Debian's `patchelf`) to `GUEST_LIB_DIR`, where the image gets the glibc loader and
+ * libraries the binary needs (copied from this Debian host, the same release the base template
+ * is built from). So images without glibc (Alpine, busybox) run envd. Cached as
+ * `$home/images/guest-<key>/` (`agentenv`, `lib/`).
+ * @returns the binary's path, the library directory, the init text, and a key that changes with any.
  * @throws TemplateError `template.not_found` when no base template with a raw image exists,
- *   `template.build_failed` when debugfs fails.
+ *   `template.build_failed` when debugfs, ldd or patchelf fails, `template.tool_missing`.
  */
-export function guestBinaries(homePath: string, baseName = "base"): { agentenvPath: string; init: string; key: string } {
+export function guestBinaries(homePath: string, baseName = "base"): { agentenvPath: string; libDir: string; init: string; key: string } {
   const m = readManifest(homePath, baseName);
   const img = join(templateDir(homePath, baseName), m.rootfs);
   if (!existsSync(img)) throw new TemplateError("template.not_found", `template ${baseName} has no root image ${img}: run 'agentenv template build-base' (image templates take envd from it)`, { img });
-  const dir = join(homePath, "images");
-  mkdirSync(dir, { recursive: true });
-  const out = join(dir, `agentenv-${m.buildKey}`);
-  if (!existsSync(out)) {
-    const tmp = `${out}.${process.pid}.tmp`;
-    const r = Bun.spawnSync(["debugfs", "-R", `dump /usr/local/bin/agentenv ${tmp}`, img], { stderr: "pipe", stdout: "pipe" });
-    if (r.exitCode !== 0 || !existsSync(tmp) || statSync(tmp).size === 0) {
-      rmSync(tmp, { force: true });
-      throw new TemplateError("template.build_failed", `cannot extract agentenv from ${img}: ${r.stderr.toString().slice(-500)}`, { img });
+  const key = sha(m.buildKey, initScript, GUEST_LIB_DIR, "guest-v2");
+  const dir = join(homePath, "images", `guest-${key}`);
+  const out = { agentenvPath: join(dir, "agentenv"), libDir: join(dir, "lib"), init: initScript, key };
+  if (existsSync(join(dir, ".complete"))) return out;
+  const tmp = `${dir}.${process.pid}.tmp`;
+  rmSync(tmp, { recursive: true, force: true });
+  mkdirSync(join(tmp, "lib"), { recursive: true });
+  const step = (cmd: string[], what: string) => {
+    const r = Bun.spawnSync(cmd, { stderr: "pipe", stdout: "pipe" });
+    if (r.exitCode === null || r.exitCode !== 0) {
+      rmSync(tmp, { recursive: true, force: true });
+      if (r.exitCode === null) throw new TemplateError("template.tool_missing", `cannot run ${cmd[0]} (${what})`, { tool: cmd[0] });
+      throw new TemplateError("template.build_failed", `${what} failed: ${r.stderr.toString().slice(-500)}`, { cmd: cmd.slice(0, 3) });
     }
-    chmodSync(tmp, 0o755);
-    renameSync(tmp, out);
+    return r.stdout.toString();
+  };
+  const bin = join(tmp, "agentenv");
+  step(["debugfs", "-R", `dump /usr/local/bin/agentenv ${bin}`, img], `extracting agentenv from ${img}`);
+  if (!existsSync(bin) || statSync(bin).size === 0) {
+    rmSync(tmp, { recursive: true, force: true });
+    throw new TemplateError("template.build_failed", `${img} holds no /usr/local/bin/agentenv`, { img });
   }
-  return { agentenvPath: out, init: initScript, key: sha(m.buildKey, initScript) };
+  chmodSync(bin, 0o755);
+  // the loader and every library ldd resolves for the binary (paths of this host)
+  let loader = "";
+  for (const line of step(["ldd", bin], "ldd agentenv").split("\n")) {
+    const lib = /=>\s+(\/\S+)/.exec(line)?.[1] ?? /^\s*(\/\S+)\s+\(/.exec(line)?.[1];
+    if (!lib) continue;
+    const name = lib.split("/").pop()!;
+    if (/^ld-linux/.test(name)) loader = name;
+    copyFileSync(lib, join(tmp, "lib", name));
+  }
+  if (!loader) {
+    rmSync(tmp, { recursive: true, force: true });
+    throw new TemplateError("template.build_failed", "ldd named no ELF loader for agentenv", {});
+  }
+  step(["patchelf", "--set-interpreter", `${GUEST_LIB_DIR}/${loader}`, "--set-rpath", GUEST_LIB_DIR, bin], "patchelf agentenv");
+  writeFileSync(join(tmp, ".complete"), `${m.buildKey}\n`);
+  rmSync(dir, { recursive: true, force: true });
+  renameSync(tmp, dir);
+  return out;
 }

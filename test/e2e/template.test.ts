@@ -2,11 +2,13 @@
  * Template builds end to end with the real parts: Debian's docker-registry inside the node's
  * network namespace holding a Debian image this test packs (one zstd layer made from the test
  * home's Debian tree), `agentenv server` (API, catalog, image pull with skopeo + umoci, build
- * VMs under QEMU with envd, per-step overlaybd layers), and the unmodified e2b@2.51.0 SDK's
+ * VMs under QEMU with envd, per-step overlaybd layers), a busybox image without glibc, and the
+ * unmodified e2b@2.51.0 SDK's
  * Template builder (test/e2e/fixtures/template-build.ts). One node, one registry.
  */
 import { afterAll, beforeAll, expect, test } from "bun:test";
-import { existsSync, readdirSync, rmSync } from "node:fs";
+import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { debianTree, pushImage, startRegistry, type TestRegistry } from "../image/registry.ts";
 import { nodeForFile, qemuPidsUnder, TEST_HOME } from "./world.ts";
@@ -19,6 +21,16 @@ beforeAll(async () => {
   const world = node();
   reg = await startRegistry({ netns: world.ns });
   const tree = debianTree(TEST_HOME);
+  // a busybox image: no glibc, no bash; envd runs from the loader and libraries the node adds
+  const bb = mkdtempSync(join(tmpdir(), "aenv-busybox-"));
+  mkdirSync(join(bb, "bin"));
+  mkdirSync(join(bb, "etc"));
+  copyFileSync("/bin/busybox", join(bb, "bin", "busybox"));
+  for (const applet of Bun.spawnSync(["/bin/busybox", "--list"]).stdout.toString().split("\n").filter((a) => a && a !== "busybox")) symlinkSync("busybox", join(bb, "bin", applet));
+  writeFileSync(join(bb, "etc", "passwd"), "root:x:0:0:root:/root:/bin/sh\n");
+  writeFileSync(join(bb, "etc", "group"), "root:x:0:\n");
+  rmSync((await pushImage(reg.host, "test/busybox:v1", [{ dir: bb, compression: "gzip" }], {}, undefined, world.ns)).dir, { recursive: true, force: true });
+  rmSync(bb, { recursive: true, force: true });
   const img = await pushImage(reg.host, "test/deb:v1", [{ dir: tree.dir, paths: tree.paths, compression: "zstd" }], { Env: ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8"] }, undefined, world.ns);
   rmSync(img.dir, { recursive: true, force: true });
 }, 180_000);
@@ -66,6 +78,8 @@ test("e2b SDK Template: fromImage build, create answers at once, warm rebuild ca
   expect(o.neverReady.name).toBe("BuildError");
   expect(o.neverReady.message).toContain('ready command "test -f /nonexistent" did not succeed within 20000 ms');
   expect(o.failedStatus).toEqual({ status: "error", step: "finalize" });
+  // busybox (no glibc): built and booted with envd running on the node's loader
+  expect(o.busybox).toBe("hi from busybox\nno glibc in the image\nuser\n");
   expect(o.docker).toBe("from-dockerfile\nprint('main')\n/srv/app\nhello docker\nroot\n");
   expect(o.cliPull.code).toBe(0);
   expect(o.cliPull.stdout).toMatch(/^cli-pulled ready: template [a-z0-9]{20} build [0-9a-f-]{36}\n$/);

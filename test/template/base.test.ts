@@ -5,8 +5,9 @@
  */
 import { describe, expect, test } from "bun:test";
 import { closeSync, openSync, readSync } from "node:fs";
+import { join } from "node:path";
 import { openStack } from "../../src/storage/overlaybd/index.ts";
-import { BASE_BOOT_ARGS, buildBase, guestInitScript, readManifest, resolveTemplate } from "../../src/template/index.ts";
+import { BASE_BOOT_ARGS, buildBase, GUEST_LIB_DIR, guestBinaries, guestInitScript, readManifest, resolveTemplate } from "../../src/template/index.ts";
 import { TEST_HOME, testConfig } from "../vmm/qemu/helpers.ts";
 
 function debugfs(img: string, req: string): string {
@@ -74,4 +75,25 @@ describe("base template", () => {
     expect(again.manifest).toEqual(readManifest(TEST_HOME, "base"));
     expect(performance.now() - t0).toBeLessThan(10_000);
   }, 300_000);
+});
+
+test("guestBinaries: envd for images is the base template's binary pointed at its own glibc loader", () => {
+  const home = require("node:fs").mkdtempSync(join(require("node:os").tmpdir(), "aenv-guest-"));
+  try {
+    // a home whose templates/ is the test cache (as e2e nodes have it)
+    require("node:fs").symlinkSync(join(TEST_HOME, "templates"), join(home, "templates"));
+    const g = guestBinaries(home);
+    const run = (cmd: string[]) => Bun.spawnSync(cmd, { stdout: "pipe", stderr: "pipe" });
+    expect(run(["patchelf", "--print-interpreter", g.agentenvPath]).stdout.toString().trim()).toBe(`${GUEST_LIB_DIR}/ld-linux-x86-64.so.2`);
+    expect(run(["patchelf", "--print-rpath", g.agentenvPath]).stdout.toString().trim()).toBe(GUEST_LIB_DIR);
+    const libs = require("node:fs").readdirSync(g.libDir).sort();
+    expect(libs).toContain("libc.so.6");
+    expect(libs).toContain("ld-linux-x86-64.so.2");
+    // it runs with exactly those libraries: the loader from the lib dir, no system search path
+    const r = run([join(g.libDir, "ld-linux-x86-64.so.2"), "--inhibit-cache", "--library-path", g.libDir, g.agentenvPath, "version"]);
+    expect(r.exitCode).toBe(0);
+    expect(guestBinaries(home).key).toBe(g.key); // cached
+  } finally {
+    require("node:fs").rmSync(home, { recursive: true, force: true });
+  }
 });
