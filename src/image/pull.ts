@@ -135,8 +135,11 @@ export function classifySkopeo(ref: string, registry: string, err: string, code:
   return new ImageError("image.pull_failed", `pulling ${ref} failed: ${tailMsg}`, d);
 }
 
-/** skopeo flags for reaching `r`'s registry (TLS policy, credentials). */
-function srcFlags(r: ImageRef, o: PullOptions): string[] {
+/**
+ * skopeo flags for reaching `r`'s registry: TLS verified unless the registry is on loopback or
+ * listed in `insecureRegistries` (then plain HTTP is allowed too); credentials or anonymous.
+ */
+export function srcFlags(r: ImageRef, o: Pick<PullOptions, "insecureRegistries" | "credentials">): string[] {
   const insecure = isLoopbackRegistry(r.registry) || o.insecureRegistries.includes(r.registry);
   return [`--src-tls-verify=${insecure ? "false" : "true"}`, ...(o.credentials ? ["--src-creds", `${o.credentials.username}:${o.credentials.password}`] : ["--src-no-creds"])];
 }

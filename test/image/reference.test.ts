@@ -1,6 +1,6 @@
 /** Image reference parsing as Docker reads names, loopback detection, skopeo error mapping. */
 import { expect, test } from "bun:test";
-import { classifySkopeo, formatImageRef, isLoopbackRegistry, parseImageRef } from "../../src/image/index.ts";
+import { classifySkopeo, formatImageRef, isLoopbackRegistry, parseImageRef, srcFlags } from "../../src/image/index.ts";
 
 test("parseImageRef: registry, library/ prefix, default tag, digest, bad input", () => {
   expect(parseImageRef("debian")).toEqual({ registry: "docker.io", repository: "library/debian", tag: "latest" });
@@ -26,4 +26,13 @@ test("skopeo failures map to typed codes", () => {
   expect(c("http: server gave HTTP response to HTTPS client")).toBe("image.tls");
   expect(c("dial tcp 127.0.0.1:1: connect: connection refused")).toBe("image.unreachable");
   expect(classifySkopeo("r", "reg", "", null).code).toBe("image.pull_failed");
+});
+
+test("TLS: verified for every registry but loopback ones and those the config lists; credentials or anonymous", () => {
+  const f = (ref: string, insecure: string[] = [], credentials?: { username: string; password: string }) => srcFlags(parseImageRef(ref), { insecureRegistries: insecure, credentials });
+  expect(f("127.0.0.1:5000/a")).toEqual(["--src-tls-verify=false", "--src-no-creds"]);
+  expect(f("registry.example.com/a")).toEqual(["--src-tls-verify=true", "--src-no-creds"]);
+  expect(f("10.0.0.5:5000/a")).toEqual(["--src-tls-verify=true", "--src-no-creds"]);
+  expect(f("10.0.0.5:5000/a", ["10.0.0.5:5000"])).toEqual(["--src-tls-verify=false", "--src-no-creds"]);
+  expect(f("debian", [], { username: "u", password: "p:w" })).toEqual(["--src-tls-verify=true", "--src-creds", "u:p:w"]);
 });
