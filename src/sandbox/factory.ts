@@ -42,7 +42,7 @@ export async function createVmRuntime(cfg: Config, db: Db, oc: OrchestratorConfi
     defaultMemoryMB: oc.defaultMemoryMB,
     envdPollMs: oc.envdPollMs,
     readyTimeoutMs: cfg.template_build.ready_timeout_ms,
-    readyPollMs: cfg.template_build.ready_poll_ms,
+    readyPollMs: cfg.template_build.create_ready_poll_ms,
     defaultUser: "user",
     disk: { recordDir, config: diskConfig(cfg) },
     volumes: {
