@@ -17,7 +17,7 @@
  * key); a second pull of the same tag asks the registry for the manifest only.
  */
 import { createHash, randomBytes } from "node:crypto";
-import { chmodSync, copyFileSync, existsSync, linkSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from "node:fs";
+import { chmodSync, copyFileSync, existsSync, linkSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, symlinkSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { importSparse } from "../storage/overlaybd/index.ts";
 import { ImageError } from "./errors.ts";
@@ -207,7 +207,10 @@ function dirToOciLayout(dir: string, layout: string): void {
   );
 }
 
-/** Add init, envd and the `user` account (uid 1000, as E2B templates have) to a root tree. */
+/**
+ * Add init, envd (+ its glibc), the `user` account (uid 1000, as E2B templates have) and, when
+ * the image has no bash, `/bin/bash` → `sh` (the SDKs start every command with bash) to a root tree.
+ */
 export function installGuestBits(rootfs: string, guest: GuestBits): void {
   for (const d of ["sbin", "usr/local/bin", "etc", "home", "proc", "sys", "dev", "tmp", "run"]) mkdirSync(join(rootfs, d), { recursive: true });
   writeFileSync(join(rootfs, "sbin/aenv-init"), guest.init);
@@ -226,6 +229,9 @@ export function installGuestBits(rootfs: string, guest: GuestBits): void {
   rmSync(join(rootfs, "etc/resolv.conf"), { force: true });
   writeFileSync(join(rootfs, "etc/resolv.conf"), "# written by /sbin/aenv-init at boot\n");
   if (!existsSync(join(rootfs, "etc/hosts"))) writeFileSync(join(rootfs, "etc/hosts"), "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n");
+  // E2B's SDKs run every command with `/bin/bash -l -c` (E2B provisions bash into every image):
+  // an image without bash gets its /bin/sh under that name
+  if (!existsSync(join(rootfs, "bin/bash")) && existsSync(join(rootfs, "bin/sh"))) symlinkSync("sh", join(rootfs, "bin/bash"));
   const read = (f: string) => (existsSync(join(rootfs, f)) ? readFileSync(join(rootfs, f), "utf8") : "");
   const passwd = read("etc/passwd");
   if (!/^user:/m.test(passwd)) {

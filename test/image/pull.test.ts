@@ -39,6 +39,7 @@ beforeAll(async () => {
   writeFileSync(join(l1, "data/owned"), "owned\n");
   chownSync(join(l1, "data/owned"), 1234, 1234);
   symlinkSync("/etc/hello", join(l1, "bin/hello-link"));
+  writeFileSync(join(l1, "bin/sh"), "not a real shell\n", { mode: 0o755 });
   // layer 2 (zstd): whiteout of /etc/gone, /data/old made opaque with new content
   const l2 = join(work, "l2");
   mkdirSync(join(l2, "etc"), { recursive: true });
@@ -121,6 +122,7 @@ test("pull: gzip + zstd layers, whiteout and opaque dir applied, owners kept, gu
   expect(debugfs(raw, "cat /sbin/aenv-init")).toBe("#!/bin/sh\n# test init\n");
   expect(debugfs(raw, "cat /etc/passwd")).toBe("root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000::/home/user:/bin/sh\n");
   expect(debugfs(raw, "stat /home/user")).toMatch(/User:\s+1000\s+Group:\s+1000/);
+  expect(debugfs(raw, "stat /bin/bash")).toContain('Fast link dest: "sh"'); // no bash in the image
   expect(Bun.spawnSync(["e2fsck", "-fn", raw], { stdout: "pipe", stderr: "pipe" }).exitCode).toBe(0);
 
   // second pull: the manifest only, same layer
