@@ -2,14 +2,19 @@
  * Ready checks the guest can run without the image's userland. The SDK's `waitForPort(p)` sends
  * `[ -n "$(ss -Htuln sport = :p)" ]` (../shared/docs/template-build.md §1), which needs `ss`
  * (iproute2) that slim images lack; it is replaced by a look at /proc/net/tcp{,6} and udp for a
- * socket bound to that port (TCP in LISTEN, state 0A), which needs only `grep`. Other commands
- * run as given.
+ * socket bound to that port (TCP in LISTEN, state 0A), which needs only `grep`. `waitForURL`
+ * (curl) falls back to `wget -S` where the image has no curl. Other commands run as given.
  */
 
 const SS_PORT_RE = /^\s*\[\s+-n\s+"\$\(ss\s+-Htuln\s+sport\s+=\s+:(\d{1,5})\)"\s+\]\s*$/;
+/** `waitForURL(u, c)`: `curl -s -o /dev/null -w "%{http_code}" 'u' | grep -q "c"`. */
+const CURL_URL_RE = /^\s*curl\s+-s\s+-o\s+\/dev\/null\s+-w\s+"%\{http_code\}"\s+'([^']*)'\s+\|\s+grep\s+-q\s+"(\d{3})"\s*$/;
 
 /** The shell text to poll for `readyCmd`. */
 export function readyProbe(readyCmd: string): string {
+  const u = CURL_URL_RE.exec(readyCmd);
+  // without curl (busybox, Alpine), wget -S prints the status line to stderr
+  if (u) return `if command -v curl >/dev/null 2>&1; then ${readyCmd}; else wget -q -S -O /dev/null '${u[1]}' 2>&1 | grep -q "HTTP/[0-9.]* ${u[2]}"; fi`;
   const m = SS_PORT_RE.exec(readyCmd);
   if (!m) return readyCmd;
   const hex = Number(m[1]).toString(16).toUpperCase().padStart(4, "0");

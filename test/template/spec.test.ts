@@ -107,3 +107,24 @@ test("copyScript: directory merge, file into a directory, file renamed, glob; ow
     rmSync(root, { recursive: true, force: true });
   }
 });
+
+test("readyProbe: waitForURL works with curl, and with only wget on PATH", async () => {
+  const server = Bun.serve({ port: 0, hostname: "127.0.0.1", fetch: (r) => new Response("x", { status: new URL(r.url).pathname === "/ok" ? 200 : 404 }) });
+  const bin = mkdtempSync(join(tmpdir(), "aenv-wget-"));
+  try {
+    symlinkSync(Bun.which("wget")!, join(bin, "wget"));
+    for (const sh of ["grep", "sh"]) symlinkSync(Bun.which(sh)!, join(bin, sh));
+    const probe = (path: string, code: number) => readyProbe(`curl -s -o /dev/null -w "%{http_code}" 'http://127.0.0.1:${server.port}${path}' | grep -q "${code}"`);
+    // async: the server answers from this process
+    const run = (script: string, PATH?: string) => Bun.spawn(["/bin/sh", "-c", script], { env: PATH ? { PATH } : process.env, stdout: "ignore", stderr: "ignore" }).exited;
+    expect(probe("/ok", 200)).toContain("wget");
+    expect(await run(probe("/ok", 200))).toBe(0); // curl
+    expect(await run(probe("/missing", 200))).toBe(1);
+    expect(await run(probe("/ok", 200), bin)).toBe(0); // wget only
+    expect(await run(probe("/missing", 200), bin)).toBe(1);
+    expect(await run(probe("/missing", 404), bin)).toBe(0);
+  } finally {
+    server.stop(true);
+    rmSync(bin, { recursive: true, force: true });
+  }
+});
