@@ -17,7 +17,7 @@
  * key); a second pull of the same tag asks the registry for the manifest only.
  */
 import { createHash, randomBytes } from "node:crypto";
-import { chmodSync, copyFileSync, existsSync, linkSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, symlinkSync, writeFileSync } from "node:fs";
+import { chmodSync, copyFileSync, existsSync, linkSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { importSparse } from "../storage/overlaybd/index.ts";
 import { ImageError } from "./errors.ts";
@@ -209,7 +209,8 @@ function dirToOciLayout(dir: string, layout: string): void {
 
 /**
  * Add init, envd (+ its glibc), the `user` account (uid 1000, as E2B templates have) and, when
- * the image has no bash, `/bin/bash` → `sh` (the SDKs start every command with bash) to a root tree.
+ * the image has no bash, a `/bin/bash` that runs `/bin/sh` (the SDKs start every command with
+ * bash) to a root tree.
  */
 export function installGuestBits(rootfs: string, guest: GuestBits): void {
   for (const d of ["sbin", "usr/local/bin", "etc", "home", "proc", "sys", "dev", "tmp", "run"]) mkdirSync(join(rootfs, d), { recursive: true });
@@ -230,8 +231,11 @@ export function installGuestBits(rootfs: string, guest: GuestBits): void {
   writeFileSync(join(rootfs, "etc/resolv.conf"), "# written by /sbin/aenv-init at boot\n");
   if (!existsSync(join(rootfs, "etc/hosts"))) writeFileSync(join(rootfs, "etc/hosts"), "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n");
   // E2B's SDKs run every command with `/bin/bash -l -c` (E2B provisions bash into every image):
-  // an image without bash gets its /bin/sh under that name
-  if (!existsSync(join(rootfs, "bin/bash")) && existsSync(join(rootfs, "bin/sh"))) symlinkSync("sh", join(rootfs, "bin/bash"));
+  // an image without bash gets a /bin/bash that runs its /bin/sh (a script, not a link: busybox
+  // picks its applet by the name it is called with)
+  if (!existsSync(join(rootfs, "bin/bash")) && existsSync(join(rootfs, "bin/sh"))) {
+    writeFileSync(join(rootfs, "bin/bash"), '#!/bin/sh\n# added by AgentENV: this image has no bash\nexec /bin/sh "$@"\n', { mode: 0o755 });
+  }
   const read = (f: string) => (existsSync(join(rootfs, f)) ? readFileSync(join(rootfs, f), "utf8") : "");
   const passwd = read("etc/passwd");
   if (!/^user:/m.test(passwd)) {
