@@ -126,8 +126,9 @@ export class VolumeManager {
           sandboxIds: holders.map((h) => h.id),
         });
       }
-      this.db.orm.delete(volumesTable).where(eq(volumesTable.id, id)).run();
+      // the disk first: a failed removal leaves the record, so the delete can be retried
       await this.requireBackend().destroy(id);
+      this.db.orm.delete(volumesTable).where(eq(volumesTable.id, id)).run();
     });
   }
 
