@@ -19,7 +19,7 @@ import { processStartTime, removeRecord, writeRecord, type VmmRecord } from "../
 import type { SnapshotFiles, VmHandle, VmmDriver, VmSpec } from "../types.ts";
 import { buildQemuArgs, checkPath } from "./args.ts";
 import { detectAccel, hostTscKhz } from "./host.ts";
-import { QmpClient } from "./qmp.ts";
+import { QmpClient, type QmpEvent } from "./qmp.ts";
 
 const log = logger("vmm.qemu");
 
@@ -95,9 +95,7 @@ export class QemuDriver implements VmmDriver {
     }
     const vm = await this.start(spec, { memPath: files.memPath, memShared: false, ownsMem: false, incoming: true });
     try {
-      await vm.qmp.execute("migrate-set-capabilities", { capabilities: [{ capability: "x-ignore-shared", state: true }] });
-      await vm.qmp.execute("migrate-incoming", { uri: `exec:cat ${files.statePath}` });
-      await vm.waitMigration("restore");
+      await vm.migrate("restore", "migrate-incoming", `exec:cat ${files.statePath}`);
       const st = await vm.qmp.execute<{ status: string }>("query-status");
       vm.state = st.status === "running" ? "running" : "paused";
       if (opts.resume && vm.state !== "running") await vm.resume();
@@ -247,22 +245,38 @@ export class QemuVm implements VmHandle {
     this.state = "running";
   }
 
-  /** @internal poll query-migrate until it completes; bounded by qmpTimeoutMs. */
-  async waitMigration(op: string): Promise<void> {
-    const deadline = Date.now() + this.opts.qmpTimeoutMs;
-    for (;;) {
-      const r = await this.qmp.execute<{ status?: string; "error-desc"?: string }>("query-migrate");
-      if (r.status === "completed") return;
-      if (r.status === "failed" || r.status === "cancelled") {
-        throw new VmmError(op === "restore" ? "vmm.restore_failed" : "vmm.snapshot_failed", `${op} migration ${r.status}: ${r["error-desc"] ?? ""}`, {
-          id: this.id,
-          status: r.status,
-          stderr: this.stderrTail(),
-        });
-      }
-      if (Date.now() > deadline) throw new VmmError("vmm.qmp_timeout", `${op} migration not done in ${this.opts.qmpTimeoutMs} ms`, { id: this.id });
-      await Bun.sleep(5);
+  /**
+   * @internal Run a migration: turn on x-ignore-shared and QMP MIGRATION events, start it with
+   * `command` (migrate / migrate-incoming), and wait for its end event (completed, failed or
+   * cancelled; bounded by qmpTimeoutMs). A failure is then detailed by one query-migrate.
+   */
+  async migrate(op: "snapshot" | "restore", command: string, uri: string): Promise<void> {
+    // Always on, on both ends: x-ignore-shared changes the stream format (RAM block addresses
+    // are added). "events" makes QEMU send MIGRATION status events (qapi/migration.json).
+    await this.qmp.execute("migrate-set-capabilities", {
+      capabilities: [
+        { capability: "x-ignore-shared", state: true },
+        { capability: "events", state: true },
+      ],
+    });
+    const mark = this.qmp.eventMark();
+    await this.qmp.execute(command, { uri });
+    const ended = (e: QmpEvent) => e.event === "MIGRATION" && ["completed", "failed", "cancelled"].includes(String(e.data?.status));
+    let ev: QmpEvent;
+    try {
+      ev = await this.qmp.waitEvent(ended, this.opts.qmpTimeoutMs, mark);
+    } catch (e) {
+      if (e instanceof VmmError && e.code === "vmm.qmp_timeout") throw new VmmError("vmm.qmp_timeout", `${op} migration not done in ${this.opts.qmpTimeoutMs} ms`, { id: this.id }, { cause: e });
+      throw e;
     }
+    const status = String(ev.data?.status);
+    if (status === "completed") return;
+    const r = await this.qmp.execute<{ "error-desc"?: string }>("query-migrate").catch(() => ({}) as { "error-desc"?: string });
+    throw new VmmError(op === "restore" ? "vmm.restore_failed" : "vmm.snapshot_failed", `${op} migration ${status}: ${r["error-desc"] ?? ""}`, {
+      id: this.id,
+      status,
+      stderr: this.stderrTail(),
+    });
   }
 
   /**
@@ -280,12 +294,8 @@ export class QemuVm implements VmHandle {
     checkPath(files.memPath, "memPath");
     if (files.memPath === this.memPath) throw new VmmError("vmm.bad_spec", "snapshot memPath is the live RAM file", { memPath: files.memPath });
     rmSync(files.statePath, { force: true });
-    // Always on, as on the restoring side: the capability changes the stream format (RAM block
-    // addresses are added), so both ends must agree. A privately mapped RAM block is not "shared"
-    // and is streamed anyway.
-    await this.qmp.execute("migrate-set-capabilities", { capabilities: [{ capability: "x-ignore-shared", state: true }] });
-    await this.qmp.execute("migrate", { uri: `exec:cat > ${files.statePath}` });
-    await this.waitMigration("snapshot");
+    // A privately mapped RAM block (a restored VM) is not "shared" and is streamed anyway.
+    await this.migrate("snapshot", "migrate", `exec:cat > ${files.statePath}`);
     const cp = Bun.spawnSync(["cp", "--sparse=always", "--reflink=auto", this.memPath, files.memPath]);
     if (cp.exitCode !== 0) {
       throw new VmmError("vmm.snapshot_failed", `copying guest RAM to ${files.memPath} failed: ${cp.stderr.toString()}`, { id: this.id, memPath: files.memPath });

@@ -14,6 +14,16 @@ export interface QmpEvent {
   timestamp?: { seconds: number; microseconds: number };
 }
 
+interface EventWaiter {
+  match: (e: QmpEvent) => boolean;
+  resolve: (e: QmpEvent) => void;
+  reject: (e: Error) => void;
+  timer: ReturnType<typeof setTimeout>;
+}
+
+/** Events kept for `events` and for waits armed with an earlier mark. */
+const EVENTS_KEPT = 256;
+
 interface Pending {
   resolve: (v: unknown) => void;
   reject: (e: Error) => void;
@@ -23,7 +33,11 @@ interface Pending {
 
 /** A connected QMP session (capabilities negotiated). Close it with `close()`. */
 export class QmpClient {
+  /** The most recent events (at most EVENTS_KEPT), oldest first. */
   readonly events: QmpEvent[] = [];
+  /** How many events arrived in total; `events[i]` is event number `received - events.length + i`. */
+  private received = 0;
+  private readonly waiters = new Set<EventWaiter>();
   private readonly pending = new Map<number, Pending>();
   private nextId = 1;
   private buf = "";
@@ -89,6 +103,37 @@ export class QmpClient {
     });
   }
 
+  /** A mark for `waitEvent`: events that arrive after this call count, earlier ones do not. */
+  eventMark(): number {
+    return this.received;
+  }
+
+  /**
+   * Wait for the first event after `since` (a mark from `eventMark()`, taken before the command
+   * that causes the event, so an event arriving before this call is not missed) for which
+   * `match` is true.
+   * @throws VmmError `vmm.qmp_timeout` after `timeoutMs`, `vmm.qmp_closed` when the socket closes.
+   */
+  waitEvent(match: (e: QmpEvent) => boolean, timeoutMs: number, since = this.received): Promise<QmpEvent> {
+    const first = this.received - this.events.length;
+    for (let i = Math.max(0, since - first); i < this.events.length; i++) {
+      if (match(this.events[i]!)) return Promise.resolve(this.events[i]!);
+    }
+    if (this.closed) return Promise.reject(new VmmError("vmm.qmp_closed", `QMP socket ${this.path} closed`, { path: this.path }));
+    return new Promise<QmpEvent>((resolve, reject) => {
+      const w: EventWaiter = {
+        match,
+        resolve,
+        reject,
+        timer: setTimeout(() => {
+          this.waiters.delete(w);
+          reject(new VmmError("vmm.qmp_timeout", `no matching QMP event in ${timeoutMs} ms`, { path: this.path, timeoutMs }));
+        }, timeoutMs),
+      };
+      this.waiters.add(w);
+    });
+  }
+
   /** Close the socket; pending commands fail with `vmm.qmp_closed`. */
   close(): void {
     this.sock.destroy();
@@ -97,6 +142,11 @@ export class QmpClient {
 
   private failAll(e: Error): void {
     this.closed = true;
+    for (const w of this.waiters) {
+      clearTimeout(w.timer);
+      w.reject(e);
+    }
+    this.waiters.clear();
     for (const [id, p] of this.pending) {
       clearTimeout(p.timer);
       this.pending.delete(id);
@@ -118,8 +168,16 @@ export class QmpClient {
         continue;
       }
       if (typeof msg.event === "string") {
-        this.events.push(msg as unknown as QmpEvent);
-        if (this.events.length > 256) this.events.shift();
+        const ev = msg as unknown as QmpEvent;
+        this.events.push(ev);
+        this.received++;
+        if (this.events.length > EVENTS_KEPT) this.events.shift();
+        for (const w of this.waiters) {
+          if (!w.match(ev)) continue;
+          this.waiters.delete(w);
+          clearTimeout(w.timer);
+          w.resolve(ev);
+        }
         continue;
       }
       const p = this.pending.get(msg.id as number);

@@ -4,11 +4,11 @@
  */
 import { describe, expect, test } from "bun:test";
 import { spawn } from "node:child_process";
-import { existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, mkdtempSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { processStartTime, reapLeftovers, VmmError } from "../../../src/vmm/index.ts";
-import { QmpClient } from "../../../src/vmm/qemu/qmp.ts";
+import { QmpClient, type QmpEvent } from "../../../src/vmm/qemu/qmp.ts";
 import { writeRecord } from "../../../src/vmm/supervise.ts";
 
 describe("QMP client", () => {
@@ -39,6 +39,42 @@ describe("QMP client", () => {
       await c.execute("quit").catch(() => {});
       expect(await exited).toBe(0);
       await expect(c.execute("query-status")).rejects.toMatchObject({ code: "vmm.qmp_closed" });
+    } finally {
+      q.kill("SIGKILL");
+      rmSync(d, { recursive: true, force: true });
+    }
+  }, 30_000);
+
+  test("a migration is followed by QMP MIGRATION events, not by polling; waits armed before the command see early events", async () => {
+    const d = mkdtempSync(join(tmpdir(), "c1mig-"));
+    const sock = join(d, "qmp.sock");
+    const q = spawn("qemu-system-x86_64", ["-M", "none", "-nodefaults", "-display", "none", "-qmp", `unix:${sock},server=on,wait=off`], { stdio: "ignore" });
+    try {
+      const c = await QmpClient.connect(sock, 10_000);
+      await c.execute("migrate-set-capabilities", { capabilities: [{ capability: "events", state: true }] });
+      await c.execute("stop");
+      const ended = (e: QmpEvent) => e.event === "MIGRATION" && ["completed", "failed", "cancelled"].includes(String(e.data?.status));
+      // completed: the event may arrive before waitEvent is called; the mark taken first catches it
+      const mark = c.eventMark();
+      await c.execute("migrate", { uri: `exec:cat > ${join(d, "state")}` });
+      await Bun.sleep(200); // let the end event arrive before the wait is armed
+      const done = await c.waitEvent(ended, 10_000, mark);
+      expect(done.data?.status).toBe("completed");
+      const statuses = c.events.filter((e) => e.event === "MIGRATION").map((e) => e.data?.status);
+      expect(statuses[0]).toBe("setup");
+      expect(statuses.at(-1)).toBe("completed");
+      expect(statSync(join(d, "state")).size).toBeGreaterThan(0);
+      // failed: a destination nobody listens on (QEMU refuses a migration from postmigrate: cont first)
+      await c.execute("cont");
+      await c.execute("stop");
+      const mark2 = c.eventMark();
+      await c.execute("migrate", { uri: `unix:${join(d, "nobody-listens.sock")}` });
+      expect((await c.waitEvent(ended, 10_000, mark2)).data?.status).toBe("failed");
+      // a wait with no matching event times out with vmm.qmp_timeout; closing rejects waiters
+      await expect(c.waitEvent((e) => e.event === "NEVER", 50)).rejects.toMatchObject({ code: "vmm.qmp_timeout" });
+      const pending = c.waitEvent((e) => e.event === "NEVER", 10_000);
+      c.close();
+      await expect(pending).rejects.toMatchObject({ code: "vmm.qmp_closed" });
     } finally {
       q.kill("SIGKILL");
       rmSync(d, { recursive: true, force: true });
