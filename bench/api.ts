@@ -11,6 +11,9 @@
  *     a one-minute window, and the latest sample of all 20, against GET /health;
  *  5. the volume attach cost on create: create (+ kill) with one volume mounted against without
  *     (baseline), alternating, as a ratio.
+ *  6. a small proxied HTTP request (envd's GET /health through the node's sandbox proxy, routed
+ *     by the SDK's headers) against the same request sent directly to the guest port (baseline,
+ *     same sandbox, interleaved): the proxy's cost per request.
  * Usage: bun bench/api.ts [--cycles N]   (root; AENV_TEST_HOME_PATH, default /var/lib/agentenv-test)
  */
 import { mkdirSync, mkdtempSync, rmSync, symlinkSync, readdirSync } from "node:fs";
@@ -44,6 +47,7 @@ const { loadConfig } = await import("../src/config/index.ts");
 const { bootNode } = await import("../src/node/index.ts");
 const { createVmRuntime } = await import("../src/sandbox/index.ts");
 const { resolveKernelPath } = await import("../src/vmm/index.ts");
+const { ENVD_PORT } = await import("../src/envd/version.ts");
 
 const home = mkdtempSync("/tmp/aenv-bench-");
 const memDir = mkdtempSync("/dev/shm/aenv-bench-");
@@ -149,6 +153,26 @@ try {
   const getOne = await lat(`/sandboxes/${live.id}`);
   const list = await lat("/v2/sandboxes");
   console.log(`API latency (median, µs): /health ${f(health)} (baseline), GET /sandboxes/{id} ${f(getOne)} = ${(getOne / health).toFixed(2)}x, GET /v2/sandboxes ${f(list)} = ${(list / health).toFixed(2)}x`);
+
+  // 6. proxied vs direct small request to the guest's envd, interleaved (on the live sandbox of 3)
+  const guest = node.orch.resolve(live.id, ENVD_PORT);
+  const directUrl = `http://${guest.host}:${guest.port}/health`;
+  const proxied = { "e2b-sandbox-id": live.id, "e2b-sandbox-port": String(ENVD_PORT) };
+  const once = async (url: string, headers: Record<string, string>) => {
+    const t = performance.now();
+    const r = await fetch(url, { headers });
+    await r.arrayBuffer();
+    if (r.status !== 204 && r.status !== 200) throw new Error(`${url}: ${r.status}`);
+    return (performance.now() - t) * 1000;
+  };
+  const direct: number[] = [];
+  const viaProxy: number[] = [];
+  for (let i = 0; i < 20; i++) await once(directUrl, {}), await once(`${node.url}/health`, proxied); // warm both paths
+  for (let i = 0; i < 300; i++) {
+    direct.push(await once(directUrl, {}));
+    viaProxy.push(await once(`${node.url}/health`, proxied));
+  }
+  console.log(`proxy latency (median, µs): direct to guest :${ENVD_PORT} ${f(median(direct))} (baseline), through the node's proxy ${f(median(viaProxy))} = ${(median(viaProxy) / median(direct)).toFixed(2)}x`);
   await kill(live.id);
 
   // 4. metrics routes with 20 sandboxes' full history
