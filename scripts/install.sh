@@ -17,8 +17,9 @@ pkgs+=(qemu-system-x86 linux-source-6.1 build-essential bc bison flex libelf-dev
 # overlaybd tests (test/storage/overlaybd): a real OCI registry, openssl for its token cert, XFS for reflinks.
 [ "$want_test" = 1 ] && pkgs+=(docker-registry openssl xfsprogs)
 # Template builds from registry images (src/image): skopeo pulls, umoci unpacks, zstd layers,
-# patchelf points envd at its own glibc inside images without one.
-pkgs+=(skopeo umoci zstd patchelf)
+# patchelf points envd at its own glibc inside images without one; a static busybox goes into
+# images without a shell or tools.
+pkgs+=(skopeo umoci zstd patchelf busybox-static)
 # Template build tests: a local registry (above) reached from a node's namespace with curl.
 [ "$want_test" = 1 ] && pkgs+=(curl)
 # VM tests: a static busybox for the kernel boot test rootfs.

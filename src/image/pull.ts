@@ -17,7 +17,7 @@
  * key); a second pull of the same tag asks the registry for the manifest only.
  */
 import { createHash, randomBytes } from "node:crypto";
-import { chmodSync, copyFileSync, existsSync, linkSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from "node:fs";
+import { chmodSync, copyFileSync, existsSync, linkSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, symlinkSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { importSparse } from "../storage/overlaybd/index.ts";
 import { ImageError } from "./errors.ts";
@@ -43,6 +43,9 @@ export interface GuestBits {
   libDir?: string;
   /** Where `libDir` goes in the guest (the binary's interpreter and run path point there). */
   guestLibDir?: string;
+  /** Host path of a static busybox installed in `guestBinDir` with its applet links (absent: none). */
+  busyboxPath?: string;
+  guestBinDir?: string;
   /** Changes whenever either changes (enters the cache key). */
   key: string;
 }
@@ -230,6 +233,21 @@ export function installGuestBits(rootfs: string, guest: GuestBits): void {
   rmSync(join(rootfs, "etc/resolv.conf"), { force: true });
   writeFileSync(join(rootfs, "etc/resolv.conf"), "# written by /sbin/aenv-init at boot\n");
   if (!existsSync(join(rootfs, "etc/hosts"))) writeFileSync(join(rootfs, "etc/hosts"), "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n");
+  if (guest.busyboxPath && guest.guestBinDir) {
+    const to = join(rootfs, guest.guestBinDir);
+    rmSync(to, { recursive: true, force: true });
+    mkdirSync(to, { recursive: true });
+    copyFileSync(guest.busyboxPath, join(to, "busybox"));
+    chmodSync(join(to, "busybox"), 0o755);
+    const applets = Bun.spawnSync([guest.busyboxPath, "--list"], { stdout: "pipe" }).stdout.toString().split("\n").filter((a) => /^[\w.[-]+$/.test(a) && a !== "busybox");
+    for (const a of applets) symlinkSync("busybox", join(to, a));
+    // an image without a shell (distroless) gets busybox's as /bin/sh: init, envd's commands and
+    // the build's steps need one
+    if (!existsSync(join(rootfs, "bin/sh"))) {
+      mkdirSync(join(rootfs, "bin"), { recursive: true });
+      symlinkSync(`${guest.guestBinDir}/busybox`, join(rootfs, "bin/sh"));
+    }
+  }
   // E2B's SDKs run every command with `/bin/bash -l -c` (E2B provisions bash into every image):
   // an image without bash gets a /bin/bash that runs its /bin/sh (a script, not a link: busybox
   // picks its applet by the name it is called with)

@@ -8,7 +8,7 @@ import type { Config } from "../config/index.ts";
 import { pullImage, reapPullLeftovers } from "../image/index.ts";
 import type { SandboxRuntime } from "../orchestrator/index.ts";
 import { VmRuntime } from "../sandbox/index.ts";
-import { BASE_BOOT_ARGS, BuildFiles, GUEST_LIB_DIR, guestBinaries, TemplateBuilder, TemplateCatalog, TemplateError, TemplateService, type BuildVmLauncher } from "../template/index.ts";
+import { BASE_BOOT_ARGS, BuildFiles, GUEST_BIN_DIR, GUEST_LIB_DIR, guestBinaries, TemplateBuilder, TemplateCatalog, TemplateError, TemplateService, type BuildVmLauncher } from "../template/index.ts";
 
 /** The template service of a node whose runtime is `runtime` (builds need the VM runtime). */
 export function createTemplateService(cfg: Config, runtime: SandboxRuntime): TemplateService {
@@ -37,14 +37,16 @@ export function createTemplateService(cfg: Config, runtime: SandboxRuntime): Tem
         ref,
         credentials,
         insecureRegistries: k.insecure_registries,
-        guest: () => ({ ...guestBinaries(home), guestLibDir: GUEST_LIB_DIR }),
+        guest: () => ({ ...guestBinaries(home), guestLibDir: GUEST_LIB_DIR, guestBinDir: GUEST_BIN_DIR }),
         headroomMiB: k.image_headroom_mib,
         minDiskMiB: k.image_min_disk_mib,
         toolTimeoutMs: k.tool_timeout_ms,
         onProgress: progress,
         signal,
       });
-      return { digest: img.digest, layerPath: img.layerPath, diskBytes: img.diskBytes, env: img.config.env, workdir: img.config.workdir };
+      // the node's busybox last on PATH, for images without the tools (steps and sandboxes see it)
+      const path = `${img.config.env.PATH ?? "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}:${GUEST_BIN_DIR}`;
+      return { digest: img.digest, layerPath: img.layerPath, diskBytes: img.diskBytes, env: { ...img.config.env, PATH: path }, workdir: img.config.workdir };
     },
   });
   return new TemplateService(catalog, files, builder, {

@@ -263,6 +263,8 @@ async function buildBaseLocked(opts: BaseBuildOptions): Promise<BaseBuildResult>
 
 /** Where image templates carry envd's own glibc (loader + libraries), inside the guest. */
 export const GUEST_LIB_DIR = "/opt/aenv/lib";
+/** Where image templates carry a static busybox and its applet links (last on the guest's PATH). */
+export const GUEST_BIN_DIR = "/opt/aenv/bin";
 
 /**
  * The envd binary (`agentenv`) and init script that image-based templates get. The binary is
@@ -270,19 +272,24 @@ export const GUEST_LIB_DIR = "/opt/aenv/lib";
  * sandboxes run) and made independent of the image's userland: its ELF interpreter and run path
  * are set (Debian's `patchelf`) to `GUEST_LIB_DIR`, where the image gets the glibc loader and
  * libraries the binary needs (copied from this Debian host, the same release the base template
- * is built from). So images without glibc (Alpine, busybox) run envd. Cached as
- * `$home/images/guest-<key>/` (`agentenv`, `lib/`).
+ * is built from). So images without glibc (Alpine, busybox) run envd. A static busybox from this
+ * host (when installed) goes along, for images without a shell or tools (distroless). Cached as
+ * `$home/images/guest-<key>/` (`agentenv`, `lib/`, `busybox`).
  * @returns the binary's path, the library directory, the init text, and a key that changes with any.
  * @throws TemplateError `template.not_found` when no base template with a raw image exists,
  *   `template.build_failed` when debugfs, ldd or patchelf fails, `template.tool_missing`.
  */
-export function guestBinaries(homePath: string, baseName = "base"): { agentenvPath: string; libDir: string; init: string; key: string } {
+export function guestBinaries(homePath: string, baseName = "base"): { agentenvPath: string; libDir: string; busyboxPath?: string; init: string; key: string } {
   const m = readManifest(homePath, baseName);
   const img = join(templateDir(homePath, baseName), m.rootfs);
   if (!existsSync(img)) throw new TemplateError("template.not_found", `template ${baseName} has no root image ${img}: run 'agentenv template build-base' (image templates take envd from it)`, { img });
-  const key = sha(m.buildKey, initScript, GUEST_LIB_DIR, "guest-v2");
+  // a static busybox (Debian's busybox-static) for images without a shell or tools; a dynamic
+  // one would need the image's libc, so it is left out then
+  const hostBusybox = Bun.which("busybox", { PATH: "/bin:/usr/bin:/sbin:/usr/sbin" });
+  const staticBusybox = hostBusybox && Bun.spawnSync(["ldd", hostBusybox], { stdout: "pipe", stderr: "pipe" }).exitCode !== 0 ? hostBusybox : null;
+  const key = sha(m.buildKey, initScript, GUEST_LIB_DIR, GUEST_BIN_DIR, staticBusybox ? String(statSync(staticBusybox).size) : "no-busybox", "guest-v3");
   const dir = join(homePath, "images", `guest-${key}`);
-  const out = { agentenvPath: join(dir, "agentenv"), libDir: join(dir, "lib"), init: initScript, key };
+  const out = { agentenvPath: join(dir, "agentenv"), libDir: join(dir, "lib"), ...(staticBusybox ? { busyboxPath: join(dir, "busybox") } : {}), init: initScript, key };
   if (existsSync(join(dir, ".complete"))) return out;
   const tmp = `${dir}.${process.pid}.tmp`;
   rmSync(tmp, { recursive: true, force: true });
@@ -317,6 +324,7 @@ export function guestBinaries(homePath: string, baseName = "base"): { agentenvPa
     throw new TemplateError("template.build_failed", "ldd named no ELF loader for agentenv", {});
   }
   step(["patchelf", "--set-interpreter", `${GUEST_LIB_DIR}/${loader}`, "--set-rpath", GUEST_LIB_DIR, bin], "patchelf agentenv");
+  if (staticBusybox) copyFileSync(staticBusybox, join(tmp, "busybox"));
   writeFileSync(join(tmp, ".complete"), `${m.buildKey}\n`);
   rmSync(dir, { recursive: true, force: true });
   renameSync(tmp, dir);

@@ -31,6 +31,14 @@ beforeAll(async () => {
   writeFileSync(join(bb, "etc", "group"), "root:x:0:\n");
   rmSync((await pushImage(reg.host, "test/busybox:v1", [{ dir: bb, compression: "gzip" }], {}, undefined, world.ns)).dir, { recursive: true, force: true });
   rmSync(bb, { recursive: true, force: true });
+  // a "distroless" image: one static program, no shell, no /bin at all
+  const dl = mkdtempSync(join(tmpdir(), "aenv-distroless-"));
+  mkdirSync(join(dl, "app"));
+  mkdirSync(join(dl, "etc"));
+  copyFileSync("/bin/busybox", join(dl, "app", "server"));
+  writeFileSync(join(dl, "etc", "passwd"), "root:x:0:0:root:/root:/sbin/nologin\n");
+  rmSync((await pushImage(reg.host, "test/distroless:v1", [{ dir: dl, compression: "gzip" }], { Env: ["PATH=/app"] }, undefined, world.ns)).dir, { recursive: true, force: true });
+  rmSync(dl, { recursive: true, force: true });
   const img = await pushImage(reg.host, "test/deb:v1", [{ dir: tree.dir, paths: tree.paths, compression: "zstd" }], { Env: ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8"] }, undefined, world.ns);
   rmSync(img.dir, { recursive: true, force: true });
 }, 180_000);
@@ -78,6 +86,8 @@ test("e2b SDK Template: fromImage build, create answers at once, warm rebuild ca
   expect(o.neverReady.name).toBe("BuildError");
   expect(o.neverReady.message).toContain('ready command "test -f /nonexistent" did not succeed within 20000 ms');
   expect(o.failedStatus).toEqual({ status: "error", step: "finalize" });
+  // distroless (no shell, no tools): steps, start command and ready check run on the node's busybox
+  expect(o.distroless).toEqual({ status: 200, body: "static\n" });
   // busybox (no glibc): built and booted with envd running on the node's loader
   expect(o.busybox).toBe("hi from busybox\nno glibc in the image\nuser\n");
   expect(o.docker).toBe("from-dockerfile\nprint('main')\n/srv/app\nhello docker\nroot\n");

@@ -93,6 +93,9 @@ test("guestBinaries: envd for images is the base template's binary pointed at it
     const r = run([join(g.libDir, "ld-linux-x86-64.so.2"), "--inhibit-cache", "--library-path", g.libDir, g.agentenvPath, "version"]);
     expect(r.exitCode).toBe(0);
     expect(guestBinaries(home).key).toBe(g.key); // cached
+    // the static busybox for images without a shell (busybox-static is installed here)
+    expect(run(["ldd", g.busyboxPath!]).exitCode).not.toBe(0);
+    expect(run([g.busyboxPath!, "echo", "static"]).stdout.toString()).toBe("static\n");
   } finally {
     require("node:fs").rmSync(home, { recursive: true, force: true });
   }

@@ -9,7 +9,8 @@
 #   aenv.envd=0            do not start envd (kernel tests)
 #   aenv.run=<base64>      a shell script run after boot (its output goes to the console)
 #   aenv.dns=<ip>          nameserver for /etc/resolv.conf (default: the default gateway)
-PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+# /opt/aenv/bin last: the static busybox image templates get, for images without these tools
+PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/opt/aenv/bin
 export PATH
 
 # Shell builtins where possible: every exec costs tens of ms under TCG.
