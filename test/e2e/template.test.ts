@@ -35,7 +35,7 @@ beforeAll(async () => {
   const dl = mkdtempSync(join(tmpdir(), "aenv-distroless-"));
   mkdirSync(join(dl, "app"));
   mkdirSync(join(dl, "etc"));
-  copyFileSync("/bin/busybox", join(dl, "app", "server"));
+  copyFileSync("/bin/busybox", join(dl, "app", "busybox")); // run by name, no applet links, no /bin
   writeFileSync(join(dl, "etc", "passwd"), "root:x:0:0:root:/root:/sbin/nologin\n");
   rmSync((await pushImage(reg.host, "test/distroless:v1", [{ dir: dl, compression: "gzip" }], { Env: ["PATH=/app"] }, undefined, world.ns)).dir, { recursive: true, force: true });
   rmSync(dl, { recursive: true, force: true });
