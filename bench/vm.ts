@@ -4,14 +4,14 @@
  * (FUSE-served overlaybd root disk + fresh upper, tap in a netns) to envd answering GET /health,
  * median of N; restore of a snapshot of a booted sandbox to envd answering, median of N; and the
  * node's memory per VM beyond guest RAM (QEMU's proportional set size without guest RAM, plus the
- * disk-serving child). Baselines from the same run: QEMU spawn to QMP ready (no guest), and the
+ * disk daemon's). Baselines from the same run: QEMU spawn to QMP ready (no guest), and the
  * guest RAM size. Needs root, the built kernel and base template (scripts/test.sh pre-step).
  *   bun bench/vm.ts [--runs 5] [--mem-mib 512]
  */
 import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
-import { diskConfig, prepareRootDisk } from "../src/storage/daemon/index.ts";
+import { diskConfig, DiskService } from "../src/storage/daemon/index.ts";
 import { resolveTemplate } from "../src/template/index.ts";
 import { resolveKernelPath, type VmSpec } from "../src/vmm/index.ts";
 import { ENVD_PORT, waitEnvd } from "../test/vmm/qemu/envd-client.ts";
@@ -42,7 +42,7 @@ const tpl = resolveTemplate(TEST_HOME, "base");
 const drv = testDriver();
 const root = mkdtempSync(join(tmpdir(), "c1bench-"));
 const net = new TestNet();
-const recordDir = join(drv.runtimeDir, "disks");
+const disks = await DiskService.start({ dir: join(drv.runtimeDir, "disk"), config: diskConfig(cfg) });
 
 function spec(id: string, diskPath: string): VmSpec {
   return {
@@ -74,7 +74,7 @@ try {
   const overhead: { qemuKiB: number; diskKiB: number; guestTouchedKiB: number }[] = [];
   for (let i = 0; i < RUNS; i++) {
     const id = `boot${i}`;
-    const disk = await prepareRootDisk({ id: `b${process.pid}${id}`, lowers: tpl.rootLayers, sandboxDir: join(root, id), recordDir, config: diskConfig(cfg) });
+    const disk = await disks.rootDisk({ id: `b${process.pid}${id}`, lowers: tpl.rootLayers, sandboxDir: join(root, id) });
     try {
       const t0 = performance.now();
       const vm = await drv.driver.boot(spec(id, disk.path));
@@ -83,7 +83,7 @@ try {
         bootMs.push(performance.now() - t0);
         await Bun.sleep(1000); // let envd settle before measuring memory
         const q = rollup(vm.pid);
-        const d = rollup(disk.pid);
+        const d = rollup(disks.pid);
         overhead.push({ qemuKiB: q.Pss! - (q.Pss_Shmem ?? 0), diskKiB: d.Pss!, guestTouchedKiB: q.Pss_Shmem ?? 0 });
       } finally {
         await vm.stop();
@@ -96,7 +96,7 @@ try {
   // restore: snapshot one booted sandbox, then restore it RUNS times (same disk, served again)
   const restoreMs: number[] = [];
   const sid = "snap";
-  const disk = await prepareRootDisk({ id: `b${process.pid}${sid}`, lowers: tpl.rootLayers, sandboxDir: join(root, sid), recordDir, config: diskConfig(cfg) });
+  const disk = await disks.rootDisk({ id: `b${process.pid}${sid}`, lowers: tpl.rootLayers, sandboxDir: join(root, sid) });
   try {
     const files = { statePath: join(root, "snap.state"), memPath: join(root, "snap.mem"), kind: "full" as const };
     const vm = await drv.driver.boot(spec(sid, disk.path));
@@ -131,6 +131,7 @@ try {
   console.log(`memory per VM beyond guest RAM: QEMU ${(oq / 1024).toFixed(1)} MiB + disk server ${(od / 1024).toFixed(1)} MiB = ${((oq + od) / 1024).toFixed(1)} MiB` +
     ` (${(((oq + od) / 1024 / MEM) * 100).toFixed(1)}% of guest RAM; guest RAM touched at envd ready: ${(og / 1024).toFixed(1)} MiB)`);
 } finally {
+  await disks.close();
   net.destroy();
   rmSync(root, { recursive: true, force: true });
   drv.dispose();

@@ -26,6 +26,8 @@ pkgs+=(skopeo umoci zstd patchelf busybox-static)
 [ "$want_test" = 1 ] && pkgs+=(busybox-static procps)
 # cluster tests (test/services): the scheduler's shared Redis store against a real redis-server.
 [ "$want_test" = 1 ] && pkgs+=(redis-server)
+# disk benchmark (bench/disk.ts): fio.
+[ "$want_test" = 1 ] && pkgs+=(fio)
 
 # npm installs Bun itself (below); Debian's nodejs/npm when the host has no npm yet.
 command -v npm >/dev/null 2>&1 || pkgs+=(nodejs npm)

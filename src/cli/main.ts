@@ -11,7 +11,7 @@ const main = defineCommand({
   subCommands: {
     version: defineCommand({ meta: { description: "print the version" }, run: () => console.log(pkg.version) }),
     config: () => import("./config.ts").then((m) => m.default),
-    disk: () => import("../storage/daemon/cli.ts").then((m) => m.default),
+    "ublk-daemon": () => import("../storage/daemon/cli.ts").then((m) => m.default),
     envd: () => import("./envd.ts").then((m) => m.default),
     image: () => import("./image.ts").then((m) => m.default),
     kernel: () => import("./kernel.ts").then((m) => m.default),

@@ -280,15 +280,21 @@ export const CONFIG_SCHEMA = section("", {
     block_envd_internal: bool(true, "Refuse envd's host-only routes (/init, /freeze, ...) arriving through the proxy."),
   }),
 
-  disk: section("Sandbox disks are served to the VMM as plain files on FUSE mounts, one child process per disk.", {
-    fuse_workers: int(2, "Reader threads per export blocking on /dev/fuse (1..16).", { min: 1, max: 16, unit: "count" }),
-    fuse_max_write: int(1_048_576, "Largest FUSE READ/WRITE in bytes (multiple of 4096, at most 1048576 = max_pages 256).", { min: 4096, max: 1_048_576, multipleOf: 4096, unit: "bytes" }),
-    fuse_direct_io: bool(false, "Open served files with FOPEN_DIRECT_IO (no host page cache for the file). QEMU cache=none\nalready bypasses it; false keeps buffered readers (Firecracker \"Sync\" engine) cached."),
-    fuse_request_timeout_s: int(60, "Kernel FUSE request timeout in seconds (protocol 7.43+); a hung server's requests then fail\ninstead of blocking the VMM forever. 0 = none.", { min: 0, max: 65535, unit: "s" }),
-    ready_timeout_ms: int(10_000, "Longest wait (ms) for a serving child to mount and report ready.", { min: 1, max: MS_MAX, unit: "ms" }),
-    stop_timeout_ms: int(5000, "Longest wait (ms) for a serving child to exit after its disk is unmounted before SIGTERM\n(and as long again before SIGKILL).", { min: 1, max: MS_MAX, unit: "ms" }),
-    max_restarts: int(5, "How many times a serving child that died is replaced over one export's life. The node holds\nthe FUSE connection, so a replacement resumes it (FUSE_NOTIFY_RESEND) without guest errors.", { min: 0, unit: "count" }),
-  }),
+  disk: section(
+    "Sandbox disks are served by one long-lived disk daemon per node (`agentenv ublk-daemon`, its\nfiles under <runtime_path>/disk/): FUSE files now, ublk block devices once the ublk engine is in.",
+    {
+      export: oneOf(["auto", "ublk", "fuse"], "auto", 'Engine: "auto" (ublk when /dev/ublk-control exists, else FUSE), "ublk" or "fuse".'),
+      fuse_threads: int(2, "FUSE reader threads of the daemon, shared by every export (1..16).", { min: 1, max: 16, unit: "count" }),
+      fuse_max_write: int(1_048_576, "Largest FUSE READ/WRITE in bytes (multiple of 4096, at most 1048576 = max_pages 256).", { min: 4096, max: 1_048_576, multipleOf: 4096, unit: "bytes" }),
+      fuse_direct_io: bool(false, "Open served files with FOPEN_DIRECT_IO (no host page cache for the file). QEMU cache=none\nalready bypasses it; false keeps buffered readers (Firecracker \"Sync\" engine) cached."),
+      fuse_request_timeout_s: int(60, "Kernel FUSE request timeout in seconds (protocol 7.43+); a hung server's requests then fail\ninstead of blocking the VMM forever. 0 = none. A restarted daemon must be back within it.", { min: 0, max: 65535, unit: "s" }),
+      ready_timeout_ms: int(10_000, "Longest wait (ms) for a started daemon to report ready.", { min: 1, max: MS_MAX, unit: "ms" }),
+      stop_timeout_ms: int(5000, "Longest wait (ms) for the daemon to exit after a shutdown request before SIGTERM (and as long\nagain before SIGKILL).", { min: 1, max: MS_MAX, unit: "ms" }),
+      max_restarts: int(5, "How many times a daemon that died is started again over one node's life. The node holds a copy\nof every FUSE connection, so the new daemon resumes them (FUSE_NOTIFY_RESEND) without guest errors.", { min: 0, unit: "count" }),
+      request_timeout_ms: int(30_000, "Longest wait (ms) for the daemon's answer to one request.", { min: 1, max: MS_MAX, unit: "ms" }),
+      max_frame_bytes: int(16_777_216, "Largest request/response frame on the daemon's socket, bytes (4-byte length + JSON).", { min: 4096, max: 1 << 30, unit: "bytes" }),
+    },
+  ),
 
   firecracker: section("", {
     binary: str("/usr/local/bin/firecracker", "Path of the firecracker executable (not packaged by Debian; install a release binary).", { minLength: 1 }),
@@ -351,6 +357,15 @@ export const CONFIG_SCHEMA = section("", {
     {
       low_watermark: int(2, "", { min: 0, max: 32768, unit: "count" }),
       high_watermark: int(64, "", { min: 0, max: 32768, unit: "count" }),
+
+      block: section(
+        "Warm pool of pre-created disk exports in the disk daemon (FUSE: a mounted, initialised\nconnection waiting for its image; ublk: a started device). An exclusive acquire takes one and\nbinds the sandbox's disk to it; the daemon refills in the background up to high_watermark once\nfewer than low_watermark are left. The pool starts filled to low_watermark.",
+        {
+          enabled: bool(true, "Keep pre-created disk exports."),
+          low_watermark: int(1, "", { min: 0, max: 1024, unit: "count" }),
+          high_watermark: int(2, "", { min: 0, max: 1024, unit: "count" }),
+        },
+      ),
 
       network: section("", {
         maintenance_enabled: bool(

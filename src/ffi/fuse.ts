@@ -1,7 +1,7 @@
 /**
  * FUSE kernel protocol on /dev/fuse, byte layouts for x86_64 (little-endian).
  * Source: include/uapi/linux/fuse.h (protocol 7.38 header, fields up to 7.45 from the 7.43 uapi),
- * offsets as verified in /work/shared/docs/fuse-nbd.md §1.2–§1.5.
+ * offsets as verified in ../shared/docs/fuse-nbd.md §1.2–§1.5.
  * Pure encode/decode: the server in src/storage/fuse/ owns the session.
  */
 

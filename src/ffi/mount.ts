@@ -84,3 +84,14 @@ export function listMounts(text?: string): MountInfo[] {
   }
   return out;
 }
+
+/** mount flag of a bind mount (include/uapi/linux/mount.h). */
+export const MS_BIND = 0x1000;
+
+/**
+ * Make the mount at `source` (a directory) visible at `target` too: mount(2) with MS_BIND.
+ * @throws MountError `mount.failed` with `errno`
+ */
+export function bindMount(source: string, target: string): void {
+  mount(source, target, "none", MS_BIND, "");
+}

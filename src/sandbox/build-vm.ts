@@ -1,6 +1,6 @@
 /**
  * Build VMs for template builds (the `BuildVmLauncher` port of src/template): an internal
- * sandbox — network slot, the storage daemon's export of the build's layers plus a fresh upper,
+ * sandbox — network slot, the disk daemon's export of the build's layers plus a fresh upper,
  * the VMM, envd initialised as root — that is not in the orchestrator's table. Its work dir is
  * `$home/sandboxes/build-<id>/`, so start-up reaping removes what a crashed node left.
  *
@@ -16,7 +16,7 @@ import { guestAddress, netSpec, parseEgressPolicy } from "../net/index.ts";
 import { logger } from "../observability/log.ts";
 import { OrchestratorError } from "../orchestrator/errors.ts";
 import { importExtents, openStack, RwLayer, SECTOR } from "../storage/overlaybd/index.ts";
-import { prepareRootDisk as exportRootDisk, upperPaths, type ExportedDisk } from "../storage/daemon/index.ts";
+import { upperPaths, type DiskExport } from "../storage/daemon/index.ts";
 import type { BuildVm, BuildVmSpec, VmCommand } from "../template/build-vm.ts";
 import type { VmHandle } from "../vmm/index.ts";
 import { initEnvd, runInGuest, uploadToGuest, waitEnvdHealthy } from "./envd-client.ts";
@@ -45,7 +45,7 @@ export async function bootBuildVm(o: VmRuntimeOptions, spec: BuildVmSpec, bootTi
   const workDir = join(o.homePath, "sandboxes", id);
   rmSync(workDir, { recursive: true, force: true });
   mkdirSync(workDir, { recursive: true });
-  let disk: ExportedDisk | undefined;
+  let disk: DiskExport | undefined;
   let vm: VmHandle | undefined;
   let slotTaken = false;
   const stop = async () => {
@@ -58,7 +58,7 @@ export async function bootBuildVm(o: VmRuntimeOptions, spec: BuildVmSpec, bootTi
     rmSync(workDir, { recursive: true, force: true });
   };
   try {
-    disk = await exportRootDisk({ id, lowers: spec.layers, sandboxDir: workDir, virtualSize: spec.diskBytes, recordDir: o.disk.recordDir, config: o.disk.config });
+    disk = await o.disks.rootDisk({ id, lowers: spec.layers, sandboxDir: workDir, virtualSize: spec.diskBytes });
     const slot = await o.net.allocate(parseEgressPolicy({}), id);
     slotTaken = true;
     vm = await o.driver.boot({

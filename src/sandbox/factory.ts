@@ -5,7 +5,7 @@
 import { type Config } from "../config/index.ts";
 import type { Db } from "../db/index.ts";
 import { netConfigFromConfig, NetworkManager } from "../net/index.ts";
-import { diskConfig, reapStaleDisks } from "../storage/daemon/index.ts";
+import { diskConfig, DiskService, reapStaleMounts } from "../storage/daemon/index.ts";
 import { createDriver, reapLeftovers, resolveKernelPath } from "../vmm/index.ts";
 import { reapHostVolumes } from "../volume/index.ts";
 import { rmSync } from "node:fs";
@@ -21,16 +21,22 @@ export async function createVmRuntime(cfg: Config, db: Db, oc: OrchestratorConfi
   const runtimePath = cfg.runtime_path;
   const driver = await createDriver(cfg);
   const homePath = cfg.home_path;
-  const recordDir = join(runtimePath, "disks");
   const volumeHostDir = join(runtimePath, "volumes");
   // VMMs first: a slot or a disk must not be torn down under a VMM that still uses it; the
   // node's own volume mounts (ext4 on a loop over an export) before the exports under them
   await reapLeftovers(runtimePath);
   reapHostVolumes(volumeHostDir);
-  await reapStaleDisks(recordDir, { mountRoots: [join(homePath, "sandboxes"), volumeHostDir] });
+  // starting the disk daemon shuts down one a crashed node left (it removes its devices)
+  const disks = await DiskService.start({ dir: join(runtimePath, "disk"), config: diskConfig(cfg) });
+  reapStaleMounts([join(homePath, "sandboxes"), volumeHostDir]);
   rmSync(volumeHostDir, { recursive: true, force: true });
   const net = new NetworkManager(netConfigFromConfig(cfg), db);
-  await net.start();
+  try {
+    await net.start();
+  } catch (e) {
+    await disks.close();
+    throw e;
+  }
   let kernel: string | undefined;
   return new VmRuntime({
     homePath,
@@ -44,12 +50,11 @@ export async function createVmRuntime(cfg: Config, db: Db, oc: OrchestratorConfi
     readyTimeoutMs: cfg.template_build.ready_timeout_ms,
     readyPollMs: cfg.template_build.create_ready_poll_ms,
     defaultUser: "user",
-    disk: { recordDir, config: diskConfig(cfg) },
+    disks,
     volumes: {
       volumesDir: join(homePath, "volumes"),
       hostDir: volumeHostDir,
-      recordDir,
-      disk: diskConfig(cfg),
+      disks,
       defaults: { uid: cfg.volumes.default_uid, gid: cfg.volumes.default_gid, fileMode: 0o644, dirMode: 0o755 },
       maxListEntries: cfg.volumes.max_list_entries,
       hostIdleMs: cfg.volumes.host_idle_ms,

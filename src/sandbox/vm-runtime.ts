@@ -5,8 +5,8 @@
  * slot's host address.
  *
  * Root disk: a template with overlaybd layers gets the storage daemon's export (template lowers
- * + a fresh upper in `sandboxes/<id>/upper/`, served as `sandboxes/<id>/mnt/root.img` by a FUSE
- * child); a template with only a raw image gets a private sparse copy (`sandboxes/<id>/root.img`).
+ * + a fresh upper in `sandboxes/<id>/upper/`, served as `sandboxes/<id>/mnt/root.img` by the
+ * node's disk daemon); a template with only a raw image gets a private sparse copy (`sandboxes/<id>/root.img`).
  * Layout under the data dir: `sandboxes/<id>/` (disk, VMM work files) and `snapshots/<id>/`
  * (state + memory of a paused sandbox). Pause = VM pause, snapshot, stop the VMM, stop serving
  * the disk (the upper stays), release the slot. Resume = serve the disk again, new slot, restore
@@ -18,7 +18,7 @@ import type { Logger } from "pino";
 import { ENVD_PORT, ENVD_VERSION } from "../envd/version.ts";
 import { guestAddress, netSpec, parseEgressPolicy, type NetworkManager } from "../net/index.ts";
 import { logger } from "../observability/log.ts";
-import { DiskShutdown, prepareRootDisk as exportRootDisk, reapStaleDisks, type DiskConfig, type ExportedDisk } from "../storage/daemon/index.ts";
+import { reapStaleMounts, type DiskExport, type DiskService } from "../storage/daemon/index.ts";
 import { readyProbe, resolveTemplate, TemplateCatalog, TemplateError, type BootSpec, type BuildVmLauncher, type ResolvedTemplate } from "../template/index.ts";
 import { reapLeftovers, type VmHandle, type VmmDriver } from "../vmm/index.ts";
 import { consoleLogLine } from "./console-lines.ts";
@@ -44,8 +44,8 @@ export interface VmRuntimeOptions {
   envdPollMs: number;
   /** User envd runs commands as by default (templates create `user`, uid 1000). */
   defaultUser: string;
-  /** Storage daemon settings for overlaybd root disks; `recordDir` is `<runtime_path>/disks`. */
-  disk: { recordDir: string; config: DiskConfig };
+  /** The node's disk daemon (serves overlaybd root disks and volume drives); closed by close(). */
+  disks: DiskService;
   /** Volumes (`[volumes]`); absent: this runtime cannot attach volumes. */
   volumes?: VmVolumesOptions;
   /** Called last by close() (shuts the network manager down). */
@@ -66,7 +66,7 @@ interface VmState {
   workDir: string;
   rootDisk: string;
   mac: string;
-  /** "overlaybd": served by a storage daemon child; "copy": a plain file. */
+  /** "overlaybd": served by the disk daemon; "copy": a plain file. */
   diskKind: "overlaybd" | "copy";
   vmmPid?: number;
   snapshot?: { statePath: string; memPath: string };
@@ -97,11 +97,9 @@ function consoleSink(spec: RuntimeStartSpec): ((line: string) => void) | undefin
 export class VmRuntime implements SandboxRuntime {
   readonly name: string;
   private readonly vms = new Map<string, VmHandle>();
-  private readonly disks = new Map<string, ExportedDisk>();
+  private readonly disks = new Map<string, DiskExport>();
   /** Volume drive exports per sandbox. */
-  private readonly volumeDisks = new Map<string, ExportedDisk[]>();
-  /** Begun by beginShutdown(): disk-server exits are then expected, not replaced. */
-  private readonly diskShutdown = new DiskShutdown();
+  private readonly volumeDisks = new Map<string, DiskExport[]>();
   private readonly log: Logger = logger("orchestrator.vm");
   /** The template catalog of this home (built templates and build-base ones). */
   readonly catalog: TemplateCatalog;
@@ -110,7 +108,7 @@ export class VmRuntime implements SandboxRuntime {
   constructor(private readonly o: VmRuntimeOptions) {
     this.name = `vm:${o.driver.name}`;
     this.catalog = new TemplateCatalog(o.homePath, (path, err) => this.log.warn({ path, err: err.message }, "unreadable template record skipped"));
-    if (o.volumes) this.volumes = new VmVolumes(o.volumes, this.diskShutdown);
+    if (o.volumes) this.volumes = new VmVolumes(o.volumes);
   }
 
   async listTemplates(): Promise<TemplateInfo[]> {
@@ -328,8 +326,7 @@ export class VmRuntime implements SandboxRuntime {
 
   async reap(known: RuntimeKnownSandbox[]): Promise<ReapReport> {
     const stoppedVms = await reapLeftovers(this.o.runtimePath);
-    const disks = await reapStaleDisks(this.o.disk.recordDir, { mountRoots: [join(this.o.homePath, "sandboxes")] });
-    const removed: string[] = disks.unmounted.map((m) => `mount ${m}`);
+    const removed: string[] = reapStaleMounts([join(this.o.homePath, "sandboxes")]).map((m) => `mount ${m}`);
     const keep = new Set(known.filter((k) => k.state === "paused").map((k) => k.id));
     for (const sub of ["sandboxes", "snapshots"]) {
       const dir = join(this.o.homePath, sub);
@@ -344,7 +341,7 @@ export class VmRuntime implements SandboxRuntime {
   }
 
   beginShutdown(): void {
-    this.diskShutdown.begin();
+    this.o.disks.beginShutdown();
   }
 
   async close(): Promise<void> {
@@ -352,6 +349,7 @@ export class VmRuntime implements SandboxRuntime {
     this.vms.clear();
     for (const id of new Set([...this.disks.keys(), ...this.volumeDisks.keys()])) await this.closeDisk(id);
     await this.volumes?.close();
+    await this.o.disks.close().catch((e) => this.log.error({ err: e }, "disk daemon shutdown failed"));
     await this.o.onClose?.();
   }
 
@@ -434,7 +432,7 @@ export class VmRuntime implements SandboxRuntime {
   /** Serve (overlaybd) or copy (raw) the root disk of sandbox `id` in `workDir`. */
   private async serveDisk(id: string, tpl: ResolvedTemplate, workDir: string, signal: AbortSignal): Promise<{ path: string; kind: VmState["diskKind"] }> {
     if (tpl.rootLayers.length === 0) return { path: await copyRootImage(tpl.rootfsPath, workDir, signal), kind: "copy" };
-    const d = await exportRootDisk({ id, lowers: tpl.rootLayers, sandboxDir: workDir, virtualSize: tpl.diskBytes, recordDir: this.o.disk.recordDir, config: this.o.disk.config, shutdown: this.diskShutdown });
+    const d = await this.o.disks.rootDisk({ id, lowers: tpl.rootLayers, sandboxDir: workDir, virtualSize: tpl.diskBytes });
     this.disks.set(id, d);
     return { path: d.path, kind: "overlaybd" };
   }
@@ -451,7 +449,7 @@ export class VmRuntime implements SandboxRuntime {
   /** Serve the volume drives of sandbox `id` (kept for closeDisk). */
   private async serveVolumes(id: string, workDir: string, mounts: VolumeMount[]): Promise<DriveSpec[]> {
     if (mounts.length === 0) return [];
-    const { disks, drives } = await serveVolumeDrives(id, workDir, mounts, this.requireVolumes().o, this.diskShutdown);
+    const { disks, drives } = await serveVolumeDrives(id, workDir, mounts, this.requireVolumes().o);
     this.volumeDisks.set(id, disks);
     return drives;
   }

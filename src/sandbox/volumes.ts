@@ -12,8 +12,8 @@ import type { Logger } from "pino";
 import { logger } from "../observability/log.ts";
 import type { VolumeBackend } from "../orchestrator/runtime.ts";
 import type { VolumeMount } from "../orchestrator/types.ts";
-import { exportDisk, type DiskConfig, type DiskShutdown, type ExportedDisk } from "../storage/daemon/index.ts";
-import { createVolumeImage, HostFiles, HostVolume, repairVolume, volumeImageSpec, volumePaths, VOLUME_FILE, type CreateDefaults, type HostVolumeOptions } from "../volume/index.ts";
+import type { DiskExport, DiskService } from "../storage/daemon/index.ts";
+import { createVolumeImage, HostFiles, HostVolume, repairVolume, volumeTarget, volumePaths, VOLUME_FILE, type CreateDefaults, type HostVolumeOptions } from "../volume/index.ts";
 import type { DriveSpec } from "../vmm/index.ts";
 import { OrchestratorError } from "../orchestrator/errors.ts";
 import { execInGuest } from "./guest-exec.ts";
@@ -24,9 +24,8 @@ export interface VmVolumesOptions {
   volumesDir: string;
   /** `<runtime_path>/volumes`: the node's host mounts. */
   hostDir: string;
-  /** `<runtime_path>/disks`: export records. */
-  recordDir: string;
-  disk: DiskConfig;
+  /** The node's disk daemon: serves the volume images. */
+  disks: DiskService;
   /** Owner and modes of what is created without explicit metadata (and of a new volume's root). */
   defaults: CreateDefaults;
   maxListEntries: number;
@@ -46,11 +45,7 @@ export class VmVolumes implements VolumeBackend {
   private readonly host = new Map<string, Cached>();
   private readonly log: Logger = logger("volume");
 
-  /** @param shutdown the runtime's disk-service switch: once thrown, export exits are expected */
-  constructor(
-    readonly o: VmVolumesOptions,
-    readonly shutdown?: DiskShutdown,
-  ) {}
+  constructor(readonly o: VmVolumesOptions) {}
 
   async create(id: string, name: string, sizeBytes: number): Promise<void> {
     await createVolumeImage(volumePaths(this.o.volumesDir, id), sizeBytes, this.o.defaults, name);
@@ -109,7 +104,7 @@ export class VmVolumes implements VolumeBackend {
   }
 
   private hostOptions(id: string): HostVolumeOptions {
-    return { id, paths: volumePaths(this.o.volumesDir, id), workDir: join(this.o.hostDir, id), recordDir: this.o.recordDir, disk: this.o.disk, shutdown: this.shutdown };
+    return { id, paths: volumePaths(this.o.volumesDir, id), workDir: join(this.o.hostDir, id), disks: this.o.disks };
   }
 }
 
@@ -122,21 +117,17 @@ export async function serveVolumeDrives(
   sandboxId: string,
   sandboxDir: string,
   mounts: VolumeMount[],
-  o: Pick<VmVolumesOptions, "volumesDir" | "recordDir" | "disk">,
-  shutdown?: DiskShutdown,
-): Promise<{ disks: ExportedDisk[]; drives: DriveSpec[] }> {
-  const disks: ExportedDisk[] = [];
+  o: Pick<VmVolumesOptions, "volumesDir" | "disks">,
+): Promise<{ disks: DiskExport[]; drives: DriveSpec[] }> {
+  const disks: DiskExport[] = [];
   const drives: DriveSpec[] = [];
   try {
     for (const [i, m] of mounts.entries()) {
-      const d = await exportDisk({
+      const d = await o.disks.exportDisk({
         id: `${sandboxId}-vol-${m.volumeId}`,
-        image: volumeImageSpec(volumePaths(o.volumesDir, m.volumeId), m.readOnly),
-        workDir: join(sandboxDir, `vol-${m.volumeId}`),
-        recordDir: o.recordDir,
+        target: volumeTarget(volumePaths(o.volumesDir, m.volumeId), m.readOnly),
+        mountPoint: join(sandboxDir, `vol-${m.volumeId}`, "mnt"),
         fileName: VOLUME_FILE,
-        config: o.disk,
-        shutdown,
       });
       disks.push(d);
       drives.push({ id: `vol${i}`, path: d.path, readOnly: m.readOnly, isRoot: false, serial: m.volumeId });

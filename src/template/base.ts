@@ -15,7 +15,7 @@ import { logger } from "../observability/log.ts";
 import { TemplateError } from "./errors.ts";
 import { importSparse } from "../storage/overlaybd/index.ts";
 import { withBuildLock } from "../vmm/buildlock.ts";
-import { WORKER_ENTRYPOINTS } from "../bundle.ts";
+import { compileEntrypoints } from "../bundle.ts";
 import { readManifest, templateDir, writeManifest, type TemplateManifest } from "./store.ts";
 import initScript from "./guest/init.sh" with { type: "text" };
 
@@ -138,7 +138,7 @@ function agentenvSource(): { key: string; build: (out: string) => Promise<void> 
     // module graph without top-level await, so fall back to a plain compile if that ever changes
     build: async (out) => {
       // worker modules are extra entry points, or the binary would not embed them (src/bundle.ts)
-      const args = ["build", "--compile", join(root, "src/cli/main.ts"), ...WORKER_ENTRYPOINTS.map((w) => join(root, "src", w)), "--outfile", out];
+      const args = ["build", "--compile", ...compileEntrypoints(), "--outfile", out];
       try {
         await run([process.execPath, ...args.slice(0, 2), "--bytecode", ...args.slice(2)]);
       } catch (e) {

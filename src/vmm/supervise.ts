@@ -4,6 +4,7 @@
  * VMM from a recycled pid) and the files it owns. A node that crashed leaves these behind;
  * `reapLeftovers` kills the matching processes and deletes their files at start-up.
  */
+import { processStartTime } from "../ffi/proc.ts";
 import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { logger } from "../observability/log.ts";
@@ -21,17 +22,7 @@ export interface VmmRecord {
   ownedFiles: string[];
 }
 
-/** Start time of a live process (/proc/<pid>/stat field 22), or null when it does not exist. */
-export function processStartTime(pid: number): number | null {
-  try {
-    const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
-    // comm (field 2) may contain spaces and parentheses: fields after the last ')' start at field 3
-    const rest = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
-    return Number(rest[22 - 3]);
-  } catch {
-    return null;
-  }
-}
+export { processStartTime };
 
 /** Directory of the VMM records under a runtime directory. */
 export function recordDir(runtimeDir: string): string {

@@ -9,9 +9,9 @@ import { mkdirSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import { listMounts, MNT_DETACH, umount2 } from "../ffi/mount.ts";
 import { logger } from "../observability/log.ts";
-import { exportDisk, type DiskConfig, type DiskShutdown, type ExportedDisk } from "../storage/daemon/index.ts";
+import type { DiskExport, DiskService } from "../storage/daemon/index.ts";
 import { VolumeError } from "./errors.ts";
-import { volumeImageSpec, type VolumePaths } from "./image.ts";
+import { volumeTarget, type VolumePaths } from "./image.ts";
 
 const log = logger("volume");
 /** Name of the served image file inside the export's mount. */
@@ -24,11 +24,8 @@ export interface HostVolumeOptions {
   paths: VolumePaths;
   /** Directory of this host access (`<runtime_path>/volumes/<id>`), made if missing. */
   workDir: string;
-  /** `<runtime_path>/disks`: the serving child's record, for crash reaping. */
-  recordDir: string;
-  disk: DiskConfig;
-  /** The owner's disk-service shutdown switch (export exits are then expected). */
-  shutdown?: DiskShutdown;
+  /** The node's disk daemon: serves the volume image. */
+  disks: DiskService;
 }
 
 function run(argv: string[]): { code: number; out: string } {
@@ -36,9 +33,9 @@ function run(argv: string[]): { code: number; out: string } {
   return { code: r.exitCode ?? -1, out: (r.stderr.toString() + r.stdout.toString()).trim() };
 }
 
-async function serve(o: HostVolumeOptions, readOnly: boolean): Promise<ExportedDisk> {
+async function serve(o: HostVolumeOptions, readOnly: boolean): Promise<DiskExport> {
   mkdirSync(o.workDir, { recursive: true });
-  return exportDisk({ id: `vol-${o.id}`, image: volumeImageSpec(o.paths, readOnly), workDir: o.workDir, recordDir: o.recordDir, fileName: VOLUME_FILE, config: o.disk, shutdown: o.shutdown });
+  return o.disks.exportDisk({ id: `vol-${o.id}`, target: volumeTarget(o.paths, readOnly), mountPoint: join(o.workDir, "mnt"), fileName: VOLUME_FILE });
 }
 
 /** A volume mounted on the node. Close it before any sandbox attaches the volume. */
@@ -49,7 +46,7 @@ export class HostVolume {
     /** The mounted filesystem's root directory. */
     readonly root: string,
     readonly readOnly: boolean,
-    private readonly disk: ExportedDisk,
+    private readonly disk: DiskExport,
   ) {}
 
   /**

@@ -7,7 +7,7 @@
  */
 import { mkdirSync, rmSync, truncateSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import type { DiskImageSpec } from "../storage/daemon/index.ts";
+import type { TargetSpec } from "../storage/daemon/index.ts";
 import { createUpper, importSparse } from "../storage/overlaybd/index.ts";
 import { VolumeError } from "./errors.ts";
 
@@ -24,9 +24,9 @@ export function volumePaths(volumesDir: string, id: string): VolumePaths {
   return { dir, base: join(dir, "base.layer"), upper: { data: join(dir, "upper", "upper.data"), index: join(dir, "upper", "upper.index") } };
 }
 
-/** What the disk service serves for volume files `p`. */
-export function volumeImageSpec(p: VolumePaths, readOnly: boolean): DiskImageSpec {
-  return { kind: "overlaybd", lowers: [p.base], upper: p.upper, ...(readOnly ? { readOnly: true } : {}) };
+/** What the disk daemon serves for volume files `p` (read-only: the upper is opened O_RDONLY). */
+export function volumeTarget(p: VolumePaths, readOnly: boolean): TargetSpec {
+  return { kind: "overlaybd", lowers: [p.base], upper: p.upper, ...(readOnly ? { upper_read_only: true } : {}) };
 }
 
 /**

@@ -10,7 +10,7 @@ import { netLockPath } from "../../src/node/lock.ts";
 import { loadConfig } from "../../src/config/index.ts";
 import { netConfigFromConfig, NetworkManager } from "../../src/net/index.ts";
 import { VmRuntime } from "../../src/sandbox/vm-runtime.ts";
-import { diskConfig } from "../../src/storage/daemon/index.ts";
+import { diskConfig, DiskService } from "../../src/storage/daemon/index.ts";
 import { QemuDriver, qemuOptions } from "../../src/vmm/index.ts";
 import type { SandboxRecord } from "../../src/orchestrator/index.ts";
 
@@ -37,8 +37,10 @@ export async function startNodeNoVm(env: Record<string, string> = {}, home = mkd
       AENV__network__name_prefix: prefix,
     },
   });
-  const node = await bootNode(cfg, async (c, db, oc) =>
-    new VmRuntime({
+  const node = await bootNode(cfg, async (c, db, oc) => {
+    // the disk daemon starts on first use only (these tests serve no disk)
+    const disks = new DiskService({ dir: join(home, "run", "disk"), config: diskConfig(c) });
+    return new VmRuntime({
       homePath: home,
       runtimePath: join(home, "run"),
       kernelPath: () => "/nonexistent",
@@ -48,19 +50,18 @@ export async function startNodeNoVm(env: Record<string, string> = {}, home = mkd
       defaultMemoryMB: oc.defaultMemoryMB,
       envdPollMs: oc.envdPollMs,
       defaultUser: "user",
-      disk: { recordDir: join(home, "run", "disks"), config: diskConfig(c) },
+      disks,
       volumes: {
         volumesDir: join(home, "volumes"),
         hostDir: join(home, "run", "volumes"),
-        recordDir: join(home, "run", "disks"),
-        disk: diskConfig(c),
+        disks,
         defaults: { uid: 1000, gid: 1000, fileMode: 0o644, dirMode: 0o755 },
         maxListEntries: 100,
         hostIdleMs: 200,
         guestOpTimeoutMs: 30_000,
       },
-    }),
-  );
+    });
+  });
   return {
     ...node,
     home,

@@ -115,7 +115,7 @@ describe("refusals name the source, key, value and expectation", () => {
 
   test("out of range, not a multiple, not one of the allowed values", () => {
     const cases: [string, string][] = [
-      ["[disk]\nfuse_workers = 17\n", "disk.fuse_workers = 17: expected an integer in 1..16 (count)"],
+      ["[disk]\nfuse_threads = 17\n", "disk.fuse_threads = 17: expected an integer in 1..16 (count)"],
       ["[disk]\nfuse_max_write = 5000\n", "disk.fuse_max_write = 5000: expected an integer in 4096..1048576, a multiple of 4096 (bytes)"],
       ["[orchestrator]\nmax_sandboxes = 0\n", "orchestrator.max_sandboxes = 0: expected an integer >= 1 (count)"],
       ["[orchestrator]\nevict_interval_ms = 2.5\n", "orchestrator.evict_interval_ms = 2.5: expected an integer in 10..86400000 (ms)"],

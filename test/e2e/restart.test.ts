@@ -7,7 +7,7 @@ import { afterAll, expect, test } from "bun:test";
 import { existsSync, readFileSync, readdirSync } from "node:fs";
 import { join } from "node:path";
 import { Database } from "bun:sqlite";
-import { NodeWorld, qemuPidsUnder, vmPrerequisites } from "./world.ts";
+import { diskDaemonsUnder, NodeWorld, qemuPidsUnder, vmPrerequisites } from "./world.ts";
 import { alive } from "../helpers/proc.ts";
 
 const missing = vmPrerequisites();
@@ -16,21 +16,6 @@ let world: NodeWorld | undefined;
 afterAll(async () => {
   await world?.dispose();
 }, 60_000);
-
-/** pids of `agentenv disk serve` children serving sandbox `id`'s disk. */
-function diskServers(id: string): number[] {
-  return readdirSync("/proc")
-    .filter((p) => /^\d+$/.test(p))
-    .filter((p) => {
-      try {
-        const cmd = readFileSync(`/proc/${p}/cmdline`, "utf8");
-        return cmd.includes("disk\0serve") && cmd.includes(`disk-${id}.json`);
-      } catch {
-        return false;
-      }
-    })
-    .map(Number);
-}
 
 /** FUSE disk mounts under `dir`. */
 function diskMounts(dir: string): string[] {
@@ -66,16 +51,20 @@ test("a crashed node's running sandbox is reaped at the next start; its paused s
     expect(marked(n)).toBe(true);
   }
   expect(existsSync(join(world.home, "sandboxes", p1.a))).toBe(true);
-  // A's root disk is still served (the template has overlaybd layers); paused B's is not
-  expect(diskServers(p1.a).length).toBe(1);
-  expect(diskServers(p1.b)).toEqual([]);
-  expect(diskMounts(world.home).length).toBe(1);
+  // A's root disk is still served by the crashed node's disk daemon (the template has overlaybd
+  // layers); paused B's is not
+  const daemons = diskDaemonsUnder(world.home);
+  expect(daemons.length).toBe(1);
+  expect(diskMounts(world.home).filter((l) => l.includes(`/sandboxes/${p1.a}/`)).length).toBe(1);
+  expect(diskMounts(world.home).filter((l) => l.includes(`/sandboxes/${p1.b}/`))).toEqual([]);
 
   await world.start();
   // every slot namespace of the crashed run was deleted (a name may be reused by the new warm pool)
   expect(world.slotNamespaces().filter(marked)).toEqual([]);
-  expect(diskServers(p1.a)).toEqual([]);
-  expect(diskMounts(world.home)).toEqual([]);
+  // the old daemon was shut down (with its mounts); the new node runs its own
+  expect(alive(daemons[0]!)).toBe(false);
+  expect(diskDaemonsUnder(world.home).length).toBe(1);
+  expect(diskMounts(world.home).filter((l) => l.includes("/sandboxes/"))).toEqual([]);
   expect(alive(pidA)).toBe(false);
   expect(qemuPidsUnder(world.home, world.memDir)).toEqual([]);
   expect(existsSync(join(world.home, "sandboxes", p1.a))).toBe(false);
@@ -95,6 +84,9 @@ test("a crashed node's running sandbox is reaped at the next start; its paused s
 
   expect(await world.stop()).toBe(0);
   expect(qemuPidsUnder(world.home, world.memDir)).toEqual([]);
+  // a clean stop ends the disk daemon and every mount of it
+  expect(diskDaemonsUnder(world.home)).toEqual([]);
+  expect(diskMounts(world.home)).toEqual([]);
   // a clean stop removes every slot of this node
   expect(world.slotNamespaces()).toEqual([]);
 }, 400_000);

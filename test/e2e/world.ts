@@ -192,7 +192,7 @@ export class NodeWorld {
     }
     for (const n of this.slotNamespaces()) Bun.spawnSync(["ip", "netns", "del", n]);
     Bun.spawnSync(["ip", "netns", "del", this.ns]);
-    // a node that died (a test's failure) leaves its disk children and FUSE mounts: remove them
+    // a node that died (a test's failure) leaves its disk daemon and FUSE mounts: remove them
     // first, or the recursive delete below walks into a live mount
     for (const pid of pidsNaming(this.home)) {
       try {
@@ -221,6 +221,21 @@ export function pidsNaming(dir: string): number[] {
     }
   }
   return out;
+}
+
+/** pids of `agentenv ublk-daemon` processes whose command line names a directory under `dir`. */
+export function diskDaemonsUnder(dir: string): number[] {
+  return readdirSync("/proc")
+    .filter((p) => /^\d+$/.test(p))
+    .filter((p) => {
+      try {
+        const args = readFileSync(`/proc/${p}/cmdline`, "utf8").split("\0");
+        return args.includes("ublk-daemon") && args.some((a) => a.startsWith(`${dir}/`));
+      } catch {
+        return false;
+      }
+    })
+    .map(Number);
 }
 
 /** pids of QEMU processes whose command line names `dir` (their work dir or RAM file). */

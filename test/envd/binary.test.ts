@@ -1,5 +1,5 @@
 /**
- * `bun build --compile src/cli/main.ts` produces a single binary in which `agentenv envd` works:
+ * `bun build --compile src/cli/main.ts <worker entries>` produces a single binary in which `agentenv envd` works:
  * the compiled envd (real binary, real processes, real PTY through bun:ffi) serves the e2b SDK.
  */
 import { afterAll, beforeAll, expect, test } from "bun:test";
@@ -7,6 +7,7 @@ import { mkdtempSync, rmSync, statSync } from "node:fs";
 import { join } from "node:path";
 import { Sandbox } from "e2b";
 import { ENVD_VERSION } from "../../src/envd/version.ts";
+import { compileEntrypoints } from "../../src/bundle.ts";
 import { ensureUserAccount, initEnvd, ROOT, startEnvdChild, waitFor, type EnvdChild } from "./harness.ts";
 
 let tmp: string;
@@ -17,7 +18,7 @@ beforeAll(async () => {
   ensureUserAccount();
   tmp = mkdtempSync("/tmp/envd-bin-");
   bin = join(tmp, "agentenv");
-  const b = Bun.spawn(["bun", "build", "--compile", join(ROOT, "src/cli/main.ts"), "--outfile", bin], { stdout: "pipe", stderr: "pipe", cwd: ROOT });
+  const b = Bun.spawn(["bun", "build", "--compile", ...compileEntrypoints(), "--outfile", bin], { stdout: "pipe", stderr: "pipe", cwd: ROOT });
   const code = await b.exited;
   if (code !== 0) throw new Error(`bun build failed: ${await new Response(b.stderr).text()}`);
 }, 120_000);

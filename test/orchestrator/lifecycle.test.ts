@@ -13,7 +13,7 @@ import { openDb, type Db } from "../../src/db/index.ts";
 import { netConfigFromConfig, NetworkManager } from "../../src/net/index.ts";
 import { Orchestrator, orchestratorConfig, type OrchestratorCounters, type SandboxEvent, type SandboxRecord } from "../../src/orchestrator/index.ts";
 import { VmRuntime } from "../../src/sandbox/vm-runtime.ts";
-import { diskConfig } from "../../src/storage/daemon/index.ts";
+import { diskConfig, DiskService } from "../../src/storage/daemon/index.ts";
 import { QemuDriver, qemuOptions } from "../../src/vmm/index.ts";
 
 const cleanup: (() => Promise<unknown> | void)[] = [];
@@ -34,7 +34,7 @@ function world(env: Record<string, string> = {}, home = mkdtempSync(join(tmpdir(
     defaultMemoryMB: 512,
     envdPollMs: 20,
     defaultUser: "user",
-    disk: { recordDir: join(home, "run", "disks"), config: diskConfig(cfg) },
+    disks: new DiskService({ dir: join(home, "run", "disk"), config: diskConfig(cfg) }),
   });
   const orch = new Orchestrator(db, runtime, orchestratorConfig(cfg));
   return { home, db, orch };

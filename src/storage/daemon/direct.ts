@@ -6,7 +6,7 @@
  * Mapping rules: overlaybd-format.md 2.7 as implemented by `LayeredImage` (offsets, lengths and
  * moffsets in 512-byte sectors; zeroed segments and unmapped ranges read as zeros).
  */
-import type { DirectPlan } from "../fuse/server.ts";
+import type { DirectPlan } from "../fuse/index.ts";
 import { LayeredImage, LocalFile, SECTOR } from "../overlaybd/index.ts";
 
 /**

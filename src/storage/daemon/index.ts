@@ -1,19 +1,24 @@
 /**
- * The disk service: serves sandbox disks to VMMs as plain files on FUSE mounts, one serving
- * child process per disk (see ./serve.ts for why), and reaps what a crashed node left.
+ * The disk service: one long-lived daemon per node (`agentenv ublk-daemon`, ./daemon.ts) owns
+ * every export of the node (FUSE files now; ublk devices once the ublk engine is available behind
+ * ./engine.ts), speaks a length-prefixed JSON protocol on a Unix socket (./protocol.ts), keeps its
+ * devices in SQLite (./store.ts) and serves them again after a crash.
  *
- * - `exportDisk({ id, image, workDir, recordDir, config })` → `{ path, pid, exited, close() }`
- * - `prepareRootDisk({ id, lowers, sandboxDir, virtualSize, recordDir, config })` → the same, for
- *   a template's overlaybd layers + a fresh upper in the sandbox dir, served as `mnt/root.img`
- * - `reapStaleDisks(recordDir, { mountRoots })` at node start
- * - `DiskShutdown.begin()` (the switch passed to its exports) first thing in a node's shutdown: its child exits are then expected
- *
- * Serving children run in their own session, so Ctrl-C on the node's terminal does not kill them.
+ * Node side (`DiskService`, ./service.ts):
+ * - `DiskService.start({ dir: <runtime_path>/disk, config: diskConfig(cfg) })` (shuts down a
+ *   daemon a crashed node left: it removes every device it had)
+ * - `svc.rootDisk({ id, lowers, sandboxDir, virtualSize })` → `DiskExport` `{ path, close() }`:
+ *   template layers + the sandbox's upper, served as `<sandboxDir>/mnt/root.img`
+ * - `svc.exportDisk({ id, target, mountPoint?, fileName? })` → a raw file or a stack
+ * - `svc.acquireShared({ key, lowers | rawPath, acceptWritableOpen })` → one refcounted
+ *   read-only device per key (a snapshot's memory image); `svc.stats(id)` counts its reads
+ * - `svc.restack(id, layerPath | null, nextUpper)`, `svc.list()`, `svc.features()`
+ * - `svc.beginShutdown()` first in the node's shutdown, `svc.close()` last
+ * - `reapStaleMounts(roots)` at node start for mounts no daemon owns
  */
-export { diskConfig, type DiskConfig } from "./config.ts";
+export { daemonSettings, diskConfig, type DiskConfig } from "./config.ts";
 export { DiskError } from "./errors.ts";
-export { agentenvCommand, DiskShutdown, exportDisk, type ExportedDisk } from "./export.ts";
 export { RawFileImage } from "./raw.ts";
-export { prepareRootDisk, ROOT_DISK_FILE, upperPaths, type RootDiskOptions } from "./rootdisk.ts";
-export { reapStaleDisks, type ReapReport } from "./reap.ts";
-export type { DiskImageSpec, FuseTuning, ServeSpec } from "./spec.ts";
+export { reapStaleMounts } from "./reap.ts";
+export { agentenvCommand, DiskService, ROOT_DISK_FILE, upperPaths, type DiskExport, type RootDiskOptions } from "./service.ts";
+export type { DeviceInfo, DeviceStats, EngineName, TargetSpec } from "./protocol.ts";

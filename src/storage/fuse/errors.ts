@@ -5,6 +5,7 @@ export const FUSE_ERRORS = {
   "fuse.open_device": "/dev/fuse cannot be opened",
   "fuse.mount": "mount(2) refused the FUSE mount (details.errno)",
   "fuse.bad_options": "invalid export options",
+  "fuse.closed": "the reader pool or connection is closed",
 } as const satisfies ErrorTable;
 /** A FuseError code. */
 export type FuseErrorCode = keyof typeof FUSE_ERRORS;

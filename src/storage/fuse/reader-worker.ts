@@ -1,18 +1,22 @@
 /**
- * Body of a reader thread: blocks in read(2) on /dev/fuse. With a `direct` plan (where each byte
- * of the image lives in plain files) READ of the served file is answered right here by pread on
- * those files' fds (and WRITE by pwrite when the plan has a `writeFd`: a raw file), into one
- * buffer allocated at start (reply header and data contiguous: one write(2) per reply, no
- * per-request allocation). Every other request, a READ touching a block marked in `dirty`, and
- * every request once the export is closing, is handed to the main thread (one read = one
- * request), which owns the BlockImage and writes the reply. Blocking reads must live off the
- * main thread: a parked read would stall the event loop.
+ * Entry module of a FUSE reader thread (started by `FuseReaderPool`, listed in
+ * `WORKER_ENTRYPOINTS` of src/bundle.ts so `bun build --compile` embeds it). One thread serves every connection
+ * of the process: it waits in epoll on all their /dev/fuse fds (non-blocking, level-triggered),
+ * reads one request at a time, and
+ * - answers READ of the served file itself, by pread on the plain files of the connection's
+ *   direct plan (and WRITE by pwrite when the plan has a `writeFd`, a raw file), from one buffer
+ *   allocated at start: reply header and data contiguous, one write(2) per reply;
+ * - hands every other request, a READ touching a block marked in `dirty`, and every request once
+ *   the connection is closing, to the main thread, which owns the BlockImage and replies.
+ * Blocking waits must live off the main thread: a parked read would stall its event loop.
  *
- * The thread is started with `eval: true` from this function's source text (see `readerSource`),
- * so it also runs from a `bun build --compile` binary, which embeds no separate worker file. The
- * function must therefore use nothing but its parameters.
- *
- * workerData: { fd, bufSize, slot, direct?: { size, ext, writeFd, zeroFill, dirty, ctl, counters } } where
+ * workerData: { index, epfd, wakeFd, port, bufSize }. `epfd` is this thread's epoll instance (the
+ * main thread adds and removes connection fds with data = their slot number; slot 0 is `wakeFd`,
+ * an eventfd the main thread signals after posting a control message on `port`).
+ * Control messages (main -> thread, on `port`):
+ *  - { op: "add", slot, fd, direct: Direct | null, ctl, counters } and { op: "update", slot, direct }
+ *  - { op: "remove", slot }, { op: "stop" }
+ * where Direct = { size, ext, writeFd, zeroFill, dirty }:
  *  - `ext` (Float64Array): 4 numbers per extent, sorted by offset: virtual offset, length, fd,
  *    file offset (bytes); virtual bytes outside every extent read as zeros;
  *  - `writeFd`: fd WRITE goes to at the virtual offset itself (identity map), -1 = WRITE goes to
@@ -22,192 +26,259 @@
  *  - `dirty` (Int32Array over a SharedArrayBuffer, or null): bit b set = the 4 KiB block b may
  *    differ from `ext` (written through the main thread); set before such a write starts, never
  *    cleared;
- *  - `ctl` (Int32Array over a SharedArrayBuffer): [0] = 1 once the export is closing (hand
- *    everything to the main thread), [1] = requests being served directly right now;
- *  - `counters` (Float64Array, shared): 6 per thread at `slot * 6`: reads, bytesRead, writes,
- *    bytesWritten, errors, unused. Only this thread writes its slots.
- * Messages out: ArrayBuffer (a request for the main thread), { done: string } when the
- * connection ends (ENODEV after unmount, ECONNABORTED after abort), { fail: string, op, offset,
- * size } when a direct I/O failed (answered EIO; the main thread logs it), { warn: string } when a
- * reply could not be written for another reason than an interrupted/aborted request.
- * Protocol offsets: /work/shared/docs/fuse-nbd.md §1.2, §1.5 (in header 40 bytes; read/write_in
+ * and per connection `ctl` (Int32Array, shared): [0] = 1 once closing (hand everything to the
+ * main thread), [1] = requests being served directly right now; `counters` (Float64Array, shared):
+ * 6 per thread at `index * 6`: reads, bytesRead, writes, bytesWritten, errors, unused (only this
+ * thread writes its slots).
+ * Messages out (parentPort): { slot, req: ArrayBuffer } (a request for the main thread),
+ * { slot, removed: index } after a "remove", { slot, ended: string } when a connection ends (ENODEV after unmount, ECONNABORTED after abort),
+ * { slot, fail: string, op, offset, size } when a direct I/O failed (answered EIO),
+ * { warn: string } when a reply could not be written for another reason than an
+ * interrupted/aborted request.
+ * Protocol offsets: ../shared/docs/fuse-nbd.md §1.2, §1.5 (in header 40 bytes; read/write_in
  * offset @8, size @16 of the body; WRITE data at body offset 40; out header 16 bytes).
  */
-import type * as Fs from "node:fs";
-import type * as WorkerThreads from "node:worker_threads";
+import { parentPort, receiveMessageOnPort, workerData, type MessagePort } from "node:worker_threads";
+import { addressOf, epollDel, epollWait, Errno, eventData, eventfdDrain, preadAt, pwriteAt, readAt, writeAt } from "../../ffi/epoll.ts";
 
-interface Direct {
+/** Where a connection's bytes live, as sent by the main thread. */
+export interface DirectMsg {
   size: number;
   ext: Float64Array;
   writeFd: number;
   zeroFill: boolean;
   dirty: Int32Array | null;
+}
+
+/** Control messages from the main thread. */
+export type ControlMsg =
+  | { op: "add"; slot: number; fd: number; direct: DirectMsg | null; ctl: Int32Array; counters: Float64Array }
+  | { op: "update"; slot: number; direct: DirectMsg | null }
+  | { op: "remove"; slot: number }
+  | { op: "stop" };
+
+/** Start-up data of a reader thread. */
+export interface ReaderData {
+  index: number;
+  epfd: number;
+  wakeFd: number;
+  port: MessagePort;
+  bufSize: number;
+}
+
+interface Conn {
+  fd: number;
+  direct: DirectMsg | null;
   ctl: Int32Array;
   counters: Float64Array;
 }
 
-function readerLoop(fs: typeof Fs, wt: typeof WorkerThreads): void {
-  const { fd, bufSize, slot, direct } = wt.workerData as { fd: number; bufSize: number; slot: number; direct?: Direct };
-  const port = wt.parentPort!;
-  const buf = new Uint8Array(bufSize);
-  const inView = new DataView(buf.buffer);
-  // reply buffer: READ data (or a write_out) at DATA (page-aligned: a large ArrayBuffer is, and
-  // a copy to or from a destination 16 bytes off a 64-byte boundary measured 5x slower), the
-  // 16-byte out header right before it, so a reply is one contiguous write(2)
-  const DATA = 4096, HDR = DATA - 16;
-  const out = new Uint8Array(DATA + bufSize);
-  const outView = new DataView(out.buffer);
-  const OP_READ = 15, OP_WRITE = 16, FILE_INO = 2, EIO = 5, EINVAL = 22, ENOSPC = 28;
-  const c = direct ? slot * 6 : 0;
+const OP_READ = 15, OP_WRITE = 16, FILE_INO = 2, EIO = 5, EINVAL = 22, ENOSPC = 28;
+/** Requests read from one connection before looking at the others again. */
+const BATCH = 32;
+/** Out header right before the reply data; data page-aligned (a misaligned copy measured 5x slower). */
+const DATA = 4096, HDR = DATA - 16;
 
-  const reply = (bodyLen: number, errno: number): void => {
+function run(d: ReaderData): void {
+  const { index, epfd, wakeFd, port, bufSize } = d;
+  const out = parentPort!;
+  const conns = new Map<number, Conn>();
+  const buf = new Uint8Array(bufSize);
+  const bufAt = addressOf(buf);
+  const inView = new DataView(buf.buffer);
+  const reply = new Uint8Array(DATA + bufSize);
+  const replyAt = addressOf(reply);
+  const outView = new DataView(reply.buffer);
+  const events = new Uint8Array(12 * 64);
+  const eventsView = new DataView(events.buffer);
+  const c = index * 6;
+  let stopping = false;
+
+  const drain = (): void => {
+    for (let m = receiveMessageOnPort(port); m; m = receiveMessageOnPort(port)) {
+      const msg = m.message as ControlMsg;
+      if (msg.op === "add") conns.set(msg.slot, { fd: msg.fd, direct: msg.direct, ctl: msg.ctl, counters: msg.counters });
+      else if (msg.op === "update") {
+        const conn = conns.get(msg.slot);
+        if (conn) conn.direct = msg.direct;
+      } else if (msg.op === "remove") {
+        conns.delete(msg.slot);
+        // the main thread closes the fd only after every thread acknowledged: an fd number
+        // reused by a new connection is then never read under this slot
+        out.postMessage({ slot: msg.slot, removed: index });
+      } else stopping = true;
+    }
+  };
+
+  const send = (conn: Conn, bodyLen: number, errno: number): void => {
     const len = 16 + (errno ? 0 : bodyLen);
     outView.setUint32(HDR, len, true);
     outView.setInt32(HDR + 4, -errno, true);
     // unique: copied from the request header (bit 63 of a resent request kept as is)
     outView.setUint32(HDR + 8, inView.getUint32(8, true), true);
     outView.setUint32(HDR + 12, inView.getUint32(12, true), true);
-    if (errno && direct) direct.counters[c + 4]! += 1;
-    try {
-      fs.writeSync(fd, out, HDR, len);
-    } catch (e) {
-      const code = (e as NodeJS.ErrnoException).code;
-      if (code !== "ENOENT" && code !== "ENODEV" && code !== "ECONNABORTED") port.postMessage({ warn: String(e) });
-    }
+    if (errno) conn.counters[c + 4]! += 1;
+    const r = writeAt(conn.fd, replyAt + HDR, len);
+    if (r < 0 && r !== -Errno.ENOENT && r !== -Errno.ENODEV && r !== -Errno.ECONNABORTED) out.postMessage({ warn: `reply write failed: errno ${-r}` });
   };
 
-  /** Serve READ/WRITE of the file from `direct`; false = not ours, hand it on. */
-  const serveDirect = (d: Direct, n: number): boolean => {
+  /** Serve READ/WRITE of the file from the direct plan; false = not ours, hand it on. */
+  const serveDirect = (slot: number, conn: Conn, dp: DirectMsg, n: number): boolean => {
     if (n < 80) return false;
     const op = inView.getUint32(4, true);
     if (op !== OP_READ && op !== OP_WRITE) return false;
     if (inView.getUint32(16, true) !== FILE_INO || inView.getUint32(20, true) !== 0) return false;
-    if (op === OP_WRITE && d.writeFd < 0) return false;
+    if (op === OP_WRITE && dp.writeFd < 0) return false;
     // u64 offset; anything at or above 2^53 is past every image anyway
     const hi = inView.getUint32(52, true);
     const offset = hi >= 0x200000 ? Number.MAX_SAFE_INTEGER : hi * 4294967296 + inView.getUint32(48, true);
     const size = inView.getUint32(56, true);
     if (op === OP_READ) {
-      const len = Math.max(0, Math.min(size, d.size - offset, bufSize));
+      const len = Math.max(0, Math.min(size, dp.size - offset, bufSize));
       const end = offset + len;
-      const dirty = d.dirty;
+      const dirty = dp.dirty;
       if (dirty && len > 0) {
         for (let b = Math.floor(offset / 4096), last = Math.floor((end - 1) / 4096); b <= last; b++) {
           if ((Atomics.load(dirty, b >>> 5) & (1 << (b & 31))) !== 0) return false;
         }
       }
-      const ext = d.ext;
+      const ext = dp.ext;
       const count = ext.length / 4;
-      let done = 0;
-      try {
-        // first extent ending after `offset`
-        let lo = 0, hi = count;
-        while (lo < hi) {
-          const mid = (lo + hi) >>> 1;
-          if (ext[mid * 4]! + ext[mid * 4 + 1]! <= offset) lo = mid + 1;
-          else hi = mid;
+      // first extent ending after `offset`
+      let lo = 0, hi2 = count;
+      while (lo < hi2) {
+        const mid = (lo + hi2) >>> 1;
+        if (ext[mid * 4]! + ext[mid * 4 + 1]! <= offset) lo = mid + 1;
+        else hi2 = mid;
+      }
+      let pos = offset;
+      for (let i = lo; pos < end; i++) {
+        const start = i < count ? ext[i * 4]! : end;
+        if (start >= end) {
+          reply.fill(0, DATA + pos - offset, DATA + len);
+          pos = end;
+          break;
         }
-        let pos = offset;
-        for (let i = lo; pos < end; i++) {
-          const start = i < count ? ext[i * 4]! : end;
-          if (start >= end) {
-            out.fill(0, DATA + pos - offset, DATA + len);
-            pos = end;
+        if (start > pos) {
+          reply.fill(0, DATA + pos - offset, DATA + start - offset);
+          pos = start;
+        }
+        const stop = Math.min(start + ext[i * 4 + 1]!, end);
+        const efd = ext[i * 4 + 2]!, foff = ext[i * 4 + 3]! + (pos - start);
+        let got = 0;
+        while (pos + got < stop) {
+          const r = preadAt(efd, replyAt + DATA + pos - offset + got, stop - pos - got, foff + got);
+          if (r === -Errno.EINTR) continue;
+          if (r < 0) {
+            out.postMessage({ slot, fail: `pread errno ${-r}`, op: "read", offset, size });
+            send(conn, 0, EIO);
+            return true;
+          }
+          if (r === 0) break;
+          got += r;
+        }
+        if (pos + got < stop) {
+          if (!dp.zeroFill) {
+            pos += got;
             break;
           }
-          if (start > pos) {
-            out.fill(0, DATA + pos - offset, DATA + start - offset);
-            pos = start;
-          }
-          const stop = Math.min(start + ext[i * 4 + 1]!, end);
-          const efd = ext[i * 4 + 2]!, foff = ext[i * 4 + 3]! + (pos - start);
-          let got = 0;
-          while (pos + got < stop) {
-            const r = fs.readSync(efd, out, DATA + pos - offset + got, stop - pos - got, foff + got);
-            if (r === 0) break;
-            got += r;
-          }
-          if (pos + got < stop) {
-            if (!d.zeroFill) {
-              pos += got;
-              break;
-            }
-            out.fill(0, DATA + pos - offset + got, DATA + stop - offset);
-          }
-          pos = stop;
+          reply.fill(0, DATA + pos - offset + got, DATA + stop - offset);
         }
-        done = pos - offset;
-      } catch (e) {
-        port.postMessage({ fail: String(e), op: "read", offset, size });
-        reply(0, EIO);
-        return true;
+        pos = stop;
       }
+      const done = pos - offset;
       if (len > 0) {
-        d.counters[c]! += 1;
-        d.counters[c + 1]! += done;
+        conn.counters[c]! += 1;
+        conn.counters[c + 1]! += done;
       }
-      reply(done, 0);
+      send(conn, done, 0);
       return true;
     }
     const reqLen = inView.getUint32(0, true);
     if (Math.min(reqLen, n) - 80 < size) {
-      reply(0, EINVAL);
+      send(conn, 0, EINVAL);
       return true;
     }
-    if (offset + size > d.size) {
-      reply(0, ENOSPC);
+    if (offset + size > dp.size) {
+      send(conn, 0, ENOSPC);
       return true;
     }
     let done = 0;
-    try {
-      while (done < size) done += fs.writeSync(d.writeFd, buf, 80 + done, size - done, offset + done);
-    } catch (e) {
-      port.postMessage({ fail: String(e), op: "write", offset, size });
-      reply(0, EIO);
-      return true;
+    while (done < size) {
+      const r = pwriteAt(dp.writeFd, bufAt + 80 + done, size - done, offset + done);
+      if (r === -Errno.EINTR) continue;
+      if (r <= 0) {
+        out.postMessage({ slot, fail: `pwrite errno ${-r}`, op: "write", offset, size });
+        send(conn, 0, EIO);
+        return true;
+      }
+      done += r;
     }
-    d.counters[c + 2]! += 1;
-    d.counters[c + 3]! += size;
+    conn.counters[c + 2]! += 1;
+    conn.counters[c + 3]! += size;
     outView.setUint32(DATA, size, true);
     outView.setUint32(DATA + 4, 0, true);
-    reply(8, 0);
+    send(conn, 8, 0);
     return true;
   };
 
-  for (;;) {
-    let n: number;
-    try {
-      n = fs.readSync(fd, buf, 0, bufSize, null);
-    } catch (e) {
-      const code = (e as NodeJS.ErrnoException).code;
-      // ENOENT: the request was interrupted before we read it; EINTR/EAGAIN: retry.
-      if (code === "ENOENT" || code === "EINTR" || code === "EAGAIN") continue;
-      port.postMessage({ done: code ?? String(e) });
-      return;
-    }
-    if (n === 0) {
-      port.postMessage({ done: "EOF" });
-      return;
-    }
-    if (direct) {
-      // announce first, then check the flag: close() sets the flag, then waits for the count
-      // to drop to 0, so it never closes the file under a direct request (both sequentially
-      // consistent atomics)
-      Atomics.add(direct.ctl, 1, 1);
-      let served = false;
-      try {
-        if (Atomics.load(direct.ctl, 0) === 0) served = serveDirect(direct, n);
-      } finally {
-        Atomics.sub(direct.ctl, 1, 1);
+  /** Read and serve up to BATCH requests of one connection. */
+  const serveConn = (slot: number, conn: Conn): void => {
+    for (let k = 0; k < BATCH; k++) {
+      const n = readAt(conn.fd, bufAt, bufSize);
+      if (n === -Errno.EAGAIN) return;
+      // ENOENT: the request was interrupted before we read it; EINTR: retry
+      if (n === -Errno.ENOENT || n === -Errno.EINTR) continue;
+      if (n <= 0) {
+        // ENODEV after unmount, ECONNABORTED after an abort: this connection is over
+        epollDel(epfd, conn.fd);
+        conns.delete(slot);
+        out.postMessage({ slot, ended: n === 0 ? "EOF" : n === -Errno.ENODEV ? "ENODEV" : n === -Errno.ECONNABORTED ? "ECONNABORTED" : `errno ${-n}` });
+        return;
       }
-      if (served) continue;
+      const dp = conn.direct;
+      if (dp) {
+        // announce first, then check the flag: close() sets the flag, then waits for the count
+        // to drop to 0, so it never closes the files under a direct request (both sequentially
+        // consistent atomics)
+        Atomics.add(conn.ctl, 1, 1);
+        let served = false;
+        try {
+          if (Atomics.load(conn.ctl, 0) === 0) served = serveDirect(slot, conn, dp, n);
+        } finally {
+          Atomics.sub(conn.ctl, 1, 1);
+        }
+        if (served) continue;
+      }
+      const req = buf.slice(0, n);
+      out.postMessage({ slot, req: req.buffer }, [req.buffer]);
     }
-    const req = buf.slice(0, n);
-    port.postMessage(req.buffer, [req.buffer]);
+  };
+
+  while (!stopping) {
+    const n = epollWait(epfd, events, -1);
+    if (n < 0) {
+      if (n === -Errno.EINTR) continue;
+      out.postMessage({ warn: `epoll_wait failed: errno ${-n}` });
+      return;
+    }
+    for (let i = 0; i < n && !stopping; i++) {
+      const slot = eventData(eventsView, i);
+      if (slot === 0) {
+        eventfdDrain(wakeFd);
+        drain();
+        continue;
+      }
+      let conn = conns.get(slot);
+      if (!conn) {
+        // added after our last look at the port (the main thread posts before it adds the fd)
+        drain();
+        conn = conns.get(slot);
+        if (!conn) continue;
+      }
+      serveConn(slot, conn);
+    }
   }
 }
 
-/** Source text for `new Worker(readerSource(), { eval: true, workerData })`. */
-export function readerSource(): string {
-  return `(${readerLoop.toString()})(require("node:fs"), require("node:worker_threads"));`;
-}
+if (parentPort && workerData && typeof (workerData as ReaderData).epfd === "number") run(workerData as ReaderData);

@@ -1,33 +1,32 @@
 // The FUSE export's direct reads of overlaybd stacks (reader threads pread local layer files,
 // blocks written through the image go to the main thread): the plan built from a stack, and
-// byte-exactness through a real `agentenv disk serve` child while writes, pre-existing upper
+// byte-exactness through the disk daemon while writes, pre-existing upper
 // data and reads of every kind interleave.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { closeSync, constants as fsc, mkdirSync, mkdtempSync, openSync, readSync, rmSync, writeSync } from "node:fs";
 import { join } from "node:path";
 import { compressLayer, createUpper, LocalFile, openStack } from "../../../src/storage/overlaybd/index.ts";
 import { layeredDirectPlan } from "../../../src/storage/daemon/direct.ts";
-import { diskConfig, prepareRootDisk, reapStaleDisks, upperPaths, type DiskConfig } from "../../../src/storage/daemon/index.ts";
+import { upperPaths, type DiskService } from "../../../src/storage/daemon/index.ts";
+import { startService, stopService } from "./fixtures/service.ts";
 import { twoLayerTemplate } from "./fixtures/template.ts";
 
 const MiB = 1 << 20;
 const SIZE = 8 * MiB;
 const O_DIRECT = 0o40000;
 let root: string;
-let recordDir: string;
-let cfg: DiskConfig;
+let svc: DiskService;
 let lowers: string[];
 let template: Uint8Array;
 
 beforeAll(async () => {
   root = mkdtempSync("/tmp/aenv-direct-test-");
-  recordDir = join(root, "records");
-  cfg = { ...diskConfig(), readyTimeoutMs: 20000 };
   ({ lowers, expected: template } = await twoLayerTemplate(root, "t", SIZE, 7));
+  svc = await startService(root);
 }, 60_000);
 
 afterAll(async () => {
-  await reapStaleDisks(recordDir, { mountRoots: [root] });
+  await stopService(svc, root);
   rmSync(root, { recursive: true, force: true });
 });
 
@@ -87,7 +86,7 @@ describe("direct reads of overlaybd stacks", () => {
       ref.set(w, 3 * MiB - 4096 - 50);
       await img.close();
     }
-    const d = await prepareRootDisk({ id: "direct1", lowers, sandboxDir, recordDir, config: cfg });
+    const d = await svc.rootDisk({ id: "direct1", lowers, sandboxDir });
     const rd = openSync(d.path, fsc.O_RDONLY | O_DIRECT);
     const wd = openSync(d.path, fsc.O_RDWR);
     const buf = Buffer.alloc(2 * MiB); // page-aligned (large allocation) for O_DIRECT

@@ -1,44 +1,36 @@
-// Integration: real `agentenv disk serve` children serving raw files over a real FUSE mount
-// (/dev/fuse + mount(2)), read and written by this process with ordinary syscalls and by
-// util-linux `fallocate`/`truncate`. Needs root. Every test unmounts and kills what it starts.
-import { afterAll, afterEach, beforeAll, describe, expect, test } from "bun:test";
+// Integration: the disk daemon (`agentenv ublk-daemon`, started by a DiskService) serving raw
+// files over real FUSE mounts (/dev/fuse + mount(2)), read and written by this process with
+// ordinary syscalls and by util-linux `fallocate`/`truncate`, and surviving kill -9. Needs root.
+// One daemon for the file; tests that kill or crash daemons start their own and stop them.
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { closeSync, existsSync, fstatSync, fsyncSync, mkdirSync, mkdtempSync, openSync, readdirSync, readFileSync, readSync, rmSync, statfsSync, statSync, writeFileSync, writeSync } from "node:fs";
 import { createHash, randomBytes } from "node:crypto";
 import { join } from "node:path";
-import { listMounts, MNT_DETACH, umount2 } from "../../../src/ffi/mount.ts";
-import { mountFuse } from "../../../src/storage/fuse/server.ts";
-import { diskConfig, exportDisk, reapStaleDisks, type DiskConfig, type ExportedDisk } from "../../../src/storage/daemon/index.ts";
+import { DaemonClient } from "../../../src/storage/daemon/client.ts";
+import { daemonSettings, diskConfig, DiskService, type DiskExport } from "../../../src/storage/daemon/index.ts";
+import { compileEntrypoints } from "../../../src/bundle.ts";
+import { alive } from "../../helpers/proc.ts";
+import { fuseMounted, startService, stopService } from "./fixtures/service.ts";
 
 const MiB = 1 << 20;
 let root: string;
-let recordDir: string;
-let cfg: DiskConfig;
-const open: ExportedDisk[] = [];
+let svc: DiskService;
 
-beforeAll(() => {
+beforeAll(async () => {
   root = mkdtempSync("/tmp/aenv-disk-test-");
-  recordDir = join(root, "records");
-  cfg = { ...diskConfig(), readyTimeoutMs: 15000 };
-});
-afterEach(async () => {
-  for (const d of open.splice(0)) await d.close();
-});
+  svc = await startService(root);
+}, 60_000);
 afterAll(async () => {
-  await reapStaleDisks(recordDir, { mountRoots: [root] });
+  await stopService(svc, root);
   rmSync(root, { recursive: true, force: true });
 });
 
-function fuseMounted(mp: string): boolean {
-  return listMounts().some((m) => m.mountPoint === mp && m.fstype === "fuse.aenvdisk");
-}
-
-async function serveRaw(id: string, data: Uint8Array, readOnly = false): Promise<{ d: ExportedDisk; backing: string; workDir: string }> {
+async function serveRaw(id: string, data: Uint8Array, readOnly = false, s = svc): Promise<{ d: DiskExport; backing: string; workDir: string }> {
   const workDir = join(root, id);
   mkdirSync(workDir, { recursive: true });
   const backing = join(workDir, "backing.raw");
   writeFileSync(backing, data);
-  const d = await exportDisk({ id, image: { kind: "raw", path: backing, readOnly }, workDir, recordDir, fileName: "root.img", config: cfg });
-  open.push(d);
+  const d = await s.exportDisk({ id, target: { kind: "raw", path: backing, read_only: readOnly }, mountPoint: join(workDir, "mnt"), fileName: "root.img" });
   return { d, backing, workDir };
 }
 
@@ -51,105 +43,158 @@ function errno(fn: () => unknown): string | undefined {
   return undefined;
 }
 
+/** First line a child prints on stdout. */
+async function firstLine(p: { stdout: unknown }): Promise<string> {
+  const reader = (p.stdout as ReadableStream<Uint8Array>).getReader();
+  let text = "";
+  while (!text.includes("\n")) {
+    const r = await reader.read();
+    if (r.done) break;
+    text += new TextDecoder().decode(r.value);
+  }
+  reader.releaseLock();
+  return text.split("\n")[0]!;
+}
+
 const sha = (b: Uint8Array) => createHash("sha256").update(b).digest("hex");
 
-describe("FUSE disk export", () => {
+/** A separate reader process (as a VMM would be) that re-reads the file and compares it with `backing` for `ms`. */
+const READER = `
+  const fs = require("node:fs");
+  const [path, backing, ms] = process.argv.slice(1);
+  const want = fs.readFileSync(backing);
+  let ok = 0, bad = 0;
+  const end = Date.now() + Number(ms);
+  while (Date.now() < end) {
+    const b = Buffer.alloc(want.length);
+    let n = 0;
+    try { const fd = fs.openSync(path, "r"); n = fs.readSync(fd, b, 0, want.length, 0); fs.closeSync(fd); } catch (e) { bad++; continue; }
+    if (n === want.length && b.equals(want)) ok++; else bad++;
+  }
+  console.log(JSON.stringify({ ok, bad }));`;
+
+describe("FUSE disk export through the daemon", () => {
   test("reads are byte-exact, whole file and at unaligned offsets; size and mode reported", async () => {
     const data = randomBytes(4 * MiB);
     const { d, workDir } = await serveRaw("rd", data);
-    expect(d.path).toBe(join(workDir, "mnt", "root.img"));
-    const st = statSync(d.path);
-    expect(st.size).toBe(4 * MiB);
-    expect(st.isFile()).toBe(true);
-    expect(st.mode & 0o777).toBe(0o644);
-    expect(sha(readFileSync(d.path))).toBe(sha(data));
-    const fd = openSync(d.path, "r");
     try {
-      const buf = Buffer.alloc(10000);
-      expect(readSync(fd, buf, 0, 10000, 12345)).toBe(10000);
-      expect(buf.equals(data.subarray(12345, 22345))).toBe(true);
-      // read straddling the end is short, read past the end returns 0
-      expect(readSync(fd, buf, 0, 10000, 4 * MiB - 100)).toBe(100);
-      expect(buf.subarray(0, 100).equals(data.subarray(4 * MiB - 100))).toBe(true);
-      expect(readSync(fd, buf, 0, 10000, 4 * MiB + 5)).toBe(0);
+      expect(d.path).toBe(join(workDir, "mnt", "root.img"));
+      expect(d.engine).toBe("fuse");
+      const st = statSync(d.path);
+      expect(st.size).toBe(4 * MiB);
+      expect(st.isFile()).toBe(true);
+      expect(st.mode & 0o777).toBe(0o644);
+      expect(sha(readFileSync(d.path))).toBe(sha(data));
+      const fd = openSync(d.path, "r");
+      try {
+        const buf = Buffer.alloc(10000);
+        expect(readSync(fd, buf, 0, 10000, 12345)).toBe(10000);
+        expect(buf.equals(data.subarray(12345, 22345))).toBe(true);
+        // read straddling the end is short, read past the end returns 0
+        expect(readSync(fd, buf, 0, 10000, 4 * MiB - 100)).toBe(100);
+        expect(buf.subarray(0, 100).equals(data.subarray(4 * MiB - 100))).toBe(true);
+        expect(readSync(fd, buf, 0, 10000, 4 * MiB + 5)).toBe(0);
+      } finally {
+        closeSync(fd);
+      }
+      expect(fuseMounted(join(workDir, "mnt"))).toBe(true);
+      const s = await d.stats();
+      expect(s.bytes_read).toBeGreaterThanOrEqual(4 * MiB);
+      expect(s.opens).toBe(2);
+      expect(s.image_opens).toBe(1);
     } finally {
-      closeSync(fd);
+      await d.close();
     }
-    expect(fuseMounted(join(workDir, "mnt"))).toBe(true);
   }, 60_000);
 
   test("directory listing, statfs and unsupported ops behave like a one-file filesystem", async () => {
     const { d, workDir } = await serveRaw("dir", new Uint8Array(2 * MiB));
-    const mnt = join(workDir, "mnt");
-    expect(readdirSync(mnt)).toEqual(["root.img"]);
-    const sf = statfsSync(mnt);
-    expect(sf.bsize).toBe(4096);
-    expect(sf.blocks).toBe((2 * MiB) / 4096);
-    expect(statSync(mnt).isDirectory()).toBe(true);
-    expect(errno(() => mkdirSync(join(mnt, "sub")))).toBeDefined();
-    expect(errno(() => rmSync(d.path))).toBeDefined();
-    expect(existsSync(d.path)).toBe(true);
+    try {
+      const mnt = join(workDir, "mnt");
+      expect(readdirSync(mnt)).toEqual(["root.img"]);
+      const sf = statfsSync(mnt);
+      expect(sf.bsize).toBe(4096);
+      expect(sf.blocks).toBe((2 * MiB) / 4096);
+      expect(statSync(mnt).isDirectory()).toBe(true);
+      expect(errno(() => mkdirSync(join(mnt, "sub")))).toBeDefined();
+      expect(errno(() => rmSync(d.path))).toBeDefined();
+      expect(existsSync(d.path)).toBe(true);
+    } finally {
+      await d.close();
+    }
   }, 60_000);
 
   test("writes land in the backing file byte-exactly; fsync succeeds", async () => {
-    const data = new Uint8Array(2 * MiB);
-    const { d, backing } = await serveRaw("wr", data);
-    const patch = randomBytes(300_000);
-    const fd = openSync(d.path, "r+");
+    const { d, backing } = await serveRaw("wr", new Uint8Array(2 * MiB));
     try {
-      expect(writeSync(fd, patch, 0, patch.length, 777)).toBe(patch.length);
-      expect(writeSync(fd, Buffer.from("tail"), 0, 4, 2 * MiB - 4)).toBe(4);
-      fsyncSync(fd);
+      const patch = randomBytes(300_000);
+      const fd = openSync(d.path, "r+");
+      try {
+        expect(writeSync(fd, patch, 0, patch.length, 777)).toBe(patch.length);
+        expect(writeSync(fd, Buffer.from("tail"), 0, 4, 2 * MiB - 4)).toBe(4);
+        fsyncSync(fd);
+      } finally {
+        closeSync(fd);
+      }
+      const b = readFileSync(backing);
+      expect(b.length).toBe(2 * MiB); // never grows
+      expect(b.subarray(777, 777 + patch.length).equals(patch)).toBe(true);
+      expect(b.subarray(0, 777).every((x) => x === 0)).toBe(true);
+      expect(b.subarray(2 * MiB - 4).toString()).toBe("tail");
+      // read back through the mount too (no stale page cache)
+      expect(readFileSync(d.path).subarray(777, 777 + patch.length).equals(patch)).toBe(true);
+      expect((await d.stats()).bytes_written).toBe(patch.length + 4);
     } finally {
-      closeSync(fd);
+      await d.close();
     }
-    const b = readFileSync(backing);
-    expect(b.length).toBe(2 * MiB); // never grows
-    expect(b.subarray(777, 777 + patch.length).equals(patch)).toBe(true);
-    expect(b.subarray(0, 777).every((x) => x === 0)).toBe(true);
-    expect(b.subarray(2 * MiB - 4).toString()).toBe("tail");
-    // read back through the mount too (no stale page cache)
-    expect(readFileSync(d.path).subarray(777, 777 + patch.length).equals(patch)).toBe(true);
   }, 60_000);
 
   test("punch-hole fallocate discards: the range reads back as zeros", async () => {
-    const data = new Uint8Array(1 * MiB).fill(0xab);
-    const { d, backing } = await serveRaw("discard", data);
-    const r = Bun.spawnSync(["fallocate", "--punch-hole", "--offset", "4096", "--length", "8192", d.path]);
-    expect(r.exitCode).toBe(0);
-    const b = readFileSync(backing);
-    expect(b.subarray(4096, 12288).every((x) => x === 0)).toBe(true);
-    expect(b[4095]).toBe(0xab);
-    expect(b[12288]).toBe(0xab);
-    expect(readFileSync(d.path).subarray(4096, 12288).every((x) => x === 0)).toBe(true);
-    // plain preallocation that would grow the file is refused
-    const grow = Bun.spawnSync(["fallocate", "--offset", String(1 * MiB), "--length", "4096", d.path]);
-    expect(grow.exitCode).not.toBe(0);
-    expect(statSync(backing).size).toBe(1 * MiB);
+    const { d, backing } = await serveRaw("discard", new Uint8Array(1 * MiB).fill(0xab));
+    try {
+      const r = Bun.spawnSync(["fallocate", "--punch-hole", "--offset", "4096", "--length", "8192", d.path]);
+      expect(r.exitCode).toBe(0);
+      const b = readFileSync(backing);
+      expect(b.subarray(4096, 12288).every((x) => x === 0)).toBe(true);
+      expect(b[4095]).toBe(0xab);
+      expect(b[12288]).toBe(0xab);
+      expect(readFileSync(d.path).subarray(4096, 12288).every((x) => x === 0)).toBe(true);
+      // plain preallocation that would grow the file is refused
+      const grow = Bun.spawnSync(["fallocate", "--offset", String(1 * MiB), "--length", "4096", d.path]);
+      expect(grow.exitCode).not.toBe(0);
+      expect(statSync(backing).size).toBe(1 * MiB);
+    } finally {
+      await d.close();
+    }
   }, 60_000);
 
   test("bad input: write past the end, truncate, create, missing name, read-only writes", async () => {
     const { d, workDir } = await serveRaw("bad", new Uint8Array(64 * 1024));
-    const fd = openSync(d.path, "r+");
-    try {
-      expect(errno(() => writeSync(fd, Buffer.alloc(4096), 0, 4096, 64 * 1024))).toBe("ENOSPC");
-      // a write straddling the end is cut at the end (short write), the file never grows
-      expect(writeSync(fd, Buffer.alloc(4096, 1), 0, 4096, 62 * 1024)).toBe(2048);
-      expect(fstatSync(fd).size).toBe(64 * 1024);
-    } finally {
-      closeSync(fd);
-    }
-    const tr = Bun.spawnSync(["truncate", "-s", "0", d.path]);
-    expect(tr.exitCode).not.toBe(0);
-    expect(tr.stderr.toString()).toContain("Operation not permitted");
-    expect(statSync(d.path).size).toBe(64 * 1024);
-    expect(errno(() => writeFileSync(join(workDir, "mnt", "new.img"), "x"))).toBeDefined();
-    expect(errno(() => statSync(join(workDir, "mnt", "nope.img")))).toBe("ENOENT");
-
     const ro = await serveRaw("ro", randomBytes(64 * 1024), true);
-    expect(statSync(ro.d.path).mode & 0o777).toBe(0o444);
-    expect(errno(() => openSync(ro.d.path, "r+"))).toBe("EROFS");
-    expect(readFileSync(ro.d.path).equals(readFileSync(ro.backing))).toBe(true);
+    try {
+      const fd = openSync(d.path, "r+");
+      try {
+        expect(errno(() => writeSync(fd, Buffer.alloc(4096), 0, 4096, 64 * 1024))).toBe("ENOSPC");
+        // a write straddling the end is cut at the end (short write), the file never grows
+        expect(writeSync(fd, Buffer.alloc(4096, 1), 0, 4096, 62 * 1024)).toBe(2048);
+        expect(fstatSync(fd).size).toBe(64 * 1024);
+      } finally {
+        closeSync(fd);
+      }
+      const tr = Bun.spawnSync(["truncate", "-s", "0", d.path]);
+      expect(tr.exitCode).not.toBe(0);
+      expect(tr.stderr.toString()).toContain("Operation not permitted");
+      expect(statSync(d.path).size).toBe(64 * 1024);
+      expect(errno(() => writeFileSync(join(workDir, "mnt", "new.img"), "x"))).toBeDefined();
+      expect(errno(() => statSync(join(workDir, "mnt", "nope.img")))).toBe("ENOENT");
+
+      expect(statSync(ro.d.path).mode & 0o777).toBe(0o444);
+      expect(errno(() => openSync(ro.d.path, "r+"))).toBe("EROFS");
+      expect(readFileSync(ro.d.path).equals(readFileSync(ro.backing))).toBe(true);
+    } finally {
+      await d.close();
+      await ro.d.close();
+    }
   }, 60_000);
 
   test("a read-only guest-RAM style export accepts read-write opens but refuses every write", async () => {
@@ -157,182 +202,228 @@ describe("FUSE disk export", () => {
     const workDir = join(root, "mem");
     mkdirSync(workDir, { recursive: true });
     writeFileSync(join(workDir, "mem.raw"), data);
-    const d = await exportDisk({
-      id: "mem", image: { kind: "raw", path: join(workDir, "mem.raw"), readOnly: true, acceptWritableOpen: true }, workDir, recordDir,
-      fileName: "mem.img", config: cfg,
-    });
-    open.push(d);
-    const fd = openSync(d.path, "r+");
+    const d = await svc.exportDisk({ id: "mem", target: { kind: "raw", path: join(workDir, "mem.raw"), read_only: true, accept_writable_open: true }, fileName: "mem.img" });
     try {
-      const buf = Buffer.alloc(4096);
-      expect(readSync(fd, buf, 0, 4096, 8192)).toBe(4096);
-      expect(buf.equals(data.subarray(8192, 12288))).toBe(true);
-      expect(errno(() => writeSync(fd, Buffer.alloc(4096, 1), 0, 4096, 0))).toBe("EROFS");
+      expect(d.path).toBe(join(svc.dir, "mnt", "mem", "mem.img"));
+      const fd = openSync(d.path, "r+");
+      try {
+        const buf = Buffer.alloc(4096);
+        expect(readSync(fd, buf, 0, 4096, 8192)).toBe(4096);
+        expect(buf.equals(data.subarray(8192, 12288))).toBe(true);
+        expect(errno(() => writeSync(fd, Buffer.alloc(4096, 1), 0, 4096, 0))).toBe("EROFS");
+      } finally {
+        closeSync(fd);
+      }
+      expect(readFileSync(join(workDir, "mem.raw")).equals(data)).toBe(true);
     } finally {
-      closeSync(fd);
+      await d.close();
     }
-    expect(readFileSync(join(workDir, "mem.raw")).equals(data)).toBe(true);
   }, 60_000);
 
-  test("close unmounts, removes the record and the child exits 0", async () => {
+  test("close unmounts and forgets the device; a second close is a no-op; the id can be used again", async () => {
     const { d, workDir } = await serveRaw("cl", new Uint8Array(8192));
-    expect(existsSync(join(recordDir, "cl.json"))).toBe(true);
-    open.pop();
+    expect((await svc.list()).map((x) => x.dev_id)).toContain("cl");
     await d.close();
-    expect(await d.exited).toBe(0);
     expect(fuseMounted(join(workDir, "mnt"))).toBe(false);
     expect(existsSync(d.path)).toBe(false);
-    expect(existsSync(join(recordDir, "cl.json"))).toBe(false);
-    await d.close(); // idempotent
+    expect((await svc.list()).map((x) => x.dev_id)).not.toContain("cl");
+    await d.close();
+    const again = await svc.exportDisk({ id: "cl", target: { kind: "raw", path: join(workDir, "backing.raw"), read_only: true } });
+    expect(readFileSync(again.path).length).toBe(8192);
+    await again.close();
   }, 60_000);
 
-  test("the compiled single binary (bun build --compile) serves a disk too", async () => {
+  test("a missing backing file or a taken id fails with a typed error and leaves no mount", async () => {
+    const workDir = join(root, "missing");
+    const codes: string[] = [];
+    for (const id of ["missing", "rd2"]) {
+      try {
+        await svc.exportDisk({ id, target: { kind: "raw", path: join(workDir, "nope.raw"), read_only: false }, mountPoint: join(workDir, "mnt") });
+      } catch (e) {
+        codes.push((e as { code: string }).code);
+      }
+    }
+    expect(codes).toEqual(["disk.open_failed", "disk.open_failed"]);
+    expect(fuseMounted(join(workDir, "mnt"))).toBe(false);
+    const { d } = await serveRaw("taken", new Uint8Array(4096));
+    try {
+      let code = "";
+      try {
+        await svc.exportDisk({ id: "taken", target: { kind: "raw", path: join(root, "taken", "backing.raw"), read_only: true }, mountPoint: join(root, "taken", "mnt2") });
+      } catch (e) {
+        code = (e as { code: string }).code;
+      }
+      expect(code).toBe("disk.exists");
+      expect(fuseMounted(join(root, "taken", "mnt2"))).toBe(false);
+    } finally {
+      await d.close();
+    }
+  }, 60_000);
+
+  test("kill -9 of the daemon, twice: it is started again, takes the connection back, and I/O from another process never fails", async () => {
+    const data = randomBytes(1 * MiB);
+    const { d, backing } = await serveRaw("k9", data);
+    try {
+      const first = svc.pid;
+      const before = svc.restarts;
+      const reader = Bun.spawn([process.execPath, "-e", READER, d.path, backing, "3000"], { stdout: "pipe", stderr: "inherit" });
+      await Bun.sleep(300);
+      for (let k = 1; k <= 2; k++) {
+        const pid = svc.pid;
+        process.kill(pid, "SIGKILL");
+        for (let i = 0; i < 200 && svc.restarts < before + k; i++) await Bun.sleep(50);
+        expect(svc.restarts).toBe(before + k);
+        expect(alive(pid)).toBe(false);
+        await Bun.sleep(300);
+      }
+      expect(await reader.exited).toBe(0);
+      const res = JSON.parse(await new Response(reader.stdout).text());
+      expect(res.bad).toBe(0);
+      expect(res.ok).toBeGreaterThan(10);
+      expect(svc.pid).not.toBe(first);
+      expect(fuseMounted(join(root, "k9", "mnt"))).toBe(true);
+      const f = await svc.features();
+      expect(f.pid).toBe(svc.pid);
+      expect(f.restarts_recovered).toBe(1);
+      expect((await svc.list()).find((x) => x.dev_id === "k9")?.path).toBe(d.path);
+      // served by the new daemon: its counters start at its own reads
+      expect((await d.stats()).image_opens).toBe(1);
+    } finally {
+      await d.close();
+    }
+    expect(fuseMounted(join(root, "k9", "mnt"))).toBe(false);
+  }, 60_000);
+
+  test("the compiled single binary (bun build --compile, worker modules embedded) runs the daemon and serves a disk", async () => {
     const workDir = join(root, "compiled");
     mkdirSync(workDir, { recursive: true });
     const bin = join(workDir, "agentenv");
-    const build = Bun.spawnSync([process.execPath, "build", "--compile", join(import.meta.dir, "../../../src/cli/main.ts"), "--outfile", bin]);
+    const build = Bun.spawnSync([process.execPath, "build", "--compile", ...compileEntrypoints(), "--outfile", bin], { stderr: "pipe" });
+    expect(build.stderr.toString()).toBe("");
     expect(build.exitCode).toBe(0);
-    const data = randomBytes(512 * 1024);
+    const data = randomBytes(3 * MiB);
     writeFileSync(join(workDir, "b.raw"), data);
-    const spec = {
-      id: "compiled", image: { kind: "raw", path: join(workDir, "b.raw"), readOnly: false }, mountPoint: join(workDir, "mnt"),
-      fileName: "d.img", recordDir, tuning: { workers: 2, maxWrite: 1 << 20, directIo: false, requestTimeoutSec: 0 },
-    };
-    writeFileSync(join(workDir, "spec.json"), JSON.stringify(spec));
-    let fd = mountFuse(spec.mountPoint, 1 << 20);
+    const dir = join(workDir, "run");
+    const settings = daemonSettings({ ...diskConfig(), pool: { enabled: false, lowWatermark: 0, highWatermark: 0 } }, dir);
+    const daemon = Bun.spawn([bin, "ublk-daemon", "--dir", dir, "--settings", JSON.stringify(settings)], { stdout: "pipe", stderr: "inherit", cwd: "/" });
     try {
-      const child = Bun.spawn([bin, "disk", "serve", "--spec", join(workDir, "spec.json"), "--fuse-fd", "3"], { stdio: ["ignore", "pipe", "inherit", fd] });
-      const first = await (child.stdout as ReadableStream<Uint8Array>).getReader().read();
-      expect(new TextDecoder().decode(first.value)).toBe(`ready ${join(workDir, "mnt", "d.img")}\n`);
-      expect(readFileSync(join(workDir, "mnt", "d.img")).equals(data)).toBe(true);
-      umount2(spec.mountPoint, MNT_DETACH);
-      closeSync(fd);
-      fd = -1;
-      expect(await child.exited).toBe(0);
-    } finally {
-      umount2(spec.mountPoint, MNT_DETACH);
-      if (fd >= 0) closeSync(fd);
-    }
-  }, 120_000);
-
-  test("a spec naming a missing backing file fails with the child's error", async () => {
-    const workDir = join(root, "missing");
-    let err: any;
-    try {
-      await exportDisk({ id: "missing", image: { kind: "raw", path: join(workDir, "nope.raw"), readOnly: false }, workDir, recordDir, config: cfg });
-    } catch (e) {
-      err = e;
-    }
-    expect(err?.code).toBe("disk.serve_failed");
-    expect(err.details.stderr).toContain("disk.open_failed");
-    expect(err.details.exitCode).toBe(1);
-    expect(fuseMounted(join(workDir, "mnt"))).toBe(false);
-    expect(existsSync(join(recordDir, "missing.json"))).toBe(false);
-  }, 60_000);
-
-  test("kill -9 of the server: a replacement resumes the connection and I/O from another process never fails", async () => {
-    const data = randomBytes(1 * MiB);
-    const { d } = await serveRaw("k9", data);
-    const firstPid = d.pid;
-    // a separate reader process (as a VMM would be) re-reads and checks the file in a loop
-    const script = `
-      const fs = require("node:fs");
-      const want = fs.readFileSync(process.argv[2]).length;
-      let ok = 0, bad = 0;
-      const end = Date.now() + Number(process.argv[3]);
-      while (Date.now() < end) {
-        const fd = fs.openSync(process.argv[1], "r");
-        const b = Buffer.alloc(want);
-        let n = 0;
-        try { n = fs.readSync(fd, b, 0, want, 0); } catch (e) { bad++; }
-        fs.closeSync(fd);
-        if (n === want && b.equals(fs.readFileSync(process.argv[2]))) ok++; else bad++;
+      const first = await (daemon.stdout as ReadableStream<Uint8Array>).getReader().read();
+      expect(new TextDecoder().decode(first.value)).toBe(`ready ${join(dir, "daemon.sock")}\n`);
+      const c = await DaemonClient.connect(join(dir, "daemon.sock"), { timeoutMs: 10_000, maxFrameBytes: 1 << 20 });
+      try {
+        const dev = await c.request({ kind: "create_runtime_device", dev_id: "c1", target: { kind: "raw", path: join(workDir, "b.raw"), read_only: true } });
+        // 1 MiB O_DIRECT reads: answered by the reader threads (the embedded worker module)
+        const fd = openSync(dev.path, 0o40000);
+        const buf = Buffer.alloc(3 * MiB);
+        try {
+          for (let off = 0; off < 3 * MiB; off += MiB) expect(readSync(fd, buf, off, MiB, off)).toBe(MiB);
+        } finally {
+          closeSync(fd);
+        }
+        expect(buf.equals(data)).toBe(true);
+        const st = await c.request({ kind: "stats", dev_id: "c1" });
+        expect(st.stats.reads).toBe(3);
+        expect(st.stats.bytes_read).toBe(3 * MiB);
+        await c.request({ kind: "shutdown" });
+      } finally {
+        c.close();
       }
-      console.log(JSON.stringify({ ok, bad }));`;
-    const backing = join(root, "k9", "backing.raw");
-    const reader = Bun.spawn([process.execPath, "-e", script, d.path, backing, "2500"], { stdout: "pipe", stderr: "inherit" });
-    await Bun.sleep(300);
-    for (let k = 1; k <= 2; k++) {
-      process.kill(d.pid, "SIGKILL");
-      for (let i = 0; i < 100 && d.restarts < k; i++) await Bun.sleep(50);
-      expect(d.restarts).toBe(k);
-      await Bun.sleep(300);
+      expect(await daemon.exited).toBe(0);
+      expect(fuseMounted(join(dir, "mnt", "c1"))).toBe(false);
+    } finally {
+      if (alive(daemon.pid)) daemon.kill("SIGKILL");
     }
-    expect(await reader.exited).toBe(0);
-    const res = JSON.parse(await new Response(reader.stdout).text());
-    expect(res.bad).toBe(0);
-    expect(res.ok).toBeGreaterThan(10);
-    expect(d.restarts).toBe(2);
-    expect(d.pid).not.toBe(firstPid);
-    expect(fuseMounted(join(root, "k9", "mnt"))).toBe(true);
-    expect(JSON.parse(readFileSync(join(recordDir, "k9.json"), "utf8")).pid).toBe(d.pid);
+  }, 180_000);
+
+  test("with no restarts left a dead daemon is not replaced; closing the disk detaches its mount", async () => {
+    const r2 = join(root, "norestart");
+    const s2 = await startService(r2, { maxRestarts: 0 });
+    try {
+      const { d, workDir } = await serveRaw("norestart", new Uint8Array(8192), false, s2);
+      process.kill(s2.pid, "SIGKILL");
+      for (let i = 0; i < 100 && alive(s2.pid); i++) await Bun.sleep(20);
+      let code = "";
+      for (let i = 0; i < 100 && !code; i++) {
+        try {
+          await s2.list();
+          await Bun.sleep(20);
+        } catch (e) {
+          code = (e as { code: string }).code;
+        }
+      }
+      expect(code).toBe("disk.daemon_failed");
+      expect(s2.restarts).toBe(0);
+      await d.close();
+      expect(fuseMounted(join(workDir, "mnt"))).toBe(false);
+    } finally {
+      await stopService(s2, r2);
+    }
   }, 60_000);
 
-  test("with no restarts left, a dead server gives the disk up: exited resolves, mount detached", async () => {
-    const workDir = join(root, "norestart");
-    mkdirSync(workDir, { recursive: true });
-    writeFileSync(join(workDir, "b.raw"), new Uint8Array(8192));
-    const d = await exportDisk({
-      id: "norestart", image: { kind: "raw", path: join(workDir, "b.raw"), readOnly: false }, workDir, recordDir,
-      config: { ...cfg, maxRestarts: 0 },
-    });
-    open.push(d);
-    process.kill(d.pid, "SIGKILL");
-    expect(await d.exited).toBeNull();
-    expect(d.restarts).toBe(0);
-    expect(fuseMounted(join(workDir, "mnt"))).toBe(false);
-    expect(existsSync(join(recordDir, "norestart.json"))).toBe(false);
-  }, 60_000);
-
-  test("reap after a node crash kills the orphaned serving children and detaches their mounts", async () => {
-    // a stand-in node process exports two disks, then dies by SIGKILL
+  test("a node that crashed leaves its daemon serving; the next node's start shuts it down and every mount is gone", async () => {
+    const r3 = join(root, "crash");
+    mkdirSync(r3, { recursive: true });
     const nodeScript = `
-      const { exportDisk, diskConfig } = await import(${JSON.stringify(join(import.meta.dir, "../../../src/storage/daemon/index.ts"))});
-      const [root, recordDir] = process.argv.slice(1);
+      const { DiskService, diskConfig } = await import(${JSON.stringify(join(import.meta.dir, "../../../src/storage/daemon/index.ts"))});
+      const [root] = process.argv.slice(1);
       const fs = require("node:fs");
-      const out = [];
+      const svc = await DiskService.start({ dir: root + "/run", config: diskConfig() });
+      const out = { daemon: svc.pid, disks: [] };
       for (const id of ["crash-a", "crash-b"]) {
-        const workDir = root + "/" + id;
-        fs.mkdirSync(workDir, { recursive: true });
-        fs.writeFileSync(workDir + "/b.raw", new Uint8Array(8192));
-        const d = await exportDisk({ id, image: { kind: "raw", path: workDir + "/b.raw", readOnly: false }, workDir, recordDir, config: diskConfig() });
-        out.push({ id, pid: d.pid, path: d.path });
+        fs.mkdirSync(root + "/" + id, { recursive: true });
+        fs.writeFileSync(root + "/" + id + "/b.raw", new Uint8Array(8192).fill(3));
+        const d = await svc.exportDisk({ id, target: { kind: "raw", path: root + "/" + id + "/b.raw", read_only: false }, mountPoint: root + "/" + id + "/mnt" });
+        out.disks.push(d.path);
       }
       console.log(JSON.stringify(out));
       await Bun.sleep(60000);`;
-    const node = Bun.spawn([process.execPath, "-e", nodeScript, root, recordDir], { stdout: "pipe", stderr: "inherit" });
-    const reader = (node.stdout as ReadableStream<Uint8Array>).getReader();
-    let text = "";
-    while (!text.includes("\n")) {
-      const r = await reader.read();
-      if (r.done) break;
-      text += new TextDecoder().decode(r.value);
-    }
-    const disks = JSON.parse(text) as { id: string; pid: number; path: string }[];
+    const node = Bun.spawn([process.execPath, "-e", nodeScript, r3], { stdout: "pipe", stderr: "inherit" });
+    const crashed = JSON.parse(await firstLine(node)) as { daemon: number; disks: string[] };
     node.kill("SIGKILL");
     await node.exited;
-    // the orphans keep serving: the mount is alive without the node
-    for (const x of disks) expect(statSync(x.path).size).toBe(8192);
-    const rep = await reapStaleDisks(recordDir, { mountRoots: [root] });
-    expect(rep.killed.sort()).toEqual(disks.map((x) => x.pid).sort());
-    expect(rep.unmounted.sort()).toEqual(disks.map((x) => join(root, x.id, "mnt")).sort());
-    for (const x of disks) {
-      expect(fuseMounted(join(root, x.id, "mnt"))).toBe(false);
-      expect(() => process.kill(x.pid, 0)).toThrow();
+    let next: DiskService | undefined;
+    try {
+      // the daemon lives on in its own session and still serves
+      expect(alive(crashed.daemon)).toBe(true);
+      for (const p of crashed.disks) expect(readFileSync(p).every((b) => b === 3)).toBe(true);
+      next = await startService(r3);
+      expect(alive(crashed.daemon)).toBe(false);
+      for (const p of crashed.disks) expect(fuseMounted(join(p, ".."))).toBe(false);
+      expect(await next.list()).toEqual([]);
+    } finally {
+      if (alive(crashed.daemon)) process.kill(crashed.daemon, "SIGKILL");
+      await stopService(next, r3);
     }
-    // a second reap finds nothing
-    expect(await reapStaleDisks(recordDir, { mountRoots: [root] })).toEqual({ killed: [], unmounted: [], records: 0 });
   }, 60_000);
 
-  test("reap leaves a recycled pid alone and drops unreadable records", async () => {
-    mkdirSync(recordDir, { recursive: true });
-    // a record whose pid now belongs to another program (this test runner)
-    writeFileSync(join(recordDir, "recycled.json"), JSON.stringify({ id: "recycled", pid: process.pid, mountPoint: join(root, "recycled", "mnt"), startedAt: 0 }));
-    writeFileSync(join(recordDir, "garbage.json"), "{not json");
-    const rep = await reapStaleDisks(recordDir, { mountRoots: [root] });
-    expect(rep.killed).toEqual([]);
-    expect(rep.records).toBe(2);
-    expect(existsSync(join(recordDir, "recycled.json"))).toBe(false);
-    expect(existsSync(join(recordDir, "garbage.json"))).toBe(false);
+  test("a node and its daemon both killed: the next daemon finds no holder and cleans every device up", async () => {
+    const r4 = join(root, "both");
+    mkdirSync(join(r4, "x"), { recursive: true });
+    writeFileSync(join(r4, "x", "b.raw"), new Uint8Array(8192));
+    const nodeScript = `
+      const { DiskService, diskConfig } = await import(${JSON.stringify(join(import.meta.dir, "../../../src/storage/daemon/index.ts"))});
+      const [root] = process.argv.slice(1);
+      const svc = await DiskService.start({ dir: root + "/run", config: diskConfig() });
+      const d = await svc.exportDisk({ id: "x", target: { kind: "raw", path: root + "/x/b.raw", read_only: false }, mountPoint: root + "/x/mnt" });
+      console.log(JSON.stringify({ daemon: svc.pid, path: d.path }));
+      await Bun.sleep(60000);`;
+    const node = Bun.spawn([process.execPath, "-e", nodeScript, r4], { stdout: "pipe", stderr: "inherit" });
+    let next: DiskService | undefined;
+    try {
+      const { daemon: daemonPid, path } = JSON.parse(await firstLine(node)) as { daemon: number; path: string };
+      expect(readFileSync(path).length).toBe(8192);
+      expect(Number(readFileSync(join(r4, "run", "daemon.lock"), "utf8").trim())).toBe(daemonPid);
+      node.kill("SIGKILL");
+      process.kill(daemonPid, "SIGKILL");
+      await node.exited;
+      for (let i = 0; i < 100 && alive(daemonPid); i++) await Bun.sleep(20);
+      next = await startService(r4);
+      expect(fuseMounted(join(r4, "x", "mnt"))).toBe(false);
+      expect(await next.list()).toEqual([]);
+      expect(readFileSync(join(r4, "run", "daemon.log"), "utf8")).toContain("device not recovered: cleaned up");
+    } finally {
+      if (alive(node.pid)) node.kill("SIGKILL");
+      await stopService(next, r4);
+    }
   }, 60_000);
 });

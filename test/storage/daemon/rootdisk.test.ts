@@ -1,33 +1,32 @@
 // Integration: a template of two overlaybd layers (made by src/storage/overlaybd importRaw) served
-// to ten sandboxes at once, each by its own `agentenv disk serve` child over a real FUSE mount.
+// to ten sandboxes at once by the one disk daemon over real FUSE mounts.
 // Asserts: every sandbox reads the template byte-exactly, writes land only in that sandbox's
-// upper, the layer files are opened O_RDONLY by every server and stay byte-identical.
+// upper, the layer files are opened O_RDONLY by the daemon and stay byte-identical.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { closeSync, existsSync, mkdtempSync, openSync, readdirSync, readFileSync, readlinkSync, readSync, rmSync, writeSync } from "node:fs";
 import { createHash } from "node:crypto";
 import { join } from "node:path";
 import { openStack } from "../../../src/storage/overlaybd/index.ts";
-import { diskConfig, prepareRootDisk, reapStaleDisks, upperPaths, type DiskConfig, type ExportedDisk } from "../../../src/storage/daemon/index.ts";
+import { upperPaths, type DiskExport, type DiskService } from "../../../src/storage/daemon/index.ts";
+import { startService, stopService } from "./fixtures/service.ts";
 import { twoLayerTemplate } from "./fixtures/template.ts";
 
 const MiB = 1 << 20;
 const SIZE = 8 * MiB;
 let root: string;
-let recordDir: string;
-let cfg: DiskConfig;
+let svc: DiskService;
 let lowers: string[];
 let expected: Uint8Array;
 const sha = (b: Uint8Array) => createHash("sha256").update(b).digest("hex");
 
 beforeAll(async () => {
   root = mkdtempSync("/tmp/aenv-rootdisk-test-");
-  recordDir = join(root, "records");
-  cfg = { ...diskConfig(), readyTimeoutMs: 20000 };
   ({ lowers, expected } = await twoLayerTemplate(root, "template", SIZE));
+  svc = await startService(root);
 }, 60_000);
 
 afterAll(async () => {
-  await reapStaleDisks(recordDir, { mountRoots: [root] });
+  await stopService(svc, root);
   rmSync(root, { recursive: true, force: true });
 });
 
@@ -51,19 +50,20 @@ function accessModes(pid: number, path: string): number[] {
 describe("root disks: template layers + per-sandbox upper over FUSE", () => {
   test("ten sandboxes share the template layers read-only; writes stay in each sandbox's upper", async () => {
     const before = lowers.map((l) => sha(readFileSync(l)));
-    const disks: ExportedDisk[] = [];
+    const disks: DiskExport[] = [];
     try {
       for (let i = 0; i < 10; i++) {
-        disks.push(await prepareRootDisk({ id: `sb${i}`, lowers, sandboxDir: join(root, `sb${i}`), recordDir, config: cfg }));
+        disks.push(await svc.rootDisk({ id: `sb${i}`, lowers, sandboxDir: join(root, `sb${i}`) }));
       }
-      for (const [i, d] of disks.entries()) {
-        expect(d.path).toBe(join(root, `sb${i}`, "mnt", "root.img"));
-        // both template layers are open, and only for reading, in every server
-        for (const l of lowers) {
-          const modes = accessModes(d.pid, l);
-          expect(modes.length).toBeGreaterThan(0);
-          expect(modes.every((m) => m === 0)).toBe(true);
-        }
+      for (const [i, d] of disks.entries()) expect(d.path).toBe(join(root, `sb${i}`, "mnt", "root.img"));
+      // the first came from the warm pool (prefilled at start), all are served by the one daemon
+      expect(disks[0]!.fromPool).toBe(true);
+      expect((await svc.list()).map((x) => x.dev_id).sort()).toEqual(disks.map((d) => d.id).sort());
+      // both template layers are open once per sandbox disk, and only for reading
+      for (const l of lowers) {
+        const modes = accessModes(svc.pid, l);
+        expect(modes.length).toBe(10);
+        expect(modes.every((m) => m === 0)).toBe(true);
       }
       // every sandbox sees the merged template byte-exactly
       for (const d of disks) expect(sha(readFileSync(d.path))).toBe(sha(expected));
@@ -110,8 +110,8 @@ describe("root disks: template layers + per-sandbox upper over FUSE", () => {
   }, 120_000);
 
   test("a restarted sandbox keeps its upper; a new sandbox starts fresh", async () => {
-    const again = await prepareRootDisk({ id: "sb3", lowers, sandboxDir: join(root, "sb3"), recordDir, config: cfg });
-    const fresh = await prepareRootDisk({ id: "sbnew", lowers, sandboxDir: join(root, "sbnew"), recordDir, config: cfg });
+    const again = await svc.rootDisk({ id: "sb3", lowers, sandboxDir: join(root, "sb3") });
+    const fresh = await svc.rootDisk({ id: "sbnew", lowers, sandboxDir: join(root, "sbnew") });
     try {
       const fd = openSync(again.path, "r");
       const buf = Buffer.alloc(16);
@@ -126,7 +126,7 @@ describe("root disks: template layers + per-sandbox upper over FUSE", () => {
   }, 60_000);
 
   test("concurrent unaligned O_DIRECT writes from 6 processes into shared sectors: each range ends with its writer's last pattern", async () => {
-    const d = await prepareRootDisk({ id: "sbrace", lowers, sandboxDir: join(root, "sbrace"), recordDir, config: cfg });
+    const d = await svc.rootDisk({ id: "sbrace", lowers, sandboxDir: join(root, "sbrace") });
     try {
       // writer k owns bytes [base + k*100, base + k*100 + 100) of the same two sectors and rewrites them
       // 150 times with its own changing pattern; each WRITE is a read-modify-write in the image
@@ -153,7 +153,7 @@ describe("root disks: template layers + per-sandbox upper over FUSE", () => {
   }, 60_000);
 
   test("a virtual size above the template's grows the disk: the template, then zeros, writable to the end", async () => {
-    const d = await prepareRootDisk({ id: "sbbig", lowers, sandboxDir: join(root, "sbbig"), virtualSize: SIZE + 4 * MiB, recordDir, config: cfg });
+    const d = await svc.rootDisk({ id: "sbbig", lowers, sandboxDir: join(root, "sbbig"), virtualSize: SIZE + 4 * MiB });
     try {
       const got = readFileSync(d.path);
       expect(got.length).toBe(SIZE + 4 * MiB);
@@ -172,7 +172,7 @@ describe("root disks: template layers + per-sandbox upper over FUSE", () => {
   }, 60_000);
 
   test("bad input: no lowers, relative paths, unaligned size, missing layer", async () => {
-    const base = { id: "bad", sandboxDir: join(root, "bad"), recordDir, config: cfg };
+    const base = { id: "bad", sandboxDir: join(root, "bad") };
     const cases: [Record<string, unknown>, string][] = [
       [{ lowers: [] }, "disk.bad_spec"],
       [{ lowers: ["rel/layer"] }, "disk.bad_spec"],
@@ -183,7 +183,7 @@ describe("root disks: template layers + per-sandbox upper over FUSE", () => {
     for (const [patch, code] of cases) {
       let err: any;
       try {
-        await prepareRootDisk({ ...base, lowers, ...patch } as any);
+        await svc.rootDisk({ ...base, lowers, ...patch } as any);
       } catch (e) {
         err = e;
       }

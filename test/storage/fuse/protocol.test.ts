@@ -1,8 +1,8 @@
 // Unit tests of the FUSE wire codec (src/ffi/fuse.ts) against layouts from
-// /work/shared/docs/fuse-nbd.md §1.2–§1.5, and of FuseExport option validation.
+// ../shared/docs/fuse-nbd.md §1.2–§1.5, and of FuseConnection / FuseReaderPool option validation.
 import { describe, expect, test } from "bun:test";
 import * as F from "../../../src/ffi/fuse.ts";
-import { FuseExport } from "../../../src/storage/fuse/server.ts";
+import { FuseConnection, FuseError, FuseReaderPool } from "../../../src/storage/fuse/index.ts";
 import type { BlockImage } from "../../../src/storage/block.ts";
 
 describe("fuse codec", () => {
@@ -132,32 +132,37 @@ describe("fuse codec", () => {
   });
 });
 
-describe("FuseExport options", () => {
+describe("FuseConnection and reader pool options", () => {
   const img: BlockImage = {
     size: 4096, readOnly: true,
     pread: async () => 0, pwrite: async () => 0, discard: async () => {}, sync: async () => {}, close: async () => {},
   };
-  const base = { mountPoint: "/tmp/aenv-never-mounted", fileName: "d.img", image: img, workers: 1, maxWrite: 4096, directIo: false, requestTimeoutSec: 0 };
+  // validation happens before the pool is touched: a stand-in that fails if it is used
+  const pool = { threads: 1, register: () => { throw new Error("pool used"); } } as unknown as FuseReaderPool;
+  const base = { fd: 0, mountPoint: "/tmp/aenv-never-mounted", maxWrite: 4096, requestTimeoutSec: 0, resume: false };
+  const serve = { fileName: "d.img", image: img, directIo: false };
   const cases: [string, Record<string, unknown>][] = [
     ["relative mount point", { mountPoint: "rel/mnt" }],
-    ["file name with slash", { fileName: "a/b" }],
-    ["file name ..", { fileName: ".." }],
-    ["zero workers", { workers: 0 }],
+    ["file name with slash", { serve: { ...serve, fileName: "a/b" } }],
+    ["file name ..", { serve: { ...serve, fileName: ".." } }],
     ["maxWrite not a page multiple", { maxWrite: 5000 }],
     ["maxWrite above 1 MiB", { maxWrite: 2 << 20 }],
     ["negative timeout", { requestTimeoutSec: -1 }],
-    ["image size not sector aligned", { image: { ...img, size: 1000 } }],
+    ["image size not sector aligned", { serve: { ...serve, image: { ...img, size: 1000 } } }],
     ["negative fd", { fd: -1 }],
   ];
   for (const [name, patch] of cases) {
     test(`rejects ${name}`, () => {
       let err: any;
       try {
-        FuseExport.attach({ ...base, fd: 0, resume: false, ...patch } as any);
+        new FuseConnection(pool, { ...base, serve, ...patch } as any);
       } catch (e) {
         err = e;
       }
       expect(err?.code).toBe("fuse.bad_options");
     });
   }
+  test("a reader pool needs 1..16 threads", () => {
+    for (const threads of [0, 17, 1.5]) expect(() => new FuseReaderPool({ threads, bufSize: 8192 })).toThrow(FuseError);
+  });
 });

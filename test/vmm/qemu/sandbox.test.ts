@@ -1,7 +1,7 @@
 /**
  * Integration: real QEMU microvm/TCG VMs booted from the base template (built by the
  * scripts/test.sh pre-step) with the guest kernel from `kernel build`, each on a FUSE-served
- * overlaybd root disk (template layer + its own upper, src/storage/daemon prepareRootDisk), in its
+ * overlaybd root disk (template layer + its own upper, served by the disk daemon: DiskService.rootDisk), in its
  * own netns with a tap; the test talks to envd inside over TCP. Sandbox A runs `uname -a` and
  * writes a file; after A stops, sandbox B (same template) does not see the file, while A's upper,
  * served again, still holds it. Also: a VMM that dies is noticed and its files are removed.
@@ -10,7 +10,7 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { existsSync, mkdtempSync, readdirSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { diskConfig, prepareRootDisk, type ExportedDisk } from "../../../src/storage/daemon/index.ts";
+import { diskConfig, DiskService, type DiskExport } from "../../../src/storage/daemon/index.ts";
 import { resolveTemplate, type ResolvedTemplate } from "../../../src/template/index.ts";
 import { resolveKernelPath, type QemuVm } from "../../../src/vmm/index.ts";
 import { ENVD_PORT, runInGuest, waitEnvd } from "./envd-client.ts";
@@ -20,37 +20,34 @@ const cfg = testConfig();
 let tpl: ResolvedTemplate;
 let kernelPath: string;
 let root: string;
+let disks: DiskService;
 const drv = testDriver();
 const cleanups: (() => Promise<void> | void)[] = [];
 
-beforeAll(() => {
+beforeAll(async () => {
   kernelPath = resolveKernelPath(cfg);
   tpl = resolveTemplate(TEST_HOME, "base");
   root = mkdtempSync(join(tmpdir(), "c1sb-"));
+  disks = await DiskService.start({ dir: join(drv.runtimeDir, "disk"), config: diskConfig(cfg) });
 });
 
 afterAll(async () => {
   for (const c of cleanups.reverse()) await c();
+  await disks?.close();
   rmSync(root, { recursive: true, force: true });
   drv.dispose();
 });
 
 interface Sandbox {
   vm: QemuVm;
-  disk: ExportedDisk;
+  disk: DiskExport;
   net: TestNet;
   dir: string;
 }
 
 async function startSandbox(name: string): Promise<Sandbox> {
   const dir = join(root, name);
-  const disk = await prepareRootDisk({
-    id: `c1-${process.pid}-${name}`,
-    lowers: tpl.rootLayers,
-    sandboxDir: dir,
-    recordDir: join(drv.runtimeDir, "disks"),
-    config: diskConfig(cfg),
-  });
+  const disk = await disks.rootDisk({ id: `c1-${process.pid}-${name}`, lowers: tpl.rootLayers, sandboxDir: dir });
   cleanups.push(() => disk.close());
   const net = new TestNet();
   cleanups.push(() => net.destroy());
@@ -104,13 +101,7 @@ describe("sandboxes from the base template", () => {
     await b.disk.close();
 
     // A's upper still holds the write: serve A's stack again and read the file with debugfs
-    const again = await prepareRootDisk({
-      id: `c1-${process.pid}-a2`,
-      lowers: tpl.rootLayers,
-      sandboxDir: a.dir,
-      recordDir: join(drv.runtimeDir, "disks"),
-      config: diskConfig(cfg),
-    });
+    const again = await disks.rootDisk({ id: `c1-${process.pid}-a2`, lowers: tpl.rootLayers, sandboxDir: a.dir });
     try {
       const cat = Bun.spawnSync(["debugfs", "-R", "cat /home/user/marker.txt", again.path], { stderr: "pipe" });
       expect(cat.stdout.toString()).toBe("sandbox-a-was-here\n");

@@ -1,31 +1,31 @@
 /**
- * A FUSE filesystem holding exactly one regular file that exposes a BlockImage: the kernel
- * protocol is spoken directly on /dev/fuse (no libfuse), the mount is made with mount(2).
- * Reads and writes map 1:1 to BlockImage.pread/pwrite, fsync to sync(), fallocate
- * PUNCH_HOLE|KEEP_SIZE (and ZERO_RANGE) to discard(); truncation and growth are refused.
- * Protocol facts: /work/shared/docs/fuse-nbd.md §1 (opcodes, INIT flags, error rules).
+ * One FUSE connection serving a filesystem that holds exactly one regular file exposing a
+ * BlockImage: the kernel protocol is spoken directly on /dev/fuse (no libfuse). Reads and writes
+ * map 1:1 to BlockImage.pread/pwrite, fsync to sync(), fallocate PUNCH_HOLE|KEEP_SIZE (and
+ * ZERO_RANGE) to discard(); truncation and growth are refused.
+ * Protocol facts: ../shared/docs/fuse-nbd.md §1 (opcodes, INIT flags, error rules).
  *
- * Threads: `workers` reader threads block in read(2) on the shared fd. With a `DirectPlan` (the
- * image's bytes live in plain files: a raw image via `DirectFileImage`, or a plan the caller
- * built, e.g. from an overlaybd stack's local lower layers) they answer READ themselves with
- * pread on those files, and WRITE with pwrite for a raw file; blocks written through the main
- * thread are marked in a shared bitmap before the write starts, and READs touching them go to
- * the main thread. Every other request goes to this (main) thread, which answers it
- * (a write to /dev/fuse never blocks). On the main thread, READ of an image with synchronous
- * reads (`SyncReadImage`, a local overlaybd stack) is answered inline without a promise, into
- * one reply buffer reused by every request.
+ * Threads: the process's `FuseReaderPool` reads the requests. With a `DirectPlan` (the image's
+ * bytes live in plain files: a raw image via `DirectFileImage`, or a plan the caller built, e.g.
+ * from an overlaybd stack's local lower layers) its threads answer READ themselves with pread on
+ * those files, and WRITE with pwrite for a raw file; blocks written through the main thread are
+ * marked in a shared bitmap before the write starts, and READs touching them come here. Every
+ * other request comes here (the main thread), which answers it (a write to /dev/fuse never
+ * blocks). READ of an image with synchronous reads (`SyncReadImage`, a local overlaybd stack) is
+ * answered inline without a promise, into one reply buffer reused by every request.
+ *
+ * A connection may start without an image (a pre-created export of a warm pool): the directory
+ * is then empty until `bind`.
  */
-import { closeSync, mkdirSync, openSync, writeSync, writevSync, constants as fsc } from "node:fs";
-import { Worker } from "node:worker_threads";
+import { writeSync, writevSync } from "node:fs";
 import type { BlockImage } from "../block.ts";
 import * as F from "../../ffi/fuse.ts";
-import { MS_NODEV, MS_NOSUID, mount, MountError } from "../../ffi/mount.ts";
 import { logger } from "../../observability/log.ts";
 import { FuseError } from "./errors.ts";
-import { readerSource } from "./reader-worker.ts";
+import { COUNTERS_PER_THREAD, type FuseReaderPool } from "./reader-pool.ts";
+import type { DirectMsg } from "./reader-worker.ts";
 
 const log = logger("fuse");
-const O_CLOEXEC = 0o2000000;
 const FILE_INO = 2n;
 /** Attribute and entry validity handed to the kernel; the single file never changes shape. */
 const ATTR_VALID_SEC = 3600;
@@ -56,7 +56,7 @@ export interface SyncReadImage extends BlockImage {
 
 /**
  * Where the image's bytes live in plain files, for reader threads answering READ without the
- * main thread. Valid while the image is open (the server stops using it before `image.close()`).
+ * main thread. Valid while the image is open (the connection stops using it before `image.close()`).
  */
 export interface DirectPlan {
   /** Sorted, non-overlapping extents in bytes; virtual bytes outside every extent read as zeros. */
@@ -87,29 +87,17 @@ function canReadSync(img: BlockImage): img is SyncReadImage {
   return typeof s.preadSync === "function" && s.syncReadable !== false;
 }
 
-/** Per reader thread counters in the shared stats array: reads, bytesRead, writes, bytesWritten, errors, unused. */
-const COUNTERS_PER_THREAD = 6;
 /** Offset of READ data in the inline reply buffer: page-aligned (misaligned copies are slow). */
 const INLINE_DATA = 4096;
 const INLINE_HDR = INLINE_DATA - F.OUT_HEADER_SIZE;
 
-/** Options of one export. */
-export interface FuseExportOptions {
-  /** Existing, empty directory to mount on. */
-  mountPoint: string;
+/** What a connection serves and how. */
+export interface ServeOptions {
   /** Name of the single file inside the mount, e.g. "root.img". */
   fileName: string;
   image: BlockImage;
-  /** Reader threads blocking on /dev/fuse (1..16). */
-  workers: number;
-  /** Largest READ/WRITE payload in bytes (4096..1048576, a multiple of 4096). */
-  maxWrite: number;
   /** Open the file with FOPEN_DIRECT_IO (no page cache on the host for this file). */
   directIo: boolean;
-  /** Kernel request timeout in seconds (0 = none; needs protocol 7.43). */
-  requestTimeoutSec: number;
-  /** Mount `fstype` suffix and source; /proc/mounts shows `fuse.<name>` (used when reaping). */
-  fsName?: string;
   /** Direct-read plan for the reader threads; default: from `image.directFile()` when offered. */
   direct?: DirectPlan;
   /**
@@ -119,8 +107,29 @@ export interface FuseExportOptions {
   acceptWritableOpen?: boolean;
 }
 
+/** Options of one connection. */
+export interface FuseConnectionOptions {
+  /** The /dev/fuse fd of a mounted connection (see `mountFuse`); the caller owns it. */
+  fd: number;
+  /** Mount point, for logs and `path`. */
+  mountPoint: string;
+  /** Largest READ/WRITE payload in bytes (4096..1048576, a multiple of 4096): the INIT reply's max_write. */
+  maxWrite: number;
+  /** Kernel request timeout in seconds (0 = none; needs protocol 7.43). */
+  requestTimeoutSec: number;
+  /**
+   * A replacement server of a live connection (the kernel sends no second INIT): first ask the
+   * kernel to re-queue every request the previous server read but never answered
+   * (FUSE_NOTIFY_RESEND, kernel 6.9+).
+   */
+  resume: boolean;
+  /** What to serve now; absent = an empty directory until `bind`. */
+  serve?: ServeOptions;
+}
+
 /** Counters of served requests, for tests and metrics. */
 export interface FuseStats {
+  /** READ requests answered with data. */
   reads: number;
   writes: number;
   /** bytes */
@@ -129,100 +138,61 @@ export interface FuseStats {
   bytesWritten: number;
   fsyncs: number;
   discards: number;
+  /** OPEN requests of the file (each open(2) by a VMM or reader). */
+  opens: number;
   errors: number;
 }
 
-/** Default mount name; `reapStaleDisks` looks for `fuse.aenvdisk` mounts. */
-export const FUSE_FS_NAME = "aenvdisk";
-
-/**
- * One served export: `FuseExport.attach(opts)` serves a connection that a supervising process
- * mounted with `mountFuse` and handed over as an fd.
- */
-export class FuseExport {
+/** One served FUSE connection. */
+export class FuseConnection {
   readonly mountPoint: string;
-  /** Absolute path of the served file. */
-  readonly path: string;
-  #stats: FuseStats = { reads: 0, writes: 0, bytesRead: 0, bytesWritten: 0, fsyncs: 0, discards: 0, errors: 0 };
-  /** Resolves when every reader thread has stopped (unmount or abort), with the reason. */
+  /** Resolves when the kernel ended the connection (unmount or abort), with the reason. */
   readonly ended: Promise<string>;
 
   #fd: number;
-  #opts: FuseExportOptions;
+  #opts: FuseConnectionOptions;
+  #serve: ServeOptions | null = null;
+  #pool: FuseReaderPool;
+  #slot: number;
   #closed = false;
+  #stats: FuseStats = { reads: 0, writes: 0, bytesRead: 0, bytesWritten: 0, fsyncs: 0, discards: 0, opens: 0, errors: 0 };
   #inflight = new Set<Promise<void>>();
   #writeChain: Promise<void> = Promise.resolve();
   #startTime = Math.floor(Date.now() / 1000);
   /** Shared with the reader threads: [0] closing flag, [1] direct requests in progress. */
   #ctl = new Int32Array(new SharedArrayBuffer(8));
-  /** Reader threads' direct-I/O counters (COUNTERS_PER_THREAD per thread). */
+  /** Reader threads' direct-I/O counters. */
   #counters: Float64Array;
   /** Set when READ can be answered inline on this thread (`SyncReadImage`). */
-  #syncRead: SyncReadImage | null;
-  /**
-   * Reply buffer of the inline READ path: data at INLINE_DATA (page-aligned, see the reader
-   * thread), the out header in the 16 bytes before it.
-   */
-  #out: Uint8Array;
-  #outView: DataView;
+  #syncRead: SyncReadImage | null = null;
+  /** Reply buffer of the inline READ path: data at INLINE_DATA, the out header in the 16 bytes before it. */
+  #out: Uint8Array = new Uint8Array(0);
+  #outView: DataView = new DataView(new ArrayBuffer(0));
   /** Bit per DIRTY_BLOCK: READ there goes to the image (see `DirectPlan.diverted`); null = no tracking. */
   #dirty: Int32Array | null = null;
 
-  private constructor(fd: number, opts: FuseExportOptions) {
-    this.#fd = fd;
-    this.#opts = opts;
-    this.mountPoint = opts.mountPoint;
-    this.path = `${opts.mountPoint}/${opts.fileName}`;
-    let stopped = 0;
-    let reason = "";
-    let resolveEnded!: (r: string) => void;
-    this.ended = new Promise((r) => (resolveEnded = r));
-    const bufSize = Math.max(F.MIN_READ_BUFFER, opts.maxWrite + 4096);
-    this.#counters = new Float64Array(new SharedArrayBuffer(8 * COUNTERS_PER_THREAD * opts.workers));
-    this.#syncRead = canReadSync(opts.image) ? opts.image : null;
-    this.#out = new Uint8Array(this.#syncRead ? INLINE_DATA + opts.maxWrite : 0);
-    this.#outView = new DataView(this.#out.buffer);
-    const plan = opts.direct ?? directFileOf(opts.image);
-    let direct: object | undefined;
-    if (plan) {
-      const writeFd = plan.writeFd ?? -1;
-      // writes that go through the image change what reads must return: track them
-      if (writeFd < 0 && (!opts.image.readOnly || plan.diverted.length > 0)) {
-        this.#dirty = new Int32Array(new SharedArrayBuffer(4 * Math.ceil(opts.image.size / DIRTY_BLOCK / 32 + 1)));
-        for (const [a, b] of plan.diverted) this.#divert(a, b - a);
-      }
-      const ext = new Float64Array(plan.extents.length * 4);
-      plan.extents.forEach((e, i) => ext.set([e.offset, e.length, e.fd, e.fileOffset], i * 4));
-      direct = { size: opts.image.size, ext, writeFd, zeroFill: plan.zeroFill, dirty: this.#dirty, ctl: this.#ctl, counters: this.#counters };
-    }
-    for (let i = 0; i < opts.workers; i++) {
-      const w = new Worker(readerSource(), { eval: true, workerData: { fd, bufSize, slot: i, direct } });
-      w.on("message", (m: ArrayBuffer | { done?: string; fail?: string; op?: string; offset?: number; size?: number; warn?: string }) => {
-        if (m instanceof ArrayBuffer) {
-          const req = new Uint8Array(m);
-          if (!this.#readInline(req)) this.#dispatch(req);
-        } else if (m.done !== undefined) reason ||= m.done;
-        else if (m.fail !== undefined) log.error({ err: m.fail, offset: m.offset, size: m.size }, `image ${m.op} failed`);
-        else if (m.warn !== undefined) log.warn({ err: m.warn }, "fuse reply failed");
-      });
-      w.on("error", (e) => log.error({ err: e }, "fuse reader thread failed"));
-      w.on("exit", () => {
-        if (++stopped === opts.workers) resolveEnded(reason || "exit");
-      });
-    }
-  }
-
   /**
-   * Serve a connection that another process mounted (see `mountFuse`) and handed over as `fd`.
-   * With `resume` (a replacement server: the kernel sends no second INIT) first ask the kernel
-   * to re-queue every request the previous server read but never answered (FUSE_NOTIFY_RESEND).
-   * `close()` does not unmount: the mounting process owns the mount.
+   * Serve a mounted connection with the reader threads of `pool`.
    * @throws FuseError `fuse.bad_options`
    */
-  static attach(opts: FuseExportOptions & { fd: number; resume: boolean }): FuseExport {
+  constructor(pool: FuseReaderPool, opts: FuseConnectionOptions) {
     validate(opts);
-    if (!Number.isInteger(opts.fd) || opts.fd < 0) throw new FuseError("fuse.bad_options", `invalid /dev/fuse fd ${opts.fd}`, { fd: opts.fd });
-    const exp = new FuseExport(opts.fd, opts);
+    if (opts.serve) validateServe(opts.serve);
+    this.#fd = opts.fd;
+    this.#opts = opts;
+    this.#pool = pool;
+    this.mountPoint = opts.mountPoint;
+    this.#counters = new Float64Array(new SharedArrayBuffer(8 * COUNTERS_PER_THREAD * pool.threads));
+    let resolveEnded!: (r: string) => void;
+    this.ended = new Promise((r) => (resolveEnded = r));
+    const direct = opts.serve ? this.#prepare(opts.serve) : null;
+    this.#slot = pool.register(opts.fd, {
+      onRequest: (req) => {
+        if (!this.#readInline(req)) this.#dispatch(req);
+      },
+      onEnded: (reason) => resolveEnded(reason),
+      onDirectFailure: (f) => log.error({ err: f.error, offset: f.offset, size: f.size, mountPoint: this.mountPoint }, `image ${f.op} failed`),
+    }, direct, this.#ctl, this.#counters);
     if (opts.resume) {
       try {
         writeSync(opts.fd, F.encodeNotify(F.NOTIFY_RESEND));
@@ -231,27 +201,84 @@ export class FuseExport {
         log.warn({ err: e }, "FUSE_NOTIFY_RESEND refused");
       }
     }
-    return exp;
+  }
+
+  /** Absolute path of the served file (null while nothing is bound). */
+  get path(): string | null {
+    return this.#serve ? `${this.mountPoint}/${this.#serve.fileName}` : null;
+  }
+
+  /** The image being served, if any. */
+  get image(): BlockImage | null {
+    return this.#serve?.image ?? null;
   }
 
   /**
-   * Stop serving: wait for in-flight requests, then sync and close the image. The mount and the
-   * reader threads (parked in read(2)) belong to the mounting process and to this process's
-   * exit respectively. Idempotent.
+   * Start serving `serve` on a connection that serves nothing yet (a warm-pool export).
+   * @throws FuseError `fuse.bad_options` (bad options, or an image is bound already), `fuse.closed`
+   */
+  bind(serve: ServeOptions): void {
+    if (this.#closed) throw new FuseError("fuse.closed", "bind on a closed connection", { mountPoint: this.mountPoint });
+    if (this.#serve) throw new FuseError("fuse.bad_options", "an image is bound already", { mountPoint: this.mountPoint });
+    validateServe(serve);
+    this.#pool.update(this.#slot, this.#prepare(serve));
+  }
+
+  /**
+   * Hand the reader threads a new direct plan for the bound image (after its layers changed,
+   * e.g. a restack); ranges written so far stay diverted.
+   */
+  replan(direct: DirectPlan | null): void {
+    const s = this.#serve;
+    if (!s || this.#closed) return;
+    s.direct = direct ?? undefined;
+    this.#pool.update(this.#slot, direct ? this.#directMsg(s.image, direct) : null);
+  }
+
+  #prepare(serve: ServeOptions): DirectMsg | null {
+    this.#serve = serve;
+    const img = serve.image;
+    this.#syncRead = canReadSync(img) ? img : null;
+    if (this.#syncRead && this.#out.byteLength === 0) {
+      this.#out = new Uint8Array(INLINE_DATA + this.#opts.maxWrite);
+      this.#outView = new DataView(this.#out.buffer);
+    }
+    const plan = serve.direct ?? directFileOf(img);
+    return plan ? this.#directMsg(img, plan) : null;
+  }
+
+  #directMsg(img: BlockImage, plan: DirectPlan): DirectMsg {
+    const writeFd = plan.writeFd ?? -1;
+    // writes that go through the image change what reads must return: track them
+    if (writeFd < 0 && (!img.readOnly || plan.diverted.length > 0) && !this.#dirty) {
+      this.#dirty = new Int32Array(new SharedArrayBuffer(4 * Math.ceil(img.size / DIRTY_BLOCK / 32 + 1)));
+    }
+    for (const [a, b] of plan.diverted) this.#divert(a, b - a);
+    const ext = new Float64Array(plan.extents.length * 4);
+    plan.extents.forEach((e, i) => ext.set([e.offset, e.length, e.fd, e.fileOffset], i * 4));
+    return { size: img.size, ext, writeFd, zeroFill: plan.zeroFill, dirty: writeFd < 0 ? this.#dirty : null };
+  }
+
+  /**
+   * Stop serving: the reader threads stop reading this fd, in-flight requests finish, then the
+   * image is synced and closed. The mount and the fd belong to the caller. Idempotent.
    */
   async close(): Promise<void> {
     if (this.#closed) return;
     this.#closed = true;
     // reader threads stop serving directly (later requests come here) and finish the ones
-    // they started before the image's fd is closed
+    // they started before the image's files are closed
     Atomics.store(this.#ctl, 0, 1);
+    await this.#pool.unregister(this.#slot);
     while (Atomics.load(this.#ctl, 1) > 0) await Bun.sleep(1);
     await Promise.allSettled([...this.#inflight]);
-    log.debug({ mountPoint: this.mountPoint, ...this.stats }, "fuse export closing");
+    log.debug({ mountPoint: this.mountPoint, ...this.stats }, "fuse connection closing");
+    const img = this.#serve?.image;
+    if (!img) return;
     try {
-      if (!this.#opts.image.readOnly) await this.#opts.image.sync();
+      if (!img.readOnly) await img.sync();
     } finally {
-      await this.#opts.image.close();
+      await img.close();
     }
   }
 
@@ -285,6 +312,14 @@ export class FuseExport {
     return run;
   }
 
+  /**
+   * Run `op` between image mutations (e.g. a restack, which swaps the upper): no WRITE, discard
+   * or fsync runs meanwhile.
+   */
+  exclusive<T>(op: () => Promise<T>): Promise<T> {
+    return this.#serial(op);
+  }
+
   /** Send later READs of [offset, offset+length) to the image (before a write there starts). */
   #divert(offset: number, length: number): void {
     const d = this.#dirty;
@@ -314,7 +349,7 @@ export class FuseExport {
    */
   #readInline(req: Uint8Array): boolean {
     const img = this.#syncRead;
-    if (!img || req.byteLength < F.IN_HEADER_SIZE + 24) return false;
+    if (!img || this.#closed || req.byteLength < F.IN_HEADER_SIZE + 24) return false;
     const v = new DataView(req.buffer, req.byteOffset, req.byteLength);
     if (v.getUint32(4, true) !== F.Op.READ || v.getBigUint64(16, true) !== FILE_INO) return false;
     const r = F.decodeRwIn(req.subarray(F.IN_HEADER_SIZE));
@@ -363,18 +398,20 @@ export class FuseExport {
     }
   }
 
-  #attr(ino: bigint): F.Attr {
-    const img = this.#opts.image;
+  #attr(ino: bigint, img: BlockImage): F.Attr {
     if (ino === F.ROOT_ID) return { ino, size: 0, mode: F.S_IFDIR | 0o755, nlink: 2, uid: 0, gid: 0, time: this.#startTime };
-    return { ino, size: img.size, mode: F.S_IFREG | (img.readOnly && !this.#opts.acceptWritableOpen ? 0o444 : 0o644), nlink: 1, uid: 0, gid: 0, time: this.#startTime };
+    const mode = img.readOnly && !this.#serve?.acceptWritableOpen ? 0o444 : 0o644;
+    return { ino, size: img.size, mode: F.S_IFREG | mode, nlink: 1, uid: 0, gid: 0, time: this.#startTime };
   }
 
   async #handle(req: Uint8Array): Promise<void> {
     if (req.byteLength < F.IN_HEADER_SIZE) return;
     const h = F.decodeInHeader(req);
     const body = req.subarray(F.IN_HEADER_SIZE, h.len);
-    const img = this.#opts.image;
-    const known = h.nodeid === F.ROOT_ID || h.nodeid === FILE_INO;
+    const serve = this.#serve;
+    const img = serve?.image;
+    // without an image the directory is empty and node 2 does not exist
+    const known = h.nodeid === F.ROOT_ID || (h.nodeid === FILE_INO && img !== undefined);
     switch (h.opcode) {
       case F.Op.INIT: {
         const k = F.decodeInitIn(body);
@@ -399,23 +436,24 @@ export class FuseExport {
         return this.#reply(h.unique, 0);
       case F.Op.LOOKUP: {
         if (h.nodeid !== F.ROOT_ID) return this.#reply(h.unique, F.Errno.ENOTDIR);
-        if (F.decodeName(body) !== this.#opts.fileName) return this.#reply(h.unique, F.Errno.ENOENT);
-        return this.#reply(h.unique, 0, F.encodeEntryOut(this.#attr(FILE_INO), ATTR_VALID_SEC));
+        if (!img || F.decodeName(body) !== serve.fileName) return this.#reply(h.unique, F.Errno.ENOENT);
+        return this.#reply(h.unique, 0, F.encodeEntryOut(this.#attr(FILE_INO, img), ATTR_VALID_SEC));
       }
       case F.Op.GETATTR:
         if (!known) return this.#reply(h.unique, F.Errno.ENOENT);
-        return this.#reply(h.unique, 0, F.encodeAttrOut(this.#attr(h.nodeid), ATTR_VALID_SEC));
+        return this.#reply(h.unique, 0, F.encodeAttrOut(this.#attr(h.nodeid, img!), ATTR_VALID_SEC));
       case F.Op.SETATTR: {
         if (!known) return this.#reply(h.unique, F.Errno.ENOENT);
         const s = F.decodeSetattrIn(body);
-        if ((s.valid & F.FATTR_SIZE) !== 0 && (h.nodeid !== FILE_INO || s.size !== img.size)) return this.#reply(h.unique, F.Errno.EPERM);
-        return this.#reply(h.unique, 0, F.encodeAttrOut(this.#attr(h.nodeid), ATTR_VALID_SEC));
+        if ((s.valid & F.FATTR_SIZE) !== 0 && (h.nodeid !== FILE_INO || s.size !== img!.size)) return this.#reply(h.unique, F.Errno.EPERM);
+        return this.#reply(h.unique, 0, F.encodeAttrOut(this.#attr(h.nodeid, img!), ATTR_VALID_SEC));
       }
       case F.Op.OPEN: {
-        if (h.nodeid !== FILE_INO) return this.#reply(h.unique, h.nodeid === F.ROOT_ID ? F.Errno.EISDIR : F.Errno.ENOENT);
+        if (h.nodeid !== FILE_INO || !img) return this.#reply(h.unique, h.nodeid === F.ROOT_ID ? F.Errno.EISDIR : F.Errno.ENOENT);
         const flags = F.decodeOpenFlags(body);
-        if (img.readOnly && !this.#opts.acceptWritableOpen && (flags & F.O_ACCMODE) !== F.O_RDONLY) return this.#reply(h.unique, F.Errno.EROFS);
-        const openFlags = (this.#opts.directIo ? F.FOPEN_DIRECT_IO : 0) | (img.readOnly ? F.FOPEN_KEEP_CACHE : 0);
+        if (img.readOnly && !serve.acceptWritableOpen && (flags & F.O_ACCMODE) !== F.O_RDONLY) return this.#reply(h.unique, F.Errno.EROFS);
+        this.#stats.opens++;
+        const openFlags = (serve.directIo ? F.FOPEN_DIRECT_IO : 0) | (img.readOnly ? F.FOPEN_KEEP_CACHE : 0);
         return this.#reply(h.unique, 0, F.encodeOpenOut(0n, openFlags));
       }
       case F.Op.OPENDIR:
@@ -427,12 +465,12 @@ export class FuseExport {
         const entries: F.Dirent[] = [
           { ino: F.ROOT_ID, name: ".", type: F.DT_DIR },
           { ino: F.ROOT_ID, name: "..", type: F.DT_DIR },
-          { ino: FILE_INO, name: this.#opts.fileName, type: F.DT_REG },
+          ...(img ? [{ ino: FILE_INO, name: serve.fileName, type: F.DT_REG }] : []),
         ];
         return this.#reply(h.unique, 0, F.encodeDirents(entries, r.offset, r.size));
       }
       case F.Op.READ: {
-        if (h.nodeid !== FILE_INO) return this.#reply(h.unique, F.Errno.EISDIR);
+        if (h.nodeid !== FILE_INO || !img) return this.#reply(h.unique, F.Errno.EISDIR);
         const r = F.decodeRwIn(body);
         const len = Math.max(0, Math.min(r.size, img.size - r.offset));
         if (len === 0) return this.#reply(h.unique, 0, new Uint8Array(0));
@@ -448,7 +486,7 @@ export class FuseExport {
         }
       }
       case F.Op.WRITE: {
-        if (h.nodeid !== FILE_INO) return this.#reply(h.unique, F.Errno.EISDIR);
+        if (h.nodeid !== FILE_INO || !img) return this.#reply(h.unique, F.Errno.EISDIR);
         if (img.readOnly) return this.#reply(h.unique, F.Errno.EROFS);
         const w = F.decodeRwIn(body);
         const data = body.subarray(F.WRITE_IN_SIZE, F.WRITE_IN_SIZE + w.size);
@@ -466,7 +504,7 @@ export class FuseExport {
         }
       }
       case F.Op.FALLOCATE: {
-        if (h.nodeid !== FILE_INO) return this.#reply(h.unique, F.Errno.EISDIR);
+        if (h.nodeid !== FILE_INO || !img) return this.#reply(h.unique, F.Errno.EISDIR);
         if (img.readOnly) return this.#reply(h.unique, F.Errno.EROFS);
         const a = F.decodeFallocateIn(body);
         if (a.offset + a.length > img.size) return this.#reply(h.unique, F.Errno.ENOSPC);
@@ -485,6 +523,7 @@ export class FuseExport {
         }
       }
       case F.Op.FSYNC: {
+        if (!img) return this.#reply(h.unique, 0);
         try {
           if (!img.readOnly) await this.#serial(() => img.sync());
           this.#stats.fsyncs++;
@@ -500,7 +539,7 @@ export class FuseExport {
       case F.Op.FSYNCDIR:
         return this.#reply(h.unique, 0);
       case F.Op.STATFS:
-        return this.#reply(h.unique, 0, F.encodeStatfsOut(Math.ceil(img.size / 4096), 4096, 2));
+        return this.#reply(h.unique, 0, F.encodeStatfsOut(Math.ceil((img?.size ?? 0) / 4096), 4096, 2));
       case F.Op.CREATE:
         return this.#reply(h.unique, F.Errno.EPERM);
       default:
@@ -509,47 +548,20 @@ export class FuseExport {
   }
 }
 
-function validate(o: FuseExportOptions): void {
-  const bad = (why: string) => new FuseError("fuse.bad_options", `invalid FUSE export options: ${why}`, {
-    mountPoint: o.mountPoint, fileName: o.fileName, workers: o.workers, maxWrite: o.maxWrite,
-  });
+function validate(o: FuseConnectionOptions): void {
+  const bad = (why: string) => new FuseError("fuse.bad_options", `invalid FUSE connection options: ${why}`, { mountPoint: o.mountPoint, maxWrite: o.maxWrite, fd: o.fd });
+  if (!Number.isInteger(o.fd) || o.fd < 0) throw bad("fd must be an open /dev/fuse fd");
   if (!o.mountPoint.startsWith("/")) throw bad("mountPoint must be absolute");
-  if (!o.fileName || o.fileName.includes("/") || o.fileName === "." || o.fileName === ".." || o.fileName.includes("\0")) {
-    throw bad("fileName must be a plain file name");
-  }
-  if (!Number.isInteger(o.workers) || o.workers < 1 || o.workers > 16) throw bad("workers must be 1..16");
   if (!Number.isInteger(o.maxWrite) || o.maxWrite < 4096 || o.maxWrite > 1 << 20 || o.maxWrite % 4096) {
     throw bad("maxWrite must be a multiple of 4096 in 4096..1048576");
   }
   if (!Number.isInteger(o.requestTimeoutSec) || o.requestTimeoutSec < 0 || o.requestTimeoutSec > 65535) throw bad("requestTimeoutSec must be 0..65535");
-  if (o.image.size % 512 !== 0) throw bad("image size must be a multiple of 512");
 }
 
-/**
- * Open /dev/fuse and mount a FUSE filesystem of this server's kind on `mountPoint` (created if
- * missing). The returned fd (O_CLOEXEC) is the connection: whoever holds it keeps the mount
- * alive, so a supervisor can hold it while serving processes come and go.
- * Mount data per /work/shared/docs/fuse-nbd.md §1.7.
- * @param maxWrite bytes, the `max_read` mount option
- * @throws FuseError `fuse.open_device`, `fuse.mount` (details.errno)
- */
-export function mountFuse(mountPoint: string, maxWrite: number, fsName = FUSE_FS_NAME): number {
-  mkdirSync(mountPoint, { recursive: true });
-  let fd: number;
-  try {
-    fd = openSync("/dev/fuse", fsc.O_RDWR | O_CLOEXEC);
-  } catch (e) {
-    throw new FuseError("fuse.open_device", `cannot open /dev/fuse: ${(e as Error).message}`, {}, { cause: e });
+function validateServe(s: ServeOptions): void {
+  const bad = (why: string) => new FuseError("fuse.bad_options", `invalid FUSE export options: ${why}`, { fileName: s.fileName });
+  if (!s.fileName || s.fileName.includes("/") || s.fileName === "." || s.fileName === ".." || s.fileName.includes("\0")) {
+    throw bad("fileName must be a plain file name");
   }
-  const data = [
-    `fd=${fd}`, "rootmode=40000", "user_id=0", "group_id=0", "allow_other", "default_permissions", `max_read=${maxWrite}`,
-  ].join(",");
-  try {
-    mount(fsName, mountPoint, `fuse.${fsName}`, MS_NOSUID | MS_NODEV, data);
-  } catch (e) {
-    closeSync(fd);
-    const errno = e instanceof MountError ? e.details.errno : undefined;
-    throw new FuseError("fuse.mount", `cannot mount FUSE export on ${mountPoint}`, { mountPoint, errno }, { cause: e });
-  }
-  return fd;
+  if (s.image.size % 512 !== 0) throw bad("image size must be a multiple of 512");
 }

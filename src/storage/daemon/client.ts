@@ -1,0 +1,146 @@
+/**
+ * Node side of the daemon protocol (./protocol.ts): one Unix-socket connection, requests tagged
+ * with a `seq` so several can be in flight, each answered or failed within a timeout.
+ */
+import type { Socket } from "bun";
+import { DiskError, type DiskErrorCode } from "./errors.ts";
+import { encodeFrame, FrameReader, type Request, type Response } from "./protocol.ts";
+
+interface Pending {
+  resolve: (r: Response) => void;
+  reject: (e: Error) => void;
+  timer: Timer;
+  kind: string;
+}
+
+/** Requests without their `seq` (the client numbers them). */
+export type Req = Request extends infer R ? (R extends { seq?: number } ? Omit<R, "seq"> : never) : never;
+
+/** The response kind each request kind gets on success. */
+export type Answer<K extends Request["kind"]> = Extract<Response, {
+  kind: {
+    get_features: "features"; create_runtime_device: "runtime_device_created"; delete: "deleted"; restack_snapshot: "restack_snapshot_created";
+    acquire: "device_acquired"; release: "released"; update_size: "size_updated"; hold: "ok"; list: "devices"; stats: "device_stats"; shutdown: "ok";
+  }[K];
+}>;
+
+/** A connection to a disk daemon. */
+export class DaemonClient {
+  #sock: Socket<undefined>;
+  #reader: FrameReader;
+  #pending = new Map<number, Pending>();
+  #seq = 1;
+  #closed = false;
+  #out: Uint8Array[] = [];
+  /** Resolves when the connection is gone (closed here or by the daemon). */
+  readonly closed: Promise<void>;
+  #resolveClosed!: () => void;
+
+  private constructor(sock: Socket<undefined>, reader: FrameReader, readonly timeoutMs: number) {
+    this.#sock = sock;
+    this.#reader = reader;
+    this.closed = new Promise((r) => (this.#resolveClosed = r));
+  }
+
+  /**
+   * Connect to the daemon listening on `socket`.
+   * @param opts.timeoutMs longest wait for each answer
+   * @throws DiskError `disk.daemon_unavailable` when nothing listens there
+   */
+  static async connect(socket: string, opts: { timeoutMs: number; maxFrameBytes: number }): Promise<DaemonClient> {
+    const reader = new FrameReader(opts.maxFrameBytes);
+    let client: DaemonClient | undefined;
+    try {
+      const sock = await Bun.connect<undefined>({
+        unix: socket,
+        socket: {
+          data(_s, chunk) {
+            if (client) client.#onData(chunk);
+          },
+          drain() {
+            if (client) client.#flush();
+          },
+          close() {
+            if (client) client.#onClose();
+          },
+          error() {
+            if (client) client.#onClose();
+          },
+        },
+      });
+      client = new DaemonClient(sock, reader, opts.timeoutMs);
+      return client;
+    } catch (e) {
+      throw new DiskError("disk.daemon_unavailable", `cannot connect to the disk daemon at ${socket}: ${(e as Error).message}`, { socket });
+    }
+  }
+
+  /**
+   * Send one request and wait for its answer.
+   * @returns the success response of that request kind
+   * @throws DiskError with the daemon's code for `error`/`invalid_request` answers;
+   *   `disk.daemon_unavailable` when the connection drops first; `disk.timeout`
+   */
+  request<K extends Request["kind"]>(req: Extract<Req, { kind: K }>): Promise<Answer<K>> {
+    if (this.#closed) return Promise.reject(new DiskError("disk.daemon_unavailable", "the disk daemon connection is closed", { kind: req.kind }));
+    const seq = this.#seq++;
+    return new Promise<Answer<K>>((resolve, reject) => {
+      const timer = setTimeout(() => {
+        this.#pending.delete(seq);
+        reject(new DiskError("disk.timeout", `the disk daemon did not answer ${req.kind} within ${this.timeoutMs} ms`, { kind: req.kind, timeoutMs: this.timeoutMs }));
+      }, this.timeoutMs);
+      this.#pending.set(seq, { resolve: resolve as (r: Response) => void, reject, timer, kind: req.kind });
+      this.#out.push(encodeFrame({ ...req, seq }));
+      this.#flush();
+    });
+  }
+
+  /** Close the connection; pending requests fail with `disk.daemon_unavailable`. */
+  close(): void {
+    if (this.#closed) return;
+    this.#sock.end();
+    this.#onClose();
+  }
+
+  #flush(): void {
+    while (this.#out.length > 0) {
+      const chunk = this.#out[0]!;
+      const n = this.#sock.write(chunk);
+      if (n < chunk.byteLength) {
+        this.#out[0] = chunk.subarray(Math.max(0, n));
+        return;
+      }
+      this.#out.shift();
+    }
+  }
+
+  #onData(chunk: Uint8Array): void {
+    for (const f of this.#reader.push(chunk)) {
+      if (!f.ok) {
+        // the daemon never sends a bad frame; if it does, nothing on this connection can be trusted
+        this.close();
+        return;
+      }
+      const r = f.value as Response;
+      const seq = typeof r.seq === "number" ? r.seq : -1;
+      const p = this.#pending.get(seq);
+      if (!p) continue;
+      this.#pending.delete(seq);
+      clearTimeout(p.timer);
+      // the daemon's code as is: a DiskError code, or another subsystem's (overlaybd.*, fuse.*)
+      if (r.kind === "error" || r.kind === "invalid_request") p.reject(new DiskError(r.code as DiskErrorCode, r.message, { ...r.details, kind: p.kind }));
+      else p.resolve(r);
+    }
+  }
+
+  #onClose(): void {
+    if (this.#closed) return;
+    this.#closed = true;
+    for (const [seq, p] of this.#pending) {
+      clearTimeout(p.timer);
+      this.#pending.delete(seq);
+      p.reject(new DiskError("disk.daemon_unavailable", `the disk daemon connection closed before it answered ${p.kind}`, { kind: p.kind }));
+    }
+    this.#resolveClosed();
+  }
+}

@@ -1,0 +1,208 @@
+/**
+ * Body of `agentenv ublk-daemon`: the node's one long-lived disk daemon. It owns every export of
+ * the node (FUSE mounts now, ublk devices once the ublk engine is available), answers requests
+ * on a Unix socket (./protocol.ts), and keeps its devices in SQLite (./store.ts) so that after a
+ * crash a restarted daemon serves them again (./manager.ts `recover`).
+ *
+ * Files in its directory `dir` (default `<runtime_path>/disk`): `daemon.sock`, `daemon.db`,
+ * `daemon.lock` (flock: one daemon per directory), default mount points `mnt/<dev_id>/`,
+ * `shared/<key>/`, `pool/<id>/`.
+ *
+ * Signals: SIGTERM/SIGINT stop serving and exit 0 WITHOUT removing devices (the node keeps the
+ * FUSE connections; a restarted daemon recovers them). The `shutdown` request removes every
+ * device first.
+ */
+import { existsSync, mkdirSync, rmSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import type { Socket } from "bun";
+import { tryFlockExclusive, type HeldFlock } from "../../ffi/flock.ts";
+import { logger } from "../../observability/log.ts";
+import type { ExportEngine } from "./engine.ts";
+import { DiskError } from "./errors.ts";
+import { FuseEngine } from "./fuse-engine.ts";
+import { DeviceManager, type BlockPoolSettings } from "./manager.ts";
+import { encodeFrame, errorResponse, FrameReader, parseRequest, type EngineName, type Request, type Response } from "./protocol.ts";
+import { DeviceStore } from "./store.ts";
+import pkg from "../../../package.json" with { type: "json" };
+
+const log = logger("disk");
+
+/** Everything the daemon needs (the node passes it as JSON; see `daemonSettings`). */
+export interface DaemonSettings {
+  /** Directory of the socket, database, lock and default mount points. */
+  dir: string;
+  /** Engine used when a request names none: "auto" = ublk when /dev/ublk-control exists, else FUSE. */
+  export: "auto" | EngineName;
+  fuse: { threads: number; maxWrite: number; requestTimeoutSec: number; directIo: boolean };
+  pool: BlockPoolSettings;
+  /** Largest request frame, bytes. */
+  maxFrameBytes: number;
+}
+
+/** Paths of a daemon directory. */
+export function daemonPaths(dir: string): { socket: string; db: string; lock: string; log: string } {
+  return { socket: join(dir, "daemon.sock"), db: join(dir, "daemon.db"), lock: join(dir, "daemon.lock"), log: join(dir, "daemon.log") };
+}
+
+/** True when this host offers ublk (the kernel module's control device). */
+export function ublkAvailable(): boolean {
+  return existsSync("/dev/ublk-control");
+}
+
+interface Conn {
+  reader: FrameReader;
+  out: Uint8Array[];
+}
+
+/**
+ * Run the daemon until a `shutdown` request or a signal.
+ * @param onReady called once the socket listens (the CLI prints `ready <socket>`)
+ * @returns the process exit code
+ * @throws DiskError `disk.busy` (another daemon holds the directory's lock), `disk.unsupported`
+ *   (the configured engine is not available)
+ */
+export async function runDaemon(s: DaemonSettings, onReady: (socket: string) => void): Promise<number> {
+  mkdirSync(s.dir, { recursive: true });
+  const paths = daemonPaths(s.dir);
+  const lock: HeldFlock | null = tryFlockExclusive(paths.lock);
+  if (!lock) throw new DiskError("disk.busy", `another disk daemon is running on ${s.dir}`, { dir: s.dir });
+  // the node kills a daemon that no longer answers by this pid
+  writeFileSync(paths.lock, `${process.pid}\n`);
+  const engines: Partial<Record<EngineName, ExportEngine>> = {};
+  let store: DeviceStore | undefined;
+  let manager: DeviceManager | undefined;
+  try {
+    const ublk = ublkAvailable();
+    if (s.export === "ublk" && !ublk) throw new DiskError("disk.unsupported", "export = \"ublk\" but /dev/ublk-control does not exist", { export: s.export });
+    if (s.export === "ublk" || (s.export === "auto" && ublk)) {
+      // the ublk engine lands with src/storage/ublk; until then a host with ublk still serves over FUSE
+      log.warn("ublk engine not built yet: serving over FUSE");
+    }
+    engines.fuse = new FuseEngine({ threads: s.fuse.threads, maxWrite: s.fuse.maxWrite, requestTimeoutSec: s.fuse.requestTimeoutSec });
+    const defaultEngine: EngineName = "fuse";
+    store = new DeviceStore(paths.db);
+    manager = new DeviceManager({ store, engines, defaultEngine, dir: s.dir, directIo: s.fuse.directIo, pool: s.pool });
+    await manager.recover();
+    await manager.prefill().catch((e) => log.warn({ err: e }, "warm pool prefill failed"));
+
+    let stop!: (why: string) => void;
+    const stopped = new Promise<string>((r) => (stop = r));
+    let shuttingDown = false;
+    const m = manager;
+    const features = (): Response => ({
+      kind: "features", version: pkg.version, pid: process.pid, engines: m.engines, default_engine: defaultEngine, ublk_control: ublk,
+      max_frame_bytes: s.maxFrameBytes, fuse_threads: s.fuse.threads, restarts_recovered: m.recovered,
+      pooled: Object.fromEntries(m.engines.map((e) => [e, m.pooled(e)])),
+    });
+
+    const handle = async (req: Request): Promise<Response> => {
+      const seq = req.seq === undefined ? {} : { seq: req.seq };
+      if (shuttingDown && req.kind !== "get_features") throw new DiskError("disk.busy", "the daemon is shutting down", {});
+      switch (req.kind) {
+        case "get_features":
+          return { ...features(), ...seq };
+        case "create_runtime_device":
+          return { kind: "runtime_device_created", ...seq, ...(await m.create(req)) };
+        case "delete":
+          await m.delete(req.dev_id);
+          return { kind: "deleted", ...seq, dev_id: req.dev_id };
+        case "restack_snapshot": {
+          const r = await m.restack(req.dev_id, req.output_layer_path, req.next_upper);
+          return { kind: "restack_snapshot_created", ...seq, dev_id: req.dev_id, layer_path: r.layerPath, stats: { layers: r.layers, ms: r.ms } };
+        }
+        case "acquire":
+          return { kind: "device_acquired", ...seq, ...(await m.acquire(req)) };
+        case "release":
+          return { kind: "released", ...seq, dev_id: req.dev_id, ...(await m.release(req.dev_id)) };
+        case "update_size":
+          return { kind: "size_updated", ...seq, dev_id: req.dev_id, size: await m.updateSize(req.dev_id, req.new_size) };
+        case "hold":
+          m.hold(req.dev_id, req.holder_pid, req.holder_fd);
+          return { kind: "ok", ...seq };
+        case "list":
+          return { kind: "devices", ...seq, devices: m.list() };
+        case "stats":
+          return { kind: "device_stats", ...seq, dev_id: req.dev_id, stats: m.stats(req.dev_id) };
+        case "shutdown":
+          shuttingDown = true;
+          await m.shutdown();
+          stop("shutdown");
+          return { kind: "ok", ...seq };
+      }
+    };
+
+    const flush = (sock: Socket<Conn>): void => {
+      const q = sock.data.out;
+      while (q.length > 0) {
+        const chunk = q[0]!;
+        const n = sock.write(chunk);
+        if (n < chunk.byteLength) {
+          q[0] = chunk.subarray(Math.max(0, n));
+          return;
+        }
+        q.shift();
+      }
+    };
+    const send = (sock: Socket<Conn>, msg: Response): void => {
+      sock.data.out.push(encodeFrame(msg));
+      flush(sock);
+    };
+
+    rmSync(paths.socket, { force: true });
+    const server = Bun.listen<Conn>({
+      unix: paths.socket,
+      socket: {
+        open(sock) {
+          sock.data = { reader: new FrameReader(s.maxFrameBytes), out: [] };
+        },
+        data(sock, chunk) {
+          for (const f of sock.data.reader.push(chunk)) {
+            if (!f.ok) {
+              send(sock, errorResponse(f.error, undefined, true));
+              if (f.fatal) sock.end();
+              continue;
+            }
+            const seqv = f.value.seq;
+            const seq = Number.isSafeInteger(seqv) && (seqv as number) >= 0 ? (seqv as number) : undefined;
+            let req: Request;
+            try {
+              req = parseRequest(f.value);
+            } catch (e) {
+              send(sock, errorResponse(e, seq, true));
+              continue;
+            }
+            handle(req).then(
+              (r) => send(sock, r),
+              (e) => {
+                if (!(e instanceof DiskError)) log.error({ err: e, kind: req.kind }, "request failed");
+                send(sock, errorResponse(e, seq, false));
+              },
+            );
+          }
+        },
+        drain(sock) {
+          flush(sock);
+        },
+        error(_sock, e) {
+          log.warn({ err: e }, "control connection error");
+        },
+      },
+    });
+    process.once("SIGTERM", () => stop("SIGTERM"));
+    process.once("SIGINT", () => stop("SIGINT"));
+    log.info({ dir: s.dir, pid: process.pid, devices: m.list().length, engines: m.engines }, "disk daemon ready");
+    onReady(paths.socket);
+    const why = await stopped;
+    log.info({ why }, "disk daemon stopping");
+    if (why !== "shutdown") await m.detachAll();
+    // let the last answers go out before the socket closes
+    await Bun.sleep(20);
+    server.stop(true);
+    rmSync(paths.socket, { force: true });
+    return 0;
+  } finally {
+    await engines.fuse?.close().catch(() => undefined);
+    store?.close();
+    lock.release();
+  }
+}

@@ -1,0 +1,442 @@
+/**
+ * The node's handle on its disk daemon: starts `agentenv ublk-daemon` (after shutting down one a
+ * crashed node left, which removes its devices), talks to it (./client.ts), keeps a copy of every
+ * FUSE connection it hands out (so the mounts outlive a daemon crash), starts it again when it
+ * dies (the new one serves the same devices: ./manager.ts `recover`), and shuts it down last.
+ *
+ * The daemon runs in its own session (`detached`: setsid before exec), so a Ctrl-C on the node's
+ * terminal reaches only the node, which then closes the disks in order.
+ */
+import { closeSync, existsSync, mkdirSync, openSync, readFileSync } from "node:fs";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { MNT_DETACH, umount2 } from "../../ffi/mount.ts";
+import { takeFd } from "../../ffi/pidfd.ts";
+import { processStartTime } from "../../ffi/proc.ts";
+import { logger } from "../../observability/log.ts";
+import { DaemonClient, type Answer, type Req } from "./client.ts";
+import { daemonSettings, type DiskConfig } from "./config.ts";
+import { daemonPaths } from "./daemon.ts";
+import { DiskError } from "./errors.ts";
+import type { DeviceInfo, DeviceStats, EngineName, Request, TargetSpec } from "./protocol.ts";
+
+const log = logger("disk");
+
+/** Command prefix that runs this program's CLI (bun + main.ts from source, or the compiled binary). */
+export function agentenvCommand(): string[] {
+  const exe = process.execPath;
+  if (/(^|\/)bun[^/]*$/.test(exe)) return [exe, fileURLToPath(new URL("../../cli/main.ts", import.meta.url))];
+  return [exe];
+}
+
+/** One device handed to this node. */
+export interface DiskExport {
+  /** Device id. */
+  readonly id: string;
+  /** What the VMM opens (a file on a FUSE mount, or /dev/ublkbN). */
+  readonly path: string;
+  readonly engine: EngineName;
+  readonly access: "exclusive" | "shared";
+  /** For an exclusive acquire: true when a pre-created export of the warm pool was used. */
+  readonly fromPool: boolean;
+  /** Counters of the device (reads, bytes, opens, image opens, refcount). */
+  stats(): Promise<DeviceStats>;
+  /**
+   * Stop using the device: an exclusive one is removed (a sandbox's upper files stay), a shared
+   * one loses this reference and goes with its last. Stop the VMM first. Idempotent.
+   */
+  close(): Promise<void>;
+}
+
+/** Inputs of `DiskService.rootDisk`. */
+export interface RootDiskOptions {
+  /** Sandbox id (the device id). */
+  id: string;
+  /** Template layer files, bottom first (absolute paths; never written). */
+  lowers: string[];
+  /** The sandbox's own directory: upper files go to `upper/`, the mount to `mnt/`. */
+  sandboxDir: string;
+  /** Virtual disk size in bytes (multiple of 512); 0 = the template's size. */
+  virtualSize?: number;
+}
+
+/** Name of the served root disk file inside `<sandboxDir>/mnt/`. */
+export const ROOT_DISK_FILE = "root.img";
+
+/** Paths of a sandbox's writable upper layer. */
+export function upperPaths(sandboxDir: string): { data: string; index: string } {
+  return { data: join(sandboxDir, "upper", "upper.data"), index: join(sandboxDir, "upper", "upper.index") };
+}
+
+type Child = ReturnType<typeof Bun.spawn>;
+
+/** The node side of the disk daemon. */
+export class DiskService {
+  readonly dir: string;
+  readonly config: DiskConfig;
+  #started: Promise<void> | undefined;
+  #proc!: Child;
+  #client!: DaemonClient;
+  #ready: Promise<void> = Promise.resolve();
+  /** Daemons that died and were started again (and became ready). */
+  #restarts = 0;
+  /** Restarts tried, bounded by `maxRestarts`. */
+  #attempts = 0;
+  #stopping = false;
+  #closed: Promise<void> | undefined;
+  #dead: DiskError | null = null;
+  /** FUSE connection copies this node holds, by device id. */
+  #held = new Map<string, number>();
+  /** Open handles per device id (a shared device may be acquired several times). */
+  #refs = new Map<string, number>();
+
+  /**
+   * A service for the daemon on `dir` (`<runtime_path>/disk`); the daemon starts with `start()`
+   * or on the first request.
+   */
+  constructor(opts: { dir: string; config: DiskConfig }) {
+    this.dir = opts.dir;
+    this.config = opts.config;
+  }
+
+  /**
+   * Start the daemon (once). A daemon a crashed node left on the directory is shut down first (it
+   * removes every device it had), or killed when it does not answer.
+   * @throws DiskError `disk.daemon_failed` (did not start; details.log holds its log tail)
+   */
+  start(): Promise<void> {
+    return (this.#started ??= (async () => {
+      mkdirSync(this.dir, { recursive: true });
+      await this.#stopLeftover();
+      await this.#spawn();
+    })());
+  }
+
+  /** Start the daemon on `opts.dir` now (see `start`). */
+  static async start(opts: { dir: string; config: DiskConfig }): Promise<DiskService> {
+    const s = new DiskService(opts);
+    await s.start();
+    return s;
+  }
+
+  /** pid of the running daemon (0 before it started). */
+  get pid(): number {
+    return this.#proc?.pid ?? 0;
+  }
+
+  /** How many times the daemon died and was started again (the new one ready). */
+  get restarts(): number {
+    return this.#restarts;
+  }
+
+  /** The daemon's features (engines, pid, recovered devices). */
+  async features(): Promise<Answer<"get_features">> {
+    return this.#call<"get_features">({ kind: "get_features" });
+  }
+
+  /**
+   * Export `target` as a new device (FUSE: mounted on `mountPoint`, default one under the daemon's
+   * directory, as `fileName`, default "disk.img").
+   * @throws DiskError from the daemon (`disk.exists`, `disk.open_failed`, `disk.bad_request`, ...)
+   */
+  async exportDisk(opts: { id: string; target: TargetSpec; mountPoint?: string; fileName?: string; directIo?: boolean; engine?: EngineName }): Promise<DiskExport> {
+    const info = await this.#call<"create_runtime_device">({
+      kind: "create_runtime_device", dev_id: opts.id, target: opts.target, ...(opts.engine ? { engine: opts.engine } : {}),
+      fuse: { ...(opts.mountPoint ? { mount_point: opts.mountPoint } : {}), ...(opts.fileName ? { file_name: opts.fileName } : {}), ...(opts.directIo === undefined ? {} : { direct_io: opts.directIo }) },
+    });
+    return this.#adopt(info, false, "delete");
+  }
+
+  /**
+   * A sandbox's root disk: the template's layers (shared, read-only) plus the sandbox's own upper
+   * in `<sandboxDir>/upper/` (created when missing; a resumed sandbox keeps its writes), served as
+   * `<sandboxDir>/mnt/root.img`, from the warm pool when a pre-created export is ready.
+   * @throws DiskError `disk.bad_spec` (no lowers, relative paths, bad size), `disk.open_failed`
+   *   (a layer is missing); daemon errors
+   */
+  async rootDisk(opts: RootDiskOptions): Promise<DiskExport> {
+    const size = opts.virtualSize ?? 0;
+    if (opts.lowers.length === 0 || opts.lowers.some((l) => !l.startsWith("/"))) {
+      throw new DiskError("disk.bad_spec", `sandbox ${opts.id}: lowers must be a non-empty list of absolute paths`, { id: opts.id, lowers: opts.lowers });
+    }
+    if (!opts.sandboxDir.startsWith("/")) throw new DiskError("disk.bad_spec", `sandbox ${opts.id}: sandboxDir must be absolute`, { id: opts.id, sandboxDir: opts.sandboxDir });
+    if (!Number.isSafeInteger(size) || size < 0 || size % 512 !== 0) {
+      throw new DiskError("disk.bad_spec", `sandbox ${opts.id}: virtual size ${size} is not a multiple of 512`, { id: opts.id, virtualSize: size });
+    }
+    for (const l of opts.lowers) {
+      if (!existsSync(l)) throw new DiskError("disk.open_failed", `sandbox ${opts.id}: template layer ${l} does not exist`, { id: opts.id, path: l });
+    }
+    const info = await this.#call<"acquire">({
+      kind: "acquire", access_mode: "exclusive", dev_id: opts.id,
+      target: { kind: "overlaybd", lowers: opts.lowers, upper: upperPaths(opts.sandboxDir), create_upper_size: size },
+      fuse: { mount_point: join(opts.sandboxDir, "mnt"), file_name: ROOT_DISK_FILE },
+    });
+    return this.#adopt(info, info.from_pool, "release");
+  }
+
+  /**
+   * The shared read-only device of `key` (e.g. a snapshot's memory image): opened once by the
+   * daemon, mapped by many VMs (FUSE: FOPEN_KEEP_CACHE, one page cache), released by `close()`
+   * of each handle; it goes with the last.
+   * @param opts.acceptWritableOpen accept O_RDWR opens (QEMU maps guest RAM that way); writes still fail
+   */
+  async acquireShared(opts: { key: string; lowers: string[]; fileName?: string; acceptWritableOpen?: boolean } | { key: string; rawPath: string; fileName?: string; acceptWritableOpen?: boolean }): Promise<DiskExport> {
+    const target: TargetSpec = "rawPath" in opts
+      ? { kind: "raw", path: opts.rawPath, read_only: true, accept_writable_open: opts.acceptWritableOpen ?? false }
+      : { kind: "overlaybd", lowers: opts.lowers, accept_writable_open: opts.acceptWritableOpen ?? false };
+    const info = await this.#call<"acquire">({ kind: "acquire", access_mode: "shared", share_key: opts.key, target, fuse: opts.fileName ? { file_name: opts.fileName } : {} });
+    return this.#adopt(info, false, "release");
+  }
+
+  /**
+   * Seal device `id`'s upper into a read-only layer and continue on a fresh upper (see
+   * `LayeredImage.restack`).
+   * @returns the new layer's path
+   */
+  async restack(id: string, outputLayerPath: string | null, nextUpper: { data: string; index: string }): Promise<string> {
+    const r = await this.#call<"restack_snapshot">({ kind: "restack_snapshot", dev_id: id, output_layer_path: outputLayerPath, next_upper: nextUpper });
+    return r.layer_path;
+  }
+
+  /** Counters of device `id`. */
+  async stats(id: string): Promise<DeviceStats> {
+    return (await this.#call<"stats">({ kind: "stats", dev_id: id })).stats;
+  }
+
+  /** Devices the daemon serves. */
+  async list(): Promise<DeviceInfo[]> {
+    return (await this.#call<"list">({ kind: "list" })).devices;
+  }
+
+  /** Send any request (tests, tools). */
+  request<K extends Request["kind"]>(req: Extract<Req, { kind: K }>): Promise<Answer<K>> {
+    return this.#call(req);
+  }
+
+  /**
+   * The node is shutting down: a daemon that exits from now on is not started again. Call first
+   * in the node's shutdown, before VMs are stopped and disks closed.
+   */
+  beginShutdown(): void {
+    this.#stopping = true;
+  }
+
+  /**
+   * Remove every device this node holds and stop the daemon (shutdown request; SIGTERM then
+   * SIGKILL after `stopTimeoutMs` each). Idempotent.
+   */
+  close(): Promise<void> {
+    return (this.#closed ??= (async () => {
+      this.#stopping = true;
+      if (!this.#started) return;
+      await this.#started.catch(() => undefined);
+      await this.#ready.catch(() => undefined);
+      const proc = this.#proc;
+      if (!proc) return;
+      if (proc.exitCode === null && proc.signalCode === null) {
+        try {
+          await this.#client.request({ kind: "shutdown" });
+        } catch (e) {
+          log.warn({ err: e }, "disk daemon shutdown request failed");
+        }
+        this.#client.close();
+        const term = setTimeout(() => proc.kill("SIGTERM"), this.config.stopTimeoutMs);
+        const kill = setTimeout(() => proc.kill("SIGKILL"), 2 * this.config.stopTimeoutMs);
+        await proc.exited;
+        clearTimeout(term);
+        clearTimeout(kill);
+      }
+      for (const [id, fd] of this.#held) this.#drop(id, fd, null);
+    })());
+  }
+
+  // ---- internals ----
+
+  async #call<K extends Request["kind"]>(req: Extract<Req, { kind: K }>): Promise<Answer<K>> {
+    if (this.#closed) throw new DiskError("disk.daemon_unavailable", "the disk service is closed", { kind: req.kind });
+    await this.start();
+    await this.#ready;
+    if (this.#dead) throw this.#dead;
+    return this.#client.request<K>(req);
+  }
+
+  /** Hold a copy of a FUSE device's connection and tell the daemon, then wrap it as a handle. */
+  async #adopt(info: DeviceInfo, fromPool: boolean, how: "delete" | "release"): Promise<DiskExport> {
+    if (info.fuse_fd !== undefined && !this.#held.has(info.dev_id)) {
+      const fd = takeFd(this.#proc.pid, info.fuse_fd);
+      this.#held.set(info.dev_id, fd);
+      await this.#call<"hold">({ kind: "hold", dev_id: info.dev_id, holder_pid: process.pid, holder_fd: fd });
+    }
+    this.#refs.set(info.dev_id, (this.#refs.get(info.dev_id) ?? 0) + 1);
+    let closed: Promise<void> | undefined;
+    const id = info.dev_id;
+    return {
+      id, path: info.path, engine: info.engine, access: info.access, fromPool,
+      stats: () => this.stats(id),
+      close: () =>
+        (closed ??= (async () => {
+          let gone = true;
+          try {
+            if (how === "delete") await this.#call<"delete">({ kind: "delete", dev_id: id });
+            else gone = (await this.#call<"release">({ kind: "release", dev_id: id })).refcount === 0;
+          } catch (e) {
+            // a daemon that is gone for good cannot remove it: detach the mount here
+            if (!(e instanceof DiskError) || (e.code !== "disk.daemon_failed" && e.code !== "disk.daemon_unavailable" && e.code !== "disk.not_found")) throw e;
+            log.warn({ id, err: e }, "device removed without the daemon");
+          }
+          const refs = (this.#refs.get(id) ?? 1) - 1;
+          if (refs > 0) this.#refs.set(id, refs);
+          else this.#refs.delete(id);
+          if (gone || refs === 0) this.#drop(id, this.#held.get(id), info.engine === "fuse" ? dirname(info.path) : null);
+        })()),
+    };
+  }
+
+  #drop(id: string, fd: number | undefined, mountPoint: string | null): void {
+    if (mountPoint) umount2(mountPoint, MNT_DETACH);
+    if (fd !== undefined) closeSync(fd);
+    this.#held.delete(id);
+  }
+
+  /** Shut down (or kill) a daemon left on this directory by a node that crashed. */
+  async #stopLeftover(): Promise<void> {
+    const paths = daemonPaths(this.dir);
+    if (!existsSync(paths.socket) && !existsSync(paths.lock)) return;
+    try {
+      const c = await DaemonClient.connect(paths.socket, { timeoutMs: this.config.readyTimeoutMs, maxFrameBytes: this.config.maxFrameBytes });
+      try {
+        const f = await c.request({ kind: "get_features" });
+        log.warn({ pid: f.pid }, "a disk daemon from an earlier run is still up: shutting it down");
+        await c.request({ kind: "shutdown" });
+        await waitGone(f.pid, this.config.stopTimeoutMs);
+      } finally {
+        c.close();
+      }
+    } catch (e) {
+      log.debug({ err: e }, "no answering disk daemon left");
+    }
+    // one that does not answer: kill it by the pid it recorded
+    const pid = readPidFile(paths.lock);
+    if (pid && isDaemon(pid, this.dir)) {
+      log.warn({ pid }, "killing an unresponsive disk daemon from an earlier run");
+      process.kill(pid, "SIGKILL");
+      await waitGone(pid, this.config.stopTimeoutMs);
+    }
+  }
+
+  /** Start a daemon, wait for its ready line, connect. */
+  async #spawn(): Promise<void> {
+    const paths = daemonPaths(this.dir);
+    const logFd = openSync(paths.log, "a");
+    let proc: Child;
+    try {
+      const settings = JSON.stringify(daemonSettings(this.config, this.dir));
+      proc = Bun.spawn([...agentenvCommand(), "ublk-daemon", "--dir", this.dir, "--settings", settings], {
+        stdio: ["ignore", "pipe", logFd], env: process.env, detached: true,
+      });
+    } finally {
+      closeSync(logFd);
+    }
+    const fail = async (why: string): Promise<never> => {
+      proc.kill("SIGKILL");
+      await proc.exited;
+      throw new DiskError("disk.daemon_failed", `disk daemon ${why}`, { dir: this.dir, exitCode: proc.exitCode, log: tail(paths.log) });
+    };
+    const line = await readLine(proc, this.config.readyTimeoutMs);
+    if (line === null) return await fail(`not ready after ${this.config.readyTimeoutMs} ms (or exited)`);
+    if (!line.startsWith("ready ")) return await fail(`sent an unexpected line ${JSON.stringify(line)}`);
+    let client: DaemonClient;
+    try {
+      client = await DaemonClient.connect(paths.socket, { timeoutMs: this.config.requestTimeoutMs, maxFrameBytes: this.config.maxFrameBytes });
+    } catch (e) {
+      return await fail(`does not accept connections: ${(e as Error).message}`);
+    }
+    this.#proc = proc;
+    this.#client = client;
+    log.debug({ pid: proc.pid, dir: this.dir }, "disk daemon started");
+    this.#watch(proc);
+  }
+
+  /** Start the daemon again when it dies, while restarts are left and the node is not stopping. */
+  #watch(proc: Child): void {
+    void proc.exited.then(() => {
+      if (this.#closed || this.#proc !== proc) return;
+      this.#client.close();
+      if (this.#stopping) {
+        log.info({ pid: proc.pid, exitCode: proc.exitCode }, "disk daemon stopped");
+        this.#dead = new DiskError("disk.daemon_failed", "the disk daemon stopped while the node shuts down", { pid: proc.pid });
+        return;
+      }
+      // exit code 0: stopped from outside (SIGTERM/SIGINT), devices left intact for the next one
+      const how = proc.exitCode === 0 ? "disk daemon stopped from outside" : "disk daemon died";
+      (proc.exitCode === 0 ? log.warn : log.error).call(log, { pid: proc.pid, exitCode: proc.exitCode, signal: proc.signalCode, restarts: this.#restarts }, how);
+      this.#ready = (async () => {
+        while (this.#attempts < this.config.maxRestarts && !this.#stopping) {
+          this.#attempts++;
+          try {
+            await this.#spawn();
+            this.#restarts++;
+            log.warn({ pid: this.#proc.pid, restarts: this.#restarts }, "disk daemon started again");
+            return;
+          } catch (e) {
+            log.error({ err: e, attempts: this.#attempts }, "disk daemon restart failed");
+          }
+        }
+        this.#dead = new DiskError("disk.daemon_failed", `the disk daemon died and ${this.config.maxRestarts} restarts are used up`, { dir: this.dir, restarts: this.#restarts });
+      })();
+    });
+  }
+}
+
+function tail(path: string, bytes = 2000): string {
+  try {
+    return readFileSync(path, "utf8").slice(-bytes);
+  } catch {
+    return "";
+  }
+}
+
+/** First line of a child's stdout, or null when it exits or `timeoutMs` passes first. */
+async function readLine(proc: Child, timeoutMs: number): Promise<string | null> {
+  const reader = (proc.stdout as ReadableStream<Uint8Array>).getReader();
+  let text = "";
+  let timer: Timer | undefined;
+  const timeout = new Promise<"timeout">((r) => (timer = setTimeout(() => r("timeout"), timeoutMs)));
+  try {
+    while (!text.includes("\n")) {
+      const r = await Promise.race([reader.read(), timeout]);
+      if (r === "timeout" || r.done) return null;
+      text += new TextDecoder().decode(r.value);
+    }
+    return text.slice(0, text.indexOf("\n"));
+  } finally {
+    clearTimeout(timer);
+    reader.releaseLock();
+  }
+}
+
+/** The pid a daemon wrote into its lock file, if any. */
+function readPidFile(path: string): number | null {
+  try {
+    const pid = Number(readFileSync(path, "utf8").trim().split(" ")[0]);
+    return Number.isSafeInteger(pid) && pid > 0 ? pid : null;
+  } catch {
+    return null;
+  }
+}
+
+/** True when `pid` runs `agentenv ublk-daemon --dir <dir>`. */
+function isDaemon(pid: number, dir: string): boolean {
+  try {
+    const args = readFileSync(`/proc/${pid}/cmdline`, "utf8").split("\0");
+    return args.includes("ublk-daemon") && args.includes(dir);
+  } catch {
+    return false;
+  }
+}
+
+async function waitGone(pid: number, timeoutMs: number): Promise<void> {
+  const start = processStartTime(pid);
+  const end = Date.now() + timeoutMs;
+  while (start !== null && processStartTime(pid) === start && Date.now() < end) await Bun.sleep(10);
+}

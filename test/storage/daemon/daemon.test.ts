@@ -1,0 +1,259 @@
+// Integration: the disk daemon's requests over its real Unix socket, one `agentenv ublk-daemon`
+// for the file (needs root: FUSE). Raw frames for malformed and oversize input; every request
+// kind against real devices: shared refcounted read-only devices (the snapshot memory image
+// case: opened once, mapped by many), the warm pool, restack, recovery of a restacked stack after
+// kill -9, update_size, hold, delete, shutdown.
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { closeSync, existsSync, mkdirSync, mkdtempSync, openSync, readFileSync, rmSync, writeFileSync, writeSync } from "node:fs";
+import { join } from "node:path";
+import { daemonPaths } from "../../../src/storage/daemon/daemon.ts";
+import { encodeFrame, FrameReader } from "../../../src/storage/daemon/protocol.ts";
+import { upperPaths, type DiskService } from "../../../src/storage/daemon/index.ts";
+import { openStack } from "../../../src/storage/overlaybd/index.ts";
+import { alive } from "../../helpers/proc.ts";
+import { fuseMounted, startService, stopService } from "./fixtures/service.ts";
+import { twoLayerTemplate } from "./fixtures/template.ts";
+
+const MiB = 1 << 20;
+const SIZE = 8 * MiB;
+let root: string;
+let svc: DiskService;
+let lowers: string[];
+let expected: Uint8Array;
+
+beforeAll(async () => {
+  root = mkdtempSync("/tmp/aenv-daemon-test-");
+  ({ lowers, expected } = await twoLayerTemplate(root, "template", SIZE));
+  svc = await startService(root, { maxFrameBytes: 64 * 1024 });
+}, 60_000);
+afterAll(async () => {
+  await stopService(svc, root);
+  rmSync(root, { recursive: true, force: true });
+});
+
+/** A raw connection to the daemon: send bytes, collect decoded answers, see when it closes. */
+async function rawConn(): Promise<{ send(b: Uint8Array): void; next(): Promise<Record<string, unknown>>; closed: Promise<void>; end(): void }> {
+  const reader = new FrameReader(1 << 20);
+  const got: Record<string, unknown>[] = [];
+  let wake: (() => void) | undefined;
+  let resolveClosed!: () => void;
+  const closed = new Promise<void>((r) => (resolveClosed = r));
+  const sock = await Bun.connect({
+    unix: daemonPaths(svc.dir).socket,
+    socket: {
+      data(_s, chunk) {
+        for (const f of reader.push(chunk)) if (f.ok) got.push(f.value);
+        wake?.();
+      },
+      close() {
+        resolveClosed();
+        wake?.();
+      },
+    },
+  });
+  return {
+    send: (b) => void sock.write(b),
+    async next() {
+      for (let i = 0; i < 500 && got.length === 0; i++) await new Promise<void>((r) => ((wake = r), setTimeout(r, 20)));
+      const v = got.shift();
+      if (!v) throw new Error("no answer from the daemon");
+      return v;
+    },
+    closed,
+    end: () => sock.end(),
+  };
+}
+
+async function code(p: Promise<unknown>): Promise<string> {
+  try {
+    await p;
+  } catch (e) {
+    return (e as { code: string }).code;
+  }
+  return "resolved";
+}
+
+describe("disk daemon protocol", () => {
+  test("malformed frames and bad requests get typed answers and the connection goes on", async () => {
+    const c = await rawConn();
+    try {
+      const bad = new TextEncoder().encode("{oops");
+      const f = new Uint8Array(4 + bad.length);
+      new DataView(f.buffer).setUint32(0, bad.length, false);
+      f.set(bad, 4);
+      c.send(f);
+      expect(await c.next()).toMatchObject({ kind: "invalid_request", code: "disk.malformed_frame" });
+      c.send(encodeFrame({ kind: "format_disk", seq: 5 }));
+      expect(await c.next()).toMatchObject({ kind: "invalid_request", seq: 5, code: "disk.bad_request", details: { field: "kind", value: "format_disk" } });
+      c.send(encodeFrame({ kind: "delete", seq: 6, dev_id: "../etc" }));
+      expect(await c.next()).toMatchObject({ kind: "invalid_request", seq: 6, code: "disk.bad_request", details: { field: "dev_id" } });
+      c.send(encodeFrame({ kind: "delete", seq: 7, dev_id: "nope" }));
+      expect(await c.next()).toMatchObject({ kind: "error", seq: 7, code: "disk.not_found", details: { devId: "nope" } });
+      // two requests in one write, answered in order
+      c.send(new Uint8Array([...encodeFrame({ kind: "list", seq: 8 }), ...encodeFrame({ kind: "get_features", seq: 9 })]));
+      const answers = [await c.next(), await c.next()].sort((a, b) => (a.seq as number) - (b.seq as number));
+      expect(answers.map((a) => [a.kind, a.seq])).toEqual([["devices", 8], ["features", 9]]);
+    } finally {
+      c.end();
+    }
+  });
+
+  test("an oversize frame is refused and the daemon closes that connection; others keep working", async () => {
+    const c = await rawConn();
+    const head = new Uint8Array(4);
+    new DataView(head.buffer).setUint32(0, 64 * 1024 + 1, false);
+    c.send(head);
+    expect(await c.next()).toMatchObject({ kind: "invalid_request", code: "disk.frame_too_large", details: { length: 64 * 1024 + 1, max: 64 * 1024 } });
+    await c.closed;
+    const f = await svc.features();
+    expect(f.max_frame_bytes).toBe(64 * 1024);
+  });
+
+  test("get_features names the engines of this host and the daemon's pid", async () => {
+    const f = await svc.features();
+    expect(f).toMatchObject({ kind: "features", pid: svc.pid, engines: ["fuse"], default_engine: "fuse", ublk_control: existsSync("/dev/ublk-control"), fuse_threads: 2 });
+    expect(await code(svc.exportDisk({ id: "u1", engine: "ublk", target: { kind: "raw", path: join(root, "x.raw"), read_only: true } }))).toBe("disk.unsupported");
+  });
+
+  test("shared read-only device: opened once, refcounted, one page cache for every reader, gone with the last release", async () => {
+    const a = await svc.acquireShared({ key: "snap-1", lowers, fileName: "mem.img", acceptWritableOpen: true });
+    const b = await svc.acquireShared({ key: "snap-1", lowers, fileName: "mem.img", acceptWritableOpen: true });
+    expect(b.id).toBe(a.id);
+    expect(b.path).toBe(a.path);
+    expect(a.access).toBe("shared");
+    let s = await a.stats();
+    expect(s.refcount).toBe(2);
+    expect(s.image_opens).toBe(1);
+    // a VMM opens guest RAM read-write (MAP_PRIVATE); writes are refused
+    const fd = openSync(a.path, "r+");
+    try {
+      expect(() => writeSync(fd, Buffer.alloc(4096), 0, 4096, 0)).toThrow();
+    } finally {
+      closeSync(fd);
+    }
+    // two readers in other processes: the second is served from the shared page cache
+    const read = () => Bun.spawnSync([process.execPath, "-e", `require("node:fs").readFileSync(${JSON.stringify(a.path)})`]).exitCode;
+    expect(read()).toBe(0);
+    const afterFirst = (await a.stats()).bytes_read;
+    expect(afterFirst).toBeGreaterThanOrEqual(SIZE);
+    expect(read()).toBe(0);
+    s = await a.stats();
+    expect(s.bytes_read).toBe(afterFirst);
+    expect(readFileSync(a.path).equals(Buffer.from(expected))).toBe(true);
+    await a.close();
+    await a.close(); // idempotent: one reference dropped once
+    s = await b.stats();
+    expect(s.refcount).toBe(1);
+    expect(fuseMounted(join(svc.dir, "shared", "snap-1"))).toBe(true);
+    await b.close();
+    expect(fuseMounted(join(svc.dir, "shared", "snap-1"))).toBe(false);
+    expect(await code(svc.stats(a.id))).toBe("disk.not_found");
+    // a writable target cannot be shared
+    expect(await code(svc.request({ kind: "acquire", access_mode: "shared", share_key: "w", target: { kind: "overlaybd", lowers, upper: upperPaths(join(root, "w")) } }))).toBe("disk.bad_request");
+  });
+
+  test("exclusive acquire binds a pre-created export of the warm pool, which refills", async () => {
+    const before = (await svc.features()).pooled.fuse ?? 0;
+    expect(before).toBeGreaterThanOrEqual(1);
+    const d = await svc.rootDisk({ id: "pool1", lowers, sandboxDir: join(root, "pool1") });
+    try {
+      expect(d.fromPool).toBe(true);
+      expect(d.path).toBe(join(root, "pool1", "mnt", "root.img"));
+      expect(readFileSync(d.path).equals(Buffer.from(expected))).toBe(true);
+      // the pre-created mount point is gone, the sandbox's remains
+      expect(fuseMounted(join(root, "pool1", "mnt"))).toBe(true);
+      let pooled = 0;
+      for (let i = 0; i < 100 && pooled < 2; i++) {
+        pooled = (await svc.features()).pooled.fuse ?? 0;
+        await Bun.sleep(20);
+      }
+      expect(pooled).toBe(2); // refilled to the high watermark
+    } finally {
+      await d.close();
+    }
+    expect(fuseMounted(join(root, "pool1", "mnt"))).toBe(false);
+  });
+
+  test("restack seals the upper into a layer between writes; after kill -9 the daemon serves the restacked stack", async () => {
+    const sb = join(root, "rs");
+    const d = await svc.rootDisk({ id: "rs", lowers, sandboxDir: sb });
+    try {
+      const fd = openSync(d.path, "r+");
+      try {
+        writeSync(fd, Buffer.alloc(4096, 0x11), 0, 4096, MiB);
+      } finally {
+        closeSync(fd);
+      }
+      const next = { data: join(sb, "upper", "n1.data"), index: join(sb, "upper", "n1.index") };
+      const layer = await svc.restack("rs", join(sb, "layer1"), next);
+      expect(layer).toBe(join(sb, "layer1"));
+      const fd2 = openSync(d.path, "r+");
+      try {
+        writeSync(fd2, Buffer.alloc(4096, 0x22), 0, 4096, MiB + 4096);
+      } finally {
+        closeSync(fd2);
+      }
+      const want = Buffer.from(expected);
+      want.fill(0x11, MiB, MiB + 4096);
+      want.fill(0x22, MiB + 4096, MiB + 8192);
+      expect(readFileSync(d.path).equals(want)).toBe(true);
+      // the new layer holds the first write, the new upper the second
+      const img = await openStack({ lowers: [...lowers, layer] });
+      try {
+        const b = new Uint8Array(8192);
+        await img.pread(b, MiB);
+        expect(b.subarray(0, 4096).every((x) => x === 0x11)).toBe(true);
+        expect(Buffer.from(b.subarray(4096)).equals(Buffer.from(expected.subarray(MiB + 4096, MiB + 8192)))).toBe(true);
+      } finally {
+        await img.close();
+      }
+      process.kill(svc.pid, "SIGKILL");
+      const restarts = svc.restarts;
+      for (let i = 0; i < 200 && svc.restarts === restarts; i++) await Bun.sleep(25);
+      expect(readFileSync(d.path).equals(want)).toBe(true);
+      expect(await code(svc.restack("rs", null, { data: "rel", index: "/x" }))).toBe("disk.bad_request");
+    } finally {
+      await d.close();
+    }
+    expect(await code(svc.restack("rs", null, { data: join(sb, "n2.data"), index: join(sb, "n2.index") }))).toBe("disk.not_found");
+  }, 60_000);
+
+  test("update_size, hold, delete and a raw device's restack answer with typed errors", async () => {
+    const raw = join(root, "r.raw");
+    writeFileSync(raw, new Uint8Array(64 * 1024));
+    const d = await svc.exportDisk({ id: "r1", target: { kind: "raw", path: raw, read_only: false } });
+    try {
+      expect(await svc.request({ kind: "update_size", dev_id: "r1", new_size: 64 * 1024 })).toMatchObject({ kind: "size_updated", size: 64 * 1024 });
+      expect(await code(svc.request({ kind: "update_size", dev_id: "r1", new_size: 128 * 1024 }))).toBe("disk.unsupported");
+      expect(await code(svc.request({ kind: "update_size", dev_id: "zz", new_size: 512 }))).toBe("disk.not_found");
+      expect(await code(svc.request({ kind: "hold", dev_id: "r1", holder_pid: 2 ** 22 + 7, holder_fd: 3 }))).toBe("disk.bad_request");
+      expect(await code(svc.request({ kind: "hold", dev_id: "zz", holder_pid: process.pid, holder_fd: 3 }))).toBe("disk.not_found");
+      expect(await code(svc.restack("r1", null, { data: join(root, "a.data"), index: join(root, "a.index") }))).toBe("disk.unsupported");
+      expect(await code(svc.request({ kind: "release", dev_id: "zz" }))).toBe("disk.not_found");
+    } finally {
+      await d.close();
+    }
+    expect(await code(svc.request({ kind: "delete", dev_id: "r1" }))).toBe("disk.not_found");
+  });
+
+  test("shutdown removes every device and the daemon exits 0; requests after it fail", async () => {
+    const r2 = join(root, "sd");
+    mkdirSync(r2, { recursive: true });
+    writeFileSync(join(r2, "b.raw"), new Uint8Array(8192));
+    const s2 = await startService(r2);
+    try {
+      const d = await s2.exportDisk({ id: "sd", target: { kind: "raw", path: join(r2, "b.raw"), read_only: false }, mountPoint: join(r2, "mnt") });
+      expect(fuseMounted(join(r2, "mnt"))).toBe(true);
+      const pid = s2.pid;
+      await s2.close();
+      expect(alive(pid)).toBe(false);
+      expect(fuseMounted(join(r2, "mnt"))).toBe(false);
+      expect(fuseMounted(join(s2.dir, "pool"))).toBe(false);
+      expect(existsSync(daemonPaths(s2.dir).socket)).toBe(false);
+      expect(await code(s2.list())).toBe("disk.daemon_unavailable");
+      await d.close(); // after the daemon: only local clean-up, no error
+    } finally {
+      await stopService(s2, r2);
+    }
+  });
+});
