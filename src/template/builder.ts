@@ -89,6 +89,7 @@ export function copyScript(archive: string, src: string, dest: string, owner: st
   return [
     "set -e",
     `u=$(mktemp -d /tmp/aenv-copy.XXXXXX)`,
+    `trap 'rm -rf "$u" "$u.list"' EXIT`,
     `tar -xf ${q(archive)} -C "$u"`,
     `s="$u"/${q(base || ".")}`,
     `d=${q(dest)}`,
@@ -99,7 +100,7 @@ export function copyScript(archive: string, src: string, dest: string, owner: st
     `chown -h ${q(owner)} "$t"`,
     `while IFS= read -r f; do chown -h ${q(owner)} "$t/$f"; done < "$u.list"`,
     ...(mode ? [`chmod ${q(mode)} "$t"`, `while IFS= read -r f; do [ -L "$t/$f" ] || chmod ${q(mode)} "$t/$f"; done < "$u.list"`] : []),
-    `rm -rf "$u" "$u.list" ${q(archive)}`,
+    `rm -f ${q(archive)}`,
   ].join("\n");
 }
 

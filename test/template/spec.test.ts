@@ -4,7 +4,7 @@
  * script (run with /bin/sh on a real archive: files land with the step's owner and mode).
  */
 import { expect, test } from "bun:test";
-import { mkdtempSync, readFileSync, rmSync, statSync, writeFileSync, mkdirSync, lstatSync, readlinkSync, symlinkSync } from "node:fs";
+import { mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync, mkdirSync, lstatSync, readlinkSync, symlinkSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { baseKey, checkBuildSpec, copyScript, expandEnv, readyProbe, stepKey } from "../../src/template/index.ts";
@@ -65,6 +65,7 @@ test("readyProbe: the SDK's waitForPort text becomes a /proc/net/tcp probe that 
 });
 
 test("copyScript: directory merge, file into a directory, file renamed, glob; owner and mode applied", () => {
+  const t0 = Date.now() - 1000;
   const root = mkdtempSync(join(tmpdir(), "aenv-copy-"));
   try {
     const ctx = join(root, "ctx");
@@ -103,6 +104,8 @@ test("copyScript: directory merge, file into a directory, file renamed, glob; ow
     const miss = sh(copyScript(tarOf("e.tar", "single.txt"), "nothere.txt", `${dest}/x`, "root", ""));
     expect(miss.code).not.toBe(0);
     expect(miss.err).toContain("matched nothing");
+    // no scratch directory left behind, on success or failure
+    expect(readdirSync(tmpdir()).filter((f) => f.startsWith("aenv-copy.") && statSync(join(tmpdir(), f)).mtimeMs >= t0)).toEqual([]);
   } finally {
     rmSync(root, { recursive: true, force: true });
   }
