@@ -13,11 +13,6 @@ import { TemplateError, TemplateService, UPLOAD_PATH_RE, type LogLevel, type Tem
 import { ENVD_VERSION } from "../../envd/version.ts";
 import { errorResponse, toErrorResponse } from "../status.ts";
 
-/** Run `fn` (kept for symmetry with async handlers: TemplateErrors map to statuses by code). */
-function call<T>(fn: () => T): T {
-  return fn();
-}
-
 const iso = (ms: number) => new Date(ms).toISOString();
 const LEVEL = t.Optional(t.Union([t.Literal("debug"), t.Literal("info"), t.Literal("warn"), t.Literal("error")]));
 const QInt = t.Optional(t.String({ pattern: "^[0-9]+$" }));
@@ -83,7 +78,7 @@ export function templateRoutes(templates: TemplateService, orch: Orchestrator) {
     .post(
       "/v3/templates",
       ({ body, set }) => {
-        const r = call(() => templates.request(body));
+        const r = templates.request(body);
         set.status = 202;
         return r;
       },
@@ -102,14 +97,14 @@ export function templateRoutes(templates: TemplateService, orch: Orchestrator) {
       },
     )
     .get("/templates/:templateID/files/:hash", ({ params, request, set }) => {
-      const r = call(() => templates.fileUpload(params.templateID, params.hash, originOf(request)));
+      const r = templates.fileUpload(params.templateID, params.hash, originOf(request));
       set.status = 201;
       return r;
     }, { detail: { summary: "Whether a COPY step's files are here, and the URL to PUT them to", tags: ["templates"] } })
     .post(
       "/v2/templates/:templateID/builds/:buildID",
       ({ params, body }) => {
-        call(() => templates.start(params.templateID, params.buildID, (body ?? {}) as Record<string, unknown>));
+        templates.start(params.templateID, params.buildID, (body ?? {}) as Record<string, unknown>);
         return accepted();
       },
       { body: t.Object({}, { additionalProperties: true }), detail: { summary: "Start a registered build (steps, base, start and ready commands)", tags: ["templates"] } },
@@ -117,26 +112,22 @@ export function templateRoutes(templates: TemplateService, orch: Orchestrator) {
     .get(
       "/templates/:templateID/builds/:buildID/status",
       ({ params, query }) =>
-        call(() =>
-          templates.status(params.templateID, params.buildID, {
-            logsOffset: query.logsOffset === undefined ? 0 : Number(query.logsOffset),
-            limit: query.limit === undefined ? 100 : Math.min(100, Number(query.limit)),
-            level: query.level as LogLevel | undefined,
-          }),
-        ),
+        templates.status(params.templateID, params.buildID, {
+          logsOffset: query.logsOffset === undefined ? 0 : Number(query.logsOffset),
+          limit: query.limit === undefined ? 100 : Math.min(100, Number(query.limit)),
+          level: query.level as LogLevel | undefined,
+        }),
       { query: t.Object({ logsOffset: QInt, limit: QInt, level: LEVEL }), detail: { summary: "Build status and log entries from logsOffset", tags: ["templates"] } },
     )
     .get(
       "/templates/:templateID/builds/:buildID/logs",
       ({ params, query }) =>
-        call(() =>
-          templates.logs(params.templateID, params.buildID, {
-            cursor: query.cursor === undefined ? undefined : Number(query.cursor),
-            limit: query.limit === undefined ? 100 : Math.min(100, Number(query.limit)),
-            direction: query.direction,
-            level: query.level as LogLevel | undefined,
-          }),
-        ),
+        templates.logs(params.templateID, params.buildID, {
+          cursor: query.cursor === undefined ? undefined : Number(query.cursor),
+          limit: query.limit === undefined ? 100 : Math.min(100, Number(query.limit)),
+          direction: query.direction,
+          level: query.level as LogLevel | undefined,
+        }),
       {
         query: t.Object({ cursor: QInt, limit: QInt, direction: t.Optional(t.Union([t.Literal("forward"), t.Literal("backward")])), level: LEVEL, source: t.Optional(t.String()) }),
         detail: { summary: "Build logs by time", tags: ["templates"] },
@@ -150,7 +141,7 @@ export function templateRoutes(templates: TemplateService, orch: Orchestrator) {
     .post(
       "/templates/tags",
       ({ body, set }) => {
-        const r = call(() => templates.catalog.assignTags(body.target, body.tags));
+        const r = templates.catalog.assignTags(body.target, body.tags);
         set.status = 201;
         return r;
       },
@@ -159,23 +150,23 @@ export function templateRoutes(templates: TemplateService, orch: Orchestrator) {
     .delete(
       "/templates/tags",
       ({ body }) => {
-        call(() => templates.catalog.removeTags(body.name, body.tags));
+        templates.catalog.removeTags(body.name, body.tags);
         return noContent();
       },
       { body: t.Object({ name: t.String({ minLength: 1 }), tags: t.Array(t.String(), { minItems: 1 }) }, { additionalProperties: true }), detail: { summary: "Remove tags from a template", tags: ["templates"] } },
     )
     .get("/templates/:templateID/tags", ({ params }) => {
-      const tpl = call(() => templates.get(params.templateID));
+      const tpl = templates.get(params.templateID);
       return Object.entries(tpl.tags)
         .map(([tag, v]) => ({ tag, buildID: v.buildID, createdAt: iso(v.createdAt) }))
         .sort((a, b) => a.tag.localeCompare(b.tag));
     }, { detail: { summary: "List a template's tags", tags: ["templates"] } })
     .get("/templates/:templateID", async ({ params }) => {
-      const tpl = call(() => templates.get(params.templateID));
+      const tpl = templates.get(params.templateID);
       return withBuilds(tpl, await spawnOf(tpl.templateID));
     }, { detail: { summary: "A template with its builds", tags: ["templates"] } })
     .delete("/templates/:templateID", ({ params }) => {
-      call(() => templates.remove(params.templateID));
+      templates.remove(params.templateID);
       return noContent();
     }, { detail: { summary: "Delete a template (Sandbox.deleteSnapshot)", tags: ["templates"] } });
 }
