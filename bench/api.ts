@@ -48,6 +48,7 @@ const { bootNode } = await import("../src/node/index.ts");
 const { createVmRuntime } = await import("../src/sandbox/index.ts");
 const { resolveKernelPath } = await import("../src/vmm/index.ts");
 const { ENVD_PORT } = await import("../src/envd/version.ts");
+const { LoopbackRuntime } = await import("../test/helpers/loopback-runtime.ts");
 
 const home = mkdtempSync("/tmp/aenv-bench-");
 const memDir = mkdtempSync("/dev/shm/aenv-bench-");
@@ -155,8 +156,7 @@ try {
   console.log(`API latency (median, µs): /health ${f(health)} (baseline), GET /sandboxes/{id} ${f(getOne)} = ${(getOne / health).toFixed(2)}x, GET /v2/sandboxes ${f(list)} = ${(list / health).toFixed(2)}x`);
 
   // 6. proxied vs direct small request to the guest's envd, interleaved (on the live sandbox of 3)
-  const guest = node.orch.resolve(live.id, ENVD_PORT);
-  const directUrl = `http://${guest.host}:${guest.port}/health`;
+  const directUrl = `http://${node.orch.get(live.id).endpoint!.host}:${ENVD_PORT}/health`;
   const proxied = { "e2b-sandbox-id": live.id, "e2b-sandbox-port": String(ENVD_PORT) };
   const once = async (url: string, headers: Record<string, string>) => {
     const t = performance.now();
@@ -175,31 +175,51 @@ try {
   console.log(`proxy latency (median, µs): direct to guest :${ENVD_PORT} ${f(median(direct))} (baseline), through the node's proxy ${f(median(viaProxy))} = ${(median(viaProxy) / median(direct)).toFixed(2)}x`);
   await kill(live.id);
 
-  // 4. metrics routes with 20 sandboxes' full history
+  // 4. metrics routes with 20 sandboxes' full history. This box runs at most 2 VMs: the 20 are
+  // loopback guests of a second node (same code, no VMs), created through its orchestrator.
   const hist = cfg.metrics.history_samples;
   const stepMs = cfg.metrics.sample_interval_ms;
   const ids: string[] = [];
   const now = Date.now();
+  const home2 = mkdtempSync("/tmp/aenv-bench-metrics-");
+  const node2 = await bootNode(
+    loadConfig({
+      env: {
+        AENV_HOME_PATH: home2,
+        AENV_RUNTIME_PATH: join(home2, "run"),
+        AENV_API_ADDR: "127.0.0.1:0",
+        AENV_LOG_LEVEL: "warn",
+        AENV__network__name_prefix: `${process.env.AENV_BENCH_INNER}m-`,
+        AENV__orchestrator__max_sandboxes: "20",
+      },
+    }),
+    async () => new LoopbackRuntime(),
+  );
   for (let i = 0; i < 20; i++) {
-    const id = `benchmetrics${String(i).padStart(2, "0")}`;
-    node.orch.adopt({
-      id, templateId: "base", alias: "base", cpuCount: 1, memoryMB: 512, diskSizeMB: 2048, envdVersion: "0.6.4", envdAccessToken: null, trafficAccessToken: null,
-      metadata: {}, envVars: {}, autoPause: false, autoResume: false, allowInternetAccess: null, network: null, runtimeState: null, error: null,
-      startedAt: now, endAt: now + 3_600_000, endpoint: { host: "127.0.0.1", ports: { "49983": 1 } },
-    });
+    const id = (await node2.orch.create({ template: "base", secure: true, timeoutSecs: 3600 })).id;
     for (let k = hist; k > 0; k--) {
-      node.orch.metricsHistory.add(id, { at: now - k * stepMs, cpuCount: 1, cpuUsedPct: (k * 7) % 100, memUsed: 100e6 + k, memTotal: 500e6, memCache: 20e6, diskUsed: 700e6, diskTotal: 2e9 });
+      node2.orch.metricsHistory.add(id, { at: now - k * stepMs, cpuCount: 1, cpuUsedPct: (k * 7) % 100, memUsed: 100e6 + k, memTotal: 500e6, memCache: 20e6, diskUsed: 700e6, diskTotal: 2e9 });
     }
     ids.push(id);
   }
-  const oneFull = await lat(`/sandboxes/${ids[7]}/metrics`, 200);
+  const lat2 = async (path: string, n: number) => {
+    const xs: number[] = [];
+    for (let i = 0; i < n; i++) {
+      const t = performance.now();
+      await (await fetch(node2.url + path, { headers: { "x-api-key": node2.apiKey } })).arrayBuffer();
+      xs.push(performance.now() - t);
+    }
+    return median(xs) * 1000;
+  };
+  const oneFull = await lat2(`/sandboxes/${ids[7]}/metrics`, 200);
   const minute = Math.floor(now / 1000);
-  const window = await lat(`/sandboxes/${ids[7]}/metrics?start=${minute - 60}&end=${minute}`, 200);
-  const all20 = await lat(`/sandboxes/metrics?sandbox_ids=${ids.join(",")}`, 200);
+  const window = await lat2(`/sandboxes/${ids[7]}/metrics?start=${minute - 60}&end=${minute}`, 200);
+  const all20 = await lat2(`/sandboxes/metrics?sandbox_ids=${ids.join(",")}`, 200);
   console.log(
     `metrics routes, 20 sandboxes x ${hist} samples (median, µs): /health ${f(health)} (baseline), one sandbox's whole history ${f(oneFull)} = ${(oneFull / health).toFixed(2)}x, a 60 s window ${f(window)} = ${(window / health).toFixed(2)}x, latest of 20 ${f(all20)} = ${(all20 / health).toFixed(2)}x`,
   );
-  for (const id of ids) await kill(id);
+  await node2.close();
+  rmSync(home2, { recursive: true, force: true });
 
   // 5. volume attach cost on create (create + kill, alternating with and without a volume)
   const vr = await fetch(`${node.url}/volumes`, { method: "POST", headers: H, body: JSON.stringify({ name: "bench-vol" }) });

@@ -5,7 +5,7 @@
  */
 import { Elysia, t } from "elysia";
 import { openapi } from "@elysiajs/openapi";
-import type { Orchestrator, SandboxRecord } from "../orchestrator/index.ts";
+import type { SandboxService, SandboxRecord } from "../orchestrator/index.ts";
 import { ApiError } from "./errors.ts";
 import { errorResponse, toErrorResponse } from "./status.ts";
 import { refuseUnsupported, UNSUPPORTED } from "./unsupported.ts";
@@ -25,7 +25,7 @@ import scalarJs from "../../node_modules/@scalar/api-reference/dist/browser/stan
 
 /** What the routes need. */
 export interface ApiDeps {
-  orch: Orchestrator;
+  orch: SandboxService;
   /** Domain returned to SDKs in `Sandbox.domain` (first `sandbox_proxy.domains` entry) or null. */
   domain: string | null;
   node: NodeIdentity;
@@ -147,7 +147,7 @@ export function buildApp(deps: ApiDeps) {
       () =>
         new Response(
           renderPrometheus(orch.getCounters(), { agentenv_uptime_seconds: { value: Math.round(process.uptime()), help: "Seconds since the node process started." } }) +
-            renderSandboxMetrics(orch.latestMetrics(orch.store.inStates(["running"]).map((r) => r.id))),
+            renderSandboxMetrics(orch.latestMetrics(orch.inStates(["running"]).map((r) => r.id))),
           {
             headers: { "content-type": "text/plain; version=0.0.4; charset=utf-8" },
           },

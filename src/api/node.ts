@@ -5,7 +5,7 @@ import { cpus, freemem, totalmem } from "node:os";
 import { statfsSync } from "node:fs";
 import type { CpuMeter } from "../observability/host.ts";
 import { machineInfo } from "../observability/identity.ts";
-import type { Orchestrator } from "../orchestrator/index.ts";
+import type { SandboxService } from "../orchestrator/index.ts";
 import pkg from "../../package.json" with { type: "json" };
 
 export interface NodeIdentity {
@@ -23,7 +23,7 @@ export interface NodeIdentity {
 export { buildCommit, nodeId } from "../observability/identity.ts";
 
 /** The `Node` body of this node; `meter` is the caller's CPU meter (its window runs from its previous call). */
-export async function nodeInfo(n: NodeIdentity, orch: Orchestrator, meter: CpuMeter) {
+export async function nodeInfo(n: NodeIdentity, orch: SandboxService, meter: CpuMeter) {
   const c = orch.getCounters();
   const cpu = cpus();
   const disks = [];
@@ -33,7 +33,7 @@ export async function nodeInfo(n: NodeIdentity, orch: Orchestrator, meter: CpuMe
   } catch {
     // home path not created yet: no disk figures
   }
-  const live = orch.store.inStates(["creating", "running", "resuming", "pausing"]);
+  const live = orch.inStates(["creating", "running", "resuming", "pausing"]);
   return {
     id: n.id,
     nodeID: n.id,

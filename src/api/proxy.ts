@@ -10,7 +10,8 @@
 import type { Logger } from "pino";
 import { ENVD_PORT } from "../envd/version.ts";
 import { logger } from "../observability/log.ts";
-import { OrchestratorError, type Orchestrator } from "../orchestrator/index.ts";
+import { OrchestratorError, type SandboxService } from "../orchestrator/index.ts";
+import { RouteTable, TRANSITIONAL } from "./route-table.ts";
 
 /** Header carrying a sandbox's traffic access token (E2B). */
 export const TRAFFIC_TOKEN_HEADER = "e2b-traffic-access-token";
@@ -43,8 +44,6 @@ export interface ProxyOptions {
 
 /** Default bound on waiting for a transitional state (creating, pausing, resuming), ms. */
 export const SETTLE_TIMEOUT_MS = 130_000;
-/** States a request waits out instead of being refused (the sandbox is about to run or pause). */
-const TRANSITIONAL = new Set(["creating", "pausing", "resuming"]);
 
 /** A 502 as the E2B edge proxy answers it. */
 /**
@@ -136,9 +135,12 @@ export class SandboxProxy {
   private readonly log: Logger = logger("sandbox_proxy");
   private readonly active = new Map<string, Set<() => void>>();
   private readonly unobserve: () => void;
+  /** Live sandboxes' routes, kept by the service's state events. */
+  readonly routes: RouteTable;
 
-  constructor(private readonly orch: Orchestrator, readonly opts: ProxyOptions) {
-    this.unobserve = orch.observe({
+  constructor(private readonly sandboxes: SandboxService, readonly opts: ProxyOptions) {
+    this.routes = new RouteTable(sandboxes);
+    this.unobserve = sandboxes.observe({
       onEvent: (e) => {
         if (e.to === "killing" || e.to === "pausing" || e.to === "failed") this.cut(e.id);
       },
@@ -183,24 +185,28 @@ export class SandboxProxy {
   /** Stop observing the orchestrator and cut every connection. */
   close(): void {
     this.unobserve();
+    this.routes.close();
     for (const id of [...this.active.keys()]) this.cut(id);
   }
 
   /**
-   * Where a route goes: `host:port` of a running sandbox. A sandbox being created, paused or
-   * resumed is waited for (up to `settleTimeoutMs`): traffic racing a resume (another request's
+   * Where a route goes: `host:port` of a running sandbox, from the in-memory route table (no
+   * database read). A sandbox being created, paused or resumed is waited for (up to
+   * `settleTimeoutMs`, woken by its state event): traffic racing a resume (another request's
    * autoResume, a connect) is not refused with "not found". A paused sandbox with autoResume is
-   * resumed first.
+   * resumed first; one without answers 502 saying it is paused and how to resume it.
    * Ports other than envd's of a sandbox created with `network.allowPublicTraffic=false` need
    * header `e2b-traffic-access-token` equal to its `trafficAccessToken` (E2B proxy rule).
    * @param headers the client's request headers (for the traffic access token).
    * @returns the upstream origin, or a 502/403 Response.
    */
   async target(route: ProxyRoute, headers: Headers): Promise<string | Response> {
-    const token = route.port === ENVD_PORT ? null : this.orch.store.get(route.sandboxId)?.trafficAccessToken;
+    const id = route.sandboxId;
+    let r = this.routes.get(id);
+    const token = route.port === ENVD_PORT ? null : r?.trafficAccessToken;
     if (token && headers.get(TRAFFIC_TOKEN_HEADER) !== token) {
       return Response.json(
-        { sandboxId: route.sandboxId, code: 403, message: `port ${route.port} of sandbox ${route.sandboxId} is private: send header ${TRAFFIC_TOKEN_HEADER} with the sandbox's trafficAccessToken` },
+        { sandboxId: id, code: 403, message: `port ${route.port} of sandbox ${id} is private: send header ${TRAFFIC_TOKEN_HEADER} with the sandbox's trafficAccessToken` },
         { status: 403, headers: { [ERROR_SOURCE]: "proxy" } },
       );
     }
@@ -208,22 +214,21 @@ export class SandboxProxy {
       return Response.json({ code: 403, message: `path ${route.pathAndQuery.split("?")[0]} is not reachable through the proxy` }, { status: 403 });
     }
     try {
-      await this.settled(route.sandboxId);
-      const rec = this.orch.store.get(route.sandboxId);
-      if (rec?.state === "paused" && rec.autoResume) await this.orch.connect(route.sandboxId);
-      const t = this.orch.resolve(route.sandboxId, route.port);
-      return `${t.host.includes(":") ? `[${t.host}]` : t.host}:${t.port}`;
+      if (r && TRANSITIONAL.has(r.state)) r = await this.routes.settled(id, this.opts.settleTimeoutMs ?? SETTLE_TIMEOUT_MS);
+      if (r?.state === "paused" && r.autoResume) {
+        await this.sandboxes.connect(id);
+        r = this.routes.get(id);
+      }
     } catch (e) {
-      if (e instanceof OrchestratorError && e.code === "orchestrator.not_found") return badGateway(route.sandboxId, "The sandbox was not found");
-      this.log.error({ sandboxId: route.sandboxId, port: route.port, path: route.pathAndQuery, err: e }, "proxy: cannot route to the sandbox");
-      return badGateway(route.sandboxId, `cannot route to the sandbox: ${(e as Error).message}`);
+      if (e instanceof OrchestratorError && e.code === "orchestrator.not_found") return badGateway(id, "The sandbox was not found");
+      this.log.error({ sandboxId: id, port: route.port, path: route.pathAndQuery, err: e }, "proxy: cannot route to the sandbox");
+      return badGateway(id, `cannot route to the sandbox: ${(e as Error).message}`);
     }
-  }
-
-  /** Wait while sandbox `id` is in a transitional state (polls the store every 20 ms). */
-  private async settled(id: string): Promise<void> {
-    const until = performance.now() + (this.opts.settleTimeoutMs ?? SETTLE_TIMEOUT_MS);
-    while (TRANSITIONAL.has(this.orch.store.get(id)?.state ?? "") && performance.now() < until) await Bun.sleep(20);
+    if (r?.state === "paused") {
+      return badGateway(id, `The sandbox ${id} is paused: resume it with Sandbox.connect() (POST /sandboxes/${id}/connect), or create it with autoResume so traffic resumes it`);
+    }
+    if (!r || r.state !== "running" || !r.host) return badGateway(id, r && TRANSITIONAL.has(r.state) ? `The sandbox is still ${r.state}` : "The sandbox was not found");
+    return `${r.host.includes(":") ? `[${r.host}]` : r.host}:${route.port}`;
   }
 
   /**

@@ -7,7 +7,7 @@
 import { ConfigError, type Config } from "../config/index.ts";
 import { SchedulerReporter, type ReporterOptions } from "../observability/reporter.ts";
 import type { NodeIdentityInfo } from "../observability/snapshot.ts";
-import { LIVE_STATES, type Orchestrator } from "../orchestrator/index.ts";
+import { LIVE_STATES, type SandboxService } from "../orchestrator/index.ts";
 
 /**
  * The reporter's options, or null when reporting is off.
@@ -24,20 +24,17 @@ export function reporterOptions(cfg: Config): ReporterOptions | null {
 }
 
 /** Start reporting for `orch`. @returns the stop function (unregisters the node). */
-export function startReporting(o: ReporterOptions, identity: NodeIdentityInfo, orch: Orchestrator): () => Promise<void> {
+export function startReporting(o: ReporterOptions, identity: NodeIdentityInfo, orch: SandboxService): () => Promise<void> {
   const reporter = new SchedulerReporter(
     identity,
     {
       counters: () => orch.getCounters(),
-      sandboxes: () => orch.store.inStates([...LIVE_STATES]).map((r) => ({ id: r.id, state: r.state, cpuCount: r.cpuCount, memoryMB: r.memoryMB })),
+      sandboxes: () => orch.inStates(LIVE_STATES).map((r) => ({ id: r.id, state: r.state, cpuCount: r.cpuCount, memoryMB: r.memoryMB })),
     },
     o,
   );
   const unobserve = orch.observe({
-    onEvent: (e) => {
-      const r = orch.store.get(e.id);
-      reporter.noteChange({ id: e.id, from: e.from, to: e.to, cpuCount: r?.cpuCount, memoryMB: r?.memoryMB });
-    },
+    onEvent: (e) => reporter.noteChange({ id: e.id, from: e.from, to: e.to, cpuCount: e.sandbox.cpuCount, memoryMB: e.sandbox.memoryMB }),
   });
   reporter.start();
   return async () => {

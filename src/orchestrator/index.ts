@@ -1,5 +1,6 @@
 /** Orchestrator: sandbox lifecycle over a SandboxRuntime. See orchestrator.ts and runtime.ts. */
-export { Orchestrator, type ConnectResult, type OrchestratorObserver, type SandboxEvent, type ShutdownSummary, encodeCursor, decodeCursor } from "./orchestrator.ts";
+export { Orchestrator, type ShutdownSummary, encodeCursor, decodeCursor } from "./orchestrator.ts";
+export type { ConnectResult, OrchestratorObserver, SandboxEvent, SandboxService } from "./service.ts";
 export { OrchestratorError, ORCHESTRATOR_ERRORS, type OrchestratorErrorCode, isRequestFault, notFound } from "./errors.ts";
 export { orchestratorConfig, type OrchestratorConfig } from "./config.ts";
 export type { SandboxRuntime, RuntimeStartSpec, RuntimeSandbox, RuntimeKnownSandbox, ReapReport } from "./runtime.ts";

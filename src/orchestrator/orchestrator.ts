@@ -16,32 +16,14 @@ import { VolumeManager } from "./volumes.ts";
 import type { RuntimeMetricsTarget, RuntimeSandbox, RuntimeStartSpec, SandboxRuntime } from "./runtime.ts";
 import { Semaphore } from "./semaphore.ts";
 import { assertTransition, LIVE_STATES, publicState, type SandboxState } from "./states.ts";
+import type { ConnectResult, OrchestratorObserver, SandboxEvent, SandboxService } from "./service.ts";
 import { SandboxStore, type ListCursor } from "./store.ts";
 import type {
-  CreateSandboxRequest, ListSandboxesQuery, OrchestratorCounters, SandboxEndpoint, SandboxLogEntry, SandboxLogQuery, SandboxMetricsSample, SandboxRecord, TemplateInfo,
+  CreateSandboxRequest, ListSandboxesQuery, OrchestratorCounters, SandboxLogEntry, SandboxLogQuery, SandboxMetricsSample, SandboxRecord, TemplateInfo,
   TemplateListing,
 } from "./types.ts";
 
 /** A state change, as published to observers. */
-export interface SandboxEvent {
-  id: string;
-  from: SandboxState | null;
-  to: SandboxState;
-  at: number;
-}
-
-/** Observer of counters and state changes. */
-export interface OrchestratorObserver {
-  onEvent?(e: SandboxEvent): void;
-  onCounters?(c: OrchestratorCounters): void;
-}
-
-/** Result of `connect()`: the record and whether it had to be resumed (HTTP 201 vs 200). */
-export interface ConnectResult {
-  sandbox: SandboxRecord;
-  resumed: boolean;
-}
-
 /** What `Orchestrator.close()` did with the live sandboxes. */
 export interface ShutdownSummary {
   killed: number;
@@ -50,7 +32,7 @@ export interface ShutdownSummary {
   failed: number;
 }
 
-export class Orchestrator {
+export class Orchestrator implements SandboxService {
   readonly store: SandboxStore;
   /** Resource samples of live sandboxes (bounded per sandbox). */
   readonly metricsHistory: MetricsHistory;
@@ -238,7 +220,7 @@ export class Orchestrator {
     };
     this.store.insert(rec);
     this.counters.starting++;
-    this.emit({ id, from: null, to: "creating", at: t });
+    this.emit({ id, from: null, to: "creating", at: t, sandbox: rec });
     return this.track(
       this.lock.run(id, async () => {
         try {
@@ -300,6 +282,11 @@ export class Orchestrator {
     });
     const last = items[items.length - 1];
     return { items, nextToken: more && last ? encodeCursor({ startedAt: last.startedAt, id: last.id }) : undefined };
+  }
+
+  /** Every sandbox in one of `states`. */
+  inStates(states: readonly SandboxState[]): SandboxRecord[] {
+    return this.store.inStates(states);
   }
 
   /** Number of sandboxes in state running (X-Total-Running). */
@@ -420,30 +407,6 @@ export class Orchestrator {
       const flag = policy.allow_internet_access ?? policy.allowInternetAccess;
       this.store.update(id, { network: policy, allowInternetAccess: typeof flag === "boolean" ? flag : null }, this.now());
     });
-  }
-
-  /**
-   * Where guest `port` of sandbox `id` is reachable, for the proxy. Only running sandboxes
-   * have an address.
-   * @throws OrchestratorError not_found (404) for unknown, paused or not-yet-running sandboxes.
-   */
-  resolve(id: string, port: number): { host: string; port: number; sandbox: SandboxRecord } {
-    const r = SANDBOX_ID_RE.test(id) ? this.store.get(id) : undefined;
-    if (!r || r.state !== "running" || !r.endpoint) throw notFound(id);
-    return { host: r.endpoint.host, port: r.endpoint.ports?.[String(port)] ?? port, sandbox: r };
-  }
-
-  /**
-   * Register a sandbox that already runs somewhere reachable (e.g. a sandbox whose VM another
-   * component started), in state running. Used by tooling and tests of the proxy.
-   */
-  adopt(rec: Omit<SandboxRecord, "state" | "createdAt" | "updatedAt" | "volumeMounts"> & { endpoint: SandboxEndpoint; volumeMounts?: SandboxRecord["volumeMounts"] }): SandboxRecord {
-    const t = this.now();
-    const full: SandboxRecord = { ...rec, volumeMounts: rec.volumeMounts ?? [], state: "running", createdAt: t, updatedAt: t };
-    this.store.insert(full);
-    this.emit({ id: rec.id, from: null, to: "running", at: t });
-    this.recount();
-    return full;
   }
 
   // ---- internals ----
@@ -588,8 +551,9 @@ export class Orchestrator {
   private transition(id: string, from: SandboxState, to: SandboxState, fields: Partial<SandboxRecord>): void {
     assertTransition(id, from, to);
     const t = this.now();
-    this.store.update(id, { ...fields, state: to }, t);
-    this.emit({ id, from, to, at: t }, fields.error ?? null);
+    const sandbox = this.store.update(id, { ...fields, state: to }, t);
+    if (!sandbox) throw notFound(id); // a record vanished under its own lock: a bug, surfaced
+    this.emit({ id, from, to, at: t, sandbox }, fields.error ?? null);
   }
 
   private emit(e: SandboxEvent, error: string | null = null): void {
@@ -670,7 +634,6 @@ function targetOf(r: SandboxRecord): RuntimeMetricsTarget {
 export function lifecycleEntry(e: SandboxEvent, error: string | null): SandboxLogEntry {
   const what: Record<string, string> = {
     "null>creating": "sandbox create requested",
-    "null>running": "sandbox registered",
     "creating>running": "sandbox created",
     "running>pausing": "sandbox pausing",
     "pausing>paused": "sandbox paused",

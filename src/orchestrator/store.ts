@@ -35,9 +35,10 @@ export class SandboxStore {
     return r ? toRecord(r) : undefined;
   }
 
-  /** Update fields of `id` (updatedAt is set here). */
-  update(id: string, fields: Partial<Omit<SandboxRecord, "id">>, now: number): void {
-    this.db.orm.update(sandboxes).set({ ...fields, updatedAt: now }).where(eq(sandboxes.id, id)).run();
+  /** Update fields of `id` (updatedAt is set here). @returns the record after the update, undefined when `id` has none. */
+  update(id: string, fields: Partial<Omit<SandboxRecord, "id">>, now: number): SandboxRecord | undefined {
+    const r = this.db.orm.update(sandboxes).set({ ...fields, updatedAt: now }).where(eq(sandboxes.id, id)).returning().get();
+    return r ? toRecord(r) : undefined;
   }
 
   /** Records in any of `states`. */

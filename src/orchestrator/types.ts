@@ -6,10 +6,8 @@ import type { SandboxState } from "./states.ts";
 
 /** Where a sandbox's guest ports are reachable from the host. */
 export interface SandboxEndpoint {
-  /** Host address (guest IP inside its slot, or 127.0.0.1 when ports are forwarded). */
+  /** Host address the guest's ports are reached at (its address in its slot); guest port P is host:P. */
   host: string;
-  /** Guest port -> host port, for runtimes that forward ports; absent ports map to themselves. */
-  ports?: Record<string, number>;
 }
 
 /** One sandbox as the orchestrator stores it. */

@@ -85,7 +85,7 @@ export function snapshotFiles(snapDir: string, prev: { statePath: string } | und
 
 /** envd's base URL of a running sandbox. */
 function envdBase(t: RuntimeMetricsTarget): string {
-  return `http://${t.endpoint.host}:${t.endpoint.ports?.[String(ENVD_PORT)] ?? ENVD_PORT}`;
+  return `http://${t.endpoint.host}:${ENVD_PORT}`;
 }
 
 /** A VMM console listener that files each line in the sandbox's log, or none without a sink. */

@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { join } from "node:path";
-import { adoptLoopback, startNodeNoVm, type TestNode } from "./helpers.ts";
+import { createLoopback, startNodeNoVm, type TestNode } from "./helpers.ts";
 import { mkdirSync, writeFileSync } from "node:fs";
 import { connectEnvelope, defaultNodeUrl, table } from "../../src/cli/sandbox.ts";
 import { writeManifest } from "../../src/template/index.ts";
@@ -9,14 +9,20 @@ const MAIN = join(import.meta.dir, "../../src/cli/main.ts");
 let node: TestNode;
 
 beforeAll(async () => {
-  node = await startNodeNoVm();
+  node = await startNodeNoVm({}, undefined, {});
 });
 afterAll(async () => {
   await node.dispose();
 });
 
-async function cli(args: string[], env: Record<string, string> = {}) {
-  const p = Bun.spawn([process.execPath, MAIN, ...args], { stdout: "pipe", stderr: "pipe", env: { ...process.env, AENV_LOG_LEVEL: "error", AENV_HOME_PATH: node.home, ...env } });
+function cli(args: string[], env: Record<string, string> = {}) {
+  return cliOn(node, args, env);
+}
+
+async function cliOn(node: TestNode, args: string[], env: Record<string, string> = {}) {
+  // other test files in this process point the SDK variables at their own nodes
+  const inherited = Object.fromEntries(Object.entries(process.env).filter(([k]) => !/^(E2B_|AENV_API_(URL|KEY)$)/.test(k)));
+  const p = Bun.spawn([process.execPath, MAIN, ...args], { stdout: "pipe", stderr: "pipe", env: { ...inherited, AENV_LOG_LEVEL: "error", AENV_HOME_PATH: node.home, ...env } });
   const [out, err, code] = await Promise.all([new Response(p.stdout).text(), new Response(p.stderr).text(), p.exited]);
   return { out, err, code };
 }
@@ -24,15 +30,16 @@ async function cli(args: string[], env: Record<string, string> = {}) {
 test("sandbox list/kill talk to the node; the key comes from $home_path/api-key when not given", async () => {
   const url = ["--url", node.url];
   expect(await cli(["sandbox", "list", ...url])).toMatchObject({ code: 0, out: "no sandboxes\n" });
-  adoptLoopback(node, "clisbx1", {}, { metadata: { team: "x" } });
+  const id = (await createLoopback(node, { metadata: { team: "x" } })).id;
   const l = await cli(["sandbox", "list", ...url]);
   expect(l.code).toBe(0);
   const lines = l.out.trimEnd().split("\n");
   expect(lines[0]).toMatch(/^SANDBOX ID\s+TEMPLATE\s+STATE\s+CPU\s+MEM MiB\s+STARTED\s+EXPIRES IN\s+METADATA$/);
-  expect(lines[1]).toMatch(/^clisbx1\s+base\s+running\s+1\s+512\s+\S+ \S+\s+\d+s\s+team=x$/);
+  expect(lines[1]).toMatch(new RegExp(`^${id}\\s+base\\s+running`));
+  expect(lines[1]).toMatch(/^\S+\s+base\s+running\s+1\s+512\s+\S+ \S+\s+\d+s\s+team=x$/);
   const j = JSON.parse((await cli(["sandbox", "list", ...url, "--json"])).out);
-  expect(j.map((s: { sandboxID: string }) => s.sandboxID)).toEqual(["clisbx1"]);
-  expect(await cli(["sandbox", "kill", "clisbx1", ...url])).toMatchObject({ code: 0, out: "killed clisbx1\n" });
+  expect(j.map((s: { sandboxID: string }) => s.sandboxID)).toEqual([id]);
+  expect(await cli(["sandbox", "kill", id, ...url])).toMatchObject({ code: 0, out: `killed ${id}\n` });
 });
 
 test("clear errors: unknown sandbox, wrong key, unknown template, unreachable node, bad flags", async () => {
@@ -78,6 +85,17 @@ test("leaf --help names the full command: agentenv sandbox exec, agentenv templa
 });
 
 test("template list asks the node (GET /templates): 'no templates', then a table with a header; --json; bad key", async () => {
+  // a node of its own whose guests bring no template
+  const node = await startNodeNoVm({}, undefined, {});
+  try {
+    await templateList(node);
+  } finally {
+    await node.dispose();
+  }
+});
+
+async function templateList(node: TestNode): Promise<void> {
+  const cli = (args: string[]) => cliOn(node, args);
   const url = ["--url", node.url];
   expect(await cli(["template", "list", ...url])).toMatchObject({ code: 0, out: "no templates\n" });
   const dir = join(node.home, "templates", "clitpl");
@@ -95,7 +113,7 @@ test("template list asks the node (GET /templates): 'no templates', then a table
   const w = await cli(["template", "list", ...url, "--key", "e2b_wrong"]);
   expect(w.code).toBe(1);
   expect(w.err).toStartWith("error: GET /templates: 401 ");
-});
+}
 
 test("the default node URL comes from AENV_API_ADDR (a wildcard host means 127.0.0.1)", async () => {
   expect(defaultNodeUrl("0.0.0.0:49982")).toBe("http://127.0.0.1:49982");

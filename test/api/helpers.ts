@@ -1,6 +1,10 @@
 /**
  * Test helpers: a real node (SQLite, orchestrator, API + proxy listener on 127.0.0.1:0) over the
  * VM runtime whose network manager is not started — enough for every route that boots no VM.
+ * With `guest` options its sandboxes run as LoopbackRuntime guests (servers on their own
+ * 127.x.y.z address) over that VM runtime (templates, network checks, volumes, metrics).
+ * Sandboxes are made the way clients make them (`createLoopback` -> the orchestrator's create),
+ * never written into the store.
  */
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -12,10 +16,13 @@ import { netConfigFromConfig, NetworkManager } from "../../src/net/index.ts";
 import { VmRuntime } from "../../src/sandbox/vm-runtime.ts";
 import { diskConfig, DiskService } from "../../src/storage/daemon/index.ts";
 import { QemuDriver, qemuOptions } from "../../src/vmm/index.ts";
-import type { SandboxRecord } from "../../src/orchestrator/index.ts";
+import type { CreateSandboxRequest, SandboxRecord } from "../../src/orchestrator/index.ts";
+import { LoopbackRuntime, type LoopbackOptions } from "../helpers/loopback-runtime.ts";
 
 export interface TestNode extends RunningNode {
   home: string;
+  /** The runtime whose guests the sandboxes are (gates, guest addresses); null: the plain VM runtime. */
+  runtime: LoopbackRuntime | null;
   dispose(): Promise<void>;
 }
 
@@ -24,8 +31,12 @@ export function testPrefix(): string {
   return `t${Math.floor(Math.random() * 0xffffff).toString(16).padStart(6, "0")}-`;
 }
 
-/** Boot a node without host networking in a fresh temp data dir, with its own network prefix. */
-export async function startNodeNoVm(env: Record<string, string> = {}, home = mkdtempSync(join(tmpdir(), "aenv-api-"))): Promise<TestNode> {
+/**
+ * Boot a node without host networking in a fresh temp data dir, with its own network prefix.
+ * @param guest run sandboxes as loopback guests with these options (their HTTP handler, ports);
+ *   absent: the VM runtime alone (sandbox starts fail: there is no kernel).
+ */
+export async function startNodeNoVm(env: Record<string, string> = {}, home = mkdtempSync(join(tmpdir(), "aenv-api-")), guest?: Omit<LoopbackOptions, "base">): Promise<TestNode> {
   const prefix = env.AENV__network__name_prefix ?? testPrefix();
   const cfg = loadConfig({
     env: {
@@ -37,10 +48,11 @@ export async function startNodeNoVm(env: Record<string, string> = {}, home = mkd
       AENV__network__name_prefix: prefix,
     },
   });
+  let runtime: LoopbackRuntime | null = null;
   const node = await bootNode(cfg, async (c, db, oc) => {
     // the disk daemon starts on first use only (these tests serve no disk)
     const disks = new DiskService({ dir: join(home, "run", "disk"), config: diskConfig(c) });
-    return new VmRuntime({
+    const base = new VmRuntime({
       homePath: home,
       runtimePath: join(home, "run"),
       kernelPath: () => "/nonexistent",
@@ -61,9 +73,14 @@ export async function startNodeNoVm(env: Record<string, string> = {}, home = mkd
         guestOpTimeoutMs: 30_000,
       },
     });
+    if (!guest) return base;
+    // no template of its own until a test creates a sandbox (createLoopback adds "base")
+    runtime = new LoopbackRuntime({ templates: [], ...guest, base });
+    return runtime;
   });
   return {
     ...node,
+    runtime,
     home,
     close: async () => {
       await node.close();
@@ -77,32 +94,14 @@ export async function startNodeNoVm(env: Record<string, string> = {}, home = mkd
   };
 }
 
-/** Register a running sandbox whose ports are served by something on 127.0.0.1 (proxy tests). */
-export function adoptLoopback(node: RunningNode, id: string, ports: Record<string, number>, extra: Partial<SandboxRecord> = {}): SandboxRecord {
-  const t = Date.now();
-  return node.orch.adopt({
-    id,
-    templateId: "base",
-    alias: "base",
-    cpuCount: 1,
-    memoryMB: 512,
-    diskSizeMB: 2048,
-    envdVersion: "0.5.7",
-    envdAccessToken: "tok",
-    trafficAccessToken: null,
-    metadata: {},
-    envVars: {},
-    autoPause: false,
-    autoResume: false,
-    allowInternetAccess: null,
-    network: null,
-    runtimeState: null,
-    error: null,
-    startedAt: t,
-    endAt: t + 300_000,
-    ...extra,
-    endpoint: { host: "127.0.0.1", ports },
-  });
+/**
+ * Create a sandbox of template "base" through the orchestrator (as POST /sandboxes does); it
+ * runs as a loopback guest. `secure` defaults to true (envd access token set).
+ */
+export function createLoopback(node: TestNode, req: Partial<CreateSandboxRequest> = {}): Promise<SandboxRecord> {
+  if (!node.runtime) throw new Error("createLoopback needs a node started with loopback guests (startNodeNoVm(env, home, {}))");
+  if (!node.runtime.templates.includes("base")) node.runtime.templates.push("base");
+  return node.orch.create({ template: "base", secure: true, ...req });
 }
 
 /** fetch against the node with the API key. */

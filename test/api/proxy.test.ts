@@ -1,83 +1,75 @@
 /**
- * Sandbox proxy against a real upstream: a Bun HTTP + WebSocket server on 127.0.0.1 stands in
- * for the guest's ports; a sandbox record (running) points its ports at it, and the proxy
- * resolves sandbox id -> address through the orchestrator.
+ * Sandbox proxy against real guests: every sandbox is created through the orchestrator and runs
+ * as a loopback guest (HTTP + WebSocket servers on its own 127.x.y.z address, ports 49983 and
+ * 3000; 8080 stays closed), so the proxy finds it through its route table exactly as it finds a
+ * VM in its slot.
  */
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { createHash } from "node:crypto";
-import type { Server } from "bun";
 import { SandboxProxy } from "../../src/api/proxy.ts";
-import { adoptLoopback, startNodeNoVm, type TestNode } from "./helpers.ts";
+import type { GuestFetch } from "../helpers/loopback-runtime.ts";
+import { createLoopback, startNodeNoVm, type TestNode } from "./helpers.ts";
 
 let node: TestNode;
-let upstream: Server<undefined>;
-let closedPort: number;
-const ID = "proxysbx1";
+let ID = "";
+
+const guest: GuestFetch = async (req, { server, sandboxId }) => {
+  const u = new URL(req.url);
+  if (u.pathname === "/ws") return server.upgrade(req, { data: { sandboxId } }) ? undefined : new Response("no", { status: 400 });
+  if (u.pathname === "/stream") {
+    const body = new ReadableStream({
+      async start(c) {
+        for (let i = 0; i < 4; i++) {
+          c.enqueue(new TextEncoder().encode(`chunk${i}\n`));
+          await Bun.sleep(150);
+        }
+        c.close();
+      },
+    });
+    return new Response(body, { headers: { "content-type": "text/plain" } });
+  }
+  if (u.pathname === "/forever") {
+    let timer: ReturnType<typeof setInterval>;
+    const body = new ReadableStream({
+      start(c) {
+        timer = setInterval(() => c.enqueue(new TextEncoder().encode("tick\n")), 50);
+      },
+      cancel() {
+        clearInterval(timer);
+      },
+    });
+    return new Response(body);
+  }
+  if (u.pathname === "/sha") {
+    const h = createHash("sha256");
+    let n = 0;
+    for await (const chunk of req.body!) {
+      h.update(chunk);
+      n += chunk.byteLength;
+    }
+    return Response.json({ n, sha: h.digest("hex") });
+  }
+  if (u.pathname === "/boom") return Response.json({ code: 500, message: "envd exploded at step X" }, { status: 500 });
+  if (u.pathname === "/gzip") return new Response(Bun.gzipSync(new TextEncoder().encode("hello gzip")), { headers: { "content-encoding": "gzip" } });
+  const headers: Record<string, string> = {};
+  req.headers.forEach((v, k) => (headers[k] = v));
+  return Response.json({ sandbox: sandboxId, method: req.method, path: u.pathname + u.search, headers, body: await req.text() }, { status: u.pathname === "/teapot" ? 418 : 200, headers: { "x-up": "1" } });
+};
 
 beforeAll(async () => {
-  upstream = Bun.serve({
-    hostname: "127.0.0.1",
-    port: 0,
-    idleTimeout: 0,
-    async fetch(req, server) {
-      const u = new URL(req.url);
-      if (u.pathname === "/ws") return server.upgrade(req, { data: undefined }) ? undefined : new Response("no", { status: 400 });
-      if (u.pathname === "/stream") {
-        const body = new ReadableStream({
-          async start(c) {
-            for (let i = 0; i < 4; i++) {
-              c.enqueue(new TextEncoder().encode(`chunk${i}\n`));
-              await Bun.sleep(150);
-            }
-            c.close();
-          },
-        });
-        return new Response(body, { headers: { "content-type": "text/plain" } });
-      }
-      if (u.pathname === "/forever") {
-        let timer: ReturnType<typeof setInterval>;
-        const body = new ReadableStream({
-          start(c) {
-            timer = setInterval(() => c.enqueue(new TextEncoder().encode("tick\n")), 50);
-          },
-          cancel() {
-            clearInterval(timer);
-          },
-        });
-        return new Response(body);
-      }
-      if (u.pathname === "/sha") {
-        const h = createHash("sha256");
-        let n = 0;
-        for await (const chunk of req.body!) {
-          h.update(chunk);
-          n += chunk.byteLength;
-        }
-        return Response.json({ n, sha: h.digest("hex") });
-      }
-      if (u.pathname === "/boom") return Response.json({ code: 500, message: "envd exploded at step X" }, { status: 500 });
-      if (u.pathname === "/gzip") return new Response(Bun.gzipSync(new TextEncoder().encode("hello gzip")), { headers: { "content-encoding": "gzip" } });
-      const headers: Record<string, string> = {};
-      req.headers.forEach((v, k) => (headers[k] = v));
-      return Response.json({ method: req.method, path: u.pathname + u.search, headers, body: await req.text() }, { status: u.pathname === "/teapot" ? 418 : 200, headers: { "x-up": "1" } });
-    },
-    websocket: {
-      message(ws, m) {
-        if (m === "close-me") return ws.close(4001, "bye");
-        ws.send(typeof m === "string" ? `echo:${m}` : new Uint8Array([...new Uint8Array(m as Buffer)].reverse()));
-      },
+  node = await startNodeNoVm({ AENV_SANDBOX_PROXY_DOMAINS: "agentenv.test" }, undefined, {
+    ports: [49983, 3000],
+    fetch: guest,
+    wsMessage(ws, m) {
+      if (m === "close-me") return ws.close(4001, "bye");
+      ws.send(typeof m === "string" ? `echo:${m}` : new Uint8Array([...new Uint8Array(m)].reverse()));
     },
   });
-  const probe = Bun.serve({ hostname: "127.0.0.1", port: 0, fetch: () => new Response() });
-  closedPort = probe.port!;
-  await probe.stop(true);
-  node = await startNodeNoVm({ AENV_SANDBOX_PROXY_DOMAINS: "agentenv.test" });
-  adoptLoopback(node, ID, { "49983": upstream.port!, "3000": upstream.port!, "8080": closedPort });
+  ID = (await createLoopback(node)).id;
 });
 
 afterAll(async () => {
   await node.dispose();
-  await upstream.stop(true);
 });
 
 const hdr = (port = 49983, id = ID) => ({ "E2b-Sandbox-Id": id, "E2b-Sandbox-Port": String(port) });
@@ -177,15 +169,17 @@ test("502 JSON for an unknown sandbox, a closed port, a killed sandbox; 403 for 
     const r = await fetch(`${node.url}/x`, { headers: { "E2b-Sandbox-Id": ID, "E2b-Sandbox-Port": port } });
     expect(r.status).toBe(400);
   }
-  adoptLoopback(node, "proxysbx2", { "49983": upstream.port! });
-  expect((await fetch(`${node.url}/x`, { headers: hdr(49983, "proxysbx2") })).status).toBe(200);
-  await node.orch.kill("proxysbx2");
-  expect((await fetch(`${node.url}/x`, { headers: hdr(49983, "proxysbx2") })).status).toBe(502);
+  const two = (await createLoopback(node)).id;
+  expect((await fetch(`${node.url}/x`, { headers: hdr(49983, two) })).status).toBe(200);
+  await node.orch.kill(two);
+  const gone = await fetch(`${node.url}/x`, { headers: hdr(49983, two) });
+  expect(gone.status).toBe(502);
+  expect(await gone.json()).toEqual({ sandboxId: two, message: "The sandbox was not found", code: 502 });
 });
 
 test("killing a sandbox cuts its proxied streams and WebSockets at once", async () => {
-  adoptLoopback(node, "proxysbx3", { "49983": upstream.port! });
-  const h = { "E2b-Sandbox-Id": "proxysbx3", "E2b-Sandbox-Port": "49983" };
+  const three = (await createLoopback(node)).id;
+  const h = { "E2b-Sandbox-Id": three, "E2b-Sandbox-Port": "49983" };
   const res = await fetch(`${node.url}/forever`, { headers: h });
   const reader = res.body!.getReader();
   expect(new TextDecoder().decode((await reader.read()).value)).toContain("tick");
@@ -193,7 +187,7 @@ test("killing a sandbox cuts its proxied streams and WebSockets at once", async 
   await new Promise((r) => (ws.onopen = r));
   const wsClosed = new Promise<number>((r) => (ws.onclose = (e) => r(e.code)));
   const t0 = performance.now();
-  await node.orch.kill("proxysbx3");
+  await node.orch.kill(three);
   const ended = (async () => {
     try {
       for (;;) if ((await reader.read()).done) return "done";
@@ -235,36 +229,112 @@ test("a 500 from the sandbox passes through unchanged; the proxy's own errors ca
   }
 });
 
-test("a request racing a resume waits for it instead of a 502 'not found'; a sandbox that ends paused is still 502", async () => {
-  adoptLoopback(node, "racesbx1", { "49983": upstream.port! });
-  node.orch.store.update("racesbx1", { state: "resuming" }, Date.now());
-  let settled = false;
-  const pending = fetch(`${node.url}/after-resume`, { headers: hdr(49983, "racesbx1") }).then((r) => ((settled = true), r));
-  await Bun.sleep(300);
-  expect(settled).toBe(false);
-  node.orch.store.update("racesbx1", { state: "running" }, Date.now());
+test("a request racing a resume waits for the event that ends it; a paused sandbox is a 502 saying so", async () => {
+  const id = (await createLoopback(node)).id;
+  await node.orch.pause(id);
+  // paused without autoResume: E2B's 502, naming the state and how to resume (not "not found")
+  const paused = await fetch(`${node.url}/x`, { headers: hdr(49983, id) });
+  expect(paused.status).toBe(502);
+  expect(await paused.json()).toEqual({
+    sandboxId: id,
+    code: 502,
+    message: `The sandbox ${id} is paused: resume it with Sandbox.connect() (POST /sandboxes/${id}/connect), or create it with autoResume so traffic resumes it`,
+  });
+  // a resume held in the runtime: the sandbox is "resuming" while the request arrives
+  const order: string[] = [];
+  const gate = node.runtime!.gate("resume");
+  const resumed = node.orch.connect(id);
+  await gate.reached;
+  expect(node.orch.get(id).state).toBe("resuming");
+  const pending = fetch(`${node.url}/after-resume`, { headers: hdr(49983, id) }).then((r) => (order.push("response"), r));
+  await Bun.sleep(100); // the request is in the proxy, waiting
+  order.push("resume released");
+  gate.open();
+  await resumed;
   const r = await pending;
+  expect(order).toEqual(["resume released", "response"]);
   expect(r.status).toBe(200);
   expect(((await r.json()) as { path: string }).path).toBe("/after-resume");
-  // a resume that fails leaves it paused (no autoResume): the waiting request gets the 502
-  node.orch.store.update("racesbx1", { state: "resuming" }, Date.now());
-  const pending2 = fetch(`${node.url}/x`, { headers: hdr(49983, "racesbx1") });
+  // a resume that fails leaves it paused (no autoResume): the waiting request gets the paused 502
+  await node.orch.pause(id);
+  const gate2 = node.runtime!.gate("resume");
+  const failing = node.orch.connect(id).catch((e) => e);
+  await gate2.reached;
+  const pending2 = fetch(`${node.url}/x`, { headers: hdr(49983, id) });
   await Bun.sleep(100);
-  node.orch.store.update("racesbx1", { state: "paused" }, Date.now());
+  gate2.open(new Error("restore broke"));
+  expect(await failing).toMatchObject({ code: "orchestrator.runtime_failed" });
   const r2 = await pending2;
   expect(r2.status).toBe(502);
-  expect(await r2.json()).toEqual({ sandboxId: "racesbx1", message: "The sandbox was not found", code: 502 });
+  expect(((await r2.json()) as { message: string }).message).toStartWith(`The sandbox ${id} is paused`);
+  await node.orch.kill(id);
+});
+
+test("a paused sandbox with autoResume is resumed by its traffic", async () => {
+  const id = (await createLoopback(node, { autoResume: true })).id;
+  await node.orch.pause(id);
+  const starts = node.runtime!.starts;
+  const r = await fetch(`${node.url}/woke`, { headers: hdr(49983, id) });
+  expect(r.status).toBe(200);
+  expect(((await r.json()) as { sandbox: string; path: string })).toMatchObject({ sandbox: id, path: "/woke" });
+  expect(node.runtime!.starts).toBe(starts + 1);
+  expect(node.orch.get(id).state).toBe("running");
+  await node.orch.kill(id);
+});
+
+test("the route table follows create, pause, resume and kill; proxied requests read no database", async () => {
+  const proxy = new SandboxProxy(node.orch, { domains: [], connectTimeoutMs: 2000, blockEnvdInternal: true });
+  try {
+    const rec = await createLoopback(node, { network: { allowPublicTraffic: false } });
+    const id = rec.id;
+    const route = () => proxy.routes.get(id);
+    expect(route()).toEqual({ id, state: "running", host: node.runtime!.hostOf(id)!, trafficAccessToken: rec.trafficAccessToken, envdAccessToken: rec.envdAccessToken, autoResume: false });
+    expect(rec.trafficAccessToken).toMatch(/.{16,}/);
+    await node.orch.pause(id);
+    expect(route()).toMatchObject({ state: "paused", host: null });
+    const gate = node.runtime!.gate("resume");
+    const resumed = node.orch.connect(id);
+    await gate.reached;
+    expect(route()).toMatchObject({ state: "resuming", host: null });
+    gate.open();
+    await resumed;
+    expect(route()).toMatchObject({ state: "running", host: node.runtime!.hostOf(id)! });
+    // a second proxy seeds its table from the live sandboxes
+    const late = new SandboxProxy(node.orch, { domains: [], connectTimeoutMs: 2000, blockEnvdInternal: true });
+    expect(late.routes.get(id)).toEqual(route()!);
+    late.close();
+    // no store or orchestrator read per proxied request
+    const o = node.orch as unknown as { get: (id: string) => unknown; store: { get: (id: string) => unknown; inStates: (s: unknown) => unknown } };
+    const counts = { get: 0, storeGet: 0, inStates: 0 };
+    const saved = { get: o.get, storeGet: o.store.get, inStates: o.store.inStates };
+    o.get = (...a) => (counts.get++, saved.get.apply(node.orch, a));
+    o.store.get = (...a) => (counts.storeGet++, saved.storeGet.apply(o.store, a));
+    o.store.inStates = (...a) => (counts.inStates++, saved.inStates.apply(o.store, a));
+    try {
+      for (let i = 0; i < 20; i++) expect((await fetch(`${node.url}/n${i}`, { headers: hdr(49983, id) })).status).toBe(200);
+    } finally {
+      Object.assign(o, { get: saved.get });
+      Object.assign(o.store, { get: saved.storeGet, inStates: saved.inStates });
+    }
+    expect(counts).toEqual({ get: 0, storeGet: 0, inStates: 0 });
+    await node.orch.kill(id);
+    expect(route()).toBeUndefined();
+    expect(proxy.routes.get(ID)).toMatchObject({ state: "running" });
+  } finally {
+    proxy.close();
+  }
 });
 
 test("a sandbox created with allowPublicTraffic=false: its user ports need e2b-traffic-access-token, envd's port does not", async () => {
-  adoptLoopback(node, "privsbx1", { "49983": upstream.port!, "3000": upstream.port! }, { trafficAccessToken: "secret-traffic" });
-  const h = (port: number, extra: Record<string, string> = {}) => ({ "e2b-sandbox-id": "privsbx1", "e2b-sandbox-port": String(port), ...extra });
+  const priv = await createLoopback(node, { network: { allowPublicTraffic: false } });
+  const secret = priv.trafficAccessToken!;
+  const h = (port: number, extra: Record<string, string> = {}) => ({ "e2b-sandbox-id": priv.id, "e2b-sandbox-port": String(port), ...extra });
   const none = await fetch(`${node.url}/teapot`, { headers: h(3000) });
   expect(none.status).toBe(403);
   expect(none.headers.get("x-agentenv-error-source")).toBe("proxy");
   expect(((await none.json()) as any).message).toContain("e2b-traffic-access-token");
   expect((await fetch(`${node.url}/teapot`, { headers: h(3000, { "e2b-traffic-access-token": "wrong" }) })).status).toBe(403);
-  expect((await fetch(`${node.url}/teapot`, { headers: h(3000, { "e2b-traffic-access-token": "secret-traffic" }) })).status).toBe(418);
+  expect((await fetch(`${node.url}/teapot`, { headers: h(3000, { "e2b-traffic-access-token": secret }) })).status).toBe(418);
   // envd (49983) is guarded by the envd access token instead
   expect((await fetch(`${node.url}/teapot`, { headers: h(49983) })).status).toBe(418);
   // WebSocket upgrades are checked too

@@ -3,12 +3,12 @@ import { readFileSync, statSync, writeFileSync, mkdirSync } from "node:fs";
 import { join } from "node:path";
 import { writeManifest } from "../../src/template/index.ts";
 import { SandboxStore } from "../../src/orchestrator/store.ts";
-import { adoptLoopback, api, startNodeNoVm, type TestNode } from "./helpers.ts";
+import { api, createLoopback, startNodeNoVm, type TestNode } from "./helpers.ts";
 
 let node: TestNode;
 
 beforeAll(async () => {
-  node = await startNodeNoVm();
+  node = await startNodeNoVm({}, undefined, {});
 });
 afterAll(async () => {
   await node.dispose();
@@ -98,8 +98,7 @@ test("fields this node does not implement are refused with 400 api.unsupported n
   // defaults and empty values are fine (checked against a missing template: 404, not 400)
   const ok = await json(await api(node, "/v2/sandboxes", { method: "POST", body: JSON.stringify({ templateID: "nope", volumeMounts: [], autoPauseMemory: true, mcp: null }) }));
   expect(ok.status).toBe(404);
-  const id = "unsup1";
-  adoptLoopback(node, id, {});
+  const { id } = await createLoopback(node);
   for (const [path, body] of [[`/sandboxes/${id}/pause`, { memory: false }], [`/sandboxes/${id}/connect`, { timeout: 30, memory: false }], [`/v2/sandboxes/${id}/connect`, { memory: false }], [`/sandboxes/${id}/resume`, { memory: false }], [`/sandboxes/${id}/resume`, { autoPause: true }]] as const) {
     const r = await json(await api(node, path, { method: "POST", body: JSON.stringify(body) }));
     expect(r.status).toBe(400);
@@ -107,8 +106,8 @@ test("fields this node does not implement are refused with 400 api.unsupported n
   }
   // the refused pause did nothing
   expect((await json(await api(node, `/sandboxes/${id}`))).body.state).toBe("running");
-  expect(node.orch.store.countByState()).toEqual({ running: 1 });
-  await api(node, `/sandboxes/${id}`, { method: "DELETE" });
+  expect(node.orch.getCounters()).toMatchObject({ running: 1, paused: 0 });
+  expect((await api(node, `/sandboxes/${id}`, { method: "DELETE" })).status).toBe(204);
 });
 
 test("routes on a missing or malformed sandbox id answer 404 {code:404}", async () => {
@@ -133,8 +132,7 @@ test("routes on a missing or malformed sandbox id answer 404 {code:404}", async 
 });
 
 test("v1 connect requires timeout; timeout bodies are validated", async () => {
-  const id = "conn1";
-  adoptLoopback(node, id, {});
+  const { id } = await createLoopback(node);
   expect((await api(node, `/sandboxes/${id}/connect`, { method: "POST", body: "{}" })).status).toBe(400);
   expect((await api(node, `/sandboxes/${id}/timeout`, { method: "POST", body: JSON.stringify({ timeout: -1 }) })).status).toBe(400);
   expect((await api(node, `/sandboxes/${id}/timeout`, { method: "POST", body: JSON.stringify({ timeout: 86401 }) })).status).toBe(400);
@@ -143,11 +141,12 @@ test("v1 connect requires timeout; timeout bodies are validated", async () => {
 });
 
 test("get, timeout, refresh, connect and resume on a running sandbox", async () => {
-  const id = "run1";
-  adoptLoopback(node, id, {}, { metadata: { user: "a b" }, endAt: Date.now() + 60_000 });
+  const rec = await createLoopback(node, { metadata: { user: "a b" }, timeoutSecs: 60 });
+  const id = rec.id;
+  const tok = rec.envdAccessToken!;
   const d = await json(await api(node, `/sandboxes/${id}`));
   expect(d.status).toBe(200);
-  expect(d.body).toMatchObject({ sandboxID: id, templateID: "base", alias: "base", clientID: "6532622b", state: "running", cpuCount: 1, memoryMB: 512, diskSizeMB: 2048, envdVersion: "0.5.7", envdAccessToken: "tok", metadata: { user: "a b" }, lifecycle: { autoResume: false, onTimeout: "kill" } });
+  expect(d.body).toMatchObject({ sandboxID: id, templateID: "base", alias: "base", clientID: "6532622b", state: "running", cpuCount: 1, memoryMB: 512, diskSizeMB: 2048, envdVersion: "0.5.7", envdAccessToken: tok, metadata: { user: "a b" }, lifecycle: { autoResume: false, onTimeout: "kill" } });
   expect(Date.parse(d.body.startedAt)).toBeGreaterThan(0);
 
   const t0 = Date.now();
@@ -163,7 +162,7 @@ test("get, timeout, refresh, connect and resume on a running sandbox", async () 
   // connect on a running sandbox: 200, TTL extended only when later
   const c = await json(await api(node, `/v2/sandboxes/${id}/connect`, { method: "POST", body: JSON.stringify({ timeout: 600 }) }));
   expect(c.status).toBe(200);
-  expect(c.body).toMatchObject({ sandboxID: id, templateID: "base", envdAccessToken: "tok", envdVersion: "0.5.7", clientID: "6532622b" });
+  expect(c.body).toMatchObject({ sandboxID: id, templateID: "base", envdAccessToken: tok, envdVersion: "0.5.7", clientID: "6532622b" });
   end = Date.parse((await json(await api(node, `/sandboxes/${id}`))).body.endAt);
   expect(end).toBeGreaterThan(Date.now() + 590_000);
   // v1 connect (timeout required) on a running sandbox: 200
@@ -179,13 +178,14 @@ test("get, timeout, refresh, connect and resume on a running sandbox", async () 
 
 test("list: state and metadata filters (SDK double encoding), order, pagination with X-Next-Token", async () => {
   const ids: string[] = [];
-  const base = Date.now() - 100_000;
   for (let i = 0; i < 7; i++) {
-    const id = `list${i}`;
-    ids.push(id);
-    adoptLoopback(node, id, {}, { startedAt: base + i, metadata: { user: i % 2 ? "a b" : "c&d=e", idx: String(i) } });
+    // one per millisecond at least: list order is by start time
+    const t = Date.now();
+    while (Date.now() === t) await Bun.sleep(1);
+    ids.push((await createLoopback(node, { metadata: { user: i % 2 ? "a b" : "c&d=e", idx: String(i) } })).id);
   }
-  node.orch.store.update("list5", { state: "paused" }, Date.now());
+  const [list0, list1, list2, list3, list4, list5, list6] = ids as [string, string, string, string, string, string, string];
+  await node.orch.pause(list5);
   const all = await api(node, "/v2/sandboxes?limit=100");
   expect(all.status).toBe(200);
   expect(all.headers.get("x-total-running")).toBe("6");
@@ -195,15 +195,15 @@ test("list: state and metadata filters (SDK double encoding), order, pagination 
   // the SDK encodes each key/value, joins with &, and encodes the whole thing again
   const md = (o: Record<string, string>) => encodeURIComponent(Object.entries(o).map(([k, v]) => `${encodeURIComponent(k)}=${encodeURIComponent(v)}`).join("&"));
   const odd = await json(await api(node, `/v2/sandboxes?metadata=${md({ user: "a b" })}&state=running`));
-  expect(odd.body.map((s: { sandboxID: string }) => s.sandboxID)).toEqual(["list1", "list3"]);
+  expect(odd.body.map((s: { sandboxID: string }) => s.sandboxID)).toEqual([list1, list3]);
   const amp = await json(await api(node, `/v2/sandboxes?metadata=${md({ user: "c&d=e", idx: "4" })}`));
-  expect(amp.body.map((s: { sandboxID: string }) => s.sandboxID)).toEqual(["list4"]);
+  expect(amp.body.map((s: { sandboxID: string }) => s.sandboxID)).toEqual([list4]);
   const paused = await json(await api(node, `/v2/sandboxes?state=paused`));
   expect(paused.body).toHaveLength(1);
-  expect(paused.body[0]).toMatchObject({ sandboxID: "list5", state: "paused" });
+  expect(paused.body[0]).toMatchObject({ sandboxID: list5, state: "paused" });
   // the deprecated list shows running ones only
   const v1 = await json(await api(node, `/sandboxes`));
-  expect(v1.body.map((s: { sandboxID: string }) => s.sandboxID)).toEqual(ids.filter((i) => i !== "list5"));
+  expect(v1.body.map((s: { sandboxID: string }) => s.sandboxID)).toEqual(ids.filter((i) => i !== list5));
 
   const pages: string[][] = [];
   let token: string | null = null;
@@ -213,7 +213,7 @@ test("list: state and metadata filters (SDK double encoding), order, pagination 
     pages.push(((await r.json()) as { sandboxID: string }[]).map((s) => s.sandboxID));
     token = r.headers.get("x-next-token");
   } while (token);
-  expect(pages).toEqual([["list6", "list5", "list4"], ["list3", "list2", "list1"], ["list0"]]);
+  expect(pages).toEqual([[list6, list5, list4], [list3, list2, list1], [list0]]);
 
   for (const q of ["limit=0", "limit=101", "limit=x", "state=dead", "order=up", "nextToken=zzz", "startedAfter=yesterday", `metadata=${encodeURIComponent("novalue")}`]) {
     const r = await json(await api(node, `/v2/sandboxes?${q}`));
@@ -224,8 +224,8 @@ test("list: state and metadata filters (SDK double encoding), order, pagination 
 });
 
 test("concurrent kills of one sandbox: exactly one 204, the rest 404; kill of a killed one is 404", async () => {
-  adoptLoopback(node, "race1", {});
-  const codes = await Promise.all(Array.from({ length: 6 }, () => api(node, "/sandboxes/race1", { method: "DELETE" }).then((r) => r.status)));
+  const race1 = (await createLoopback(node)).id;
+  const codes = await Promise.all(Array.from({ length: 6 }, () => api(node, `/sandboxes/${race1}`, { method: "DELETE" }).then((r) => r.status)));
   expect(codes.filter((c) => c === 204)).toHaveLength(1);
   expect(codes.filter((c) => c === 404)).toHaveLength(5);
   const metrics = await (await api(node, "/metrics", { key: null })).text();
@@ -236,9 +236,9 @@ test("concurrent kills of one sandbox: exactly one 204, the rest 404; kill of a 
   // every metric has HELP and TYPE
   const names = [...metrics.matchAll(/^(agentenv_\w+) /gm)].map((m) => m[1]);
   for (const n of names) expect(metrics).toContain(`# HELP ${n} `);
-  const again = await json(await api(node, "/sandboxes/race1", { method: "DELETE" }));
-  expect(again).toEqual({ status: 404, body: { code: 404, message: expect.stringContaining("race1"), error_code: "orchestrator.not_found" } });
-  expect(node.orch.store.get("race1")?.state).toBe("killed");
+  const again = await json(await api(node, `/sandboxes/${race1}`, { method: "DELETE" }));
+  expect(again).toEqual({ status: 404, body: { code: 404, message: expect.stringContaining(race1), error_code: "orchestrator.not_found" } });
+  expect(node.runtime!.calls.filter((c) => c === `kill:${race1}`)).toHaveLength(1);
 });
 
 test("templates come from the template store; nodes describe this node", async () => {
@@ -248,15 +248,16 @@ test("templates come from the template store; nodes describe this node", async (
   writeManifest(node.home, { name: "tpl1", rootfs: "rootfs.ext4", layers: [], bootArgs: "root=/dev/vda", diskBytes: 2048 * 1024 * 1024, buildKey: "k".repeat(40), createdAt: "2026-11-29T10:00:00.000Z" });
   const t = await json(await api(node, "/templates"));
   expect(t.status).toBe(200);
-  expect(t.body).toEqual([
+  // (the loopback guests' own template "base" is listed too)
+  expect(t.body.filter((x: { templateID: string }) => x.templateID !== "base")).toEqual([
     expect.objectContaining({ templateID: "tpl1", aliases: ["tpl1"], names: ["tpl1"], diskSizeMB: 2048, cpuCount: 1, memoryMB: 512, buildStatus: "ready", public: true, createdAt: "2026-11-29T10:00:00.000Z" }),
   ]);
   // spawn statistics come from the node database (the orchestrator bumps them on each create)
   new SandboxStore(node.db).recordSpawn("tpl1", Date.parse("2026-11-29T11:00:00.000Z"));
   new SandboxStore(node.db).recordSpawn("tpl1", Date.parse("2026-11-29T11:30:00.000Z"));
   const t2 = await json(await api(node, "/v2/templates"));
-  expect(t2.body[0]).toMatchObject({ templateID: "tpl1", spawnCount: 2, lastSpawnedAt: "2026-11-29T11:30:00.000Z" });
-  expect(t.body[0]).toMatchObject({ spawnCount: 0, lastSpawnedAt: null });
+  expect(t2.body.find((x: { templateID: string }) => x.templateID === "tpl1")).toMatchObject({ templateID: "tpl1", spawnCount: 2, lastSpawnedAt: "2026-11-29T11:30:00.000Z" });
+  expect(t.body.find((x: { templateID: string }) => x.templateID === "tpl1")).toMatchObject({ spawnCount: 0, lastSpawnedAt: null });
   const nodes = await json(await api(node, "/nodes"));
   expect(nodes.body).toHaveLength(1);
   expect(nodes.body[0]).toMatchObject({ status: "ready", clusterID: "local", sandboxStartingCount: 0 });
@@ -295,18 +296,19 @@ test("OpenAPI at /openapi.json and an explorer at /docs that loads only assets s
 });
 
 test("at max_sandboxes a create is 429 with Retry-After (the SDKs retry it) and leaves nothing behind", async () => {
-  const n = await startNodeNoVm({ AENV__orchestrator__max_sandboxes: "1" });
+  const n = await startNodeNoVm({ AENV__orchestrator__max_sandboxes: "1" }, undefined, {});
   try {
     const dir = join(n.home, "templates", "tpl2");
     mkdirSync(dir, { recursive: true });
     writeFileSync(join(dir, "rootfs.ext4"), Buffer.alloc(0));
     writeManifest(n.home, { name: "tpl2", rootfs: "rootfs.ext4", layers: [], bootArgs: "", diskBytes: 1 << 20, buildKey: "k", createdAt: "2026-11-29T10:00:00.000Z" });
-    adoptLoopback(n, "full1", {});
+    await createLoopback(n);
     const r = await api(n, "/v2/sandboxes", { method: "POST", body: JSON.stringify({ templateID: "tpl2" }) });
     expect(r.status).toBe(429);
     expect(r.headers.get("retry-after")).toBe("1");
     expect(await r.json()).toMatchObject({ code: 429, error_code: "orchestrator.capacity" });
-    expect(n.orch.store.countByState()).toEqual({ running: 1 });
+    expect(n.orch.getCounters()).toMatchObject({ running: 1, starting: 0, created: 1 });
+    expect(n.runtime!.calls.filter((c) => c.startsWith("start:"))).toHaveLength(1);
   } finally {
     await n.dispose();
   }

@@ -10,12 +10,12 @@ import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { Volume, VolumePathNotFoundError } from "e2b";
 import { listMounts } from "../../src/ffi/mount.ts";
-import { adoptLoopback, api, startNodeNoVm, type TestNode } from "./helpers.ts";
+import { api, createLoopback, startNodeNoVm, type TestNode } from "./helpers.ts";
 
 let node: TestNode;
 
 beforeAll(async () => {
-  node = await startNodeNoVm({ AENV__volumes__size_mib: "64" });
+  node = await startNodeNoVm({ AENV__volumes__size_mib: "64" }, undefined, {});
   process.env.E2B_API_URL = node.url;
   process.env.E2B_VOLUME_API_URL = node.url;
   process.env.E2B_API_KEY = node.apiKey;
@@ -112,23 +112,23 @@ test("the SDK's Volume content API on a volume no sandbox holds (host mount, clo
 test("holders: delete in use is 409; a paused writer blocks content access; read-only holders allow reads only", async () => {
   const vol = await Volume.create("vol-c");
   await vol.writeFile("/note.txt", "shared note");
-  const mount = { volumeId: vol.volumeId, name: "vol-c", path: "/mnt/c" };
+  const mount = { name: "vol-c", path: "/mnt/c" };
 
-  adoptLoopback(node, "holdw1", {}, { volumeMounts: [{ ...mount, readOnly: false }] });
-  node.orch.store.update("holdw1", { state: "paused", endpoint: null }, Date.now());
+  const holdw1 = (await createLoopback(node, { volumeMounts: [{ ...mount, readOnly: false }] })).id;
+  await node.orch.pause(holdw1);
   const del = await json(await api(node, `/volumes/${vol.volumeId}`, { method: "DELETE" }));
   expect(del.status).toBe(409);
-  expect(del.body).toMatchObject({ code: 409, error_code: "orchestrator.volume_in_use", message: expect.stringContaining("holdw1") });
+  expect(del.body).toMatchObject({ code: 409, error_code: "orchestrator.volume_in_use", message: expect.stringContaining(holdw1) });
   await expect(vol.readFile("/note.txt")).rejects.toThrow(/409|paused/);
   // a second writer or a reader cannot join a writer
   for (const readOnly of [false, true]) {
     const r = await json(await api(node, "/v2/sandboxes", { method: "POST", body: JSON.stringify({ templateID: "base", volumeMounts: [{ name: "vol-c", path: "/mnt/c", readOnly }] }) }));
     expect([readOnly, r.status, r.body.error_code]).toEqual([readOnly, 409, "orchestrator.volume_in_use"]);
   }
-  await node.orch.kill("holdw1");
+  await node.orch.kill(holdw1);
 
-  adoptLoopback(node, "holdr1", {}, { volumeMounts: [{ ...mount, readOnly: true }] });
-  adoptLoopback(node, "holdr2", {}, { volumeMounts: [{ ...mount, readOnly: true }] });
+  const holdr1 = (await createLoopback(node, { volumeMounts: [{ ...mount, readOnly: true }] })).id;
+  const holdr2 = (await createLoopback(node, { volumeMounts: [{ ...mount, readOnly: true }] })).id;
   expect(await vol.readFile("/note.txt")).toBe("shared note");
   expect((await vol.list("/")).map((e) => e.name)).toContain("note.txt");
   await expect(vol.writeFile("/note.txt", "changed")).rejects.toThrow(/409|read-only/);
@@ -137,8 +137,8 @@ test("holders: delete in use is 409; a paused writer blocks content access; read
   expect(w.status).toBe(409);
   expect(w.body.message).toContain("read-only");
   expect((await json(await api(node, `/volumes/${vol.volumeId}`, { method: "DELETE" }))).status).toBe(409);
-  await node.orch.kill("holdr1");
-  await node.orch.kill("holdr2");
+  await node.orch.kill(holdr1);
+  await node.orch.kill(holdr2);
 
   // free again: writable through the node, deletable
   await vol.writeFile("/note.txt", "changed");

@@ -1,76 +1,204 @@
 /**
- * A SandboxRuntime without VMs for cluster tests and benchmarks: each sandbox is a small HTTP
- * + WebSocket server on 127.0.0.1 standing in for the guest (every guest port maps to it). It
- * answers `GET /whoami` with the sandbox id and node name, echoes request bodies at
- * `/echo`, and echoes WebSocket frames prefixed with the sandbox id.
+ * A SandboxRuntime without VMs for API, proxy and cluster tests and benchmarks. Each started
+ * sandbox gets its own loopback address (127.x.y.z, every one of them local on Linux) and HTTP +
+ * WebSocket servers on its guest ports there, so the node reaches guest port P at address:P as
+ * it reaches a real guest in its slot. The default guest answers `GET /whoami` with the sandbox
+ * id and node name, echoes request bodies at `/echo`, answers envd's `/health` with 204 and
+ * echoes WebSocket frames prefixed with the sandbox id; `opts.fetch` replaces it.
+ *
+ * Lifecycle calls can be held at a gate (`gate("resume")`) to observe a sandbox in a
+ * transitional state, and everything a real runtime answers that is not about running guests
+ * (templates, network checks, volumes, metrics sampling) can be delegated to `opts.base` (e.g. a
+ * VmRuntime whose network is never started).
  */
-import type { Server } from "bun";
-import type { RuntimeSandbox, RuntimeStartSpec, SandboxRuntime, TemplateInfo } from "../../src/orchestrator/index.ts";
+import type { Server, ServerWebSocket } from "bun";
+import type { ReapReport, RuntimeKnownSandbox, RuntimeMetricsTarget, RuntimeSandbox, RuntimeStartSpec, SandboxRuntime, TemplateInfo } from "../../src/orchestrator/index.ts";
+import { ENVD_PORT } from "../../src/envd/version.ts";
+
+/** A guest's HTTP handler: `undefined` after a successful WebSocket upgrade. */
+export type GuestFetch = (req: Request, ctx: { sandboxId: string; port: number; server: Server<GuestWs> }) => Response | undefined | Promise<Response | undefined>;
+/** Data of a guest WebSocket. */
+export interface GuestWs {
+  sandboxId: string;
+}
+
+export interface LoopbackOptions {
+  /** Node name shown by the default guest's /whoami. */
+  name?: string;
+  /** Guest ports served (default envd's 49983 and 8080). */
+  ports?: number[];
+  /** Guest HTTP handler (default: whoami/echo/health). */
+  fetch?: GuestFetch;
+  /** Guest WebSocket message handler (default: echo prefixed with the sandbox id). */
+  wsMessage?: (ws: ServerWebSocket<GuestWs>, m: string | Buffer) => void;
+  /** Template ids this runtime holds, each its own alias (default ["base"]). */
+  templates?: string[];
+  /** Runtime answering further templates, network checks, volumes and metrics. */
+  base?: SandboxRuntime;
+}
+
+type Op = "start" | "pause" | "resume" | "kill";
+
+/**
+ * A hold on one lifecycle call: `reached` resolves (with the sandbox id) when a call arrives;
+ * `open()` lets it and later ones through, `open(error)` makes the held call fail with `error`.
+ */
+export interface Gate {
+  reached: Promise<string>;
+  open(error?: Error): void;
+}
+
+const BASE_TEMPLATE: TemplateInfo = {
+  templateID: "base",
+  aliases: ["base"],
+  cpuCount: 1,
+  memoryMB: 512,
+  diskSizeMB: 2048,
+  envdVersion: "0.5.7",
+  createdAt: Date.UTC(2026, 0, 1),
+  updatedAt: Date.UTC(2026, 0, 1),
+  buildID: "build1",
+  buildStatus: "ready",
+};
+
+/** A fresh loopback address outside 127.0.0.0/16 (which other local services use). */
+function loopbackAddress(): string {
+  const b = () => Math.floor(Math.random() * 254) + 1;
+  return `127.${b()}.${b()}.${b()}`;
+}
 
 export class LoopbackRuntime implements SandboxRuntime {
   readonly name = "loopback";
-  private readonly servers = new Map<string, Server<{ id: string }>>();
+  private readonly guests = new Map<string, { host: string; servers: Server<GuestWs>[] }>();
+  private readonly gates = new Map<Op, { wait: Promise<Error | undefined>; reached: (id: string) => void }>();
   /** Sandboxes started (creates + resumes), for assertions. */
   starts = 0;
+  /** Template ids this runtime holds (see LoopbackOptions.templates). */
+  readonly templates: string[];
+  /** Calls per lifecycle operation, in order (`op:id`), for assertions. */
+  readonly calls: string[] = [];
 
-  /** @param templates template ids this node holds (each with itself as alias) */
-  constructor(private readonly nodeName: string, private readonly templates: string[] = ["base"]) {}
+  constructor(private readonly opts: LoopbackOptions = {}) {
+    this.templates = [...(opts.templates ?? ["base"])];
+  }
+
+  get volumes() {
+    return this.opts.base?.volumes;
+  }
+
+  /** Hold the next and later `op` calls until `open()`. */
+  gate(op: Op): Gate {
+    let open!: (e: Error | undefined) => void;
+    let reached!: (id: string) => void;
+    const wait = new Promise<Error | undefined>((r) => (open = r));
+    const hit = new Promise<string>((r) => (reached = r));
+    this.gates.set(op, { wait, reached });
+    return {
+      reached: hit,
+      open: (error?: Error) => {
+        this.gates.delete(op);
+        open(error);
+      },
+    };
+  }
+
+  /** The address sandbox `id`'s guest ports are served at, while it runs. */
+  hostOf(id: string): string | undefined {
+    return this.guests.get(id)?.host;
+  }
 
   async listTemplates(): Promise<TemplateInfo[]> {
-    const t = Date.UTC(2026, 0, 1);
-    return this.templates.map((id) => ({ templateID: id, aliases: [id], cpuCount: 1, memoryMB: 128, diskSizeMB: 1024, envdVersion: "0.5.7", createdAt: t, updatedAt: t, buildID: "build1", buildStatus: "ready" as const }));
+    const own = this.templates.map((id) => ({ ...BASE_TEMPLATE, templateID: id, aliases: [id] }));
+    const more = ((await this.opts.base?.listTemplates()) ?? []).filter((t) => !own.some((o) => o.templateID === t.templateID));
+    return [...own, ...more];
+  }
+
+  checkNetwork(network: Record<string, unknown> | null, allowInternetAccess: boolean | null): void {
+    this.opts.base?.checkNetwork?.(network, allowInternetAccess);
+  }
+
+  sampleMetrics(target: RuntimeMetricsTarget, signal: AbortSignal) {
+    if (!this.opts.base?.sampleMetrics) return Promise.reject(new Error("no metrics without a base runtime"));
+    return this.opts.base.sampleMetrics(target, signal);
+  }
+
+  async updateNetwork(): Promise<void> {}
+
+  private async pass(op: Op, id: string): Promise<void> {
+    this.calls.push(`${op}:${id}`);
+    const g = this.gates.get(op);
+    if (!g) return;
+    g.reached(id);
+    const error = await g.wait;
+    if (error) throw error;
   }
 
   private serve(id: string): RuntimeSandbox {
-    const node = this.nodeName;
-    const server = Bun.serve<{ id: string }>({
-      hostname: "127.0.0.1",
-      port: 0,
-      async fetch(req, srv) {
+    const host = loopbackAddress();
+    const name = this.opts.name ?? "loopback";
+    const handler: GuestFetch =
+      this.opts.fetch ??
+      (async (req, { sandboxId, server }) => {
         const u = new URL(req.url);
-        if (req.headers.get("upgrade")?.toLowerCase() === "websocket") return srv.upgrade(req, { data: { id } }) ? undefined : new Response("no", { status: 400 });
-        if (u.pathname.endsWith("/whoami")) return Response.json({ sandbox: id, node, path: u.pathname, query: u.search });
+        if (req.headers.get("upgrade")?.toLowerCase() === "websocket") return server.upgrade(req, { data: { sandboxId } }) ? undefined : new Response("no", { status: 400 });
+        if (u.pathname.endsWith("/whoami")) return Response.json({ sandbox: sandboxId, node: name, path: u.pathname, query: u.search });
         if (u.pathname.endsWith("/echo")) return new Response(await req.arrayBuffer());
         if (u.pathname === "/health") return new Response(null, { status: 204 });
         return new Response("not found", { status: 404 });
-      },
-      websocket: {
-        message(ws, m) {
-          ws.send(`${ws.data.id}:${typeof m === "string" ? m : new TextDecoder().decode(m)}`);
-        },
-      },
+      });
+    const wsMessage = this.opts.wsMessage ?? ((ws: ServerWebSocket<GuestWs>, m: string | Buffer) => ws.send(`${ws.data.sandboxId}:${typeof m === "string" ? m : new TextDecoder().decode(m)}`));
+    const servers = (this.opts.ports ?? [ENVD_PORT, 8080]).map((port) => {
+      const server: Server<GuestWs> = Bun.serve<GuestWs>({
+        hostname: host,
+        port,
+        idleTimeout: 0,
+        fetch: (req, srv) => handler(req, { sandboxId: id, port, server: srv }),
+        websocket: { message: wsMessage },
+      });
+      return server;
     });
-    this.servers.set(id, server);
-    return { endpoint: { host: "127.0.0.1" }, runtimeState: { port: server.port }, envdVersion: "0.5.7" };
+    this.guests.set(id, { host, servers });
+    return { endpoint: { host }, runtimeState: { host }, envdVersion: "0.5.7" };
+  }
+
+  private stopGuest(id: string): void {
+    for (const s of this.guests.get(id)?.servers ?? []) s.stop(true);
+    this.guests.delete(id);
   }
 
   async start(spec: RuntimeStartSpec): Promise<RuntimeSandbox> {
+    await this.pass("start", spec.id);
     this.starts++;
-    const r = this.serve(spec.id);
-    return { ...r, endpoint: { host: "127.0.0.1", ports: { "49983": r.runtimeState.port as number, "8080": r.runtimeState.port as number } } };
+    return this.serve(spec.id);
   }
 
   async pause(id: string): Promise<Record<string, unknown>> {
-    this.servers.get(id)?.stop(true);
-    this.servers.delete(id);
+    await this.pass("pause", id);
+    this.stopGuest(id);
     return { paused: true };
   }
 
   async resume(spec: RuntimeStartSpec): Promise<RuntimeSandbox> {
-    return this.start(spec);
+    await this.pass("resume", spec.id);
+    this.starts++;
+    return this.serve(spec.id);
   }
 
   async kill(id: string): Promise<void> {
-    this.servers.get(id)?.stop(true);
-    this.servers.delete(id);
+    await this.pass("kill", id);
+    this.stopGuest(id);
   }
 
-  async reap() {
-    return { stoppedVms: [], removed: [] };
+  async reap(known: RuntimeKnownSandbox[]): Promise<ReapReport> {
+    return (await this.opts.base?.reap(known)) ?? { stoppedVms: [], removed: [] };
+  }
+
+  beginShutdown(): void {
+    this.opts.base?.beginShutdown?.();
   }
 
   async close(): Promise<void> {
-    for (const s of this.servers.values()) s.stop(true);
-    this.servers.clear();
+    for (const id of [...this.guests.keys()]) this.stopGuest(id);
+    await this.opts.base?.close();
   }
 }

@@ -10,7 +10,7 @@ import { loadConfig } from "../../src/config/index.ts";
 import { parseCpuinfo } from "../../src/observability/identity.ts";
 import { eventTypeOf, grpcTarget } from "../../src/observability/reporter.ts";
 import { reporterOptions } from "../../src/node/reporting.ts";
-import { adoptLoopback, startNodeNoVm, type TestNode } from "../api/helpers.ts";
+import { createLoopback, startNodeNoVm, type TestNode } from "../api/helpers.ts";
 import { startTestScheduler } from "../services/helpers.ts";
 
 const home = mkdtempSync("/tmp/aenv-report-");
@@ -34,7 +34,7 @@ beforeAll(async () => {
     AENV_OBSERVABILITY_REPORT_INTERVAL_SECS: "1",
     AENV_NODE_ID: "rep-node",
     AENV_CLUSTER_ID: "c9",
-  });
+  }, undefined, {});
 });
 afterAll(async () => {
   await node?.dispose();
@@ -57,8 +57,8 @@ test("heartbeats carry identity, machine, host figures and counters; events and 
   expect(n.snapshot!.sandboxCount).toBe(0);
 
   // a sandbox appears: bound (event or roster), counted in the next snapshot
-  adoptLoopback(node, "repsbx1", { "49983": 1 }, { cpuCount: 2, memoryMB: 256 });
-  await until(() => sched.client.lookupNode({ sandboxId: "repsbx1" }), (r) => r.node!.nodeId === "rep-node", "the binding of repsbx1");
+  const repsbx1 = (await createLoopback(node, { cpuCount: 2, memoryMB: 256 })).id;
+  await until(() => sched.client.lookupNode({ sandboxId: repsbx1 }), (r) => r.node!.nodeId === "rep-node", "the binding of repsbx1");
   const after = await until(() => sched.client.getNode({ nodeId: "rep-node", clusterId: "" }), (r) => r.node!.snapshot!.sandboxCount === 1, "a snapshot counting it");
   expect(after.node!.snapshot!.allocatedCpu).toBe(2);
   expect(after.node!.snapshot!.allocatedMemoryBytes).toBe(256 * 1024 * 1024);
@@ -69,15 +69,15 @@ test("heartbeats carry identity, machine, host figures and counters; events and 
   await until(() => sched.core.store.getBinding("ghost"), (b) => b === null, "the roster to drop ghost");
 
   // killed: unbound
-  await node.orch.kill("repsbx1");
-  await until(() => sched.core.store.getBinding("repsbx1"), (b) => b === null, "repsbx1 unbound");
+  await node.orch.kill(repsbx1);
+  await until(() => sched.core.store.getBinding(repsbx1), (b) => b === null, "repsbx1 unbound");
 
   // shutdown: UnregisterNode removes the node's report
-  adoptLoopback(node, "repsbx2", { "49983": 1 });
-  await until(() => sched.core.store.getBinding("repsbx2"), (b) => b !== null, "repsbx2 bound");
+  const repsbx2 = (await createLoopback(node)).id;
+  await until(() => sched.core.store.getBinding(repsbx2), (b) => b !== null, "repsbx2 bound");
   await node.close();
   expect(await sched.core.store.getReport("rep-node")).toBeNull();
-  expect(await sched.core.store.getBinding("repsbx2")).toBeNull();
+  expect(await sched.core.store.getBinding(repsbx2)).toBeNull();
   expect((await sched.client.getNode({ nodeId: "rep-node", clusterId: "" })).node!.snapshot!.status).toBe(NodeStatus.NODE_STATUS_CONNECTING);
 }, 30_000);
 

@@ -1,8 +1,9 @@
 /**
- * Orchestrator lifecycle without booting VMs: the real VM runtime (its network manager not
- * started) over a real SQLite file; sandboxes are records adopted in state running whose
- * endpoint is loopback. Covers expiry, events and counters, shutdown, and start-up
- * reconciliation of what a crashed node left.
+ * Orchestrator lifecycle without booting VMs, over a real SQLite file: sandboxes are created
+ * through the orchestrator and run as loopback guests (test/helpers/loopback-runtime.ts), over the
+ * real VM runtime (its network manager not started) for templates and start-up reaping. Covers
+ * expiry, events (with their records) and counters, shutdown, and start-up reconciliation of
+ * what a crashed node left.
  */
 import { afterEach, expect, test } from "bun:test";
 import { existsSync, mkdirSync, mkdtempSync, rmSync } from "node:fs";
@@ -14,6 +15,7 @@ import { netConfigFromConfig, NetworkManager } from "../../src/net/index.ts";
 import { Orchestrator, orchestratorConfig, type OrchestratorCounters, type SandboxEvent, type SandboxRecord } from "../../src/orchestrator/index.ts";
 import { VmRuntime } from "../../src/sandbox/vm-runtime.ts";
 import { diskConfig, DiskService } from "../../src/storage/daemon/index.ts";
+import { LoopbackRuntime } from "../helpers/loopback-runtime.ts";
 import { QemuDriver, qemuOptions } from "../../src/vmm/index.ts";
 
 const cleanup: (() => Promise<unknown> | void)[] = [];
@@ -24,7 +26,7 @@ afterEach(async () => {
 function world(env: Record<string, string> = {}, home = mkdtempSync(join(tmpdir(), "orch-life-"))) {
   const cfg = loadConfig({ env: { AENV_HOME_PATH: home, AENV_RUNTIME_PATH: join(home, "run"), AENV__orchestrator__evict_interval_ms: "20", ...env } });
   const db: Db = openDb(join(home, "node.db"));
-  const runtime = new VmRuntime({
+  const base = new VmRuntime({
     homePath: home,
     runtimePath: join(home, "run"),
     kernelPath: () => "/nonexistent",
@@ -36,17 +38,14 @@ function world(env: Record<string, string> = {}, home = mkdtempSync(join(tmpdir(
     defaultUser: "user",
     disks: new DiskService({ dir: join(home, "run", "disk"), config: diskConfig(cfg) }),
   });
+  const runtime = new LoopbackRuntime({ base, templates: env.NO_TEMPLATE ? [] : ["base"] });
   const orch = new Orchestrator(db, runtime, orchestratorConfig(cfg));
-  return { home, db, orch };
+  return { home, db, orch, runtime };
 }
 
-function adopt(orch: Orchestrator, id: string, extra: Partial<SandboxRecord> = {}): SandboxRecord {
-  const t = Date.now();
-  return orch.adopt({
-    id, templateId: "base", alias: null, cpuCount: 1, memoryMB: 512, diskSizeMB: 1024, envdVersion: "0.5.7", envdAccessToken: null,
-    trafficAccessToken: null, metadata: {}, envVars: {}, autoPause: false, autoResume: false, allowInternetAccess: null, network: null,
-    runtimeState: null, error: null, startedAt: t, endAt: t + 60_000, ...extra, endpoint: { host: "127.0.0.1" },
-  });
+/** Create a sandbox through the orchestrator (a loopback guest). */
+function create(orch: Orchestrator, timeoutSecs = 60): Promise<SandboxRecord> {
+  return orch.create({ template: "base", secure: true, timeoutSecs });
 }
 
 test("a sandbox is killed when its timeout expires; observers see each transition and the counters", async () => {
@@ -57,39 +56,45 @@ test("a sandbox is killed when its timeout expires; observers see each transitio
   const counters: OrchestratorCounters[] = [];
   w.orch.observe({ onEvent: (e) => events.push(e), onCounters: (c) => counters.push(c) });
   expect(counters[0]).toEqual({ running: 0, paused: 0, starting: 0, created: 0, failed: 0, killed: 0 });
-  const endAt = Date.now() + 150;
-  adopt(w.orch, "exp1", { endAt });
-  adopt(w.orch, "keep1", { endAt: Date.now() + 60_000 });
+  const exp1 = (await create(w.orch, 1)).id;
+  const endAt = w.orch.get(exp1).endAt;
+  const keep1 = (await create(w.orch, 60)).id;
   expect(w.orch.getCounters().running).toBe(2);
-  const t0 = Date.now();
-  while (w.orch.store.get("exp1")!.state !== "killed" && Date.now() - t0 < 3000) await Bun.sleep(10);
-  expect(w.orch.store.get("exp1")!.state).toBe("killed");
+  const killed = (id: string) => new Promise<void>((r) => w.orch.observe({ onEvent: (e) => e.id === id && e.to === "killed" && r() }));
+  await killed(exp1);
+  expect(w.orch.store.get(exp1)!.state).toBe("killed");
   // killed at expiry, not before
-  expect(events.find((e) => e.id === "exp1" && e.to === "killing")!.at).toBeGreaterThanOrEqual(endAt);
-  expect(w.orch.store.get("keep1")!.state).toBe("running");
+  expect(events.find((e) => e.id === exp1 && e.to === "killing")!.at).toBeGreaterThanOrEqual(endAt);
+  expect(w.orch.store.get(keep1)!.state).toBe("running");
   expect(events.map((e) => [e.id, e.from, e.to])).toEqual([
-    ["exp1", null, "running"],
-    ["keep1", null, "running"],
-    ["exp1", "running", "killing"],
-    ["exp1", "killing", "killed"],
+    [exp1, null, "creating"],
+    [exp1, "creating", "running"],
+    [keep1, null, "creating"],
+    [keep1, "creating", "running"],
+    [exp1, "running", "killing"],
+    [exp1, "killing", "killed"],
   ]);
+  // every event carries the record as it is after the change
+  expect(events.map((e) => e.sandbox.state)).toEqual(events.map((e) => e.to));
+  expect(events.find((e) => e.id === keep1 && e.to === "running")!.sandbox.endpoint).toEqual({ host: w.runtime.hostOf(keep1)! });
   expect(w.orch.getCounters()).toMatchObject({ running: 1, killed: 1 });
   expect(counters[counters.length - 1]).toMatchObject({ running: 1, killed: 1 });
-  expect(() => w.orch.get("exp1")).toThrow(expect.objectContaining({ code: "orchestrator.not_found" }));
+  expect(() => w.orch.get(exp1)).toThrow(expect.objectContaining({ code: "orchestrator.not_found" }));
   // setTimeout(0) expires at the next scan
-  await w.orch.setTimeout("keep1", 0);
-  while (w.orch.store.get("keep1")!.state !== "killed" && Date.now() - t0 < 3000) await Bun.sleep(10);
-  expect(w.orch.store.get("keep1")!.state).toBe("killed");
+  const gone = killed(keep1);
+  await w.orch.setTimeout(keep1, 0);
+  await gone;
+  expect(w.orch.store.get(keep1)!.state).toBe("killed");
 });
 
 test("shutdown kills live sandboxes and refuses new work with 503", async () => {
   const w = world();
   cleanup.push(() => rmSync(w.home, { recursive: true, force: true }), () => w.db.close());
   await w.orch.start();
-  adopt(w.orch, "live1");
-  adopt(w.orch, "live2");
+  const live1 = (await create(w.orch)).id;
+  const live2 = (await create(w.orch)).id;
   expect(await w.orch.close()).toEqual({ killed: 2, paused: 0, failed: 0 });
-  expect([w.orch.store.get("live1")!.state, w.orch.store.get("live2")!.state]).toEqual(["killed", "killed"]);
+  expect([w.orch.store.get(live1)!.state, w.orch.store.get(live2)!.state]).toEqual(["killed", "killed"]);
   expect(await w.orch.close()).toEqual({ killed: 0, paused: 0, failed: 0 }); // once only
   await expect(w.orch.create({ template: "base", secure: true })).rejects.toMatchObject({ code: "orchestrator.shutting_down" });
 });
@@ -98,32 +103,37 @@ test("start-up reconciliation: sandboxes a crashed node left running become kill
   const home = mkdtempSync(join(tmpdir(), "orch-life-"));
   cleanup.push(() => rmSync(home, { recursive: true, force: true }));
   // a previous run: one running, one pausing (interrupted), one paused, with their directories
-  const first = world({}, home);
-  adopt(first.orch, "wasrun");
-  adopt(first.orch, "waspausing");
-  adopt(first.orch, "waspaused");
-  first.orch.store.update("waspausing", { state: "pausing" }, Date.now());
-  first.orch.store.update("waspaused", { state: "paused", endpoint: null }, Date.now());
-  for (const id of ["wasrun", "waspausing", "waspaused", "stray"]) mkdirSync(join(home, "sandboxes", id), { recursive: true });
-  mkdirSync(join(home, "snapshots", "waspaused"), { recursive: true });
-  mkdirSync(join(home, "snapshots", "wasrun"), { recursive: true });
+  const first = world({}, home); // never started: no timers outlive its database
+  const wasrun = (await create(first.orch)).id;
+  const waspausing = (await create(first.orch)).id;
+  const waspaused = (await create(first.orch)).id;
+  await first.orch.pause(waspaused);
+  const held = first.runtime.gate("pause"); // the node dies while this pause is in the runtime
+  void first.orch.pause(waspausing).catch(() => {});
+  await held.reached;
+  expect(first.orch.store.get(waspausing)!.state).toBe("pausing");
+  for (const id of [wasrun, waspausing, waspaused, "stray"]) mkdirSync(join(home, "sandboxes", id), { recursive: true });
+  mkdirSync(join(home, "snapshots", waspaused), { recursive: true });
+  mkdirSync(join(home, "snapshots", wasrun), { recursive: true });
   first.db.close(); // the node died without shutting down
 
   const second = world({}, home);
   cleanup.push(() => second.db.close(), () => second.orch.close());
   await second.orch.start();
-  expect(second.orch.store.get("wasrun")).toMatchObject({ state: "killed", error: "node restarted while running", endpoint: null });
-  expect(second.orch.store.get("waspausing")).toMatchObject({ state: "killed", error: "node restarted while pausing" });
-  expect(second.orch.store.get("waspaused")!.state).toBe("paused");
-  expect(second.orch.list({}).items.map((r) => [r.id, r.state])).toEqual([["waspaused", "paused"]]);
+  expect(second.orch.store.get(wasrun)).toMatchObject({ state: "killed", error: "node restarted while running", endpoint: null });
+  expect(second.orch.store.get(waspausing)).toMatchObject({ state: "killed", error: "node restarted while pausing" });
+  expect(second.orch.store.get(waspaused)!.state).toBe("paused");
+  expect(second.orch.list({}).items.map((r) => [r.id, r.state])).toEqual([[waspaused, "paused"]]);
   expect(second.orch.getCounters()).toMatchObject({ running: 0, paused: 1 });
-  expect(existsSync(join(home, "sandboxes", "waspaused"))).toBe(true);
-  expect(existsSync(join(home, "snapshots", "waspaused"))).toBe(true);
-  for (const gone of ["sandboxes/wasrun", "sandboxes/waspausing", "sandboxes/stray", "snapshots/wasrun"]) expect(existsSync(join(home, gone))).toBe(false);
+  expect(existsSync(join(home, "sandboxes", waspaused))).toBe(true);
+  expect(existsSync(join(home, "snapshots", waspaused))).toBe(true);
+  for (const gone of [`sandboxes/${wasrun}`, `sandboxes/${waspausing}`, "sandboxes/stray", `snapshots/${wasrun}`]) expect(existsSync(join(home, gone))).toBe(false);
+  first.runtime.gate("pause").open(); // let the dead node's held pause end (its database is closed)
+  await first.runtime.close();
 });
 
 test("create refuses bad timeouts and unknown templates before making anything", async () => {
-  const w = world({ AENV__orchestrator__max_timeout_secs: "600" });
+  const w = world({ AENV__orchestrator__max_timeout_secs: "600", NO_TEMPLATE: "1" });
   cleanup.push(() => rmSync(w.home, { recursive: true, force: true }), () => w.db.close(), () => w.orch.close());
   await w.orch.start();
   await expect(w.orch.create({ template: "base", secure: true, timeoutSecs: 601 })).rejects.toMatchObject({ code: "orchestrator.bad_request", details: { timeout: 601 } });

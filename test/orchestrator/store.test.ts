@@ -13,7 +13,7 @@ function rec(id: string, state: SandboxState, startedAt: number, metadata: Recor
   return {
     id, templateId: "base", alias: null, state, cpuCount: 1, memoryMB: 512, diskSizeMB: 2048, envdVersion: "0.5.7",
     envdAccessToken: "t", trafficAccessToken: null, metadata, envVars: { A: "1" }, autoPause: false, autoResume: false,
-    allowInternetAccess: null, network: null, volumeMounts: [], endpoint: { host: "127.0.0.1", ports: { "49983": 1234 } }, runtimeState: { pid: 1 },
+    allowInternetAccess: null, network: null, volumeMounts: [], endpoint: { host: "127.0.0.1" }, runtimeState: { pid: 1 },
     error: null, createdAt: startedAt, startedAt, endAt: startedAt + 1000, updatedAt: startedAt,
   };
 }

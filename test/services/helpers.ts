@@ -125,7 +125,7 @@ export async function startLoopbackNode(name: string, schedulerPort: number, api
       ...env,
     },
   });
-  const runtime = new LoopbackRuntime(name, templates);
+  const runtime = new LoopbackRuntime({ name, templates });
   const node = await bootNode(cfg, async () => runtime);
   let closed = false;
   const close = async () => {

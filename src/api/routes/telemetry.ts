@@ -4,7 +4,7 @@
  * Query strings are checked here; the orchestrator answers with plain samples and entries.
  */
 import { Elysia, t } from "elysia";
-import type { Orchestrator, SandboxLogEntry, SandboxMetricsSample } from "../../orchestrator/index.ts";
+import type { SandboxService, SandboxLogEntry, SandboxMetricsSample } from "../../orchestrator/index.ts";
 import { LOG_LEVELS, type LogLevel } from "../../orchestrator/index.ts";
 import { ApiError } from "../errors.ts";
 import * as S from "../schemas.ts";
@@ -55,7 +55,7 @@ export function parseSandboxIds(raw: string): string[] {
 }
 
 /** Routes of the metrics and logs families, to `.use()` in the app. */
-export function telemetryRoutes(orch: Orchestrator) {
+export function telemetryRoutes(orch: SandboxService) {
   return new Elysia({ normalize: false })
     .get(
       "/sandboxes/metrics",

@@ -8,7 +8,7 @@
  * status its code has in src/api/status.ts.
  */
 import { Elysia, t } from "elysia";
-import type { Orchestrator } from "../../orchestrator/index.ts";
+import type { SandboxService } from "../../orchestrator/index.ts";
 import { TemplateError, TemplateService, UPLOAD_PATH_RE, type LogLevel, type TemplateRecord } from "../../template/index.ts";
 import { ENVD_VERSION } from "../../envd/version.ts";
 import { errorResponse, toErrorResponse } from "../status.ts";
@@ -69,7 +69,7 @@ export async function handleUpload(req: Request, url: URL, templates: TemplateSe
 }
 
 /** The template build routes, for `app.use(...)`. */
-export function templateRoutes(templates: TemplateService, orch: Orchestrator) {
+export function templateRoutes(templates: TemplateService, orch: SandboxService) {
   const spawnOf = async (id: string) => {
     const l = (await orch.listTemplates()).find((x) => x.templateID === id);
     return { spawnCount: l?.spawnCount ?? 0, lastSpawnedAt: l?.lastSpawnedAt ?? null };

@@ -6,7 +6,7 @@
  * SDK's volume schema (`VolumeEntryStat`: times as RFC 3339, mode = permission bits).
  */
 import { Elysia, t } from "elysia";
-import type { Orchestrator, VolumeRecord } from "../../orchestrator/index.ts";
+import type { SandboxService, VolumeRecord } from "../../orchestrator/index.ts";
 import type { VolumeEntry, VolumeFiles } from "../../volume/types.ts";
 import { ApiError } from "../errors.ts";
 import * as S from "../schemas.ts";
@@ -35,7 +35,7 @@ const num = (s: string | undefined) => (s === undefined ? undefined : Number(s))
 const writeOpts = (q: { uid?: string; gid?: string; mode?: string; force?: string }) => ({ uid: num(q.uid), gid: num(q.gid), mode: num(q.mode), force: q.force === "true" });
 
 /** Routes of the volume family, to `.use()` in the app. */
-export function volumeRoutes(orch: Orchestrator) {
+export function volumeRoutes(orch: SandboxService) {
   const vols = orch.volumes;
   /** Check the volume's bearer token. @throws ApiError 401; OrchestratorError 404 for an unknown volume. */
   const authorize = (id: string, authorization: string | undefined) => {

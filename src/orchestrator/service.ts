@@ -1,0 +1,66 @@
+/**
+ * What the API layer speaks: the sandbox operations behind the E2B routes and the sandbox
+ * proxy, as plain data. The node's Orchestrator implements it; a cluster front end may implement
+ * the same interface to serve the same routes. The API never reaches behind it (no store, no
+ * runtime). Errors: OrchestratorError codes (./errors.ts); the API maps them to statuses.
+ */
+import type { SandboxState } from "./states.ts";
+import type {
+  CreateSandboxRequest, ListSandboxesQuery, OrchestratorCounters, SandboxLogEntry, SandboxLogQuery, SandboxMetricsSample, SandboxRecord, TemplateListing,
+} from "./types.ts";
+import type { VolumeManager } from "./volumes.ts";
+
+/** A state change of one sandbox, with its record as it is after the change. */
+export interface SandboxEvent {
+  id: string;
+  /** Null for a new sandbox. */
+  from: SandboxState | null;
+  to: SandboxState;
+  /** Unix ms. */
+  at: number;
+  /** The record after the change (state `to`; endpoint set while running). */
+  sandbox: SandboxRecord;
+}
+
+/** Observer of counters and state changes; called synchronously, in order, after each change is stored. */
+export interface OrchestratorObserver {
+  onEvent?(e: SandboxEvent): void;
+  onCounters?(c: OrchestratorCounters): void;
+}
+
+/** Result of `connect()`: the record and whether it had to be resumed (HTTP 201 vs 200). */
+export interface ConnectResult {
+  sandbox: SandboxRecord;
+  resumed: boolean;
+}
+
+/** The sandbox operations the API serves. Times in seconds where the name says so, else unix ms. */
+export interface SandboxService {
+  /** Templates that can be booted, with spawn statistics. */
+  listTemplates(): Promise<TemplateListing[]>;
+  /** Create and boot; resolves once envd is initialised. */
+  create(req: CreateSandboxRequest): Promise<SandboxRecord>;
+  /** The live record of `id`. @throws not_found. */
+  get(id: string): SandboxRecord;
+  /** One page of live sandboxes; `nextToken` when more exist. */
+  list(q: ListSandboxesQuery): { items: SandboxRecord[]; nextToken?: string };
+  /** Every sandbox in one of `states` (e.g. LIVE_STATES), for the node's figures and the proxy's routes. */
+  inStates(states: readonly SandboxState[]): SandboxRecord[];
+  /** Sandboxes in state running. */
+  runningCount(): number;
+  kill(id: string): Promise<void>;
+  pause(id: string): Promise<void>;
+  connect(id: string, timeoutSecs?: number): Promise<ConnectResult>;
+  resume(id: string, timeoutSecs?: number): Promise<SandboxRecord>;
+  setTimeout(id: string, secs: number): Promise<void>;
+  refresh(id: string, secs: number): Promise<void>;
+  updateNetwork(id: string, policy: Record<string, unknown>): Promise<void>;
+  metrics(id: string, startMs?: number, endMs?: number): SandboxMetricsSample[];
+  latestMetrics(ids: readonly string[]): Map<string, SandboxMetricsSample>;
+  sandboxLogs(id: string, q: SandboxLogQuery): SandboxLogEntry[];
+  getCounters(): OrchestratorCounters;
+  /** Subscribe to state changes and counters; returns the unsubscribe function. */
+  observe(o: OrchestratorObserver): () => void;
+  /** The node's volumes (E2B volume routes). */
+  readonly volumes: VolumeManager;
+}
