@@ -1,7 +1,8 @@
 /**
  * The sandbox proxy, on the API origin (so E2B_SANDBOX_URL may equal E2B_API_URL). A request
  * is for a sandbox when it carries `E2b-Sandbox-Id` (+ `E2b-Sandbox-Port`) or
- * `x-agentenv-sandbox-id` (+ optional `x-agentenv-sandbox-port`), when its Host is
+ * `x-agentenv-sandbox-id` (+ optional `x-agentenv-sandbox-port`, or upstream AgentENV's
+ * `x-agentenv-target-port`; port headers that disagree are a 400), when its Host is
  * `{port}-{id}.{domain}` for a configured domain, or when its path is `/proxy/{id}/{port}/...`.
  * Routing facts: e2b-dev/infra packages/shared/pkg/proxy/host.go (via e2b-contract.md §1.3).
  * HTTP bodies stream both ways; WebSocket is relayed frame by frame (server.ts).
@@ -18,7 +19,9 @@ export const TRAFFIC_TOKEN_HEADER = "e2b-traffic-access-token";
 /** envd routes only the host may call (e2b-contract.md §3.2). */
 export const ENVD_INTERNAL = new Set(["/init", "/freeze", "/unfreeze", "/collapse", "/fsfreeze", "/fsthaw", "/upgrade"]);
 const HOP = ["connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade", "host", "proxy-authorization", "proxy-authenticate"];
-const ROUTING = ["e2b-sandbox-id", "e2b-sandbox-port", "x-agentenv-sandbox-id", "x-agentenv-sandbox-port"];
+/** Headers naming the sandbox port (E2B's, ours, and upstream AgentENV's); they must agree. */
+const PORT_HEADERS = ["e2b-sandbox-port", "x-agentenv-sandbox-port", "x-agentenv-target-port"];
+const ROUTING = ["e2b-sandbox-id", "x-agentenv-sandbox-id", ...PORT_HEADERS];
 
 /** A request's target inside a sandbox. */
 export interface ProxyRoute {
@@ -31,8 +34,10 @@ export interface ProxyRoute {
 export interface ProxyOptions {
   /** Host suffixes for `{port}-{id}.{domain}` routing. */
   domains: string[];
-  /** Bound on connect + response headers, ms. */
+  /** Bound on connecting: until the upstream reads the request body, or (no body) sends response headers, ms. */
   connectTimeoutMs: number;
+  /** Once the body streams: longest pause between its chunks and from its end to the response headers, ms. */
+  idleTimeoutMs: number;
   /** Refuse ENVD_INTERNAL paths on the envd port. */
   blockEnvdInternal: boolean;
   /**
@@ -101,10 +106,16 @@ export function routeOf(req: Request, url: URL, domains: string[]): ProxyRoute |
   const id = h.get("e2b-sandbox-id") ?? h.get("x-agentenv-sandbox-id");
   const pathAndQuery = url.pathname + url.search;
   if (id !== null) {
-    const rawPort = h.get("e2b-sandbox-port") ?? h.get("x-agentenv-sandbox-port");
-    const port = rawPort === null ? ENVD_PORT : parsePort(rawPort);
-    if (port === null) return Response.json({ code: 400, message: `invalid sandbox port ${JSON.stringify(rawPort)}` }, { status: 400 });
-    return { sandboxId: id, port, pathAndQuery };
+    const named = PORT_HEADERS.map((n) => [n, h.get(n)] as const).filter(([, v]) => v !== null) as [string, string][];
+    for (const [n, v] of named) {
+      if (parsePort(v) === null) return Response.json({ code: 400, message: `invalid sandbox port ${JSON.stringify(v)} in header ${n}` }, { status: 400, headers: { [ERROR_SOURCE]: "proxy" } });
+    }
+    const ports = new Set(named.map(([, v]) => parsePort(v)!));
+    if (ports.size > 1) {
+      const list = named.map(([n, v]) => `${n}: ${v}`).join(", ");
+      return Response.json({ code: 400, message: `conflicting sandbox ports (${list}): name one port` }, { status: 400, headers: { [ERROR_SOURCE]: "proxy" } });
+    }
+    return { sandboxId: id, port: ports.size ? [...ports][0]! : ENVD_PORT, pathAndQuery };
   }
   const host = (h.get("host") ?? url.host).replace(/:\d+$/, "").toLowerCase();
   for (const d of domains) {
@@ -260,13 +271,15 @@ export class SandboxProxy {
     ctl.signal.addEventListener("abort", untrack, { once: true });
     const onClientAbort = () => ctl.abort(req.signal.reason);
     req.signal.addEventListener("abort", onClientAbort, { once: true });
-    const timer = setTimeout(() => ctl.abort(new Error(`no response within ${this.opts.connectTimeoutMs} ms`)), this.opts.connectTimeoutMs);
+    const dog = new Watchdog(ctl);
+    const hasBody = req.method !== "GET" && req.method !== "HEAD" && req.body !== null;
+    dog.arm(this.opts.connectTimeoutMs, hasBody ? `not connected within ${this.opts.connectTimeoutMs} ms` : `no response within ${this.opts.connectTimeoutMs} ms`);
     let res: Response;
     try {
       res = await fetch(`http://${target}${route.pathAndQuery}`, {
         method: req.method,
         headers,
-        body: req.method === "GET" || req.method === "HEAD" ? undefined : req.body,
+        body: hasBody ? watchedBody(req.body!, dog, this.opts.idleTimeoutMs) : undefined,
         redirect: "manual",
         decompress: false,
         duplex: "half",
@@ -275,9 +288,10 @@ export class SandboxProxy {
     } catch (e) {
       untrack();
       this.log.debug({ sandboxId: route.sandboxId, port: route.port, err: e }, "upstream unreachable");
-      return badGateway(route.sandboxId, `The sandbox is running but port ${route.port} is not open: ${upstreamFailure(e, ctl.signal)}`);
+      const why = upstreamFailure(e, ctl.signal);
+      return badGateway(route.sandboxId, ctl.signal.aborted ? `The request to port ${route.port} of the sandbox was cut: ${why}` : `The sandbox is running but port ${route.port} is not open: ${why}`);
     } finally {
-      clearTimeout(timer);
+      dog.clear();
     }
     const rh = new Headers(res.headers);
     for (const n of HOP) rh.delete(n);
@@ -304,6 +318,47 @@ export class SandboxProxy {
     }
     return new Response(relay(res.body, untrack, ctl), { status: res.status, statusText: res.statusText, headers: rh });
   }
+}
+
+/** One timer that aborts `ctl` with a reason; re-armed as a request moves from phase to phase. */
+class Watchdog {
+  private timer: ReturnType<typeof setTimeout> | undefined;
+  constructor(private readonly ctl: AbortController) {}
+  /** Abort with `reason` after `ms` unless re-armed or cleared first. */
+  arm(ms: number, reason: string): void {
+    clearTimeout(this.timer);
+    this.timer = setTimeout(() => this.ctl.abort(new Error(reason)), ms);
+  }
+  clear(): void {
+    clearTimeout(this.timer);
+  }
+}
+
+/**
+ * The client's request body as the upstream pulls it: a pull means the upstream is connected and
+ * reading, so each one re-arms `dog` with the idle bound (the connect bound stops counting), and
+ * the end of the body leaves the idle bound on the wait for response headers. Nothing is read
+ * ahead of the upstream (high water mark 0), so memory stays at one chunk.
+ */
+function watchedBody(body: ReadableStream<Uint8Array>, dog: Watchdog, idleMs: number): ReadableStream<Uint8Array> {
+  const reader = body.getReader();
+  return new ReadableStream<Uint8Array>(
+    {
+      async pull(c) {
+        dog.arm(idleMs, `the request body stalled for ${idleMs} ms`);
+        const r = await reader.read();
+        if (r.done) {
+          dog.arm(idleMs, `no response within ${idleMs} ms of the request body's end`);
+          return c.close();
+        }
+        c.enqueue(r.value);
+      },
+      cancel(reason) {
+        return reader.cancel(reason);
+      },
+    },
+    { highWaterMark: 0 },
+  );
 }
 
 /**

@@ -276,7 +276,16 @@ export const CONFIG_SCHEMA = section("", {
       [],
       "DNS suffixes accepted for host-based routes {port}-{sandboxID}.{domain}; the first one is\nreturned to SDKs as the sandbox `domain`. Empty: header and /proxy routing only.\nAENV_SANDBOX_PROXY_DOMAINS overrides it (comma-separated).",
     ),
-    connect_timeout_ms: int(30_000, "Bound on connecting to a sandbox port and receiving response headers, ms; then 502.", { min: 1, max: MS_MAX, unit: "ms" }),
+    connect_timeout_ms: int(
+      30_000,
+      "Bound on connecting to a sandbox port, ms: until the port starts reading the request body or, for\na request without a body, until its response headers arrive; then 502.",
+      { min: 1, max: MS_MAX, unit: "ms" },
+    ),
+    idle_timeout_ms: int(
+      120_000,
+      "Once a request body streams: the longest pause between its chunks, and from its end to the\nresponse headers, ms; then the request is cut (502 if nothing was answered yet). A body may\nstream for as long as it keeps moving.",
+      { min: 1, max: MS_MAX, unit: "ms" },
+    ),
     block_envd_internal: bool(true, "Refuse envd's host-only routes (/init, /freeze, ...) arriving through the proxy."),
   }),
 

@@ -53,7 +53,7 @@ const guest: GuestFetch = async (req, { server, sandboxId }) => {
   if (u.pathname === "/gzip") return new Response(Bun.gzipSync(new TextEncoder().encode("hello gzip")), { headers: { "content-encoding": "gzip" } });
   const headers: Record<string, string> = {};
   req.headers.forEach((v, k) => (headers[k] = v));
-  return Response.json({ sandbox: sandboxId, method: req.method, path: u.pathname + u.search, headers, body: await req.text() }, { status: u.pathname === "/teapot" ? 418 : 200, headers: { "x-up": "1" } });
+  return Response.json({ sandbox: sandboxId, port: new URL(req.url).port, method: req.method, path: u.pathname + u.search, headers, body: await req.text() }, { status: u.pathname === "/teapot" ? 418 : 200, headers: { "x-up": "1" } });
 };
 
 beforeAll(async () => {
@@ -99,6 +99,23 @@ test("x-agentenv-sandbox-id, {port}-{id}.{domain} hosts and /proxy/{id}/{port}/.
   expect(c).toMatchObject({ path: "/c/d?z=9", method: "POST", body: "x" });
   // a host under an unconfigured domain is an API request (and needs the key)
   expect((await fetch(`${node.url}/b`, { headers: { host: `3000-${ID}.other.test` } })).status).toBe(401);
+});
+
+test("x-agentenv-target-port (upstream AgentENV's header) names the port too; port headers that disagree are a 400", async () => {
+  const at = async (headers: Record<string, string>) => {
+    const r = await fetch(`${node.url}/where`, { headers: { "x-agentenv-sandbox-id": ID, ...headers } });
+    return { status: r.status, body: (await r.json()) as { port?: string; message?: string; headers?: Record<string, string> } };
+  };
+  const t = await at({ "x-agentenv-target-port": "3000" });
+  expect([t.status, t.body.port]).toEqual([200, "3000"]);
+  expect(t.body.headers!["x-agentenv-target-port"]).toBeUndefined(); // routing headers are not passed on
+  expect((await at({})).body.port).toBe("49983");
+  // the same port named twice is fine
+  expect((await at({ "x-agentenv-target-port": "3000", "e2b-sandbox-port": "3000" })).body.port).toBe("3000");
+  const clash = await at({ "x-agentenv-target-port": "3000", "x-agentenv-sandbox-port": "49983" });
+  expect(clash).toEqual({ status: 400, body: { code: 400, message: "conflicting sandbox ports (x-agentenv-sandbox-port: 49983, x-agentenv-target-port: 3000): name one port" } });
+  const bad = await at({ "x-agentenv-target-port": "99999" });
+  expect(bad).toEqual({ status: 400, body: { code: 400, message: 'invalid sandbox port "99999" in header x-agentenv-target-port' } });
 });
 
 test("responses stream without buffering; request bodies stream up; gzip passes untouched", async () => {
@@ -211,7 +228,7 @@ test("a 500 from the sandbox passes through unchanged; the proxy's own errors ca
   expect(closed.headers.get("x-agentenv-error-source")).toBe("proxy");
   await closed.arrayBuffer();
   // a failure inside the proxy itself: 500 JSON naming it, not an anonymous error page
-  const proxy = new SandboxProxy(node.orch, { domains: [], connectTimeoutMs: 2000, blockEnvdInternal: true });
+  const proxy = new SandboxProxy(node.orch, { domains: [], connectTimeoutMs: 2000, idleTimeoutMs: 2000, blockEnvdInternal: true });
   try {
     const broken = new Proxy(new Request("http://x/y"), {
       get(t, k) {
@@ -282,8 +299,42 @@ test("a paused sandbox with autoResume is resumed by its traffic", async () => {
   await node.orch.kill(id);
 });
 
+test("an upload may stream for longer than the connect timeout while it moves; a stalled one is cut by the idle timeout", async () => {
+  // connect bound 200 ms, idle bound 1000 ms; the upload takes ~1.2 s in 12 chunks 100 ms apart
+  const proxy = new SandboxProxy(node.orch, { domains: [], connectTimeoutMs: 200, idleTimeoutMs: 1000, blockEnvdInternal: true });
+  const chunk = new Uint8Array(64 * 1024).map((_, i) => i * 7);
+  const upload = (gapMs: (i: number) => number, chunks: number) =>
+    new Request("http://node/sha", {
+      method: "POST",
+      duplex: "half",
+      body: new ReadableStream<Uint8Array>({
+        async pull(c) {
+          if (chunks-- === 0) return c.close();
+          await Bun.sleep(gapMs(chunks));
+          c.enqueue(chunk);
+        },
+      }),
+    } as RequestInit);
+  try {
+    const t0 = performance.now();
+    const ok = await proxy.forward(upload(() => 100, 12), { sandboxId: ID, port: 49983, pathAndQuery: "/sha" }, null);
+    expect(ok.status).toBe(200);
+    const whole = new Uint8Array(12 * chunk.length);
+    for (let i = 0; i < 12; i++) whole.set(chunk, i * chunk.length);
+    expect(await ok.json()).toEqual({ n: whole.length, sha: createHash("sha256").update(whole).digest("hex") });
+    expect(performance.now() - t0).toBeGreaterThan(1000); // it did outlast the 200 ms connect bound
+    // a body that stops moving for 2.5 s (> the 1 s idle bound) is cut
+    const stalled = await proxy.forward(upload((left) => (left === 1 ? 2500 : 10), 4), { sandboxId: ID, port: 49983, pathAndQuery: "/sha" }, null);
+    expect(stalled.status).toBe(502);
+    expect(stalled.headers.get("x-agentenv-error-source")).toBe("proxy");
+    expect(await stalled.json()).toEqual({ sandboxId: ID, code: 502, message: "The request to port 49983 of the sandbox was cut: the request body stalled for 1000 ms" });
+  } finally {
+    proxy.close();
+  }
+});
+
 test("the route table follows create, pause, resume and kill; proxied requests read no database", async () => {
-  const proxy = new SandboxProxy(node.orch, { domains: [], connectTimeoutMs: 2000, blockEnvdInternal: true });
+  const proxy = new SandboxProxy(node.orch, { domains: [], connectTimeoutMs: 2000, idleTimeoutMs: 2000, blockEnvdInternal: true });
   try {
     const rec = await createLoopback(node, { network: { allowPublicTraffic: false } });
     const id = rec.id;
@@ -300,7 +351,7 @@ test("the route table follows create, pause, resume and kill; proxied requests r
     await resumed;
     expect(route()).toMatchObject({ state: "running", host: node.runtime!.hostOf(id)! });
     // a second proxy seeds its table from the live sandboxes
-    const late = new SandboxProxy(node.orch, { domains: [], connectTimeoutMs: 2000, blockEnvdInternal: true });
+    const late = new SandboxProxy(node.orch, { domains: [], connectTimeoutMs: 2000, idleTimeoutMs: 2000, blockEnvdInternal: true });
     expect(late.routes.get(id)).toEqual(route()!);
     late.close();
     // no store or orchestrator read per proxied request
