@@ -3,6 +3,7 @@ import { readFileSync, statSync, writeFileSync, mkdirSync } from "node:fs";
 import { join } from "node:path";
 import { writeManifest } from "../../src/template/index.ts";
 import { SandboxStore } from "../../src/orchestrator/store.ts";
+import { Sandbox } from "e2b";
 import { api, createLoopback, startNodeNoVm, type TestNode } from "./helpers.ts";
 
 let node: TestNode;
@@ -174,6 +175,27 @@ test("get, timeout, refresh, connect and resume on a running sandbox", async () 
   const r = await json(await api(node, `/sandboxes/${id}/resume`, { method: "POST", body: "{}" }));
   expect(r).toMatchObject({ status: 409, body: { code: 409 } });
   await node.orch.kill(id);
+});
+
+test("metadata filters with spaces, /, =, &, %, + and unicode match through the E2B SDK's own Sandbox.list", async () => {
+  const odd = { "team name": "blue/green", "a=b&c": "x&y=z", pct: "100% sure", plus: "1+1", "ключ": "значение 🤣" };
+  const mine = (await createLoopback(node, { metadata: { ...odd, other: "keep" } })).id;
+  const decoy = (await createLoopback(node, { metadata: { "team name": "blue green", pct: "100%25 sure" } })).id;
+  const opts = { apiUrl: node.url, apiKey: node.apiKey };
+  try {
+    for (const [k, v] of Object.entries(odd)) {
+      const found = await Sandbox.list({ ...opts, query: { metadata: { [k]: v } } }).nextItems();
+      expect([k, found.map((s) => s.sandboxId)]).toEqual([k, [mine]]);
+      expect(found[0]!.metadata).toEqual({ ...odd, other: "keep" });
+    }
+    const all = await Sandbox.list({ ...opts, query: { metadata: odd } }).nextItems();
+    expect(all.map((s) => s.sandboxId)).toEqual([mine]);
+    const other = await Sandbox.list({ ...opts, query: { metadata: { "team name": "blue green" } } }).nextItems();
+    expect(other.map((s) => s.sandboxId)).toEqual([decoy]);
+  } finally {
+    await node.orch.kill(mine);
+    await node.orch.kill(decoy);
+  }
 });
 
 test("list: state and metadata filters (SDK double encoding), order, pagination with X-Next-Token", async () => {
