@@ -48,15 +48,25 @@ export function parseAddr(addr: string): { hostname: string; port: number } {
   return { hostname: m[1] ?? (m[2] || "0.0.0.0"), port };
 }
 
+/** Where a listener binds; `tls` (PEM certificate chain and key) makes it HTTPS. */
+export interface ListenOptions {
+  hostname: string;
+  port: number;
+  tls?: { cert: string; key: string };
+}
+
 /**
  * Start listening. `o` is read on every request, so a caller may bind early with `app`/`proxy`
- * null and fill them in once ready. Stop with `server.stop(true)`.
- * @throws Error (EADDRINUSE, EACCES) when the address cannot be bound.
+ * null and fill them in once ready; several listeners (HTTP, HTTPS) may share one `o`. Stop with
+ * `server.stop(true)`.
+ * @param listen the address (and TLS) of this listener; default `o`'s hostname and port, plain HTTP.
+ * @throws Error (EADDRINUSE, EACCES, a bad certificate) when the listener cannot start.
  */
-export function serve(o: ServeOptions): Server<WsData> {
+export function serve(o: ServeOptions, listen: ListenOptions = o): Server<WsData> {
   return Bun.serve<WsData>({
-    hostname: o.hostname,
-    port: o.port,
+    hostname: listen.hostname,
+    port: listen.port,
+    ...(listen.tls ? { tls: listen.tls } : {}),
     idleTimeout: 0,
     maxRequestBodySize: Number.MAX_SAFE_INTEGER,
     // a throw escaping fetch below: JSON naming the failure (Bun's default is an anonymous 500)
@@ -68,7 +78,7 @@ export function serve(o: ServeOptions): Server<WsData> {
       if (!o.app || !o.proxy) return errorResponse("api.starting", "the node is starting, try again shortly", { "retry-after": "1" });
       const { app, proxy } = o;
       const url = new URL(req.url);
-      const route = routeOf(req, url, proxy.opts.domains);
+      const route = routeOf(req, url, proxy.opts.domains) ?? proxy.signedFileRoute(req, url);
       if (route instanceof Response) return route;
       const ip = server.requestIP(req)?.address ?? null;
       if (route) {

@@ -287,6 +287,12 @@ export const CONFIG_SCHEMA = section("", {
       { min: 1, max: MS_MAX, unit: "ms" },
     ),
     block_envd_internal: bool(true, "Refuse envd's host-only routes (/init, /freeze, ...) arriving through the proxy."),
+    tls_cert_path: str(
+      "",
+      "PEM certificate chain (and its key, below) for an HTTPS listener serving the API and the sandbox proxy,\nwhose certificate should cover *.{domain} for each of `domains`: the E2B SDKs build\nhttps://{port}-{sandboxID}.{domain} URLs whenever E2B_SANDBOX_URL is not set. Both empty: no HTTPS.",
+    ),
+    tls_key_path: str("", "PEM private key of tls_cert_path."),
+    https_addr: str("0.0.0.0:443", "host:port of the HTTPS listener (used when tls_cert_path and tls_key_path are set).", { pattern: "^.+:[0-9]{1,5}$" }),
   }),
 
   disk: section(

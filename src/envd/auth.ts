@@ -2,17 +2,12 @@
  * Request authentication as E2B's envd does it (docs/e2b-contract.md §3.1): `X-Access-Token`
  * once /init set a token; the acting user from `Authorization: Basic base64(user:)` on RPCs.
  */
-import { timingSafeEqual } from "node:crypto";
+import { tokensEqual } from "./signature.ts";
 import { EnvdError } from "./errors.ts";
 import type { EnvdState } from "./state.ts";
 import { lookupUser, type UserInfo } from "./users.ts";
 
-/** Constant-time string comparison. */
-export function tokensEqual(a: string, b: string): boolean {
-  const x = Buffer.from(a);
-  const y = Buffer.from(b);
-  return x.length === y.length && timingSafeEqual(x, y);
-}
+export { tokensEqual } from "./signature.ts";
 
 /** True when the request carries the current access token, or none is set. */
 export function hasValidToken(state: EnvdState, headers: Headers): boolean {

@@ -3,9 +3,9 @@
  * first, then database in the data dir, orchestrator over the given runtime (start-up reaping and
  * reconciliation included), API key; the listener answers 503 until everything is ready.
  */
-import { mkdirSync } from "node:fs";
+import { mkdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
-import { type Config } from "../config/index.ts";
+import { type Config, ConfigError } from "../config/index.ts";
 import { openDb, type Db } from "../db/index.ts";
 import { logger } from "../observability/log.ts";
 import { Orchestrator, orchestratorConfig, type OrchestratorConfig, type SandboxRuntime } from "../orchestrator/index.ts";
@@ -31,11 +31,35 @@ export interface RunningNode {
   orch: Orchestrator;
   db: Db;
   port: number;
+  /** Port of the HTTPS listener ([sandbox_proxy] tls_cert_path + tls_key_path), null without one. */
+  httpsPort: number | null;
   close(): Promise<void>;
 }
 
 /** Makes the runtime once the database is open (default: the VM runtime). */
 export type RuntimeFactory = (cfg: Config, db: Db, oc: OrchestratorConfig) => Promise<SandboxRuntime>;
+
+/**
+ * The HTTPS listener's certificate and key ([sandbox_proxy] tls_cert_path, tls_key_path), or null
+ * when both are empty.
+ * @throws ConfigError `config.bad_value` when only one is set, `config.unreadable` when a file cannot be read.
+ */
+function proxyTls(cfg: Config): { cert: string; key: string } | null {
+  const { tls_cert_path: certPath, tls_key_path: keyPath } = cfg.sandbox_proxy;
+  if (!certPath && !keyPath) return null;
+  if (!certPath || !keyPath) {
+    const missing = certPath ? "sandbox_proxy.tls_key_path" : "sandbox_proxy.tls_cert_path";
+    throw new ConfigError("config.bad_value", `config: ${missing} is empty: HTTPS needs both tls_cert_path and tls_key_path`, { key: missing, value: "", expected: "a PEM file path" });
+  }
+  const read = (key: string, path: string) => {
+    try {
+      return readFileSync(path, "utf8");
+    } catch (e) {
+      throw new ConfigError("config.unreadable", `config: sandbox_proxy.${key} ${path}: ${(e as Error).message}`, { path, key: `sandbox_proxy.${key}` });
+    }
+  };
+  return { cert: read("tls_cert_path", certPath), key: read("tls_key_path", keyPath) };
+}
 
 /**
  * Start a node from `cfg`.
@@ -54,13 +78,30 @@ export async function bootNode(cfg: Config, makeRuntime: RuntimeFactory = create
   const locks = acquireNodeLocks(cfg.runtime_path, cfg.network.name_prefix);
   const serveOpts: ServeOptions = { hostname, port, apiKey: "", apiKeyHint: null, app: null, proxy: null, maxBodyBytes: cfg.api.max_body_bytes };
   let server: ReturnType<typeof serve>;
+  let tlsServer: ReturnType<typeof serve> | null = null;
   try {
     server = serve(serveOpts);
   } catch (e) {
     locks.release();
     throw new NodeError("node.listen_failed", `cannot listen on ${cfg.api.addr}: ${(e as Error).message}`, { addr: cfg.api.addr });
   }
+  try {
+    const tls = proxyTls(cfg);
+    if (tls) {
+      const addr = parseAddr(cfg.sandbox_proxy.https_addr);
+      try {
+        tlsServer = serve(serveOpts, { ...addr, tls });
+      } catch (e) {
+        throw new NodeError("node.listen_failed", `cannot listen for HTTPS on ${cfg.sandbox_proxy.https_addr}: ${(e as Error).message}`, { addr: cfg.sandbox_proxy.https_addr });
+      }
+    }
+  } catch (e) {
+    await server.stop(true);
+    locks.release();
+    throw e;
+  }
   const undo = async (db?: Db) => {
+    await tlsServer?.stop(true);
     await server.stop(true);
     db?.close();
     locks.release();
@@ -117,6 +158,7 @@ export async function bootNode(cfg: Config, makeRuntime: RuntimeFactory = create
   serveOpts.app = app;
   const shownHost = hostname === "0.0.0.0" || hostname === "::" ? "127.0.0.1" : hostname;
   const url = `http://${shownHost.includes(":") ? `[${shownHost}]` : shownHost}:${server.port}`;
+  const httpsPort = tlsServer?.port ?? null;
   const stopReporting = reporting ? startReporting(reporting, { nodeId: id, clusterId: identity.clusterId, serviceInstanceId: identity.serviceInstanceId, homePath: home, commit }, orch) : null;
   log.info({ url, runtime: runtime.name, apiKeySource: source, scheduler: reporting?.endpoint ?? null }, "node listening");
   let closing: Promise<void> | undefined;
@@ -127,10 +169,12 @@ export async function bootNode(cfg: Config, makeRuntime: RuntimeFactory = create
     orch,
     db,
     port: server.port!,
+    httpsPort,
     close: () =>
       (closing ??= (async () => {
         // leave the scheduler first: no new sandboxes are placed here while this node stops
         await stopReporting?.();
+        await tlsServer?.stop(true);
         await server.stop(true);
         proxy.close();
         try {

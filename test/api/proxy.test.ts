@@ -6,7 +6,12 @@
  */
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { createHash } from "node:crypto";
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { Sandbox } from "e2b";
 import { SandboxProxy } from "../../src/api/proxy.ts";
+import { fileSignature } from "../../src/envd/signature.ts";
 import type { GuestFetch } from "../helpers/loopback-runtime.ts";
 import { createLoopback, startNodeNoVm, type TestNode } from "./helpers.ts";
 
@@ -48,6 +53,13 @@ const guest: GuestFetch = async (req, { server, sandboxId }) => {
       n += chunk.byteLength;
     }
     return Response.json({ n, sha: h.digest("hex") });
+  }
+  if (u.pathname === "/files") {
+    // envd's own check of the signature (src/envd/http/files.ts), with this sandbox's token
+    const q = u.searchParams;
+    const exp = q.get("signature_expiration");
+    const want = fileSignature(q.get("path") ?? "", req.method === "GET" ? "read" : "write", q.get("username") ?? "", node.orch.get(sandboxId).envdAccessToken!, exp === null ? undefined : Number(exp));
+    return Response.json({ sandbox: sandboxId, method: req.method, path: q.get("path"), signatureValid: q.get("signature") === want });
   }
   if (u.pathname === "/boom") return Response.json({ code: 500, message: "envd exploded at step X" }, { status: 500 });
   if (u.pathname === "/gzip") return new Response(Bun.gzipSync(new TextEncoder().encode("hello gzip")), { headers: { "content-encoding": "gzip" } });
@@ -331,6 +343,73 @@ test("an upload may stream for longer than the connect timeout while it moves; a
   } finally {
     proxy.close();
   }
+});
+
+test("signed file URLs from the SDK (E2B_SANDBOX_URL = the node) reach the sandbox whose token signed them; bad or expired ones are 401/403 naming why", async () => {
+  const a = await createLoopback(node);
+  const b = await createLoopback(node);
+  const opts = { apiUrl: node.url, apiKey: node.apiKey, sandboxUrl: node.url };
+  try {
+    const sa = await Sandbox.connect(a.id, opts);
+    const sb = await Sandbox.connect(b.id, opts);
+    const down = await sb.downloadUrl("/home/user/测试 文件.txt", { user: "user" });
+    expect(down.startsWith(`${node.url}/files?`)).toBe(true);
+    const r = await fetch(down);
+    expect(r.status).toBe(200);
+    expect(await r.json()).toEqual({ sandbox: b.id, method: "GET", path: "/home/user/测试 文件.txt", signatureValid: true });
+    const up = await sa.uploadUrl("/tmp/up.bin", { user: "user", useSignatureExpiration: 600 });
+    const w = await fetch(up, { method: "POST", body: "x" });
+    expect(await w.json()).toEqual({ sandbox: a.id, method: "POST", path: "/tmp/up.bin", signatureValid: true });
+    // a write URL does not read, a tampered signature matches no token: 401 naming the request
+    const asRead = await fetch(up);
+    expect(asRead.status).toBe(401);
+    expect(asRead.headers.get("x-agentenv-error-source")).toBe("proxy");
+    expect(((await asRead.json()) as { message: string }).message).toStartWith(`invalid file signature: no sandbox's access token signs read of "/tmp/up.bin" for user "user" until `);
+    const tampered = new URL(down);
+    tampered.searchParams.set("signature", `v1_${"A".repeat(43)}`);
+    expect((await fetch(tampered)).status).toBe(401);
+    // expired (signed 10 s in the past): 403 naming the time
+    const old = await sb.downloadUrl("/etc/hostname", { user: "user", useSignatureExpiration: -10 });
+    const expired = await fetch(old);
+    expect(expired.status).toBe(403);
+    expect(((await expired.json()) as { message: string }).message).toMatch(/^file signature expired at \d{4}-\d\d-\d\dT/);
+    const badExp = new URL(down);
+    badExp.searchParams.set("signature_expiration", "soon");
+    const be = await fetch(badExp);
+    expect([be.status, ((await be.json()) as { message: string }).message]).toEqual([401, 'invalid signature_expiration "soon": expected unix seconds']);
+    // after a kill, its URLs match no live sandbox
+    await node.orch.kill(b.id);
+    expect((await fetch(down)).status).toBe(401);
+  } finally {
+    await node.orch.kill(a.id);
+  }
+});
+
+test("with [sandbox_proxy] tls_cert_path and tls_key_path, host routes and the API are served over HTTPS too", async () => {
+  const dir = mkdtempSync(join(tmpdir(), "proxy-tls-"));
+  const cert = join(dir, "cert.pem");
+  const key = join(dir, "key.pem");
+  const gen = Bun.spawnSync(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1", "-subj", "/CN=agentenv.test", "-addext", "subjectAltName=DNS:*.agentenv.test,IP:127.0.0.1", "-keyout", key, "-out", cert], { stderr: "pipe" });
+  expect(gen.exitCode).toBe(0);
+  const tlsEnv = { AENV_SANDBOX_PROXY_DOMAINS: "agentenv.test", AENV__sandbox_proxy__tls_cert_path: cert, AENV__sandbox_proxy__tls_key_path: key, AENV__sandbox_proxy__https_addr: "127.0.0.1:0" };
+  const n = await startNodeNoVm(tlsEnv, undefined, { fetch: guest, ports: [49983, 3000] });
+  try {
+    expect(n.httpsPort).toBeGreaterThan(0);
+    const id = (await createLoopback(n)).id;
+    const ca = await Bun.file(cert).text();
+    const r = await fetch(`https://127.0.0.1:${n.httpsPort}/over/tls`, { headers: { host: `3000-${id}.agentenv.test` }, tls: { ca } } as RequestInit);
+    expect(r.status).toBe(200);
+    expect(await r.json()).toMatchObject({ sandbox: id, port: "3000", path: "/over/tls" });
+    const health = await fetch(`https://127.0.0.1:${n.httpsPort}/health`, { tls: { ca } } as RequestInit);
+    expect(health.status).toBe(200);
+    // a client that does not trust the certificate is refused by TLS, not served in the clear
+    await expect(fetch(`https://127.0.0.1:${n.httpsPort}/health`)).rejects.toThrow();
+  } finally {
+    await n.dispose();
+  }
+  // half a configuration stops start-up naming the missing key
+  await expect(startNodeNoVm({ AENV__sandbox_proxy__tls_cert_path: cert })).rejects.toMatchObject({ code: "config.bad_value", details: { key: "sandbox_proxy.tls_key_path" } });
+  rmSync(dir, { recursive: true, force: true });
 });
 
 test("the route table follows create, pause, resume and kill; proxied requests read no database", async () => {

@@ -2,11 +2,11 @@
  * `GET /files` and `POST /files` (docs/e2b-contract.md §3.3, §3.4): download a file, upload one
  * or more files as multipart or octet-stream. Bodies are streamed to and from disk.
  */
-import { createHash } from "node:crypto";
 import { lstatSync, statSync } from "node:fs";
 import { open, type FileHandle } from "node:fs/promises";
 import { basename, dirname } from "node:path";
 import { tokensEqual } from "../auth.ts";
+import { fileSignature } from "../signature.ts";
 import { EnvdError, fromFsError } from "../errors.ts";
 import { metadataFromHeaders, replaceMetadata } from "../metadata.ts";
 import { resolvePath } from "../paths.ts";
@@ -24,11 +24,7 @@ export interface UploadedEntry {
   metadata?: Record<string, string>;
 }
 
-/** `v1_` + base64 (no padding) of SHA-256 over `path:op:user:token[:exp]` (§3.4). */
-export function fileSignature(path: string, op: "read" | "write", user: string, token: string, expiration?: number): string {
-  const raw = expiration === undefined ? `${path}:${op}:${user}:${token}` : `${path}:${op}:${user}:${token}:${expiration}`;
-  return `v1_${createHash("sha256").update(raw).digest("base64").replace(/=+$/, "")}`;
-}
+export { fileSignature } from "../signature.ts";
 
 /**
  * Authorise a /files request: the access token if one is sent, else a signature when a token
