@@ -53,7 +53,7 @@ const { LoopbackRuntime } = await import("../test/helpers/loopback-runtime.ts");
 const home = mkdtempSync("/tmp/aenv-bench-");
 const memDir = mkdtempSync("/dev/shm/aenv-bench-");
 mkdirSync(join(home, "run"));
-symlinkSync(join(TEST_HOME, "templates"), join(home, "templates"));
+for (const d of ["templates", "tools"]) symlinkSync(join(TEST_HOME, d), join(home, d));
 const cfg = loadConfig({
   env: {
     AENV_HOME_PATH: home,

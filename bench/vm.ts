@@ -15,7 +15,7 @@ import { diskConfig, DiskService } from "../src/storage/daemon/index.ts";
 import { resolveTemplate } from "../src/template/index.ts";
 import { resolveKernelPath, type VmSpec } from "../src/vmm/index.ts";
 import { ENVD_PORT, waitEnvd } from "../test/vmm/qemu/envd-client.ts";
-import { TEST_HOME, TestNet, testConfig, testDriver } from "../test/vmm/qemu/helpers.ts";
+import { TEST_HOME, TestNet, testBoot, testConfig, testDriver } from "../test/vmm/qemu/helpers.ts";
 import { QmpClient } from "../src/vmm/qemu/qmp.ts";
 
 const arg = (n: string, d: number) => {
@@ -45,14 +45,15 @@ const net = new TestNet();
 const disks = await DiskService.start({ dir: join(drv.runtimeDir, "disk"), config: diskConfig(cfg) });
 
 function spec(id: string, diskPath: string): VmSpec {
+  const boot = testBoot(diskPath, { args: tpl.bootArgs });
   return {
     id: `b${process.pid}${id}`,
     workDir: join(root, id, "vm"),
     kernelPath,
-    bootArgs: tpl.bootArgs,
+    bootArgs: boot.bootArgs,
     vcpus: 1,
     memoryMiB: MEM,
-    drives: [{ id: "root", path: diskPath, readOnly: false, isRoot: true }],
+    drives: boot.drives,
     net: net.spec,
   };
 }

@@ -16,14 +16,13 @@ pkgs+=(qemu-system-x86 linux-source-6.1 build-essential bc bison flex libelf-dev
 [ "$want_test" = 1 ] && pkgs+=()
 # overlaybd tests (test/storage/overlaybd): a real OCI registry, openssl for its token cert, XFS for reflinks.
 [ "$want_test" = 1 ] && pkgs+=(docker-registry openssl xfsprogs)
-# Template builds from registry images (src/image): skopeo pulls, umoci unpacks, zstd layers,
-# patchelf points envd at its own glibc inside images without one; a static busybox goes into
-# images without a shell or tools.
-pkgs+=(skopeo umoci zstd patchelf busybox-static)
-# Template build tests: a local registry (above) reached from a node's namespace with curl.
-[ "$want_test" = 1 ] && pkgs+=(curl)
-# VM tests: a static busybox for the kernel boot test rootfs.
-[ "$want_test" = 1 ] && pkgs+=(busybox-static procps)
+# Template builds from registry images (src/image): skopeo pulls, umoci unpacks, zstd layers.
+pkgs+=(skopeo umoci zstd)
+# The tools drive (src/tools): static busybox, ss (iproute2, above) and curl with their
+# libraries, rewritten to the drive's loader by patchelf.
+pkgs+=(busybox-static curl patchelf)
+# Tests: procps (ps, pgrep). The kernel boot test rootfs uses the static busybox above.
+[ "$want_test" = 1 ] && pkgs+=(procps)
 # cluster tests (test/services): the scheduler's shared Redis store against a real redis-server.
 [ "$want_test" = 1 ] && pkgs+=(redis-server)
 # disk benchmark (bench/disk.ts): fio.

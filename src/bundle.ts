@@ -1,7 +1,7 @@
 /**
  * Worker-thread entry modules. `bun build --compile` embeds only the modules reachable from its
  * entry points (a `new Worker(path)` is not followed), so each worker module is passed to it as an
- * extra entry point: every compile of the binary uses `compileEntrypoints()` (src/template/base.ts,
+ * extra entry point: every compile of the binary uses `compileEntrypoints()` (src/tools/build.ts,
  * tests) or names the same files (package.json `build`, kept equal by test/bundle.test.ts). In the
  * binary a worker module is then found under `/$bunfs/root/` + its path relative to `src/` (the
  * common folder of all entry points). From source, the path is the file itself.

@@ -10,7 +10,7 @@ export default defineCommand({
       meta: { description: "start a scheduler, a gateway and N nodes (own data dirs, runtime paths, network prefixes); prints the E2B SDK line for the gateway" },
       args: {
         home: { type: "string", description: "base directory of the cluster's data dirs (default: $home_path/cluster)" },
-        "from-home": { type: "string", description: "data dir whose kernels/ and templates/ the nodes use (default: $home_path)" },
+        "from-home": { type: "string", description: "data dir whose kernels/, templates/ and tools/ the nodes use (default: $home_path)" },
         runtime: { type: "string", description: "base of the nodes' runtime paths (default: /run/agentenv-cluster)" },
         nodes: { type: "string", default: "2", description: "number of nodes (1..10)" },
         "gateway-addr": { type: "string", description: "gateway listen address (default: [gateway] addr)" },

@@ -2,8 +2,8 @@
  * `agentenv cluster up`: a whole cluster on one host — scheduler, gateway and N nodes, each a
  * child process of this one (the same binary), each node with its own data dir, runtime path,
  * API address, network prefix, slot address ranges, DNS proxy port and guest-RAM directory
- * (README: "one node per runtime path and network prefix"). Nodes share the kernels and
- * templates of `--from-home` (symlinked). One API key for clients and nodes.
+ * (README: "one node per runtime path and network prefix"). Nodes share the kernels,
+ * templates and tools drive of `--from-home` (symlinked). One API key for clients and nodes.
  *
  * A child that exits unexpectedly is started again after a pause (a restarted node reaps what
  * its crashed run left: VMs, disks, namespaces). SIGINT/SIGTERM stops gateway, nodes, then the
@@ -78,7 +78,7 @@ export class LocalCluster {
       const id = `node-${x}`;
       const home = join(o.home, id);
       mkdirSync(home, { recursive: true });
-      for (const d of ["kernels", "templates"]) {
+      for (const d of ["kernels", "templates", "tools"]) {
         if (!existsSync(join(home, d)) && existsSync(join(o.fromHome, d))) symlinkSync(join(o.fromHome, d), join(home, d));
       }
       const url = `http://127.0.0.1:${o.nodePortBase + i}`;

@@ -17,6 +17,7 @@ import { DISK_ERRORS, type DiskErrorCode } from "../storage/daemon/errors.ts";
 import { FUSE_ERRORS, type FuseErrorCode } from "../storage/fuse/errors.ts";
 import { OVERLAYBD_ERRORS, type OverlaybdErrorCode } from "../storage/overlaybd/errors.ts";
 import { TEMPLATE_ERRORS, type TemplateErrorCode } from "../template/errors.ts";
+import { TOOLS_ERRORS, type ToolsErrorCode } from "../tools/errors.ts";
 import { VMM_ERRORS, type VmmErrorCode } from "../vmm/errors.ts";
 import { VOLUME_ERRORS, type VolumeErrorCode } from "../volume/errors.ts";
 import { logger } from "../observability/log.ts";
@@ -35,6 +36,7 @@ export type ErrorCode =
   | FuseErrorCode
   | OverlaybdErrorCode
   | TemplateErrorCode
+  | ToolsErrorCode
   | VmmErrorCode
   | VolumeErrorCode;
 
@@ -50,6 +52,7 @@ export const ERROR_TABLES = {
   fuse: FUSE_ERRORS,
   overlaybd: OVERLAYBD_ERRORS,
   template: TEMPLATE_ERRORS,
+  tools: TOOLS_ERRORS,
   vmm: VMM_ERRORS,
   volume: VOLUME_ERRORS,
 } as const;

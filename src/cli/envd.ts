@@ -16,6 +16,9 @@ export default defineCommand({
     config: { type: "string", description: "config file" },
   },
   async run({ args }) {
+    // The tools drive's init passes envd its own glibc through LD_LIBRARY_PATH; nothing envd
+    // starts may inherit it (an image's programs need the image's libraries).
+    delete process.env.LD_LIBRARY_PATH;
     const cfg = loadConfigOrExit({ path: args.config });
     const port = args.port !== undefined ? Number(args.port) : cfg.envd.port;
     if (!Number.isInteger(port) || port < 0 || port > 65535) throw new Error(`invalid --port ${args.port}`);

@@ -16,6 +16,7 @@ const main = defineCommand({
     image: () => import("./image.ts").then((m) => m.default),
     kernel: () => import("./kernel.ts").then((m) => m.default),
     template: () => import("./template.ts").then((m) => m.default),
+    tools: () => import("./tools.ts").then((m) => m.default),
     server: () => import("./server.ts").then((m) => m.default),
     sandbox: () => import("./sandbox.ts").then((m) => m.default),
     scheduler: () => import("../../services/scheduler/cli.ts").then((m) => m.default),

@@ -94,6 +94,14 @@ export const CONFIG_SCHEMA = section("", {
     jobs: int(0, "make -j for `kernel build`; 0 uses every CPU.", { min: 0, max: 1024, unit: "count" }),
   }),
 
+  tools: section("The read-only tools drive every VM boots through (src/tools): guest init, envd, glibc, busybox.", {
+    busybox: str("/bin/busybox", "Static busybox copied onto the drive (Debian busybox-static): the guest init's shell and a\nfallback userland at the end of the guest's PATH.", { minLength: 1 }),
+    binaries: list(
+      ["/usr/bin/ss", "/usr/bin/curl"],
+      "Host programs copied onto the drive with their shared libraries, at the end of the guest's PATH:\ntemplate ready checks (`ss`, `curl`) work even when the image has neither.",
+    ),
+  }),
+
   template: section("", {
     suite: str("bookworm", "Debian suite of the base template (mmdebstrap).", { minLength: 1 }),
     mirror: str("", "Debian mirror for mmdebstrap. Empty: the first http(s) deb URL in this host's apt sources."),

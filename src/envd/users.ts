@@ -33,8 +33,12 @@ function readLines(path: string): string[][] {
     .map((l) => l.split(":"));
 }
 
+/** root as the kernel knows it, for root filesystems without an /etc/passwd entry for it. */
+const ROOT_USER: UserInfo = { name: "root", uid: 0, gid: 0, home: "/root", shell: "/bin/sh" };
+
 /**
- * Look a user up by name.
+ * Look a user up by name. `root` exists even when /etc/passwd lacks it (an image with no
+ * /etc at all still runs commands as uid 0).
  * @throws EnvdError `unauthenticated` when the user does not exist (E2B answers 401 /
  *   `unauthenticated` for an unknown user).
  */
@@ -44,6 +48,7 @@ export function lookupUser(name: string, passwdPath = "/etc/passwd"): UserInfo {
       return { name, uid: Number(f[2]), gid: Number(f[3]), home: f[5] || "/", shell: f[6] || "/bin/sh" };
     }
   }
+  if (name === ROOT_USER.name) return { ...ROOT_USER };
   throw new EnvdError("unauthenticated", `invalid username: '${name}'`, { user: name });
 }
 

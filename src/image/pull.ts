@@ -4,7 +4,8 @@
  * zstd layers, each blob's digest checked while it streams) into a `dir:` copy with
  * decompressed layers; that copy is written as an OCI layout which Debian's `umoci` unpacks
  * (layers applied in order, whiteouts and opaque directories honoured, digests checked again).
- * The guest bits (init, envd binary, `user` account) go into the tree, `mkfs.ext4 -d` makes a
+ * The `user` account and the mount points the guest init needs go into the tree (init and envd
+ * come from the tools drive every VM boots through, src/tools), `mkfs.ext4 -d` makes a
  * filesystem of it and it is imported as ONE committed overlaybd layer.
  *
  * Why one flattened layer and not one per image layer: the guest mounts one ext4 block device,
@@ -13,13 +14,14 @@
  * level work instead and one mkfs gives a compact, fsck-clean filesystem. E2B flattens too.
  * Build steps above it are per-step layers.
  *
- * Cache: `$home/images/<key>.layer` + `<key>.json`, key = sha256(manifest digest, guest bits
- * key); a second pull of the same tag asks the registry for the manifest only.
+ * Cache: `$home/images/<key>.layer` + `<key>.json`, key = sha256(manifest digest, GUEST_BITS_KEY);
+ * a second pull of the same tag asks the registry for the manifest only.
  */
 import { createHash, randomBytes } from "node:crypto";
-import { chmodSync, copyFileSync, existsSync, linkSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, symlinkSync, writeFileSync } from "node:fs";
+import { chmodSync, copyFileSync, existsSync, linkSync, lstatSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, symlinkSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { importSparse } from "../storage/overlaybd/index.ts";
+import { TOOLS_MOUNT } from "../tools/index.ts";
 import { ImageError } from "./errors.ts";
 import { formatImageRef, isLoopbackRegistry, parseImageRef, type ImageRef } from "./reference.ts";
 
@@ -33,22 +35,8 @@ export interface ImageRunConfig {
   cmd: string[];
 }
 
-/** Files every bootable root filesystem gets. */
-export interface GuestBits {
-  /** Text of `/sbin/aenv-init`. */
-  init: string;
-  /** Host path of the envd binary (`agentenv`) copied to `/usr/local/bin/agentenv`. */
-  agentenvPath: string;
-  /** Host directory of the loader + libraries it needs, copied to `guestLibDir` (absent: none). */
-  libDir?: string;
-  /** Where `libDir` goes in the guest (the binary's interpreter and run path point there). */
-  guestLibDir?: string;
-  /** Host path of a static busybox installed in `guestBinDir` with its applet links (absent: none). */
-  busyboxPath?: string;
-  guestBinDir?: string;
-  /** Changes whenever either changes (enters the cache key). */
-  key: string;
-}
+/** Version of what `installGuestBits` adds to a tree (enters the cache key). */
+export const GUEST_BITS_KEY = "guest-bits-v2-tools-drive";
 
 /** Inputs of `pullImage`. */
 export interface PullOptions {
@@ -57,8 +45,6 @@ export interface PullOptions {
   credentials?: { username: string; password: string };
   /** Registries (host[:port]) reached without TLS besides loopback ones. */
   insecureRegistries: string[];
-  /** The guest bits, asked for once the manifest is resolved (it may throw). */
-  guest: () => GuestBits;
   /** Free space added to the unpacked size, MiB; and the smallest disk, MiB. */
   headroomMiB: number;
   minDiskMiB: number;
@@ -211,47 +197,37 @@ function dirToOciLayout(dir: string, layout: string): void {
 }
 
 /**
- * Add init, envd (+ its glibc), the `user` account (uid 1000, as E2B templates have) and, when
- * the image has no bash, a `/bin/bash` that runs `/bin/sh` (the SDKs start every command with
- * bash) to a root tree.
+ * Add the `user` account (uid 1000, as E2B templates have) and the guest's mount points to a root
+ * tree; an image without a shell (distroless) gets the tools drive's busybox as `/bin/sh`, one
+ * without bash a `/bin/bash` that runs `/bin/sh` (the SDKs start every command with bash). Init,
+ * envd and the fallback userland come from the tools drive (src/tools), mounted at /.aenv.
  */
-export function installGuestBits(rootfs: string, guest: GuestBits): void {
-  for (const d of ["sbin", "usr/local/bin", "etc", "home", "proc", "sys", "dev", "tmp", "run"]) mkdirSync(join(rootfs, d), { recursive: true });
-  writeFileSync(join(rootfs, "sbin/aenv-init"), guest.init);
-  chmodSync(join(rootfs, "sbin/aenv-init"), 0o755);
-  rmSync(join(rootfs, "usr/local/bin/agentenv"), { force: true });
-  copyFileSync(guest.agentenvPath, join(rootfs, "usr/local/bin/agentenv"));
-  chmodSync(join(rootfs, "usr/local/bin/agentenv"), 0o755);
-  if (guest.libDir && guest.guestLibDir) {
-    const to = join(rootfs, guest.guestLibDir);
-    rmSync(to, { recursive: true, force: true });
-    mkdirSync(to, { recursive: true });
-    for (const f of readdirSync(guest.libDir)) copyFileSync(join(guest.libDir, f), join(to, f));
-  }
+export function installGuestBits(rootfs: string): void {
+  for (const d of ["etc", "home", "proc", "sys", "dev", "tmp", "run", TOOLS_MOUNT.slice(1)]) mkdirSync(join(rootfs, d), { recursive: true });
   chmodSync(join(rootfs, "tmp"), 0o1777);
   // the guest init writes the real resolver at boot; a dangling symlink would make that fail
   rmSync(join(rootfs, "etc/resolv.conf"), { force: true });
-  writeFileSync(join(rootfs, "etc/resolv.conf"), "# written by /sbin/aenv-init at boot\n");
+  writeFileSync(join(rootfs, "etc/resolv.conf"), "# written by the guest init at boot\n");
   if (!existsSync(join(rootfs, "etc/hosts"))) writeFileSync(join(rootfs, "etc/hosts"), "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n");
-  if (guest.busyboxPath && guest.guestBinDir) {
-    const to = join(rootfs, guest.guestBinDir);
-    rmSync(to, { recursive: true, force: true });
-    mkdirSync(to, { recursive: true });
-    copyFileSync(guest.busyboxPath, join(to, "busybox"));
-    chmodSync(join(to, "busybox"), 0o755);
-    const applets = Bun.spawnSync([guest.busyboxPath, "--list"], { stdout: "pipe" }).stdout.toString().split("\n").filter((a) => /^[\w.[-]+$/.test(a) && a !== "busybox");
-    for (const a of applets) symlinkSync("busybox", join(to, a));
-    // an image without a shell (distroless) gets busybox's as /bin/sh: init, envd's commands and
-    // the build's steps need one
-    if (!existsSync(join(rootfs, "bin/sh"))) {
-      mkdirSync(join(rootfs, "bin"), { recursive: true });
-      symlinkSync(`${guest.guestBinDir}/busybox`, join(rootfs, "bin/sh"));
+  // links in the image name guest paths: look at the link itself, not where it points on this host
+  const present = (f: string) => {
+    try {
+      lstatSync(join(rootfs, f));
+      return true;
+    } catch {
+      return false;
     }
+  };
+  // an image without a shell (distroless) gets the tools drive's busybox as /bin/sh (it picks
+  // its applet by the name it is called with): envd's commands and the build's steps need one
+  if (!present("bin/sh")) {
+    mkdirSync(join(rootfs, "bin"), { recursive: true });
+    symlinkSync(`${TOOLS_MOUNT}/bin/busybox`, join(rootfs, "bin/sh"));
   }
   // E2B's SDKs run every command with `/bin/bash -l -c` (E2B provisions bash into every image):
   // an image without bash gets a /bin/bash that runs its /bin/sh (a script, not a link: busybox
   // picks its applet by the name it is called with)
-  if (!existsSync(join(rootfs, "bin/bash")) && existsSync(join(rootfs, "bin/sh"))) {
+  if (!present("bin/bash")) {
     writeFileSync(join(rootfs, "bin/bash"), '#!/bin/sh\n# added by AgentENV: this image has no bash\nexec /bin/sh "$@"\n', { mode: 0o755 });
   }
   const read = (f: string) => (existsSync(join(rootfs, f)) ? readFileSync(join(rootfs, f), "utf8") : "");
@@ -289,8 +265,7 @@ export async function pullImage(o: PullOptions): Promise<PulledImage> {
   mkdirSync(cacheDir, { recursive: true });
   progress(`resolving ${ref}`);
   const { digest, compressedBytes } = await resolveManifest(r, o);
-  const guest = o.guest();
-  const key = sha256hex(`${digest}\0${guest.key}`).slice(0, 32);
+  const key = sha256hex(`${digest}\0${GUEST_BITS_KEY}`).slice(0, 32);
   const layerPath = join(cacheDir, `${key}.layer`);
   const metaPath = join(cacheDir, `${key}.json`);
   if (existsSync(layerPath) && existsSync(metaPath)) {
@@ -319,7 +294,7 @@ export async function pullImage(o: PullOptions): Promise<PulledImage> {
     rmSync(join(work, "dir"), { recursive: true, force: true });
     rmSync(join(work, "oci"), { recursive: true, force: true });
     const rootfs = join(bundle, "rootfs");
-    installGuestBits(rootfs, guest);
+    installGuestBits(rootfs);
     const used = treeBytes(rootfs);
     const mib = Math.max(o.minDiskMiB, Math.ceil((used * 1.25) / 1048576) + o.headroomMiB);
     const diskBytes = mib * 1048576;

@@ -1,14 +1,15 @@
 /**
  * Wiring of template builds (composition root): the catalog the VM runtime owns, uploaded files,
- * the builder (build VMs from the VM runtime, base images pulled by src/image with envd from the
- * base template) and the service the API calls, from `[template_build]`.
+ * the builder (build VMs from the VM runtime, booted through the tools drive; base images pulled
+ * by src/image) and the service the API calls, from `[template_build]`.
  */
 import { join } from "node:path";
 import type { Config } from "../config/index.ts";
 import { pullImage, reapPullLeftovers } from "../image/index.ts";
 import type { SandboxRuntime } from "../orchestrator/index.ts";
 import { VmRuntime } from "../sandbox/index.ts";
-import { BASE_BOOT_ARGS, BuildFiles, GUEST_BIN_DIR, GUEST_LIB_DIR, guestBinaries, TemplateBuilder, TemplateCatalog, TemplateError, TemplateService, type BuildVmLauncher } from "../template/index.ts";
+import { TOOLS_MOUNT } from "../tools/index.ts";
+import { BASE_BOOT_ARGS, BuildFiles, TemplateBuilder, TemplateCatalog, TemplateError, TemplateService, type BuildVmLauncher } from "../template/index.ts";
 
 /** The template service of a node whose runtime is `runtime` (builds need the VM runtime). */
 export function createTemplateService(cfg: Config, runtime: SandboxRuntime): TemplateService {
@@ -37,15 +38,14 @@ export function createTemplateService(cfg: Config, runtime: SandboxRuntime): Tem
         ref,
         credentials,
         insecureRegistries: k.insecure_registries,
-        guest: () => ({ ...guestBinaries(home), guestLibDir: GUEST_LIB_DIR, guestBinDir: GUEST_BIN_DIR }),
         headroomMiB: k.image_headroom_mib,
         minDiskMiB: k.image_min_disk_mib,
         toolTimeoutMs: k.tool_timeout_ms,
         onProgress: progress,
         signal,
       });
-      // the node's busybox last on PATH, for images without the tools (steps and sandboxes see it)
-      const path = `${img.config.env.PATH ?? "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}:${GUEST_BIN_DIR}`;
+      // the tools drive's programs last on PATH, for images without them (steps and sandboxes see it)
+      const path = `${img.config.env.PATH ?? "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}:${TOOLS_MOUNT}/bin`;
       return { digest: img.digest, layerPath: img.layerPath, diskBytes: img.diskBytes, env: { ...img.config.env, PATH: path }, workdir: img.config.workdir };
     },
   });

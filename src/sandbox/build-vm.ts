@@ -18,6 +18,7 @@ import { OrchestratorError } from "../orchestrator/errors.ts";
 import { importExtents, openStack, RwLayer, SECTOR } from "../storage/overlaybd/index.ts";
 import { upperPaths, type DiskExport } from "../storage/daemon/index.ts";
 import type { BuildVm, BuildVmSpec, VmCommand } from "../template/build-vm.ts";
+import { toolsBoot } from "../tools/index.ts";
 import type { VmHandle } from "../vmm/index.ts";
 import { initEnvd, runInGuest, uploadToGuest, waitEnvdHealthy } from "./envd-client.ts";
 import type { VmRuntimeOptions } from "./vm-runtime.ts";
@@ -61,14 +62,15 @@ export async function bootBuildVm(o: VmRuntimeOptions, spec: BuildVmSpec, bootTi
     disk = await o.disks.rootDisk({ id, lowers: spec.layers, sandboxDir: workDir, virtualSize: spec.diskBytes });
     const slot = await o.net.allocate(parseEgressPolicy({}), id);
     slotTaken = true;
+    const boot = toolsBoot(o.toolsImage(), disk.path, spec.bootArgs);
     vm = await o.driver.boot({
       id,
       workDir,
       kernelPath: o.kernelPath(),
-      bootArgs: `${spec.bootArgs} aenv.hostname=build`,
+      bootArgs: `${boot.bootArgs} aenv.hostname=build`,
       vcpus: spec.cpuCount,
       memoryMiB: spec.memoryMB,
-      drives: [{ id: "root", path: disk.path, readOnly: false, isRoot: true }],
+      drives: boot.drives,
       net: netSpec(slot),
     });
     const base = `http://${guestAddress(slot, ENVD_PORT).host}:${ENVD_PORT}`;

@@ -1,11 +1,13 @@
 /**
  * Build the VM runtime from the node config: VMM driver (`[vm]`), network manager (`[network]`,
- * started here: it reaps slots a crashed run left, after leftover VMMs are killed), guest kernel.
+ * started here: it reaps slots a crashed run left, after leftover VMMs are killed), guest kernel,
+ * tools drive (the current one for every new VM).
  */
 import { type Config } from "../config/index.ts";
 import type { Db } from "../db/index.ts";
 import { netConfigFromConfig, NetworkManager } from "../net/index.ts";
 import { diskConfig, DiskService, reapStaleMounts } from "../storage/daemon/index.ts";
+import { resolveTools } from "../tools/index.ts";
 import { createDriver, reapLeftovers, resolveKernelPath } from "../vmm/index.ts";
 import { reapHostVolumes } from "../volume/index.ts";
 import { rmSync } from "node:fs";
@@ -42,6 +44,7 @@ export async function createVmRuntime(cfg: Config, db: Db, oc: OrchestratorConfi
     homePath,
     runtimePath,
     kernelPath: () => (kernel ??= resolveKernelPath(cfg)),
+    toolsImage: () => resolveTools(homePath).path,
     driver,
     net,
     defaultCpuCount: oc.defaultCpuCount,

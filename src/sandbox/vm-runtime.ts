@@ -20,6 +20,7 @@ import { guestAddress, netSpec, parseEgressPolicy, type NetworkManager } from ".
 import { logger } from "../observability/log.ts";
 import { reapStaleMounts, type DiskExport, type DiskService } from "../storage/daemon/index.ts";
 import { readyProbe, resolveTemplate, TemplateCatalog, TemplateError, type BootSpec, type BuildVmLauncher, type ResolvedTemplate } from "../template/index.ts";
+import { toolsBoot } from "../tools/index.ts";
 import { reapLeftovers, type VmHandle, type VmmDriver } from "../vmm/index.ts";
 import { consoleLogLine } from "./console-lines.ts";
 import { fetchEnvdMetrics, initEnvd, runInGuest, waitEnvdHealthy } from "./envd-client.ts";
@@ -37,6 +38,8 @@ export interface VmRuntimeOptions {
   homePath: string;
   runtimePath: string;
   kernelPath: () => string;
+  /** The tools drive image new VMs boot through (src/tools; read again for every boot). */
+  toolsImage: () => string;
   driver: VmmDriver;
   net: NetworkManager;
   defaultCpuCount: number;
@@ -68,6 +71,11 @@ interface VmState {
   mac: string;
   /** "overlaybd": served by the disk daemon; "copy": a plain file. */
   diskKind: "overlaybd" | "copy";
+  /**
+   * Tools drive image the VM booted through; a restore attaches the same one (its guest has it
+   * mounted). Absent in sandboxes booted before the tools drive: they had the root disk alone.
+   */
+  toolsImage?: string;
   vmmPid?: number;
   snapshot?: { statePath: string; memPath: string };
 }
@@ -175,19 +183,21 @@ export class VmRuntime implements SandboxRuntime {
       const slot = await this.o.net.allocate(policy, spec.id);
       slotTaken = true;
       const tSlot = ms(t0);
+      const toolsImage = this.o.toolsImage();
+      const boot = toolsBoot(toolsImage, rootDisk, tpl.bootArgs);
       vm = await this.o.driver.boot({
         id: spec.id,
         workDir,
         kernelPath: this.o.kernelPath(),
-        bootArgs: `${tpl.bootArgs} aenv.hostname=${spec.id.slice(0, 12)}`,
+        bootArgs: `${boot.bootArgs} aenv.hostname=${spec.id.slice(0, 12)}`,
         vcpus: spec.cpuCount,
         memoryMiB: spec.memoryMB,
-        drives: [{ id: "root", path: rootDisk, readOnly: false, isRoot: true }, ...volumeDrives],
+        drives: [...boot.drives, ...volumeDrives],
         net: netSpec(slot),
         onConsoleLine: consoleSink(spec),
       });
       this.vms.set(spec.id, vm);
-      const state: VmState = { workDir, rootDisk, mac: slot.mac, diskKind, vmmPid: vm.pid };
+      const state: VmState = { workDir, rootDisk, mac: slot.mac, diskKind, toolsImage, vmmPid: vm.pid };
       const tVmm = ms(t0);
       const host = guestAddress(slot, ENVD_PORT).host;
       const r = await this.ready(spec, vm, host, state, null, tpl.boot);
@@ -251,16 +261,19 @@ export class VmRuntime implements SandboxRuntime {
       const slot = await this.o.net.allocate(this.policyOf(spec), spec.id);
       slotTaken = true;
       step = "restore VM";
+      // the same devices as at boot: the tools drive it booted through (if any), then its disk
+      const boot: { drives: DriveSpec[]; bootArgs: string } = st.toolsImage
+        ? toolsBoot(st.toolsImage, st.rootDisk, tpl.bootArgs)
+        : { drives: [{ id: "root", path: st.rootDisk, readOnly: false, isRoot: true }], bootArgs: tpl.bootArgs };
       vm = await this.o.driver.restore(
         {
           id: spec.id,
           workDir: st.workDir,
           kernelPath: this.o.kernelPath(),
-          bootArgs: `${tpl.bootArgs} aenv.hostname=${spec.id.slice(0, 12)}`,
+          bootArgs: `${boot.bootArgs} aenv.hostname=${spec.id.slice(0, 12)}`,
           vcpus: spec.cpuCount,
           memoryMiB: spec.memoryMB,
-          // the same devices in the same order as when the snapshot was taken
-          drives: [{ id: "root", path: st.rootDisk, readOnly: false, isRoot: true }, ...volumeDrives],
+          drives: [...boot.drives, ...volumeDrives],
           // the guest keeps the MAC it had; every slot gives the guest the same address
           net: { ...netSpec(slot), mac: st.mac },
           onConsoleLine: consoleSink(spec),

@@ -1,23 +1,22 @@
 /**
  * `template build-base`: a Debian root filesystem made with mmdebstrap from the host's Debian
- * mirror, plus our guest init (/sbin/aenv-init), the compiled `agentenv` binary (envd) and a
- * `user` account (uid 1000), written as a raw ext4 image and imported as one overlaybd layer
- * (`rootfs.layer`) into the template store as `base`.
+ * mirror, with a `user` account (uid 1000), written as a raw ext4 image and imported as one
+ * overlaybd layer (`rootfs.layer`) into the template store as `base`. The guest init and envd are
+ * not in it: every VM boots through the tools drive (src/tools), which this build also makes
+ * (or finds cached), so `build-base` leaves a node ready to boot sandboxes.
  * Two cache levels: the mmdebstrap tree (keyed by suite, mirror, packages) and the final image
- * (keyed by that plus init, agentenv binary inputs and size). mmdebstrap/mkfs facts:
- * docs/vm-on-this-machine.md §8.
+ * (keyed by that and the size). mmdebstrap/mkfs facts: docs/vm-on-this-machine.md §8.
  */
 import { spawn } from "node:child_process";
 import { createHash } from "node:crypto";
-import { chmodSync, copyFileSync, existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from "node:fs";
-import { join, relative } from "node:path";
+import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
 import { logger } from "../observability/log.ts";
 import { TemplateError } from "./errors.ts";
 import { importSparse } from "../storage/overlaybd/index.ts";
 import { withBuildLock } from "../vmm/buildlock.ts";
-import { compileEntrypoints } from "../bundle.ts";
+import { buildTools, type ToolsBuildOptions, type ToolsImage } from "../tools/index.ts";
 import { readManifest, templateDir, writeManifest, type TemplateManifest } from "./store.ts";
-import initScript from "./guest/init.sh" with { type: "text" };
 
 const log = logger("template");
 
@@ -34,23 +33,24 @@ export interface BaseBuildOptions {
   sizeMiB: number;
   /** Template name (default "base"). */
   name?: string;
+  /** The tools drive to build (or find cached) alongside (`[tools]`). */
+  tools: Pick<ToolsBuildOptions, "busybox" | "binaries">;
   /** Phase progress: a short phase name and a detail line. */
   onProgress?: (phase: string, detail: string) => void;
 }
 
-/** Result of a build: the manifest and whether anything was rebuilt. */
+/** Result of a build: the manifest, whether anything was rebuilt, and the tools drive. */
 export interface BaseBuildResult {
   manifest: TemplateManifest;
   built: boolean;
+  tools: ToolsImage;
 }
 
-/** Kernel command line of templates built here: root disk is the first virtio-blk, read-write. */
-export const BASE_BOOT_ARGS = "root=/dev/vda rw rootfstype=ext4 init=/sbin/aenv-init";
-
-/** The guest init script shipped in every template. */
-export function guestInitScript(): string {
-  return initScript;
-}
+/**
+ * Extra kernel arguments of templates built here: none (root device and init come from the
+ * tools drive, src/tools/boot.ts).
+ */
+export const BASE_BOOT_ARGS = "";
 
 /**
  * First http(s) `deb` URI of this host's enabled apt sources (`/etc/apt/sources.list` and
@@ -113,62 +113,27 @@ async function run(cmd: string[], onLine?: (l: string) => void, env?: Record<str
   });
 }
 
-/** Where the agentenv binary for the guest comes from, and a key that changes when it would. */
-function agentenvSource(): { key: string; build: (out: string) => Promise<void> } {
-  // Running as a `bun build --compile` binary: ship ourselves.
-  if (Bun.main.startsWith("/$bunfs/")) {
-    const self = process.execPath;
-    const st = statSync(self);
-    return { key: `exe:${self}:${st.size}:${st.mtimeMs}`, build: async (out) => copyFileSync(self, out) };
-  }
-  const root = join(import.meta.dir, "../..");
-  const h = createHash("sha256");
-  const walk = (d: string) => {
-    for (const e of readdirSync(d, { withFileTypes: true }).sort((a, b) => a.name.localeCompare(b.name))) {
-      const p = join(d, e.name);
-      if (e.isDirectory()) walk(p);
-      else if (e.isFile()) h.update(relative(root, p)).update(readFileSync(p));
-    }
-  };
-  walk(join(root, "src"));
-  for (const f of ["package.json", "bun.lock", "config/default.toml"]) if (existsSync(join(root, f))) h.update(f).update(readFileSync(join(root, f)));
-  return {
-    key: `src:${h.digest("hex")}`,
-    // --bytecode: precompiled JS, about 10x faster start (envd boot time under TCG); it needs a
-    // module graph without top-level await, so fall back to a plain compile if that ever changes
-    build: async (out) => {
-      // worker modules are extra entry points, or the binary would not embed them (src/bundle.ts)
-      const args = ["build", "--compile", ...compileEntrypoints(), "--outfile", out];
-      try {
-        await run([process.execPath, ...args.slice(0, 2), "--bytecode", ...args.slice(2)]);
-      } catch (e) {
-        log.warn({ err: (e as Error).message.slice(0, 500) }, "bytecode compile failed; compiling without --bytecode");
-        await run([process.execPath, ...args]);
-      }
-    },
-  };
-}
-
 /**
  * Build (or find cached) the base template. Idempotent: returns `built: false` without work
  * when every input is unchanged. Needs root (mmdebstrap --mode=root, file ownership in ext4).
  * @throws TemplateError `template.no_mirror`, `template.tool_missing`, `template.build_failed`.
  */
 export async function buildBase(opts: BaseBuildOptions): Promise<BaseBuildResult> {
+  const tools = await buildTools({ homePath: opts.homePath, ...opts.tools, onProgress: (phase, detail) => opts.onProgress?.(`tools ${phase}`, detail) });
   // one template build per host at a time: builds share the mmdebstrap cache tree
-  return await withBuildLock(join(opts.homePath, "templates", ".build.lock"), 1_800_000, () => buildBaseLocked(opts), (pid) =>
+  const r = await withBuildLock(join(opts.homePath, "templates", ".build.lock"), 1_800_000, () => buildBaseLocked(opts), (pid) =>
     opts.onProgress?.("waiting", `another template build (pid ${pid})`),
   );
+  return { ...r, tools: tools.image };
 }
 
-async function buildBaseLocked(opts: BaseBuildOptions): Promise<BaseBuildResult> {
+async function buildBaseLocked(opts: BaseBuildOptions): Promise<Omit<BaseBuildResult, "tools">> {
   const name = opts.name ?? "base";
   const progress = opts.onProgress ?? (() => {});
   const mirror = opts.mirror || hostDebianMirror(opts.suite);
   const packages = [...new Set(opts.packages)].sort();
   const debKey = sha("debian-v1", opts.suite, mirror, packages.join(","));
-  const agentenv = agentenvSource();
-  const buildKey = sha(debKey, initScript, agentenv.key, String(opts.sizeMiB));
+  const buildKey = sha(debKey, "tools-drive-v1", String(opts.sizeMiB));
   const dir = templateDir(opts.homePath, name);
   try {
     const m = readManifest(opts.homePath, name);
@@ -212,14 +177,12 @@ async function buildBaseLocked(opts: BaseBuildOptions): Promise<BaseBuildResult>
     progress("mmdebstrap", `cached ${debKey}`);
   }
 
-  progress("agentenv", "compiling the guest binary");
-  mkdirSync(join(tree, "usr/local/bin"), { recursive: true });
-  await agentenv.build(join(tree, "usr/local/bin/agentenv"));
-  chmodSync(join(tree, "usr/local/bin/agentenv"), 0o755);
   // mmdebstrap leaves the build host's resolver here; the guest init writes the real one at boot
-  writeFileSync(join(tree, "etc/resolv.conf"), "# written by /sbin/aenv-init at boot\n");
-  writeFileSync(join(tree, "sbin/aenv-init"), initScript);
-  chmodSync(join(tree, "sbin/aenv-init"), 0o755);
+  writeFileSync(join(tree, "etc/resolv.conf"), "# written by the guest init at boot\n");
+  // trees cached by earlier builds carried init and envd themselves; the tools drive does now
+  for (const f of ["sbin/aenv-init", "usr/local/bin/agentenv"]) rmSync(join(tree, f), { force: true });
+  // where the tools drive appears (the init makes it on a writable root; a read-only one needs it)
+  mkdirSync(join(tree, ".aenv"), { recursive: true });
 
   progress("mkfs", `ext4 ${opts.sizeMiB} MiB`);
   mkdirSync(dir, { recursive: true });
@@ -258,75 +221,4 @@ async function buildBaseLocked(opts: BaseBuildOptions): Promise<BaseBuildResult>
   progress("done", `${name} ${buildKey}`);
   log.info({ name, buildKey, dir }, "base template built");
   return { manifest, built: true };
-}
-
-
-/** Where image templates carry envd's own glibc (loader + libraries), inside the guest. */
-export const GUEST_LIB_DIR = "/opt/aenv/lib";
-/** Where image templates carry a static busybox and its applet links (last on the guest's PATH). */
-export const GUEST_BIN_DIR = "/opt/aenv/bin";
-
-/**
- * The envd binary (`agentenv`) and init script that image-based templates get. The binary is
- * taken from the `base` template's root image (`debugfs dump`, so it matches what base
- * sandboxes run) and made independent of the image's userland: its ELF interpreter and run path
- * are set (Debian's `patchelf`) to `GUEST_LIB_DIR`, where the image gets the glibc loader and
- * libraries the binary needs (copied from this Debian host, the same release the base template
- * is built from). So images without glibc (Alpine, busybox) run envd. A static busybox from this
- * host (when installed) goes along, for images without a shell or tools (distroless). Cached as
- * `$home/images/guest-<key>/` (`agentenv`, `lib/`, `busybox`).
- * @returns the binary's path, the library directory, the init text, and a key that changes with any.
- * @throws TemplateError `template.not_found` when no base template with a raw image exists,
- *   `template.build_failed` when debugfs, ldd or patchelf fails, `template.tool_missing`.
- */
-export function guestBinaries(homePath: string, baseName = "base"): { agentenvPath: string; libDir: string; busyboxPath?: string; init: string; key: string } {
-  const m = readManifest(homePath, baseName);
-  const img = join(templateDir(homePath, baseName), m.rootfs);
-  if (!existsSync(img)) throw new TemplateError("template.not_found", `template ${baseName} has no root image ${img}: run 'agentenv template build-base' (image templates take envd from it)`, { img });
-  // a static busybox (Debian's busybox-static) for images without a shell or tools; a dynamic
-  // one would need the image's libc, so it is left out then
-  const hostBusybox = Bun.which("busybox", { PATH: "/bin:/usr/bin:/sbin:/usr/sbin" });
-  const staticBusybox = hostBusybox && Bun.spawnSync(["ldd", hostBusybox], { stdout: "pipe", stderr: "pipe" }).exitCode !== 0 ? hostBusybox : null;
-  const key = sha(m.buildKey, initScript, GUEST_LIB_DIR, GUEST_BIN_DIR, staticBusybox ? String(statSync(staticBusybox).size) : "no-busybox", "guest-v3");
-  const dir = join(homePath, "images", `guest-${key}`);
-  const out = { agentenvPath: join(dir, "agentenv"), libDir: join(dir, "lib"), ...(staticBusybox ? { busyboxPath: join(dir, "busybox") } : {}), init: initScript, key };
-  if (existsSync(join(dir, ".complete"))) return out;
-  const tmp = `${dir}.${process.pid}.tmp`;
-  rmSync(tmp, { recursive: true, force: true });
-  mkdirSync(join(tmp, "lib"), { recursive: true });
-  const step = (cmd: string[], what: string) => {
-    const r = Bun.spawnSync(cmd, { stderr: "pipe", stdout: "pipe" });
-    if (r.exitCode === null || r.exitCode !== 0) {
-      rmSync(tmp, { recursive: true, force: true });
-      if (r.exitCode === null) throw new TemplateError("template.tool_missing", `cannot run ${cmd[0]} (${what})`, { tool: cmd[0] });
-      throw new TemplateError("template.build_failed", `${what} failed: ${r.stderr.toString().slice(-500)}`, { cmd: cmd.slice(0, 3) });
-    }
-    return r.stdout.toString();
-  };
-  const bin = join(tmp, "agentenv");
-  step(["debugfs", "-R", `dump /usr/local/bin/agentenv ${bin}`, img], `extracting agentenv from ${img}`);
-  if (!existsSync(bin) || statSync(bin).size === 0) {
-    rmSync(tmp, { recursive: true, force: true });
-    throw new TemplateError("template.build_failed", `${img} holds no /usr/local/bin/agentenv`, { img });
-  }
-  chmodSync(bin, 0o755);
-  // the loader and every library ldd resolves for the binary (paths of this host)
-  let loader = "";
-  for (const line of step(["ldd", bin], "ldd agentenv").split("\n")) {
-    const lib = /=>\s+(\/\S+)/.exec(line)?.[1] ?? /^\s*(\/\S+)\s+\(/.exec(line)?.[1];
-    if (!lib) continue;
-    const name = lib.split("/").pop()!;
-    if (/^ld-linux/.test(name)) loader = name;
-    copyFileSync(lib, join(tmp, "lib", name));
-  }
-  if (!loader) {
-    rmSync(tmp, { recursive: true, force: true });
-    throw new TemplateError("template.build_failed", "ldd named no ELF loader for agentenv", {});
-  }
-  step(["patchelf", "--set-interpreter", `${GUEST_LIB_DIR}/${loader}`, "--set-rpath", GUEST_LIB_DIR, bin], "patchelf agentenv");
-  if (staticBusybox) copyFileSync(staticBusybox, join(tmp, "busybox"));
-  writeFileSync(join(tmp, ".complete"), `${m.buildKey}\n`);
-  rmSync(dir, { recursive: true, force: true });
-  renameSync(tmp, dir);
-  return out;
 }

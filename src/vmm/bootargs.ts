@@ -1,6 +1,6 @@
 /**
  * Kernel command-line pieces every driver adds (QEMU and Firecracker alike), for the guest
- * init in src/template/guest/init.sh and the kernel's IP autoconfiguration (CONFIG_IP_PNP,
+ * init on the tools drive (src/tools/init.sh) and the kernel's IP autoconfiguration (CONFIG_IP_PNP,
  * Documentation/admin-guide/nfs/nfsroot.rst: ip=<client>:<server>:<gw>:<netmask>:<host>:<dev>:<autoconf>).
  */
 import type { NetSpec } from "./types.ts";

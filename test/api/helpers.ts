@@ -56,6 +56,7 @@ export async function startNodeNoVm(env: Record<string, string> = {}, home = mkd
       homePath: home,
       runtimePath: join(home, "run"),
       kernelPath: () => "/nonexistent",
+      toolsImage: () => "/nonexistent",
       driver: new QemuDriver(qemuOptions(c)),
       net: new NetworkManager(netConfigFromConfig(c), db),
       defaultCpuCount: oc.defaultCpuCount,

@@ -21,7 +21,7 @@ beforeAll(async () => {
   const world = node();
   reg = await startRegistry({ netns: world.ns });
   const tree = debianTree(TEST_HOME);
-  // a busybox image: no glibc, no bash; envd runs from the loader and libraries the node adds
+  // a busybox image: no glibc, no bash; envd runs from the tools drive on its own glibc
   const bb = mkdtempSync(join(tmpdir(), "aenv-busybox-"));
   mkdirSync(join(bb, "bin"));
   mkdirSync(join(bb, "etc"));
@@ -86,9 +86,9 @@ test("e2b SDK Template: fromImage build, create answers at once, warm rebuild ca
   expect(o.neverReady.name).toBe("BuildError");
   expect(o.neverReady.message).toContain('ready command "test -f /nonexistent" did not succeed within 20000 ms');
   expect(o.failedStatus).toEqual({ status: "error", step: "finalize" });
-  // distroless (no shell, no tools): steps, start command and ready check run on the node's busybox
+  // distroless (no shell, no tools): steps, start command and ready check run on the tools drive's busybox and ss
   expect(o.distroless).toEqual({ status: 200, body: "static\n" });
-  // busybox (no glibc): built and booted with envd running on the node's loader
+  // busybox (no glibc): built and booted with envd running from the tools drive
   expect(o.busybox).toBe("hi from busybox\nno glibc in the image\nuser\n");
   expect(o.docker).toBe("from-dockerfile\nprint('main')\n/srv/app\nhello docker\nroot\n");
   expect(o.cliPull.code).toBe(0);

@@ -55,7 +55,8 @@ export class NodeWorld {
     this.home = mkdtempSync("/tmp/aenv-e2e-");
     this.memDir = mkdtempSync("/dev/shm/aenv-e2e-");
     mkdirSync(join(this.home, "run"));
-    symlinkSync(join(TEST_HOME, "templates"), join(this.home, "templates"));
+    // templates and the tools drive VMs boot through come from the test home (scripts/test.sh builds them)
+    for (const d of ["templates", "tools"]) symlinkSync(join(TEST_HOME, d), join(this.home, d));
     sh(["ip", "netns", "add", this.ns]);
     sh(["ip", "-n", this.ns, "link", "set", "lo", "up"]);
   }

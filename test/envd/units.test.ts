@@ -16,6 +16,7 @@ import { resolvePath } from "../../src/envd/paths.ts";
 import { exitStatusText } from "../../src/envd/process/signals.ts";
 import { EventQueue } from "../../src/envd/queue.ts";
 import { EnvdState } from "../../src/envd/state.ts";
+import { lookupUser } from "../../src/envd/users.ts";
 import { encodeWinsize, openPty, resizePty, WINSIZE_SIZE } from "../../src/ffi/pty.ts";
 
 async function* chunks(data: Uint8Array, size: number) {
@@ -140,6 +141,23 @@ describe("http helpers", () => {
       MemAvailable: 256000,
       HugePages_Total: 0,
     });
+  });
+});
+
+describe("users", () => {
+  test("root exists without /etc/passwd (an empty image); other names do not", () => {
+    const dir = mkdtempSync("/tmp/envd-users-");
+    try {
+      const none = join(dir, "missing");
+      expect(lookupUser("root", none)).toEqual({ name: "root", uid: 0, gid: 0, home: "/root", shell: "/bin/sh" });
+      expect(() => lookupUser("user", none)).toThrow(EnvdError);
+      // an entry in the file wins over the fallback
+      writeFileSync(join(dir, "passwd"), "root:x:0:0:root:/var/root:/bin/ash\nuser:x:1000:1000::/home/user:/bin/sh\n");
+      expect(lookupUser("root", join(dir, "passwd"))).toEqual({ name: "root", uid: 0, gid: 0, home: "/var/root", shell: "/bin/ash" });
+      expect(lookupUser("user", join(dir, "passwd")).uid).toBe(1000);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 });
 

@@ -61,13 +61,10 @@ afterAll(async () => {
 });
 
 function opts(home: string, ref: string, extra: Partial<PullOptions> = {}): PullOptions {
-  const agentenv = join(work, "fake-agentenv");
-  writeFileSync(agentenv, "#!/bin/sh\necho envd\n");
   return {
     homePath: home,
     ref,
     insecureRegistries: [],
-    guest: () => ({ init: "#!/bin/sh\n# test init\n", agentenvPath: agentenv, key: "test-guest-v1" }),
     headroomMiB: 16,
     minDiskMiB: 32,
     toolTimeoutMs: 120_000,
@@ -118,8 +115,9 @@ test("pull: gzip + zstd layers, whiteout and opaque dir applied, owners kept, gu
   expect(debugfs(raw, "cat /data/old/b")).toBe("b from layer 2\n");
   expect(debugfs(raw, "stat /data/owned")).toMatch(/User:\s+1234\s+Group:\s+1234/);
   expect(debugfs(raw, "stat /bin/hello-link")).toContain('Fast link dest: "/etc/hello"');
-  expect(debugfs(raw, "cat /usr/local/bin/agentenv")).toBe("#!/bin/sh\necho envd\n");
-  expect(debugfs(raw, "cat /sbin/aenv-init")).toBe("#!/bin/sh\n# test init\n");
+  // no init and no envd in the image: VMs boot through the tools drive, mounted at /.aenv
+  expect(debugfs(raw, "stat /.aenv")).toContain("Type: directory");
+  expect(debugfs(raw, "stat /usr/local/bin/agentenv")).toBe(""); // debugfs: "File not found" on stderr
   expect(debugfs(raw, "cat /etc/passwd")).toBe("root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000::/home/user:/bin/bash\n");
   expect(debugfs(raw, "stat /home/user")).toMatch(/User:\s+1000\s+Group:\s+1000/);
   expect(debugfs(raw, "cat /bin/bash")).toContain('exec /bin/sh "$@"'); // no bash in the image

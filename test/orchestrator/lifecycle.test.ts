@@ -30,6 +30,7 @@ function world(env: Record<string, string> = {}, home = mkdtempSync(join(tmpdir(
     homePath: home,
     runtimePath: join(home, "run"),
     kernelPath: () => "/nonexistent",
+    toolsImage: () => "/nonexistent",
     driver: new QemuDriver(qemuOptions(cfg)),
     net: new NetworkManager(netConfigFromConfig(cfg), db),
     defaultCpuCount: 1,

@@ -8,6 +8,7 @@ import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { loadConfig, type Config } from "../../../src/config/index.ts";
+import { resolveTools, toolsBoot, type ToolsBoot } from "../../../src/tools/index.ts";
 import { QemuDriver, qemuOptions, type NetSpec } from "../../../src/vmm/index.ts";
 
 /** Data directory the test builds live in (scripts/test.sh exports the same). */
@@ -16,6 +17,14 @@ export const TEST_HOME = process.env.AENV_TEST_HOME_PATH ?? "/var/lib/agentenv-t
 /** Config as the tests see it: defaults + AENV_HOME_PATH=TEST_HOME. */
 export function testConfig(extra: Record<string, string> = {}): Config {
   return loadConfig({ env: { ...process.env, AENV_HOME_PATH: TEST_HOME, ...extra } });
+}
+
+/**
+ * Drives and kernel arguments that boot `rootDisk` through the test home's tools drive (built by
+ * the scripts/test.sh pre-step with the base template), as sandboxes boot.
+ */
+export function testBoot(rootDisk: string, o: { readOnly?: boolean; args?: string } = {}): ToolsBoot {
+  return toolsBoot(resolveTools(TEST_HOME).path, rootDisk, o.args ?? "", { rootReadOnly: o.readOnly });
 }
 
 /** A QEMU driver whose records, sockets and RAM files live in fresh temp dirs; `dispose()` removes them. */

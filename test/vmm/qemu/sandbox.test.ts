@@ -14,7 +14,7 @@ import { diskConfig, DiskService, type DiskExport } from "../../../src/storage/d
 import { resolveTemplate, type ResolvedTemplate } from "../../../src/template/index.ts";
 import { resolveKernelPath, type QemuVm } from "../../../src/vmm/index.ts";
 import { ENVD_PORT, runInGuest, waitEnvd } from "./envd-client.ts";
-import { TEST_HOME, TestNet, testConfig, testDriver } from "./helpers.ts";
+import { TEST_HOME, TestNet, testBoot, testConfig, testDriver } from "./helpers.ts";
 
 const cfg = testConfig();
 let tpl: ResolvedTemplate;
@@ -51,14 +51,15 @@ async function startSandbox(name: string): Promise<Sandbox> {
   cleanups.push(() => disk.close());
   const net = new TestNet();
   cleanups.push(() => net.destroy());
+  const boot = testBoot(disk.path, { args: tpl.bootArgs });
   const vm = await drv.driver.boot({
     id: `c1-${process.pid}-${name}`,
     workDir: join(dir, "vm"),
     kernelPath,
-    bootArgs: tpl.bootArgs,
+    bootArgs: boot.bootArgs,
     vcpus: 1,
     memoryMiB: 512,
-    drives: [{ id: "root", path: disk.path, readOnly: false, isRoot: true }],
+    drives: boot.drives,
     net: net.spec,
   });
   cleanups.push(() => vm.stop());

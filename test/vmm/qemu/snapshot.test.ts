@@ -11,7 +11,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { resolveTemplate } from "../../../src/template/index.ts";
 import { processStartTime, reapLeftovers, resolveKernelPath, type VmSpec } from "../../../src/vmm/index.ts";
-import { TEST_HOME, testConfig, testDriver, waitConsole, waitFor } from "./helpers.ts";
+import { TEST_HOME, testBoot, testConfig, testDriver, waitConsole, waitFor } from "./helpers.ts";
 
 const drv = testDriver();
 let dir: string;
@@ -34,15 +34,16 @@ beforeAll(() => {
   const tpl = resolveTemplate(TEST_HOME, "base");
   dir = mkdtempSync(join(tmpdir(), "c1snap-"));
   const script = 'i=0; while :; do i=$((i+1)); echo "COUNTER $i up=$(cut -d" " -f1 /proc/uptime)"; sleep 0.2; done';
+  // read-only template image: the counter needs no disk writes, and clones share it safely
+  const boot = testBoot(tpl.rootfsPath, { readOnly: true, args: `aenv.envd=0 aenv.run=${btoa(script)}` });
   spec = (id) => ({
     id: `c1s${process.pid}${id}`,
     workDir: join(dir, id),
     kernelPath,
-    // read-only template image: the counter needs no disk writes, and clones share it safely
-    bootArgs: `root=/dev/vda ro init=/sbin/aenv-init aenv.envd=0 aenv.run=${btoa(script)}`,
+    bootArgs: boot.bootArgs,
     vcpus: 1,
     memoryMiB: 256,
-    drives: [{ id: "root", path: tpl.rootfsPath, readOnly: true, isRoot: true }],
+    drives: boot.drives,
   });
 });
 

@@ -1,0 +1,116 @@
+#!/bin/busybox sh
+# AgentENV guest init (PID 1), `/init` on the read-only tools drive. The kernel mounts the tools
+# drive as its root (root=/dev/vda ro init=/init) and, when the host passed ip=, has configured
+# eth0 (CONFIG_IP_PNP). Stage 1 mounts the sandbox's root filesystem and pivots into it, keeping
+# the tools drive at /.aenv; stage 2 mounts the API filesystems, sets the clock, hostname and
+# resolver, starts envd from the tools drive and reaps orphans until envd exits. Nothing here
+# needs anything from the root filesystem: every command is the drive's static busybox.
+# Kernel parameters read here (all optional):
+#   aenv.root=<dev>        the sandbox's root filesystem (default /dev/vdb)
+#   aenv.rootfstype=<t>    its type (default ext4)
+#   aenv.clock=<unix ms>   wall clock at boot, from the host
+#   aenv.hostname=<name>   guest hostname (default: agentenv)
+#   aenv.envd=0            do not start envd (kernel tests)
+#   aenv.run=<base64>      a shell script run after boot (its output goes to the console)
+#   aenv.dns=<ip>          nameserver for /etc/resolv.conf (default: the default gateway)
+PATH=/bin
+export PATH
+
+fail() {
+  echo "@@AENV-INIT-FAILED@@ $*" > /dev/console
+  sync
+  reboot -f
+  exit 1
+}
+
+# ---- stage 1: on the tools drive ----
+mount -t proc proc /proc
+[ -e /dev/null ] || mount -t devtmpfs devtmpfs /dev # DEVTMPFS_MOUNT normally did it already
+ROOT=/dev/vdb; FSTYPE=ext4; CLOCK=; HOST=agentenv; ENVD=1; RUN=; DNS=
+read -r CMDLINE < /proc/cmdline
+for w in $CMDLINE; do
+  case "$w" in
+    aenv.root=*) ROOT=${w#aenv.root=} ;;
+    aenv.rootfstype=*) FSTYPE=${w#aenv.rootfstype=} ;;
+    aenv.clock=*) CLOCK=${w#aenv.clock=} ;;
+    aenv.hostname=*) HOST=${w#aenv.hostname=} ;;
+    aenv.envd=*) ENVD=${w#aenv.envd=} ;;
+    aenv.run=*) RUN=${w#aenv.run=} ;;
+    aenv.dns=*) DNS=${w#aenv.dns=} ;;
+  esac
+done
+# read-write; a disk the host attached read-only mounts read-only
+mount -t "$FSTYPE" -o rw "$ROOT" /newroot 2>/dev/null || mount -t "$FSTYPE" -o ro "$ROOT" /newroot ||
+  fail "cannot mount the root filesystem $ROOT ($FSTYPE)"
+# an image may lack any of these (a root filesystem with nothing in it still boots); a read-only
+# one must have them
+mkdir -p /newroot/.aenv /newroot/proc /newroot/sys /newroot/dev /newroot/tmp /newroot/run /newroot/etc /newroot/root 2>/dev/null
+mount --move /dev /newroot/dev || fail "cannot move /dev"
+mount --move /proc /newroot/proc || fail "cannot move /proc"
+cd /newroot || fail "cannot enter the root filesystem"
+pivot_root . .aenv || fail "pivot_root into $ROOT failed"
+
+# ---- stage 2: in the sandbox's root filesystem, the tools drive at /.aenv ----
+PATH=/.aenv/bin
+cd /
+mount -t sysfs sysfs /sys
+mkdir -p /dev/pts /dev/shm
+mount -t devpts -o gid=5,mode=620,ptmxmode=666 devpts /dev/pts
+mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /dev/shm
+mount -t tmpfs -o mode=755,nosuid,nodev tmpfs /run
+mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /tmp
+mkdir -p /sys/fs/cgroup 2>/dev/null
+mount -t cgroup2 cgroup2 /sys/fs/cgroup 2>/dev/null
+[ -e /dev/fd ] || ln -s /proc/self/fd /dev/fd
+
+[ -n "$CLOCK" ] && date -s "@$((CLOCK / 1000))" >/dev/null 2>&1
+echo "$HOST" > /proc/sys/kernel/hostname
+echo "$HOST" > /etc/hostname 2>/dev/null
+# ip= (kernel IP autoconfig) brings lo up; without it, do it here (IFF_UP is bit 0 of the flags)
+read -r LOFLAGS < /sys/class/net/lo/flags
+case "$LOFLAGS" in *[13579bdf]) ;; *) ip link set lo up 2>/dev/null ;; esac
+
+# DNS: aenv.dns=<ip>, else the default gateway (the host side of the tap answers or redirects
+# port 53). /proc/net/route holds the gateway as little-endian hex, e.g. 1600FEA9 = 169.254.0.22.
+if [ -z "$DNS" ]; then
+  while read -r IF DST GW _; do
+    if [ "$DST" = 00000000 ] && [ "$GW" != 00000000 ]; then
+      DNS="$((0x${GW#??????})).$((0x$(echo "$GW" | cut -c5-6))).$((0x$(echo "$GW" | cut -c3-4))).$((0x${GW%??????}))"
+      break
+    fi
+  done < /proc/net/route
+fi
+if [ -n "$DNS" ]; then
+  # a link to a resolver stub that does not run here (systemd-resolved) would swallow the write
+  [ -L /etc/resolv.conf ] && [ ! -e /etc/resolv.conf ] && rm -f /etc/resolv.conf
+  echo "nameserver $DNS" > /etc/resolv.conf 2>/dev/null
+fi
+
+read -r UP _ < /proc/uptime
+read -r KREL < /proc/sys/kernel/osrelease
+echo "@@AENV-INIT@@ uptime=$UP kernel=$KREL" > /dev/console
+
+# what commands see: the image's programs first, then the tools drive's
+GUEST_PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/.aenv/bin
+if [ -n "$RUN" ]; then
+  echo "$RUN" | base64 -d > /run/aenv-run.sh
+  PATH=$GUEST_PATH /.aenv/bin/sh /run/aenv-run.sh > /dev/console 2>&1
+  echo "@@AENV-RUN-EXIT@@ rc=$?" > /dev/console
+fi
+
+if [ "$ENVD" = 1 ]; then
+  # envd runs as root (it drops to the requested user per process) and logs to the console. Its
+  # glibc comes from the tools drive (LD_LIBRARY_PATH, which envd drops before it starts
+  # anything); its PATH, which commands inherit, ends with the tools drive's programs.
+  PATH=$GUEST_PATH HOME=/root LD_LIBRARY_PATH=/.aenv/lib \
+    /.aenv/bin/agentenv envd > /dev/console 2>&1 &
+  ENVD_PID=$!
+  echo "@@AENV-ENVD-STARTED@@ pid=$ENVD_PID" > /dev/console
+  # PID 1 must reap every orphan; `wait` returns when any child exits, so loop until envd is gone.
+  while kill -0 "$ENVD_PID" 2>/dev/null; do wait; done
+  echo "@@AENV-ENVD-EXITED@@" > /dev/console
+fi
+sync
+# No init system to hand over to: reset directly (QEMU -no-reboot and Firecracker exit on a guest
+# reset; the driver's reboot=t/k picks how).
+reboot -f

@@ -1,0 +1,190 @@
+/**
+ * The tools drive (src/tools): ELF interpreter rewriting and boot arguments (no VM); the drive the
+ * test home's `template build-base` made (read back with debugfs); and real QEMU microvm/TCG VMs
+ * booted through it from root filesystems that hold no glibc: one with nothing but a static
+ * busybox and two account lines, one with nothing at all. Both reach envd, which runs commands,
+ * moves files and finds the drive's ss and curl on PATH.
+ */
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { copyFileSync, mkdirSync, mkdtempSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { readInterpreter, resolveTools, setInterpreter, toolsBoot, toolsInitScript, TOOLS_INTERPRETER, type ToolsImage } from "../../src/tools/index.ts";
+import { resolveKernelPath, type QemuVm } from "../../src/vmm/index.ts";
+import { ENVD_PORT, runInGuest, waitEnvd } from "../vmm/qemu/envd-client.ts";
+import { TEST_HOME, TestNet, testConfig, testDriver } from "../vmm/qemu/helpers.ts";
+
+let work: string;
+let tools: ToolsImage;
+
+function sh(cmd: string[]): string {
+  const r = Bun.spawnSync(cmd, { stdout: "pipe", stderr: "pipe" });
+  if (r.exitCode !== 0) throw new Error(`${cmd.join(" ")}: ${r.stderr.toString()}`);
+  return r.stdout.toString();
+}
+
+beforeAll(() => {
+  work = mkdtempSync(join(tmpdir(), "aenv-tools-"));
+  tools = resolveTools(TEST_HOME);
+});
+
+afterAll(() => {
+  rmSync(work, { recursive: true, force: true });
+});
+
+describe("interpreter rewrite and boot arguments", () => {
+  test("PT_INTERP is rewritten in place; too long, non-ELF and static files are refused", () => {
+    const bin = join(work, "true");
+    copyFileSync("/usr/bin/true", bin);
+    expect(readInterpreter(bin)).toBe("/lib64/ld-linux-x86-64.so.2");
+    const size = Bun.file(bin).size;
+    setInterpreter(bin, TOOLS_INTERPRETER);
+    expect(readInterpreter(bin)).toBe("/.aenv/lib/ld.so");
+    expect(Bun.file(bin).size).toBe(size);
+    // readelf agrees, so the kernel will too
+    expect(sh(["readelf", "-l", bin])).toContain("[Requesting program interpreter: /.aenv/lib/ld.so]");
+    expect(() => setInterpreter(bin, `/${"x".repeat(40)}`)).toThrow(expect.objectContaining({ code: "tools.bad_elf" }));
+    expect(readInterpreter(bin)).toBe("/.aenv/lib/ld.so");
+    writeFileSync(join(work, "text"), "#!/bin/sh\necho not elf\n".repeat(10));
+    expect(() => readInterpreter(join(work, "text"))).toThrow(expect.objectContaining({ code: "tools.bad_elf" }));
+    expect(() => readInterpreter("/bin/busybox")).toThrow(expect.objectContaining({ code: "tools.bad_elf" })); // static: no PT_INTERP
+  });
+
+  test("the tools drive is the kernel's read-only root; a template's own root and init are dropped", () => {
+    const b = toolsBoot("/t/tools.ext4", "/s/root.img", "root=/dev/vda rw rootfstype=ext4 init=/sbin/aenv-init quiet x=1");
+    expect(b.drives).toEqual([
+      { id: "tools", path: "/t/tools.ext4", readOnly: true, isRoot: true },
+      { id: "root", path: "/s/root.img", readOnly: false, isRoot: false },
+    ]);
+    expect(b.bootArgs).toBe("root=/dev/vda ro rootfstype=ext4 init=/init aenv.root=/dev/vdb aenv.rootfstype=ext4 quiet x=1");
+    expect(toolsBoot("/t", "/s", "", { rootReadOnly: true }).drives[1]!.readOnly).toBe(true);
+  });
+});
+
+describe("the test home's tools drive", () => {
+  test("holds the init, busybox, envd on the drive's loader, ss and curl with their libraries", () => {
+    const cat = (p: string) => sh(["debugfs", "-R", `cat ${p}`, tools.path]);
+    expect(cat("/init")).toBe(toolsInitScript());
+    const envd = join(work, "agentenv");
+    sh(["debugfs", "-R", `dump /bin/agentenv ${envd}`, tools.path]);
+    expect(readInterpreter(envd)).toBe("/.aenv/lib/ld.so");
+    expect(sh(["debugfs", "-R", "stat /lib/ld.so", tools.path])).toContain('Fast link dest: "ld-linux-x86-64.so.2"');
+    const lib = sh(["debugfs", "-R", "ls /lib", tools.path]);
+    for (const l of ["libc.so.6", "libm.so.6", "ld-linux-x86-64.so.2", "libcurl.so.4", "libmnl.so.0"]) expect(lib).toContain(l);
+    const bin = sh(["debugfs", "-R", "ls /bin", tools.path]);
+    for (const b of ["busybox", "sh", "mount", "pivot_root", "agentenv", "ss", "curl"]) expect(bin.split(/\s+/)).toContain(b);
+    const curl = join(work, "curl");
+    sh(["debugfs", "-R", `dump /bin/curl ${curl}`, tools.path]);
+    expect(readInterpreter(curl)).toBe("/.aenv/lib/ld.so");
+    expect(sh(["readelf", "-d", curl])).toContain("Library rpath: [/.aenv/lib]");
+    // never written: no journal, mounted read-only by the guest
+    expect(sh(["dumpe2fs", "-h", tools.path])).not.toContain("has_journal");
+  });
+});
+
+/** An ext4 image of `tree` (empty directory: an empty filesystem). */
+function ext4Of(tree: string, out: string): string {
+  sh(["truncate", "-s", "64M", out]);
+  sh(["mkfs.ext4", "-q", "-F", "-E", "root_owner=0:0", "-d", tree, out]);
+  return out;
+}
+
+describe("VMs whose root filesystem has no glibc", () => {
+  const drv = testDriver();
+  const cleanups: (() => Promise<void> | void)[] = [];
+  afterAll(async () => {
+    for (const c of cleanups.reverse()) await c();
+    drv.dispose();
+  });
+
+  async function boot(name: string, rootDisk: string): Promise<{ vm: QemuVm; base: string }> {
+    const net = new TestNet();
+    cleanups.push(() => net.destroy());
+    const b = toolsBoot(tools.path, rootDisk);
+    const vm = await drv.driver.boot({
+      id: `tl${process.pid}${name}`,
+      workDir: join(work, name),
+      kernelPath: resolveKernelPath(testConfig()),
+      bootArgs: b.bootArgs,
+      vcpus: 1,
+      memoryMiB: 256,
+      drives: b.drives,
+      net: net.spec,
+    });
+    cleanups.push(() => vm.stop());
+    const base = net.url(ENVD_PORT);
+    try {
+      await waitEnvd(base, 90_000);
+    } catch (e) {
+      throw new Error(`${(e as Error).message}\nconsole:\n${vm.consoleTail(3000)}`);
+    }
+    return { vm, base };
+  }
+
+  // no access token: runInGuest names the user with Basic auth, as the SDK does without one
+  const init = (base: string, defaultUser: string) => fetch(`${base}/init`, { method: "POST", body: JSON.stringify({ defaultUser, timestamp: new Date().toISOString() }) });
+
+  test("busybox-only root: envd runs commands as root and user, moves files; ss and curl come from the drive", async () => {
+    const tree = join(work, "bb-tree");
+    for (const d of ["bin", "etc", "home/user"]) mkdirSync(join(tree, d), { recursive: true });
+    copyFileSync("/bin/busybox", join(tree, "bin/busybox"));
+    for (const a of ["sh", "ls", "id", "cat", "test", "readlink", "grep", "mount"]) symlinkSync("busybox", join(tree, "bin", a));
+    writeFileSync(join(tree, "etc/passwd"), "root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000::/home/user:/bin/sh\n");
+    writeFileSync(join(tree, "etc/group"), "root:x:0:\nuser:x:1000:\n");
+    const disk = ext4Of(tree, join(work, "bb.ext4"));
+    for (const f of ["uid", "gid"]) sh(["debugfs", "-w", "-R", `set_inode_field /home/user ${f} 1000`, disk]);
+    const { base } = await boot("bb", disk);
+    expect((await init(base, "user")).status).toBe(204);
+
+    const run = (script: string, user = "root") => runInGuest(base, script, user);
+    expect(await run("test -e /lib/x86_64-linux-gnu/libc.so.6 || test -e /lib64/ld-linux-x86-64.so.2 || echo no-glibc")).toEqual({ stdout: "no-glibc\n", stderr: "", exitCode: 0 });
+    // envd is the drive's binary; the drive is mounted read-only at /.aenv
+    expect((await run("readlink /proc/$(cat /proc/$$/stat | cut -d' ' -f4)/exe; grep ' /.aenv ' /proc/mounts | cut -d' ' -f4 | cut -d, -f1")).stdout).toBe("/.aenv/bin/agentenv\nro\n");
+    expect(await run("id -un; id -u; echo $HOME", "user")).toEqual({ stdout: "user\n1000\n/home/user\n", stderr: "", exitCode: 0 });
+    // the drive's programs are at the end of PATH: busybox has no ss and no curl
+    const ss = await run("ss -Htln | grep -c ':49983 '");
+    expect(ss).toEqual({ stdout: "1\n", stderr: "", exitCode: 0 });
+    const curl = await run("curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:49983/health");
+    expect(curl).toEqual({ stdout: "204", stderr: "", exitCode: 0 });
+    expect((await run("echo $PATH")).stdout).toBe("/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/.aenv/bin\n");
+    // files in and out through envd, owned by the acting user
+    const body = new Uint8Array(300_000).map((_, i) => (i * 31) & 0xff);
+    const up = await fetch(`${base}/files?path=/home/user/blob.bin&username=user`, { method: "POST", headers: { "content-type": "application/octet-stream" }, body });
+    expect(up.status).toBe(200);
+    const down = await fetch(`${base}/files?path=/home/user/blob.bin&username=user`);
+    expect(new Uint8Array(await down.arrayBuffer())).toEqual(body);
+    expect((await run("ls -n /home/user/blob.bin | cut -c1-40 | tr -s ' ' | cut -d' ' -f3,4")).stdout).toBe("1000 1000\n");
+    // the image itself gained only the mount points the init made
+    expect((await run("ls -A /")).stdout).toBe(".aenv\nbin\ndev\netc\nhome\nlost+found\nproc\nroot\nrun\nsys\ntmp\n");
+  }, 180_000);
+
+  test("empty root: envd still answers and runs the drive's shell as root", async () => {
+    const tree = join(work, "empty-tree");
+    mkdirSync(tree);
+    const { base } = await boot("empty", ext4Of(tree, join(work, "empty.ext4")));
+    expect((await init(base, "root")).status).toBe(204);
+    const r = await fetch(`${base}/process.Process/Start`, {
+      method: "POST",
+      headers: { "content-type": "application/connect+json" },
+      body: (() => {
+        const j = Buffer.from(JSON.stringify({ process: { cmd: "/.aenv/bin/sh", args: ["-c", "ls -A /; id -u; echo $HOME"] }, stdin: false }));
+        const f = Buffer.alloc(5 + j.length);
+        f.writeUInt32BE(j.length, 1);
+        j.copy(f, 5);
+        return f;
+      })(),
+    });
+    const text = Buffer.from(await r.arrayBuffer());
+    let out = "";
+    let end: unknown;
+    for (let off = 0; off + 5 <= text.length; ) {
+      const len = text.readUInt32BE(off + 1);
+      const msg = JSON.parse(text.subarray(off + 5, off + 5 + len).toString());
+      if (text[off] === 0 && msg.event.data) out += Buffer.from(msg.event.data.stdout, "base64").toString();
+      if (text[off] === 0 && msg.event.end) end = msg.event.end;
+      off += 5 + len;
+    }
+    expect(end).toEqual({ exited: true, status: "exit status 0" });
+    expect(out).toBe(".aenv\ndev\netc\nlost+found\nproc\nroot\nrun\nsys\ntmp\n0\n/root\n");
+  }, 180_000);
+});
