@@ -24,6 +24,24 @@ function checksum(h: Uint8Array): number {
   return sum;
 }
 
+/**
+ * A numeric header field: octal digits (NUL/space padded), or GNU base-256 when the first byte
+ * has its high bit set: bit 0x40 of that byte is the sign, its low 6 bits and the following bytes
+ * a big-endian number (GNU tar `from_header`; Python's `tarfile` writes 0x80 then 11 bytes).
+ * GNU tar uses it for sizes of 8 GiB and more. Returns NaN for a negative or unparsable value.
+ */
+export function tarNumber(h: Uint8Array, off: number, len: number): number {
+  const first = h[off]!;
+  if (first & 0x80) {
+    if (first & 0x40) return NaN;
+    let n = first & 0x3f;
+    for (let i = off + 1; i < off + len; i++) n = n * 256 + h[i]!;
+    return n;
+  }
+  const text = ascii(h, off, len).trim();
+  return text === "" ? 0 : /^[0-7]+$/.test(text) ? parseInt(text, 8) : NaN;
+}
+
 /** True when `h` (512 bytes) is a ustar header with a valid checksum. */
 export function isTarHeader(h: Uint8Array): boolean {
   if (h.length < BLOCK || ascii(h, T_MAGIC, 6) !== "ustar") return false;
@@ -41,7 +59,7 @@ export async function openTarMember(b: Backend): Promise<Backend | null> {
   const h = new Uint8Array(BLOCK);
   await b.pread(h, 0);
   if (!isTarHeader(h)) return null;
-  let start = BLOCK, size = parseInt(ascii(h, T_SIZE, 12).trim() || "0", 8);
+  let start = BLOCK, size = tarNumber(h, T_SIZE, 12);
   if (h[T_TYPE] === 0x78 /* x */ || h[T_TYPE] === 0x67 /* g */) {
     const recLen = size;
     const rec = new Uint8Array(Math.ceil(recLen / BLOCK) * BLOCK);
@@ -53,7 +71,7 @@ export async function openTarMember(b: Backend): Promise<Backend | null> {
     await b.pread(h2, h2off);
     if (!isTarHeader(h2)) fail("bad_tar", "PAX header is not followed by a valid ustar header", { file: b.name, offset: h2off });
     start = h2off + BLOCK;
-    size = m ? Number(m[1]) : parseInt(ascii(h2, T_SIZE, 12).trim() || "0", 8);
+    size = m ? Number(m[1]) : tarNumber(h2, T_SIZE, 12);
   }
   if (!Number.isSafeInteger(size) || start + size > b.size) {
     fail("bad_tar", `tar member of ${size} bytes at ${start} runs past the end (${b.size} bytes)`, { file: b.name, offset: start, size });

@@ -1,11 +1,15 @@
 import { describe, expect, test } from "bun:test";
+import { mkdtempSync, rmSync, truncateSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { LocalFile } from "../../../src/storage/overlaybd/backend.ts";
 import { rawCrc32c } from "../../../src/storage/overlaybd/crc32c.ts";
 import {
   decodeHeaderTrailer, decodeSegment, encodeHeaderTrailer, encodeSegments, HT_SIZE, HTFlag, INVALID_SEGMENT, type Segment,
 } from "../../../src/storage/overlaybd/format.ts";
 import { lz4Bound, lz4Compress, lz4Decompress } from "../../../src/storage/overlaybd/lz4.ts";
 import { insertSegment, lookup, mergeNeighbours, overlay } from "../../../src/storage/overlaybd/segments.ts";
-import { isTarHeader, tarPrefix } from "../../../src/storage/overlaybd/tar.ts";
+import { isTarHeader, openTarMember, tarNumber, tarPrefix } from "../../../src/storage/overlaybd/tar.ts";
 import { decodeZHeader, encodeZHeader, ZFlag } from "../../../src/storage/overlaybd/zfile.ts";
 import { OverlaybdError } from "../../../src/storage/overlaybd/errors.ts";
 import { HELLO, hex, rng } from "./helpers.ts";
@@ -168,6 +172,48 @@ describe("tar wrapper", () => {
     expect(isTarHeader(mine)).toBe(true);
     expect(Buffer.compare(mine, fixture)).toBe(0);
   });
+  test("GNU base-256 size fields (members of 8 GiB and more) are read as GNU tar and Python's tarfile read them", async () => {
+    // a plain ustar header (the wrapper's second block) whose size field is base-256
+    const size = 9 * 1024 ** 3 + 5; // past the 11 octal digits' 8 GiB
+    const h = tarPrefix(0).slice(1024, 1536);
+    h.fill(0, 124, 136);
+    h[124] = 0x80;
+    let v = size;
+    for (let i = 135; i > 124; i--) {
+      h[i] = v % 256;
+      v = Math.floor(v / 256);
+    }
+    h.fill(0x20, 148, 156);
+    let sum = 0;
+    for (const b of h) sum += b;
+    h.set(new TextEncoder().encode(sum.toString(8).padStart(6, "0") + "\0 "), 148);
+    expect(isTarHeader(h)).toBe(true);
+    expect(tarNumber(h, 124, 12)).toBe(size);
+    const dir = mkdtempSync(join(tmpdir(), "tar256-"));
+    try {
+      const path = join(dir, "big.tar");
+      writeFileSync(path, h);
+      truncateSync(path, 512 + size + 1024); // sparse: header, payload, end blocks
+      const file = LocalFile.open(path);
+      const m = await openTarMember(file);
+      expect(m?.size).toBe(size);
+      await m!.close();
+      // a file too short for the size it declares is refused, not read past its end
+      truncateSync(path, 512 + size - 1);
+      const short = LocalFile.open(path);
+      await expect(openTarMember(short)).rejects.toMatchObject({ code: "overlaybd.bad_tar" });
+      await short.close();
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+    // octal, GNU's other base-256 lead bits, and what is refused
+    const f = (bytes: number[]) => tarNumber(new Uint8Array(bytes), 0, bytes.length);
+    expect(f([...Buffer.from("00000001750 ")])).toBe(0o1750);
+    expect(f([0x81, 0, 0, 1])).toBe(256 ** 3 + 1); // the lead byte's low bits count
+    expect(f([0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xfe])).toBeNaN(); // negative
+    expect(f([...Buffer.from("12x45       ")])).toBeNaN();
+  });
+
   test("a header with a bad checksum is not tar", () => {
     const p = tarPrefix(10);
     p[0] ^= 1;
