@@ -15,6 +15,7 @@ export type EnvdErrorKind =
   | "unauthenticated"
   | "failed_precondition"
   | "unimplemented"
+  | "not_acceptable"
   | "resource_exhausted"
   | "insufficient_storage"
   | "unknown"
@@ -28,6 +29,7 @@ const CONNECT_CODE: Record<EnvdErrorKind, Code> = {
   unauthenticated: Code.Unauthenticated,
   failed_precondition: Code.FailedPrecondition,
   unimplemented: Code.Unimplemented,
+  not_acceptable: Code.FailedPrecondition,
   resource_exhausted: Code.ResourceExhausted,
   insufficient_storage: Code.ResourceExhausted,
   unknown: Code.Unknown,
@@ -43,6 +45,7 @@ const HTTP_STATUS: Record<EnvdErrorKind, number> = {
   unauthenticated: 401,
   failed_precondition: 400,
   unimplemented: 501,
+  not_acceptable: 406,
   resource_exhausted: 429,
   insufficient_storage: 507,
   unknown: 500,

@@ -243,6 +243,51 @@ describe("files", () => {
     expect((await sbx.files.read(p, { format: "bytes", gzip: true })).length).toBe(12_000);
   });
 
+  test("non-ASCII file names: SDK write and read work; Content-Disposition is ASCII with filename* (issue 16 item 3)", async () => {
+    for (const name of ["测试 文件.txt", "🤣.txt", "café.txt"]) {
+      const p = join(dir, name);
+      await sbx.files.write(p, `content of ${name}`);
+      expect(await sbx.files.read(p)).toBe(`content of ${name}`);
+      const r = await fetch(`${envd.url}/files?path=${encodeURIComponent(p)}`, { headers: { "x-access-token": TOKEN } });
+      expect(r.status).toBe(200);
+      const cd = r.headers.get("content-disposition")!;
+      expect(/^[\x20-\x7e]+$/.test(cd)).toBe(true);
+      const m = /^inline; filename="([^"]*)"; filename\*=UTF-8''(.+)$/.exec(cd);
+      expect(m).not.toBeNull();
+      expect(decodeURIComponent(m![2]!)).toBe(name);
+      expect(m![1]!.length).toBeGreaterThan(0);
+      expect(await r.text()).toBe(`content of ${name}`);
+    }
+    const plain = await fetch(`${envd.url}/files?path=${encodeURIComponent(join(dir, "gz.txt"))}`, { headers: { "x-access-token": TOKEN } });
+    expect(plain.headers.get("content-disposition")).toBe('inline; filename="gz.txt"');
+    await plain.arrayBuffer();
+  });
+
+  test("Accept-Encoding q-values are honoured; nothing acceptable is 406 (issue 16 item 4)", async () => {
+    const p = join(dir, "gz.txt");
+    const get = (ae: string, extra: Record<string, string> = {}) =>
+      fetch(`${envd.url}/files?path=${encodeURIComponent(p)}`, { headers: { "x-access-token": TOKEN, "accept-encoding": ae, ...extra }, decompress: false } as RequestInit);
+    const none = await get("br, identity;q=0");
+    expect(none.status).toBe(406);
+    expect(await none.json()).toEqual({ code: 406, message: expect.stringContaining("br, identity;q=0") });
+    expect((await get("*;q=0")).status).toBe(406);
+    const identity = await get("gzip;q=0, br");
+    expect(identity.status).toBe(200);
+    expect(identity.headers.get("content-encoding")).toBeNull();
+    expect(await identity.text()).toBe("compress me ".repeat(1000));
+    const gz = await get("identity;q=0.5, gzip;q=0.8");
+    expect(gz.headers.get("content-encoding")).toBe("gzip");
+    expect(Bun.gunzipSync(new Uint8Array(await gz.arrayBuffer())).length).toBe(12_000);
+    const preferIdentity = await get("gzip;q=0.2, identity");
+    expect(preferIdentity.headers.get("content-encoding")).toBeNull();
+    await preferIdentity.arrayBuffer();
+    // a range is sent as stored: identity must be acceptable
+    expect((await get("gzip, identity;q=0", { range: "bytes=0-9" })).status).toBe(406);
+    const part = await get("gzip", { range: "bytes=0-10" });
+    expect(part.status).toBe(206);
+    expect(await part.text()).toBe("compress me");
+  });
+
   test("write binary bytes round-trips exactly (1 MiB, all byte values)", async () => {
     const data = new Uint8Array(1 << 20);
     for (let i = 0; i < data.length; i++) data[i] = (i * 7 + (i >> 8)) & 0xff;

@@ -8,7 +8,7 @@ import { lstatSync } from "node:fs";
 import { join } from "node:path";
 import { EnvdError } from "../../src/envd/errors.ts";
 import { goModeString } from "../../src/envd/filesystem/entry.ts";
-import { fileSignature, parseRange } from "../../src/envd/http/files.ts";
+import { chooseEncoding, contentDisposition, fileSignature, parseRange } from "../../src/envd/http/files.ts";
 import { parseInitBody } from "../../src/envd/http/init.ts";
 import { parseMeminfo } from "../../src/envd/http/metrics.ts";
 import { boundaryOf, parseDisposition, readMultipart, type PartInfo } from "../../src/envd/http/multipart.ts";
@@ -97,6 +97,36 @@ describe("multipart reader", () => {
 });
 
 describe("http helpers", () => {
+  test("Content-Disposition: ASCII only, RFC 6266 filename* for other names", () => {
+    expect(contentDisposition("report.txt")).toBe('inline; filename="report.txt"');
+    expect(contentDisposition('a"b\\c.txt')).toBe(`inline; filename="a_b_c.txt"; filename*=UTF-8''a%22b%5Cc.txt`);
+    expect(contentDisposition("测试 文件.txt")).toBe(`inline; filename="__ __.txt"; filename*=UTF-8''%E6%B5%8B%E8%AF%95%20%E6%96%87%E4%BB%B6.txt`);
+    expect(contentDisposition("🤣.txt")).toBe(`inline; filename="_.txt"; filename*=UTF-8''%F0%9F%A4%A3.txt`);
+    expect(contentDisposition("café (1)'s*.txt")).toBe(`inline; filename="caf_ (1)'s*.txt"; filename*=UTF-8''caf%C3%A9%20%281%29%27s%2A.txt`);
+  });
+
+  test("Accept-Encoding negotiation (RFC 9110 q-values)", () => {
+    const cases: [string | null, "gzip" | "identity" | null][] = [
+      [null, "identity"],
+      ["", "identity"],
+      ["gzip", "gzip"],
+      ["GZIP", "gzip"],
+      ["x-gzip", "gzip"],
+      ["br", "identity"],
+      ["br, identity;q=0", null],
+      ["gzip;q=0", "identity"],
+      ["gzip;q=0, identity;q=0", null],
+      ["*;q=0", null],
+      ["*;q=0, gzip", "gzip"],
+      ["*", "gzip"],
+      ["gzip;q=0.5, identity", "identity"],
+      ["identity;q=0.1, gzip;q=0.2", "gzip"],
+      ["gzip;q=0.3, gzip;q=0", "gzip"],
+      ["deflate, gzip ; q=1.0", "gzip"],
+    ];
+    for (const [h, want] of cases) expect([h, chooseEncoding(h)]).toEqual([h, want]);
+  });
+
   test("Range parsing", () => {
     expect(parseRange(null, 100)).toBeUndefined();
     expect(parseRange("bytes=0-9", 100)).toEqual({ start: 0, end: 9 });

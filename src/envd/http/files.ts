@@ -150,6 +150,53 @@ export async function uploadFiles(state: EnvdState, req: Request, url: URL): Pro
   return done;
 }
 
+/**
+ * `Content-Disposition` for a download of `name`, ASCII only (HTTP header values are bytes; Bun
+ * refuses anything else): `inline; filename="<name>"` when the name is printable ASCII, else an
+ * ASCII fallback (`_` for every other character) plus `filename*=UTF-8''<percent-encoded UTF-8>`
+ * (RFC 6266 §4.3, RFC 8187 / 5987 ext-value: only attr-chars stay unencoded).
+ */
+export function contentDisposition(name: string): string {
+  const fallback = name.replace(/[^\x20-\x7e]|["\\]/gu, "_");
+  if (fallback === name) return `inline; filename="${name}"`;
+  const ext = encodeURIComponent(name).replace(/['()*]/g, (c) => `%${c.charCodeAt(0).toString(16).toUpperCase()}`);
+  return `inline; filename="${fallback}"; filename*=UTF-8''${ext}`;
+}
+
+/** Content codings GET /files can send (RFC 9110 §8.4.1). */
+export type FileCoding = "gzip" | "identity";
+
+/**
+ * Weights of gzip and identity in an `Accept-Encoding` value (RFC 9110 §12.5.3): each coding's
+ * `q` (default 1, clamped to 0..1; a repeated coding keeps its highest); `*` stands for codings
+ * not listed; identity, when neither it nor `*` is listed, stays acceptable but below any coding
+ * the client names. No header, or an empty one, accepts identity only.
+ */
+export function encodingWeights(header: string | null): Record<FileCoding, number> {
+  if (header === null || header.trim() === "") return { gzip: 0, identity: 1 };
+  const q = new Map<string, number>();
+  for (const item of header.split(",")) {
+    const [raw, ...params] = item.split(";").map((x) => x.trim().toLowerCase());
+    if (!raw) continue;
+    const coding = raw === "x-gzip" ? "gzip" : raw;
+    let weight = 1;
+    for (const p of params) {
+      const m = /^q\s*=\s*([0-9.]+)$/.exec(p);
+      if (m) weight = Math.min(1, Math.max(0, Number(m[1]) || 0));
+    }
+    q.set(coding, Math.max(weight, q.get(coding) ?? 0));
+  }
+  const star = q.get("*");
+  return { gzip: q.get("gzip") ?? star ?? 0, identity: q.get("identity") ?? star ?? Number.MIN_VALUE };
+}
+
+/** The coding to send: the acceptable one with the higher weight, gzip on a tie; null when neither is acceptable (406). */
+export function chooseEncoding(header: string | null): FileCoding | null {
+  const w = encodingWeights(header);
+  if (w.gzip > 0 && w.gzip >= w.identity) return "gzip";
+  return w.identity > 0 ? "identity" : null;
+}
+
 /** Parse a single `bytes=a-b` range against `size`; undefined when absent or unsupported. */
 export function parseRange(header: string | null, size: number): { start: number; end: number } | "unsatisfiable" | undefined {
   if (!header) return undefined;
@@ -188,12 +235,19 @@ export function downloadFile(state: EnvdState, req: Request, url: URL): Response
   const file = Bun.file(path);
   const headers = new Headers({
     "Content-Type": file.type || "application/octet-stream",
-    "Content-Disposition": `inline; filename="${basename(path).replace(/["\\]/g, "_")}"`,
+    "Content-Disposition": contentDisposition(basename(path)),
     "Accept-Ranges": "bytes",
     "Last-Modified": st.mtime.toUTCString(),
     Vary: "Accept-Encoding",
   });
+  const coding = chooseEncoding(req.headers.get("accept-encoding"));
   const range = parseRange(req.headers.get("range"), st.size);
+  // a range is sent as it is stored: identity must be acceptable for it
+  if (coding === null || (range && encodingWeights(req.headers.get("accept-encoding")).identity === 0)) {
+    throw new EnvdError("not_acceptable", `no acceptable content coding in Accept-Encoding '${req.headers.get("accept-encoding")}' (this envd sends gzip or identity)`, {
+      acceptEncoding: req.headers.get("accept-encoding"),
+    });
+  }
   if (range === "unsatisfiable") {
     headers.set("Content-Range", `bytes */${st.size}`);
     return new Response(null, { status: 416, headers });
@@ -202,8 +256,7 @@ export function downloadFile(state: EnvdState, req: Request, url: URL): Response
     headers.set("Content-Range", `bytes ${range.start}-${range.end}/${st.size}`);
     return new Response(file.slice(range.start, range.end + 1), { status: 206, headers });
   }
-  const accept = (req.headers.get("accept-encoding") ?? "").toLowerCase();
-  if (/\bgzip\b/.test(accept)) {
+  if (coding === "gzip") {
     headers.set("Content-Encoding", "gzip");
     return new Response(file.stream().pipeThrough(new CompressionStream("gzip")), { status: 200, headers });
   }
