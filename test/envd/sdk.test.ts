@@ -432,6 +432,22 @@ describe("files", () => {
     const e = await sbx.files.watchDir(join(dir, "no-such-dir"), () => {}).catch((x) => x);
     expect(e).toBeInstanceOf(NotFoundError);
   });
+
+  test("recursive watchDir reports what happened in new directories before their watch, in order, every run (issue 16 item 5)", async () => {
+    for (let run = 0; run < 5; run++) {
+      const w = join(dir, `w${run}`);
+      await sbx.files.makeDir(w);
+      const events: string[] = [];
+      const h = await sbx.files.watchDir(w, (ev) => void events.push(`${ev.type} ${ev.name}`), { recursive: true });
+      expect((await sbx.commands.run(`mkdir -p ${w}/a/b/c && echo x > ${w}/a/b/c/f`)).exitCode).toBe(0);
+      expect(await waitFor(() => events.includes(`${FilesystemEventType.WRITE} a/b/c/f`))).toBe(true);
+      expect((await sbx.commands.run(`mv ${w}/a/b/c/f ${w}/g`)).exitCode).toBe(0);
+      expect(await waitFor(() => events.includes(`${FilesystemEventType.CREATE} g`))).toBe(true);
+      await h.stop();
+      const { CREATE, WRITE, RENAME } = FilesystemEventType;
+      expect([run, events]).toEqual([run, [`${CREATE} a`, `${CREATE} a/b`, `${CREATE} a/b/c`, `${CREATE} a/b/c/f`, `${WRITE} a/b/c/f`, `${RENAME} a/b/c/f`, `${CREATE} g`]]);
+    }
+  });
 });
 
 describe("auth", () => {

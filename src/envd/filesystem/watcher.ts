@@ -86,26 +86,21 @@ export function startWatch(spec: WatchSpec, limits: WatchLimits, onEvent: (ev: F
   const dirs = new Map<number, string>(); // wd -> path relative to the root ("" = root)
   let closed = false;
 
-  /** Directories (and their contents) that appeared before their watch existed. */
-  const announce = (rel: string) => {
-    let names: string[] = [];
-    try {
-      names = readdirSync(join(spec.path, rel));
-    } catch {
-      return;
-    }
-    for (const n of names) {
-      const childRel = `${rel}/${n}`;
-      emit(childRel, EventType.CREATE);
-      try {
-        if (lstatSync(join(spec.path, childRel)).isDirectory()) announce(childRel);
-      } catch {
-        /* gone */
-      }
-    }
+  /**
+   * Entries a scan of a newly followed directory reported, with the kinds it reported for them.
+   * Their own inotify events may still be queued (they happened after the directory's watch was
+   * added, before the scan): the first such create / write of each is then the same event and is
+   * not reported twice. Bounded (oldest dropped: at worst one duplicate event, never a lost one).
+   */
+  const scanned = new Map<string, { create: boolean; write: boolean }>();
+  const remember = (rel: string, write: boolean) => {
+    scanned.delete(rel);
+    scanned.set(rel, { create: true, write });
+    if (scanned.size > limits.maxDirs) scanned.delete(scanned.keys().next().value!);
   };
 
-  const addDir = (rel: string, depthFirst: boolean) => {
+  /** Add one directory's watch. Returns false when it vanished meanwhile. */
+  const watchDir = (rel: string): boolean => {
     if (dirs.size >= limits.maxDirs) {
       throw new EnvdError("resource_exhausted", `watch covers more than ${limits.maxDirs} directories`, { path: spec.path, limit: limits.maxDirs });
     }
@@ -116,7 +111,7 @@ export function startWatch(spec: WatchSpec, limits: WatchLimits, onEvent: (ev: F
     } catch (err) {
       if (err instanceof InotifyError && err.code === "inotify.not_found") {
         if (!rel) throw new EnvdError("not_found", `path '${abs}' does not exist`, { path: abs });
-        return; // subdirectory vanished meanwhile
+        return false;
       }
       if (err instanceof InotifyError && err.code === "inotify.limit") {
         throw new EnvdError("resource_exhausted", "inotify watch limit reached (fs.inotify.max_user_watches)", { path: abs });
@@ -124,26 +119,45 @@ export function startWatch(spec: WatchSpec, limits: WatchLimits, onEvent: (ev: F
       throw new EnvdError("internal", (err as Error).message, { path: abs }, { cause: err });
     }
     dirs.set(wd, rel);
-    if (!depthFirst) return;
+    return true;
+  };
+
+  /**
+   * Follow directory `rel` and everything below it: its watch first, then its entries. With
+   * `report`, each entry found is reported with the events it would have had, in order (create;
+   * write when it is a non-empty file; then a directory's own entries), since whatever happened
+   * in it before its watch existed raised no event. The initial watch follows silently.
+   */
+  const follow = (rel: string, report: boolean) => {
+    if (!watchDir(rel)) return;
     let names: string[] = [];
     try {
-      names = readdirSync(abs);
+      names = readdirSync(rel ? join(spec.path, rel) : spec.path);
     } catch {
       return;
     }
     for (const n of names) {
       const childRel = rel ? `${rel}/${n}` : n;
+      let st;
       try {
-        if (lstatSync(join(spec.path, childRel)).isDirectory()) addDir(childRel, true);
+        st = lstatSync(join(spec.path, childRel));
       } catch {
-        /* raced with a delete */
+        continue; // raced with a delete
       }
+      if (report) {
+        const write = st.isFile() && st.size > 0;
+        emit(childRel, EventType.CREATE);
+        if (write) emit(childRel, EventType.WRITE);
+        remember(childRel, write);
+      }
+      if (st.isDirectory()) follow(childRel, report);
     }
   };
 
   let relay: Subprocess<number, "pipe", "ignore"> | undefined;
   try {
-    addDir("", spec.recursive);
+    if (spec.recursive) follow("", false);
+    else watchDir("");
     relay = Bun.spawn([limits.catPath], { stdin: fd, stdout: "pipe", stderr: "ignore" });
   } catch (err) {
     closeSync(fd);
@@ -179,12 +193,21 @@ export function startWatch(spec: WatchSpec, limits: WatchLimits, onEvent: (ev: F
     const name = rel ? `${rel}/${ev.name}` : ev.name;
     const type = eventTypeOf(ev.mask);
     if (type === undefined) return;
+    const prior = scanned.get(name);
+    if (prior && type === EventType.CREATE && prior.create) {
+      prior.create = false; // the scan reported (and followed) it already
+      return;
+    }
+    if (prior && type === EventType.WRITE && prior.write) {
+      prior.write = false;
+      return;
+    }
+    if (type === EventType.REMOVE || type === EventType.RENAME) scanned.delete(name);
     emit(name, type);
     if (spec.recursive && ev.mask & IN_ISDIR && type === EventType.CREATE) {
       try {
-        addDir(name, true);
-        // entries made between the mkdir and our watch raised no event: report them now
-        announce(name);
+        // entries made between the mkdir and our watch raised no event: they are reported now
+        follow(name, true);
       } catch (err) {
         log.warn({ path: spec.path, name, err: (err as Error).message }, "cannot follow new directory");
       }
