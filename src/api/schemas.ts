@@ -1,6 +1,6 @@
 /**
  * Request and response schemas of the node API (TypeBox via Elysia's `t`), named and shaped
- * as E2B's `spec/openapi.yml` (/work/shared/contracts/e2b/openapi.yml). Integers use
+ * as E2B's `spec/openapi.yml` (../shared/contracts/e2b/openapi.yml). Integers use
  * `t.Number({multipleOf: 1})`: Elysia's `t.Integer` would coerce strings.
  */
 import { t } from "elysia";

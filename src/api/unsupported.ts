@@ -2,7 +2,7 @@
  * E2B request fields this node does not implement. Accepting them silently would tell the
  * client something happened that did not (a volume mounted, a filesystem-only snapshot, ...),
  * so a non-default value is refused with 400 `api.unsupported` naming the field.
- * Field meanings: /work/shared/docs/e2b-contract.md, E2B's spec/openapi.yml.
+ * Field meanings: ../shared/docs/e2b-contract.md, E2B's spec/openapi.yml.
  */
 import { ApiError } from "./errors.ts";
 

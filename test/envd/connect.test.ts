@@ -118,9 +118,7 @@ describe("process over binary Connect", () => {
     ac.abort();
     expect(await codeOf(it.next())).toBe(Code.Canceled);
     await Bun.sleep(300);
-    const st = procState(pid);
-    expect(st).toBeDefined();
-    expect(st).not.toBe("Z");
+    expect(procState(pid)).toMatch(/^[RSD]$/); // alive, not a zombie
     const listed = await proc.list({});
     expect(listed.processes.find((p) => p.pid === pid)?.tag).toBe("ticker");
 
@@ -169,7 +167,6 @@ describe("process over binary Connect", () => {
       ptys.push({ it, pid: ((await it.next()).value.event.event.value as { pid: number }).pid });
     }
     try {
-      const t0 = performance.now();
       let out = "";
       for await (const r of proc.start({ process: { cmd: "/bin/echo", args: ["alive"] } })) {
         const ev = r.event!.event;
@@ -181,7 +178,8 @@ describe("process over binary Connect", () => {
       const st = await fsc.stat({ path: poolFile });
       rmSync(dirname(poolFile), { recursive: true });
       expect(st.entry?.size).toBe(4n);
-      expect(performance.now() - t0).toBeLessThan(3000);
+      // done while every idle PTY's `sleep 20` still runs: the work was not queued behind them
+      for (const p of ptys) expect(procState(p.pid)).toMatch(/^[RSD]$/);
     } finally {
       for (const p of ptys) await proc.sendSignal({ process: { selector: { case: "pid", value: p.pid } }, signal: Signal.SIGKILL });
       for (const p of ptys) for await (const _ of p.it);

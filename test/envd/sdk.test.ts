@@ -141,8 +141,7 @@ describe("commands", () => {
   test("background process is listed, then killed", async () => {
     const h = await sbx.commands.run("sleep 30", { background: true });
     expect(h.pid).toBeGreaterThan(0);
-    expect(procState(h.pid)).toBeDefined();
-    expect(procState(h.pid)).not.toBe("Z");
+    expect(procState(h.pid)).toMatch(/^[RSD]$/); // alive, not a zombie
     const list = await sbx.commands.list();
     const mine = list.find((p) => p.pid === h.pid);
     expect(mine?.cmd).toBe("/bin/bash");
@@ -420,7 +419,6 @@ describe("files", () => {
     expect(await waitFor(() => events.some((e) => e.name === "new.txt" && e.type === FilesystemEventType.WRITE))).toBe(true);
     await sbx.files.remove(join(wdir, "new.txt"));
     expect(await waitFor(() => events.some((e) => e.name === "new.txt" && e.type === FilesystemEventType.REMOVE))).toBe(true);
-    await sbx.files.rename(join(wdir, "new.txt"), join(wdir, "renamed.txt")).catch(() => {});
     await handle.stop();
     const withEntry: { name: string; type: string; size?: number }[] = [];
     const h2 = await sbx.files.watchDir(wdir, (ev) => void withEntry.push({ name: ev.name, type: ev.type, size: ev.entry?.size }), { includeEntry: true, recursive: true });

@@ -68,7 +68,6 @@ describe("base template", () => {
     // the first run rebuilds only if sources changed since the pre-step (shared work tree)
     const first = await buildBase(opts);
     const phases: string[] = [];
-    const t0 = performance.now();
     const again = await buildBase({ ...opts, onProgress: (p) => phases.push(p) });
     expect(again.built).toBe(false);
     expect(phases).toEqual(["tools cached", "cached"]);
@@ -77,6 +76,5 @@ describe("base template", () => {
     // the build made its tools drive the current one
     expect(again.tools).toEqual(first.tools);
     expect(resolveTools(TEST_HOME)).toEqual(first.tools);
-    expect(performance.now() - t0).toBeLessThan(10_000);
   }, 300_000);
 });

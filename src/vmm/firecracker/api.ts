@@ -1,6 +1,6 @@
 /**
  * Client of Firecracker's HTTP/1.1 + JSON API on its Unix socket (`--api-sock`).
- * Facts: /work/shared/contracts/firecracker-api.yaml; success is 204 (PUT/PATCH) or 200 with
+ * Facts: ../shared/contracts/firecracker-api.yaml; success is 204 (PUT/PATCH) or 200 with
  * JSON (GET); failure is 400/500 with `{"fault_message": "..."}`.
  */
 import { VmmError } from "../errors.ts";

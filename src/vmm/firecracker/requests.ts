@@ -1,6 +1,6 @@
 /**
  * Pure builders of the API request sequences the driver sends (bodies per
- * /work/shared/contracts/firecracker-api.yaml, v1.16 semantics: /work/shared/docs/ublk-iouring-firecracker.md §3.2).
+ * ../shared/contracts/firecracker-api.yaml, v1.16 semantics: ../shared/docs/ublk-iouring-firecracker.md §3.2).
  */
 import { kernelIpArg } from "../bootargs.ts";
 import { VmmError } from "../errors.ts";
@@ -75,7 +75,7 @@ export function bootRequests(spec: VmSpec, cfg: FirecrackerConfig): ApiRequest[]
       reqs.push({ method: "PUT", path: "/mmds", body: spec.metadata });
     }
   }
-  // virtio-rng: a Bun envd in the guest needs entropy early (/work/shared/docs/bun-in-guest.md)
+  // virtio-rng: a Bun envd in the guest needs entropy early (../shared/docs/bun-in-guest.md)
   if (cfg.entropyDevice) reqs.push({ method: "PUT", path: "/entropy", body: {} });
   reqs.push({ method: "PUT", path: "/actions", body: { action_type: "InstanceStart" } });
   return reqs;

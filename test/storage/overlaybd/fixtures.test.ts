@@ -1,6 +1,6 @@
 /**
  * Golden tests against the blobs made by the original overlaybd tools
- * (/work/shared/overlaybd-fixtures, sha256s from its README).
+ * (../shared/overlaybd-fixtures, sha256s from its README).
  */
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { createHash } from "node:crypto";

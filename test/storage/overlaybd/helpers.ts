@@ -3,7 +3,8 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { createHash } from "node:crypto";
 
-export const FIXTURES = "/work/shared/overlaybd-fixtures";
+/** ../shared/overlaybd-fixtures, next to the repository. */
+export const FIXTURES = join(import.meta.dir, "../../../../shared/overlaybd-fixtures");
 export const HELLO = join(FIXTURES, "hello-world-overlaybd-layer.blob");
 
 /** A scratch folder removed by the returned cleanup. */

@@ -1,6 +1,6 @@
 // The Firecracker driver against a stand-in `firecracker` (fake-firecracker.ts) that serves the
 // API on the driver's Unix socket and validates every body against
-// /work/shared/contracts/firecracker-api.yaml. Real parts: process spawn, nsenter into a real
+// ../shared/contracts/firecracker-api.yaml. Real parts: process spawn, nsenter into a real
 // network namespace (ip netns), HTTP over the Unix socket, VMM records, signals.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { chmodSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
@@ -77,23 +77,23 @@ describe("request building", () => {
     expect((boot.body as any).boot_args).toBe(`${cfg.bootArgs} ip=169.254.0.1::169.254.0.2:255.255.255.252::eth0:off init=/sbin/aenv-init`);
   });
 
-  const bad: [string, Partial<VmSpec>][] = [
-    ["id with underscore", { id: "bad_id" }],
-    ["id longer than 64", { id: "a".repeat(65) }],
-    ["zero vcpus", { vcpus: 0 }],
-    ["33 vcpus", { vcpus: 33 }],
-    ["fractional memory", { memoryMiB: 1.5 }],
-    ["relative kernel path", { kernelPath: "vmlinux" }],
-    ["two root drives", { drives: [{ id: "a", path: "/a", readOnly: false, isRoot: true }, { id: "b", path: "/b", readOnly: false, isRoot: true }] }],
-    ["duplicate drive id", { drives: [{ id: "a", path: "/a", readOnly: false, isRoot: true }, { id: "a", path: "/b", readOnly: true, isRoot: false }] }],
-    ["relative drive path", { drives: [{ id: "a", path: "a.img", readOnly: false, isRoot: true }] }],
-    ["metadata without a NIC", { metadata: { a: 1 } }],
+  const bad: [string, Partial<VmSpec>, string][] = [
+    ["id with underscore", { id: "bad_id" }, "id"],
+    ["id longer than 64", { id: "a".repeat(65) }, "id"],
+    ["zero vcpus", { vcpus: 0 }, "vcpus"],
+    ["33 vcpus", { vcpus: 33 }, "vcpus"],
+    ["fractional memory", { memoryMiB: 1.5 }, "memoryMiB"],
+    ["relative kernel path", { kernelPath: "vmlinux" }, "kernelPath"],
+    ["two root drives", { drives: [{ id: "a", path: "/a", readOnly: false, isRoot: true }, { id: "b", path: "/b", readOnly: false, isRoot: true }] }, "drives"],
+    ["duplicate drive id", { drives: [{ id: "a", path: "/a", readOnly: false, isRoot: true }, { id: "a", path: "/b", readOnly: true, isRoot: false }] }, "drives.id"],
+    ["relative drive path", { drives: [{ id: "a", path: "a.img", readOnly: false, isRoot: true }] }, "drives.path"],
+    ["metadata without a NIC", { metadata: { a: 1 } }, "metadata"],
   ];
-  for (const [name, patch] of bad) {
+  for (const [name, patch, field] of bad) {
     test(`rejects ${name}`, async () => {
       const spec = { ...makeSpec("bad"), ...patch };
       const e = await expectVmmError(() => validateSpec(spec), "vmm.bad_spec");
-      expect(e.details.field).toBeDefined();
+      expect(e.details.field).toBe(field);
     });
   }
   test("rejects a bad MAC", async () => {
@@ -309,10 +309,8 @@ describe("Firecracker driver against the schema-validating stand-in", () => {
     chmodSync(mute, 0o755);
     const driver = new FirecrackerDriver({ config: { ...cfg, binary: mute, socketTimeoutMs: 600 }, runtimeDir });
     const spec = makeSpec("vm-mute");
-    const t0 = Date.now();
     const e = await expectVmmError(driver.boot(spec), "vmm.spawn_failed");
     expect(e.message).toContain("not answering");
-    expect(Date.now() - t0).toBeLessThan(10_000);
     expect(existsSync(join(runtimeDir, "vmm", "vm-mute.json"))).toBe(false);
   }, 60_000);
 

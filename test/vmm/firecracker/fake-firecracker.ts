@@ -1,14 +1,15 @@
 // Stand-in for the `firecracker` binary (which cannot run here): serves Firecracker's API on
-// `--api-sock`, validates every request body against /work/shared/contracts/firecracker-api.yaml
+// `--api-sock`, validates every request body against ../shared/contracts/firecracker-api.yaml
 // with ajv (unknown fields rejected, as Firecracker's serde deny_unknown_fields does), enforces the
 // pre-boot/post-boot phases and the paused-only snapshot rule, and answers errors the way
 // Firecracker does: 400 + {"fault_message": "..."}. Every request is appended as a JSON line to
 // `<api-sock>.requests.jsonl`; `<api-sock>.start.json` records argv, pid and network namespace.
+import { join } from "node:path";
 import Ajv from "ajv";
 import { appendFileSync, closeSync, existsSync, openSync, readFileSync, readlinkSync, rmSync, ftruncateSync, writeFileSync } from "node:fs";
 import { parse } from "yaml";
 
-const SPEC_PATH = process.env.FAKE_FC_SPEC ?? "/work/shared/contracts/firecracker-api.yaml";
+const SPEC_PATH = process.env.FAKE_FC_SPEC ?? join(import.meta.dir, "../../../../shared/contracts/firecracker-api.yaml");
 const argv = process.argv.slice(2);
 const arg = (name: string) => {
   const i = argv.indexOf(name);

@@ -82,9 +82,8 @@ describe("QMP client", () => {
   }, 30_000);
 
   test("connect gives up with vmm.qmp_connect when nothing listens", async () => {
-    const t0 = Date.now();
-    await expect(QmpClient.connect("/tmp/c1-no-such-qmp.sock", 300)).rejects.toMatchObject({ code: "vmm.qmp_connect" });
-    expect(Date.now() - t0).toBeLessThan(10_000); // gives up near its 300 ms bound, never hangs
+    // gives up at its own 300 ms bound (named in the error), never hangs
+    await expect(QmpClient.connect("/tmp/c1-no-such-qmp.sock", 300)).rejects.toMatchObject({ code: "vmm.qmp_connect", details: { path: "/tmp/c1-no-such-qmp.sock", timeoutMs: 300 } });
   });
 });
 
