@@ -13,6 +13,7 @@ export const IMAGE_ERRORS = {
   "image.unpack_failed": "umoci could not unpack the layers (details.ref)",
   "image.convert_failed": "making the ext4 root filesystem failed (details.ref)",
   "image.tool_missing": "skopeo, umoci or mkfs.ext4 is not installed (details.cmd)",
+  "image.bad_rootfs": "the image holds a directory, device, FIFO or link loop where the node adds a file (details.path)",
 } as const satisfies ErrorTable;
 /** An ImageError code. */
 export type ImageErrorCode = keyof typeof IMAGE_ERRORS;

@@ -4,8 +4,9 @@
  * zstd layers, each blob's digest checked while it streams) into a `dir:` copy with
  * decompressed layers; that copy is written as an OCI layout which Debian's `umoci` unpacks
  * (layers applied in order, whiteouts and opaque directories honoured, digests checked again).
- * The `user` account and the mount points the guest init needs go into the tree (init and envd
- * come from the tools drive every VM boots through, src/tools), `mkfs.ext4 -d` makes a
+ * The `user` account and a shell where the image has none go into the tree, every path resolved
+ * inside it (init and envd come from the tools drive every VM boots through, src/tools),
+ * `mkfs.ext4 -d` makes a
  * filesystem of it and it is imported as ONE committed overlaybd layer.
  *
  * Why one flattened layer and not one per image layer: the guest mounts one ext4 block device,
@@ -18,12 +19,13 @@
  * a second pull of the same tag asks the registry for the manifest only.
  */
 import { createHash, randomBytes } from "node:crypto";
-import { chmodSync, copyFileSync, existsSync, linkSync, lstatSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, symlinkSync, writeFileSync } from "node:fs";
+import { existsSync, linkSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { importSparse } from "../storage/overlaybd/index.ts";
 import { TOOLS_MOUNT } from "../tools/index.ts";
 import { ImageError } from "./errors.ts";
 import { formatImageRef, isLoopbackRegistry, parseImageRef, type ImageRef } from "./reference.ts";
+import { RootTree } from "./rootfs.ts";
 
 /** Process defaults of the image (its OCI config, as umoci's runtime spec has them). */
 export interface ImageRunConfig {
@@ -36,7 +38,7 @@ export interface ImageRunConfig {
 }
 
 /** Version of what `installGuestBits` adds to a tree (enters the cache key). */
-export const GUEST_BITS_KEY = "guest-bits-v2-tools-drive";
+export const GUEST_BITS_KEY = "guest-bits-v3-confined";
 
 /** Inputs of `pullImage`. */
 export interface PullOptions {
@@ -197,53 +199,37 @@ function dirToOciLayout(dir: string, layout: string): void {
 }
 
 /**
- * Add the `user` account (uid 1000, as E2B templates have) and the guest's mount points to a root
- * tree; an image without a shell (distroless) gets the tools drive's busybox as `/bin/sh`, one
- * without bash a `/bin/bash` that runs `/bin/sh` (the SDKs start every command with bash). Init,
- * envd and the fallback userland come from the tools drive (src/tools), mounted at /.aenv.
+ * Add what the tools drive (src/tools, mounted at /.aenv) cannot bring to an unpacked root tree:
+ * the `user` account (uid 1000, home /home/user, passwordless sudo where sudoers.d exists), as
+ * E2B templates have; `/etc/hosts` when missing; `/bin/sh` (the drive's busybox) when the image
+ * has no shell (distroless) and a `/bin/bash` running `/bin/sh` when it has no bash (the SDKs
+ * start every command with bash); the `/.aenv` mount point (needed when the disk is attached
+ * read-only). Init, envd, mount points, /tmp and the resolver are the guest init's job.
+ * Every path is resolved inside `rootfs` (RootTree): the image's own links and special files
+ * cannot make this touch a host file.
+ * @throws ImageError `image.bad_rootfs` when one of those paths holds a directory, device, FIFO
+ *   or link loop where a file belongs.
  */
 export function installGuestBits(rootfs: string): void {
-  for (const d of ["etc", "home", "proc", "sys", "dev", "tmp", "run", TOOLS_MOUNT.slice(1)]) mkdirSync(join(rootfs, d), { recursive: true });
-  chmodSync(join(rootfs, "tmp"), 0o1777);
-  // the guest init writes the real resolver at boot; a dangling symlink would make that fail
-  rmSync(join(rootfs, "etc/resolv.conf"), { force: true });
-  writeFileSync(join(rootfs, "etc/resolv.conf"), "# written by the guest init at boot\n");
-  if (!existsSync(join(rootfs, "etc/hosts"))) writeFileSync(join(rootfs, "etc/hosts"), "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n");
-  // links in the image name guest paths: look at the link itself, not where it points on this host
-  const present = (f: string) => {
-    try {
-      lstatSync(join(rootfs, f));
-      return true;
-    } catch {
-      return false;
-    }
+  const t = new RootTree(rootfs);
+  t.mkdirs(TOOLS_MOUNT);
+  if (t.kind("etc/hosts") === "none") t.writeText("etc/hosts", "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n");
+  // an image without a shell gets the tools drive's busybox as /bin/sh (it picks its applet by
+  // the name it is called with): envd's commands and the build's steps need one
+  if (t.kind("bin/sh") === "none") t.symlink("bin/sh", `${TOOLS_MOUNT}/bin/busybox`);
+  // a script, not a link: busybox would look for an applet named bash
+  if (t.kind("bin/bash") === "none") t.writeText("bin/bash", '#!/bin/sh\n# added by AgentENV: this image has no bash\nexec /bin/sh "$@"\n', { uid: 0, gid: 0, mode: 0o755 });
+  const append = (f: string, line: string) => {
+    const old = t.readText(f) ?? "";
+    t.writeText(f, `${old}${old && !old.endsWith("\n") ? "\n" : ""}${line}\n`);
   };
-  // an image without a shell (distroless) gets the tools drive's busybox as /bin/sh (it picks
-  // its applet by the name it is called with): envd's commands and the build's steps need one
-  if (!present("bin/sh")) {
-    mkdirSync(join(rootfs, "bin"), { recursive: true });
-    symlinkSync(`${TOOLS_MOUNT}/bin/busybox`, join(rootfs, "bin/sh"));
+  if (!/^user:/m.test(t.readText("etc/passwd") ?? "")) {
+    append("etc/passwd", "user:x:1000:1000::/home/user:/bin/bash");
+    if (!/^user:/m.test(t.readText("etc/group") ?? "")) append("etc/group", "user:x:1000:");
+    if (t.kind("etc/shadow") !== "none") append("etc/shadow", "user:*:19000:0:99999:7:::");
+    if (t.kind("etc/sudoers.d") === "dir") t.writeText("etc/sudoers.d/user", "user ALL=(ALL:ALL) NOPASSWD: ALL\n", { uid: 0, gid: 0, mode: 0o440 });
   }
-  // E2B's SDKs run every command with `/bin/bash -l -c` (E2B provisions bash into every image):
-  // an image without bash gets a /bin/bash that runs its /bin/sh (a script, not a link: busybox
-  // picks its applet by the name it is called with)
-  if (!present("bin/bash")) {
-    writeFileSync(join(rootfs, "bin/bash"), '#!/bin/sh\n# added by AgentENV: this image has no bash\nexec /bin/sh "$@"\n', { mode: 0o755 });
-  }
-  const read = (f: string) => (existsSync(join(rootfs, f)) ? readFileSync(join(rootfs, f), "utf8") : "");
-  const passwd = read("etc/passwd");
-  if (!/^user:/m.test(passwd)) {
-    const shell = existsSync(join(rootfs, "bin/bash")) ? "/bin/bash" : "/bin/sh";
-    writeFileSync(join(rootfs, "etc/passwd"), `${passwd}${passwd && !passwd.endsWith("\n") ? "\n" : ""}user:x:1000:1000::/home/user:${shell}\n`);
-    const group = read("etc/group");
-    if (!/^user:/m.test(group)) writeFileSync(join(rootfs, "etc/group"), `${group}${group && !group.endsWith("\n") ? "\n" : ""}user:x:1000:\n`);
-    if (existsSync(join(rootfs, "etc/shadow"))) writeFileSync(join(rootfs, "etc/shadow"), `${read("etc/shadow")}user:*:19000:0:99999:7:::\n`);
-    if (existsSync(join(rootfs, "etc/sudoers.d"))) writeFileSync(join(rootfs, "etc/sudoers.d/user"), "user ALL=(ALL:ALL) NOPASSWD: ALL\n", { mode: 0o440 });
-  }
-  if (!existsSync(join(rootfs, "home/user"))) {
-    mkdirSync(join(rootfs, "home/user"));
-    Bun.spawnSync(["chown", "1000:1000", join(rootfs, "home/user")]);
-  }
+  if (t.kind("home/user") === "none") t.mkdirs("home/user", { uid: 1000, gid: 1000, mode: 0o755 });
 }
 
 /** Apparent size of a tree in bytes (`du -sb`). */

@@ -176,3 +176,29 @@ test("a blob whose bytes do not match its digest: image.digest_mismatch, nothing
   await expect(pullImage(opts(home, `${reg.host}/test/corrupt:v1`))).rejects.toMatchObject({ code: "image.digest_mismatch" });
   expect(readdirSync(join(home, "images"))).toEqual([]);
 }, 60_000);
+
+test("an image whose links point at host paths (etc, bin, home) pulls without touching the host: the bits go inside the image", async () => {
+  const victim = join(work, "victim");
+  mkdirSync(join(victim, "etc"), { recursive: true });
+  mkdirSync(join(victim, "bin"), { recursive: true });
+  writeFileSync(join(victim, "etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n");
+  writeFileSync(join(victim, "etc/resolv.conf"), "nameserver 192.0.2.1\n");
+  const l = join(work, "evil");
+  mkdirSync(l, { recursive: true });
+  symlinkSync(join(victim, "etc"), join(l, "etc"));
+  symlinkSync(join(victim, "bin"), join(l, "bin"));
+  symlinkSync(victim, join(l, "home"));
+  const img = await pushImage(reg.host, "test/evil:v1", [{ dir: l, compression: "gzip" }]);
+  rmSync(img.dir, { recursive: true, force: true });
+  const listing = () => Bun.spawnSync(["sh", "-c", `cd ${victim} && find . -printf '%p %m %u:%g %s\\n' | sort && cat etc/passwd etc/resolv.conf`], { stdout: "pipe" }).stdout.toString();
+  const before = listing();
+  const p = await pullImage(opts(join(work, "home8"), `${reg.host}/test/evil:v1`));
+  expect(listing()).toBe(before);
+  const raw = join(work, "evil.raw");
+  await toRaw(p.layerPath, raw);
+  expect(debugfs(raw, "stat /etc")).toContain(`Fast link dest: "${join(victim, "etc")}"`);
+  // the guest follows /etc -> <victim>/etc inside its own root: the account is there
+  expect(debugfs(raw, `cat ${join(victim, "etc/passwd")}`)).toBe("user:x:1000:1000::/home/user:/bin/bash\n");
+  expect(debugfs(raw, `stat ${join(victim, "bin/sh")}`)).toContain('Fast link dest: "/.aenv/bin/busybox"');
+  expect(debugfs(raw, `stat ${join(victim, "user")}`)).toMatch(/User:\s+1000\s+Group:\s+1000/);
+}, 120_000);
