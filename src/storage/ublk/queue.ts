@@ -13,6 +13,7 @@
  */
 import { IORING_FSYNC_DATASYNC, IORING_OP, IoUring, SQE } from "../../ffi/io_uring.ts";
 import { mapMemory, unmapMemory, viewMemory } from "../../ffi/mmap.ts";
+import { AddressReader } from "../../ffi/preadv2.ts";
 import { encodeIoCmd, IO_DESC, ioOpcode, UBLK_IO, UBLK_IO_OP, UBLK_IO_RES } from "../../ffi/ublk.ts";
 import { logger } from "../../observability/log.ts";
 import { cowFilesOf, cowFlush, cowWrite, planCowRead, type CowFiles } from "./cow.ts";
@@ -62,7 +63,7 @@ export const MAILBOX_STOP = -1;
 
 const KIND_IO = 1, KIND_DOORBELL = 2;
 const TWO32 = 2 ** 32;
-const EIO = 5, EOPNOTSUPP = 95;
+const EIO = 5, EAGAIN = 11, EOPNOTSUPP = 95;
 
 /** Where the main thread's view of a mailbox puts a result; see `QueueInit.mailbox`. */
 export function mailboxPut(mb: Int32Array, cap: number, tag: number, result: number): void {
@@ -85,6 +86,7 @@ export function runQueue(init: QueueInit, post: (m: QueueMessage) => void): stri
   const desc = new DataView(viewMemory(init.descPtr, init.descLength));
   const arena = new Uint8Array(viewMemory(init.bufPtr, depth * maxIo));
   const bell = mapMemory(4096);
+  const reader = new AddressReader();
   const mb = new Int32Array(init.mailbox);
   const FETCH = ioOpcode(UBLK_IO.FETCH_REQ, init.encodedOps), COMMIT = ioOpcode(UBLK_IO.COMMIT_AND_FETCH_REQ, init.encodedOps);
   const ext: ExtentPlan | null = init.plan?.kind === "extents" ? init.plan : null;
@@ -111,12 +113,38 @@ export function runQueue(init: QueueInit, post: (m: QueueMessage) => void): stri
     const p = pieces[tag]![i]!;
     ring.prep({ opcode: pieceOp[tag]!, fd: files[p.file]!.fd, off: p.fileOffset, addr: init.bufPtr + tag * maxIo + p.bufOffset, len: p.length, userData: KIND_IO * TWO32 + tag * 65536 + i });
   };
+  /** Files whose reads cannot be tried without blocking (RWF_NOWAIT unsupported): always through the ring. */
+  const ringOnly = new Uint8Array(files.length);
+  /**
+   * Read what the page cache holds at once (preadv2 RWF_NOWAIT, no ring round trip); pieces that
+   * would block stay in the list for the ring; a failed piece fails the request (`failure`).
+   */
+  const readCached = (tag: number): void => {
+    const list = pieces[tag]!;
+    let keep = 0;
+    for (let i = 0; i < list.length; i++) {
+      const p = list[i]!;
+      while (p.length > 0 && !ringOnly[p.file] && failure[tag] === 0) {
+        const n = reader.read(files[p.file]!.fd, init.bufPtr + tag * maxIo + p.bufOffset, p.length, p.fileOffset, true);
+        if (n > 0) {
+          p.fileOffset += n;
+          p.bufOffset += n;
+          p.length -= n;
+        } else if (n === -EAGAIN) break;
+        else if (n === -EOPNOTSUPP) ringOnly[p.file] = 1;
+        else pieceFailed(tag, p, IORING_OP.READ, n);
+      }
+      if (p.length > 0 && failure[tag] === 0) list[keep++] = p;
+    }
+    list.length = keep;
+  };
   const startPieces = (tag: number, op: number) => {
     const list = pieces[tag]!;
-    if (list.length === 0) return commit(tag, reqLen[tag]!);
+    failure[tag] = 0;
+    if (op === IORING_OP.READ) readCached(tag);
+    if (list.length === 0) return commit(tag, failure[tag] || reqLen[tag]!);
     pieceOp[tag] = op;
     inflight[tag] = list.length;
-    failure[tag] = 0;
     for (let i = 0; i < list.length; i++) pieceSqe(tag, i);
   };
   const forward = (tag: number, op: number, flags: number, offset: number, length: number) => post([tag, op, flags, offset, length]);
@@ -191,6 +219,17 @@ export function runQueue(init: QueueInit, post: (m: QueueMessage) => void): stri
     }
   };
 
+  const pieceFailed = (tag: number, p: ReadPiece, op: number, res: number) => {
+    if (failure[tag] === 0) {
+      const f = files[p.file]!;
+      const what = op === IORING_OP.READ ? "read" : op === IORING_OP.WRITE ? "write" : "fdatasync";
+      // a layer file ending inside an extent is corrupt (truncated): fail, never invent bytes
+      if (res < 0) log.error({ file: f.name, offset: p.fileOffset, length: p.length, errno: -res }, `${what} of ${f.name} at ${p.fileOffset} failed: errno ${-res}`);
+      else log.error({ file: f.name, offset: p.fileOffset, length: p.length }, `short ${what} of ${f.name} at ${p.fileOffset}: the file ends inside the image's data`);
+    }
+    failure[tag] = -EIO;
+  };
+
   const pieceDone = (tag: number, i: number, res: number) => {
     const p = pieces[tag]![i]!;
     const op = pieceOp[tag]!;
@@ -202,15 +241,7 @@ export function runQueue(init: QueueInit, post: (m: QueueMessage) => void): stri
       pieceSqe(tag, i);
       return;
     }
-    if (res < 0 || (res === 0 && p.length > 0)) {
-      if (failure[tag] === 0) {
-        const f = files[p.file]!;
-        const what = op === IORING_OP.READ ? "read" : op === IORING_OP.WRITE ? "write" : "fdatasync";
-        // a layer file ending inside an extent is corrupt (truncated): fail, never invent bytes
-        log.error({ file: f.name, offset: p.fileOffset, length: p.length, errno: res < 0 ? -res : undefined }, res < 0 ? `${what} of ${f.name} at ${p.fileOffset} failed: errno ${-res}` : `short read of ${f.name} at ${p.fileOffset}: the file ends inside the image's data`);
-      }
-      failure[tag] = -EIO;
-    }
+    if (res < 0 || (res === 0 && p.length > 0)) pieceFailed(tag, p, op, res);
     if (--inflight[tag]! === 0) commit(tag, failure[tag] || reqLen[tag]!);
   };
 
@@ -261,6 +292,7 @@ export function runQueue(init: QueueInit, post: (m: QueueMessage) => void): stri
   } finally {
     ring.close();
     unmapMemory(bell);
+    reader.close();
   }
   return reason;
 }

@@ -4,9 +4,10 @@
  * the compiled `agentenv` and fio), no network. The script travels on a second virtio drive
  * (/dev/vdb, NUL-padded) because the kernel command line is too short for it; the guest init
  * runs it (`aenv.run`) with its output on the serial console and ends with `@@AENV-RUN-EXIT@@ rc=N`.
- * Scratch space in the guest: /dev/shm and /tmp (tmpfs).
+ * Scratch space in the guest: /dev/shm and /tmp (tmpfs), and with `scratchMiB` an empty
+ * writable drive /dev/vdc (a sparse file on the host) for a file system of the script's own.
  */
-import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { mkdtempSync, rmSync, truncateSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { resolveTemplate } from "../../../src/template/index.ts";
@@ -39,7 +40,7 @@ export function guestValues(console: string): Map<string, string> {
  * Boot a VM, run `script` (POSIX sh) as root in it, stop the VM.
  * @throws Error when the VM does not finish the script within `timeoutMs` (with the console tail)
  */
-export async function runGuestScript(opts: { name: string; script: string; vcpus?: number; memoryMiB?: number; timeoutMs: number }): Promise<GuestRun> {
+export async function runGuestScript(opts: { name: string; script: string; vcpus?: number; memoryMiB?: number; scratchMiB?: number; timeoutMs: number }): Promise<GuestRun> {
   const cfg = testConfig();
   const tpl = resolveTemplate(TEST_HOME, "base");
   const drv = testDriver();
@@ -48,6 +49,10 @@ export async function runGuestScript(opts: { name: string; script: string; vcpus
   const padded = new Uint8Array(Math.ceil((scriptBytes.length + 1) / 512) * 512);
   padded.set(scriptBytes);
   writeFileSync(join(dir, "script.raw"), padded);
+  if (opts.scratchMiB) {
+    writeFileSync(join(dir, "scratch.raw"), "");
+    truncateSync(join(dir, "scratch.raw"), opts.scratchMiB * 1024 * 1024);
+  }
   const boot = 'tr -d "\\000" </dev/vdb >/run/t.sh; sh /run/t.sh';
   const t0 = performance.now();
   const vm = await drv.driver.boot({
@@ -60,6 +65,7 @@ export async function runGuestScript(opts: { name: string; script: string; vcpus
     drives: [
       { id: "root", path: tpl.rootfsPath, readOnly: true, isRoot: true },
       { id: "script", path: join(dir, "script.raw"), readOnly: true, isRoot: false },
+      ...(opts.scratchMiB ? [{ id: "scratch", path: join(dir, "scratch.raw"), readOnly: false, isRoot: false }] : []),
     ],
   });
   try {
