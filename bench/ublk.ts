@@ -3,7 +3,7 @@
  * ublk benchmark, measured inside a guest (QEMU microvm/TCG with the guest kernel and the base
  * template, which holds the compiled `agentenv` and fio): one raw file on the guest's tmpfs is
  * read through a loop device (the in-kernel baseline), through `agentenv ublk serve --raw` and
- * through the FUSE export (`agentenv disk serve` on a mount the script makes), with fio
+ * through the FUSE export of the disk daemon (`agentenv ublk-daemon`, engine "fuse"), with fio
  * (libaio, O_DIRECT): 4 KiB random reads at QD1 and QD32 (IOPS) and 1 MiB sequential reads at
  * QD8 (MB/s). Prints each figure and its ratio to the loop device (goal: ublk >= 0.7x loop at
  * QD32). Every figure comes from the same VM run, one device after the other. Needs root.
@@ -54,21 +54,26 @@ LOOP=$(losetup -f --show bench.raw)
 $A ublk serve --raw $B --read-only --queues ${QUEUES} --depth ${DEPTH} --max-io ${MAX_IO} > u.out 2> u.err &
 U=$!
 ready u.out || { say error ublk serve did not start; cat u.err; }
-mkdir -p /tmp/fm /tmp/rec
-cat > spec.json <<EOF
-{"id":"bench","image":{"kind":"raw","path":"$B","readOnly":true},"mountPoint":"/tmp/fm","fileName":"root.img","recordDir":"/tmp/rec","tuning":{"workers":2,"maxWrite":1048576,"directIo":false,"requestTimeoutSec":0}}
-EOF
-exec 5<>/dev/fuse
-mount -t fuse.aenvdisk -o fd=5,rootmode=40000,user_id=0,group_id=0,allow_other,max_read=1048576 aenvdisk /tmp/fm || say error fuse mount failed
-$A disk serve --spec spec.json --fuse-fd 5 > f.out 2> f.err &
-F=$!
-exec 5<&-
-ready f.out || { say error fuse serve did not start; cat f.err; }
+# the FUSE export through the disk daemon (its framed JSON protocol, spoken by python3)
+$A ublk-daemon --dir /tmp/dd > d.out 2> d.err &
+DD=$!
+ready d.out || { say error disk daemon did not start; cat d.err; }
+python3 - "$B" > f.out <<'PY' || say error fuse export failed
+import json, socket, struct, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect("/tmp/dd/daemon.sock")
+req = json.dumps({"kind": "create_runtime_device", "dev_id": "bench", "engine": "fuse", "target": {"kind": "raw", "path": sys.argv[1], "read_only": True}, "fuse": {"mount_point": "/tmp/fm", "file_name": "root.img"}}).encode()
+s.sendall(struct.pack(">I", len(req)) + req)
+n = struct.unpack(">I", s.recv(4, socket.MSG_WAITALL))[0]
+r = json.loads(s.recv(n, socket.MSG_WAITALL))
+print(r.get("path") or r)
+PY
+FP=$(cat f.out)
 run() {
   fio --name=b --filename="$1" --rw=$2 --bs=$3 --iodepth=$4 --ioengine=libaio --direct=1 --time_based --runtime=${SECONDS} --ramp_time=1 --output-format=json 2>/dev/null \
     | python3 -c 'import json,sys; r=json.load(sys.stdin)["jobs"][0]["read"]; print(r["iops"], r["bw_bytes"])'
 }
-dev() { case $1 in loop) echo $LOOP ;; ublk) echo /dev/ublkb0 ;; fuse) echo /tmp/fm/root.img ;; esac; }
+dev() { case $1 in loop) echo $LOOP ;; ublk) echo /dev/ublkb0 ;; fuse) echo $FP ;; esac; }
 # warm-up, not measured: the servers' JIT compiles their hot paths (costly under TCG)
 for t in loop ublk fuse; do run "$(dev $t)" randread 4k 32 > /dev/null; done
 # targets alternate within each round, so a change of host load hits all of them alike
@@ -76,7 +81,7 @@ for r in $(seq 1 ${ROUNDS}); do
   ${CASES.map((c, i) => `for t in loop ublk fuse; do say $t.${i}.$r $(run "$(dev $t)" ${c.rw} ${c.bs} ${c.qd}); done`).join("\n  ")}
 done
 kill $U; wait $U
-umount /tmp/fm; wait $F
+kill $DD; wait $DD
 losetup -d $LOOP
 `;
 
@@ -94,7 +99,7 @@ const fig = (t: string, i: number): { iops: number; mbps: number } => {
   const med = (k: number) => rows.map((x) => x[k]!).sort((a, b) => a - b)[Math.floor(rows.length / 2)]!;
   return { iops: med(0), mbps: med(1) / 1e6 };
 };
-console.log(`ublk bench in a 2-vCPU TCG guest: ${SIZE_MIB} MiB raw file on ${BACKING === "ext4" ? "ext4 (virtio disk, page-cached)" : "tmpfs"}, fio libaio O_DIRECT, median of ${ROUNDS} rounds of ${SECONDS} s per case (targets interleaved); ublk ${QUEUES} queue(s) x depth ${DEPTH}, max ${MAX_IO / 1024} KiB per request, FUSE 2 reader threads`);
+console.log(`ublk bench in a 2-vCPU TCG guest: ${SIZE_MIB} MiB raw file on ${BACKING === "ext4" ? "ext4 (virtio disk, page-cached)" : "tmpfs"}, fio libaio O_DIRECT, median of ${ROUNDS} rounds of ${SECONDS} s per case (targets interleaved); ublk ${QUEUES} queue(s) x depth ${DEPTH}, max ${MAX_IO / 1024} KiB per request; FUSE via the disk daemon`);
 console.log(`host load average before ${load0.map((l) => l.toFixed(2)).join(" ")}, after ${load1.map((l) => l.toFixed(2)).join(" ")}; VM run ${run.seconds.toFixed(0)} s`);
 CASES.forEach((c, i) => {
   const v = (t: string) => (c.unit === "IOPS" ? fig(t, i).iops : fig(t, i).mbps);

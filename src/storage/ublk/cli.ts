@@ -50,7 +50,7 @@ async function target(a: Record<string, any>, cfg: UblkConfig): Promise<UblkTarg
 }
 
 const serve = defineCommand({
-  meta: { name: "serve", description: "serve one target as /dev/ublkbN until SIGTERM/SIGINT; prints `ready <id> <path>`" },
+  meta: { name: "serve", description: "serve one target as /dev/ublkbN; prints `ready <id> <path>`. SIGTERM/SIGINT: stop and remove the device; SIGUSR2: stop serving and leave the device for --recover" },
   args: {
     config: { type: "string", description: "overlaybd config.v1.json (lowers + optional upper; see `agentenv image stack`)" },
     raw: { type: "string", description: "raw image file" },
@@ -75,9 +75,11 @@ const serve = defineCommand({
     const signalled = new Promise<string>((resolve) => {
       process.once("SIGTERM", () => resolve("SIGTERM"));
       process.once("SIGINT", () => resolve("SIGINT"));
+      process.once("SIGUSR2", () => resolve("SIGUSR2"));
     });
     process.stdout.write(`ready ${dev.devId} ${dev.blockPath}\n`);
     const why = await Promise.race([signalled, dev.ended.then((r) => `ended: ${r}`)]);
+    if (why === "SIGUSR2") await dev.detach();
     await server.close();
     if (why.startsWith("ended")) throw new UblkError("ublk.queue_failed", `device ${dev.devId} stopped serving (${why})`, { devId: dev.devId });
     process.exit(0);

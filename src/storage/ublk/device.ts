@@ -28,7 +28,7 @@ const EIO = 5, ENOSPC = 28, EBUSY = 16;
 const RECOVERY_POLL_MS = 200;
 
 /** Device lifecycle states (see `UblkDevice.state`). */
-export type DeviceState = "starting" | "live" | "stopping" | "stopped" | "failed";
+export type DeviceState = "starting" | "live" | "stopping" | "stopped" | "detached" | "failed";
 
 /** Per-device choices (defaults from `[ublk]`). */
 export interface DeviceOptions {
@@ -87,6 +87,8 @@ export class UblkDevice {
   #closing: Promise<void> | null = null;
   #resolveEnded!: (r: string) => void;
   #forwarded = 0;
+  /** Forwarded requests the main thread is still answering (they use the queue buffers). */
+  #inflight = new Set<Promise<void>>();
 
   private constructor(ctrl: UblkControl, info: DevInfo, target: UblkTarget) {
     this.#ctrl = ctrl;
@@ -235,7 +237,8 @@ export class UblkDevice {
         done(-95);
         return;
     }
-    work.then(done, failed);
+    const p = work.then(done, failed).finally(() => this.#inflight.delete(p));
+    this.#inflight.add(p);
   }
 
   /** Run writes, discards and flushes one after another, in arrival order (a flush covers every write before it). */
@@ -257,6 +260,34 @@ export class UblkDevice {
     return this.#closing;
   }
 
+  /**
+   * Stop serving but leave the device to another server (a restarted daemon calls `recover`):
+   * the queue threads end with their tags still parked, the char device and buffers are
+   * released, the image is synced and closed. The kernel notices the threads are gone (6.1:
+   * within about 5 s); with user recovery it then holds new requests (and re-issues those this
+   * server had not answered) until `recover`, without it it removes the block device.
+   * Idempotent; a device being closed is not detached.
+   */
+  detach(): Promise<void> {
+    this.#closing ??= this.#detach();
+    return this.#closing;
+  }
+
+  async #detach(): Promise<void> {
+    this.#state = "stopping";
+    await this.#stopQueues(0);
+    await Promise.all(this.#inflight);
+    await this.#writeChain;
+    this.#release();
+    try {
+      await this.target.image.sync();
+    } finally {
+      await this.target.image.close();
+    }
+    this.#state = "detached";
+    log.info({ devId: this.devId, recoverable: this.recoverable }, "ublk device detached: serving stopped, device left for recovery");
+  }
+
   async #close(): Promise<void> {
     if (this.#state !== "failed") this.#state = "stopping";
     let firstError: unknown = null;
@@ -266,6 +297,7 @@ export class UblkDevice {
       firstError = e;
     }
     await this.#stopQueues(this.#ctrl.timeoutMs);
+    await Promise.all(this.#inflight);
     this.#release();
     try {
       await this.#ctrl.command(UBLK_CMD.DEL_DEV, this.devId);
@@ -278,19 +310,19 @@ export class UblkDevice {
     if (firstError) throw firstError;
   }
 
-  /** Wait for the queue threads to end; past `waitMs`, tell them to stop and terminate them. */
+  /** Wait for the queue threads to end; past `waitMs`, tell them to stop (then terminate what still runs). */
   async #stopQueues(waitMs: number): Promise<void> {
     let timer: ReturnType<typeof setTimeout> | undefined;
     const all = Promise.all(this.#queues.map((q) => q.exited));
-    const late = await Promise.race([all.then(() => false), new Promise<boolean>((r) => (timer = setTimeout(() => r(true), waitMs)))]);
+    const late = waitMs <= 0 || (await Promise.race([all.then(() => false), new Promise<boolean>((r) => (timer = setTimeout(() => r(true), waitMs)))]));
     clearTimeout(timer);
     if (!late) return;
-    log.warn({ devId: this.devId, waitMs }, "queue threads did not end after STOP_DEV: stopping them");
+    if (waitMs > 0) log.warn({ devId: this.devId, waitMs }, "queue threads did not end after STOP_DEV: stopping them");
     for (const q of this.#queues) {
       mailboxPut(q.mailbox, q.cap, MAILBOX_STOP, 0);
       signalEventfd(q.doorbell);
     }
-    const stopped = await Promise.race([all.then(() => true), Bun.sleep(1000).then(() => false)]);
+    const stopped = await Promise.race([all.then(() => true), Bun.sleep(this.#ctrl.timeoutMs).then(() => false)]);
     if (!stopped) for (const q of this.#queues) await q.worker.terminate();
   }
 

@@ -20,4 +20,4 @@ export { UblkDevice, type DeviceOptions, type DeviceState } from "./device.ts";
 export { UblkError, type UblkErrorCode } from "./errors.ts";
 export { type CowPlan, type DirectPlan, type ExtentPlan } from "./plan.ts";
 export { UblkServer, ublkAvailable, type UblkDeviceSummary } from "./server.ts";
-export { imageTarget, layeredTarget, openConfigTarget, openCowTarget, openRawTarget, openStackTarget, type UblkTarget } from "./targets.ts";
+export { imageTarget, layeredTarget, openConfigTarget, openCowTarget, openRawTarget, openStackTarget, targetOf, type UblkTarget } from "./targets.ts";

@@ -72,7 +72,7 @@ export class UblkServer {
 
   /** Devices this server created or recovered and has not closed. */
   get devices(): readonly UblkDevice[] {
-    for (const d of this.#devices) if (d.state === "stopped") this.#devices.delete(d);
+    for (const d of this.#devices) if (d.state === "stopped" || d.state === "detached") this.#devices.delete(d);
     return [...this.#devices];
   }
 

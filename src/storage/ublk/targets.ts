@@ -82,8 +82,7 @@ export function openRawTarget(path: string, opts: { readOnly: boolean }): UblkTa
   } catch (e) {
     targetFailed(`raw file ${path}`, e);
   }
-  const f = img.directFile()!;
-  return { image: img, plan: rawPlan({ fd: f.fd, name: path }, img.size, opts.readOnly), discard: false, describe: `raw ${path}${opts.readOnly ? " (read-only)" : ""}` };
+  return targetOf(img);
 }
 
 /**
@@ -93,6 +92,23 @@ export function openRawTarget(path: string, opts: { readOnly: boolean }): UblkTa
 export function openCowTarget(opts: CowOptions): UblkTarget {
   const img = CowImage.open(opts);
   return { image: img, plan: img.plan(), discard: false, describe: `cow ${opts.cow} over ${opts.origin}` };
+}
+
+/**
+ * The target of an image opened elsewhere (the disk daemon opens its own): an overlaybd stack or
+ * a CoW image get their plans, an image offering its backing file (`directFile()`, a raw file)
+ * the identity plan, anything else is served through the main thread.
+ */
+export function targetOf(image: BlockImage): UblkTarget {
+  if (image instanceof LayeredImage) return layeredTarget(image);
+  if (image instanceof CowImage) return { image, plan: image.plan(), discard: false, describe: "cow" };
+  const file = (image as { directFile?: () => { fd: number; readOnly: boolean } | null }).directFile?.();
+  if (file) {
+    const name = (image as { path?: string }).path ?? `fd ${file.fd}`;
+    const readOnly = file.readOnly || image.readOnly;
+    return { image, plan: rawPlan({ fd: file.fd, name }, image.size, readOnly), discard: false, describe: `raw ${name}${readOnly ? " (read-only)" : ""}` };
+  }
+  return imageTarget(image);
 }
 
 /** Any BlockImage, served through the main thread (no direct plan unless given). */

@@ -7,7 +7,7 @@
  * writes land in the upper and read back after a restart of the server; mkfs.ext4 + mount + fsck
  * clean; a read-only shared device read by two readers at once; kill -9 of the server under fio
  * with user recovery (START/END_USER_RECOVERY) keeps fio's verified data and the filesystem
- * clean; without recovery the kernel removes the device and `ublk remove` deletes it; a corrupt
+ * clean, and so does a server that detaches (SIGUSR2) for another to recover; without recovery the kernel removes the device and `ublk remove` deletes it; a corrupt
  * ZFile block and a layer truncated under the server give I/O errors for their ranges only, with
  * a log line naming the file and offset; the CoW target copies on write and leaves its origin alone.
  */
@@ -107,6 +107,15 @@ e2fsck -fn /dev/ublkb0 > fsck2.out 2>&1; say fsck2_rc $?
 tail -3 fsck2.out
 say recovered_log $(grep -c '"ublk device recovered"' s2.err)
 
+# 3b. SIGUSR2: the server stops serving and leaves the device; another server recovers it
+say pre_detach_sha $(devsha /dev/ublkb0)
+kill -USR2 $S2; wait $S2; say detach_rc $?
+say detach_dev_left $(exists /dev/ublkb0)
+$A ublk serve --config stack.json --recover 0 > s7.out 2> s7.err &
+S7=$!
+ready s7.out; say ready7 $?
+say post_detach_sha $(devsha /dev/ublkb0)
+
 # 4. a read-only stack shared by two readers at once
 $A ublk serve --config ro.json --read-only --id 1 > s3.out 2> s3.err &
 S3=$!
@@ -175,14 +184,14 @@ say norec_char_left $(exists /dev/ublkc5)
 $A ublk serve --recover 9 --raw base.raw > /dev/null 2> e1.err; say bad_recover_rc $?
 say bad_recover_err $(grep -c "ublk.not_found" e1.err)
 $A ublk serve --recover 0 --raw base.raw > /dev/null 2> e2.err; say busy_recover_rc $?
-say busy_recover_err $(grep -c "ublk.not_recoverable: device 0 is served by the running process $S2" e2.err)
+say busy_recover_err $(grep -c "ublk.not_recoverable: device 0 is served by the running process $S7" e2.err)
 $A ublk remove 0 2> e3.err; say busy_remove_rc $?
 say busy_remove_err $(grep -c "ublk.busy" e3.err)
 $A ublk serve --raw base.raw --depth 5000 > /dev/null 2> e4.err; say bad_depth_rc $?
 say bad_depth_err $(grep -c "ublk.bad_config" e4.err)
 $A ublk serve > /dev/null 2> e5.err; say no_target_rc $?
 
-kill $S2; wait $S2; say serve2_rc $?
+kill $S7; wait $S7; say serve7_rc $?
 say devices_left $($A ublk list)
 `;
 
@@ -244,7 +253,14 @@ describe("ublk in the guest", () => {
     expect(val("f1_sha_after")).toBe(val("f1_sha_src"));
     expect(val("umount_rc")).toBe("0");
     expect(val("fsck2_rc")).toBe("0");
-    expect(val("serve2_rc")).toBe("0");
+  });
+
+  test("SIGUSR2 detaches: the device stays, another server recovers it with the same content", () => {
+    expect(val("detach_rc")).toBe("0");
+    expect(val("detach_dev_left")).toBe("1");
+    expect(val("ready7")).toBe("0");
+    expect(val("post_detach_sha")).toBe(val("pre_detach_sha"));
+    expect(val("serve7_rc")).toBe("0");
   });
 
   test("a read-only stack is one device two readers read at once; writes to it fail", () => {
