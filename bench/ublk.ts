@@ -37,11 +37,10 @@ const TARGETS = ["loop", "ublk", "fuse"] as const;
 
 const script = String.raw`
 set -u
-A=/usr/local/bin/agentenv
 M=1048576
 say() { echo "@@U $*"; }
 if [ ${BACKING} = ext4 ]; then
-  mkfs.ext4 -q /dev/vdc && mkdir -p /tmp/b && mount /dev/vdc /tmp/b || say error scratch file system
+  mkfs.ext4 -q /dev/vdd && mkdir -p /tmp/b && mount /dev/vdd /tmp/b || say error scratch file system
   cd /tmp/b
 else
   cd /dev/shm

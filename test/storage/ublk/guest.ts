@@ -1,18 +1,20 @@
 /**
  * Run a shell script inside a VM for the ublk tests and bench: QEMU microvm/TCG with the guest
- * kernel (ublk + io_uring built in) and the base template's root filesystem (read-only; it holds
- * the compiled `agentenv` and fio), no network. The script travels on a second virtio drive
- * (/dev/vdb, NUL-padded) because the kernel command line is too short for it; the guest init
+ * kernel (ublk + io_uring built in), booted through the tools drive (/dev/vda: init and the
+ * compiled `agentenv` at /.aenv/bin, see src/tools) into the base template's root filesystem
+ * (/dev/vdb, read-only; it holds fio), no network. The script travels on a third virtio drive
+ * (/dev/vdc, NUL-padded) because the kernel command line is too short for it; the guest init
  * runs it (`aenv.run`) with its output on the serial console and ends with `@@AENV-RUN-EXIT@@ rc=N`.
- * Scratch space in the guest: /dev/shm and /tmp (tmpfs), and with `scratchMiB` an empty
- * writable drive /dev/vdc (a sparse file on the host) for a file system of the script's own.
+ * In the script, `$A` runs agentenv. Scratch space in the guest: /dev/shm and /tmp (tmpfs), and
+ * with `scratchMiB` an empty writable drive /dev/vdd (a sparse file on the host) for a file system
+ * of the script's own.
  */
 import { mkdtempSync, rmSync, truncateSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { resolveTemplate } from "../../../src/template/index.ts";
 import { resolveKernelPath } from "../../../src/vmm/index.ts";
-import { TEST_HOME, testConfig, testDriver, waitConsole } from "../../vmm/qemu/helpers.ts";
+import { TEST_HOME, testBoot, testConfig, testDriver, waitConsole } from "../../vmm/qemu/helpers.ts";
 
 /** What a guest script printed and how it ended. */
 export interface GuestRun {
@@ -53,17 +55,18 @@ export async function runGuestScript(opts: { name: string; script: string; vcpus
     writeFileSync(join(dir, "scratch.raw"), "");
     truncateSync(join(dir, "scratch.raw"), opts.scratchMiB * 1024 * 1024);
   }
-  const boot = 'tr -d "\\000" </dev/vdb >/run/t.sh; sh /run/t.sh';
+  const run = 'tr -d "\\000" </dev/vdc >/run/t.sh; A="env LD_LIBRARY_PATH=/.aenv/lib /.aenv/bin/agentenv" sh /run/t.sh';
+  const boot = testBoot(tpl.rootfsPath, { readOnly: true, args: `aenv.envd=0 aenv.run=${btoa(run)}` });
   const t0 = performance.now();
   const vm = await drv.driver.boot({
     id: `ublk${process.pid}${opts.name}`.slice(0, 40),
     workDir: join(dir, "vm"),
     kernelPath: resolveKernelPath(cfg),
-    bootArgs: `root=/dev/vda ro init=/sbin/aenv-init aenv.envd=0 aenv.run=${btoa(boot)}`,
+    bootArgs: boot.bootArgs,
     vcpus: opts.vcpus ?? 2,
     memoryMiB: opts.memoryMiB ?? 1024,
     drives: [
-      { id: "root", path: tpl.rootfsPath, readOnly: true, isRoot: true },
+      ...boot.drives,
       { id: "script", path: join(dir, "script.raw"), readOnly: true, isRoot: false },
       ...(opts.scratchMiB ? [{ id: "scratch", path: join(dir, "scratch.raw"), readOnly: false, isRoot: false }] : []),
     ],

@@ -19,7 +19,6 @@ const MiB = 1024 * 1024;
 
 const SCRIPT = String.raw`
 set -u
-A=/usr/local/bin/agentenv
 W=/dev/shm/w; mkdir -p $W; cd $W
 M=1048576
 say() { echo "@@U $*"; }
