@@ -44,8 +44,19 @@ const root = mkdtempSync(join(tmpdir(), "c1bench-"));
 const net = new TestNet();
 const disks = await DiskService.start({ dir: join(drv.runtimeDir, "disk"), config: diskConfig(cfg) });
 
-function spec(id: string, diskPath: string): VmSpec {
+/** Host ms (since the boot started) at which each boot phase's console marker appeared. */
+interface Phases {
+  /** The guest init's first line (kernel booted, tools drive and root mounted, pivoted). */
+  init?: number;
+  /** The init started envd. */
+  envdStarted?: number;
+  /** envd's readiness line (listening). */
+  listening?: number;
+}
+
+function spec(id: string, diskPath: string, phases?: Phases, t0 = 0): VmSpec {
   const boot = testBoot(diskPath, { args: tpl.bootArgs });
+  const at = () => performance.now() - t0;
   return {
     id: `b${process.pid}${id}`,
     workDir: join(root, id, "vm"),
@@ -54,6 +65,13 @@ function spec(id: string, diskPath: string): VmSpec {
     vcpus: 1,
     memoryMiB: MEM,
     drives: boot.drives,
+    onConsoleLine: phases
+      ? (l) => {
+          if (phases.init === undefined && l.includes("@@AENV-INIT@@")) phases.init = at();
+          if (phases.envdStarted === undefined && l.includes("@@AENV-ENVD-STARTED@@")) phases.envdStarted = at();
+          if (phases.listening === undefined && l.includes("envd listening on")) phases.listening = at();
+        }
+      : undefined,
     net: net.spec,
   };
 }
@@ -72,16 +90,19 @@ try {
   }
 
   const bootMs: number[] = [];
+  const phases: Phases[] = [];
   const overhead: { qemuKiB: number; diskKiB: number; guestTouchedKiB: number }[] = [];
   for (let i = 0; i < RUNS; i++) {
     const id = `boot${i}`;
     const disk = await disks.rootDisk({ id: `b${process.pid}${id}`, lowers: tpl.rootLayers, sandboxDir: join(root, id) });
     try {
       const t0 = performance.now();
-      const vm = await drv.driver.boot(spec(id, disk.path));
+      const ph: Phases = {};
+      const vm = await drv.driver.boot(spec(id, disk.path, ph, t0));
       try {
         await waitEnvd(net.url(ENVD_PORT), 120_000);
         bootMs.push(performance.now() - t0);
+        phases.push(ph);
         await Bun.sleep(1000); // let envd settle before measuring memory
         const q = rollup(vm.pid);
         const d = rollup(disks.pid);
@@ -129,6 +150,14 @@ try {
   console.log(`baseline  QEMU spawn -> QMP ready (no guest):  ${fmt(q)}`);
   console.log(`cold boot -> envd /health ready:                ${fmt(b)}   (${(b / q).toFixed(1)}x baseline)   runs: ${bootMs.map(fmt).join(" ")}`);
   console.log(`restore   -> envd /health ready:                ${fmt(r)}   (${(r / q).toFixed(1)}x baseline, ${(b / r).toFixed(1)}x faster than cold boot)   runs: ${restoreMs.map(fmt).join(" ")}`);
+  const med = (f: (p: Phases) => number | undefined) => median(phases.map((p) => f(p) ?? NaN));
+  const init = med((p) => p.init);
+  const started = med((p) => p.envdStarted);
+  const listening = med((p) => p.listening);
+  console.log(
+    `cold boot phases (medians): QEMU start + kernel + tools init (mount, pivot_root, API fs, clock, net) ${fmt(init)}, ` +
+      `-> envd exec ${fmt(started - init)}, envd exec -> listening ${fmt(listening - started)}, listening -> /health answered ${fmt(b - listening)}`,
+  );
   console.log(`memory per VM beyond guest RAM: QEMU ${(oq / 1024).toFixed(1)} MiB + disk server ${(od / 1024).toFixed(1)} MiB = ${((oq + od) / 1024).toFixed(1)} MiB` +
     ` (${(((oq + od) / 1024 / MEM) * 100).toFixed(1)}% of guest RAM; guest RAM touched at envd ready: ${(og / 1024).toFixed(1)} MiB)`);
 } finally {

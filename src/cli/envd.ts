@@ -1,10 +1,59 @@
 /**
  * `agentenv envd [--port 49983]`: run the in-guest daemon in the foreground until SIGTERM/SIGINT.
- * Settings come from config `[envd]`; flags override them.
+ * Settings are the config's `[envd]` section: from `--settings <file>` (that section as JSON; the
+ * tools drive carries the node's as /.aenv/etc/envd.json, so the guest needs no config file and
+ * envd skips loading the config schema, a noticeable part of its start under TCG), else from the
+ * config (file + environment). Flags override them.
  */
+import { readFileSync } from "node:fs";
 import { defineCommand } from "citty";
-import { loadConfigOrExit } from "./config.ts";
-import { startEnvd } from "../envd/server.ts";
+import type { Config } from "../config/index.ts";
+import { startEnvd, type EnvdOptions } from "../envd/server.ts";
+
+/** envd's options from the config's `[envd]` section. */
+export function envdOptions(s: Config["envd"]): EnvdOptions {
+  return {
+    port: s.port,
+    host: s.host,
+    defaultUser: s.default_user,
+    clockSync: s.clock_sync,
+    defaultKeepaliveS: s.keepalive_interval_s,
+    maxProcesses: s.max_processes,
+    exitedRetentionMs: s.exited_retention_ms,
+    outputDrainMs: s.output_drain_ms,
+    queueHighWater: s.stream_queue_events,
+    queueHighWaterBytes: s.stream_queue_bytes,
+    maxEventBytes: s.output_event_bytes,
+    batchBytes: s.output_batch_bytes,
+    gcEveryBytes: s.gc_every_output_bytes,
+    maxStreamRequestBytes: s.stream_request_max_bytes,
+    maxListEntries: s.max_list_entries,
+    maxWatchers: s.max_watchers,
+    maxWatcherEvents: s.max_watcher_events,
+    maxWatchDirs: s.max_watch_dirs,
+    idleTimeoutS: s.idle_timeout_s,
+    maxRequestBodyBytes: s.max_request_body_bytes,
+    maxComposeSources: s.max_compose_sources,
+    enforcePermissions: s.enforce_permissions,
+    caDir: s.ca_dir,
+    caUpdateCommand: s.ca_update_command,
+  };
+}
+
+/**
+ * The `[envd]` section from a settings file written by the node (already checked against the
+ * config schema there). @throws Error naming the file when it is unreadable or not an object.
+ */
+function readSettings(path: string): Config["envd"] {
+  let v: unknown;
+  try {
+    v = JSON.parse(readFileSync(path, "utf8"));
+  } catch (e) {
+    throw new Error(`envd settings ${path}: ${(e as Error).message}`);
+  }
+  if (!v || typeof v !== "object" || Array.isArray(v)) throw new Error(`envd settings ${path}: not a JSON object`);
+  return v as Config["envd"];
+}
 
 export default defineCommand({
   meta: { name: "envd", description: "run envd, the in-sandbox daemon (E2B envd protocol)" },
@@ -13,41 +62,25 @@ export default defineCommand({
     host: { type: "string", description: "bind address (default envd.host)" },
     user: { type: "string", description: "default user before /init (default envd.default_user)" },
     "clock-sync": { type: "boolean", description: "set the system clock from /init's timestamp (default envd.clock_sync)" },
+    settings: { type: "string", description: "the [envd] section as JSON (instead of loading the config)" },
     config: { type: "string", description: "config file" },
   },
   async run({ args }) {
     // The tools drive's init passes envd its own glibc through LD_LIBRARY_PATH; nothing envd
     // starts may inherit it (an image's programs need the image's libraries).
     delete process.env.LD_LIBRARY_PATH;
-    const cfg = loadConfigOrExit({ path: args.config });
-    const port = args.port !== undefined ? Number(args.port) : cfg.envd.port;
+    // the config module (and its schema library) loads only when there is no settings file
+    const section = args.settings ? readSettings(args.settings) : (await import("./config.ts")).loadConfigOrExit({ path: args.config }).envd;
+    const opts = envdOptions(section);
+    const port = args.port !== undefined ? Number(args.port) : opts.port;
     if (!Number.isInteger(port) || port < 0 || port > 65535) throw new Error(`invalid --port ${args.port}`);
     const envd = startEnvd({
+      ...opts,
       port,
-      host: args.host ?? cfg.envd.host,
-      defaultUser: args.user ?? cfg.envd.default_user,
-      clockSync: args["clock-sync"] ?? cfg.envd.clock_sync,
+      host: args.host ?? opts.host,
+      defaultUser: args.user ?? opts.defaultUser,
+      clockSync: args["clock-sync"] ?? opts.clockSync,
       accessToken: process.env.AENV_ENVD_ACCESS_TOKEN || undefined,
-      defaultKeepaliveS: cfg.envd.keepalive_interval_s,
-      maxProcesses: cfg.envd.max_processes,
-      exitedRetentionMs: cfg.envd.exited_retention_ms,
-      outputDrainMs: cfg.envd.output_drain_ms,
-      queueHighWater: cfg.envd.stream_queue_events,
-      queueHighWaterBytes: cfg.envd.stream_queue_bytes,
-      maxEventBytes: cfg.envd.output_event_bytes,
-      batchBytes: cfg.envd.output_batch_bytes,
-      gcEveryBytes: cfg.envd.gc_every_output_bytes,
-      maxStreamRequestBytes: cfg.envd.stream_request_max_bytes,
-      maxListEntries: cfg.envd.max_list_entries,
-      maxWatchers: cfg.envd.max_watchers,
-      maxWatcherEvents: cfg.envd.max_watcher_events,
-      maxWatchDirs: cfg.envd.max_watch_dirs,
-      idleTimeoutS: cfg.envd.idle_timeout_s,
-      maxRequestBodyBytes: cfg.envd.max_request_body_bytes,
-      maxComposeSources: cfg.envd.max_compose_sources,
-      enforcePermissions: cfg.envd.enforce_permissions,
-      caDir: cfg.envd.ca_dir,
-      caUpdateCommand: cfg.envd.ca_update_command,
     });
     // Machine-readable readiness line for supervisors and tests.
     process.stdout.write(`envd listening on ${envd.port}\n`);

@@ -64,7 +64,7 @@ export default defineCommand({
           mirror: cfg.template.mirror,
           packages: cfg.template.packages,
           sizeMiB: cfg.template.rootfs_size_mib,
-          tools: cfg.tools,
+          tools: { ...cfg.tools, envd: cfg.envd },
           onProgress(phase, detail) {
             const s = ((performance.now() - t0) / 1000).toFixed(1);
             process.stderr.write(`[${s.padStart(6)}s] ${phase}: ${detail.slice(0, 160)}\n`);

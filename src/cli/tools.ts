@@ -19,6 +19,7 @@ export default defineCommand({
           homePath: cfg.home_path,
           busybox: cfg.tools.busybox,
           binaries: cfg.tools.binaries,
+          envd: cfg.envd,
           onProgress: (phase, detail) => process.stderr.write(`[${((performance.now() - t0) / 1000).toFixed(1).padStart(6)}s] ${phase}: ${detail}\n`),
         });
         process.stderr.write(`tools ${r.image.key} ${r.built ? "built" : "cached"}\n`);

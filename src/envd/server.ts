@@ -6,7 +6,7 @@
 import type { Server } from "bun";
 import { createConnectRouter } from "@connectrpc/connect";
 import { createFetchHandler } from "@connectrpc/connect/protocol";
-import { logger } from "../observability/log.ts";
+import { logger } from "./log.ts";
 import { hasValidToken } from "./auth.ts";
 import { EnvdError } from "./errors.ts";
 import { filesystemService } from "./filesystem/service.ts";

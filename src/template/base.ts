@@ -34,7 +34,7 @@ export interface BaseBuildOptions {
   /** Template name (default "base"). */
   name?: string;
   /** The tools drive to build (or find cached) alongside (`[tools]`). */
-  tools: Pick<ToolsBuildOptions, "busybox" | "binaries">;
+  tools: Pick<ToolsBuildOptions, "busybox" | "binaries" | "envd">;
   /** Phase progress: a short phase name and a detail line. */
   onProgress?: (phase: string, detail: string) => void;
 }

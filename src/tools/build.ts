@@ -8,6 +8,7 @@
  *   /bin/<program>      host programs named in `[tools] binaries` (ss, curl), interpreter and
  *                       library path (DT_RPATH) rewritten by Debian's patchelf
  *   /lib/               the glibc loader (also as ld.so) and every shared library those need
+ *   /etc/envd.json      the node's `[envd]` settings, which envd reads instead of a config file
  *   /dev /proc /sys /newroot   mount points of the init's first stage
  * so a root filesystem needs nothing of its own: no glibc, no shell, not even /etc.
  *
@@ -40,6 +41,8 @@ export interface ToolsBuildOptions {
   busybox: string;
   /** Dynamically linked host programs to carry with their libraries (e.g. /usr/bin/ss). */
   binaries: string[];
+  /** The node's `[envd]` config section, given to the guest's envd (`agentenv envd --settings`). */
+  envd: Record<string, unknown>;
   /** Phase progress: a short phase name and a detail line. */
   onProgress?: (phase: string, detail: string) => void;
 }
@@ -155,7 +158,8 @@ async function buildLocked(opts: ToolsBuildOptions): Promise<{ image: ToolsImage
   const root = join(opts.homePath, "tools");
   const agentenv = agentenvSource();
   // every file the drive carries enters the key
-  const h = createHash("sha256").update(LAYOUT_VERSION).update(initScript).update(agentenv.key);
+  const envdSettings = `${JSON.stringify(opts.envd, null, 2)}\n`;
+  const h = createHash("sha256").update(LAYOUT_VERSION).update(initScript).update(agentenv.key).update(envdSettings);
   fileHash(h, opts.busybox);
   const programs = new Map<string, Map<string, string>>();
   for (const bin of opts.binaries) {
@@ -180,8 +184,9 @@ async function buildLocked(opts: ToolsBuildOptions): Promise<{ image: ToolsImage
   rmSync(work, { recursive: true, force: true });
   const tree = join(work, "tree");
   try {
-    for (const d of ["bin", "lib", "dev", "proc", "sys", "newroot"]) mkdirSync(join(tree, d), { recursive: true });
+    for (const d of ["bin", "lib", "etc", "dev", "proc", "sys", "newroot"]) mkdirSync(join(tree, d), { recursive: true });
     writeFileSync(join(tree, "init"), initScript);
+    writeFileSync(join(tree, "etc/envd.json"), envdSettings);
     chmodSync(join(tree, "init"), 0o755);
 
     progress("busybox", opts.busybox);

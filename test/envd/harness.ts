@@ -39,9 +39,10 @@ export interface EnvdChild {
  * Start envd on a free loopback port and wait for its readiness line.
  * @param command how to run the CLI (default: `bun src/cli/main.ts` from source).
  * @param env extra environment, e.g. `AENV__envd__ca_dir` config overrides.
+ * @param args extra `agentenv envd` arguments, e.g. `["--settings", file]`.
  */
-export async function startEnvdChild(command: string[] = ["bun", join(ROOT, "src/cli/main.ts")], env: Record<string, string> = {}): Promise<EnvdChild> {
-  const proc = Bun.spawn([...command, "envd", "--port", "0", "--host", "127.0.0.1", "--no-clock-sync"], {
+export async function startEnvdChild(command: string[] = ["bun", join(ROOT, "src/cli/main.ts")], env: Record<string, string> = {}, args: string[] = []): Promise<EnvdChild> {
+  const proc = Bun.spawn([...command, "envd", "--port", "0", "--host", "127.0.0.1", "--no-clock-sync", ...args], {
     stdout: "pipe",
     stderr: "inherit",
     env: { ...process.env, AENV_LOG_LEVEL: "warn", ...env },

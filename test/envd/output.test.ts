@@ -6,7 +6,9 @@
  */
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { createHash } from "node:crypto";
-import { readFileSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { loadConfig } from "../../src/config/index.ts";
 import { initEnvd, startEnvdChild, type EnvdChild } from "./harness.ts";
 
 const TOKEN = "output-test-token";
@@ -165,4 +167,35 @@ describe("large output", () => {
     console.log(`envd RSS ${(rss0 / 1024).toFixed(1)} MiB at start, peak ${(maxRss / 1024).toFixed(1)} MiB (+${((maxRss - rss0) / 1024).toFixed(1)}); stalled ${JSON.stringify(stalled)}`);
     expect(maxRss - rss0).toBeLessThan(24 * 1024);
   }, 180_000);
+});
+
+describe("settings file", () => {
+  test("`envd --settings` takes the [envd] section from JSON (as the tools drive gives it): events follow its output_event_bytes", async () => {
+    const dir = mkdtempSync("/tmp/envd-settings-");
+    const file = join(dir, "envd.json");
+    writeFileSync(file, JSON.stringify({ ...loadConfig({ env: {} }).envd, output_event_bytes: 1000 }));
+    const child = await startEnvdChild(undefined, {}, ["--settings", file]);
+    try {
+      const res = await fetch(`${child.url}/process.Process/Start`, {
+        method: "POST",
+        headers: { "content-type": "application/connect+json" },
+        body: envelope({ process: { cmd: "/usr/bin/head", args: ["-c", "100000", "/dev/zero"] }, stdin: false }),
+      });
+      const sizes: number[] = [];
+      const parse = envelopeParser((flags, msg) => {
+        if (!(flags & 2) && msg.event.data) sizes.push(Buffer.byteLength(msg.event.data.stdout, "base64"));
+      });
+      for await (const c of res.body!) parse(c);
+      expect(sizes.reduce((a, b) => a + b, 0)).toBe(100_000);
+      expect(Math.max(...sizes)).toBe(1000);
+      // a file that is not a JSON object stops envd with its name
+      writeFileSync(file, "[1,2]");
+      const bad = Bun.spawnSync(["bun", join(import.meta.dir, "../../src/cli/main.ts"), "envd", "--port", "0", "--settings", file], { stderr: "pipe" });
+      expect(bad.exitCode).not.toBe(0);
+      expect(bad.stderr.toString()).toContain(`envd settings ${file}: not a JSON object`);
+    } finally {
+      await child.stop();
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
 });

@@ -63,7 +63,7 @@ describe("base template", () => {
       mirror: cfg.template.mirror,
       packages: cfg.template.packages,
       sizeMiB: cfg.template.rootfs_size_mib,
-      tools: cfg.tools,
+      tools: { ...cfg.tools, envd: cfg.envd },
     };
     // the first run rebuilds only if sources changed since the pre-step (shared work tree)
     const first = await buildBase(opts);

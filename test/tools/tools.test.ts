@@ -65,6 +65,8 @@ describe("the test home's tools drive", () => {
   test("holds the init, busybox, envd on the drive's loader, ss and curl with their libraries", () => {
     const cat = (p: string) => sh(["debugfs", "-R", `cat ${p}`, tools.path]);
     expect(cat("/init")).toBe(toolsInitScript());
+    // the node's [envd] settings, which the guest's envd reads instead of a config file
+    expect(JSON.parse(cat("/etc/envd.json"))).toEqual(testConfig().envd);
     const envd = join(work, "agentenv");
     sh(["debugfs", "-R", `dump /bin/agentenv ${envd}`, tools.path]);
     expect(readInterpreter(envd)).toBe("/.aenv/lib/ld.so");
@@ -138,8 +140,11 @@ describe("VMs whose root filesystem has no glibc", () => {
 
     const run = (script: string, user = "root") => runInGuest(base, script, user);
     expect(await run("test -e /lib/x86_64-linux-gnu/libc.so.6 || test -e /lib64/ld-linux-x86-64.so.2 || echo no-glibc")).toEqual({ stdout: "no-glibc\n", stderr: "", exitCode: 0 });
-    // envd is the drive's binary; the drive is mounted read-only at /.aenv
-    expect((await run("readlink /proc/$(cat /proc/$$/stat | cut -d' ' -f4)/exe; grep ' /.aenv ' /proc/mounts | cut -d' ' -f4 | cut -d, -f1")).stdout).toBe("/.aenv/bin/agentenv\nro\n");
+    // envd is the drive's binary with the drive's settings; the drive is mounted read-only at /.aenv
+    const envd = "/proc/$(cut -d' ' -f4 /proc/$$/stat)";
+    expect((await run(`readlink ${envd}/exe; tr '\\0' ' ' < ${envd}/cmdline; echo; grep ' /.aenv ' /proc/mounts | cut -d' ' -f4 | cut -d, -f1`)).stdout).toBe(
+      "/.aenv/bin/agentenv\n/.aenv/bin/agentenv envd --settings /.aenv/etc/envd.json \nro\n",
+    );
     expect(await run("id -un; id -u; echo $HOME", "user")).toEqual({ stdout: "user\n1000\n/home/user\n", stderr: "", exitCode: 0 });
     // the drive's programs are at the end of PATH: busybox has no ss and no curl
     const ss = await run("ss -Htln | grep -c ':49983 '");

@@ -29,7 +29,7 @@ import {
   inotifyInit,
   type InotifyEvent,
 } from "../../ffi/inotify.ts";
-import { logger } from "../../observability/log.ts";
+import { logger } from "../log.ts";
 import { EnvdError } from "../errors.ts";
 import { EventType, FilesystemEventSchema, type FilesystemEvent } from "../gen/filesystem_pb.ts";
 import { loadAccountNames } from "../users.ts";

@@ -6,7 +6,7 @@
 import { closeSync } from "node:fs";
 import type { FileSink, Subprocess } from "bun";
 import { openPty, resizePty } from "../../ffi/pty.ts";
-import { logger } from "../../observability/log.ts";
+import { logger } from "../log.ts";
 import { EnvdError } from "../errors.ts";
 import { EventQueue } from "../queue.ts";
 import { userGroups, type UserInfo } from "../users.ts";
