@@ -5,14 +5,18 @@
  */
 import { defineCommand } from "citty";
 import { type Config, ConfigError, loadConfig, renderDefaultToml } from "../config/index.ts";
+import { log } from "../observability/log.ts";
 
 /**
- * Load the config for a command; a ConfigError ends the process with exit code 1 and its
- * one-line message on stderr (naming the source, key, value and what was expected).
+ * Load the config for a command and apply `[log] level` to the process logger; a ConfigError
+ * ends the process with exit code 1 and its one-line message on stderr (naming the source, key,
+ * value and what was expected).
  */
 export function loadConfigOrExit(opts: Parameters<typeof loadConfig>[0] = {}): Config {
   try {
-    return loadConfig(opts);
+    const cfg = loadConfig(opts);
+    log.level = cfg.log.level;
+    return cfg;
   } catch (e) {
     if (!(e instanceof ConfigError)) throw e;
     console.error(`agentenv: ${e.message}`);

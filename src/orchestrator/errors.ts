@@ -25,6 +25,7 @@ export const ORCHESTRATOR_ERRORS = {
   "orchestrator.disk_failed": "preparing the sandbox's root disk failed",
   "orchestrator.bad_transition": "a state transition the state machine does not allow (a bug)",
   "orchestrator.bad_state": "a stored state the state machine does not know (a bug or a newer database)",
+  "orchestrator.bad_runtime_state": "a sandbox's stored runtime state does not parse (details.sandboxId, field)",
   "orchestrator.volume_not_found": "the volume does not exist (details.volumeId)",
   "orchestrator.volume_exists": "a volume with this name exists already (details.name)",
   "orchestrator.volume_in_use": "the volume is mounted by sandboxes: no deletion, no writer beside others (details.volumeId, sandboxIds)",

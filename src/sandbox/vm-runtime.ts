@@ -12,6 +12,7 @@
  * the disk (the upper stays), release the slot. Resume = serve the disk again, new slot, restore
  * with the same MAC, re-init envd (same token).
  */
+import { parseVmState, type VmState } from "./vm-state.ts";
 import { existsSync, mkdirSync, readdirSync, rmSync, statSync } from "node:fs";
 import { join } from "node:path";
 import type { Logger } from "pino";
@@ -62,22 +63,6 @@ export interface VmRuntimeOptions {
 /** A template resolved for booting: disk + what runs in it. */
 interface BootTemplate extends ResolvedTemplate {
   boot: Pick<BootSpec, "envs" | "workdir" | "user" | "startCmd" | "readyCmd"> | null;
-}
-
-/** What this runtime keeps in `SandboxRecord.runtimeState` (JSON). */
-interface VmState {
-  workDir: string;
-  rootDisk: string;
-  mac: string;
-  /** "overlaybd": served by the disk daemon; "copy": a plain file. */
-  diskKind: "overlaybd" | "copy";
-  /**
-   * Tools drive image the VM booted through; a restore attaches the same one (its guest has it
-   * mounted). Absent in sandboxes booted before the tools drive: they had the root disk alone.
-   */
-  toolsImage?: string;
-  vmmPid?: number;
-  snapshot?: { statePath: string; memPath: string };
 }
 
 /**
@@ -212,7 +197,7 @@ export class VmRuntime implements SandboxRuntime {
   }
 
   async pause(id: string, state: Record<string, unknown>, signal: AbortSignal): Promise<Record<string, unknown>> {
-    const st = state as unknown as VmState;
+    const st = parseVmState(id, state);
     const vm = this.vms.get(id);
     if (!vm) throw new OrchestratorError("orchestrator.runtime_failed", `no VM handle for sandbox ${id}`, { sandboxId: id });
     const snapDir = this.snapshotDir(id);
@@ -242,7 +227,7 @@ export class VmRuntime implements SandboxRuntime {
   }
 
   async resume(spec: RuntimeStartSpec, state: Record<string, unknown>): Promise<RuntimeSandbox> {
-    const st = state as unknown as VmState;
+    const st = parseVmState(spec.id, state);
     if (!st.snapshot || !existsSync(st.snapshot.statePath) || (st.diskKind === "copy" && !existsSync(st.rootDisk))) {
       throw new OrchestratorError("orchestrator.snapshot_missing", `snapshot of sandbox ${spec.id} is missing`, { sandboxId: spec.id, snapshot: st.snapshot ?? null });
     }
@@ -295,7 +280,7 @@ export class VmRuntime implements SandboxRuntime {
   async kill(id: string, state: Record<string, unknown> | null): Promise<void> {
     const vm = this.vms.get(id);
     await this.teardown(id, vm, this.o.net.slotOf(id) !== undefined, true);
-    const st = state as unknown as VmState | null;
+    const st = state === null ? null : parseVmState(id, state);
     if (!vm && st?.vmmPid) {
       // a VMM without handle (should not happen after start-up reaping): kill by pid
       try {
