@@ -4,7 +4,7 @@
  * node_list_ttl_ms and kept (last known) while the scheduler is down.
  */
 import { ClientError, createClient, Status, type Channel } from "nice-grpc";
-import { SchedulerDefinition, schedulerChannel, type ObservedNode, type SchedulerClient } from "../proto/index.ts";
+import { SchedulerDefinition, schedulerChannel, type ObservedNode, type SchedulerClient } from "../../src/cluster/index.ts";
 import { GatewayError } from "./errors.ts";
 import type { NodeRef } from "../scheduler/types.ts";
 

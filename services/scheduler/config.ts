@@ -8,20 +8,30 @@ import { SchedulerError } from "./errors.ts";
 import type { StrategyName } from "./strategy.ts";
 import type { KubernetesOptions } from "./discovery/kubernetes.ts";
 
+/** The scheduler's settings, from `[scheduler]` (keys documented in src/config/schema.ts). */
 export interface SchedulerConfig {
+  /** gRPC listen address, host:port. */
   addr: string;
   strategy: StrategyName;
   store: "sqlite" | "redis";
   /** SQLite file. */
   dbPath: string;
+  /** redis://[user:password@]host:port[/db] */
   redisUrl: string;
+  /** Prefix of every Redis key. */
   redisPrefix: string;
+  /** Bound on connecting to Redis, ms. */
+  redisConnectTimeoutMs: number;
+  /** Freshness of a binding, ms. */
   bindingTtlMs: number;
+  /** Report age after which a node is UNHEALTHY, ms. */
   reportTtlMs: number;
+  /** Period of the stale-node sweep, ms. */
   sweepIntervalMs: number;
   discovery: "static" | "kubernetes";
   /** Static entries "id=url". */
   nodes: string[];
+  /** Bound on P2P artifact records. */
   maxP2pArtifacts: number;
   kubernetes: KubernetesOptions;
 }
@@ -53,6 +63,7 @@ export function schedulerConfig(cfg: Config, env: Record<string, string | undefi
     dbPath: sc.db_path || join(cfg.home_path, "scheduler.db"),
     redisUrl: sc.redis_url,
     redisPrefix: sc.redis_prefix,
+    redisConnectTimeoutMs: sc.redis_connect_timeout_ms,
     bindingTtlMs: sc.binding_ttl_secs * 1000,
     reportTtlMs: sc.report_ttl_secs * 1000,
     sweepIntervalMs: sc.sweep_interval_ms,
@@ -70,6 +81,7 @@ export function schedulerConfig(cfg: Config, env: Record<string, string | undefi
       caPath: kc.ca_path && existsSync(kc.ca_path) ? kc.ca_path : null,
       watchTimeoutSecs: kc.watch_timeout_secs,
       retryBackoffMs: kc.retry_backoff_ms,
+      requestTimeoutMs: kc.request_timeout_ms,
     },
   };
 }

@@ -2,8 +2,9 @@
  * The scheduler's logic, free of gRPC: placement, bindings with their freshness TTL, node
  * reports (heartbeats) with the roster as the truth for each node, node health from report
  * age, and P2P bookkeeping. Node status (proto NodeStatus): discovered + fresh report = READY;
- * discovered, no report yet = CONNECTING; report older than report_ttl = UNHEALTHY;
- * lingering (terminating) + fresh report = LINGERING.
+ * discovered, no report yet = CONNECTING; report older than report_ttl (counted from this
+ * process's start at the earliest), or unregistered and not reporting since = UNHEALTHY;
+ * lingering (terminating) + fresh report = LINGERING. Only nodes discovery knows may report.
  */
 import type { Logger } from "pino";
 import { logger } from "../../src/observability/log.ts";
@@ -16,7 +17,7 @@ import {
   type P2pEndpoint,
   type P2pPeer,
   type ReportSandboxEventRequest,
-} from "../proto/index.ts";
+} from "../../src/cluster/index.ts";
 import type { Discovery } from "./discovery/types.ts";
 import { SchedulerError } from "./errors.ts";
 import { NODE_ID_RE } from "./discovery/static.ts";
@@ -24,6 +25,7 @@ import { Picker, type Candidate, type StrategyName } from "./strategy.ts";
 import type { SchedulerStore } from "./store/types.ts";
 import type { NodeRef, NodeReport } from "./types.ts";
 
+/** Settings of SchedulerCore (from SchedulerConfig; clock and randomness injectable for tests). */
 export interface SchedulerCoreOptions {
   strategy: StrategyName;
   /** Freshness of a binding, ms. */
@@ -40,18 +42,46 @@ export interface SchedulerCoreOptions {
 /** Sandbox ids as the nodes make them (E2B: lowercase letters and digits). */
 const SANDBOX_ID_RE = /^[a-z0-9]{1,64}$/;
 
+/** Event types that bind (or refresh) a sandbox to the reporting node. */
+const BINDING_EVENTS: ReadonlySet<SandboxEventType> = new Set([
+  SandboxEventType.SANDBOX_EVENT_TYPE_CREATE,
+  SandboxEventType.SANDBOX_EVENT_TYPE_PAUSE,
+  SandboxEventType.SANDBOX_EVENT_TYPE_RESUME,
+  SandboxEventType.SANDBOX_EVENT_TYPE_FORK,
+]);
+
+/** `s` as a node endpoint (http or https URL, no trailing slash), or null when it is not one. */
+function httpEndpoint(s: string): string | null {
+  let u: URL;
+  try {
+    u = new URL(s);
+  } catch {
+    return null;
+  }
+  if ((u.protocol !== "http:" && u.protocol !== "https:") || !u.hostname) return null;
+  return s.replace(/\/+$/, "");
+}
+
 function badRequest(message: string, details: Record<string, unknown> = {}): SchedulerError {
   return new SchedulerError("scheduler.bad_request", message, details);
 }
 
+/**
+ * Every scheduler RPC's logic over a store (bindings, reports) and a discovery (the node set).
+ * Holds in memory only what may be lost on restart: pending placements (least_loaded), the
+ * nodes already swept, P2P artifact records. Errors are SchedulerErrors (codes in errors.ts).
+ */
 export class SchedulerCore {
   private readonly log: Logger = logger("scheduler");
   private readonly picker: Picker;
   private readonly now: () => number;
   /** When this process started: persisted bindings count their freshness from here at the earliest. */
   private readonly startedAt: number;
-  /** Placements since each node's last heartbeat (least_loaded sees them before the next report). */
-  private readonly placedSince = new Map<string, number>();
+  /**
+   * Times (unix ms) of placements a node's reports may not count yet: least_loaded adds them to
+   * the reported load. A heartbeat forgets those made before its snapshot was taken.
+   */
+  private readonly placements = new Map<string, number[]>();
   /** Nodes whose bindings were dropped for a stale report (cleared when they report again). */
   private readonly droppedStale = new Set<string>();
   /** P2P artifacts: "cluster\0backend\0key" -> node ids (insertion order = age, for the bound). */
@@ -63,10 +93,19 @@ export class SchedulerCore {
     this.startedAt = this.now();
   }
 
+  /**
+   * Age of a node's last report, ms, counted from this process's start at the earliest: a
+   * report saved before a restart is as fresh as the restart (the node had no scheduler to
+   * report to meanwhile), so downtime longer than report_ttl does not make every node stale.
+   */
+  private reportAgeMs(report: NodeReport): number {
+    return this.now() - Math.max(report.node.lastSeenUnixMs, this.startedAt);
+  }
+
   /** Status of a node given discovery membership and its last report. */
   statusOf(kind: "active" | "lingering" | null, report: NodeReport | null): NodeStatus {
     if (!report) return NodeStatus.NODE_STATUS_CONNECTING;
-    if (this.now() - report.node.lastSeenUnixMs > this.o.reportTtlMs) return NodeStatus.NODE_STATUS_UNHEALTHY;
+    if (report.leftAtUnixMs !== null || this.reportAgeMs(report) > this.o.reportTtlMs) return NodeStatus.NODE_STATUS_UNHEALTHY;
     return kind === "lingering" ? NodeStatus.NODE_STATUS_LINGERING : NodeStatus.NODE_STATUS_READY;
   }
 
@@ -82,8 +121,33 @@ export class SchedulerCore {
   }
 
   /**
+   * The discovery endpoint of a node that wants to report.
+   * @throws SchedulerError bad_request (malformed id), unknown_node (discovery does not know it:
+   *   its roster must not take over other nodes' bindings, and it could not be routed to).
+   */
+  private reportingNode(nodeId: string, what: string): string {
+    if (!NODE_ID_RE.test(nodeId)) throw badRequest(`invalid node_id ${JSON.stringify(nodeId)}`, { nodeId });
+    const endpoint = this.endpointOf(nodeId);
+    if (endpoint === null) {
+      throw new SchedulerError("scheduler.unknown_node", `${what} from node ${nodeId}, which discovery does not know (${this.discovery.mode} discovery; [node] id must equal the id discovery gives the node)`, { nodeId });
+    }
+    return endpoint;
+  }
+
+  /** Placements on `nodeId` a report may not reflect yet, newer than report_ttl (older ones a live node has reported since). */
+  private recentPlacements(nodeId: string): number {
+    const list = this.placements.get(nodeId);
+    if (!list) return 0;
+    const since = this.now() - this.o.reportTtlMs;
+    while (list.length && list[0]! < since) list.shift();
+    if (list.length === 0) this.placements.delete(nodeId);
+    return list.length;
+  }
+
+  /**
    * Pick a node for a new sandbox among discovered, non-lingering nodes whose reports have not
-   * stopped (never-reported nodes count: a node may run without reporting).
+   * stopped and that did not unregister (never-reported nodes count: a node may run without
+   * reporting).
    * @throws SchedulerError scheduler.no_nodes when there is none.
    */
   async schedule(): Promise<NodeRef> {
@@ -95,23 +159,26 @@ export class SchedulerCore {
       const s = r?.node.snapshot;
       candidates.push({
         ...n,
-        load: (s ? s.sandboxCount + s.sandboxStartingCount : 0) + (this.placedSince.get(n.nodeId) ?? 0),
+        load: (s ? s.sandboxCount + s.sandboxStartingCount : 0) + this.recentPlacements(n.nodeId),
         freeMemoryBytes: s ? Math.max(0, s.memoryTotalBytes - s.memoryUsedBytes) : 0,
       });
     }
     if (candidates.length === 0) {
       const known = this.listNodes().map((n) => n.nodeId);
-      throw new SchedulerError("scheduler.no_nodes", known.length ? `no schedulable node: every node (${known.join(", ")}) stopped reporting or is draining` : "no nodes discovered", { nodes: known });
+      throw new SchedulerError("scheduler.no_nodes", known.length ? `no schedulable node: every node (${known.join(", ")}) stopped reporting, left or is draining` : "no nodes discovered", { nodes: known });
     }
     const pick = this.picker.pick(candidates);
-    this.placedSince.set(pick.nodeId, (this.placedSince.get(pick.nodeId) ?? 0) + 1);
+    const list = this.placements.get(pick.nodeId) ?? [];
+    list.push(this.now());
+    this.placements.set(pick.nodeId, list);
     return { nodeId: pick.nodeId, endpoint: pick.endpoint };
   }
 
   /**
    * The node of a sandbox. A binding not refreshed within binding_ttl (counted from this
    * process's start at the earliest) is dropped.
-   * @throws SchedulerError bad_request (malformed id), not_found.
+   * @throws SchedulerError bad_request (malformed id), not_found (no binding, an expired one, or
+   *   one naming a node that neither discovery nor the binding gives an endpoint for).
    */
   async lookup(sandboxId: string): Promise<NodeRef> {
     if (!SANDBOX_ID_RE.test(sandboxId)) throw badRequest(`invalid sandbox_id ${JSON.stringify(sandboxId)}: expected 1-64 lowercase letters and digits`, { sandboxId });
@@ -122,29 +189,39 @@ export class SchedulerCore {
       this.log.info({ sandboxId, nodeId: b.nodeId, ageMs: this.now() - b.updatedAt }, "binding expired");
       throw new SchedulerError("scheduler.not_found", `the binding of sandbox ${sandboxId} expired (not refreshed for ${this.o.bindingTtlMs} ms)`, { sandboxId });
     }
-    return { nodeId: b.nodeId, endpoint: this.endpointOf(b.nodeId) ?? b.endpoint };
+    const endpoint = this.endpointOf(b.nodeId) ?? b.endpoint;
+    if (!endpoint) throw new SchedulerError("scheduler.not_found", `sandbox ${sandboxId} is bound to node ${b.nodeId}, which discovery no longer knows`, { sandboxId, nodeId: b.nodeId });
+    return { nodeId: b.nodeId, endpoint };
   }
 
-  /** Bind (or refresh) a sandbox to a node. @throws SchedulerError bad_request */
+  /**
+   * Bind (or refresh) a sandbox to a node. A node discovery does not know must come with its
+   * endpoint, an http(s) URL.
+   * @throws SchedulerError bad_request
+   */
   async recordAssignment(sandboxId: string, node: NodeRef | undefined): Promise<void> {
     if (!SANDBOX_ID_RE.test(sandboxId)) throw badRequest(`invalid sandbox_id ${JSON.stringify(sandboxId)}: expected 1-64 lowercase letters and digits`, { sandboxId });
     if (!node || !NODE_ID_RE.test(node.nodeId)) throw badRequest(`invalid node ${JSON.stringify(node?.nodeId ?? null)} for sandbox ${sandboxId}`, { sandboxId });
-    const endpoint = this.endpointOf(node.nodeId) ?? node.endpoint;
-    if (!endpoint) throw badRequest(`node ${node.nodeId} is unknown to discovery and the request names no endpoint`, { nodeId: node.nodeId });
+    let endpoint = this.endpointOf(node.nodeId);
+    if (endpoint === null) {
+      if (!node.endpoint) throw badRequest(`node ${node.nodeId} is unknown to discovery and the request names no endpoint`, { nodeId: node.nodeId });
+      endpoint = httpEndpoint(node.endpoint);
+      if (endpoint === null) throw badRequest(`node ${node.nodeId}: endpoint ${JSON.stringify(node.endpoint)} is not an http(s) URL`, { nodeId: node.nodeId });
+    }
     await this.store.putBinding({ sandboxId, nodeId: node.nodeId, endpoint, updatedAt: this.now() });
   }
 
   /**
    * A node's report: store it (status derived at read time) and make its roster the truth for
    * its bindings. Bindings recorded after the roster was taken (`reported_at`) are kept.
-   * @throws SchedulerError bad_request for a missing or malformed node id.
+   * @throws SchedulerError bad_request for a missing or malformed node id or sandbox id,
+   *   unknown_node for a node discovery does not know.
    */
   async heartbeat(req: HeartbeatRequest): Promise<{ added: number; removed: number }> {
-    if (!NODE_ID_RE.test(req.nodeId)) throw badRequest(`invalid node_id ${JSON.stringify(req.nodeId)}`, { nodeId: req.nodeId });
+    const endpoint = this.reportingNode(req.nodeId, "heartbeat");
     const bad = req.sandboxIds.find((id) => !SANDBOX_ID_RE.test(id));
     if (bad !== undefined) throw badRequest(`invalid sandbox id ${JSON.stringify(bad)} in the roster of node ${req.nodeId}`, { nodeId: req.nodeId });
     const now = this.now();
-    const endpoint = this.endpointOf(req.nodeId) ?? "";
     const node: ObservedNode = {
       nodeId: req.nodeId,
       endpoint,
@@ -156,25 +233,37 @@ export class SchedulerCore {
       snapshot: req.snapshot,
       lastSeenUnixMs: now,
     };
-    await this.store.putReport({ node, p2p: req.p2pEndpoint?.address ? req.p2pEndpoint : null });
-    this.placedSince.delete(req.nodeId);
+    await this.store.putReport({ node, p2p: req.p2pEndpoint?.address ? req.p2pEndpoint : null, leftAtUnixMs: null });
     if (this.droppedStale.delete(req.nodeId)) this.log.info({ nodeId: req.nodeId }, "node reports again");
     const takenAt = Math.min(req.snapshot?.reportedAtUnixMs || now, now);
+    // the snapshot counts the placements made before it was taken, not those after
+    const list = this.placements.get(req.nodeId);
+    if (list) {
+      while (list.length && list[0]! <= takenAt) list.shift();
+      if (list.length === 0) this.placements.delete(req.nodeId);
+    }
     const change = await this.store.reconcileRoster(req.nodeId, endpoint, req.sandboxIds, now, takenAt);
     if (change.added || change.removed) this.log.debug({ nodeId: req.nodeId, ...change }, "roster reconciled");
     return change;
   }
 
-  /** Apply lifecycle events: create/resume/fork/pause bind or refresh, delete unbinds. */
+  /**
+   * Apply lifecycle events: create/resume/fork/pause bind or refresh, delete unbinds. The batch
+   * is checked whole before any is applied.
+   * @throws SchedulerError bad_request (malformed id, an event type outside the contract),
+   *   unknown_node.
+   */
   async reportEvents(req: ReportSandboxEventRequest): Promise<void> {
-    if (!NODE_ID_RE.test(req.nodeId)) throw badRequest(`invalid node_id ${JSON.stringify(req.nodeId)}`, { nodeId: req.nodeId });
-    const endpoint = this.endpointOf(req.nodeId) ?? "";
+    const endpoint = this.reportingNode(req.nodeId, "sandbox events");
     for (const ev of req.events) {
       if (!SANDBOX_ID_RE.test(ev.sandboxId)) throw badRequest(`invalid sandbox id ${JSON.stringify(ev.sandboxId)} in an event of node ${req.nodeId}`, { nodeId: req.nodeId });
-      if (ev.eventType === SandboxEventType.SANDBOX_EVENT_TYPE_DELETE) await this.store.deleteBinding(ev.sandboxId, req.nodeId);
-      else if (ev.eventType !== SandboxEventType.SANDBOX_EVENT_TYPE_UNSPECIFIED) {
-        await this.store.putBinding({ sandboxId: ev.sandboxId, nodeId: req.nodeId, endpoint, updatedAt: this.now() });
+      if (!BINDING_EVENTS.has(ev.eventType) && ev.eventType !== SandboxEventType.SANDBOX_EVENT_TYPE_DELETE) {
+        throw badRequest(`unknown sandbox event type ${ev.eventType} for sandbox ${ev.sandboxId} from node ${req.nodeId}`, { nodeId: req.nodeId, eventType: ev.eventType });
       }
+    }
+    for (const ev of req.events) {
+      if (ev.eventType === SandboxEventType.SANDBOX_EVENT_TYPE_DELETE) await this.store.deleteBinding(ev.sandboxId, req.nodeId);
+      else await this.store.putBinding({ sandboxId: ev.sandboxId, nodeId: req.nodeId, endpoint, updatedAt: this.now() });
     }
   }
 
@@ -205,9 +294,10 @@ export class SchedulerCore {
   }
 
   /**
-   * A node leaves: forget its report and bindings. An unregister from an older process
+   * A node leaves: drop its bindings and mark its report as left, so it is not scheduled (and
+   * shows UNHEALTHY) until it reports again. An unregister from an older process
    * (service_instance_id differs from the current report's) is ignored.
-   * @returns whether anything was removed.
+   * @returns whether the node was marked.
    */
   async unregister(nodeId: string, serviceInstanceId: string): Promise<boolean> {
     if (!NODE_ID_RE.test(nodeId)) throw badRequest(`invalid node_id ${JSON.stringify(nodeId)}`, { nodeId });
@@ -216,9 +306,11 @@ export class SchedulerCore {
       this.log.info({ nodeId, serviceInstanceId, current: r.node.serviceInstanceId }, "unregister from an older instance ignored");
       return false;
     }
-    await this.store.deleteReport(nodeId);
+    const now = this.now();
+    const node: ObservedNode = r?.node ?? { nodeId, endpoint: this.endpointOf(nodeId) ?? "", clusterId: "", serviceInstanceId, version: "", commit: "", machineInfo: undefined, snapshot: undefined, lastSeenUnixMs: now };
+    await this.store.putReport({ node, p2p: r?.p2p ?? null, leftAtUnixMs: now });
     const dropped = await this.store.dropNodeBindings(nodeId);
-    this.placedSince.delete(nodeId);
+    this.placements.delete(nodeId);
     this.log.info({ nodeId, bindings: dropped }, "node unregistered");
     return true;
   }
@@ -231,7 +323,7 @@ export class SchedulerCore {
     const handled: string[] = [];
     for (const r of await this.store.listReports()) {
       const id = r.node.nodeId;
-      if (this.now() - r.node.lastSeenUnixMs <= this.o.reportTtlMs || this.droppedStale.has(id)) continue;
+      if (this.reportAgeMs(r) <= this.o.reportTtlMs || this.droppedStale.has(id)) continue;
       const n = await this.store.dropNodeBindings(id);
       this.droppedStale.add(id);
       handled.push(id);

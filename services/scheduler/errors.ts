@@ -1,22 +1,25 @@
-import { AgentEnvError } from "../../src/errors.ts";
-
-/** Stable codes of scheduler errors. */
-export type SchedulerErrorCode =
-  | "scheduler.bad_request"
-  | "scheduler.not_found"
-  | "scheduler.no_nodes"
-  | "scheduler.bad_config"
-  | "scheduler.store_failed"
-  | "scheduler.discovery_failed";
+import { AgentEnvError, type ErrorTable } from "../../src/errors.ts";
 
 /**
- * Errors of the scheduler (services/scheduler). The gRPC layer maps them to status codes:
- * bad_request → INVALID_ARGUMENT, not_found → NOT_FOUND, no_nodes and store_failed →
- * UNAVAILABLE; bad_config and discovery_failed stop `agentenv scheduler` at start.
+ * Stable codes of scheduler errors, each with its meaning. The gRPC layer (grpc.ts) maps them to
+ * status codes: bad_request → INVALID_ARGUMENT, not_found → NOT_FOUND, no_nodes and
+ * unknown_node → FAILED_PRECONDITION, store_failed → UNAVAILABLE; bad_config and
+ * discovery_failed stop `agentenv scheduler` at start. Every error status carries its code in
+ * the trailer `agentenv-error-code` (ERROR_CODE_TRAILER).
  */
-export class SchedulerError extends AgentEnvError {
-  declare readonly code: SchedulerErrorCode;
-  constructor(code: SchedulerErrorCode, message: string, details: Record<string, unknown> = {}, options?: ErrorOptions) {
-    super(code, message, details, options);
-  }
-}
+export const SCHEDULER_ERRORS = {
+  "scheduler.bad_request": "a malformed request: sandbox or node id, endpoint, event type, protobuf (details name it)",
+  "scheduler.not_found": "no binding for the sandbox (details.sandboxId), or no such node (details.nodeId)",
+  "scheduler.no_nodes": "no node can take a new sandbox: none discovered, or every one stopped reporting, left or is draining (details.nodes)",
+  "scheduler.unknown_node": "a heartbeat or sandbox events from a node discovery does not know (details.nodeId)",
+  "scheduler.bad_config": "a [scheduler] setting that cannot work (details name the key or entry)",
+  "scheduler.store_failed": "the SQLite database or the Redis server failed, or holds a corrupt value",
+  "scheduler.discovery_failed": "the first list of Kubernetes EndpointSlices failed (details.apiUrl)",
+} as const satisfies ErrorTable;
+export type SchedulerErrorCode = keyof typeof SCHEDULER_ERRORS;
+
+/** gRPC trailer naming the SchedulerErrorCode of a failed RPC. */
+export const ERROR_CODE_TRAILER = "agentenv-error-code";
+
+/** Errors of the scheduler (services/scheduler). */
+export class SchedulerError extends AgentEnvError<SchedulerErrorCode> {}

@@ -1,50 +1,94 @@
 /**
  * The gRPC face of the scheduler (nice-grpc): each RPC calls SchedulerCore and maps its errors
  * to status codes (bad_request → INVALID_ARGUMENT, not_found → NOT_FOUND, no_nodes and
- * store_failed → UNAVAILABLE, anything else → INTERNAL).
+ * unknown_node → FAILED_PRECONDITION, store_failed → UNAVAILABLE, anything else → INTERNAL),
+ * with the error's code in the trailer `agentenv-error-code`. A request that is not valid
+ * protobuf answers INVALID_ARGUMENT (grpc-js alone would answer INTERNAL).
  */
-import { ServerError, Status } from "nice-grpc";
+import { ServerError, Status, type CallContext } from "nice-grpc";
 import { logger } from "../../src/observability/log.ts";
-import type { SchedulerServiceImplementation } from "../proto/index.ts";
+import { SchedulerDefinition, type SchedulerServiceImplementation } from "../../src/cluster/index.ts";
 import type { SchedulerCore } from "./core.ts";
-import { SchedulerError } from "./errors.ts";
+import { ERROR_CODE_TRAILER, SchedulerError, type SchedulerErrorCode } from "./errors.ts";
 
 const log = logger("scheduler.grpc");
 
-function toServerError(e: unknown, rpc: string): ServerError {
+/** gRPC status of each scheduler error code that is not INTERNAL. */
+const STATUS: Partial<Record<SchedulerErrorCode, Status>> = {
+  "scheduler.bad_request": Status.INVALID_ARGUMENT,
+  "scheduler.not_found": Status.NOT_FOUND,
+  "scheduler.no_nodes": Status.FAILED_PRECONDITION,
+  "scheduler.unknown_node": Status.FAILED_PRECONDITION,
+  "scheduler.store_failed": Status.UNAVAILABLE,
+};
+
+function toServerError(e: unknown, rpc: string, ctx: CallContext): ServerError {
   if (e instanceof ServerError) return e;
   if (e instanceof SchedulerError) {
-    switch (e.code) {
-      case "scheduler.bad_request":
-        return new ServerError(Status.INVALID_ARGUMENT, e.message);
-      case "scheduler.not_found":
-        return new ServerError(Status.NOT_FOUND, e.message);
-      case "scheduler.no_nodes":
-      case "scheduler.store_failed":
-        log.warn({ rpc, err: e }, "RPC unavailable");
-        return new ServerError(Status.UNAVAILABLE, e.message);
+    ctx.trailer.set(ERROR_CODE_TRAILER, e.code);
+    const status = STATUS[e.code];
+    if (status !== undefined) {
+      if (status === Status.UNAVAILABLE || e.code === "scheduler.unknown_node") log.warn({ rpc, err: e }, "RPC refused");
+      return new ServerError(status, e.message);
     }
   }
   log.error({ rpc, err: e }, "RPC failed");
   return new ServerError(Status.INTERNAL, `${rpc} failed: ${(e as Error)?.message ?? String(e)}`);
 }
 
+/** Marker of a request body that did not decode (see tolerantDefinition). */
+const MALFORMED = Symbol("malformed request");
+type Malformed = { [MALFORMED]: string };
+
+function isMalformed(req: unknown): req is Malformed {
+  return typeof req === "object" && req !== null && MALFORMED in req;
+}
+
+/**
+ * SchedulerDefinition whose request decoders never throw: a body that is not the request
+ * message decodes to a marker the handlers refuse with INVALID_ARGUMENT.
+ */
+function tolerantDefinition(): typeof SchedulerDefinition {
+  const methods: Record<string, unknown> = {};
+  for (const [key, m] of Object.entries(SchedulerDefinition.methods)) {
+    const decode = m.requestType.decode.bind(m.requestType) as (input: Uint8Array, length?: number) => unknown;
+    methods[key] = {
+      ...m,
+      requestType: {
+        ...m.requestType,
+        decode: (input: Uint8Array, length?: number) => {
+          try {
+            return decode(input, length);
+          } catch (e) {
+            return { [MALFORMED]: (e as Error)?.message ?? String(e) };
+          }
+        },
+      },
+    };
+  }
+  return { ...SchedulerDefinition, methods } as unknown as typeof SchedulerDefinition;
+}
+
+/** The definition to serve with schedulerService (tolerant request decoding). */
+export const servedDefinition = tolerantDefinition;
+
 /** Wrap every method so thrown errors become gRPC statuses. */
 function guarded(impl: SchedulerServiceImplementation): SchedulerServiceImplementation {
   const out: Record<string, unknown> = {};
   for (const [name, fn] of Object.entries(impl)) {
-    out[name] = async (req: unknown, ctx: unknown) => {
+    out[name] = async (req: unknown, ctx: CallContext) => {
       try {
+        if (isMalformed(req)) throw new SchedulerError("scheduler.bad_request", `${name}: the request is not a valid protobuf message: ${req[MALFORMED]}`);
         return await (fn as (r: unknown, c: unknown) => Promise<unknown>)(req, ctx);
       } catch (e) {
-        throw toServerError(e, name);
+        throw toServerError(e, name, ctx);
       }
     };
   }
   return out as unknown as SchedulerServiceImplementation;
 }
 
-/** The service implementation over `core`. */
+/** The service implementation over `core` (serve it with `servedDefinition()`). */
 export function schedulerService(core: SchedulerCore): SchedulerServiceImplementation {
   return guarded({
     async schedule() {

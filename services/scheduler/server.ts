@@ -6,14 +6,13 @@ import { mkdirSync } from "node:fs";
 import { dirname } from "node:path";
 import { createServer } from "nice-grpc";
 import { logger } from "../../src/observability/log.ts";
-import { SchedulerDefinition } from "../proto/index.ts";
 import type { SchedulerConfig } from "./config.ts";
 import { SchedulerCore } from "./core.ts";
 import { KubernetesDiscovery } from "./discovery/kubernetes.ts";
 import { StaticDiscovery } from "./discovery/static.ts";
 import type { Discovery } from "./discovery/types.ts";
 import { SchedulerError } from "./errors.ts";
-import { schedulerService } from "./grpc.ts";
+import { schedulerService, servedDefinition } from "./grpc.ts";
 import { RedisStore } from "./store/redis.ts";
 import { SqliteStore } from "./store/sqlite.ts";
 import type { SchedulerStore } from "./store/types.ts";
@@ -37,7 +36,7 @@ function parseListen(addr: string): { host: string; port: number } {
 /** Open the configured store. @throws SchedulerError store_failed (Redis unreachable) / DbError. */
 export async function openStore(c: SchedulerConfig): Promise<SchedulerStore> {
   if (c.store === "redis") {
-    const s = new RedisStore(c.redisUrl, c.redisPrefix);
+    const s = new RedisStore(c.redisUrl, c.redisPrefix, c.redisConnectTimeoutMs);
     try {
       await s.ping();
     } catch (e) {
@@ -68,7 +67,7 @@ export async function startScheduler(c: SchedulerConfig): Promise<RunningSchedul
   }
   const core = new SchedulerCore(store, discovery, { strategy: c.strategy, bindingTtlMs: c.bindingTtlMs, reportTtlMs: c.reportTtlMs, maxP2pArtifacts: c.maxP2pArtifacts });
   const server = createServer();
-  server.add(SchedulerDefinition, schedulerService(core));
+  server.add(servedDefinition(), schedulerService(core));
   let bound: number;
   try {
     bound = await server.listen(`${host.includes(":") ? `[${host}]` : host}:${port}`);

@@ -1,7 +1,7 @@
 /**
  * Plain data of the scheduler. Times are unix milliseconds.
  */
-import type { ObservedNode, P2pEndpoint } from "../proto/index.ts";
+import type { ObservedNode, P2pEndpoint } from "../../src/cluster/index.ts";
 
 /** A node as discovery knows it: its id and the base URL of its HTTP API. */
 export interface NodeRef {
@@ -24,6 +24,11 @@ export interface Binding {
 export interface NodeReport {
   node: ObservedNode;
   p2p: P2pEndpoint | null;
+  /**
+   * When the node said it leaves (UnregisterNode), unix ms; null while it reports. A node that
+   * left is never scheduled until its next heartbeat clears this.
+   */
+  leftAtUnixMs: number | null;
 }
 
 /** What discovery currently says: nodes to schedule on, and nodes draining (terminating). */

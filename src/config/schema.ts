@@ -144,6 +144,12 @@ export const CONFIG_SCHEMA = section("", {
       "",
       "The scheduler's gRPC address (host:port, or http://host:port) that nodes report to and the\ngateway asks. Empty: no scheduler (a single node). AENV_OBSERVABILITY_SCHEDULER_ENDPOINT\noverrides it for the node's reporter.",
     ),
+    up: section("`agentenv cluster up`: a scheduler, a gateway and N nodes as child processes on one host.", {
+      ready_timeout_ms: int(120_000, "Longest wait for a member's ready line after it is started, ms; then it is killed and the\nstart counts as failed.", { min: 1, max: MS_MAX, unit: "ms" }),
+      stop_timeout_ms: int(60_000, "Longest wait for a member to exit after SIGTERM at shutdown, ms (a node may be pausing\nsandboxes); then SIGKILL.", { min: 1, max: MS_MAX, unit: "ms" }),
+      node_restart_delay_ms: int(5000, "Pause before a node that died (or failed to start again) is started again, ms.\n`--node-restart-delay` overrides it.", { min: 0, max: MS_MAX, unit: "ms" }),
+      service_restart_delay_ms: int(500, "Pause before the scheduler or the gateway is started again after it died (or failed to\nstart again), ms.", { min: 0, max: MS_MAX, unit: "ms" }),
+    }),
   }),
 
   observability: section("", {
@@ -153,7 +159,9 @@ export const CONFIG_SCHEMA = section("", {
         "Send Heartbeat every interval (node snapshot: identity, machine, host CPU/memory/disk,\ncounters, the full sandbox roster) and UnregisterNode on shutdown. Needs\n[cluster] scheduler_endpoint. AENV_OBSERVABILITY_SCHEDULER_REPORT_ENABLED overrides it.",
       ),
       interval_secs: int(5, "Seconds between heartbeats. AENV_OBSERVABILITY_REPORT_INTERVAL_SECS overrides it. The\nscheduler's [scheduler] report_ttl_secs should be about twice this.", { min: 1, max: 86_400, unit: "s" }),
-      timeout_ms: int(3000, "Bound on one Heartbeat or UnregisterNode call, ms.", { min: 1, max: MS_MAX, unit: "ms" }),
+      timeout_ms: int(3000, "Bound on one Heartbeat, ReportSandboxEvent or UnregisterNode call, ms.", { min: 1, max: MS_MAX, unit: "ms" }),
+      event_flush_ms: int(100, "Sandbox lifecycle events are sent (ReportSandboxEvent) this long after the first one queued,\ntogether with those queued meanwhile, ms.", { min: 0, max: MS_MAX, unit: "ms" }),
+      event_batch_max: int(1000, "Most sandbox events in one ReportSandboxEvent call; more are sent in further calls.", { min: 1, max: 1_000_000, unit: "count" }),
     }),
   }),
 
@@ -168,6 +176,7 @@ export const CONFIG_SCHEMA = section("", {
     db_path: str("", "SQLite file. Empty: $home_path/scheduler.db."),
     redis_url: str("redis://127.0.0.1:6379", 'Redis server of store = "redis" (redis://[user:password@]host:port[/db]).'),
     redis_prefix: str("agentenv:scheduler:", "Prefix of every Redis key the scheduler writes."),
+    redis_connect_timeout_ms: int(3000, "Bound on connecting to the Redis server, ms; an RPC needing the store then fails UNAVAILABLE.", { min: 1, max: MS_MAX, unit: "ms" }),
     binding_ttl_secs: int(
       30,
       "Freshness of a binding, seconds: one not refreshed for this long (by a heartbeat roster that\nlists it, a RecordAssignment or a sandbox event) is dropped at the next lookup. A restarted\nscheduler counts it from its own start, so downtime loses no binding.",
@@ -188,7 +197,8 @@ export const CONFIG_SCHEMA = section("", {
       token_path: str("/var/run/secrets/kubernetes.io/serviceaccount/token", "Service account token and CA bundle (in-cluster defaults)."),
       ca_path: str("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt", ""),
       watch_timeout_secs: int(300, "Server-side timeout of one watch request, seconds (the client re-watches from the last\nresourceVersion after it).", { min: 1, max: 86_400, unit: "s" }),
-      retry_backoff_ms: int(2000, "Wait before re-listing after a failed list or watch, ms.", { min: 1, max: MS_MAX, unit: "ms" }),
+      retry_backoff_ms: int(2000, "Wait before re-listing after a failed list or watch, and before watching again after a\nwatch that ended without any event, ms.", { min: 1, max: MS_MAX, unit: "ms" }),
+      request_timeout_ms: int(10_000, "Bound on a list request, and on a watch's response headers, ms. A watch is cut\nwatch_timeout_secs plus this after it started (the server should have ended it).", { min: 1, max: MS_MAX, unit: "ms" }),
     }),
   }),
 
@@ -203,11 +213,13 @@ export const CONFIG_SCHEMA = section("", {
       ),
       request_timeout_ms: int(
         30_000,
-        "Bound on connecting to a node and receiving its response headers, ms; then 502 naming the\nnode. Creates, pauses and resumes take longer: create_timeout_ms bounds those.",
+        "Bound on connecting to a node and receiving its response headers, ms; then 502 naming the\nnode. Reads the gateway merges from every node (lists) are bounded whole, body included, and\nso is opening a WebSocket to a node. Creates, pauses and resumes take longer:\ncreate_timeout_ms bounds those.",
         { min: 1, max: MS_MAX, unit: "ms" },
       ),
       create_timeout_ms: int(150_000, "Bound on a create, pause, resume or connect forwarded to a node (a VM boot or snapshot), ms.", { min: 1, max: MS_MAX, unit: "ms" }),
       scheduler_timeout_ms: int(3000, "Bound on one scheduler RPC, ms; a scheduler that does not answer makes creates 503.", { min: 1, max: MS_MAX, unit: "ms" }),
+      scheduler_retry_ms: int(100, "Pause between tries of a scheduler RPC that found the channel down (it reconnects), within\nscheduler_timeout_ms, ms.", { min: 1, max: MS_MAX, unit: "ms" }),
+      create_attempts: int(3, "Schedule calls one create may make: a node that refused the connection (nothing reached it)\nis left out and the create goes to the next node the scheduler picks.", { min: 1, max: 100, unit: "count" }),
       route_cache_size: int(100_000, "Sandbox -> node routes the gateway remembers (LRU). Routing of known sandboxes keeps working\nfrom it while the scheduler is down.", { min: 1, unit: "count" }),
       node_list_ttl_ms: int(2000, "How long the node list from the scheduler is reused for list/aggregation fan-out, ms.", { min: 0, max: MS_MAX, unit: "ms" }),
       max_body_bytes: int(1_048_576, "Largest control-plane request body the gateway accepts, bytes (sandbox traffic is streamed).", { min: 1024, max: TIB, unit: "bytes" }),

@@ -20,7 +20,7 @@ export function reporterOptions(cfg: Config): ReporterOptions | null {
   if (!endpoint) {
     throw new ConfigError("config.bad_value", "scheduler reporting is enabled but [cluster] scheduler_endpoint (AENV_OBSERVABILITY_SCHEDULER_ENDPOINT) is empty", { key: "cluster.scheduler_endpoint" });
   }
-  return { endpoint, intervalMs: r.interval_secs * 1000, timeoutMs: r.timeout_ms };
+  return { endpoint, intervalMs: r.interval_secs * 1000, timeoutMs: r.timeout_ms, eventFlushMs: r.event_flush_ms, eventBatchMax: r.event_batch_max };
 }
 
 /** Start reporting for `orch`. @returns the stop function (unregisters the node). */

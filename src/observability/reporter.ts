@@ -1,22 +1,32 @@
 /**
  * Scheduler reporting (seeds: Observability Data Flow): every `interval_secs` a Heartbeat with
  * the node snapshot (identity, machine, host figures, counters, the full sandbox roster); on
- * sandbox lifecycle changes a ReportSandboxEvent (batched), so bindings follow at once; on
- * shutdown a best-effort UnregisterNode. Every RPC is bounded by `timeout_ms`; a scheduler that
- * is down is logged (once per outage) and retried at the next tick, never awaited by requests.
+ * sandbox lifecycle changes a ReportSandboxEvent (batched: sent `event_flush_ms` after the first
+ * queued one, at most `event_batch_max` per call, further calls at once until none is left), so
+ * bindings follow at once; on shutdown a best-effort UnregisterNode after any heartbeat or event
+ * call in flight has ended (a late event must not bind a sandbox again after the unregister).
+ * Every RPC is bounded by `timeout_ms`; a scheduler that is down is logged (once per outage) and
+ * retried at the next tick, never awaited by requests.
  */
 import { CpuMeter } from "./host.ts";
 import { createClient, type Channel } from "nice-grpc";
 import type { Logger } from "pino";
-import { NodeStatus, SandboxEventType, SchedulerDefinition, schedulerChannel, type HeartbeatRequest, type SandboxEvent, type SchedulerClient } from "../../services/proto/index.ts";
+import { CHANNEL_RETRY_MS, NodeStatus, SandboxEventType, SchedulerDefinition, schedulerChannel, untilAnswered, type HeartbeatRequest, type SandboxEvent, type SchedulerClient } from "../cluster/index.ts";
 import { logger } from "./log.ts";
 import { nodeSnapshot, type NodeIdentityInfo, type SnapshotSource } from "./snapshot.ts";
 
+/** Settings of the reporter (`[observability.scheduler_report]`, `[cluster] scheduler_endpoint`). */
 export interface ReporterOptions {
   /** Scheduler address: host:port or http://host:port. */
   endpoint: string;
+  /** Between heartbeats, ms. */
   intervalMs: number;
+  /** Bound on one RPC, ms. */
   timeoutMs: number;
+  /** Delay from the first queued lifecycle event to its ReportSandboxEvent call, ms. */
+  eventFlushMs: number;
+  /** Most events in one ReportSandboxEvent call. */
+  eventBatchMax: number;
 }
 
 /** A lifecycle change to report: the orchestrator's state change. */
@@ -36,11 +46,11 @@ export function eventTypeOf(c: LifecycleChange): SandboxEventType | null {
   return null;
 }
 
-/** The gRPC target for nice-grpc: `host:port` (an http:// prefix is dropped). */
-export function grpcTarget(endpoint: string): string {
-  return endpoint.replace(/^(?:http|grpc):\/\//, "").replace(/\/+$/, "");
-}
-
+/**
+ * Reports one node to the scheduler: `start()` begins heartbeats, `noteChange()` queues
+ * lifecycle events, `close()` stops and unregisters. Never throws at its callers: failures are
+ * logged and the next heartbeat carries the truth again.
+ */
 export class SchedulerReporter {
   private readonly log: Logger = logger("reporter");
   private readonly cpu = new CpuMeter();
@@ -50,6 +60,8 @@ export class SchedulerReporter {
   private inflight: Promise<void> | undefined;
   private pending: SandboxEvent[] = [];
   private flushTimer: ReturnType<typeof setTimeout> | undefined;
+  /** The event sending in progress (close() waits for it). */
+  private flushing: Promise<void> | undefined;
   private failing = false;
   private closed = false;
   /** Heartbeats answered OK (for tests and logs). */
@@ -66,23 +78,36 @@ export class SchedulerReporter {
     this.timer = setInterval(() => this.tick(), this.o.intervalMs);
   }
 
-  /** Queue a lifecycle change; sent within ~100 ms together with others. */
+  /** Queue a lifecycle change; sent eventFlushMs later together with the others queued by then. */
   noteChange(c: LifecycleChange): void {
     const type = eventTypeOf(c);
     if (type === null || this.closed) return;
     this.pending.push({ sandboxId: c.id, eventType: type, requestedCpu: c.cpuCount ?? 0, requestedMemoryBytes: (c.memoryMB ?? 0) * 1024 * 1024, requestedDiskBytes: 0 });
-    this.flushTimer ??= setTimeout(() => void this.flush(), 100);
+    this.armFlush();
   }
 
+  /** Schedule a flush unless one is scheduled or running (a running one takes what is queued meanwhile; whatever is left after it gets a new one). */
+  private armFlush(): void {
+    if (this.flushing || this.flushTimer || this.closed || this.pending.length === 0) return;
+    this.flushTimer = setTimeout(() => {
+      this.flushTimer = undefined;
+      this.flushing = this.flush().finally(() => {
+        this.flushing = undefined;
+        this.armFlush();
+      });
+    }, this.o.eventFlushMs);
+  }
+
+  /** Send queued events, eventBatchMax per call, until none is left (or the reporter closes). */
   private async flush(): Promise<void> {
-    this.flushTimer = undefined;
-    const events = this.pending.splice(0, 1000);
-    if (events.length === 0) return;
-    try {
-      await this.client.reportSandboxEvent({ nodeId: this.identity.nodeId, clusterId: this.identity.clusterId, serviceInstanceId: this.identity.serviceInstanceId, events }, { signal: AbortSignal.timeout(this.o.timeoutMs) });
-    } catch (e) {
-      // the next heartbeat's roster carries the same truth
-      this.log.debug({ err: e, events: events.length }, "sandbox events not delivered");
+    while (this.pending.length > 0 && !this.closed) {
+      const events = this.pending.splice(0, this.o.eventBatchMax);
+      try {
+        await this.client.reportSandboxEvent({ nodeId: this.identity.nodeId, clusterId: this.identity.clusterId, serviceInstanceId: this.identity.serviceInstanceId, events }, { signal: AbortSignal.timeout(this.o.timeoutMs) });
+      } catch (e) {
+        // the next heartbeat's roster carries the same truth
+        this.log.debug({ err: e, events: events.length }, "sandbox events not delivered");
+      }
     }
   }
 
@@ -137,15 +162,23 @@ export class SchedulerReporter {
     }
   }
 
-  /** Stop reporting, then tell the scheduler this node leaves (best effort, bounded). */
+  /**
+   * Stop reporting, wait for the heartbeat and event call in flight, then tell the scheduler this
+   * node leaves (best effort, bounded). Events still queued are dropped: the unregister drops
+   * every binding of the node anyway.
+   */
   async close(): Promise<void> {
     if (this.closed) return;
     this.closed = true;
     clearInterval(this.timer);
     clearTimeout(this.flushTimer);
+    this.pending = [];
     await this.inflight;
+    await this.flushing;
     try {
-      await this.client.unregisterNode({ nodeId: this.identity.nodeId, serviceInstanceId: this.identity.serviceInstanceId }, { signal: AbortSignal.timeout(this.o.timeoutMs) });
+      // a channel backing off after a scheduler restart would fail the one call at once
+      const signal = AbortSignal.timeout(this.o.timeoutMs);
+      await untilAnswered(() => this.client.unregisterNode({ nodeId: this.identity.nodeId, serviceInstanceId: this.identity.serviceInstanceId }, { signal }), signal, CHANNEL_RETRY_MS);
     } catch (e) {
       this.log.warn({ endpoint: this.o.endpoint, err: e }, "UnregisterNode failed (the scheduler drops this node when its reports stop)");
     }

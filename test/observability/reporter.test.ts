@@ -5,10 +5,10 @@
  */
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { mkdtempSync, rmSync } from "node:fs";
-import { NodeStatus } from "../../services/proto/index.ts";
+import { grpcTarget, NodeStatus } from "../../src/cluster/index.ts";
 import { loadConfig } from "../../src/config/index.ts";
 import { parseCpuinfo } from "../../src/observability/identity.ts";
-import { eventTypeOf, grpcTarget } from "../../src/observability/reporter.ts";
+import { eventTypeOf } from "../../src/observability/reporter.ts";
 import { reporterOptions } from "../../src/node/reporting.ts";
 import { createLoopback, startNodeNoVm, type TestNode } from "../api/helpers.ts";
 import { startTestScheduler } from "../services/helpers.ts";
@@ -72,18 +72,23 @@ test("heartbeats carry identity, machine, host figures and counters; events and 
   await node.orch.kill(repsbx1);
   await until(() => sched.core.store.getBinding(repsbx1), (b) => b === null, "repsbx1 unbound");
 
-  // shutdown: UnregisterNode removes the node's report
+  // shutdown: UnregisterNode drops the node's bindings and marks it left (not scheduled)
   const repsbx2 = (await createLoopback(node)).id;
   await until(() => sched.core.store.getBinding(repsbx2), (b) => b !== null, "repsbx2 bound");
   await node.close();
-  expect(await sched.core.store.getReport("rep-node")).toBeNull();
+  expect((await sched.core.store.getReport("rep-node"))!.leftAtUnixMs).toBeGreaterThan(0);
   expect(await sched.core.store.getBinding(repsbx2)).toBeNull();
-  expect((await sched.client.getNode({ nodeId: "rep-node", clusterId: "" })).node!.snapshot!.status).toBe(NodeStatus.NODE_STATUS_CONNECTING);
+  expect((await sched.client.getNode({ nodeId: "rep-node", clusterId: "" })).node!.snapshot!.status).toBe(NodeStatus.NODE_STATUS_UNHEALTHY);
+  const refused = await sched.client.schedule({ hint: undefined }).then(
+    () => "scheduled",
+    (e: Error) => e.message,
+  );
+  expect(refused).toContain("FAILED_PRECONDITION: no schedulable node: every node (rep-node) stopped reporting, left or is draining");
 }, 30_000);
 
 test("config: the upstream env names override the TOML; enabled without an endpoint is refused", () => {
   const cfg = loadConfig({ env: { AENV_OBSERVABILITY_SCHEDULER_REPORT_ENABLED: "true", AENV_OBSERVABILITY_SCHEDULER_ENDPOINT: "http://sched:9090", AENV_OBSERVABILITY_REPORT_INTERVAL_SECS: "7" } });
-  expect(reporterOptions(cfg)).toEqual({ endpoint: "http://sched:9090", intervalMs: 7000, timeoutMs: 3000 });
+  expect(reporterOptions(cfg)).toEqual({ endpoint: "http://sched:9090", intervalMs: 7000, timeoutMs: 3000, eventFlushMs: 100, eventBatchMax: 1000 });
   expect(reporterOptions(loadConfig({ env: {} }))).toBeNull();
   expect(() => reporterOptions(loadConfig({ env: { AENV_OBSERVABILITY_SCHEDULER_REPORT_ENABLED: "true" } }))).toThrow("scheduler_endpoint");
   expect(() => reporterOptions(loadConfig({ env: { AENV_OBSERVABILITY_SCHEDULER_REPORT_ENABLED: "yes" } }))).toThrow("AENV_OBSERVABILITY_SCHEDULER_REPORT_ENABLED");

@@ -8,7 +8,7 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import type { Subprocess } from "bun";
 import { createClient } from "nice-grpc";
-import { SchedulerDefinition, schedulerChannel } from "../../services/proto/index.ts";
+import { SchedulerDefinition, schedulerChannel } from "../../src/cluster/index.ts";
 
 const ROOT = join(import.meta.dir, "../..");
 const tmp = mkdtempSync("/tmp/aenv-bin-cluster-");

@@ -10,7 +10,7 @@ import { bootNode, type RunningNode } from "../../src/node/index.ts";
 import { netLockPath } from "../../src/node/lock.ts";
 import { LoopbackRuntime } from "../helpers/loopback-runtime.ts";
 import { loadConfig } from "../../src/config/index.ts";
-import { NodeStatus, SchedulerDefinition, schedulerChannel, type HeartbeatRequest, type SchedulerClient } from "../../services/proto/index.ts";
+import { NodeStatus, SchedulerDefinition, schedulerChannel, type HeartbeatRequest, type SchedulerClient } from "../../src/cluster/index.ts";
 import { schedulerConfig, startScheduler, type RunningScheduler } from "../../services/scheduler/index.ts";
 
 /** A heartbeat from `nodeId` holding `roster`, with `running` sandboxes and `freeMiB` free memory. */

@@ -7,7 +7,9 @@
  * is refused with HTTP 410 or an ERROR event whose Status has code 410, after which the client
  * lists again. EndpointConditions: `ready` nil means ready; `serving` nil defers to ready.
  * Written over fetch (Bun's `tls.ca` takes the in-cluster CA) rather than a client library:
- * only this list + watch of one resource is needed.
+ * only this list + watch of one resource is needed. Every request has a client-side deadline
+ * (an API server that stops answering cannot stall discovery), and a watch that ends without
+ * any event is followed by a pause (a server ending watches at once cannot make us spin).
  */
 import { readFileSync } from "node:fs";
 import { isIP } from "node:net";
@@ -30,6 +32,7 @@ export interface EndpointSlice {
   ports?: { name?: string; port?: number; protocol?: string }[] | null;
 }
 
+/** Settings of Kubernetes discovery (`[scheduler.kubernetes]`). */
 export interface KubernetesOptions {
   /** API server base URL, e.g. `https://10.96.0.1:443`. */
   apiUrl: string;
@@ -44,8 +47,10 @@ export interface KubernetesOptions {
   caPath: string | null;
   /** Server-side watch timeout, seconds. */
   watchTimeoutSecs: number;
-  /** Wait before re-listing after a failure, ms. */
+  /** Wait before re-listing after a failure, and before re-watching after an empty watch, ms. */
   retryBackoffMs: number;
+  /** Bound on a list (body included) and on a watch's response headers, ms. */
+  requestTimeoutMs: number;
 }
 
 /**
@@ -77,6 +82,11 @@ export function nodesFromSlices(slices: Iterable<EndpointSlice>, port: number, s
 
 class Gone extends Error {}
 
+/**
+ * Discovery from the EndpointSlices of the node Service: `start()` lists them once (and fails
+ * if that fails), then a background loop watches, re-watching when a watch ends and re-listing
+ * after a 410 or a failure. `nodes()` answers from memory.
+ */
 export class KubernetesDiscovery implements Discovery {
   readonly mode = "kubernetes" as const;
   private readonly log: Logger = logger("scheduler.discovery");
@@ -87,6 +97,8 @@ export class KubernetesDiscovery implements Discovery {
   private readonly ca: string | undefined;
   /** Number of completed lists (first one included); for tests and logs. */
   lists = 0;
+  /** Number of watch requests made; for tests and logs. */
+  watches = 0;
 
   /** @throws SchedulerError scheduler.bad_config when the CA file cannot be read. */
   constructor(private readonly o: KubernetesOptions) {
@@ -126,17 +138,32 @@ export class KubernetesDiscovery implements Discovery {
     return `/apis/discovery.k8s.io/v1/namespaces/${encodeURIComponent(this.o.namespace)}/endpointslices?labelSelector=${encodeURIComponent(`kubernetes.io/service-name=${this.o.serviceName}`)}`;
   }
 
-  private request(query: string): Promise<Response> {
+  private request(query: string, signal: AbortSignal): Promise<Response> {
     const headers: Record<string, string> = { accept: "application/json" };
     if (this.o.tokenPath) headers.authorization = `Bearer ${readFileSync(this.o.tokenPath, "utf8").trim()}`;
-    return fetch(this.o.apiUrl.replace(/\/+$/, "") + this.path() + query, { headers, signal: this.stop.signal, ...(this.ca ? { tls: { ca: this.ca } } : {}) } as RequestInit);
+    return fetch(this.o.apiUrl.replace(/\/+$/, "") + this.path() + query, { headers, signal: AbortSignal.any([this.stop.signal, signal]), ...(this.ca ? { tls: { ca: this.ca } } : {}) } as RequestInit);
   }
 
-  /** Replace the slice set with a fresh list. @returns its resourceVersion. */
+  /** An abort signal firing `ms` from now with `why` (cancel the timer with `clear`). */
+  private deadline(ms: number, why: string): { signal: AbortSignal; clear: () => void } {
+    const ctl = new AbortController();
+    const t = setTimeout(() => ctl.abort(new Error(why)), ms);
+    return { signal: ctl.signal, clear: () => clearTimeout(t) };
+  }
+
+  /** Replace the slice set with a fresh list. @returns its resourceVersion. @throws Error (HTTP status, deadline). */
   private async list(): Promise<string> {
-    const res = await this.request("");
-    if (!res.ok) throw new Error(`HTTP ${res.status}: ${(await res.text()).slice(0, 300)}`);
-    const body = (await res.json()) as { metadata?: { resourceVersion?: string }; items?: EndpointSlice[] };
+    const d = this.deadline(this.o.requestTimeoutMs, `the API server did not answer the list within ${this.o.requestTimeoutMs} ms`);
+    let body: { metadata?: { resourceVersion?: string }; items?: EndpointSlice[] };
+    try {
+      const res = await this.request("", d.signal);
+      if (!res.ok) throw new Error(`HTTP ${res.status}: ${(await res.text()).slice(0, 300)}`);
+      body = (await res.json()) as typeof body;
+    } catch (e) {
+      throw d.signal.aborted ? (d.signal.reason as Error) : e;
+    } finally {
+      d.clear();
+    }
     this.slices.clear();
     for (const s of body.items ?? []) this.slices.set(s.metadata.name, s);
     this.lists++;
@@ -150,11 +177,16 @@ export class KubernetesDiscovery implements Discovery {
     this.current = next;
   }
 
-  /** Watch from `rv`; re-watch when a watch ends, re-list after 410 or a failure. */
+  /** Watch from `rv`; re-watch when a watch ends (after a pause if it brought no event), re-list after 410 or a failure. */
   private async run(rv: string): Promise<void> {
     while (!this.stop.signal.aborted) {
       try {
-        rv = await this.watch(rv);
+        const w = await this.watch(rv);
+        rv = w.rv;
+        if (w.events === 0) {
+          this.log.debug("EndpointSlice watch ended without an event; watching again after a pause");
+          await this.pause();
+        }
       } catch (e) {
         if (this.stop.signal.aborted) return;
         // a pause even after 410: a server that refuses every fresh resourceVersion must not spin us
@@ -183,23 +215,44 @@ export class KubernetesDiscovery implements Discovery {
     });
   }
 
-  /** One watch request. @returns the last resourceVersion seen. @throws Gone on 410. */
-  private async watch(rv: string): Promise<string> {
-    const res = await this.request(`&watch=1&allowWatchBookmarks=true&timeoutSeconds=${this.o.watchTimeoutSecs}&resourceVersion=${encodeURIComponent(rv)}`);
-    if (res.status === 410) throw new Gone();
-    if (!res.ok || !res.body) throw new Error(`watch answered HTTP ${res.status}`);
-    const decoder = new TextDecoder();
-    let buf = "";
-    for await (const chunk of res.body) {
-      buf += decoder.decode(chunk, { stream: true });
-      let nl: number;
-      while ((nl = buf.indexOf("\n")) >= 0) {
-        const line = buf.slice(0, nl).trim();
-        buf = buf.slice(nl + 1);
-        if (line) rv = this.apply(JSON.parse(line) as { type: string; object: EndpointSlice & { code?: number; message?: string } }, rv);
+  /**
+   * One watch request, bounded: response headers within requestTimeoutMs, the whole watch within
+   * watchTimeoutSecs + requestTimeoutMs.
+   * @returns the last resourceVersion seen and how many events came.
+   * @throws Gone on 410; Error on another status, a deadline, a malformed event.
+   */
+  private async watch(rv: string): Promise<{ rv: string; events: number }> {
+    this.watches++;
+    const whole = this.o.watchTimeoutSecs * 1000 + this.o.requestTimeoutMs;
+    const d = this.deadline(whole, `the API server did not end the watch within ${whole} ms`);
+    const h = this.deadline(this.o.requestTimeoutMs, `the API server did not answer the watch within ${this.o.requestTimeoutMs} ms`);
+    let events = 0;
+    try {
+      const res = await this.request(`&watch=1&allowWatchBookmarks=true&timeoutSeconds=${this.o.watchTimeoutSecs}&resourceVersion=${encodeURIComponent(rv)}`, AbortSignal.any([d.signal, h.signal]));
+      h.clear();
+      if (res.status === 410) throw new Gone();
+      if (!res.ok || !res.body) throw new Error(`watch answered HTTP ${res.status}`);
+      const decoder = new TextDecoder();
+      let buf = "";
+      for await (const chunk of res.body) {
+        buf += decoder.decode(chunk, { stream: true });
+        let nl: number;
+        while ((nl = buf.indexOf("\n")) >= 0) {
+          const line = buf.slice(0, nl).trim();
+          buf = buf.slice(nl + 1);
+          if (!line) continue;
+          events++;
+          rv = this.apply(JSON.parse(line) as { type: string; object: EndpointSlice & { code?: number; message?: string } }, rv);
+        }
       }
+    } catch (e) {
+      for (const s of [d.signal, h.signal]) if (s.aborted) throw s.reason as Error;
+      throw e;
+    } finally {
+      d.clear();
+      h.clear();
     }
-    return rv;
+    return { rv, events };
   }
 
   private apply(ev: { type: string; object: EndpointSlice & { code?: number; message?: string } }, rv: string): string {

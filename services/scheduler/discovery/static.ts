@@ -27,6 +27,7 @@ export function parseNodeEntry(entry: string): NodeRef {
   return { nodeId: id, endpoint };
 }
 
+/** Discovery from `[scheduler] nodes`: a fixed list, every node active, sorted by id. */
 export class StaticDiscovery implements Discovery {
   readonly mode = "static" as const;
   private readonly list: NodeRef[];

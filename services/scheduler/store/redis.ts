@@ -4,12 +4,13 @@
  *   P b:<sandboxId>   string, JSON {n: nodeId, e: endpoint, t: updatedAt ms}
  *   P n:<nodeId>      set of the sandbox ids bound to that node
  *   P nodes           set of node ids that have a P n:<nodeId> set
- *   P reports         hash nodeId -> JSON {node: ObservedNode JSON, p2p: P2pEndpoint JSON | null}
+ *   P reports         hash nodeId -> JSON {node: ObservedNode JSON, p2p: P2pEndpoint JSON | null,
+ *                     left: unix ms of its UnregisterNode | null}
  * Every change touching more than one key runs as one Lua script (atomic on the server).
  * Keys are built inside the scripts, so the store needs a single Redis, not Redis Cluster.
  */
 import { RedisClient } from "bun";
-import { ObservedNode, P2pEndpoint } from "../../proto/index.ts";
+import { ObservedNode, P2pEndpoint } from "../../../src/cluster/index.ts";
 import { SchedulerError } from "../errors.ts";
 import type { Binding, NodeReport } from "../types.ts";
 import type { RosterChange, SchedulerStore } from "./types.ts";
@@ -101,6 +102,7 @@ local n = 0
 for _, node in ipairs(redis.call('SMEMBERS', p .. 'nodes')) do n = n + redis.call('SCARD', p .. 'n:' .. node) end
 return n`;
 
+/** SchedulerStore over one Redis server (layout above); safe to share between scheduler replicas. */
 export class RedisStore implements SchedulerStore {
   readonly kind = "redis" as const;
   private readonly client: RedisClient;
@@ -108,11 +110,12 @@ export class RedisStore implements SchedulerStore {
   /**
    * @param url redis://[user:password@]host:port[/db]
    * @param prefix prefix of every key (e.g. `agentenv:scheduler:`)
-   * Connects lazily (and again after a lost connection, at the next command); a command fails with `scheduler.store_failed` while the server is
-   * unreachable.
+   * @param connectTimeoutMs bound on connecting, ms (`[scheduler] redis_connect_timeout_ms`)
+   * Connects lazily (and again after a lost connection, at the next command); a command fails
+   * with `scheduler.store_failed` while the server is unreachable.
    */
-  constructor(private readonly url: string, private readonly prefix: string) {
-    this.client = new RedisClient(url, { autoReconnect: false, enableOfflineQueue: false, connectionTimeout: 3000 });
+  constructor(private readonly url: string, private readonly prefix: string, connectTimeoutMs: number) {
+    this.client = new RedisClient(url, { autoReconnect: false, enableOfflineQueue: false, connectionTimeout: connectTimeoutMs });
   }
 
   /** Check the server answers. @throws SchedulerError store_failed */
@@ -135,10 +138,13 @@ export class RedisStore implements SchedulerStore {
   }
 
   async getBinding(sandboxId: string): Promise<Binding | null> {
-    const raw = await this.run("lookup", () => this.client.get(this.prefix + "b:" + sandboxId));
-    if (raw === null) return null;
-    const o = JSON.parse(raw) as { n: string; e: string; t: number };
-    return { sandboxId, nodeId: o.n, endpoint: o.e, updatedAt: o.t };
+    return this.run("lookup", async () => {
+      const raw = await this.client.get(this.prefix + "b:" + sandboxId);
+      if (raw === null) return null;
+      const o = JSON.parse(raw) as { n: unknown; e: unknown; t: unknown };
+      if (typeof o.n !== "string" || typeof o.e !== "string" || typeof o.t !== "number") throw new Error(`corrupt binding of ${sandboxId}: ${raw.slice(0, 200)}`);
+      return { sandboxId, nodeId: o.n, endpoint: o.e, updatedAt: o.t };
+    });
   }
 
   async putBinding(b: Binding): Promise<void> {
@@ -167,20 +173,24 @@ export class RedisStore implements SchedulerStore {
   }
 
   async putReport(r: NodeReport): Promise<void> {
-    const value = JSON.stringify({ node: ObservedNode.toJSON(r.node), p2p: r.p2p ? P2pEndpoint.toJSON(r.p2p) : null });
+    const value = JSON.stringify({ node: ObservedNode.toJSON(r.node), p2p: r.p2p ? P2pEndpoint.toJSON(r.p2p) : null, left: r.leftAtUnixMs });
     await this.run("report write", () => this.client.hset(this.prefix + "reports", { [r.node.nodeId]: value }));
   }
 
   async getReport(nodeId: string): Promise<NodeReport | null> {
-    const raw = await this.run("report read", () => this.client.hget(this.prefix + "reports", nodeId));
-    return raw === null ? null : parseReport(raw);
+    return this.run("report read", async () => {
+      const raw = await this.client.hget(this.prefix + "reports", nodeId);
+      return raw === null ? null : parseReport(raw);
+    });
   }
 
   async listReports(): Promise<NodeReport[]> {
-    const all = await this.run("report list", () => this.client.hgetall(this.prefix + "reports"));
-    return Object.keys(all)
-      .sort()
-      .map((k) => parseReport(all[k]!));
+    return this.run("report list", async () => {
+      const all = await this.client.hgetall(this.prefix + "reports");
+      return Object.keys(all)
+        .sort()
+        .map((k) => parseReport(all[k]!));
+    });
   }
 
   async deleteReport(nodeId: string): Promise<void> {
@@ -193,8 +203,8 @@ export class RedisStore implements SchedulerStore {
 }
 
 function parseReport(raw: string): NodeReport {
-  const o = JSON.parse(raw) as { node: unknown; p2p: unknown };
-  return { node: ObservedNode.fromJSON(o.node), p2p: o.p2p ? P2pEndpoint.fromJSON(o.p2p) : null };
+  const o = JSON.parse(raw) as { node: unknown; p2p: unknown; left?: number | null };
+  return { node: ObservedNode.fromJSON(o.node), p2p: o.p2p ? P2pEndpoint.fromJSON(o.p2p) : null, leftAtUnixMs: typeof o.left === "number" ? o.left : null };
 }
 
 /** The URL without its password (for messages and logs). */

@@ -22,4 +22,6 @@ export const nodeReports = sqliteTable("node_reports", {
   /** P2pEndpoint as JSON, or null. */
   p2p: text("p2p", { mode: "json" }),
   lastSeen: integer("last_seen").notNull(),
+  /** When the node unregistered (it is not scheduled until it reports again), or null. */
+  leftAt: integer("left_at"),
 });

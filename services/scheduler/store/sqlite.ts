@@ -5,7 +5,7 @@
 import { and, count, eq, lt, sql } from "drizzle-orm";
 import { drizzle, type BunSQLiteDatabase } from "drizzle-orm/bun-sqlite";
 import { openDb, type Db } from "../../../src/db/index.ts";
-import { ObservedNode, P2pEndpoint } from "../../proto/index.ts";
+import { ObservedNode, P2pEndpoint } from "../../../src/cluster/index.ts";
 import { SchedulerError } from "../errors.ts";
 import type { Binding, NodeReport } from "../types.ts";
 import { SCHEDULER_MIGRATIONS } from "./migrations/index.ts";
@@ -22,6 +22,10 @@ function wrap<T>(what: string, path: string, fn: () => T): T {
   }
 }
 
+/**
+ * SchedulerStore in one SQLite file (migrations in ./migrations, applied at open): tables
+ * `bindings` and `node_reports` (schema.ts). One scheduler process per file.
+ */
 export class SqliteStore implements SchedulerStore {
   readonly kind = "sqlite" as const;
   private readonly db: Db;
@@ -109,11 +113,11 @@ export class SqliteStore implements SchedulerStore {
 
   async putReport(r: NodeReport): Promise<void> {
     wrap("report write", this.path, () => {
-      const row = { nodeId: r.node.nodeId, node: ObservedNode.toJSON(r.node), p2p: r.p2p ? P2pEndpoint.toJSON(r.p2p) : null, lastSeen: r.node.lastSeenUnixMs };
+      const row = { nodeId: r.node.nodeId, node: ObservedNode.toJSON(r.node), p2p: r.p2p ? P2pEndpoint.toJSON(r.p2p) : null, lastSeen: r.node.lastSeenUnixMs, leftAt: r.leftAtUnixMs };
       this.orm
         .insert(nodeReports)
         .values(row)
-        .onConflictDoUpdate({ target: nodeReports.nodeId, set: { node: row.node, p2p: row.p2p, lastSeen: row.lastSeen } })
+        .onConflictDoUpdate({ target: nodeReports.nodeId, set: { node: row.node, p2p: row.p2p, lastSeen: row.lastSeen, leftAt: row.leftAt } })
         .run();
     });
   }
@@ -138,6 +142,6 @@ export class SqliteStore implements SchedulerStore {
   }
 }
 
-function toReport(row: { node: unknown; p2p: unknown }): NodeReport {
-  return { node: ObservedNode.fromJSON(row.node), p2p: row.p2p ? P2pEndpoint.fromJSON(row.p2p) : null };
+function toReport(row: { node: unknown; p2p: unknown; leftAt: number | null }): NodeReport {
+  return { node: ObservedNode.fromJSON(row.node), p2p: row.p2p ? P2pEndpoint.fromJSON(row.p2p) : null, leftAtUnixMs: row.leftAt };
 }

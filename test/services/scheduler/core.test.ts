@@ -3,13 +3,11 @@
  * strategies, binding TTL, roster truth, node health, unregister, events, observed nodes.
  */
 import { describe, expect, test } from "bun:test";
-import { NodeStatus, SandboxEventType } from "../../../services/proto/index.ts";
+import { NodeStatus, SandboxEventType } from "../../../src/cluster/index.ts";
 import { SchedulerCore, SqliteStore, StaticDiscovery, type SchedulerCoreOptions } from "../../../services/scheduler/index.ts";
 import { beat } from "../helpers.ts";
 
-function world(o: Partial<SchedulerCoreOptions> = {}, nodes = ["a=http://10.0.0.1:8000", "b=http://10.0.0.2:8000", "c=http://10.0.0.3:8000"]) {
-  const clock = { t: 1_000_000 };
-  const store = new SqliteStore(":memory:");
+function world(o: Partial<SchedulerCoreOptions> = {}, nodes = ["a=http://10.0.0.1:8000", "b=http://10.0.0.2:8000", "c=http://10.0.0.3:8000"], clock = { t: 1_000_000 }, store = new SqliteStore(":memory:")) {
   const core = new SchedulerCore(store, new StaticDiscovery(nodes), { strategy: "round_robin", bindingTtlMs: 30_000, reportTtlMs: 10_000, maxP2pArtifacts: 100, now: () => clock.t, ...o });
   return { clock, store, core };
 }
@@ -47,6 +45,39 @@ describe("placement", () => {
     expect(await picks(core, 1)).toEqual(["a"]);
   });
 
+  test("least_loaded: a heartbeat whose snapshot predates placements does not forget them", async () => {
+    const { core, clock } = world({ strategy: "least_loaded" }, ["a=http://10.0.0.1:8000", "b=http://10.0.0.2:8000"]);
+    await core.heartbeat(beat("a", [], { freeMiB: 9000 }));
+    await core.heartbeat(beat("b", [], { freeMiB: 8000 }));
+    clock.t += 1000;
+    const takenBefore = clock.t - 100; // the node read its counts, then took 100 ms for the CPU figure
+    expect(await picks(core, 1)).toEqual(["a"]);
+    clock.t += 50;
+    // a's snapshot was taken before that placement: it still shows 0 sandboxes
+    await core.heartbeat(beat("a", [], { freeMiB: 9000, reportedAt: takenBefore }));
+    expect(await picks(core, 1)).toEqual(["b"]);
+    // a snapshot taken after both placements counts them itself (1 each): tie → most free memory
+    clock.t += 50;
+    await core.heartbeat(beat("a", ["x1"], { freeMiB: 9000, reportedAt: clock.t }));
+    await core.heartbeat(beat("b", ["x2"], { freeMiB: 8000, reportedAt: clock.t }));
+    expect(await picks(core, 2)).toEqual(["a", "b"]);
+  });
+
+  test("a node that unregistered is not scheduled (least_loaded would prefer its empty load) until it reports again", async () => {
+    const { core } = world({ strategy: "least_loaded" }, ["a=http://10.0.0.1:8000", "b=http://10.0.0.2:8000"]);
+    await core.heartbeat(beat("a", ["s1", "s2"]));
+    await core.heartbeat(beat("b", ["s3"], { instance: "b-old" }));
+    expect(await core.unregister("b", "b-old")).toBe(true);
+    expect(await picks(core, 3)).toEqual(["a", "a", "a"]);
+    expect((await core.getNode("b")).snapshot!.status).toBe(NodeStatus.NODE_STATUS_UNHEALTHY);
+    expect(await core.unregister("a", "a-1")).toBe(true);
+    await expect(core.schedule()).rejects.toMatchObject({ code: "scheduler.no_nodes", message: expect.stringContaining("left") });
+    // b starts again (a new instance) and reports
+    await core.heartbeat(beat("b", [], { instance: "b-new" }));
+    expect(await picks(core, 1)).toEqual(["b"]);
+    expect((await core.getNode("b")).snapshot!.status).toBe(NodeStatus.NODE_STATUS_READY);
+  });
+
   test("a node whose reports stopped is skipped; none left → no_nodes naming them", async () => {
     const { core, clock } = world({}, ["a=http://10.0.0.1:8000", "b=http://10.0.0.2:8000"]);
     await core.heartbeat(beat("a", []));
@@ -76,9 +107,35 @@ describe("bindings", () => {
     await expect(core.lookup("Bad-Id")).rejects.toMatchObject({ code: "scheduler.bad_request" });
     await expect(core.recordAssignment("sbx2", undefined)).rejects.toMatchObject({ code: "scheduler.bad_request" });
     await expect(core.recordAssignment("sbx2", { nodeId: "zz", endpoint: "" })).rejects.toMatchObject({ code: "scheduler.bad_request", message: expect.stringContaining("unknown to discovery") });
-    // a node discovery does not know, with an endpoint given, is accepted as is
-    await core.recordAssignment("sbx3", { nodeId: "zz", endpoint: "http://10.9.9.9:8000" });
+    // a node discovery does not know, with an http(s) endpoint given, is accepted
+    await core.recordAssignment("sbx3", { nodeId: "zz", endpoint: "http://10.9.9.9:8000/" });
     expect(await core.lookup("sbx3")).toEqual({ nodeId: "zz", endpoint: "http://10.9.9.9:8000" });
+    for (const endpoint of ["not a url", "ftp://10.9.9.9/", "victim", "http://"]) {
+      await expect(core.recordAssignment("sbx4", { nodeId: "zz", endpoint })).rejects.toMatchObject({ code: "scheduler.bad_request", message: expect.stringContaining("not an http(s) URL") });
+    }
+    expect(await core.lookup("sbx4").catch((e) => e.code)).toBe("scheduler.not_found");
+  });
+
+  test("a node discovery does not know cannot report: its roster and events take over no binding", async () => {
+    const { core, store } = world();
+    await core.recordAssignment("victim", { nodeId: "a", endpoint: "" });
+    await expect(core.heartbeat(beat("ghost", ["victim"]))).rejects.toMatchObject({ code: "scheduler.unknown_node", message: expect.stringContaining("node ghost") });
+    const create = { sandboxId: "victim", eventType: SandboxEventType.SANDBOX_EVENT_TYPE_CREATE, requestedCpu: 0, requestedMemoryBytes: 0, requestedDiskBytes: 0 };
+    await expect(core.reportEvents({ nodeId: "ghost", clusterId: "", serviceInstanceId: "", events: [create] })).rejects.toMatchObject({ code: "scheduler.unknown_node" });
+    expect(await core.lookup("victim")).toEqual({ nodeId: "a", endpoint: "http://10.0.0.1:8000" });
+    expect(await store.getReport("ghost")).toBeNull();
+    expect((await core.listObserved()).map((n) => n.nodeId)).toEqual(["a", "b", "c"]);
+  });
+
+  test("sandbox events of a type outside the contract are refused whole and bind nothing", async () => {
+    const { core, store } = world();
+    const ev = (sandboxId: string, eventType: number) => ({ sandboxId, eventType, requestedCpu: 0, requestedMemoryBytes: 0, requestedDiskBytes: 0 });
+    for (const t of [99, SandboxEventType.SANDBOX_EVENT_TYPE_UNSPECIFIED]) {
+      await expect(core.reportEvents({ nodeId: "a", clusterId: "", serviceInstanceId: "", events: [ev("ok1", SandboxEventType.SANDBOX_EVENT_TYPE_CREATE), ev("odd1", t)] })).rejects.toMatchObject({ code: "scheduler.bad_request", message: expect.stringContaining(`unknown sandbox event type ${t}`) });
+    }
+    expect(await store.countBindings()).toBe(0);
+    await core.reportEvents({ nodeId: "a", clusterId: "", serviceInstanceId: "", events: [ev("f1", SandboxEventType.SANDBOX_EVENT_TYPE_FORK), ev("p1", SandboxEventType.SANDBOX_EVENT_TYPE_PAUSE), ev("r1", SandboxEventType.SANDBOX_EVENT_TYPE_RESUME)] });
+    expect(await store.nodeBindings("a")).toEqual(["f1", "p1", "r1"]);
   });
 
   test("binding_ttl: a binding not refreshed is dropped at lookup; a roster listing it refreshes it", async () => {
@@ -170,15 +227,37 @@ describe("nodes", () => {
     expect(await core.sweep()).toEqual([]);
   });
 
-  test("unregister forgets the node and its bindings; one from an older instance is ignored", async () => {
-    const { core, store } = world();
+  test("a restarted scheduler counts saved reports from its own start: a minute of downtime drops no binding", async () => {
+    const first = world();
+    await first.core.heartbeat(beat("a", ["keep1", "keep2"]));
+    await first.core.recordAssignment("keep3", { nodeId: "a", endpoint: "" });
+    first.clock.t += 60_000; // the scheduler was down for a minute (report_ttl is 10 s)
+    const { core, store, clock } = world({}, undefined, first.clock, first.store);
+    expect(await core.sweep()).toEqual([]);
+    expect(await store.countBindings()).toBe(3);
+    expect((await core.lookup("keep1")).nodeId).toBe("a");
+    expect((await core.getNode("a")).snapshot!.status).toBe(NodeStatus.NODE_STATUS_READY);
+    expect(await picks(core, 3)).toEqual(["a", "b", "c"]);
+    // a node that really stopped reporting goes report_ttl after the restart
+    clock.t += 10_001;
+    expect((await core.getNode("a")).snapshot!.status).toBe(NodeStatus.NODE_STATUS_UNHEALTHY);
+    expect(await core.sweep()).toEqual(["a"]);
+    expect(await store.countBindings()).toBe(0);
+  });
+
+  test("unregister drops the node's bindings and marks it left; one from an older instance is ignored", async () => {
+    const { core, store, clock } = world();
     await core.heartbeat(beat("a", ["s1"], { instance: "new" }));
     expect(await core.unregister("a", "old")).toBe(false);
     expect((await core.lookup("s1")).nodeId).toBe("a");
     expect(await core.unregister("a", "new")).toBe(true);
     await expect(core.lookup("s1")).rejects.toMatchObject({ code: "scheduler.not_found" });
-    expect(await store.getReport("a")).toBeNull();
-    expect((await core.getNode("a")).snapshot!.status).toBe(NodeStatus.NODE_STATUS_CONNECTING);
+    expect(await store.getReport("a")).toMatchObject({ leftAtUnixMs: clock.t, node: { serviceInstanceId: "new" } });
+    expect((await core.getNode("a")).snapshot!.status).toBe(NodeStatus.NODE_STATUS_UNHEALTHY);
+    // a node that never reported can leave too
+    expect(await core.unregister("c", "c-1")).toBe(true);
+    expect((await core.getNode("c")).snapshot!.status).toBe(NodeStatus.NODE_STATUS_UNHEALTHY);
+    expect(await picks(core, 2)).toEqual(["b", "b"]);
   });
 
   test("P2P: peers from heartbeats, artifacts bounded and looked up", async () => {

@@ -6,8 +6,9 @@
 import { afterAll, expect, test } from "bun:test";
 import { mkdtempSync, rmSync } from "node:fs";
 import { join } from "node:path";
-import { ClientError, Status } from "nice-grpc";
-import { NodeStatus } from "../../../services/proto/index.ts";
+import { ClientError, createClient, Status, type Metadata } from "nice-grpc";
+import { NodeStatus, schedulerChannel } from "../../../src/cluster/index.ts";
+import { ERROR_CODE_TRAILER } from "../../../services/scheduler/errors.ts";
 import { beat, startRedis, startTestScheduler } from "../helpers.ts";
 
 const home = mkdtempSync("/tmp/aenv-sched-grpc-");
@@ -51,6 +52,33 @@ test("RPCs over gRPC: schedule, record, lookup, heartbeat, observed nodes; bad i
     expect((await c.getNode({ nodeId: "a", clusterId: "c1" })).node!.snapshot!.sandboxCount).toBe(2);
     await c.unregisterNode({ nodeId: "a", serviceInstanceId: "a-1" });
     expect((await status(c.lookupNode({ sandboxId: "sbx4" })))?.[0]).toBe(Status.NOT_FOUND);
+    // a node discovery does not know may not report
+    expect(await status(c.heartbeat(beat("ghost", ["sbx1"])))).toEqual([Status.FAILED_PRECONDITION, expect.stringContaining("node ghost, which discovery does not know")]);
+    expect((await c.lookupNode({ sandboxId: "sbx1" })).node!.nodeId).toBe("b");
+  } finally {
+    await s.close();
+  }
+});
+
+test("errors carry their code in the agentenv-error-code trailer; no schedulable node is FAILED_PRECONDITION at once; garbage protobuf is INVALID_ARGUMENT", async () => {
+  const s = await startTestScheduler({ AENV_HOME_PATH: home, AENV__scheduler__nodes: "a=http://127.0.0.1:18101", AENV__scheduler__db_path: ":memory:" });
+  try {
+    const trailers: string[] = [];
+    const onTrailer = (t: Metadata) => trailers.push(t.get(ERROR_CODE_TRAILER) ?? "");
+    await s.client.unregisterNode({ nodeId: "a", serviceInstanceId: "" });
+    expect(await status(s.client.schedule({ hint: undefined }, { onTrailer }))).toEqual([Status.FAILED_PRECONDITION, "no schedulable node: every node (a) stopped reporting, left or is draining"]);
+    expect((await status(s.client.lookupNode({ sandboxId: "nope" }, { onTrailer })))?.[0]).toBe(Status.NOT_FOUND);
+    expect((await status(s.client.lookupNode({ sandboxId: "Bad Id" }, { onTrailer })))?.[0]).toBe(Status.INVALID_ARGUMENT);
+    expect(trailers).toEqual(["scheduler.no_nodes", "scheduler.not_found", "scheduler.bad_request"]);
+    // raw bytes that are no LookupNodeRequest (field 1 claims 2^35 bytes)
+    const raw = createClient(
+      {
+        lookupNode: { path: "/scheduler.v1.Scheduler/LookupNode", requestStream: false, responseStream: false, requestSerialize: (b: Uint8Array) => b, requestDeserialize: (b: Uint8Array) => b, responseSerialize: (b: Uint8Array) => b, responseDeserialize: (b: Uint8Array) => b, options: {} },
+      } as const,
+      schedulerChannel(`127.0.0.1:${s.port}`),
+    );
+    const garbage = await status(raw.lookupNode(new Uint8Array([0x0a, 0xff, 0xff, 0xff, 0xff, 0x7f])));
+    expect(garbage).toEqual([Status.INVALID_ARGUMENT, expect.stringContaining("lookupNode: the request is not a valid protobuf message")]);
   } finally {
     await s.close();
   }

@@ -8,13 +8,21 @@
 import { afterEach, expect, test } from "bun:test";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { KubernetesDiscovery, nodesFromSlices, type EndpointSlice } from "../../../services/scheduler/index.ts";
+import { KubernetesDiscovery, nodesFromSlices, type EndpointSlice, type KubernetesOptions } from "../../../services/scheduler/index.ts";
 
 type Ev = { type: string; object: unknown };
 
 /** The stand-in API server. Events pushed with `emit` go to every open watch. */
 function fakeApi(token: string) {
-  const state = { rv: 10, items: new Map<string, EndpointSlice>(), watches: new Set<ReadableStreamDefaultController<Uint8Array>>(), requests: [] as string[], goneBelow: 0 };
+  const state = {
+    rv: 10,
+    items: new Map<string, EndpointSlice>(),
+    watches: new Set<ReadableStreamDefaultController<Uint8Array>>(),
+    requests: [] as string[],
+    goneBelow: 0,
+    /** Misbehaviour: never answer lists / watches, or end every watch at once with no event. */
+    fault: null as null | "hang-list" | "hang-watch" | "end-watch",
+  };
   const enc = new TextEncoder();
   const server = Bun.serve({
     hostname: "127.0.0.1",
@@ -26,14 +34,18 @@ function fakeApi(token: string) {
       if (u.pathname !== "/apis/discovery.k8s.io/v1/namespaces/agentenv/endpointslices") return new Response("not found", { status: 404 });
       if (u.searchParams.get("labelSelector") !== "kubernetes.io/service-name=agentenv-nodes") return Response.json({ items: [] });
       if (u.searchParams.get("watch") !== "1") {
+        if (state.fault === "hang-list") return new Promise<Response>(() => {});
         return Response.json({ kind: "EndpointSliceList", apiVersion: "discovery.k8s.io/v1", metadata: { resourceVersion: String(state.rv) }, items: [...state.items.values()] });
       }
       if (Number(u.searchParams.get("resourceVersion")) < state.goneBelow) return Response.json({ kind: "Status", code: 410, reason: "Expired" }, { status: 410 });
+      if (state.fault === "hang-watch") return new Promise<Response>(() => {});
+      if (state.fault === "end-watch") return new Response("", { headers: { "content-type": "application/json" } });
       let ctl!: ReadableStreamDefaultController<Uint8Array>;
       const body = new ReadableStream<Uint8Array>({
         start(c) {
           ctl = c;
           state.watches.add(c);
+          c.enqueue(enc.encode("\n")); // a blank line: the response headers go out now
         },
         cancel() {
           state.watches.delete(ctl);
@@ -85,8 +97,10 @@ function slice(name: string, eps: { pod: string; ip: string; ready?: boolean | n
   };
 }
 
-async function until(cond: () => boolean, what: string): Promise<void> {
+/** Wait (polling every 10 ms, at most 500 times) until `cond`; `refresh` runs before each check. */
+async function until(cond: () => boolean, what: string, refresh?: () => Promise<void>): Promise<void> {
   for (let i = 0; i < 500; i++) {
+    await refresh?.();
     if (cond()) return;
     await Bun.sleep(10);
   }
@@ -98,8 +112,8 @@ afterEach(async () => {
   for (const f of cleanup.splice(0).reverse()) await f();
 });
 
-function discovery(api: ReturnType<typeof fakeApi>, tokenPath: string) {
-  const d = new KubernetesDiscovery({ apiUrl: api.url, namespace: "agentenv", serviceName: "agentenv-nodes", port: 8000, scheme: "http", tokenPath, caPath: null, watchTimeoutSecs: 300, retryBackoffMs: 20 });
+function discovery(api: ReturnType<typeof fakeApi>, tokenPath: string, o: Partial<KubernetesOptions> = {}) {
+  const d = new KubernetesDiscovery({ apiUrl: api.url, namespace: "agentenv", serviceName: "agentenv-nodes", port: 8000, scheme: "http", tokenPath, caPath: null, watchTimeoutSecs: 300, retryBackoffMs: 20, requestTimeoutMs: 5000, ...o });
   cleanup.push(() => d.close());
   return d;
 }
@@ -170,6 +184,56 @@ test("the first list failing (bad token) is a discovery_failed error naming the 
   await expect(d.start()).rejects.toMatchObject({ code: "scheduler.discovery_failed", message: expect.stringContaining("HTTP 401") });
 });
 
+/** A token file for a fake API server (removed after the test). */
+function tokenFile(token: string): string {
+  const dir = mkdtempSync("/tmp/aenv-k8s-");
+  cleanup.push(() => rmSync(dir, { recursive: true, force: true }));
+  writeFileSync(join(dir, "token"), token);
+  return join(dir, "token");
+}
+
+test("an API server that never answers: the first list fails naming the deadline; a hung watch is cut and discovery lists again", async () => {
+  const api = fakeApi("t");
+  cleanup.push(() => api.stop());
+  api.state.items.set("s1", slice("s1", [{ pod: "node-a", ip: "10.0.0.1" }]));
+  api.state.fault = "hang-list";
+  const stuck = discovery(api, tokenFile("t"), { requestTimeoutMs: 100 });
+  await expect(stuck.start()).rejects.toMatchObject({ code: "scheduler.discovery_failed", message: expect.stringContaining("did not answer the list within 100 ms") });
+  // lists answer, watches never do: each watch is cut after requestTimeoutMs, then a re-list
+  api.state.fault = "hang-watch";
+  const d = discovery(api, tokenFile("t"), { requestTimeoutMs: 100 });
+  await d.start();
+  expect(ids(d)).toEqual(["node-a@http://10.0.0.1:8000"]);
+  await until(() => d.lists >= 3 && d.watches >= 2, "two cut watches, each followed by a list");
+  expect(ids(d)).toEqual(["node-a@http://10.0.0.1:8000"]);
+});
+
+test("a watch whose body stalls is cut at watch_timeout_secs + request_timeout_ms", async () => {
+  const api = fakeApi("t");
+  cleanup.push(() => api.stop());
+  const d = discovery(api, tokenFile("t"), { watchTimeoutSecs: 1, requestTimeoutMs: 50 });
+  await d.start();
+  // the stand-in sends headers, then nothing, and never ends the watch
+  await until(() => api.state.watches.size === 1, "a watch");
+  expect(d.lists).toBe(1);
+  // only a failed watch leads to a list (a watch the server ends leads to another watch)
+  await until(() => d.lists === 2, "a re-list after the stalled watch was cut");
+});
+
+test("a server that ends every watch at once without an event does not make discovery spin", async () => {
+  const api = fakeApi("t");
+  cleanup.push(() => api.stop());
+  api.state.fault = "end-watch";
+  const d = discovery(api, tokenFile("t"), { retryBackoffMs: 600_000 });
+  await d.start();
+  await until(() => api.state.requests.filter((r) => r.includes("watch=1")).length === 1, "the first watch");
+  await Bun.sleep(100);
+  // one watch, then the pause: no second request (without the pause there would be thousands)
+  expect(api.state.requests.filter((r) => r.includes("watch=1")).length).toBe(1);
+  expect(d.watches).toBe(1);
+  await d.close(); // cuts the pause short
+});
+
 test("nodesFromSlices: nil ready counts as ready, IPv6 in brackets, an endpoint without a Pod name is left out", () => {
   const s: EndpointSlice = {
     metadata: { name: "x" },
@@ -210,7 +274,11 @@ test("`agentenv scheduler` config with discovery = kubernetes: ListNodes serves 
   expect((await s.client.listNodes({})).nodes).toEqual([{ nodeId: "agentenv-node-x1", endpoint: "http://10.2.0.1:8000" }]);
   await until(() => api.state.watches.size === 1, "the scheduler's watch");
   api.put(slice("s1", [{ pod: "agentenv-node-x1", ip: "10.2.0.1" }, { pod: "agentenv-node-x2", ip: "10.2.0.2", ready: true }]), "MODIFIED");
-  for (let i = 0; i < 200 && (await s.client.listNodes({})).nodes.length < 2; i++) await Bun.sleep(10);
+  let listed: { nodeId: string }[] = [];
+  await until(() => listed.length === 2, "the scheduler to see agentenv-node-x2", async () => {
+    listed = (await s.client.listNodes({})).nodes;
+  });
+  expect(listed.map((n) => n.nodeId)).toEqual(["agentenv-node-x1", "agentenv-node-x2"]);
   expect((await s.client.schedule({ hint: undefined })).node!.nodeId).toBe("agentenv-node-x1");
   expect((await s.client.schedule({ hint: undefined })).node!.nodeId).toBe("agentenv-node-x2");
 });

@@ -5,8 +5,11 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { mkdtempSync, rmSync } from "node:fs";
 import { join } from "node:path";
-import { NodeStatus } from "../../../services/proto/index.ts";
+import { NodeStatus } from "../../../src/cluster/index.ts";
 import { RedisStore, SqliteStore, type SchedulerStore } from "../../../services/scheduler/index.ts";
+import { RedisClient } from "bun";
+import { openDb } from "../../../src/db/index.ts";
+import { SCHEDULER_MIGRATIONS } from "../../../services/scheduler/store/migrations/index.ts";
 import { startRedis, type TestRedis } from "../helpers.ts";
 
 let redis: TestRedis;
@@ -21,10 +24,10 @@ afterAll(async () => {
 
 const kinds: [string, () => SchedulerStore][] = [
   ["sqlite", () => new SqliteStore(join(dir, "s.db"))],
-  ["redis", () => new RedisStore(redis.url, `t${Math.random().toString(36).slice(2, 8)}:`)],
+  ["redis", () => new RedisStore(redis.url, `t${Math.random().toString(36).slice(2, 8)}:`, 3000)],
 ];
 
-const report = (nodeId: string, lastSeen: number) => ({
+const report = (nodeId: string, lastSeen: number, leftAtUnixMs: number | null = null) => ({
   node: {
     nodeId,
     endpoint: `http://${nodeId}:8000`,
@@ -37,6 +40,7 @@ const report = (nodeId: string, lastSeen: number) => ({
     lastSeenUnixMs: lastSeen,
   },
   p2p: nodeId === "a" ? { backend: "iroh", address: "x" } : null,
+  leftAtUnixMs,
 });
 
 for (const [kind, make] of kinds) {
@@ -100,6 +104,11 @@ for (const [kind, make] of kinds) {
         ]);
         expect(all[0]).toEqual(report("a", 8));
         expect(await s.getReport("b")).toEqual(report("b", 5));
+        // an unregistered node's report keeps its mark until the next report clears it
+        await s.putReport(report("b", 6, 1234));
+        expect(await s.getReport("b")).toEqual(report("b", 6, 1234));
+        await s.putReport(report("b", 7));
+        expect((await s.getReport("b"))!.leftAtUnixMs).toBeNull();
         await s.deleteReport("a");
         expect(await s.getReport("a")).toBeNull();
         await s.deleteReport("b");
@@ -120,8 +129,39 @@ test("sqlite: bindings survive closing and reopening the file", async () => {
   await b.close();
 });
 
+test("sqlite: a database of the first schema is migrated; its reports read as not left", async () => {
+  const path = join(dir, "v1.db");
+  const v1 = openDb(path, SCHEDULER_MIGRATIONS.slice(0, 1));
+  v1.sqlite.query("INSERT INTO node_reports (node_id, node, p2p, last_seen) VALUES (?, ?, NULL, ?)").run("old", JSON.stringify({ nodeId: "old", lastSeenUnixMs: 5 }), 5);
+  v1.close();
+  const s = new SqliteStore(path);
+  try {
+    expect(await s.getReport("old")).toMatchObject({ node: { nodeId: "old", lastSeenUnixMs: 5 }, p2p: null, leftAtUnixMs: null });
+  } finally {
+    await s.close();
+  }
+});
+
+test("redis: a corrupt binding or report is a store_failed error, not a crash", async () => {
+  const prefix = "corrupt:";
+  const raw = new RedisClient(redis.url);
+  const s = new RedisStore(redis.url, prefix, 3000);
+  try {
+    await raw.set(prefix + "b:broken", "{not json");
+    await raw.set(prefix + "b:halfway", JSON.stringify({ n: "a" }));
+    await raw.hset(prefix + "reports", { x: "[1," });
+    await expect(s.getBinding("broken")).rejects.toMatchObject({ code: "scheduler.store_failed", message: expect.stringContaining("lookup failed") });
+    await expect(s.getBinding("halfway")).rejects.toMatchObject({ code: "scheduler.store_failed", message: expect.stringContaining("corrupt binding of halfway") });
+    await expect(s.getReport("x")).rejects.toMatchObject({ code: "scheduler.store_failed" });
+    await expect(s.listReports()).rejects.toMatchObject({ code: "scheduler.store_failed" });
+  } finally {
+    raw.close();
+    await s.close();
+  }
+});
+
 test("redis: an unreachable server is a store_failed error naming it (password redacted)", async () => {
-  const s = new RedisStore("redis://u:secret@127.0.0.1:1", "x:");
+  const s = new RedisStore("redis://u:secret@127.0.0.1:1", "x:", 3000);
   try {
     const e = await s.ping().then(
       () => null,

@@ -18,7 +18,7 @@ export const protobufFileName = "scheduler.proto";
  * Wire-compatible with the upstream contract (../shared/contracts/agentenv-upstream/scheduler.proto):
  * same package, service, RPC names, messages and field numbers, so nodes and gateways of either
  * implementation can talk to a scheduler of the other. Regenerate the TypeScript with
- * `bash services/proto/gen.sh` and commit services/proto/gen/.
+ * `bash src/cluster/proto/gen.sh` and commit src/cluster/proto/gen/.
  */
 
 /**

@@ -1,0 +1,1 @@
+ALTER TABLE `node_reports` ADD `left_at` integer;
