@@ -1,8 +1,10 @@
 /**
- * Cluster-wide reads the gateway answers by asking every node: sandbox lists (v1 and v2 with
- * filters and keyset pagination), templates, snapshots, nodes. A node that does not answer is
- * left out and named in the response header `x-agentenv-unreachable-nodes` (a list keeps
- * working while one node is down); a node's 4xx (bad filter) is returned as is.
+ * Cluster-wide reads the gateway answers by asking every node in parallel, each answer bounded
+ * whole by request_timeout_ms: sandbox lists (v1 and v2 with filters and keyset pagination),
+ * templates, snapshots, nodes. Nodes the scheduler reports UNHEALTHY are not asked. A node that
+ * does not answer (or is not asked) is left out and named in the response header
+ * `x-agentenv-unreachable-nodes` (a list keeps working while one node is down); when no node
+ * answers, the list fails 502 naming them all. A node's 4xx (bad filter) is returned as is.
  *
  * v2 pagination across nodes: the nodes order sandboxes by (startedAt, sandboxID), ascending
  * unless `order=desc`, and their nextToken is an opaque keyset cursor over exactly that pair
@@ -15,6 +17,7 @@ import { encodeCursor } from "../../src/orchestrator/index.ts";
 import type { NodeRef } from "../scheduler/types.ts";
 import { GatewayError } from "./errors.ts";
 import { getJson } from "./forward.ts";
+import type { ClusterNodes } from "./scheduler-link.ts";
 
 /** Header naming the nodes a fan-out could not reach. */
 export const UNREACHABLE_HEADER = "x-agentenv-unreachable-nodes";
@@ -22,10 +25,22 @@ export const UNREACHABLE_HEADER = "x-agentenv-unreachable-nodes";
 /** One node's answer in a fan-out, or its failure. */
 export type NodeAnswer<T> = { node: NodeRef; ok: true; body: T; headers: Headers } | { node: NodeRef; ok: false; error: string };
 
-/** Ask every node for `pathAndQuery` in parallel. A 4xx answer is thrown as-is (a bad query). */
-export async function fanOut<T>(nodes: NodeRef[], pathAndQuery: string, apiKey: string, timeoutMs: number): Promise<NodeAnswer<T>[]> {
-  return Promise.all(
-    nodes.map(async (node): Promise<NodeAnswer<T>> => {
+/** Where a fan-out goes: the nodes, the key they take, the bound on each whole answer (ms). */
+export interface FanOut {
+  nodes: ClusterNodes;
+  apiKey: string;
+  timeoutMs: number;
+}
+
+/**
+ * Ask every live node for `pathAndQuery` in parallel; unhealthy ones answer "not asked".
+ * @throws ClientFault for a node's 4xx answer (a bad query).
+ */
+export async function fanOut<T>(f: FanOut, pathAndQuery: string): Promise<NodeAnswer<T>[]> {
+  const { apiKey, timeoutMs } = f;
+  const skipped = f.nodes.unhealthy.map((node): NodeAnswer<T> => ({ node, ok: false, error: `node ${node.nodeId} (${node.endpoint}) is not asked: the scheduler reports it UNHEALTHY` }));
+  const asked = await Promise.all(
+    f.nodes.live.map(async (node): Promise<NodeAnswer<T>> => {
       try {
         const r = await getJson<T>(node, pathAndQuery, apiKey, timeoutMs);
         if (r.status >= 400 && r.status < 500) throw new ClientFault(r.status, r.body);
@@ -37,9 +52,20 @@ export async function fanOut<T>(nodes: NodeRef[], pathAndQuery: string, apiKey: 
       }
     }),
   );
+  return [...asked, ...skipped];
 }
 
-/** A node refused the query itself (4xx): answered to the client unchanged. */
+/**
+ * The answers, unless none succeeded.
+ * @throws GatewayError node_unreachable naming every node when no node answered.
+ */
+export function someAnswered<T>(answers: NodeAnswer<T>[]): NodeAnswer<T>[] {
+  if (answers.length === 0 || answers.some((a) => a.ok)) return answers;
+  const failed = answers.filter((a): a is Extract<NodeAnswer<T>, { ok: false }> => !a.ok);
+  throw new GatewayError("gateway.node_unreachable", `no node answered: ${failed.map((a) => a.error).join("; ")}`, { nodeIds: failed.map((a) => a.node.nodeId) });
+}
+
+/** A node refused the query itself (4xx): answered to the client unchanged (status and body). */
 export class ClientFault extends Error {
   constructor(readonly status: number, readonly body: unknown) {
     super(`node answered ${status}`);
@@ -60,9 +86,9 @@ interface Listed {
  * GET /v2/sandboxes across nodes. `learn` is told which node holds each listed sandbox.
  * @param query the client's query string (URLSearchParams)
  */
-export async function listV2(nodes: NodeRef[], query: URLSearchParams, apiKey: string, timeoutMs: number, learn: (id: string, n: NodeRef) => void): Promise<Response> {
+export async function listV2(f: FanOut, query: URLSearchParams, learn: (id: string, n: NodeRef) => void): Promise<Response> {
   const limit = query.has("limit") ? Number(query.get("limit")) : 100;
-  const answers = await fanOut<Listed[]>(nodes, `/v2/sandboxes?${query.toString()}`, apiKey, timeoutMs);
+  const answers = someAnswered(await fanOut<Listed[]>(f, `/v2/sandboxes?${query.toString()}`));
   const asc = query.get("order") !== "desc";
   const items: { item: Listed; at: number }[] = [];
   let more = false;
@@ -92,8 +118,8 @@ export async function listV2(nodes: NodeRef[], query: URLSearchParams, apiKey: s
 }
 
 /** GET /sandboxes (v1: running only, no pagination) across nodes, newest first. */
-export async function listV1(nodes: NodeRef[], search: string, apiKey: string, timeoutMs: number, learn: (id: string, n: NodeRef) => void): Promise<Response> {
-  const answers = await fanOut<Listed[]>(nodes, `/sandboxes${search}`, apiKey, timeoutMs);
+export async function listV1(f: FanOut, search: string, learn: (id: string, n: NodeRef) => void): Promise<Response> {
+  const answers = someAnswered(await fanOut<Listed[]>(f, `/sandboxes${search}`));
   const all: Listed[] = [];
   for (const a of answers) if (a.ok) for (const s of a.body) (learn(s.sandboxID, a.node), all.push(s));
   all.sort((x, y) => Date.parse(y.startedAt) - Date.parse(x.startedAt) || (x.sandboxID < y.sandboxID ? 1 : -1));
@@ -104,8 +130,8 @@ export async function listV1(nodes: NodeRef[], search: string, apiKey: string, t
  * A list of records merged from every node, deduplicated by `key` (templates present on several
  * nodes appear once; numeric `spawnCount`/`buildCount` are summed).
  */
-export async function mergedList(nodes: NodeRef[], pathAndQuery: string, key: string, apiKey: string, timeoutMs: number): Promise<{ response: Response; holders: Map<string, NodeRef[]> }> {
-  const answers = await fanOut<Record<string, unknown>[]>(nodes, pathAndQuery, apiKey, timeoutMs);
+export async function mergedList(f: FanOut, pathAndQuery: string, key: string): Promise<{ response: Response; holders: Map<string, NodeRef[]> }> {
+  const answers = someAnswered(await fanOut<Record<string, unknown>[]>(f, pathAndQuery));
   const byKey = new Map<string, Record<string, unknown>>();
   const holders = new Map<string, NodeRef[]>();
   for (const a of answers) {

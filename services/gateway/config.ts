@@ -5,7 +5,9 @@
 import type { Config } from "../../src/config/index.ts";
 import { ConfigError } from "../../src/config/index.ts";
 
+/** The gateway's settings (keys documented in src/config/schema.ts, `[gateway]`). */
 export interface GatewayConfig {
+  /** Listen address, host:port. */
   addr: string;
   /** Scheduler gRPC target. */
   schedulerEndpoint: string;
@@ -13,13 +15,25 @@ export interface GatewayConfig {
   apiKey: string;
   /** Key sent to nodes ("" = the client key). */
   nodeApiKey: string;
+  /** Data dir (the generated api-key file). */
   homePath: string;
+  /** Sandbox host suffixes; the first is returned to SDKs as `domain`. */
   domains: string[];
+  /** Bound on a node's response headers (lists: the whole answer; WebSockets: the upstream open), ms. */
   requestTimeoutMs: number;
+  /** Bound on creates, pauses, resumes, connects and uploads forwarded to a node, ms. */
   createTimeoutMs: number;
+  /** Bound on one scheduler RPC, ms. */
   schedulerTimeoutMs: number;
+  /** Pause between tries of a scheduler RPC while its channel is down, ms. */
+  schedulerRetryMs: number;
+  /** Schedule calls one create may make. */
+  createAttempts: number;
+  /** Sandbox routes (and upload holders) remembered, LRU. */
   routeCacheSize: number;
+  /** Reuse of the scheduler's node list, ms. */
   nodeListTtlMs: number;
+  /** Largest control-plane body read, bytes. */
   maxBodyBytes: number;
 }
 
@@ -37,6 +51,8 @@ export function gatewayConfig(cfg: Config): GatewayConfig {
     requestTimeoutMs: g.request_timeout_ms,
     createTimeoutMs: g.create_timeout_ms,
     schedulerTimeoutMs: g.scheduler_timeout_ms,
+    schedulerRetryMs: g.scheduler_retry_ms,
+    createAttempts: g.create_attempts,
     routeCacheSize: g.route_cache_size,
     nodeListTtlMs: g.node_list_ttl_ms,
     maxBodyBytes: g.max_body_bytes,

@@ -2,9 +2,11 @@
  * Forwarding one HTTP request to a node: streamed both ways, hop-by-hop headers dropped, a
  * bound on connecting and receiving the response headers (then the body streams unbounded),
  * the client's abort passed on. A node that does not answer is a GatewayError
- * `gateway.node_unreachable` naming it; a node's own answer (any status) is passed through.
+ * `gateway.node_unreachable` naming it, with how it failed in `details.failure`; a node's own
+ * answer (any status) is passed through. `getJson` (the reads the gateway merges) bounds the
+ * whole answer, body included.
  */
-import { upstreamFailure } from "../../src/api/proxy.ts";
+import { upstreamFailure, upstreamFailureKind, type UpstreamFailureKind } from "../../src/api/proxy.ts";
 import { GatewayError } from "./errors.ts";
 import type { NodeRef } from "../scheduler/types.ts";
 
@@ -13,6 +15,7 @@ const HOP = ["connection", "keep-alive", "proxy-connection", "transfer-encoding"
 /** Response header naming the node that answered a forwarded request. */
 export const NODE_HEADER = "x-agentenv-node-id";
 
+/** Options of one forwarded request. */
 export interface ForwardOptions {
   /** Path + query on the node. */
   pathAndQuery: string;
@@ -26,6 +29,30 @@ export interface ForwardOptions {
   clientIp?: string | null;
 }
 
+/** How a node failed a request (`details.failure` of `gateway.node_unreachable`). */
+export type NodeFailure = UpstreamFailureKind | "bad_answer";
+
+/** `details` of a `gateway.node_unreachable` error. */
+export interface NodeFailureDetails {
+  nodeId: string;
+  failure: NodeFailure;
+}
+
+/** The failure kind of a `gateway.node_unreachable` error, or null for any other value. */
+export function nodeFailureOf(e: unknown): NodeFailure | null {
+  return e instanceof GatewayError && e.code === "gateway.node_unreachable" ? ((e.details as Partial<NodeFailureDetails>).failure ?? null) : null;
+}
+
+/** Whether a failure means the request never reached the node (it may go to another one). */
+export function neverReached(f: NodeFailure | null): boolean {
+  return f === "refused" || f === "unreachable";
+}
+
+function unreachable(node: NodeRef, why: string, failure: NodeFailure): GatewayError {
+  const details: NodeFailureDetails = { nodeId: node.nodeId, failure };
+  return new GatewayError("gateway.node_unreachable", `node ${node.nodeId} (${node.endpoint}) is unreachable: ${why}`, { ...details });
+}
+
 /** Response headers without hop-by-hop ones. */
 export function passHeaders(h: Headers): Headers {
   const out = new Headers(h);
@@ -34,7 +61,7 @@ export function passHeaders(h: Headers): Headers {
 }
 
 /**
- * Send `req` to `node`.
+ * Send `req` to `node`. Aborting `req.signal` aborts the upstream request, its body included.
  * @throws GatewayError gateway.node_unreachable (connection refused/reset, no headers in time).
  */
 export async function forwardToNode(req: Request, node: NodeRef, o: ForwardOptions): Promise<Response> {
@@ -60,7 +87,7 @@ export async function forwardToNode(req: Request, node: NodeRef, o: ForwardOptio
     } as RequestInit);
   } catch (e) {
     req.signal.removeEventListener("abort", onAbort);
-    throw new GatewayError("gateway.node_unreachable", `node ${node.nodeId} (${node.endpoint}) is unreachable: ${upstreamFailure(e, ctl.signal)}`, { nodeId: node.nodeId });
+    throw unreachable(node, upstreamFailure(e, ctl.signal), upstreamFailureKind(e, ctl.signal));
   } finally {
     clearTimeout(timer);
   }
@@ -69,16 +96,28 @@ export async function forwardToNode(req: Request, node: NodeRef, o: ForwardOptio
   return new Response(res.body, { status: res.status, statusText: res.statusText, headers: h });
 }
 
-/** GET a JSON document from a node (fan-out reads). @throws GatewayError node_unreachable; Error on a non-2xx answer. */
+/**
+ * GET a JSON document from a node (fan-out reads), the whole answer within `timeoutMs`.
+ * @throws GatewayError node_unreachable (no answer, a body cut or not finished in time, not JSON).
+ */
 export async function getJson<T>(node: NodeRef, pathAndQuery: string, apiKey: string, timeoutMs: number): Promise<{ body: T; headers: Headers; status: number }> {
-  const req = new Request("http://gateway.invalid" + pathAndQuery, { headers: { "x-api-key": apiKey, accept: "application/json" } });
-  const res = await forwardToNode(req, node, { pathAndQuery, timeoutMs });
-  const text = await res.text();
-  let body: T;
+  const deadline = new AbortController();
+  const timer = setTimeout(() => deadline.abort(new Error(`no complete answer within ${timeoutMs} ms`)), timeoutMs);
   try {
-    body = JSON.parse(text) as T;
-  } catch {
-    throw new GatewayError("gateway.node_unreachable", `node ${node.nodeId} answered ${pathAndQuery} with a body that is not JSON (HTTP ${res.status})`, { nodeId: node.nodeId });
+    const req = new Request("http://gateway.invalid" + pathAndQuery, { headers: { "x-api-key": apiKey, accept: "application/json" }, signal: deadline.signal });
+    const res = await forwardToNode(req, node, { pathAndQuery, timeoutMs });
+    let text: string;
+    try {
+      text = await res.text();
+    } catch (e) {
+      throw unreachable(node, `its answer to ${pathAndQuery} broke off: ${upstreamFailure(e, deadline.signal)}`, upstreamFailureKind(e, deadline.signal));
+    }
+    try {
+      return { body: JSON.parse(text) as T, headers: res.headers, status: res.status };
+    } catch {
+      throw unreachable(node, `it answered ${pathAndQuery} with a body that is not JSON (HTTP ${res.status})`, "bad_answer");
+    }
+  } finally {
+    clearTimeout(timer);
   }
-  return { body, headers: res.headers, status: res.status };
 }

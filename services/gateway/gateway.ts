@@ -1,37 +1,69 @@
 /**
  * The gateway's request handling: the same E2B API as a node, for a cluster.
  * - POST /sandboxes, /v2/sandboxes: Schedule → create on that node → RecordAssignment (a node
- *   refusing the connection is skipped for the next one Schedule picks).
+ *   the request never reached, e.g. refusing the connection, is left out and Schedule asked
+ *   again, up to create_attempts times).
  * - /sandboxes/{id}/..., /v2/sandboxes/{id}/...: to the sandbox's node (route cache, else
  *   LookupNode; unknown → 404 without asking any node).
  * - Sandbox traffic (dataplane.ts): to the sandbox's node, which proxies it into the sandbox.
- * - GET /sandboxes, /v2/sandboxes, /templates, /v2/templates, /snapshots, /nodes: every node
- *   (aggregate.ts); GET /nodes/{id}: the node the scheduler names.
+ * - GET /sandboxes, /v2/sandboxes, /templates, /v2/templates, /snapshots, /nodes: every node the
+ *   scheduler does not report UNHEALTHY, in parallel (aggregate.ts); GET /nodes/{id}: the node
+ *   the scheduler names.
  * - Other template routes: `/templates/{id}...` and `/v2|v3/templates/{id}...` to a node that
- *   lists the template; new templates (POST /templates, /v2/templates, /v3/templates) to the
- *   node Schedule picks (templates are node-local until a shared snapshot repository exists).
- * - GET /sandboxes/metrics?sandbox_ids=: split by node, answers merged.
+ *   holds the template (DELETE: to every node holding it); GET /templates/aliases/{alias}: the
+ *   first node that knows the alias; new templates (POST /templates, /v2/templates,
+ *   /v3/templates) to the node Schedule picks (templates are node-local until a shared snapshot
+ *   repository exists). Forwarded control-plane requests carry x-forwarded-host/-proto, so upload
+ *   URLs a node hands out point at the gateway; PUT /upload/template-files/{hash} (no API key:
+ *   the URL's token authorises it) goes to the node that handed out that URL.
+ * - GET /sandboxes/metrics?sandbox_ids=: split by node, asked in parallel, answers merged.
  * A node that does not answer: 502 naming it. Scheduler down: creates 503; known sandboxes keep
  * routing from the route cache.
  */
 import type { Logger } from "pino";
 import { logger } from "../../src/observability/log.ts";
+import { UPLOAD_PATH_RE } from "../../src/template/index.ts";
 import type { NodeRef } from "../scheduler/types.ts";
-import { ClientFault, fanOut, listV1, listV2, mergedList } from "./aggregate.ts";
+import { ClientFault, fanOut, listV1, listV2, mergedList, type FanOut } from "./aggregate.ts";
 import type { GatewayConfig } from "./config.ts";
 import { plausibleSandboxId, type DataRoute } from "./dataplane.ts";
-import { gatewayError, GatewayError, toGatewayResponse } from "./errors.ts";
-import { forwardToNode } from "./forward.ts";
+import { gatewayError, GatewayError, GATEWAY_SOURCE, toGatewayResponse } from "./errors.ts";
+import { forwardToNode, neverReached, NODE_HEADER, nodeFailureOf } from "./forward.ts";
 import { RouteCache } from "./route-cache.ts";
-import { SchedulerLink } from "./scheduler-link.ts";
+import { SchedulerLink, type ClusterNodes } from "./scheduler-link.ts";
 import pkg from "../../package.json" with { type: "json" };
 
 /** Sandbox operations that boot, snapshot or restore a VM: bounded by create_timeout_ms. */
 const SLOW_OPS = new Set(["pause", "resume", "connect", "snapshots", "fork"]);
 
+/** `GET /templates/{id}/files/{hash}`: the node answering it hands out the upload URL of `hash`. */
+const FILES_PATH_RE = /^\/templates\/[^/]+\/files\/([0-9a-f]{64})$/;
+
+/** A node's error codes that mean "the template named by a create is not here". */
+const TEMPLATE_MISSING = new Set(["orchestrator.template_not_found", "template.not_found"]);
+
+/**
+ * A path segment, percent-decoded.
+ * @throws GatewayError bad_request for malformed percent-encoding.
+ */
+function segment(s: string): string {
+  try {
+    return decodeURIComponent(s);
+  } catch {
+    throw new GatewayError("gateway.bad_request", `malformed percent-encoding in the path segment ${JSON.stringify(s)}`);
+  }
+}
+
+/**
+ * The cluster's E2B API over a scheduler and its nodes: `control()` for API requests (key
+ * checked by the listener), `data()` for sandbox traffic, `upload()` for template file uploads.
+ * Holds the route cache and the scheduler link; no other state.
+ */
 export class Gateway {
   readonly routes: RouteCache;
   readonly scheduler: SchedulerLink;
+  /** Files hash -> the node whose upload URL for it was handed out through this gateway. */
+  private readonly uploads: RouteCache;
   private readonly log: Logger = logger("gateway");
   private readonly nodeKey: string;
   /** Counters for /metrics and tests. */
@@ -39,7 +71,8 @@ export class Gateway {
 
   constructor(readonly cfg: GatewayConfig, readonly apiKey: string) {
     this.routes = new RouteCache(cfg.routeCacheSize);
-    this.scheduler = new SchedulerLink(cfg.schedulerEndpoint, cfg.schedulerTimeoutMs, cfg.nodeListTtlMs);
+    this.uploads = new RouteCache(cfg.routeCacheSize);
+    this.scheduler = new SchedulerLink({ endpoint: cfg.schedulerEndpoint, timeoutMs: cfg.schedulerTimeoutMs, retryMs: cfg.schedulerRetryMs, nodeListTtlMs: cfg.nodeListTtlMs });
     this.nodeKey = cfg.nodeApiKey || apiKey;
   }
 
@@ -65,19 +98,24 @@ export class Gateway {
     if (!this.routes.get(id)) this.routes.set(id, n);
   };
 
+  /** Map a failure to its response, counting node and scheduler errors. */
+  private failed(req: Request, url: URL, e: unknown): Response {
+    if (e instanceof ClientFault) return Response.json(e.body, { status: e.status });
+    if (e instanceof GatewayError) {
+      if (e.code === "gateway.node_unreachable") this.stats.nodeErrors++;
+      if (e.code === "gateway.scheduler_unavailable") this.stats.schedulerErrors++;
+      this.log.warn({ method: req.method, path: url.pathname, code: e.code, err: e.message }, "gateway answered an error");
+    } else this.log.error({ method: req.method, path: url.pathname, err: e }, "gateway failed");
+    return toGatewayResponse(e);
+  }
+
   /** Control-plane request (API key already checked). */
   async control(req: Request, url: URL, clientIp: string | null): Promise<Response> {
     this.stats.requests++;
     try {
       return await this.dispatch(req, url, clientIp);
     } catch (e) {
-      if (e instanceof ClientFault) return Response.json(e.body, { status: e.status });
-      if (e instanceof GatewayError) {
-        if (e.code === "gateway.node_unreachable") this.stats.nodeErrors++;
-        if (e.code === "gateway.scheduler_unavailable") this.stats.schedulerErrors++;
-        this.log.warn({ method: req.method, path: url.pathname, code: e.code, err: e.message }, "gateway answered an error");
-      } else this.log.error({ method: req.method, path: url.pathname, err: e }, "gateway failed");
-      return toGatewayResponse(e);
+      return this.failed(req, url, e);
     }
   }
 
@@ -87,18 +125,20 @@ export class Gateway {
     if (path === "/health") return Response.json({ status: "ok", version: pkg.version, role: "gateway" });
     if (path === "/metrics") return this.metrics();
     if (m === "POST" && (path === "/sandboxes" || path === "/v2/sandboxes")) return this.create(req, url, clientIp);
-    if (m === "GET" && path === "/v2/sandboxes") return listV2(await this.nodes(), url.searchParams, this.nodeKey, this.cfg.requestTimeoutMs, this.learn);
-    if (m === "GET" && path === "/sandboxes") return listV1(await this.nodes(), url.search, this.nodeKey, this.cfg.requestTimeoutMs, this.learn);
+    if (m === "GET" && path === "/v2/sandboxes") return listV2(await this.fan(), url.searchParams, this.learn);
+    if (m === "GET" && path === "/sandboxes") return listV1(await this.fan(), url.search, this.learn);
     if (m === "GET" && path === "/sandboxes/metrics") return this.metricsByIds(url);
     const sbx = /^(?:\/v2)?\/sandboxes\/([^/]+)(?:\/([^/]+))?/.exec(path);
-    if (sbx) return this.bySandbox(req, url, decodeURIComponent(sbx[1]!), sbx[2], clientIp);
-    if (m === "GET" && (path === "/templates" || path === "/v2/templates")) return (await mergedList(await this.nodes(), path + url.search, "templateID", this.nodeKey, this.cfg.requestTimeoutMs)).response;
-    if (m === "GET" && path === "/snapshots") return (await mergedList(await this.nodes(), path + url.search, "snapshotID", this.nodeKey, this.cfg.requestTimeoutMs)).response;
+    if (sbx) return this.bySandbox(req, url, segment(sbx[1]!), sbx[2], clientIp);
+    if (m === "GET" && (path === "/templates" || path === "/v2/templates")) return (await mergedList(await this.fan(), path + url.search, "templateID")).response;
+    if (m === "GET" && path === "/snapshots") return (await mergedList(await this.fan(), path + url.search, "snapshotID")).response;
+    const alias = /^\/templates\/aliases\/([^/]+)$/.exec(path);
+    if (alias && m === "GET") return this.firstKnowing(req, url, `/templates/aliases/${encodeURIComponent(segment(alias[1]!))}`, clientIp);
     const tpl = /^\/(?:v[23]\/)?templates(?:\/([^/]+))?/.exec(path);
-    if (tpl) return this.template(req, url, tpl[1] ? decodeURIComponent(tpl[1]) : null, clientIp);
+    if (tpl) return this.template(req, url, tpl[1] ? segment(tpl[1]) : null, clientIp);
     if (m === "GET" && path === "/nodes") return this.listNodes();
     const node = /^\/nodes\/([^/]+)$/.exec(path);
-    if (node) return this.oneNode(req, url, decodeURIComponent(node[1]!), clientIp);
+    if (node) return this.oneNode(req, url, segment(node[1]!), clientIp);
     return gatewayError("gateway.no_route", `no route ${m} ${path}`);
   }
 
@@ -114,21 +154,54 @@ export class Gateway {
     return new Response(text, { headers: { "content-type": "text/plain; version=0.0.4; charset=utf-8" } });
   }
 
-  /** Discovered nodes. @throws GatewayError scheduler_unavailable (and no list known), no_nodes */
-  private async nodes(): Promise<NodeRef[]> {
-    const list = await this.scheduler.listNodes();
-    if (list.length === 0) throw new GatewayError("gateway.no_nodes", "the scheduler knows no nodes");
-    return list;
+  /** Discovered nodes by health. @throws GatewayError scheduler_unavailable (and no list known), no_nodes */
+  private async nodes(): Promise<ClusterNodes> {
+    const set = await this.scheduler.listNodes();
+    if (set.live.length === 0 && set.unhealthy.length === 0) throw new GatewayError("gateway.no_nodes", "the scheduler knows no nodes");
+    return set;
   }
 
-  private forward(req: Request, url: URL, node: NodeRef, clientIp: string | null, slow: boolean, body?: Uint8Array | null): Promise<Response> {
-    return forwardToNode(req, node, { pathAndQuery: url.pathname + url.search, timeoutMs: slow ? this.cfg.createTimeoutMs : this.cfg.requestTimeoutMs, set: { "x-api-key": this.nodeKey }, clientIp, body });
+  private async fan(): Promise<FanOut> {
+    return { nodes: await this.nodes(), apiKey: this.nodeKey, timeoutMs: this.cfg.requestTimeoutMs };
   }
 
-  /** Read a bounded JSON body. @throws GatewayError body_too_large, bad_request */
+  /**
+   * A control-plane request to `node`, with the node key and the gateway's origin in
+   * x-forwarded-host/-proto (a client's own x-forwarded-* are kept: the gateway may sit behind
+   * a proxy), so URLs the node builds for the client point at the gateway.
+   */
+  private forward(req: Request, url: URL, node: NodeRef, clientIp: string | null, slow: boolean, body?: Uint8Array | null, pathAndQuery = url.pathname + url.search): Promise<Response> {
+    const set: Record<string, string> = {
+      "x-api-key": this.nodeKey,
+      "x-forwarded-host": req.headers.get("x-forwarded-host") ?? req.headers.get("host") ?? url.host,
+      "x-forwarded-proto": req.headers.get("x-forwarded-proto") ?? url.protocol.replace(":", ""),
+    };
+    return forwardToNode(req, node, { pathAndQuery, timeoutMs: slow ? this.cfg.createTimeoutMs : this.cfg.requestTimeoutMs, set, clientIp, body });
+  }
+
+  /**
+   * Read a JSON body, counting bytes as they arrive: reading stops at max_body_bytes (a chunked
+   * body is never buffered whole).
+   * @throws GatewayError body_too_large, bad_request
+   */
   private async jsonBody(req: Request): Promise<{ bytes: Uint8Array; json: Record<string, unknown> }> {
-    const bytes = new Uint8Array(await req.arrayBuffer());
-    if (bytes.length > this.cfg.maxBodyBytes) throw new GatewayError("gateway.body_too_large", `request body of ${bytes.length} bytes exceeds the limit of ${this.cfg.maxBodyBytes}`);
+    const max = this.cfg.maxBodyBytes;
+    const chunks: Uint8Array[] = [];
+    let n = 0;
+    if (req.body) {
+      const reader = req.body.getReader();
+      for (;;) {
+        const r = await reader.read();
+        if (r.done) break;
+        n += r.value.length;
+        if (n > max) {
+          await reader.cancel().catch(() => {});
+          throw new GatewayError("gateway.body_too_large", `request body exceeds the limit of ${max} bytes`, { maxBytes: max });
+        }
+        chunks.push(r.value);
+      }
+    }
+    const bytes = new Uint8Array(Buffer.concat(chunks));
     let json: unknown;
     try {
       json = bytes.length ? JSON.parse(new TextDecoder().decode(bytes)) : {};
@@ -149,22 +222,32 @@ export class Gateway {
     return { res: Response.json(body, { status: res.status, headers: h }), body };
   }
 
+  /**
+   * POST /sandboxes, /v2/sandboxes. Up to create_attempts tries: a node the request never
+   * reached is left out; when Schedule names a node already tried (least_loaded keeps naming the
+   * emptiest node, and a node killed a moment ago still looks empty), the next live node that
+   * is neither tried nor draining is taken instead.
+   */
   private async create(req: Request, url: URL, clientIp: string | null): Promise<Response> {
     const { bytes, json } = await this.jsonBody(req);
     const md = json.metadata && typeof json.metadata === "object" ? Object.fromEntries(Object.entries(json.metadata as Record<string, unknown>).map(([k, v]) => [k, String(v)])) : {};
     const tried = new Set<string>();
     let lastErr: GatewayError | undefined;
-    for (let attempt = 0; attempt < 3; attempt++) {
-      const node = await this.scheduler.schedule(md);
-      if (tried.has(node.nodeId)) break;
+    for (let attempt = 0; attempt < this.cfg.createAttempts; attempt++) {
+      let node = await this.scheduler.schedule(md);
+      if (tried.has(node.nodeId)) {
+        const set = await this.nodes();
+        const next = set.live.find((n) => !tried.has(n.nodeId) && !set.draining.has(n.nodeId));
+        if (!next) break;
+        node = next;
+      }
       tried.add(node.nodeId);
       let res: Response;
       try {
         res = await this.forward(req, url, node, clientIp, true, bytes);
       } catch (e) {
-        // nothing reached the node: safe to place the sandbox elsewhere
-        if (e instanceof GatewayError && e.code === "gateway.node_unreachable" && /refused|unreachable$/.test(e.message)) {
-          this.log.warn({ nodeId: node.nodeId, err: e.message }, "create: node refused the connection; scheduling again");
+        if (e instanceof GatewayError && neverReached(nodeFailureOf(e))) {
+          this.log.warn({ nodeId: node.nodeId, failure: nodeFailureOf(e), err: e.message }, "create: the node was not reached; scheduling again");
           lastErr = e;
           continue;
         }
@@ -183,13 +266,19 @@ export class Gateway {
       if (res.status !== 201) return res;
       return this.created(res, node);
     }
-    throw lastErr ?? new GatewayError("gateway.no_nodes", `no reachable node to create on (tried ${[...tried].join(", ")})`);
+    throw lastErr ?? new GatewayError("gateway.no_nodes", `no reachable node to create on (tried ${[...tried].join(", ") || "none"})`);
   }
 
-  /** A node listing template `id` (id, alias or name), when a node's 404 says the template is missing there. */
+  /** A node listing template `id` (id, alias or name), when a node's 404 error code says the template is missing there. */
   private async templateHolder(id: string, notFoundBody: string): Promise<NodeRef | null> {
-    if (!id || !/template/.test(notFoundBody)) return null;
-    const answers = await fanOut<{ templateID: string; aliases?: string[]; names?: string[] }[]>(await this.nodes(), "/templates", this.nodeKey, this.cfg.requestTimeoutMs);
+    let code: unknown;
+    try {
+      code = (JSON.parse(notFoundBody) as { error_code?: unknown }).error_code;
+    } catch {
+      return null;
+    }
+    if (!id || typeof code !== "string" || !TEMPLATE_MISSING.has(code)) return null;
+    const answers = await fanOut<{ templateID: string; aliases?: string[]; names?: string[] }[]>(await this.fan(), "/templates");
     for (const a of answers) {
       if (a.ok && a.body.some((t) => t.templateID === id || t.aliases?.includes(id) || t.names?.includes(id))) return a.node;
     }
@@ -222,24 +311,55 @@ export class Gateway {
     return res;
   }
 
-  /** GET /sandboxes/metrics?sandbox_ids=a,b: each id's node asked for its share. */
+  /** GET /sandboxes/metrics?sandbox_ids=a,b: each id's node asked for its share, all nodes at once. */
   private async metricsByIds(url: URL): Promise<Response> {
     const ids = (url.searchParams.get("sandbox_ids") ?? "").split(",").filter(Boolean);
     if (ids.length === 0 || ids.length > 100) return gatewayError("gateway.bad_request", "sandbox_ids must name 1 to 100 sandboxes");
+    const resolved = await Promise.all(ids.map(async (id) => ({ id, node: await this.resolve(id) })));
     const byNode = new Map<string, { node: NodeRef; ids: string[] }>();
-    for (const id of ids) {
-      const n = await this.resolve(id);
-      if (!n) continue;
-      const e = byNode.get(n.nodeId) ?? { node: n, ids: [] };
+    for (const { id, node } of resolved) {
+      if (!node) continue;
+      const e = byNode.get(node.nodeId) ?? { node, ids: [] };
       e.ids.push(id);
-      byNode.set(n.nodeId, e);
+      byNode.set(node.nodeId, e);
     }
     const out: Record<string, unknown> = {};
-    for (const { node, ids: mine } of byNode.values()) {
-      const [a] = await fanOut<{ sandboxes?: Record<string, unknown> }>([node], `/sandboxes/metrics?sandbox_ids=${mine.join(",")}`, this.nodeKey, this.cfg.requestTimeoutMs);
-      if (a?.ok) Object.assign(out, a.body.sandboxes ?? {});
-    }
+    await Promise.all(
+      [...byNode.values()].map(async ({ node, ids: mine }) => {
+        const f: FanOut = { nodes: { live: [node], unhealthy: [], draining: new Set() }, apiKey: this.nodeKey, timeoutMs: this.cfg.requestTimeoutMs };
+        const [a] = await fanOut<{ sandboxes?: Record<string, unknown> }>(f, `/sandboxes/metrics?sandbox_ids=${mine.join(",")}`);
+        if (a?.ok) Object.assign(out, a.body.sandboxes ?? {});
+      }),
+    );
     return Response.json({ sandboxes: out });
+  }
+
+  /**
+   * GET `pathAndQuery` on every live node at once; the answer of the first node (in node
+   * order) that does not answer 404 is forwarded. All 404: the first 404.
+   * @throws GatewayError node_unreachable naming every node when none answered.
+   */
+  private async firstKnowing(req: Request, url: URL, pathAndQuery: string, clientIp: string | null): Promise<Response> {
+    const { live } = await this.nodes();
+    const get = new Request(req.url, { headers: req.headers, signal: req.signal });
+    const answers = await Promise.all(live.map((n) => this.forward(get, url, n, clientIp, false, undefined, pathAndQuery).then((res) => ({ n, res }), (err: unknown) => ({ n, err }))));
+    const found = answers.find((a) => "res" in a && a.res.status !== 404) ?? answers.find((a) => "res" in a);
+    for (const a of answers) if (a !== found && "res" in a) await a.res.body?.cancel();
+    if (found && "res" in found) return found.res;
+    throw new GatewayError("gateway.node_unreachable", `no node answered ${pathAndQuery}: ${answers.map((a) => ("err" in a ? (a.err as Error).message : "")).join("; ")}`, { nodeIds: live.map((n) => n.nodeId) });
+  }
+
+  /** The nodes holding template `id` (id, alias or build id), by the nodes' lists, else by asking each. */
+  private async templateHolders(req: Request, url: URL, id: string, clientIp: string | null): Promise<NodeRef[]> {
+    const { holders } = await mergedList(await this.fan(), "/templates", "templateID");
+    const listed = holders.get(id);
+    if (listed?.length) return listed;
+    // aliases and build ids are not in the list: ask every node
+    const res = await this.firstKnowing(req, url, `/templates/${encodeURIComponent(id)}`, clientIp).catch(() => null);
+    await res?.body?.cancel();
+    if (!res || res.status === 404) return [];
+    const nodeId = res.headers.get(NODE_HEADER);
+    return (await this.nodes()).live.filter((n) => n.nodeId === nodeId);
   }
 
   private async template(req: Request, url: URL, id: string | null, clientIp: string | null): Promise<Response> {
@@ -248,30 +368,46 @@ export class Gateway {
       const node = await this.scheduler.schedule({});
       return this.forward(req, url, node, clientIp, true);
     }
-    const nodes = await this.nodes();
-    const { holders } = await mergedList(nodes, "/templates", "templateID", this.nodeKey, this.cfg.requestTimeoutMs);
-    let holder = holders.get(id)?.[0];
-    if (!holder) {
-      // aliases and build ids are not in the list: ask each node in turn
-      for (const n of nodes) {
-        const probe = await this.forward(new Request(req.url, { headers: req.headers }), new URL(`/templates/${encodeURIComponent(id)}`, url), n, clientIp, false).catch(() => null);
-        if (probe && probe.status !== 404) {
-          await probe.body?.cancel();
-          holder = n;
-          break;
-        }
-        await probe?.body?.cancel();
-      }
-    }
-    if (!holder) return gatewayError("gateway.no_route", `template ${id} is not on any node`);
-    return this.forward(req, url, holder, clientIp, req.method !== "GET");
+    const holders = await this.templateHolders(req, url, id, clientIp);
+    if (holders.length === 0) return gatewayError("gateway.no_route", `template ${id} is not on any node`);
+    if (req.method === "DELETE" && holders.length > 1) return this.deleteEverywhere(req, url, holders, clientIp);
+    const holder = holders[0]!;
+    const res = await this.forward(req, url, holder, clientIp, req.method !== "GET");
+    const files = FILES_PATH_RE.exec(url.pathname);
+    if (files && req.method === "GET" && res.ok) this.uploads.set(files[1]!, holder);
+    return res;
   }
 
-  /** GET /nodes: every node's own answer; an unreachable node from its last report. */
+  /** DELETE a template every holder has: each node's answer; the first failure wins, else the first answer. */
+  private async deleteEverywhere(req: Request, url: URL, holders: NodeRef[], clientIp: string | null): Promise<Response> {
+    const answers = await Promise.all(holders.map((n) => this.forward(new Request(req.url, { method: "DELETE", headers: req.headers }), url, n, clientIp, true)));
+    const bad = answers.find((r) => !r.ok && r.status !== 404);
+    const keep = bad ?? answers[0]!;
+    for (const r of answers) if (r !== keep) await r.body?.cancel();
+    return keep;
+  }
+
+  /**
+   * PUT /upload/template-files/{hash}?expires&token (no API key: the token authorises it), to
+   * the node whose GET /templates/{id}/files/{hash} answer handed out the URL.
+   */
+  async upload(req: Request, url: URL, clientIp: string | null): Promise<Response> {
+    this.stats.requests++;
+    const m = UPLOAD_PATH_RE.exec(url.pathname);
+    if (!m) return gatewayError("gateway.no_route", `no route ${req.method} ${url.pathname}`);
+    const node = this.uploads.get(m[1]!);
+    if (!node) return gatewayError("gateway.no_route", `no upload of ${m[1]} is expected here: ask GET /templates/{id}/files/${m[1]} through this gateway first`);
+    try {
+      return await forwardToNode(req, node, { pathAndQuery: url.pathname + url.search, timeoutMs: this.cfg.createTimeoutMs, clientIp });
+    } catch (e) {
+      return this.failed(req, url, e);
+    }
+  }
+
+  /** GET /nodes: every node's own answer; an unreachable or UNHEALTHY node from its last report. */
   private async listNodes(): Promise<Response> {
-    const nodes = await this.nodes();
-    const answers = await fanOut<Record<string, unknown>[]>(nodes, "/nodes", this.nodeKey, this.cfg.requestTimeoutMs);
-    const observed = await this.scheduler.observed().catch(() => []);
+    const f = await this.fan();
+    const [answers, observed] = await Promise.all([fanOut<Record<string, unknown>[]>(f, "/nodes"), this.scheduler.observed().catch(() => [])]);
     const out: Record<string, unknown>[] = [];
     for (const a of answers) {
       if (a.ok) out.push(...a.body);
@@ -280,7 +416,7 @@ export class Gateway {
         out.push({ id: a.node.nodeId, nodeID: a.node.nodeId, serviceInstanceID: o?.serviceInstanceId ?? "", clusterID: o?.clusterId ?? "", status: "unhealthy", version: o?.version ?? "", commit: o?.commit ?? "", sandboxCount: o?.snapshot?.sandboxCount ?? 0, message: a.error });
       }
     }
-    return Response.json(out);
+    return Response.json(out.sort((x, y) => (String(x.id) < String(y.id) ? -1 : 1)));
   }
 
   private async oneNode(req: Request, url: URL, nodeId: string, clientIp: string | null): Promise<Response> {
@@ -301,7 +437,7 @@ export class Gateway {
     } catch (e) {
       return dataError(route.sandboxId, e);
     }
-    if (!node) return Response.json({ sandboxId: route.sandboxId, message: "The sandbox was not found", code: 502 }, { status: 502, headers: { "x-agentenv-error-source": "gateway" } });
+    if (!node) return dataError(route.sandboxId, null);
     try {
       return await forwardToNode(req, node, { pathAndQuery: url.pathname + url.search, timeoutMs: this.cfg.requestTimeoutMs, set: routeHeaders(route), clientIp });
     } catch (e) {
@@ -316,7 +452,12 @@ export function routeHeaders(route: DataRoute): Record<string, string> {
   return route.via === "host" ? { "x-agentenv-sandbox-id": route.sandboxId, "x-agentenv-sandbox-port": String(route.port) } : {};
 }
 
-function dataError(sandboxId: string, e: unknown): Response {
+/**
+ * A data-plane failure in the E2B edge proxy's shape `{sandboxId, message, code}`: 503 when the
+ * scheduler is down, else 502; `e` null = no node holds the sandbox.
+ */
+export function dataError(sandboxId: string, e: unknown): Response {
   const status = e instanceof GatewayError && e.code === "gateway.scheduler_unavailable" ? 503 : 502;
-  return Response.json({ sandboxId, message: (e as Error)?.message ?? String(e), code: status }, { status, headers: { "x-agentenv-error-source": "gateway" } });
+  const message = e === null ? "The sandbox was not found" : ((e as Error)?.message ?? String(e));
+  return Response.json({ sandboxId, message, code: status }, { status, headers: { [GATEWAY_SOURCE]: "gateway" } });
 }

@@ -6,10 +6,13 @@
  */
 import type { NodeRef } from "../scheduler/types.ts";
 
+/** A bounded LRU map from a key (a sandbox id, a files hash) to the node that serves it. */
 export class RouteCache {
   private readonly map = new Map<string, NodeRef>();
+  /** @param max entries kept; the least recently used goes first. */
   constructor(private readonly max: number) {}
 
+  /** The node of `sandboxId` (marked recently used), or undefined. */
   get(sandboxId: string): NodeRef | undefined {
     const n = this.map.get(sandboxId);
     if (n) {

@@ -1,91 +1,120 @@
 /**
- * The gateway's view of the scheduler: RPCs bounded by scheduler_timeout_ms, NOT_FOUND turned
- * into null, every other failure into `gateway.scheduler_unavailable`; the node list cached for
- * node_list_ttl_ms and kept (last known) while the scheduler is down.
+ * The gateway's view of the scheduler: RPCs bounded by scheduler_timeout_ms; a channel that is
+ * down (UNAVAILABLE) is tried again every scheduler_retry_ms within that bound. Failures are
+ * told apart by the scheduler's error code (the `agentenv-error-code` trailer), never by message
+ * text: not_found → null, no_nodes → `gateway.no_nodes` at once, bad_request →
+ * `gateway.bad_request`, anything else → `gateway.scheduler_unavailable`. The node list is
+ * cached for node_list_ttl_ms and kept (last known) while the scheduler is down.
  */
-import { ClientError, createClient, Status, type Channel } from "nice-grpc";
-import { SchedulerDefinition, schedulerChannel, type ObservedNode, type SchedulerClient } from "../../src/cluster/index.ts";
+import { ClientError, createClient, Metadata, Status, type Channel } from "nice-grpc";
+import { NodeStatus, SchedulerDefinition, schedulerChannel, untilAnswered, type ObservedNode, type SchedulerClient } from "../../src/cluster/index.ts";
+import { ERROR_CODE_TRAILER, type SchedulerErrorCode } from "../scheduler/errors.ts";
 import { GatewayError } from "./errors.ts";
 import type { NodeRef } from "../scheduler/types.ts";
 
+/** Settings of the link (from GatewayConfig). */
+export interface SchedulerLinkOptions {
+  /** Scheduler gRPC address. */
+  endpoint: string;
+  /** Bound on one RPC, retries included, ms. */
+  timeoutMs: number;
+  /** Pause between tries while the channel is down, ms. */
+  retryMs: number;
+  /** Reuse of the node list, ms. */
+  nodeListTtlMs: number;
+}
+
+/** The nodes a cluster-wide read asks, and those it leaves out. */
+export interface ClusterNodes {
+  /** Discovered nodes to ask. */
+  live: NodeRef[];
+  /** Discovered nodes the scheduler reports UNHEALTHY (reports stopped, or left): not asked. */
+  unhealthy: NodeRef[];
+  /** Ids of live nodes that are draining (LINGERING): asked, never given new sandboxes. */
+  draining: Set<string>;
+}
+
+/** A gRPC client of the scheduler for the gateway (one channel; close() releases it). */
 export class SchedulerLink {
   private readonly channel: Channel;
   private readonly client: SchedulerClient;
-  private nodes: { at: number; list: NodeRef[] } | null = null;
+  private nodes: { at: number; set: ClusterNodes } | null = null;
 
-  constructor(readonly endpoint: string, private readonly timeoutMs: number, private readonly nodeListTtlMs: number) {
-    this.channel = schedulerChannel(endpoint);
+  constructor(private readonly o: SchedulerLinkOptions) {
+    this.channel = schedulerChannel(o.endpoint);
     this.client = createClient(SchedulerDefinition, this.channel);
   }
 
+  get endpoint(): string {
+    return this.o.endpoint;
+  }
+
   /**
-   * One RPC within timeoutMs. UNAVAILABLE is retried every 100 ms inside that budget: a channel
-   * that saw the scheduler go away fails calls at once until it has reconnected.
+   * One RPC within timeoutMs. UNAVAILABLE is tried again every retryMs inside that budget: a
+   * channel that saw the scheduler go away fails calls at once until it has reconnected.
+   * @returns null for NOT_FOUND.
+   * @throws GatewayError no_nodes, bad_request, scheduler_unavailable.
    */
-  private async call<T>(what: string, fn: (signal: AbortSignal) => Promise<T>): Promise<T | null> {
-    const signal = AbortSignal.timeout(this.timeoutMs);
+  private async call<T>(what: string, fn: (o: { signal: AbortSignal; onTrailer: (t: Metadata) => void }) => Promise<T>): Promise<T | null> {
+    const signal = AbortSignal.timeout(this.o.timeoutMs);
+    let code: SchedulerErrorCode | undefined;
+    const onTrailer = (t: Metadata) => (code = t.get(ERROR_CODE_TRAILER) as SchedulerErrorCode | undefined);
     try {
-      for (;;) {
-        try {
-          return await fn(signal);
-        } catch (e) {
-          if (!(e instanceof ClientError && e.code === Status.UNAVAILABLE) || signal.aborted) throw e;
-          await Bun.sleep(100);
-          if (signal.aborted) throw e;
-        }
-      }
+      // an UNAVAILABLE with an error code is the scheduler's own answer (its store failed): not retried
+      return await untilAnswered(() => fn({ signal, onTrailer }), signal, this.o.retryMs, () => code === undefined);
     } catch (e) {
       if (e instanceof ClientError && e.code === Status.NOT_FOUND) return null;
+      if (code === "scheduler.no_nodes") throw new GatewayError("gateway.no_nodes", (e as ClientError).details, { scheduler: this.o.endpoint });
       if (e instanceof ClientError && e.code === Status.INVALID_ARGUMENT) throw new GatewayError("gateway.bad_request", e.details);
-      const why = e instanceof ClientError ? `${Status[e.code]}: ${e.details}` : (e as Error)?.name === "AbortError" || (e as Error)?.name === "TimeoutError" ? `no answer within ${this.timeoutMs} ms` : String((e as Error)?.message ?? e);
-      throw new GatewayError("gateway.scheduler_unavailable", `the scheduler at ${this.endpoint} is unavailable (${what}: ${why})`, { scheduler: this.endpoint });
+      const why = e instanceof ClientError ? `${Status[e.code]}: ${e.details}` : (e as Error)?.name === "AbortError" || (e as Error)?.name === "TimeoutError" ? `no answer within ${this.o.timeoutMs} ms` : String((e as Error)?.message ?? e);
+      throw new GatewayError("gateway.scheduler_unavailable", `the scheduler at ${this.o.endpoint} is unavailable (${what}: ${why})`, { scheduler: this.o.endpoint, ...(code ? { schedulerCode: code } : {}) });
     }
   }
 
   /** A node for a new sandbox. @throws GatewayError scheduler_unavailable, no_nodes */
   async schedule(metadata: Record<string, string>): Promise<NodeRef> {
-    try {
-      const r = await this.call("Schedule", (signal) => this.client.schedule({ hint: { newSandbox: { metadata } } }, { signal }));
-      if (!r?.node) throw new GatewayError("gateway.no_nodes", "the scheduler returned no node");
-      return r.node;
-    } catch (e) {
-      if (e instanceof GatewayError && e.code === "gateway.scheduler_unavailable" && /UNAVAILABLE: no (schedulable node|nodes discovered)/.test(e.message)) {
-        throw new GatewayError("gateway.no_nodes", e.message);
-      }
-      throw e;
-    }
+    const r = await this.call("Schedule", (o) => this.client.schedule({ hint: { newSandbox: { metadata } } }, o));
+    if (!r?.node) throw new GatewayError("gateway.no_nodes", "the scheduler returned no node");
+    return r.node;
   }
 
-  /** The node of a sandbox, or null when none holds it. */
+  /** The node of a sandbox, or null when none holds it. @throws GatewayError scheduler_unavailable, bad_request */
   async lookup(sandboxId: string): Promise<NodeRef | null> {
-    const r = await this.call("LookupNode", (signal) => this.client.lookupNode({ sandboxId }, { signal }));
+    const r = await this.call("LookupNode", (o) => this.client.lookupNode({ sandboxId }, o));
     return r?.node ?? null;
   }
 
-  /** Bind a sandbox to its node. */
+  /** Bind a sandbox to its node. @throws GatewayError scheduler_unavailable, bad_request */
   async record(sandboxId: string, node: NodeRef): Promise<void> {
-    await this.call("RecordAssignment", (signal) => this.client.recordAssignment({ sandboxId, node }, { signal }));
+    await this.call("RecordAssignment", (o) => this.client.recordAssignment({ sandboxId, node }, o));
   }
 
-  /** Discovered nodes (cached; the last known list while the scheduler is down). */
-  async listNodes(): Promise<NodeRef[]> {
-    if (this.nodes && performance.now() - this.nodes.at < this.nodeListTtlMs) return this.nodes.list;
+  /**
+   * Discovered nodes split by health (cached; the last known set while the scheduler is down).
+   * @throws GatewayError scheduler_unavailable when the scheduler is down and no set is known.
+   */
+  async listNodes(): Promise<ClusterNodes> {
+    if (this.nodes && performance.now() - this.nodes.at < this.o.nodeListTtlMs) return this.nodes.set;
     try {
-      const r = await this.call("ListNodes", (signal) => this.client.listNodes({}, { signal }));
-      this.nodes = { at: performance.now(), list: r?.nodes ?? [] };
+      const [listed, observed] = await Promise.all([this.call("ListNodes", (o) => this.client.listNodes({}, o)), this.observed()]);
+      const having = (s: NodeStatus) => new Set(observed.filter((n) => n.snapshot?.status === s).map((n) => n.nodeId));
+      const down = having(NodeStatus.NODE_STATUS_UNHEALTHY);
+      const all = listed?.nodes ?? [];
+      this.nodes = { at: performance.now(), set: { live: all.filter((n) => !down.has(n.nodeId)), unhealthy: all.filter((n) => down.has(n.nodeId)), draining: having(NodeStatus.NODE_STATUS_LINGERING) } };
     } catch (e) {
       if (!this.nodes) throw e;
     }
-    return this.nodes!.list;
+    return this.nodes!.set;
   }
 
+  /** Every node the scheduler observes, with its derived status. @throws GatewayError scheduler_unavailable */
   async observed(): Promise<ObservedNode[]> {
-    return (await this.call("ListObservedNodes", (signal) => this.client.listObservedNodes({ clusterId: "" }, { signal })))?.nodes ?? [];
+    return (await this.call("ListObservedNodes", (o) => this.client.listObservedNodes({ clusterId: "" }, o)))?.nodes ?? [];
   }
 
-  /** One node, or null. */
+  /** One node, or null. @throws GatewayError scheduler_unavailable */
   async node(nodeId: string): Promise<ObservedNode | null> {
-    return (await this.call("GetNode", (signal) => this.client.getNode({ nodeId, clusterId: "" }, { signal })))?.node ?? null;
+    return (await this.call("GetNode", (o) => this.client.getNode({ nodeId, clusterId: "" }, o)))?.node ?? null;
   }
 
   close(): void {

@@ -1,17 +1,21 @@
 /**
  * The gateway's listener: one Bun.serve that sends sandbox traffic (HTTP and WebSocket) to the
- * sandbox's node, checks X-API-Key on everything else (but /health), and hands it to Gateway.
- * idleTimeout 0: envd streams may be silent for long.
+ * sandbox's node, template file uploads (authorised by their URL token) to the node that handed
+ * out the URL, checks X-API-Key on everything else (but /health and /metrics), and hands it to
+ * Gateway. idleTimeout 0: envd streams may be silent for long. maxRequestBodySize is unbounded
+ * because sandbox traffic streams; control-plane bodies are counted as they are read
+ * (`[gateway] max_body_bytes`).
  */
 import type { Server } from "bun";
 import { keyMatches, loadOrCreateApiKey } from "../../src/api/auth.ts";
 import { parseAddr } from "../../src/api/server.ts";
 import { relayData, wsRelay, type RelayData } from "../../src/api/ws-relay.ts";
 import { logger } from "../../src/observability/log.ts";
+import { UPLOAD_PATH_RE } from "../../src/template/index.ts";
 import type { GatewayConfig } from "./config.ts";
 import { dataRoute } from "./dataplane.ts";
 import { gatewayError, GatewayError } from "./errors.ts";
-import { Gateway, routeHeaders } from "./gateway.ts";
+import { dataError, Gateway, routeHeaders } from "./gateway.ts";
 
 /** A started gateway. */
 export interface RunningGateway {
@@ -56,9 +60,9 @@ export function startGateway(c: GatewayConfig): RunningGateway {
           try {
             node = await gw.resolve(route.sandboxId);
           } catch (e) {
-            return Response.json({ sandboxId: route.sandboxId, message: (e as Error).message, code: 503 }, { status: 503 });
+            return dataError(route.sandboxId, e);
           }
-          if (!node) return Response.json({ sandboxId: route.sandboxId, message: "The sandbox was not found", code: 502 }, { status: 502 });
+          if (!node) return dataError(route.sandboxId, null);
           const headers: Record<string, string> = { ...routeHeaders(route) };
           for (const n of WS_PASS) {
             const v = req.headers.get(n);
@@ -66,8 +70,10 @@ export function startGateway(c: GatewayConfig): RunningGateway {
           }
           if (ip) headers["x-forwarded-for"] = ip;
           const upstreamUrl = node.endpoint.replace(/^http/, "ws") + url.pathname + url.search;
-          return srv.upgrade(req, { data: relayData(upstreamUrl, headers, {}) }) ? undefined : gatewayError("gateway.bad_request", "WebSocket upgrade failed");
+          const data = relayData(upstreamUrl, headers, { connectTimeoutMs: c.requestTimeoutMs, unreachable: `node ${node.nodeId} (${node.endpoint}) is unreachable` });
+          return srv.upgrade(req, { data }) ? undefined : gatewayError("gateway.bad_request", "WebSocket upgrade failed");
         }
+        if (UPLOAD_PATH_RE.test(url.pathname)) return gw.upload(req, url, ip);
         if (url.pathname !== "/health" && url.pathname !== "/metrics" && !keyMatches(req.headers.get("x-api-key"), key)) {
           return gatewayError("gateway.unauthorized", "Invalid API key: use the gateway's key ([api] key / AENV_API_KEY, or the api-key file in its data directory)");
         }

@@ -53,29 +53,51 @@ export const SETTLE_TIMEOUT_MS = 130_000;
 
 /** A 502 as the E2B edge proxy answers it. */
 /**
+ * How an upstream fetch failed: `refused` and `unreachable` mean nothing reached the upstream
+ * (safe to send the request elsewhere); `aborted` = our signal fired (a deadline or the
+ * client went away); the others may have delivered part of the request.
+ */
+export type UpstreamFailureKind = "refused" | "unreachable" | "reset" | "timeout" | "aborted" | "failed";
+
+/** The kind of a failed upstream fetch (`signal`: the request's abort signal). */
+export function upstreamFailureKind(e: unknown, signal: AbortSignal): UpstreamFailureKind {
+  if (signal.aborted) return "aborted";
+  switch ((e as { code?: unknown } | null)?.code) {
+    case "ECONNREFUSED":
+    case "ConnectionRefused":
+      return "refused";
+    case "ECONNRESET":
+    case "ConnectionReset":
+    case "ConnectionClosed":
+      return "reset";
+    case "ETIMEDOUT":
+    case "Timeout":
+      return "timeout";
+    case "EHOSTUNREACH":
+    case "ENETUNREACH":
+      return "unreachable";
+    default:
+      return "failed";
+  }
+}
+
+const FAILURE_WORDS: Record<Exclude<UpstreamFailureKind, "aborted" | "failed">, string> = {
+  refused: "connection refused",
+  reset: "connection reset",
+  timeout: "connection timed out",
+  unreachable: "address unreachable",
+};
+
+/**
  * Our own words for a failed upstream fetch (Bun's messages address a desktop user: "Is the
  * computer able to access the url?"). `signal` is the request's abort signal (timeout reason).
  */
 export function upstreamFailure(e: unknown, signal: AbortSignal): string {
-  if (signal.aborted) return signal.reason instanceof Error ? signal.reason.message : "request aborted";
+  const kind = upstreamFailureKind(e, signal);
+  if (kind === "aborted") return signal.reason instanceof Error ? signal.reason.message : "request aborted";
+  if (kind !== "failed") return FAILURE_WORDS[kind];
   const code = (e as { code?: unknown } | null)?.code;
-  switch (code) {
-    case "ECONNREFUSED":
-    case "ConnectionRefused":
-      return "connection refused";
-    case "ECONNRESET":
-    case "ConnectionReset":
-    case "ConnectionClosed":
-      return "connection reset";
-    case "ETIMEDOUT":
-    case "Timeout":
-      return "connection timed out";
-    case "EHOSTUNREACH":
-    case "ENETUNREACH":
-      return "address unreachable";
-    default:
-      return typeof code === "string" ? `connection failed (${code})` : "connection failed";
-  }
+  return typeof code === "string" ? `connection failed (${code})` : "connection failed";
 }
 
 export function badGateway(sandboxId: string, message: string): Response {
