@@ -1,7 +1,8 @@
 /** `agentenv cluster up`: scheduler + gateway + N nodes on this host (services/cluster/up.ts). */
 import { defineCommand } from "citty";
 import { join } from "node:path";
-import { loadConfig } from "../../src/config/index.ts";
+import { loadConfigOrExit } from "../../src/cli/config.ts";
+import { runUntilStopped } from "../../src/cli/until-stopped.ts";
 
 export default defineCommand({
   meta: { name: "cluster", description: "a local cluster on one host" },
@@ -17,10 +18,11 @@ export default defineCommand({
         "scheduler-port": { type: "string", default: "9090", description: "scheduler port on 127.0.0.1" },
         "node-port": { type: "string", default: "8001", description: "first node API port on 127.0.0.1" },
         "report-interval": { type: "string", default: "1", description: "node heartbeat interval, seconds" },
-        "node-restart-delay": { type: "string", default: "5000", description: "pause before a dead node is restarted, ms" },
+        "node-restart-delay": { type: "string", description: "pause before a dead node is restarted, ms (default: [cluster.up] node_restart_delay_ms)" },
       },
       async run({ args }) {
-        const cfg = loadConfig();
+        const cfg = loadConfigOrExit();
+        const up = cfg.cluster.up;
         const { LocalCluster } = await import("./up.ts");
         const num = (v: string, name: string) => {
           const n = Number(v);
@@ -42,8 +44,10 @@ export default defineCommand({
             nodePortBase: num(args["node-port"], "node-port"),
             apiKey: cfg.api.key,
             reportIntervalSecs: Math.max(1, num(args["report-interval"], "report-interval")),
-            nodeRestartDelayMs: num(args["node-restart-delay"], "node-restart-delay"),
-            serviceRestartDelayMs: 500,
+            nodeRestartDelayMs: args["node-restart-delay"] === undefined ? up.node_restart_delay_ms : num(args["node-restart-delay"], "node-restart-delay"),
+            serviceRestartDelayMs: up.service_restart_delay_ms,
+            readyTimeoutMs: up.ready_timeout_ms,
+            stopTimeoutMs: up.stop_timeout_ms,
             print: (l) => console.log(l),
           });
           await cluster.up();
@@ -51,14 +55,7 @@ export default defineCommand({
           console.error(`agentenv cluster up: ${(e as Error).message}`);
           process.exit(1);
         }
-        let stopping = false;
-        const stop = () => {
-          if (stopping) return;
-          stopping = true;
-          cluster.down().then(() => process.exit(0), () => process.exit(1));
-        };
-        for (const sig of ["SIGINT", "SIGTERM", "SIGHUP"] as const) process.on(sig, stop);
-        await new Promise(() => {});
+        await runUntilStopped("cluster", () => cluster.down());
       },
     }),
   },

@@ -5,16 +5,24 @@
  * (README: "one node per runtime path and network prefix"). Nodes share the kernels,
  * templates and tools drive of `--from-home` (symlinked). One API key for clients and nodes.
  *
- * A child that exits unexpectedly is started again after a pause (a restarted node reaps what
- * its crashed run left: VMs, disks, namespaces). SIGINT/SIGTERM stops gateway, nodes, then the
- * scheduler.
+ * Supervision: a member must print its ready line within `ready_timeout_ms` (else it is killed
+ * and the start fails); a member that exits unexpectedly is started again after a pause (a
+ * restarted node reaps what its crashed run left: VMs, disks, namespaces), and a restart that
+ * fails is tried again after the same pause until one succeeds. Stopping (`down()`: SIGINT/
+ * SIGTERM of cluster up) sends SIGTERM to the gateway, the nodes, then the scheduler, each given
+ * `stop_timeout_ms` before SIGKILL. Members run with a pipe from cluster up as stdin and
+ * AENV_STOP_ON_STDIN_EOF=1: if cluster up dies (even by SIGKILL) the pipe closes and every
+ * member shuts down by itself, so nothing is left holding the ports of the next `cluster up`.
  */
 import { existsSync, mkdirSync, symlinkSync } from "node:fs";
 import { join } from "node:path";
 import type { Subprocess } from "bun";
 import { loadOrCreateApiKey } from "../../src/api/auth.ts";
+import { STOP_ON_STDIN_EOF_ENV } from "../../src/cli/until-stopped.ts";
 import { logger } from "../../src/observability/log.ts";
+import { ClusterError } from "./errors.ts";
 
+/** What `agentenv cluster up` starts and how it supervises it. */
 export interface ClusterOptions {
   /** Base directory: <home>/scheduler, <home>/gateway, <home>/node-<x>. */
   home: string;
@@ -35,6 +43,10 @@ export interface ClusterOptions {
   nodeRestartDelayMs: number;
   /** Pause before a dead scheduler or gateway is started again, ms. */
   serviceRestartDelayMs: number;
+  /** Longest wait for a member's ready line, ms. */
+  readyTimeoutMs: number;
+  /** Longest wait for a member to exit after SIGTERM, ms (then SIGKILL). */
+  stopTimeoutMs: number;
   /** Lines of the banner and of restarts go here. */
   print: (line: string) => void;
 }
@@ -47,7 +59,7 @@ interface Member {
   /** A stdout line that says it is ready. */
   ready: RegExp;
   restartDelayMs: number;
-  proc?: Subprocess<"ignore", "pipe", "inherit">;
+  proc?: Subprocess<"pipe", "pipe", "inherit">;
   /** Shown after start. */
   describe: () => string;
 }
@@ -59,6 +71,21 @@ function selfCommand(): string[] {
 
 const LETTERS = "abcdefghij";
 
+/** `p`'s value, or "late" when it has not settled within `ms`. */
+async function orLate<T>(p: Promise<T>, ms: number): Promise<T | "late"> {
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const late = new Promise<"late">((resolve) => (timer = setTimeout(() => resolve("late"), Math.max(0, ms))));
+  try {
+    return await Promise.race([p, late]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+/**
+ * The members of a one-host cluster (scheduler, N nodes, gateway) as child processes of this
+ * one: `up()` starts them in that order, `down()` stops them; members that die are restarted.
+ */
 export class LocalCluster {
   private readonly log = logger("cluster");
   private readonly members: Member[] = [];
@@ -66,9 +93,9 @@ export class LocalCluster {
   readonly apiKey: string;
   readonly gatewayUrl: string;
 
-  /** @throws Error when nodes is outside 1..10 or a directory cannot be made. */
+  /** @throws ClusterError bad_option when nodes is outside 1..10; Error when a directory cannot be made. */
   constructor(private readonly o: ClusterOptions) {
-    if (!Number.isInteger(o.nodes) || o.nodes < 1 || o.nodes > 10) throw new Error(`--nodes must be 1..10, got ${o.nodes}`);
+    if (!Number.isInteger(o.nodes) || o.nodes < 1 || o.nodes > 10) throw new ClusterError("cluster.bad_option", `--nodes must be 1..10, got ${o.nodes}`, { option: "nodes", value: o.nodes });
     mkdirSync(o.home, { recursive: true });
     this.apiKey = loadOrCreateApiKey(o.apiKey, o.home).key;
     const schedulerAddr = `127.0.0.1:${o.schedulerPort}`;
@@ -136,15 +163,28 @@ export class LocalCluster {
     return this.members.find((m) => m.name === name)?.proc?.pid;
   }
 
-  /** Start one member and wait for its ready line. @throws Error with its output when it exits first. */
+  /**
+   * Start one member and wait (at most readyTimeoutMs) for its ready line.
+   * @throws ClusterError member_failed (it exited first, with its output), member_not_ready
+   *   (killed after the wait).
+   */
   private async launch(m: Member): Promise<void> {
-    const p = Bun.spawn([...selfCommand(), ...m.args], { env: { ...process.env, ...m.env } as Record<string, string>, stdin: "ignore", stdout: "pipe", stderr: "inherit" });
+    const p = Bun.spawn([...selfCommand(), ...m.args], { env: { ...process.env, ...m.env, [STOP_ON_STDIN_EOF_ENV]: "1" } as Record<string, string>, stdin: "pipe", stdout: "pipe", stderr: "inherit" });
     m.proc = p;
     const reader = p.stdout.getReader();
     let out = "";
+    const deadline = Date.now() + this.o.readyTimeoutMs;
     while (!m.ready.test(out)) {
-      const r = await reader.read();
-      if (r.done) throw new Error(`${m.name} exited before it was ready (code ${await p.exited}): ${out}`);
+      const r = await orLate(reader.read(), deadline - Date.now());
+      if (r === "late") {
+        p.kill("SIGKILL");
+        await p.exited;
+        throw new ClusterError("cluster.member_not_ready", `${m.name} printed no ready line within ${this.o.readyTimeoutMs} ms; killed`, { member: m.name, timeoutMs: this.o.readyTimeoutMs, output: out.slice(-2000) });
+      }
+      if (r.done) {
+        const exitCode = await p.exited;
+        throw new ClusterError("cluster.member_failed", `${m.name} exited before it was ready (code ${exitCode}): ${out}`, { member: m.name, exitCode, output: out.slice(-2000) });
+      }
       out += new TextDecoder().decode(r.value);
     }
     reader.releaseLock();
@@ -159,11 +199,20 @@ export class LocalCluster {
   private onExit(m: Member, p: Subprocess, code: number | null): void {
     if (this.stopping || m.proc !== p) return;
     this.o.print(`cluster: ${m.name} exited (${p.signalCode ?? `code ${code}`}); restarting in ${m.restartDelayMs} ms`);
+    this.restartLater(m);
+  }
+
+  /** Start `m` again after its pause; a failed start is tried again after the same pause. */
+  private restartLater(m: Member): void {
     setTimeout(() => {
       if (this.stopping) return;
       this.launch(m).then(
         () => this.o.print(`  ${m.describe()}`),
-        (e) => this.o.print(`cluster: ${m.name} failed to restart: ${(e as Error).message}`),
+        (e) => {
+          if (this.stopping) return;
+          this.o.print(`cluster: ${m.name} failed to restart: ${(e as Error).message.split("\n")[0]}; trying again in ${m.restartDelayMs} ms`);
+          this.restartLater(m);
+        },
       );
     }, m.restartDelayMs);
   }
@@ -181,14 +230,22 @@ export class LocalCluster {
     this.o.print(`  E2B SDK: E2B_API_URL=${this.gatewayUrl} E2B_SANDBOX_URL=${this.gatewayUrl} E2B_API_KEY=${this.apiKey}`);
   }
 
-  /** Stop the gateway, then the nodes (SIGTERM: their shutdown_action), then the scheduler. */
+  /**
+   * Stop the gateway, then the nodes (SIGTERM: their shutdown_action), then the scheduler; a
+   * member still running stopTimeoutMs after its SIGTERM is killed.
+   */
   async down(): Promise<void> {
     this.stopping = true;
     const order = [...this.members.filter((m) => m.name === "gateway"), ...this.members.filter((m) => m.name.startsWith("node-")), ...this.members.filter((m) => m.name === "scheduler")];
     for (const m of order) {
-      if (!m.proc || m.proc.exitCode !== null || m.proc.signalCode !== null) continue;
-      m.proc.kill("SIGTERM");
-      await m.proc.exited;
+      const p = m.proc;
+      if (!p || p.exitCode !== null || p.signalCode !== null) continue;
+      p.kill("SIGTERM");
+      if ((await orLate(p.exited, this.o.stopTimeoutMs)) === "late") {
+        this.log.warn({ member: m.name, pid: p.pid, timeoutMs: this.o.stopTimeoutMs }, "member did not stop in time; killed");
+        p.kill("SIGKILL");
+        await p.exited;
+      }
     }
     this.log.info("cluster stopped");
   }

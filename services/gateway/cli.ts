@@ -1,10 +1,10 @@
 /**
- * `agentenv gateway`: run the cluster's E2B API until SIGINT/SIGTERM; prints the SDK line.
+ * `agentenv gateway`: run the cluster's E2B API until stopped (src/cli/until-stopped.ts); prints the SDK line.
  */
 import { defineCommand } from "citty";
 import { loadConfig } from "../../src/config/index.ts";
 import { AgentEnvError } from "../../src/errors.ts";
-import { log } from "../../src/observability/log.ts";
+import { runUntilStopped } from "../../src/cli/until-stopped.ts";
 
 export default defineCommand({
   meta: { name: "gateway", description: "run the cluster gateway: the E2B API in front of the nodes" },
@@ -26,14 +26,6 @@ export default defineCommand({
     }
     console.log(`AgentENV gateway listening on ${g.url}`);
     console.log(`  E2B SDK: E2B_API_URL=${g.url} E2B_SANDBOX_URL=${g.url} E2B_API_KEY=${g.apiKey}`);
-    let stopping = false;
-    const stop = (sig: string) => {
-      if (stopping) return;
-      stopping = true;
-      log.info({ signal: sig }, "gateway shutting down");
-      g.close().then(() => process.exit(0), () => process.exit(1));
-    };
-    for (const sig of ["SIGINT", "SIGTERM", "SIGHUP"] as const) process.on(sig, () => stop(sig));
-    await new Promise(() => {});
+    await runUntilStopped("gateway", () => g.close());
   },
 });

@@ -1,9 +1,9 @@
 /**
- * `agentenv scheduler`: run the scheduler's gRPC service until SIGINT/SIGTERM.
+ * `agentenv scheduler`: run the scheduler's gRPC service until stopped (src/cli/until-stopped.ts).
  */
 import { defineCommand } from "citty";
 import { loadConfig } from "../../src/config/index.ts";
-import { log } from "../../src/observability/log.ts";
+import { runUntilStopped } from "../../src/cli/until-stopped.ts";
 import { AgentEnvError } from "../../src/errors.ts";
 
 export default defineCommand({
@@ -26,20 +26,6 @@ export default defineCommand({
       }
       throw e;
     }
-    let stopping = false;
-    const stop = (sig: string) => {
-      if (stopping) return;
-      stopping = true;
-      log.info({ signal: sig }, "scheduler shutting down");
-      s.close().then(
-        () => process.exit(0),
-        (err) => {
-          log.error({ err }, "scheduler shutdown failed");
-          process.exit(1);
-        },
-      );
-    };
-    for (const sig of ["SIGINT", "SIGTERM", "SIGHUP"] as const) process.on(sig, () => stop(sig));
-    await new Promise(() => {});
+    await runUntilStopped("scheduler", () => s.close());
   },
 });

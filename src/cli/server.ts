@@ -1,11 +1,12 @@
 /**
  * `agentenv server`: start the node (API + sandbox proxy on `[api] addr`), print the API URL
- * and key, run until SIGINT/SIGTERM/SIGHUP, then shut down (`[orchestrator] shutdown_action`).
+ * and key, run until stopped (src/cli/until-stopped.ts), then shut down
+ * (`[orchestrator] shutdown_action`).
  */
 import { defineCommand } from "citty";
 import { loadConfigOrExit } from "./config.ts";
 import { bootNode, NodeError } from "../node/index.ts";
-import { log } from "../observability/log.ts";
+import { runUntilStopped } from "./until-stopped.ts";
 
 export default defineCommand({
   meta: { name: "server", description: "run the node: E2B-compatible API and sandbox proxy" },
@@ -31,23 +32,6 @@ export default defineCommand({
     console.log(`  API key (${node.apiKeySource}): ${node.apiKey}`);
     console.log(`  E2B SDK: E2B_API_URL=${node.url} E2B_SANDBOX_URL=${node.url} E2B_API_KEY=${node.apiKey}`);
     console.log(`  API explorer: ${node.url}/docs`);
-    let stopping = false;
-    const stop = (sig: string) => {
-      if (stopping) return;
-      stopping = true;
-      log.info({ signal: sig }, "shutting down");
-      node.close().then(
-        () => process.exit(0),
-        (e) => {
-          log.error({ err: e }, "shutdown failed");
-          process.exit(1);
-        },
-      );
-    };
-    process.on("SIGINT", () => stop("SIGINT"));
-    process.on("SIGTERM", () => stop("SIGTERM"));
-    // VMs and disk servers run in their own sessions: a closed terminal must stop them through us
-    process.on("SIGHUP", () => stop("SIGHUP"));
-    await new Promise(() => {}); // until a signal
+    await runUntilStopped("node", () => node.close());
   },
 });

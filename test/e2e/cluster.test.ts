@@ -7,137 +7,22 @@
  * route cache goes with it) is killed and restarted and every sandbox still routes; one node is
  * killed with SIGKILL: its sandboxes answer 502 naming it while the other node's keep working,
  * the scheduler marks it UNHEALTHY and drops its bindings; the node is restarted by `cluster up`
- * and reaps what it left.
+ * and reaps what it left. The test holds the dead node's runtime-path lock until it has checked
+ * the scheduler, so the restart (tried again by `cluster up` until it succeeds) cannot come
+ * first however slow the host is.
  */
 import { afterAll, beforeAll, expect, test } from "bun:test";
-import { existsSync, mkdtempSync, readdirSync, rmSync } from "node:fs";
 import { join } from "node:path";
-import type { Subprocess } from "bun";
-import { loadConfig } from "../../src/config/index.ts";
-import { resolveKernelPath } from "../../src/vmm/index.ts";
-import { qemuPidsUnder, TEST_HOME, vmPrerequisites } from "./world.ts";
+import { ClusterWorld } from "./cluster-world.ts";
+import { qemuPidsUnder, vmPrerequisites } from "./world.ts";
 
-const MAIN = join(import.meta.dir, "../../src/cli/main.ts");
-const NODE_RESTART_MS = 20_000;
-
-class ClusterWorld {
-  readonly ns = `aclu${process.pid % 1000}`;
-  readonly home = mkdtempSync("/tmp/aenv-cluster-");
-  readonly runtime = mkdtempSync("/tmp/aenv-cluster-run-");
-  proc?: Subprocess<"ignore", "pipe", "pipe">;
-  out = "";
-  err = "";
-  gateway = "";
-  key = "";
-  nodes: Record<string, string> = {};
-
-  constructor() {
-    const sh = (c: string[]) => {
-      const r = Bun.spawnSync(c, { stderr: "pipe" });
-      if (r.exitCode !== 0) throw new Error(`${c.join(" ")}: ${r.stderr}`);
-    };
-    sh(["ip", "netns", "add", this.ns]);
-    sh(["ip", "-n", this.ns, "link", "set", "lo", "up"]);
-  }
-
-  async up(): Promise<void> {
-    const p = Bun.spawn(
-      ["nsenter", `--net=/run/netns/${this.ns}`, "--", process.execPath, MAIN, "cluster", "up", "--home", this.home, "--from-home", TEST_HOME, "--runtime", this.runtime, "--gateway-addr", "127.0.0.1:18080", "--scheduler-port", "19090", "--node-port", "18001", "--node-restart-delay", String(NODE_RESTART_MS)],
-      {
-        stdin: "ignore",
-        stdout: "pipe",
-        stderr: "pipe",
-        env: {
-          ...(process.env as Record<string, string>),
-          AENV_LOG_LEVEL: "warn",
-          AENV__kernel__path: resolveKernelPath(loadConfig({ env: { AENV_HOME_PATH: TEST_HOME } })),
-          AENV__vm__driver: "qemu",
-          AENV__pool__low_watermark: "1",
-          AENV__pool__high_watermark: "2",
-        },
-      },
-    );
-    this.proc = p;
-    void (async () => {
-      for await (const c of p.stdout) this.out += new TextDecoder().decode(c);
-    })();
-    void (async () => {
-      for await (const c of p.stderr) this.err = (this.err + new TextDecoder().decode(c)).slice(-30_000);
-    })();
-    const banner = await this.waitFor(/E2B SDK: E2B_API_URL=(\S+) E2B_SANDBOX_URL=(\S+) E2B_API_KEY=(\S+)/, 120_000);
-    this.gateway = banner[1]!;
-    this.key = banner[3]!;
-    for (const m of this.out.matchAll(/node (node-\w) pid \d+ (\S+)/g)) this.nodes[m[1]!] = m[2]!;
-  }
-
-  /** Wait until stdout (from `from`) matches. */
-  async waitFor(re: RegExp, ms: number, from = 0): Promise<RegExpExecArray> {
-    const end = Date.now() + ms;
-    for (;;) {
-      const m = re.exec(this.out.slice(from));
-      if (m) return m;
-      if (Date.now() > end || this.proc?.exitCode != null) throw new Error(`cluster: no ${re} in ${ms} ms\nstdout: ${this.out}\nstderr: ${this.err.slice(-6000)}`);
-      await Bun.sleep(100);
-    }
-  }
-
-  /** Latest pid of a member (`scheduler`, `gateway`, `node-b`). */
-  pid(name: string): number {
-    const all = [...this.out.matchAll(new RegExp(`(?:^|\\s)${name === "scheduler" || name === "gateway" ? name : `node ${name}`} pid (\\d+)`, "g"))];
-    return Number(all[all.length - 1]![1]);
-  }
-
-  /** SIGKILL a member and wait for `cluster up` to report it started again. */
-  async killAndAwaitRestart(name: string, ms: number): Promise<void> {
-    const mark = this.out.length;
-    process.kill(this.pid(name), "SIGKILL");
-    await this.waitFor(new RegExp(`cluster: ${name} exited \\(SIGKILL\\)`), 10_000, mark);
-    await this.waitFor(new RegExp(`(?:^|\\s)${name === "scheduler" || name === "gateway" ? name : `node ${name}`} pid \\d+`), ms, mark);
-  }
-
-  async client<T = any>(script: string, args: string[] = [], timeoutMs = 400_000): Promise<T> {
-    const p = Bun.spawn(["nsenter", `--net=/run/netns/${this.ns}`, "--", process.execPath, join(import.meta.dir, "fixtures", script), ...args], {
-      stdout: "pipe",
-      stderr: "pipe",
-      env: { ...(process.env as Record<string, string>), E2B_API_URL: this.gateway, E2B_SANDBOX_URL: this.gateway, E2B_API_KEY: this.key },
-    });
-    const timer = setTimeout(() => p.kill("SIGKILL"), timeoutMs);
-    const [out, err, code] = await Promise.all([new Response(p.stdout).text(), new Response(p.stderr).text(), p.exited]);
-    clearTimeout(timer);
-    if (code !== 0) throw new Error(`client ${script} exited ${code}\nstdout: ${out}\nstderr: ${err}\ncluster stdout: ${this.out}\ncluster stderr: ${this.err.slice(-8000)}`);
-    return JSON.parse(out.trim().split("\n").pop()!) as T;
-  }
-
-  async dispose(): Promise<void> {
-    if (this.proc && this.proc.exitCode === null) {
-      this.proc.kill("SIGTERM");
-      const t = setTimeout(() => this.proc?.kill("SIGKILL"), 60_000);
-      await this.proc.exited;
-      clearTimeout(t);
-    }
-    for (const pid of qemuPidsUnder(this.home, "/dev/shm/agentenv-cluster-")) {
-      try {
-        process.kill(pid, "SIGKILL");
-      } catch {
-        // gone
-      }
-    }
-    if (existsSync("/run/netns")) for (const n of readdirSync("/run/netns")) if (/^acl[ab]-\d+$/.test(n)) Bun.spawnSync(["ip", "netns", "del", n]);
-    Bun.spawnSync(["ip", "netns", "del", this.ns]);
-    for (const x of ["a", "b"]) {
-      rmSync(`/dev/shm/agentenv-cluster-node-${x}`, { recursive: true, force: true });
-      rmSync(`/run/agentenv-net-acl${x}-.lock`, { force: true });
-    }
-    rmSync(this.home, { recursive: true, force: true });
-    rmSync(this.runtime, { recursive: true, force: true });
-  }
-}
+const NODE_RESTART_MS = 3000;
 
 const missing = vmPrerequisites();
 let world: ClusterWorld | undefined;
 beforeAll(async () => {
   if (missing) return;
-  world = new ClusterWorld();
+  world = new ClusterWorld({ nsPrefix: "aclu", nodes: 2, gatewayPort: 18080, schedulerPort: 19090, nodePort: 18001, nodeRestartMs: NODE_RESTART_MS, env: { AENV__pool__low_watermark: "1", AENV__pool__high_watermark: "2" } });
   await world.up();
 }, 180_000);
 afterAll(async () => {
@@ -172,9 +57,13 @@ test("cluster: SDK through the gateway on two nodes; scheduler and gateway resta
   const after = await w.client("cluster-check.ts", [JSON.stringify(ids)]);
   for (const id of ids) expect(after[id]).toMatchObject({ status: 200, run: `alive-${id}` });
 
-  // node-b killed: its sandboxes answer 502 naming it, quickly; node-a's keep working
+  // node-b killed: its sandboxes answer 502 naming it, quickly; node-a's keep working. Its
+  // runtime-path lock is taken by a waiting flock the moment it dies: no restart can succeed
+  // until the test lets go of it.
+  const lock = w.holdNodeLock("node-b");
   const mark = w.out.length;
   process.kill(w.pid("node-b"), "SIGKILL");
+  await lock.held;
   await w.waitFor(/cluster: node-b exited \(SIGKILL\)/, 10_000, mark);
   const down = await w.client("cluster-check.ts", [JSON.stringify(ids)]);
   for (const id of ids) {
@@ -189,8 +78,10 @@ test("cluster: SDK through the gateway on two nodes; scheduler and gateway resta
   expect(w.out.slice(mark)).not.toMatch(/node node-b pid \d+/);
   expect(q.statuses).toEqual({ "node-a": "NODE_STATUS_READY", "node-b": "NODE_STATUS_UNHEALTHY" });
   for (const id of ids) expect(q.lookups[id]).toBe(o.placement[id] === "node-b" ? null : "node-a");
-  // cluster up restarts node-b; at start it reaps the VMs its crashed run left
-  await w.waitFor(/node node-b pid \d+/, NODE_RESTART_MS + 60_000, mark);
+  // let node-b start: cluster up's next try succeeds; at start it reaps the VMs its crashed run left
+  await w.waitFor(/cluster: node-b failed to restart: .*; trying again in \d+ ms/, NODE_RESTART_MS + 60_000, mark);
+  await lock.release();
+  await w.waitFor(/node node-b pid \d+/, 2 * NODE_RESTART_MS + 60_000, mark);
   const bIds = ids.filter((id) => o.placement[id] === "node-b");
   const reaped = await w.client("cluster-check.ts", [JSON.stringify(bIds)]);
   for (const id of bIds) expect(reaped[id].status).toBe(404);
