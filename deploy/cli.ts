@@ -1,7 +1,15 @@
 /** `agentenv deploy render`: print (or write) the Kubernetes manifests of a cluster. */
 import { writeFileSync } from "node:fs";
 import { defineCommand } from "citty";
+import { isIP } from "node:net";
 import { DEFAULT_RENDER, renderYaml } from "./render.ts";
+
+/** Whether `s` is an IPv4 or IPv6 CIDR (address/prefix length in range). */
+function isCidr(s: string): boolean {
+  const m = /^(.+)\/(\d{1,3})$/.exec(s);
+  const v = m ? isIP(m[1]!) : 0;
+  return v !== 0 && Number(m![2]) <= (v === 4 ? 32 : 128);
+}
 
 export default defineCommand({
   meta: { name: "deploy", description: "deployment helpers" },
@@ -13,6 +21,7 @@ export default defineCommand({
         namespace: { type: "string", default: DEFAULT_RENDER.namespace, description: "namespace" },
         image: { type: "string", default: DEFAULT_RENDER.image, description: "image with the agentenv binary (and QEMU)" },
         "gateway-replicas": { type: "string", default: String(DEFAULT_RENDER.gatewayReplicas), description: "gateway replicas" },
+        "node-cidr": { type: "string", default: DEFAULT_RENDER.nodeCidrs.join(","), description: "comma-separated CIDRs of the node hosts: the only addresses besides the gateway Pods the scheduler's NetworkPolicy admits (narrow the default to your nodes' subnet)" },
       },
       run({ args }) {
         const replicas = Number(args["gateway-replicas"]);
@@ -20,7 +29,13 @@ export default defineCommand({
           console.error(`agentenv deploy render: --gateway-replicas must be a positive integer, got ${args["gateway-replicas"]}`);
           process.exit(2);
         }
-        const yaml = renderYaml({ namespace: args.namespace, image: args.image, gatewayReplicas: replicas });
+        const nodeCidrs = args["node-cidr"].split(",").map((s) => s.trim()).filter(Boolean);
+        const bad = nodeCidrs.find((c) => !isCidr(c));
+        if (nodeCidrs.length === 0 || bad !== undefined) {
+          console.error(`agentenv deploy render: --node-cidr must list CIDRs such as 10.1.0.0/24, got ${JSON.stringify(bad ?? args["node-cidr"])}`);
+          process.exit(2);
+        }
+        const yaml = renderYaml({ namespace: args.namespace, image: args.image, gatewayReplicas: replicas, nodeCidrs });
         if (args.out) writeFileSync(args.out, yaml);
         else process.stdout.write(yaml);
       },

@@ -7,19 +7,30 @@
  * ConfigMap holding config/default.toml verbatim, so node configuration stays single-sourced
  * (operators edit the ConfigMap; the environment below only wires the cluster together).
  * The API key comes from a Secret the operator creates (`agentenv-api-key`, key `key`).
+ * The scheduler's gRPC port has no authentication, so a NetworkPolicy admits only the gateway
+ * Pods (by label) and the node hosts: nodes run on the host network, where Pod selectors do not
+ * apply (their traffic comes from the host's address), so they are admitted by the CIDRs of
+ * `--node-cidr`.
  */
 import YAML from "yaml";
 import defaultToml from "../config/default.toml" with { type: "text" };
 
+/** What `agentenv deploy render` varies. */
 export interface RenderOptions {
   namespace: string;
   /** Image holding the `agentenv` binary (and QEMU for nodes). */
   image: string;
   /** Gateway replicas. */
   gatewayReplicas: number;
+  /**
+   * Addresses of the node hosts (CIDRs) the scheduler's NetworkPolicy admits. The default, the
+   * RFC 1918 private ranges, works on most clusters but also admits Pods in those ranges:
+   * narrow it to the nodes' subnet.
+   */
+  nodeCidrs: string[];
 }
 
-export const DEFAULT_RENDER: RenderOptions = { namespace: "agentenv", image: "agentenv:latest", gatewayReplicas: 2 };
+export const DEFAULT_RENDER: RenderOptions = { namespace: "agentenv", image: "agentenv:latest", gatewayReplicas: 2, nodeCidrs: ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"] };
 
 const NODE_PORT = 8000;
 const SCHEDULER_PORT = 9090;
@@ -165,6 +176,22 @@ export function manifests(o: RenderOptions = DEFAULT_RENDER): Obj[] {
       kind: "Service",
       metadata: meta("agentenv-scheduler", "scheduler"),
       spec: { selector: labels("scheduler"), ports: [{ name: "grpc", port: SCHEDULER_PORT, targetPort: SCHEDULER_PORT, protocol: "TCP" }] },
+    },
+    {
+      // the gRPC port is unauthenticated: only the gateway Pods and the node hosts may reach it
+      apiVersion: "networking.k8s.io/v1",
+      kind: "NetworkPolicy",
+      metadata: meta("agentenv-scheduler", "scheduler"),
+      spec: {
+        podSelector: { matchLabels: labels("scheduler") },
+        policyTypes: ["Ingress"],
+        ingress: [
+          {
+            from: [{ podSelector: { matchLabels: labels("gateway") } }, ...o.nodeCidrs.map((cidr) => ({ ipBlock: { cidr } }))],
+            ports: [{ protocol: "TCP", port: SCHEDULER_PORT }],
+          },
+        ],
+      },
     },
     {
       apiVersion: "apps/v1",

@@ -40,6 +40,7 @@ test("kinds and names", () => {
     "PersistentVolumeClaim/agentenv-scheduler-data",
     "Deployment/agentenv-scheduler",
     "Service/agentenv-scheduler",
+    "NetworkPolicy/agentenv-scheduler",
     "Deployment/agentenv-gateway",
     "Service/agentenv-gateway",
   ]);
@@ -98,6 +99,25 @@ test("scheduler: Kubernetes discovery of agentenv-nodes with RBAC to watch Endpo
   expect(rb.subjects).toEqual([{ kind: "ServiceAccount", name: "agentenv-scheduler", namespace: "agentenv" }]);
   const g = one("Deployment", "agentenv-gateway").spec.template.spec.containers[0];
   expect(g.env.find((e: any) => e.name === "AENV__cluster__scheduler_endpoint").value).toBe("agentenv-scheduler.agentenv.svc:9090");
+});
+
+test("the scheduler's unauthenticated gRPC port admits only the gateway Pods and the node hosts", () => {
+  const np = one("NetworkPolicy", "agentenv-scheduler");
+  expect(np.spec.podSelector.matchLabels).toEqual(one("Deployment", "agentenv-scheduler").spec.template.metadata.labels);
+  expect(np.spec.policyTypes).toEqual(["Ingress"]);
+  expect(np.spec.ingress).toEqual([
+    {
+      from: [{ podSelector: { matchLabels: one("Deployment", "agentenv-gateway").spec.template.metadata.labels } }, { ipBlock: { cidr: "10.0.0.0/8" } }, { ipBlock: { cidr: "172.16.0.0/12" } }, { ipBlock: { cidr: "192.168.0.0/16" } }],
+      ports: [{ protocol: "TCP", port: 9090 }],
+    },
+  ]);
+  const narrow = render(["--node-cidr", "10.1.0.0/24,fd00::/64"]).find((d) => d.kind === "NetworkPolicy");
+  expect(narrow.spec.ingress[0].from.slice(1)).toEqual([{ ipBlock: { cidr: "10.1.0.0/24" } }, { ipBlock: { cidr: "fd00::/64" } }]);
+  for (const bad of ["10.1.0.0", "10.1.0.0/33", "nope/8", ""]) {
+    const r = Bun.spawnSync([process.execPath, join(ROOT, "src/cli/main.ts"), "deploy", "render", "--node-cidr", bad], { stderr: "pipe" });
+    expect([bad, r.exitCode]).toEqual([bad, 2]);
+    expect(r.stderr.toString()).toContain("--node-cidr must list CIDRs");
+  }
 });
 
 test("the ConfigMap is config/default.toml byte for byte, and parses to the default config", () => {
