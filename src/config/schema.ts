@@ -453,6 +453,11 @@ export const CONFIG_SCHEMA = section("", {
       "Largest request body (uploads), bytes. Bodies are streamed to disk, never held whole; Bun's own\ndefault (128 MiB) would refuse bigger files. Default 1 TiB.",
       { min: 1, unit: "bytes" },
     ),
+    upload_buffer_bytes: int(
+      1_048_576,
+      "Bytes of one uploaded file held in memory while the bytes before them are written: the file is\nwritten while the next bytes of the body arrive; past this the body is read no further until\nthe writes catch up.",
+      { min: 65_536, max: 268_435_456, unit: "bytes" },
+    ),
     max_compose_sources: int(10_000, "Most source files one POST /files/compose concatenates.", { min: 1, unit: "count" }),
     enforce_permissions: bool(
       false,
