@@ -98,6 +98,7 @@ export function buildApp(deps: ApiDeps) {
       template: body.templateID,
       timeoutSecs: body.timeout,
       autoPause: body.autoPause,
+      autoPauseMemory: body.autoPauseMemory,
       autoResume: body.autoResume?.enabled,
       metadata: body.metadata ?? undefined,
       envVars: body.envVars ?? undefined,
@@ -221,8 +222,7 @@ export function buildApp(deps: ApiDeps) {
     .post(
       "/sandboxes/:sandboxID/pause",
       async ({ params, body }) => {
-        refuseUnsupported(body, UNSUPPORTED.pause);
-        await orch.pause(params.sandboxID);
+        await orch.pause(params.sandboxID, { memory: body?.memory });
         return noContent();
       },
       { body: t.Optional(S.PauseBody), detail: { summary: "Pause (snapshot) a sandbox", tags: ["sandboxes"] } },
@@ -231,15 +231,14 @@ export function buildApp(deps: ApiDeps) {
       "/sandboxes/:sandboxID/resume",
       async ({ params, body, set }) => {
         refuseUnsupported(body, UNSUPPORTED.resume);
-        return created(await orch.resume(params.sandboxID, body?.timeout), set);
+        return created(await orch.resume(params.sandboxID, body?.timeout, { memory: body?.memory }), set);
       },
       { body: t.Optional(S.ResumedSandbox), response: { 201: S.Sandbox, ...ERR }, detail: { summary: "Resume a paused sandbox (deprecated; use connect)", tags: ["sandboxes"] } },
     )
     .post(
       "/v2/sandboxes/:sandboxID/connect",
       async ({ params, body, set }) => {
-        refuseUnsupported(body, UNSUPPORTED.connect);
-        const r = await orch.connect(params.sandboxID, body?.timeout);
+        const r = await orch.connect(params.sandboxID, body?.timeout, { memory: body?.memory });
         set.status = r.resumed ? 201 : 200;
         return toSandbox(r.sandbox, domain);
       },
@@ -248,8 +247,7 @@ export function buildApp(deps: ApiDeps) {
     .post(
       "/sandboxes/:sandboxID/connect",
       async ({ params, body, set }) => {
-        refuseUnsupported(body, UNSUPPORTED.connect);
-        const r = await orch.connect(params.sandboxID, body.timeout);
+        const r = await orch.connect(params.sandboxID, body.timeout, { memory: body.memory });
         set.status = r.resumed ? 201 : 200;
         return toSandbox(r.sandbox, domain);
       },

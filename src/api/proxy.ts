@@ -277,7 +277,8 @@ export class SandboxProxy {
     }
     try {
       if (r && TRANSITIONAL.has(r.state)) r = await this.routes.settled(id, this.opts.settleTimeoutMs ?? SETTLE_TIMEOUT_MS);
-      if (r?.state === "paused" && r.autoResume) {
+      // E2B: traffic never cold-boots a sandbox: a filesystem-only snapshot waits for a connect
+      if (r?.state === "paused" && r.autoResume && r.snapshotKind !== "filesystem") {
         await this.sandboxes.connect(id);
         r = this.routes.get(id);
       }
@@ -285,6 +286,9 @@ export class SandboxProxy {
       if (e instanceof OrchestratorError && e.code === "orchestrator.not_found") return badGateway(id, "The sandbox was not found");
       this.log.error({ sandboxId: id, port: route.port, path: route.pathAndQuery, err: e }, "proxy: cannot route to the sandbox");
       return badGateway(id, `cannot route to the sandbox: ${(e as Error).message}`);
+    }
+    if (r?.state === "paused" && r.snapshotKind === "filesystem") {
+      return badGateway(id, `The sandbox ${id} is paused without its memory (a filesystem-only snapshot); traffic does not resume it: connect to it first (POST /sandboxes/${id}/connect)`);
     }
     if (r?.state === "paused") {
       return badGateway(id, `The sandbox ${id} is paused: resume it with Sandbox.connect() (POST /sandboxes/${id}/connect), or create it with autoResume so traffic resumes it`);

@@ -17,6 +17,8 @@ export interface Route {
   /** The token envd requires and signs file URLs with; null: open envd. */
   envdAccessToken: string | null;
   autoResume: boolean;
+  /** While paused: "filesystem" when only the disk was kept (traffic must not resume it). */
+  snapshotKind: SandboxRecord["snapshotKind"];
 }
 
 /** States a request waits out instead of being refused (the sandbox is about to run or pause). */
@@ -30,6 +32,7 @@ function routeOf(r: SandboxRecord): Route {
     trafficAccessToken: r.trafficAccessToken,
     envdAccessToken: r.envdAccessToken,
     autoResume: r.autoResume,
+    snapshotKind: r.snapshotKind,
   };
 }
 

@@ -15,16 +15,14 @@ const nonEmpty = (v: unknown) => (Array.isArray(v) ? v.length > 0 : present(v));
 const CREATE: Rule[] = [
   ["mcp", present, "MCP gateways are not supported by this node"],
   ["iam", present, "IAM settings are not supported by this node"],
-  ["autoPauseMemory", (v) => v === false, "filesystem-only (memory: false) snapshots are not supported; pauses keep memory"],
   ["network.maskRequestHost", present, "request host masking is not supported by this node"],
   ["network.egressProxy", present, "egress proxies are not supported by this node"],
   ["network.rules", nonEmpty, "network rules are not supported by this node; use allowOut/denyOut"],
 ];
-const MEMORY: Rule[] = [["memory", (v) => v === false, "filesystem-only (memory: false) snapshots are not supported; pauses keep memory"]];
-const RESUME: Rule[] = [...MEMORY, ["autoPause", (v) => v === true, "autoPause on resume is not supported; set it at create"]];
+const RESUME: Rule[] = [["autoPause", (v) => v === true, "autoPause on resume is not supported; set it at create"]];
 
 /** Which rules apply to which request body. */
-export const UNSUPPORTED = { create: CREATE, pause: MEMORY, connect: MEMORY, resume: RESUME } as const;
+export const UNSUPPORTED = { create: CREATE, resume: RESUME } as const;
 
 /**
  * Refuse a body that asks for an unsupported feature.

@@ -131,7 +131,7 @@ export class Orchestrator implements SandboxService {
     const results = await Promise.allSettled(
       live.map(async (r) => {
         if (this.config.shutdownAction === "pause" && r.state === "running") {
-          await this.pauseNow(r.id);
+          await this.pauseNow(r.id, true);
           return "paused" as const;
         }
         await this.killNow(r.id, true);
@@ -177,6 +177,13 @@ export class Orchestrator implements SandboxService {
   async create(req: CreateSandboxRequest): Promise<SandboxRecord> {
     this.assertOpen();
     const timeoutSecs = this.checkTimeout(req.timeoutSecs ?? this.config.defaultTimeoutSecs);
+    if (req.autoPauseMemory === false && req.autoResume === true) {
+      // E2B: traffic must not cold-boot a sandbox, so a filesystem-only auto-pause excludes autoResume
+      throw new OrchestratorError("orchestrator.bad_request", "autoPauseMemory: false cannot be combined with autoResume: a filesystem-only snapshot is resumed explicitly (connect), never by traffic", {
+        autoPauseMemory: false,
+        autoResume: true,
+      });
+    }
     this.runtime.checkNetwork?.(req.network ?? null, req.allowInternetAccess ?? null);
     // checked now for a prompt 400/409, and again just before the record is inserted (holders may change meanwhile)
     this.volumes.resolveMounts(req.volumeMounts ?? []);
@@ -206,6 +213,8 @@ export class Orchestrator implements SandboxService {
       metadata: req.metadata ?? {},
       envVars: req.envVars ?? {},
       autoPause: req.autoPause ?? false,
+      autoPauseMemory: req.autoPauseMemory ?? true,
+      snapshotKind: null,
       autoResume: req.autoResume ?? false,
       allowInternetAccess: req.allowInternetAccess ?? null,
       network: req.network ?? null,
@@ -331,26 +340,31 @@ export class Orchestrator implements SandboxService {
     return this.track(this.killNow(id, false));
   }
 
-  /** Pause a running sandbox. @throws not_found (404), conflict (409 when already paused). */
-  pause(id: string): Promise<void> {
+  /**
+   * Pause a running sandbox; `memory: false` keeps only its disk (a filesystem-only snapshot:
+   * the next resume cold-boots it).
+   * @throws not_found (404), conflict (409 when already paused).
+   */
+  pause(id: string, opts: { memory?: boolean } = {}): Promise<void> {
     this.assertOpen();
     this.get(id);
-    return this.track(this.pauseNow(id));
+    return this.track(this.pauseNow(id, opts.memory ?? true));
   }
 
   /**
    * E2B connect: a running sandbox gets its TTL extended (if the new end is later) -> resumed
-   * false; a paused one is resumed with TTL now + timeout -> resumed true.
+   * false; a paused one is resumed with TTL now + timeout -> resumed true. A filesystem-only
+   * snapshot, or `memory: false` (the SDK's onResume "reboot"), cold-boots it on its disk.
    * @throws not_found (404), bad_request (400, timeout out of range).
    */
-  connect(id: string, timeoutSecs?: number): Promise<ConnectResult> {
+  connect(id: string, timeoutSecs?: number, opts: { memory?: boolean } = {}): Promise<ConnectResult> {
     this.assertOpen();
     const secs = this.checkTimeout(timeoutSecs ?? this.config.defaultTimeoutSecs);
     this.get(id);
     return this.track(
       this.lock.run(id, async () => {
         const r = this.get(id);
-        if (r.state === "paused") return { sandbox: await this.resumeLocked(r, secs), resumed: true };
+        if (r.state === "paused") return { sandbox: await this.resumeLocked(r, secs, opts.memory ?? true), resumed: true };
         const endAt = Math.max(r.endAt, this.now() + secs * 1000);
         this.store.update(id, { endAt }, this.now());
         return { sandbox: this.store.get(id)!, resumed: false };
@@ -358,8 +372,8 @@ export class Orchestrator implements SandboxService {
     );
   }
 
-  /** Deprecated E2B resume: 409 when running. @throws not_found (404), conflict (409). */
-  resume(id: string, timeoutSecs?: number): Promise<SandboxRecord> {
+  /** Deprecated E2B resume: 409 when running; `memory: false` as for connect. @throws not_found (404), conflict (409). */
+  resume(id: string, timeoutSecs?: number, opts: { memory?: boolean } = {}): Promise<SandboxRecord> {
     this.assertOpen();
     const secs = this.checkTimeout(timeoutSecs ?? this.config.defaultTimeoutSecs);
     this.get(id);
@@ -367,7 +381,7 @@ export class Orchestrator implements SandboxService {
       this.lock.run(id, async () => {
         const r = this.get(id);
         if (r.state !== "paused") throw new OrchestratorError("orchestrator.conflict", `sandbox ${id} is already running`, { sandboxId: id, state: r.state });
-        return this.resumeLocked(r, secs);
+        return this.resumeLocked(r, secs, opts.memory ?? true);
       }),
     );
   }
@@ -436,7 +450,7 @@ export class Orchestrator implements SandboxService {
     });
   }
 
-  private async pauseNow(id: string): Promise<void> {
+  private async pauseNow(id: string, memory: boolean): Promise<void> {
     await this.lock.run(id, async () => {
       const r = this.get(id);
       if (r.state === "paused") throw new OrchestratorError("orchestrator.conflict", `sandbox ${id} is already paused`, { sandboxId: id });
@@ -444,8 +458,14 @@ export class Orchestrator implements SandboxService {
       this.transition(id, "running", "pausing", {});
       const signal = AbortSignal.timeout(this.config.pauseTimeoutMs);
       try {
-        const st = await this.runtime.pause(id, r.runtimeState ?? {}, signal);
-        this.transition(id, "pausing", "paused", { runtimeState: st, endpoint: null });
+        if (!memory && r.endpoint && this.runtime.quiesce) {
+          // only the disk is kept: flush the guest's filesystems and unmount its volumes first
+          await this.runtime.quiesce(targetOf(r), r.volumeMounts, this.config.volumes.detachTimeoutMs).catch((e) => {
+            this.log.warn({ sandboxId: id, err: e }, "could not flush the guest before a filesystem-only pause; writes not yet on disk are lost");
+          });
+        }
+        const st = await this.runtime.pause(id, r.runtimeState ?? {}, signal, { memory });
+        this.transition(id, "pausing", "paused", { runtimeState: st, endpoint: null, snapshotKind: memory ? "memory" : "filesystem" });
       } catch (e) {
         // the runtime leaves the VM running when a pause fails before the VMM is stopped
         this.transition(id, "pausing", "failed", { error: `pause failed: ${(e as Error).message}` });
@@ -457,13 +477,15 @@ export class Orchestrator implements SandboxService {
     });
   }
 
-  private async resumeLocked(r: SandboxRecord, secs: number): Promise<SandboxRecord> {
+  /** Resume paused `r`: restore its memory snapshot, or cold-boot it on its disk (filesystem-only snapshot, or `memory` false). */
+  private async resumeLocked(r: SandboxRecord, secs: number, memory: boolean): Promise<SandboxRecord> {
     const tpl = (await this.runtime.listTemplates()).find((t) => t.templateID === r.templateId);
+    const coldBoot = r.snapshotKind === "filesystem" || !memory;
     this.transition(r.id, "paused", "resuming", {});
     this.counters.starting++;
     try {
       const started = await this.withStartSlot(this.config.createTimeoutMs, (signal) =>
-        this.runtime.resume(this.startSpec(r, tpl ?? templateOf(r), signal), r.runtimeState ?? {}),
+        this.runtime.resume(this.startSpec(r, tpl ?? templateOf(r), signal), r.runtimeState ?? {}, { memory: !coldBoot }),
       );
       const now = this.now();
       this.transition(r.id, "resuming", "running", {
@@ -471,7 +493,9 @@ export class Orchestrator implements SandboxService {
         runtimeState: started.runtimeState,
         envdVersion: started.envdVersion,
         endAt: now + secs * 1000,
+        snapshotKind: null,
       });
+      if (coldBoot) this.logs.append(r.id, { at: now, level: "info", source: "lifecycle", message: "sandbox cold-booted on its disk (no memory restored)", fields: {} });
       this.watchExit(r.id, started);
       return this.store.get(r.id)!;
     } catch (e) {
@@ -535,11 +559,11 @@ export class Orchestrator implements SandboxService {
 
   private evictTick(): void {
     const t = this.now();
-    for (const { id, autoPause } of this.store.expired(t)) {
+    for (const { id, autoPause, autoPauseMemory } of this.store.expired(t)) {
       if (this.expiring.has(id)) continue;
       this.expiring.add(id);
       this.log.info({ sandboxId: id, action: autoPause ? "pause" : "kill" }, "sandbox timeout reached");
-      const op = autoPause ? this.pauseNow(id) : this.killNow(id, false);
+      const op = autoPause ? this.pauseNow(id, autoPauseMemory) : this.killNow(id, false);
       this.track(op)
         .catch((e) => {
           if (!(e instanceof OrchestratorError && e.code === "orchestrator.not_found")) this.log.error({ sandboxId: id, err: e }, "expiry action failed");

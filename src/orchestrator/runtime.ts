@@ -99,10 +99,19 @@ export interface SandboxRuntime {
   listTemplates(): Promise<TemplateInfo[]>;
   /** Boot a sandbox and wait until envd is initialised. Frees everything it made if it throws. */
   start(spec: RuntimeStartSpec): Promise<RuntimeSandbox>;
-  /** Pause + snapshot (memory, device state, disk upper) into the data dir, then stop the VMM. Returns the new runtimeState. */
-  pause(id: string, state: Record<string, unknown>, signal: AbortSignal): Promise<Record<string, unknown>>;
-  /** Restore a paused sandbox and re-init envd (same token, env vars). */
-  resume(spec: RuntimeStartSpec, state: Record<string, unknown>): Promise<RuntimeSandbox>;
+  /**
+   * Pause + snapshot (memory, device state, disk upper) into the data dir, then stop the VMM.
+   * With `memory: false` only the disk is kept (a filesystem-only snapshot): the VMM is stopped
+   * without a snapshot (the orchestrator has flushed the guest's filesystems first).
+   * Returns the new runtimeState.
+   */
+  pause(id: string, state: Record<string, unknown>, signal: AbortSignal, opts?: { memory: boolean }): Promise<Record<string, unknown>>;
+  /**
+   * Restore a paused sandbox and re-init envd (same token, env vars). With `memory: false` the
+   * sandbox cold-boots on its disk instead (any memory snapshot is discarded once it runs): a new
+   * kernel, envd initialised again with the same token, env vars, default user and workdir.
+   */
+  resume(spec: RuntimeStartSpec, state: Record<string, unknown>, opts?: { memory: boolean }): Promise<RuntimeSandbox>;
   /** Stop the sandbox and delete everything it owns (VM, slot, disk, snapshot). Idempotent. */
   kill(id: string, state: Record<string, unknown> | null): Promise<void>;
   /**

@@ -49,9 +49,11 @@ export interface SandboxService {
   /** Sandboxes in state running. */
   runningCount(): number;
   kill(id: string): Promise<void>;
-  pause(id: string): Promise<void>;
-  connect(id: string, timeoutSecs?: number): Promise<ConnectResult>;
-  resume(id: string, timeoutSecs?: number): Promise<SandboxRecord>;
+  /** `memory: false`: keep only the disk (a filesystem-only snapshot). */
+  pause(id: string, opts?: { memory?: boolean }): Promise<void>;
+  /** A filesystem-only snapshot, or `memory: false`, cold-boots the sandbox on its disk. */
+  connect(id: string, timeoutSecs?: number, opts?: { memory?: boolean }): Promise<ConnectResult>;
+  resume(id: string, timeoutSecs?: number, opts?: { memory?: boolean }): Promise<SandboxRecord>;
   setTimeout(id: string, secs: number): Promise<void>;
   refresh(id: string, secs: number): Promise<void>;
   updateNetwork(id: string, policy: Record<string, unknown>): Promise<void>;

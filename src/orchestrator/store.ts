@@ -53,9 +53,9 @@ export class SandboxStore {
   }
 
   /** Ids of running sandboxes whose endAt is at or before `now`. */
-  expired(now: number): { id: string; autoPause: boolean }[] {
+  expired(now: number): { id: string; autoPause: boolean; autoPauseMemory: boolean }[] {
     return this.db.orm
-      .select({ id: sandboxes.id, autoPause: sandboxes.autoPause })
+      .select({ id: sandboxes.id, autoPause: sandboxes.autoPause, autoPauseMemory: sandboxes.autoPauseMemory })
       .from(sandboxes)
       .where(and(eq(sandboxes.state, "running"), lte(sandboxes.endAt, now)))
       .all();

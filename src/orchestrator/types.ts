@@ -25,7 +25,14 @@ export interface SandboxRecord {
   metadata: Record<string, string>;
   envVars: Record<string, string>;
   autoPause: boolean;
+  /** false: the timeout's pause keeps only the disk (a filesystem-only snapshot; E2B `autoPauseMemory`). */
+  autoPauseMemory: boolean;
   autoResume: boolean;
+  /**
+   * What the paused sandbox's snapshot holds: "memory" (RAM + devices + disk: a resume continues
+   * its processes) or "filesystem" (disk only: a resume cold-boots it); null while not paused.
+   */
+  snapshotKind: "memory" | "filesystem" | null;
   allowInternetAccess: boolean | null;
   network: Record<string, unknown> | null;
   /** Volumes attached as extra drives and mounted in the guest, in drive order. */
@@ -46,6 +53,8 @@ export interface CreateSandboxRequest {
   /** Lifetime in seconds; the orchestrator's default when absent. */
   timeoutSecs?: number;
   autoPause?: boolean;
+  /** false: pauses at the timeout keep only the disk. Default true. */
+  autoPauseMemory?: boolean;
   autoResume?: boolean;
   metadata?: Record<string, string>;
   envVars?: Record<string, string>;

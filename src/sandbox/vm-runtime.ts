@@ -19,7 +19,7 @@ import type { Logger } from "pino";
 import { ENVD_PORT, ENVD_VERSION } from "../envd/version.ts";
 import { guestAddress, netSpec, parseEgressPolicy, type NetworkManager } from "../net/index.ts";
 import { logger } from "../observability/log.ts";
-import { reapStaleMounts, type DiskExport, type DiskService } from "../storage/daemon/index.ts";
+import { reapStaleMounts, upperPaths, type DiskExport, type DiskService } from "../storage/daemon/index.ts";
 import { readyProbe, resolveTemplate, TemplateCatalog, TemplateError, type BootSpec, type BuildVmLauncher, type ResolvedTemplate } from "../template/index.ts";
 import { toolsBoot } from "../tools/index.ts";
 import { reapLeftovers, type VmHandle, type VmmDriver } from "../vmm/index.ts";
@@ -154,6 +154,16 @@ export class VmRuntime implements SandboxRuntime {
   }
 
   async start(spec: RuntimeStartSpec): Promise<RuntimeSandbox> {
+    return this.boot(spec, false);
+  }
+
+  /**
+   * Boot the sandbox's VM from its kernel on its disk (a new sandbox, or the cold boot of a
+   * paused one: the disk's upper and the volumes are kept, everything else starts afresh), wait
+   * for envd, init it, mount the volumes, start the template's process.
+   * @param keepDisk on failure, keep the work dir (a paused sandbox's disk) instead of deleting it
+   */
+  private async boot(spec: RuntimeStartSpec, keepDisk: boolean): Promise<RuntimeSandbox> {
     const tpl = this.bootTemplate(spec.template.templateID);
     const workDir = this.workDir(spec.id);
     const policy = this.policyOf(spec);
@@ -191,15 +201,25 @@ export class VmRuntime implements SandboxRuntime {
       this.log.info({ sandboxId: spec.id, diskMs: tDisk, slotMs: tSlot - tDisk, vmmMs: tVmm - tSlot, envdMs: ms(t0) - tVmm, totalMs: ms(t0) }, "sandbox VM started");
       return r;
     } catch (e) {
-      await this.teardown(spec.id, vm, slotTaken, true);
+      await this.teardown(spec.id, vm, slotTaken, !keepDisk);
       throw e;
     }
   }
 
-  async pause(id: string, state: Record<string, unknown>, signal: AbortSignal): Promise<Record<string, unknown>> {
+  async pause(id: string, state: Record<string, unknown>, signal: AbortSignal, opts: { memory: boolean } = { memory: true }): Promise<Record<string, unknown>> {
     const st = parseVmState(id, state);
     const vm = this.vms.get(id);
     if (!vm) throw new OrchestratorError("orchestrator.runtime_failed", `no VM handle for sandbox ${id}`, { sandboxId: id });
+    if (!opts.memory) {
+      // filesystem-only: the disk (upper + volumes) is the snapshot; no RAM or device state
+      if (signal.aborted) throw signal.reason;
+      await vm.stop();
+      this.vms.delete(id);
+      rmSync(this.snapshotDir(id), { recursive: true, force: true });
+      await this.closeDisk(id);
+      await this.o.net.release(id).catch((e) => this.log.warn({ sandboxId: id, err: e }, "slot release after pause failed"));
+      return { ...st, vmmPid: undefined, snapshot: undefined } satisfies VmState;
+    }
     const snapDir = this.snapshotDir(id);
     mkdirSync(snapDir, { recursive: true });
     // A fresh pair of names per pause: a VM resumed from an earlier snapshot still maps that
@@ -226,8 +246,17 @@ export class VmRuntime implements SandboxRuntime {
     return { ...st, vmmPid: undefined, snapshot: { statePath: files.statePath, memPath: files.memPath } } satisfies VmState;
   }
 
-  async resume(spec: RuntimeStartSpec, state: Record<string, unknown>): Promise<RuntimeSandbox> {
+  async resume(spec: RuntimeStartSpec, state: Record<string, unknown>, opts: { memory: boolean } = { memory: true }): Promise<RuntimeSandbox> {
     const st = parseVmState(spec.id, state);
+    if (!opts.memory) {
+      if (st.diskKind === "copy" ? !existsSync(st.rootDisk) : !existsSync(upperPaths(st.workDir).data)) {
+        throw new OrchestratorError("orchestrator.snapshot_missing", `the disk of sandbox ${spec.id} is missing`, { sandboxId: spec.id, workDir: st.workDir });
+      }
+      const r = await this.boot(spec, true);
+      // a memory snapshot left from an earlier pause is stale now
+      rmSync(this.snapshotDir(spec.id), { recursive: true, force: true });
+      return r;
+    }
     if (!st.snapshot || !existsSync(st.snapshot.statePath) || (st.diskKind === "copy" && !existsSync(st.rootDisk))) {
       throw new OrchestratorError("orchestrator.snapshot_missing", `snapshot of sandbox ${spec.id} is missing`, { sandboxId: spec.id, snapshot: st.snapshot ?? null });
     }

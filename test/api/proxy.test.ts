@@ -416,7 +416,7 @@ test("the route table follows create, pause, resume and kill; proxied requests r
     const rec = await createLoopback(node, { network: { allowPublicTraffic: false } });
     const id = rec.id;
     const route = () => proxy.routes.get(id);
-    expect(route()).toEqual({ id, state: "running", host: node.runtime!.hostOf(id)!, trafficAccessToken: rec.trafficAccessToken, envdAccessToken: rec.envdAccessToken, autoResume: false });
+    expect(route()).toEqual({ id, state: "running", host: node.runtime!.hostOf(id)!, trafficAccessToken: rec.trafficAccessToken, envdAccessToken: rec.envdAccessToken, autoResume: false, snapshotKind: null });
     expect(rec.trafficAccessToken).toMatch(/.{16,}/);
     await node.orch.pause(id);
     expect(route()).toMatchObject({ state: "paused", host: null });

@@ -90,3 +90,33 @@ test("a volume written by one sandbox survives its pause, kill and a node restar
   expect(p.destroyed).toBe(true);
   expect(p.listedAfter).toEqual([]);
 }, 700_000);
+
+test("filesystem-only snapshots: pause({keepMemory:false}), autoPauseMemory:false and onResume 'reboot' cold-boot on the kept disk; traffic does not resume them", async () => {
+  const o = await node().client("parity-fsonly.ts", [], 600_000);
+  expect(o.sleeperBefore).toBe("1");
+  expect(o.paused).toBe(true);
+  expect(o.stateAfterPause).toBe("paused");
+  expect(o.trafficWhilePaused).toStartWith("error:");
+  expect(o.stateAfterTraffic).toBe("paused");
+  // a new boot: new boot id, no processes of the old one; the disk, the volume and envd's setup kept
+  expect(o.after.boot).not.toBe(o.bootBefore);
+  expect(o.after.boot).toMatch(/^[0-9a-f-]{36}$/);
+  expect(o.after.file).toBe("on-disk\n");
+  expect(o.after.volume).toBe("in-volume\n");
+  expect(o.after.sleepers).toBe("0");
+  expect(o.after.env).toBe("kept\n");
+  expect(o.after.whoami).toBe("user\n/home/user\n");
+  expect(o.lifecycle).toEqual(expect.arrayContaining(["sandbox paused", "sandbox resumed", "sandbox cold-booted on its disk (no memory restored)"]));
+  expect(o.killA).toBe(true);
+  expect(o.volumeAfter).toBe("in-volume\n");
+
+  expect(o.stateB).toBe("paused");
+  expect(o.afterB.boot).not.toBe(o.bootB.split("\n")[0]);
+  expect(o.afterB.home).toBe("b");
+  // /tmp is a tmpfs of the old boot
+  expect(o.afterB.tmp).toContain("No such file");
+
+  expect(o.afterC.boot).not.toBe(o.bootC.split("\n")[0]);
+  expect(o.afterC.file).toBe("c");
+  expect(o.afterC3).toBe(o.afterC.boot);
+}, 700_000);

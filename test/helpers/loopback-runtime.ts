@@ -75,7 +75,10 @@ export class LoopbackRuntime implements SandboxRuntime {
   starts = 0;
   /** Template ids this runtime holds (see LoopbackOptions.templates). */
   readonly templates: string[];
-  /** Calls per lifecycle operation, in order (`op:id`), for assertions. */
+  /**
+   * Calls per lifecycle operation, in order (`op:id`; a pause or resume without memory is
+   * `pause:id:fs` / `resume:id:fs`; a guest flush before a kill or such a pause `quiesce:id`), for assertions.
+   */
   readonly calls: string[] = [];
 
   constructor(private readonly opts: LoopbackOptions = {}) {
@@ -124,8 +127,8 @@ export class LoopbackRuntime implements SandboxRuntime {
 
   async updateNetwork(): Promise<void> {}
 
-  private async pass(op: Op, id: string): Promise<void> {
-    this.calls.push(`${op}:${id}`);
+  private async pass(op: Op, id: string, suffix = ""): Promise<void> {
+    this.calls.push(`${op}:${id}${suffix}`);
     const g = this.gates.get(op);
     if (!g) return;
     g.reached(id);
@@ -172,16 +175,20 @@ export class LoopbackRuntime implements SandboxRuntime {
     return this.serve(spec.id);
   }
 
-  async pause(id: string): Promise<Record<string, unknown>> {
-    await this.pass("pause", id);
+  async pause(id: string, _state?: Record<string, unknown>, _signal?: AbortSignal, opts?: { memory: boolean }): Promise<Record<string, unknown>> {
+    await this.pass("pause", id, opts?.memory === false ? ":fs" : "");
     this.stopGuest(id);
     return { paused: true };
   }
 
-  async resume(spec: RuntimeStartSpec): Promise<RuntimeSandbox> {
-    await this.pass("resume", spec.id);
+  async resume(spec: RuntimeStartSpec, _state?: Record<string, unknown>, opts?: { memory: boolean }): Promise<RuntimeSandbox> {
+    await this.pass("resume", spec.id, opts?.memory === false ? ":fs" : "");
     this.starts++;
     return this.serve(spec.id);
+  }
+
+  async quiesce(t: RuntimeMetricsTarget): Promise<void> {
+    this.calls.push(`quiesce:${t.id}`);
   }
 
   async kill(id: string): Promise<void> {

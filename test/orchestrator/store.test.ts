@@ -12,8 +12,8 @@ import type { SandboxState } from "../../src/orchestrator/states.ts";
 function rec(id: string, state: SandboxState, startedAt: number, metadata: Record<string, string> = {}): SandboxRecord {
   return {
     id, templateId: "base", alias: null, state, cpuCount: 1, memoryMB: 512, diskSizeMB: 2048, envdVersion: "0.5.7",
-    envdAccessToken: "t", trafficAccessToken: null, metadata, envVars: { A: "1" }, autoPause: false, autoResume: false,
-    allowInternetAccess: null, network: null, volumeMounts: [], endpoint: { host: "127.0.0.1" }, runtimeState: { pid: 1 },
+    envdAccessToken: "t", trafficAccessToken: null, metadata, envVars: { A: "1" }, autoPause: false, autoPauseMemory: true, autoResume: false,
+    snapshotKind: null, allowInternetAccess: null, network: null, volumeMounts: [], endpoint: { host: "127.0.0.1" }, runtimeState: { pid: 1 },
     error: null, createdAt: startedAt, startedAt, endAt: startedAt + 1000, updatedAt: startedAt,
   };
 }
@@ -68,12 +68,12 @@ test("pages follow (startedAt, id) order in both directions with metadata filter
 
 test("expired() lists running sandboxes past endAt; prune() drops old killed rows only", () => {
   const s = new SandboxStore(openDb(":memory:"));
-  s.insert({ ...rec("r1", "running", 0), endAt: 100, autoPause: true });
+  s.insert({ ...rec("r1", "running", 0), endAt: 100, autoPause: true, autoPauseMemory: false });
   s.insert({ ...rec("r2", "running", 0), endAt: 300 });
   s.insert({ ...rec("p1", "paused", 0), endAt: 50 });
   s.insert({ ...rec("k1", "killed", 0), updatedAt: 10 });
   s.insert({ ...rec("k2", "killed", 0), updatedAt: 500 });
-  expect(s.expired(200)).toEqual([{ id: "r1", autoPause: true }]);
+  expect(s.expired(200)).toEqual([{ id: "r1", autoPause: true, autoPauseMemory: false }]);
   expect(s.prune(100)).toBe(1);
   expect(s.get("k1")).toBeUndefined();
   expect(s.get("k2")?.state).toBe("killed");

@@ -7,6 +7,7 @@ import net0001 from "./net_0001_slots.sql" with { type: "text" };
 import sandboxes0002 from "./sandboxes_0002_template_spawns.sql" with { type: "text" };
 import sandboxes0003 from "./sandboxes_0003_logs.sql" with { type: "text" };
 import sandboxes0004 from "./sandboxes_0004_volumes.sql" with { type: "text" };
+import sandboxes0005 from "./sandboxes_0005_fs_snapshots.sql" with { type: "text" };
 
 export interface Migration {
   tag: string;
@@ -19,4 +20,5 @@ export const MIGRATIONS: Migration[] = [
   { tag: "sandboxes_0002_template_spawns", sql: sandboxes0002 },
   { tag: "sandboxes_0003_logs", sql: sandboxes0003 },
   { tag: "sandboxes_0004_volumes", sql: sandboxes0004 },
+  { tag: "sandboxes_0005_fs_snapshots", sql: sandboxes0005 },
 ];

@@ -22,6 +22,9 @@ export const sandboxes = sqliteTable(
     metadata: text("metadata", { mode: "json" }).$type<Record<string, string>>().notNull(),
     envVars: text("env_vars", { mode: "json" }).$type<Record<string, string>>().notNull(),
     autoPause: integer("auto_pause", { mode: "boolean" }).notNull(),
+    autoPauseMemory: integer("auto_pause_memory", { mode: "boolean" }).notNull().default(true),
+    /** "memory" | "filesystem" while paused, else null. */
+    snapshotKind: text("snapshot_kind").$type<"memory" | "filesystem">(),
     autoResume: integer("auto_resume", { mode: "boolean" }).notNull(),
     allowInternetAccess: integer("allow_internet_access", { mode: "boolean" }),
     network: text("network", { mode: "json" }).$type<Record<string, unknown>>(),
