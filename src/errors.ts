@@ -8,6 +8,8 @@
  * union is derived from the table, so the constructor only accepts listed codes. The API answers
  * it with status 500 unless it is listed in `NOT_500` (src/api/status.ts, for a fault of the
  * request); test/api/status.test.ts walks every code of every table through the API's mapping.
+ * A new subsystem's table goes into `ERROR_TABLES` there too: the same test fails for any
+ * `export const *_ERRORS` table under src/ that the API does not map.
  */
 export class AgentEnvError<C extends string = string> extends Error {
   /** Stable identifier such as `overlaybd.bad_magic`; never reworded once published. */

@@ -15,7 +15,9 @@ import { NET_ERRORS, type NetErrorCode } from "../net/errors.ts";
 import { ORCHESTRATOR_ERRORS, type OrchestratorErrorCode } from "../orchestrator/errors.ts";
 import { DISK_ERRORS, type DiskErrorCode } from "../storage/daemon/errors.ts";
 import { FUSE_ERRORS, type FuseErrorCode } from "../storage/fuse/errors.ts";
+import { IMAGE_ERRORS, type ImageErrorCode } from "../image/errors.ts";
 import { OVERLAYBD_ERRORS, type OverlaybdErrorCode } from "../storage/overlaybd/errors.ts";
+import { UBLK_ERRORS, type UblkErrorCode } from "../storage/ublk/errors.ts";
 import { TEMPLATE_ERRORS, type TemplateErrorCode } from "../template/errors.ts";
 import { TOOLS_ERRORS, type ToolsErrorCode } from "../tools/errors.ts";
 import { VMM_ERRORS, type VmmErrorCode } from "../vmm/errors.ts";
@@ -34,7 +36,9 @@ export type ErrorCode =
   | NetErrorCode
   | DiskErrorCode
   | FuseErrorCode
+  | ImageErrorCode
   | OverlaybdErrorCode
+  | UblkErrorCode
   | TemplateErrorCode
   | ToolsErrorCode
   | VmmErrorCode
@@ -50,7 +54,9 @@ export const ERROR_TABLES = {
   net: NET_ERRORS,
   disk: DISK_ERRORS,
   fuse: FUSE_ERRORS,
+  image: IMAGE_ERRORS,
   overlaybd: OVERLAYBD_ERRORS,
+  ublk: UBLK_ERRORS,
   template: TEMPLATE_ERRORS,
   tools: TOOLS_ERRORS,
   vmm: VMM_ERRORS,
@@ -93,6 +99,8 @@ const NOT_500 = {
   "volume.too_many_entries": 400,
   "volume.read_only": 409,
   "net.bad_policy": 400,
+  "image.bad_reference": 400,
+  "image.not_found": 400,
   "net.capacity": 503,
   "template.not_found": 404,
   "template.bad_name": 400,

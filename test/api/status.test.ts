@@ -1,4 +1,6 @@
 import { expect, test } from "bun:test";
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
 import { ERROR_STATUS, ERROR_TABLES, errorResponse, statusOf, toErrorResponse } from "../../src/api/status.ts";
 import { AgentEnvError } from "../../src/errors.ts";
 import { EnvdError } from "../../src/envd/errors.ts";
@@ -25,6 +27,19 @@ test("every code of every table answers its status with E2B's error body", async
   expect(new Set(ALL.map((c) => c.code)).size).toBe(ALL.length); // no code in two tables
 });
 
+test("every subsystem code table under src/ is one of the tables the API maps (NODE_ERRORS: start-up only)", async () => {
+  const src = join(import.meta.dir, "../../src");
+  const found: string[] = [];
+  for (const file of new Bun.Glob("**/*.ts").scanSync(src)) {
+    for (const m of readFileSync(join(src, file), "utf8").matchAll(/^export const ([A-Z_]+_ERRORS)\b/gm)) {
+      const table = ((await import(join(src, file))) as Record<string, object>)[m[1]!]!;
+      found.push(`${m[1]} ${Object.values(ERROR_TABLES).includes(table as never) ? "mapped" : "unmapped"}`);
+    }
+  }
+  expect(found.length).toBe(Object.keys(ERROR_TABLES).length + 1);
+  expect(found.filter((f) => f.endsWith("unmapped"))).toEqual(["NODE_ERRORS unmapped"]);
+});
+
 test("statuses E2B clients depend on", () => {
   const want: Record<string, number> = {
     "orchestrator.not_found": 404,
@@ -47,6 +62,9 @@ test("statuses E2B clients depend on", () => {
     "vmm.qmp_timeout": 500,
     "overlaybd.crc_mismatch": 500,
     "config.bad_value": 500,
+    "image.bad_reference": 400,
+    "image.pull_failed": 500,
+    "ublk.io_failed": 500,
   };
   for (const [code, status] of Object.entries(want)) expect([code, statusOf(code)]).toEqual([code, status]);
 });
