@@ -316,7 +316,7 @@ export const CONFIG_SCHEMA = section("", {
   }),
 
   disk: section(
-    "Sandbox disks are served by one long-lived disk daemon per node (`agentenv ublk-daemon`, its\nfiles under <runtime_path>/disk/): FUSE files now, ublk block devices once the ublk engine is in.",
+    "Sandbox disks are served by one long-lived disk daemon per node (`agentenv ublk-daemon`, its\nfiles under <runtime_path>/disk/): FUSE files, or ublk block devices where the kernel has ublk.",
     {
       export: oneOf(["auto", "ublk", "fuse"], "auto", 'Engine: "auto" (ublk when /dev/ublk-control exists, else FUSE), "ublk" or "fuse".'),
       fuse_threads: int(2, "FUSE reader threads of the daemon, shared by every export (1..16).", { min: 1, max: 16, unit: "count" }),

@@ -6,7 +6,7 @@
  * from the one libc binding (./libc.ts), which each thread that imports it opens for itself.
  * Values from include/uapi/linux/eventpoll.h, include/uapi/asm-generic/fcntl.h and
  * include/uapi/asm-generic/errno-base.h (x86_64): EPOLL_CLOEXEC = O_CLOEXEC 02000000,
- * EPOLL_CTL_ADD 1 / DEL 2 / MOD 3, EPOLLIN 0x1, EPOLLERR 0x8, EPOLLHUP 0x10; `struct epoll_event`
+ * EPOLL_CTL_ADD 1 / DEL 2 / MOD 3, EPOLLIN 0x1, EPOLLERR 0x8, EPOLLHUP 0x10, EPOLLEXCLUSIVE 1 << 28; `struct epoll_event`
  * is packed on x86_64: u32 events @0, u64 data @4, 12 bytes. EFD_CLOEXEC 02000000, EFD_NONBLOCK
  * 04000, F_GETFL 3, F_SETFL 4, O_NONBLOCK 04000.
  * Safe in any thread: errno is per thread.
@@ -18,6 +18,8 @@ import { errno, libc } from "./libc.ts";
 export const EPOLLIN = 0x1;
 export const EPOLLERR = 0x8;
 export const EPOLLHUP = 0x10;
+/** Wake one of the epoll instances watching the fd, not all (Linux 4.5+). */
+export const EPOLLEXCLUSIVE = 1 << 28;
 /** Bytes of one `struct epoll_event` (packed on x86_64). */
 export const EPOLL_EVENT_SIZE = 12;
 const EPOLL_CLOEXEC = 0o2000000;

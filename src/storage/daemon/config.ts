@@ -3,6 +3,7 @@ import { loadConfig, type Config } from "../../config/index.ts";
 import type { DaemonSettings } from "./daemon.ts";
 import { DiskError } from "./errors.ts";
 import type { BlockPoolSettings } from "./manager.ts";
+import { ublkConfig, type UblkConfig } from "../ublk/index.ts";
 
 /** Settings of the disk service. */
 export interface DiskConfig {
@@ -28,11 +29,13 @@ export interface DiskConfig {
   maxFrameBytes: number;
   /** Warm pool of pre-created exports (`[pool.block]`). */
   pool: BlockPoolSettings;
+  /** ublk devices (`[ublk]`). */
+  ublk: UblkConfig;
 }
 
 /**
  * Read `[disk]` and `[pool.block]` from a loaded config (default: the node's config).
- * @throws DiskError `disk.bad_spec` when the pool's watermarks are out of order
+ * @throws DiskError `disk.bad_spec` when the pool's watermarks are out of order; UblkError `ublk.bad_config`
  */
 export function diskConfig(cfg: Config = loadConfig()): DiskConfig {
   const d = cfg.disk;
@@ -53,6 +56,7 @@ export function diskConfig(cfg: Config = loadConfig()): DiskConfig {
     requestTimeoutMs: d.request_timeout_ms,
     maxFrameBytes: d.max_frame_bytes,
     pool,
+    ublk: ublkConfig(cfg),
   };
 }
 
@@ -62,6 +66,7 @@ export function daemonSettings(c: DiskConfig, dir: string): DaemonSettings {
     dir,
     export: c.export,
     fuse: { threads: c.fuseThreads, maxWrite: c.fuseMaxWrite, requestTimeoutSec: c.fuseRequestTimeoutSec, directIo: c.fuseDirectIo },
+    ublk: c.ublk,
     pool: c.pool,
     maxFrameBytes: c.maxFrameBytes,
   };

@@ -1,6 +1,6 @@
 /**
  * Body of `agentenv ublk-daemon`: the node's one long-lived disk daemon. It owns every export of
- * the node (FUSE mounts now, ublk devices once the ublk engine is available), answers requests
+ * the node (FUSE mounts, and ublk devices where the kernel offers ublk), answers requests
  * on a Unix socket (./protocol.ts), and keeps its devices in SQLite (./store.ts) so that after a
  * crash a restarted daemon serves them again (./manager.ts `recover`).
  *
@@ -12,7 +12,7 @@
  * FUSE connections; a restarted daemon recovers them). The `shutdown` request removes every
  * device first.
  */
-import { existsSync, mkdirSync, rmSync, writeFileSync } from "node:fs";
+import { mkdirSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import type { Socket } from "bun";
 import { tryFlockExclusive, type HeldFlock } from "../../ffi/flock.ts";
@@ -20,6 +20,8 @@ import { logger } from "../../observability/log.ts";
 import type { ExportEngine } from "./engine.ts";
 import { DiskError } from "./errors.ts";
 import { FuseEngine } from "./fuse-engine.ts";
+import { UblkEngine } from "./ublk-engine.ts";
+import { ublkAvailable, type UblkConfig } from "../ublk/index.ts";
 import { DeviceManager, type BlockPoolSettings } from "./manager.ts";
 import { encodeFrame, errorResponse, FrameReader, parseRequest, type EngineName, type Request, type Response } from "./protocol.ts";
 import { DeviceStore } from "./store.ts";
@@ -34,6 +36,8 @@ export interface DaemonSettings {
   /** Engine used when a request names none: "auto" = ublk when /dev/ublk-control exists, else FUSE. */
   export: "auto" | EngineName;
   fuse: { threads: number; maxWrite: number; requestTimeoutSec: number; directIo: boolean };
+  /** `[ublk]`: queues, depth, block sizes, user recovery of ublk devices. */
+  ublk: UblkConfig;
   pool: BlockPoolSettings;
   /** Largest request frame, bytes. */
   maxFrameBytes: number;
@@ -44,10 +48,6 @@ export function daemonPaths(dir: string): { socket: string; db: string; lock: st
   return { socket: join(dir, "daemon.sock"), db: join(dir, "daemon.db"), lock: join(dir, "daemon.lock"), log: join(dir, "daemon.log") };
 }
 
-/** True when this host offers ublk (the kernel module's control device). */
-export function ublkAvailable(): boolean {
-  return existsSync("/dev/ublk-control");
-}
 
 interface Conn {
   reader: FrameReader;
@@ -71,15 +71,13 @@ export async function runDaemon(s: DaemonSettings, onReady: (socket: string) => 
   const engines: Partial<Record<EngineName, ExportEngine>> = {};
   let store: DeviceStore | undefined;
   let manager: DeviceManager | undefined;
+  let detached = false;
   try {
     const ublk = ublkAvailable();
     if (s.export === "ublk" && !ublk) throw new DiskError("disk.unsupported", "export = \"ublk\" but /dev/ublk-control does not exist", { export: s.export });
-    if (s.export === "ublk" || (s.export === "auto" && ublk)) {
-      // the ublk engine lands with src/storage/ublk; until then a host with ublk still serves over FUSE
-      log.warn("ublk engine not built yet: serving over FUSE");
-    }
     engines.fuse = new FuseEngine({ threads: s.fuse.threads, maxWrite: s.fuse.maxWrite, requestTimeoutSec: s.fuse.requestTimeoutSec });
-    const defaultEngine: EngineName = "fuse";
+    if (ublk) engines.ublk = UblkEngine.open(s.ublk);
+    const defaultEngine: EngineName = s.export === "fuse" || !ublk ? "fuse" : "ublk";
     store = new DeviceStore(paths.db);
     manager = new DeviceManager({ store, engines, defaultEngine, dir: s.dir, directIo: s.fuse.directIo, pool: s.pool });
     await manager.recover();
@@ -194,14 +192,17 @@ export async function runDaemon(s: DaemonSettings, onReady: (socket: string) => 
     onReady(paths.socket);
     const why = await stopped;
     log.info({ why }, "disk daemon stopping");
-    if (why !== "shutdown") await m.detachAll();
+    if (why !== "shutdown") {
+      detached = true;
+      await m.detachAll();
+    }
     // let the last answers go out before the socket closes
     await Bun.sleep(20);
     server.stop(true);
     rmSync(paths.socket, { force: true });
     return 0;
   } finally {
-    await engines.fuse?.close().catch(() => undefined);
+    for (const e of Object.values(engines)) await e?.close({ detached }).catch((err) => log.warn({ err, engine: e.name }, "engine close failed"));
     store?.close();
     lock.release();
   }

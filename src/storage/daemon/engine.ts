@@ -1,7 +1,7 @@
 /**
  * The disk-export interface: how the daemon turns an open BlockImage into something a VMM opens
- * (a file on a FUSE mount, or a /dev/ublkbN block device). One implementation per engine
- * (./fuse-engine.ts; ublk when src/storage/ublk lands). The daemon owns images and rows; an
+ * (a file on a FUSE mount, or a /dev/ublkbN block device). One implementation per engine:
+ * ./fuse-engine.ts, ./ublk-engine.ts (over src/storage/ublk). The daemon owns images and rows; an
  * engine owns the kernel objects (mounts and connections, ublk devices and queue threads).
  */
 import type { BlockImage } from "../block.ts";
@@ -83,8 +83,11 @@ export interface ExportEngine {
    * @throws any error when it cannot be recovered; the caller then calls `cleanup(row)`
    */
   recover(row: DeviceRow, image: BlockImage, place: PlaceSpec): Promise<EngineDevice>;
-  /** Remove what a device of `row` left in the kernel (mounts, devices) when it cannot be recovered. */
-  cleanup(row: DeviceRow): void;
-  /** Stop engine-wide resources (threads). Devices must be destroyed first. */
-  close(): Promise<void>;
+  /** Remove what a device of `row` left in the kernel (mounts, devices) when it cannot be recovered. Never throws. */
+  cleanup(row: DeviceRow): Promise<void>;
+  /**
+   * Stop engine-wide resources (threads, control channels). Devices must be destroyed first, or
+   * detached (`opts.detached`: they stay in the kernel for the next daemon).
+   */
+  close(opts: { detached: boolean }): Promise<void>;
 }

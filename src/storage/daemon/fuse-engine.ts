@@ -164,14 +164,15 @@ export class FuseEngine implements ExportEngine {
     }
   }
 
-  cleanup(row: DeviceRow): void {
+  async cleanup(row: DeviceRow): Promise<void> {
     for (const mp of mountPointsOf(row)) {
       const rc = umount2(mp, MNT_DETACH);
       if (rc === 0) log.info({ devId: row.devId, mountPoint: mp }, "detached a FUSE mount left behind");
     }
   }
 
-  async close(): Promise<void> {
+  async close(_opts: { detached: boolean }): Promise<void> {
+    // detached or not, the mounts belong to their holders now: only the threads go
     await this.#pool.close();
   }
 

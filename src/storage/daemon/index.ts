@@ -1,7 +1,7 @@
 /**
  * The disk service: one long-lived daemon per node (`agentenv ublk-daemon`, ./daemon.ts) owns
- * every export of the node (FUSE files now; ublk devices once the ublk engine is available behind
- * ./engine.ts), speaks a length-prefixed JSON protocol on a Unix socket (./protocol.ts), keeps its
+ * every export of the node (FUSE files, ./fuse-engine.ts; /dev/ublkbN devices where the kernel
+ * has ublk, ./ublk-engine.ts; both behind ./engine.ts), speaks a length-prefixed JSON protocol on a Unix socket (./protocol.ts), keeps its
  * devices in SQLite (./store.ts) and serves them again after a crash.
  *
  * Node side (`DiskService`, ./service.ts):

@@ -81,7 +81,7 @@ export class DeviceManager {
       const engine = this.#o.engines[row.engine];
       if (row.access === "pool") {
         // nobody else holds a pre-created export's connection: it is gone; the pool makes new ones
-        engine?.cleanup(row);
+        await engine?.cleanup(row);
         this.#o.store.delete(row.devId);
         continue;
       }
@@ -98,7 +98,7 @@ export class DeviceManager {
         recovered.push(row.devId);
       } catch (e) {
         await image?.close().catch(() => undefined);
-        engine?.cleanup(row);
+        await engine?.cleanup(row);
         this.#o.store.delete(row.devId);
         cleaned.push(row.devId);
         log.warn({ devId: row.devId, err: e }, "device not recovered: cleaned up");

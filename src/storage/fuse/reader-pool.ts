@@ -8,7 +8,7 @@
 import { Worker } from "node:worker_threads";
 import { MessageChannel, type MessagePort } from "node:worker_threads";
 import { closeSync } from "node:fs";
-import { epollAdd, epollCreate, epollDel, EPOLLIN, eventfdCreate, eventfdSignal, setNonBlocking } from "../../ffi/epoll.ts";
+import { epollAdd, epollCreate, epollDel, EPOLLEXCLUSIVE, EPOLLIN, eventfdCreate, eventfdSignal, setNonBlocking } from "../../ffi/epoll.ts";
 import { logger } from "../../observability/log.ts";
 import { workerEntry } from "../../bundle.ts";
 import { FuseError } from "./errors.ts";
@@ -106,8 +106,9 @@ export class FuseReaderPool {
     this.#slots.set(slot, { fd, client, ended: false, acks: 0 });
     // post first, then watch: a thread that sees the fd before the message drains its port
     this.#post({ op: "add", slot, fd, direct, ctl, counters });
+    // exclusive: a request wakes one thread, not every thread parked on the connection
     for (const t of this.#threads) {
-      const rc = epollAdd(t.epfd, fd, EPOLLIN, slot);
+      const rc = epollAdd(t.epfd, fd, EPOLLIN | EPOLLEXCLUSIVE, slot);
       if (rc < 0) throw new FuseError("fuse.bad_options", `cannot watch /dev/fuse fd ${fd}: errno ${-rc}`, { fd, errno: -rc });
     }
     return slot;

@@ -1,0 +1,110 @@
+/**
+ * The ublk export engine: each device is a `/dev/ublkbN` served by this process through the ublk
+ * block server (src/storage/ublk: io_uring, one worker thread per queue). The kernel keeps a
+ * device with user recovery alive (quiesced) when this process dies, and a restarted daemon takes
+ * it over (START/END_USER_RECOVERY); without recovery the kernel removes it and the restarted
+ * daemon deletes what is left.
+ *
+ * engineState: { ublk_dev_id: number }.
+ * Not offered here (a typed `disk.unsupported`): pre-created devices (a ublk device's size is
+ * fixed at creation), restack of a live device (the server's write path has no hook to pause).
+ */
+import type { BlockImage } from "../block.ts";
+import { LayeredImage } from "../overlaybd/index.ts";
+import { imageTarget, layeredTarget, UblkServer, type UblkConfig, type UblkDevice, type UblkTarget } from "../ublk/index.ts";
+import type { EngineDevice, EngineStats, ExportEngine, PlaceSpec } from "./engine.ts";
+import { DiskError } from "./errors.ts";
+import type { DeviceRow } from "./store.ts";
+
+function targetOf(image: BlockImage): UblkTarget {
+  return image instanceof LayeredImage ? layeredTarget(image) : imageTarget(image, null, image.readOnly ? "raw (read-only)" : "raw");
+}
+
+class UblkEngineDevice implements EngineDevice {
+  #dev: UblkDevice;
+  #done: Promise<void> | undefined;
+
+  constructor(dev: UblkDevice) {
+    this.#dev = dev;
+  }
+
+  get path(): string {
+    return this.#dev.blockPath;
+  }
+
+  get engineState(): Record<string, unknown> {
+    return { ublk_dev_id: this.#dev.devId };
+  }
+
+  get image(): BlockImage {
+    return this.#dev.target.image;
+  }
+
+  stats(): EngineStats {
+    // the queue threads keep no per-request counters (yet): report what is known, nothing invented
+    return { reads: 0, bytesRead: 0, writes: 0, bytesWritten: 0, fsyncs: 0, discards: 0, opens: 0, errors: 0 };
+  }
+
+  exclusive<T>(_op: () => Promise<T>): Promise<T> {
+    return Promise.reject(new DiskError("disk.unsupported", `ublk device ${this.#dev.devId} cannot pause its writes for a restack`, { engine: "ublk", devId: this.#dev.devId }));
+  }
+
+  refresh(): void {}
+
+  async bind(): Promise<void> {
+    throw new DiskError("disk.unsupported", "ublk devices are not pre-created", { engine: "ublk" });
+  }
+
+  detach(): Promise<void> {
+    // leave the device to the kernel: when this process exits it is quiesced (user recovery)
+    return (this.#done ??= Promise.resolve());
+  }
+
+  destroy(): Promise<void> {
+    return (this.#done ??= this.#dev.close());
+  }
+}
+
+/** The ublk engine of one daemon. */
+export class UblkEngine implements ExportEngine {
+  readonly name = "ublk" as const;
+  #server: UblkServer;
+
+  private constructor(server: UblkServer) {
+    this.#server = server;
+  }
+
+  /**
+   * Open the control channel.
+   * @throws UblkError `ublk.unavailable` (no /dev/ublk-control)
+   */
+  static open(cfg: UblkConfig): UblkEngine {
+    return new UblkEngine(UblkServer.open(cfg));
+  }
+
+  /** @throws UblkError from creating the device (the image is closed then) */
+  async create(image: BlockImage, _place: PlaceSpec): Promise<EngineDevice> {
+    return new UblkEngineDevice(await this.#server.create(targetOf(image)));
+  }
+
+  async precreate(): Promise<EngineDevice | null> {
+    return null;
+  }
+
+  /** @throws DiskError `disk.daemon_failed` (no device id recorded); UblkError from recovery */
+  async recover(row: DeviceRow, image: BlockImage): Promise<EngineDevice> {
+    const id = row.engineState.ublk_dev_id;
+    if (typeof id !== "number") throw new DiskError("disk.daemon_failed", `device ${row.devId} has no ublk device id`, { devId: row.devId });
+    return new UblkEngineDevice(await this.#server.recover(id, targetOf(image)));
+  }
+
+  async cleanup(row: DeviceRow): Promise<void> {
+    const id = row.engineState.ublk_dev_id;
+    if (typeof id === "number") await this.#server.remove(id).catch(() => undefined);
+  }
+
+  async close(opts: { detached: boolean }): Promise<void> {
+    // after a detach the devices stay for the next daemon: only stop devices on a full shutdown
+    if (!opts.detached) await this.#server.close();
+  }
+}
