@@ -10,15 +10,10 @@
  * fixed at creation), restack of a live device (the server's write path has no hook to pause).
  */
 import type { BlockImage } from "../block.ts";
-import { LayeredImage } from "../overlaybd/index.ts";
-import { imageTarget, layeredTarget, UblkServer, type UblkConfig, type UblkDevice, type UblkTarget } from "../ublk/index.ts";
+import { targetOf, UblkServer, type UblkConfig, type UblkDevice } from "../ublk/index.ts";
 import type { EngineDevice, EngineStats, ExportEngine, PlaceSpec } from "./engine.ts";
 import { DiskError } from "./errors.ts";
 import type { DeviceRow } from "./store.ts";
-
-function targetOf(image: BlockImage): UblkTarget {
-  return image instanceof LayeredImage ? layeredTarget(image) : imageTarget(image, null, image.readOnly ? "raw (read-only)" : "raw");
-}
 
 class UblkEngineDevice implements EngineDevice {
   #dev: UblkDevice;
@@ -56,8 +51,8 @@ class UblkEngineDevice implements EngineDevice {
   }
 
   detach(): Promise<void> {
-    // leave the device to the kernel: when this process exits it is quiesced (user recovery)
-    return (this.#done ??= Promise.resolve());
+    // stop serving, leave the device quiesced for the next daemon's recovery
+    return (this.#done ??= this.#dev.detach());
   }
 
   destroy(): Promise<void> {

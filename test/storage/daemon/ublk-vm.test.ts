@@ -1,6 +1,6 @@
 /**
  * The disk daemon with its ublk engine, inside a real guest (QEMU microvm/TCG, the guest kernel
- * with ublk + io_uring, the base template's root filesystem with the compiled `agentenv`): one VM
+ * with ublk + io_uring, booted through the tools drive with the compiled `agentenv`): one VM
  * runs one script (../ublk/guest.ts) that starts `agentenv ublk-daemon` (export "auto": ublk,
  * since /dev/ublk-control exists there) and drives it with `agentenv ublk-daemon --call` (the same
  * protocol the node speaks). Shown: the daemon picks ublk; a sandbox-style stack (layer + created
@@ -18,7 +18,6 @@ const settings = daemonSettings({ ...diskConfig(), pool: { enabled: false, lowWa
 
 const SCRIPT = String.raw`
 set -u
-A=/usr/local/bin/agentenv
 W=${W}; mkdir -p $W; cd $W
 M=1048576
 SET='${JSON.stringify(settings)}'
