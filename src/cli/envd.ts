@@ -1,5 +1,5 @@
 /**
- * `agentenv envd [--port 49983]`: run the in-guest daemon in the foreground until SIGTERM/SIGINT.
+ * `agentenv envd [--port N]`: run the in-guest daemon in the foreground until SIGTERM/SIGINT.
  * Settings are the config's `[envd]` section: from `--settings <file>` (that section as JSON; the
  * tools drive carries the node's as /.aenv/etc/envd.json, so the guest needs no config file and
  * envd skips loading the config schema, a noticeable part of its start under TCG), else from the
@@ -9,11 +9,15 @@ import { readFileSync } from "node:fs";
 import { defineCommand } from "citty";
 import type { Config } from "../config/index.ts";
 import { startEnvd, type EnvdOptions } from "../envd/server.ts";
+import { ENVD_PORT } from "../envd/version.ts";
 
-/** envd's options from the config's `[envd]` section. */
+/**
+ * envd's options from the config's `[envd]` section. The port is not configurable: the SDKs and
+ * the node's proxy reach every guest's envd at ENVD_PORT (49983).
+ */
 export function envdOptions(s: Config["envd"]): EnvdOptions {
   return {
-    port: s.port,
+    port: ENVD_PORT,
     host: s.host,
     defaultUser: s.default_user,
     clockSync: s.clock_sync,
@@ -59,7 +63,7 @@ function readSettings(path: string): Config["envd"] {
 export default defineCommand({
   meta: { name: "envd", description: "run envd, the in-sandbox daemon (E2B envd protocol)" },
   args: {
-    port: { type: "string", description: "TCP port (default envd.port, 49983)" },
+    port: { type: "string", description: "TCP port (default 49983, where the SDKs and the node reach envd in a guest; 0 = any free port)" },
     host: { type: "string", description: "bind address (default envd.host)" },
     user: { type: "string", description: "default user before /init (default envd.default_user)" },
     "clock-sync": { type: "boolean", description: "set the system clock from /init's timestamp (default envd.clock_sync)" },

@@ -8,6 +8,7 @@
 import { defineCommand } from "citty";
 import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
+import { ENVD_PORT } from "../envd/version.ts";
 import { loadConfigOrExit } from "./config.ts";
 
 export interface Conn {
@@ -124,7 +125,7 @@ export async function execInSandbox(c: Conn, id: string, cmd: string, opts: { us
     "content-type": "application/connect+json",
     "connect-protocol-version": "1",
     "e2b-sandbox-id": id,
-    "e2b-sandbox-port": "49983",
+    "e2b-sandbox-port": String(ENVD_PORT),
   };
   if (info.envdAccessToken) headers["x-access-token"] = info.envdAccessToken;
   if (opts.user) headers.authorization = `Basic ${btoa(`${opts.user}:`)}`;

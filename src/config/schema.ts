@@ -413,7 +413,6 @@ export const CONFIG_SCHEMA = section("", {
   ),
 
   envd: section("In-guest daemon (`agentenv envd`), E2B envd protocol.", {
-    port: int(49983, "TCP port the SDKs reach (guest side).", { min: 1, max: 65535 }),
     host: str("0.0.0.0", "Bind address.", { minLength: 1 }),
     default_user: str("root", 'Acting user before POST /init sets one (E2B\'s envd default is root; templates set "user").', { minLength: 1 }),
     clock_sync: bool(true, "Set the guest clock from /init's timestamp when it is >50 ms behind or >5 s ahead. Guests only."),

@@ -20,7 +20,7 @@ import { CpuMeter } from "../observability/host.ts";
 import { ProcessManager } from "./process/manager.ts";
 import { processService, processStreams } from "./process/service.ts";
 import { EnvdState } from "./state.ts";
-import { ENVD_VERSION } from "./version.ts";
+import { ENVD_PORT, ENVD_VERSION } from "./version.ts";
 
 const log = logger("envd");
 
@@ -74,7 +74,7 @@ export interface EnvdOptions {
 
 /** Defaults matching config/default.toml `[envd]`, for tests and embedding. */
 export const DEFAULT_ENVD_OPTIONS: EnvdOptions = {
-  port: 49983,
+  port: ENVD_PORT,
   host: "0.0.0.0",
   defaultUser: "root",
   clockSync: false,

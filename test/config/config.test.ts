@@ -4,7 +4,9 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { Value } from "@sinclair/typebox/value";
 import { parse } from "smol-toml";
+import { envdOptions } from "../../src/cli/envd.ts";
 import { CONFIG_SCHEMA, ConfigError, defaultConfig, loadConfig, renderDefaultToml } from "../../src/config/index.ts";
+import { DEFAULT_ENVD_OPTIONS, ENVD_PORT } from "../../src/envd/index.ts";
 
 const REPO = join(import.meta.dir, "../..");
 
@@ -149,6 +151,13 @@ describe("refusals name the source, key, value and expectation", () => {
       const e = configError(() => loadConfig({ env }));
       expect([e.code, e.message]).toEqual([code, message]);
     }
+  });
+
+  test("envd's port is E2B's fixed 49983, not a key (a guest on another port would be unreachable)", () => {
+    const file = tomlFile("[envd]\nport = 5000\n");
+    expect(configError(() => loadConfig({ path: file, env: {} })).message).toBe(`config: ${file}: unknown key envd.port`);
+    expect(envdOptions(loadConfig({ env: {} }).envd).port).toBe(ENVD_PORT);
+    expect([ENVD_PORT, DEFAULT_ENVD_OPTIONS.port]).toEqual([49983, 49983]);
   });
 
   test("unreadable file and bad TOML (with its position)", () => {
