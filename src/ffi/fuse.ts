@@ -103,6 +103,22 @@ export function encodeReply(unique: bigint, error: number, body?: Uint8Array, se
 /** enum fuse_notify_code: ask the kernel to re-send requests read but not answered (7.40). */
 export const NOTIFY_RESEND = 7;
 
+/** enum fuse_notify_code: drop cached attributes (and pages) of an inode (7.12). */
+export const NOTIFY_INVAL_INODE = 2;
+
+/**
+ * Body of FUSE_NOTIFY_INVAL_INODE (struct fuse_notify_inval_inode_out, 24 bytes): nodeid, then
+ * the byte range of cached pages to drop (`offset` < 0: attributes only; `length` 0: to the end).
+ */
+export function encodeInvalInode(nodeid: bigint, offset: number, length: number): Uint8Array {
+  const b = new Uint8Array(24);
+  const v = new DataView(b.buffer);
+  v.setBigUint64(0, nodeid, true);
+  v.setBigInt64(8, BigInt(offset), true);
+  v.setBigInt64(16, BigInt(length), true);
+  return b;
+}
+
 /**
  * A notification from server to kernel: out header with unique 0 and the positive notify code
  * in `error`, followed by the notification's body (RESEND has none).

@@ -15,6 +15,11 @@ export interface BlockImage {
   pwrite(buf: Uint8Array, offset: number): Promise<number>;
   /** Mark [offset, offset+length) as zero (discard/trim); later reads return zeros. */
   discard(offset: number, length: number): Promise<void>;
+  /**
+   * Where offered: grow the virtual size to `newSize` bytes (a multiple of 512, not below `size`),
+   * durably (a reopened image has it). The new range reads as zeros until written.
+   */
+  grow?(newSize: number): Promise<void>;
   /** Persist every completed write (data and index). */
   sync(): Promise<void>;
   /** Release files and memory; the image is unusable afterwards. */

@@ -53,6 +53,12 @@ export interface EngineDevice {
   /** The image's layers changed (restack): refresh what the engine derived from them. */
   refresh(direct: DirectPlan | undefined): void;
   /**
+   * Grow the image to `newSize` bytes (a multiple of 512, above its size) and let the kernel
+   * see the new size; no image mutation runs meanwhile.
+   * @throws DiskError `disk.unsupported` when the engine cannot resize a live device; the image's error
+   */
+  grow(newSize: number): Promise<void>;
+  /**
    * Give a pre-created export its image and place (FUSE: the mount appears at
    * `place.mountPoint` as well).
    * @throws DiskError `disk.unsupported` when the engine cannot

@@ -19,6 +19,7 @@ import { FUSE_FS_NAME, FuseConnection, FuseReaderPool, mountFuse, type DirectPla
 import type { EngineDevice, EngineStats, ExportEngine, PlaceSpec } from "./engine.ts";
 import { DiskError } from "./errors.ts";
 import type { DeviceRow } from "./store.ts";
+import { directPlanOf } from "./target.ts";
 
 const log = logger("disk");
 
@@ -68,6 +69,10 @@ class FuseDevice implements EngineDevice {
 
   refresh(direct: DirectPlan | undefined): void {
     this.#conn.replan(direct ?? null);
+  }
+
+  grow(newSize: number): Promise<void> {
+    return this.#conn.grow(newSize, directPlanOf);
   }
 
   async bind(image: BlockImage, place: PlaceSpec): Promise<void> {

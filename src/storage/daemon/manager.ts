@@ -213,13 +213,28 @@ export class DeviceManager {
   }
 
   /**
-   * Change a device's size.
-   * @throws DiskError `disk.not_found`, `disk.unsupported` (no engine here can resize a live export)
+   * Grow a device to `newSize` bytes (durably: the upper's headers, or the raw file's length).
+   * The VMM must then be told (QEMU: QMP `block_resize`) for the guest to see it.
+   * @returns the device's size afterwards
+   * @throws DiskError `disk.not_found`; `disk.bad_request` (below the current size: shrinking
+   *   loses data); `disk.unsupported` (a read-only or shared device, or an engine that cannot
+   *   resize a live device: ublk)
    */
-  async updateSize(devId: string, newSize: number): Promise<number> {
-    const live = this.#get(devId);
-    if (newSize === live.dev.image?.size) return newSize;
-    throw new DiskError("disk.unsupported", `device ${devId} (${live.row.engine}) cannot change size while exported`, { devId, size: live.dev.image?.size ?? null, newSize });
+  updateSize(devId: string, newSize: number): Promise<number> {
+    return this.#lock(`dev:${devId}`, async () => {
+      const live = this.#get(devId);
+      const img = live.dev.image;
+      if (img && newSize === img.size) return newSize;
+      if (img && newSize < img.size) {
+        throw new DiskError("disk.bad_request", `device ${devId}: shrinking from ${img.size} to ${newSize} bytes would lose data`, { field: "new_size", value: newSize, size: img.size });
+      }
+      if (!img || img.readOnly || !img.grow || live.row.access === "shared") {
+        throw new DiskError("disk.unsupported", `device ${devId} is read-only or cannot grow`, { devId, engine: live.row.engine, size: img?.size ?? null, newSize });
+      }
+      await live.dev.grow(newSize);
+      log.info({ devId, from: img.size, to: newSize }, "device grown");
+      return img.size;
+    });
   }
 
   /**

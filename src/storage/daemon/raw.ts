@@ -3,26 +3,31 @@
  * Used for tests of the FUSE export and for disks that need no copy-on-write. Discard writes
  * zeros (same read-back contract as a punched hole, without a fallocate binding).
  */
-import { closeSync, fdatasyncSync, fstatSync, openSync, readSync, writeSync, constants as fsc } from "node:fs";
+import { closeSync, fdatasyncSync, fstatSync, fsyncSync, ftruncateSync, openSync, readSync, writeSync, constants as fsc } from "node:fs";
 import type { BlockImage } from "../block.ts";
 import { DiskError } from "./errors.ts";
 
 /** Largest zero-fill chunk used by discard, in bytes. */
 const ZERO_CHUNK = 1 << 20;
 
-/** A raw file opened read-only or read-write. Size = the file's size at open. */
+/** A raw file opened read-only or read-write. Size = the file's size at open (or as grown). */
 export class RawFileImage implements BlockImage {
-  readonly size: number;
   readonly readOnly: boolean;
   readonly path: string;
   #fd: number;
   #closed = false;
+  #size: number;
 
   private constructor(path: string, fd: number, readOnly: boolean) {
     this.path = path;
     this.#fd = fd;
     this.readOnly = readOnly;
-    this.size = fstatSync(fd).size;
+    this.#size = fstatSync(fd).size;
+  }
+
+  /** Virtual size in bytes. */
+  get size(): number {
+    return this.#size;
   }
 
   /**
@@ -87,6 +92,21 @@ export class RawFileImage implements BlockImage {
     for (let at = 0; at < length; at += zeros.byteLength) {
       await this.pwrite(zeros.subarray(0, Math.min(zeros.byteLength, length - at)), offset + at);
     }
+  }
+
+  /**
+   * Grow the file to `newSize` bytes (the new range reads as zeros), synced.
+   * @throws DiskError `disk.read_only`, `disk.bad_spec` (unaligned, or below the current size), `disk.io_failed`
+   */
+  async grow(newSize: number): Promise<void> {
+    if (this.readOnly) throw new DiskError("disk.read_only", `image ${this.path} is read-only`, { path: this.path });
+    if (this.#closed) throw new DiskError("disk.io_failed", `image ${this.path} is closed`, { path: this.path });
+    if (!Number.isSafeInteger(newSize) || newSize % 512 !== 0 || newSize < this.#size) {
+      throw new DiskError("disk.bad_spec", `cannot grow ${this.path} from ${this.#size} to ${newSize} bytes`, { path: this.path, size: this.#size, newSize });
+    }
+    ftruncateSync(this.#fd, newSize);
+    fsyncSync(this.#fd);
+    this.#size = newSize;
   }
 
   async sync(): Promise<void> {

@@ -198,6 +198,16 @@ export class DiskService {
     return r.layer_path;
   }
 
+  /**
+   * Grow device `id` to `newSize` bytes (a multiple of 512); the VMM must then be told (QEMU:
+   * QMP `block_resize`) for the guest to see it.
+   * @returns the device's size afterwards
+   * @throws DiskError `disk.bad_request` (shrinking), `disk.unsupported` (read-only, shared, or ublk), `disk.not_found`
+   */
+  async updateSize(id: string, newSize: number): Promise<number> {
+    return (await this.#call<"update_size">({ kind: "update_size", dev_id: id, new_size: newSize })).size;
+  }
+
   /** Counters of device `id`. */
   async stats(id: string): Promise<DeviceStats> {
     return (await this.#call<"stats">({ kind: "stats", dev_id: id })).stats;

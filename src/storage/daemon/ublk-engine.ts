@@ -6,8 +6,9 @@
  * daemon deletes what is left.
  *
  * engineState: { ublk_dev_id: number }.
- * Not offered here (a typed `disk.unsupported`): pre-created devices (a ublk device's size is
- * fixed at creation), restack of a live device (the server's write path has no hook to pause).
+ * Not offered here (a typed `disk.unsupported`): pre-created devices and growing a live device (a
+ * ublk device's size is fixed at creation on these kernels), restack of a live device (the
+ * server's write path has no hook to pause).
  */
 import type { BlockImage } from "../block.ts";
 import { targetOf, UblkServer, type UblkConfig, type UblkDevice } from "../ublk/index.ts";
@@ -45,6 +46,11 @@ class UblkEngineDevice implements EngineDevice {
   }
 
   refresh(): void {}
+
+  grow(): Promise<void> {
+    // UBLK_CMD_UPDATE_SIZE (feature UBLK_F_UPDATE_SIZE) is newer than the kernels this runs on
+    return Promise.reject(new DiskError("disk.unsupported", `ublk device ${this.#dev.devId} keeps the size it was created with`, { engine: "ublk", devId: this.#dev.devId }));
+  }
 
   async bind(): Promise<void> {
     throw new DiskError("disk.unsupported", "ublk devices are not pre-created", { engine: "ublk" });

@@ -22,7 +22,7 @@ import type { BlockImage } from "../block.ts";
 import * as F from "../../ffi/fuse.ts";
 import { logger } from "../../observability/log.ts";
 import { FuseError } from "./errors.ts";
-import { COUNTERS_PER_THREAD, type FuseReaderPool } from "./reader-pool.ts";
+import { COUNTERS_PER_THREAD, type FuseReaderPool, type PoolClient } from "./reader-pool.ts";
 import type { DirectMsg } from "./reader-worker.ts";
 
 const log = logger("fuse");
@@ -154,6 +154,7 @@ export class FuseConnection {
   #serve: ServeOptions | null = null;
   #pool: FuseReaderPool;
   #slot: number;
+  #client: PoolClient;
   #closed = false;
   #stats: FuseStats = { reads: 0, writes: 0, bytesRead: 0, bytesWritten: 0, fsyncs: 0, discards: 0, opens: 0, errors: 0 };
   #inflight = new Set<Promise<void>>();
@@ -186,13 +187,14 @@ export class FuseConnection {
     let resolveEnded!: (r: string) => void;
     this.ended = new Promise((r) => (resolveEnded = r));
     const direct = opts.serve ? this.#prepare(opts.serve) : null;
-    this.#slot = pool.register(opts.fd, {
+    this.#client = {
       onRequest: (req) => {
         if (!this.#readInline(req)) this.#dispatch(req);
       },
       onEnded: (reason) => resolveEnded(reason),
       onDirectFailure: (f) => log.error({ err: f.error, offset: f.offset, size: f.size, mountPoint: this.mountPoint }, `image ${f.op} failed`),
-    }, direct, this.#ctl, this.#counters);
+    };
+    this.#slot = pool.register(opts.fd, this.#client, direct, this.#ctl, this.#counters);
     if (opts.resume) {
       try {
         writeSync(opts.fd, F.encodeNotify(F.NOTIFY_RESEND));
@@ -233,6 +235,46 @@ export class FuseConnection {
     if (!s || this.#closed) return;
     s.direct = direct ?? undefined;
     this.#pool.update(this.#slot, direct ? this.#directMsg(s.image, direct) : null);
+  }
+
+  /**
+   * Grow the served image to `newSize` bytes (`BlockImage.grow`) between image mutations, and
+   * let the kernel see the new size: the reader threads stop reading this connection (requests
+   * wait in the kernel meanwhile), the image grows, the threads come back with a plan of the new
+   * size (`direct()`, default: the image's own file), then FUSE_NOTIFY_INVAL_INODE drops the
+   * file's cached attributes and the pages from the old end on.
+   * @throws FuseError `fuse.closed`, `fuse.bad_options` (no image bound, or it cannot grow); the image's error
+   */
+  grow(newSize: number, direct?: (img: BlockImage) => DirectPlan | undefined): Promise<void> {
+    const s = this.#serve;
+    if (this.#closed) return Promise.reject(new FuseError("fuse.closed", "grow on a closed connection", { mountPoint: this.mountPoint }));
+    if (!s || !s.image.grow) return Promise.reject(new FuseError("fuse.bad_options", "the connection serves no image that can grow", { mountPoint: this.mountPoint }));
+    return this.#serial(async () => {
+      const img = s.image;
+      const oldSize = img.size;
+      await this.#pool.unregister(this.#slot);
+      try {
+        await img.grow!(newSize);
+      } finally {
+        // marks so far carry over: those ranges still read through the image
+        const old = this.#dirty;
+        if (old) {
+          this.#dirty = new Int32Array(new SharedArrayBuffer(4 * Math.ceil(img.size / DIRTY_BLOCK / 32 + 1)));
+          this.#dirty.set(old.subarray(0, Math.min(old.length, this.#dirty.length)));
+        }
+        if (direct) s.direct = direct(img);
+        const plan = s.direct ?? directFileOf(img);
+        this.#slot = this.#pool.register(this.#fd, this.#client, plan ? this.#directMsg(img, plan) : null, this.#ctl, this.#counters);
+      }
+      if (img.size !== oldSize) {
+        try {
+          writeSync(this.#fd, F.encodeNotify(F.NOTIFY_INVAL_INODE, F.encodeInvalInode(FILE_INO, Math.floor(oldSize / 4096) * 4096, 0)));
+        } catch (e) {
+          // ENOENT: the kernel has no inode cached (the file was never looked up): nothing to drop
+          if ((e as NodeJS.ErrnoException).code !== "ENOENT") throw e;
+        }
+      }
+    });
   }
 
   #prepare(serve: ServeOptions): DirectMsg | null {

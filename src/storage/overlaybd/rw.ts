@@ -248,6 +248,31 @@ export class RwLayer {
     return indexOffset;
   }
 
+  /**
+   * Grow the virtual size to `newSize` bytes: the size field of both files' headers is rewritten
+   * (data first, each synced; the data header is the one `open` reads), a sparse data file is
+   * extended. Written data stays as it is; the new range reads from the layers below, or as zeros.
+   * @throws OverlaybdError `bad_size` (not a multiple of 512, or below the current size), `closed`
+   */
+  grow(newSize: number): void {
+    if (this.closed) fail("closed", "grow of a closed writable layer", { file: this.data.name });
+    if (!Number.isSafeInteger(newSize) || newSize % SECTOR !== 0 || newSize < this.header.virtualSize) {
+      fail("bad_size", `cannot grow to ${newSize} bytes: not a multiple of 512, or below the current ${this.header.virtualSize}`, { file: this.data.name, virtualSize: newSize, current: this.header.virtualSize });
+    }
+    if (newSize === this.header.virtualSize) return;
+    if (this.sparse) {
+      this.data.truncateSync(HT_SIZE + newSize);
+      this.dataEnd = HT_SIZE + newSize;
+    }
+    const hb = new Uint8Array(HT_SIZE);
+    for (const f of [this.data, this.index]) {
+      f.preadSync(hb, 0);
+      f.pwriteSync(encodeHeaderTrailer({ ...decodeHeaderTrailer(hb, f.name, 0), virtualSize: newSize }), 0);
+      f.syncSync();
+    }
+    this.header.virtualSize = newSize;
+  }
+
   /** fsync data, then index: after this returns, every completed write survives a crash. */
   sync(): void {
     this.data.syncSync();

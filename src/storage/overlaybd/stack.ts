@@ -409,6 +409,19 @@ export class LayeredImage implements BlockImage {
   }
 
   /**
+   * Grow the virtual size to `newSize` bytes, recorded in the upper's headers (a reopened stack
+   * keeps it). The new range reads as zeros (or the lowers' bytes, where they are larger) until
+   * written.
+   * @throws OverlaybdError `read_only` (no writable upper), `bad_size` (unaligned, or below the current size), `closed`
+   */
+  async grow(newSize: number): Promise<void> {
+    const up = this.requireUpper("grow");
+    if (newSize < this._size) fail("bad_size", `cannot shrink the image from ${this._size} to ${newSize} bytes`, { file: up.data.name, virtualSize: newSize, current: this._size });
+    up.grow(newSize);
+    this._size = newSize;
+  }
+
+  /**
    * Restack: turn the upper into the new top read-only layer and start an empty upper at `next`
    * whose parent is that layer. With `layerPath` the upper is committed (compacted) into that
    * new file and the old pair is left for the caller to delete; with `null` it is sealed in

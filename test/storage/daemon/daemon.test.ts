@@ -2,9 +2,9 @@
 // for the file (needs root: FUSE). Raw frames for malformed and oversize input; every request
 // kind against real devices: shared refcounted read-only devices (the snapshot memory image
 // case: opened once, mapped by many), the warm pool, restack, recovery of a restacked stack after
-// kill -9, update_size, hold, delete, shutdown.
+// kill -9, update_size (growing a served disk), hold, delete, shutdown.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { closeSync, existsSync, mkdirSync, mkdtempSync, openSync, readFileSync, rmSync, writeFileSync, writeSync } from "node:fs";
+import { closeSync, existsSync, fstatSync, mkdirSync, mkdtempSync, openSync, readFileSync, readSync, rmSync, statSync, writeFileSync, writeSync } from "node:fs";
 import { join } from "node:path";
 import { daemonPaths } from "../../../src/storage/daemon/daemon.ts";
 import { encodeFrame, FrameReader } from "../../../src/storage/daemon/protocol.ts";
@@ -218,14 +218,69 @@ describe("disk daemon protocol", () => {
     expect(await code(svc.restack("rs", null, { data: join(sb, "n2.data"), index: join(sb, "n2.index") }))).toBe("disk.not_found");
   }, 60_000);
 
+  test("update_size grows a served root disk: an open reader sees the size, the new range is zeros and writable, kill -9 keeps it", async () => {
+    const sb = join(root, "grow");
+    const d = await svc.rootDisk({ id: "grow", lowers, sandboxDir: sb });
+    try {
+      const fd = openSync(d.path, "r+");
+      try {
+        expect(fstatSync(fd).size).toBe(SIZE);
+        writeSync(fd, Buffer.alloc(4096, 0x33), 0, 4096, SIZE - 4096);
+        expect(await svc.updateSize("grow", SIZE + 4 * MiB)).toBe(SIZE + 4 * MiB);
+        // the reader that had the file open sees the new size (cached attributes dropped)
+        expect(fstatSync(fd).size).toBe(SIZE + 4 * MiB);
+        const tail = Buffer.alloc(4 * MiB + 4096, 0xff);
+        expect(readSync(fd, tail, 0, tail.length, SIZE - 4096)).toBe(tail.length);
+        expect(tail.subarray(0, 4096).every((x) => x === 0x33)).toBe(true);
+        expect(tail.subarray(4096).every((x) => x === 0)).toBe(true);
+        writeSync(fd, Buffer.alloc(4096, 0x44), 0, 4096, SIZE + 4 * MiB - 4096);
+        // writes past the new end still fail
+        expect(() => writeSync(fd, Buffer.alloc(512, 1), 0, 512, SIZE + 4 * MiB)).toThrow();
+      } finally {
+        closeSync(fd);
+      }
+      const want = Buffer.concat([Buffer.from(expected), Buffer.alloc(4 * MiB)]);
+      want.fill(0x33, SIZE - 4096, SIZE);
+      want.fill(0x44, SIZE + 4 * MiB - 4096);
+      expect(readFileSync(d.path).equals(want)).toBe(true);
+      // the size lives in the upper: a restarted daemon serves the grown disk
+      process.kill(svc.pid, "SIGKILL");
+      const restarts = svc.restarts;
+      for (let i = 0; i < 200 && svc.restarts === restarts; i++) await Bun.sleep(25);
+      expect(svc.restarts).toBe(restarts + 1);
+      expect(statSync(d.path).size).toBe(SIZE + 4 * MiB);
+      expect(readFileSync(d.path).equals(want)).toBe(true);
+      const img = await openStack({ lowers, upper: upperPaths(sb) });
+      try {
+        expect(img.size).toBe(SIZE + 4 * MiB);
+      } finally {
+        await img.close();
+      }
+    } finally {
+      await d.close();
+    }
+  }, 60_000);
+
   test("update_size, hold, delete and a raw device's restack answer with typed errors", async () => {
     const raw = join(root, "r.raw");
     writeFileSync(raw, new Uint8Array(64 * 1024));
     const d = await svc.exportDisk({ id: "r1", target: { kind: "raw", path: raw, read_only: false } });
     try {
       expect(await svc.request({ kind: "update_size", dev_id: "r1", new_size: 64 * 1024 })).toMatchObject({ kind: "size_updated", size: 64 * 1024 });
-      expect(await code(svc.request({ kind: "update_size", dev_id: "r1", new_size: 128 * 1024 }))).toBe("disk.unsupported");
+      // a raw disk grows: the file and the served file, the new range zeros
+      expect(await svc.updateSize("r1", 128 * 1024)).toBe(128 * 1024);
+      expect(statSync(raw).size).toBe(128 * 1024);
+      expect(statSync(d.path).size).toBe(128 * 1024);
+      expect(readFileSync(d.path).equals(Buffer.alloc(128 * 1024))).toBe(true);
+      expect(await code(svc.updateSize("r1", 64 * 1024))).toBe("disk.bad_request");
+      expect(await code(svc.request({ kind: "update_size", dev_id: "r1", new_size: 1000 }))).toBe("disk.bad_request");
       expect(await code(svc.request({ kind: "update_size", dev_id: "zz", new_size: 512 }))).toBe("disk.not_found");
+      const ro = await svc.acquireShared({ key: "grow-ro", rawPath: raw });
+      try {
+        expect(await code(svc.updateSize(ro.id, 256 * 1024))).toBe("disk.unsupported");
+      } finally {
+        await ro.close();
+      }
       expect(await code(svc.request({ kind: "hold", dev_id: "r1", holder_pid: 2 ** 22 + 7, holder_fd: 3 }))).toBe("disk.bad_request");
       expect(await code(svc.request({ kind: "hold", dev_id: "zz", holder_pid: process.pid, holder_fd: 3 }))).toBe("disk.not_found");
       expect(await code(svc.restack("r1", null, { data: join(root, "a.data"), index: join(root, "a.index") }))).toBe("disk.unsupported");

@@ -146,6 +146,46 @@ describe("writable layer", () => {
   });
 });
 
+describe("growing a stack", () => {
+  test("grow records the size in the upper (data before index header), keeps data, reads zeros past the lowers; sparse too", async () => {
+    const raw = tmp.path("base.raw");
+    writeFileSync(raw, new Uint8Array(2 * MiB).fill(0x61));
+    await importRaw(raw, tmp.path("l0"));
+    for (const sparse of [false, true]) {
+      const u = { data: tmp.path(`g${sparse}.data`), index: tmp.path(`g${sparse}.index`) };
+      await createUpper(u, 2 * MiB, { sparse });
+      const img = await openStack({ lowers: [tmp.path("l0")], upper: u });
+      await img.pwrite(new Uint8Array(4096).fill(0x62), MiB);
+      await img.grow(2 * MiB); // same size: nothing to do
+      await img.grow(3 * MiB);
+      expect(img.size).toBe(3 * MiB);
+      await img.pwrite(new Uint8Array(4096).fill(0x63), 3 * MiB - 4096);
+      await expect(img.pwrite(new Uint8Array(512), 3 * MiB)).rejects.toMatchObject({ code: "overlaybd.out_of_range" });
+      await expect(img.grow(2 * MiB)).rejects.toMatchObject({ code: "overlaybd.bad_size" });
+      await expect(img.grow(3 * MiB + 100)).rejects.toMatchObject({ code: "overlaybd.bad_size" });
+      await img.sync();
+      await img.close();
+      await expect(img.grow(4 * MiB)).rejects.toMatchObject({ code: "overlaybd.closed" });
+      // both headers carry the size; a reopened stack has it and every byte
+      for (const f of [u.data, u.index]) expect(readFileSync(f).readBigUInt64LE(48)).toBe(BigInt(3 * MiB)); // virtual_size @48 (overlaybd-format.md)
+      const again = await openStack({ lowers: [tmp.path("l0")], upper: u });
+      expect(again.size).toBe(3 * MiB);
+      const all = new Uint8Array(3 * MiB);
+      expect(await again.pread(all, 0)).toBe(3 * MiB);
+      const want = new Uint8Array(3 * MiB);
+      want.fill(0x61, 0, 2 * MiB);
+      want.fill(0x62, MiB, MiB + 4096);
+      want.fill(0x63, 3 * MiB - 4096);
+      expect(Buffer.compare(Buffer.from(all), Buffer.from(want))).toBe(0);
+      await again.close();
+    }
+    // a stack without a writable upper cannot grow
+    const ro = await openStack({ lowers: [tmp.path("l0")] });
+    await expect(ro.grow(4 * MiB)).rejects.toMatchObject({ code: "overlaybd.read_only" });
+    await ro.close();
+  });
+});
+
 describe("stacks", () => {
   test("restack, zeroed upper entries hide lower data, vsize from the lower", async () => {
     await createUpper(up(), 4 * MiB);
