@@ -64,6 +64,7 @@ export default defineCommand({
           mirror: cfg.template.mirror,
           packages: cfg.template.packages,
           sizeMiB: cfg.template.rootfs_size_mib,
+          toolTimeoutMs: cfg.template.tool_timeout_ms,
           tools: { ...cfg.tools, envd: cfg.envd },
           onProgress(phase, detail) {
             const s = ((performance.now() - t0) / 1000).toFixed(1);

@@ -107,6 +107,7 @@ export const CONFIG_SCHEMA = section("", {
     mirror: str("", "Debian mirror for mmdebstrap. Empty: the first http(s) deb URL in this host's apt sources."),
     packages: list(["ca-certificates", "iproute2", "procps", "sudo", "curl", "git", "python3", "fio"], "Packages added to mmdebstrap's minbase variant."),
     rootfs_size_mib: int(2048, "Size of the base root filesystem image in MiB (ext4; the guest sees this much disk).", { min: 64, max: 1_048_576, unit: "MiB" }),
+    tool_timeout_ms: int(3_600_000, "Bound on one tool run of `template build-base` (mmdebstrap, mkfs.ext4).", { min: 1000, max: MS_MAX, unit: "ms" }),
   }),
 
   template_build: section("Template builds through the API (E2B Template SDK) and `agentenv template build|pull`.", {
@@ -123,11 +124,32 @@ export const CONFIG_SCHEMA = section("", {
     ready_poll_ms: int(2000, "Period of polling the ready command during a build (E2B: 2 s).", { min: 10, max: 60_000, unit: "ms" }),
     create_ready_poll_ms: int(200, "Period of polling a template's ready command while a sandbox of it starts (the create\nwaits for it).", { min: 10, max: 60_000, unit: "ms" }),
     vm_boot_timeout_ms: int(180_000, "Bound on booting a build VM until its envd answers.", { min: 1000, max: MS_MAX, unit: "ms" }),
+    ready_probe_timeout_ms: int(60_000, "Bound on one run of the ready command (at build and at sandbox start).", { min: 1000, max: MS_MAX, unit: "ms" }),
+    vm_flush_timeout_ms: int(120_000, "Bound on flushing a build VM's filesystem (sync, fsfreeze) before a step's layer is taken.", { min: 1000, max: MS_MAX, unit: "ms" }),
     tool_timeout_ms: int(1_800_000, "Bound on one skopeo / umoci / mkfs run of an image pull.", { min: 1000, max: MS_MAX, unit: "ms" }),
+    manifest_timeout_ms: int(
+      60_000,
+      "Bound on asking a registry for an image's manifest (the first contact of a pull): a dead\nregistry fails the build in this time instead of holding a build slot for tool_timeout_ms.",
+      { min: 1000, max: MS_MAX, unit: "ms" },
+    ),
     image_headroom_mib: int(2048, "Free space added to a pulled image's files for its root filesystem (sparse: costs nothing\nuntil written).", { min: 0, max: 1_048_576, unit: "MiB" }),
     image_min_disk_mib: int(1024, "Smallest root disk of a pulled image.", { min: 16, max: 1_048_576, unit: "MiB" }),
     upload_url_ttl_secs: int(1800, "Lifetime of the upload URL `GET /templates/{id}/files/{hash}` returns.", { min: 1, max: 86_400, unit: "s" }),
     max_upload_bytes: int(4_294_967_296, "Largest uploaded file archive of a COPY step.", { min: 1, unit: "bytes" }),
+    log_max_bytes: int(
+      16_777_216,
+      "Largest build log (one per build); past it one truncation line is written and only errors\nafter it.",
+      { min: 4096, max: 1_073_741_824, unit: "bytes" },
+    ),
+    gc_interval_ms: int(600_000, "Period of collecting template files no template, sandbox or snapshot uses (layers, trimmed\nstep and image cache, old uploads); also after each template delete.", { min: 1000, max: MS_MAX, unit: "ms" }),
+    cache_max_bytes: int(
+      53_687_091_200,
+      "Disk the build cache (step layers and pulled images no template boots from) may keep; the\nleast recently used entries go first.",
+      { min: 0, unit: "bytes" },
+    ),
+    gc_min_age_ms: int(600_000, "Files younger than this are never collected (one being written is not yet named by its record).", { min: 0, max: MS_MAX, unit: "ms" }),
+    upload_max_age_secs: int(86_400, "Uploaded COPY archives older than this are collected (the SDK uploads again when a build needs them).", { min: 60, max: 31_536_000, unit: "s" }),
+    error_output_chars: int(1500, "Characters of a failed command's output kept in a build's error reason.", { min: 100, max: 1_048_576, unit: "count" }),
   }),
 
   node: section("", {

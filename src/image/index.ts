@@ -5,4 +5,5 @@
  */
 export { ImageError } from "./errors.ts";
 export { formatImageRef, isLoopbackRegistry, parseImageRef, type ImageRef } from "./reference.ts";
-export { classifySkopeo, GUEST_BITS_KEY, installGuestBits, pullImage, srcFlags, reapPullLeftovers, type ImageRunConfig, type PulledImage, type PullOptions } from "./pull.ts";
+export { classifySkopeo, GUEST_BITS_KEY, installGuestBits, pullImage, srcFlags, reapPullLeftovers, writeAuthFile, imageRecordLayer, type ImageRunConfig, type PulledImage, type PullOptions } from "./pull.ts";
+export { runTool, type ToolOptions, type ToolOutcome } from "./tool.ts";

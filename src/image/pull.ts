@@ -19,13 +19,14 @@
  * a second pull of the same tag asks the registry for the manifest only.
  */
 import { createHash, randomBytes } from "node:crypto";
-import { existsSync, linkSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from "node:fs";
-import { join } from "node:path";
+import { existsSync, linkSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, truncateSync, utimesSync, writeFileSync } from "node:fs";
+import { basename, dirname, join } from "node:path";
 import { importSparse } from "../storage/overlaybd/index.ts";
 import { TOOLS_MOUNT } from "../tools/index.ts";
 import { ImageError } from "./errors.ts";
 import { formatImageRef, isLoopbackRegistry, parseImageRef, type ImageRef } from "./reference.ts";
 import { RootTree } from "./rootfs.ts";
+import { runTool } from "./tool.ts";
 
 /** Process defaults of the image (its OCI config, as umoci's runtime spec has them). */
 export interface ImageRunConfig {
@@ -52,12 +53,16 @@ export interface PullOptions {
   minDiskMiB: number;
   /** Bound on each skopeo/umoci/mkfs run, ms. */
   toolTimeoutMs: number;
+  /** Bound on each manifest request (the first contact with the registry), ms. */
+  manifestTimeoutMs: number;
   onProgress?: (line: string) => void;
   signal?: AbortSignal;
 }
 
 /** A bootable image layer. */
 export interface PulledImage {
+  /** Cache key: the manifest digest and GUEST_BITS_KEY (what the layer is made of). */
+  key: string;
   ref: string;
   /** Digest of the manifest (or manifest list) the tag named. */
   digest: string;
@@ -74,6 +79,8 @@ export interface PulledImage {
 }
 
 interface CacheEntry {
+  /** File name of the layer in the cache directory (`<key>.layer`, or a fresh name when that existed). */
+  layer?: string;
   ref: string;
   digest: string;
   diskBytes: number;
@@ -81,40 +88,38 @@ interface CacheEntry {
   compressedBytes: number;
 }
 
-/**
- * Run a tool; stderr lines go to `onLine`.
- * @returns stdout.
- * @throws ImageError `image.tool_missing`, or `classify(stderr)` when it exits non-zero.
- */
-async function tool(cmd: string[], timeoutMs: number, classify: (err: string, code: number | null) => ImageError, onLine?: (l: string) => void, signal?: AbortSignal): Promise<string> {
-  let p: ReturnType<typeof Bun.spawn>;
-  try {
-    p = Bun.spawn(cmd, { stdin: "ignore", stdout: "pipe", stderr: "pipe", signal: AbortSignal.any([AbortSignal.timeout(timeoutMs), ...(signal ? [signal] : [])]) });
-  } catch (e) {
-    throw new ImageError("image.tool_missing", `cannot run ${cmd[0]}: ${(e as Error).message}`, { cmd: cmd[0] });
-  }
-  let err = "";
-  const errDone = (async () => {
-    let buf = "";
-    for await (const c of p.stderr as ReadableStream<Uint8Array>) {
-      const s = new TextDecoder().decode(c);
-      err = (err + s).slice(-8000);
-      buf += s;
-      const lines = buf.split("\n");
-      buf = lines.pop()!;
-      for (const l of lines) if (l.trim()) onLine?.(l.trim());
-    }
-  })();
-  const [out, code] = await Promise.all([new Response(p.stdout as ReadableStream).text(), p.exited, errDone]);
-  if (code !== 0) throw classify(err.trim() || out.trim().slice(-2000), p.signalCode ? null : code);
-  return out;
+/** How to run one tool: its bound, what a timeout means, and whether stdout is progress. */
+interface ToolRun {
+  timeoutMs: number;
+  /** What the run does, for a timeout's message ("asking r for its manifest"). */
+  what: string;
+  /** The typed error of a failed run (stderr tail, exit code). */
+  classify: (err: string, code: number) => ImageError;
+  /** Progress lines: stderr, and stdout too with `stdoutProgress` (skopeo copy's "Copying blob ..."). */
+  onLine?: (l: string) => void;
+  stdoutProgress?: boolean;
+  signal?: AbortSignal;
 }
 
-/** Map skopeo's stderr to a typed error. */
-export function classifySkopeo(ref: string, registry: string, err: string, code: number | null): ImageError {
+/**
+ * Run a tool to its end (runTool).
+ * @returns stdout.
+ * @throws ImageError `image.tool_missing`; `image.timeout` past `timeoutMs`; `image.pull_failed`
+ *   when `signal` aborted it; `classify(stderr)` when it exits non-zero.
+ */
+async function tool(cmd: string[], t: ToolRun): Promise<string> {
+  const r = await runTool(cmd, { timeoutMs: t.timeoutMs, onLine: t.onLine, stdoutLines: t.stdoutProgress, signal: t.signal });
+  if (r.code === 0) return r.stdout;
+  if (r.missing) throw new ImageError("image.tool_missing", `cannot run ${cmd[0]}: ${r.stderr.trim()}`, { cmd: cmd[0] });
+  if (r.timedOut) throw new ImageError("image.timeout", `${t.what} took longer than ${t.timeoutMs} ms`, { cmd: cmd[0], timeoutMs: t.timeoutMs });
+  if (r.cancelled) throw new ImageError("image.pull_failed", `${t.what} was cancelled`, { cmd: cmd[0] });
+  throw t.classify(r.stderr.trim() || r.stdout.trim().slice(-2000), r.code);
+}
+
+/** Map skopeo's stderr (it exited with `code`) to a typed error. */
+export function classifySkopeo(ref: string, registry: string, err: string, code: number): ImageError {
   const d = { ref, registry, stderr: err.slice(-1500) };
   const tailMsg = err.split("\n").filter(Boolean).pop() ?? `exit ${code}`;
-  if (code === null) return new ImageError("image.pull_failed", `pulling ${ref} timed out or was cancelled`, d);
   if (/digest did not match|digest mismatch|Digest mismatch|computed digest/i.test(err)) return new ImageError("image.digest_mismatch", `a blob of ${ref} does not match its digest: ${tailMsg}`, d);
   if (/manifest unknown|name unknown|not found|NAME_UNKNOWN|MANIFEST_UNKNOWN/i.test(err)) return new ImageError("image.not_found", `image ${ref} not found: ${tailMsg}`, d);
   if (/no image found in manifest list|choosing image instance/i.test(err)) return new ImageError("image.no_platform", `image ${ref} has no linux/amd64 entry: ${tailMsg}`, d);
@@ -128,11 +133,23 @@ export function classifySkopeo(ref: string, registry: string, err: string, code:
 
 /**
  * skopeo flags for reaching `r`'s registry: TLS verified unless the registry is on loopback or
- * listed in `insecureRegistries` (then plain HTTP is allowed too); credentials or anonymous.
+ * listed in `insecureRegistries` (then plain HTTP is allowed too); the credentials in `authFile`
+ * (see `writeAuthFile`: never on the command line, where /proc/<pid>/cmdline shows them to every
+ * local user) or anonymous.
  */
-export function srcFlags(r: ImageRef, o: Pick<PullOptions, "insecureRegistries" | "credentials">): string[] {
+export function srcFlags(r: ImageRef, o: Pick<PullOptions, "insecureRegistries">, authFile?: string): string[] {
   const insecure = isLoopbackRegistry(r.registry) || o.insecureRegistries.includes(r.registry);
-  return [`--src-tls-verify=${insecure ? "false" : "true"}`, ...(o.credentials ? ["--src-creds", `${o.credentials.username}:${o.credentials.password}`] : ["--src-no-creds"])];
+  return [`--src-tls-verify=${insecure ? "false" : "true"}`, ...(authFile ? ["--src-authfile", authFile] : ["--src-no-creds"])];
+}
+
+/**
+ * Write `credentials` for `registry` as a containers-auth.json file (mode 0600) at `path`, the
+ * file skopeo's `--authfile` reads (`{"auths": {"<registry>": {"auth": base64(user:password)}}}`,
+ * containers-auth.json(5)).
+ */
+export function writeAuthFile(path: string, registry: string, credentials: { username: string; password: string }): void {
+  const auth = Buffer.from(`${credentials.username}:${credentials.password}`).toString("base64");
+  writeFileSync(path, JSON.stringify({ auths: { [registry]: { auth } } }), { mode: 0o600 });
 }
 
 const sha256hex = (b: Uint8Array | string) => createHash("sha256").update(b).digest("hex");
@@ -141,12 +158,16 @@ const sha256hex = (b: Uint8Array | string) => createHash("sha256").update(b).dig
  * Resolve `ref` to its manifest digest and the linux/amd64 manifest (sizes of its layers).
  * @throws ImageError (see classifySkopeo).
  */
-async function resolveManifest(r: ImageRef, o: PullOptions): Promise<{ digest: string; compressedBytes: number }> {
+async function resolveManifest(r: ImageRef, o: PullOptions, authFile: string | undefined): Promise<{ digest: string; compressedBytes: number }> {
   const ref = formatImageRef(r);
-  const inspect = async (target: string) => {
-    const out = await tool(["skopeo", "inspect", "--raw", "--retry-times", "0", ...srcFlags(r, o).map((f) => f.replace("--src-", "--")), `docker://${target}`], o.toolTimeoutMs, (e, c) => classifySkopeo(ref, r.registry, e, c), undefined, o.signal);
-    return out;
-  };
+  const flags = srcFlags(r, o, authFile).map((f) => f.replace("--src-", "--"));
+  const inspect = (target: string) =>
+    tool(["skopeo", "inspect", "--raw", "--retry-times", "0", ...flags, `docker://${target}`], {
+      timeoutMs: o.manifestTimeoutMs,
+      what: `asking ${r.registry} for the manifest of ${target}`,
+      classify: (e, c) => classifySkopeo(ref, r.registry, e, c),
+      signal: o.signal,
+    });
   const raw = await inspect(ref);
   const digest = `sha256:${sha256hex(raw)}`;
   let m = JSON.parse(raw) as { manifests?: { digest: string; platform?: { os?: string; architecture?: string } }[]; layers?: { size: number }[] };
@@ -249,34 +270,40 @@ export async function pullImage(o: PullOptions): Promise<PulledImage> {
   const progress = o.onProgress ?? (() => {});
   const cacheDir = join(o.homePath, "images");
   mkdirSync(cacheDir, { recursive: true });
-  progress(`resolving ${ref}`);
-  const { digest, compressedBytes } = await resolveManifest(r, o);
-  const key = sha256hex(`${digest}\0${GUEST_BITS_KEY}`).slice(0, 32);
-  const layerPath = join(cacheDir, `${key}.layer`);
-  const metaPath = join(cacheDir, `${key}.json`);
-  if (existsSync(layerPath) && existsSync(metaPath)) {
-    const m = JSON.parse(readFileSync(metaPath, "utf8")) as CacheEntry;
-    progress(`${ref} ${digest}: cached`);
-    return { ref, digest, layerPath, diskBytes: m.diskBytes, config: m.config, pulled: false, compressedBytes: m.compressedBytes, fetchMs: 0 };
-  }
+  // private work dir (0700): the credentials file, skopeo's copy, umoci's bundle
   const work = join(cacheDir, `.pull-${randomBytes(6).toString("hex")}`);
-  mkdirSync(work);
+  mkdirSync(work, { mode: 0o700 });
+  let metaPath = "";
   try {
+    const authFile = o.credentials ? join(work, "auth.json") : undefined;
+    if (authFile) writeAuthFile(authFile, r.registry, o.credentials!);
+    progress(`resolving ${ref}`);
+    const { digest, compressedBytes } = await resolveManifest(r, o, authFile);
+    const key = sha256hex(`${digest}\0${GUEST_BITS_KEY}`).slice(0, 32);
+    metaPath = join(cacheDir, `${key}.json`);
+    const hit = cachedImage(cacheDir, metaPath);
+    if (hit) {
+      utimesSync(metaPath, new Date(), new Date()); // last use, for the cache's trimming
+      progress(`${ref} ${digest}: cached`);
+      return { key, ref, digest, layerPath: hit.layerPath, diskBytes: hit.m.diskBytes, config: hit.m.config, pulled: false, compressedBytes: hit.m.compressedBytes, fetchMs: 0 };
+    }
     const t0 = performance.now();
     progress(`pulling ${ref} (${(compressedBytes / 1048576).toFixed(1)} MiB compressed)`);
-    await tool(
-      ["skopeo", "copy", "--retry-times", "0", "--dest-decompress", "--format", "oci", "--override-os", "linux", "--override-arch", "amd64", ...srcFlags(r, o), `docker://${r.registry}/${r.repository}@${digest}`, `dir:${join(work, "dir")}`],
-      o.toolTimeoutMs,
-      (e, c) => classifySkopeo(ref, r.registry, e, c),
-      progress,
-      o.signal,
-    );
+    // skopeo says "Copying blob sha256:..." on stdout per layer: that is the pull's progress
+    await tool(["skopeo", "copy", "--retry-times", "0", "--dest-decompress", "--format", "oci", "--override-os", "linux", "--override-arch", "amd64", ...srcFlags(r, o, authFile), `docker://${r.registry}/${r.repository}@${digest}`, `dir:${join(work, "dir")}`], {
+      timeoutMs: o.toolTimeoutMs,
+      what: `pulling ${ref}`,
+      classify: (e, c) => classifySkopeo(ref, r.registry, e, c),
+      onLine: progress,
+      stdoutProgress: true,
+      signal: o.signal,
+    });
     const fetchMs = performance.now() - t0;
     const config = runConfig(join(work, "dir"));
     dirToOciLayout(join(work, "dir"), join(work, "oci"));
     progress("unpacking layers (umoci)");
     const bundle = join(work, "bundle");
-    await tool(["umoci", "unpack", "--image", `${join(work, "oci")}:img`, bundle], o.toolTimeoutMs, (e) => new ImageError("image.unpack_failed", `umoci unpack of ${ref} failed: ${e.slice(-800)}`, { ref }), undefined, o.signal);
+    await tool(["umoci", "unpack", "--image", `${join(work, "oci")}:img`, bundle], { timeoutMs: o.toolTimeoutMs, what: `unpacking ${ref}`, classify: (e) => new ImageError("image.unpack_failed", `umoci unpack of ${ref} failed: ${e.slice(-800)}`, { ref }), signal: o.signal });
     rmSync(join(work, "dir"), { recursive: true, force: true });
     rmSync(join(work, "oci"), { recursive: true, force: true });
     const rootfs = join(bundle, "rootfs");
@@ -287,29 +314,61 @@ export async function pullImage(o: PullOptions): Promise<PulledImage> {
     progress(`making ext4 of ${mib} MiB (${(used / 1048576).toFixed(1)} MiB of files)`);
     const img = join(work, "rootfs.ext4");
     writeFileSync(img, "");
-    await tool(["truncate", "-s", `${mib}M`, img], o.toolTimeoutMs, (e) => new ImageError("image.convert_failed", `truncate failed: ${e}`, { ref }));
-    await tool(["mkfs.ext4", "-q", "-F", "-L", "aenv-root", "-E", "root_owner=0:0", "-d", rootfs, img], o.toolTimeoutMs, (e) => new ImageError("image.convert_failed", `mkfs.ext4 of ${ref} failed: ${e.slice(-800)}`, { ref }), undefined, o.signal);
+    truncateSync(img, diskBytes);
+    await tool(["mkfs.ext4", "-q", "-F", "-L", "aenv-root", "-E", "root_owner=0:0", "-d", rootfs, img], { timeoutMs: o.toolTimeoutMs, what: `making the file system of ${ref}`, classify: (e) => new ImageError("image.convert_failed", `mkfs.ext4 of ${ref} failed: ${e.slice(-800)}`, { ref }), signal: o.signal });
     rmSync(bundle, { recursive: true, force: true });
     progress("importing as an overlaybd layer");
     const tmpLayer = join(work, "rootfs.layer");
     await importSparse(img, tmpLayer);
-    const entry: CacheEntry = { ref, digest, diskBytes, config, compressedBytes };
+    // never over an existing layer (its record was dropped, but builds and sandboxes may stack
+    // on it: a new conversion is not the same bytes)
+    let layerName = `${key}.layer`;
+    try {
+      linkSync(tmpLayer, join(cacheDir, layerName));
+    } catch (e) {
+      if ((e as NodeJS.ErrnoException).code !== "EEXIST") throw e;
+      layerName = `${key}-${randomBytes(4).toString("hex")}.layer`;
+      linkSync(tmpLayer, join(cacheDir, layerName));
+    }
+    const layerPath = join(cacheDir, layerName);
+    const entry: CacheEntry = { layer: layerName, ref, digest, diskBytes, config, compressedBytes };
     writeFileSync(`${metaPath}.tmp`, JSON.stringify(entry, null, 2));
-    renameSync(tmpLayer, layerPath);
     renameSync(`${metaPath}.tmp`, metaPath);
     progress(`${ref} ${digest}: ${(compressedBytes / 1048576).toFixed(1)} MiB in ${(fetchMs / 1000).toFixed(1)} s`);
-    return { ref, digest, layerPath, diskBytes, config, pulled: true, compressedBytes, fetchMs };
+    return { key, ref, digest, layerPath, diskBytes, config, pulled: true, compressedBytes, fetchMs };
   } finally {
     rmSync(work, { recursive: true, force: true });
-    rmSync(`${metaPath}.tmp`, { force: true });
+    if (metaPath) rmSync(`${metaPath}.tmp`, { force: true });
   }
 }
 
-/** Remove pull work directories a crashed node left in `$home/images`. */
+/** The cache record at `metaPath` and its layer, when both are there. */
+function cachedImage(cacheDir: string, metaPath: string): { m: CacheEntry; layerPath: string } | null {
+  if (!existsSync(metaPath)) return null;
+  try {
+    const m = JSON.parse(readFileSync(metaPath, "utf8")) as CacheEntry;
+    const layerPath = join(cacheDir, m.layer ?? basename(metaPath).replace(/\.json$/, ".layer"));
+    return existsSync(layerPath) ? { m, layerPath } : null;
+  } catch {
+    return null;
+  }
+}
+
+/** The layer file a cache record at `metaPath` names (for garbage collection), or null when unreadable. */
+export function imageRecordLayer(metaPath: string): string | null {
+  try {
+    const m = JSON.parse(readFileSync(metaPath, "utf8")) as CacheEntry;
+    return join(dirname(metaPath), m.layer ?? basename(metaPath).replace(/\.json$/, ".layer"));
+  } catch {
+    return null;
+  }
+}
+
+/** Remove what a crashed node's pulls left in `$home/images`: work directories (with their credentials file) and half-written cache records. */
 export function reapPullLeftovers(homePath: string): void {
   const dir = join(homePath, "images");
   if (!existsSync(dir)) return;
   for (const name of readdirSync(dir)) {
-    if (name.startsWith(".pull-") && statSync(join(dir, name)).isDirectory()) rmSync(join(dir, name), { recursive: true, force: true });
+    if ((name.startsWith(".pull-") && statSync(join(dir, name)).isDirectory()) || name.endsWith(".tmp")) rmSync(join(dir, name), { recursive: true, force: true });
   }
 }

@@ -20,7 +20,7 @@ import { buildCommit, nodeId } from "../api/node.ts";
 import { SandboxProxy } from "../api/proxy.ts";
 import { parseAddr, serve, type ServeOptions } from "../api/server.ts";
 import { handleUpload } from "../api/routes/templates.ts";
-import { createTemplateService } from "./templates.ts";
+import { createTemplateService, sandboxLayers } from "./templates.ts";
 import type { TemplateService } from "../template/index.ts";
 
 /** A started node. `close()` stops listening, then the orchestrator (shutdown_action), then the DB. */
@@ -128,7 +128,7 @@ export async function bootNode(cfg: Config, makeRuntime: RuntimeFactory = create
   try {
     await orch.start();
     ({ key, source } = loadOrCreateApiKey(cfg.api.key, home));
-    templates = createTemplateService(cfg, runtime);
+    templates = createTemplateService(cfg, runtime, () => sandboxLayers(orch));
   } catch (e) {
     await orch.close().catch(() => {});
     await undo(db);

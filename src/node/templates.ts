@@ -6,19 +6,24 @@
 import { join } from "node:path";
 import type { Config } from "../config/index.ts";
 import { pullImage, reapPullLeftovers } from "../image/index.ts";
-import type { SandboxRuntime } from "../orchestrator/index.ts";
+import { LIVE_STATES, type SandboxRuntime, type SandboxService } from "../orchestrator/index.ts";
 import { VmRuntime } from "../sandbox/index.ts";
 import { TOOLS_MOUNT } from "../tools/index.ts";
-import { BASE_BOOT_ARGS, BuildFiles, TemplateBuilder, TemplateCatalog, TemplateError, TemplateService, type BuildVmLauncher } from "../template/index.ts";
+import { BASE_BOOT_ARGS, BuildFiles, BuildLogs, TemplateBuilder, TemplateCatalog, TemplateError, TemplateService, type BuildVmLauncher } from "../template/index.ts";
 
-/** The template service of a node whose runtime is `runtime` (builds need the VM runtime). */
-export function createTemplateService(cfg: Config, runtime: SandboxRuntime): TemplateService {
+/**
+ * The template service of a node whose runtime is `runtime` (builds need the VM runtime).
+ * `pinned` names the layers sandboxes and snapshots stack on (garbage collection keeps them).
+ */
+export function createTemplateService(cfg: Config, runtime: SandboxRuntime, pinned: () => Iterable<string> = () => []): TemplateService {
   const home = cfg.home_path;
   const k = cfg.template_build;
   const vmRuntime = runtime instanceof VmRuntime ? runtime : null;
-  const catalog = vmRuntime?.catalog ?? new TemplateCatalog(home);
+  // one catalog per home: the runtime's when it has one (a runtime wrapping the VM runtime may expose it)
+  const own = (runtime as { catalog?: unknown }).catalog;
+  const catalog = vmRuntime?.catalog ?? (own instanceof TemplateCatalog ? own : new TemplateCatalog(home));
   const vms: BuildVmLauncher = vmRuntime
-    ? vmRuntime.buildVmLauncher(k.vm_boot_timeout_ms)
+    ? vmRuntime.buildVmLauncher({ bootMs: k.vm_boot_timeout_ms, flushMs: k.vm_flush_timeout_ms })
     : {
         boot: () => {
           throw new TemplateError("template.build_failed", `runtime ${runtime.name} cannot boot build VMs`);
@@ -26,12 +31,21 @@ export function createTemplateService(cfg: Config, runtime: SandboxRuntime): Tem
       };
   reapPullLeftovers(home);
   const files = new BuildFiles(catalog.dir);
+  const logs = new BuildLogs(join(catalog.dir, "logs"), k.log_max_bytes);
   const builder = new TemplateBuilder({
     homePath: home,
     catalog,
+    logs,
     files,
     vms,
-    settings: { stepTimeoutMs: k.step_timeout_ms, readyTimeoutMs: k.ready_timeout_ms, readyPollMs: k.ready_poll_ms, bootArgs: BASE_BOOT_ARGS },
+    settings: {
+      stepTimeoutMs: k.step_timeout_ms,
+      readyTimeoutMs: k.ready_timeout_ms,
+      readyPollMs: k.ready_poll_ms,
+      readyProbeTimeoutMs: k.ready_probe_timeout_ms,
+      errorOutputChars: k.error_output_chars,
+      bootArgs: BASE_BOOT_ARGS,
+    },
     async pullBase(ref, credentials, progress, signal) {
       const img = await pullImage({
         homePath: home,
@@ -41,23 +55,40 @@ export function createTemplateService(cfg: Config, runtime: SandboxRuntime): Tem
         headroomMiB: k.image_headroom_mib,
         minDiskMiB: k.image_min_disk_mib,
         toolTimeoutMs: k.tool_timeout_ms,
+        manifestTimeoutMs: k.manifest_timeout_ms,
         onProgress: progress,
         signal,
       });
       // the tools drive's programs last on PATH, for images without them (steps and sandboxes see it)
       const path = `${img.config.env.PATH ?? "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}:${TOOLS_MOUNT}/bin`;
-      return { digest: img.digest, layerPath: img.layerPath, diskBytes: img.diskBytes, env: { ...img.config.env, PATH: path }, workdir: img.config.workdir };
+      return { key: img.key, digest: img.digest, layerPath: img.layerPath, diskBytes: img.diskBytes, env: { ...img.config.env, PATH: path }, workdir: img.config.workdir };
     },
   });
-  return new TemplateService(catalog, files, builder, {
+  return new TemplateService(catalog, logs, files, builder, {
     uploadTtlSecs: k.upload_url_ttl_secs,
     maxUploadBytes: k.max_upload_bytes,
     defaultBase: k.default_base,
     defaultCpuCount: k.default_cpu_count,
     defaultMemoryMB: k.default_memory_mb,
+    maxCpuCount: cfg.orchestrator.max_cpu_count,
+    maxMemoryMB: cfg.orchestrator.max_memory_mb,
     maxConcurrentBuilds: k.max_concurrent_builds,
+    gc: { intervalMs: k.gc_interval_ms, cacheMaxBytes: k.cache_max_bytes, minAgeMs: k.gc_min_age_ms, uploadMaxAgeMs: k.upload_max_age_secs * 1000, pinned },
   });
 }
 
 /** Where the template catalog of `home` lives (for tools that read it). */
 export const catalogDir = (home: string) => join(home, "catalog");
+
+/**
+ * Layers live sandboxes stack on: what each recorded at start (`runtimeState.template.rootLayers`,
+ * src/sandbox/vm-runtime.ts), absolute paths.
+ */
+export function sandboxLayers(orch: SandboxService): string[] {
+  const out: string[] = [];
+  for (const r of orch.inStates(LIVE_STATES)) {
+    const t = (r.runtimeState as { template?: { rootLayers?: unknown } } | null)?.template;
+    if (Array.isArray(t?.rootLayers)) for (const l of t.rootLayers) if (typeof l === "string") out.push(l);
+  }
+  return out;
+}

@@ -169,6 +169,13 @@ export class Orchestrator implements SandboxService {
     });
   }
 
+  /** A template by id or alias, or `name:tag` (the tagged build) with a runtime that resolves tags. */
+  private async findTemplate(ref: string): Promise<TemplateInfo | undefined> {
+    if (this.runtime.resolveTemplate) return (await this.runtime.resolveTemplate(ref)) ?? undefined;
+    const templates = await this.runtime.listTemplates();
+    return templates.find((t) => t.templateID === ref) ?? templates.find((t) => t.aliases.includes(ref));
+  }
+
   /**
    * Create and boot a sandbox; resolves once envd is initialised.
    * @throws OrchestratorError template_not_found (404), bad_request (400), capacity (429),
@@ -187,8 +194,7 @@ export class Orchestrator implements SandboxService {
     this.runtime.checkNetwork?.(req.network ?? null, req.allowInternetAccess ?? null);
     // checked now for a prompt 400/409, and again just before the record is inserted (holders may change meanwhile)
     this.volumes.resolveMounts(req.volumeMounts ?? []);
-    const templates = await this.runtime.listTemplates();
-    const tpl = templates.find((t) => t.templateID === req.template) ?? templates.find((t) => t.aliases.includes(req.template));
+    const tpl = await this.findTemplate(req.template);
     if (!tpl) throw new OrchestratorError("orchestrator.template_not_found", `template '${req.template}' not found`, { template: req.template });
     const { cpuCount, memoryMB } = this.checkResources(req.cpuCount ?? tpl.cpuCount, req.memoryMB ?? tpl.memoryMB, req.cpuCount !== undefined || req.memoryMB !== undefined);
     const live = this.counters.running + this.counters.starting;

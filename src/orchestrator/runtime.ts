@@ -97,6 +97,12 @@ export interface SandboxRuntime {
   readonly name: string;
   /** Templates this node can boot. */
   listTemplates(): Promise<TemplateInfo[]>;
+  /**
+   * A template by id or alias, or named with a tag (`name:tag`, `id:tag`): its info with
+   * `buildID` the build that name boots (the tag's), which `start` then boots; null when there
+   * is no such template, tag or ready build. Absent: templates by id or alias from listTemplates.
+   */
+  resolveTemplate?(ref: string): Promise<TemplateInfo | null>;
   /** Boot a sandbox and wait until envd is initialised. Frees everything it made if it throws. */
   start(spec: RuntimeStartSpec): Promise<RuntimeSandbox>;
   /**

@@ -25,6 +25,14 @@ import type { VmRuntimeOptions } from "./vm-runtime.ts";
 
 const log = logger("template.vm");
 
+/** Bounds of a build VM's work, ms (`[template_build]` vm_boot_timeout_ms, vm_flush_timeout_ms). */
+export interface BuildVmTimeouts {
+  /** Booting until envd answers. */
+  bootMs: number;
+  /** Flushing the guest's filesystem before a checkpoint. */
+  flushMs: number;
+}
+
 /** Merge byte ranges (sorted by start) that touch or overlap. */
 function mergeRanges(r: Array<[number, number]>): Array<[number, number]> {
   const out: Array<[number, number]> = [];
@@ -41,7 +49,7 @@ function mergeRanges(r: Array<[number, number]>): Array<[number, number]> {
  * @throws OrchestratorError / DiskError / VmmError / NetError from the parts; everything made is
  *   freed first.
  */
-export async function bootBuildVm(o: VmRuntimeOptions, spec: BuildVmSpec, bootTimeoutMs: number): Promise<BuildVm> {
+export async function bootBuildVm(o: VmRuntimeOptions, spec: BuildVmSpec, t: BuildVmTimeouts): Promise<BuildVm> {
   const id = `build-${spec.id.replace(/[^a-z0-9]/g, "").slice(0, 12)}`;
   const workDir = join(o.homePath, "sandboxes", id);
   rmSync(workDir, { recursive: true, force: true });
@@ -74,7 +82,7 @@ export async function bootBuildVm(o: VmRuntimeOptions, spec: BuildVmSpec, bootTi
       net: netSpec(slot),
     });
     const base = `http://${guestAddress(slot, ENVD_PORT).host}:${ENVD_PORT}`;
-    const bootSignal = AbortSignal.any([spec.signal, AbortSignal.timeout(bootTimeoutMs)]);
+    const bootSignal = AbortSignal.any([spec.signal, AbortSignal.timeout(t.bootMs)]);
     await waitEnvdHealthy(base, o.envdPollMs, bootSignal, vm.exited);
     await initEnvd(base, { envVars: {}, defaultUser: "root", defaultWorkdir: "/", timestamp: new Date().toISOString() }, null, bootSignal);
     log.info({ id, layers: spec.layers.length }, "build VM ready");
@@ -97,7 +105,7 @@ export async function bootBuildVm(o: VmRuntimeOptions, spec: BuildVmSpec, bootTi
       },
       upload: (local, guestPath) => uploadToGuest(base, local, guestPath, "root", spec.signal),
       async checkpoint(outPath, parentLayers) {
-        const flush = await run({ script: "sync; if command -v fsfreeze >/dev/null 2>&1; then fsfreeze -f / && fsfreeze -u /; fi; sync", user: "root", cwd: "/", timeoutMs: 120_000 });
+        const flush = await run({ script: "sync; if command -v fsfreeze >/dev/null 2>&1; then fsfreeze -f / && fsfreeze -u /; fi; sync", user: "root", cwd: "/", timeoutMs: t.flushMs });
         if (flush.exitCode !== 0) throw new OrchestratorError("orchestrator.runtime_failed", `flushing the build VM's disk failed: ${flush.output}`, { id });
         const upper = upperPaths(workDir);
         const rw = await RwLayer.open(upper.data, upper.index, { readOnly: true });

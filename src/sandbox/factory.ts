@@ -52,6 +52,7 @@ export async function createVmRuntime(cfg: Config, db: Db, oc: OrchestratorConfi
     envdPollMs: oc.envdPollMs,
     readyTimeoutMs: cfg.template_build.ready_timeout_ms,
     readyPollMs: cfg.template_build.create_ready_poll_ms,
+    readyProbeTimeoutMs: cfg.template_build.ready_probe_timeout_ms,
     defaultUser: "user",
     disks,
     volumes: {

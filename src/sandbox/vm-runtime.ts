@@ -20,12 +20,12 @@ import { ENVD_PORT, ENVD_VERSION } from "../envd/version.ts";
 import { guestAddress, netSpec, parseEgressPolicy, type NetworkManager } from "../net/index.ts";
 import { logger } from "../observability/log.ts";
 import { reapStaleMounts, upperPaths, type DiskExport, type DiskService } from "../storage/daemon/index.ts";
-import { readyProbe, resolveTemplate, TemplateCatalog, TemplateError, type BootSpec, type BuildVmLauncher, type ResolvedTemplate } from "../template/index.ts";
+import { resolveTemplate, shownBuild, TemplateCatalog, TemplateError, waitReady, type BootSpec, type BuildRecord, type BuildVmLauncher, type ResolvedTemplate, type TemplateRecord } from "../template/index.ts";
 import { toolsBoot } from "../tools/index.ts";
 import { reapLeftovers, type VmHandle, type VmmDriver } from "../vmm/index.ts";
 import { consoleLogLine } from "./console-lines.ts";
 import { fetchEnvdMetrics, initEnvd, runInGuest, waitEnvdHealthy } from "./envd-client.ts";
-import { bootBuildVm } from "./build-vm.ts";
+import { bootBuildVm, type BuildVmTimeouts } from "./build-vm.ts";
 import { GuestVolumeFiles } from "./guest-volume-files.ts";
 import { execInGuest } from "./guest-exec.ts";
 import { mountVolumesInGuest, QUIESCE_SCRIPT, serveVolumeDrives, VmVolumes, type VmVolumesOptions } from "./volumes.ts";
@@ -54,10 +54,12 @@ export interface VmRuntimeOptions {
   volumes?: VmVolumesOptions;
   /** Called last by close() (shuts the network manager down). */
   onClose?: () => Promise<void>;
-  /** Bound on a template's ready command at sandbox start (cold boot), ms; default 600000. */
-  readyTimeoutMs?: number;
-  /** Period of polling a template's ready command, ms; default 2000. */
-  readyPollMs?: number;
+  /** Bound on a template's ready command at sandbox start (cold boot), ms. */
+  readyTimeoutMs: number;
+  /** Period of polling a template's ready command, ms. */
+  readyPollMs: number;
+  /** Bound on one run of a template's ready command, ms. */
+  readyProbeTimeoutMs: number;
 }
 
 /** A template resolved for booting: disk + what runs in it. */
@@ -105,38 +107,52 @@ export class VmRuntime implements SandboxRuntime {
   }
 
   async listTemplates(): Promise<TemplateInfo[]> {
-    return this.catalog.list().map((t) => {
-      const b = [...t.builds].reverse().find((x) => x.status === "ready") ?? t.builds[t.builds.length - 1];
-      return {
-        templateID: t.templateID,
-        aliases: t.aliases,
-        cpuCount: b?.cpuCount || this.o.defaultCpuCount,
-        memoryMB: b?.memoryMB || this.o.defaultMemoryMB,
-        diskSizeMB: b?.diskSizeMB ?? 0,
-        envdVersion: ENVD_VERSION,
-        createdAt: t.createdAt,
-        updatedAt: t.updatedAt,
-        buildID: b?.buildID ?? "",
-        buildStatus: b?.status ?? "waiting",
-      };
-    });
+    return this.catalog.list().map((t) => this.templateInfo(t, shownBuild(t)));
+  }
+
+  /** A template by id, alias or `name:tag`, with `buildID` the build that name boots; null when none is ready. */
+  async resolveTemplate(ref: string): Promise<TemplateInfo | null> {
+    try {
+      const { template, build } = this.catalog.readyBuild(ref);
+      return this.templateInfo(template, build);
+    } catch (e) {
+      if (e instanceof TemplateError) return null;
+      throw e;
+    }
+  }
+
+  private templateInfo(t: TemplateRecord, b: BuildRecord | undefined): TemplateInfo {
+    return {
+      templateID: t.templateID,
+      aliases: t.aliases,
+      cpuCount: b?.cpuCount || this.o.defaultCpuCount,
+      memoryMB: b?.memoryMB || this.o.defaultMemoryMB,
+      diskSizeMB: b?.diskSizeMB ?? 0,
+      envdVersion: ENVD_VERSION,
+      createdAt: t.createdAt,
+      updatedAt: t.updatedAt,
+      buildID: b?.buildID ?? "",
+      buildStatus: b?.status ?? "waiting",
+    };
   }
 
   /** Boots template build VMs (internal sandboxes outside the orchestrator's table). */
-  buildVmLauncher(bootTimeoutMs: number): BuildVmLauncher {
-    return { boot: (spec) => bootBuildVm(this.o, spec, bootTimeoutMs) };
+  buildVmLauncher(timeouts: BuildVmTimeouts): BuildVmLauncher {
+    return { boot: (spec) => bootBuildVm(this.o, spec, timeouts) };
   }
 
   /**
-   * The disk and process defaults of template `id` (catalog build or build-base manifest).
+   * The disk and process defaults of template `id` (catalog build or build-base manifest): build
+   * `buildID` when it is a ready build of it (what the create resolved, e.g. a tag's), else the
+   * build its name boots.
    * @throws OrchestratorError `orchestrator.template_not_found` (404) when it has no ready build.
    */
-  private bootTemplate(id: string): BootTemplate {
+  private bootTemplate(id: string, buildID = ""): BootTemplate {
     const t = this.catalog.find(id);
     if (t && !t.legacy) {
       let boot: BootSpec;
       try {
-        boot = this.catalog.readyBuild(t.templateID).build.boot!;
+        boot = (t.builds.find((b) => b.buildID === buildID && b.status === "ready") ?? this.catalog.readyBuild(t.templateID).build).boot!;
       } catch (e) {
         throw new OrchestratorError("orchestrator.template_not_found", (e as TemplateError).message, { template: id });
       }
@@ -154,17 +170,17 @@ export class VmRuntime implements SandboxRuntime {
   }
 
   async start(spec: RuntimeStartSpec): Promise<RuntimeSandbox> {
-    return this.boot(spec, false);
+    return this.boot(spec, this.bootTemplate(spec.template.templateID, spec.template.buildID), false);
   }
 
   /**
    * Boot the sandbox's VM from its kernel on its disk (a new sandbox, or the cold boot of a
    * paused one: the disk's upper and the volumes are kept, everything else starts afresh), wait
    * for envd, init it, mount the volumes, start the template's process.
+   * @param tpl what to boot: a new sandbox's template build, or what a paused one recorded at its start
    * @param keepDisk on failure, keep the work dir (a paused sandbox's disk) instead of deleting it
    */
-  private async boot(spec: RuntimeStartSpec, keepDisk: boolean): Promise<RuntimeSandbox> {
-    const tpl = this.bootTemplate(spec.template.templateID);
+  private async boot(spec: RuntimeStartSpec, tpl: BootTemplate, keepDisk: boolean): Promise<RuntimeSandbox> {
     const workDir = this.workDir(spec.id);
     const policy = this.policyOf(spec);
     let slotTaken = false;
@@ -192,7 +208,7 @@ export class VmRuntime implements SandboxRuntime {
         onConsoleLine: consoleSink(spec),
       });
       this.vms.set(spec.id, vm);
-      const state: VmState = { workDir, rootDisk, mac: slot.mac, diskKind, toolsImage, vmmPid: vm.pid };
+      const state: VmState = { workDir, rootDisk, mac: slot.mac, diskKind, toolsImage, vmmPid: vm.pid, template: tpl };
       const tVmm = ms(t0);
       const host = guestAddress(slot, ENVD_PORT).host;
       const r = await this.ready(spec, vm, host, state, null, tpl.boot);
@@ -252,7 +268,8 @@ export class VmRuntime implements SandboxRuntime {
       if (st.diskKind === "copy" ? !existsSync(st.rootDisk) : !existsSync(upperPaths(st.workDir).data)) {
         throw new OrchestratorError("orchestrator.snapshot_missing", `the disk of sandbox ${spec.id} is missing`, { sandboxId: spec.id, workDir: st.workDir });
       }
-      const r = await this.boot(spec, true);
+      // the upper sits on the layers it started with, not on the template's current build
+      const r = await this.boot(spec, st.template ?? this.bootTemplate(spec.template.templateID), true);
       // a memory snapshot left from an earlier pause is stale now
       rmSync(this.snapshotDir(spec.id), { recursive: true, force: true });
       return r;
@@ -260,7 +277,7 @@ export class VmRuntime implements SandboxRuntime {
     if (!st.snapshot || !existsSync(st.snapshot.statePath) || (st.diskKind === "copy" && !existsSync(st.rootDisk))) {
       throw new OrchestratorError("orchestrator.snapshot_missing", `snapshot of sandbox ${spec.id} is missing`, { sandboxId: spec.id, snapshot: st.snapshot ?? null });
     }
-    const tpl = this.bootTemplate(spec.template.templateID);
+    const tpl = st.template ?? this.bootTemplate(spec.template.templateID);
     let slotTaken = false;
     let vm: VmHandle | undefined;
     let step = "serve disk";
@@ -422,15 +439,17 @@ export class VmRuntime implements SandboxRuntime {
         );
       }
       if (!boot.readyCmd) return;
-      const probe = readyProbe(boot.readyCmd);
-      const end = Date.now() + (this.o.readyTimeoutMs ?? 600_000);
-      for (;;) {
-        if (failed) throw new OrchestratorError("orchestrator.template_not_ready", `template start command ${failed}`, { sandboxId: spec.id });
-        const r = await runInGuest(base, { ...c, cmd: "/bin/sh", args: ["-c", probe] }, spec.signal);
-        if (r.exitCode === 0) return;
-        if (Date.now() >= end) throw new OrchestratorError("orchestrator.template_not_ready", `template ready command did not pass: ${boot.readyCmd}`, { sandboxId: spec.id });
-        await Bun.sleep(this.o.readyPollMs ?? 2000);
-      }
+      const r = await waitReady({
+        readyCmd: boot.readyCmd,
+        run: (script, timeoutMs) => runInGuest(base, { ...c, cmd: "/bin/sh", args: ["-c", script] }, AbortSignal.any([spec.signal, AbortSignal.timeout(timeoutMs)])),
+        startFailure: () => failed,
+        timeoutMs: this.o.readyTimeoutMs,
+        pollMs: this.o.readyPollMs,
+        probeTimeoutMs: this.o.readyProbeTimeoutMs,
+        signal: spec.signal,
+      });
+      if (r.startFailure) throw new OrchestratorError("orchestrator.template_not_ready", `template start command ${r.startFailure}`, { sandboxId: spec.id });
+      if (!r.ok) throw new OrchestratorError("orchestrator.template_not_ready", `template ready command did not pass within ${this.o.readyTimeoutMs} ms: ${boot.readyCmd}`, { sandboxId: spec.id });
     } finally {
       watch.abort();
     }

@@ -21,6 +21,27 @@ const VM_STATE = T.Object({
   toolsImage: T.Optional(T.String()),
   vmmPid: T.Optional(T.Integer({ minimum: 1 })),
   snapshot: T.Optional(T.Object({ statePath: T.String({ minLength: 1 }), memPath: T.String({ minLength: 1 }) })),
+  /**
+   * What the sandbox booted from, fixed at start: its template's layers (absolute, lowest first)
+   * and process defaults. A resume stacks the upper on these, never on the template's current
+   * build (a rebuild would put other blocks under the upper; a delete would lose the sandbox);
+   * garbage collection keeps these layers while the sandbox lives. Absent in sandboxes started
+   * before it was recorded.
+   */
+  template: T.Optional(
+    T.Object({
+      name: T.String(),
+      dir: T.String(),
+      rootfsPath: T.String(),
+      rootLayers: T.Array(T.String({ minLength: 1 })),
+      bootArgs: T.String(),
+      diskBytes: T.Integer({ minimum: 1 }),
+      boot: T.Union([
+        T.Null(),
+        T.Object({ envs: T.Record(T.String(), T.String()), workdir: T.String(), user: T.String(), startCmd: T.String(), readyCmd: T.String() }),
+      ]),
+    }),
+  ),
 });
 
 /** The VM runtime's per-sandbox state. */

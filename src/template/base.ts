@@ -1,18 +1,19 @@
 /**
  * `template build-base`: a Debian root filesystem made with mmdebstrap from the host's Debian
  * mirror, with a `user` account (uid 1000), written as a raw ext4 image and imported as one
- * overlaybd layer (`rootfs.layer`) into the template store as `base`. The guest init and envd are
+ * overlaybd layer (`rootfs-<buildKey>-<random>.layer`: a rebuild adds a layer, never rewrites
+ * one something stacks on) into the template store as `base`. The guest init and envd are
  * not in it: every VM boots through the tools drive (src/tools), which this build also makes
  * (or finds cached), so `build-base` leaves a node ready to boot sandboxes.
  * Two cache levels: the mmdebstrap tree (keyed by suite, mirror, packages) and the final image
  * (keyed by that and the size). mmdebstrap/mkfs facts: docs/vm-on-this-machine.md §8.
  */
-import { spawn } from "node:child_process";
-import { createHash } from "node:crypto";
-import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
+import { createHash, randomBytes } from "node:crypto";
+import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, truncateSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { logger } from "../observability/log.ts";
 import { TemplateError } from "./errors.ts";
+import { runTool } from "../image/index.ts";
 import { importSparse } from "../storage/overlaybd/index.ts";
 import { withBuildLock } from "../vmm/buildlock.ts";
 import { buildTools, type ToolsBuildOptions, type ToolsImage } from "../tools/index.ts";
@@ -31,6 +32,8 @@ export interface BaseBuildOptions {
   packages: string[];
   /** Root image size in MiB. */
   sizeMiB: number;
+  /** Bound on each tool run (mmdebstrap, mkfs), ms (`[template] tool_timeout_ms`). */
+  toolTimeoutMs: number;
   /** Template name (default "base"). */
   name?: string;
   /** The tools drive to build (or find cached) alongside (`[tools]`). */
@@ -88,29 +91,16 @@ function sha(...parts: (string | Uint8Array)[]): string {
   return h.digest("hex").slice(0, 16);
 }
 
-/** Run a command; stream its output lines to `onLine`. @throws TemplateError `template.build_failed`. */
-async function run(cmd: string[], onLine?: (l: string) => void, env?: Record<string, string>): Promise<void> {
-  await new Promise<void>((resolve, reject) => {
-    const p = spawn(cmd[0]!, cmd.slice(1), { stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, ...env } });
-    let tail = "";
-    let buf = "";
-    const take = (d: Buffer) => {
-      const s = d.toString();
-      tail = (tail + s).slice(-3000);
-      buf += s;
-      const lines = buf.split("\n");
-      buf = lines.pop()!;
-      for (const l of lines) onLine?.(l);
-    };
-    p.stdout.on("data", take);
-    p.stderr.on("data", take);
-    p.on("error", (e) => reject(new TemplateError("template.tool_missing", `cannot run ${cmd[0]}: ${e.message}`, { cmd: cmd[0] })));
-    p.on("close", (code) =>
-      code === 0
-        ? resolve()
-        : reject(new TemplateError("template.build_failed", `${cmd[0]} exited ${code}: ${tail.slice(-1500)}`, { cmd: cmd.slice(0, 3), code })),
-    );
-  });
+/**
+ * Run a command (runTool); stream its output lines to `onLine`.
+ * @throws TemplateError `template.tool_missing`, `template.build_failed` (non-zero exit, timeout).
+ */
+async function run(cmd: string[], timeoutMs: number, onLine?: (l: string) => void): Promise<void> {
+  const r = await runTool(cmd, { timeoutMs, onLine, stdoutLines: true });
+  if (r.code === 0) return;
+  if (r.missing) throw new TemplateError("template.tool_missing", `cannot run ${cmd[0]}: ${r.stderr.trim()}`, { cmd: cmd[0] });
+  const why = r.timedOut ? `took longer than ${timeoutMs} ms` : `exited ${r.code}`;
+  throw new TemplateError("template.build_failed", `${cmd[0]} ${why}: ${`${r.stdout}\n${r.stderr}`.trim().slice(-1500)}`, { cmd: cmd.slice(0, 3), code: r.code });
 }
 
 /**
@@ -170,7 +160,8 @@ async function buildBaseLocked(opts: BaseBuildOptions): Promise<Omit<BaseBuildRe
         tree,
         mirror,
       ],
-      (l) => l.trim() && progress("mmdebstrap", l.trim()),
+      opts.toolTimeoutMs,
+      (l) => progress("mmdebstrap", l),
     );
     writeFileSync(join(tree, ".complete"), `${new Date().toISOString()}\n`);
   } else {
@@ -186,32 +177,36 @@ async function buildBaseLocked(opts: BaseBuildOptions): Promise<Omit<BaseBuildRe
 
   progress("mkfs", `ext4 ${opts.sizeMiB} MiB`);
   mkdirSync(dir, { recursive: true });
+  // half-written files of a build that crashed (under the build lock: no build is writing them)
+  for (const f of readdirSync(dir)) if (f.endsWith(".tmp")) rmSync(join(dir, f), { force: true });
   const img = join(dir, "rootfs.ext4");
   const tmp = `${img}.tmp`;
   rmSync(tmp, { force: true });
   writeFileSync(tmp, "");
-  await run(["truncate", "-s", `${opts.sizeMiB}M`, tmp]);
+  truncateSync(tmp, opts.sizeMiB * 1048576);
   // skip the mmdebstrap marker file; -E root_owner keeps / owned by root
   const marker = join(tree, ".complete");
   const markerText = readFileSync(marker);
   rmSync(marker);
   try {
-    await run(["mkfs.ext4", "-q", "-F", "-L", "aenv-root", "-E", "root_owner=0:0", "-d", tree, tmp]);
+    await run(["mkfs.ext4", "-q", "-F", "-L", "aenv-root", "-E", "root_owner=0:0", "-d", tree, tmp], opts.toolTimeoutMs);
   } finally {
     writeFileSync(marker, markerText);
   }
   renameSync(tmp, img);
 
-  progress("overlaybd", "importing rootfs.ext4 as an overlaybd layer");
-  const layer = join(dir, "rootfs.layer");
-  rmSync(`${layer}.tmp`, { force: true });
+  // a new name per build, never an existing file: templates built on this one and sandboxes
+  // (running or paused) stack on the layer they started with, which a rebuild must not change
+  const layerName = `rootfs-${buildKey}-${randomBytes(4).toString("hex")}.layer`;
+  progress("overlaybd", `importing rootfs.ext4 as the overlaybd layer ${layerName}`);
+  const layer = join(dir, layerName);
   await importSparse(img, `${layer}.tmp`);
   renameSync(`${layer}.tmp`, layer);
 
   const manifest: TemplateManifest = {
     name,
     rootfs: "rootfs.ext4",
-    layers: ["rootfs.layer"],
+    layers: [layerName],
     bootArgs: BASE_BOOT_ARGS,
     diskBytes: opts.sizeMiB * 1024 * 1024,
     buildKey,

@@ -10,19 +10,24 @@
  *
  * Semantics chosen where E2B leaves room (documented in README): RUN runs as the step's user,
  * else the current USER (E2B's `user` by default), with `/bin/sh -c`, cwd = WORKDIR, the
- * accumulated ENV; COPY extracts the uploaded archive, strips the glob part of `src`, copies a
+ * accumulated ENV; COPY streams the uploaded archive through a FIFO into tar (never stored in the
+ * guest: /tmp is RAM, the disk would keep it in the layer), stages it on the root filesystem,
+ * strips the glob part of `src`, hard-links (or copies) a
  * file to `dest` (a trailing `/` = into that directory) or merges a directory into `dest`, then
  * chowns what it copied to the step's user (else the current USER) and applies `mode` when given.
  * A relative `dest` or WORKDIR resolves against the current WORKDIR.
  */
-import { existsSync, mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
+import { closeSync, existsSync, mkdirSync, openSync, readdirSync, readFileSync, readSync, renameSync, rmSync, utimesSync, writeFileSync } from "node:fs";
 import { isAbsolute, join, posix, relative } from "node:path";
+import type { AgentEnvError } from "../errors.ts";
+import { logger } from "../observability/log.ts";
+import type { BuildLogEntry, BuildLogs, LogLevel } from "./build-log.ts";
 import type { BuildVm, BuildVmLauncher } from "./build-vm.ts";
-import type { BootSpec, BuildLogEntry, LogLevel, TemplateCatalog } from "./catalog.ts";
+import type { BootSpec, BuildReason, TemplateCatalog } from "./catalog.ts";
 import { TemplateError, type TemplateErrorCode } from "./errors.ts";
 import type { BuildFiles } from "./files.ts";
 import { baseKey, hashParts, IGNORED_STEPS, stepKey, SUPPORTED_STEPS, type BuildSpec, type BuildStep } from "./spec.ts";
-import { readyProbe } from "./ready.ts";
+import { waitReady } from "./ready.ts";
 
 /** Process context a step leaves for the next one. */
 export interface StepContext {
@@ -33,6 +38,8 @@ export interface StepContext {
 
 /** A base image ready to boot (what the image puller returns). */
 export interface BaseImage {
+  /** What its layer is made of: the manifest digest and how the node converted it (cache key). */
+  key: string;
   digest: string;
   layerPath: string;
   diskBytes: number;
@@ -45,6 +52,10 @@ export interface BuildSettings {
   stepTimeoutMs: number;
   readyTimeoutMs: number;
   readyPollMs: number;
+  /** Bound on one run of the ready command. */
+  readyProbeTimeoutMs: number;
+  /** Characters of a failed command's output kept in the build's reason. */
+  errorOutputChars: number;
   bootArgs: string;
 }
 
@@ -52,6 +63,7 @@ export interface BuildSettings {
 export interface BuilderDeps {
   homePath: string;
   catalog: TemplateCatalog;
+  logs: BuildLogs;
   files: BuildFiles;
   vms: BuildVmLauncher;
   pullBase(ref: string, credentials: BuildSpec["credentials"], progress: (line: string) => void, signal: AbortSignal): Promise<BaseImage>;
@@ -73,14 +85,30 @@ export class StepFailure extends TemplateError {
 }
 
 const q = (s: string) => `'${s.replace(/'/g, `'\\''`)}'`;
+const plog = logger("template.build");
 
 /** Expand `$VAR` / `${VAR}` from `envs` (unknown names expand to ""), as a shell would for ENV values. */
 export function expandEnv(value: string, envs: Record<string, string>): string {
   return value.replace(/\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))/g, (_, a, b) => envs[a ?? b] ?? "");
 }
 
-/** The shell script that applies a COPY step from an archive at `archive` (see the module doc). */
-export function copyScript(archive: string, src: string, dest: string, owner: string, mode: string): string {
+/**
+ * The shell script that extracts a COPY's archive as it streams into the FIFO `fifo` (the host
+ * uploads it there through envd) into the directory `stage`: nothing of the archive is stored,
+ * in the guest's RAM (/tmp is tmpfs) or on its disk (it would end up in the step's layer).
+ * The FIFO stays open for reading until the writer is done (fd 3), so neither a tar that stops
+ * early (trailing padding, a bad archive) nor a missing tar leaves the upload blocked or cut.
+ */
+export function extractScript(fifo: string, stage: string, gzip: boolean): string {
+  return [`exec 3<${q(fifo)} || exit 1`, `tar -x${gzip ? "z" : ""}f - -C ${q(stage)} <&3`, "rc=$?", "cat <&3 >/dev/null", "exit $rc"].join("\n");
+}
+
+/**
+ * The shell script that applies a COPY step from the extracted archive in `stage` (see the module
+ * doc): files are hard-linked into place where `stage` and the destination share a filesystem
+ * (their blocks are written once), copied otherwise; `stage` is removed on every exit.
+ */
+export function copyScript(stage: string, src: string, dest: string, owner: string, mode: string): string {
   // the part of src before the first path component with a glob character (a glob's matches
   // are merged into dest like a directory's content)
   const parts = src.replace(/^\.\/+/, "").split("/");
@@ -88,20 +116,30 @@ export function copyScript(archive: string, src: string, dest: string, owner: st
   const base = (globAt < 0 ? parts : parts.slice(0, globAt)).filter((p) => p !== "" && p !== ".").join("/");
   return [
     "set -e",
-    `u=$(mktemp -d /tmp/aenv-copy.XXXXXX)`,
-    `trap 'rm -rf "$u" "$u.list"' EXIT`,
-    `tar -xf ${q(archive)} -C "$u"`,
+    `u=${q(stage)}`,
+    `l=$(mktemp)`,
+    `trap 'rm -rf "$u" "$l"' EXIT`,
     `s="$u"/${q(base || ".")}`,
     `d=${q(dest)}`,
-    `[ -e "$s" ] || { echo "COPY: ${src.replace(/["$`\\]/g, "")} matched nothing in the uploaded files" >&2; exit 1; }`,
+    `[ -e "$s" ] || [ -L "$s" ] || { echo "COPY: ${src.replace(/["$`\\]/g, "")} matched nothing in the uploaded files" >&2; exit 1; }`,
     // list of copied paths (relative to the destination) for chown/chmod
-    `if [ -d "$s" ]; then mkdir -p "$d"; (cd "$s" && find . -mindepth 1) > "$u.list"; cp -a "$s"/. "$d"/; t="$d"`,
-    `else case "$d" in */) mkdir -p "$d"; t="$d$(basename "$s")" ;; *) mkdir -p "$(dirname "$d")"; t="$d" ;; esac; cp -a "$s" "$t"; : > "$u.list"; fi`,
+    `if [ -d "$s" ] && [ ! -L "$s" ]; then mkdir -p "$d"; (cd "$s" && find . -mindepth 1) > "$l"; cp -alf "$s"/. "$d"/ 2>/dev/null || cp -af "$s"/. "$d"/; t="$d"`,
+    `else case "$d" in */) mkdir -p "$d"; t="$d$(basename "$s")" ;; *) mkdir -p "$(dirname "$d")"; t="$d" ;; esac; cp -alf "$s" "$t" 2>/dev/null || cp -af "$s" "$t"; : > "$l"; fi`,
     `chown -h ${q(owner)} "$t"`,
-    `while IFS= read -r f; do chown -h ${q(owner)} "$t/$f"; done < "$u.list"`,
-    ...(mode ? [`chmod ${q(mode)} "$t"`, `while IFS= read -r f; do [ -L "$t/$f" ] || chmod ${q(mode)} "$t/$f"; done < "$u.list"`] : []),
-    `rm -f ${q(archive)}`,
+    `while IFS= read -r f; do chown -h ${q(owner)} "$t/$f"; done < "$l"`,
+    ...(mode ? [`[ -L "$t" ] || chmod ${q(mode)} "$t"`, `while IFS= read -r f; do [ -L "$t/$f" ] || chmod ${q(mode)} "$t/$f"; done < "$l"`] : []),
   ].join("\n");
+}
+
+/** Whether the file at `path` starts with gzip's magic bytes (1f 8b). */
+function isGzip(path: string): boolean {
+  const fd = openSync(path, "r");
+  try {
+    const b = Buffer.alloc(2);
+    return readSync(fd, b, 0, 2, 0) === 2 && b[0] === 0x1f && b[1] === 0x8b;
+  } finally {
+    closeSync(fd);
+  }
 }
 
 /** Builds templates. One instance per node. */
@@ -124,15 +162,22 @@ export class TemplateBuilder {
    */
   async run(templateID: string, buildID: string, spec: BuildSpec, signal: AbortSignal): Promise<void> {
     const { catalog } = this.d;
+    // a log line that cannot be written (ENOSPC) must not end the build or hide its outcome
+    let logFailed = false;
     const log = (level: LogLevel, message: string, step?: string) => {
       const e: BuildLogEntry = { timestamp: new Date().toISOString(), level, message, ...(step ? { step } : {}) };
-      catalog.appendLog(buildID, [e]);
+      try {
+        this.d.logs.append(buildID, [e]);
+      } catch (err) {
+        if (!logFailed) plog.error({ buildID, err }, "build log write failed; later lines are lost");
+        logFailed = true;
+      }
     };
-    const { build } = catalog.build(templateID, buildID);
-    catalog.setStatus(templateID, buildID, "building");
     let vm: BuildVm | undefined;
     const t0 = performance.now();
     try {
+      const { build } = catalog.build(templateID, buildID);
+      catalog.setStatus(templateID, buildID, "building");
       const n = spec.steps.length;
       spec.steps.forEach((s, i) => {
         if (!SUPPORTED_STEPS.has(s.type) && !IGNORED_STEPS.has(s.type)) {
@@ -167,11 +212,12 @@ export class TemplateBuilder {
         try {
           img = await this.d.pullBase(ref, spec.credentials, (line) => log("info", line, "base"), signal);
         } catch (e) {
-          throw new StepFailure("base", "template.build_failed", `base image ${ref}: ${(e as Error).message}`);
+          // the image's own code (image.not_found, image.auth, ...) goes into the build's reason
+          throw new StepFailure("base", "template.build_failed", `base image ${ref}: ${(e as Error).message}`, { cause: (e as AgentEnvError).code ?? "template.build_failed" });
         }
         const workdir = img.workdir && img.workdir !== "/" ? img.workdir : "/home/user";
         base = { layers: [relative(this.d.homePath, img.layerPath)], context: { envs: img.env, workdir, user: "user" }, diskBytes: img.diskBytes };
-        key = baseKey({ imageDigest: img.digest });
+        key = baseKey({ image: img.key });
       }
 
       // steps: find the cached prefix
@@ -219,7 +265,7 @@ export class TemplateBuilder {
       // the ready check's outcome is cached like a step (sandboxes cold-boot and run the start
       // command themselves; nothing of the build VM's finalize state is kept)
       const finalKey = hashParts(key, "finalize", startCmd, readyCmd);
-      const finalCached = (startCmd || readyCmd) && firstForced < 0 && existsSync(join(this.stepDir, `${finalKey}.json`));
+      const finalCached = (startCmd || readyCmd) && firstForced < 0 && existsSync(join(this.stepDir, `${finalKey}.json`)) && touch(join(this.stepDir, `${finalKey}.json`));
       if (finalCached) log("info", `CACHED [finalize] START ${startCmd || "-"} READY ${readyCmd || "-"}`, "finalize");
       if ((startCmd || readyCmd) && !finalCached) {
         try {
@@ -227,7 +273,7 @@ export class TemplateBuilder {
             log("info", `booting the build VM for the start command`, "finalize");
             vm = await this.d.vms.boot({ id: buildID, layers: this.abs(state.layers), diskBytes: state.diskBytes, bootArgs: this.d.settings.bootArgs, cpuCount: build.cpuCount, memoryMB: build.memoryMB, signal });
           }
-          await this.checkReady(vm, startCmd, readyCmd, state.context, log);
+          await this.checkReady(vm, startCmd, readyCmd, state.context, log, signal);
         } catch (e) {
           if (e instanceof StepFailure) throw e;
           throw new StepFailure("finalize", "template.build_failed", `finalize: ${(e as Error).message}`);
@@ -237,14 +283,17 @@ export class TemplateBuilder {
       const boot: BootSpec = { layers: state.layers, bootArgs: this.d.settings.bootArgs, diskBytes: state.diskBytes, envs: state.context.envs, workdir: state.context.workdir, user: state.context.user, startCmd, readyCmd };
       await vm?.stop();
       vm = undefined;
-      catalog.setStatus(templateID, buildID, "ready", { boot, diskSizeMB: Math.floor(state.diskBytes / 1048576) });
       log("info", `build ready in ${((performance.now() - t0) / 1000).toFixed(1)} s: ${state.layers.length} layers`, "finalize");
+      catalog.setStatus(templateID, buildID, "ready", { boot, diskSizeMB: Math.floor(state.diskBytes / 1048576) });
     } catch (e) {
       await vm?.stop();
       const step = e instanceof StepFailure ? e.step : undefined;
       const message = signal.aborted && !(e instanceof StepFailure) ? `build cancelled: ${(e as Error).message}` : (e as Error).message;
+      const code = e instanceof StepFailure ? String(e.details.cause ?? e.code) : ((e as AgentEnvError).code ?? "template.build_failed");
       log("error", message, step);
-      catalog.setStatus(templateID, buildID, "error", { reason: { message, ...(step ? { step } : {}) } });
+      const reason: BuildReason = { message, ...(step ? { step } : {}), code };
+      // may throw (ENOSPC): the record is changed in memory first, the service logs the rest
+      catalog.setStatus(templateID, buildID, "error", { reason });
     }
   }
 
@@ -253,9 +302,10 @@ export class TemplateBuilder {
     const out = (_: string, text: string) => {
       for (const line of text.split("\n")) if (line.trim()) log("info", line, label);
     };
+    const tail = (o: string) => o.trim().slice(-this.d.settings.errorOutputChars);
     const runRoot = async (script: string, what: string) => {
       const r = await vm!.run({ script, user: "root", cwd: "/", envs: ctx.envs, timeoutMs: this.d.settings.stepTimeoutMs, onOutput: out });
-      if (r.exitCode !== 0) throw new StepFailure(label, "template.step_failed", `step ${label}: ${what} failed with exit code ${r.exitCode}: ${r.output.trim().slice(-1500)}`, { exitCode: r.exitCode });
+      if (r.exitCode !== 0) throw new StepFailure(label, "template.step_failed", `step ${label}: ${what} failed with exit code ${r.exitCode}: ${tail(r.output)}`, { exitCode: r.exitCode });
     };
     const resolve = (p: string) => (p.startsWith("/") ? posix.normalize(p) : posix.join(ctx.workdir, p));
     switch (step.type) {
@@ -263,17 +313,26 @@ export class TemplateBuilder {
         const [cmd = "", user] = step.args;
         const r = await vm!.run({ script: cmd, user: user || ctx.user, cwd: ctx.workdir, envs: ctx.envs, timeoutMs: this.d.settings.stepTimeoutMs, onOutput: out });
         if (r.exitCode !== 0) {
-          throw new StepFailure(label, "template.step_failed", `step ${label}: RUN ${cmd.slice(0, 200)} failed with exit code ${r.exitCode}: ${r.output.trim().slice(-1500)}`, { exitCode: r.exitCode });
+          throw new StepFailure(label, "template.step_failed", `step ${label}: RUN ${cmd.slice(0, 200)} failed with exit code ${r.exitCode}: ${tail(r.output)}`, { exitCode: r.exitCode });
         }
         return ctx;
       }
       case "COPY":
       case "ADD": {
         const [src = "", destRaw = "", user, mode] = step.args;
-        const archive = `/tmp/aenv-files-${step.filesHash}.tar`;
-        await vm!.upload(this.d.files.path(step.filesHash!), archive);
+        const archive = this.d.files.path(step.filesHash!);
+        // staged on the root filesystem (a hard link puts each file in place), streamed through a FIFO in /run
+        const id = step.filesHash!.slice(0, 16);
+        const fifo = `/run/aenv-copy-${id}.fifo`;
+        const stage = `/.aenv-copy-${id}`;
+        await runRoot(`rm -rf ${q(stage)} ${q(fifo)} && mkfifo -m 600 ${q(fifo)} && mkdir -m 700 ${q(stage)}`, `${step.type} ${src}: staging`);
+        const extract = await vm!.spawn({ script: extractScript(fifo, stage, isGzip(archive)), user: "root", cwd: "/", envs: ctx.envs });
+        const [up, x] = await Promise.allSettled([vm!.upload(archive, fifo), extract.done]);
+        if (x.status === "rejected") throw x.reason;
+        if (x.value.exitCode !== 0) throw new StepFailure(label, "template.step_failed", `step ${label}: ${step.type} ${src}: the uploaded files do not unpack (exit code ${x.value.exitCode}): ${tail(x.value.output)}`, { exitCode: x.value.exitCode });
+        if (up.status === "rejected") throw up.reason;
         const dest = resolve(destRaw) + (destRaw.endsWith("/") && destRaw !== "/" ? "/" : "");
-        await runRoot(copyScript(archive, src, dest, user || ctx.user, mode ?? ""), `${step.type} ${src} ${destRaw}`);
+        await runRoot(`${copyScript(stage, src, dest, user || ctx.user, mode ?? "")}\nrm -f ${q(fifo)}`, `${step.type} ${src} ${destRaw}`);
         return ctx;
       }
       case "ENV":
@@ -307,7 +366,7 @@ export class TemplateBuilder {
   }
 
   /** Start `startCmd` (if any) and poll `readyCmd` until it exits 0. @throws StepFailure "finalize". */
-  private async checkReady(vm: BuildVm, startCmd: string, readyCmd: string, ctx: StepContext, log: (l: LogLevel, m: string, s?: string) => void): Promise<void> {
+  private async checkReady(vm: BuildVm, startCmd: string, readyCmd: string, ctx: StepContext, log: (l: LogLevel, m: string, s?: string) => void, signal: AbortSignal): Promise<void> {
     const base = { user: ctx.user, cwd: ctx.workdir, envs: ctx.envs };
     let exited: { exitCode: number; output: string } | undefined;
     if (startCmd) {
@@ -320,21 +379,20 @@ export class TemplateBuilder {
       );
     }
     if (!readyCmd) return;
-    const probe = readyProbe(readyCmd);
     log("info", `[finalize] READY ${readyCmd}`, "finalize");
-    const end = Date.now() + this.d.settings.readyTimeoutMs;
-    let last = "";
-    for (;;) {
-      if (exited && exited.exitCode !== 0) {
-        throw new StepFailure("finalize", "template.step_failed", `start command exited with code ${exited.exitCode} before it was ready: ${exited.output.trim().slice(-1500)}`);
-      }
-      const r = await vm.run({ script: probe, ...base, timeoutMs: Math.max(1000, Math.min(60_000, end - Date.now())) });
-      if (r.exitCode === 0) return;
-      last = r.output.trim();
-      if (Date.now() >= end) break;
-      await Bun.sleep(this.d.settings.readyPollMs);
-    }
-    throw new StepFailure("finalize", "template.ready_timeout", `ready command ${JSON.stringify(readyCmd)} did not succeed within ${this.d.settings.readyTimeoutMs} ms${last ? `: ${last.slice(-500)}` : ""}`);
+    const { settings } = this.d;
+    const r = await waitReady({
+      readyCmd,
+      run: (script, timeoutMs) => vm.run({ script, ...base, timeoutMs }),
+      startFailure: () => (exited && exited.exitCode !== 0 ? `start command exited with code ${exited.exitCode} before it was ready: ${exited.output.trim().slice(-settings.errorOutputChars)}` : null),
+      timeoutMs: settings.readyTimeoutMs,
+      pollMs: settings.readyPollMs,
+      probeTimeoutMs: settings.readyProbeTimeoutMs,
+      signal,
+    });
+    if (r.ok) return;
+    if (r.startFailure) throw new StepFailure("finalize", "template.step_failed", r.startFailure);
+    throw new StepFailure("finalize", "template.ready_timeout", `ready command ${JSON.stringify(readyCmd)} did not succeed within ${settings.readyTimeoutMs} ms${r.lastOutput ? `: ${r.lastOutput.slice(-500)}` : ""}`);
   }
 
   private abs(layers: string[]): string[] {
@@ -355,7 +413,9 @@ export class TemplateBuilder {
     try {
       const e = JSON.parse(readFileSync(p, "utf8")) as StepEntry;
       // a cache entry whose layers were removed is a miss
-      return this.abs(e.layers).every((l) => existsSync(l)) ? e : undefined;
+      if (!this.abs(e.layers).every((l) => existsSync(l))) return undefined;
+      touch(p); // newest use first when the cache is trimmed (gc.ts)
+      return e;
     } catch {
       return undefined;
     }
@@ -370,9 +430,16 @@ export class TemplateBuilder {
   /** Remove temporary files a crashed build left in the layer cache. */
   reapLeftovers(): void {
     for (const dir of [this.layerDir, this.stepDir]) {
-      for (const f of require("node:fs").readdirSync(dir) as string[]) if (f.endsWith(".tmp") || f.endsWith(".partial")) rmSync(join(dir, f), { force: true });
+      for (const f of readdirSync(dir)) if (f.endsWith(".tmp") || f.endsWith(".partial")) rmSync(join(dir, f), { force: true });
     }
   }
+}
+
+/** Set a file's times to now (a cache entry's last use). @returns true. */
+function touch(p: string): true {
+  const now = new Date();
+  utimesSync(p, now, now);
+  return true;
 }
 
 /** One-line description of a step for the log. */

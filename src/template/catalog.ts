@@ -1,37 +1,30 @@
 /**
  * The versioned template catalog: every template built through the API (E2B's template model:
  * an id, names (aliases), builds, tags pointing at builds, one ready build to boot), kept as one
- * JSON file per template in `$home/catalog/templates/<templateID>.json` and one JSON-lines log per
- * build in `$home/catalog/logs/<buildID>.jsonl`. Writes are atomic (tmp + rename).
+ * JSON file per template in `$home/catalog/templates/<templateID>.json` (build logs: build-log.ts).
+ * Writes are atomic (tmp + rename). A build's tags move to it when it becomes ready, so a tag
+ * always names a bootable build (a failed rebuild leaves `app:default` where it was).
  * Templates made by `template build-base` (`$home/templates/<name>/manifest.json`) are listed too,
  * as read-only templates with one ready build.
  * Naming facts (alias `^[a-z0-9-_]+$`, tag `^[a-z0-9-_.]+$`, 20-char ids, tag `default`):
  * ../shared/docs/template-build.md §4.
  */
 import { randomUUID } from "node:crypto";
-import { appendFileSync, existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
+import { mkdirSync, readdirSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { TemplateError } from "./errors.ts";
-import { listTemplates as listManifests } from "./store.ts";
+import { listTemplates as listManifests, readManifest, TEMPLATE_NAME, type TemplateManifest } from "./store.ts";
+export type { BuildLogEntry, LogLevel } from "./build-log.ts";
 
 /** Build states as E2B names them. */
 export type BuildStatus = "waiting" | "building" | "ready" | "error";
-/** Log levels of build log entries. */
-export type LogLevel = "debug" | "info" | "warn" | "error";
 
-/** One build log line. `step` is "base", "<n>" (1-based) or "finalize" as E2B numbers them. */
-export interface BuildLogEntry {
-  /** RFC 3339. */
-  timestamp: string;
-  level: LogLevel;
-  message: string;
-  step?: string;
-}
-
-/** Why a build ended in `error`: a message and the step that failed. */
+/** Why a build ended in `error`: a message, the step that failed and the error's code. */
 export interface BuildReason {
   message: string;
   step?: string;
+  /** The failure's error code (`image.not_found`, `template.step_failed`, ...); our addition to E2B's reason. */
+  code?: string;
 }
 
 /** How sandboxes of a ready build boot and what runs in them. */
@@ -64,6 +57,10 @@ export interface BuildRecord {
   createdAt: number;
   updatedAt: number;
   finishedAt?: number;
+  /** When the build was started (`POST /v2/.../builds/{id}`): queued for a slot from then on. */
+  acceptedAt?: number;
+  /** Tags the request named; they point at this build once it is ready. */
+  tags?: string[];
   /** Set once the build is ready. */
   boot?: BootSpec;
 }
@@ -85,7 +82,6 @@ export interface TemplateRecord {
 export const ALIAS_RE = /^[a-z0-9][a-z0-9_-]{0,127}$/;
 export const TAG_RE = /^[a-z0-9_-][a-z0-9_.-]{0,127}$/;
 const ID_RE = /^[a-z0-9]{1,64}$/;
-const BUILD_ID_RE = /^[0-9a-f-]{36}$/;
 /** The tag a build gets when the request names none. */
 export const DEFAULT_TAG = "default";
 
@@ -102,11 +98,30 @@ export function parseName(ref: string): { alias: string; tag?: string } {
   return { alias, tag };
 }
 
+/** A new template id: 20 characters of [a-z0-9], the first a letter (never looks like a number). */
 function newTemplateId(): string {
   const abc = "abcdefghijklmnopqrstuvwxyz0123456789";
-  const b = crypto.getRandomValues(new Uint8Array(20));
-  // first character a letter: an id never looks like a number
-  return Array.from(b, (x, i) => (i === 0 ? abc[x % 26] : abc[x % abc.length])).join("");
+  const out: string[] = [];
+  while (out.length < 20) {
+    for (const x of crypto.getRandomValues(new Uint8Array(32))) {
+      const n = out.length === 0 ? 26 : abc.length;
+      // rejection sampling: a byte in the last partial run of n would favour the first letters
+      if (x < 256 - (256 % n) && out.length < 20) out.push(abc[x % n]!);
+    }
+  }
+  return out.join("");
+}
+
+/** The build a template's name alone boots: the `default` tag's, else the newest ready one. */
+export function latestReadyBuild(t: TemplateRecord): BuildRecord | undefined {
+  const tagged = t.tags[DEFAULT_TAG]?.buildID;
+  const byTag = tagged === undefined ? undefined : t.builds.find((b) => b.buildID === tagged && b.status === "ready");
+  return byTag ?? [...t.builds].reverse().find((b) => b.status === "ready");
+}
+
+/** The build listings show: the one the name boots, else the newest (waiting, building, error). */
+export function shownBuild(t: TemplateRecord): BuildRecord | undefined {
+  return latestReadyBuild(t) ?? t.builds[t.builds.length - 1];
 }
 
 /** Options of a new build request (`POST /v3/templates`). */
@@ -128,7 +143,6 @@ export class TemplateCatalog {
   constructor(readonly homePath: string, onBadFile: (path: string, err: Error) => void = () => {}) {
     this.dir = join(homePath, "catalog");
     mkdirSync(join(this.dir, "templates"), { recursive: true });
-    mkdirSync(join(this.dir, "logs"), { recursive: true });
     for (const f of readdirSync(join(this.dir, "templates"))) {
       if (!f.endsWith(".json")) continue;
       const p = join(this.dir, "templates", f);
@@ -146,28 +160,24 @@ export class TemplateCatalog {
   list(): TemplateRecord[] {
     const out = [...this.byId.values()];
     const taken = new Set(out.flatMap((t) => [t.templateID, ...t.aliases]));
-    for (const m of listManifests(this.homePath)) {
-      if (taken.has(m.name)) continue;
-      const at = Date.parse(m.createdAt) || 0;
-      out.push({
-        templateID: m.name,
-        aliases: [m.name],
-        public: true,
-        createdAt: at,
-        updatedAt: at,
-        legacy: true,
-        tags: { [DEFAULT_TAG]: { buildID: legacyBuildId(m.buildKey), createdAt: at } },
-        builds: [{ buildID: legacyBuildId(m.buildKey), status: "ready", cpuCount: m.cpuCount ?? 0, memoryMB: m.memoryMB ?? 0, diskSizeMB: Math.floor(m.diskBytes / 1048576), createdAt: at, updatedAt: at, finishedAt: at }],
-      });
-    }
+    for (const m of listManifests(this.homePath)) if (!taken.has(m.name)) out.push(legacyRecord(m));
     return out.sort((a, b) => a.createdAt - b.createdAt || a.templateID.localeCompare(b.templateID));
   }
 
-  /** A template by id or alias, or undefined. */
+  /** A template by id or alias, or undefined (reads at most one `build-base` manifest). */
   find(idOrAlias: string): TemplateRecord | undefined {
-    const direct = this.byId.get(idOrAlias);
-    if (direct) return direct;
-    return this.list().find((t) => t.templateID === idOrAlias || t.aliases.includes(idOrAlias));
+    const direct = this.byId.get(idOrAlias) ?? this.findByAlias(idOrAlias);
+    if (direct || !TEMPLATE_NAME.test(idOrAlias)) return direct;
+    try {
+      return legacyRecord(readManifest(this.homePath, idOrAlias));
+    } catch {
+      return undefined;
+    }
+  }
+
+  private findByAlias(alias: string): TemplateRecord | undefined {
+    for (const t of this.byId.values()) if (t.aliases.includes(alias)) return t;
+    return undefined;
   }
 
   /** A template by id or alias. @throws TemplateError `template.not_found`. */
@@ -187,7 +197,7 @@ export class TemplateCatalog {
 
   /**
    * The build `ref` (`id`, `alias`, `alias:tag`, `id:tag`) boots: the tagged build when a tag is
-   * named, else the newest ready build.
+   * named, else the `default` tag's build, else the newest ready build.
    * @throws TemplateError `template.not_found`, `template.not_ready` (no ready build / tag not on a ready build).
    */
   readyBuild(ref: string): { template: TemplateRecord; build: BuildRecord } {
@@ -199,7 +209,7 @@ export class TemplateCatalog {
       const id = template.tags[tag]?.buildID;
       build = template.builds.find((b) => b.buildID === id && b.status === "ready");
     } else {
-      build = [...template.builds].reverse().find((b) => b.status === "ready");
+      build = latestReadyBuild(template);
     }
     if (!build) throw new TemplateError("template.not_ready", `template '${ref}' has no ready build${tag !== undefined ? ` tagged ${tag}` : ""}`, { template: ref });
     return { template, build };
@@ -207,29 +217,44 @@ export class TemplateCatalog {
 
   /**
    * Register a new build (`POST /v3/templates`): a known name keeps its templateID and gets a new
-   * buildID; a new name gets a new template. The build starts `waiting`.
-   * @throws TemplateError `template.bad_name`, `template.read_only` (a build-base template's name).
+   * buildID; a new name gets a new template. The build starts `waiting`; its tags (the name's and
+   * `tags`, else `default`) move to it when it is ready.
+   * @throws TemplateError `template.bad_name` (grammar, or another template's id),
+   *   `template.read_only` (a build-base template's name).
    */
   requestBuild(req: BuildRequest, now = Date.now()): { template: TemplateRecord; build: BuildRecord; tags: string[] } {
     const { alias, tag } = parseName(req.name);
     const tags = [...new Set([...(tag ? [tag] : []), ...(req.tags ?? [])])];
     for (const t of tags) if (!TAG_RE.test(t)) throw new TemplateError("template.bad_name", `invalid tag ${JSON.stringify(t)}`, { tag: t });
     if (tags.length === 0) tags.push(DEFAULT_TAG);
-    let template = this.find(alias);
+    let template = this.findByAlias(alias);
+    if (!template && this.byId.has(alias)) throw new TemplateError("template.bad_name", `'${alias}' is the id of another template: name builds by their alias`, { name: req.name });
+    template ??= this.find(alias);
     if (template?.legacy) throw new TemplateError("template.read_only", `template '${alias}' is made by 'agentenv template build-base' and cannot be rebuilt through the API`, { template: alias });
     if (!template) {
       template = { templateID: newTemplateId(), aliases: [alias], public: false, createdAt: now, updatedAt: now, builds: [], tags: {} };
       this.byId.set(template.templateID, template);
     }
-    const build: BuildRecord = { buildID: randomUUID(), status: "waiting", cpuCount: req.cpuCount, memoryMB: req.memoryMB, diskSizeMB: req.diskSizeMB, createdAt: now, updatedAt: now };
+    const build: BuildRecord = { buildID: randomUUID(), status: "waiting", cpuCount: req.cpuCount, memoryMB: req.memoryMB, diskSizeMB: req.diskSizeMB, createdAt: now, updatedAt: now, tags };
     template.builds.push(build);
-    for (const t of tags) template.tags[t] = { buildID: build.buildID, createdAt: now };
     template.updatedAt = now;
     this.save(template);
     return { template, build, tags };
   }
 
-  /** Change a build's status (and reason / boot spec). Persists. */
+  /** Record that a build was started (queued for a slot). Persists. */
+  markAccepted(templateID: string, buildID: string, now = Date.now()): void {
+    const { template, build } = this.build(templateID, buildID);
+    build.acceptedAt = now;
+    build.updatedAt = now;
+    this.save(template);
+  }
+
+  /**
+   * Change a build's status (and reason / boot spec); `ready` moves the build's tags to it.
+   * The record changes in memory first, so a failed write (ENOSPC) still shows the new status
+   * until the node restarts. @throws the file system's error when persisting fails.
+   */
   setStatus(templateID: string, buildID: string, status: BuildStatus, extra: { reason?: BuildReason; boot?: BootSpec; diskSizeMB?: number } = {}, now = Date.now()): BuildRecord {
     const { template, build } = this.build(templateID, buildID);
     build.status = status;
@@ -238,25 +263,10 @@ export class TemplateCatalog {
     if (extra.boot) build.boot = extra.boot;
     if (extra.diskSizeMB !== undefined) build.diskSizeMB = extra.diskSizeMB;
     if (status === "ready" || status === "error") build.finishedAt = now;
+    if (status === "ready") for (const t of build.tags ?? [DEFAULT_TAG]) template.tags[t] = { buildID, createdAt: now };
     template.updatedAt = now;
     this.save(template);
     return build;
-  }
-
-  /** Append log lines of a build (JSON lines file). */
-  appendLog(buildID: string, entries: BuildLogEntry[]): void {
-    if (!BUILD_ID_RE.test(buildID) || entries.length === 0) return;
-    appendFileSync(this.logPath(buildID), entries.map((e) => JSON.stringify(e)).join("\n") + "\n");
-  }
-
-  /** Every log line of a build, in order ([] when none). */
-  readLog(buildID: string): BuildLogEntry[] {
-    const p = this.logPath(buildID);
-    if (!BUILD_ID_RE.test(buildID) || !existsSync(p)) return [];
-    return readFileSync(p, "utf8")
-      .split("\n")
-      .filter((l) => l.length > 0)
-      .map((l) => JSON.parse(l) as BuildLogEntry);
   }
 
   /**
@@ -283,34 +293,38 @@ export class TemplateCatalog {
     this.save(template);
   }
 
-  /** Drop a template record and its build logs; returns the boot specs it held (for layer cleanup). */
+  /** Drop a template record (its layers stay for whatever stacks on them; GC removes them). @returns the record. */
   remove(idOrAlias: string): TemplateRecord {
     const template = this.get(idOrAlias);
     this.assertWritable(template);
     this.byId.delete(template.templateID);
     rmSync(join(this.dir, "templates", `${template.templateID}.json`), { force: true });
-    for (const b of template.builds) rmSync(this.logPath(b.buildID), { force: true });
     return template;
   }
 
-  /** Builds that were `building` when the node stopped become `error` (a build is never resumed). @returns how many. */
+  /**
+   * Builds the node stopped: `building` ones, and `waiting` ones already started (queued for a
+   * slot), become `error` (a build is never resumed). Registered but never started builds stay
+   * `waiting` (the SDK may still start them). @returns how many.
+   */
   failInterrupted(now = Date.now()): number {
     let n = 0;
     for (const t of this.byId.values()) {
-      const hit = t.builds.filter((b) => b.status === "building");
-      for (const b of hit) Object.assign(b, { status: "error", reason: { message: "the node restarted while this build ran" }, finishedAt: now, updatedAt: now });
-      if (hit.length) this.save(t);
-      n += hit.length;
+      let hit = 0;
+      for (const b of t.builds) {
+        const why = b.status === "building" ? "the node restarted while this build ran" : b.status === "waiting" && b.acceptedAt !== undefined ? "the node restarted before this queued build ran" : null;
+        if (!why) continue;
+        Object.assign(b, { status: "error", reason: { message: why }, finishedAt: now, updatedAt: now });
+        hit++;
+      }
+      if (hit) this.save(t);
+      n += hit;
     }
     return n;
   }
 
   private assertWritable(t: TemplateRecord): void {
     if (t.legacy) throw new TemplateError("template.read_only", `template '${t.templateID}' is made by 'agentenv template build-base' and is managed with that command`, { template: t.templateID });
-  }
-
-  private logPath(buildID: string): string {
-    return join(this.dir, "logs", `${buildID}.jsonl`);
   }
 
   private save(t: TemplateRecord): void {
@@ -324,4 +338,20 @@ export class TemplateCatalog {
 function legacyBuildId(buildKey: string): string {
   const h = (buildKey + "0".repeat(32)).slice(0, 32);
   return `${h.slice(0, 8)}-${h.slice(8, 12)}-${h.slice(12, 16)}-${h.slice(16, 20)}-${h.slice(20, 32)}`;
+}
+
+/** A `build-base` template as a read-only catalog record with one ready build. */
+function legacyRecord(m: TemplateManifest): TemplateRecord {
+  const at = Date.parse(m.createdAt) || 0;
+  const buildID = legacyBuildId(m.buildKey);
+  return {
+    templateID: m.name,
+    aliases: [m.name],
+    public: true,
+    createdAt: at,
+    updatedAt: at,
+    legacy: true,
+    tags: { [DEFAULT_TAG]: { buildID, createdAt: at } },
+    builds: [{ buildID, status: "ready", cpuCount: m.cpuCount ?? 0, memoryMB: m.memoryMB ?? 0, diskSizeMB: Math.floor(m.diskBytes / 1048576), createdAt: at, updatedAt: at, finishedAt: at }],
+  };
 }

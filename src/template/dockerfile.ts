@@ -6,7 +6,8 @@
  * `WORKDIR /home/user` appended when the file sets neither. Unlike the SDK (which drops them with
  * a warning), any other instruction is kept as a step of its own type, so the build ends in
  * `error` naming it. Line continuations (`\`), comments, JSON-array (exec) forms,
- * `COPY --chown=user[:group]` and `--chmod=` are understood.
+ * `COPY --chown=user[:group]` and `--chmod=` are understood; BuildKit's `RUN --mount=...` (any
+ * RUN flag) and here-documents are refused naming the line (they would run as other shell text).
  */
 import { TemplateError } from "./errors.ts";
 import type { BuildStep } from "./spec.ts";
@@ -52,18 +53,66 @@ function execForm(s: string): string[] | null {
 
 const shellQuote = (s: string) => (/^[\w@%+=:,./-]+$/.test(s) ? s : `'${s.replace(/'/g, `'\\''`)}'`);
 
-/** Split `k=v k2="v 2"` (ENV/ARG key=value form), honouring double and single quotes. */
-function keyValues(s: string): [string, string][] {
-  const out: [string, string][] = [];
-  const re = /([A-Za-z_][A-Za-z0-9_]*)=("(?:[^"\\]|\\.)*"|'[^']*'|\S*)/g;
-  for (const m of s.matchAll(re)) {
-    let v = m[2]!;
-    if (v.startsWith('"')) v = v.slice(1, -1).replace(/\\(.)/g, "$1");
-    else if (v.startsWith("'")) v = v.slice(1, -1);
-    out.push([m[1]!, v]);
+/**
+ * Split an instruction's text into words as Docker does for ENV/ARG: unquoted whitespace
+ * separates, double quotes (with backslash escapes) and single quotes group and are removed, a
+ * backslash outside quotes escapes the next character. @returns null for an unterminated quote.
+ */
+export function dockerWords(s: string): string[] | null {
+  const out: string[] = [];
+  let cur = "";
+  let inWord = false;
+  for (let i = 0; i < s.length; i++) {
+    const c = s[i]!;
+    if (/\s/.test(c)) {
+      if (inWord) out.push(cur);
+      cur = "";
+      inWord = false;
+      continue;
+    }
+    inWord = true;
+    if (c === "\\" && i + 1 < s.length) cur += s[++i];
+    else if (c === "'") {
+      const end = s.indexOf("'", i + 1);
+      if (end < 0) return null;
+      cur += s.slice(i + 1, end);
+      i = end;
+    } else if (c === '"') {
+      let j = i + 1;
+      for (; j < s.length && s[j] !== '"'; j++) cur += s[j] === "\\" && j + 1 < s.length ? s[++j] : s[j];
+      if (j >= s.length) return null;
+      i = j;
+    } else cur += c;
   }
+  if (inWord) out.push(cur);
   return out;
 }
+
+/**
+ * ENV/ARG pairs: `K=V [K2="v 2" ...]` when the first word holds `=` (then every word must), else
+ * the legacy `ENV K the rest is the value` (for ENV) or a bare `ARG NAME` (no default: none).
+ * @returns pairs, or a reason the text is malformed.
+ */
+function envPairs(kw: string, rest: string): [string, string][] | string {
+  const words = dockerWords(rest);
+  if (!words || words.length === 0) return `${kw} needs a value`;
+  if (!words[0]!.includes("=")) {
+    if (kw === "ARG") return words.length === 1 && /^[A-Za-z_][A-Za-z0-9_]*$/.test(words[0]!) ? [] : `ARG ${words[0]} takes no value without '='`;
+    const sp = /^(\S+)\s+(.*)$/s.exec(rest);
+    if (!sp) return "ENV needs a value";
+    return [[sp[1]!, sp[2]!]];
+  }
+  const pairs: [string, string][] = [];
+  for (const w of words) {
+    const m = /^([A-Za-z_][A-Za-z0-9_]*)=(.*)$/s.exec(w);
+    if (!m) return `${kw} ${JSON.stringify(w)} is not KEY=VALUE`;
+    pairs.push([m[1]!, m[2]!]);
+  }
+  return pairs;
+}
+
+/** A here-document (`<<EOF`, `<<-"EOF"`; not `<<<` here-strings or arithmetic `1<<2`). */
+const HEREDOC_RE = /(?<!<)<<(?!<)-?\s*["']?[A-Za-z_]/;
 
 /**
  * Parse `text`. `filesHash(src, dest)` gives the hash of a COPY's files (the caller packs and
@@ -98,11 +147,15 @@ export function parseDockerfile(text: string, filesHash: (src: string, dest: str
       case "RUN": {
         const ex = execForm(rest);
         if (!rest) bad(line, "RUN needs a command");
+        // BuildKit's RUN flags and here-documents change what runs: refused, never run as shell text
+        if (!ex && /^--[a-z]/.test(rest)) bad(line, `RUN flag ${rest.split(/\s/)[0]} is not supported`);
+        if (!ex && HEREDOC_RE.test(rest)) bad(line, "RUN with a here-document (<<) is not supported");
         steps.push({ type: "RUN", args: [ex ? ex.map(shellQuote).join(" ") : rest], force: false });
         break;
       }
       case "COPY":
       case "ADD": {
+        if (HEREDOC_RE.test(rest)) bad(line, `${kw} with a here-document (<<) is not supported`);
         const words = execForm(rest) ?? rest.split(/\s+/);
         let owner = "";
         let mode = "";
@@ -121,13 +174,12 @@ export function parseDockerfile(text: string, filesHash: (src: string, dest: str
       case "ENV":
       case "ARG": {
         if (!fromImage) break; // an ARG before FROM only parameterises FROM (not supported here)
-        let pairs = keyValues(rest);
-        if (pairs.length === 0) {
-          const sp = /^(\S+)\s+(.*)$/.exec(rest);
-          if (kw === "ENV" && !sp) bad(line, "ENV needs a value");
-          pairs = sp ? [[sp[1]!, sp[2]!]] : [];
-          if (kw === "ARG" && !sp) break; // ARG NAME without a default: nothing to set
+        const pairs = envPairs(kw, rest);
+        if (typeof pairs === "string") {
+          bad(line, pairs);
+          break;
         }
+        if (pairs.length === 0) break; // ARG NAME without a default: nothing to set
         steps.push({ type: "ENV", args: pairs.flat(), force: false });
         break;
       }

@@ -2,11 +2,15 @@
  * Files the SDK uploads for COPY steps: one tar (gzip or plain) per files hash, stored as
  * `$home/catalog/files/<hash>.tar`. The SDK asks `GET /templates/{id}/files/{hash}` and PUTs
  * the archive to the URL it gets, without the API key (../shared/docs/template-build.md §2-3),
- * so the URL carries its own authorisation: an expiry and an HMAC-SHA256 over hash + expiry
- * with a per-node secret (`$home/catalog/upload-secret`, made on first use).
+ * so the URL carries its own authorisation: the template it was given for, an expiry and an
+ * HMAC-SHA256 over template + hash + expiry with a per-node secret (`$home/catalog/upload-secret`,
+ * made on first use). An archive, once stored, is never replaced: builds of other templates may
+ * use the same files (the hash is the SDK's over the step and the source files, not over the
+ * archive, so the node cannot check an upload against it: the first complete upload stays).
  */
 import { createHmac, randomBytes, timingSafeEqual } from "node:crypto";
-import { closeSync, existsSync, fsyncSync, mkdirSync, openSync, readFileSync, renameSync, rmSync, writeFileSync, writeSync } from "node:fs";
+import { existsSync, linkSync, mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { open } from "node:fs/promises";
 import { join } from "node:path";
 import { TemplateError } from "./errors.ts";
 
@@ -39,59 +43,64 @@ export class BuildFiles {
     return existsSync(this.path(hash));
   }
 
-  /** A self-authorising upload URL on `origin`, valid for `ttlSecs`. */
-  uploadUrl(origin: string, hash: string, ttlSecs: number, now = Date.now()): string {
+  /** A self-authorising upload URL on `origin` for files of template `templateID`, valid for `ttlSecs`. */
+  uploadUrl(origin: string, templateID: string, hash: string, ttlSecs: number, now = Date.now()): string {
     this.path(hash);
     const expires = Math.floor(now / 1000) + ttlSecs;
-    return `${origin}/upload/template-files/${hash}?expires=${expires}&token=${this.sign(hash, expires)}`;
+    return `${origin}/upload/template-files/${hash}?template=${encodeURIComponent(templateID)}&expires=${expires}&token=${this.sign(templateID, hash, expires)}`;
   }
 
   /**
-   * Check an upload URL's expiry and token.
+   * Check an upload URL's template, expiry and token.
    * @throws TemplateError `template.upload_denied` (bad or expired token).
    */
-  checkToken(hash: string, expires: string | null, token: string | null, now = Date.now()): void {
+  checkToken(templateID: string | null, hash: string, expires: string | null, token: string | null, now = Date.now()): void {
     const exp = Number(expires);
-    if (!Number.isInteger(exp) || !token) throw new TemplateError("template.upload_denied", "upload URL lacks expires/token", { hash });
+    if (!templateID || !Number.isInteger(exp) || !token) throw new TemplateError("template.upload_denied", "upload URL lacks template/expires/token", { hash });
     if (exp * 1000 < now) throw new TemplateError("template.upload_denied", "upload URL expired", { hash, expires: exp });
-    const want = Buffer.from(this.sign(hash, exp));
+    const want = Buffer.from(this.sign(templateID, hash, exp));
     const got = Buffer.from(token);
     if (want.length !== got.length || !timingSafeEqual(want, got)) throw new TemplateError("template.upload_denied", "upload URL token does not match", { hash });
   }
 
   /**
-   * Store an upload: streamed to a temporary file, fsynced, renamed into place (a cut upload
-   * leaves nothing). At most `maxBytes`.
-   * @returns bytes written.
+   * Store an upload: streamed to a temporary file, synced, linked into place only if no archive
+   * of `hash` is there (a second upload of the same hash is read and dropped: the stored one is
+   * never replaced). A cut upload leaves nothing. At most `maxBytes`.
+   * @returns bytes received.
    * @throws TemplateError `template.upload_too_large`, `template.upload_failed`.
    */
   async store(hash: string, body: ReadableStream<Uint8Array> | null, maxBytes: number): Promise<number> {
     const final = this.path(hash);
     const tmp = `${final}.${process.pid}.${randomBytes(4).toString("hex")}.tmp`;
-    const fd = openSync(tmp, "w", 0o600);
+    const fh = await open(tmp, "w", 0o600);
     let n = 0;
     try {
       if (body) {
         for await (const chunk of body) {
           n += chunk.length;
           if (n > maxBytes) throw new TemplateError("template.upload_too_large", `upload exceeds ${maxBytes} bytes`, { hash, maxBytes });
-          let off = 0;
-          while (off < chunk.length) off += writeSync(fd, chunk, off);
+          for (let off = 0; off < chunk.length; ) off += (await fh.write(chunk, off, chunk.length - off)).bytesWritten;
         }
       }
-      fsyncSync(fd);
+      await fh.sync();
+      await fh.close();
+      try {
+        linkSync(tmp, final);
+      } catch (e) {
+        if ((e as NodeJS.ErrnoException).code !== "EEXIST") throw e;
+      }
+      return n;
     } catch (e) {
-      closeSync(fd);
-      rmSync(tmp, { force: true });
+      await fh.close().catch(() => {});
       if (e instanceof TemplateError) throw e;
       throw new TemplateError("template.upload_failed", `upload of ${hash} failed: ${(e as Error).message}`, { hash });
+    } finally {
+      rmSync(tmp, { force: true });
     }
-    closeSync(fd);
-    renameSync(tmp, final);
-    return n;
   }
 
-  private sign(hash: string, expires: number): string {
-    return createHmac("sha256", this.secret).update(`${hash}\n${expires}`).digest("hex");
+  private sign(templateID: string, hash: string, expires: number): string {
+    return createHmac("sha256", this.secret).update(`${templateID}\n${hash}\n${expires}`).digest("hex");
   }
 }

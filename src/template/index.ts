@@ -21,7 +21,9 @@ export { BASE_BOOT_ARGS, buildBase, hostDebianMirror, type BaseBuildOptions, typ
 export {
   ALIAS_RE,
   DEFAULT_TAG,
+  latestReadyBuild,
   parseName,
+  shownBuild,
   TAG_RE,
   TemplateCatalog,
   type BootSpec,
@@ -34,7 +36,9 @@ export {
 } from "./catalog.ts";
 export { BuildFiles, UPLOAD_PATH_RE } from "./files.ts";
 export { checkBuildSpec, stepKey, baseKey, SUPPORTED_STEPS, IGNORED_STEPS, type BuildSpec, type BuildStep } from "./spec.ts";
-export { readyProbe } from "./ready.ts";
-export { copyScript, expandEnv, StepFailure, TemplateBuilder, type BaseImage, type BuildSettings, type BuilderDeps, type StepContext } from "./builder.ts";
+export { readyProbe, waitReady, type ReadyOutcome } from "./ready.ts";
+export { BuildLogs } from "./build-log.ts";
+export { copyScript, expandEnv, extractScript, StepFailure, TemplateBuilder, type BaseImage, type BuildSettings, type BuilderDeps, type StepContext } from "./builder.ts";
 export type { BuildVm, BuildVmLauncher, BuildVmSpec, VmCommand } from "./build-vm.ts";
 export { TemplateService, type NewBuildRequest, type TemplateServiceOptions } from "./service.ts";
+export { collectGarbage, type GcOptions, type GcReport } from "./gc.ts";

@@ -21,3 +21,42 @@ export function readyProbe(readyCmd: string): string {
   // sl local_address rem_address st ...: a TCP listener (0A) or a bound UDP socket (07) on the port
   return `grep -qE '^ *[0-9]+: [0-9A-F]+:${hex} [0-9A-F]+:[0-9A-F]+ (0A|07) ' /proc/net/tcp /proc/net/tcp6 /proc/net/udp /proc/net/udp6 2>/dev/null`;
 }
+
+/** How `waitReady` ended. */
+export interface ReadyOutcome {
+  ok: boolean;
+  /** Why the start command counts as failed (from `startFailure`), when that ended the wait. */
+  startFailure?: string;
+  /** Output of the last failed probe. */
+  lastOutput: string;
+}
+
+/**
+ * Poll `readyCmd` (through `readyProbe`) with `run` every `pollMs` until it exits 0, the start
+ * command fails (`startFailure()` returns a reason) or `timeoutMs` passes. One loop for builds and
+ * sandbox starts. Each probe is bounded by `probeTimeoutMs` (and what is left of `timeoutMs`).
+ * @throws whatever `run` throws (envd unreachable) or `signal`'s reason.
+ */
+export async function waitReady(o: {
+  readyCmd: string;
+  run: (script: string, timeoutMs: number) => Promise<{ exitCode: number; output: string }>;
+  startFailure: () => string | null;
+  timeoutMs: number;
+  pollMs: number;
+  probeTimeoutMs: number;
+  signal: AbortSignal;
+}): Promise<ReadyOutcome> {
+  const probe = readyProbe(o.readyCmd);
+  const end = Date.now() + o.timeoutMs;
+  let lastOutput = "";
+  for (;;) {
+    o.signal.throwIfAborted();
+    const failed = o.startFailure();
+    if (failed) return { ok: false, startFailure: failed, lastOutput };
+    const r = await o.run(probe, Math.max(1000, Math.min(o.probeTimeoutMs, end - Date.now())));
+    if (r.exitCode === 0) return { ok: true, lastOutput: "" };
+    lastOutput = r.output.trim();
+    if (Date.now() >= end) return { ok: false, lastOutput };
+    await Bun.sleep(o.pollMs);
+  }
+}

@@ -98,12 +98,18 @@ export function hashParts(...parts: string[]): string {
   return h.digest("hex");
 }
 
-/** Cache key of the base (before any step): the image's manifest digest or the parent build. */
-export function baseKey(base: { imageDigest: string } | { templateBuildID: string }): string {
-  return "imageDigest" in base ? hashParts("aenv-template-v1", "image", base.imageDigest) : hashParts("aenv-template-v1", "template", base.templateBuildID);
+/**
+ * Cache key of the base (before any step): the pulled image's key (its manifest digest and how
+ * the node converted it, src/image GUEST_BITS_KEY) or the parent build.
+ */
+export function baseKey(base: { image: string } | { templateBuildID: string }): string {
+  return "image" in base ? hashParts("aenv-template-v2", "image", base.image) : hashParts("aenv-template-v2", "template", base.templateBuildID);
 }
 
-/** Cache key of a step: the previous key, the step's type, args and files hash (E2B's chaining). */
+/**
+ * Cache key of a step: the previous key, the step's type, args (as a JSON array: `["a b"]` and
+ * `["a", "b"]` differ) and files hash (E2B's chaining).
+ */
 export function stepKey(prev: string, step: BuildStep): string {
-  return hashParts(prev, step.type, step.args.join(" "), step.filesHash ?? "");
+  return hashParts(prev, step.type, JSON.stringify(step.args), step.filesHash ?? "");
 }

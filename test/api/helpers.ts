@@ -62,6 +62,9 @@ export async function startNodeNoVm(env: Record<string, string> = {}, home = mkd
       defaultCpuCount: oc.defaultCpuCount,
       defaultMemoryMB: oc.defaultMemoryMB,
       envdPollMs: oc.envdPollMs,
+      readyTimeoutMs: c.template_build.ready_timeout_ms,
+      readyPollMs: c.template_build.create_ready_poll_ms,
+      readyProbeTimeoutMs: c.template_build.ready_probe_timeout_ms,
       defaultUser: "user",
       disks,
       volumes: {

@@ -3,20 +3,39 @@
  * v3 registration, rebuild keeping the template id, names and tags, the files/upload flow with
  * its self-authorising URL, builds that fail before any VM (unknown registry, unsupported step,
  * files never uploaded) ending in `error` with the step named, status log paging, aliases,
- * tags, delete.
+ * tags (moved to a build when it is ready), delete; builds that need no VM (ENV steps over a
+ * build-base template) ending ready; a registry that never answers; the build queue; a log or
+ * status that cannot be written; a node killed mid-build and started again.
  */
 import { afterAll, beforeAll, expect, test } from "bun:test";
-import { existsSync, readdirSync, rmSync } from "node:fs";
+import { existsSync, mkdirSync, readdirSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { api, startNodeNoVm, type TestNode } from "./helpers.ts";
+import { api, startNodeNoVm, testPrefix, type TestNode } from "./helpers.ts";
 
+const MAX_UPLOAD = 4 * 1048576;
 let node: TestNode;
 beforeAll(async () => {
-  node = await startNodeNoVm();
+  node = await startNodeNoVm({ AENV__template_build__max_upload_bytes: String(MAX_UPLOAD), AENV__template_build__manifest_timeout_ms: "5000" });
+  legacyBase(node.home);
 });
 afterAll(async () => {
   await node?.dispose();
 });
+
+/**
+ * A `build-base` template named base in `home` (its manifest only: builds of ENV steps over it
+ * need no VM and no disk, they end ready with its layer as their lowest).
+ */
+function legacyBase(home: string): void {
+  mkdirSync(join(home, "templates", "base"), { recursive: true });
+  const m = { name: "base", rootfs: "rootfs.ext4", layers: ["rootfs-k-1.layer"], bootArgs: "", diskBytes: 1 << 30, buildKey: "k", createdAt: new Date().toISOString() };
+  writeFileSync(join(home, "templates", "base", "manifest.json"), JSON.stringify(m));
+}
+
+/** A TCP server on 127.0.0.1 that accepts and never answers (a registry that hangs). */
+function silentRegistry() {
+  return Bun.listen({ hostname: "127.0.0.1", port: 0, socket: { data() {} } });
+}
 
 /** JSON body of a response (tests read loosely typed bodies). */
 const J = async (p: Promise<Response> | Response): Promise<any> => (await p).json();
@@ -54,8 +73,8 @@ test("POST /v3/templates registers a build; the same name keeps its templateID w
   expect(t.builds.map((x: any) => [x.buildID, x.status])).toEqual([[a.buildID, "waiting"], [b.buildID, "waiting"]]);
   expect(t.builds[0].cpuCount).toBe(2);
   expect(t.builds[0].memoryMB).toBe(1024);
-  const tags = await J(api(node, `/templates/${a.templateID}/tags`));
-  expect(tags.map((x: any) => [x.tag, x.buildID])).toEqual([["default", a.buildID], ["prod", b.buildID], ["v2", b.buildID]]);
+  // tags point at builds once they are ready: none yet
+  expect(await J(api(node, `/templates/${a.templateID}/tags`))).toEqual([]);
   const alias = await api(node, "/templates/aliases/my-app");
   expect(alias.status).toBe(200);
   expect(await J(alias)).toEqual({ templateID: a.templateID, public: false });
@@ -64,12 +83,18 @@ test("POST /v3/templates registers a build; the same name keeps its templateID w
 });
 
 test("bad names, bad sizes, unknown builds and a second start are refused with typed errors", async () => {
-  for (const body of [{ name: "Bad Name" }, { name: "ok:bad tag" }, {}, { name: "x", cpuCount: 0 }, { name: "x", memoryMB: 64 }]) {
+  // above [orchestrator] max_cpu_count / max_memory_mb (defaults 32 / 16384) too
+  for (const body of [{ name: "Bad Name" }, { name: "ok:bad tag" }, {}, { name: "x", cpuCount: 0 }, { name: "x", memoryMB: 64 }, { name: "x", memoryMB: 16385 }, { name: "x", cpuCount: 33 }]) {
     const r = await api(node, "/v3/templates", json(body));
     expect(r.status).toBe(400);
     expect((await J(r)).code).toBe(400);
   }
   const a = await J(api(node, "/v3/templates", json({ name: "twice" })));
+  // another template's id is not a name: no build is added to that template
+  const byId = await api(node, "/v3/templates", json({ name: a.templateID }));
+  expect(byId.status).toBe(400);
+  expect((await J(byId)).error_code).toBe("template.bad_name");
+  expect((await J(api(node, `/templates/${a.templateID}`))).builds).toHaveLength(1);
   const unknown = await api(node, `/templates/${a.templateID}/builds/00000000-0000-0000-0000-000000000000/status`);
   expect(unknown.status).toBe(404);
   expect((await J(unknown)).error_code).toBe("template.build_not_found");
@@ -93,7 +118,7 @@ test("files: GET gives a signed upload URL; PUT without the API key stores it; t
   expect(r.status).toBe(201);
   const up = await J(r);
   expect(up.present).toBe(false);
-  expect(up.url.startsWith(`${node.url}/upload/template-files/${hash}?expires=`)).toBe(true);
+  expect(up.url.startsWith(`${node.url}/upload/template-files/${hash}?template=${a.templateID}&expires=`)).toBe(true);
   const body = new Uint8Array(3 * 1024 * 1024).map((_, i) => i % 251);
   // a wrong token and an expired URL are refused, and leave nothing behind
   const forged = up.url.replace(/token=([0-9a-f])/, (_: string, c: string) => `token=${c === "0" ? "1" : "0"}`);
@@ -107,8 +132,22 @@ test("files: GET gives a signed upload URL; PUT without the API key stores it; t
   expect(again.present).toBe(true);
   const stored = Bun.file(join(node.home, "catalog", "files", `${hash}.tar`));
   expect(new Uint8Array(await stored.arrayBuffer())).toEqual(body);
+  // the URL is for one template: another template's id in it breaks the token
+  const other = await J(api(node, "/v3/templates", json({ name: "other-files" })));
+  expect((await fetch(up.url.replace(`template=${a.templateID}`, `template=${other.templateID}`), { method: "PUT", body })).status).toBe(403);
+  // an archive once stored is never replaced (builds of other templates may use it)
+  const replace = await fetch(again.url, { method: "PUT", body: new Uint8Array(100).fill(9) });
+  expect(replace.status).toBe(201);
+  expect(new Uint8Array(await Bun.file(join(node.home, "catalog", "files", `${hash}.tar`)).arrayBuffer())).toEqual(body);
   expect(readdirSync(join(node.home, "catalog", "files")).filter((f) => f.endsWith(".tmp"))).toEqual([]);
   expect((await api(node, `/templates/${a.templateID}/files/not-a-hash`)).status).toBe(400);
+  // above [template_build] max_upload_bytes: 413, nothing stored, no temporary file left
+  const big = "cd".repeat(32);
+  const upBig = await J(api(node, `/templates/${a.templateID}/files/${big}`));
+  const tooLarge = await fetch(upBig.url, { method: "PUT", body: new Uint8Array(MAX_UPLOAD + 1) });
+  expect(tooLarge.status).toBe(413);
+  expect((await J(tooLarge)).error_code).toBe("template.upload_too_large");
+  expect(readdirSync(join(node.home, "catalog", "files")).filter((f) => f.startsWith(big) || f.endsWith(".tmp"))).toEqual([]);
   expect((await api(node, `/templates/nosuchtemplate/files/${hash}`)).status).toBe(404);
 });
 
@@ -142,38 +181,169 @@ test("COPY of files never uploaded fails the build at that step", async () => {
   expect(st.reason.message).toContain("never uploaded");
 });
 
-test("tags, aliases and delete", async () => {
-  const a = await J(api(node, "/v3/templates", json({ name: "tagged", tags: ["one", "two"] })));
-  // no ready build to point a tag at
-  const assign = await api(node, "/templates/tags", json({ target: "tagged", tags: ["three"] }));
+test("tags move to a build when it is ready: a failed rebuild leaves name and name:tag where they were", async () => {
+  const build = async (name: string, body: unknown, tags?: string[]) => {
+    const r = await J(api(node, "/v3/templates", json({ name, ...(tags ? { tags } : {}) })));
+    expect((await api(node, `/v2/templates/${r.templateID}/builds/${r.buildID}`, json(body))).status).toBe(202);
+    return { ...r, st: await waitStatus(r.templateID, r.buildID, ["ready", "error"]) };
+  };
+  const tagsOf = async (id: string) => (await J(api(node, `/templates/${id}/tags`))).map((x: any) => [x.tag, x.buildID]);
+  const env = (v: string) => ({ fromTemplate: "base", steps: [{ type: "ENV", args: ["V", v] }] });
+  const b1 = await build("tagged", env("1"), ["one", "two"]);
+  expect(b1.st.status).toBe("ready");
+  expect(await tagsOf(b1.templateID)).toEqual([["one", b1.buildID], ["two", b1.buildID]]);
+  const b2 = await build("tagged", env("2"));
+  expect(b2.st.status).toBe("ready");
+  expect(await tagsOf(b1.templateID)).toEqual([["default", b2.buildID], ["one", b1.buildID], ["two", b1.buildID]]);
+  // a failing rebuild under default and a new tag: neither moves
+  const b3 = await build("tagged:v3", { fromTemplate: "base", steps: [{ type: "HEALTHCHECK", args: ["x"] }] }, ["default"]);
+  expect(b3.st.status).toBe("error");
+  expect(await tagsOf(b1.templateID)).toEqual([["default", b2.buildID], ["one", b1.buildID], ["two", b1.buildID]]);
+  const assign = await api(node, "/templates/tags", json({ target: "tagged:v3", tags: ["three"] }));
   expect(assign.status).toBe(400);
   expect((await J(assign)).error_code).toBe("template.not_ready");
-  const del = await api(node, "/templates/tags", { method: "DELETE", body: JSON.stringify({ name: "tagged", tags: ["one"] }) });
+  // name alone = the default tag's build
+  expect((await api(node, "/templates/tags", json({ target: "tagged", tags: ["three"] }))).status).toBe(201);
+  expect(await tagsOf(b1.templateID)).toEqual([["default", b2.buildID], ["one", b1.buildID], ["three", b2.buildID], ["two", b1.buildID]]);
+  // the ready builds stack on base's layer
+  const rec = JSON.parse(await Bun.file(join(node.home, "catalog", "templates", `${b1.templateID}.json`)).text());
+  expect(rec.builds[0].boot).toMatchObject({ layers: ["templates/base/rootfs-k-1.layer"], envs: { V: "1" } });
+  expect(rec.builds[2].reason).toMatchObject({ step: "1", code: "template.unsupported_step" });
+});
+
+test("tags, aliases and delete", async () => {
+  const a = await J(api(node, "/v3/templates", json({ name: "tagged2", tags: ["one", "two"] })));
+  await api(node, `/v2/templates/${a.templateID}/builds/${a.buildID}`, json({ fromTemplate: "base", steps: [{ type: "ENV", args: ["A", "1"] }] }));
+  await waitStatus(a.templateID, a.buildID, ["ready"]);
+  const del = await api(node, "/templates/tags", { method: "DELETE", body: JSON.stringify({ name: "tagged2", tags: ["one"] }) });
   expect(del.status).toBe(204);
   expect((await J(api(node, `/templates/${a.templateID}/tags`))).map((x: any) => x.tag)).toEqual(["two"]);
-  expect((await api(node, "/templates/tags", { method: "DELETE", body: JSON.stringify({ name: "tagged", tags: ["nope"] }) })).status).toBe(404);
+  expect((await api(node, "/templates/tags", { method: "DELETE", body: JSON.stringify({ name: "tagged2", tags: ["nope"] }) })).status).toBe(404);
   expect((await api(node, "/templates/aliases/nosuch")).status).toBe(404);
   expect((await api(node, `/templates/${a.templateID}`, { method: "DELETE" })).status).toBe(204);
-  expect((await api(node, "/templates/aliases/tagged")).status).toBe(404);
+  expect((await api(node, "/templates/aliases/tagged2")).status).toBe(404);
   expect((await api(node, `/templates/${a.templateID}`)).status).toBe(404);
   expect((await api(node, `/templates/${a.templateID}`, { method: "DELETE" })).status).toBe(404);
   expect(existsSync(join(node.home, "catalog", "templates", `${a.templateID}.json`))).toBe(false);
+  expect(existsSync(join(node.home, "catalog", "logs", `${a.buildID}.jsonl`))).toBe(false);
 });
 
-test("a build registered and then interrupted by a node restart reads error after it", async () => {
-  const a = await J(api(node, "/v3/templates", json({ name: "restart-me" })));
-  // mark it building as a running build would, then restart the node on the same home
-  const f = join(node.home, "catalog", "templates", `${a.templateID}.json`);
-  const rec = JSON.parse(await Bun.file(f).text());
-  rec.builds[0].status = "building";
-  await Bun.write(f, JSON.stringify(rec));
-  const home = node.home;
-  await node.close();
-  node = await startNodeNoVm({}, home);
-  const st = await J(api(node, `/templates/${a.templateID}/builds/${a.buildID}/status`));
-  expect(st.status).toBe("error");
-  expect(st.reason.message).toContain("restarted");
+test("a registry that accepts and never answers fails the build at base after manifest_timeout_ms (image.timeout)", async () => {
+  const silent = silentRegistry();
+  try {
+    const a = await J(api(node, "/v3/templates", json({ name: "hangs" })));
+    await api(node, `/v2/templates/${a.templateID}/builds/${a.buildID}`, json({ fromImage: `127.0.0.1:${silent.port}/x/y:v1` }));
+    const st = await waitStatus(a.templateID, a.buildID, ["error"]);
+    expect(st.reason).toMatchObject({ step: "base", code: "image.timeout" });
+    expect(st.reason.message).toContain("took longer than 5000 ms");
+  } finally {
+    silent.stop(true);
+  }
+}, 60_000);
+
+test("builds queue for max_concurrent_builds (1); a build whose status cannot be saved reads error, not building", async () => {
+  const silent = silentRegistry();
+  try {
+    const y = await J(api(node, "/v3/templates", json({ name: "slot-holder" })));
+    const x = await J(api(node, "/v3/templates", json({ name: "queued" })));
+    await api(node, `/v2/templates/${y.templateID}/builds/${y.buildID}`, json({ fromImage: `127.0.0.1:${silent.port}/x/y:v1` }));
+    await waitStatus(y.templateID, y.buildID, ["building"]);
+    await api(node, `/v2/templates/${x.templateID}/builds/${x.buildID}`, json({ fromTemplate: "base", steps: [{ type: "ENV", args: ["A", "1"] }] }));
+    const queued = await J(api(node, `/templates/${x.templateID}/builds/${x.buildID}/status`));
+    expect(queued.status).toBe("waiting");
+    expect((await J(api(node, `/templates/${y.templateID}/builds/${y.buildID}/status`))).status).toBe("building");
+    // the queued build's record can no longer be written (as on a full disk)
+    mkdirSync(join(node.home, "catalog", "templates", `${x.templateID}.json.tmp`));
+    // free the slot: the registry goes away
+    silent.stop(true);
+    expect((await waitStatus(y.templateID, y.buildID, ["error"])).reason.step).toBe("base");
+    const st = await waitStatus(x.templateID, x.buildID, ["error", "ready"]);
+    expect(st.status).toBe("error");
+    rmSync(join(node.home, "catalog", "templates", `${x.templateID}.json.tmp`), { recursive: true });
+  } finally {
+    silent.stop(true);
+  }
+}, 60_000);
+
+test("a build whose log cannot be written still runs to its end", async () => {
+  const a = await J(api(node, "/v3/templates", json({ name: "no-log" })));
+  // the log file is a directory: every append fails (EISDIR), as on a full disk
+  mkdirSync(join(node.home, "catalog", "logs", `${a.buildID}.jsonl`));
+  await api(node, `/v2/templates/${a.templateID}/builds/${a.buildID}`, json({ fromTemplate: "base", steps: [{ type: "ENV", args: ["A", "1"] }] }));
+  const st = await waitStatus(a.templateID, a.buildID, ["ready", "error"]);
+  expect(st.status).toBe("ready");
+  expect(st.logEntries).toEqual([]);
 });
+
+test("build logs past log_max_bytes end in one truncation line; only errors follow", async () => {
+  const { BuildLogs } = await import("../../src/template/index.ts");
+  const dir = join(node.home, "log-limit");
+  const logs = new BuildLogs(dir, 4096);
+  const id = "00000000-0000-4000-8000-000000000001";
+  const line = (i: number, level: "info" | "error" = "info") => ({ timestamp: new Date(1000 * i).toISOString(), level, message: `line ${i} ${"x".repeat(100)}` });
+  for (let i = 0; i < 100; i++) logs.append(id, [line(i)]);
+  logs.append(id, [line(100, "error")]);
+  const all = logs.all(id);
+  const trunc = all.findIndex((e) => e.message.startsWith("log truncated: more than 4096 bytes"));
+  expect(trunc).toBeGreaterThan(20);
+  expect(all.slice(trunc + 1).map((e) => e.level)).toEqual(["error"]);
+  expect(Bun.file(join(dir, `${id}.jsonl`)).size).toBeLessThan(4096 + 512);
+  // read by offset = the same entries as the whole; a torn last line (a crash mid-write) is skipped
+  expect(logs.read(id, 5, 3)).toEqual(all.slice(5, 8));
+  require("node:fs").appendFileSync(join(dir, `${id}.jsonl`), '{"timestamp":"x","lev');
+  const again = new BuildLogs(dir, 4096);
+  expect(again.all(id)).toEqual(all);
+  expect(again.errors(id).map((e) => e.message)).toEqual([all.at(-1)!.message]);
+  again.append(id, [line(101, "error")]);
+  expect(new BuildLogs(dir, 4096).all(id).at(-1)!.message).toBe(line(101).message);
+});
+
+test("a node killed (SIGKILL) mid-build: at the next start the running and the queued build read error, a registered one stays waiting", async () => {
+  const silent = silentRegistry();
+  const home = require("node:fs").mkdtempSync(join(require("node:os").tmpdir(), "aenv-kill-"));
+  legacyBase(home);
+  const prefix = testPrefix();
+  const child = Bun.spawn(
+    [process.execPath, join(import.meta.dir, "fixtures/hold-node.ts"), home, join(home, "run"), prefix, JSON.stringify({ AENV__template_build__manifest_timeout_ms: "600000" })],
+    { stdout: "pipe", stderr: "inherit", env: { ...process.env, AENV_LOG_LEVEL: "error" } },
+  );
+  let again: TestNode | undefined;
+  try {
+    const reader = child.stdout.getReader();
+    let buf = "";
+    while (!buf.includes("\n")) buf += new TextDecoder().decode((await reader.read()).value);
+    const held = JSON.parse(buf) as { url: string; key: string };
+    const call = (path: string, body?: unknown) => fetch(held.url + path, { method: body ? "POST" : "GET", headers: { "x-api-key": held.key, "content-type": "application/json" }, body: body ? JSON.stringify(body) : undefined }).then((r) => r.json() as Promise<any>);
+    const running = await call("/v3/templates", { name: "running" });
+    const queued = await call("/v3/templates", { name: "queued" });
+    const registered = await call("/v3/templates", { name: "registered" });
+    await call(`/v2/templates/${running.templateID}/builds/${running.buildID}`, { fromImage: `127.0.0.1:${silent.port}/x/y:v1` });
+    for (let i = 0; i < 600 && (await call(`/templates/${running.templateID}/builds/${running.buildID}/status`)).status !== "building"; i++) await Bun.sleep(20);
+    await call(`/v2/templates/${queued.templateID}/builds/${queued.buildID}`, { fromTemplate: "base", steps: [{ type: "ENV", args: ["A", "1"] }] });
+    expect((await call(`/templates/${queued.templateID}/builds/${queued.buildID}/status`)).status).toBe("waiting");
+    const skopeo = () => Bun.spawnSync(["pgrep", "-f", `skopeo inspect .*127.0.0.1:${silent.port}/`], { stdout: "pipe" }).stdout.toString().trim();
+    expect(skopeo()).not.toBe("");
+    child.kill("SIGKILL");
+    await child.exited;
+    // the node's skopeo dies with it (parent-death signal), nothing hangs on the dead registry
+    for (let i = 0; i < 200 && skopeo() !== ""; i++) await Bun.sleep(20);
+    expect(skopeo()).toBe("");
+    again = await startNodeNoVm({ AENV__network__name_prefix: prefix }, home);
+    const status = async (r: any) => J(api(again!, `/templates/${r.templateID}/builds/${r.buildID}/status`));
+    expect((await status(running)).status).toBe("error");
+    expect((await status(running)).reason.message).toBe("the node restarted while this build ran");
+    expect((await status(queued)).status).toBe("error");
+    expect((await status(queued)).reason.message).toBe("the node restarted before this queued build ran");
+    expect((await status(registered)).status).toBe("waiting");
+    // nothing of the interrupted pull is left
+    expect(readdirSync(join(home, "images")).filter((f) => f.startsWith(".pull-"))).toEqual([]);
+  } finally {
+    child.kill("SIGKILL");
+    silent.stop(true);
+    await again?.dispose();
+    rmSync(home, { recursive: true, force: true });
+  }
+}, 60_000);
 
 test("CLI: template build --dockerfile streams the log and fails naming an unsupported instruction; template rm", async () => {
   const dir = require("node:fs").mkdtempSync(join(require("node:os").tmpdir(), "aenv-df-"));
@@ -206,3 +376,32 @@ test("CLI: template build --dockerfile streams the log and fails naming an unsup
     rmSync(dir, { recursive: true, force: true });
   }
 }, 60_000);
+
+test("create of name:tag boots the tagged build; name alone the default tag's; an unknown tag is a 404", async () => {
+  const n = await startNodeNoVm({}, undefined, {});
+  try {
+    legacyBase(n.home);
+    const build = async (name: string, v: string) => {
+      const r = await J(api(n, "/v3/templates", json({ name })));
+      await api(n, `/v2/templates/${r.templateID}/builds/${r.buildID}`, json({ fromTemplate: "base", steps: [{ type: "ENV", args: ["V", v] }] }));
+      for (let i = 0; i < 600 && (await J(api(n, `/templates/${r.templateID}/builds/${r.buildID}/status`))).status !== "ready"; i++) await Bun.sleep(20);
+      return r;
+    };
+    const one = await build("pinned:one", "1");
+    const two = await build("pinned", "2");
+    const create = (templateID: string) => api(n, "/sandboxes", json({ templateID, timeout: 60 }));
+    const r1 = await create("pinned:one");
+    expect(r1.status).toBe(201);
+    expect((await J(r1)).templateID).toBe(one.templateID);
+    expect(n.runtime!.started.at(-1)!.buildID).toBe(one.buildID);
+    expect((await create("pinned")).status).toBe(201);
+    expect(n.runtime!.started.at(-1)!.buildID).toBe(two.buildID);
+    expect((await create(`${one.templateID}:default`)).status).toBe(201);
+    expect(n.runtime!.started.at(-1)!.buildID).toBe(two.buildID);
+    const missing = await create("pinned:nope");
+    expect(missing.status).toBe(404);
+    expect((await J(missing)).error_code).toBe("orchestrator.template_not_found");
+  } finally {
+    await n.dispose();
+  }
+});

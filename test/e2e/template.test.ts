@@ -13,8 +13,10 @@ import { join } from "node:path";
 import { debianTree, pushImage, startRegistry, type TestRegistry } from "../image/registry.ts";
 import { nodeForFile, qemuPidsUnder, TEST_HOME } from "./world.ts";
 
-// a short ready bound, so the never-ready build fails in seconds (python's server is up well within it)
-const node = nodeForFile({ AENV__template_build__ready_timeout_ms: "20000" });
+// a short ready bound, so the never-ready build fails in seconds (python's server is up well within it);
+// garbage collection with no cache budget and no minimum age: the template delete mid-test
+// removes every layer only the cache keeps, never the paused sandbox's
+const node = nodeForFile({ AENV__template_build__ready_timeout_ms: "20000", AENV__template_build__gc_min_age_ms: "0", AENV__template_build__cache_max_bytes: "0" });
 let reg: TestRegistry | undefined;
 
 beforeAll(async () => {
@@ -91,6 +93,15 @@ test("e2b SDK Template: fromImage build, create answers at once, warm rebuild ca
   // busybox (no glibc): built and booted with envd running from the tools drive
   expect(o.busybox).toBe("hi from busybox\nno glibc in the image\nuser\n");
   expect(o.docker).toBe("from-dockerfile\nprint('main')\n/srv/app\nhello docker\nroot\n");
+  // a paused sandbox resumes on the layers it started with after its template was rebuilt and deleted
+  expect(o.pinned).toEqual({ afterRebuild: "kept\nhi from busybox\n", afterDelete: "kept\n", templateGone: true });
+  // the CLI's Dockerfile build: the glob's matches only, .dockerignore honoured, USER made a new
+  // account (the RUN steps check), ready
+  expect(o.cliBuild.code).toBe(0);
+  expect(o.cliBuild.stdout).toMatch(/^cli-df ready: template [a-z0-9]{20} build [0-9a-f-]{36}\n$/);
+  expect(o.cliBuild.stderr).toMatch(/uploading COPY src\/\*\.py \(/);
+  expect(o.cliOutside.code).toBe(1);
+  expect(o.cliOutside.stderr).toContain("COPY ../secret.txt: outside the build context");
   expect(o.cliPull.code).toBe(0);
   expect(o.cliPull.stdout).toMatch(/^cli-pulled ready: template [a-z0-9]{20} build [0-9a-f-]{36}\n$/);
   expect(o.cliPull.stderr).toMatch(/\[\s*\d+\.\ds\] \[base\] FROM /);

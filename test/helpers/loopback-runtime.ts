@@ -73,6 +73,8 @@ export class LoopbackRuntime implements SandboxRuntime {
   private readonly gates = new Map<Op, { wait: Promise<Error | undefined>; reached: (id: string) => void }>();
   /** Sandboxes started (creates + resumes), for assertions. */
   starts = 0;
+  /** The template (and build) each create started, in order, for assertions. */
+  readonly started: TemplateInfo[] = [];
   /** Template ids this runtime holds (see LoopbackOptions.templates). */
   readonly templates: string[];
   /**
@@ -108,6 +110,19 @@ export class LoopbackRuntime implements SandboxRuntime {
   /** The address sandbox `id`'s guest ports are served at, while it runs. */
   hostOf(id: string): string | undefined {
     return this.guests.get(id)?.host;
+  }
+
+  /** The base runtime's template catalog, so the node's template service shares it. */
+  get catalog(): unknown {
+    return (this.opts.base as { catalog?: unknown } | undefined)?.catalog;
+  }
+
+  /** Its own templates by id, else the base runtime's (ids, aliases, `name:tag`). */
+  async resolveTemplate(ref: string): Promise<TemplateInfo | null> {
+    if (this.templates.includes(ref)) return { ...BASE_TEMPLATE, templateID: ref, aliases: [ref] };
+    if (this.opts.base?.resolveTemplate) return this.opts.base.resolveTemplate(ref);
+    const all = (await this.opts.base?.listTemplates()) ?? [];
+    return all.find((t) => t.templateID === ref || t.aliases.includes(ref)) ?? null;
   }
 
   async listTemplates(): Promise<TemplateInfo[]> {
@@ -172,6 +187,7 @@ export class LoopbackRuntime implements SandboxRuntime {
   async start(spec: RuntimeStartSpec): Promise<RuntimeSandbox> {
     await this.pass("start", spec.id);
     this.starts++;
+    this.started.push(spec.template);
     return this.serve(spec.id);
   }
 

@@ -8,10 +8,11 @@
  * nothing in the cache.
  */
 import { afterAll, beforeAll, expect, test } from "bun:test";
-import { chownSync, existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
+import { chownSync, existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync, statSync, symlinkSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { pullImage, type PullOptions } from "../../src/image/index.ts";
+import { createHash } from "node:crypto";
+import { GUEST_BITS_KEY, pullImage, type PullOptions } from "../../src/image/index.ts";
 import { openStack } from "../../src/storage/overlaybd/index.ts";
 import { pushImage, pushIndex, registryBlobPath, startRegistry, type TestRegistry } from "./registry.ts";
 
@@ -68,6 +69,7 @@ function opts(home: string, ref: string, extra: Partial<PullOptions> = {}): Pull
     headroomMiB: 16,
     minDiskMiB: 32,
     toolTimeoutMs: 120_000,
+    manifestTimeoutMs: 30_000,
     ...extra,
   };
 }
@@ -98,6 +100,9 @@ test("pull: gzip + zstd layers, whiteout and opaque dir applied, owners kept, gu
   const lines: string[] = [];
   const p = await pullImage(opts(home, `${reg.host}/test/tiny:v1`, { onProgress: (l) => lines.push(l) }));
   expect(p.digest).toBe(pushed.digest);
+  // the cache (and the builder's base) key covers how the node converts images, not only the digest
+  expect(p.key).toBe(createHash("sha256").update(`${pushed.digest}\0${GUEST_BITS_KEY}`).digest("hex").slice(0, 32));
+  expect(GUEST_BITS_KEY).toBe("guest-bits-v3-confined");
   expect(p.pulled).toBe(true);
   expect(p.compressedBytes).toBe(pushed.compressedBytes);
   expect(p.config.env).toEqual({ PATH: "/usr/bin:/bin", GREETING: "hi" });
@@ -105,6 +110,8 @@ test("pull: gzip + zstd layers, whiteout and opaque dir applied, owners kept, gu
   expect(p.diskBytes).toBe(32 * 1048576);
   expect(existsSync(p.layerPath)).toBe(true);
   expect(lines.some((l) => l.startsWith("pulling "))).toBe(true);
+  // skopeo's own per-blob lines (stdout) are the pull's progress
+  expect(lines.filter((l) => l.startsWith("Copying blob ")).length).toBe(2);
   const raw = join(work, "tiny.raw");
   await toRaw(p.layerPath, raw);
   expect(debugfs(raw, "cat /etc/hello")).toBe("hello from layer 1\n");
@@ -128,6 +135,15 @@ test("pull: gzip + zstd layers, whiteout and opaque dir applied, owners kept, gu
   expect(again.pulled).toBe(false);
   expect(again.layerPath).toBe(p.layerPath);
   expect(readdirSync(join(home, "images")).sort()).toEqual([p.layerPath.split("/").pop()!, p.layerPath.split("/").pop()!.replace(".layer", ".json")].sort());
+  // the record dropped (cache trimmed) while builds still stack on the layer: a new pull converts
+  // beside it, never over it
+  const ino = statSync(p.layerPath).ino;
+  rmSync(p.layerPath.replace(/\.layer$/, ".json"));
+  const third = await pullImage(opts(home, `${reg.host}/test/tiny:v1`));
+  expect(third.pulled).toBe(true);
+  expect(third.layerPath).not.toBe(p.layerPath);
+  expect(statSync(p.layerPath).ino).toBe(ino);
+  expect((await pullImage(opts(home, `${reg.host}/test/tiny:v1`))).layerPath).toBe(third.layerPath);
 }, 120_000);
 
 test("a manifest list resolves to its linux/amd64 image", async () => {
@@ -202,3 +218,35 @@ test("an image whose links point at host paths (etc, bin, home) pulls without to
   expect(debugfs(raw, `stat ${join(victim, "bin/sh")}`)).toContain('Fast link dest: "/.aenv/bin/busybox"');
   expect(debugfs(raw, `stat ${join(victim, "user")}`)).toMatch(/User:\s+1000\s+Group:\s+1000/);
 }, 120_000);
+
+test("a registry that accepts and never answers: image.timeout after manifest_timeout_ms; the credentials were never on skopeo's command line", async () => {
+  const silent = Bun.listen({ hostname: "127.0.0.1", port: 0, socket: { data() {} } });
+  const home = join(work, "home9");
+  try {
+    const secret = "hunter2-never-in-argv";
+    const pull = pullImage(opts(home, `127.0.0.1:${silent.port}/test/hang:v1`, { credentials: { username: "bob", password: secret }, manifestTimeoutMs: 3000 }));
+    const outcome = pull.then(
+      () => null,
+      (e) => e,
+    );
+    // the running skopeo: its arguments name an auth file (0600, in the pull's private dir), not the password
+    let cmdline = "";
+    for (let i = 0; i < 100 && !cmdline; i++) {
+      const pid = Bun.spawnSync(["pgrep", "-f", `skopeo inspect .*127.0.0.1:${silent.port}/`], { stdout: "pipe" }).stdout.toString().trim().split("\n")[0];
+      if (pid) cmdline = require("node:fs").readFileSync(`/proc/${pid}/cmdline`, "utf8").split("\0").join(" ");
+      else await Bun.sleep(20);
+    }
+    expect(cmdline).toContain("--authfile ");
+    expect(cmdline).not.toContain(secret);
+    const authFile = /--authfile (\S+)/.exec(cmdline)![1]!;
+    expect(require("node:fs").statSync(authFile).mode & 0o777).toBe(0o600);
+    const e = await outcome;
+    expect(e).toMatchObject({ code: "image.timeout", details: { timeoutMs: 3000 } });
+    expect((e as Error).message).toContain(`asking 127.0.0.1:${silent.port} for the manifest`);
+    // nothing left: no work dir, no auth file
+    expect(readdirSync(join(home, "images"))).toEqual([]);
+    expect(existsSync(authFile)).toBe(false);
+  } finally {
+    silent.stop(true);
+  }
+}, 60_000);

@@ -1,6 +1,9 @@
 /** Image reference parsing as Docker reads names, loopback detection, skopeo error mapping. */
 import { expect, test } from "bun:test";
-import { classifySkopeo, formatImageRef, isLoopbackRegistry, parseImageRef, srcFlags } from "../../src/image/index.ts";
+import { mkdtempSync, readFileSync, rmSync, statSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { classifySkopeo, formatImageRef, isLoopbackRegistry, parseImageRef, srcFlags, writeAuthFile } from "../../src/image/index.ts";
 
 test("parseImageRef: registry, library/ prefix, default tag, digest, bad input", () => {
   expect(parseImageRef("debian")).toEqual({ registry: "docker.io", repository: "library/debian", tag: "latest" });
@@ -25,14 +28,23 @@ test("skopeo failures map to typed codes", () => {
   expect(c("writing blob: Digest did not match, expected sha256:1, got sha256:2")).toBe("image.digest_mismatch");
   expect(c("http: server gave HTTP response to HTTPS client")).toBe("image.tls");
   expect(c("dial tcp 127.0.0.1:1: connect: connection refused")).toBe("image.unreachable");
-  expect(classifySkopeo("r", "reg", "", null).code).toBe("image.pull_failed");
+  expect(classifySkopeo("r", "reg", "something else", 1).code).toBe("image.pull_failed");
 });
 
-test("TLS: verified for every registry but loopback ones and those the config lists; credentials or anonymous", () => {
-  const f = (ref: string, insecure: string[] = [], credentials?: { username: string; password: string }) => srcFlags(parseImageRef(ref), { insecureRegistries: insecure, credentials });
+test("TLS: verified for every registry but loopback ones and those the config lists; credentials from a 0600 auth file, never argv", () => {
+  const f = (ref: string, insecure: string[] = [], authFile?: string) => srcFlags(parseImageRef(ref), { insecureRegistries: insecure }, authFile);
   expect(f("127.0.0.1:5000/a")).toEqual(["--src-tls-verify=false", "--src-no-creds"]);
   expect(f("registry.example.com/a")).toEqual(["--src-tls-verify=true", "--src-no-creds"]);
   expect(f("10.0.0.5:5000/a")).toEqual(["--src-tls-verify=true", "--src-no-creds"]);
   expect(f("10.0.0.5:5000/a", ["10.0.0.5:5000"])).toEqual(["--src-tls-verify=false", "--src-no-creds"]);
-  expect(f("debian", [], { username: "u", password: "p:w" })).toEqual(["--src-tls-verify=true", "--src-creds", "u:p:w"]);
+  expect(f("debian", [], "/x/auth.json")).toEqual(["--src-tls-verify=true", "--src-authfile", "/x/auth.json"]);
+  const dir = mkdtempSync(join(tmpdir(), "aenv-auth-"));
+  try {
+    const p = join(dir, "auth.json");
+    writeAuthFile(p, "docker.io", { username: "u", password: "p:w" });
+    expect(JSON.parse(readFileSync(p, "utf8"))).toEqual({ auths: { "docker.io": { auth: Buffer.from("u:p:w").toString("base64") } } });
+    expect(statSync(p).mode & 0o777).toBe(0o600);
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
 });

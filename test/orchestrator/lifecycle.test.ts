@@ -36,6 +36,9 @@ function world(env: Record<string, string> = {}, home = mkdtempSync(join(tmpdir(
     defaultCpuCount: 1,
     defaultMemoryMB: 512,
     envdPollMs: 20,
+    readyTimeoutMs: 600_000,
+    readyPollMs: 200,
+    readyProbeTimeoutMs: 60_000,
     defaultUser: "user",
     disks: new DiskService({ dir: join(home, "run", "disk"), config: diskConfig(cfg) }),
   });

@@ -5,7 +5,8 @@
  * identical to the raw image; a second build is a cache hit.
  */
 import { describe, expect, test } from "bun:test";
-import { closeSync, openSync, readSync } from "node:fs";
+import { closeSync, mkdirSync, mkdtempSync, openSync, readSync, rmSync, statSync, symlinkSync } from "node:fs";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { openStack } from "../../src/storage/overlaybd/index.ts";
 import { BASE_BOOT_ARGS, buildBase, readManifest, resolveTemplate } from "../../src/template/index.ts";
@@ -63,6 +64,7 @@ describe("base template", () => {
       mirror: cfg.template.mirror,
       packages: cfg.template.packages,
       sizeMiB: cfg.template.rootfs_size_mib,
+      toolTimeoutMs: cfg.template.tool_timeout_ms,
       tools: { ...cfg.tools, envd: cfg.envd },
     };
     // the first run rebuilds only if sources changed since the pre-step (shared work tree)
@@ -76,5 +78,33 @@ describe("base template", () => {
     // the build made its tools drive the current one
     expect(again.tools).toEqual(first.tools);
     expect(resolveTools(TEST_HOME)).toEqual(first.tools);
+  }, 300_000);
+
+  test("a rebuild adds a new layer and never rewrites the one templates and sandboxes stack on", async () => {
+    const cfg = testConfig();
+    const home = mkdtempSync(join(tmpdir(), "aenv-rebase-"));
+    try {
+      // the test home's mmdebstrap tree and tools drive: only mkfs + import run here
+      mkdirSync(join(home, "templates"));
+      symlinkSync(join(TEST_HOME, "templates", ".cache"), join(home, "templates", ".cache"));
+      symlinkSync(join(TEST_HOME, "tools"), join(home, "tools"));
+      const opts = { homePath: home, suite: cfg.template.suite, mirror: cfg.template.mirror, packages: cfg.template.packages, sizeMiB: 1024, toolTimeoutMs: cfg.template.tool_timeout_ms, tools: { ...cfg.tools, envd: cfg.envd } };
+      const first = await buildBase(opts);
+      const layer1 = join(home, "templates", "base", first.manifest.layers[0]!);
+      const st1 = statSync(layer1);
+      // same inputs, but the image is gone: built again (the same build key)
+      rmSync(join(home, "templates", "base", "rootfs.ext4"));
+      const second = await buildBase(opts);
+      expect(second.built).toBe(true);
+      expect(second.manifest.buildKey).toBe(first.manifest.buildKey);
+      expect(second.manifest.layers).toHaveLength(1);
+      expect(second.manifest.layers[0]).not.toBe(first.manifest.layers[0]);
+      expect(second.manifest.layers[0]).toMatch(new RegExp(`^rootfs-${first.manifest.buildKey}-[0-9a-f]{8}\\.layer$`));
+      // the first layer is the same file, untouched
+      const again = statSync(layer1);
+      expect([again.ino, again.size, again.mtimeMs]).toEqual([st1.ino, st1.size, st1.mtimeMs]);
+    } finally {
+      rmSync(home, { recursive: true, force: true });
+    }
   }, 300_000);
 });

@@ -58,3 +58,24 @@ test("bad Dockerfiles name the line", () => {
   expect(() => parseDockerfile("FROM a\nCOPY --from=x a b", hash)).toThrow("COPY flag --from=x is not supported");
   expect(() => parseDockerfile("# nothing", hash)).toThrow("no FROM");
 });
+
+test("ENV and ARG as Docker reads them: legacy `ENV K value with = signs`, every word of KEY=VALUE form checked, quotes", () => {
+  const envs = (text: string) => parseDockerfile(`FROM a\n${text}`, hash).steps.filter((s) => s.type === "ENV").map((s) => s.args);
+  expect(envs("ENV JAVA_OPTS -Dfoo=bar -Xmx1g")).toEqual([["JAVA_OPTS", "-Dfoo=bar -Xmx1g"]]);
+  expect(envs('ENV A=1 B="two words" C=\'x y\' D=a\\ b E=')).toEqual([["A", "1", "B", "two words", "C", "x y", "D", "a b", "E", ""]]);
+  expect(envs("ARG V=3\nARG NODEFAULT")).toEqual([["V", "3"]]);
+  expect(() => parseDockerfile("FROM a\nENV A=1 junk", hash)).toThrow('line 2: ENV "junk" is not KEY=VALUE');
+  expect(() => parseDockerfile('FROM a\nENV A="open', hash)).toThrow("line 2: ENV needs a value");
+  expect(() => parseDockerfile("FROM a\nENV LONELY", hash)).toThrow("line 2: ENV needs a value");
+  expect(() => parseDockerfile("FROM a\nARG A B", hash)).toThrow("line 2: ARG A takes no value without '='");
+});
+
+test("BuildKit RUN flags and here-documents are refused naming the line; shifts and here-strings are plain shell", () => {
+  expect(() => parseDockerfile("FROM a\nRUN --mount=type=cache,target=/root/.cache pip install x", hash)).toThrow("line 2: RUN flag --mount=type=cache,target=/root/.cache is not supported");
+  expect(() => parseDockerfile("FROM a\nRUN --network=none true", hash)).toThrow("RUN flag --network=none is not supported");
+  expect(() => parseDockerfile("FROM a\nRUN <<EOF\necho hi\nEOF", hash)).toThrow("line 2: RUN with a here-document (<<) is not supported");
+  expect(() => parseDockerfile('FROM a\nRUN cat <<-"END" > /f', hash)).toThrow("here-document");
+  expect(() => parseDockerfile("FROM a\nCOPY <<EOF /f", hash)).toThrow("line 2: COPY with a here-document (<<) is not supported");
+  const ok = parseDockerfile('FROM a\nRUN echo $((1<<2)) && cat <<< "x"', hash).steps.find((s) => s.type === "RUN")!;
+  expect(ok.args).toEqual(['echo $((1<<2)) && cat <<< "x"']);
+});

@@ -4,10 +4,11 @@
  * script (run with /bin/sh on a real archive: files land with the step's owner and mode).
  */
 import { expect, test } from "bun:test";
-import { mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync, mkdirSync, lstatSync, readlinkSync, symlinkSync } from "node:fs";
+import { existsSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync, mkdirSync, lstatSync, readlinkSync, symlinkSync } from "node:fs";
+import { open } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { baseKey, checkBuildSpec, copyScript, expandEnv, readyProbe, stepKey } from "../../src/template/index.ts";
+import { baseKey, checkBuildSpec, copyScript, expandEnv, extractScript, readyProbe, stepKey } from "../../src/template/index.ts";
 
 test("checkBuildSpec: defaults, e2bdev/base → the default template, credentials, bad fields", () => {
   expect(checkBuildSpec({}, "base")).toEqual({ fromImage: undefined, fromTemplate: "base", credentials: undefined, force: false, steps: [], startCmd: "", readyCmd: "" });
@@ -30,16 +31,19 @@ test("checkBuildSpec: defaults, e2bdev/base → the default template, credential
 });
 
 test("step keys chain: same prefix same key, any change in type, args, files or base changes it", () => {
-  const b = baseKey({ imageDigest: "sha256:" + "1".repeat(64) });
+  const b = baseKey({ image: "1".repeat(32) });
   const run = { type: "RUN", args: ["echo a"], force: false };
   const k1 = stepKey(b, run);
   expect(stepKey(b, { ...run, force: true })).toBe(k1); // force is not part of the key
   expect(stepKey(b, { ...run, args: ["echo b"] })).not.toBe(k1);
-  expect(stepKey(baseKey({ imageDigest: "sha256:" + "2".repeat(64) }), run)).not.toBe(k1);
+  expect(stepKey(baseKey({ image: "2".repeat(32) }), run)).not.toBe(k1);
   expect(stepKey(baseKey({ templateBuildID: "x" }), run)).not.toBe(k1);
   const copy = { type: "COPY", args: ["a", "/b"], filesHash: "a".repeat(64), force: false };
   expect(stepKey(k1, copy)).not.toBe(stepKey(k1, { ...copy, filesHash: "b".repeat(64) }));
   expect(k1).toMatch(/^[0-9a-f]{64}$/);
+  // args are hashed as a list: RUN ["echo a", "root"] (as root) is not RUN ["echo a root"]
+  expect(stepKey(b, { ...run, args: ["echo a", "root"] })).not.toBe(stepKey(b, { ...run, args: ["echo a root"] }));
+  expect(stepKey(b, { type: "ENV", args: ["A", "1 B"], force: false })).not.toBe(stepKey(b, { type: "ENV", args: ["A 1", "B"], force: false }));
 });
 
 test("expandEnv expands $VAR and ${VAR}, unknown to empty", () => {
@@ -64,8 +68,17 @@ test("readyProbe: the SDK's waitForPort text becomes a /proc/net/tcp probe that 
   expect(Bun.spawnSync(["sh", "-c", readyProbe(`[ -n "$(ss -Htuln sport = :${port})" ]`)]).exitCode).toBe(1);
 });
 
-test("copyScript: directory merge, file into a directory, file renamed, glob; owner and mode applied", () => {
-  const t0 = Date.now() - 1000;
+/** Write `data` to `path` as envd's /files upload does (fs.promises.open "w": blocks on a FIFO until its reader opens). */
+async function writeAll(path: string, data: Uint8Array): Promise<void> {
+  const fh = await open(path, "w", 0o644);
+  try {
+    for (let off = 0; off < data.length; ) off += (await fh.write(data, off, data.length - off)).bytesWritten;
+  } finally {
+    await fh.close();
+  }
+}
+
+test("extractScript + copyScript: streamed through a FIFO; directory merge, file into a directory, file renamed, glob; owner and mode applied", async () => {
   const root = mkdtempSync(join(tmpdir(), "aenv-copy-"));
   try {
     const ctx = join(root, "ctx");
@@ -74,19 +87,30 @@ test("copyScript: directory merge, file into a directory, file renamed, glob; ow
     writeFileSync(join(ctx, "app/sub/data.txt"), "data\n");
     symlinkSync("main.py", join(ctx, "app/link"));
     writeFileSync(join(ctx, "single.txt"), "one\n");
-    const tarOf = (name: string, ...paths: string[]) => {
-      const p = join(root, name);
-      expect(Bun.spawnSync(["tar", "-czf", p, "-C", ctx, ...paths]).exitCode).toBe(0);
-      return p;
-    };
     const sh = (script: string) => {
       const r = Bun.spawnSync(["sh", "-c", script], { stderr: "pipe" });
       return { code: r.exitCode, err: r.stderr.toString() };
     };
+    let n = 0;
+    /** Stream a tar of `paths` (gzip or plain) through a FIFO into a stage dir, as a build does; returns the stage. */
+    const stageOf = async (gzip: boolean, ...paths: string[]) => {
+      const id = ++n;
+      const tarPath = join(root, `${id}.tar`);
+      expect(Bun.spawnSync(["tar", gzip ? "-czf" : "-cf", tarPath, "-C", ctx, ...paths]).exitCode).toBe(0);
+      const fifo = join(root, `${id}.fifo`);
+      const stage = join(root, `stage${id}`);
+      expect(sh(`mkfifo ${fifo} && mkdir ${stage}`).code).toBe(0);
+      const x = Bun.spawn(["sh", "-c", extractScript(fifo, stage, gzip)], { stderr: "pipe" });
+      // the writer side, as envd's upload: a blocking open for writing, write it all, close
+      await writeAll(fifo, readFileSync(tarPath));
+      expect(await x.exited).toBe(0);
+      return stage;
+    };
     const dest = join(root, "dest");
     mkdirSync(join(dest, "app"), { recursive: true });
     writeFileSync(join(dest, "app/keep.txt"), "kept\n");
-    expect(sh(copyScript(tarOf("a.tar", "app"), "app/", `${dest}/app/`, "nobody", "")).code).toBe(0);
+    const s1 = await stageOf(true, "app");
+    expect(sh(copyScript(s1, "app/", `${dest}/app/`, "nobody", "")).code).toBe(0);
     expect(readFileSync(join(dest, "app/main.py"), "utf8")).toBe("print(1)\n");
     expect(readFileSync(join(dest, "app/sub/data.txt"), "utf8")).toBe("data\n");
     expect(readFileSync(join(dest, "app/keep.txt"), "utf8")).toBe("kept\n");
@@ -95,17 +119,27 @@ test("copyScript: directory merge, file into a directory, file renamed, glob; ow
     expect(statSync(join(dest, "app/sub/data.txt")).uid).toBe(nobody);
     expect(lstatSync(join(dest, "app/link")).uid).toBe(nobody);
     expect(statSync(join(dest, "app/keep.txt")).uid).toBe(process.getuid!()); // not copied: untouched
-    expect(sh(copyScript(tarOf("b.tar", "single.txt"), "single.txt", `${dest}/etc/`, "root", "0600")).code).toBe(0);
+    // hard-linked into place (same filesystem): the stage is gone, the files stay, one link each
+    expect(existsSync(s1)).toBe(false);
+    expect(statSync(join(dest, "app/main.py")).nlink).toBe(1);
+    const s2 = await stageOf(false, "single.txt");
+    expect(sh(copyScript(s2, "single.txt", `${dest}/etc/`, "root", "0600")).code).toBe(0);
     expect(statSync(join(dest, "etc/single.txt")).mode & 0o777).toBe(0o600);
-    expect(sh(copyScript(tarOf("c.tar", "single.txt"), "single.txt", `${dest}/renamed.txt`, "root", "")).code).toBe(0);
+    expect(sh(copyScript(await stageOf(true, "single.txt"), "single.txt", `${dest}/renamed.txt`, "root", "")).code).toBe(0);
     expect(readFileSync(join(dest, "renamed.txt"), "utf8")).toBe("one\n");
-    expect(sh(copyScript(tarOf("d.tar", "app/main.py"), "app/*.py", `${dest}/py`, "root", "0755")).code).toBe(0);
+    expect(sh(copyScript(await stageOf(true, "app/main.py"), "app/*.py", `${dest}/py`, "root", "0755")).code).toBe(0);
     expect(statSync(join(dest, "py/main.py")).mode & 0o777).toBe(0o755);
-    const miss = sh(copyScript(tarOf("e.tar", "single.txt"), "nothere.txt", `${dest}/x`, "root", ""));
+    const s5 = await stageOf(true, "single.txt");
+    const miss = sh(copyScript(s5, "nothere.txt", `${dest}/x`, "root", ""));
     expect(miss.code).not.toBe(0);
     expect(miss.err).toContain("matched nothing");
-    // no scratch directory left behind, on success or failure
-    expect(readdirSync(tmpdir()).filter((f) => f.startsWith("aenv-copy.") && statSync(join(tmpdir(), f)).mtimeMs >= t0)).toEqual([]);
+    expect(existsSync(s5)).toBe(false); // removed on failure too
+    // a broken archive: the extraction fails, the writer is never left blocked or cut off
+    const bad = join(root, "bad.fifo");
+    expect(sh(`mkfifo ${bad} && mkdir ${join(root, "badstage")}`).code).toBe(0);
+    const x = Bun.spawn(["sh", "-c", extractScript(bad, join(root, "badstage"), true)], { stderr: "pipe" });
+    await writeAll(bad, new Uint8Array(300_000).fill(7));
+    expect(await x.exited).not.toBe(0);
   } finally {
     rmSync(root, { recursive: true, force: true });
   }

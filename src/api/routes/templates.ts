@@ -61,7 +61,8 @@ export async function handleUpload(req: Request, url: URL, templates: TemplateSe
   if (!m) return null;
   if (req.method !== "PUT") return errorResponse("api.no_route", "uploads use PUT");
   try {
-    const n = await templates.acceptUpload(m[1]!, url.searchParams.get("expires"), url.searchParams.get("token"), req.body);
+    const q = url.searchParams;
+    const n = await templates.acceptUpload(m[1]!, { template: q.get("template"), expires: q.get("expires"), token: q.get("token") }, req.body);
     return Response.json({ hash: m[1], bytes: n }, { status: 201 });
   } catch (e) {
     return toErrorResponse(e);

@@ -109,8 +109,9 @@ describe("sandboxes from the base template", () => {
     } finally {
       await again.close();
     }
-    // the template layer was only read
-    expect(readdirSync(tpl.dir).sort()).toEqual(["manifest.json", "rootfs.ext4", "rootfs.layer"]);
+    // the template layer was only read (older builds' layers may sit beside it)
+    expect(readdirSync(tpl.dir).filter((f) => !f.endsWith(".layer")).sort()).toEqual(["manifest.json", "rootfs.ext4"]);
+    expect(tpl.rootLayers.every((l) => existsSync(l))).toBe(true);
   }, 300_000);
 
   test("a VMM killed from outside is noticed: state failed, record and RAM file removed", async () => {
