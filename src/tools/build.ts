@@ -60,10 +60,22 @@ export function toolsInitScript(): string {
   return initScript;
 }
 
-async function run(cmd: string[], onLine?: (l: string) => void): Promise<string> {
+/**
+ * The environment `bun build --compile` runs with: the caller's, without NODE_ENV. bun inlines
+ * `process.env.NODE_ENV` at build time, so a drive built under `bun test` (NODE_ENV=test) would
+ * ship an agentenv that behaves as in tests wherever it runs (e.g. logs at warn, dropping info
+ * lines); without it the binary is the one `bun run build` makes.
+ */
+export function compileEnv(env: Record<string, string | undefined> = process.env): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const [k, v] of Object.entries(env)) if (k !== "NODE_ENV" && v !== undefined) out[k] = v;
+  return out;
+}
+
+async function run(cmd: string[], onLine?: (l: string) => void, env?: Record<string, string>): Promise<string> {
   let p;
   try {
-    p = Bun.spawn(cmd, { stdout: "pipe", stderr: "pipe" });
+    p = Bun.spawn(cmd, { stdout: "pipe", stderr: "pipe", ...(env ? { env } : {}) });
   } catch (e) {
     throw new ToolsError("tools.build_failed", `cannot run ${cmd[0]}: ${(e as Error).message}`, { cmd: cmd.slice(0, 3) });
   }
@@ -100,10 +112,10 @@ export function agentenvSource(): { key: string; build: (out: string) => Promise
       // worker modules are extra entry points, or the binary would not embed them (src/bundle.ts)
       const args = ["build", "--compile", ...compileEntrypoints(), "--outfile", out];
       try {
-        await run([process.execPath, ...args.slice(0, 2), "--bytecode", ...args.slice(2)]);
+        await run([process.execPath, ...args.slice(0, 2), "--bytecode", ...args.slice(2)], undefined, compileEnv());
       } catch (e) {
         log.warn({ err: (e as Error).message.slice(0, 500) }, "bytecode compile failed; compiling without --bytecode");
-        await run([process.execPath, ...args]);
+        await run([process.execPath, ...args], undefined, compileEnv());
       }
     },
   };

@@ -9,7 +9,7 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { copyFileSync, mkdirSync, mkdtempSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { readInterpreter, resolveTools, setInterpreter, toolsBoot, toolsInitScript, TOOLS_INTERPRETER, type ToolsImage } from "../../src/tools/index.ts";
+import { compileEnv, readInterpreter, resolveTools, setInterpreter, toolsBoot, toolsInitScript, TOOLS_INTERPRETER, type ToolsImage } from "../../src/tools/index.ts";
 import { resolveKernelPath, type QemuVm } from "../../src/vmm/index.ts";
 import { ENVD_PORT, runInGuest, waitEnvd } from "../vmm/qemu/envd-client.ts";
 import { TEST_HOME, TestNet, testConfig, testDriver } from "../vmm/qemu/helpers.ts";
@@ -59,6 +59,25 @@ describe("interpreter rewrite and boot arguments", () => {
     expect(b.bootArgs).toBe("root=/dev/vda ro rootfstype=ext4 init=/init aenv.root=/dev/vdb aenv.rootfstype=ext4 quiet x=1");
     expect(toolsBoot("/t", "/s", "", { rootReadOnly: true }).drives[1]!.readOnly).toBe(true);
   });
+});
+
+describe("the drive's agentenv build", () => {
+  test("bun build inlines NODE_ENV: the compile runs without the caller's, so a drive built under bun test does not behave as in tests", () => {
+    expect(process.env.NODE_ENV).toBe("test"); // bun test sets it, as scripts/test.sh does for the drive it builds
+    const env = compileEnv();
+    expect(env.NODE_ENV).toBeUndefined();
+    expect(env.PATH).toBe(process.env.PATH!);
+    expect(compileEnv({ NODE_ENV: "production", HOME: "/h", X: undefined })).toEqual({ HOME: "/h" });
+    const src = join(work, "node-env.ts");
+    writeFileSync(src, "console.log(String(process.env.NODE_ENV));\n");
+    const printed = (buildEnv: Record<string, string | undefined>, out: string): string => {
+      const b = Bun.spawnSync([process.execPath, "build", "--compile", src, "--outfile", join(work, out)], { env: buildEnv, stdout: "pipe", stderr: "pipe" });
+      expect(b.exitCode).toBe(0);
+      return sh([join(work, out)]).trim();
+    };
+    expect(printed(process.env, "inherited")).toBe("test"); // what the drive used to carry
+    expect(printed(env, "clean")).toBe("development"); // what `bun run build` gives
+  }, 60_000);
 });
 
 describe("the test home's tools drive", () => {

@@ -4,7 +4,8 @@
  * stderr (`agentenv ublk <cmd>: <reason>`) on failure (2 for bad usage).
  */
 import { defineCommand } from "citty";
-import { loadConfig } from "../../config/index.ts";
+import { type Config, loadConfig } from "../../config/index.ts";
+import { log, logger } from "../../observability/log.ts";
 import { checkUblkConfig, ublkConfig, type UblkConfig } from "./config.ts";
 import { UblkError } from "./errors.ts";
 import { UblkServer, ublkAvailable } from "./server.ts";
@@ -30,8 +31,15 @@ function int(v: unknown, what: string): number {
   return n;
 }
 
+/** The config (file + AENV_* environment) with its `[log] level` applied to this process's logger. */
+function nodeConfig(): Config {
+  const cfg = loadConfig();
+  log.level = cfg.log.level;
+  return cfg;
+}
+
 function config(a: Record<string, any>): UblkConfig {
-  const c = ublkConfig(loadConfig());
+  const c = ublkConfig(nodeConfig());
   return checkUblkConfig({
     ...c,
     ...(a.queues !== undefined ? { queues: int(a.queues, "--queues") } : {}),
@@ -93,7 +101,7 @@ const features = defineCommand({
       console.log(JSON.stringify({ available: false }));
       return;
     }
-    const server = UblkServer.open(ublkConfig(loadConfig()));
+    const server = UblkServer.open(ublkConfig(nodeConfig()));
     try {
       const f = await server.features();
       console.log(JSON.stringify({ available: true, flags: `0x${f.flags.toString(16)}`, encodedOps: f.encodedOps, userRecovery: (f.flags & 8n) !== 0n }));
@@ -106,7 +114,7 @@ const features = defineCommand({
 const list = defineCommand({
   meta: { name: "list", description: "print every ublk device of this kernel as JSON" },
   run: guarded("list", async () => {
-    const server = UblkServer.open(ublkConfig(loadConfig()));
+    const server = UblkServer.open(ublkConfig(nodeConfig()));
     try {
       console.log(JSON.stringify(await server.list()));
     } finally {
@@ -119,7 +127,7 @@ const remove = defineCommand({
   meta: { name: "remove", description: "remove a device whose server died (STOP_DEV + DEL_DEV)" },
   args: { id: { type: "positional", required: true, description: "device id" } },
   run: guarded("remove", async (a) => {
-    const server = UblkServer.open(ublkConfig(loadConfig()));
+    const server = UblkServer.open(ublkConfig(nodeConfig()));
     try {
       await server.remove(int(a.id, "ID"));
     } finally {
