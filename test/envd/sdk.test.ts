@@ -5,7 +5,7 @@
  * SDK learns the envd URL (sandboxUrl), access token and envd version.
  */
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { chownSync, mkdirSync, mkdtempSync, rmSync, statSync } from "node:fs";
+import { chownSync, mkdirSync, mkdtempSync, readFileSync, rmSync, statSync } from "node:fs";
 import { join } from "node:path";
 import {
   AuthenticationError,
@@ -103,6 +103,45 @@ describe("commands", () => {
     expect(times[2]! - times[0]!).toBeGreaterThan(500);
     expect(r.stdout).toBe("one\nthree\n");
   });
+
+  test("large output (issue 16 item 1): 50 MB complete, events of at most 64 KiB, envd's RSS flat; 16 MB to a consumer that blocks 10 ms per event", async () => {
+    const rssKiB = () => Number(/VmRSS:\s+(\d+) kB/.exec(readFileSync(`/proc/${envd.proc.pid}/status`, "utf8"))![1]);
+    // warm-up: the first bulk output through this envd compiles its output path
+    expect((await sbx.commands.run("head -c 8000000 /dev/zero | tr '\\0' x")).stdout.length).toBe(8_000_000);
+    const block = new Int32Array(new SharedArrayBuffer(4));
+    for (const [consumerMs, total] of [
+      [0, 50_000_000],
+      [10, 16_000_000],
+    ] as const) {
+      const rss0 = rssKiB();
+      let rssMax = rss0;
+      let events = 0;
+      let bytes = 0;
+      let largest = 0;
+      let notX = 0;
+      const r = await sbx.commands.run(`head -c ${total} /dev/zero | tr '\\0' x`, {
+        timeoutMs: 0,
+        onStdout: (d) => {
+          events++;
+          bytes += d.length;
+          largest = Math.max(largest, d.length);
+          if (/[^x]/.test(d)) notX++;
+          if (events % 16 === 0) rssMax = Math.max(rssMax, rssKiB());
+          // a slow consumer: the SDK's callback holds the whole client (its event loop) 10 ms
+          if (consumerMs) Atomics.wait(block, 0, 0, consumerMs);
+        },
+      });
+      expect(r.exitCode).toBe(0);
+      expect(bytes).toBe(total);
+      expect(r.stdout.length).toBe(total);
+      expect(notX).toBe(0);
+      expect(largest).toBeLessThanOrEqual(64 * 1024);
+      expect(largest).toBe(32 * 1024); // [envd] output_event_bytes
+      expect(events).toBeGreaterThanOrEqual(Math.ceil(total / (32 * 1024)));
+      console.log(`${total / 1e6} MB output, consumer ${consumerMs} ms/event: ${events} events, envd RSS ${(rss0 / 1024).toFixed(1)} MiB -> peak ${(rssMax / 1024).toFixed(1)} MiB (+${((rssMax - rss0) / 1024).toFixed(1)})`);
+      expect(rssMax - rss0).toBeLessThan(24 * 1024); // as test/envd/output.test.ts (200 MiB)
+    }
+  }, 120_000);
 
   test("envs, cwd and the sandbox-wide vars from /init reach the process", async () => {
     const r = await sbx.commands.run('echo "$FOO|$SBX_VAR|$HOME|$USER"; pwd', { envs: { FOO: "bar baz" }, cwd: dir });
