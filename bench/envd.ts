@@ -8,7 +8,8 @@
  * - stdout: `head -c N /dev/zero` streamed through Start and decoded as the SDK does (Connect
  *   JSON envelopes, base64), and as binary protobuf, vs reading a direct spawn's pipe
  * - upload: POST /files octet-stream of N bytes vs Bun.write of the same bytes
- * - download: GET /files of N bytes vs Bun.file(...).arrayBuffer()
+ * - download: GET /files of N bytes vs Bun.file(...).arrayBuffer(); and both streamed (counted as
+ *   they arrive) vs Bun.file(...).stream()
  * - envd RSS: idle, after a warm-up, and the peak while the stdout runs streamed
  */
 import { mkdtempSync, readFileSync, rmSync } from "node:fs";
@@ -112,7 +113,7 @@ try {
   };
   const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
   const row = (name: string, envd: number, direct: number, unit: string) =>
-    console.log(`${name.padEnd(14)} envd ${envd.toFixed(2).padStart(9)} ${unit}   direct ${direct.toFixed(2).padStart(9)} ${unit}   ratio envd/direct ${(envd / direct).toFixed(2)}`);
+    console.log(`${name.padEnd(19)} envd ${envd.toFixed(2).padStart(9)} ${unit}   direct ${direct.toFixed(2).padStart(9)} ${unit}   ratio envd/direct ${(envd / direct).toFixed(2)}`);
   const mib = SIZE / 1048576;
   /** Median throughput (MiB/s) of `envdFn` and `directFn`, runs interleaved. */
   const pair = async (envdFn: () => Promise<unknown>, directFn: () => Promise<unknown>) => {
@@ -183,6 +184,17 @@ try {
     () => Bun.file(up).arrayBuffer(),
   );
   row("download", downE, downD, "MiB/s");
+  // the same, both sides streamed (bytes counted as they arrive, nothing collected)
+  const count = async (s: ReadableStream<Uint8Array>) => {
+    let n = 0;
+    for await (const c of s) n += c.length;
+    if (n !== SIZE) throw new Error(`read ${n}`);
+  };
+  const [downSE, downSD] = await pair(
+    async () => count((await fetch(`${base}/files?path=${encodeURIComponent(up)}`, { headers: { ...auth, "accept-encoding": "identity" } })).body!),
+    () => count(Bun.file(up).stream()),
+  );
+  row("download (streamed)", downSE, downSD, "MiB/s");
   console.log(
     `envd RSS: idle ${rssIdle.toFixed(1)} MiB, after warm-up ${rssWarm.toFixed(1)} MiB, peak during ${REPS}x${mib} MiB stdout ${rssPeak.toFixed(1)} MiB (+${(rssPeak - rssWarm).toFixed(1)}), after all ${rssMiB().toFixed(1)} MiB`,
   );
