@@ -5,7 +5,7 @@
  * test servers) and returns the result, so the test observes guest-originated traffic through the
  * node → slot inbound path while changing the policy at runtime.
  * Needs root, qemu-system-x86_64, a static busybox and the guest kernel scripts/test.sh builds
- * (`$AENV_TEST_HOME_PATH/kernels/<key>/vmlinux`); skipped when the kernel is not built yet.
+ * (`$AENV_TEST_HOME_PATH/kernels/<key>/vmlinux`); fails naming what is missing when it is not.
  */
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { existsSync, readFileSync, writeFileSync } from "node:fs";

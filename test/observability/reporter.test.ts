@@ -57,12 +57,15 @@ test("heartbeats carry identity, machine, host figures and counters; events and 
   expect(n.snapshot!.sandboxCount).toBe(0);
 
   // a sandbox appears: bound (event or roster), counted in the next snapshot
+  const beforeCreate = Date.now();
   const repsbx1 = (await createLoopback(node, { cpuCount: 2, memoryMB: 256 })).id;
   await until(() => sched.client.lookupNode({ sandboxId: repsbx1 }), (r) => r.node!.nodeId === "rep-node", "the binding of repsbx1");
   const after = await until(() => sched.client.getNode({ nodeId: "rep-node", clusterId: "" }), (r) => r.node!.snapshot!.sandboxCount === 1, "a snapshot counting it");
   expect(after.node!.snapshot!.allocatedCpu).toBe(2);
   expect(after.node!.snapshot!.allocatedMemoryBytes).toBe(256 * 1024 * 1024);
-  expect(after.node!.snapshot!.reportedAtUnixMs).toBeGreaterThan(Date.now() - 10_000);
+  // the counting snapshot was taken after the create (order, not a wall-clock bound)
+  expect(after.node!.snapshot!.reportedAtUnixMs).toBeGreaterThanOrEqual(beforeCreate);
+  expect(after.node!.snapshot!.reportedAtUnixMs).toBeLessThanOrEqual(Date.now());
 
   // a binding the node does not hold is dropped by its next roster
   await sched.client.recordAssignment({ sandboxId: "ghost", node: { nodeId: "rep-node", endpoint: "" } });
