@@ -67,6 +67,8 @@ export class NetworkManager {
   private closed = false;
   private worker?: Promise<void>;
   private wakeWorker?: () => void;
+  /** Waits for a build or teardown to end, or for a kick (allocate, release, shutdown). */
+  private readonly waiters = new Set<() => void>();
   private dns?: DnsProxy;
   private sweeper?: ReturnType<typeof setInterval>;
   private sweeping?: Promise<void>;
@@ -139,7 +141,7 @@ export class NetworkManager {
       // Every index taken but the worker is finishing a pooled slot: wait for it (bounded) rather
       // than report a capacity error that is only a moment old.
       const until = Date.now() + this.cfg.commandTimeoutMs;
-      while (this.pool.length === 0 && this.free.length === 0 && this.building > 0 && Date.now() < until) await Bun.sleep(5);
+      while (this.pool.length === 0 && this.free.length === 0 && this.building > 0 && Date.now() < until) await this.changed(until);
       let slot = this.pool.shift();
       if (slot) {
         this.counters.poolHits++;
@@ -152,20 +154,8 @@ export class NetworkManager {
       } else {
         this.counters.poolMisses++;
         this.target = Math.min(this.cfg.pool.high, this.target + 1);
-        const idx = this.reserve();
-        slot = slotLayout(this.cfg, idx);
-        this.store.put(idx, slot.netnsName, "building");
-        this.building++;
-        try {
-          await buildSlot(this.cfg, slot, policy);
-          this.counters.built++;
-        } catch (e) {
-          this.store.delete(idx);
-          this.free.push(idx);
-          throw e;
-        } finally {
-          this.building--;
-        }
+        slot = slotLayout(this.cfg, this.reserve());
+        await this.build(slot, policy);
       }
       const a: AllocatedSlot = { ...slot, sandboxId, policy };
       this.allocated.set(slot.idx, a);
@@ -265,11 +255,11 @@ export class NetworkManager {
    */
   async waitIdle(timeoutMs: number): Promise<boolean> {
     const until = Date.now() + timeoutMs;
-    while (Date.now() < until) {
+    for (;;) {
       if (this.building === 0 && this.draining === 0 && this.pool.length <= this.cfg.pool.high && (this.pool.length >= this.target || this.free.length === 0)) return true;
-      await Bun.sleep(10);
+      if (Date.now() >= until) return false;
+      await this.changed(until);
     }
-    return false;
   }
 
   /**
@@ -284,7 +274,7 @@ export class NetworkManager {
     clearInterval(this.sweeper);
     await this.sweeping;
     await this.dns?.stop();
-    while (this.building > 0 || this.draining > 0) await Bun.sleep(5);
+    while (this.building > 0 || this.draining > 0) await this.changed(Infinity);
     const all = [...this.pool.splice(0), ...[...this.allocated.values()].map((a) => slotLayout(this.cfg, a.idx))];
     this.allocated.clear();
     this.bySandbox.clear();
@@ -347,21 +337,32 @@ export class NetworkManager {
   }
 
   private async buildPooled(): Promise<void> {
-    const idx = this.reserve();
-    const slot = slotLayout(this.cfg, idx);
-    this.store.put(idx, slot.netnsName, "building");
+    const slot = slotLayout(this.cfg, this.reserve());
+    await this.build(slot, POOLED, () => {
+      this.store.put(slot.idx, slot.netnsName, "pooled");
+      this.pool.push(slot);
+    });
+  }
+
+  /**
+   * Build `slot` (its index reserved) with `policy`, counted in `building`; `built` runs before
+   * the count drops, so a waiter never sees neither the build nor its result. A failure removes
+   * what was built and frees the index.
+   */
+  private async build(slot: Slot, policy: EgressPolicy, built?: () => void): Promise<void> {
+    this.store.put(slot.idx, slot.netnsName, "building");
     this.building++;
     try {
-      await buildSlot(this.cfg, slot, POOLED);
+      await buildSlot(this.cfg, slot, policy);
       this.counters.built++;
-      this.store.put(idx, slot.netnsName, "pooled");
-      this.pool.push(slot);
+      built?.();
     } catch (e) {
-      this.store.delete(idx);
-      this.free.push(idx);
+      this.store.delete(slot.idx);
+      this.free.push(slot.idx);
       throw e;
     } finally {
       this.building--;
+      this.notify();
     }
   }
 
@@ -375,6 +376,7 @@ export class NetworkManager {
       this.counters.destroyed++;
     } finally {
       this.draining--;
+      this.notify();
     }
   }
 
@@ -382,6 +384,25 @@ export class NetworkManager {
     const w = this.wakeWorker;
     this.wakeWorker = undefined;
     w?.();
+    this.notify();
+  }
+
+  /** Wake every `changed()` wait: a build or teardown ended, or the pool's state moved. */
+  private notify(): void {
+    for (const wake of [...this.waiters]) wake();
+  }
+
+  /** Resolves at the next `notify()`, or at `until` (unix ms) at the latest. */
+  private changed(until: number): Promise<void> {
+    return new Promise<void>((resolve) => {
+      const wake = () => {
+        clearTimeout(timer);
+        this.waiters.delete(wake);
+        resolve();
+      };
+      const timer = Number.isFinite(until) ? setTimeout(wake, Math.max(0, until - Date.now())) : undefined;
+      this.waiters.add(wake);
+    });
   }
 
   /** The single pool worker: drain above high, refill up to target, else sleep until kicked. */
