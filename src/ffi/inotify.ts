@@ -68,11 +68,6 @@ export function inotifyAddWatch(fd: number, path: string, mask: number): number 
   return wd;
 }
 
-/** Remove a watch; errors (already gone) are ignored. */
-export function inotifyRmWatch(fd: number, wd: number): void {
-  libc().inotify_rm_watch(fd, wd);
-}
-
 /** One decoded event record. */
 export interface InotifyEvent {
   wd: number;

@@ -2,7 +2,6 @@
  * Exit status text in the form E2B's envd reports it (Go's `os.ProcessState.String()`:
  * `exit status 3`, `signal: killed`), since SDK users see it as the error message.
  */
-import { constants } from "node:os";
 
 // Go's syscall signal names (src/syscall/zerrors_linux_amd64.go, signal table).
 const GO_SIGNAL_TEXT: Record<string, string> = {
@@ -27,9 +26,4 @@ const GO_SIGNAL_TEXT: Record<string, string> = {
 export function exitStatusText(exitCode: number | null, signal: string | null): string {
   if (signal) return `signal: ${GO_SIGNAL_TEXT[signal] ?? signal.toLowerCase()}`;
   return `exit status ${exitCode ?? -1}`;
-}
-
-/** Signal number for a name such as `SIGKILL`; undefined when unknown. */
-export function signalNumber(name: string): number | undefined {
-  return (constants.signals as Record<string, number>)[name];
 }

@@ -35,8 +35,3 @@ export async function openTarget(t: TargetSpec): Promise<BlockImage> {
 export function directPlanOf(img: BlockImage): DirectPlan | undefined {
   return img instanceof LayeredImage ? (layeredDirectPlan(img) ?? undefined) : undefined;
 }
-
-/** True when the target may be opened read-write by a VMM although writes are refused. */
-export function acceptsWritableOpen(t: TargetSpec): boolean {
-  return t.accept_writable_open === true;
-}
