@@ -1,12 +1,17 @@
 #!/usr/bin/env bun
 /**
  * VM benchmark (QEMU microvm, TCG on this host): cold boot of a sandbox from the base template
- * (FUSE-served overlaybd root disk + fresh upper, tap in a netns) to envd answering GET /health,
- * median of N; restore of a snapshot of a booted sandbox to envd answering, median of N; and the
- * node's memory per VM beyond guest RAM (QEMU's proportional set size without guest RAM, plus the
- * disk daemon's). Baselines from the same run: QEMU spawn to QMP ready (no guest), and the
- * guest RAM size. Needs root, the built kernel and base template (scripts/test.sh pre-step).
- *   bun bench/vm.ts [--runs 5] [--mem-mib 512]
+ * (root disk served by the disk daemon: overlaybd stack + fresh upper, tap in a netns) to envd
+ * answering GET /health, median of N; a CPU-bound guest command (Python, a large code footprint
+ * for the TCG translation cache) run twice per VM; restore of a snapshot of a booted sandbox to
+ * envd answering, median of N; and the node's memory per VM beyond guest RAM: QEMU's proportional
+ * set size without guest RAM, plus what serving one more disk adds to the disk daemon (the
+ * daemon's own base, shared by every sandbox of the node, is printed apart).
+ * `--tb-sizes 0,32,64,256` repeats the boots for each TCG translation cache size (MiB; 0 = QEMU's
+ * default) and prints one line per size: that is how `[qemu] tcg_tb_size_mib`'s default is chosen.
+ * Baselines from the same run: QEMU spawn to QMP ready (no guest), and the guest RAM size.
+ * Needs root, the built kernel and base template (scripts/test.sh pre-step).
+ *   bun bench/vm.ts [--runs 5] [--mem-mib 512] [--tb-sizes 0,32,64,256] [--no-restore]
  */
 import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { loadavg, tmpdir } from "node:os";
@@ -17,6 +22,8 @@ import { resolveKernelPath, type VmSpec } from "../src/vmm/index.ts";
 import { ENVD_PORT, waitEnvd } from "../test/vmm/qemu/envd-client.ts";
 import { TEST_HOME, TestNet, testBoot, testConfig, testDriver } from "../test/vmm/qemu/helpers.ts";
 import { QmpClient } from "../src/vmm/qemu/qmp.ts";
+import { QemuDriver } from "../src/vmm/qemu/driver.ts";
+import { runInGuest } from "../test/vmm/qemu/envd-client.ts";
 
 const arg = (n: string, d: number) => {
   const i = process.argv.indexOf(n);
@@ -24,6 +31,18 @@ const arg = (n: string, d: number) => {
 };
 const RUNS = arg("--runs", 5);
 const MEM = arg("--mem-mib", 512);
+const tbArg = process.argv.indexOf("--tb-sizes");
+const RESTORE = !process.argv.includes("--no-restore");
+
+/** CPU-bound guest work with a large code footprint (the Python interpreter, json, re, sorting). */
+const CPU_SCRIPT = `python3 -c "
+import json, re
+s = 0
+for i in range(20000):
+    d = json.loads(json.dumps({'k': i, 'v': [i, str(i) * 3, {'x': i / 7}]}))
+    s += len(re.findall(r'[0-9]+', json.dumps(d)))
+print(sorted(str(j * 7919 % 10007) for j in range(20000))[9999], s)
+"`;
 
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 const fmt = (ms: number) => `${(ms / 1000).toFixed(2)} s`;
@@ -40,9 +59,14 @@ const cfg = testConfig();
 const kernelPath = resolveKernelPath(cfg);
 const tpl = resolveTemplate(TEST_HOME, "base");
 const drv = testDriver();
+const TB_SIZES = tbArg > 0 ? process.argv[tbArg + 1]!.split(",").map(Number) : [drv.driver.opts.tcgTbSizeMiB];
+if (TB_SIZES.some((n) => !Number.isSafeInteger(n) || n < 0)) throw new Error("--tb-sizes takes MiB values >= 0, comma-separated");
 const root = mkdtempSync(join(tmpdir(), "c1bench-"));
 const net = new TestNet();
 const disks = await DiskService.start({ dir: join(drv.runtimeDir, "disk"), config: diskConfig(cfg) });
+await Bun.sleep(500);
+/** The disk daemon with no sandbox disk (its warm pool filled): the node's fixed cost. */
+const daemonBaseKiB = rollup(disks.pid).Pss!;
 
 /** Host ms (since the boot started) at which each boot phase's console marker appeared. */
 interface Phases {
@@ -89,77 +113,128 @@ try {
     await p.exited;
   }
 
-  const bootMs: number[] = [];
-  const phases: Phases[] = [];
-  const overhead: { qemuKiB: number; diskKiB: number; guestTouchedKiB: number }[] = [];
+  /** Figures of the boots with one TCG translation cache size. */
+  interface Sweep {
+    tbMiB: number;
+    bootMs: number[];
+    phases: Phases[];
+    /**
+     * QEMU PSS without guest RAM at envd ready and after the CPU-bound command, QEMU's anonymous
+     * memory after it (heap + translation cache: what each more VM adds; shared library pages are
+     * divided among all QEMUs in PSS), the disk daemon's PSS growth, guest RAM touched; KiB.
+     */
+    overhead: { qemuKiB: number; qemuAfterKiB: number; qemuAnonAfterKiB: number; diskKiB: number; guestTouchedKiB: number }[];
+    /** The CPU-bound command's first and second run, ms. */
+    cpuMs: [number, number][];
+    /** Translation cache flushes from boot to the end of the command (QEMU `info jit`). */
+    flushes: number[];
+  }
+  const sweeps: Sweep[] = TB_SIZES.map((tbMiB) => ({ tbMiB, bootMs: [], phases: [], overhead: [], cpuMs: [], flushes: [] }));
+  // sizes interleaved run by run, so a change of host load does not favour one of them
   for (let i = 0; i < RUNS; i++) {
-    const id = `boot${i}`;
-    const disk = await disks.rootDisk({ id: `b${process.pid}${id}`, lowers: tpl.rootLayers, sandboxDir: join(root, id) });
-    try {
-      const t0 = performance.now();
-      const ph: Phases = {};
-      const vm = await drv.driver.boot(spec(id, disk.path, ph, t0));
+    for (const sw of sweeps) {
+      const tbMiB = sw.tbMiB;
+      const driver = new QemuDriver({ ...drv.driver.opts, tcgTbSizeMiB: tbMiB });
+      const id = `boot${tbMiB}x${i}`;
+      const disk = await disks.rootDisk({ id: `b${process.pid}${id}`, lowers: tpl.rootLayers, sandboxDir: join(root, id) });
       try {
-        await waitEnvd(net.url(ENVD_PORT), 120_000);
-        bootMs.push(performance.now() - t0);
-        phases.push(ph);
-        await Bun.sleep(1000); // let envd settle before measuring memory
-        const q = rollup(vm.pid);
-        const d = rollup(disks.pid);
-        overhead.push({ qemuKiB: q.Pss! - (q.Pss_Shmem ?? 0), diskKiB: d.Pss!, guestTouchedKiB: q.Pss_Shmem ?? 0 });
+        const t0 = performance.now();
+        const ph: Phases = {};
+        const vm = await driver.boot(spec(id, disk.path, ph, t0));
+        try {
+          await waitEnvd(net.url(ENVD_PORT), 120_000);
+          sw.bootMs.push(performance.now() - t0);
+          sw.phases.push(ph);
+          await Bun.sleep(1000); // let envd settle before measuring memory
+          const q = rollup(vm.pid);
+          const d = rollup(disks.pid);
+          const cpu: number[] = [];
+          for (let k = 0; k < 2; k++) {
+            const c0 = performance.now();
+            const r = await runInGuest(net.url(ENVD_PORT), CPU_SCRIPT);
+            if (r.exitCode !== 0) throw new Error(`CPU-bound command failed (${r.exitCode}): ${r.stderr}`);
+            cpu.push(performance.now() - c0);
+          }
+          sw.cpuMs.push(cpu as [number, number]);
+          const qa = rollup(vm.pid);
+          // QEMU's own count of whole-cache flushes (a full translation cache is flushed and refilled)
+          const jit = await (vm as unknown as { qmp: QmpClient }).qmp.execute<string>("human-monitor-command", { "command-line": "info jit" });
+          sw.flushes.push(Number(/TB flush count\s+(\d+)/.exec(jit)?.[1] ?? NaN));
+          sw.overhead.push({
+            qemuKiB: q.Pss! - (q.Pss_Shmem ?? 0), qemuAfterKiB: qa.Pss! - (qa.Pss_Shmem ?? 0), qemuAnonAfterKiB: qa.Anonymous!,
+            diskKiB: Math.max(0, d.Pss! - daemonBaseKiB), guestTouchedKiB: q.Pss_Shmem ?? 0,
+          });
+        } finally {
+          await vm.stop();
+        }
       } finally {
-        await vm.stop();
+        await disk.close();
       }
-    } finally {
-      await disk.close();
     }
   }
 
   // restore: snapshot one booted sandbox, then restore it RUNS times (same disk, served again)
   const restoreMs: number[] = [];
   const sid = "snap";
-  const disk = await disks.rootDisk({ id: `b${process.pid}${sid}`, lowers: tpl.rootLayers, sandboxDir: join(root, sid) });
-  try {
-    const files = { statePath: join(root, "snap.state"), memPath: join(root, "snap.mem"), kind: "full" as const };
-    const vm = await drv.driver.boot(spec(sid, disk.path));
-    await waitEnvd(net.url(ENVD_PORT), 120_000);
-    await vm.pause();
-    await vm.snapshot(files);
-    await vm.stop();
-    for (let i = 0; i < RUNS; i++) {
-      const t0 = performance.now();
-      const r = await drv.driver.restore({ ...spec(sid, disk.path), id: `b${process.pid}r${i}`, workDir: join(root, `r${i}`) }, files, { resume: true });
-      try {
-        await waitEnvd(net.url(ENVD_PORT), 30_000);
-        restoreMs.push(performance.now() - t0);
-      } finally {
-        await r.stop();
+  if (RESTORE) {
+    const disk = await disks.rootDisk({ id: `b${process.pid}${sid}`, lowers: tpl.rootLayers, sandboxDir: join(root, sid) });
+    try {
+      const files = { statePath: join(root, "snap.state"), memPath: join(root, "snap.mem"), kind: "full" as const };
+      const vm = await drv.driver.boot(spec(sid, disk.path));
+      await waitEnvd(net.url(ENVD_PORT), 120_000);
+      await vm.pause();
+      await vm.snapshot(files);
+      await vm.stop();
+      for (let i = 0; i < RUNS; i++) {
+        const t0 = performance.now();
+        const r = await drv.driver.restore({ ...spec(sid, disk.path), id: `b${process.pid}r${i}`, workDir: join(root, `r${i}`) }, files, { resume: true });
+        try {
+          await waitEnvd(net.url(ENVD_PORT), 30_000);
+          restoreMs.push(performance.now() - t0);
+        } finally {
+          await r.stop();
+        }
       }
+    } finally {
+      await disk.close();
     }
-  } finally {
-    await disk.close();
   }
 
   const q = median(qmpMs);
-  const b = median(bootMs);
-  const r = median(restoreMs);
-  const oq = median(overhead.map((o) => o.qemuKiB));
-  const od = median(overhead.map((o) => o.diskKiB));
-  const og = median(overhead.map((o) => o.guestTouchedKiB));
-  console.log(`accel ${drv.driver.accel}${drv.driver.opts.tcgTbSizeMiB ? `, tb-size ${drv.driver.opts.tcgTbSizeMiB} MiB` : ""}, guest RAM ${MEM} MiB, 1 vCPU, ${RUNS} runs each (medians); host load average ${loadAtStart.toFixed(1)} at start`);
+  const first = sweeps[0]!;
+  const b = median(first.bootMs);
+  console.log(`accel ${drv.driver.accel}, guest RAM ${MEM} MiB, 1 vCPU, ${RUNS} runs each (medians); host load average ${loadAtStart.toFixed(1)} at start, ${loadavg()[0]!.toFixed(1)} at end`);
   console.log(`baseline  QEMU spawn -> QMP ready (no guest):  ${fmt(q)}`);
-  console.log(`cold boot -> envd /health ready:                ${fmt(b)}   (${(b / q).toFixed(1)}x baseline)   runs: ${bootMs.map(fmt).join(" ")}`);
-  console.log(`restore   -> envd /health ready:                ${fmt(r)}   (${(r / q).toFixed(1)}x baseline, ${(b / r).toFixed(1)}x faster than cold boot)   runs: ${restoreMs.map(fmt).join(" ")}`);
-  const med = (f: (p: Phases) => number | undefined) => median(phases.map((p) => f(p) ?? NaN));
-  const init = med((p) => p.init);
-  const started = med((p) => p.envdStarted);
-  const listening = med((p) => p.listening);
-  console.log(
-    `cold boot phases (medians): QEMU start + kernel + tools init (mount, pivot_root, API fs, clock, net) ${fmt(init)}, ` +
-      `-> envd exec ${fmt(started - init)}, envd exec -> listening ${fmt(listening - started)}, listening -> /health answered ${fmt(b - listening)}`,
-  );
-  console.log(`memory per VM beyond guest RAM: QEMU ${(oq / 1024).toFixed(1)} MiB + disk server ${(od / 1024).toFixed(1)} MiB = ${((oq + od) / 1024).toFixed(1)} MiB` +
-    ` (${(((oq + od) / 1024 / MEM) * 100).toFixed(1)}% of guest RAM; guest RAM touched at envd ready: ${(og / 1024).toFixed(1)} MiB)`);
+  if (RESTORE) {
+    const r = median(restoreMs);
+    console.log(`restore   -> envd /health ready:                ${fmt(r)}   (${(r / q).toFixed(1)}x baseline, ${(b / r).toFixed(1)}x faster than cold boot; tb-size ${drv.driver.opts.tcgTbSizeMiB || "QEMU default"})   runs: ${restoreMs.map(fmt).join(" ")}`);
+  }
+  console.log(`disk daemon base (once per node, warm pool filled): ${(daemonBaseKiB / 1024).toFixed(1)} MiB`);
+  for (const sw of sweeps) {
+    const bm = median(sw.bootMs);
+    const med = (f: (p: Phases) => number | undefined) => median(sw.phases.map((p) => f(p) ?? NaN));
+    const init = med((p) => p.init);
+    const started = med((p) => p.envdStarted);
+    const listening = med((p) => p.listening);
+    const oq = median(sw.overhead.map((o) => o.qemuKiB));
+    const oqa = median(sw.overhead.map((o) => o.qemuAfterKiB));
+    const oan = median(sw.overhead.map((o) => o.qemuAnonAfterKiB));
+    const od = median(sw.overhead.map((o) => o.diskKiB));
+    const og = median(sw.overhead.map((o) => o.guestTouchedKiB));
+    const c1 = median(sw.cpuMs.map((c) => c[0]));
+    const c2 = median(sw.cpuMs.map((c) => c[1]));
+    const mib = (k: number) => (k / 1024).toFixed(1);
+    console.log(`-- tb-size ${sw.tbMiB === 0 ? "QEMU default" : `${sw.tbMiB} MiB`}`);
+    console.log(`cold boot -> envd /health ready:                ${fmt(bm)}   (${(bm / q).toFixed(1)}x baseline)   runs: ${sw.bootMs.map(fmt).join(" ")}`);
+    console.log(
+      `cold boot phases (medians): QEMU start + kernel + tools init ${fmt(init)}, -> envd exec ${fmt(started - init)}, ` +
+        `envd exec -> listening ${fmt(listening - started)}, listening -> /health answered ${fmt(bm - listening)}`,
+    );
+    console.log(`CPU-bound guest command (python3): first ${fmt(c1)}, second ${fmt(c2)}   runs: ${sw.cpuMs.map((c) => `${fmt(c[0])}/${fmt(c[1])}`).join(" ")}; translation cache flushes by its end: ${sw.flushes.join(" ")}`);
+    console.log(`memory per VM beyond guest RAM: QEMU ${mib(oq)} MiB at envd ready, ${mib(oqa)} MiB after the command + disk daemon +${mib(od)} MiB for its disk` +
+      ` = ${mib(oqa + od)} MiB (${(((oqa + od) / 1024 / MEM) * 100).toFixed(1)}% of guest RAM; guest RAM touched at envd ready: ${mib(og)} MiB);` +
+      ` QEMU anonymous (heap + translation cache) after the command ${mib(oan)} MiB`);
+  }
 } finally {
   await disks.close();
   net.destroy();

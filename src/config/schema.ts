@@ -79,8 +79,8 @@ export const CONFIG_SCHEMA = section("", {
     cpu: str("max", '-cpu model. Bun needs x86-64-v2, which QEMU\'s default qemu64 lacks: keep "max" under TCG.', { minLength: 1 }),
     tsc_khz: int(0, 'Guest TSC frequency hint in kHz (tsc_early_khz=, required on microvm/TCG); 0 reads the\nhost\'s "cpu MHz" from /proc/cpuinfo.', { min: 0, unit: "kHz" }),
     tcg_tb_size_mib: int(
-      0,
-      "TCG translation cache per VM in MiB (-accel tcg,tb-size=); 0 keeps QEMU's default (large,\nfilled lazily). Under TCG this cache is most of QEMU's own memory per VM: bench/vm.ts measured\nabout 210 MiB beyond guest RAM with the default and 107 MiB with 64, but boots with 64 were\nslower in some runs (retranslation after the cache fills), so speed wins by default.",
+      256,
+      "TCG translation cache per VM in MiB (-accel tcg,tb-size=); 0 keeps QEMU's default (1 GiB on\n64-bit hosts, filled as the guest runs new code, so a long-lived sandbox's QEMU keeps growing).\nUnder TCG this cache is most of QEMU's own memory per VM. bench/vm.ts --tb-sizes (5 interleaved\nboots each + a python3 command; QEMU PSS beyond guest RAM after it; cold boot; first run):\ndefault 233 MiB, 3.25 s, 4.2 s; 256: about the same (the footprint after boot + python is about\n170 MiB); 128: 198 MiB, 3.36 s, 4.9 s; 64: 128 MiB, 3.62 s, 4.8 s; 32: 90 MiB, 5.85 s, 5.6 s\n(a full cache is flushed whole and retranslated). 256 bounds the growth without slowing the\nguest; 64 packs more VMs at about 10-20% more guest CPU time. Ignored under KVM.",
       { min: 0, max: 65536, unit: "MiB" },
     ),
     qmp_timeout_ms: int(30_000, "Longest wait (ms) for one QMP command (migrations included).", { min: 1, max: MS_MAX, unit: "ms" }),
