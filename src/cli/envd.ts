@@ -74,6 +74,8 @@ export default defineCommand({
     // The tools drive's init passes envd its own glibc through LD_LIBRARY_PATH; nothing envd
     // starts may inherit it (an image's programs need the image's libraries).
     delete process.env.LD_LIBRARY_PATH;
+    // nor the JavaScriptCore options it may set for envd's own runtime ([envd] jsc_options)
+    for (const k of Object.keys(process.env)) if (k.startsWith("BUN_JSC_")) delete process.env[k];
     // the config module (and its schema library) loads only when there is no settings file
     const section = args.settings ? readSettings(args.settings) : (await import("./config.ts")).loadConfigOrExit({ path: args.config }).envd;
     const opts = envdOptions(section);

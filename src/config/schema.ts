@@ -486,6 +486,11 @@ export const CONFIG_SCHEMA = section("", {
     ),
     ca_dir: str("/usr/local/share/ca-certificates", "Where POST /init's caBundle (PEM) is written, as agentenv-init.crt (Debian's extra-CA directory).", { minLength: 1 }),
     ca_update_command: str("update-ca-certificates", "Command that rebuilds the trust store after a new bundle; empty: none. Skipped if not installed."),
+    jsc_options: str(
+      "useBaselineJIT=0",
+      "JavaScriptCore options for the guest's envd runtime, `name=value` separated by spaces (Bun reads\nthem as BUN_JSC_<name> at start; the tools drive's init sets them, envd's commands never see\nthem); empty: none. Under TCG, compiling envd's run-once start-up code with the baseline JIT\ncosts more than it saves: without it envd listens in 1.6 s instead of 2.3-2.9 s (bench/vm.ts)\nand QEMU translates less code; hot code is still optimised by the later tiers.",
+      { pattern: "^([A-Za-z][A-Za-z0-9]*=[A-Za-z0-9._-]+( [A-Za-z][A-Za-z0-9]*=[A-Za-z0-9._-]+)*)?$" },
+    ),
   }),
 
   overlaybd: section("", {

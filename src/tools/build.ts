@@ -9,6 +9,8 @@
  *                       library path (DT_RPATH) rewritten by Debian's patchelf
  *   /lib/               the glibc loader (also as ld.so) and every shared library those need
  *   /etc/envd.json      the node's `[envd]` settings, which envd reads instead of a config file
+ *   /etc/envd.env       `[envd] jsc_options` as BUN_JSC_<name>=<value> lines, set by the init for
+ *                       envd's runtime only (see `jscEnvLines`)
  *   /dev /proc /sys /newroot   mount points of the init's first stage
  * so a root filesystem needs nothing of its own: no glibc, no shell, not even /etc.
  *
@@ -83,6 +85,19 @@ async function run(cmd: string[], onLine?: (l: string) => void, env?: Record<str
   for (const l of (out + err).split("\n")) if (l.trim()) onLine?.(l.trim());
   if (code !== 0) throw new ToolsError("tools.build_failed", `${cmd.join(" ").slice(0, 200)} exited ${code}: ${(err || out).slice(-1500)}`, { cmd: cmd.slice(0, 3), code });
   return out;
+}
+
+/**
+ * `/etc/envd.env` of the drive: each `name=value` of `[envd] jsc_options` (space separated, checked
+ * by the config schema: no spaces or shell characters) as a `BUN_JSC_<name>=<value>` line, the
+ * variables through which Bun sets JavaScriptCore options at start. Empty options: an empty file.
+ */
+export function jscEnvLines(options: string): string {
+  return options
+    .split(" ")
+    .filter(Boolean)
+    .map((o) => `BUN_JSC_${o}\n`)
+    .join("");
 }
 
 /** Where the guest's agentenv binary comes from, and a key that changes when it would. */
@@ -199,6 +214,7 @@ async function buildLocked(opts: ToolsBuildOptions): Promise<{ image: ToolsImage
     for (const d of ["bin", "lib", "etc", "dev", "proc", "sys", "newroot"]) mkdirSync(join(tree, d), { recursive: true });
     writeFileSync(join(tree, "init"), initScript);
     writeFileSync(join(tree, "etc/envd.json"), envdSettings);
+    writeFileSync(join(tree, "etc/envd.env"), jscEnvLines(String(opts.envd.jsc_options ?? "")));
     chmodSync(join(tree, "init"), 0o755);
 
     progress("busybox", opts.busybox);

@@ -102,8 +102,12 @@ if [ "$ENVD" = 1 ]; then
   # envd runs as root (it drops to the requested user per process) and logs to the console. Its
   # glibc comes from the tools drive (LD_LIBRARY_PATH, which envd drops before it starts
   # anything); its PATH, which commands inherit, ends with the tools drive's programs.
-  # its settings are the node's [envd] section, on the drive (no config file in the guest)
-  PATH=$GUEST_PATH HOME=/root LD_LIBRARY_PATH=/.aenv/lib \
+  # its settings are the node's [envd] section, on the drive (no config file in the guest);
+  # envd.env holds its runtime's JavaScriptCore options ([envd] jsc_options: BUN_JSC_<name>=<value>
+  # lines, no spaces), which envd also drops before it starts anything
+  ENVD_JSC=$(cat /.aenv/etc/envd.env 2>/dev/null)
+  # shellcheck disable=SC2086 # one word per line of envd.env
+  env $ENVD_JSC PATH=$GUEST_PATH HOME=/root LD_LIBRARY_PATH=/.aenv/lib \
     /.aenv/bin/agentenv envd --settings /.aenv/etc/envd.json > /dev/console 2>&1 &
   ENVD_PID=$!
   echo "@@AENV-ENVD-STARTED@@ pid=$ENVD_PID" > /dev/console

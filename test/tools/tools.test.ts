@@ -9,7 +9,8 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { copyFileSync, mkdirSync, mkdtempSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { compileEnv, readInterpreter, resolveTools, setInterpreter, toolsBoot, toolsInitScript, TOOLS_INTERPRETER, type ToolsImage } from "../../src/tools/index.ts";
+import { loadConfig } from "../../src/config/index.ts";
+import { compileEnv, jscEnvLines, readInterpreter, resolveTools, setInterpreter, toolsBoot, toolsInitScript, TOOLS_INTERPRETER, type ToolsImage } from "../../src/tools/index.ts";
 import { resolveKernelPath, type QemuVm } from "../../src/vmm/index.ts";
 import { ENVD_PORT, runInGuest, waitEnvd } from "../vmm/qemu/envd-client.ts";
 import { TEST_HOME, TestNet, testConfig, testDriver } from "../vmm/qemu/helpers.ts";
@@ -80,12 +81,26 @@ describe("the drive's agentenv build", () => {
   }, 60_000);
 });
 
+describe("[envd] jsc_options", () => {
+  test("become BUN_JSC_<name>=<value> lines; anything but name=value words is refused by the config", () => {
+    expect(jscEnvLines("useBaselineJIT=0 thresholdForJITSoon=100")).toBe("BUN_JSC_useBaselineJIT=0\nBUN_JSC_thresholdForJITSoon=100\n");
+    expect(jscEnvLines("")).toBe("");
+    expect(loadConfig({ env: { AENV__envd__jsc_options: "" } }).envd.jsc_options).toBe("");
+    for (const bad of ["useJIT=0;reboot", "a=$(id)", "useJIT", " useJIT=0", "a=1  b=2", "a=1\nb=2"]) {
+      expect(() => loadConfig({ env: { AENV__envd__jsc_options: bad } })).toThrow(expect.objectContaining({ code: "config.bad_value" }));
+    }
+  });
+});
+
 describe("the test home's tools drive", () => {
   test("holds the init, busybox, envd on the drive's loader, ss and curl with their libraries", () => {
     const cat = (p: string) => sh(["debugfs", "-R", `cat ${p}`, tools.path]);
     expect(cat("/init")).toBe(toolsInitScript());
     // the node's [envd] settings, which the guest's envd reads instead of a config file
     expect(JSON.parse(cat("/etc/envd.json"))).toEqual(testConfig().envd);
+    // and its [envd] jsc_options as the variables Bun reads them from (the default turns the baseline JIT off)
+    expect(testConfig().envd.jsc_options).toBe("useBaselineJIT=0");
+    expect(cat("/etc/envd.env")).toBe("BUN_JSC_useBaselineJIT=0\n");
     const envd = join(work, "agentenv");
     sh(["debugfs", "-R", `dump /bin/agentenv ${envd}`, tools.path]);
     expect(readInterpreter(envd)).toBe("/.aenv/lib/ld.so");
@@ -164,6 +179,9 @@ describe("VMs whose root filesystem has no glibc", () => {
     expect((await run(`readlink ${envd}/exe; tr '\\0' ' ' < ${envd}/cmdline; echo; grep ' /.aenv ' /proc/mounts | cut -d' ' -f4 | cut -d, -f1`)).stdout).toBe(
       "/.aenv/bin/agentenv\n/.aenv/bin/agentenv envd --settings /.aenv/etc/envd.json \nro\n",
     );
+    // envd started with the drive's JavaScriptCore options; the commands it runs do not inherit them
+    expect((await run(`tr '\\0' '\\n' < ${envd}/environ | grep ^BUN_JSC_`)).stdout).toBe("BUN_JSC_useBaselineJIT=0\n");
+    expect(await run("env | grep BUN_JSC_; echo rc=$?")).toEqual({ stdout: "rc=1\n", stderr: "", exitCode: 0 });
     expect(await run("id -un; id -u; echo $HOME", "user")).toEqual({ stdout: "user\n1000\n/home/user\n", stderr: "", exitCode: 0 });
     // the drive's programs are at the end of PATH: busybox has no ss and no curl
     const ss = await run("ss -Htln | grep -c ':49983 '");
