@@ -3,6 +3,7 @@
  * first, then database in the data dir, orchestrator over the given runtime (start-up reaping and
  * reconciliation included), API key; the listener answers 503 until everything is ready.
  */
+import { createPrivateKey, X509Certificate } from "node:crypto";
 import { mkdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { type Config, ConfigError } from "../config/index.ts";
@@ -42,7 +43,8 @@ export type RuntimeFactory = (cfg: Config, db: Db, oc: OrchestratorConfig) => Pr
 /**
  * The HTTPS listener's certificate and key ([sandbox_proxy] tls_cert_path, tls_key_path), or null
  * when both are empty.
- * @throws ConfigError `config.bad_value` when only one is set, `config.unreadable` when a file cannot be read.
+ * @throws ConfigError `config.bad_value` when only one is set, a file is not a PEM certificate or
+ *   private key, or the key is not the certificate's; `config.unreadable` when a file cannot be read.
  */
 function proxyTls(cfg: Config): { cert: string; key: string } | null {
   const { tls_cert_path: certPath, tls_key_path: keyPath } = cfg.sandbox_proxy;
@@ -58,7 +60,24 @@ function proxyTls(cfg: Config): { cert: string; key: string } | null {
       throw new ConfigError("config.unreadable", `config: sandbox_proxy.${key} ${path}: ${(e as Error).message}`, { path, key: `sandbox_proxy.${key}` });
     }
   };
-  return { cert: read("tls_cert_path", certPath), key: read("tls_key_path", keyPath) };
+  const cert = read("tls_cert_path", certPath);
+  const key = read("tls_key_path", keyPath);
+  const bad = (name: string, path: string, expected: string, e?: unknown) =>
+    new ConfigError("config.bad_value", `config: sandbox_proxy.${name} ${path}: expected ${expected}${e ? ` (${(e as Error).message})` : ""}`, { key: `sandbox_proxy.${name}`, value: path, expected });
+  let x509: X509Certificate;
+  try {
+    x509 = new X509Certificate(cert);
+  } catch (e) {
+    throw bad("tls_cert_path", certPath, "a PEM certificate", e);
+  }
+  let pk: ReturnType<typeof createPrivateKey>;
+  try {
+    pk = createPrivateKey(key);
+  } catch (e) {
+    throw bad("tls_key_path", keyPath, "a PEM private key", e);
+  }
+  if (!x509.checkPrivateKey(pk)) throw bad("tls_key_path", keyPath, `the private key of the certificate in ${certPath}`);
+  return { cert, key };
 }
 
 /**

@@ -6,7 +6,7 @@
  */
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { createHash } from "node:crypto";
-import { mkdtempSync, rmSync } from "node:fs";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { Sandbox } from "e2b";
@@ -405,8 +405,21 @@ test("with [sandbox_proxy] tls_cert_path and tls_key_path, host routes and the A
   } finally {
     await n.dispose();
   }
-  // half a configuration stops start-up naming the missing key
+  // half a configuration, a missing file, a file that is not PEM and a key of another certificate
+  // each stop start-up naming the key
   await expect(startNodeNoVm({ AENV__sandbox_proxy__tls_cert_path: cert })).rejects.toMatchObject({ code: "config.bad_value", details: { key: "sandbox_proxy.tls_key_path" } });
+  const tlsWith = (c: string, k: string) => startNodeNoVm({ ...tlsEnv, AENV__sandbox_proxy__tls_cert_path: c, AENV__sandbox_proxy__tls_key_path: k });
+  const missing = join(dir, "missing.pem");
+  await expect(tlsWith(missing, key)).rejects.toMatchObject({ code: "config.unreadable", details: { key: "sandbox_proxy.tls_cert_path", path: missing } });
+  const garbage = join(dir, "garbage.pem");
+  writeFileSync(garbage, "not a certificate\n");
+  await expect(tlsWith(garbage, key)).rejects.toMatchObject({ code: "config.bad_value", details: { key: "sandbox_proxy.tls_cert_path", value: garbage, expected: "a PEM certificate" } });
+  await expect(tlsWith(cert, garbage)).rejects.toMatchObject({ code: "config.bad_value", details: { key: "sandbox_proxy.tls_key_path", value: garbage, expected: "a PEM private key" } });
+  const otherKey = join(dir, "other-key.pem");
+  expect(Bun.spawnSync(["openssl", "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-out", otherKey], { stderr: "pipe" }).exitCode).toBe(0);
+  const mismatch = await tlsWith(cert, otherKey).catch((e: unknown) => e);
+  expect(mismatch).toMatchObject({ code: "config.bad_value", details: { key: "sandbox_proxy.tls_key_path", value: otherKey } });
+  expect((mismatch as Error).message).toBe(`config: sandbox_proxy.tls_key_path ${otherKey}: expected the private key of the certificate in ${cert}`);
   rmSync(dir, { recursive: true, force: true });
 });
 

@@ -236,7 +236,7 @@ test("list: state and metadata filters (SDK double encoding), order, pagination 
   } while (token);
   expect(pages).toEqual([[list6, list5, list4], [list3, list2, list1], [list0]]);
 
-  for (const q of ["limit=0", "limit=101", "limit=x", "state=dead", "order=up", "nextToken=zzz", "startedAfter=yesterday", `metadata=${encodeURIComponent("novalue")}`]) {
+  for (const q of ["limit=0", "limit=101", "limit=x", "state=dead", "order=up", "nextToken=zzz", "startedAfter=yesterday", `metadata=${encodeURIComponent("novalue")}`, `metadata=${encodeURIComponent("k=%E0%A4%A")}`, `metadata=${encodeURIComponent("=v")}`]) {
     const r = await json(await api(node, `/v2/sandboxes?${q}`));
     expect({ q, ...r }).toMatchObject({ q, status: 400, body: { code: 400 } });
   }
