@@ -9,7 +9,8 @@
  *   JSON envelopes, base64), and as binary protobuf, vs reading a direct spawn's pipe
  * - upload: POST /files octet-stream of N bytes vs Bun.write of the same bytes
  * - download: GET /files of N bytes vs Bun.file(...).arrayBuffer(); and both streamed (counted as
- *   they arrive) vs Bun.file(...).stream()
+ *   they arrive) vs Bun.file(...).stream(); and streamed vs the same file from a bare Bun.serve
+ *   child (the loopback HTTP transport's own ceiling for this client)
  * - envd RSS: idle, after a warm-up, and the peak while the stdout runs streamed
  */
 import { mkdtempSync, readFileSync, rmSync } from "node:fs";
@@ -195,6 +196,27 @@ try {
     () => count(Bun.file(up).stream()),
   );
   row("download (streamed)", downSE, downSD, "MiB/s");
+  // transport baseline: the same file from a bare Bun.serve child (Response(Bun.file), as envd
+  // answers), so the ratio shows what envd adds to loopback HTTP and this client's receive
+  const plain = Bun.spawn(["bun", "-e", `const s = Bun.serve({ port: 0, hostname: "127.0.0.1", fetch: () => new Response(Bun.file(${JSON.stringify(up)})) }); console.log("port " + s.port);`], { stdout: "pipe" });
+  try {
+    const pr = plain.stdout.getReader();
+    let ptext = "";
+    while (!/port (\d+)\n/.test(ptext)) {
+      const r = await pr.read();
+      if (r.done) throw new Error(`plain server exited: ${ptext}`);
+      ptext += new TextDecoder().decode(r.value);
+    }
+    const plainUrl = `http://127.0.0.1:${/port (\d+)/.exec(ptext)![1]}/`;
+    const [downPE, downPP] = await pair(
+      async () => count((await fetch(`${base}/files?path=${encodeURIComponent(up)}`, { headers: { ...auth, "accept-encoding": "identity" } })).body!),
+      async () => count((await fetch(plainUrl)).body!),
+    );
+    console.log(`${"download vs HTTP".padEnd(19)} envd ${downPE.toFixed(2).padStart(9)} MiB/s   bare Bun.serve ${downPP.toFixed(2).padStart(9)} MiB/s   ratio envd/bare ${(downPE / downPP).toFixed(2)}`);
+  } finally {
+    plain.kill();
+    await plain.exited;
+  }
   console.log(
     `envd RSS: idle ${rssIdle.toFixed(1)} MiB, after warm-up ${rssWarm.toFixed(1)} MiB, peak during ${REPS}x${mib} MiB stdout ${rssPeak.toFixed(1)} MiB (+${(rssPeak - rssWarm).toFixed(1)}), after all ${rssMiB().toFixed(1)} MiB`,
   );
