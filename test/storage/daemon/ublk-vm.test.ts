@@ -6,8 +6,8 @@
  * protocol the node speaks). Shown: the daemon picks ublk; a sandbox-style stack (layer + created
  * upper) becomes /dev/ublkbN reading as the layer; a write lands; kill -9 of the daemon and a new
  * one recovers the device from its database (user recovery) with the write intact; a shared
- * read-only device is refcounted and goes with its last release; a restack of a ublk device is a
- * typed refusal; shutdown removes every device.
+ * read-only device is refcounted and goes with its last release; a restack or a resize of a ublk
+ * device is a typed refusal; shutdown removes every device.
  */
 import { beforeAll, describe, expect, test } from "bun:test";
 import { daemonSettings, diskConfig } from "../../../src/storage/daemon/index.ts";
@@ -69,6 +69,9 @@ say shared_left $([ -e "$SP" ] && echo 1 || echo 0)
 
 call '{"kind":"restack_snapshot","dev_id":"sb1","output_layer_path":null,"next_upper":{"data":"'$W'/n.data","index":"'$W'/n.index"}}'; say restack_rc $?
 say restack_err $(grep -c "disk.unsupported" call.err)
+call '{"kind":"update_size","dev_id":"sb1","new_size":'$((32*M))'}'; say resize_rc $?
+say resize_err $(grep -c "disk.unsupported" call.err)
+say size_after $(blockdev --getsize64 $P)
 
 say shutdown $(call '{"kind":"shutdown"}' | field kind)
 wait $D1; say daemon_rc $?
@@ -120,9 +123,12 @@ describe("the disk daemon's ublk engine in the guest", () => {
     expect(val("shared_left")).toBe("0");
   });
 
-  test("restack of a ublk device is refused with a typed error; shutdown removes every device", () => {
+  test("restack and growing a ublk device are refused with typed errors; shutdown removes every device", () => {
     expect(val("restack_rc")).toBe("1");
     expect(val("restack_err")).toBe("1");
+    expect(val("resize_rc")).toBe("1");
+    expect(val("resize_err")).toBe("2");
+    expect(val("size_after")).toBe(String(16 * 1024 * 1024));
     expect(val("shutdown")).toBe("ok");
     expect(val("daemon_rc")).toBe("0");
     expect(val("dev_left")).toBe("0");
