@@ -13,7 +13,7 @@
  * Needs root, the built kernel and base template (scripts/test.sh pre-step).
  *   bun bench/vm.ts [--runs 5] [--mem-mib 512] [--tb-sizes 0,32,64,256] [--no-restore]
  */
-import { mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { copyFileSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import { diskConfig, DiskService } from "../src/storage/daemon/index.ts";
@@ -183,7 +183,9 @@ try {
       const vm = await drv.driver.boot(spec(sid, disk.path));
       await waitEnvd(net.url(ENVD_PORT), 120_000);
       await vm.pause();
-      await vm.snapshot(files);
+      const cap = await vm.captureSnapshot(files.statePath);
+      copyFileSync(vm.memPath, files.memPath); // a booted VM's RAM is its shared file
+      cap.release();
       await vm.stop();
       for (let i = 0; i < RUNS; i++) {
         const t0 = performance.now();

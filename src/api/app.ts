@@ -17,6 +17,7 @@ import * as S from "./schemas.ts";
 import { toDetail, toListed, toSandbox, toTemplate } from "./serialize.ts";
 import { telemetryRoutes } from "./routes/telemetry.ts";
 import { volumeRoutes } from "./routes/volumes.ts";
+import { snapshotRoutes } from "./routes/snapshots.ts";
 import pkg from "../../package.json" with { type: "json" };
 import type { TemplateService } from "../template/index.ts";
 import { templateRoutes } from "./routes/templates.ts";
@@ -143,6 +144,7 @@ export function buildApp(deps: ApiDeps) {
     .get("/health", () => ({ status: "ok", version: pkg.version }), { detail: { summary: "Health check", tags: ["node"] } })
     .use(telemetryRoutes(orch))
     .use(volumeRoutes(orch))
+    .use(snapshotRoutes(orch, domain))
     .get(
       "/metrics",
       () =>

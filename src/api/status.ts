@@ -22,6 +22,7 @@ import { TEMPLATE_ERRORS, type TemplateErrorCode } from "../template/errors.ts";
 import { TOOLS_ERRORS, type ToolsErrorCode } from "../tools/errors.ts";
 import { VMM_ERRORS, type VmmErrorCode } from "../vmm/errors.ts";
 import { VOLUME_ERRORS, type VolumeErrorCode } from "../volume/errors.ts";
+import { SNAPSHOT_ERRORS, type SnapshotErrorCode } from "../snapshot/errors.ts";
 import { logger } from "../observability/log.ts";
 import { AgentEnvError } from "../errors.ts";
 import { API_ERRORS, type ApiErrorCode } from "./errors.ts";
@@ -42,7 +43,8 @@ export type ErrorCode =
   | TemplateErrorCode
   | ToolsErrorCode
   | VmmErrorCode
-  | VolumeErrorCode;
+  | VolumeErrorCode
+  | SnapshotErrorCode;
 
 /** Every subsystem code table this module maps (for tests and documentation). */
 export const ERROR_TABLES = {
@@ -61,6 +63,7 @@ export const ERROR_TABLES = {
   tools: TOOLS_ERRORS,
   vmm: VMM_ERRORS,
   volume: VOLUME_ERRORS,
+  snapshot: SNAPSHOT_ERRORS,
 } as const;
 
 /** Codes whose status is not 500: faults of the request, and refusals a client may retry. */
@@ -112,6 +115,9 @@ const NOT_500 = {
   "template.files_missing": 400,
   "template.upload_denied": 403,
   "template.upload_too_large": 413,
+  "snapshot.not_found": 404,
+  "snapshot.bad_request": 400,
+  "snapshot.in_use": 409,
 } as const satisfies Partial<Record<ErrorCode, number>>;
 
 /** HTTP status of every code an API response may carry: `NOT_500`, else 500. */

@@ -14,6 +14,8 @@ import { readFileSync } from "node:fs";
 import { parseDockerfile } from "../template/dockerfile.ts";
 import { call, CliError, common, conn, run, table } from "./sandbox.ts";
 import { buildOnNode, filesHash } from "./template-build.ts";
+import { commitTemplateSnapshot } from "../sandbox/template-snapshot.ts";
+import { runInGuest, waitEnvdHealthy } from "../sandbox/envd-client.ts";
 
 /** Elapsed-time prefixed log printer for builds. */
 function progress(): (line: string) => void {
@@ -53,11 +55,18 @@ export default defineCommand({
   meta: { name: "template", description: "sandbox templates" },
   subCommands: {
     "build-base": defineCommand({
-      meta: { name: "build-base", description: "build the Debian base template (idempotent, cached)" },
-      args: { config: { type: "string", description: "config file" } },
+      meta: { name: "build-base", description: "build the Debian base template and commit its snapshot (idempotent, cached)" },
+      args: {
+        config: { type: "string", description: "config file" },
+        snapshot: { type: "boolean", description: "boot it once and commit the snapshot sandboxes are restored from (default [template] snapshot)" },
+      },
       async run({ args }) {
         const cfg = loadConfigOrExit({ path: args.config });
         const t0 = performance.now();
+        const onProgress = (phase: string, detail: string) => {
+          const s = ((performance.now() - t0) / 1000).toFixed(1);
+          process.stderr.write(`[${s.padStart(6)}s] ${phase}: ${detail.slice(0, 160)}\n`);
+        };
         const r = await buildBase({
           homePath: cfg.home_path,
           suite: cfg.template.suite,
@@ -66,12 +75,31 @@ export default defineCommand({
           sizeMiB: cfg.template.rootfs_size_mib,
           toolTimeoutMs: cfg.template.tool_timeout_ms,
           tools: { ...cfg.tools, envd: cfg.envd },
-          onProgress(phase, detail) {
-            const s = ((performance.now() - t0) / 1000).toFixed(1);
-            process.stderr.write(`[${s.padStart(6)}s] ${phase}: ${detail.slice(0, 160)}\n`);
-          },
+          onProgress,
         });
-        console.log(`${r.manifest.name} ${r.built ? "built" : "cached"} ${r.manifest.buildKey}`);
+        let snap = "";
+        if (args.snapshot ?? cfg.template.snapshot) {
+          const sr = await commitTemplateSnapshot(cfg, r.manifest.name, onProgress);
+          snap = ` snapshot ${sr.snapshotId}${sr.built ? "" : " (cached)"}`;
+        }
+        console.log(`${r.manifest.name} ${r.built ? "built" : "cached"} ${r.manifest.buildKey}${snap}`);
+      },
+    }),
+    "probe-envd": defineCommand({
+      meta: { name: "probe-envd", description: "(run by build-base inside the template VM's netns) wait for envd and run a first command" },
+      args: {
+        url: { type: "string", required: true, description: "envd base URL" },
+        "timeout-ms": { type: "string", description: "give up after this long (default 180000)" },
+      },
+      async run({ args }) {
+        const t0 = performance.now();
+        const signal = AbortSignal.timeout(Number(args["timeout-ms"] ?? 180_000));
+        await waitEnvdHealthy(args.url, 50, signal);
+        const healthMs = Math.round(performance.now() - t0);
+        // warm the command path (process spawn, user switch) so restores start from a warm envd
+        const r = await runInGuest(args.url, { cmd: "/bin/sh", args: ["-c", "id -un"], user: "user" }, signal);
+        if (r.exitCode !== 0 || r.output.trim() !== "user") throw new CliError(`first command in the template VM gave exit ${r.exitCode}, output ${JSON.stringify(r.output)}`);
+        console.log(JSON.stringify({ healthMs, readyMs: Math.round(performance.now() - t0) }));
       },
     }),
     build: defineCommand({

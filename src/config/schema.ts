@@ -108,6 +108,17 @@ export const CONFIG_SCHEMA = section("", {
     packages: list(["ca-certificates", "iproute2", "procps", "sudo", "curl", "git", "python3", "fio"], "Packages added to mmdebstrap's minbase variant."),
     rootfs_size_mib: int(2048, "Size of the base root filesystem image in MiB (ext4; the guest sees this much disk).", { min: 64, max: 1_048_576, unit: "MiB" }),
     tool_timeout_ms: int(3_600_000, "Bound on one tool run of `template build-base` (mmdebstrap, mkfs.ext4).", { min: 1000, max: MS_MAX, unit: "ms" }),
+    cpu_count: int(1, "vCPUs and memory (MiB) of sandboxes of the base template: it is booted once with this shape\nand committed as a snapshot, which every sandbox of it is restored from.", { min: 1, max: 32, unit: "count" }),
+    memory_mib: int(512, "", { min: 128, max: 1_048_576, unit: "MiB" }),
+    snapshot: bool(true, "End `template build-base` by booting the image once, waiting for envd and committing the\nrunning VM as the template's snapshot (sandboxes are then restores, not cold boots)."),
+    snapshot_ready_timeout_ms: int(180_000, "Longest wait for envd in that VM to answer and run a first command.", { min: 1000, max: MS_MAX, unit: "ms" }),
+  }),
+
+  snapshot: section("Snapshots: committed sandbox and template state (disk and memory overlaybd layers + VMM state).", {
+    path: str("", "Local repository directory (layers/, manifests/, staging/). Empty: $home_path/snapshots."),
+    verify_digests: bool(true, "Check a layer's sha256 against its digest the first time a node process restores from it\n(and again whenever the file changed); a mismatch fails the restore with snapshot.corrupt_layer."),
+    gc_grace_secs: int(600, "An unreferenced layer or staging folder younger than this is left alone by garbage\ncollection (another process, e.g. a template build, may be committing it).", { min: 0, max: 86_400, unit: "s" }),
+    gc_interval_secs: int(3600, "Period of the repository's garbage collection (it also runs at start and after deletes);\n0 = only then.", { min: 0, max: 86_400, unit: "s" }),
   }),
 
   template_build: section("Template builds through the API (E2B Template SDK) and `agentenv template build|pull`.", {

@@ -196,6 +196,8 @@ export function startEnvd(partial: Partial<EnvdOptions> = {}): Envd {
     }
     if (path === "/init" && req.method === "POST") {
       await handleInit(state, req, { syncClock: opts.clockSync, caDir: opts.caDir, caUpdateCommand: opts.caUpdateCommand });
+      // one line per (re)initialisation: a restored guest's log shows when its envd took over
+      log.info({ user: state.defaultUser, envVars: Object.keys(state.envVars).length, token: state.accessToken !== undefined }, "envd initialised");
       return new Response(null, { status: 204, headers: { "X-Envd-Version": ENVD_VERSION, "Cache-Control": "no-store" } });
     }
     if (!hasValidToken(state, req.headers)) return json({ code: 401, message: "invalid access token" }, 401);

@@ -13,6 +13,8 @@ export interface InitRequest {
   defaultWorkdir?: string;
   /** PEM certificates to add to the trust store. */
   caBundle?: string;
+  /** Guest host name (AgentENV extension; applied in guests only). */
+  hostname?: string;
 }
 
 /** Mutable settings shared by every handler of one envd instance. */

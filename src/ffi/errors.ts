@@ -19,6 +19,7 @@ export const FFI_ERRORS = {
   "xattr.failed": "an xattr call failed otherwise (details.path, name, errno)",
   "mount.failed": "mount(2) failed (details.target, fstype, errno)",
   "mount.bad_argument": "a mount argument holds a NUL byte or is empty",
+  "procmem.failed": "reading another process's maps, pagemap or memory failed (details.pid, what)",
 } as const satisfies ErrorTable;
 /** An FFI error code. */
 export type FfiErrorCode = keyof typeof FFI_ERRORS;

@@ -10,7 +10,7 @@ import { NetError } from "./errors.ts";
 import { run } from "./exec.ts";
 import type { EgressPolicy } from "./policy.ts";
 import { dnsScript, hostRules, policyScript, slotRules } from "./rules.ts";
-import { type Slot, TAP_PREFIX_LEN } from "./slot.ts";
+import { type Slot, TAP_MAC, TAP_PREFIX_LEN } from "./slot.ts";
 
 const log = logger("net");
 /** Directory where `ip netns add` pins named namespaces. */
@@ -57,6 +57,7 @@ export async function buildSlot(cfg: NetConfig, slot: Slot, policy: EgressPolicy
 function nsLinkScript(slot: Slot, full: boolean): string {
   const tap = [
     `tuntap add dev ${slot.tapName} mode tap`,
+    `link set ${slot.tapName} address ${TAP_MAC}`,
     `addr add ${slot.gatewayIp}/${TAP_PREFIX_LEN} dev ${slot.tapName}`,
     `link set ${slot.tapName} up`,
   ];

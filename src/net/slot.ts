@@ -8,7 +8,7 @@
  *   netns veth      `veth0`        veth_cidr.base + 2i + 1 /31   [.1]
  *   host address    host_interaction_cidr.base + 1 + i  /32, routed via the netns veth end and
  *                   DNATed inside the netns to the guest; the node connects here  [10.11.0.1]
- *   tap             `tap0` 169.254.0.22/30 in the netns; guest 169.254.0.21 (same in every slot)
+ *   tap             `tap0` 169.254.0.22/30, MAC TAP_MAC, in the netns; guest 169.254.0.21 (same in every slot)
  */
 import type { NetSpec } from "../vmm/types.ts";
 import type { NetConfig } from "./config.ts";
@@ -25,6 +25,11 @@ export const GUEST_IP = "169.254.0.21";
 export const GATEWAY_IP = "169.254.0.22";
 /** Prefix length of the tap link. */
 export const TAP_PREFIX_LEN = 30;
+/**
+ * MAC of the tap (the guest's gateway), the same in every slot: a guest restored from a snapshot
+ * into any slot still has the gateway's MAC in its ARP cache and reaches it at once.
+ */
+export const TAP_MAC = "02:ae:ff:ff:ff:fe";
 
 /** Plain data describing one slot; JSON-able. */
 export interface Slot {

@@ -1,9 +1,10 @@
 /** Orchestrator: sandbox lifecycle over a SandboxRuntime. See orchestrator.ts and runtime.ts. */
 export { Orchestrator, type ShutdownSummary, encodeCursor, decodeCursor } from "./orchestrator.ts";
-export type { ConnectResult, OrchestratorObserver, SandboxEvent, SandboxService } from "./service.ts";
+export type { ConnectResult, ForkResult, OrchestratorObserver, SandboxEvent, SandboxService } from "./service.ts";
+export { FORK_DEFAULT_TIMEOUT_SECS, MAX_FORK_COUNT } from "./service.ts";
 export { OrchestratorError, ORCHESTRATOR_ERRORS, type OrchestratorErrorCode, isRequestFault, notFound } from "./errors.ts";
 export { orchestratorConfig, type OrchestratorConfig } from "./config.ts";
-export type { SandboxRuntime, RuntimeStartSpec, RuntimeSandbox, RuntimeKnownSandbox, ReapReport } from "./runtime.ts";
+export type { SandboxRuntime, RuntimeStartSpec, RuntimeSandbox, RuntimeKnownSandbox, ReapReport, SnapshotInfo, SnapshotRequest } from "./runtime.ts";
 export { SANDBOX_STATES, TRANSITIONS, LIVE_STATES, canTransition, publicState, type SandboxState } from "./states.ts";
 export { SANDBOX_ID_RE, newSandboxId, randomHex } from "./ids.ts";
 export type * from "./types.ts";

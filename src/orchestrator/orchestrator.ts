@@ -13,10 +13,11 @@ import { KeyedLock } from "./lock.ts";
 import { SandboxLogStore } from "./logs.ts";
 import { MetricsHistory, MetricsSampler } from "./metrics.ts";
 import { VolumeManager } from "./volumes.ts";
-import type { RuntimeMetricsTarget, RuntimeSandbox, RuntimeStartSpec, SandboxRuntime } from "./runtime.ts";
+import { AgentEnvError } from "../errors.ts";
+import type { RuntimeMetricsTarget, RuntimeSandbox, RuntimeStartSpec, SandboxRuntime, SnapshotInfo, SnapshotRequest } from "./runtime.ts";
 import { Semaphore } from "./semaphore.ts";
 import { assertTransition, LIVE_STATES, publicState, type SandboxState } from "./states.ts";
-import type { ConnectResult, OrchestratorObserver, SandboxEvent, SandboxService } from "./service.ts";
+import { FORK_DEFAULT_TIMEOUT_SECS, MAX_FORK_COUNT, type ConnectResult, type ForkResult, type OrchestratorObserver, type SandboxEvent, type SandboxService } from "./service.ts";
 import { SandboxStore, type ListCursor } from "./store.ts";
 import type {
   CreateSandboxRequest, ListSandboxesQuery, OrchestratorCounters, SandboxLogEntry, SandboxLogQuery, SandboxMetricsSample, SandboxRecord, TemplateInfo,
@@ -169,13 +170,6 @@ export class Orchestrator implements SandboxService {
     });
   }
 
-  /** A template by id or alias, or `name:tag` (the tagged build) with a runtime that resolves tags. */
-  private async findTemplate(ref: string): Promise<TemplateInfo | undefined> {
-    if (this.runtime.resolveTemplate) return (await this.runtime.resolveTemplate(ref)) ?? undefined;
-    const templates = await this.runtime.listTemplates();
-    return templates.find((t) => t.templateID === ref) ?? templates.find((t) => t.aliases.includes(ref));
-  }
-
   /**
    * Create and boot a sandbox; resolves once envd is initialised.
    * @throws OrchestratorError template_not_found (404), bad_request (400), capacity (429),
@@ -196,6 +190,21 @@ export class Orchestrator implements SandboxService {
     this.volumes.resolveMounts(req.volumeMounts ?? []);
     const tpl = await this.findTemplate(req.template);
     if (!tpl) throw new OrchestratorError("orchestrator.template_not_found", `template '${req.template}' not found`, { template: req.template });
+    return this.createWith(req, tpl, timeoutSecs, { templateId: tpl.templateID, alias: tpl.aliases.includes(req.template) ? req.template : (tpl.aliases[0] ?? null) });
+  }
+
+  /**
+   * A template by id or alias; with a runtime that resolves them, also `name:tag` (the tagged
+   * build) and a snapshot by id or name.
+   */
+  private async findTemplate(ref: string): Promise<TemplateInfo | undefined> {
+    if (this.runtime.resolveTemplate) return (await this.runtime.resolveTemplate(ref)) ?? undefined;
+    const templates = await this.runtime.listTemplates();
+    return templates.find((t) => t.templateID === ref) ?? templates.find((t) => t.aliases.includes(ref));
+  }
+
+  /** Create a sandbox started from `tpl` (a template, or a snapshot seen as one), recorded as `shown`. */
+  private createWith(req: CreateSandboxRequest, tpl: TemplateInfo, timeoutSecs: number, shown: { templateId: string; alias: string | null }): Promise<SandboxRecord> {
     const { cpuCount, memoryMB } = this.checkResources(req.cpuCount ?? tpl.cpuCount, req.memoryMB ?? tpl.memoryMB, req.cpuCount !== undefined || req.memoryMB !== undefined);
     const live = this.counters.running + this.counters.starting;
     if (live >= this.config.maxSandboxes) {
@@ -206,8 +215,8 @@ export class Orchestrator implements SandboxService {
     const t = this.now();
     const rec: SandboxRecord = {
       id,
-      templateId: tpl.templateID,
-      alias: tpl.aliases.includes(req.template) ? req.template : (tpl.aliases[0] ?? null),
+      templateId: shown.templateId,
+      alias: shown.alias,
       state: "creating",
       cpuCount,
       memoryMB,
@@ -252,7 +261,7 @@ export class Orchestrator implements SandboxService {
             endAt: now + timeoutSecs * 1000,
           });
           this.counters.created++;
-          this.store.recordSpawn(tpl.templateID, now);
+          this.store.recordSpawn(shown.templateId, now);
           this.watchExit(id, started);
           return this.store.get(id)!;
         } catch (e) {
@@ -267,6 +276,106 @@ export class Orchestrator implements SandboxService {
         }
       }),
     );
+  }
+
+  /**
+   * Commit a snapshot of a running or paused sandbox (E2B `POST /sandboxes/{id}/snapshots`): a
+   * running one is paused briefly and runs on with the same id and expiry.
+   * @throws OrchestratorError not_found, conflict (while it changes state), bad_request (bad
+   *   name, volumes attached, runtime without snapshots), runtime_failed
+   */
+  createSnapshot(id: string, name?: string): Promise<SnapshotInfo> {
+    this.assertOpen();
+    this.get(id);
+    return this.track(this.lock.run(id, () => this.snapshotLocked(id, { kind: "user", name })));
+  }
+
+  /**
+   * E2B fork: snapshot the sandbox once (it runs on, same id and expiry), then create `count`
+   * sandboxes from that checkpoint with the parent's settings (env vars, metadata, network,
+   * lifecycle, shape) and their own lifetime `timeoutSecs` (E2B's default 15). One result per
+   * child: a child that fails to start is an error entry, not a failure of the call. The
+   * checkpoint is removed once no child runs from it.
+   * @throws OrchestratorError not_found, conflict, bad_request (before any child is attempted)
+   */
+  async fork(id: string, opts: { count?: number; timeoutSecs?: number }): Promise<ForkResult[]> {
+    this.assertOpen();
+    const count = opts.count ?? 1;
+    if (!Number.isInteger(count) || count < 1 || count > MAX_FORK_COUNT) {
+      throw new OrchestratorError("orchestrator.bad_request", `count must be an integer between 1 and ${MAX_FORK_COUNT}, got ${count}`, { count });
+    }
+    const timeoutSecs = this.checkTimeout(opts.timeoutSecs ?? FORK_DEFAULT_TIMEOUT_SECS);
+    this.get(id);
+    const snap = await this.track(this.lock.run(id, () => this.snapshotLocked(id, { kind: "fork" })));
+    const parent = this.store.get(id)!;
+    try {
+      const tpl = await this.findTemplate(snap.snapshotID);
+      if (!tpl) throw new OrchestratorError("orchestrator.runtime_failed", `fork checkpoint ${snap.snapshotID} of ${id} vanished`, { sandboxId: id });
+      const req: CreateSandboxRequest = {
+        template: snap.snapshotID,
+        timeoutSecs,
+        autoPause: parent.autoPause,
+        autoResume: parent.autoResume,
+        metadata: parent.metadata,
+        envVars: parent.envVars,
+        secure: parent.envdAccessToken !== null,
+        allowInternetAccess: parent.allowInternetAccess ?? undefined,
+        network: parent.network ?? undefined,
+        cpuCount: parent.cpuCount,
+        memoryMB: parent.memoryMB,
+      };
+      const results = await Promise.allSettled(
+        Array.from({ length: count }, async () => {
+          this.assertOpen();
+          return this.createWith(req, tpl, timeoutSecs, { templateId: parent.templateId, alias: parent.alias });
+        }),
+      );
+      return results.map((x) => (x.status === "fulfilled" ? { sandbox: x.value } : { error: x.reason as Error }));
+    } finally {
+      await this.runtime.deleteSnapshot?.(snap.snapshotID).catch((e) => this.log.error({ sandboxId: id, err: e }, "dropping the fork checkpoint failed"));
+    }
+  }
+
+  /**
+   * One page of user snapshots (oldest first) whose source is `sandboxId` and/or that carry
+   * `name` (exactly, without its `:tag`, or as their id).
+   * @throws OrchestratorError bad_request for a bad limit or nextToken
+   */
+  listSnapshots(q: { sandboxId?: string; name?: string; limit?: number; nextToken?: string }): { items: SnapshotInfo[]; nextToken?: string } {
+    const limit = q.limit ?? 100;
+    if (!Number.isInteger(limit) || limit < 1 || limit > 100) throw new OrchestratorError("orchestrator.bad_request", `limit must be between 1 and 100, got ${limit}`, { limit });
+    const after = q.nextToken ? decodeCursor(q.nextToken) : undefined;
+    const all = (this.runtime.listSnapshots?.() ?? []).filter(
+      (s) =>
+        (q.sandboxId === undefined || s.sandboxID === q.sandboxId) &&
+        (q.name === undefined || s.snapshotID === q.name || s.names.some((n) => n === q.name || n.replace(/:[^:/]*$/, "") === q.name)) &&
+        (!after || s.createdAt > after.startedAt || (s.createdAt === after.startedAt && s.snapshotID > after.id)),
+    );
+    const items = all.slice(0, limit);
+    const last = items[items.length - 1];
+    return { items, nextToken: all.length > limit && last ? encodeCursor({ startedAt: last.createdAt, id: last.snapshotID }) : undefined };
+  }
+
+  /**
+   * Delete a snapshot by id or name (E2B deletes snapshots through `DELETE /templates/{id}`).
+   * Sandboxes running from it keep it until they stop.
+   * @returns false when there is no such snapshot
+   */
+  async deleteSnapshot(ref: string): Promise<boolean> {
+    return (await this.runtime.deleteSnapshot?.(ref)) ?? false;
+  }
+
+  private async snapshotLocked(id: string, req: Omit<SnapshotRequest, "volumes">): Promise<SnapshotInfo> {
+    const r = this.get(id);
+    if (r.state !== "running" && r.state !== "paused") throw new OrchestratorError("orchestrator.conflict", `sandbox ${id} is ${r.state}`, { sandboxId: id, state: r.state });
+    if (!this.runtime.snapshot) throw new OrchestratorError("orchestrator.bad_request", `runtime ${this.runtime.name} cannot take snapshots`, { sandboxId: id });
+    try {
+      return await this.runtime.snapshot(id, r.runtimeState ?? {}, { ...req, volumes: r.volumeMounts.length }, AbortSignal.any([AbortSignal.timeout(this.config.pauseTimeoutMs), this.shutdown.signal]));
+    } catch (e) {
+      if (isRequestFault(e)) throw e;
+      const code = e instanceof AgentEnvError ? `[${e.code}] ` : "";
+      throw new OrchestratorError("orchestrator.runtime_failed", `failed to snapshot sandbox ${id}: ${code}${(e as Error).message}`, { sandboxId: id, cause: (e as AgentEnvError).code ?? null }, { cause: e });
+    }
   }
 
   /** The live record of `id`. @throws OrchestratorError not_found (404). */

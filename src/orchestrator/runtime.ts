@@ -78,6 +78,26 @@ export interface RuntimeSandbox {
   exited?: Promise<unknown>;
 }
 
+/** A committed snapshot as the API lists it (E2B `SnapshotInfo` plus what filters need). */
+export interface SnapshotInfo {
+  snapshotID: string;
+  names: string[];
+  /** Sandbox it was taken from (null for a template's own). */
+  sandboxID: string | null;
+  /** Template the snapshot descends from. */
+  templateID: string;
+  /** Unix ms. */
+  createdAt: number;
+}
+
+/** What `SandboxRuntime.snapshot` commits: a listed user snapshot or a fork's checkpoint. */
+export interface SnapshotRequest {
+  kind: "user" | "fork";
+  name?: string;
+  /** Volumes the sandbox has attached (a snapshot of such a sandbox is refused). */
+  volumes: number;
+}
+
 /** A stored sandbox as the runtime sees it at start-up reconciliation. */
 export interface RuntimeKnownSandbox {
   id: string;
@@ -99,14 +119,15 @@ export interface SandboxRuntime {
   listTemplates(): Promise<TemplateInfo[]>;
   /**
    * A template by id or alias, or named with a tag (`name:tag`, `id:tag`): its info with
-   * `buildID` the build that name boots (the tag's), which `start` then boots; null when there
-   * is no such template, tag or ready build. Absent: templates by id or alias from listTemplates.
+   * `buildID` the build that name boots (the tag's), which `start` then boots; else a snapshot a
+   * sandbox can be created from (by id or name), described as a template; null when none of
+   * these exists. Absent: templates by id or alias from listTemplates.
    */
   resolveTemplate?(ref: string): Promise<TemplateInfo | null>;
   /** Boot a sandbox and wait until envd is initialised. Frees everything it made if it throws. */
   start(spec: RuntimeStartSpec): Promise<RuntimeSandbox>;
   /**
-   * Pause + snapshot (memory, device state, disk upper) into the data dir, then stop the VMM.
+   * Pause + commit a pause snapshot (memory, device state, disk upper), then stop the VMM.
    * With `memory: false` only the disk is kept (a filesystem-only snapshot): the VMM is stopped
    * without a snapshot (the orchestrator has flushed the guest's filesystems first).
    * Returns the new runtimeState.
@@ -118,8 +139,17 @@ export interface SandboxRuntime {
    * kernel, envd initialised again with the same token, env vars, default user and workdir.
    */
   resume(spec: RuntimeStartSpec, state: Record<string, unknown>, opts?: { memory: boolean }): Promise<RuntimeSandbox>;
-  /** Stop the sandbox and delete everything it owns (VM, slot, disk, snapshot). Idempotent. */
+  /** Stop the sandbox and delete everything it owns (VM, slot, disk, pause snapshot). Idempotent. */
   kill(id: string, state: Record<string, unknown> | null): Promise<void>;
+  /**
+   * Commit a snapshot of a running (briefly paused, then running on) or paused sandbox.
+   * @throws OrchestratorError `orchestrator.bad_request` for a bad name or a sandbox with volumes
+   */
+  snapshot?(id: string, state: Record<string, unknown>, req: SnapshotRequest, signal: AbortSignal): Promise<SnapshotInfo>;
+  /** Listed (user) snapshots, oldest first. */
+  listSnapshots?(): SnapshotInfo[];
+  /** Delete a user or fork snapshot by id or name (kept for running users until they stop); false when absent. */
+  deleteSnapshot?(ref: string): Promise<boolean>;
   /**
    * Check a create request's network settings before anything is made.
    * @throws OrchestratorError `orchestrator.bad_request` (400) naming the bad entry.

@@ -9,6 +9,7 @@ import type {
   CreateSandboxRequest, ListSandboxesQuery, OrchestratorCounters, SandboxLogEntry, SandboxLogQuery, SandboxMetricsSample, SandboxRecord, TemplateListing,
 } from "./types.ts";
 import type { VolumeManager } from "./volumes.ts";
+import type { SnapshotInfo } from "./runtime.ts";
 
 /** A state change of one sandbox, with its record as it is after the change. */
 export interface SandboxEvent {
@@ -27,6 +28,14 @@ export interface OrchestratorObserver {
   onEvent?(e: SandboxEvent): void;
   onCounters?(c: OrchestratorCounters): void;
 }
+
+/** Most children one fork may ask for (E2B `SandboxForkRequest.count`). */
+export const MAX_FORK_COUNT = 100;
+/** Lifetime of fork children when the request names none, seconds (E2B's default). */
+export const FORK_DEFAULT_TIMEOUT_SECS = 15;
+
+/** One fork child: the sandbox, or why it did not start. */
+export type ForkResult = { sandbox: SandboxRecord; error?: undefined } | { sandbox?: undefined; error: Error };
 
 /** Result of `connect()`: the record and whether it had to be resumed (HTTP 201 vs 200). */
 export interface ConnectResult {
@@ -65,4 +74,12 @@ export interface SandboxService {
   observe(o: OrchestratorObserver): () => void;
   /** The node's volumes (E2B volume routes). */
   readonly volumes: VolumeManager;
+  /** Commit a snapshot of a running (briefly paused, then on) or paused sandbox; `name` optional. */
+  createSnapshot(id: string, name?: string): Promise<SnapshotInfo>;
+  /** Snapshot once, then create `count` children from it (E2B fork); one result per child. */
+  fork(id: string, opts: { count?: number; timeoutSecs?: number }): Promise<ForkResult[]>;
+  /** One page of user snapshots, filtered by source sandbox and/or name. */
+  listSnapshots(q: { sandboxId?: string; name?: string; limit?: number; nextToken?: string }): { items: SnapshotInfo[]; nextToken?: string };
+  /** Delete a snapshot by id or name; false when there is none. */
+  deleteSnapshot(ref: string): Promise<boolean>;
 }

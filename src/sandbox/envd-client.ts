@@ -13,6 +13,8 @@ export interface EnvdInit {
   defaultWorkdir: string;
   /** RFC 3339; envd sets its clock from it when it is off. */
   timestamp: string;
+  /** Guest host name (AgentENV extension; a restored guest keeps the one it had otherwise). */
+  hostname?: string;
 }
 
 /**

@@ -1,7 +1,8 @@
 /**
  * Build the VM runtime from the node config: VMM driver (`[vm]`), network manager (`[network]`,
  * started here: it reaps slots a crashed run left, after leftover VMMs are killed), guest kernel,
- * tools drive (the current one for every new VM).
+ * tools drive (the current one for every new VM), snapshot repository and shared memory images
+ * (`[snapshot]`).
  */
 import { type Config } from "../config/index.ts";
 import type { Db } from "../db/index.ts";
@@ -13,7 +14,22 @@ import { reapHostVolumes } from "../volume/index.ts";
 import { rmSync } from "node:fs";
 import { join } from "node:path";
 import type { OrchestratorConfig } from "../orchestrator/config.ts";
-import { VmRuntime } from "./vm-runtime.ts";
+import { LocalRepository, SharedImages, snapshotConfig } from "../snapshot/index.ts";
+import { diskMemoryExporter } from "./memory-export.ts";
+import { VmRuntime, type VmRuntimeOptions } from "./vm-runtime.ts";
+
+/**
+ * The snapshot repository of the node (`[snapshot] path`, default `$home_path/snapshots`) and its
+ * shared memory images, served by the disk daemon `disks`.
+ */
+export function snapshotServices(cfg: Config, disks: DiskService): VmRuntimeOptions["snapshots"] {
+  const sc = snapshotConfig(cfg);
+  return {
+    repo: new LocalRepository(sc.path, { verifyDigests: sc.verifyDigests, gcGraceMs: sc.gcGraceMs }),
+    images: new SharedImages(diskMemoryExporter(disks)),
+    gcIntervalMs: sc.gcIntervalMs,
+  };
+}
 
 /**
  * Create and start the VM runtime.
@@ -55,6 +71,7 @@ export async function createVmRuntime(cfg: Config, db: Db, oc: OrchestratorConfi
     readyProbeTimeoutMs: cfg.template_build.ready_probe_timeout_ms,
     defaultUser: "user",
     disks,
+    snapshots: snapshotServices(cfg, disks),
     volumes: {
       volumesDir: join(homePath, "volumes"),
       hostDir: volumeHostDir,

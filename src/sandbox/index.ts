@@ -1,9 +1,14 @@
 /**
  * The sandbox assembly: the adapter that implements the orchestrator's `SandboxRuntime` port
- * with real parts (network slot + root disk export + VMM + envd `/init`). Snapshots, block
- * exports and template builds plug in here, below the orchestrator's plain state machine.
+ * with real parts (network slot + root disk export + VMM + envd `/init`), sandboxes started
+ * from committed snapshots (src/snapshot) with shared memory images, the commit of a template's
+ * snapshot (`commitTemplateSnapshot`) and template build VMs, below the orchestrator's plain
+ * state machine.
  */
-export { createVmRuntime } from "./factory.ts";
-export { VmRuntime, snapshotFiles, type VmRuntimeOptions } from "./vm-runtime.ts";
+export { createVmRuntime, snapshotServices } from "./factory.ts";
+export { memoryKey, snapshotInfo, VmRuntime, type CaptureReport, type StartTimings, type VmRuntimeOptions } from "./vm-runtime.ts";
+export { parseVmState, type VmState } from "./vm-state.ts";
+export { captureVm, commitUpper, kernelKey, templateManifest, type CapturedVm } from "./capture.ts";
+export { commitTemplateSnapshot, TEMPLATE_GUEST_MAC, type TemplateSnapshotResult } from "./template-snapshot.ts";
+export { diskMemoryExporter, MEMORY_IMAGE_FILE } from "./memory-export.ts";
 export { initEnvd, waitEnvdHealthy } from "./envd-client.ts";
-export { copyRootImage } from "./root-disk.ts";

@@ -1,45 +1,58 @@
 /**
  * The real SandboxRuntime: a sandbox is a microVM (QEMU or Firecracker via src/vmm) in its own
- * network slot (src/net), booted from a template of the local store (src/template) on a
- * private copy of the template's root image, with envd (guest port 49983) initialised over the
- * slot's host address.
+ * network slot (src/net), started from a committed snapshot (src/snapshot), with envd (guest
+ * port 49983) initialised over the slot's host address.
  *
- * Root disk: a template with overlaybd layers gets the storage daemon's export (template lowers
- * + a fresh upper in `sandboxes/<id>/upper/`, served as `sandboxes/<id>/mnt/root.img` by the
- * node's disk daemon); a template with only a raw image gets a private sparse copy (`sandboxes/<id>/root.img`).
- * Layout under the data dir: `sandboxes/<id>/` (disk, VMM work files) and `snapshots/<id>/`
- * (state + memory of a paused sandbox). Pause = VM pause, snapshot, stop the VMM, stop serving
- * the disk (the upper stays), release the slot. Resume = serve the disk again, new slot, restore
- * with the same MAC, re-init envd (same token).
+ * Snapshots are the unit of state:
+ * - every sandbox runs from a *base* snapshot: its root disk is the base's disk layers plus a
+ *   fresh upper of its own (`sandboxes/<id>/upper/`, served by the disk daemon as
+ *   `sandboxes/<id>/mnt/root.img`); with a memory image the VM is restored from it (the image
+ *   served read-only once per stack by the disk daemon and mapped copy-on-write by every VM
+ *   using it, see SharedImages), without one it cold-boots from the disk;
+ * - a template's base is its committed snapshot (`template build-base` boots it once, a catalog
+ *   build may name one), or for a template without one a disk-only snapshot of its layers made on
+ *   first use; a create asking for another VM shape, or with volumes, cold-boots from the base's
+ *   disk (a restore keeps the snapshot's devices and memory size);
+ * - pause = capture (device state, the memory pages changed since the base, the upper's data)
+ *   into a new `pause` snapshot on top of the base, stop the VMM, drop the work dir and slot;
+ *   resume = start from that snapshot; a snapshot or fork captures the same way and lets the VM
+ *   run on;
+ * - snapshots outlive sandboxes; one still used by a running sandbox is tombstoned on delete and
+ *   removed when its last user stops.
+ * Layout under the data dir: `sandboxes/<id>/` (upper, mount, VMM work files) and the snapshot
+ * repository (`snapshots/` by default).
  */
-import { parseVmState, type VmState } from "./vm-state.ts";
-import { existsSync, mkdirSync, readdirSync, rmSync, statSync } from "node:fs";
+import { readdirSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import type { Logger } from "pino";
 import { ENVD_PORT, ENVD_VERSION } from "../envd/version.ts";
 import { guestAddress, netSpec, parseEgressPolicy, type NetworkManager } from "../net/index.ts";
 import { logger } from "../observability/log.ts";
+import { OrchestratorError } from "../orchestrator/errors.ts";
+import type { ReapReport, RuntimeKnownSandbox, RuntimeMetricsTarget, RuntimeSandbox, RuntimeStartSpec, SandboxRuntime, SnapshotInfo, SnapshotRequest } from "../orchestrator/runtime.ts";
+import type { SandboxMetricsSample, TemplateInfo, VolumeMount } from "../orchestrator/types.ts";
+import { layersOf, newSnapshotId, SNAPSHOT_NAME_RE, SnapshotError, type CommitTxn, type ImageLease, type LayerRef, type LocalRepository, type SharedImages, type SnapshotManifest } from "../snapshot/index.ts";
 import { reapStaleMounts, upperPaths, type DiskExport, type DiskService } from "../storage/daemon/index.ts";
+import { importSparse } from "../storage/overlaybd/index.ts";
 import { resolveTemplate, shownBuild, TemplateCatalog, TemplateError, waitReady, type BootSpec, type BuildRecord, type BuildVmLauncher, type ResolvedTemplate, type TemplateRecord } from "../template/index.ts";
+import { reapLeftovers, type DriveSpec, type VmHandle, type VmmDriver, type VmSpec } from "../vmm/index.ts";
 import { toolsBoot } from "../tools/index.ts";
-import { reapLeftovers, type VmHandle, type VmmDriver } from "../vmm/index.ts";
+import { bootBuildVm, type BuildVmTimeouts } from "./build-vm.ts";
+import { parseVmState, type VmState } from "./vm-state.ts";
+import { captureVm, commitUpper, kernelKey, layerPaths, templateManifest } from "./capture.ts";
 import { consoleLogLine } from "./console-lines.ts";
 import { fetchEnvdMetrics, initEnvd, runInGuest, waitEnvdHealthy } from "./envd-client.ts";
-import { bootBuildVm, type BuildVmTimeouts } from "./build-vm.ts";
-import { GuestVolumeFiles } from "./guest-volume-files.ts";
 import { execInGuest } from "./guest-exec.ts";
+import { GuestVolumeFiles } from "./guest-volume-files.ts";
 import { mountVolumesInGuest, QUIESCE_SCRIPT, serveVolumeDrives, VmVolumes, type VmVolumesOptions } from "./volumes.ts";
-import { OrchestratorError } from "../orchestrator/errors.ts";
-import { copyRootImage } from "./root-disk.ts";
-import type { ReapReport, RuntimeKnownSandbox, RuntimeMetricsTarget, RuntimeSandbox, RuntimeStartSpec, SandboxRuntime } from "../orchestrator/runtime.ts";
-import type { SandboxMetricsSample, TemplateInfo, VolumeMount } from "../orchestrator/types.ts";
-import type { DriveSpec } from "../vmm/index.ts";
+
+const MiB = 1024 * 1024;
 
 export interface VmRuntimeOptions {
   homePath: string;
   runtimePath: string;
   kernelPath: () => string;
-  /** The tools drive image new VMs boot through (src/tools; read again for every boot). */
+  /** The tools drive image new (cold-booted) VMs boot through (src/tools; read again for every boot). */
   toolsImage: () => string;
   driver: VmmDriver;
   net: NetworkManager;
@@ -48,8 +61,10 @@ export interface VmRuntimeOptions {
   envdPollMs: number;
   /** User envd runs commands as by default (templates create `user`, uid 1000). */
   defaultUser: string;
-  /** The node's disk daemon (serves overlaybd root disks and volume drives); closed by close(). */
+  /** The node's disk daemon (serves root disks, memory images and volume drives); closed by close(). */
   disks: DiskService;
+  /** The node's snapshot repository and its shared memory images. */
+  snapshots: { repo: LocalRepository; images: SharedImages; gcIntervalMs: number };
   /** Volumes (`[volumes]`); absent: this runtime cannot attach volumes. */
   volumes?: VmVolumesOptions;
   /** Called last by close() (shuts the network manager down). */
@@ -62,20 +77,34 @@ export interface VmRuntimeOptions {
   readyProbeTimeoutMs: number;
 }
 
-/** A template resolved for booting: disk + what runs in it. */
-interface BootTemplate extends ResolvedTemplate {
-  boot: Pick<BootSpec, "envs" | "workdir" | "user" | "startCmd" | "readyCmd"> | null;
+/** What runs in sandboxes of a template (a catalog build's process defaults), or null. */
+type BootDefaults = Pick<BootSpec, "envs" | "workdir" | "user" | "startCmd" | "readyCmd"> | null;
+
+/** What a sandbox records of the template it started from (`VmState.template`). */
+type StartedFrom = VmState["template"];
+
+/** Steps of a start, ms (logged, and kept for benchmarks). */
+export interface StartTimings {
+  verifyMs: number;
+  diskMs: number;
+  slotMs: number;
+  memoryMs: number;
+  vmmMs: number;
+  envdMs: number;
+  totalMs: number;
+  restored: boolean;
 }
 
-/**
- * Names for the next snapshot in `snapDir`: `vm-<n>.state` / `vm-<n>.mem` with n one past the
- * previous snapshot's number (`prev`, from the sandbox's state; the first is 1), so they never
- * equal the files a resumed VM still maps.
- */
-export function snapshotFiles(snapDir: string, prev: { statePath: string } | undefined): { statePath: string; memPath: string; kind: "full" } {
-  const m = prev ? /vm-(\d+)\.state$/.exec(prev.statePath) : null;
-  const n = m ? Number(m[1]) + 1 : 1;
-  return { statePath: join(snapDir, `vm-${n}.state`), memPath: join(snapDir, `vm-${n}.mem`), kind: "full" };
+/** Size, time and bytes of one capture (pause or snapshot). */
+export interface CaptureReport {
+  snapshotId: string;
+  /** Guest RAM bytes changed since the base image. */
+  changedMemoryBytes: number;
+  /** Bytes written to the repository (state, memory layer, disk layer). */
+  bytesWritten: number;
+  /** How long the VM was paused (for a pause: until the VMM stopped), ms. */
+  pauseMs: number;
+  totalMs: number;
 }
 
 /** envd's base URL of a running sandbox. */
@@ -95,30 +124,45 @@ export class VmRuntime implements SandboxRuntime {
   private readonly disks = new Map<string, DiskExport>();
   /** Volume drive exports per sandbox. */
   private readonly volumeDisks = new Map<string, DiskExport[]>();
+  /** Snapshot id -> sandboxes whose VM runs from it. */
+  private readonly users = new Map<string, Set<string>>();
   private readonly log: Logger = logger("orchestrator.vm");
+  private gcTimer: ReturnType<typeof setInterval> | undefined;
   /** The template catalog of this home (built templates and build-base ones). */
   readonly catalog: TemplateCatalog;
   readonly volumes?: VmVolumes;
+  /** Last start's step timings and last capture's report (benchmarks read them). */
+  lastStart: StartTimings | undefined;
+  lastCapture: CaptureReport | undefined;
 
   constructor(private readonly o: VmRuntimeOptions) {
     this.name = `vm:${o.driver.name}`;
     this.catalog = new TemplateCatalog(o.homePath, (path, err) => this.log.warn({ path, err: err.message }, "unreadable template record skipped"));
     if (o.volumes) this.volumes = new VmVolumes(o.volumes);
+    if (o.snapshots.gcIntervalMs > 0) this.gcTimer = setInterval(() => this.gc(), o.snapshots.gcIntervalMs);
+  }
+
+  private get repo(): LocalRepository {
+    return this.o.snapshots.repo;
   }
 
   async listTemplates(): Promise<TemplateInfo[]> {
     return this.catalog.list().map((t) => this.templateInfo(t, shownBuild(t)));
   }
 
-  /** A template by id, alias or `name:tag`, with `buildID` the build that name boots; null when none is ready. */
+  /**
+   * A template by id, alias or `name:tag`, with `buildID` the build that name boots; else a
+   * snapshot by id or name (`name` or `name:tag`) described as a template; null when neither.
+   */
   async resolveTemplate(ref: string): Promise<TemplateInfo | null> {
     try {
       const { template, build } = this.catalog.readyBuild(ref);
       return this.templateInfo(template, build);
     } catch (e) {
-      if (e instanceof TemplateError) return null;
-      throw e;
+      if (!(e instanceof TemplateError)) throw e;
     }
+    const m = this.findSnapshot(ref, ["user", "template", "fork"]);
+    return m ? snapshotTemplateInfo(m) : null;
   }
 
   private templateInfo(t: TemplateRecord, b: BuildRecord | undefined): TemplateInfo {
@@ -141,192 +185,104 @@ export class VmRuntime implements SandboxRuntime {
     return { boot: (spec) => bootBuildVm(this.o, spec, timeouts) };
   }
 
-  /**
-   * The disk and process defaults of template `id` (catalog build or build-base manifest): build
-   * `buildID` when it is a ready build of it (what the create resolved, e.g. a tag's), else the
-   * build its name boots.
-   * @throws OrchestratorError `orchestrator.template_not_found` (404) when it has no ready build.
-   */
-  private bootTemplate(id: string, buildID = ""): BootTemplate {
-    const t = this.catalog.find(id);
-    if (t && !t.legacy) {
-      let boot: BootSpec;
-      try {
-        boot = (t.builds.find((b) => b.buildID === buildID && b.status === "ready") ?? this.catalog.readyBuild(t.templateID).build).boot!;
-      } catch (e) {
-        throw new OrchestratorError("orchestrator.template_not_found", (e as TemplateError).message, { template: id });
-      }
-      return {
-        name: t.templateID,
-        dir: this.o.homePath,
-        rootfsPath: "",
-        rootLayers: boot.layers.map((l) => join(this.o.homePath, l)),
-        bootArgs: boot.bootArgs,
-        diskBytes: boot.diskBytes,
-        boot,
-      };
-    }
-    return { ...resolveTemplate(this.o.homePath, id), boot: null };
-  }
-
   async start(spec: RuntimeStartSpec): Promise<RuntimeSandbox> {
-    return this.boot(spec, this.bootTemplate(spec.template.templateID, spec.template.buildID), false);
-  }
-
-  /**
-   * Boot the sandbox's VM from its kernel on its disk (a new sandbox, or the cold boot of a
-   * paused one: the disk's upper and the volumes are kept, everything else starts afresh), wait
-   * for envd, init it, mount the volumes, start the template's process.
-   * @param tpl what to boot: a new sandbox's template build, or what a paused one recorded at its start
-   * @param keepDisk on failure, keep the work dir (a paused sandbox's disk) instead of deleting it
-   */
-  private async boot(spec: RuntimeStartSpec, tpl: BootTemplate, keepDisk: boolean): Promise<RuntimeSandbox> {
-    const workDir = this.workDir(spec.id);
-    const policy = this.policyOf(spec);
-    let slotTaken = false;
-    let vm: VmHandle | undefined;
-    const t0 = performance.now();
-    const ms = (t: number) => Math.round(performance.now() - t);
-    try {
-      const { path: rootDisk, kind: diskKind } = await this.serveDisk(spec.id, tpl, workDir, spec.signal);
-      const volumeDrives = await this.serveVolumes(spec.id, workDir, spec.volumes);
-      const tDisk = ms(t0);
-      const slot = await this.o.net.allocate(policy, spec.id);
-      slotTaken = true;
-      const tSlot = ms(t0);
-      const toolsImage = this.o.toolsImage();
-      const boot = toolsBoot(toolsImage, rootDisk, tpl.bootArgs);
-      vm = await this.o.driver.boot({
-        id: spec.id,
-        workDir,
-        kernelPath: this.o.kernelPath(),
-        bootArgs: `${boot.bootArgs} aenv.hostname=${spec.id.slice(0, 12)}`,
-        vcpus: spec.cpuCount,
-        memoryMiB: spec.memoryMB,
-        drives: [...boot.drives, ...volumeDrives],
-        net: netSpec(slot),
-        onConsoleLine: consoleSink(spec),
-      });
-      this.vms.set(spec.id, vm);
-      const state: VmState = { workDir, rootDisk, mac: slot.mac, diskKind, toolsImage, vmmPid: vm.pid, template: tpl };
-      const tVmm = ms(t0);
-      const host = guestAddress(slot, ENVD_PORT).host;
-      const r = await this.ready(spec, vm, host, state, null, tpl.boot);
-      if (spec.volumes.length > 0) await mountVolumesInGuest(`http://${host}:${ENVD_PORT}`, spec.envdAccessToken, spec.volumes, this.guestOpTimeoutMs());
-      if (tpl.boot?.startCmd || tpl.boot?.readyCmd) await this.startTemplateProcess(spec, `http://${r.endpoint.host}:${ENVD_PORT}`, tpl.boot);
-      this.log.info({ sandboxId: spec.id, diskMs: tDisk, slotMs: tSlot - tDisk, vmmMs: tVmm - tSlot, envdMs: ms(t0) - tVmm, totalMs: ms(t0) }, "sandbox VM started");
-      return r;
-    } catch (e) {
-      await this.teardown(spec.id, vm, slotTaken, !keepDisk);
-      throw e;
-    }
+    const { base, boot, rootLayers } = await this.baseFor(spec.template.templateID, spec.template.buildID);
+    return this.launch(spec, base, { rootLayers, boot }, null);
   }
 
   async pause(id: string, state: Record<string, unknown>, signal: AbortSignal, opts: { memory: boolean } = { memory: true }): Promise<Record<string, unknown>> {
     const st = parseVmState(id, state);
     const vm = this.vms.get(id);
     if (!vm) throw new OrchestratorError("orchestrator.runtime_failed", `no VM handle for sandbox ${id}`, { sandboxId: id });
-    if (!opts.memory) {
-      // filesystem-only: the disk (upper + volumes) is the snapshot; no RAM or device state
-      if (signal.aborted) throw signal.reason;
-      await vm.stop();
-      this.vms.delete(id);
-      rmSync(this.snapshotDir(id), { recursive: true, force: true });
-      await this.closeDisk(id);
-      await this.o.net.release(id).catch((e) => this.log.warn({ sandboxId: id, err: e }, "slot release after pause failed"));
-      return { ...st, vmmPid: undefined, snapshot: undefined } satisfies VmState;
-    }
-    const snapDir = this.snapshotDir(id);
-    mkdirSync(snapDir, { recursive: true });
-    // A fresh pair of names per pause: a VM resumed from an earlier snapshot still maps that
-    // snapshot's memory file as its RAM (copy-on-write), so the new snapshot must not overwrite
-    // or delete it before the VMM is stopped.
-    const files = snapshotFiles(snapDir, st.snapshot);
+    if (!opts.memory) return this.pauseDiskOnly(id, st, vm, signal);
+    const base = this.baseOfState(id, st);
+    const t0 = performance.now();
+    const txn = this.repo.begin();
+    let stopped = false;
+    let m: SnapshotManifest;
+    let report: CaptureReport;
     try {
       if (signal.aborted) throw signal.reason;
       await vm.pause();
-      await vm.snapshot(files);
+      const cap = await captureVm(vm, txn, st.memoryMiB * MiB, this.parentMemory(base, st));
+      // the VMM goes first: the disk export and memory image must outlive every access
       await vm.stop();
+      stopped = true;
+      this.vms.delete(id);
+      await this.closeDisk(id);
+      const pauseMs = Math.round(performance.now() - t0);
+      const up = await commitUpper(txn, layerPaths(this.repo, base.disk.layers), upperPaths(st.workDir));
+      m = this.manifestFrom(base, st, { kind: "pause", names: [], sandboxId: id, memory: cap.memory, vmState: cap.vmState, disk: up?.layer ?? null, tools: this.toolsRef(txn, base, st) });
+      txn.publish(m);
+      report = { snapshotId: m.id, changedMemoryBytes: cap.changedBytes, bytesWritten: cap.bytesWritten + (up?.bytes ?? 0), pauseMs, totalMs: Math.round(performance.now() - t0) };
     } catch (e) {
-      for (const p of [files.statePath, files.memPath]) rmSync(p, { force: true });
+      txn.abort();
+      // still running: the orchestrator decides (it kills a sandbox whose pause failed)
+      if (!stopped) await vm.resume().catch(() => {});
       throw e;
     }
-    this.vms.delete(id);
-    // the VMM is gone: files of older snapshots are no longer mapped
-    for (const name of readdirSync(snapDir)) {
-      const p = join(snapDir, name);
-      if (p !== files.statePath && p !== files.memPath) rmSync(p, { recursive: true, force: true });
-    }
-    await this.closeDisk(id);
+    this.lastCapture = report;
+    this.log.info({ sandboxId: id, ...report }, "sandbox paused");
+    rmSync(st.workDir, { recursive: true, force: true });
     await this.o.net.release(id).catch((e) => this.log.warn({ sandboxId: id, err: e }, "slot release after pause failed"));
-    return { ...st, vmmPid: undefined, snapshot: { statePath: files.statePath, memPath: files.memPath } } satisfies VmState;
+    this.unuse(base.id, id);
+    this.dropOwned(base, id);
+    return { ...st, rootDisk: "", vmmPid: undefined, paused: m.id } satisfies VmState;
   }
 
   async resume(spec: RuntimeStartSpec, state: Record<string, unknown>, opts: { memory: boolean } = { memory: true }): Promise<RuntimeSandbox> {
     const st = parseVmState(spec.id, state);
-    if (!opts.memory) {
-      if (st.diskKind === "copy" ? !existsSync(st.rootDisk) : !existsSync(upperPaths(st.workDir).data)) {
-        throw new OrchestratorError("orchestrator.snapshot_missing", `the disk of sandbox ${spec.id} is missing`, { sandboxId: spec.id, workDir: st.workDir });
-      }
-      // the upper sits on the layers it started with, not on the template's current build
-      const r = await this.boot(spec, st.template ?? this.bootTemplate(spec.template.templateID), true);
-      // a memory snapshot left from an earlier pause is stale now
-      rmSync(this.snapshotDir(spec.id), { recursive: true, force: true });
-      return r;
-    }
-    if (!st.snapshot || !existsSync(st.snapshot.statePath) || (st.diskKind === "copy" && !existsSync(st.rootDisk))) {
-      throw new OrchestratorError("orchestrator.snapshot_missing", `snapshot of sandbox ${spec.id} is missing`, { sandboxId: spec.id, snapshot: st.snapshot ?? null });
-    }
-    const tpl = st.template ?? this.bootTemplate(spec.template.templateID);
-    let slotTaken = false;
-    let vm: VmHandle | undefined;
-    let step = "serve disk";
+    const m = st.paused ? this.repo.find(st.paused) : undefined;
+    if (!m) throw new OrchestratorError("orchestrator.snapshot_missing", `snapshot of sandbox ${spec.id} is missing`, { sandboxId: spec.id, snapshot: st.paused ?? null });
+    // what it started from, never the template's current build (a rebuild or delete changes
+    // nothing for it); memory: false boots the snapshot's disk (a filesystem-only pause has nothing else)
+    return this.launch(spec, m, st.template, st, !opts.memory);
+  }
+
+  /**
+   * Filesystem-only pause: the disk (upper + volumes) is all that is kept. The VMM is stopped
+   * without a capture (the orchestrator has flushed the guest's filesystems and unmounted the
+   * volumes), the upper is committed as a layer of a disk-only `pause` snapshot on top of the
+   * base, and a resume cold-boots from it.
+   */
+  private async pauseDiskOnly(id: string, st: VmState, vm: VmHandle, signal: AbortSignal): Promise<Record<string, unknown>> {
+    const base = this.baseOfState(id, st);
+    if (signal.aborted) throw signal.reason;
+    const t0 = performance.now();
+    await vm.stop();
+    this.vms.delete(id);
+    await this.closeDisk(id);
+    const pauseMs = Math.round(performance.now() - t0);
+    const txn = this.repo.begin();
+    let m: SnapshotManifest;
     try {
-      const served = await this.serveDisk(spec.id, tpl, st.workDir, spec.signal);
-      if (served.path !== st.rootDisk) {
-        throw new OrchestratorError("orchestrator.runtime_failed", `sandbox ${spec.id}: root disk moved from ${st.rootDisk} to ${served.path}`, { sandboxId: spec.id });
-      }
-      step = "serve volumes";
-      const volumeDrives = await this.serveVolumes(spec.id, st.workDir, spec.volumes);
-      step = "allocate slot";
-      const slot = await this.o.net.allocate(this.policyOf(spec), spec.id);
-      slotTaken = true;
-      step = "restore VM";
-      // the same devices as at boot: the tools drive it booted through (if any), then its disk
-      const boot: { drives: DriveSpec[]; bootArgs: string } = st.toolsImage
-        ? toolsBoot(st.toolsImage, st.rootDisk, tpl.bootArgs)
-        : { drives: [{ id: "root", path: st.rootDisk, readOnly: false, isRoot: true }], bootArgs: tpl.bootArgs };
-      vm = await this.o.driver.restore(
-        {
-          id: spec.id,
-          workDir: st.workDir,
-          kernelPath: this.o.kernelPath(),
-          bootArgs: `${boot.bootArgs} aenv.hostname=${spec.id.slice(0, 12)}`,
-          vcpus: spec.cpuCount,
-          memoryMiB: spec.memoryMB,
-          drives: [...boot.drives, ...volumeDrives],
-          // the guest keeps the MAC it had; every slot gives the guest the same address
-          net: { ...netSpec(slot), mac: st.mac },
-          onConsoleLine: consoleSink(spec),
-        },
-        { statePath: st.snapshot.statePath, memPath: st.snapshot.memPath, kind: "full" },
-        { resume: true },
-      );
-      this.vms.set(spec.id, vm);
-      step = "envd health and /init";
-      return await this.ready(spec, vm, guestAddress(slot, ENVD_PORT).host, { ...st, vmmPid: vm.pid }, spec.envdAccessToken, tpl.boot);
+      const up = await commitUpper(txn, layerPaths(this.repo, base.disk.layers), upperPaths(st.workDir));
+      m = this.manifestFrom(base, st, { kind: "pause", names: [], sandboxId: id, memory: null, vmState: null, disk: up?.layer ?? null, tools: undefined });
+      txn.publish(m);
+      this.lastCapture = { snapshotId: m.id, changedMemoryBytes: 0, bytesWritten: up?.bytes ?? 0, pauseMs, totalMs: Math.round(performance.now() - t0) };
     } catch (e) {
-      this.log.error({ sandboxId: spec.id, step, err: e }, `resume failed at step: ${step}`);
-      // keep the snapshot and disk: the sandbox stays paused
-      await this.teardown(spec.id, vm, slotTaken, false);
+      // the VM is gone but the upper is still in the work dir: the sandbox can be killed, never half-committed
+      txn.abort();
       throw e;
     }
+    this.log.info({ sandboxId: id, ...this.lastCapture }, "sandbox paused (filesystem only)");
+    rmSync(st.workDir, { recursive: true, force: true });
+    await this.o.net.release(id).catch((e) => this.log.warn({ sandboxId: id, err: e }, "slot release after pause failed"));
+    this.unuse(base.id, id);
+    this.dropOwned(base, id);
+    return { ...st, rootDisk: "", vmmPid: undefined, paused: m.id } satisfies VmState;
   }
 
   async kill(id: string, state: Record<string, unknown> | null): Promise<void> {
     const vm = this.vms.get(id);
     await this.teardown(id, vm, this.o.net.slotOf(id) !== undefined, true);
-    const st = state === null ? null : parseVmState(id, state);
+    let st: VmState | null = null;
+    try {
+      st = state === null ? null : parseVmState(id, state);
+    } catch (e) {
+      // a record of another version: what it names cannot be trusted, but the sandbox still goes
+      this.log.warn({ sandboxId: id, err: e }, "kill of a sandbox whose runtime state does not parse");
+    }
     if (!vm && st?.vmmPid) {
       // a VMM without handle (should not happen after start-up reaping): kill by pid
       try {
@@ -335,7 +291,83 @@ export class VmRuntime implements SandboxRuntime {
         // gone
       }
     }
-    rmSync(this.snapshotDir(id), { recursive: true, force: true });
+    if (st?.paused) this.repo.remove(st.paused);
+    if (st?.base) {
+      this.unuse(st.base, id);
+      const base = this.repo.find(st.base);
+      if (base) this.dropOwned(base, id);
+    }
+    this.gc();
+  }
+
+  /**
+   * Commit a snapshot of a sandbox: a running one is paused for the capture and resumes (same
+   * VM, same id); a paused one's pause snapshot is committed again under the new kind and names.
+   * @throws OrchestratorError `orchestrator.bad_request` (bad name; a sandbox with volumes),
+   *   SnapshotError, VmmError
+   */
+  async snapshot(id: string, state: Record<string, unknown>, req: SnapshotRequest, signal: AbortSignal): Promise<SnapshotInfo> {
+    const st = parseVmState(id, state);
+    if (req.name !== undefined && !SNAPSHOT_NAME_RE.test(req.name)) {
+      throw new OrchestratorError("orchestrator.bad_request", `invalid snapshot name ${JSON.stringify(req.name)}`, { name: req.name });
+    }
+    if (req.volumes > 0) {
+      throw new OrchestratorError("orchestrator.bad_request", `sandbox ${id} has volumes attached: its snapshots could only be restored with the same volumes, which belong to one writer`, { sandboxId: id });
+    }
+    const names = req.name ? [req.name] : [];
+    if (st.paused) {
+      const p = this.repo.find(st.paused);
+      if (!p) throw new OrchestratorError("orchestrator.snapshot_missing", `snapshot of sandbox ${id} is missing`, { sandboxId: id });
+      const m: SnapshotManifest = { ...p, id: newSnapshotId(), kind: req.kind, names, createdAt: new Date().toISOString() };
+      this.repo.begin().publish(m);
+      return snapshotInfo(m);
+    }
+    const vm = this.vms.get(id);
+    if (!vm) throw new OrchestratorError("orchestrator.runtime_failed", `no VM handle for sandbox ${id}`, { sandboxId: id });
+    const base = this.baseOfState(id, st);
+    const t0 = performance.now();
+    const txn = this.repo.begin();
+    try {
+      if (signal.aborted) throw signal.reason;
+      await vm.pause();
+      let cap, up, pauseMs;
+      try {
+        cap = await captureVm(vm, txn, st.memoryMiB * MiB, this.parentMemory(base, st));
+        up = await commitUpper(txn, layerPaths(this.repo, base.disk.layers), upperPaths(st.workDir));
+      } finally {
+        await vm.resume();
+        pauseMs = Math.round(performance.now() - t0);
+      }
+      const m = this.manifestFrom(base, st, { kind: req.kind, names, sandboxId: id, memory: cap.memory, vmState: cap.vmState, disk: up?.layer ?? null, tools: this.toolsRef(txn, base, st) });
+      txn.publish(m);
+      this.lastCapture = { snapshotId: m.id, changedMemoryBytes: cap.changedBytes, bytesWritten: cap.bytesWritten + (up?.bytes ?? 0), pauseMs, totalMs: Math.round(performance.now() - t0) };
+      this.log.info({ sandboxId: id, ...this.lastCapture, kind: req.kind }, "sandbox snapshot committed");
+      return snapshotInfo(m);
+    } catch (e) {
+      txn.abort();
+      throw e;
+    }
+  }
+
+  /** Every user snapshot (kind `user`), oldest first. */
+  listSnapshots(): SnapshotInfo[] {
+    return this.repo.list().filter((m) => m.kind === "user").map(snapshotInfo);
+  }
+
+  /**
+   * Delete a user or fork snapshot by id or name. One still used by a running sandbox is hidden
+   * at once and removed when its last user stops (its files stay until then).
+   * @returns false when no such snapshot exists
+   */
+  async deleteSnapshot(ref: string): Promise<boolean> {
+    const m = this.findSnapshot(ref, ["user", "fork"]);
+    if (!m) return false;
+    if (this.users.get(m.id)?.size) this.repo.tombstone(m.id);
+    else {
+      this.repo.remove(m.id);
+      this.gc();
+    }
+    return true;
   }
 
   /**
@@ -371,16 +403,24 @@ export class VmRuntime implements SandboxRuntime {
   async reap(known: RuntimeKnownSandbox[]): Promise<ReapReport> {
     const stoppedVms = await reapLeftovers(this.o.runtimePath);
     const removed: string[] = reapStaleMounts([join(this.o.homePath, "sandboxes")]).map((m) => `mount ${m}`);
-    const keep = new Set(known.filter((k) => k.state === "paused").map((k) => k.id));
-    for (const sub of ["sandboxes", "snapshots"]) {
-      const dir = join(this.o.homePath, sub);
-      if (!existsSync(dir)) continue;
-      for (const name of readdirSync(dir)) {
-        if (keep.has(name) || !statSync(join(dir, name)).isDirectory()) continue;
-        rmSync(join(dir, name), { recursive: true, force: true });
-        removed.push(`${sub}/${name}`);
+    // nothing runs now: sandboxes' work dirs are gone with their VMs (a paused sandbox's state is
+    // its snapshot)
+    const dir = join(this.o.homePath, "sandboxes");
+    for (const name of safeReaddir(dir)) {
+      rmSync(join(dir, name), { recursive: true, force: true });
+      removed.push(`sandboxes/${name}`);
+    }
+    const paused = new Map(known.filter((k) => k.state === "paused").map((k) => [k.id, (k.runtimeState as Partial<VmState> | null)?.paused]));
+    for (const m of this.repo.list({ hidden: true })) {
+      const orphanPause = m.kind === "pause" && paused.get(m.source.sandboxId ?? "") !== m.id;
+      // fork checkpoints and tombstoned snapshots only lived for sandboxes that ran
+      if (orphanPause || m.kind === "fork" || this.repo.isTombstoned(m.id)) {
+        this.repo.remove(m.id);
+        removed.push(`snapshot ${m.id} (${m.kind})`);
       }
     }
+    const gc = this.repo.gc();
+    removed.push(...gc.layers.map((l) => `layer ${l}`), ...gc.staging.map((s) => `staging ${s}`));
     return { stoppedVms, removed };
   }
 
@@ -389,9 +429,11 @@ export class VmRuntime implements SandboxRuntime {
   }
 
   async close(): Promise<void> {
+    clearInterval(this.gcTimer);
     for (const [id, vm] of this.vms) await vm.stop().catch((e) => this.log.error({ sandboxId: id, err: e }, "stop at close failed"));
     this.vms.clear();
     for (const id of new Set([...this.disks.keys(), ...this.volumeDisks.keys()])) await this.closeDisk(id);
+    await this.o.snapshots.images.closeAll();
     await this.volumes?.close();
     await this.o.disks.close().catch((e) => this.log.error({ err: e }, "disk daemon shutdown failed"));
     await this.o.onClose?.();
@@ -401,10 +443,6 @@ export class VmRuntime implements SandboxRuntime {
 
   private workDir(id: string): string {
     return join(this.o.homePath, "sandboxes", id);
-  }
-
-  private snapshotDir(id: string): string {
-    return join(this.o.homePath, "snapshots", id);
   }
 
   private parsePolicy(p: Record<string, unknown>) {
@@ -419,13 +457,264 @@ export class VmRuntime implements SandboxRuntime {
     return this.parsePolicy({ ...(spec.network ?? {}), ...(spec.allowInternetAccess === null ? {} : { allow_internet_access: spec.allowInternetAccess }) });
   }
 
+  /** A snapshot of one of `kinds` by id, or the newest visible one carrying `ref` as a name (with or without `:tag`). */
+  private findSnapshot(ref: string, kinds: SnapshotManifest["kind"][]): SnapshotManifest | undefined {
+    const id = ref.endsWith(":default") ? ref.slice(0, -8) : ref;
+    let m: SnapshotManifest | undefined;
+    try {
+      m = this.repo.find(id);
+    } catch (e) {
+      this.log.warn({ err: e, ref }, "unreadable snapshot manifest");
+    }
+    if (m && kinds.includes(m.kind) && !this.repo.isTombstoned(m.id)) return m;
+    const named = this.repo.list().filter((x) => kinds.includes(x.kind) && x.names.some((n) => n === ref || n.replace(/:[^:/]*$/, "") === ref));
+    return named.at(-1);
+  }
+
+  /**
+   * The snapshot a new sandbox of template-or-snapshot `ref` starts from, with what it records
+   * of its template (layer files, process defaults of catalog builds). A catalog template boots
+   * build `buildID` when that is a ready build of it (what the create resolved, e.g. a tag's),
+   * else the build its name boots.
+   * @throws OrchestratorError `orchestrator.template_not_found` (404)
+   */
+  private async baseFor(ref: string, buildID = ""): Promise<{ base: SnapshotManifest } & StartedFrom> {
+    const t = this.catalog.find(ref);
+    if (t && !t.legacy) {
+      let b: BuildRecord;
+      try {
+        b = t.builds.find((x) => x.buildID === buildID && x.status === "ready") ?? this.catalog.readyBuild(t.templateID).build;
+      } catch (e) {
+        throw new OrchestratorError("orchestrator.template_not_found", (e as TemplateError).message, { template: ref });
+      }
+      const boot = b.boot!;
+      const tpl: ResolvedTemplate = {
+        name: t.templateID,
+        dir: this.o.homePath,
+        rootfsPath: "",
+        rootLayers: boot.layers.map((l) => join(this.o.homePath, l)),
+        bootArgs: boot.bootArgs,
+        diskBytes: boot.diskBytes,
+        buildKey: b.buildID,
+        snapshot: boot.snapshot ?? null,
+        cpuCount: b.cpuCount || null,
+        memoryMB: b.memoryMB || null,
+      };
+      const { envs, workdir, user, startCmd, readyCmd } = boot;
+      return { base: await this.templateBase(tpl), rootLayers: tpl.rootLayers, boot: { envs, workdir, user, startCmd, readyCmd } };
+    }
+    if (t) {
+      const tpl = resolveTemplate(this.o.homePath, t.templateID);
+      return { base: await this.templateBase(tpl), rootLayers: tpl.rootLayers, boot: null };
+    }
+    const m = this.findSnapshot(ref, ["user", "template", "fork"]);
+    if (m) return { base: m, rootLayers: [], boot: null };
+    throw new OrchestratorError("orchestrator.template_not_found", `template or snapshot '${ref}' not found`, { template: ref });
+  }
+
+  /** A template's committed snapshot, or its disk-only one (made on first use). */
+  private async templateBase(tpl: ResolvedTemplate): Promise<SnapshotManifest> {
+    if (tpl.snapshot) {
+      const m = this.repo.find(tpl.snapshot);
+      if (m) return m;
+      this.log.warn({ template: tpl.name, snapshot: tpl.snapshot }, "template snapshot missing from the repository: cold boot");
+    }
+    return this.diskOnlyTemplateSnapshot(tpl);
+  }
+
+  /** The disk-only snapshot of a template without a committed one (its layers, hard-linked in), made once. */
+  private async diskOnlyTemplateSnapshot(tpl: ResolvedTemplate): Promise<SnapshotManifest> {
+    const have = this.repo.list({ hidden: true }).find((m) => m.kind === "template" && m.memory === null && m.source.templateId === tpl.name && m.templateBuild === tpl.buildKey);
+    if (have && !this.repo.isTombstoned(have.id)) return have;
+    const txn = this.repo.begin();
+    try {
+      let layers: LayerRef[];
+      if (tpl.rootLayers.length > 0) layers = tpl.rootLayers.map((p) => txn.addLayer(p, { keepSource: true }));
+      else {
+        const out = txn.file("rootfs.layer");
+        await importSparse(tpl.rootfsPath, out);
+        layers = [txn.addLayer(out)];
+      }
+      const vm = {
+        driver: this.o.driver.name,
+        vcpus: tpl.cpuCount ?? this.o.defaultCpuCount,
+        memoryMiB: tpl.memoryMB ?? this.o.defaultMemoryMB,
+        kernelKey: kernelKey(this.o.kernelPath()),
+        mac: "",
+      };
+      const m = templateManifest(tpl, vm, layers, null);
+      txn.publish(m);
+      return m;
+    } catch (e) {
+      txn.abort();
+      throw e;
+    }
+  }
+
+  private baseOfState(id: string, st: VmState): SnapshotManifest {
+    const base = this.repo.find(st.base);
+    if (!base) throw new OrchestratorError("orchestrator.snapshot_missing", `base snapshot ${st.base} of sandbox ${id} is missing`, { sandboxId: id, snapshot: st.base });
+    return base;
+  }
+
+  /** Layer files of the memory image a running VM maps (none after a cold boot). */
+  private parentMemory(base: SnapshotManifest, st: VmState): string[] {
+    return !st.coldBoot && base.memory ? layerPaths(this.repo, base.memory.layers) : [];
+  }
+
+  /** The manifest of a capture of sandbox `sandboxId` running from `base` (`memory` null: disk only). */
+  private manifestFrom(
+    base: SnapshotManifest,
+    st: VmState,
+    c: { kind: SnapshotManifest["kind"]; names: string[]; sandboxId: string; memory: LayerRef | null; vmState: LayerRef | null; disk: LayerRef | null; tools: LayerRef | undefined },
+  ): SnapshotManifest {
+    const disk = [...base.disk.layers, ...(c.disk ? [c.disk] : [])];
+    const memory = c.memory ? [...(!st.coldBoot && base.memory ? base.memory.layers : []), c.memory] : [];
+    for (const [what, n] of [["disk", disk.length], ["memory", memory.length]] as const) {
+      if (n > 255) throw new SnapshotError("snapshot.too_many_layers", `the ${what} stack of sandbox ${c.sandboxId} would have ${n} layers (max 255)`, { sandboxId: c.sandboxId, layers: n });
+    }
+    return {
+      version: 1,
+      id: newSnapshotId(),
+      kind: c.kind,
+      parent: base.id,
+      createdAt: new Date().toISOString(),
+      names: c.names,
+      source: { sandboxId: c.sandboxId, templateId: base.source.templateId },
+      vm: { ...base.vm, vcpus: st.vcpus, memoryMiB: st.memoryMiB, mac: st.mac, kernelKey: st.coldBoot ? kernelKey(this.o.kernelPath()) : base.vm.kernelKey },
+      envd: { version: st.envdVersion, accessToken: st.envdToken },
+      disk: { virtualSize: base.disk.virtualSize, layers: disk },
+      // a disk-only capture (filesystem-only pause) has neither: a start from it cold-boots
+      memory: c.memory && c.vmState ? { size: st.memoryMiB * MiB, layers: memory } : null,
+      vmState: c.memory && c.vmState ? c.vmState : null,
+      ...(c.tools ? { tools: c.tools } : {}),
+    };
+  }
+
+  /** The tools drive a capture of `st` must name: the base's when restored, else the image it booted through (linked in). */
+  private toolsRef(txn: CommitTxn, base: SnapshotManifest, st: VmState): LayerRef | undefined {
+    if (!st.coldBoot) return base.tools;
+    return st.toolsImage ? txn.addLayer(st.toolsImage, { keepSource: true }) : undefined;
+  }
+
+  /**
+   * Start sandbox `spec.id` from snapshot `base`: a restore of its memory image, or a cold boot
+   * from its disk (no image; or a create asking for another VM shape or for volumes, which a
+   * restore cannot give). `resumed` is the state of a paused sandbox being resumed; `coldBoot`
+   * boots from the disk even when the snapshot has memory (a resume with `memory: false`).
+   */
+  private async launch(spec: RuntimeStartSpec, base: SnapshotManifest, from: StartedFrom, resumed: VmState | null, coldBoot = false): Promise<RuntimeSandbox> {
+    const id = spec.id;
+    const boot = from.boot;
+    const workDir = this.workDir(id);
+    const restore = !coldBoot && base.memory !== null && base.vmState !== null && (resumed !== null || (spec.volumes.length === 0 && spec.cpuCount === base.vm.vcpus && spec.memoryMB === base.vm.memoryMiB));
+    const t: StartTimings = { verifyMs: 0, diskMs: 0, slotMs: 0, memoryMs: 0, vmmMs: 0, envdMs: 0, totalMs: 0, restored: restore };
+    const t0 = performance.now();
+    let mark = t0;
+    const lap = () => {
+      const now = performance.now();
+      const d = Math.round(now - mark);
+      mark = now;
+      return d;
+    };
+    let slotTaken = false;
+    let vm: VmHandle | undefined;
+    let lease: ImageLease | undefined;
+    let step = "verify layers";
+    try {
+      for (const l of restore ? layersOf(base) : base.disk.layers) this.repo.verifyLayer(l);
+      t.verifyMs = lap();
+      step = "serve disk";
+      // a fresh upper every time: the base holds everything the sandbox wrote before
+      rmSync(workDir, { recursive: true, force: true });
+      const disk = await this.o.disks.rootDisk({ id, lowers: layerPaths(this.repo, base.disk.layers), sandboxDir: workDir, virtualSize: base.disk.virtualSize });
+      this.disks.set(id, disk);
+      step = "serve volumes";
+      const volumeDrives = await this.serveVolumes(id, workDir, spec.volumes);
+      t.diskMs = lap();
+      step = "allocate slot";
+      const slot = await this.o.net.allocate(this.policyOf(spec), id);
+      slotTaken = true;
+      t.slotMs = lap();
+      const mac = restore ? base.vm.mac : slot.mac;
+      // a restore attaches the tools drive the snapshot's VM booted through (its copy in the
+      // repository: the guest has it mounted); a cold boot the node's current one
+      const toolsImage = restore ? (base.tools ? this.repo.layerPath(base.tools) : undefined) : this.o.toolsImage();
+      const drivesAndArgs = toolsImage
+        ? toolsBoot(toolsImage, disk.path, base.vm.bootArgs)
+        : { drives: [{ id: "root", path: disk.path, readOnly: false, isRoot: true }], bootArgs: base.vm.bootArgs };
+      const vmSpec: VmSpec = {
+        id,
+        workDir,
+        kernelPath: this.o.kernelPath(),
+        bootArgs: drivesAndArgs.bootArgs,
+        vcpus: restore ? base.vm.vcpus : spec.cpuCount,
+        memoryMiB: restore ? base.vm.memoryMiB : spec.memoryMB,
+        // the same devices in the same order as when the snapshot was taken
+        drives: [...drivesAndArgs.drives, ...volumeDrives],
+        // every slot gives the guest the same address and gateway: a restored guest keeps its config
+        net: { ...netSpec(slot), mac },
+        onConsoleLine: consoleSink(spec),
+      };
+      if (restore) {
+        step = "serve memory image";
+        lease = await this.o.snapshots.images.acquire(memoryKey(base), layerPaths(this.repo, base.memory!.layers));
+        t.memoryMs = lap();
+        step = "restore VM";
+        vm = await this.o.driver.restore(vmSpec, { statePath: this.repo.layerPath(base.vmState!), memPath: lease.path, kind: "full" }, { resume: true });
+        // the image may go only once the VMM that maps it is gone
+        const l = lease;
+        void vm.exited.then(() => l.release()).catch((e) => this.log.error({ sandboxId: id, err: e }, "memory image release failed"));
+      } else {
+        step = "boot VM";
+        vm = await this.o.driver.boot(vmSpec);
+      }
+      this.vms.set(id, vm);
+      this.use(base.id, id);
+      t.vmmMs = lap();
+      step = "envd health and /init";
+      const state: VmState = {
+        workDir,
+        rootDisk: disk.path,
+        mac,
+        base: base.id,
+        coldBoot: !restore,
+        ...(toolsImage ? { toolsImage } : {}),
+        vmmPid: vm.pid,
+        vcpus: vmSpec.vcpus,
+        memoryMiB: vmSpec.memoryMiB,
+        envdToken: spec.envdAccessToken,
+        envdVersion: base.envd.version,
+        template: from,
+      };
+      const host = guestAddress(slot, ENVD_PORT).host;
+      // a restored envd holds the token it had at snapshot time; a booted one has none
+      const r = await this.ready(spec, vm, host, state, restore ? base.envd.accessToken : null, boot);
+      // a restored guest has its volumes mounted already; a booted one (a create, or a resume
+      // from the disk) mounts them
+      if (spec.volumes.length > 0 && !restore) await mountVolumesInGuest(`http://${host}:${ENVD_PORT}`, spec.envdAccessToken, spec.volumes, this.guestOpTimeoutMs());
+      if (!restore && (boot?.startCmd || boot?.readyCmd)) await this.startTemplateProcess(spec, `http://${host}:${ENVD_PORT}`, boot);
+      t.envdMs = lap();
+      t.totalMs = Math.round(performance.now() - t0);
+      this.lastStart = t;
+      this.log.info({ sandboxId: id, base: base.id, ...t }, restore ? "sandbox restored" : "sandbox booted");
+      return r;
+    } catch (e) {
+      this.log.error({ sandboxId: id, base: base.id, step, err: e }, `start failed at step: ${step}`);
+      if (vm) this.unuse(base.id, id);
+      else await lease?.release().catch(() => {});
+      await this.teardown(id, vm, slotTaken, true);
+      throw e;
+    }
+  }
+
   /**
    * Cold-boot half of a template's start command: run it in the background as the template's
    * user and poll its ready command (`readyProbe`) every `readyPollMs` until it exits 0.
    * @throws OrchestratorError `orchestrator.template_not_ready` when the start command exits
    *   non-zero or the ready command does not pass within `readyTimeoutMs`.
    */
-  private async startTemplateProcess(spec: RuntimeStartSpec, base: string, boot: NonNullable<BootTemplate["boot"]>): Promise<void> {
+  private async startTemplateProcess(spec: RuntimeStartSpec, base: string, boot: NonNullable<BootDefaults>): Promise<void> {
     const c = { user: boot.user, cwd: boot.workdir, envs: { ...boot.envs, ...spec.envVars }, accessToken: spec.envdAccessToken };
     let failed: string | null = null;
     // the start command's output stream is watched until the ready check passes, then dropped
@@ -455,32 +744,63 @@ export class VmRuntime implements SandboxRuntime {
     }
   }
 
-  /** Wait for envd, init it (template's user, workdir and env under the request's), and describe the running sandbox. */
-  private async ready(spec: RuntimeStartSpec, vm: VmHandle, host: string, state: VmState, currentToken: string | null = null, boot: BootTemplate["boot"] = null): Promise<RuntimeSandbox> {
+  /**
+   * Wait for envd, init it (token, template's user, workdir and env under the request's, clock,
+   * host name), and describe the running sandbox.
+   */
+  private async ready(spec: RuntimeStartSpec, vm: VmHandle, host: string, state: VmState, currentToken: string | null, boot: BootDefaults): Promise<RuntimeSandbox> {
     const base = `http://${host}:${ENVD_PORT}`;
     await waitEnvdHealthy(base, this.o.envdPollMs, spec.signal, vm.exited);
     const user = boot?.user ?? this.o.defaultUser;
     const version = await initEnvd(
       base,
       {
-        ...(spec.envdAccessToken ? { accessToken: spec.envdAccessToken } : {}),
+        // "" clears a token a restored envd still holds from its snapshot
+        accessToken: spec.envdAccessToken ?? "",
         envVars: { ...(boot?.envs ?? {}), ...spec.envVars },
         defaultUser: user,
         defaultWorkdir: boot?.workdir ?? `/home/${user}`,
         timestamp: new Date().toISOString(),
+        hostname: spec.id,
       },
       currentToken,
       spec.signal,
     );
-    return { endpoint: { host }, runtimeState: { ...state }, envdVersion: version ?? ENVD_VERSION, exited: vm.exited };
+    const st: VmState = { ...state, envdVersion: version ?? state.envdVersion ?? ENVD_VERSION };
+    return { endpoint: { host }, runtimeState: { ...st }, envdVersion: st.envdVersion, exited: vm.exited };
   }
 
-  /** Serve (overlaybd) or copy (raw) the root disk of sandbox `id` in `workDir`. */
-  private async serveDisk(id: string, tpl: ResolvedTemplate, workDir: string, signal: AbortSignal): Promise<{ path: string; kind: VmState["diskKind"] }> {
-    if (tpl.rootLayers.length === 0) return { path: await copyRootImage(tpl.rootfsPath, workDir, signal), kind: "copy" };
-    const d = await this.o.disks.rootDisk({ id, lowers: tpl.rootLayers, sandboxDir: workDir, virtualSize: tpl.diskBytes });
-    this.disks.set(id, d);
-    return { path: d.path, kind: "overlaybd" };
+  private use(snapshotId: string, sandboxId: string): void {
+    let s = this.users.get(snapshotId);
+    if (!s) this.users.set(snapshotId, (s = new Set()));
+    s.add(sandboxId);
+  }
+
+  /** `sandboxId` no longer runs from `snapshotId`; a tombstoned snapshot without users goes. */
+  private unuse(snapshotId: string, sandboxId: string): void {
+    const s = this.users.get(snapshotId);
+    s?.delete(sandboxId);
+    if (s && s.size === 0) this.users.delete(snapshotId);
+    if (!this.users.has(snapshotId) && this.repo.isTombstoned(snapshotId)) {
+      this.repo.remove(snapshotId);
+      this.gc();
+    }
+  }
+
+  /** Remove `base` when it is sandbox `id`'s own pause snapshot (superseded or dead with it). */
+  private dropOwned(base: SnapshotManifest, id: string): void {
+    if (base.kind === "pause" && base.source.sandboxId === id && !this.users.get(base.id)?.size) {
+      this.repo.remove(base.id);
+      this.gc();
+    }
+  }
+
+  private gc(): void {
+    try {
+      this.repo.gc();
+    } catch (e) {
+      this.log.error({ err: e }, "snapshot gc failed");
+    }
   }
 
   /** Stop serving the root disk and the volume drives of sandbox `id`. */
@@ -517,4 +837,41 @@ export class VmRuntime implements SandboxRuntime {
     if (releaseSlot) await this.o.net.release(id).catch((e) => this.log.error({ sandboxId: id, err: e }, "slot release failed"));
     if (dropDisk) rmSync(this.workDir(id), { recursive: true, force: true });
   }
+}
+
+function safeReaddir(dir: string): string[] {
+  try {
+    return readdirSync(dir);
+  } catch {
+    return [];
+  }
+}
+
+/** Name of the shared memory image of `m` (same layers, same image). */
+export function memoryKey(m: SnapshotManifest): string {
+  const h = new Bun.CryptoHasher("sha256");
+  for (const l of m.memory?.layers ?? []) h.update(l.digest);
+  return h.digest("hex").slice(0, 16);
+}
+
+/** A snapshot as the API lists it. */
+export function snapshotInfo(m: SnapshotManifest): SnapshotInfo {
+  return { snapshotID: m.id, names: m.names, sandboxID: m.source.sandboxId, templateID: m.source.templateId, createdAt: Date.parse(m.createdAt) };
+}
+
+/** A snapshot seen as a template a sandbox can be created from. */
+function snapshotTemplateInfo(m: SnapshotManifest): TemplateInfo {
+  const created = Date.parse(m.createdAt);
+  return {
+    templateID: m.id,
+    aliases: m.names,
+    cpuCount: m.vm.vcpus,
+    memoryMB: m.vm.memoryMiB,
+    diskSizeMB: Math.floor(m.disk.virtualSize / MiB),
+    envdVersion: m.envd.version,
+    createdAt: created,
+    updatedAt: created,
+    buildID: m.id,
+    buildStatus: "ready",
+  };
 }

@@ -8,40 +8,46 @@ import { type Static, Type as T } from "@sinclair/typebox";
 import { Value } from "@sinclair/typebox/value";
 import { OrchestratorError } from "../orchestrator/errors.ts";
 
+const SNAPSHOT_ID = { pattern: "^[a-z0-9]{20}$" };
+
 const VM_STATE = T.Object({
   workDir: T.String({ minLength: 1 }),
-  rootDisk: T.String({ minLength: 1 }),
+  /** The served root disk (empty while paused). */
+  rootDisk: T.String(),
+  /** Guest MAC (kept across restores). */
   mac: T.String(),
-  /** "overlaybd": served by the disk daemon; "copy": a plain file. */
-  diskKind: T.Union([T.Literal("overlaybd"), T.Literal("copy")]),
+  /** Snapshot the VM runs from: memory image mapped (unless cold-booted), disk layers under the upper. */
+  base: T.String(SNAPSHOT_ID),
+  /** True when the VM booted from the base's disk (no memory image mapped). */
+  coldBoot: T.Boolean(),
+  /** Snapshot holding the paused state, while paused. */
+  paused: T.Optional(T.String(SNAPSHOT_ID)),
   /**
-   * Tools drive image the VM booted through; a restore attaches the same one (its guest has it
-   * mounted). Absent in sandboxes booted before the tools drive: they had the root disk alone.
+   * Tools drive image the VM booted through (a cold boot: the node's current one; a restore: the
+   * snapshot's copy in the repository); recorded into its snapshots. Absent: booted without one.
    */
-  toolsImage: T.Optional(T.String()),
+  toolsImage: T.Optional(T.String({ minLength: 1 })),
   vmmPid: T.Optional(T.Integer({ minimum: 1 })),
-  snapshot: T.Optional(T.Object({ statePath: T.String({ minLength: 1 }), memPath: T.String({ minLength: 1 }) })),
+  /** VM shape, recorded into snapshots. */
+  vcpus: T.Integer({ minimum: 1 }),
+  memoryMiB: T.Integer({ minimum: 1 }),
+  /** envd token and version, recorded into snapshots (a restore re-initialises envd with them). */
+  envdToken: T.Union([T.String(), T.Null()]),
+  envdVersion: T.String(),
   /**
-   * What the sandbox booted from, fixed at start: its template's layers (absolute, lowest first)
-   * and process defaults. A resume stacks the upper on these, never on the template's current
-   * build (a rebuild would put other blocks under the upper; a delete would lose the sandbox);
-   * garbage collection keeps these layers while the sandbox lives. Absent in sandboxes started
-   * before it was recorded.
+   * What the sandbox started from, fixed at start: the template's layer files (absolute, lowest
+   * first; empty for a sandbox created from a user snapshot), which template garbage collection
+   * keeps while the sandbox lives (its base snapshot holds hard links to them anyway), and the
+   * template's process defaults, which a resume re-initialises envd with (never the template's
+   * current build: a rebuild or delete must not change a paused sandbox).
    */
-  template: T.Optional(
-    T.Object({
-      name: T.String(),
-      dir: T.String(),
-      rootfsPath: T.String(),
-      rootLayers: T.Array(T.String({ minLength: 1 })),
-      bootArgs: T.String(),
-      diskBytes: T.Integer({ minimum: 1 }),
-      boot: T.Union([
-        T.Null(),
-        T.Object({ envs: T.Record(T.String(), T.String()), workdir: T.String(), user: T.String(), startCmd: T.String(), readyCmd: T.String() }),
-      ]),
-    }),
-  ),
+  template: T.Object({
+    rootLayers: T.Array(T.String({ minLength: 1 })),
+    boot: T.Union([
+      T.Null(),
+      T.Object({ envs: T.Record(T.String(), T.String()), workdir: T.String(), user: T.String(), startCmd: T.String(), readyCmd: T.String() }),
+    ]),
+  }),
 });
 
 /** The VM runtime's per-sandbox state. */

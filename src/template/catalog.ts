@@ -44,6 +44,11 @@ export interface BootSpec {
   startCmd: string;
   /** Polled until it exits 0 after the start command; empty: none. */
   readyCmd: string;
+  /**
+   * Snapshot (id in the node's repository) of a sandbox of this build with its start command
+   * running and ready: sandboxes are restored from it. Absent: they cold-boot from `layers`.
+   */
+  snapshot?: string;
 }
 
 /** One build of a template. Times are unix ms. */

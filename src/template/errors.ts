@@ -20,6 +20,7 @@ export const TEMPLATE_ERRORS = {
   "template.upload_denied": "an upload URL with a wrong or expired token (details.hash)",
   "template.upload_too_large": "an upload above [template_build] max_upload_bytes (details.maxBytes)",
   "template.upload_failed": "writing an upload to disk failed (details.hash)",
+  "template.snapshot_failed": "booting a template once and committing its snapshot failed (details.name, step, console tail)",
 } as const satisfies ErrorTable;
 /** A TemplateError code. */
 export type TemplateErrorCode = keyof typeof TEMPLATE_ERRORS;

@@ -25,6 +25,11 @@ export interface TemplateManifest {
   createdAt: string;
   /** vCPUs of sandboxes made from it (a create may override); the node's default when absent. */
   cpuCount?: number;
+  /**
+   * Committed snapshot of the template booted once (id in the node's snapshot repository): a
+   * sandbox is created by restoring it (one of another shape cold-boots). Absent: cold boots.
+   */
+  snapshot?: string;
   /** Guest memory in MiB of sandboxes made from it (a create may override); the node's default when absent. */
   memoryMB?: number;
 }
@@ -39,6 +44,11 @@ export interface ResolvedTemplate {
   rootLayers: string[];
   bootArgs: string;
   diskBytes: number;
+  buildKey: string;
+  /** Snapshot id of the template's committed state, or null (cold boot). */
+  snapshot: string | null;
+  cpuCount: number | null;
+  memoryMB: number | null;
 }
 
 /** Directory of template `name` under `homePath`. @throws TemplateError `template.bad_name`. */
@@ -61,7 +71,9 @@ export function readManifest(homePath: string, name: string): TemplateManifest {
     m && m.name === name && typeof m.rootfs === "string" && !isAbsolute(m.rootfs) && !m.rootfs.includes("..") &&
     Array.isArray(m.layers) && m.layers.every((l) => typeof l === "string" && !isAbsolute(l) && !l.includes("..")) &&
     typeof m.bootArgs === "string" && Number.isInteger(m.diskBytes) && m.diskBytes > 0 && typeof m.buildKey === "string" &&
-    (m.cpuCount === undefined || (Number.isInteger(m.cpuCount) && m.cpuCount >= 1)) && (m.memoryMB === undefined || (Number.isInteger(m.memoryMB) && m.memoryMB >= 1));
+    (m.snapshot === undefined || (typeof m.snapshot === "string" && /^[a-z0-9]{20}$/.test(m.snapshot))) &&
+    (m.cpuCount === undefined || (Number.isInteger(m.cpuCount) && m.cpuCount >= 1)) &&
+    (m.memoryMB === undefined || (Number.isInteger(m.memoryMB) && m.memoryMB >= 1));
   if (!ok) throw new TemplateError("template.bad_manifest", `${path}: missing or invalid fields`, { name, path });
   return m;
 }
@@ -84,7 +96,18 @@ export function resolveTemplate(homePath: string, name: string): ResolvedTemplat
   const dir = templateDir(homePath, name);
   const rootfsPath = join(dir, m.rootfs);
   if (!existsSync(rootfsPath)) throw new TemplateError("template.not_found", `template ${name}: ${rootfsPath} missing`, { name, rootfsPath });
-  return { name, dir, rootfsPath, rootLayers: m.layers.map((l) => join(dir, l)), bootArgs: m.bootArgs, diskBytes: m.diskBytes };
+  return {
+    name,
+    dir,
+    rootfsPath,
+    rootLayers: m.layers.map((l) => join(dir, l)),
+    bootArgs: m.bootArgs,
+    diskBytes: m.diskBytes,
+    buildKey: m.buildKey,
+    snapshot: m.snapshot ?? null,
+    cpuCount: m.cpuCount ?? null,
+    memoryMB: m.memoryMB ?? null,
+  };
 }
 
 /** Names of every template with a readable manifest, sorted. */

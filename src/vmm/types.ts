@@ -67,6 +67,19 @@ export interface SnapshotFiles {
   kind: "full" | "diff";
 }
 
+/**
+ * Guest RAM as a snapshot of a paused VM captures it (`VmHandle.captureSnapshot`). Byte offsets
+ * are guest-RAM offsets; valid until `release()`, and only while the VM neither resumes nor stops.
+ * - `file`: the whole guest RAM is this file (holes and zero pages read as zeros). With
+ *   `overParent`, the VM was restored from a memory image and the file must be compared with it
+ *   (only differing blocks belong to a new layer).
+ * - `changed`: the pages the VM changed since it was restored from its memory image, as sorted
+ *   [start, end) ranges of whole 4 KiB pages; `read` copies their current bytes.
+ */
+export type MemoryCapture =
+  | { kind: "file"; path: string; overParent: boolean; release(): void }
+  | { kind: "changed"; ranges: Array<[number, number]>; read(buf: Uint8Array, offset: number): void; release(): void };
+
 /** A running (or paused) VM owned by a driver. */
 export interface VmHandle {
   readonly id: string;
@@ -78,10 +91,13 @@ export interface VmHandle {
   pause(): Promise<void>;
   resume(): Promise<void>;
   /**
-   * Write device state + guest memory; the VM must be paused and may be resumed afterwards.
-   * QEMU writes a full snapshot for `kind: "diff"` too (it has no dirty-page diff in this model).
+   * Snapshot the paused VM: its device state (without guest RAM) goes to `statePath`, and the
+   * result says where guest RAM is to be read from. The VM stays paused and may be resumed or
+   * stopped after the capture is released. A restore takes `statePath` plus a file holding the
+   * guest RAM (the memory image with the captured changes on top).
+   * @throws VmmError `vmm.not_paused`, `vmm.snapshot_failed`
    */
-  snapshot(files: SnapshotFiles): Promise<void>;
+  captureSnapshot(statePath: string): Promise<MemoryCapture>;
   /** Stop the VMM process (graceful first, then SIGKILL after the driver's timeout) and free its resources. */
   stop(): Promise<void>;
 }

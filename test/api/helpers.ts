@@ -13,7 +13,7 @@ import { bootNode, type RunningNode } from "../../src/node/index.ts";
 import { netLockPath } from "../../src/node/lock.ts";
 import { loadConfig } from "../../src/config/index.ts";
 import { netConfigFromConfig, NetworkManager } from "../../src/net/index.ts";
-import { VmRuntime } from "../../src/sandbox/vm-runtime.ts";
+import { snapshotServices, VmRuntime } from "../../src/sandbox/index.ts";
 import { diskConfig, DiskService } from "../../src/storage/daemon/index.ts";
 import { QemuDriver, qemuOptions } from "../../src/vmm/index.ts";
 import type { CreateSandboxRequest, SandboxRecord } from "../../src/orchestrator/index.ts";
@@ -67,6 +67,7 @@ export async function startNodeNoVm(env: Record<string, string> = {}, home = mkd
       readyProbeTimeoutMs: c.template_build.ready_probe_timeout_ms,
       defaultUser: "user",
       disks,
+      snapshots: snapshotServices(c, disks),
       volumes: {
         volumesDir: join(home, "volumes"),
         hostDir: join(home, "run", "volumes"),

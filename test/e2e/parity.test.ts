@@ -34,9 +34,9 @@ test("getMetrics() shows a 10 s CPU-bound command and the guest's memory; logs n
   expect(idx("lifecycle:sandbox created")).toBeGreaterThan(0);
   expect(idx("console:parity-console-marker-42")).toBeGreaterThan(idx("lifecycle:sandbox created"));
   expect(idx("lifecycle:sandbox paused")).toBeGreaterThan(idx("console:parity-console-marker-42"));
-  // the kernel's and envd's own lines are there too
+  // envd's own lines are there too (the sandbox is a restore of the template's snapshot: the
+  // guest's boot lines were printed when the template was committed, not here)
   expect(lines.some((l) => l.startsWith("envd:"))).toBe(true);
-  expect(lines.some((l) => l.startsWith("console:") && l.includes("@@AENV-INIT@@"))).toBe(true);
   expect(o.killed).toBe(true);
   console.log(`parity telemetry: ${o.metrics.length} samples, busy max ${Math.max(...during.map((m) => m.cpuUsedPct))}%, ${lines.length} log lines`);
   expect(o.logsAfterKill).toMatchObject({ status: 404, body: { code: 404 } });

@@ -1,7 +1,8 @@
 /**
  * Restart: the node (agentenv server, real VMs, network slots, SQLite) is SIGKILLed with one
- * running and one paused sandbox; the next start reaps the orphaned VMM, its slot namespace and
- * disk, keeps the paused sandbox, and the API shows exactly that.
+ * running and one paused sandbox; the next start reaps the orphaned VMM, its slot namespace,
+ * disk and the memory image it mapped, keeps the paused sandbox (its pause snapshot), and the API
+ * shows exactly that.
  */
 import { afterAll, expect, test } from "bun:test";
 import { existsSync, readFileSync, readdirSync } from "node:fs";
@@ -38,6 +39,9 @@ test("a crashed node's running sandbox is reaped at the next start; its paused s
   db.close();
   const a = rows.find((r) => r.id === p1.a)!;
   expect(a.state).toBe("running");
+  const pausedSnap = JSON.parse(rows.find((r) => r.id === p1.b)!.runtime_state).paused as string;
+  const manifest = join(world.home, "snapshots", "manifests", `${pausedSnap}.json`);
+  expect(JSON.parse(readFileSync(manifest, "utf8"))).toMatchObject({ kind: "pause", source: { sandboxId: p1.b } });
   const pidA = JSON.parse(a.runtime_state).vmmPid as number;
   expect(alive(pidA)).toBe(true);
   expect(qemuPidsUnder(world.home, world.memDir)).toEqual([pidA]);
@@ -51,12 +55,13 @@ test("a crashed node's running sandbox is reaped at the next start; its paused s
     expect(marked(n)).toBe(true);
   }
   expect(existsSync(join(world.home, "sandboxes", p1.a))).toBe(true);
-  // A's root disk is still served by the crashed node's disk daemon (the template has overlaybd
-  // layers); paused B's is not
+  // A's root disk and the memory image it maps (the template snapshot's, a shared device) are
+  // still served by the crashed node's disk daemon; paused B's disk is not
   const daemons = diskDaemonsUnder(world.home);
   expect(daemons.length).toBe(1);
   expect(diskMounts(world.home).filter((l) => l.includes(`/sandboxes/${p1.a}/`)).length).toBe(1);
   expect(diskMounts(world.home).filter((l) => l.includes(`/sandboxes/${p1.b}/`))).toEqual([]);
+  expect(diskMounts(world.home).filter((l) => l.includes("/shared/mem-")).length).toBe(1);
 
   await world.start();
   // every slot namespace of the crashed run was deleted (a name may be reused by the new warm pool)
@@ -64,12 +69,13 @@ test("a crashed node's running sandbox is reaped at the next start; its paused s
   // the old daemon was shut down (with its mounts); the new node runs its own
   expect(alive(daemons[0]!)).toBe(false);
   expect(diskDaemonsUnder(world.home).length).toBe(1);
-  expect(diskMounts(world.home).filter((l) => l.includes("/sandboxes/"))).toEqual([]);
+  expect(diskMounts(world.home).filter((l) => l.includes("/sandboxes/") || l.includes("/shared/mem-"))).toEqual([]);
   expect(alive(pidA)).toBe(false);
   expect(qemuPidsUnder(world.home, world.memDir)).toEqual([]);
   expect(existsSync(join(world.home, "sandboxes", p1.a))).toBe(false);
-  expect(existsSync(join(world.home, "sandboxes", p1.b))).toBe(true);
-  expect(existsSync(join(world.home, "snapshots", p1.b))).toBe(true);
+  // a paused sandbox is its snapshot: no work dir, the manifest kept
+  expect(existsSync(join(world.home, "sandboxes", p1.b))).toBe(false);
+  expect(existsSync(manifest)).toBe(true);
 
   const p2 = await world.client("restart-phase2.ts", [p1.a, p1.b]);
   expect(p2.listed).toEqual([[p1.b, "paused"]]);
@@ -80,7 +86,7 @@ test("a crashed node's running sandbox is reaped at the next start; its paused s
   expect(p2.listedAfterResume).toEqual([[p1.b, "running"]]);
   expect(p2.killB).toBe(true);
   expect(p2.listedEnd).toEqual([]);
-  expect(existsSync(join(world.home, "snapshots", p1.b))).toBe(false);
+  expect(existsSync(manifest)).toBe(false);
 
   expect(await world.stop()).toBe(0);
   expect(qemuPidsUnder(world.home, world.memDir)).toEqual([]);
@@ -106,7 +112,13 @@ test("graceful stop with shutdown_action = pause: running sandboxes are paused a
   expect(JSON.parse(summary[0]!)).toMatchObject({ killed: 0, paused: 1, failed: 0, msg: "shutdown: killed 0, paused 1 sandboxes" });
   expect(qemuPidsUnder(world.home, world.memDir)).toEqual([]);
   expect(world.slotNamespaces()).toEqual([]);
-  expect(existsSync(join(world.home, "snapshots", id))).toBe(true);
+  // the paused sandbox is a pause snapshot in the repository
+  const dir = join(world.home, "snapshots", "manifests");
+  const pauses = readdirSync(dir)
+    .filter((f) => f.endsWith(".json"))
+    .map((f) => JSON.parse(readFileSync(join(dir, f), "utf8")))
+    .filter((m) => m.kind === "pause" && m.source.sandboxId === id);
+  expect(pauses.length).toBe(1);
   await world.start();
   const o = await world.client("shutdown-phase2.ts", [id]);
   expect(o).toEqual({ listed: [[id, "paused"]], file: "paused at shutdown", killed: true });

@@ -57,6 +57,7 @@ export class NodeWorld {
     mkdirSync(join(this.home, "run"));
     // templates and the tools drive VMs boot through come from the test home (scripts/test.sh builds them)
     for (const d of ["templates", "tools"]) symlinkSync(join(TEST_HOME, d), join(this.home, d));
+    seedSnapshots(join(TEST_HOME, "snapshots"), join(this.home, "snapshots"));
     sh(["ip", "netns", "add", this.ns]);
     sh(["ip", "-n", this.ns, "link", "set", "lo", "up"]);
   }
@@ -237,6 +238,26 @@ export function diskDaemonsUnder(dir: string): number[] {
       }
     })
     .map(Number);
+}
+
+/**
+ * Give a fresh data dir the committed snapshots of the test home (the base template's snapshot):
+ * manifests and layers hard-linked (same filesystem; copied otherwise), tombstoned ones left out.
+ */
+export function seedSnapshots(from: string, to: string): void {
+  for (const d of ["layers", "manifests", "staging"]) mkdirSync(join(to, d), { recursive: true });
+  if (!existsSync(join(from, "manifests"))) return;
+  const tombstoned = new Set(readdirSync(join(from, "manifests")).filter((f) => f.endsWith(".deleted")).map((f) => f.slice(0, -8)));
+  for (const f of readdirSync(join(from, "manifests"))) {
+    if (!f.endsWith(".json") || tombstoned.has(f.slice(0, -5))) continue;
+    type Ref = { digest: string };
+    const m = JSON.parse(readFileSync(join(from, "manifests", f), "utf8")) as { disk: { layers: Ref[] }; memory: { layers: Ref[] } | null; vmState: Ref | null; tools?: Ref };
+    for (const l of [...m.disk.layers, ...(m.memory?.layers ?? []), ...(m.vmState ? [m.vmState] : []), ...(m.tools ? [m.tools] : [])]) {
+      const hex = l.digest.slice(7);
+      if (!existsSync(join(to, "layers", hex))) sh(["cp", "-al", join(from, "layers", hex), join(to, "layers", hex)]);
+    }
+    sh(["cp", join(from, "manifests", f), join(to, "manifests", f)]);
+  }
 }
 
 /** pids of QEMU processes whose command line names `dir` (their work dir or RAM file). */

@@ -6,14 +6,16 @@
  * what a crashed node left.
  */
 import { afterEach, expect, test } from "bun:test";
-import { existsSync, mkdirSync, mkdtempSync, rmSync } from "node:fs";
+import { mkdirSync, mkdtempSync, readdirSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { loadConfig } from "../../src/config/index.ts";
 import { openDb, type Db } from "../../src/db/index.ts";
 import { netConfigFromConfig, NetworkManager } from "../../src/net/index.ts";
 import { Orchestrator, orchestratorConfig, type OrchestratorCounters, type SandboxEvent, type SandboxRecord } from "../../src/orchestrator/index.ts";
-import { VmRuntime } from "../../src/sandbox/vm-runtime.ts";
+import { snapshotServices, VmRuntime } from "../../src/sandbox/index.ts";
+import { LocalRepository } from "../../src/snapshot/index.ts";
+import { commitFake } from "../snapshot/helpers.ts";
 import { diskConfig, DiskService } from "../../src/storage/daemon/index.ts";
 import { LoopbackRuntime } from "../helpers/loopback-runtime.ts";
 import { QemuDriver, qemuOptions } from "../../src/vmm/index.ts";
@@ -26,6 +28,7 @@ afterEach(async () => {
 function world(env: Record<string, string> = {}, home = mkdtempSync(join(tmpdir(), "orch-life-"))) {
   const cfg = loadConfig({ env: { AENV_HOME_PATH: home, AENV_RUNTIME_PATH: join(home, "run"), AENV__orchestrator__evict_interval_ms: "20", ...env } });
   const db: Db = openDb(join(home, "node.db"));
+  const disks = new DiskService({ dir: join(home, "run", "disk"), config: diskConfig(cfg) });
   const base = new VmRuntime({
     homePath: home,
     runtimePath: join(home, "run"),
@@ -40,7 +43,8 @@ function world(env: Record<string, string> = {}, home = mkdtempSync(join(tmpdir(
     readyPollMs: 200,
     readyProbeTimeoutMs: 60_000,
     defaultUser: "user",
-    disks: new DiskService({ dir: join(home, "run", "disk"), config: diskConfig(cfg) }),
+    disks,
+    snapshots: snapshotServices(cfg, disks),
   });
   const runtime = new LoopbackRuntime({ base, templates: env.NO_TEMPLATE ? [] : ["base"] });
   const orch = new Orchestrator(db, runtime, orchestratorConfig(cfg));
@@ -103,7 +107,7 @@ test("shutdown kills live sandboxes and refuses new work with 503", async () => 
   await expect(w.orch.create({ template: "base", secure: true })).rejects.toMatchObject({ code: "orchestrator.shutting_down" });
 });
 
-test("start-up reconciliation: sandboxes a crashed node left running become killed and their dirs go; paused ones stay", async () => {
+test("start-up reconciliation: sandboxes a crashed node left running become killed, work dirs go, paused ones stay; orphan snapshots go", async () => {
   const home = mkdtempSync(join(tmpdir(), "orch-life-"));
   cleanup.push(() => rmSync(home, { recursive: true, force: true }));
   // a previous run: one running, one pausing (interrupted), one paused, with their directories
@@ -117,11 +121,17 @@ test("start-up reconciliation: sandboxes a crashed node left running become kill
   await held.reached;
   expect(first.orch.store.get(waspausing)!.state).toBe("pausing");
   for (const id of [wasrun, waspausing, waspaused, "stray"]) mkdirSync(join(home, "sandboxes", id), { recursive: true });
-  mkdirSync(join(home, "snapshots", waspaused), { recursive: true });
-  mkdirSync(join(home, "snapshots", wasrun), { recursive: true });
+  // snapshots the crashed run left: a pause snapshot no paused sandbox names, a fork checkpoint,
+  // a user snapshot deleted while in use (tombstoned), and a user snapshot that stays
+  const repo = new LocalRepository(join(home, "snapshots"), { verifyDigests: true, gcGraceMs: 0 });
+  const orphanPause = commitFake(repo, { kind: "pause", sandboxId: wasrun, disk: ["o-disk"], memory: ["o-mem"] });
+  const fork = commitFake(repo, { kind: "fork", sandboxId: wasrun, disk: ["f-disk"], memory: ["f-mem"] });
+  const deleted = commitFake(repo, { kind: "user", sandboxId: wasrun, disk: ["d-disk"], memory: ["d-mem"] });
+  const kept = commitFake(repo, { kind: "user", sandboxId: wasrun, names: ["keep-me"], disk: ["k-disk"], memory: ["k-mem"] });
+  repo.tombstone(deleted.id);
   first.db.close(); // the node died without shutting down
 
-  const second = world({}, home);
+  const second = world({ AENV__snapshot__gc_grace_secs: "0" }, home);
   cleanup.push(() => second.db.close(), () => second.orch.close());
   await second.orch.start();
   expect(second.orch.store.get(wasrun)).toMatchObject({ state: "killed", error: "node restarted while running", endpoint: null });
@@ -129,9 +139,11 @@ test("start-up reconciliation: sandboxes a crashed node left running become kill
   expect(second.orch.store.get(waspaused)!.state).toBe("paused");
   expect(second.orch.list({}).items.map((r) => [r.id, r.state])).toEqual([[waspaused, "paused"]]);
   expect(second.orch.getCounters()).toMatchObject({ running: 0, paused: 1 });
-  expect(existsSync(join(home, "sandboxes", waspaused))).toBe(true);
-  expect(existsSync(join(home, "snapshots", waspaused))).toBe(true);
-  for (const gone of [`sandboxes/${wasrun}`, `sandboxes/${waspausing}`, "sandboxes/stray", `snapshots/${wasrun}`]) expect(existsSync(join(home, gone))).toBe(false);
+  // a paused sandbox's state is its snapshot: no work dir is needed, none is left
+  expect(readdirSync(join(home, "sandboxes"))).toEqual([]);
+  expect(repo.list({ hidden: true }).map((m) => m.id)).toEqual([kept.id]);
+  for (const m of [orphanPause, fork, deleted]) for (const l of [...m.disk.layers, ...m.memory!.layers, m.vmState!]) expect(repo.hasLayer(l)).toBe(false);
+  for (const l of [...kept.disk.layers, ...kept.memory!.layers, kept.vmState!]) expect(repo.hasLayer(l)).toBe(true);
   first.runtime.gate("pause").open(); // let the dead node's held pause end (its database is closed)
   await first.runtime.close();
 });

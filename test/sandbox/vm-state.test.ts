@@ -1,23 +1,43 @@
 import { expect, test } from "bun:test";
 import { parseVmState } from "../../src/sandbox/vm-state.ts";
 
-const ok = { workDir: "/w/s1", rootDisk: "/w/s1/root.img", mac: "02:fc:00:00:00:01", diskKind: "overlaybd" as const, vmmPid: 42 };
+const ok = {
+  workDir: "/w/s1",
+  rootDisk: "/w/s1/mnt/root.img",
+  mac: "02:fc:00:00:00:01",
+  base: "abcdefghij0123456789",
+  coldBoot: false,
+  toolsImage: "/w/snapshots/layers/00ff",
+  vmmPid: 42,
+  vcpus: 1,
+  memoryMiB: 512,
+  envdToken: "t0k",
+  envdVersion: "0.6.4",
+  template: { rootLayers: ["/w/templates/base/rootfs.layer"], boot: { envs: { A: "1" }, workdir: "/app", user: "user", startCmd: "", readyCmd: "" } },
+};
 
 test("a stored runtime state is parsed: valid ones pass unchanged, JSON round trips included", () => {
   expect(parseVmState("s1", ok)).toEqual(ok);
-  const paused = { ...ok, vmmPid: undefined, snapshot: { statePath: "/w/snap/vm-1.state", memPath: "/w/snap/vm-1.mem" } };
-  expect(parseVmState("s1", JSON.parse(JSON.stringify(paused)))).toEqual({ ...ok, vmmPid: undefined, snapshot: paused.snapshot } as never);
-  // older records without the tools drive
-  expect(parseVmState("s1", { ...ok, toolsImage: undefined })).toMatchObject({ diskKind: "overlaybd" });
+  const paused = { ...ok, rootDisk: "", vmmPid: undefined, paused: "zzzzzzzzzz0123456789" };
+  const { vmmPid: _, ...rest } = ok;
+  expect(parseVmState("s1", JSON.parse(JSON.stringify(paused)))).toEqual({ ...rest, rootDisk: "", paused: paused.paused });
+  // a VM booted without a tools drive, an open envd
+  expect(parseVmState("s1", { ...ok, toolsImage: undefined, envdToken: null })).toMatchObject({ coldBoot: false, envdToken: null });
+  // a sandbox of a user snapshot: no template layers, no process defaults
+  expect(parseVmState("s1", { ...ok, template: { rootLayers: [], boot: null } }).template).toEqual({ rootLayers: [], boot: null });
 });
 
 test("a damaged or foreign state is orchestrator.bad_runtime_state naming the field", () => {
   const cases: [unknown, string][] = [
-    [{ ...ok, diskKind: "zfs" }, "/diskKind"],
+    [{ ...ok, base: "../etc" }, "/base"],
     [{ ...ok, rootDisk: 7 }, "/rootDisk"],
     [{ ...ok, workDir: undefined }, "/workDir"],
     [{ ...ok, vmmPid: -1 }, "/vmmPid"],
-    [{ ...ok, snapshot: { statePath: "/x" } }, "/snapshot/memPath"],
+    [{ ...ok, paused: "nope" }, "/paused"],
+    [{ ...ok, coldBoot: "yes" }, "/coldBoot"],
+    [{ ...ok, envdToken: undefined }, "/envdToken"],
+    [{ ...ok, template: undefined }, "/template"],
+    [{ ...ok, template: { rootLayers: [""], boot: null } }, "/template/rootLayers/0"],
   ];
   for (const [raw, field] of cases) {
     let err: unknown;
@@ -31,4 +51,6 @@ test("a damaged or foreign state is orchestrator.bad_runtime_state naming the fi
   }
   expect(() => parseVmState("s3", null)).toThrow(expect.objectContaining({ code: "orchestrator.bad_runtime_state" }));
   expect(() => parseVmState("s3", "a string")).toThrow(expect.objectContaining({ code: "orchestrator.bad_runtime_state" }));
+  // a record of the layout before snapshots (per-sandbox snapshot files) does not pass
+  expect(() => parseVmState("s4", { workDir: "/w", rootDisk: "/w/root.img", mac: "m", diskKind: "overlaybd" })).toThrow(expect.objectContaining({ code: "orchestrator.bad_runtime_state" }));
 });

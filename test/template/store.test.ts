@@ -47,7 +47,17 @@ describe("template store", () => {
         rootLayers: [join(home, "templates/base/rootfs.layer")],
         bootArgs: "root=/dev/vda rw init=/sbin/aenv-init",
         diskBytes: 1 << 30,
+        buildKey: "k1",
+        snapshot: null,
+        cpuCount: null,
+        memoryMB: null,
       });
+      // a template committed as a snapshot names it, with its VM shape
+      writeManifest(home, { ...manifest("base"), snapshot: "abcdefghij0123456789", cpuCount: 2, memoryMB: 1024 });
+      expect(resolveTemplate(home, "base")).toMatchObject({ snapshot: "abcdefghij0123456789", cpuCount: 2, memoryMB: 1024 });
+      writeManifest(home, { ...manifest("base"), snapshot: "../x" });
+      expect(code(() => resolveTemplate(home, "base"))).toBe("template.bad_manifest");
+      writeManifest(home, manifest("base"));
       mkdirSync(join(home, "templates/broken"));
       writeFileSync(join(home, "templates/broken/manifest.json"), "{");
       mkdirSync(join(home, "templates/.cache"));

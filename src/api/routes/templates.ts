@@ -166,8 +166,9 @@ export function templateRoutes(templates: TemplateService, orch: SandboxService)
       const tpl = templates.get(params.templateID);
       return withBuilds(tpl, await spawnOf(tpl.templateID));
     }, { detail: { summary: "A template with its builds", tags: ["templates"] } })
-    .delete("/templates/:templateID", ({ params }) => {
-      templates.remove(params.templateID);
+    .delete("/templates/:templateID", async ({ params }) => {
+      // the SDK's deleteSnapshot comes here too: a snapshot id or name first
+      if (!(await orch.deleteSnapshot(params.templateID))) templates.remove(params.templateID);
       return noContent();
-    }, { detail: { summary: "Delete a template (Sandbox.deleteSnapshot)", tags: ["templates"] } });
+    }, { detail: { summary: "Delete a template or a snapshot (Sandbox.deleteSnapshot)", tags: ["templates"] } });
 }

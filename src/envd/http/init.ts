@@ -3,6 +3,7 @@
  * workdir, and sync the clock. Once a token is set only a caller holding it (the host) may
  * re-init.
  */
+import { readFileSync, writeFileSync } from "node:fs";
 import { hasValidToken } from "../auth.ts";
 import { EnvdError } from "../errors.ts";
 import type { EnvdState, InitRequest } from "../state.ts";
@@ -11,7 +12,7 @@ import { installCaBundle, pemCertificates } from "./cabundle.ts";
 
 /** Where /init's side effects go (config `[envd]`). */
 export interface InitOptions {
-  /** Set the system clock from the timestamp (guests only). */
+  /** Set the system clock from the timestamp and the host name from `hostname` (guests only). */
   syncClock: boolean;
   /** Directory for extra CA certificates. */
   caDir: string;
@@ -32,7 +33,7 @@ export function parseInitBody(body: unknown): InitRequest {
   if (typeof body !== "object" || Array.isArray(body)) throw new EnvdError("invalid_argument", "init body must be a JSON object", {});
   const b = body as Record<string, unknown>;
   const out: InitRequest = {};
-  for (const key of ["accessToken", "timestamp", "defaultUser", "defaultWorkdir", "caBundle"] as const) {
+  for (const key of ["accessToken", "timestamp", "defaultUser", "defaultWorkdir", "caBundle", "hostname"] as const) {
     if (b[key] === undefined || b[key] === null) continue;
     if (typeof b[key] !== "string") throw new EnvdError("invalid_argument", `init field ${key} must be a string`, { field: key });
     out[key] = b[key] as string;
@@ -44,6 +45,9 @@ export function parseInitBody(body: unknown): InitRequest {
   if (out.timestamp !== undefined && !Number.isFinite(Date.parse(out.timestamp))) {
     throw new EnvdError("invalid_argument", "init field timestamp must be RFC 3339", { timestamp: out.timestamp });
   }
+  if (out.hostname !== undefined && !HOSTNAME_RE.test(out.hostname)) {
+    throw new EnvdError("invalid_argument", "init field hostname must be 1-63 letters, digits or '-'", { field: "hostname" });
+  }
   if (out.caBundle) pemCertificates(out.caBundle);
   if (out.defaultUser) {
     try {
@@ -53,6 +57,27 @@ export function parseInitBody(body: unknown): InitRequest {
     }
   }
   return out;
+}
+
+/** A host name label (RFC 1123). */
+const HOSTNAME_RE = /^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$/;
+
+/**
+ * Set the guest's host name (AgentENV extension of /init: a VM restored from a snapshot keeps the
+ * name it had, so the host sends each sandbox its own) in the kernel, /etc/hostname and
+ * /etc/hosts (so `sudo` and the like resolve it).
+ */
+function applyHostname(name: string): void {
+  writeFileSync("/proc/sys/kernel/hostname", name);
+  writeFileSync("/etc/hostname", `${name}\n`);
+  let hosts = "";
+  try {
+    hosts = readFileSync("/etc/hosts", "utf8");
+  } catch {
+    // none yet
+  }
+  const kept = hosts.split("\n").filter((l) => l && !l.startsWith("127.0.1.1"));
+  writeFileSync("/etc/hosts", [...kept, `127.0.1.1\t${name}`].join("\n") + "\n");
 }
 
 /** Clock skew tolerated before /init sets the system clock: behind, ahead (ms). */
@@ -80,6 +105,7 @@ export async function handleInit(state: EnvdState, req: Request, opts: InitOptio
   const init = parseInitBody(body);
   if (!state.apply(init)) return;
   if (init.caBundle) await installCaBundle(init.caBundle, opts.caDir, opts.caUpdateCommand);
+  if (opts.syncClock && init.hostname) applyHostname(init.hostname);
   if (opts.syncClock && init.timestamp) {
     const host = Date.parse(init.timestamp);
     const skew = host - Date.now();

@@ -130,6 +130,71 @@ async function importRanges(src: LocalFile, extents: Array<[number, number]>, ou
   return w.finish();
 }
 
+/**
+ * Build a committed layer at `outPath` of `virtualSize` bytes from the byte ranges `ranges`
+ * (sorted, non-overlapping, multiples of 512), reading each piece with `read(buf, offset)`.
+ * Unlisted ranges stay unmapped (they fall through to the layers below). Inside the listed ranges
+ * an all-zero block (`blockSize`, default 4096) becomes a zeroed entry, which hides whatever a
+ * lower layer holds there; every other block is stored. This is the shape of a memory diff:
+ * the pages a VM changed since its memory image was taken, on top of that image.
+ * @returns the merged index and file size
+ * @throws OverlaybdError `bad_option` for unsorted, overlapping, unaligned or out-of-range ranges;
+ *   whatever `read` throws (the partial output is removed)
+ */
+export async function importChangedRanges(
+  read: (buf: Uint8Array, offset: number) => void | Promise<void>,
+  ranges: ReadonlyArray<readonly [number, number]>,
+  outPath: string,
+  opts: { virtualSize: number; blockSize?: number; meta?: Partial<CommitMeta> },
+): Promise<{ segments: Segment[]; size: number }> {
+  const bs = opts.blockSize ?? 4096;
+  if (bs % SECTOR !== 0 || bs <= 0 || (1 << 20) % bs !== 0) fail("bad_option", `block size ${bs} must be a multiple of 512 dividing 1 MiB`, { blockSize: bs });
+  let prev = 0;
+  for (const [a, b] of ranges) {
+    if (a % SECTOR !== 0 || b % SECTOR !== 0 || a < prev || b <= a || b > opts.virtualSize) {
+      fail("bad_option", `range [${a}, ${b}) is unsorted, overlapping, unaligned or past ${opts.virtualSize}`, { offset: a, length: b - a });
+    }
+    prev = b;
+  }
+  const w = new CommittedLayerWriter(outPath, { ...opts.meta, virtualSize: opts.virtualSize });
+  const chunk = new Uint8Array(1 << 20);
+  try {
+    for (const [a, b] of ranges) {
+      for (let off = a; off < b; off += chunk.length) {
+        const len = Math.min(chunk.length, b - off);
+        const c = chunk.subarray(0, len);
+        await read(c, off);
+        let run = -1; // start of a run of stored blocks within c
+        let zeroRun = -1; // start of a run of zero blocks within c
+        const flush = (p: number, keep: "data" | "zero" | "none") => {
+          if (keep !== "data" && run >= 0) {
+            w.addData((off + run) / SECTOR, c.subarray(run, p));
+            run = -1;
+          }
+          if (keep !== "zero" && zeroRun >= 0) {
+            w.addZeroed((off + zeroRun) / SECTOR, (p - zeroRun) / SECTOR);
+            zeroRun = -1;
+          }
+        };
+        for (let p = 0; p < len; p += bs) {
+          if (isZero(c.subarray(p, Math.min(p + bs, len)))) {
+            flush(p, "zero");
+            if (zeroRun < 0) zeroRun = p;
+          } else {
+            flush(p, "data");
+            if (run < 0) run = p;
+          }
+        }
+        flush(len, "none");
+      }
+    }
+  } catch (e) {
+    await w.abort();
+    throw e;
+  }
+  return w.finish();
+}
+
 function isZero(b: Uint8Array): boolean {
   const n = b.length & ~7;
   if ((b.byteOffset & 7) === 0) {

@@ -18,7 +18,7 @@ export { openRoLayer, openRoLayerFile, unwrapBlob, type RoLayer } from "./layer.
 export { RwLayer } from "./rw.ts";
 export { CommittedLayerWriter, writeCommitted, type CommitMeta } from "./commit.ts";
 export { LayeredImage, openStack, createUpper, mergeLayers, type StackOptions, type UpperPaths } from "./stack.ts";
-export { importExtents, importRaw, importSparse, type ImportOptions } from "./import.ts";
+export { importChangedRanges, importExtents, importRaw, importSparse, type ImportOptions } from "./import.ts";
 export { reflinkOrCopy } from "./reflink.ts";
 export { ZFileReader, writeZFile, type ZFileWriteOptions, type ZAlgoName } from "./zfile.ts";
 export { openTarMember, tarPrefix } from "./tar.ts";

@@ -11,7 +11,7 @@ import { closeSync, existsSync, mkdirSync, openSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import { VmmError } from "../errors.ts";
 import { processStartTime, removeRecord, writeRecord } from "../supervise.ts";
-import type { SnapshotFiles, VmHandle, VmmDriver, VmSpec } from "../types.ts";
+import type { MemoryCapture, SnapshotFiles, VmHandle, VmmDriver, VmSpec } from "../types.ts";
 import { logger } from "../../observability/log.ts";
 import { FirecrackerApi, type ApiRequest } from "./api.ts";
 import type { FirecrackerConfig } from "./config.ts";
@@ -42,7 +42,17 @@ class FirecrackerVm implements VmHandle {
   #cleanup: () => void;
   #stopping: Promise<void> | undefined;
 
-  constructor(id: string, proc: ReturnType<typeof Bun.spawn>, api: FirecrackerApi, cfg: FirecrackerConfig, state: VmState, consolePath: string, cleanup: () => void) {
+  constructor(
+    id: string,
+    proc: ReturnType<typeof Bun.spawn>,
+    api: FirecrackerApi,
+    cfg: FirecrackerConfig,
+    state: VmState,
+    consolePath: string,
+    cleanup: () => void,
+    /** Started from a snapshot (its RAM is a private mapping of a memory image). */
+    readonly restored = false,
+  ) {
     this.id = id;
     this.consolePath = consolePath;
     this.pid = proc.pid;
@@ -83,9 +93,21 @@ class FirecrackerVm implements VmHandle {
     this.#state = "running";
   }
 
+  /** Write a Firecracker snapshot (Full or Diff per `files.kind`) of the paused VM. */
   async snapshot(files: SnapshotFiles): Promise<void> {
     this.#require("snapshot");
     await this.#api.send(snapshotCreateRequest(files));
+  }
+
+  /**
+   * `VmHandle.captureSnapshot`: a Full snapshot whose memory file (`<statePath>.mem`, removed by
+   * `release()`) is the whole guest RAM; for a restored VM it is compared with the memory image
+   * it was restored from (`overParent`).
+   */
+  async captureSnapshot(statePath: string): Promise<MemoryCapture> {
+    const memPath = `${statePath}.mem`;
+    await this.snapshot({ statePath, memPath, kind: "full" });
+    return { kind: "file", path: memPath, overParent: this.restored, release: () => rmSync(memPath, { force: true }) };
   }
 
   /** SIGTERM, then SIGKILL after `stop_timeout_ms`; removes the socket and the record. */
@@ -142,10 +164,10 @@ export class FirecrackerDriver implements VmmDriver {
    */
   async restore(spec: VmSpec, files: SnapshotFiles, opts: { resume: boolean }): Promise<FirecrackerVm> {
     const reqs = restoreRequests(spec, files, opts.resume, this.#cfg);
-    return this.#start(spec, reqs, opts.resume ? "running" : "paused");
+    return this.#start(spec, reqs, opts.resume ? "running" : "paused", true);
   }
 
-  async #start(spec: VmSpec, reqs: ApiRequest[], state: VmState): Promise<FirecrackerVm> {
+  async #start(spec: VmSpec, reqs: ApiRequest[], state: VmState, restored = false): Promise<FirecrackerVm> {
     validateSpec(spec);
     mkdirSync(spec.workDir, { recursive: true });
     const sock = join(spec.workDir, "firecracker.sock");
@@ -166,7 +188,7 @@ export class FirecrackerDriver implements VmmDriver {
     const record = { id: spec.id, ownedFiles: [sock] };
     writeRecord(this.#runtimeDir, { id: spec.id, driver: "firecracker", pid: proc.pid, startTime: processStartTime(proc.pid) ?? 0, ownedFiles: [sock] });
     const api = new FirecrackerApi(sock, spec.id, this.#cfg.apiTimeoutMs);
-    const vm = new FirecrackerVm(spec.id, proc, api, this.#cfg, state, join(spec.workDir, "firecracker.log"), () => removeRecord(this.#runtimeDir, record));
+    const vm = new FirecrackerVm(spec.id, proc, api, this.#cfg, state, join(spec.workDir, "firecracker.log"), () => removeRecord(this.#runtimeDir, record), restored);
     try {
       await this.#waitApi(api, proc, spec.id);
       for (const r of reqs) await api.send(r);

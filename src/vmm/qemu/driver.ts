@@ -1,27 +1,48 @@
 /**
  * QEMU microvm driver: spawns `qemu-system-x86_64` (inside the VM's network namespace through
  * `nsenter --net=`), drives it over QMP, supervises the process, and takes Firecracker-model
- * snapshots: guest RAM lives in a file mapped MAP_SHARED (`memory-backend-file,share=on`), so a
- * snapshot is the device state stream (migration with `x-ignore-shared`, RAM left out) plus a
- * copy of the RAM file; a restore maps the memory file privately (`share=off`: copy-on-write,
- * the snapshot is never modified) and loads the state with `-incoming defer` + `migrate-incoming`.
- * QEMU 7.2 has no `file:` migration URI, so the stream goes through `exec:cat`.
- * Facts: docs/vm-on-this-machine.md §7 (B).
+ * snapshots: device state (a migration stream with the guest RAM pages filtered out, see
+ * `captureSnapshot` and ./migration.ts) plus guest memory captured separately (the shared RAM
+ * file of a booted VM, or the pages a restored VM changed). A restore maps a memory image
+ * privately (`memory-backend-file,share=off`: copy-on-write, the image is never modified) and
+ * loads the state with `-incoming defer` + `migrate-incoming`. QEMU 7.2 has no `file:` migration
+ * URI, so the state is read through `exec:cat`. Facts: docs/vm-on-this-machine.md §7 (B).
  */
 import { spawn, type ChildProcess } from "node:child_process";
-import { existsSync, mkdirSync, readFileSync, rmSync } from "node:fs";
+import { closeSync, existsSync, fsyncSync, mkdirSync, openSync, readFileSync, rmSync, writeSync } from "node:fs";
+import { createServer } from "node:net";
 import { join } from "node:path";
 import { logger } from "../../observability/log.ts";
 import { kernelClockArg, kernelIpArg } from "../bootargs.ts";
 import { ConsoleLog } from "../console.ts";
 import { VmmError } from "../errors.ts";
 import { processStartTime, removeRecord, writeRecord, type VmmRecord } from "../supervise.ts";
-import type { SnapshotFiles, VmHandle, VmmDriver, VmSpec } from "../types.ts";
+import { fileMappings, privatePages, ProcessMemory, readMapped } from "../../ffi/procmem.ts";
+import type { MemoryCapture, SnapshotFiles, VmHandle, VmmDriver, VmSpec } from "../types.ts";
 import { buildQemuArgs, checkPath } from "./args.ts";
 import { detectAccel, hostTscKhz } from "./host.ts";
+import { filterMigrationStream, type MigrationFilterStats } from "./migration.ts";
 import { QmpClient, type QmpEvent } from "./qmp.ts";
 
 const log = logger("vmm.qemu");
+
+/** RAM block id of guest memory: the `memory-backend-file` object is created with id=mem (args.ts). */
+export const RAM_BLOCK_ID = "mem";
+/** Migration rate limit for snapshots, bytes/s: effectively none (the VM is paused, the stream local). */
+const MIGRATION_MAX_BANDWIDTH = 2 ** 40;
+
+function writeAll(fd: number, b: Uint8Array): void {
+  for (let o = 0; o < b.length; ) o += writeSync(fd, b, o, b.length - o);
+}
+
+async function withTimeout<T>(p: Promise<T>, ms: number, err: () => Error): Promise<T> {
+  let t: Timer | undefined;
+  try {
+    return await Promise.race([p, new Promise<never>((_, reject) => (t = setTimeout(() => reject(err()), ms)))]);
+  } finally {
+    clearTimeout(t);
+  }
+}
 
 /** Settings of the QEMU driver (from the `[qemu]` and `[vm]` config sections). */
 export interface QemuDriverOptions {
@@ -83,9 +104,10 @@ export class QemuDriver implements VmmDriver {
   }
 
   /**
-   * Start a VM from snapshot files (made by `QemuVm.snapshot`). The memory file is mapped
-   * copy-on-write and never modified, so several VMs may restore from one snapshot. `spec` must
-   * describe the same machine (memory, vCPUs, devices, MAC) as the snapshotted VM.
+   * Start a VM from snapshot files: the device state `captureSnapshot` wrote and a file holding
+   * the guest RAM (a shared memory image). The memory file is mapped copy-on-write and never
+   * modified, so several VMs may restore from one image. `spec` must describe the same machine
+   * (memory, vCPUs, devices, MAC) as the snapshotted VM.
    * @throws VmmError `vmm.snapshot_missing`, `vmm.restore_failed`, plus those of `boot`.
    */
   async restore(spec: VmSpec, files: SnapshotFiles, opts: { resume: boolean }): Promise<QemuVm> {
@@ -280,27 +302,64 @@ export class QemuVm implements VmHandle {
   }
 
   /**
-   * Write a snapshot of the paused VM: device state to `files.statePath`, guest RAM to
-   * `files.memPath`. QEMU has no dirty-page diff in this model, so `kind: "diff"` writes a full
-   * snapshot too. The VM stays paused and may be resumed afterwards. A VM that was itself
-   * restored maps its RAM privately, so its RAM goes into the state stream as well and the memory
-   * file is a copy of the one it was restored from (a restore from these files is still exact).
-   * @throws VmmError `vmm.not_paused`, `vmm.bad_spec`, `vmm.snapshot_failed`.
+   * Snapshot the paused VM (see `VmHandle.captureSnapshot`). QEMU migrates over a Unix socket
+   * (`<runtimeDir>/vmm/<id>.mig`) into this process, where `filterMigrationStream` drops the page
+   * records of the guest RAM block, so `statePath` gets the device state only. Guest RAM:
+   * - a booted VM maps its RAM file shared (x-ignore-shared keeps it out of the stream): the
+   *   capture is that file;
+   * - a restored VM maps its memory image privately: QEMU 7.2 streams such RAM (x-ignore-shared
+   *   skips only share=on blocks), and the pages the guest wrote are the private (anonymous)
+   *   pages of the mapping, found in /proc/<pid>/pagemap and read from /proc/<pid>/mem.
+   * The VM ends in QEMU's "postmigrate" state: still paused; `resume()` continues it.
+   * @throws VmmError `vmm.not_paused`, `vmm.bad_spec`, `vmm.snapshot_failed`, `vmm.stream_bad`
    */
-  async snapshot(files: SnapshotFiles): Promise<void> {
+  async captureSnapshot(statePath: string): Promise<MemoryCapture> {
     this.alive("snapshot");
     if (this.state !== "paused") throw new VmmError("vmm.not_paused", `VM ${this.id} must be paused to snapshot`, { id: this.id, state: this.state });
-    checkPath(files.statePath, "statePath");
-    checkPath(files.memPath, "memPath");
-    if (files.memPath === this.memPath) throw new VmmError("vmm.bad_spec", "snapshot memPath is the live RAM file", { memPath: files.memPath });
-    rmSync(files.statePath, { force: true });
-    // A privately mapped RAM block (a restored VM) is not "shared" and is streamed anyway.
-    await this.migrate("snapshot", "migrate", `exec:cat > ${files.statePath}`);
-    const cp = Bun.spawnSync(["cp", "--sparse=always", "--reflink=auto", this.memPath, files.memPath]);
-    if (cp.exitCode !== 0) {
-      throw new VmmError("vmm.snapshot_failed", `copying guest RAM to ${files.memPath} failed: ${cp.stderr.toString()}`, { id: this.id, memPath: files.memPath });
+    checkPath(statePath, "statePath");
+    if (statePath === this.memPath) throw new VmmError("vmm.bad_spec", "snapshot statePath is the live RAM file", { statePath });
+    const sock = join(this.opts.runtimeDir, "vmm", `${this.id}.mig`);
+    rmSync(sock, { force: true });
+    const fd = openSync(statePath, "w");
+    const server = createServer();
+    let stats: MigrationFilterStats;
+    try {
+      const received = new Promise<MigrationFilterStats>((resolve, reject) => {
+        server.once("connection", (conn) => {
+          server.close();
+          filterMigrationStream(conn, (b) => writeAll(fd, b), (block) => block === RAM_BLOCK_ID).then(resolve, (e) => {
+            conn.destroy();
+            reject(e);
+          });
+        });
+        server.once("error", reject);
+      });
+      received.catch(() => {}); // awaited below; a QMP failure first must not leave it unhandled
+      await new Promise<void>((resolve, reject) => {
+        server.once("listening", resolve);
+        server.once("error", reject);
+        server.listen(sock);
+      });
+      // the default 128 MiB/s rate limit would stretch a paused VM's migration for nothing
+      await this.qmp.execute("migrate-set-parameters", { "max-bandwidth": MIGRATION_MAX_BANDWIDTH });
+      await this.migrate("snapshot", "migrate", `unix:${sock}`);
+      stats = await withTimeout(received, this.opts.qmpTimeoutMs, () => new VmmError("vmm.snapshot_failed", `device state stream of ${this.id} did not end`, { id: this.id }));
+      fsyncSync(fd);
+    } catch (e) {
+      if (e instanceof VmmError) throw e;
+      throw new VmmError("vmm.snapshot_failed", `snapshot of ${this.id} failed: ${(e as Error).message}`, { id: this.id, stderr: this.stderrTail() }, { cause: e });
+    } finally {
+      closeSync(fd);
+      server.close();
+      rmSync(sock, { force: true });
     }
-    log.info({ id: this.id, statePath: files.statePath, memPath: files.memPath }, "snapshot written");
+    log.info({ id: this.id, statePath, streamBytes: stats.bytesIn, stateBytes: stats.bytesOut, ramPagesDropped: stats.pagesDropped }, "device state written");
+    if (this.memShared) return { kind: "file", path: this.memPath, overParent: false, release: () => {} };
+    const maps = fileMappings(this.pid, this.memPath);
+    if (maps.length === 0) throw new VmmError("vmm.snapshot_failed", `QEMU ${this.pid} does not map ${this.memPath}`, { id: this.id, memPath: this.memPath });
+    const ranges = privatePages(this.pid, maps);
+    const mem = new ProcessMemory(this.pid);
+    return { kind: "changed", ranges, read: (buf, offset) => readMapped(mem, maps, buf, offset), release: () => mem.close() };
   }
 
   /**

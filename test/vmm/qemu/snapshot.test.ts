@@ -1,12 +1,15 @@
 /**
  * Snapshot/restore under real QEMU microvm/TCG: a guest (base template, guest kernel) runs a
- * counter printing to the serial console; the VM is paused, snapshotted (device state + RAM file),
- * stopped, and two clones are restored from the same files: each keeps counting from where the
- * original stopped, guest uptime continues, and the snapshot's memory file is not modified.
+ * counter printing to the serial console; the VM is paused, captured (device state without RAM +
+ * its shared RAM file, copied as the memory image), stopped, and two clones are restored from the
+ * same files: each keeps counting from where the original stopped, guest uptime continues, and
+ * the memory image is not modified. A restored clone captured again yields a device state just as
+ * small (its privately mapped RAM is filtered out of QEMU's stream) plus only the pages it
+ * changed, and a restore from the image with those pages applied continues its count.
  */
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { createHash } from "node:crypto";
-import { existsSync, mkdtempSync, readFileSync, rmSync, statSync } from "node:fs";
+import { closeSync, copyFileSync, existsSync, mkdtempSync, openSync, readFileSync, rmSync, statSync, writeSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { resolveTemplate } from "../../../src/template/index.ts";
@@ -60,11 +63,15 @@ describe("QEMU snapshot and restore", () => {
     let last = { n: 0, up: 0 };
     try {
       await waitConsole(vm.consolePath, /COUNTER 5 /, 90_000);
-      await expect(vm.snapshot(files)).rejects.toMatchObject({ code: "vmm.not_paused" });
+      await expect(vm.captureSnapshot(files.statePath)).rejects.toMatchObject({ code: "vmm.not_paused" });
       await vm.pause();
       await Bun.sleep(300);
       last = counters(vm.consolePath).at(-1)!;
-      await vm.snapshot(files);
+      const cap = await vm.captureSnapshot(files.statePath);
+      // a booted VM's RAM is its shared file: the capture names it, the caller copies it
+      expect(cap).toMatchObject({ kind: "file", path: vm.memPath, overParent: false });
+      copyFileSync(vm.memPath, files.memPath);
+      cap.release();
       // paused means paused: nothing was printed while the snapshot was written
       expect(counters(vm.consolePath).at(-1)).toEqual(last);
       expect(statSync(files.statePath).size).toBeGreaterThan(10_000);
@@ -98,16 +105,33 @@ describe("QEMU snapshot and restore", () => {
         expect(seen.map((s) => s.n)).toEqual(seen.map((_, i) => seen[0]!.n + i));
         expect(readFileSync(c.consolePath, "utf8")).not.toContain("@@AENV-INIT@@"); // no fresh boot: init ran only in the original
       }
-      // a restored VM can itself be snapshotted and restored
+      // a restored VM captured again: small state, only the pages it changed
       await c1.pause();
       const f2 = { statePath: join(dir, "c1.state"), memPath: join(dir, "c1.mem"), kind: "full" as const };
-      await c1.snapshot(f2);
+      const cap = await c1.captureSnapshot(f2.statePath);
+      if (cap.kind !== "changed") throw new Error(`expected a changed-pages capture, got ${cap.kind}`);
+      const changed = cap.ranges.reduce((a, [x, y]) => a + (y - x), 0);
+      expect(statSync(f2.statePath).size).toBeLessThan(4 << 20); // QEMU streamed 256 MiB of private RAM; the filter kept none
+      expect(changed).toBeGreaterThan(0);
+      expect(changed).toBeLessThan(64 << 20); // a counter changes a few MiB, not the guest's 256
+      for (const [a, b] of cap.ranges) expect(a % 4096 === 0 && b % 4096 === 0 && b > a).toBe(true);
+      // the memory of the next restore: the image with the changed pages on top
+      copyFileSync(files.memPath, f2.memPath);
+      const fd = openSync(f2.memPath, "r+");
+      for (const [a, b] of cap.ranges) {
+        const buf = new Uint8Array(b - a);
+        cap.read(buf, a);
+        writeSync(fd, buf, 0, buf.length, a);
+      }
+      closeSync(fd);
+      cap.release();
       const n1 = counters(c1.consolePath).at(-1)!.n;
       await c1.stop();
       const c3 = await drv.driver.restore(spec("clone3"), f2, { resume: true });
       try {
         await waitFor("clone3 to count on", () => (counters(c3.consolePath).at(-1)?.n ?? 0) >= n1 + 3, 30_000);
         expect(counters(c3.consolePath)[0]!.n).toBeLessThanOrEqual(n1 + 1);
+        expect(counters(c3.consolePath)[0]!.n).toBeGreaterThanOrEqual(n1);
       } finally {
         await c3.stop();
       }

@@ -1,0 +1,417 @@
+/**
+ * The local snapshot repository, a POSIX directory (default `$home/snapshots/`):
+ *   layers/<sha256 hex>     layer files (overlaybd layers, VMM state), content-addressed, mode 0444
+ *   manifests/<id>.json     committed manifests (immutable)
+ *   manifests/<id>.deleted  tombstone: deleted by a user but still used by a running sandbox
+ *   staging/<pid>.<rand>/   commits in progress (reaped when their process is gone)
+ * Commit protocol: every layer is written and fsynced in staging, hashed, linked into `layers/`
+ * (an equal layer already there is kept, so equal layers are stored once), the folder fsynced;
+ * then the manifest is written, fsynced and renamed into `manifests/`. A snapshot is visible
+ * only once every file it names is durable; a crash before that leaves staging files and
+ * unreferenced layers, which `gc()` removes.
+ */
+import { closeSync, existsSync, fsyncSync, linkSync, mkdirSync, openSync, readdirSync, readFileSync, readSync, renameSync, rmSync, statSync, utimesSync, chmodSync, writeFileSync, constants as fsc } from "node:fs";
+import { join } from "node:path";
+import { logger } from "../observability/log.ts";
+import { SnapshotError } from "./errors.ts";
+import { digestHex, DIGEST_RE, layersOf, parseManifest, SNAPSHOT_ID_RE, type LayerRef, type SnapshotManifest } from "./manifest.ts";
+
+const log = logger("snapshot");
+
+/** Settings of a local repository. */
+export interface LocalRepositoryOptions {
+  /** Check a layer's sha256 the first time this process opens it for a restore. */
+  verifyDigests: boolean;
+  /**
+   * An unreferenced layer or staging folder younger than this is left alone by `gc()`: another
+   * process (a template build) may be committing it. ms.
+   */
+  gcGraceMs: number;
+}
+
+/** What `gc()` removed. */
+export interface GcReport {
+  layers: string[];
+  staging: string[];
+  bytes: number;
+}
+
+/** fsync a folder so a link or rename in it is durable. */
+function fsyncDir(dir: string): void {
+  const fd = openSync(dir, fsc.O_RDONLY);
+  try {
+    fsyncSync(fd);
+  } finally {
+    closeSync(fd);
+  }
+}
+
+/**
+ * sha256 of a file's bytes and its size.
+ * @throws SnapshotError `snapshot.corrupt_layer` when it cannot be read
+ */
+export function hashFile(path: string): LayerRef {
+  let fd: number;
+  try {
+    fd = openSync(path, "r");
+  } catch (e) {
+    throw new SnapshotError("snapshot.corrupt_layer", `layer file ${path} cannot be opened: ${(e as Error).message}`, { path });
+  }
+  const h = new Bun.CryptoHasher("sha256");
+  const buf = new Uint8Array(1 << 20);
+  let size = 0;
+  try {
+    for (;;) {
+      const n = readSync(fd, buf, 0, buf.length, size);
+      if (n <= 0) break;
+      h.update(buf.subarray(0, n));
+      size += n;
+    }
+  } finally {
+    closeSync(fd);
+  }
+  return { digest: `sha256:${h.digest("hex")}`, size };
+}
+
+function pidAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (e) {
+    return (e as NodeJS.ErrnoException).code === "EPERM";
+  }
+}
+
+/** A commit in progress: files are written into `dir`, added as layers, then published. */
+export class CommitTxn {
+  private readonly refs: LayerRef[] = [];
+  private done = false;
+
+  /** @internal made by `LocalRepository.begin()`. */
+  constructor(
+    private readonly repo: LocalRepository,
+    /** Staging folder of this commit (on the repository's filesystem). */
+    readonly dir: string,
+  ) {}
+
+  /** Path of a new file in the staging folder. */
+  file(name: string): string {
+    return join(this.dir, name);
+  }
+
+  /**
+   * Make the file at `path` a layer of the repository: fsync it, hash it and link it into
+   * `layers/` (kept as is when an equal layer is there). The source is removed unless
+   * `keepSource` (e.g. a template's own layer file, hard-linked in).
+   * @returns its digest and size
+   * @throws SnapshotError `snapshot.commit_failed`
+   */
+  addLayer(path: string, opts: { keepSource?: boolean } = {}): LayerRef {
+    if (this.done) throw new SnapshotError("snapshot.commit_failed", "commit already finished", { dir: this.dir });
+    try {
+      const fd = openSync(path, "r");
+      try {
+        fsyncSync(fd);
+      } finally {
+        closeSync(fd);
+      }
+      // a kept source (a template's layer, a tools image) is hashed once per process and version
+      const ref = opts.keepSource ? this.repo.digestOf(path) : hashFile(path);
+      this.repo.pin(ref.digest);
+      this.refs.push(ref);
+      const dst = this.repo.layerPath(ref);
+      if (existsSync(dst)) {
+        // keep the stored copy; a fresh mtime keeps gc() of another process off it until we publish
+        const now = new Date();
+        utimesSync(dst, now, now);
+      } else {
+        try {
+          linkSync(path, dst);
+        } catch (e) {
+          if ((e as NodeJS.ErrnoException).code === "EXDEV") {
+            // another filesystem: copy in, then move into place
+            const tmp = this.file(`.copy-${digestHex(ref)}`);
+            Bun.spawnSync(["cp", "--reflink=auto", path, tmp]);
+            const fd2 = openSync(tmp, "r");
+            fsyncSync(fd2);
+            closeSync(fd2);
+            renameSync(tmp, dst);
+          } else if ((e as NodeJS.ErrnoException).code !== "EEXIST") throw e;
+        }
+        chmodSync(dst, 0o444);
+      }
+      if (!opts.keepSource && path.startsWith(this.dir)) rmSync(path, { force: true });
+      return ref;
+    } catch (e) {
+      if (e instanceof SnapshotError) throw e;
+      throw new SnapshotError("snapshot.commit_failed", `adding layer ${path} failed: ${(e as Error).message}`, { path }, { cause: e });
+    }
+  }
+
+  /**
+   * Make `m` visible: every layer it names must be in the repository; the layer folder and the
+   * manifest are fsynced before the manifest's rename. Ends the commit.
+   * @throws SnapshotError `snapshot.commit_failed` (nothing becomes visible), `snapshot.bad_manifest`
+   */
+  publish(m: SnapshotManifest): void {
+    if (this.done) throw new SnapshotError("snapshot.commit_failed", "commit already finished", { dir: this.dir });
+    parseManifest(m, m.id);
+    try {
+      for (const l of layersOf(m)) {
+        if (!existsSync(this.repo.layerPath(l))) throw new SnapshotError("snapshot.commit_failed", `snapshot ${m.id} names layer ${l.digest}, which the repository does not hold`, { id: m.id, digest: l.digest });
+      }
+      fsyncDir(join(this.repo.root, "layers"));
+      const tmp = this.file("manifest.json");
+      writeFileSync(tmp, JSON.stringify(m, null, 2) + "\n");
+      const fd = openSync(tmp, "r");
+      try {
+        fsyncSync(fd);
+      } finally {
+        closeSync(fd);
+      }
+      const dst = join(this.repo.root, "manifests", `${m.id}.json`);
+      if (existsSync(dst)) throw new SnapshotError("snapshot.commit_failed", `snapshot ${m.id} already exists`, { id: m.id });
+      renameSync(tmp, dst);
+      fsyncDir(join(this.repo.root, "manifests"));
+    } catch (e) {
+      this.abort();
+      if (e instanceof SnapshotError) throw e;
+      throw new SnapshotError("snapshot.commit_failed", `publishing snapshot ${m.id} failed: ${(e as Error).message}`, { id: m.id }, { cause: e });
+    }
+    this.finish();
+    log.info({ id: m.id, kind: m.kind, layers: layersOf(m).length }, "snapshot committed");
+  }
+
+  /** Give up: remove the staging folder; layers already linked in become garbage for gc(). Idempotent. */
+  abort(): void {
+    if (this.done) return;
+    this.finish();
+  }
+
+  private finish(): void {
+    this.done = true;
+    for (const r of this.refs) this.repo.unpin(r.digest);
+    rmSync(this.dir, { recursive: true, force: true });
+  }
+}
+
+/** A snapshot repository on a local filesystem. */
+export class LocalRepository {
+  private readonly pins = new Map<string, number>();
+  private readonly verified = new Map<string, string>();
+  private readonly hashes = new Map<string, LayerRef & { key: string }>();
+  private readonly cache = new Map<string, { mtimeMs: number; m: SnapshotManifest }>();
+
+  /** Create the folders under `root` when missing. */
+  constructor(
+    readonly root: string,
+    private readonly opts: LocalRepositoryOptions,
+  ) {
+    for (const d of ["layers", "manifests", "staging"]) mkdirSync(join(root, d), { recursive: true });
+  }
+
+  /** Path of a layer file (which may not exist). */
+  layerPath(ref: LayerRef | string): string {
+    const d = typeof ref === "string" ? ref : ref.digest;
+    if (!DIGEST_RE.test(d)) throw new SnapshotError("snapshot.bad_request", `bad layer digest ${JSON.stringify(d)}`, { digest: d });
+    return join(this.root, "layers", digestHex(d));
+  }
+
+  /** Whether the layer is stored here. */
+  hasLayer(ref: LayerRef): boolean {
+    return existsSync(this.layerPath(ref));
+  }
+
+  /** Start a commit in a fresh staging folder. */
+  begin(): CommitTxn {
+    const dir = join(this.root, "staging", `${process.pid}.${crypto.getRandomValues(new Uint32Array(1))[0]!.toString(36)}`);
+    mkdirSync(dir, { recursive: true });
+    return new CommitTxn(this, dir);
+  }
+
+  /** @internal keep `digest` out of gc() while a commit of this process holds it. */
+  pin(digest: string): void {
+    this.pins.set(digest, (this.pins.get(digest) ?? 0) + 1);
+  }
+
+  /** @internal */
+  unpin(digest: string): void {
+    const n = (this.pins.get(digest) ?? 0) - 1;
+    if (n < 0) throw new SnapshotError("snapshot.commit_failed", `pin count of ${digest} went negative`, { digest });
+    if (n === 0) this.pins.delete(digest);
+    else this.pins.set(digest, n);
+  }
+
+  /**
+   * The digest of a file outside the repository (a template's layer), remembered by inode,
+   * size and mtime so a large file is hashed once per process. @throws SnapshotError `snapshot.corrupt_layer`
+   */
+  digestOf(path: string): LayerRef {
+    const known = this.knownHash(path);
+    if (known) return known;
+    const st = statSync(path);
+    const ref = hashFile(path);
+    this.hashes.set(path, { ...ref, key: `${st.ino}:${st.size}:${st.mtimeMs}` });
+    return ref;
+  }
+
+  /** @internal the remembered digest of `path` if the file did not change since. */
+  knownHash(path: string): LayerRef | undefined {
+    const h = this.hashes.get(path);
+    if (!h) return undefined;
+    try {
+      const st = statSync(path);
+      if (h.key === `${st.ino}:${st.size}:${st.mtimeMs}`) return { digest: h.digest, size: h.size };
+    } catch {
+      // gone
+    }
+    this.hashes.delete(path);
+    return undefined;
+  }
+
+  /**
+   * Check that a layer is present and (with `verifyDigests`) that its bytes match its digest; a
+   * layer checked once by this process is not read again unless its file changed.
+   * @throws SnapshotError `snapshot.corrupt_layer` naming the digest and path
+   */
+  verifyLayer(ref: LayerRef): void {
+    const path = this.layerPath(ref);
+    let st;
+    try {
+      st = statSync(path);
+    } catch {
+      throw new SnapshotError("snapshot.corrupt_layer", `layer ${ref.digest} is missing from ${this.root}`, { digest: ref.digest, path });
+    }
+    if (st.size !== ref.size) throw new SnapshotError("snapshot.corrupt_layer", `layer ${ref.digest} has ${st.size} bytes, the manifest says ${ref.size}`, { digest: ref.digest, path, size: st.size });
+    if (!this.opts.verifyDigests) return;
+    const key = `${st.ino}:${st.size}:${st.mtimeMs}`;
+    if (this.verified.get(ref.digest) === key) return;
+    const got = hashFile(path);
+    if (got.digest !== ref.digest) throw new SnapshotError("snapshot.corrupt_layer", `layer ${path} does not match its digest (${got.digest})`, { digest: ref.digest, path, got: got.digest });
+    this.verified.set(ref.digest, key);
+  }
+
+  /** The manifest of `id` whether tombstoned or not, or undefined. @throws SnapshotError `snapshot.bad_manifest` */
+  find(id: string): SnapshotManifest | undefined {
+    if (!SNAPSHOT_ID_RE.test(id)) return undefined;
+    const path = join(this.root, "manifests", `${id}.json`);
+    let st;
+    try {
+      st = statSync(path);
+    } catch {
+      this.cache.delete(id);
+      return undefined;
+    }
+    const c = this.cache.get(id);
+    if (c && c.mtimeMs === st.mtimeMs) return c.m;
+    let raw: unknown;
+    try {
+      raw = JSON.parse(readFileSync(path, "utf8"));
+    } catch (e) {
+      throw new SnapshotError("snapshot.bad_manifest", `snapshot manifest ${path}: ${(e as Error).message}`, { id, path });
+    }
+    const m = parseManifest(raw, path);
+    if (m.id !== id) throw new SnapshotError("snapshot.bad_manifest", `snapshot manifest ${path} names id ${m.id}`, { id, path });
+    this.cache.set(id, { mtimeMs: st.mtimeMs, m });
+    return m;
+  }
+
+  /** A visible (not tombstoned) manifest. @throws SnapshotError `snapshot.not_found` */
+  get(id: string): SnapshotManifest {
+    const m = this.find(id);
+    if (!m || this.isTombstoned(id)) throw new SnapshotError("snapshot.not_found", `snapshot ${id} not found`, { id });
+    return m;
+  }
+
+  /**
+   * Every committed manifest (`hidden`: tombstoned ones too), oldest first. Unreadable ones are
+   * logged and skipped, or thrown with `strict`.
+   */
+  list(opts: { hidden?: boolean; strict?: boolean } = {}): SnapshotManifest[] {
+    const out: SnapshotManifest[] = [];
+    for (const f of readdirSync(join(this.root, "manifests"))) {
+      if (!f.endsWith(".json")) continue;
+      const id = f.slice(0, -5);
+      try {
+        const m = this.find(id);
+        if (m && (opts.hidden || !this.isTombstoned(id))) out.push(m);
+      } catch (e) {
+        if (opts.strict) throw e;
+        log.warn({ err: e, id }, "skipping unreadable snapshot manifest");
+      }
+    }
+    return out.sort((a, b) => a.createdAt.localeCompare(b.createdAt) || a.id.localeCompare(b.id));
+  }
+
+  /** Hide `id` from lookups while running sandboxes still use it; `remove` deletes it later. */
+  tombstone(id: string): void {
+    const p = join(this.root, "manifests", `${id}.deleted`);
+    writeFileSync(p, "");
+    fsyncDir(join(this.root, "manifests"));
+  }
+
+  /** Whether `id` was deleted by a user but is kept for running sandboxes. */
+  isTombstoned(id: string): boolean {
+    return existsSync(join(this.root, "manifests", `${id}.deleted`));
+  }
+
+  /** Delete the manifest of `id` (and its tombstone); its layers go at the next gc(). Idempotent. */
+  remove(id: string): void {
+    if (!SNAPSHOT_ID_RE.test(id)) return;
+    rmSync(join(this.root, "manifests", `${id}.json`), { force: true });
+    rmSync(join(this.root, "manifests", `${id}.deleted`), { force: true });
+    this.cache.delete(id);
+  }
+
+  /**
+   * Remove layers no manifest names (not pinned by a commit of this process, older than the
+   * grace period) and staging folders of processes that are gone (or older than the grace).
+   * `extraKeep` adds digests still needed outside manifests (e.g. layers a running VM serves).
+   * While any manifest is unreadable no layer is removed (it might name them).
+   */
+  gc(extraKeep: Iterable<string> = [], now = Date.now()): GcReport {
+    const keep = new Set<string>(extraKeep);
+    const report: GcReport = { layers: [], staging: [], bytes: 0 };
+    let manifests: SnapshotManifest[];
+    try {
+      manifests = this.list({ hidden: true, strict: true });
+    } catch (e) {
+      log.error({ err: e }, "an unreadable snapshot manifest blocks layer garbage collection");
+      return report;
+    }
+    for (const m of manifests) for (const l of layersOf(m)) keep.add(l.digest);
+    const ldir = join(this.root, "layers");
+    for (const f of readdirSync(ldir)) {
+      const digest = `sha256:${f}`;
+      if (!DIGEST_RE.test(digest) || keep.has(digest) || this.pins.has(digest)) continue;
+      const p = join(ldir, f);
+      let st;
+      try {
+        st = statSync(p);
+      } catch {
+        continue;
+      }
+      if (now - st.mtimeMs < this.opts.gcGraceMs) continue;
+      rmSync(p, { force: true });
+      report.layers.push(digest);
+      report.bytes += st.size;
+    }
+    const sdir = join(this.root, "staging");
+    for (const f of readdirSync(sdir)) {
+      const pid = Number(f.split(".")[0]);
+      const p = join(sdir, f);
+      if (pid === process.pid) continue;
+      let young = false;
+      try {
+        young = now - statSync(p).mtimeMs < this.opts.gcGraceMs;
+      } catch {
+        continue;
+      }
+      if (Number.isInteger(pid) && pid > 0 && pidAlive(pid) && young) continue;
+      rmSync(p, { recursive: true, force: true });
+      report.staging.push(f);
+    }
+    if (report.layers.length || report.staging.length) log.info({ layers: report.layers.length, staging: report.staging.length, bytes: report.bytes }, "snapshot repository garbage removed");
+    return report;
+  }
+}
