@@ -118,6 +118,7 @@ const NOT_500 = {
   "snapshot.not_found": 404,
   "snapshot.bad_request": 400,
   "snapshot.in_use": 409,
+  "snapshot.remote_failed": 503,
 } as const satisfies Partial<Record<ErrorCode, number>>;
 
 /** HTTP status of every code an API response may carry: `NOT_500`, else 500. */

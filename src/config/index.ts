@@ -47,6 +47,8 @@ export const ENV_ALIASES: Record<string, string> = {
   AENV_OBSERVABILITY_SCHEDULER_ENDPOINT: "cluster.scheduler_endpoint",
   AENV_OBSERVABILITY_REPORT_INTERVAL_SECS: "observability.scheduler_report.interval_secs",
   AENV_GATEWAY_SANDBOX_PROXY_DOMAINS: "gateway.sandbox_proxy_domains",
+  AENV_SNAPSHOT_S3_ACCESS_KEY_ID: "snapshot.s3.access_key_id",
+  AENV_SNAPSHOT_S3_SECRET_ACCESS_KEY: "snapshot.s3.secret_access_key",
 };
 
 type Table = Record<string, unknown>;

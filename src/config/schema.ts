@@ -119,6 +119,26 @@ export const CONFIG_SCHEMA = section("", {
     verify_digests: bool(true, "Check a layer's sha256 against its digest the first time a node process restores from it\n(and again whenever the file changed); a mismatch fails the restore with snapshot.corrupt_layer."),
     gc_grace_secs: int(600, "An unreferenced layer or staging folder younger than this is left alone by garbage\ncollection (another process, e.g. a template build, may be committing it).", { min: 0, max: 86_400, unit: "s" }),
     gc_interval_secs: int(3600, "Period of the repository's garbage collection (it also runs at start and after deletes);\n0 = only then.", { min: 0, max: 86_400, unit: "s" }),
+    cache_max_bytes: int(
+      21_474_836_480,
+      "With [snapshot.s3]: bytes of layer files the local repository keeps. Past it, the least recently\nused layers that the object store holds and no running sandbox uses are removed (fetched again\nwhen a restore needs them). Layers in use are kept even past it. 0 = no limit.",
+      { min: 0, unit: "bytes" },
+    ),
+    s3: section("S3-compatible object store of committed snapshots (Bun's S3 client): snapshots are pushed to it\nafter commit, and a restore of a snapshot whose manifest or layers this node lacks fetches them\nfrom it (digests checked) into the local repository, which then acts as an LRU layer cache.", {
+      bucket: str("", "Bucket. Empty: no object store (snapshots stay on this node)."),
+      prefix: str("agentenv/", 'Key prefix of every object (manifests/<id>.json, layers/sha256/<hex>); "" or ending in "/".', { pattern: "^([A-Za-z0-9!_.*'()=+-]+/)*$" }),
+      endpoint: str("", "Endpoint URL of an S3-compatible store (http://127.0.0.1:9000). Empty: AWS S3 of the region."),
+      region: str("us-east-1", "Region the requests are signed for.", { minLength: 1 }),
+      virtual_hosted_style: bool(false, "Address the bucket as <bucket>.<endpoint host> (AWS style) instead of <endpoint>/<bucket> (path style)."),
+      access_key_id: str("", "Credentials. Empty: Bun's S3 client reads S3_ACCESS_KEY_ID / AWS_ACCESS_KEY_ID and\nS3_SECRET_ACCESS_KEY / AWS_SECRET_ACCESS_KEY. AENV_SNAPSHOT_S3_ACCESS_KEY_ID and\nAENV_SNAPSHOT_S3_SECRET_ACCESS_KEY override them (keep secrets out of config files)."),
+      secret_access_key: str("", ""),
+      push_kinds: list(["template", "user"], "Snapshot kinds pushed after commit (template, user, fork, pause). Pause and fork snapshots\nbelong to one node's sandboxes and are not pushed by default; a layer is only ever evicted\nfrom the local cache once the store holds it."),
+      part_size_mib: int(16, "Multipart upload part size of a layer.", { min: 5, max: 5120, unit: "MiB" }),
+      upload_concurrency: int(4, "Parts of one layer uploaded at once.", { min: 1, max: 64, unit: "count" }),
+      retries: int(3, "Retries of a failed request (Bun's client, with backoff).", { min: 0, max: 255, unit: "count" }),
+      shutdown_wait_ms: int(120_000, "Longest wait at node shutdown for pushes in progress (what is left is pushed at the next start).", { min: 0, max: MS_MAX, unit: "ms" }),
+      sync_interval_secs: int(600, "Period of pushing committed snapshots the store still lacks (a failed or interrupted push is\ntried again then; also at start). 0 = only at start.", { min: 0, max: 86_400, unit: "s" }),
+    }),
   }),
 
   template_build: section("Template builds through the API (E2B Template SDK) and `agentenv template build|pull`.", {

@@ -14,20 +14,25 @@ import { reapHostVolumes } from "../volume/index.ts";
 import { rmSync } from "node:fs";
 import { join } from "node:path";
 import type { OrchestratorConfig } from "../orchestrator/config.ts";
-import { LocalRepository, SharedImages, snapshotConfig } from "../snapshot/index.ts";
+import { openRepository, SharedImages, snapshotConfig } from "../snapshot/index.ts";
 import { diskMemoryExporter } from "./memory-export.ts";
 import { VmRuntime, type VmRuntimeOptions } from "./vm-runtime.ts";
 
 /**
- * The snapshot repository of the node (`[snapshot] path`, default `$home_path/snapshots`) and its
+ * The snapshot repository of the node (`[snapshot] path`, default `$home_path/snapshots`), with
+ * `[snapshot.s3]` its object store (commits pushed, start-up sync begun, LRU layer cache), and its
  * shared memory images, served by the disk daemon `disks`.
+ * @throws SnapshotError `snapshot.bad_config`
  */
 export function snapshotServices(cfg: Config, disks: DiskService): VmRuntimeOptions["snapshots"] {
   const sc = snapshotConfig(cfg);
+  const { repo, remote } = openRepository(sc, { evict: true });
+  remote?.start();
   return {
-    repo: new LocalRepository(sc.path, { verifyDigests: sc.verifyDigests, gcGraceMs: sc.gcGraceMs }),
+    repo,
     images: new SharedImages(diskMemoryExporter(disks)),
     gcIntervalMs: sc.gcIntervalMs,
+    remote,
   };
 }
 
@@ -37,6 +42,8 @@ export function snapshotServices(cfg: Config, disks: DiskService): VmRuntimeOpti
  */
 export async function createVmRuntime(cfg: Config, db: Db, oc: OrchestratorConfig): Promise<VmRuntime> {
   const runtimePath = cfg.runtime_path;
+  // bad [snapshot.s3] settings stop the start before anything is started
+  snapshotConfig(cfg);
   const driver = await createDriver(cfg);
   const homePath = cfg.home_path;
   const volumeHostDir = join(runtimePath, "volumes");

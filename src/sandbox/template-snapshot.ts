@@ -16,7 +16,7 @@ import type { Config } from "../config/index.ts";
 import { ENVD_PORT } from "../envd/version.ts";
 import { GUEST_IP, makeTapNamespace, reapTapNamespaces } from "../net/index.ts";
 import { logger } from "../observability/log.ts";
-import { LocalRepository, snapshotConfig } from "../snapshot/index.ts";
+import { openRepository, snapshotConfig } from "../snapshot/index.ts";
 import { agentenvCommand, diskConfig, DiskService, reapStaleMounts, upperPaths, type DiskExport } from "../storage/daemon/index.ts";
 import { readManifest, resolveTemplate, TemplateError, writeManifest } from "../template/index.ts";
 import { resolveTools, toolsBoot } from "../tools/index.ts";
@@ -48,7 +48,8 @@ export interface TemplateSnapshotResult {
 export async function commitTemplateSnapshot(cfg: Config, name: string, onProgress: (phase: string, detail: string) => void = () => {}): Promise<TemplateSnapshotResult> {
   const home = cfg.home_path;
   const sc = snapshotConfig(cfg);
-  const repo = new LocalRepository(sc.path, { verifyDigests: sc.verifyDigests, gcGraceMs: sc.gcGraceMs });
+  // with [snapshot.s3] the commit is pushed before this returns; the node's cache is left alone
+  const { repo, remote } = openRepository(sc, { evict: false });
   const tpl = resolveTemplate(home, name);
   if (tpl.rootLayers.length === 0) throw new TemplateError("template.snapshot_failed", `template ${name} has no overlaybd layers to boot from`, { name });
   // through the node's tools drive, as every sandbox boots; the snapshot keeps a copy of it
@@ -122,6 +123,12 @@ export async function commitTemplateSnapshot(cfg: Config, name: string, onProgre
     for (const o of repo.list()) if (o.kind === "template" && o.source.templateId === name && o.id !== m.id) repo.tombstone(o.id);
     log.info({ name, snapshot: m.id, memoryBytes: cap.changedBytes, readyMs }, "template snapshot committed");
     onProgress("snapshot", `committed ${m.id} (memory ${(cap.changedBytes / 1048576).toFixed(1)} MiB)`);
+    if (remote) {
+      onProgress("snapshot", `pushing ${m.id} to ${remote.store.location}`);
+      await remote.flush();
+      // a failed push is logged; the node's sync pushes it later
+      onProgress("snapshot", remote.isStored(m.id) ? `pushed ${m.id}` : `push of ${m.id} failed: the node pushes it at its next sync`);
+    }
     return { snapshotId: m.id, built: true, memoryBytes: cap.changedBytes, readyMs };
   } catch (e) {
     txn.abort();

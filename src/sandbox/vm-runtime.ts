@@ -31,7 +31,7 @@ import { logger } from "../observability/log.ts";
 import { OrchestratorError } from "../orchestrator/errors.ts";
 import type { ReapReport, RuntimeKnownSandbox, RuntimeMetricsTarget, RuntimeSandbox, RuntimeStartSpec, SandboxRuntime, SnapshotInfo, SnapshotRequest } from "../orchestrator/runtime.ts";
 import type { SandboxMetricsSample, TemplateInfo, VolumeMount } from "../orchestrator/types.ts";
-import { layersOf, newSnapshotId, SNAPSHOT_NAME_RE, SnapshotError, type CommitTxn, type ImageLease, type LayerRef, type LocalRepository, type SharedImages, type SnapshotManifest } from "../snapshot/index.ts";
+import { layersOf, newSnapshotId, SNAPSHOT_ID_RE, SNAPSHOT_NAME_RE, SnapshotError, type CommitTxn, type ImageLease, type LayerHold, type LayerRef, type LocalRepository, type SharedImages, type SnapshotManifest, type SnapshotRemote } from "../snapshot/index.ts";
 import { reapStaleMounts, upperPaths, type DiskExport, type DiskService } from "../storage/daemon/index.ts";
 import { importSparse } from "../storage/overlaybd/index.ts";
 import { resolveTemplate, shownBuild, TemplateCatalog, TemplateError, waitReady, type BootSpec, type BuildRecord, type BuildVmLauncher, type ResolvedTemplate, type TemplateRecord } from "../template/index.ts";
@@ -63,8 +63,11 @@ export interface VmRuntimeOptions {
   defaultUser: string;
   /** The node's disk daemon (serves root disks, memory images and volume drives); closed by close(). */
   disks: DiskService;
-  /** The node's snapshot repository and its shared memory images. */
-  snapshots: { repo: LocalRepository; images: SharedImages; gcIntervalMs: number };
+  /**
+   * The node's snapshot repository and its shared memory images; `remote` (`[snapshot.s3]`):
+   * the object store commits are pushed to and missing snapshots and layers come from.
+   */
+  snapshots: { repo: LocalRepository; images: SharedImages; gcIntervalMs: number; remote?: SnapshotRemote | null };
   /** Volumes (`[volumes]`); absent: this runtime cannot attach volumes. */
   volumes?: VmVolumesOptions;
   /** Called last by close() (shuts the network manager down). */
@@ -161,7 +164,7 @@ export class VmRuntime implements SandboxRuntime {
     } catch (e) {
       if (!(e instanceof TemplateError)) throw e;
     }
-    const m = this.findSnapshot(ref, ["user", "template", "fork"]);
+    const m = this.findSnapshot(ref, ["user", "template", "fork"]) ?? (await this.remoteSnapshot(ref));
     return m ? snapshotTemplateInfo(m) : null;
   }
 
@@ -319,7 +322,13 @@ export class VmRuntime implements SandboxRuntime {
       const p = this.repo.find(st.paused);
       if (!p) throw new OrchestratorError("orchestrator.snapshot_missing", `snapshot of sandbox ${id} is missing`, { sandboxId: id });
       const m: SnapshotManifest = { ...p, id: newSnapshotId(), kind: req.kind, names, createdAt: new Date().toISOString() };
-      this.repo.begin().publish(m);
+      // its layers may have left the layer cache since the pause
+      const hold = await this.o.snapshots.remote?.acquire(layersOf(p));
+      try {
+        this.repo.begin().publish(m);
+      } finally {
+        hold?.release();
+      }
       return snapshotInfo(m);
     }
     const vm = this.vms.get(id);
@@ -430,6 +439,8 @@ export class VmRuntime implements SandboxRuntime {
 
   async close(): Promise<void> {
     clearInterval(this.gcTimer);
+    // pushes in progress finish (bounded); the VMs are not needed for that
+    await this.o.snapshots.remote?.close();
     for (const [id, vm] of this.vms) await vm.stop().catch((e) => this.log.error({ sandboxId: id, err: e }, "stop at close failed"));
     this.vms.clear();
     for (const id of new Set([...this.disks.keys(), ...this.volumeDisks.keys()])) await this.closeDisk(id);
@@ -507,7 +518,7 @@ export class VmRuntime implements SandboxRuntime {
       const tpl = resolveTemplate(this.o.homePath, t.templateID);
       return { base: await this.templateBase(tpl), rootLayers: tpl.rootLayers, boot: null };
     }
-    const m = this.findSnapshot(ref, ["user", "template", "fork"]);
+    const m = this.findSnapshot(ref, ["user", "template", "fork"]) ?? (await this.remoteSnapshot(ref));
     if (m) return { base: m, rootLayers: [], boot: null };
     throw new OrchestratorError("orchestrator.template_not_found", `template or snapshot '${ref}' not found`, { template: ref });
   }
@@ -515,7 +526,7 @@ export class VmRuntime implements SandboxRuntime {
   /** A template's committed snapshot, or its disk-only one (made on first use). */
   private async templateBase(tpl: ResolvedTemplate): Promise<SnapshotManifest> {
     if (tpl.snapshot) {
-      const m = this.repo.find(tpl.snapshot);
+      const m = this.repo.find(tpl.snapshot) ?? (await this.o.snapshots.remote?.open(tpl.snapshot));
       if (m) return m;
       this.log.warn({ template: tpl.name, snapshot: tpl.snapshot }, "template snapshot missing from the repository: cold boot");
     }
@@ -549,6 +560,14 @@ export class VmRuntime implements SandboxRuntime {
       txn.abort();
       throw e;
     }
+  }
+
+  /** A snapshot this node lacks, by id, from the object store (its manifest adopted here). */
+  private async remoteSnapshot(ref: string): Promise<SnapshotManifest | undefined> {
+    const remote = this.o.snapshots.remote;
+    if (!remote || !SNAPSHOT_ID_RE.test(ref)) return undefined;
+    const m = await remote.open(ref);
+    return m && m.kind !== "pause" ? m : undefined;
   }
 
   private baseOfState(id: string, st: VmState): SnapshotManifest {
@@ -620,9 +639,13 @@ export class VmRuntime implements SandboxRuntime {
     let slotTaken = false;
     let vm: VmHandle | undefined;
     let lease: ImageLease | undefined;
+    let hold: LayerHold | undefined;
     let step = "verify layers";
     try {
-      for (const l of restore ? layersOf(base) : base.disk.layers) this.repo.verifyLayer(l);
+      const layers = restore ? layersOf(base) : base.disk.layers;
+      // with an object store: the missing ones are fetched (digest-checked) and held while the VM runs
+      hold = await this.o.snapshots.remote?.acquire(layers);
+      for (const l of layers) this.repo.verifyLayer(l);
       t.verifyMs = lap();
       step = "serve disk";
       // a fresh upper every time: the base holds everything the sandbox wrote before
@@ -670,6 +693,8 @@ export class VmRuntime implements SandboxRuntime {
         vm = await this.o.driver.boot(vmSpec);
       }
       this.vms.set(id, vm);
+      const h = hold;
+      void vm.exited.then(() => h?.release());
       this.use(base.id, id);
       t.vmmMs = lap();
       step = "envd health and /init";
@@ -702,7 +727,10 @@ export class VmRuntime implements SandboxRuntime {
     } catch (e) {
       this.log.error({ sandboxId: id, base: base.id, step, err: e }, `start failed at step: ${step}`);
       if (vm) this.unuse(base.id, id);
-      else await lease?.release().catch(() => {});
+      else {
+        await lease?.release().catch(() => {});
+        hold?.release();
+      }
       await this.teardown(id, vm, slotTaken, true);
       throw e;
     }

@@ -10,6 +10,7 @@ export const SNAPSHOT_ERRORS = {
   "snapshot.commit_failed": "writing a snapshot failed; nothing became visible (details.id / path)",
   "snapshot.too_many_layers": "a disk or memory stack would pass the overlaybd limit of 255 layers (details.layers)",
   "snapshot.remote_failed": "the object store refused or lost a request (details.key, status)",
+  "snapshot.bad_config": "[snapshot.s3] settings that cannot work together (details.key, value)",
 } as const satisfies ErrorTable;
 /** A SnapshotError code. */
 export type SnapshotErrorCode = keyof typeof SNAPSHOT_ERRORS;

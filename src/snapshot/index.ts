@@ -13,11 +13,21 @@
  * const mem = txn.addLayer(txn.file("memory"));
  * txn.publish({ ...manifest, memory: { size, layers: [...parent, mem] } });
  * repo.get(id); repo.list(); repo.tombstone(id); repo.remove(id); repo.gc();
+ *
+ * // with [snapshot.s3]: commits are pushed, missing snapshots and layers fetched from the store
+ * const { repo, remote } = openRepository(snapshotConfig(cfg), { evict: true });
+ * const m = await remote.open(id);               // local, else adopted from the store
+ * const hold = await remote.acquire(layersOf(m)); // fetched (digest-checked) and held
+ * hold.release();                                 // the VM is gone: LRU may evict them
  * ```
  * Errors: `SnapshotError` (./errors.ts) with the codes listed there.
  */
 export { SNAPSHOT_ERRORS, SnapshotError, type SnapshotErrorCode } from "./errors.ts";
-export { snapshotConfig, type SnapshotConfig } from "./config.ts";
+export { snapshotConfig, type S3Settings, type SnapshotConfig } from "./config.ts";
+export { openRepository, type OpenedRepository } from "./open.ts";
+export { S3Repository, type PushReport } from "./s3.ts";
+export { LayerCache, type EvictReport, type LayerCacheOptions, type LayerHold } from "./cache.ts";
+export { SnapshotRemote, type SnapshotRemoteOptions } from "./remote.ts";
 export {
   DIGEST_RE,
   digestHex,

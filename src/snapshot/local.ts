@@ -27,6 +27,13 @@ export interface LocalRepositoryOptions {
    * process (a template build) may be committing it. ms.
    */
   gcGraceMs: number;
+  /**
+   * Called once a snapshot became visible (after its manifest's rename), e.g. to push it to an
+   * object store. Must not throw; a failure of what it starts is its own to report.
+   */
+  onPublish?: (m: SnapshotManifest) => void;
+  /** Called when `id` is deleted (tombstoned or removed), e.g. to delete a pushed copy. Must not throw. */
+  onDelete?: (id: string) => void;
 }
 
 /** What `gc()` removed. */
@@ -39,6 +46,17 @@ export interface GcReport {
 /** fsync a folder so a link or rename in it is durable. */
 function fsyncDir(dir: string): void {
   const fd = openSync(dir, fsc.O_RDONLY);
+  try {
+    fsyncSync(fd);
+  } finally {
+    closeSync(fd);
+  }
+}
+
+/** Write `text` to `path` and fsync it. */
+function writeDurable(path: string, text: string): void {
+  writeFileSync(path, text);
+  const fd = openSync(path, "r");
   try {
     fsyncSync(fd);
   } finally {
@@ -162,13 +180,7 @@ export class CommitTxn {
       }
       fsyncDir(join(this.repo.root, "layers"));
       const tmp = this.file("manifest.json");
-      writeFileSync(tmp, JSON.stringify(m, null, 2) + "\n");
-      const fd = openSync(tmp, "r");
-      try {
-        fsyncSync(fd);
-      } finally {
-        closeSync(fd);
-      }
+      writeDurable(tmp, JSON.stringify(m, null, 2) + "\n");
       const dst = join(this.repo.root, "manifests", `${m.id}.json`);
       if (existsSync(dst)) throw new SnapshotError("snapshot.commit_failed", `snapshot ${m.id} already exists`, { id: m.id });
       renameSync(tmp, dst);
@@ -180,6 +192,7 @@ export class CommitTxn {
     }
     this.finish();
     log.info({ id: m.id, kind: m.kind, layers: layersOf(m).length }, "snapshot committed");
+    this.repo.published(m);
   }
 
   /** Give up: remove the staging folder; layers already linked in become garbage for gc(). Idempotent. */
@@ -227,6 +240,43 @@ export class LocalRepository {
     const dir = join(this.root, "staging", `${process.pid}.${crypto.getRandomValues(new Uint32Array(1))[0]!.toString(36)}`);
     mkdirSync(dir, { recursive: true });
     return new CommitTxn(this, dir);
+  }
+
+  /** Whether a commit of this process holds `digest` (it must stay even if nothing names it yet). */
+  isPinned(digest: string): boolean {
+    return this.pins.has(digest);
+  }
+
+  /** @internal CommitTxn.publish tells the `onPublish` listener. */
+  published(m: SnapshotManifest): void {
+    this.opts.onPublish?.(m);
+  }
+
+  /**
+   * Make visible the manifest of a snapshot committed elsewhere (an object store) whose layers
+   * this repository may not hold yet: they are fetched before a restore (`verifyLayer` fails on a
+   * missing one). Written, fsynced and renamed like a commit; `onPublish` is not called.
+   * @throws SnapshotError `snapshot.bad_manifest`, `snapshot.commit_failed` (one with this id exists)
+   */
+  adopt(m: SnapshotManifest): void {
+    parseManifest(m, m.id);
+    const dst = join(this.root, "manifests", `${m.id}.json`);
+    if (existsSync(dst)) throw new SnapshotError("snapshot.commit_failed", `snapshot ${m.id} already exists`, { id: m.id });
+    const tmp = join(this.root, "staging", `${process.pid}.adopt-${m.id}.json`);
+    try {
+      writeDurable(tmp, JSON.stringify(m, null, 2) + "\n");
+      renameSync(tmp, dst);
+      fsyncDir(join(this.root, "manifests"));
+    } catch (e) {
+      rmSync(tmp, { force: true });
+      throw new SnapshotError("snapshot.commit_failed", `adopting snapshot ${m.id} failed: ${(e as Error).message}`, { id: m.id }, { cause: e });
+    }
+  }
+
+  /** Record that the layer file of `ref` was just checked against its digest (a fetch hashed it while writing). */
+  markVerified(ref: LayerRef): void {
+    const st = statSync(this.layerPath(ref));
+    this.verified.set(ref.digest, `${st.ino}:${st.size}:${st.mtimeMs}`);
   }
 
   /** @internal keep `digest` out of gc() while a commit of this process holds it. */
@@ -348,6 +398,7 @@ export class LocalRepository {
     const p = join(this.root, "manifests", `${id}.deleted`);
     writeFileSync(p, "");
     fsyncDir(join(this.root, "manifests"));
+    this.opts.onDelete?.(id);
   }
 
   /** Whether `id` was deleted by a user but is kept for running sandboxes. */
@@ -361,6 +412,7 @@ export class LocalRepository {
     rmSync(join(this.root, "manifests", `${id}.json`), { force: true });
     rmSync(join(this.root, "manifests", `${id}.deleted`), { force: true });
     this.cache.delete(id);
+    this.opts.onDelete?.(id);
   }
 
   /**
