@@ -14,6 +14,15 @@ import { RwLayer } from "./rw.ts";
 import { firstEndingAfter, overlay } from "./segments.ts";
 import { reflinkOrCopy } from "./reflink.ts";
 import type { IoUring, ReadRequest } from "../../ffi/io_uring.ts";
+/**
+ * A layer file returned fewer bytes than its index maps: it was truncated (or replaced) after it
+ * was opened. The image never answers with bytes it does not hold.
+ * @throws OverlaybdError `overlaybd.truncated` naming the file and the offset where its data ends
+ */
+function shortRead(file: string, fileOffset: number, want: number, got: number): never {
+  fail("truncated", `short read: ${got} of ${want} bytes; the file ends inside the image's data`, { file, offset: fileOffset + Math.max(0, got), wanted: want, got });
+}
+
 /** Shared empty list for synchronous reads (nothing is ever pushed: every layer is sync). */
 const NO_PENDING: Promise<void>[] = [];
 /** Write/discard unit of a sparse upper (bytes): the filesystem block its holes are found in. */
@@ -63,6 +72,8 @@ export class LayeredImage implements BlockImage {
   private readonly pendingScratch: Promise<void>[] = [];
   /** When set, local-file pieces are queued here instead of read (batched reads). */
   private collect: ReadRequest[] | null = null;
+  /** The file name of each collected piece (for errors). */
+  private collectNames: string[] = [];
 
   /** @param upperReadOnly the upper was opened read-only: reads see it, writes are refused */
   constructor(
@@ -169,6 +180,7 @@ export class LayeredImage implements BlockImage {
     const pieces: ReadRequest[] = [];
     const sizes: number[] = [];
     this.collect = pieces;
+    this.collectNames = [];
     try {
       for (const r of reqs) {
         this.checkRange(r.offset, r.buf.length, "read");
@@ -185,11 +197,12 @@ export class LayeredImage implements BlockImage {
     } finally {
       this.collect = null;
     }
+    const names = this.collectNames;
     for (let i = 0; i < pieces.length; i += ring.entries) {
       const part = pieces.slice(i, i + ring.entries);
       const got = ring.readBatch(-1, part);
       part.forEach((p, k) => {
-        if (got[k]! < p.length) p.buf.fill(0, p.bufOffset + got[k]!, p.bufOffset + p.length);
+        if (got[k]! < p.length) shortRead(names[i + k]!, p.offset, p.length, got[k]!);
       });
     }
     return sizes;
@@ -214,10 +227,13 @@ export class LayeredImage implements BlockImage {
       }
       const e = Math.min(sStart + s.length * SECTOR, to);
       if (s.zeroed) buf.fill(0, pos - base, e - base);
-      else if (this.collect) this.collect.push({ fd: up.data.fd, buf, bufOffset: pos - base, length: e - pos, offset: s.moffset * SECTOR + (pos - sStart) });
-      else {
-        const n = up.readDataAt(buf, pos - base, e - pos, s.moffset * SECTOR + (pos - sStart));
-        if (n < e - pos) buf.fill(0, pos - base + n, e - base);
+      else if (this.collect) {
+        this.collect.push({ fd: up.data.fd, buf, bufOffset: pos - base, length: e - pos, offset: s.moffset * SECTOR + (pos - sStart) });
+        this.collectNames.push(up.data.name);
+      } else {
+        const off = s.moffset * SECTOR + (pos - sStart);
+        const n = up.readDataAt(buf, pos - base, e - pos, off);
+        if (n < e - pos) shortRead(up.data.name, off, e - pos, n);
       }
       pos = e;
     }
@@ -242,20 +258,21 @@ export class LayeredImage implements BlockImage {
         const off = s.moffset * SECTOR + (pos - sStart);
         if (this.collect && b instanceof LocalFile) {
           this.collect.push({ fd: b.fd, buf, bufOffset: pos - base, length: e - pos, offset: off });
+          this.collectNames.push(b.name);
           pos = e;
           continue;
         }
         if (b.preadSyncAt) {
           const n = b.preadSyncAt(buf, pos - base, e - pos, off);
-          if (n < e - pos) buf.fill(0, pos - base + n, e - base);
+          if (n < e - pos) shortRead(b.name, off, e - pos, n);
           pos = e;
           continue;
         }
         const view = buf.subarray(pos - base, e - base);
         if (b.preadSync) {
           const n = b.preadSync(view, off);
-          if (n < view.length) view.fill(0, n);
-        } else pending.push(b.pread(view, off).then((n) => void (n < view.length && view.fill(0, n))));
+          if (n < view.length) shortRead(b.name, off, view.length, n);
+        } else pending.push(b.pread(view, off).then((n) => void (n < view.length && shortRead(b.name, off, view.length, n))));
       }
       pos = e;
     }
@@ -379,8 +396,9 @@ export class LayeredImage implements BlockImage {
 
   private async readSegment(buf: Uint8Array, s: Segment, delta: number): Promise<void> {
     const off = (s.moffset + delta) * SECTOR;
-    const n = s.tag === this.layers.length ? this.upper!.readData(buf, off) : await this.layers[s.tag]!.lsmt.pread(buf, off);
-    if (n < buf.length) buf.fill(0, n);
+    const upper = s.tag === this.layers.length;
+    const n = upper ? this.upper!.readData(buf, off) : await this.layers[s.tag]!.lsmt.pread(buf, off);
+    if (n < buf.length) shortRead(upper ? this.upper!.data.name : this.layers[s.tag]!.lsmt.name, off, buf.length, n);
   }
 
   /**

@@ -87,6 +87,7 @@ const serve = defineCommand({
     });
     process.stdout.write(`ready ${dev.devId} ${dev.blockPath}\n`);
     const why = await Promise.race([signalled, dev.ended.then((r) => `ended: ${r}`)]);
+    logger("ublk").info({ devId: dev.devId, why, ...dev.stats() }, "ublk device stats");
     if (why === "SIGUSR2") await dev.detach();
     await server.close();
     if (why.startsWith("ended")) throw new UblkError("ublk.queue_failed", `device ${dev.devId} stopped serving (${why})`, { devId: dev.devId });

@@ -18,7 +18,8 @@ import type { UblkConfig } from "./config.ts";
 import { errnoName, type UblkControl } from "./control.ts";
 import { UblkError } from "./errors.ts";
 import { markDiverted, newDivertMap } from "./plan.ts";
-import { MAILBOX_STOP, mailboxPut, type QueueInit, type QueueMessage } from "./queue.ts";
+import { RequestOrder } from "./order.ts";
+import { MAILBOX_STOP, mailboxPut, QUEUE_COUNTER_SLOTS, QUEUE_COUNTERS, type QueueInit, type QueueMessage } from "./queue.ts";
 import type { UblkTarget } from "./targets.ts";
 
 const log = logger("ublk");
@@ -29,6 +30,21 @@ const RECOVERY_POLL_MS = 200;
 
 /** Device lifecycle states (see `UblkDevice.state`). */
 export type DeviceState = "starting" | "live" | "stopping" | "stopped" | "detached" | "failed";
+
+/** Requests a device answered since it started (by this server), and their bytes. */
+export interface DeviceStats {
+  reads: number;
+  bytesRead: number;
+  writes: number;
+  bytesWritten: number;
+  flushes: number;
+  /** DISCARD and WRITE_ZEROES requests. */
+  discards: number;
+  /** Requests answered with an error. */
+  errors: number;
+  /** Requests the queue threads handed to the main thread (the image) instead of answering them. */
+  forwarded: number;
+}
 
 /** Per-device choices (defaults from `[ublk]`). */
 export interface DeviceOptions {
@@ -45,6 +61,7 @@ interface Queue {
   bufs: Uint8Array;
   mailbox: Int32Array;
   cap: number;
+  counters: Float64Array;
   doorbell: number;
   exited: Promise<string>;
 }
@@ -83,12 +100,11 @@ export class UblkDevice {
   #charFd = -1;
   #queues: Queue[] = [];
   #divert: Int32Array | null;
-  #writeChain: Promise<unknown> = Promise.resolve();
+  /** Order of the requests the main thread answers (serial writes, exclusive operations). */
+  #order = new RequestOrder();
   #closing: Promise<void> | null = null;
   #resolveEnded!: (r: string) => void;
   #forwarded = 0;
-  /** Forwarded requests the main thread is still answering (they use the queue buffers). */
-  #inflight = new Set<Promise<void>>();
 
   private constructor(ctrl: UblkControl, info: DevInfo, target: UblkTarget) {
     this.#ctrl = ctrl;
@@ -115,9 +131,24 @@ export class UblkDevice {
     return (this.info.flags & UBLK_F.USER_RECOVERY) !== 0n;
   }
 
-  /** Requests the queue threads handed to the main thread so far. */
-  get forwardedRequests(): number {
-    return this.#forwarded;
+  /** Requests answered so far, summed over the queues (counted by the queue threads as they commit). */
+  stats(): DeviceStats {
+    const sum = (k: keyof typeof QUEUE_COUNTERS) => this.#queues.reduce((n, q) => n + q.counters[QUEUE_COUNTERS[k]]!, 0);
+    return {
+      reads: sum("reads"), bytesRead: sum("bytesRead"), writes: sum("writes"), bytesWritten: sum("bytesWritten"),
+      flushes: sum("flushes"), discards: sum("discards"), errors: sum("errors"), forwarded: this.#forwarded,
+    };
+  }
+
+  /**
+   * Run `op` while no request changes or reads the image through the main thread (e.g. a restack
+   * of the overlaybd stack): it starts once the requests forwarded before it are answered, and
+   * requests forwarded meanwhile wait until it ends (see RequestOrder). Reads the queue threads
+   * answer from read-only layer files go on (a restack leaves those files as they are).
+   * @returns what `op` returns; its error is rethrown
+   */
+  exclusive<T>(op: () => Promise<T>): Promise<T> {
+    return this.#order.exclusive(op);
   }
 
   /** Open the char device (close-on-exec: a child must never hold it, or DEL_DEV and recovery wait on it). */
@@ -155,10 +186,11 @@ export class UblkDevice {
       const cap = nextPow2(depth + 2);
       const mailbox = new Int32Array(new SharedArrayBuffer(4 * (2 + 2 * cap)));
       const doorbell = createEventfd();
+      const counters = new Float64Array(new SharedArrayBuffer(8 * QUEUE_COUNTER_SLOTS));
       const init: QueueInit = {
         devId: this.devId, qId: q, depth, maxIoBytes: maxIo, charFd: this.#charFd, descPtr: desc.ptr, descLength: desc.length, bufPtr: arena.ptr,
         encodedOps, size: this.size, readOnly: this.target.image.readOnly, plan: this.target.plan, divert: this.#divert,
-        mailbox: mailbox.buffer as SharedArrayBuffer, mailboxCap: cap, doorbellFd: doorbell, ringFlags: 0,
+        mailbox: mailbox.buffer as SharedArrayBuffer, mailboxCap: cap, doorbellFd: doorbell, ringFlags: 0, counters: counters.buffer as SharedArrayBuffer,
       };
       const worker = new Worker(workerEntry("storage/ublk/queue-worker.ts"), { workerData: init });
       let onReady!: () => void, onFail!: (e: Error) => void;
@@ -166,7 +198,7 @@ export class UblkDevice {
       const exited = new Promise<string>((resolve) => {
         let reason = "";
         worker.on("message", (msg: QueueMessage) => {
-          if (Array.isArray(msg)) return this.#serve(q, msg);
+          if (Array.isArray(msg)) return this.#serve(q, msg as [number, number, number, number, number]);
           if (msg.type === "ready") onReady();
           else if (msg.type === "exit") reason = msg.reason;
         });
@@ -180,7 +212,7 @@ export class UblkDevice {
           resolve(reason || "exited");
         });
       });
-      this.#queues.push({ worker, desc, arena, bufs: new Uint8Array(arena.buffer, 0, depth * maxIo), mailbox, cap, doorbell, exited });
+      this.#queues.push({ worker, desc, arena, bufs: new Uint8Array(arena.buffer, 0, depth * maxIo), mailbox, cap, counters, doorbell, exited });
     }
     void Promise.all(this.#queues.map((q) => q.exited)).then((reasons) => {
       if (this.#state === "live" || this.#state === "starting") {
@@ -201,7 +233,12 @@ export class UblkDevice {
   }
 
   /** Answer a request a queue thread forwarded: `[tag, op, flags, offset, length]`. */
-  #serve(q: number, [tag, op, , offset, length]: [number, number, number, number, number]): void {
+  #serve(q: number, msg: [number, number, number, number, number]): void {
+    this.#order.admit(() => this.#answer(q, msg));
+  }
+
+  /** Answer one forwarded request through the image; resolves once its result is in the mailbox. */
+  #answer(q: number, [tag, op, , offset, length]: [number, number, number, number, number]): Promise<void> {
     this.#forwarded++;
     const queue = this.#queues[q]!;
     const maxIo = this.info.maxIoBufBytes;
@@ -223,29 +260,21 @@ export class UblkDevice {
         break;
       case UBLK_IO_OP.WRITE:
         if (this.#divert) markDiverted(this.#divert, offset, length);
-        work = this.#serial(() => img.pwrite(buf, offset));
+        work = this.#order.serial(() => img.pwrite(buf, offset));
         break;
       case UBLK_IO_OP.FLUSH:
-        work = this.#serial(() => img.sync().then(() => 0));
+        work = this.#order.serial(() => img.sync().then(() => 0));
         break;
       case UBLK_IO_OP.DISCARD:
       case UBLK_IO_OP.WRITE_ZEROES:
         if (this.#divert) markDiverted(this.#divert, offset, length);
-        work = this.#serial(() => img.discard(offset, length).then(() => 0));
+        work = this.#order.serial(() => img.discard(offset, length).then(() => 0));
         break;
       default:
         done(-95);
-        return;
+        return Promise.resolve();
     }
-    const p = work.then(done, failed).finally(() => this.#inflight.delete(p));
-    this.#inflight.add(p);
-  }
-
-  /** Run writes, discards and flushes one after another, in arrival order (a flush covers every write before it). */
-  #serial(fn: () => Promise<number>): Promise<number> {
-    const p = this.#writeChain.then(fn);
-    this.#writeChain = p.catch(() => {});
-    return p;
+    return work.then(done, failed);
   }
 
   /**
@@ -276,8 +305,7 @@ export class UblkDevice {
   async #detach(): Promise<void> {
     this.#state = "stopping";
     await this.#stopQueues(0);
-    await Promise.all(this.#inflight);
-    await this.#writeChain;
+    await this.#order.idle();
     this.#release();
     try {
       await this.target.image.sync();
@@ -297,14 +325,13 @@ export class UblkDevice {
       firstError = e;
     }
     await this.#stopQueues(this.#ctrl.timeoutMs);
-    await Promise.all(this.#inflight);
+    await this.#order.idle();
     this.#release();
     try {
       await this.#ctrl.command(UBLK_CMD.DEL_DEV, this.devId);
     } catch (e) {
       firstError ??= e;
     }
-    await this.#writeChain;
     await this.target.image.close();
     this.#state = "stopped";
     if (firstError) throw firstError;

@@ -16,7 +16,7 @@
 export { checkUblkConfig, ublkConfig, type UblkConfig } from "./config.ts";
 export { errnoName, type UblkFeatures } from "./control.ts";
 export { CowImage, type CowOptions } from "./cow.ts";
-export { UblkDevice, type DeviceOptions, type DeviceState } from "./device.ts";
+export { UblkDevice, type DeviceOptions, type DeviceState, type DeviceStats } from "./device.ts";
 export { UblkError, type UblkErrorCode } from "./errors.ts";
 export { type CowPlan, type DirectPlan, type ExtentPlan } from "./plan.ts";
 export { UblkServer, ublkAvailable, type UblkDeviceSummary } from "./server.ts";

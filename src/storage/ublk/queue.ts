@@ -46,6 +46,8 @@ export interface QueueInit {
   mailbox: SharedArrayBuffer;
   /** Entries of the mailbox (a power of two > depth). */
   mailboxCap: number;
+  /** Float64Array view source: this queue's `QUEUE_COUNTERS` (only this thread writes them). */
+  counters: SharedArrayBuffer;
   /** eventfd the main thread signals after adding results to the mailbox. */
   doorbellFd: number;
   /** IORING_SETUP_* flags of the queue ring. */
@@ -57,6 +59,14 @@ export type QueueMessage =
   | { type: "ready" }
   | { type: "exit"; reason: string }
   | [number, number, number, number, number];
+
+/**
+ * Counters each queue thread keeps of the requests it answered (direct and forwarded alike), at
+ * these indexes of its `counters` array: requests, bytes.
+ */
+export const QUEUE_COUNTERS = { reads: 0, bytesRead: 1, writes: 2, bytesWritten: 3, flushes: 4, discards: 5, errors: 6 } as const;
+/** Length of one queue's counters array. */
+export const QUEUE_COUNTER_SLOTS = 8;
 
 /** Mailbox tag that tells the queue thread to stop serving at once (used when the kernel cannot abort it). */
 export const MAILBOX_STOP = -1;
@@ -96,6 +106,7 @@ export function runQueue(init: QueueInit, post: (m: QueueMessage) => void): stri
 
   // per tag: request length (bytes), pieces in flight, first error, the pieces themselves
   const reqLen = new Float64Array(depth);
+  const reqOp = new Uint8Array(depth);
   const inflight = new Int32Array(depth);
   const failure = new Int32Array(depth);
   const pieces: ReadPiece[][] = Array.from({ length: depth }, () => []);
@@ -107,7 +118,21 @@ export function runQueue(init: QueueInit, post: (m: QueueMessage) => void): stri
     const w = ring.prepUringCmd(charFd, op, tag);
     encodeIoCmd(ring.sqeWords, w + SQE.CMD / 4, qId, tag, result, init.bufPtr + tag * maxIo);
   };
-  const commit = (tag: number, result: number) => command(COMMIT, tag, result);
+  const counters = new Float64Array(init.counters);
+  const C = QUEUE_COUNTERS;
+  const commit = (tag: number, result: number) => {
+    const op = reqOp[tag]!;
+    if (result < 0) counters[C.errors]! += 1;
+    else if (op === UBLK_IO_OP.READ) {
+      counters[C.reads]! += 1;
+      counters[C.bytesRead]! += result;
+    } else if (op === UBLK_IO_OP.WRITE) {
+      counters[C.writes]! += 1;
+      counters[C.bytesWritten]! += result;
+    } else if (op === UBLK_IO_OP.FLUSH) counters[C.flushes]! += 1;
+    else counters[C.discards]! += 1;
+    command(COMMIT, tag, result);
+  };
   const armDoorbell = () => ring.prep({ opcode: IORING_OP.READ, fd: init.doorbellFd, addr: bell.ptr, len: 8, userData: KIND_DOORBELL * TWO32 });
   const pieceSqe = (tag: number, i: number) => {
     const p = pieces[tag]![i]!;
@@ -156,6 +181,7 @@ export function runQueue(init: QueueInit, post: (m: QueueMessage) => void): stri
     const length = desc.getUint32(at + IO_DESC.NR_SECTORS, true) * 512;
     const offset = (desc.getUint32(at + IO_DESC.START_SECTOR, true) + desc.getUint32(at + IO_DESC.START_SECTOR + 4, true) * TWO32) * 512;
     reqLen[tag] = length;
+    reqOp[tag] = op;
     if (offset + length > init.size && op !== UBLK_IO_OP.FLUSH) {
       log.warn({ tag, op, offset, length, size: init.size }, "request past the device end: I/O error");
       return commit(tag, -EIO);

@@ -1,6 +1,7 @@
 /** Corrupted and truncated inputs: each is a typed OverlaybdError naming the file and the offset. */
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { readFileSync, writeFileSync } from "node:fs";
+import { copyFileSync, readFileSync, truncateSync, writeFileSync } from "node:fs";
+import { IoUring } from "../../../src/ffi/io_uring.ts";
 import { compressLayer, createUpper, openStack, OverlaybdError } from "../../../src/storage/overlaybd/index.ts";
 import type { OverlaybdErrorCode } from "../../../src/storage/overlaybd/errors.ts";
 import { encodeSegments, HT_SIZE } from "../../../src/storage/overlaybd/format.ts";
@@ -133,5 +134,36 @@ describe("writable layer", () => {
     const img = await openStack({ lowers: [tmp.path("good.layer")] });
     await expect(img.pread(new Uint8Array(512), (1 << 20) + 512)).rejects.toMatchObject({ code: "overlaybd.out_of_range", details: { offset: (1 << 20) + 512 } });
     await img.close();
+  });
+});
+
+describe("files truncated after they were opened", () => {
+  test("a read of data past a layer's or the upper's end is overlaybd.truncated naming the file, never zeros", async () => {
+    copyFileSync(tmp.path("good.layer"), tmp.path("t.layer"));
+    await createUpper({ data: tmp.path("t.data"), index: tmp.path("t.index") }, 0);
+    const img = await openStack({ lowers: [tmp.path("t.layer")], upper: { data: tmp.path("t.data"), index: tmp.path("t.index") } });
+    const ring = new IoUring(8);
+    try {
+      await img.pwrite(new Uint8Array(4096).fill(0x77), 3 * 65536);
+      const buf = new Uint8Array(8192);
+      expect(await img.pread(buf, 0)).toBe(8192); // layer data, intact so far
+      expect(buf.every((b) => b === 1)).toBe(true);
+      truncateSync(tmp.path("t.layer"), HT_SIZE); // the layer's data is gone under the open image
+      truncateSync(tmp.path("t.data"), HT_SIZE); // and so is the upper's
+      for (const [off, file] of [[0, "t.layer"], [3 * 65536, "t.data"]] as const) {
+        const e = await img.pread(buf, off).then(() => null, (x: OverlaybdError) => x);
+        expect(e).toBeInstanceOf(OverlaybdError);
+        expect(e!.code).toBe("overlaybd.truncated");
+        expect(e!.details).toMatchObject({ file: tmp.path(file), offset: HT_SIZE, got: 0 });
+        expect(() => img.preadSync(buf, off)).toThrow(/short read/);
+        expect(() => img.preadBatchSync([{ buf, offset: off }], ring)).toThrow(/the file ends inside the image's data/);
+      }
+      // ranges no file backs still read as zeros
+      expect(await img.pread(buf, 900 * 1024)).toBe(8192);
+      expect(buf.every((b) => b === 0)).toBe(true);
+    } finally {
+      ring.close();
+      await img.close();
+    }
   });
 });

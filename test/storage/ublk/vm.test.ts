@@ -5,7 +5,7 @@
  * `agentenv ublk serve` and checks from the guest side; every check prints a value the tests
  * below assert. Shown: reads of a served stack equal `agentenv image cat` of it byte for byte;
  * writes land in the upper and read back after a restart of the server; mkfs.ext4 + mount + fsck
- * clean; a read-only shared device read by two readers at once; kill -9 of the server under fio
+ * clean; DISCARD and WRITE_ZEROES read back as zeros; a read-only shared device read by two readers at once; kill -9 of the server under fio
  * with user recovery (START/END_USER_RECOVERY) keeps fio's verified data and the filesystem
  * clean, and so does a server that detaches (SIGUSR2) for another to recover; without recovery the kernel removes the device and `ublk remove` deletes it; a corrupt
  * ZFile block and a layer truncated under the server give I/O errors for their ranges only, with
@@ -61,14 +61,24 @@ head -c $M /dev/urandom > w1; head -c 4096 /dev/urandom > w2; head -c 512 /dev/u
 dd if=w1 of=/dev/ublkb0 bs=1M seek=20 oflag=direct conv=notrunc 2>/dev/null
 dd if=w2 of=/dev/ublkb0 bs=4096 seek=$((5*M/4096)) oflag=direct conv=notrunc 2>/dev/null
 dd if=w3 of=/dev/ublkb0 bs=512 seek=12345 oflag=direct conv=notrunc 2>/dev/null
+# DISCARD of 1 MiB of layer data and WRITE_ZEROES of 64 KiB: both read back as zeros
+say discard_max $(cat /sys/block/ublkb0/queue/discard_max_bytes)
+say write_zeroes_max $(cat /sys/block/ublkb0/queue/write_zeroes_max_bytes)
+blkdiscard -o $((8*M)) -l $M /dev/ublkb0; say discard_rc $?
+blkdiscard -z -o $((24*M)) -l 65536 /dev/ublkb0; say zeroout_rc $?
 blockdev --flushbufs /dev/ublkb0
 cp z.raw expect.raw
 dd if=w1 of=expect.raw bs=1M seek=20 conv=notrunc 2>/dev/null
 dd if=w2 of=expect.raw bs=4096 seek=$((5*M/4096)) conv=notrunc 2>/dev/null
 dd if=w3 of=expect.raw bs=512 seek=12345 conv=notrunc 2>/dev/null
+dd if=/dev/zero of=expect.raw bs=1M seek=8 count=1 conv=notrunc 2>/dev/null
+dd if=/dev/zero of=expect.raw bs=65536 seek=$((24*M/65536)) count=1 conv=notrunc 2>/dev/null
+say discarded_sha $(dd if=/dev/ublkb0 bs=64k skip=128 count=16 iflag=direct 2>/dev/null | sha256sum | cut -c1-64)
+say zero_mib_sha $(head -c $M /dev/zero | sha256sum | cut -c1-64)
 say expect_sha $(filesha expect.raw)
 say written_sha $(devsha /dev/ublkb0)
 kill $S0; wait $S0; say serve0_rc $?
+say stats0 $(grep '"ublk device stats"' s0.err | head -1)
 say dev0_left $(exists /dev/ublkb0)
 say upper_cat_sha $($A image cat stack.json | sha256sum | cut -c1-64)
 $A ublk serve --config stack.json --id 0 --queues 2 --depth 32 > s1.out 2> s1.err &
@@ -226,6 +236,15 @@ describe("ublk in the guest", () => {
     expect(val("past_end_bytes")).toBe("0");
   });
 
+  test("DISCARD and WRITE_ZEROES reach the server as such and read back as zeros", () => {
+    expect(Number(val("discard_max"))).toBe(512 * 1024); // max_io_bytes: one request at most
+    expect(Number(val("write_zeroes_max"))).toBe(512 * 1024);
+    expect([val("discard_rc"), val("zeroout_rc")]).toEqual(["0", "0"]);
+    expect(val("discarded_sha")).toBe(val("zero_mib_sha"));
+    const st = JSON.parse(val("stats0"));
+    expect(st.discards).toBe(2 + 1); // 1 MiB discard in two 512 KiB requests, one write-zeroes
+  });
+
   test("writes land in the upper and read back after a restart of the server", () => {
     expect(val("written_sha")).toBe(val("expect_sha"));
     expect(val("written_sha")).not.toBe(val("raw_sha"));
@@ -234,6 +253,13 @@ describe("ublk in the guest", () => {
     expect(val("upper_cat_sha")).toBe(val("expect_sha"));
     expect(val("ready1")).toBe("0");
     expect(val("restart_sha")).toBe(val("expect_sha"));
+    // what the server counted: the bytes of the three writes exactly; reads of the whole device twice at least
+    const st = JSON.parse(val("stats0"));
+    expect(st).toMatchObject({ devId: 0, why: "SIGTERM", bytesWritten: MiB + 4096 + 512, errors: 0 });
+    expect(st.writes).toBeGreaterThanOrEqual(3); // 1 MiB may be split at max_io_bytes
+    expect(st.bytesRead).toBeGreaterThanOrEqual(2 * 32 * MiB);
+    expect(st.reads).toBeGreaterThanOrEqual(2 * 64);
+    expect(st.forwarded).toBeGreaterThan(0); // the upper's writes and reads of the ZFile layer go through the image
   });
 
   test("mkfs.ext4, mount, a file written and read back, fsck clean", () => {
