@@ -49,7 +49,10 @@ B=$(pwd)/bench.raw
 ready() { i=0; while [ $i -lt 600 ]; do grep -q '^ready' "$1" 2>/dev/null && return 0; sleep 0.1; i=$((i+1)); done; return 1; }
 dd if=/dev/urandom of=bench.raw bs=1M count=${SIZE_MIB} 2>/dev/null
 cat bench.raw > /dev/null
-LOOP=$(losetup -f --show bench.raw)
+# the guest's losetup may be busybox's (no --show): attach, then find the device by its file
+losetup -f $B || say error losetup failed
+LOOP=$(losetup -a | grep bench.raw | head -1 | cut -d: -f1)
+[ -b "$LOOP" ] || say error no loop device over $B
 $A ublk serve --raw $B --read-only --queues ${QUEUES} --depth ${DEPTH} --max-io ${MAX_IO} > u.out 2> u.err &
 U=$!
 ready u.out || { say error ublk serve did not start; cat u.err; }
