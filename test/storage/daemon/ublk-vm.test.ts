@@ -6,8 +6,9 @@
  * protocol the node speaks). Shown: the daemon picks ublk; a sandbox-style stack (layer + created
  * upper) becomes /dev/ublkbN reading as the layer; a write lands; kill -9 of the daemon and a new
  * one recovers the device from its database (user recovery) with the write intact; a shared
- * read-only device is refcounted and goes with its last release; a restack or a resize of a ublk
- * device is a typed refusal; shutdown removes every device.
+ * read-only device is refcounted, opens read-write (as QEMU opens guest RAM) but refuses writes,
+ * and goes with its last release; a restack or a resize of a ublk device is a typed refusal;
+ * shutdown removes every device.
  */
 import { beforeAll, describe, expect, test } from "bun:test";
 import { daemonSettings, diskConfig } from "../../../src/storage/daemon/index.ts";
@@ -62,6 +63,8 @@ S2=$(call '{"kind":"acquire","access_mode":"shared","share_key":"mem1","target":
 say shared1 $S1
 say shared2 $S2
 SP=$(echo "$S2" | field path)
+( exec 3<>$SP ) 2>/dev/null; say shared_rw_open $?
+dd if=/dev/zero of=$SP bs=4096 count=1 oflag=direct conv=notrunc 2>/dev/null; say shared_write $?
 say shared_sha $(devsha $SP)
 say release1 $(call '{"kind":"release","dev_id":"shared.mem1"}' | field refcount)
 say release2 $(call '{"kind":"release","dev_id":"shared.mem1"}' | field refcount)
@@ -118,6 +121,9 @@ describe("the disk daemon's ublk engine in the guest", () => {
     const b = JSON.parse(val("shared2"));
     expect(a).toMatchObject({ kind: "device_acquired", dev_id: "shared.mem1", engine: "ublk", access: "shared", refcount: 1 });
     expect(b).toMatchObject({ dev_id: "shared.mem1", path: a.path, refcount: 2 });
+    // guest RAM: QEMU maps it MAP_PRIVATE but opens it O_RDWR; the open works, a write fails
+    expect(val("shared_rw_open")).toBe("0");
+    expect(val("shared_write")).not.toBe("0");
     expect(val("shared_sha")).toBe(val("base_sha"));
     expect([val("release1"), val("release2")]).toEqual(["1", "0"]);
     expect(val("shared_left")).toBe("0");
