@@ -202,7 +202,7 @@ test("template files: the upload URL a node hands out points at the gateway, and
   expect(r.headers.get("x-agentenv-node-id")).toBe(holder);
   const up = (await r.json()) as { present: boolean; url: string };
   expect(up.present).toBe(false);
-  expect(up.url.startsWith(`${gw.url}/upload/template-files/${hash}?expires=`)).toBe(true);
+  expect(up.url.startsWith(`${gw.url}/upload/template-files/${hash}?template=${templateID}&expires=`)).toBe(true);
   const body = new Uint8Array(2 * 1024 * 1024).map((_, i) => i % 253);
   const put = await fetch(up.url, { method: "PUT", body });
   expect(put.status).toBe(201);
