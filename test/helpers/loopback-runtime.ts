@@ -170,6 +170,7 @@ export class LoopbackRuntime implements SandboxRuntime {
         hostname: host,
         port,
         idleTimeout: 0,
+        maxRequestBodySize: Number.MAX_SAFE_INTEGER, // as envd (Bun's default refuses bodies above 128 MiB)
         fetch: (req, srv) => handler(req, { sandboxId: id, port, server: srv }),
         websocket: { message: wsMessage },
       });
