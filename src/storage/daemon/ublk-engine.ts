@@ -7,8 +7,8 @@
  *
  * engineState: { ublk_dev_id: number }.
  * Not offered here (a typed `disk.unsupported`): pre-created devices and growing a live device (a
- * ublk device's size is fixed at creation on these kernels), restack of a live device (the
- * server's write path has no hook to pause).
+ * ublk device's size is fixed at creation on these kernels). A restack runs inside
+ * `UblkDevice.exclusive` (no request through the image meanwhile).
  */
 import type { BlockImage } from "../block.ts";
 import { targetOf, UblkServer, type UblkConfig, type UblkDevice } from "../ublk/index.ts";
@@ -37,15 +37,19 @@ class UblkEngineDevice implements EngineDevice {
   }
 
   stats(): EngineStats {
-    // the queue threads keep no per-request counters (yet): report what is known, nothing invented
-    return { reads: 0, bytesRead: 0, writes: 0, bytesWritten: 0, fsyncs: 0, discards: 0, opens: 0, errors: 0 };
+    const s = this.#dev.stats();
+    // opens of a block device are not seen by its server: 0
+    return { reads: s.reads, bytesRead: s.bytesRead, writes: s.writes, bytesWritten: s.bytesWritten, fsyncs: s.flushes, discards: s.discards, opens: 0, errors: s.errors };
   }
 
-  exclusive<T>(_op: () => Promise<T>): Promise<T> {
-    return Promise.reject(new DiskError("disk.unsupported", `ublk device ${this.#dev.devId} cannot pause its writes for a restack`, { engine: "ublk", devId: this.#dev.devId }));
+  exclusive<T>(op: () => Promise<T>): Promise<T> {
+    return this.#dev.exclusive(op);
   }
 
-  refresh(): void {}
+  refresh(): void {
+    // nothing to redo after a restack: the queue threads read only the lower layer files, which a
+    // restack leaves as they are; every range written through the old upper is diverted to the image
+  }
 
   grow(): Promise<void> {
     // UBLK_CMD_UPDATE_SIZE (feature UBLK_F_UPDATE_SIZE) is newer than the kernels this runs on

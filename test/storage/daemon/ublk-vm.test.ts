@@ -7,8 +7,8 @@
  * upper) becomes /dev/ublkbN reading as the layer; a write lands; kill -9 of the daemon and a new
  * one recovers the device from its database (user recovery) with the write intact; a shared
  * read-only device is refcounted, opens read-write (as QEMU opens guest RAM) but refuses writes,
- * and goes with its last release; a restack or a resize of a ublk device is a typed refusal;
- * shutdown removes every device.
+ * and goes with its last release; a restack of the live device seals its upper into a layer and
+ * writes go on into a new upper; a resize is a typed refusal; shutdown removes every device.
  */
 import { beforeAll, describe, expect, test } from "bun:test";
 import { daemonSettings, diskConfig } from "../../../src/storage/daemon/index.ts";
@@ -70,8 +70,16 @@ say release1 $(call '{"kind":"release","dev_id":"shared.mem1"}' | field refcount
 say release2 $(call '{"kind":"release","dev_id":"shared.mem1"}' | field refcount)
 say shared_left $([ -e "$SP" ] && echo 1 || echo 0)
 
-call '{"kind":"restack_snapshot","dev_id":"sb1","output_layer_path":null,"next_upper":{"data":"'$W'/n.data","index":"'$W'/n.index"}}'; say restack_rc $?
-say restack_err $(grep -c "disk.unsupported" call.err)
+R=$(call '{"kind":"restack_snapshot","dev_id":"sb1","output_layer_path":null,"next_upper":{"data":"'$W'/n.data","index":"'$W'/n.index"}}'); say restack_rc $?
+say restacked $R
+head -c $M /dev/urandom > w2
+dd if=w2 of=$P bs=1M seek=8 oflag=direct conv=notrunc 2>/dev/null; say write2_rc $?
+blockdev --flushbufs $P
+dd if=w2 of=expect.raw bs=1M seek=8 conv=notrunc 2>/dev/null
+say expect2_sha $(sha256sum expect.raw | cut -c1-64)
+say restacked_sha $(devsha $P)
+say new_upper_bytes $(stat -c %s $W/n.data)
+say sb1_stats $(call '{"kind":"stats","dev_id":"sb1"}')
 call '{"kind":"update_size","dev_id":"sb1","new_size":'$((32*M))'}'; say resize_rc $?
 say resize_err $(grep -c "disk.unsupported" call.err)
 say size_after $(blockdev --getsize64 $P)
@@ -129,11 +137,23 @@ describe("the disk daemon's ublk engine in the guest", () => {
     expect(val("shared_left")).toBe("0");
   });
 
-  test("restack and growing a ublk device are refused with typed errors; shutdown removes every device", () => {
-    expect(val("restack_rc")).toBe("1");
-    expect(val("restack_err")).toBe("1");
+  test("restack of a live ublk device seals its upper into a layer; later writes land in the new upper; the server's counters are reported", () => {
+    expect(val("restack_rc")).toBe("0");
+    expect(JSON.parse(val("restacked"))).toMatchObject({ kind: "restack_snapshot_created", dev_id: "sb1", layer_path: `${W}/u.data`, stats: { layers: 2 } });
+    expect(val("write2_rc")).toBe("0");
+    expect(val("restacked_sha")).toBe(val("expect2_sha"));
+    // the 1 MiB written after the restack is in the new upper (4 KiB header + data)
+    expect(Number(val("new_upper_bytes"))).toBeGreaterThanOrEqual(4096 + 1024 * 1024);
+    const st = JSON.parse(val("sb1_stats")).stats;
+    // counted since the recovering daemon started: the write after the restack, and the reads of the checksums
+    expect(st.bytes_written).toBeGreaterThanOrEqual(1024 * 1024);
+    expect(st.bytes_read).toBeGreaterThanOrEqual(2 * 16 * 1024 * 1024);
+    expect(st.errors).toBe(0);
+  });
+
+  test("growing a ublk device is refused with a typed error; shutdown removes every device", () => {
     expect(val("resize_rc")).toBe("1");
-    expect(val("resize_err")).toBe("2");
+    expect(val("resize_err")).toBe("1");
     expect(val("size_after")).toBe(String(16 * 1024 * 1024));
     expect(val("shutdown")).toBe("ok");
     expect(val("daemon_rc")).toBe("0");
