@@ -473,32 +473,31 @@ export class Orchestrator implements SandboxService {
    * @throws not_found (404), bad_request (400, timeout out of range).
    */
   connect(id: string, timeoutSecs?: number, opts: { memory?: boolean } = {}): Promise<ConnectResult> {
-    this.assertOpen();
-    const secs = this.checkTimeout(timeoutSecs ?? this.config.defaultTimeoutSecs);
-    this.get(id);
-    return this.track(
-      this.lock.run(id, async () => {
-        const r = this.get(id);
-        if (r.state === "paused") return { sandbox: await this.resumeLocked(r, secs, opts.memory ?? true), resumed: true };
-        const endAt = Math.max(r.endAt, this.now() + secs * 1000);
-        this.store.update(id, { endAt }, this.now());
-        return { sandbox: this.store.get(id)!, resumed: false };
-      }),
-    );
+    return this.underLockWithTimeout(id, timeoutSecs, async (r, secs) => {
+      if (r.state === "paused") return { sandbox: await this.resumeLocked(r, secs, opts.memory ?? true), resumed: true };
+      const endAt = Math.max(r.endAt, this.now() + secs * 1000);
+      this.store.update(id, { endAt }, this.now());
+      return { sandbox: this.store.get(id)!, resumed: false };
+    });
   }
 
   /** Deprecated E2B resume: 409 when running; `memory: false` as for connect. @throws not_found (404), conflict (409). */
   resume(id: string, timeoutSecs?: number, opts: { memory?: boolean } = {}): Promise<SandboxRecord> {
+    return this.underLockWithTimeout(id, timeoutSecs, (r, secs) => {
+      if (r.state !== "paused") throw new OrchestratorError("orchestrator.conflict", `sandbox ${id} is already running`, { sandboxId: id, state: r.state });
+      return this.resumeLocked(r, secs, opts.memory ?? true);
+    });
+  }
+
+  /**
+   * The checks of connect and resume (node open, timeout in range, `id` live; thrown at the call),
+   * then `fn` with the record as it is under the sandbox's lock and the timeout in seconds.
+   */
+  private underLockWithTimeout<T>(id: string, timeoutSecs: number | undefined, fn: (r: SandboxRecord, secs: number) => Promise<T>): Promise<T> {
     this.assertOpen();
     const secs = this.checkTimeout(timeoutSecs ?? this.config.defaultTimeoutSecs);
     this.get(id);
-    return this.track(
-      this.lock.run(id, async () => {
-        const r = this.get(id);
-        if (r.state !== "paused") throw new OrchestratorError("orchestrator.conflict", `sandbox ${id} is already running`, { sandboxId: id, state: r.state });
-        return this.resumeLocked(r, secs, opts.memory ?? true);
-      }),
-    );
+    return this.track(this.lock.run(id, () => fn(this.get(id), secs)));
   }
 
   /** Set endAt = now + `secs` (may shorten). @throws not_found (404), bad_request (400). */
