@@ -181,6 +181,10 @@ export const CONFIG_SCHEMA = section("", {
     gc_min_age_ms: int(600_000, "Files younger than this are never collected (one being written is not yet named by its record).", { min: 0, max: MS_MAX, unit: "ms" }),
     upload_max_age_secs: int(86_400, "Uploaded COPY archives older than this are collected (the SDK uploads again when a build needs them).", { min: 60, max: 31_536_000, unit: "s" }),
     error_output_chars: int(1500, "Characters of a failed command's output kept in a build's error reason.", { min: 100, max: 1_048_576, unit: "count" }),
+    snapshot: bool(
+      true,
+      "End each build in a committed snapshot: a fresh VM of the build's last layer runs the start\nand ready commands, then is committed, and sandboxes of the build are restores of it (the\nstart command already running). false: builds end in disk layers; sandboxes cold-boot and run\nthe start command themselves.",
+    ),
   }),
 
   node: section("", {

@@ -22,8 +22,12 @@ export function createTemplateService(cfg: Config, runtime: SandboxRuntime, pinn
   // one catalog per home: the runtime's when it has one (a runtime wrapping the VM runtime may expose it)
   const own = (runtime as { catalog?: unknown }).catalog;
   const catalog = vmRuntime?.catalog ?? (own instanceof TemplateCatalog ? own : new TemplateCatalog(home));
-  const vms: BuildVmLauncher = vmRuntime
-    ? vmRuntime.buildVmLauncher({ bootMs: k.vm_boot_timeout_ms, flushMs: k.vm_flush_timeout_ms })
+  const launcher = vmRuntime?.buildVmLauncher({ bootMs: k.vm_boot_timeout_ms, flushMs: k.vm_flush_timeout_ms });
+  // without [template_build] snapshot the builder sees a launcher that commits no snapshots
+  const vms: BuildVmLauncher = launcher
+    ? k.snapshot
+      ? launcher
+      : { boot: (spec) => launcher.boot(spec) }
     : {
         boot: () => {
           throw new TemplateError("template.build_failed", `runtime ${runtime.name} cannot boot build VMs`);
@@ -73,7 +77,10 @@ export function createTemplateService(cfg: Config, runtime: SandboxRuntime, pinn
     maxCpuCount: cfg.orchestrator.max_cpu_count,
     maxMemoryMB: cfg.orchestrator.max_memory_mb,
     maxConcurrentBuilds: k.max_concurrent_builds,
-    gc: { intervalMs: k.gc_interval_ms, cacheMaxBytes: k.cache_max_bytes, minAgeMs: k.gc_min_age_ms, uploadMaxAgeMs: k.upload_max_age_secs * 1000, pinned },
+    gc: { intervalMs: k.gc_interval_ms, cacheMaxBytes: k.cache_max_bytes, minAgeMs: k.gc_min_age_ms, uploadMaxAgeMs: k.upload_max_age_secs * 1000,
+      pinned,
+      ...(vms.buildSnapshots && vms.releaseSnapshot ? { snapshots: { list: () => vms.buildSnapshots!(), release: (id: string) => vms.releaseSnapshot!(id) } } : {}),
+    },
   });
 }
 

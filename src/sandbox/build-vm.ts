@@ -7,7 +7,8 @@
  * A checkpoint freezes and thaws the guest's root filesystem (fsfreeze, FIFREEZE: every dirty
  * block and the journal reach the disk; `sync` alone where the image has no fsfreeze), then reads
  * the export's file at the ranges the writable upper holds and stores the blocks that differ
- * from the parent layers as one committed layer.
+ * from the parent layers as one committed layer. The last build VM of a build is committed as the
+ * build's snapshot (build-snapshot.ts).
  */
 import { mkdirSync, rmSync } from "node:fs";
 import { join } from "node:path";
@@ -20,6 +21,7 @@ import { upperPaths, type DiskExport } from "../storage/daemon/index.ts";
 import type { BuildVm, BuildVmSpec, VmCommand } from "../template/build-vm.ts";
 import { toolsBoot } from "../tools/index.ts";
 import type { VmHandle } from "../vmm/index.ts";
+import { commitBuildSnapshot } from "./build-snapshot.ts";
 import { initEnvd, runInGuest, uploadToGuest, waitEnvdHealthy } from "./envd-client.ts";
 import type { VmRuntimeOptions } from "./vm-runtime.ts";
 
@@ -57,11 +59,17 @@ export async function bootBuildVm(o: VmRuntimeOptions, spec: BuildVmSpec, t: Bui
   let disk: DiskExport | undefined;
   let vm: VmHandle | undefined;
   let slotTaken = false;
-  const stop = async () => {
+  // streams of commands left running (the start command): ended before a snapshot is taken
+  const streams = new AbortController();
+  const stopVm = async () => {
+    streams.abort();
     if (vm) await vm.stop().catch((e) => log.error({ id, err: e }, "build VM stop failed"));
     vm = undefined;
     await disk?.close().catch((e) => log.error({ id, err: e }, "build disk close failed"));
     disk = undefined;
+  };
+  const stop = async () => {
+    await stopVm();
     if (slotTaken) await o.net.release(id).catch((e) => log.error({ id, err: e }, "build slot release failed"));
     slotTaken = false;
     rmSync(workDir, { recursive: true, force: true });
@@ -70,16 +78,19 @@ export async function bootBuildVm(o: VmRuntimeOptions, spec: BuildVmSpec, t: Bui
     disk = await o.disks.rootDisk({ id, lowers: spec.layers, sandboxDir: workDir, virtualSize: spec.diskBytes });
     const slot = await o.net.allocate(parseEgressPolicy({}), id);
     slotTaken = true;
-    const boot = toolsBoot(o.toolsImage(), disk.path, spec.bootArgs);
+    const toolsImage = o.toolsImage();
+    const kernelPath = o.kernelPath();
+    const net = netSpec(slot);
+    const boot = toolsBoot(toolsImage, disk.path, spec.bootArgs);
     vm = await o.driver.boot({
       id,
       workDir,
-      kernelPath: o.kernelPath(),
+      kernelPath,
       bootArgs: `${boot.bootArgs} aenv.hostname=build`,
       vcpus: spec.cpuCount,
       memoryMiB: spec.memoryMB,
       drives: boot.drives,
-      net: netSpec(slot),
+      net,
     });
     const base = `http://${guestAddress(slot, ENVD_PORT).host}:${ENVD_PORT}`;
     const bootSignal = AbortSignal.any([spec.signal, AbortSignal.timeout(t.bootMs)]);
@@ -99,7 +110,7 @@ export async function bootBuildVm(o: VmRuntimeOptions, spec: BuildVmSpec, t: Bui
     return {
       run,
       async spawn(c) {
-        const done = runInGuest(base, { cmd: "/bin/sh", args: ["-c", c.script], user: c.user, cwd: c.cwd, envs: c.envs }, spec.signal, c.onOutput);
+        const done = runInGuest(base, { cmd: "/bin/sh", args: ["-c", c.script], user: c.user, cwd: c.cwd, envs: c.envs }, AbortSignal.any([spec.signal, streams.signal]), c.onOutput);
         done.catch(() => {}); // the VM stops under it at the end of the build
         return { pid: 0, done };
       },
@@ -117,6 +128,19 @@ export async function bootBuildVm(o: VmRuntimeOptions, spec: BuildVmSpec, t: Bui
           return r.size;
         } finally {
           await parent.close();
+        }
+      },
+      async commitSnapshot(source) {
+        const running = vm;
+        if (!running) throw new OrchestratorError("orchestrator.runtime_failed", `build VM ${id} is not running`, { id });
+        // the start command keeps running in the guest; its output stream to this build ends here
+        streams.abort();
+        try {
+          const r = await commitBuildSnapshot(o.snapshots.repo, running, { spec, driver: o.driver.name, kernelPath, toolsImage, mac: net.mac, workDir }, source, stopVm);
+          log.info({ id, snapshot: r.snapshotId, memoryBytes: r.memoryBytes }, "build snapshot committed");
+          return r;
+        } finally {
+          await stop();
         }
       },
       stop,

@@ -46,6 +46,14 @@ export interface BuildVm {
    * @returns the layer's size in bytes.
    */
   checkpoint(outPath: string, parentLayers: string[]): Promise<number>;
+  /**
+   * Pause the VM and commit it as the snapshot of build `buildID` of `templateID` (device state,
+   * guest memory, and its disk: the layers it booted from plus what was written since), then
+   * stop it. Sandboxes of the build are restores of that snapshot: what runs in the guest now
+   * (the start command) runs in them at once. Present when the launcher's `snapshotUsable` is.
+   * @returns the snapshot's id and the guest memory bytes its memory layer holds
+   */
+  commitSnapshot?(source: { templateID: string; buildID: string }): Promise<{ snapshotId: string; memoryBytes: number }>;
   /** Stop the VM and free everything it holds. Idempotent, never throws. */
   stop(): Promise<void>;
 }
@@ -53,4 +61,16 @@ export interface BuildVm {
 /** Boots build VMs. */
 export interface BuildVmLauncher {
   boot(spec: BuildVmSpec): Promise<BuildVm>;
+  /**
+   * Whether snapshot `id` is committed and a sandbox can still be restored from it (the node's
+   * guest kernel and tools drive are the ones it was taken with): a cached finalize reuses it.
+   * Absent: this launcher commits no snapshots; builds end in disk layers and sandboxes cold-boot.
+   */
+  snapshotUsable?(id: string): boolean;
+  /**
+   * Ids of the snapshots committed for catalog builds (`commitSnapshot`) that still exist.
+   */
+  buildSnapshots?(): string[];
+  /** No build names snapshot `id` any more: remove it (kept hidden while sandboxes run from it). */
+  releaseSnapshot?(id: string): void;
 }

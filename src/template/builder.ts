@@ -77,6 +77,13 @@ interface StepEntry {
   diskBytes: number;
 }
 
+/** A cached finalize: the ready check passed; `snapshot` is what it committed (when snapshots are on). */
+interface FinalEntry {
+  ready: true;
+  at: string;
+  snapshot?: string;
+}
+
 /** A failure attributed to a step ("base", "<n>", "finalize"). */
 export class StepFailure extends TemplateError {
   constructor(readonly step: string, code: TemplateErrorCode, message: string, details: Record<string, unknown> = {}) {
@@ -259,28 +266,56 @@ export class TemplateBuilder {
         this.writeEntry(keys[i]!, state);
       }
 
-      // finalize: start + ready check
+      // finalize: in a fresh VM booted from the last layer (its memory holds nothing of the
+      // steps), the start command runs and the ready command passes; then, when the launcher
+      // commits snapshots, the running VM becomes the build's snapshot and sandboxes are restores
+      // of it (the start command already running). The outcome is cached like a step, under the
+      // last step's key, both commands and the VM's shape (a snapshot keeps vCPUs and memory).
       const { startCmd } = spec;
       const readyCmd = spec.readyCmd;
-      // the ready check's outcome is cached like a step (sandboxes cold-boot and run the start
-      // command themselves; nothing of the build VM's finalize state is kept)
-      const finalKey = hashParts(key, "finalize", startCmd, readyCmd);
-      const finalCached = (startCmd || readyCmd) && firstForced < 0 && existsSync(join(this.stepDir, `${finalKey}.json`)) && touch(join(this.stepDir, `${finalKey}.json`));
-      if (finalCached) log("info", `CACHED [finalize] START ${startCmd || "-"} READY ${readyCmd || "-"}`, "finalize");
-      if ((startCmd || readyCmd) && !finalCached) {
+      const snapshots = this.d.vms.snapshotUsable !== undefined;
+      const finalKey = snapshots ? hashParts(key, "finalize-snapshot", startCmd, readyCmd, String(build.cpuCount), String(build.memoryMB)) : hashParts(key, "finalize", startCmd, readyCmd);
+      const finalPath = join(this.stepDir, `${finalKey}.json`);
+      const cached = firstForced < 0 ? this.readFinal(finalPath) : undefined;
+      let snapshot: string | undefined;
+      if ((startCmd || readyCmd || snapshots) && cached && (!snapshots || (cached.snapshot !== undefined && this.d.vms.snapshotUsable!(cached.snapshot)))) {
+        snapshot = cached.snapshot;
+        touch(finalPath);
+        log("info", `CACHED [finalize] START ${startCmd || "-"} READY ${readyCmd || "-"}${snapshot ? ` SNAPSHOT ${snapshot}` : ""}`, "finalize");
+      } else if (startCmd || readyCmd || snapshots) {
         try {
+          if (snapshots && vm) {
+            await vm.stop();
+            vm = undefined;
+          }
           if (!vm) {
-            log("info", `booting the build VM for the start command`, "finalize");
+            log("info", `booting the build VM for the start command${snapshots ? " and the snapshot" : ""}`, "finalize");
             vm = await this.d.vms.boot({ id: buildID, layers: this.abs(state.layers), diskBytes: state.diskBytes, bootArgs: this.d.settings.bootArgs, cpuCount: build.cpuCount, memoryMB: build.memoryMB, signal });
           }
           await this.checkReady(vm, startCmd, readyCmd, state.context, log, signal);
+          if (snapshots) {
+            if (!vm.commitSnapshot) throw new TemplateError("template.build_failed", "the build VM cannot commit snapshots");
+            const r = await vm.commitSnapshot({ templateID, buildID });
+            snapshot = r.snapshotId;
+            log("info", `[finalize] SNAPSHOT ${snapshot} committed (memory ${(r.memoryBytes / 1048576).toFixed(1)} MiB)`, "finalize");
+          }
         } catch (e) {
           if (e instanceof StepFailure) throw e;
           throw new StepFailure("finalize", "template.build_failed", `finalize: ${(e as Error).message}`);
         }
-        writeFileSync(join(this.stepDir, `${finalKey}.json`), JSON.stringify({ ready: true, at: new Date().toISOString() }));
+        writeFileSync(finalPath, JSON.stringify({ ready: true, at: new Date().toISOString(), ...(snapshot ? { snapshot } : {}) } satisfies FinalEntry));
       }
-      const boot: BootSpec = { layers: state.layers, bootArgs: this.d.settings.bootArgs, diskBytes: state.diskBytes, envs: state.context.envs, workdir: state.context.workdir, user: state.context.user, startCmd, readyCmd };
+      const boot: BootSpec = {
+        layers: state.layers,
+        bootArgs: this.d.settings.bootArgs,
+        diskBytes: state.diskBytes,
+        envs: state.context.envs,
+        workdir: state.context.workdir,
+        user: state.context.user,
+        startCmd,
+        readyCmd,
+        ...(snapshot ? { snapshot } : {}),
+      };
       await vm?.stop();
       vm = undefined;
       log("info", `build ready in ${((performance.now() - t0) / 1000).toFixed(1)} s: ${state.layers.length} layers`, "finalize");
@@ -416,6 +451,16 @@ export class TemplateBuilder {
       if (!this.abs(e.layers).every((l) => existsSync(l))) return undefined;
       touch(p); // newest use first when the cache is trimmed (gc.ts)
       return e;
+    } catch {
+      return undefined;
+    }
+  }
+
+  /** The cached outcome of a finalize, or undefined (none, unreadable). */
+  private readFinal(p: string): FinalEntry | undefined {
+    try {
+      const e = JSON.parse(readFileSync(p, "utf8")) as FinalEntry;
+      return e && e.ready === true && (e.snapshot === undefined || typeof e.snapshot === "string") ? e : undefined;
     } catch {
       return undefined;
     }

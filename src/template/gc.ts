@@ -8,7 +8,8 @@
  * layers, and what the caller pins (the layers running and paused sandboxes stack on, the ones
  * snapshots hold). The rest is cache, kept newest-used first (a cache hit touches its entry)
  * up to `cacheMaxBytes` of layers it alone keeps alive; older entries are dropped and every layer
- * then unreferenced is deleted. Files younger than `minAgeMs` are left alone (one being written
+ * then unreferenced is deleted. A snapshot committed for a build lives as long as a build names
+ * it (a cached finalize naming a released one runs again). Files younger than `minAgeMs` are left alone (one being written
  * or not yet named by its record). Uploads go after `uploadMaxAgeMs` (the SDK uploads again
  * when a build needs them). The caller runs it when no build is running or queued.
  */
@@ -30,6 +31,8 @@ export interface GcOptions {
   uploadMaxAgeMs: number;
   /** Absolute paths of layers that something else stacks on (sandboxes, snapshots). */
   pinned: Iterable<string>;
+  /** Snapshots committed for builds (BuildVmLauncher): the ones no build names are released. */
+  snapshots?: { list(): string[]; release(id: string): void };
   now?: number;
 }
 
@@ -45,6 +48,8 @@ export interface GcReport {
   freedBytes: number;
   /** Bytes of layers the cache keeps. */
   cacheBytes: number;
+  /** Ids of build snapshots released (no build named them). */
+  releasedSnapshots: string[];
 }
 
 interface CacheEntry {
@@ -75,7 +80,7 @@ export function collectGarbage(o: GcOptions): GcReport {
   const now = o.now ?? Date.now();
   const home = o.homePath;
   const abs = (l: string) => (isAbsolute(l) ? l : join(home, l));
-  const report: GcReport = { removedLayers: [], removedCacheEntries: 0, removedUploads: [], freedBytes: 0, cacheBytes: 0 };
+  const report: GcReport = { removedLayers: [], removedCacheEntries: 0, removedUploads: [], freedBytes: 0, cacheBytes: 0, releasedSnapshots: [] };
   const young = (p: string) => now - mtime(p) < o.minAgeMs;
 
   // roots: what builds boot from, build-base manifests, and the caller's pins
@@ -145,6 +150,15 @@ export function collectGarbage(o: GcOptions): GcReport {
     report.freedBytes += diskBytes(p);
     rmSync(p, { force: true });
     report.removedUploads.push(p);
+  }
+
+  if (o.snapshots) {
+    const named = new Set(o.catalog.list().flatMap((t) => t.builds.flatMap((b) => (b.boot?.snapshot ? [b.boot.snapshot] : []))));
+    for (const id of o.snapshots.list()) {
+      if (named.has(id)) continue;
+      o.snapshots.release(id);
+      report.releasedSnapshots.push(id);
+    }
   }
   return report;
 }

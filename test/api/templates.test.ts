@@ -14,8 +14,11 @@ import { api, startNodeNoVm, testPrefix, type TestNode } from "./helpers.ts";
 
 const MAX_UPLOAD = 4 * 1048576;
 let node: TestNode;
+// these nodes boot no VM: builds end in their disk layers, with no snapshot (test/e2e/template.test.ts
+// has builds that end in one)
+const NO_SNAPSHOT = { AENV__template_build__snapshot: "false" };
 beforeAll(async () => {
-  node = await startNodeNoVm({ AENV__template_build__max_upload_bytes: String(MAX_UPLOAD), AENV__template_build__manifest_timeout_ms: "5000" });
+  node = await startNodeNoVm({ ...NO_SNAPSHOT, AENV__template_build__max_upload_bytes: String(MAX_UPLOAD), AENV__template_build__manifest_timeout_ms: "5000" });
   legacyBase(node.home);
 });
 afterAll(async () => {
@@ -378,7 +381,7 @@ test("CLI: template build --dockerfile streams the log and fails naming an unsup
 }, 60_000);
 
 test("create of name:tag boots the tagged build; name alone the default tag's; an unknown tag is a 404", async () => {
-  const n = await startNodeNoVm({}, undefined, {});
+  const n = await startNodeNoVm(NO_SNAPSHOT, undefined, {});
   try {
     legacyBase(n.home);
     const build = async (name: string, v: string) => {

@@ -7,7 +7,7 @@
  * Template builder (test/e2e/fixtures/template-build.ts). One node, one registry.
  */
 import { afterAll, beforeAll, expect, test } from "bun:test";
-import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
+import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { debianTree, pushImage, startRegistry, type TestRegistry } from "../image/registry.ts";
@@ -62,6 +62,11 @@ test("e2b SDK Template: fromImage build, create answers at once, warm rebuild ca
   for (let i = 1; i <= 5; i++) expect(logs1.some((l) => l.startsWith(`[builder ${i}/5] `))).toBe(true);
   expect(logs1.some((l) => l.startsWith("CACHED"))).toBe(false);
   expect(logs1.some((l) => l.startsWith("[finalize] READY"))).toBe(true);
+  expect(logs1.some((l) => /^\[finalize\] SNAPSHOT [a-z0-9]{20} committed \(memory \d+\.\d MiB\)$/.test(l))).toBe(true);
+  // sandboxes of the build are restores of its snapshot: the same start command token and pid in two
+  const guests = o.guests as string[];
+  expect(guests[0]).toMatch(/^[0-9a-f-]{36}\n(\d+\n)+$/);
+  expect(guests[1]).toBe(guests[0]);
   // the sandbox: files, owner, env, workdir, user, and the start command answering on 8080
   expect(o.proxied).toEqual({ status: 200, body: "one\n" });
   expect(o.run.exitCode).toBe(0);
@@ -73,7 +78,7 @@ test("e2b SDK Template: fromImage build, create answers at once, warm rebuild ca
   for (let i = 1; i <= 5; i++) expect(logs2.some((l) => l.startsWith(`CACHED [builder ${i}/5] `))).toBe(true);
   expect(logs2.some((l) => l.startsWith("pulling "))).toBe(false);
   expect(logs2.some((l) => /: cached$/.test(l))).toBe(true);
-  expect(logs2.some((l) => l.startsWith("CACHED [finalize] START python3 -m http.server 8080"))).toBe(true);
+  expect(logs2.some((l) => /^CACHED \[finalize\] START cat \/proc\/sys\/kernel\/random\/uuid > \/tmp\/started && python3 -m http.server 8080 READY .* SNAPSHOT [a-z0-9]{20}$/.test(l))).toBe(true);
   expect(logs2.some((l) => l.startsWith("booting the build VM"))).toBe(false);
   // failing step: BuildError with the command's output and the step named
   expect(o.failed.name).toBe("BuildError");
@@ -115,4 +120,12 @@ test("e2b SDK Template: fromImage build, create answers at once, warm rebuild ca
   const layers = readdirSync(join(world.home, "catalog", "layers"));
   expect(layers.filter((f) => !/^[0-9a-f]{64}\.[0-9a-f]{8}\.layer$/.test(f))).toEqual([]);
   expect(existsSync(join(world.home, "sandboxes")) ? readdirSync(join(world.home, "sandboxes")).filter((d) => d.startsWith("build-")) : []).toEqual([]);
+  // the snapshots of deleted templates' builds were released with them; a kept template's stays
+  const manifests = join(world.home, "snapshots", "manifests");
+  const snapshotsOf = (templateId: string) =>
+    readdirSync(manifests)
+      .filter((f) => f.endsWith(".json"))
+      .filter((f) => JSON.parse(readFileSync(join(manifests, f), "utf8")).source.templateId === templateId);
+  expect(snapshotsOf(o.b1.templateId)).toEqual([]);
+  expect(snapshotsOf(o.b3.templateId).length).toBe(1);
 }, 1_200_000);

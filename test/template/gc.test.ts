@@ -82,3 +82,35 @@ test("roots stay, the cache is trimmed newest-used first, unreferenced layers an
   // unpinned (the sandbox is gone): its layer goes
   expect(collectGarbage({ homePath: home, catalog, cacheMaxBytes: 0, minAgeMs: 600_000, uploadMaxAgeMs: DAY, pinned: [], now }).removedLayers).toEqual([pinned]);
 });
+
+test("build snapshots: the ones a build names stay, the rest are released; a template delete releases its builds'", () => {
+  const h = mkdtempSync(join(tmpdir(), "aenv-gc-snap-"));
+  try {
+    const catalog = new TemplateCatalog(h);
+    const boot = (snapshot?: string) => ({ layers: [], bootArgs: "", diskBytes: MiB, envs: {}, workdir: "/", user: "user", startCmd: "", readyCmd: "", ...(snapshot ? { snapshot } : {}) });
+    const a = catalog.requestBuild({ name: "a", cpuCount: 1, memoryMB: 256, diskSizeMB: 0 });
+    catalog.setStatus(a.template.templateID, a.build.buildID, "ready", { boot: boot("snapa1") });
+    // a warm rebuild names the same snapshot; a failed build names none
+    const a2 = catalog.requestBuild({ name: "a", cpuCount: 1, memoryMB: 256, diskSizeMB: 0 });
+    catalog.setStatus(a.template.templateID, a2.build.buildID, "ready", { boot: boot("snapa1") });
+    const b = catalog.requestBuild({ name: "b", cpuCount: 1, memoryMB: 256, diskSizeMB: 0 });
+    catalog.setStatus(b.template.templateID, b.build.buildID, "ready", { boot: boot("snapb1") });
+    const c = catalog.requestBuild({ name: "c", cpuCount: 1, memoryMB: 256, diskSizeMB: 0 });
+    catalog.setStatus(c.template.templateID, c.build.buildID, "error", { reason: { message: "x" } });
+    // the repository: both, plus one of a build whose record is gone (committed, then the node died)
+    const repo = new Set(["snapa1", "snapb1", "orphan"]);
+    const released: string[] = [];
+    const snapshots = { list: () => [...repo], release: (id: string) => (released.push(id), repo.delete(id)) };
+    const gc = () => collectGarbage({ homePath: h, catalog, cacheMaxBytes: 0, minAgeMs: 0, uploadMaxAgeMs: DAY, pinned: [], snapshots, now });
+    expect(gc().releasedSnapshots).toEqual(["orphan"]);
+    expect(gc().releasedSnapshots).toEqual([]);
+    catalog.remove(a.template.templateID);
+    expect(gc().releasedSnapshots).toEqual(["snapa1"]);
+    expect(released).toEqual(["orphan", "snapa1"]);
+    expect([...repo]).toEqual(["snapb1"]);
+    // no snapshots port (a runtime without a repository): nothing to release
+    expect(collectGarbage({ homePath: h, catalog, cacheMaxBytes: 0, minAgeMs: 0, uploadMaxAgeMs: DAY, pinned: [], now }).releasedSnapshots).toEqual([]);
+  } finally {
+    rmSync(h, { recursive: true, force: true });
+  }
+});
