@@ -90,7 +90,8 @@ export function loadConfig(opts: { path?: string; env?: Record<string, string | 
     try {
       user = parse(text) as Table;
     } catch (e) {
-      // smol-toml, not Bun.TOML: Bun 1.4.4's parse errors carry no position in the document
+      // smol-toml, not Bun.TOML: Bun 1.4.4's parse errors carry no position in the document (their
+      // line and column point into the calling script)
       const where = e instanceof TomlError ? ` at line ${e.line}, column ${e.column}` : "";
       const first = (e as Error).message.split("\n")[0];
       throw new ConfigError("config.bad_toml", `config file ${path} is not valid TOML${where}: ${first}`, {
