@@ -5,8 +5,9 @@
  * compressed bytes, against a plain HTTP GET of the same blob from the same registry
  * (baseline), then the full pull (fetch + umoci unpack + mkfs + overlaybd import). (2) On a real
  * node (`agentenv server` in a namespace, QEMU TCG build VMs) with the unmodified e2b SDK: a cold
- * build (pull + 4 steps + ready check), a warm rebuild (every step cached), and the create time
- * of a sandbox from the built template (start command answering) against `base` (baseline),
+ * build (pull + 4 steps + ready check + snapshot commit), a warm rebuild (every step cached), and
+ * the create time of a sandbox from the built template (a restore of its snapshot, the start
+ * command answering) against `base` (baseline, also a restore),
  * medians of N. Needs root, the kernel and base template in AENV_TEST_HOME_PATH.
  *   bun bench/template.ts [--runs 3]
  */
@@ -68,10 +69,10 @@ const tree = debianTree(TEST_HOME);
     await world.start();
     const o = await world.client("template-bench.ts", [reg.host, String(RUNS)], 1_800_000);
     console.log(`node builds (SDK Template.build, 4 steps + start/ready, QEMU TCG):`);
-    console.log(`  cold build (pull + steps + ready check): ${s(o.cold)}`);
-    console.log(`  warm rebuild (every step cached, ready check): ${s(o.warm)} (${(o.cold / o.warm).toFixed(1)}x faster)`);
-    console.log(`  Sandbox.create of the built template (cold boot + start command ready), median of ${RUNS}: ${s(median(o.created))}`);
-    console.log(`  Sandbox.create of base (baseline), median of ${RUNS}: ${s(median(o.base))}`);
+    console.log(`  cold build (pull + steps + ready check + snapshot commit): ${s(o.cold)}`);
+    console.log(`  warm rebuild (every step and the snapshot cached): ${s(o.warm)} (${(o.cold / o.warm).toFixed(1)}x faster)`);
+    console.log(`  Sandbox.create of the built template (restore of its snapshot, start command running), median of ${RUNS}: ${s(median(o.created))}`);
+    console.log(`  Sandbox.create of base (baseline: restore of build-base's snapshot), median of ${RUNS}: ${s(median(o.base))}`);
     console.log(`  first request to the start command after create: ${s(median(o.firstFetch))}`);
   } finally {
     await world.dispose();
