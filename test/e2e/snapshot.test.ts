@@ -3,6 +3,8 @@
  * e2b SDK, real QEMU VMs. Sandboxes of `base` are restores of the template's committed snapshot;
  * the memory image of that snapshot is served read-only once and shared by every VM restored from
  * it (the host page cache holds it once: later restores read almost nothing from the server).
+ * The snapshot API through the SDK: createSnapshot, listSnapshots, create from a snapshot, fork,
+ * deleteSnapshot (fixtures/snapshot-api.ts).
  */
 import { expect, test } from "bun:test";
 import { readFileSync } from "node:fs";
@@ -37,3 +39,37 @@ test("four sandboxes of one template: one memory image export, opened once; rest
   expect(o.devicesAtEnd).toEqual([]);
   expect(qemuPidsUnder(world.home, world.memDir)).toEqual([]);
 }, 300_000);
+
+test("SDK snapshots: createSnapshot, listSnapshots, create from it, fork({count: 2}) of a running parent, deleteSnapshot while in use, unknown ids", async () => {
+  const world = node();
+  const o = await world.client("snapshot-api.ts", [], 600_000);
+  const before = "written before the snapshot\n";
+  const both = `${before}written after the snapshot\ntick-running\n`;
+  expect(o.snap.snapshotId).toMatch(/^[a-z0-9]{20}$/);
+  expect(o.snap.names).toContain("e2e-snap");
+  expect(o.listedBySandbox).toEqual([o.snap.snapshotId]);
+  expect(o.listedByName).toEqual([o.snap.snapshotId]);
+  expect(o.listedByOther).toEqual([]);
+  // a sandbox of the snapshot: the file and the running process of that moment, not what came later
+  expect(o.fromSnap).toMatchObject({ probe: `${before}no-after\ntick-running\n`, ticking: true });
+  // two children with the parent's files and its process, each its own sandbox
+  expect(o.forks.length).toBe(2);
+  for (const f of o.forks) expect(f).toMatchObject({ probe: both, ticking: true, mine: f.id });
+  expect(new Set([o.parentId, o.fromSnap.id, ...o.forks.map((f: { id: string }) => f.id)]).size).toBe(4);
+  // the parent runs on, same id and expiry, its process still counting, none of the children's files
+  expect(o.parentAfterFork).toEqual({ state: "running", sameEnd: true, probe: both, ticking: true, seesForkFile: false });
+  // deleted while a sandbox runs from it: unlisted and no longer creatable at once, the running
+  // sandbox unharmed, its files removed once that sandbox is gone
+  expect(o.deleted).toBe(true);
+  expect(o.listedAfterDelete).toEqual([]);
+  expect(o.manifestWhileUsed).toBe(true);
+  expect(o.fromSnapAfterDelete).toBe(before.trim());
+  expect(o.createAfterDelete.message).toBe(`404: template '${o.snap.snapshotId}' not found`);
+  expect(o.manifestAfterLastUser).toBe(false);
+  expect(o.deletedAgain).toBe(false);
+  // unknown ids are 404s, whatever the call
+  expect(o.createUnknown.message).toBe("404: template 'zzzzzzzzzzzzzzzzzzzz' not found");
+  expect(o.snapshotUnknown.name).toBe("SandboxNotFoundError");
+  expect(o.forkUnknown.name).toBe("SandboxNotFoundError");
+  expect(qemuPidsUnder(world.home, world.memDir)).toEqual([]);
+}, 600_000);
