@@ -261,6 +261,35 @@ describe("disk daemon protocol", () => {
     }
   }, 60_000);
 
+  test("update_size while another process reads the disk: its reads wait across each grow and never fail", async () => {
+    const sb = join(root, "grow2");
+    const d = await svc.rootDisk({ id: "grow2", lowers, sandboxDir: sb });
+    const exp = join(root, "grow2.expected");
+    const out = join(root, "grow2.log");
+    writeFileSync(exp, expected.subarray(0, MiB));
+    const lines = () => (existsSync(out) ? readFileSync(out, "utf8").split("\n").filter(Boolean) : []);
+    // one line per whole 1 MiB O_DIRECT read compared with the template's bytes
+    const loop = `while :; do if dd if=${d.path} bs=64k count=16 iflag=direct 2>/dev/null | cmp -s - ${exp}; then echo ok; else echo bad; fi; done >> ${out}`;
+    const reader = Bun.spawn(["sh", "-c", loop], { detached: true });
+    let before = 0;
+    try {
+      for (let i = 0; i < 1000 && lines().length < 3; i++) await Bun.sleep(10);
+      before = lines().length;
+      expect(before).toBeGreaterThanOrEqual(3);
+      for (let k = 1; k <= 5; k++) expect(await svc.updateSize("grow2", SIZE + k * MiB)).toBe(SIZE + k * MiB);
+      const mid = lines().length;
+      for (let i = 0; i < 1000 && lines().length < mid + 3; i++) await Bun.sleep(10);
+      expect(statSync(d.path).size).toBe(SIZE + 5 * MiB);
+    } finally {
+      process.kill(-reader.pid, "SIGKILL");
+      await reader.exited;
+      await d.close();
+    }
+    const l = lines();
+    expect(l.length).toBeGreaterThanOrEqual(before + 3);
+    expect(l.filter((x) => x !== "ok")).toEqual([]);
+  }, 60_000);
+
   test("update_size, hold, delete and a raw device's restack answer with typed errors", async () => {
     const raw = join(root, "r.raw");
     writeFileSync(raw, new Uint8Array(64 * 1024));
