@@ -10,10 +10,11 @@
  * Through FUSE: O_DIRECT (every read is a round trip to the daemon; no FUSE page cache), psync at
  * QD1 and libaio at QD > 1, as QEMU `cache=none,aio=native` would read.
  * Goals (issue 15): 4 KiB random QD16 >= 0.3x, 1 MiB sequential >= 0.6x of the baseline.
+ * Last, the daemon's memory: its PSS before and after 8 more root disks are served and read.
  * Needs root, /dev/fuse and fio.
  *   bun bench/disk.ts [--size-mib 256] [--seconds 3] [--threads N]
  */
-import { closeSync, mkdtempSync, openSync, rmSync, writeSync } from "node:fs";
+import { closeSync, mkdtempSync, openSync, readFileSync, readSync, rmSync, writeSync } from "node:fs";
 import { loadavg } from "node:os";
 import { join } from "node:path";
 import { randomBytes } from "node:crypto";
@@ -77,6 +78,28 @@ try {
     const goal = c.goal ? `  (goal >= ${c.goal}x: raw ${r / b >= c.goal ? "met" : "MISSED"}, stack ${s / b >= c.goal ? "met" : "MISSED"})` : "";
     console.log(`${c.name.padEnd(28)} backing ${fmt(b, c.unit).padStart(12)} | raw ${fmt(r, c.unit).padStart(12)} ratio ${(r / b).toFixed(2)} | stack ${fmt(s, c.unit).padStart(12)} ratio ${(s / b).toFixed(2)}${goal}`);
   }
+  // memory: what each more served root disk adds to the daemon (PSS, after reading from it)
+  const pss = () => Number(/^Pss:\s+(\d+) kB$/m.exec(readFileSync(`/proc/${svc.pid}/smaps_rollup`, "utf8"))?.[1] ?? NaN);
+  const readSome = (path: string) => {
+    const f = openSync(path, "r");
+    try {
+      const b = Buffer.alloc(1 << 20);
+      for (let i = 0; i < 8; i++) readSync(f, b, 0, b.length, i * 16 * b.length);
+    } finally {
+      closeSync(f);
+    }
+  };
+  const MORE = 8;
+  const pssBefore = pss();
+  const more = [];
+  for (let i = 0; i < MORE; i++) {
+    const d = await svc.rootDisk({ id: `mem${i}`, lowers: [join(dir, "layer0")], sandboxDir: join(dir, `m${i}`) });
+    readSome(d.path);
+    more.push(d);
+  }
+  const pssAfter = pss();
+  for (const d of more) await d.close();
+  console.log(`disk daemon memory: ${(pssBefore / 1024).toFixed(1)} MiB PSS serving 2 disks (warm pool filled), ${(pssAfter / 1024).toFixed(1)} MiB with ${MORE} more root disks read: ${((pssAfter - pssBefore) / 1024 / MORE).toFixed(2)} MiB per disk`);
   const st = await svc.stats("stack");
   console.log(`stack device: ${st.reads} READs answered, ${(st.bytes_read / 1e9).toFixed(1)} GB; daemon pid ${svc.pid}; host load average ${loadavg()[0]!.toFixed(1)} at end`);
   await raw.close();
