@@ -1,0 +1,88 @@
+#!/usr/bin/env bun
+/**
+ * Snapshot benchmark (issue 9, "How it is shown"): one node (agentenv server in a private
+ * namespace, QEMU TCG), the unmodified SDK (test/e2e/fixtures/snapshot-bench.ts), and in one run:
+ *  1. Sandbox.create('base') -> first commands.run, p50/p95 of N (a restore of the template's
+ *     snapshot), against the node's own restore of the same files (the VM runtime's start, from
+ *     its "sandbox restored" log line: layers, disk, slot, memory image, VMM state load, envd /init);
+ *  2. cold boot for comparison (a create asking for another memory size boots from the disk);
+ *  3. pause time and bytes written for a guest process holding 0, 8 and 64 MiB of fresh bytes
+ *     (the node's "sandbox paused" line: changed guest RAM, bytes written to the repository);
+ *  4. fork of 4 (one snapshot, four children) and their first commands;
+ *  5. host memory per restored sandbox: Pss of each of 4 running QEMU processes, and the part
+ *     beyond what the guest dirtied (Private_Dirty of the memory image mapping).
+ * Needs root, the kernel and base template with its snapshot in AENV_TEST_HOME_PATH.
+ *   bun bench/snapshot.ts [--runs 10] [--cold 3]
+ */
+import { loadavg } from "node:os";
+import { NodeWorld } from "../test/e2e/world.ts";
+
+const arg = (n: string, d: number) => {
+  const i = process.argv.indexOf(n);
+  return i > 0 ? Number(process.argv[i + 1]) : d;
+};
+const RUNS = arg("--runs", 10);
+const COLD = arg("--cold", 3);
+const pct = (xs: number[], p: number) => [...xs].sort((x, y) => x - y)[Math.min(xs.length - 1, Math.ceil((p / 100) * xs.length) - 1)]!;
+const ms = (x: number) => `${Math.round(x)} ms`;
+const MiB = 1048576;
+const load0 = loadavg();
+
+/** The last node log line (pino JSON) with message `msg` after `from` chars of the log. */
+function lastLine(world: NodeWorld, msg: string): Record<string, number> {
+  const lines = world.log.split("\n").filter((l) => l.includes(`"msg":"${msg}"`));
+  if (lines.length === 0) throw new Error(`no "${msg}" line in the node log`);
+  return JSON.parse(lines.at(-1)!);
+}
+
+const world = new NodeWorld();
+try {
+  await world.start({ AENV_LOG_LEVEL: "info" });
+  // one create first: the shared memory image is served and its pages cached from then on
+  await world.client("snapshot-bench.ts", ["create", "base"]);
+  const first: number[] = [];
+  const runtime: number[] = [];
+  const steps: Record<string, number>[] = [];
+  for (let i = 0; i < RUNS; i++) {
+    const o = await world.client("snapshot-bench.ts", ["create", "base"]);
+    if (o.exit !== 0) throw new Error(`commands.run exited ${o.exit}`);
+    const l = lastLine(world, "sandbox restored");
+    first.push(o.firstRunMs);
+    runtime.push(l.totalMs!);
+    steps.push(l);
+  }
+  const cold: number[] = [];
+  for (let i = 0; i < COLD; i++) {
+    const o = await world.client("snapshot-bench.ts", ["create", "base", "384"]);
+    lastLine(world, "sandbox booted");
+    cold.push(o.firstRunMs);
+  }
+  const pauses: { mib: number; pauseMs: number; changed: number; written: number; vmPausedMs: number }[] = [];
+  for (const mib of [0, 8, 64]) {
+    const o = await world.client("snapshot-bench.ts", ["pause", String(mib)]);
+    const l = lastLine(world, "sandbox paused");
+    pauses.push({ mib, pauseMs: o.pauseMs, changed: l.changedMemoryBytes!, written: l.bytesWritten!, vmPausedMs: l.pauseMs! });
+  }
+  const fork = await world.client("snapshot-bench.ts", ["fork", "4"]);
+  const mem = await world.client("snapshot-bench.ts", ["memory", "4"]);
+
+  const p50 = pct(first, 50);
+  const r50 = pct(runtime, 50);
+  const step = (k: string) => Math.round(pct(steps.map((s) => s[k]!), 50));
+  console.log(`load before: ${load0.map((x) => x.toFixed(2)).join(" ")}; after: ${loadavg().map((x) => x.toFixed(2)).join(" ")} (2 cores, QEMU TCG)`);
+  console.log(`create from the base snapshot -> first commands.run, N=${RUNS}: p50 ${ms(p50)}, p95 ${ms(pct(first, 95))}`);
+  console.log(`  the node's restore of the same files (runtime start), same run: p50 ${ms(r50)}, p95 ${ms(pct(runtime, 95))}; SDK/restore ratio ${(p50 / r50).toFixed(2)}x (goal <= 1.5x and < 600 ms)`);
+  console.log(`  restore steps p50: verify ${step("verifyMs")}, disk ${step("diskMs")}, slot ${step("slotMs")}, memory image ${step("memoryMs")}, VMM state load ${step("vmmMs")}, envd /init ${step("envdMs")} ms`);
+  console.log(`cold boot (create with another memory size) -> first commands.run, N=${COLD}: p50 ${ms(pct(cold, 50))} (${(pct(cold, 50) / p50).toFixed(1)}x the restore)`);
+  for (const p of pauses) {
+    console.log(`pause, guest holding ${p.mib} MiB of fresh bytes: SDK ${ms(p.pauseMs)} (VM paused ${ms(p.vmPausedMs)}); guest RAM changed ${(p.changed / MiB).toFixed(1)} MiB, written ${(p.written / MiB).toFixed(1)} MiB (guest RAM 512 MiB)`);
+  }
+  console.log(`fork of 4 (one snapshot, 4 children): ${ms(fork.forkMs)}, ${fork.ok} children, their first commands.run ${ms(fork.firstRunsMs)}`);
+  const vms = mem.vms as { image: Record<string, number>; all: Record<string, number> }[];
+  const kb = (x: number) => `${(x / 1024).toFixed(1)} MiB`;
+  const avg = (f: (v: (typeof vms)[number]) => number) => vms.reduce((s, v) => s + f(v), 0) / vms.length;
+  console.log(`host memory per restored sandbox (4 running, mean): Pss ${kb(avg((v) => v.all.Pss!))}, Rss ${kb(avg((v) => v.all.Rss!))}; memory image mapping: Rss ${kb(avg((v) => v.image.Rss!))}, Pss ${kb(avg((v) => v.image.Pss!))}, dirtied (Private_Dirty) ${kb(avg((v) => v.image.Private_Dirty!))}`);
+  console.log(`  beyond what the guest dirtied: Pss - image Private_Dirty = ${kb(avg((v) => v.all.Pss! - v.image.Private_Dirty!))} per sandbox`);
+} finally {
+  await world.dispose();
+}
