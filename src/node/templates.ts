@@ -79,7 +79,7 @@ export function createTemplateService(cfg: Config, runtime: SandboxRuntime, pinn
     maxConcurrentBuilds: k.max_concurrent_builds,
     gc: { intervalMs: k.gc_interval_ms, cacheMaxBytes: k.cache_max_bytes, minAgeMs: k.gc_min_age_ms, uploadMaxAgeMs: k.upload_max_age_secs * 1000,
       pinned,
-      ...(vms.buildSnapshots && vms.releaseSnapshot ? { snapshots: { list: () => vms.buildSnapshots!(), release: (id: string) => vms.releaseSnapshot!(id) } } : {}),
+      ...(vms.releaseSnapshot ? { releaseSnapshot: (id: string) => vms.releaseSnapshot!(id) } : {}),
     },
   });
 }

@@ -36,7 +36,8 @@ export function toolsKeyOf(toolsImage: string): string {
 /**
  * Commit the running build VM `vm` as the snapshot of build `source.buildID` of template
  * `source.templateID`: pause, capture device state and memory, stop the VM (`stopVm`, which also
- * stops serving its disk), then commit its disk's upper over the layers it booted from.
+ * stops serving its disk), then commit its disk's upper over the layers it booted from;
+ * `source.record` gets the id just before the manifest is published.
  * @returns the new snapshot's id and the guest memory bytes its memory layer holds
  * @throws VmmError, OverlaybdError, SnapshotError from the parts (nothing is published then)
  */
@@ -44,7 +45,7 @@ export async function commitBuildSnapshot(
   repo: LocalRepository,
   vm: VmHandle,
   boot: BuildVmBoot,
-  source: { templateID: string; buildID: string },
+  source: { templateID: string; buildID: string; record(snapshotId: string): void },
   stopVm: () => Promise<void>,
 ): Promise<{ snapshotId: string; memoryBytes: number }> {
   const { spec } = boot;
@@ -74,18 +75,11 @@ export async function commitBuildSnapshot(
       tools: txn.addLayer(boot.toolsImage, { keepSource: true }),
       toolsKey: toolsKeyOf(boot.toolsImage),
     };
+    source.record(m.id);
     txn.publish(m);
     return { snapshotId: m.id, memoryBytes: cap.changedBytes };
   } catch (e) {
     txn.abort();
     throw e;
   }
-}
-
-/**
- * Whether `m` is a snapshot a build committed (kind `template` with memory, of a catalog
- * template: not one of `build-base`'s, whose templates are `baseNames`).
- */
-export function isBuildSnapshot(m: SnapshotManifest, baseNames: ReadonlySet<string>): boolean {
-  return m.kind === "template" && m.memory !== null && m.source.sandboxId === null && !baseNames.has(m.source.templateId);
 }

@@ -34,10 +34,10 @@ import type { SandboxMetricsSample, TemplateInfo, VolumeMount } from "../orchest
 import { layersOf, newSnapshotId, SNAPSHOT_ID_RE, SNAPSHOT_NAME_RE, SnapshotError, type CommitTxn, type ImageLease, type LayerHold, type LayerRef, type LocalRepository, type SharedImages, type SnapshotManifest, type SnapshotRemote } from "../snapshot/index.ts";
 import { reapStaleMounts, upperPaths, type DiskExport, type DiskService } from "../storage/daemon/index.ts";
 import { importSparse } from "../storage/overlaybd/index.ts";
-import { listTemplates, resolveTemplate, shownBuild, TemplateCatalog, TemplateError, waitReady, type BootSpec, type BuildRecord, type BuildVmLauncher, type ResolvedTemplate, type TemplateRecord } from "../template/index.ts";
+import { resolveTemplate, shownBuild, TemplateCatalog, TemplateError, waitReady, type BootSpec, type BuildRecord, type BuildVmLauncher, type ResolvedTemplate, type TemplateRecord } from "../template/index.ts";
 import { reapLeftovers, type DriveSpec, type VmHandle, type VmmDriver, type VmSpec } from "../vmm/index.ts";
 import { toolsBoot } from "../tools/index.ts";
-import { isBuildSnapshot, toolsKeyOf } from "./build-snapshot.ts";
+import { toolsKeyOf } from "./build-snapshot.ts";
 import { bootBuildVm, type BuildVmTimeouts } from "./build-vm.ts";
 import { parseVmState, type VmState } from "./vm-state.ts";
 import { captureVm, commitUpper, kernelKey, layerPaths, templateManifest } from "./capture.ts";
@@ -201,10 +201,6 @@ export class VmRuntime implements SandboxRuntime {
           this.log.warn({ err: e, snapshot: id }, "kernel or tools drive unreadable: the build snapshot is not reused");
           return false;
         }
-      },
-      buildSnapshots: () => {
-        const baseNames = new Set(listTemplates(this.o.homePath).map((m) => m.name));
-        return this.repo.list().filter((m) => isBuildSnapshot(m, baseNames)).map((m) => m.id);
       },
       releaseSnapshot: (id) => {
         // hidden now; removed once no sandbox runs from it (unuse)

@@ -51,9 +51,11 @@ export interface BuildVm {
    * guest memory, and its disk: the layers it booted from plus what was written since), then
    * stop it. Sandboxes of the build are restores of that snapshot: what runs in the guest now
    * (the start command) runs in them at once. Present when the launcher's `snapshotUsable` is.
+   * `source.record` is called with the snapshot's id before it is published, so the caller's
+   * record of the snapshots builds made has it even if the node dies right after.
    * @returns the snapshot's id and the guest memory bytes its memory layer holds
    */
-  commitSnapshot?(source: { templateID: string; buildID: string }): Promise<{ snapshotId: string; memoryBytes: number }>;
+  commitSnapshot?(source: { templateID: string; buildID: string; record(snapshotId: string): void }): Promise<{ snapshotId: string; memoryBytes: number }>;
   /** Stop the VM and free everything it holds. Idempotent, never throws. */
   stop(): Promise<void>;
 }
@@ -67,10 +69,6 @@ export interface BuildVmLauncher {
    * Absent: this launcher commits no snapshots; builds end in disk layers and sandboxes cold-boot.
    */
   snapshotUsable?(id: string): boolean;
-  /**
-   * Ids of the snapshots committed for catalog builds (`commitSnapshot`) that still exist.
-   */
-  buildSnapshots?(): string[];
   /** No build names snapshot `id` any more: remove it (kept hidden while sandboxes run from it). */
   releaseSnapshot?(id: string): void;
 }

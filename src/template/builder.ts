@@ -154,6 +154,7 @@ export class TemplateBuilder {
   constructor(private readonly d: BuilderDeps) {
     mkdirSync(this.layerDir, { recursive: true });
     mkdirSync(this.stepDir, { recursive: true });
+    mkdirSync(this.snapshotDir, { recursive: true });
   }
 
   private get layerDir(): string {
@@ -161,6 +162,10 @@ export class TemplateBuilder {
   }
   private get stepDir(): string {
     return join(this.d.catalog.dir, "steps");
+  }
+  /** One empty file per snapshot a build of this node committed (named by its id; gc.ts releases them). */
+  private get snapshotDir(): string {
+    return join(this.d.catalog.dir, "snapshots");
   }
 
   /**
@@ -295,7 +300,7 @@ export class TemplateBuilder {
           await this.checkReady(vm, startCmd, readyCmd, state.context, log, signal);
           if (snapshots) {
             if (!vm.commitSnapshot) throw new TemplateError("template.build_failed", "the build VM cannot commit snapshots");
-            const r = await vm.commitSnapshot({ templateID, buildID });
+            const r = await vm.commitSnapshot({ templateID, buildID, record: (id) => writeFileSync(join(this.snapshotDir, id), "") });
             snapshot = r.snapshotId;
             log("info", `[finalize] SNAPSHOT ${snapshot} committed (memory ${(r.memoryBytes / 1048576).toFixed(1)} MiB)`, "finalize");
           }

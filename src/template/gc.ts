@@ -8,8 +8,9 @@
  * layers, and what the caller pins (the layers running and paused sandboxes stack on, the ones
  * snapshots hold). The rest is cache, kept newest-used first (a cache hit touches its entry)
  * up to `cacheMaxBytes` of layers it alone keeps alive; older entries are dropped and every layer
- * then unreferenced is deleted. A snapshot committed for a build lives as long as a build names
- * it (a cached finalize naming a released one runs again). Files younger than `minAgeMs` are left alone (one being written
+ * then unreferenced is deleted. A snapshot a build committed (recorded in
+ * `$home/catalog/snapshots/`) lives as long as a build names it (a cached finalize naming a
+ * released one runs again). Files younger than `minAgeMs` are left alone (one being written
  * or not yet named by its record). Uploads go after `uploadMaxAgeMs` (the SDK uploads again
  * when a build needs them). The caller runs it when no build is running or queued.
  */
@@ -31,8 +32,11 @@ export interface GcOptions {
   uploadMaxAgeMs: number;
   /** Absolute paths of layers that something else stacks on (sandboxes, snapshots). */
   pinned: Iterable<string>;
-  /** Snapshots committed for builds (BuildVmLauncher): the ones no build names are released. */
-  snapshots?: { list(): string[]; release(id: string): void };
+  /**
+   * Releases a snapshot a build committed (BuildVmLauncher.releaseSnapshot). The ones recorded in
+   * `$home/catalog/snapshots/` that no build names are released; absent: none are.
+   */
+  releaseSnapshot?: (id: string) => void;
   now?: number;
 }
 
@@ -152,11 +156,15 @@ export function collectGarbage(o: GcOptions): GcReport {
     report.removedUploads.push(p);
   }
 
-  if (o.snapshots) {
+  // only snapshots this node's builds committed (recorded before publishing): never one another
+  // node committed and this one adopted from a shared store
+  const ledger = join(home, "catalog", "snapshots");
+  if (o.releaseSnapshot && existsSync(ledger)) {
     const named = new Set(o.catalog.list().flatMap((t) => t.builds.flatMap((b) => (b.boot?.snapshot ? [b.boot.snapshot] : []))));
-    for (const id of o.snapshots.list()) {
-      if (named.has(id)) continue;
-      o.snapshots.release(id);
+    for (const id of readdirSync(ledger).sort()) {
+      if (named.has(id) || young(join(ledger, id))) continue;
+      o.releaseSnapshot(id);
+      rmSync(join(ledger, id), { force: true });
       report.releasedSnapshots.push(id);
     }
   }

@@ -38,8 +38,8 @@ export interface TemplateServiceOptions {
     uploadMaxAgeMs: number;
     /** Layers sandboxes and snapshots stack on (absolute paths), read at each collection. */
     pinned: () => Iterable<string>;
-    /** Snapshots committed for builds; the ones no build names are released. */
-    snapshots?: { list(): string[]; release(id: string): void };
+    /** Releases a snapshot a build committed once no build names it; absent: none are released. */
+    releaseSnapshot?: (id: string) => void;
   };
 }
 
@@ -89,7 +89,7 @@ export class TemplateService {
     const g = this.opts.gc;
     if (!g || this.closed || this.running.size > 0) return null;
     try {
-      const r = collectGarbage({ homePath: this.catalog.homePath, catalog: this.catalog, cacheMaxBytes: g.cacheMaxBytes, minAgeMs: g.minAgeMs, uploadMaxAgeMs: g.uploadMaxAgeMs, pinned: g.pinned(), snapshots: g.snapshots });
+      const r = collectGarbage({ homePath: this.catalog.homePath, catalog: this.catalog, cacheMaxBytes: g.cacheMaxBytes, minAgeMs: g.minAgeMs, uploadMaxAgeMs: g.uploadMaxAgeMs, pinned: g.pinned(), releaseSnapshot: g.releaseSnapshot });
       if (r.removedLayers.length || r.removedUploads.length || r.removedCacheEntries || r.releasedSnapshots.length) {
         this.log.info({ layers: r.removedLayers.length, uploads: r.removedUploads.length, cacheEntries: r.removedCacheEntries, snapshots: r.releasedSnapshots, freedBytes: r.freedBytes, cacheBytes: r.cacheBytes }, "template files collected");
       }

@@ -5,7 +5,7 @@
  * budget; older base layers, layers nothing names any more and old uploads go; young files stay.
  */
 import { afterAll, beforeAll, expect, test } from "bun:test";
-import { existsSync, mkdirSync, mkdtempSync, rmSync, utimesSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync, utimesSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { collectGarbage, TemplateCatalog } from "../../src/template/index.ts";
@@ -83,7 +83,7 @@ test("roots stay, the cache is trimmed newest-used first, unreferenced layers an
   expect(collectGarbage({ homePath: home, catalog, cacheMaxBytes: 0, minAgeMs: 600_000, uploadMaxAgeMs: DAY, pinned: [], now }).removedLayers).toEqual([pinned]);
 });
 
-test("build snapshots: the ones a build names stay, the rest are released; a template delete releases its builds'", () => {
+test("build snapshots: the recorded ones a build names stay, the rest are released; never one this node did not record", () => {
   const h = mkdtempSync(join(tmpdir(), "aenv-gc-snap-"));
   try {
     const catalog = new TemplateCatalog(h);
@@ -97,19 +97,23 @@ test("build snapshots: the ones a build names stay, the rest are released; a tem
     catalog.setStatus(b.template.templateID, b.build.buildID, "ready", { boot: boot("snapb1") });
     const c = catalog.requestBuild({ name: "c", cpuCount: 1, memoryMB: 256, diskSizeMB: 0 });
     catalog.setStatus(c.template.templateID, c.build.buildID, "error", { reason: { message: "x" } });
-    // the repository: both, plus one of a build whose record is gone (committed, then the node died)
-    const repo = new Set(["snapa1", "snapb1", "orphan"]);
+    // recorded by this node's builds: both, plus one whose build record was lost (the node died
+    // after the commit); "adopted" (another node's, found in a shared store) was never recorded
+    mkdirSync(join(h, "catalog", "snapshots"), { recursive: true });
+    for (const id of ["snapa1", "snapb1", "orphan"]) writeFileSync(join(h, "catalog", "snapshots", id), "");
     const released: string[] = [];
-    const snapshots = { list: () => [...repo], release: (id: string) => (released.push(id), repo.delete(id)) };
-    const gc = () => collectGarbage({ homePath: h, catalog, cacheMaxBytes: 0, minAgeMs: 0, uploadMaxAgeMs: DAY, pinned: [], snapshots, now });
-    expect(gc().releasedSnapshots).toEqual(["orphan"]);
-    expect(gc().releasedSnapshots).toEqual([]);
+    const releaseSnapshot = (id: string) => void released.push(id);
+    const gc = () => collectGarbage({ homePath: h, catalog, cacheMaxBytes: 0, minAgeMs: 0, uploadMaxAgeMs: DAY, pinned: [], releaseSnapshot, now: Date.now() }).releasedSnapshots;
+    expect(gc()).toEqual(["orphan"]);
+    expect(gc()).toEqual([]);
     catalog.remove(a.template.templateID);
-    expect(gc().releasedSnapshots).toEqual(["snapa1"]);
+    expect(gc()).toEqual(["snapa1"]);
     expect(released).toEqual(["orphan", "snapa1"]);
-    expect([...repo]).toEqual(["snapb1"]);
-    // no snapshots port (a runtime without a repository): nothing to release
-    expect(collectGarbage({ homePath: h, catalog, cacheMaxBytes: 0, minAgeMs: 0, uploadMaxAgeMs: DAY, pinned: [], now }).releasedSnapshots).toEqual([]);
+    expect(readdirSync(join(h, "catalog", "snapshots"))).toEqual(["snapb1"]);
+    // without a release function (a runtime without a repository) nothing is released
+    catalog.remove(b.template.templateID);
+    expect(collectGarbage({ homePath: h, catalog, cacheMaxBytes: 0, minAgeMs: 0, uploadMaxAgeMs: DAY, pinned: [], now: Date.now() }).releasedSnapshots).toEqual([]);
+    expect(gc()).toEqual(["snapb1"]);
   } finally {
     rmSync(h, { recursive: true, force: true });
   }
