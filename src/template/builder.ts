@@ -2,11 +2,13 @@
  * Runs one template build: base (a pulled image or another template's ready build), then the
  * steps, each one's result a committed overlaybd layer cached under the hash of everything
  * before it (E2B's chaining, ../shared/docs/template-build.md §4: an unchanged prefix is reused,
- * `force` rebuilds from the first forced step on), then the start and ready commands, checked in
- * the build VM (the check's success is cached under the last step's key + both commands, so a
- * fully cached rebuild boots no VM; E2B never caches its finalize phase, whose snapshot we do
- * not take yet). Steps run in ONE build VM booted from the last cached layer; ENV/ARG steps
- * change no disk and make no layer.
+ * `force` rebuilds from the first forced step on), then the finalize: a fresh VM of the last
+ * layer runs the start command, passes the ready command and (when the launcher commits
+ * snapshots) becomes the build's snapshot, which sandboxes of the build are restored from. The
+ * finalize is cached under the last step's key, both commands and the VM shape while its
+ * snapshot is usable, so a fully cached rebuild boots no VM (E2B never caches its finalize).
+ * Steps run in ONE build VM booted from the last cached layer; ENV/ARG steps change no disk and
+ * make no layer.
  *
  * Semantics chosen where E2B leaves room (documented in README): RUN runs as the step's user,
  * else the current USER (E2B's `user` by default), with `/bin/sh -c`, cwd = WORKDIR, the
