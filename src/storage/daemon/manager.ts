@@ -4,6 +4,7 @@
  * written to the `DeviceStore` before it is announced; operations on one device (or one share
  * key) run one at a time.
  */
+import { readdirSync, rmdirSync } from "node:fs";
 import { join } from "node:path";
 import { processStartTime } from "../../ffi/proc.ts";
 import { logger } from "../../observability/log.ts";
@@ -83,6 +84,7 @@ export class DeviceManager {
         // nobody else holds a pre-created export's connection: it is gone; the pool makes new ones
         await engine?.cleanup(row);
         this.#o.store.delete(row.devId);
+        removeEmptyDir(join(this.#o.dir, "pool", row.devId));
         continue;
       }
       let image: BlockImage | undefined;
@@ -104,6 +106,8 @@ export class DeviceManager {
         log.warn({ devId: row.devId, err: e }, "device not recovered: cleaned up");
       }
     }
+    // mount points earlier daemons made and left empty (a stop between unmount and rmdir)
+    this.removeEmptyMountPoints();
     this.recovered += recovered.length;
     if (recovered.length || cleaned.length) log.info({ recovered, cleaned }, "device recovery done");
     return { recovered, cleaned };
@@ -280,6 +284,24 @@ export class DeviceManager {
     await Promise.allSettled([...this.#locks.values()]);
     for (const l of [...this.#live.values()]) await this.#drop(l).catch((e) => log.error({ devId: l.row.devId, err: e }, "device destroy failed"));
     for (const list of this.#pool.values()) for (const l of list.splice(0)) await this.#drop(l).catch(() => undefined);
+    this.removeEmptyMountPoints();
+  }
+
+  /**
+   * Remove the empty directories under `<dir>/pool/` and `<dir>/shared/`: the mount points the
+   * daemon made for pre-created and shared exports. A live mount point (EBUSY) or a directory
+   * with content stays; call it when no export is being created (start, shutdown).
+   */
+  removeEmptyMountPoints(): void {
+    for (const sub of ["pool", "shared"]) {
+      let names: string[];
+      try {
+        names = readdirSync(join(this.#o.dir, sub));
+      } catch {
+        continue; // never made
+      }
+      for (const n of names) removeEmptyDir(join(this.#o.dir, sub, n));
+    }
   }
 
   /**
@@ -367,6 +389,8 @@ export class DeviceManager {
       throw e;
     }
     this.#o.store.delete(pooled.row.devId);
+    // bind() moved the export to the sandbox's mount point: the pre-created one is empty now
+    if (pooled.row.access === "pool") removeEmptyDir(join(this.#o.dir, "pool", pooled.row.devId));
     const live: Live = {
       row: { ...pooled.row, devId, target, fuse, path: pooled.dev.path!, access: "exclusive", refcount: 1, engineState: pooled.dev.engineState, createdAt: Date.now() },
       dev: pooled.dev,
@@ -385,6 +409,8 @@ export class DeviceManager {
       this.#o.store.delete(l.row.devId);
       if (this.#live.get(l.row.devId) === l) this.#live.delete(l.row.devId);
     }
+    // a pre-created export's mount point is its own (pool ids are never reused)
+    if (l.row.access === "pool") removeEmptyDir(join(this.#o.dir, "pool", l.row.devId));
   }
 
   /** Refill `engine`'s pool to the high watermark in the background when it fell below the low one. */
@@ -437,5 +463,15 @@ export class DeviceManager {
       if (this.#locks.get(key) === tail) this.#locks.delete(key);
     });
     return run;
+  }
+}
+
+/** rmdir `path` when it is an empty directory; a missing, busy (mounted) or non-empty one stays. */
+function removeEmptyDir(path: string): void {
+  try {
+    rmdirSync(path);
+  } catch (e) {
+    const code = (e as NodeJS.ErrnoException).code;
+    if (code !== "ENOENT" && code !== "EBUSY" && code !== "ENOTEMPTY" && code !== "ENOTDIR") log.warn({ path, err: e }, "could not remove a mount point directory");
   }
 }

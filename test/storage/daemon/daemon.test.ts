@@ -4,7 +4,7 @@
 // case: opened once, mapped by many), the warm pool, restack, recovery of a restacked stack after
 // kill -9, update_size (growing a served disk), hold, delete, shutdown.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { closeSync, existsSync, fstatSync, mkdirSync, mkdtempSync, openSync, readFileSync, readSync, rmSync, statSync, writeFileSync, writeSync } from "node:fs";
+import { closeSync, existsSync, fstatSync, mkdirSync, mkdtempSync, openSync, readdirSync, readFileSync, readSync, rmSync, statSync, writeFileSync, writeSync } from "node:fs";
 import { join } from "node:path";
 import { daemonPaths } from "../../../src/storage/daemon/daemon.ts";
 import { encodeFrame, FrameReader } from "../../../src/storage/daemon/protocol.ts";
@@ -168,6 +168,10 @@ describe("disk daemon protocol", () => {
         await Bun.sleep(20);
       }
       expect(pooled).toBe(2); // refilled to the high watermark
+      // the consumed export's pre-created mount point went with it: one directory per pooled export
+      const poolDirs = readdirSync(join(svc.dir, "pool"));
+      expect(poolDirs.length).toBe(2);
+      expect(poolDirs.every((n) => fuseMounted(join(svc.dir, "pool", n)))).toBe(true);
     } finally {
       await d.close();
     }
@@ -320,12 +324,25 @@ describe("disk daemon protocol", () => {
     expect(await code(svc.request({ kind: "delete", dev_id: "r1" }))).toBe("disk.not_found");
   });
 
-  test("shutdown removes every device and the daemon exits 0; requests after it fail", async () => {
+  test("shutdown removes every device and its mount point directories and the daemon exits 0; requests after it fail", async () => {
     const r2 = join(root, "sd");
     mkdirSync(r2, { recursive: true });
     writeFileSync(join(r2, "b.raw"), new Uint8Array(8192));
+    // empty mount points an earlier daemon left go at start; a directory with content stays
+    for (const d of ["pool/pool-1-1", "pool/pool-1-2", "shared/mem-stale", "shared/kept"]) mkdirSync(join(r2, "run", d), { recursive: true });
+    writeFileSync(join(r2, "run", "shared", "kept", "f"), "x");
     const s2 = await startService(r2);
     try {
+      expect(existsSync(join(s2.dir, "pool", "pool-1-1"))).toBe(false);
+      expect(existsSync(join(s2.dir, "pool", "pool-1-2"))).toBe(false);
+      expect(existsSync(join(s2.dir, "shared", "mem-stale"))).toBe(false);
+      expect(readFileSync(join(s2.dir, "shared", "kept", "f"), "utf8")).toBe("x");
+      const pooled = (await s2.features()).pooled.fuse ?? 0;
+      expect(pooled).toBeGreaterThanOrEqual(1);
+      expect(readdirSync(join(s2.dir, "pool")).length).toBe(pooled);
+      const shared = await s2.request({ kind: "acquire", access_mode: "shared", share_key: "sk", target: { kind: "raw", path: join(r2, "b.raw"), read_only: true } });
+      expect(fuseMounted(join(s2.dir, "shared", "sk"))).toBe(true);
+      expect(shared.kind).toBe("device_acquired");
       const d = await s2.exportDisk({ id: "sd", target: { kind: "raw", path: join(r2, "b.raw"), read_only: false }, mountPoint: join(r2, "mnt") });
       expect(fuseMounted(join(r2, "mnt"))).toBe(true);
       const pid = s2.pid;
@@ -333,6 +350,9 @@ describe("disk daemon protocol", () => {
       expect(alive(pid)).toBe(false);
       expect(fuseMounted(join(r2, "mnt"))).toBe(false);
       expect(fuseMounted(join(s2.dir, "pool"))).toBe(false);
+      // nothing of the pool's or the shared export's mount points is left
+      expect(readdirSync(join(s2.dir, "pool"))).toEqual([]);
+      expect(readdirSync(join(s2.dir, "shared"))).toEqual(["kept"]);
       expect(existsSync(daemonPaths(s2.dir).socket)).toBe(false);
       expect(await code(s2.list())).toBe("disk.daemon_unavailable");
       await d.close(); // after the daemon: only local clean-up, no error
