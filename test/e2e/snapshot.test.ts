@@ -73,3 +73,15 @@ test("SDK snapshots: createSnapshot, listSnapshots, create from it, fork({count:
   expect(o.forkUnknown.name).toBe("SandboxNotFoundError");
   expect(qemuPidsUnder(world.home, world.memDir)).toEqual([]);
 }, 600_000);
+
+test("a corrupt layer fails the restore with snapshot.corrupt_layer; the source sandbox and the snapshot are untouched", async () => {
+  const world = node();
+  const o = await world.client("snapshot-corrupt.ts");
+  expect(o.corruptCreate.message).toStartWith("500: ");
+  expect(o.corruptCreate.message).toContain("does not match its digest");
+  expect(o.sourceAfter).toEqual({ file: "source", run: "alive\n" });
+  expect(o.stillListed).toBe(true);
+  expect(o.repairedCreate).toBe("source");
+  expect(world.log).toContain('"code":"snapshot.corrupt_layer"');
+  expect(qemuPidsUnder(world.home, world.memDir)).toEqual([]);
+}, 300_000);
