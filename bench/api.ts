@@ -49,11 +49,14 @@ const { createVmRuntime } = await import("../src/sandbox/index.ts");
 const { resolveKernelPath } = await import("../src/vmm/index.ts");
 const { ENVD_PORT } = await import("../src/envd/version.ts");
 const { LoopbackRuntime } = await import("../test/helpers/loopback-runtime.ts");
+const { seedSnapshots } = await import("../test/e2e/world.ts");
 
 const home = mkdtempSync("/tmp/aenv-bench-");
 const memDir = mkdtempSync("/dev/shm/aenv-bench-");
 mkdirSync(join(home, "run"));
 for (const d of ["templates", "tools"]) symlinkSync(join(TEST_HOME, d), join(home, d));
+// the base template's committed snapshot, as the e2e worlds do: without it every create cold-boots
+seedSnapshots(join(TEST_HOME, "snapshots"), join(home, "snapshots"));
 const cfg = loadConfig({
   env: {
     AENV_HOME_PATH: home,
@@ -221,7 +224,11 @@ try {
   await node2.close();
   rmSync(home2, { recursive: true, force: true });
 
-  // 5. volume attach cost on create (create + kill, alternating with and without a volume)
+  // 5. volume attach cost on create (create + kill, alternating with and without a volume). A
+  // create without volumes restores the template's snapshot; one with a volume cold-boots (the
+  // snapshot's VM has no volume drive: src/sandbox/vm-runtime.ts launch), so this ratio is
+  // mostly restore vs cold boot, plus the volume's export and mount
+
   const vr = await fetch(`${node.url}/volumes`, { method: "POST", headers: H, body: JSON.stringify({ name: "bench-vol" }) });
   const vol = (await vr.json()) as { volumeID: string };
   if (vr.status !== 201) throw new Error(`volume create: ${vr.status} ${JSON.stringify(vol)}`);
