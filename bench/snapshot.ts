@@ -72,7 +72,7 @@ try {
   console.log(`load before: ${load0.map((x) => x.toFixed(2)).join(" ")}; after: ${loadavg().map((x) => x.toFixed(2)).join(" ")} (2 cores, QEMU TCG)`);
   console.log(`create from the base snapshot -> first commands.run, N=${RUNS}: p50 ${ms(p50)}, p95 ${ms(pct(first, 95))}`);
   console.log(`  the node's restore of the same files (runtime start), same run: p50 ${ms(r50)}, p95 ${ms(pct(runtime, 95))}; SDK/restore ratio ${(p50 / r50).toFixed(2)}x (goal <= 1.5x and < 600 ms)`);
-  console.log(`  restore steps p50: verify ${step("verifyMs")}, disk ${step("diskMs")}, slot ${step("slotMs")}, memory image ${step("memoryMs")}, VMM state load ${step("vmmMs")}, envd /init ${step("envdMs")} ms`);
+  console.log(`  restore steps p50: verify ${step("verifyMs")}, disk ${step("diskMs")}, slot ${step("slotMs")}, memory image ${step("memoryMs")}, VMM state load ${step("vmmMs")}, envd ${step("envdMs")} ms (health ${step("healthMs")}, /init ${step("initMs")})`);
   console.log(`cold boot (create with another memory size) -> first commands.run, N=${COLD}: p50 ${ms(pct(cold, 50))} (${(pct(cold, 50) / p50).toFixed(1)}x the restore)`);
   for (const p of pauses) {
     console.log(`pause, guest holding ${p.mib} MiB of fresh bytes: SDK ${ms(p.pauseMs)} (VM paused ${ms(p.vmPausedMs)}); guest RAM changed ${(p.changed / MiB).toFixed(1)} MiB, written ${(p.written / MiB).toFixed(1)} MiB (guest RAM 512 MiB)`);

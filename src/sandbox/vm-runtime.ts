@@ -89,12 +89,22 @@ type StartedFrom = VmState["template"];
 
 /** Steps of a start, ms (logged, and kept for benchmarks). */
 export interface StartTimings {
+  /** Digest checks of the snapshot's layers (once per node process and file). */
   verifyMs: number;
+  /** Root disk (fresh upper over the snapshot's disk layers) and volume drives served. */
   diskMs: number;
+  /** Network slot taken (from the warm pool when it has one). */
   slotMs: number;
+  /** Shared memory image acquired (served once per stack). */
   memoryMs: number;
+  /** VMM spawned and the device state loaded (restore) or the kernel booted until spawned (cold). */
   vmmMs: number;
+  /** envd: health answered, /init done, volumes mounted, template process started; = healthMs + initMs + the rest. */
   envdMs: number;
+  /** Part of envdMs until envd's GET /health answered. */
+  healthMs: number;
+  /** Part of envdMs spent in envd's POST /init. */
+  initMs: number;
   totalMs: number;
   restored: boolean;
 }
@@ -650,7 +660,7 @@ export class VmRuntime implements SandboxRuntime {
     const boot = from.boot;
     const workDir = this.workDir(id);
     const restore = !coldBoot && base.memory !== null && base.vmState !== null && (resumed !== null || (spec.volumes.length === 0 && spec.cpuCount === base.vm.vcpus && spec.memoryMB === base.vm.memoryMiB));
-    const t: StartTimings = { verifyMs: 0, diskMs: 0, slotMs: 0, memoryMs: 0, vmmMs: 0, envdMs: 0, totalMs: 0, restored: restore };
+    const t: StartTimings = { verifyMs: 0, diskMs: 0, slotMs: 0, memoryMs: 0, vmmMs: 0, envdMs: 0, healthMs: 0, initMs: 0, totalMs: 0, restored: restore };
     const t0 = performance.now();
     let mark = t0;
     const lap = () => {
@@ -737,7 +747,7 @@ export class VmRuntime implements SandboxRuntime {
       };
       const host = guestAddress(slot, ENVD_PORT).host;
       // a restored envd holds the token it had at snapshot time; a booted one has none
-      const r = await this.ready(spec, vm, host, state, restore ? base.envd.accessToken : null, boot);
+      const r = await this.ready(spec, vm, host, state, restore ? base.envd.accessToken : null, boot, t);
       // a restored guest has its volumes mounted already; a booted one (a create, or a resume
       // from the disk) mounts them
       if (spec.volumes.length > 0 && !restore) await mountVolumesInGuest(`http://${host}:${ENVD_PORT}`, spec.envdAccessToken, spec.volumes, this.guestOpTimeoutMs());
@@ -799,9 +809,11 @@ export class VmRuntime implements SandboxRuntime {
    * Wait for envd, init it (token, template's user, workdir and env under the request's, clock,
    * host name), and describe the running sandbox.
    */
-  private async ready(spec: RuntimeStartSpec, vm: VmHandle, host: string, state: VmState, currentToken: string | null, boot: BootDefaults): Promise<RuntimeSandbox> {
+  private async ready(spec: RuntimeStartSpec, vm: VmHandle, host: string, state: VmState, currentToken: string | null, boot: BootDefaults, t?: StartTimings): Promise<RuntimeSandbox> {
     const base = `http://${host}:${ENVD_PORT}`;
+    const t0 = performance.now();
     await waitEnvdHealthy(base, this.o.envdPollMs, spec.signal, vm.exited);
+    const t1 = performance.now();
     const user = boot?.user ?? this.o.defaultUser;
     const version = await initEnvd(
       base,
@@ -817,6 +829,10 @@ export class VmRuntime implements SandboxRuntime {
       currentToken,
       spec.signal,
     );
+    if (t) {
+      t.healthMs = Math.round(t1 - t0);
+      t.initMs = Math.round(performance.now() - t1);
+    }
     const st: VmState = { ...state, envdVersion: version ?? state.envdVersion ?? ENVD_VERSION };
     return { endpoint: { host }, runtimeState: { ...st }, envdVersion: st.envdVersion, exited: vm.exited };
   }
