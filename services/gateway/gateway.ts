@@ -10,12 +10,17 @@
  *   scheduler does not report UNHEALTHY, in parallel (aggregate.ts); GET /nodes/{id}: the node
  *   the scheduler names.
  * - Other template routes: `/templates/{id}...` and `/v2|v3/templates/{id}...` to a node that
- *   holds the template (DELETE: to every node holding it); GET /templates/aliases/{alias}: the
+ *   holds the template; DELETE /templates/{id} (also the SDK's deleteSnapshot) to every node
+ *   holding a template or a user snapshot of that id or name; GET /templates/aliases/{alias}: the
  *   first node that knows the alias; new templates (POST /templates, /v2/templates,
  *   /v3/templates) to the node Schedule picks (templates are node-local until a shared snapshot
  *   repository exists). Forwarded control-plane requests carry x-forwarded-host/-proto, so upload
  *   URLs a node hands out point at the gateway; PUT /upload/template-files/{hash} (no API key:
  *   the URL's token authorises it) goes to the node that handed out that URL.
+ * - Snapshots are node-local (unless `[snapshot.s3]` shares them): POST /sandboxes/{id}/snapshots
+ *   and /fork go to the sandbox's node (fork children are bound to it, as creates are); a create
+ *   naming a snapshot the scheduled node does not hold goes to a node whose GET /snapshots?name=
+ *   lists it.
  * - GET /sandboxes/metrics?sandbox_ids=: split by node, asked in parallel, answers merged.
  * A node that does not answer: 502 naming it. Scheduler down: creates 503; known sandboxes keep
  * routing from the route cache.
@@ -24,7 +29,7 @@ import type { Logger } from "pino";
 import { logger } from "../../src/observability/log.ts";
 import { UPLOAD_PATH_RE } from "../../src/template/index.ts";
 import type { NodeRef } from "../scheduler/types.ts";
-import { ClientFault, fanOut, listV1, listV2, mergedList, type FanOut } from "./aggregate.ts";
+import { ClientFault, fanOut, listV1, listV2, mergedList, type FanOut, type NodeAnswer } from "./aggregate.ts";
 import type { GatewayConfig } from "./config.ts";
 import { plausibleSandboxId, type DataRoute } from "./dataplane.ts";
 import { gatewayError, GatewayError, GATEWAY_SOURCE, toGatewayResponse } from "./errors.ts";
@@ -269,7 +274,11 @@ export class Gateway {
     throw lastErr ?? new GatewayError("gateway.no_nodes", `no reachable node to create on (tried ${[...tried].join(", ") || "none"})`);
   }
 
-  /** A node listing template `id` (id, alias or name), when a node's 404 error code says the template is missing there. */
+  /**
+   * A node holding template `id` (id, alias or name) or a user snapshot of that id or name, when
+   * a node's 404 error code says the template is missing there. Templates first (by the nodes'
+   * lists), then snapshots (GET /snapshots?name=), both asked at once.
+   */
   private async templateHolder(id: string, notFoundBody: string): Promise<NodeRef | null> {
     let code: unknown;
     try {
@@ -278,11 +287,27 @@ export class Gateway {
       return null;
     }
     if (!id || typeof code !== "string" || !TEMPLATE_MISSING.has(code)) return null;
-    const answers = await fanOut<{ templateID: string; aliases?: string[]; names?: string[] }[]>(await this.fan(), "/templates");
+    const [answers, snapshots] = await Promise.all([fanOut<{ templateID: string; aliases?: string[]; names?: string[] }[]>(await this.fan(), "/templates"), this.snapshotHolders(id)]);
     for (const a of answers) {
       if (a.ok && a.body.some((t) => t.templateID === id || t.aliases?.includes(id) || t.names?.includes(id))) return a.node;
     }
-    return null;
+    return snapshots[0] ?? null;
+  }
+
+  /**
+   * The live nodes whose user snapshots include `ref` (an id, or a name with or without its
+   * tag), by each node's GET /snapshots?name=; a node that does not answer, or refuses the
+   * query, is taken not to hold it.
+   */
+  private async snapshotHolders(ref: string): Promise<NodeRef[]> {
+    let answers: NodeAnswer<{ snapshotID: string }[]>[];
+    try {
+      answers = await fanOut<{ snapshotID: string }[]>(await this.fan(), `/snapshots?name=${encodeURIComponent(ref)}`);
+    } catch (e) {
+      if (e instanceof ClientFault) return [];
+      throw e;
+    }
+    return answers.filter((a) => a.ok && Array.isArray(a.body) && a.body.length > 0).map((a) => a.node);
   }
 
   /** A 201 create answer: our domain, the route cached, the binding recorded. */
@@ -308,7 +333,32 @@ export class Gateway {
     if (res.status === 404 && !op) this.routes.delete(id);
     if (req.method === "DELETE" && !op && (res.status === 204 || res.status === 404)) this.routes.delete(id);
     if ((op === "connect" || op === "resume") && (res.status === 200 || res.status === 201)) return (await this.withOurDomain(res)).res;
+    if (op === "fork" && req.method === "POST" && res.status === 201) return this.forked(res, node);
     return res;
+  }
+
+  /**
+   * A 201 fork answer (`[{sandbox} | {error}]`): every child runs on its parent's node, so each
+   * is cached and recorded there like a create, and shown with the gateway's domain.
+   */
+  private async forked(res: Response, node: NodeRef): Promise<Response> {
+    const body = (await res.json()) as { sandbox?: Record<string, unknown> }[];
+    const children = Array.isArray(body) ? body.flatMap((r) => (r?.sandbox && typeof r.sandbox.sandboxID === "string" ? [r.sandbox] : [])) : [];
+    await Promise.all(
+      children.map(async (c) => {
+        const id = c.sandboxID as string;
+        c.domain = this.cfg.domains[0] ?? null;
+        this.routes.set(id, node);
+        try {
+          await this.scheduler.record(id, node);
+        } catch (e) {
+          this.log.warn({ sandboxId: id, nodeId: node.nodeId, err: (e as Error).message }, "RecordAssignment of a fork child failed");
+        }
+      }),
+    );
+    const h = new Headers(res.headers);
+    h.delete("content-length");
+    return Response.json(body, { status: res.status, headers: h });
   }
 
   /** GET /sandboxes/metrics?sandbox_ids=a,b: each id's node asked for its share, all nodes at once. */
@@ -368,14 +418,26 @@ export class Gateway {
       const node = await this.scheduler.schedule({});
       return this.forward(req, url, node, clientIp, true);
     }
-    const holders = await this.templateHolders(req, url, id, clientIp);
-    if (holders.length === 0) return gatewayError("gateway.no_route", `template ${id} is not on any node`);
+    const deleting = req.method === "DELETE" && /^\/templates\/[^/]+$/.test(url.pathname);
+    const holders = deleting ? await this.deleteHolders(req, url, id, clientIp) : await this.templateHolders(req, url, id, clientIp);
+    if (holders.length === 0) return gatewayError("gateway.no_route", deleting ? `no template or snapshot ${id} is on any node` : `template ${id} is not on any node`);
     if (req.method === "DELETE" && holders.length > 1) return this.deleteEverywhere(req, url, holders, clientIp);
     const holder = holders[0]!;
     const res = await this.forward(req, url, holder, clientIp, req.method !== "GET");
     const files = FILES_PATH_RE.exec(url.pathname);
     if (files && req.method === "GET" && res.ok) this.uploads.set(files[1]!, holder);
     return res;
+  }
+
+  /**
+   * The nodes a DELETE /templates/{id} goes to: those holding template `id` and those holding a
+   * user snapshot `id` (the SDK deletes snapshots with this route), without repeats.
+   */
+  private async deleteHolders(req: Request, url: URL, id: string, clientIp: string | null): Promise<NodeRef[]> {
+    const [tpl, snap] = await Promise.all([this.templateHolders(req, url, id, clientIp), this.snapshotHolders(id)]);
+    const out = [...tpl];
+    for (const n of snap) if (!out.some((o) => o.nodeId === n.nodeId)) out.push(n);
+    return out;
   }
 
   /** DELETE a template every holder has: each node's answer; the first failure wins, else the first answer. */

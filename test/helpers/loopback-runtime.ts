@@ -6,14 +6,21 @@
  * id and node name, echoes request bodies at `/echo`, answers envd's `/health` with 204 and
  * echoes WebSocket frames prefixed with the sandbox id; `opts.fetch` replaces it.
  *
+ * Snapshots (`snapshot`, `listSnapshots`, `deleteSnapshot`, and a create naming a snapshot's id
+ * or name) are records in this runtime only, so a snapshot is held by the one node that took it:
+ * what the cluster tests need to route by holder. A sandbox created from one is a fresh guest
+ * (nothing of the source's state is carried over).
+ *
  * Lifecycle calls can be held at a gate (`gate("resume")`) to observe a sandbox in a
  * transitional state, and everything a real runtime answers that is not about running guests
  * (templates, network checks, volumes, metrics sampling) can be delegated to `opts.base` (e.g. a
  * VmRuntime whose network is never started).
  */
 import type { Server, ServerWebSocket } from "bun";
-import type { ReapReport, RuntimeKnownSandbox, RuntimeMetricsTarget, RuntimeSandbox, RuntimeStartSpec, SandboxRuntime, TemplateInfo } from "../../src/orchestrator/index.ts";
+import type { ReapReport, RuntimeKnownSandbox, RuntimeMetricsTarget, RuntimeSandbox, RuntimeStartSpec, SandboxRuntime, SnapshotInfo, SnapshotRequest, TemplateInfo } from "../../src/orchestrator/index.ts";
+import { OrchestratorError } from "../../src/orchestrator/index.ts";
 import { ENVD_PORT } from "../../src/envd/version.ts";
+import { newSnapshotId, SNAPSHOT_NAME_RE } from "../../src/snapshot/index.ts";
 
 /** A guest's HTTP handler: `undefined` after a successful WebSocket upgrade. */
 export type GuestFetch = (req: Request, ctx: { sandboxId: string; port: number; server: Server<GuestWs> }) => Response | undefined | Promise<Response | undefined>;
@@ -37,7 +44,7 @@ export interface LoopbackOptions {
   base?: SandboxRuntime;
 }
 
-type Op = "start" | "pause" | "resume" | "kill";
+type Op = "start" | "pause" | "resume" | "kill" | "snapshot";
 
 /**
  * A hold on one lifecycle call: `reached` resolves (with the sandbox id) when a call arrives;
@@ -82,6 +89,10 @@ export class LoopbackRuntime implements SandboxRuntime {
    * `pause:id:fs` / `resume:id:fs`; a guest flush before a kill or such a pause `quiesce:id`), for assertions.
    */
   readonly calls: string[] = [];
+  /** Snapshots taken here (user ones listed, fork checkpoints not), by id. */
+  private readonly snaps = new Map<string, SnapshotInfo & { kind: SnapshotRequest["kind"] }>();
+  /** Template each running or paused sandbox was created from. */
+  private readonly templateOf = new Map<string, string>();
 
   constructor(private readonly opts: LoopbackOptions = {}) {
     this.templates = [...(opts.templates ?? ["base"])];
@@ -120,6 +131,8 @@ export class LoopbackRuntime implements SandboxRuntime {
   /** Its own templates by id, else the base runtime's (ids, aliases, `name:tag`). */
   async resolveTemplate(ref: string): Promise<TemplateInfo | null> {
     if (this.templates.includes(ref)) return { ...BASE_TEMPLATE, templateID: ref, aliases: [ref] };
+    const snap = this.findSnapshot(ref, ["user", "fork"]);
+    if (snap) return { ...BASE_TEMPLATE, templateID: snap.snapshotID, aliases: snap.names, buildID: snap.snapshotID, createdAt: snap.createdAt, updatedAt: snap.createdAt };
     if (this.opts.base?.resolveTemplate) return this.opts.base.resolveTemplate(ref);
     const all = (await this.opts.base?.listTemplates()) ?? [];
     return all.find((t) => t.templateID === ref || t.aliases.includes(ref)) ?? null;
@@ -189,7 +202,45 @@ export class LoopbackRuntime implements SandboxRuntime {
     await this.pass("start", spec.id);
     this.starts++;
     this.started.push(spec.template);
+    this.templateOf.set(spec.id, spec.template.templateID);
     return this.serve(spec.id);
+  }
+
+  /** A snapshot by id, or by name (`name` or `name:tag`), of one of `kinds`. */
+  private findSnapshot(ref: string, kinds: SnapshotRequest["kind"][]) {
+    const bare = ref.replace(/:[^:/]*$/, "");
+    for (const s of this.snaps.values()) {
+      if (kinds.includes(s.kind) && (s.snapshotID === ref || s.names.some((n) => n === ref || n.replace(/:[^:/]*$/, "") === bare))) return s;
+    }
+    return undefined;
+  }
+
+  /**
+   * Record a snapshot of sandbox `id` (it keeps running).
+   * @throws OrchestratorError bad_request for a bad name or a sandbox with volumes (as VmRuntime)
+   */
+  async snapshot(id: string, _state: Record<string, unknown>, req: SnapshotRequest): Promise<SnapshotInfo> {
+    await this.pass("snapshot", id);
+    if (req.name !== undefined && !SNAPSHOT_NAME_RE.test(req.name)) throw new OrchestratorError("orchestrator.bad_request", `invalid snapshot name ${JSON.stringify(req.name)}`, { name: req.name });
+    if (req.volumes > 0) throw new OrchestratorError("orchestrator.bad_request", `sandbox ${id} has volumes attached`, { sandboxId: id });
+    const s = { snapshotID: newSnapshotId(), names: req.name ? [req.name] : [], sandboxID: id, templateID: this.templateOf.get(id) ?? "base", createdAt: Date.now(), kind: req.kind };
+    this.snaps.set(s.snapshotID, s);
+    const { kind: _kind, ...info } = s;
+    return info;
+  }
+
+  /** User snapshots, oldest first. */
+  listSnapshots(): SnapshotInfo[] {
+    return [...this.snaps.values()].filter((s) => s.kind === "user").map(({ kind: _kind, ...info }) => info);
+  }
+
+  /** Forget a user or fork snapshot by id or name; false when this runtime has none such. */
+  async deleteSnapshot(ref: string): Promise<boolean> {
+    const s = this.findSnapshot(ref, ["user", "fork"]);
+    if (!s) return false;
+    this.calls.push(`deleteSnapshot:${s.snapshotID}`);
+    this.snaps.delete(s.snapshotID);
+    return true;
   }
 
   async pause(id: string, _state?: Record<string, unknown>, _signal?: AbortSignal, opts?: { memory: boolean }): Promise<Record<string, unknown>> {
@@ -211,6 +262,7 @@ export class LoopbackRuntime implements SandboxRuntime {
   async kill(id: string): Promise<void> {
     await this.pass("kill", id);
     this.stopGuest(id);
+    this.templateOf.delete(id);
   }
 
   async reap(known: RuntimeKnownSandbox[]): Promise<ReapReport> {

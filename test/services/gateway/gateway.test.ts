@@ -6,6 +6,7 @@
  */
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { mkdtempSync, rmSync } from "node:fs";
+import { Sandbox } from "e2b";
 import { loadConfig } from "../../../src/config/index.ts";
 import { gatewayConfig, startGateway, type RunningGateway } from "../../../services/gateway/index.ts";
 import { NodeStatus } from "../../../src/cluster/index.ts";
@@ -213,6 +214,55 @@ test("template files: the upload URL a node hands out points at the gateway, and
   // an upload URL no GET through this gateway handed out is not guessed
   const stray = await fetch(`${gw.url}/upload/template-files/${"ef".repeat(32)}?expires=1&token=x`, { method: "PUT", body: "x" });
   expect([stray.status, ((await stray.json()) as { error_code: string }).error_code]).toEqual([404, "gateway.no_route"]);
+});
+
+test("snapshots through the gateway with the unmodified SDK: snapshot and fork on the sandbox's node, a create from a snapshot lands on the node holding it, deleteSnapshot reaches that node", async () => {
+  const sdk = { apiUrl: gw.url, apiKey: KEY };
+  const src = ids[0]!;
+  const holderId = placed[src]!;
+  const holder = nodes["ab".indexOf(holderId)]!;
+  const other = nodes["ab".indexOf(holderId) ^ 1]!;
+  const snap = await Sandbox.createSnapshot(src, { ...sdk, name: "gwsnap" });
+  expect(snap.names).toEqual(["gwsnap"]);
+  expect(holder.runtime.calls).toContain(`snapshot:${src}`);
+  expect(holder.runtime.listSnapshots().map((x) => x.snapshotID)).toEqual([snap.snapshotId]);
+  expect(other.runtime.listSnapshots()).toEqual([]);
+  expect(await Sandbox.listSnapshots(sdk).nextItems()).toEqual([{ snapshotId: snap.snapshotId, names: ["gwsnap"] }]);
+  // three creates: round_robin schedules at least one of them on the other node, which does not
+  // hold the snapshot (404 template_not_found); the gateway then creates on the holder
+  const made: string[] = [];
+  const otherStarts = other.runtime.starts;
+  for (const ref of [snap.snapshotId, snap.snapshotId, "gwsnap"]) {
+    const s = await Sandbox.create(ref, sdk);
+    made.push(s.sandboxId);
+    expect(holder.runtime.started.at(-1)!.templateID).toBe(snap.snapshotId);
+    expect((await sched.client.lookupNode({ sandboxId: s.sandboxId })).node!.nodeId).toBe(holderId);
+    const who = await fetch(`${gw.url}/whoami`, { headers: { "e2b-sandbox-id": s.sandboxId, "e2b-sandbox-port": "8080" } });
+    expect(await who.json()).toMatchObject({ sandbox: s.sandboxId, node: holderId });
+  }
+  expect(other.runtime.starts).toBe(otherStarts);
+  // fork: the children run on the parent's node; the gateway routes them at once
+  const parent = ids[1]!;
+  const parentNode = nodes["ab".indexOf(placed[parent]!)]!;
+  const kids = await Sandbox.fork(parent, { ...sdk, count: 2 });
+  expect(kids.map((k) => k instanceof Sandbox)).toEqual([true, true]);
+  for (const k of kids as Sandbox[]) {
+    expect(k.sandboxDomain).toBe("sbx.test");
+    expect(gw.gateway.routes.get(k.sandboxId)?.nodeId).toBe(placed[parent]!);
+    const who = await fetch(`${gw.url}/whoami`, { headers: { "e2b-sandbox-id": k.sandboxId, "e2b-sandbox-port": "8080" } });
+    expect(await who.json()).toMatchObject({ sandbox: k.sandboxId, node: placed[parent] });
+    expect((await api(`/sandboxes/${k.sandboxId}`)).status).toBe(200);
+    made.push(k.sandboxId);
+  }
+  expect(parentNode.runtime.calls.filter((c) => c === `snapshot:${parent}`)).toHaveLength(1);
+  expect(parentNode.runtime.calls.filter((c) => c.startsWith("deleteSnapshot:"))).toHaveLength(1); // the fork's checkpoint
+  // deleteSnapshot (DELETE /templates/{id}) reaches the holder; a second one finds nothing
+  expect(await Sandbox.deleteSnapshot(snap.snapshotId, sdk)).toBe(true);
+  expect(holder.runtime.listSnapshots()).toEqual([]);
+  expect(await Sandbox.deleteSnapshot(snap.snapshotId, sdk)).toBe(false);
+  const gone = await api("/v2/sandboxes", { method: "POST", body: JSON.stringify({ templateID: snap.snapshotId }) });
+  expect([gone.status, ((await gone.json()) as { error_code: string }).error_code]).toEqual([404, "orchestrator.template_not_found"]);
+  for (const id of made) expect((await api(`/sandboxes/${id}`, { method: "DELETE" })).status).toBe(204);
 });
 
 test("pause and connect through the gateway; delete unbinds", async () => {
