@@ -19,8 +19,13 @@ export interface GatewayConfig {
   homePath: string;
   /** Sandbox host suffixes; the first is returned to SDKs as `domain`. */
   domains: string[];
-  /** Bound on a node's response headers (lists: the whole answer; WebSockets: the upstream open), ms. */
+  /**
+   * Bound on connecting to a node, and on its response headers once the request is sent (lists:
+   * the whole answer; WebSockets: the upstream open), ms.
+   */
   requestTimeoutMs: number;
+  /** A streamed request body's longest pause between chunks (sandbox traffic: also from its end to the answer), ms. */
+  idleTimeoutMs: number;
   /** Bound on creates, pauses, resumes, connects and uploads forwarded to a node, ms. */
   createTimeoutMs: number;
   /** Bound on one scheduler RPC, ms. */
@@ -49,6 +54,7 @@ export function gatewayConfig(cfg: Config): GatewayConfig {
     homePath: cfg.home_path,
     domains: g.sandbox_proxy_domains,
     requestTimeoutMs: g.request_timeout_ms,
+    idleTimeoutMs: g.idle_timeout_ms,
     createTimeoutMs: g.create_timeout_ms,
     schedulerTimeoutMs: g.scheduler_timeout_ms,
     schedulerRetryMs: g.scheduler_retry_ms,

@@ -1,13 +1,15 @@
 /**
  * Which requests are sandbox traffic (the data plane) and for which sandbox and port:
- * headers `e2b-sandbox-id` (+ `e2b-sandbox-port`) or `x-agentenv-sandbox-id` (+ `-port`), hosts
+ * headers `e2b-sandbox-id` or `x-agentenv-sandbox-id`, with the port in `e2b-sandbox-port`,
+ * `x-agentenv-sandbox-port` or upstream AgentENV's `x-agentenv-target-port` (they must agree,
+ * as on the node: src/api/proxy.ts headerPort), hosts
  * `{port}-{sandboxID}.{domain}` for the gateway's `sandbox_proxy_domains`, and the node's
  * `/proxy/{id}/{port}/...` prefix. Host rules (seeds, Distributed Control Plane): only the
  * configured domains, the sandbox id must be a DNS label character set (E2B ids: lowercase
  * letters and digits, never `-`, so the first `-` splits port from id), and the whole
  * `{port}-{sandboxID}` label must fit DNS's 63-character label limit.
  */
-import { ENVD_PORT } from "../../src/envd/version.ts";
+import { headerPort } from "../../src/api/proxy.ts";
 
 /** A request's target inside a sandbox. */
 export interface DataRoute {
@@ -57,9 +59,8 @@ export function dataRoute(req: Request, url: URL, domains: string[]): DataRoute 
   const h = req.headers;
   const id = h.get("e2b-sandbox-id") ?? h.get("x-agentenv-sandbox-id");
   if (id !== null) {
-    const raw = h.get("e2b-sandbox-port") ?? h.get("x-agentenv-sandbox-port");
-    const port = raw === null ? ENVD_PORT : parsePort(raw);
-    if (port === null) return `invalid sandbox port ${JSON.stringify(raw)}`;
+    const port = headerPort(h);
+    if (typeof port !== "number") return port.error;
     return { sandboxId: id, port, via: "header" };
   }
   const byHost = hostRoute(h.get("host") ?? url.host, domains);

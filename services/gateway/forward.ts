@@ -1,12 +1,16 @@
 /**
- * Forwarding one HTTP request to a node: streamed both ways, hop-by-hop headers dropped, a
- * bound on connecting and receiving the response headers (then the body streams unbounded),
- * the client's abort passed on. A node that does not answer is a GatewayError
+ * Forwarding one HTTP request to a node: streamed both ways, hop-by-hop headers dropped, the
+ * client's abort passed on. Bounds, as the node's sandbox proxy has them (src/api/proxy.ts):
+ * `timeoutMs` on connecting (until the node pulls the streamed request body, or for a request
+ * without a streamed body until its response headers arrive); while a streamed body moves,
+ * `idleTimeoutMs` between its chunks (it may stream for as long as it keeps moving); from its end
+ * to the response headers `afterBodyMs` (default `timeoutMs`); then the response body streams
+ * unbounded. A node that does not answer is a GatewayError
  * `gateway.node_unreachable` naming it, with how it failed in `details.failure`; a node's own
  * answer (any status) is passed through. `getJson` (the reads the gateway merges) bounds the
  * whole answer, body included.
  */
-import { upstreamFailure, upstreamFailureKind, type UpstreamFailureKind } from "../../src/api/proxy.ts";
+import { upstreamFailure, upstreamFailureKind, Watchdog, watchedBody, type UpstreamFailureKind } from "../../src/api/proxy.ts";
 import { GatewayError } from "./errors.ts";
 import type { NodeRef } from "../scheduler/types.ts";
 
@@ -19,8 +23,14 @@ export const NODE_HEADER = "x-agentenv-node-id";
 export interface ForwardOptions {
   /** Path + query on the node. */
   pathAndQuery: string;
-  /** Bound on connect + response headers, ms. */
+  /** Bound on connecting (a request without a streamed body: connect + response headers), ms. */
   timeoutMs: number;
+  /**
+   * A streamed request body's longest pause between chunks, ms; default `timeoutMs`.
+   */
+  idleTimeoutMs?: number;
+  /** Bound from a streamed request body's end to the response headers, ms; default `timeoutMs`. */
+  afterBodyMs?: number;
   /** Headers to set (e.g. the node key, routing headers). */
   set?: Record<string, string>;
   /** Request body to send instead of the client's stream (already read). */
@@ -48,9 +58,10 @@ export function neverReached(f: NodeFailure | null): boolean {
   return f === "refused" || f === "unreachable";
 }
 
-function unreachable(node: NodeRef, why: string, failure: NodeFailure): GatewayError {
+function unreachable(node: NodeRef, why: string, failure: NodeFailure, cut = false): GatewayError {
   const details: NodeFailureDetails = { nodeId: node.nodeId, failure };
-  return new GatewayError("gateway.node_unreachable", `node ${node.nodeId} (${node.endpoint}) is unreachable: ${why}`, { ...details });
+  const what = cut ? `the request to node ${node.nodeId} (${node.endpoint}) was cut` : `node ${node.nodeId} (${node.endpoint}) is unreachable`;
+  return new GatewayError("gateway.node_unreachable", `${what}: ${why}`, { ...details });
 }
 
 /** Response headers without hop-by-hop ones. */
@@ -72,14 +83,18 @@ export async function forwardToNode(req: Request, node: NodeRef, o: ForwardOptio
   const ctl = new AbortController();
   const onAbort = () => ctl.abort(req.signal.reason);
   req.signal.addEventListener("abort", onAbort, { once: true });
-  const timer = setTimeout(() => ctl.abort(new Error(`no answer within ${o.timeoutMs} ms`)), o.timeoutMs);
   const hasBody = req.method !== "GET" && req.method !== "HEAD";
+  const streamed = hasBody && o.body === undefined && req.body !== null;
+  const dog = new Watchdog(ctl);
+  dog.arm(o.timeoutMs, streamed ? `not connected within ${o.timeoutMs} ms` : `no answer within ${o.timeoutMs} ms`);
+  const idleMs = o.idleTimeoutMs ?? o.timeoutMs;
+  const body = streamed ? watchedBody(req.body!, dog, idleMs, o.afterBodyMs ?? o.timeoutMs) : undefined;
   let res: Response;
   try {
     res = await fetch(node.endpoint + o.pathAndQuery, {
       method: req.method,
       headers,
-      body: hasBody ? (o.body !== undefined ? o.body : req.body) : undefined,
+      body: hasBody ? (o.body !== undefined ? o.body : body) : undefined,
       redirect: "manual",
       decompress: false,
       duplex: "half",
@@ -87,9 +102,9 @@ export async function forwardToNode(req: Request, node: NodeRef, o: ForwardOptio
     } as RequestInit);
   } catch (e) {
     req.signal.removeEventListener("abort", onAbort);
-    throw unreachable(node, upstreamFailure(e, ctl.signal), upstreamFailureKind(e, ctl.signal));
+    throw unreachable(node, upstreamFailure(e, ctl.signal), upstreamFailureKind(e, ctl.signal), dog.bodyPulled);
   } finally {
-    clearTimeout(timer);
+    dog.clear();
   }
   const h = passHeaders(res.headers);
   h.set(NODE_HEADER, node.nodeId);

@@ -181,7 +181,7 @@ export class Gateway {
       "x-forwarded-host": req.headers.get("x-forwarded-host") ?? req.headers.get("host") ?? url.host,
       "x-forwarded-proto": req.headers.get("x-forwarded-proto") ?? url.protocol.replace(":", ""),
     };
-    return forwardToNode(req, node, { pathAndQuery, timeoutMs: slow ? this.cfg.createTimeoutMs : this.cfg.requestTimeoutMs, set, clientIp, body });
+    return forwardToNode(req, node, { pathAndQuery, timeoutMs: slow ? this.cfg.createTimeoutMs : this.cfg.requestTimeoutMs, idleTimeoutMs: this.cfg.idleTimeoutMs, set, clientIp, body });
   }
 
   /**
@@ -460,7 +460,7 @@ export class Gateway {
     const node = this.uploads.get(m[1]!);
     if (!node) return gatewayError("gateway.no_route", `no upload of ${m[1]} is expected here: ask GET /templates/{id}/files/${m[1]} through this gateway first`);
     try {
-      return await forwardToNode(req, node, { pathAndQuery: url.pathname + url.search, timeoutMs: this.cfg.createTimeoutMs, clientIp });
+      return await forwardToNode(req, node, { pathAndQuery: url.pathname + url.search, timeoutMs: this.cfg.createTimeoutMs, idleTimeoutMs: this.cfg.idleTimeoutMs, clientIp });
     } catch (e) {
       return this.failed(req, url, e);
     }
@@ -501,7 +501,8 @@ export class Gateway {
     }
     if (!node) return dataError(route.sandboxId, null);
     try {
-      return await forwardToNode(req, node, { pathAndQuery: url.pathname + url.search, timeoutMs: this.cfg.requestTimeoutMs, set: routeHeaders(route), clientIp });
+      // after a streamed body, the node's proxy waits idle_timeout_ms for the sandbox's answer: so does the gateway
+      return await forwardToNode(req, node, { pathAndQuery: url.pathname + url.search, timeoutMs: this.cfg.requestTimeoutMs, idleTimeoutMs: this.cfg.idleTimeoutMs, afterBodyMs: this.cfg.idleTimeoutMs, set: routeHeaders(route), clientIp });
     } catch (e) {
       this.stats.nodeErrors++;
       return dataError(route.sandboxId, e);

@@ -27,7 +27,7 @@ export interface RunningGateway {
 }
 
 /** Client headers a WebSocket upgrade carries on to the node. */
-const WS_PASS = ["x-access-token", "authorization", "cookie", "origin", "user-agent", "e2b-sandbox-id", "e2b-sandbox-port", "x-agentenv-sandbox-id", "x-agentenv-sandbox-port", "e2b-traffic-access-token", "sec-websocket-protocol"];
+const WS_PASS = ["x-access-token", "authorization", "cookie", "origin", "user-agent", "e2b-sandbox-id", "e2b-sandbox-port", "x-agentenv-sandbox-id", "x-agentenv-sandbox-port", "x-agentenv-target-port", "e2b-traffic-access-token", "sec-websocket-protocol"];
 const log = logger("gateway");
 
 /**

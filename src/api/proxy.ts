@@ -21,7 +21,7 @@ export const TRAFFIC_TOKEN_HEADER = "e2b-traffic-access-token";
 export const ENVD_INTERNAL = new Set(["/init", "/freeze", "/unfreeze", "/collapse", "/fsfreeze", "/fsthaw", "/upgrade"]);
 const HOP = ["connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade", "host", "proxy-authorization", "proxy-authenticate"];
 /** Headers naming the sandbox port (E2B's, ours, and upstream AgentENV's); they must agree. */
-const PORT_HEADERS = ["e2b-sandbox-port", "x-agentenv-sandbox-port", "x-agentenv-target-port"];
+export const PORT_HEADERS = ["e2b-sandbox-port", "x-agentenv-sandbox-port", "x-agentenv-target-port"];
 const ROUTING = ["e2b-sandbox-id", "x-agentenv-sandbox-id", ...PORT_HEADERS];
 
 /** A request's target inside a sandbox. */
@@ -120,6 +120,21 @@ function parsePort(s: string | null): number | null {
 }
 
 /**
+ * The sandbox port a header-routed request names: any of PORT_HEADERS, which must agree; none
+ * means envd's port.
+ * @returns the port, or `{ error }` describing a malformed or conflicting port header (a 400).
+ */
+export function headerPort(h: Headers): number | { error: string } {
+  const named = PORT_HEADERS.map((n) => [n, h.get(n)] as const).filter(([, v]) => v !== null) as [string, string][];
+  for (const [n, v] of named) {
+    if (parsePort(v) === null) return { error: `invalid sandbox port ${JSON.stringify(v)} in header ${n}` };
+  }
+  const ports = new Set(named.map(([, v]) => parsePort(v)!));
+  if (ports.size > 1) return { error: `conflicting sandbox ports (${named.map(([n, v]) => `${n}: ${v}`).join(", ")}): name one port` };
+  return ports.size ? [...ports][0]! : ENVD_PORT;
+}
+
+/**
  * Decide whether `req` is for a sandbox.
  * @returns the route, null when the request is for the API, or a 400 Response for a routing
  *   header with a bad port.
@@ -129,16 +144,9 @@ export function routeOf(req: Request, url: URL, domains: string[]): ProxyRoute |
   const id = h.get("e2b-sandbox-id") ?? h.get("x-agentenv-sandbox-id");
   const pathAndQuery = url.pathname + url.search;
   if (id !== null) {
-    const named = PORT_HEADERS.map((n) => [n, h.get(n)] as const).filter(([, v]) => v !== null) as [string, string][];
-    for (const [n, v] of named) {
-      if (parsePort(v) === null) return Response.json({ code: 400, message: `invalid sandbox port ${JSON.stringify(v)} in header ${n}` }, { status: 400, headers: { [ERROR_SOURCE]: "proxy" } });
-    }
-    const ports = new Set(named.map(([, v]) => parsePort(v)!));
-    if (ports.size > 1) {
-      const list = named.map(([n, v]) => `${n}: ${v}`).join(", ");
-      return Response.json({ code: 400, message: `conflicting sandbox ports (${list}): name one port` }, { status: 400, headers: { [ERROR_SOURCE]: "proxy" } });
-    }
-    return { sandboxId: id, port: ports.size ? [...ports][0]! : ENVD_PORT, pathAndQuery };
+    const port = headerPort(h);
+    if (typeof port !== "number") return Response.json({ code: 400, message: port.error }, { status: 400, headers: { [ERROR_SOURCE]: "proxy" } });
+    return { sandboxId: id, port, pathAndQuery };
   }
   const host = (h.get("host") ?? url.host).replace(/:\d+$/, "").toLowerCase();
   for (const d of domains) {
@@ -376,8 +384,10 @@ export class SandboxProxy {
 }
 
 /** One timer that aborts `ctl` with a reason; re-armed as a request moves from phase to phase. */
-class Watchdog {
+export class Watchdog {
   private timer: ReturnType<typeof setTimeout> | undefined;
+  /** Set by watchedBody once the upstream pulled the body: it is connected and part of the request may have reached it. */
+  bodyPulled = false;
   constructor(private readonly ctl: AbortController) {}
   /** Abort with `reason` after `ms` unless re-armed or cleared first. */
   arm(ms: number, reason: string): void {
@@ -392,18 +402,19 @@ class Watchdog {
 /**
  * The client's request body as the upstream pulls it: a pull means the upstream is connected and
  * reading, so each one re-arms `dog` with the idle bound (the connect bound stops counting), and
- * the end of the body leaves the idle bound on the wait for response headers. Nothing is read
- * ahead of the upstream (high water mark 0), so memory stays at one chunk.
+ * the end of the body leaves `endMs` (default: the idle bound) on the wait for response headers.
+ * Nothing is read ahead of the upstream (high water mark 0), so memory stays at one chunk.
  */
-function watchedBody(body: ReadableStream<Uint8Array>, dog: Watchdog, idleMs: number): ReadableStream<Uint8Array> {
+export function watchedBody(body: ReadableStream<Uint8Array>, dog: Watchdog, idleMs: number, endMs = idleMs): ReadableStream<Uint8Array> {
   const reader = body.getReader();
   return new ReadableStream<Uint8Array>(
     {
       async pull(c) {
+        dog.bodyPulled = true;
         dog.arm(idleMs, `the request body stalled for ${idleMs} ms`);
         const r = await reader.read();
         if (r.done) {
-          dog.arm(idleMs, `no response within ${idleMs} ms of the request body's end`);
+          dog.arm(endMs, `no response within ${endMs} ms of the request body's end`);
           return c.close();
         }
         c.enqueue(r.value);

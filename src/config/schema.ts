@@ -270,7 +270,12 @@ export const CONFIG_SCHEMA = section("", {
       ),
       request_timeout_ms: int(
         30_000,
-        "Bound on connecting to a node and receiving its response headers, ms; then 502 naming the\nnode. Reads the gateway merges from every node (lists) are bounded whole, body included, and\nso is opening a WebSocket to a node. Creates, pauses and resumes take longer:\ncreate_timeout_ms bounds those.",
+        "Bound on connecting to a node (until it reads a streamed request body, or for a request\nwithout one until its response headers arrive), and on the response headers after a\ncontrol-plane body's end, ms; then 502 naming the node. Reads the gateway merges from every\nnode (lists) are bounded whole, body included, and so is opening a WebSocket to a node.\nCreates, pauses and resumes take longer: create_timeout_ms bounds those.",
+        { min: 1, max: MS_MAX, unit: "ms" },
+      ),
+      idle_timeout_ms: int(
+        120_000,
+        "Once a request body streams through the gateway: the longest pause between its chunks, ms;\nfor sandbox traffic also from its end to the response headers (as the node's\n[sandbox_proxy] idle_timeout_ms). A body may stream for as long as it keeps moving; one that\nstalls is cut (502 naming the node).",
         { min: 1, max: MS_MAX, unit: "ms" },
       ),
       create_timeout_ms: int(150_000, "Bound on a create, pause, resume or connect forwarded to a node (a VM boot or snapshot), ms.", { min: 1, max: MS_MAX, unit: "ms" }),

@@ -3,8 +3,9 @@
  * sandbox gets its own loopback address (127.x.y.z, every one of them local on Linux) and HTTP +
  * WebSocket servers on its guest ports there, so the node reaches guest port P at address:P as
  * it reaches a real guest in its slot. The default guest answers `GET /whoami` with the sandbox
- * id and node name, echoes request bodies at `/echo`, answers envd's `/health` with 204 and
- * echoes WebSocket frames prefixed with the sandbox id; `opts.fetch` replaces it.
+ * id, node name and guest port, echoes request bodies at `/echo`, answers envd's `/health` with
+ * 204 and echoes WebSocket frames prefixed with the sandbox id (the frame `port?` is answered with
+ * `{id}:port={guest port}`); `opts.fetch` replaces it.
  *
  * Snapshots (`snapshot`, `listSnapshots`, `deleteSnapshot`, and a create naming a snapshot's id
  * or name) are records in this runtime only, so a snapshot is held by the one node that took it:
@@ -27,6 +28,8 @@ export type GuestFetch = (req: Request, ctx: { sandboxId: string; port: number; 
 /** Data of a guest WebSocket. */
 export interface GuestWs {
   sandboxId: string;
+  /** Guest port the WebSocket was opened on (set by the default guest). */
+  port?: number;
 }
 
 export interface LoopbackOptions {
@@ -169,15 +172,20 @@ export class LoopbackRuntime implements SandboxRuntime {
     const name = this.opts.name ?? "loopback";
     const handler: GuestFetch =
       this.opts.fetch ??
-      (async (req, { sandboxId, server }) => {
+      (async (req, { sandboxId, port, server }) => {
         const u = new URL(req.url);
-        if (req.headers.get("upgrade")?.toLowerCase() === "websocket") return server.upgrade(req, { data: { sandboxId } }) ? undefined : new Response("no", { status: 400 });
-        if (u.pathname.endsWith("/whoami")) return Response.json({ sandbox: sandboxId, node: name, path: u.pathname, query: u.search });
+        if (req.headers.get("upgrade")?.toLowerCase() === "websocket") return server.upgrade(req, { data: { sandboxId, port } }) ? undefined : new Response("no", { status: 400 });
+        if (u.pathname.endsWith("/whoami")) return Response.json({ sandbox: sandboxId, node: name, port, path: u.pathname, query: u.search });
         if (u.pathname.endsWith("/echo")) return new Response(await req.arrayBuffer());
         if (u.pathname === "/health") return new Response(null, { status: 204 });
         return new Response("not found", { status: 404 });
       });
-    const wsMessage = this.opts.wsMessage ?? ((ws: ServerWebSocket<GuestWs>, m: string | Buffer) => ws.send(`${ws.data.sandboxId}:${typeof m === "string" ? m : new TextDecoder().decode(m)}`));
+    const wsMessage =
+      this.opts.wsMessage ??
+      ((ws: ServerWebSocket<GuestWs>, m: string | Buffer) => {
+        const text = typeof m === "string" ? m : new TextDecoder().decode(m);
+        ws.send(text === "port?" ? `${ws.data.sandboxId}:port=${ws.data.port}` : `${ws.data.sandboxId}:${text}`);
+      });
     const servers = (this.opts.ports ?? [ENVD_PORT, 8080]).map((port) => {
       const server: Server<GuestWs> = Bun.serve<GuestWs>({
         hostname: host,

@@ -17,14 +17,18 @@ test("host routes: configured domains only, port 1..65535, lowercase alnum ids, 
   expect(hostRoute("abc.d", ["d"])).toBeNull();
 });
 
-test("header and path routes; a bad port header is reported", () => {
+test("header and path routes; x-agentenv-target-port names the port too; a bad or conflicting port header is reported", () => {
   const req = (h: Record<string, string>, path = "/x") => {
     const r = new Request(`http://gw${path}`, { headers: h });
     return dataRoute(r, new URL(r.url), ["d"]);
   };
   expect(req({ "e2b-sandbox-id": "s1" })).toEqual({ sandboxId: "s1", port: 49983, via: "header" });
   expect(req({ "x-agentenv-sandbox-id": "s1", "x-agentenv-sandbox-port": "8080" })).toEqual({ sandboxId: "s1", port: 8080, via: "header" });
-  expect(req({ "e2b-sandbox-id": "s1", "e2b-sandbox-port": "0" })).toBe('invalid sandbox port "0"');
+  expect(req({ "e2b-sandbox-id": "s1", "e2b-sandbox-port": "0" })).toBe('invalid sandbox port "0" in header e2b-sandbox-port');
+  expect(req({ "x-agentenv-sandbox-id": "s1", "x-agentenv-target-port": "3000" })).toEqual({ sandboxId: "s1", port: 3000, via: "header" });
+  expect(req({ "x-agentenv-sandbox-id": "s1", "x-agentenv-target-port": "3000", "e2b-sandbox-port": "3000" })).toEqual({ sandboxId: "s1", port: 3000, via: "header" });
+  expect(req({ "x-agentenv-sandbox-id": "s1", "x-agentenv-target-port": "3000", "x-agentenv-sandbox-port": "8080" })).toBe("conflicting sandbox ports (x-agentenv-sandbox-port: 8080, x-agentenv-target-port: 3000): name one port");
+  expect(req({ "e2b-sandbox-id": "s1", "x-agentenv-target-port": "70000" })).toBe('invalid sandbox port "70000" in header x-agentenv-target-port');
   expect(req({}, "/proxy/s1/3000/a/b")).toEqual({ sandboxId: "s1", port: 3000, via: "path" });
   expect(req({}, "/sandboxes/s1")).toBeNull();
 });

@@ -96,7 +96,7 @@ test("control routes go to the sandbox's node; an unknown id is 404 (that no nod
 test("data plane: headers, {port}-{id}.{domain} hosts (DNS-label rules), /proxy paths, WebSocket", async () => {
   for (const id of ids) {
     const h = await fetch(`${gw.url}/whoami?x=1`, { headers: { "e2b-sandbox-id": id, "e2b-sandbox-port": "49983" } });
-    expect(await h.json()).toEqual({ sandbox: id, node: placed[id], path: "/whoami", query: "?x=1" });
+    expect(await h.json()).toEqual({ sandbox: id, node: placed[id], port: 49983, path: "/whoami", query: "?x=1" });
     const x = await fetch(`${gw.url}/whoami`, { headers: { "x-agentenv-sandbox-id": id, "x-agentenv-sandbox-port": "8080" } });
     expect((await x.json() as any).sandbox).toBe(id);
     const host = await fetch(`${gw.url}/whoami`, { headers: { host: `8080-${id}.sbx.test` } });
@@ -130,6 +130,71 @@ test("data plane: headers, {port}-{id}.{domain} hosts (DNS-label rules), /proxy 
     });
     ws.close();
     expect(got).toBe(`${headers["e2b-sandbox-id"] ?? ids[2]}:ping`);
+  }
+});
+
+test("x-agentenv-target-port (upstream AgentENV) names the port over HTTP and WebSocket; port headers that disagree are a 400 from the gateway", async () => {
+  const id = ids[0]!;
+  const who = async (headers: Record<string, string>) => {
+    const r = await fetch(`${gw.url}/whoami`, { headers: { "x-agentenv-sandbox-id": id, ...headers } });
+    return { status: r.status, source: r.headers.get("x-agentenv-error-source"), body: (await r.json()) as { port?: number; message?: string } };
+  };
+  expect(await who({ "x-agentenv-target-port": "8080" })).toMatchObject({ status: 200, body: { port: 8080 } });
+  expect(await who({ "x-agentenv-target-port": "8080", "e2b-sandbox-port": "8080" })).toMatchObject({ status: 200, body: { port: 8080 } });
+  const clash = await who({ "x-agentenv-target-port": "8080", "x-agentenv-sandbox-port": "49983" });
+  expect(clash).toEqual({ status: 400, source: "gateway", body: expect.objectContaining({ code: 400, message: "conflicting sandbox ports (x-agentenv-sandbox-port: 49983, x-agentenv-target-port: 8080): name one port" }) });
+  const ws = (headers: Record<string, string>) =>
+    new Promise<string>((resolve, reject) => {
+      const w = new WebSocket(`${gw.url.replace("http", "ws")}/ws`, { headers: { "x-agentenv-sandbox-id": id, ...headers } } as unknown as string[]);
+      w.onopen = () => w.send("port?");
+      w.onmessage = (e) => {
+        resolve(String(e.data));
+        w.close();
+      };
+      w.onerror = () => reject(new Error("websocket failed"));
+    });
+  expect(await ws({ "x-agentenv-target-port": "8080" })).toBe(`${id}:port=8080`);
+  expect(await ws({})).toBe(`${id}:port=49983`);
+  // a conflicting WebSocket upgrade is refused before anything is opened
+  const bad = await fetch(`${gw.url}/ws`, { headers: { "x-agentenv-sandbox-id": id, "x-agentenv-target-port": "8080", "e2b-sandbox-port": "49983", upgrade: "websocket", connection: "Upgrade", "sec-websocket-key": "dGhlIHNhbXBsZSBub25jZQ==", "sec-websocket-version": "13" } });
+  expect(bad.status).toBe(400);
+  expect(((await bad.json()) as { message: string }).message).toBe("conflicting sandbox ports (e2b-sandbox-port: 49983, x-agentenv-target-port: 8080): name one port");
+});
+
+test("an upload through the gateway may stream for longer than request_timeout_ms while it moves; a stalled one is cut by idle_timeout_ms", async () => {
+  // connect bound 200 ms, idle bound 1000 ms; the upload takes ~1.2 s in 12 chunks 100 ms apart
+  const slow = startGateway(gatewayConfig(loadConfig({ env: { AENV_HOME_PATH: home, AENV_API_KEY: KEY, AENV_LOG_LEVEL: "error", AENV__gateway__addr: "127.0.0.1:0", AENV__cluster__scheduler_endpoint: `127.0.0.1:${schedPort}`, AENV__gateway__request_timeout_ms: "200", AENV__gateway__idle_timeout_ms: "1000" } })));
+  const chunk = new Uint8Array(64 * 1024).map((_, i) => i * 7);
+  const upload = (gapMs: (left: number) => number, chunks: number) =>
+    fetch(`${slow.url}/echo`, {
+      method: "POST",
+      headers: { "e2b-sandbox-id": ids[0]!, "e2b-sandbox-port": "8080" },
+      duplex: "half",
+      body: new ReadableStream<Uint8Array>({
+        async pull(c) {
+          if (chunks-- === 0) return c.close();
+          await Bun.sleep(gapMs(chunks));
+          c.enqueue(chunk);
+        },
+      }),
+    } as RequestInit);
+  try {
+    const t0 = performance.now();
+    const ok = await upload(() => 100, 12);
+    expect(ok.status).toBe(200);
+    const got = new Uint8Array(await ok.arrayBuffer());
+    expect(got.length).toBe(12 * chunk.length);
+    for (let i = 0; i < 12; i++) expect(Buffer.compare(got.subarray(i * chunk.length, (i + 1) * chunk.length), chunk)).toBe(0);
+    expect(performance.now() - t0).toBeGreaterThan(1000); // it did outlast the 200 ms connect bound
+    // a body that stops moving for 2.5 s (> the 1 s idle bound) is cut
+    const stalled = await upload((left) => (left === 1 ? 2500 : 10), 4);
+    expect(stalled.status).toBe(502);
+    const body = (await stalled.json()) as { sandboxId: string; code: number; message: string };
+    expect(body).toEqual({ sandboxId: ids[0]!, code: 502, message: expect.stringMatching(/^the request to node [ab] \(http:\/\/127\.0\.0\.1:\d+\) was cut: the request body stalled for 1000 ms$/) });
+    // a request without a body is still bounded by request_timeout_ms as a whole: the node answers in time
+    expect((await fetch(`${slow.url}/whoami`, { headers: { "e2b-sandbox-id": ids[0]!, "e2b-sandbox-port": "8080" } })).status).toBe(200);
+  } finally {
+    await slow.close();
   }
 });
 
