@@ -99,9 +99,9 @@ export function loadConfig(opts: { path?: string; env?: Record<string, string | 
         ...(e instanceof TomlError ? { line: e.line, column: e.column } : {}),
       });
     }
-    mergeFile(cfg, CONFIG_SCHEMA, user, "", path);
+    mergeFile(cfg, CONFIG_SCHEMA, nodeIdentityAlias(user, path), "", path);
   }
-  if (opts.tree) mergeFile(cfg, CONFIG_SCHEMA, opts.tree, "", "config tree");
+  if (opts.tree) mergeFile(cfg, CONFIG_SCHEMA, nodeIdentityAlias(opts.tree, "config tree"), "", "config tree");
   for (const [name, raw] of Object.entries(env)) {
     if (raw === undefined) continue;
     let key: string | undefined = ENV_ALIASES[name];
@@ -110,6 +110,32 @@ export function loadConfig(opts: { path?: string; env?: Record<string, string | 
     setFromEnv(cfg, key, raw, name);
   }
   return cfg as unknown as Config;
+}
+
+/** Upstream AgentENV's `[node_identity]` keys and the `[node]` keys they are read as. */
+export const NODE_IDENTITY_ALIASES: Record<string, string> = { node_id: "id", cluster_id: "cluster_id", service_instance_id: "service_instance_id" };
+
+/**
+ * Read upstream AgentENV's `[node_identity]` section (node_id, cluster_id, service_instance_id)
+ * as our `[node]` (id, cluster_id, service_instance_id), so an upstream identity section works.
+ * @throws ConfigError unknown_key for another key in it, or when the same file also has `[node]`
+ *   (one of the two, not both); bad_value when it is not a table.
+ */
+function nodeIdentityAlias(t: Table, source: string): Table {
+  if (!("node_identity" in t)) return t;
+  const { node_identity: ni, ...rest } = t;
+  const nodeSchema = (CONFIG_SCHEMA.properties as Record<string, TSchema>).node!;
+  if (typeof ni !== "object" || ni === null || Array.isArray(ni)) throw badValue("node_identity", ni, nodeSchema, source);
+  if ("node" in t) {
+    throw new ConfigError("config.unknown_key", `config: ${source}: [node_identity] (upstream AgentENV's name) and [node] are both set: keep [node] (id, cluster_id, service_instance_id)`, { key: "node_identity", source });
+  }
+  const node: Table = {};
+  for (const [k, v] of Object.entries(ni as Table)) {
+    const ours = NODE_IDENTITY_ALIASES[k];
+    if (!ours) throw new ConfigError("config.unknown_key", `config: ${source}: unknown key node_identity.${k} ([node_identity] is read as [node]: node_id, cluster_id, service_instance_id)`, { key: `node_identity.${k}`, source });
+    node[ours] = v;
+  }
+  return { ...rest, node };
 }
 
 function mergeFile(into: Table, schema: TSchema, from: Table, prefix: string, source: string): void {

@@ -91,6 +91,31 @@ describe("overrides", () => {
   });
 });
 
+describe("upstream AgentENV's [node_identity] is read as [node]", () => {
+  test("node_id, cluster_id and service_instance_id become [node] id, cluster_id, service_instance_id", () => {
+    const file = tomlFile('[node_identity]\nnode_id = "node-a"\ncluster_id = "00000000-0000-0000-0000-000000000000"\nservice_instance_id = "service-instance-a"\n');
+    expect(loadConfig({ path: file, env: {} }).node).toEqual({ id: "node-a", cluster_id: "00000000-0000-0000-0000-000000000000", service_instance_id: "service-instance-a" });
+    // environment variables still win over the file
+    expect(loadConfig({ path: file, env: { AENV_NODE_ID: "node-b" } }).node.id).toBe("node-b");
+    expect(loadConfig({ env: {}, tree: { node_identity: { node_id: "t" } } }).node.id).toBe("t");
+  });
+
+  test("bad input: both sections, an unknown key in it, a wrong type, not a table", () => {
+    const both = tomlFile('[node]\nid = "a"\n[node_identity]\nnode_id = "b"\n');
+    const e = configError(() => loadConfig({ path: both, env: {} }));
+    expect(e.code).toBe("config.unknown_key");
+    expect(e.message).toBe(`config: ${both}: [node_identity] (upstream AgentENV's name) and [node] are both set: keep [node] (id, cluster_id, service_instance_id)`);
+    const odd = tomlFile('[node_identity]\nzone = "x"\n');
+    const u = configError(() => loadConfig({ path: odd, env: {} }));
+    expect([u.code, u.details.key]).toEqual(["config.unknown_key", "node_identity.zone"]);
+    expect(u.message).toContain("[node_identity] is read as [node]: node_id, cluster_id, service_instance_id");
+    const typed = tomlFile("[node_identity]\nnode_id = 7\n");
+    expect(configError(() => loadConfig({ path: typed, env: {} })).details).toMatchObject({ key: "node.id", value: 7 });
+    const flat = tomlFile('node_identity = "a"\n');
+    expect(configError(() => loadConfig({ path: flat, env: {} })).details).toMatchObject({ key: "node_identity", value: "a" });
+  });
+});
+
 describe("refusals name the source, key, value and expectation", () => {
   test("unknown key in a file", () => {
     const file = tomlFile("[api]\nnope = 1\n");
