@@ -1,15 +1,19 @@
 /**
  * Template build routes on a real node (SQLite, orchestrator, API listener; no VM is booted):
  * v3 registration, rebuild keeping the template id, names and tags, the files/upload flow with
- * its self-authorising URL, builds that fail before any VM (unknown registry, unsupported step,
- * files never uploaded) ending in `error` with the step named, status log paging, aliases,
+ * its self-authorising URL, builds that fail before any VM (unknown registry, a layer whose digest
+ * does not match and a registry refusing credentials — Debian's docker-registry on 127.0.0.1 —,
+ * unsupported step, files never uploaded) ending in `error` with the step named and nothing half
+ * made, status log paging, aliases,
  * tags (moved to a build when it is ready), delete; builds that need no VM (ENV steps over a
  * build-base template) ending ready; a registry that never answers; the build queue; a log or
  * status that cannot be written; a node killed mid-build and started again.
  */
 import { afterAll, beforeAll, expect, test } from "bun:test";
-import { existsSync, mkdirSync, readdirSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { pushImage, registryBlobPath, startRegistry } from "../image/registry.ts";
 import { api, startNodeNoVm, testPrefix, type TestNode } from "./helpers.ts";
 
 const MAX_UPLOAD = 4 * 1048576;
@@ -174,6 +178,56 @@ test("a build whose base registry is unreachable ends in error at step base with
   const images = join(node.home, "images");
   expect(existsSync(images) ? readdirSync(images).filter((f) => !f.startsWith("agentenv-")) : []).toEqual([]);
 });
+
+test("a layer whose digest does not match, and a registry refusing the credentials (401), end the build in error at base with the image's code; nothing half made", async () => {
+  const creds = { username: "alice", password: "s3cret" };
+  const plain = await startRegistry();
+  const locked = await startRegistry({ auth: creds });
+  const work = mkdtempSync(join(tmpdir(), "aenv-tplreg-"));
+  try {
+    writeFileSync(join(work, "file"), "x".repeat(100_000));
+    // the registry serves a layer blob with one byte flipped (same size): its digest no longer matches
+    const img = await pushImage(plain.host, "test/corrupt:v1", [{ dir: work, compression: "gzip" }]);
+    const m = JSON.parse(readFileSync(join(img.dir, "manifest.json"), "utf8")) as { layers: { digest: string }[] };
+    const blob = registryBlobPath(plain, m.layers[0]!.digest);
+    const bytes = new Uint8Array(await Bun.file(blob).arrayBuffer());
+    bytes[bytes.length - 20]! ^= 0xff;
+    writeFileSync(blob, bytes);
+    rmSync(img.dir, { recursive: true, force: true });
+    rmSync((await pushImage(locked.host, "private/tiny:v1", [{ dir: work, compression: "gzip" }], {}, creds)).dir, { recursive: true, force: true });
+    const list = (d: string) => (existsSync(join(node.home, d)) ? readdirSync(join(node.home, d)).sort() : []);
+    const before = { images: list("images"), layers: list("catalog/layers"), steps: list("catalog/steps") };
+    const build = async (name: string, body: Record<string, unknown>) => {
+      const a = await J(api(node, "/v3/templates", json({ name })));
+      expect((await api(node, `/v2/templates/${a.templateID}/builds/${a.buildID}`, json({ ...body, steps: [{ type: "RUN", args: ["echo never"] }] }))).status).toBe(202);
+      return waitStatus(a.templateID, a.buildID, ["error", "ready"]);
+    };
+    const corrupt = await build("corrupt-layer", { fromImage: `${plain.host}/test/corrupt:v1` });
+    expect(corrupt.status).toBe("error");
+    expect(corrupt.reason).toMatchObject({ step: "base", code: "image.digest_mismatch" });
+    expect(corrupt.reason.message).toStartWith(`base image ${plain.host}/test/corrupt:v1: a blob of ${plain.host}/test/corrupt:v1 does not match its digest: `);
+    for (const registry of [{ type: "registry", ...creds, password: "wrong" }, undefined]) {
+      const denied = await build("wrong-creds", { fromImage: `${locked.host}/private/tiny:v1`, ...(registry ? { fromImageRegistry: registry } : {}) });
+      expect(denied.status).toBe("error");
+      expect(denied.reason).toMatchObject({ step: "base", code: "image.auth" });
+      expect(denied.reason.message).toStartWith(`base image ${locked.host}/private/tiny:v1: `);
+      // the step never ran; the log ends in the error
+      expect(denied.logEntries.some((l: { message: string }) => l.message.includes("echo never"))).toBe(false);
+      expect(denied.logEntries.at(-1).level).toBe("error");
+    }
+    // nothing half made: no image in the cache, no pull work dir (.pull-*), no layer, no step entry
+    expect({ images: list("images"), layers: list("catalog/layers"), steps: list("catalog/steps") }).toEqual(before);
+    expect(before.images.filter((f) => f.startsWith(".pull-"))).toEqual([]);
+    // the registry with the right credentials is not the problem: the same image pulls (pull.test.ts covers the content)
+    const ok = await build("right-creds", { fromImage: `${locked.host}/private/tiny:v1`, fromImageRegistry: { type: "registry", ...creds } });
+    expect(ok.logEntries.some((l: { message: string }) => l.message.startsWith("[builder 1/1] RUN echo never"))).toBe(true);
+    expect(ok.reason.step).toBe("1"); // it got past base; this node boots no VM for the step
+  } finally {
+    await plain.stop();
+    await locked.stop();
+    rmSync(work, { recursive: true, force: true });
+  }
+}, 120_000);
 
 test("COPY of files never uploaded fails the build at that step", async () => {
   const a = await J(api(node, "/v3/templates", json({ name: "copy-missing" })));

@@ -3,7 +3,8 @@
  * layer, then a zstd layer holding a whiteout and an opaque directory; pulled with skopeo,
  * unpacked with umoci, made an ext4 overlaybd layer whose files (read back with debugfs) show
  * the whiteouts applied, owners kept and the guest bits added; the second pull fetches only the
- * manifest. A manifest list resolves to linux/amd64. Unknown tags, a registry that wants
+ * manifest. A manifest list whose arm64 entry (listed first) is another image resolves to the
+ * linux/amd64 one. Unknown tags, a registry that wants
  * credentials, and a blob whose bytes do not match its digest fail with typed errors and leave
  * nothing in the cache.
  */
@@ -21,6 +22,7 @@ let authReg: TestRegistry;
 let tokenReg: TestRegistry;
 let work: string;
 let pushed: { digest: string; compressedBytes: number; dir: string };
+let arm: { digest: string; compressedBytes: number; dir: string };
 const creds = { username: "alice", password: "s3cret" };
 
 beforeAll(async () => {
@@ -49,7 +51,13 @@ beforeAll(async () => {
   writeFileSync(join(l2, "data/old/.wh..wh..opq"), "");
   writeFileSync(join(l2, "data/old/b"), "b from layer 2\n");
   pushed = await pushImage(reg.host, "test/tiny:v1", [{ dir: l1, compression: "gzip" }, { dir: l2, compression: "zstd" }], { Env: ["PATH=/usr/bin:/bin", "GREETING=hi"], WorkingDir: "/data" });
-  await pushIndex(reg.host, "test/multi:v1", pushed.dir);
+  // an arm64 image of its own (another file, another size) for the manifest list's arm64 entry
+  const la = join(work, "la");
+  mkdirSync(join(la, "etc"), { recursive: true });
+  writeFileSync(join(la, "etc/hello"), "hello from the arm64 image\n");
+  writeFileSync(join(la, "etc/arch"), "arm64\n" + "a".repeat(50_000));
+  arm = await pushImage(reg.host, "test/arm-only:v1", [{ dir: la, compression: "gzip" }], { architecture: "arm64" });
+  await pushIndex(reg.host, "test/multi:v1", pushed.dir, arm.dir);
   for (const r of [authReg, tokenReg]) rmSync((await pushImage(r.host, "private/tiny:v1", [{ dir: l1, compression: "gzip" }], {}, creds)).dir, { recursive: true, force: true });
 }, 60_000);
 
@@ -59,6 +67,7 @@ afterAll(async () => {
   await tokenReg?.stop();
   rmSync(work, { recursive: true, force: true });
   if (pushed) rmSync(pushed.dir, { recursive: true, force: true });
+  if (arm) rmSync(arm.dir, { recursive: true, force: true });
 });
 
 function opts(home: string, ref: string, extra: Partial<PullOptions> = {}): PullOptions {
@@ -146,11 +155,20 @@ test("pull: gzip + zstd layers, whiteout and opaque dir applied, owners kept, gu
   expect((await pullImage(opts(home, `${reg.host}/test/tiny:v1`))).layerPath).toBe(third.layerPath);
 }, 120_000);
 
-test("a manifest list resolves to its linux/amd64 image", async () => {
+test("a manifest list resolves to its linux/amd64 image, not the arm64 entry listed before it", async () => {
+  expect(arm.compressedBytes).not.toBe(pushed.compressedBytes);
   const p = await pullImage(opts(join(work, "home2"), `${reg.host}/test/multi:v1`));
   expect(p.pulled).toBe(true);
   expect(p.digest).not.toBe(pushed.digest); // the list's own digest is the cache key
+  expect(p.digest).not.toBe(arm.digest);
   expect(p.compressedBytes).toBe(pushed.compressedBytes);
+  // the files are the amd64 image's: its config (env, workdir) and its layers, whiteouts applied
+  expect(p.config.env).toEqual({ PATH: "/usr/bin:/bin", GREETING: "hi" });
+  const raw = join(work, "multi.raw");
+  await toRaw(p.layerPath, raw);
+  expect(debugfs(raw, "cat /etc/hello")).toBe("hello from layer 1\n");
+  expect(debugfs(raw, "stat /etc/arch")).toBe(""); // only the arm64 image has it
+  expect(debugfs(raw, "cat /data/old/b")).toBe("b from layer 2\n");
 }, 120_000);
 
 test("basic auth: refused without credentials (image.auth), pulled with them", async () => {

@@ -136,14 +136,15 @@ const MEDIA = { gzip: "application/vnd.oci.image.layer.v1.tar+gzip", zstd: "appl
 
 /**
  * Build an image as skopeo's `dir:` layout from `layers` (bottom first) and push it to
- * `docker://host/ref` (plain HTTP; from inside `netns` when given). `config` sets Env/WorkingDir/Cmd.
+ * `docker://host/ref` (plain HTTP; from inside `netns` when given). `config` sets Env/WorkingDir/Cmd
+ * and the config's architecture (default amd64).
  * @returns the pushed manifest's digest and the compressed size of its layers.
  */
 export async function pushImage(
   host: string,
   ref: string,
   layers: LayerSpec[],
-  config: { Env?: string[]; WorkingDir?: string; Cmd?: string[] } = {},
+  config: { Env?: string[]; WorkingDir?: string; Cmd?: string[]; architecture?: string } = {},
   creds?: { username: string; password: string },
   netns?: string,
 ): Promise<{ digest: string; compressedBytes: number; dir: string }> {
@@ -162,7 +163,7 @@ export async function pushImage(
     return { mediaType: MEDIA[l.compression], digest: `sha256:${digest}`, size: blob.length, diffId: `sha256:${diffId}` };
   });
   const cfg = JSON.stringify({
-    architecture: "amd64",
+    architecture: config.architecture ?? "amd64",
     os: "linux",
     config: { Env: config.Env ?? ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"], WorkingDir: config.WorkingDir ?? "", Cmd: config.Cmd ?? ["/bin/sh"] },
     rootfs: { type: "layers", diff_ids: descs.map((d) => d.diffId) },
@@ -182,24 +183,27 @@ export async function pushImage(
 }
 
 /**
- * Push an image index (manifest list) naming `amd64Dir`'s image for linux/amd64 and a second
- * entry for linux/arm64 (the same manifest, so the registry has its blobs), via an OCI layout
- * and `skopeo copy --all`.
+ * Push an image index (manifest list) whose linux/arm64 entry comes first and names `arm64Dir`'s
+ * image (default: the amd64 one's manifest again), then a linux/amd64 entry naming `amd64Dir`'s
+ * image (both `pushImage` layouts), via an OCI layout and `skopeo copy --all`.
  */
-export async function pushIndex(host: string, ref: string, amd64Dir: string): Promise<void> {
+export async function pushIndex(host: string, ref: string, amd64Dir: string, arm64Dir = amd64Dir): Promise<void> {
   const layout = mkdtempSync(join(tmpdir(), "aenv-index-"));
   try {
     mkdirSync(join(layout, "blobs", "sha256"), { recursive: true });
-    const manifest = readFileSync(join(amd64Dir, "manifest.json"));
-    const m = JSON.parse(manifest.toString()) as { config: { digest: string }; layers: { digest: string }[] };
-    for (const d of [m.config.digest, ...m.layers.map((l) => l.digest)]) {
-      const hex = d.slice(7);
-      writeFileSync(join(layout, "blobs", "sha256", hex), readFileSync(join(amd64Dir, hex)));
-    }
-    const mhex = sha(manifest);
-    writeFileSync(join(layout, "blobs", "sha256", mhex), manifest);
-    const entry = (arch: string) => ({ mediaType: "application/vnd.oci.image.manifest.v1+json", digest: `sha256:${mhex}`, size: manifest.length, platform: { os: "linux", architecture: arch } });
-    const index = JSON.stringify({ schemaVersion: 2, mediaType: "application/vnd.oci.image.index.v1+json", manifests: [entry("arm64"), entry("amd64")] });
+    const add = (dir: string) => {
+      const manifest = readFileSync(join(dir, "manifest.json"));
+      const m = JSON.parse(manifest.toString()) as { config: { digest: string }; layers: { digest: string }[] };
+      for (const d of [m.config.digest, ...m.layers.map((l) => l.digest)]) {
+        const hex = d.slice(7);
+        writeFileSync(join(layout, "blobs", "sha256", hex), readFileSync(join(dir, hex)));
+      }
+      const mhex = sha(manifest);
+      writeFileSync(join(layout, "blobs", "sha256", mhex), manifest);
+      return { digest: `sha256:${mhex}`, size: manifest.length };
+    };
+    const entry = (arch: string, dir: string) => ({ mediaType: "application/vnd.oci.image.manifest.v1+json", ...add(dir), platform: { os: "linux", architecture: arch } });
+    const index = JSON.stringify({ schemaVersion: 2, mediaType: "application/vnd.oci.image.index.v1+json", manifests: [entry("arm64", arm64Dir), entry("amd64", amd64Dir)] });
     const ihex = sha(index);
     writeFileSync(join(layout, "blobs", "sha256", ihex), index);
     writeFileSync(join(layout, "oci-layout"), JSON.stringify({ imageLayoutVersion: "1.0.0" }));
