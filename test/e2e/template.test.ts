@@ -76,6 +76,14 @@ test("e2b SDK Template: fromImage build, create answers at once, warm rebuild ca
   expect(o.b2.buildId).not.toBe(o.b1.buildId);
   const logs2 = o.logs2 as string[];
   for (let i = 1; i <= 5; i++) expect(logs2.some((l) => l.startsWith(`CACHED [builder ${i}/5] `))).toBe(true);
+  // the files check: first build absent (an upload URL, uploaded), rebuild present (nothing uploaded);
+  // later COPY builds (Dockerfile) follow
+  expect((o.filesAnswers as unknown[]).slice(0, 2)).toEqual([
+    { status: 201, present: false, url: true },
+    { status: 201, present: true, url: true },
+  ]);
+  expect(logs1).toContain("Uploaded 'app/'");
+  expect(logs2).toContain("Skipping upload of 'app/', already cached");
   expect(logs2.some((l) => l.startsWith("pulling "))).toBe(false);
   expect(logs2.some((l) => /: cached$/.test(l))).toBe(true);
   expect(logs2.some((l) => /^CACHED \[finalize\] START cat \/proc\/sys\/kernel\/random\/uuid > \/tmp\/started && python3 -m http.server 8080 READY .* SNAPSHOT [a-z0-9]{20}$/.test(l))).toBe(true);
@@ -87,6 +95,8 @@ test("e2b SDK Template: fromImage build, create answers at once, warm rebuild ca
   // a cached step, then the same step with skipCache() run again (a new layer beside the old one)
   expect(o.cachedLogs).toEqual([expect.stringMatching(/^CACHED \[builder 1\/1\] RUN echo ok \[/)]);
   expect(o.forcedLogs).toEqual([expect.stringMatching(/^\[builder 1\/1\] RUN echo ok \[/), "ok"]);
+  // fromTemplate: the child's sandbox has the parent's files, env and workdir, without the parent's start command
+  expect(o.child).toBe("one\nprint('main')\ntwo\nm1 user /opt/app\n/opt/app\nm1\nno start command\n");
   // an unknown image and a ready check that never passes end in error naming base / finalize
   expect(o.unknownImage.name).toBe("BuildError");
   expect(o.unknownImage.message).toContain(`image ${reg!.host}/test/nope:v1 not found`);
@@ -112,6 +122,11 @@ test("e2b SDK Template: fromImage build, create answers at once, warm rebuild ca
   expect(o.cliPull.stderr).toMatch(/\[\s*\d+\.\ds\] \[base\] FROM /);
   expect(o.cliPull.stderr).toMatch(/: cached\n/);
   expect(o.tagsBefore).toEqual(["default"]);
+  // the SDK's assignTags / removeTags: tags on the default tag's build (the rebuild), one removed again
+  expect(o.assigned).toEqual({ buildId: o.b2.buildId, tags: ["stable", "prod"] });
+  expect(o.tagsAssigned).toEqual([["default", o.b2.buildId], ["prod", o.b2.buildId], ["stable", o.b2.buildId]]);
+  expect(o.tagsRemoved).toEqual([["default", o.b2.buildId], ["stable", o.b2.buildId]]);
+  expect(o.removeMissing).toEqual({ name: "TemplateError", message: "404: template 'e2e-app' has no tag nope" });
   expect(o.existsBefore).toBe(true);
   expect(o.deleted).toBe(true);
   expect(o.existsAfter).toBe(false);
