@@ -10,10 +10,18 @@
  * transitional state, and everything a real runtime answers that is not about running guests
  * (templates, network checks, volumes, metrics sampling) can be delegated to `opts.base` (e.g. a
  * VmRuntime whose network is never started).
+ *
+ * Snapshots (with `opts.snapshots`, the base runtime's repository): a snapshot of a loopback
+ * guest commits a real manifest into that repository, with one small disk layer and no memory
+ * (nothing of the guest is captured); listing, lookup by id or name (a create from it) and
+ * deletion are the base runtime's, as on a VM node.
  */
 import type { Server, ServerWebSocket } from "bun";
-import type { ReapReport, RuntimeKnownSandbox, RuntimeMetricsTarget, RuntimeSandbox, RuntimeStartSpec, SandboxRuntime, TemplateInfo } from "../../src/orchestrator/index.ts";
+import { writeFileSync } from "node:fs";
+import { OrchestratorError, type ReapReport, type RuntimeKnownSandbox, type RuntimeMetricsTarget, type RuntimeSandbox, type RuntimeStartSpec, type SandboxRuntime, type SnapshotInfo, type SnapshotRequest, type TemplateInfo } from "../../src/orchestrator/index.ts";
 import { ENVD_PORT } from "../../src/envd/version.ts";
+import { snapshotInfo } from "../../src/sandbox/index.ts";
+import { MANIFEST_VERSION, newSnapshotId, type LocalRepository, type SnapshotManifest } from "../../src/snapshot/index.ts";
 
 /** A guest's HTTP handler: `undefined` after a successful WebSocket upgrade. */
 export type GuestFetch = (req: Request, ctx: { sandboxId: string; port: number; server: Server<GuestWs> }) => Response | undefined | Promise<Response | undefined>;
@@ -35,9 +43,11 @@ export interface LoopbackOptions {
   templates?: string[];
   /** Runtime answering further templates, network checks, volumes and metrics. */
   base?: SandboxRuntime;
+  /** The base runtime's snapshot repository: snapshots of guests are committed there (see above). */
+  snapshots?: LocalRepository;
 }
 
-type Op = "start" | "pause" | "resume" | "kill";
+type Op = "start" | "pause" | "resume" | "kill" | "snapshot";
 
 /**
  * A hold on one lifecycle call: `reached` resolves (with the sandbox id) when a call arrives;
@@ -71,6 +81,8 @@ export class LoopbackRuntime implements SandboxRuntime {
   readonly name = "loopback";
   private readonly guests = new Map<string, { host: string; servers: Server<GuestWs>[] }>();
   private readonly gates = new Map<Op, { wait: Promise<Error | undefined>; reached: (id: string) => void }>();
+  /** Template id each sandbox was started from (the source a snapshot of it records). */
+  private readonly templateOf = new Map<string, string>();
   /** Sandboxes started (creates + resumes), for assertions. */
   starts = 0;
   /** The template (and build) each create started, in order, for assertions. */
@@ -79,7 +91,8 @@ export class LoopbackRuntime implements SandboxRuntime {
   readonly templates: string[];
   /**
    * Calls per lifecycle operation, in order (`op:id`; a pause or resume without memory is
-   * `pause:id:fs` / `resume:id:fs`; a guest flush before a kill or such a pause `quiesce:id`), for assertions.
+   * `pause:id:fs` / `resume:id:fs`; a guest flush before a kill or such a pause `quiesce:id`; a
+   * snapshot `snapshot:id:user` or `snapshot:id:fork`), for assertions.
    */
   readonly calls: string[] = [];
 
@@ -189,6 +202,7 @@ export class LoopbackRuntime implements SandboxRuntime {
     await this.pass("start", spec.id);
     this.starts++;
     this.started.push(spec.template);
+    this.templateOf.set(spec.id, spec.template.templateID);
     return this.serve(spec.id);
   }
 
@@ -202,6 +216,50 @@ export class LoopbackRuntime implements SandboxRuntime {
     await this.pass("resume", spec.id, opts?.memory === false ? ":fs" : "");
     this.starts++;
     return this.serve(spec.id);
+  }
+
+  /**
+   * Commit a manifest for sandbox `id` (source: `id`, `req.kind`, `req.name`) with one disk layer
+   * holding the sandbox id; its template is the sandbox's own (`spec.template` of its start).
+   * @throws OrchestratorError bad_request without `opts.snapshots`
+   */
+  async snapshot(id: string, _state: Record<string, unknown>, req: SnapshotRequest): Promise<SnapshotInfo> {
+    await this.pass("snapshot", id, `:${req.kind}`);
+    const repo = this.opts.snapshots;
+    if (!repo) throw new OrchestratorError("orchestrator.bad_request", `runtime ${this.name} has no snapshot repository`, { sandboxId: id });
+    const txn = repo.begin();
+    try {
+      const layer = txn.file("disk.layer");
+      writeFileSync(layer, `loopback disk of ${id}\n`);
+      const ref = txn.addLayer(layer);
+      const m: SnapshotManifest = {
+        version: MANIFEST_VERSION,
+        id: newSnapshotId(),
+        kind: req.kind,
+        parent: null,
+        createdAt: new Date().toISOString(),
+        names: req.name ? [req.name] : [],
+        source: { sandboxId: id, templateId: this.templateOf.get(id) ?? "base" },
+        vm: { driver: "qemu", vcpus: BASE_TEMPLATE.cpuCount, memoryMiB: BASE_TEMPLATE.memoryMB, kernelKey: "", mac: "", bootArgs: "" },
+        envd: { version: BASE_TEMPLATE.envdVersion, accessToken: null },
+        disk: { virtualSize: BASE_TEMPLATE.diskSizeMB * 1048576, layers: [ref] },
+        memory: null,
+        vmState: null,
+      };
+      txn.publish(m);
+      return snapshotInfo(m);
+    } catch (e) {
+      txn.abort();
+      throw e;
+    }
+  }
+
+  listSnapshots(): SnapshotInfo[] {
+    return this.opts.base?.listSnapshots?.() ?? [];
+  }
+
+  async deleteSnapshot(ref: string): Promise<boolean> {
+    return (await this.opts.base?.deleteSnapshot?.(ref)) ?? false;
   }
 
   async quiesce(t: RuntimeMetricsTarget): Promise<void> {
