@@ -440,17 +440,19 @@ export class LocalRepository {
   /**
    * Remove layers no manifest names and no commit in progress holds (pinned by a commit of this
    * process, or listed by a live commit's staging folder), and staging folders of processes that
-   * are gone (or older than the grace period). A layer a dead commit recorded goes at once; any
+   * are gone (or older than the grace period). A layer a dead commit recorded (or in `collect`) goes at once; any
    * other unnamed layer only once it is older than the grace period (it may be one a process
    * that records nothing is about to name). `extraKeep` adds digests still needed outside
    * manifests (e.g. layers a running VM serves). While any manifest is unreadable no layer is
-   * removed (it might name them).
+   * removed (it might name them). `collect` names layers to treat like a dead commit's: the
+   * layers of snapshots the caller just removed, when it knows that no restore of its own is
+   * about to open them (the start-up reap, before anything runs).
    *
    * Order against a commit of another process (record, link, publish, remove its staging): the
    * layers are listed first, then staging, then manifests, so a listed layer of a commit still in
    * progress is seen in its record, or in its manifest once that commit is done.
    */
-  gc(extraKeep: Iterable<string> = [], now = Date.now()): GcReport {
+  gc(extraKeep: Iterable<string> = [], now = Date.now(), collect: Iterable<string> = []): GcReport {
     const keep = new Set<string>(extraKeep);
     const report: GcReport = { layers: [], staging: [], bytes: 0 };
     const ldir = join(this.root, "layers");
@@ -466,8 +468,8 @@ export class LocalRepository {
     }
     const sdir = join(this.root, "staging");
     const deadStaging: string[] = [];
-    /** Digests recorded by commits whose process is gone. */
-    const orphaned = new Set<string>();
+    /** Digests recorded by commits whose process is gone, and those the caller collects. */
+    const orphaned = new Set<string>(collect);
     for (const f of readdirSync(sdir)) {
       const pid = Number(f.split(".")[0]);
       const p = join(sdir, f);
