@@ -170,7 +170,7 @@ test("GET /snapshots: a bad limit or nextToken is a 400 with the E2B error body;
 test("fork: count 0, over 100 or not an integer is a 400 naming the bounds, and nothing is snapshotted", async () => {
   const p = await createLoopback(node);
   const calls = () => node.runtime!.calls.filter((c) => c.startsWith(`snapshot:${p.id}`));
-  const refused = (count: unknown, why: string) => ({ count, status: 400, body: { code: 400, message: `invalid request: count: Expected number${why}`, error_code: "api.validation" } });
+  const refused = (count: number | string, why: string) => ({ count, status: 400, body: { code: 400, message: `invalid request: count: Expected number${why}`, error_code: "api.validation" } });
   const answers = [];
   for (const count of [0, -1, 101, 1000, 1.5, "2"]) {
     const r = await json(await post(`/sandboxes/${p.id}/fork`, { count }));
