@@ -440,7 +440,7 @@ export class LocalRepository {
   /**
    * Remove layers no manifest names and no commit in progress holds (pinned by a commit of this
    * process, or listed by a live commit's staging folder), and staging folders of processes that
-   * are gone (or older than the grace period). A layer a dead commit recorded (or in `collect`) goes at once; any
+   * are gone (or older than the grace period). A layer a dead commit recorded goes at once; any
    * other unnamed layer only once it is older than the grace period (it may be one a process
    * that records nothing is about to name). `extraKeep` adds digests still needed outside
    * manifests (e.g. layers a running VM serves). While any manifest is unreadable no layer is
