@@ -117,7 +117,7 @@ export const CONFIG_SCHEMA = section("", {
   snapshot: section("Snapshots: committed sandbox and template state (disk and memory overlaybd layers + VMM state).", {
     path: str("", "Local repository directory (layers/, manifests/, staging/). Empty: $home_path/snapshots."),
     verify_digests: bool(true, "Check a layer's sha256 against its digest the first time a node process restores from it\n(and again whenever the file changed); a mismatch fails the restore with snapshot.corrupt_layer."),
-    gc_grace_secs: int(600, "An unreferenced layer or staging folder younger than this is left alone by garbage\ncollection (another process, e.g. a template build, may be committing it).", { min: 0, max: 86_400, unit: "s" }),
+    gc_grace_secs: int(600, "An unreferenced layer or staging folder younger than this is left alone by garbage\ncollection (another process, e.g. a template build, may be committing it). Layers that a dead\nprocess's commit recorded in its staging folder go at once.", { min: 0, max: 86_400, unit: "s" }),
     gc_interval_secs: int(3600, "Period of the repository's garbage collection (it also runs at start and after deletes);\n0 = only then.", { min: 0, max: 86_400, unit: "s" }),
     cache_max_bytes: int(
       21_474_836_480,

@@ -453,15 +453,18 @@ export class VmRuntime implements SandboxRuntime {
       removed.push(`sandboxes/${name}`);
     }
     const paused = new Map(known.filter((k) => k.state === "paused").map((k) => [k.id, (k.runtimeState as Partial<VmState> | null)?.paused]));
+    const dropped: string[] = [];
     for (const m of this.repo.list({ hidden: true })) {
       const orphanPause = m.kind === "pause" && paused.get(m.source.sandboxId ?? "") !== m.id;
       // fork checkpoints and tombstoned snapshots only lived for sandboxes that ran
       if (orphanPause || m.kind === "fork" || this.repo.isTombstoned(m.id)) {
         this.repo.remove(m.id);
+        dropped.push(...layersOf(m).map((l) => l.digest));
         removed.push(`snapshot ${m.id} (${m.kind})`);
       }
     }
-    const gc = this.repo.gc();
+    // nothing restores yet: their layers go now unless another snapshot names them (no grace)
+    const gc = this.repo.gc([], Date.now(), dropped);
     removed.push(...gc.layers.map((l) => `layer ${l}`), ...gc.staging.map((s) => `staging ${s}`));
     return { stoppedVms, removed };
   }

@@ -3,20 +3,28 @@
  *   layers/<sha256 hex>     layer files (overlaybd layers, VMM state), content-addressed, mode 0444
  *   manifests/<id>.json     committed manifests (immutable)
  *   manifests/<id>.deleted  tombstone: deleted by a user but still used by a running sandbox
- *   staging/<pid>.<rand>/   commits in progress (reaped when their process is gone)
- * Commit protocol: every layer is written and fsynced in staging, hashed, linked into `layers/`
- * (an equal layer already there is kept, so equal layers are stored once), the folder fsynced;
- * then the manifest is written, fsynced and renamed into `manifests/`. A snapshot is visible
- * only once every file it names is durable; a crash before that leaves staging files and
- * unreferenced layers, which `gc()` removes.
+ *   staging/<pid>.<rand>/   commits in progress (reaped when their process is gone); each
+ *                           lists in `.linked-layers` the digests it linked into `layers/`
+ * Commit protocol: every layer is written and fsynced in staging, hashed, recorded in the
+ * commit's `.linked-layers`, linked into `layers/` (an equal layer already there is kept, so
+ * equal layers are stored once), the folder fsynced; then the manifest is written, fsynced and
+ * renamed into `manifests/`. A snapshot is visible only once every file it names is durable; a
+ * crash before that leaves staging files and unreferenced layers, which `gc()` removes: at once
+ * the layers a dead commit recorded, after the grace period any other unnamed layer.
  */
-import { closeSync, existsSync, fsyncSync, linkSync, mkdirSync, openSync, readdirSync, readFileSync, readSync, renameSync, rmSync, statSync, utimesSync, chmodSync, writeFileSync, constants as fsc } from "node:fs";
+import { appendFileSync, closeSync, existsSync, fsyncSync, linkSync, mkdirSync, openSync, readdirSync, readFileSync, readSync, renameSync, rmSync, statSync, utimesSync, chmodSync, writeFileSync, constants as fsc } from "node:fs";
 import { join } from "node:path";
 import { logger } from "../observability/log.ts";
 import { SnapshotError } from "./errors.ts";
 import { digestHex, DIGEST_RE, layersOf, parseManifest, SNAPSHOT_ID_RE, type LayerRef, type SnapshotManifest } from "./manifest.ts";
 
 const log = logger("snapshot");
+
+/**
+ * File of a staging folder listing, one a line, the layer digests its commit linked into (or
+ * refreshed in) `layers/`: what a commit of another process, or of a killed one, holds there.
+ */
+const LINKED_FILE = ".linked-layers";
 
 /** Settings of a local repository. */
 export interface LocalRepositoryOptions {
@@ -100,6 +108,17 @@ function pidAlive(pid: number): boolean {
   }
 }
 
+/** Digests listed in the `.linked-layers` record of staging entry `path` (none for a file or without one). */
+function linkedLayers(path: string): string[] {
+  let text: string;
+  try {
+    text = readFileSync(join(path, LINKED_FILE), "utf8");
+  } catch {
+    return [];
+  }
+  return text.split("\n").filter((d) => DIGEST_RE.test(d));
+}
+
 /** A commit in progress: files are written into `dir`, added as layers, then published. */
 export class CommitTxn {
   private readonly refs: LayerRef[] = [];
@@ -137,6 +156,9 @@ export class CommitTxn {
       const ref = opts.keepSource ? this.repo.digestOf(path) : hashFile(path);
       this.repo.pin(ref.digest);
       this.refs.push(ref);
+      // recorded before the link: a gc of another process that sees the layer also sees this
+      // line (or the published manifest), and a crash leaves a list of exactly what to collect
+      appendFileSync(join(this.dir, LINKED_FILE), `${ref.digest}\n`);
       const dst = this.repo.layerPath(ref);
       if (existsSync(dst)) {
         // keep the stored copy; a fresh mtime keeps gc() of another process off it until we publish
@@ -416,14 +438,51 @@ export class LocalRepository {
   }
 
   /**
-   * Remove layers no manifest names (not pinned by a commit of this process, older than the
-   * grace period) and staging folders of processes that are gone (or older than the grace).
-   * `extraKeep` adds digests still needed outside manifests (e.g. layers a running VM serves).
-   * While any manifest is unreadable no layer is removed (it might name them).
+   * Remove layers no manifest names and no commit in progress holds (pinned by a commit of this
+   * process, or listed by a live commit's staging folder), and staging folders of processes that
+   * are gone (or older than the grace period). A layer a dead commit recorded goes at once; any
+   * other unnamed layer only once it is older than the grace period (it may be one a process
+   * that records nothing is about to name). `extraKeep` adds digests still needed outside
+   * manifests (e.g. layers a running VM serves). While any manifest is unreadable no layer is
+   * removed (it might name them). `collect` names layers to treat like a dead commit's: the
+   * layers of snapshots the caller just removed, when it knows that no restore of its own is
+   * about to open them (the start-up reap, before anything runs).
+   *
+   * Order against a commit of another process (record, link, publish, remove its staging): the
+   * layers are listed first, then staging, then manifests, so a listed layer of a commit still in
+   * progress is seen in its record, or in its manifest once that commit is done.
    */
-  gc(extraKeep: Iterable<string> = [], now = Date.now()): GcReport {
+  gc(extraKeep: Iterable<string> = [], now = Date.now(), collect: Iterable<string> = []): GcReport {
     const keep = new Set<string>(extraKeep);
     const report: GcReport = { layers: [], staging: [], bytes: 0 };
+    const ldir = join(this.root, "layers");
+    /** Layer files and their mtime as first seen. */
+    const candidates = new Map<string, number>();
+    for (const f of readdirSync(ldir)) {
+      if (!DIGEST_RE.test(`sha256:${f}`)) continue;
+      try {
+        candidates.set(f, statSync(join(ldir, f)).mtimeMs);
+      } catch {
+        // removed meanwhile
+      }
+    }
+    const sdir = join(this.root, "staging");
+    const deadStaging: string[] = [];
+    /** Digests recorded by commits whose process is gone, and those the caller collects. */
+    const orphaned = new Set<string>(collect);
+    for (const f of readdirSync(sdir)) {
+      const pid = Number(f.split(".")[0]);
+      const p = join(sdir, f);
+      let young = false;
+      try {
+        young = now - statSync(p).mtimeMs < this.opts.gcGraceMs;
+      } catch {
+        continue;
+      }
+      const live = pid === process.pid || (Number.isInteger(pid) && pid > 0 && pidAlive(pid) && young);
+      for (const d of linkedLayers(p)) (live ? keep : orphaned).add(d);
+      if (!live) deadStaging.push(f);
+    }
     let manifests: SnapshotManifest[];
     try {
       manifests = this.list({ hidden: true, strict: true });
@@ -432,10 +491,9 @@ export class LocalRepository {
       return report;
     }
     for (const m of manifests) for (const l of layersOf(m)) keep.add(l.digest);
-    const ldir = join(this.root, "layers");
-    for (const f of readdirSync(ldir)) {
+    for (const [f, seenMtime] of candidates) {
       const digest = `sha256:${f}`;
-      if (!DIGEST_RE.test(digest) || keep.has(digest) || this.pins.has(digest)) continue;
+      if (keep.has(digest) || this.pins.has(digest)) continue;
       const p = join(ldir, f);
       let st;
       try {
@@ -443,24 +501,15 @@ export class LocalRepository {
       } catch {
         continue;
       }
-      if (now - st.mtimeMs < this.opts.gcGraceMs) continue;
+      // touched since it was listed: a commit that started after the staging scan reuses it
+      const dead = orphaned.has(digest) && st.mtimeMs === seenMtime;
+      if (!dead && now - st.mtimeMs < this.opts.gcGraceMs) continue;
       rmSync(p, { force: true });
       report.layers.push(digest);
       report.bytes += st.size;
     }
-    const sdir = join(this.root, "staging");
-    for (const f of readdirSync(sdir)) {
-      const pid = Number(f.split(".")[0]);
-      const p = join(sdir, f);
-      if (pid === process.pid) continue;
-      let young = false;
-      try {
-        young = now - statSync(p).mtimeMs < this.opts.gcGraceMs;
-      } catch {
-        continue;
-      }
-      if (Number.isInteger(pid) && pid > 0 && pidAlive(pid) && young) continue;
-      rmSync(p, { recursive: true, force: true });
+    for (const f of deadStaging) {
+      rmSync(join(sdir, f), { recursive: true, force: true });
       report.staging.push(f);
     }
     if (report.layers.length || report.staging.length) log.info({ layers: report.layers.length, staging: report.staging.length, bytes: report.bytes }, "snapshot repository garbage removed");

@@ -2,7 +2,8 @@
  * Test helpers: a real node (SQLite, orchestrator, API + proxy listener on 127.0.0.1:0) over the
  * VM runtime whose network manager is not started — enough for every route that boots no VM.
  * With `guest` options its sandboxes run as LoopbackRuntime guests (servers on their own
- * 127.x.y.z address) over that VM runtime (templates, network checks, volumes, metrics).
+ * 127.x.y.z address) over that VM runtime (templates, network checks, volumes, metrics,
+ * snapshots in its repository).
  * Sandboxes are made the way clients make them (`createLoopback` -> the orchestrator's create),
  * never written into the store.
  */
@@ -52,6 +53,7 @@ export async function startNodeNoVm(env: Record<string, string> = {}, home = mkd
   const node = await bootNode(cfg, async (c, db, oc) => {
     // the disk daemon starts on first use only (these tests serve no disk)
     const disks = new DiskService({ dir: join(home, "run", "disk"), config: diskConfig(c) });
+    const snapshots = snapshotServices(c, disks);
     const base = new VmRuntime({
       homePath: home,
       runtimePath: join(home, "run"),
@@ -67,7 +69,7 @@ export async function startNodeNoVm(env: Record<string, string> = {}, home = mkd
       readyProbeTimeoutMs: c.template_build.ready_probe_timeout_ms,
       defaultUser: "user",
       disks,
-      snapshots: snapshotServices(c, disks),
+      snapshots,
       volumes: {
         volumesDir: join(home, "volumes"),
         hostDir: join(home, "run", "volumes"),
@@ -80,7 +82,7 @@ export async function startNodeNoVm(env: Record<string, string> = {}, home = mkd
     });
     if (!guest) return base;
     // no template of its own until a test creates a sandbox (createLoopback adds "base")
-    runtime = new LoopbackRuntime({ templates: [], ...guest, base });
+    runtime = new LoopbackRuntime({ templates: [], ...guest, base, snapshots: snapshots.repo });
     return runtime;
   });
   return {

@@ -3,7 +3,8 @@
  * POST/GET/DELETE /volumes, and the content API driven by the unmodified e2b SDK's `Volume`
  * object while no sandbox holds the volume (the node mounts its ext4 through a FUSE export and a
  * loop device), beside read-only holders, and refused while a writer that is not running holds
- * it. Holders are adopted sandbox records. Needs root, /dev/fuse and loop devices.
+ * it. Holders are loopback sandboxes made by the orchestrator's create (createLoopback). Needs
+ * root, /dev/fuse and loop devices.
  */
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { existsSync, readFileSync } from "node:fs";

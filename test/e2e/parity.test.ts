@@ -67,7 +67,7 @@ test("a volume written by one sandbox survives its pause, kill and a node restar
   expect(o.apiList).toEqual(["a.txt", "from-api.txt", "lost+found"]);
   expect(o.paused).toBe(true);
   expect(o.afterResume).toEqual({ exitCode: 0, stdout: "written-by-a\n", stderr: "" });
-  expect(o.destroyWhileMounted).toContain(`mounted by sandbox ${o.idA}`);
+  expect(o.destroyWhileMounted).toEqual({ name: "VolumeError", message: `409: volume ${o.volumeId} is mounted by sandbox ${o.idA}; kill it first` });
   expect(o.secondWriter).toMatchObject({ status: 409, body: { code: 409, error_code: "orchestrator.volume_in_use" } });
   expect(o.killA).toBe(true);
   // what A wrote right before its kill reached the volume's disk (synced and unmounted in the guest first)

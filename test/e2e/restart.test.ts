@@ -2,8 +2,10 @@
  * Restart: the node (agentenv server, real VMs, network slots, SQLite) is SIGKILLed with one
  * running and one paused sandbox; the next start reaps the orphaned VMM, its slot namespace,
  * disk and the memory image it mapped, keeps the paused sandbox (its pause snapshot), and the API
- * shows exactly that. A node SIGKILLed while it captures a pause and a snapshot loses no committed
- * snapshot and leaves nothing (VMM, mount, staging commit) the next start does not reap.
+ * shows exactly that. A node SIGKILLed while it captures a pause and a snapshot, or during a fork
+ * (while its checkpoint is committed, then while its children start), loses no committed snapshot
+ * and leaves nothing (VMM, mount, staging commit, layer no manifest names) the next start does
+ * not reap.
  */
 import { afterAll, expect, test } from "bun:test";
 import { existsSync, readFileSync, readdirSync } from "node:fs";
@@ -18,6 +20,25 @@ let world: NodeWorld | undefined;
 afterAll(async () => {
   await world?.dispose();
 }, 60_000);
+
+/** Layer files of the repository under `home` that no manifest (tombstoned ones too) names. */
+function unnamedLayers(home: string): string[] {
+  const named = new Set<string>();
+  const dir = join(home, "snapshots", "manifests");
+  for (const f of readdirSync(dir).filter((f) => f.endsWith(".json"))) {
+    const m = JSON.parse(readFileSync(join(dir, f), "utf8"));
+    for (const l of [...m.disk.layers, ...(m.memory?.layers ?? []), ...(m.vmState ? [m.vmState] : []), ...(m.tools ? [m.tools] : [])]) named.add(l.digest.slice(7));
+  }
+  return readdirSync(join(home, "snapshots", "layers")).filter((f) => !named.has(f));
+}
+
+/** Kinds of the committed manifests under `home`. */
+function manifestKinds(home: string): string[] {
+  const dir = join(home, "snapshots", "manifests");
+  return readdirSync(dir)
+    .filter((f) => f.endsWith(".json"))
+    .map((f) => JSON.parse(readFileSync(join(dir, f), "utf8")).kind as string);
+}
 
 /** FUSE disk mounts under `dir`. */
 function diskMounts(dir: string): string[] {
@@ -142,6 +163,7 @@ test("kill -9 of the node during a pause and a snapshot: committed snapshots kep
   expect(qemuPidsUnder(world.home, world.memDir)).toEqual([]);
   expect(diskMounts(world.home).filter((l) => l.includes("/sandboxes/") || l.includes("/shared/mem-"))).toEqual([]);
   expect(readdirSync(join(world.home, "snapshots", "staging"))).toEqual([]);
+  expect(unnamedLayers(world.home)).toEqual([]);
   expect(readdirSync(join(world.home, "sandboxes"))).toEqual([]);
   expect(existsSync(committed)).toBe(true);
   // no pause snapshot left for a sandbox that is not paused
@@ -155,3 +177,56 @@ test("kill -9 of the node during a pause and a snapshot: committed snapshots kep
   expect(a.fromCommitted).toBe("committed before the crash");
   expect(qemuPidsUnder(world.home, world.memDir)).toEqual([]);
 }, 400_000);
+
+test("kill -9 of the node during a fork, while its checkpoint is committed and then while its children start: committed snapshots kept; no VMM, mount, staging, work dir, fork checkpoint or unnamed layer after the restart", async () => {
+  if (missing) throw new Error(`VM prerequisites missing: ${missing}`);
+  await world?.dispose();
+  world = new NodeWorld();
+  await world.start();
+  const w = world;
+  const s = await w.client("crash-fork.ts", ["setup"]);
+  const committed = join(w.home, "snapshots", "manifests", `${s.committed}.json`);
+  expect(existsSync(committed)).toBe(true);
+  const clean = () => {
+    expect(qemuPidsUnder(w.home, w.memDir)).toEqual([]);
+    expect(diskMounts(w.home).filter((l) => l.includes("/sandboxes/") || l.includes("/shared/mem-"))).toEqual([]);
+    expect(readdirSync(join(w.home, "snapshots", "staging"))).toEqual([]);
+    expect(readdirSync(join(w.home, "sandboxes"))).toEqual([]);
+    expect(unnamedLayers(w.home)).toEqual([]);
+    expect(manifestKinds(w.home).filter((k) => k === "fork" || k === "pause")).toEqual([]);
+    expect(existsSync(committed)).toBe(true);
+  };
+
+  // 1: killed while the checkpoint's commit has linked layers but not published its manifest
+  const c1 = await w.client("crash-fork.ts", ["crash", String(w.node!.pid), s.p, "checkpoint"]);
+  expect(c1.newLayers).toBeGreaterThan(0);
+  expect(c1.staging).toBeGreaterThan(0);
+  expect(c1.forkManifests).toBe(0);
+  await w.crash();
+  // the dead commit left layers no manifest names (seconds old: well inside gc_grace_secs)
+  expect(unnamedLayers(w.home).length).toBeGreaterThan(0);
+  expect(readdirSync(join(w.home, "snapshots", "staging")).length).toBeGreaterThan(0);
+  await w.start();
+  clean();
+
+  // 2: a parent made from the committed snapshot; killed once the checkpoint is committed and
+  // its children are starting
+  const p2 = await w.client("crash-fork.ts", ["parent", s.committed]);
+  expect(p2.file).toBe("committed before the crash");
+  const c2 = await w.client("crash-fork.ts", ["crash", String(w.node!.pid), p2.p, "children"]);
+  expect(c2.forkManifests).toBe(1);
+  expect(c2.childDirs).toBeGreaterThan(0);
+  await w.crash();
+  expect(manifestKinds(w.home).filter((k) => k === "fork").length).toBe(1);
+  await w.start();
+  clean();
+
+  // nothing that ran is listed (the parents and children died with the node); the committed
+  // snapshot is listed and restores
+  const a = await w.client("crash-fork.ts", ["after", s.committed]);
+  expect(a.listed).toEqual([]);
+  expect(a.snapshots).toEqual([s.committed]);
+  expect(a.fromCommitted).toBe("committed before the crash");
+  expect(qemuPidsUnder(w.home, w.memDir)).toEqual([]);
+  expect(unnamedLayers(w.home)).toEqual([]);
+}, 600_000);

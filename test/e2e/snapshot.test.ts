@@ -4,12 +4,14 @@
  * the memory image of that snapshot is served read-only once and shared by every VM restored from
  * it (the host page cache holds it once: later restores read almost nothing from the server).
  * The snapshot API through the SDK: createSnapshot, listSnapshots, create from a snapshot, fork,
- * deleteSnapshot (fixtures/snapshot-api.ts).
+ * a tree of snapshots, deleteSnapshot (fixtures/snapshot-api.ts). The memory image's server
+ * (the disk daemon) SIGKILLed under two guests mapping it: they run on, the node starts it again
+ * and the new one serves the image (fixtures/memory-server-crash.ts).
  */
 import { expect, test } from "bun:test";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
-import { nodeForFile, qemuPidsUnder } from "./world.ts";
+import { diskDaemonsUnder, nodeForFile, qemuPidsUnder } from "./world.ts";
 
 const node = nodeForFile();
 const MiB = 1 << 20;
@@ -40,7 +42,7 @@ test("four sandboxes of one template: one memory image export, opened once; rest
   expect(qemuPidsUnder(world.home, world.memDir)).toEqual([]);
 }, 300_000);
 
-test("SDK snapshots: createSnapshot, listSnapshots, create from it, fork({count: 2}) of a running parent, deleteSnapshot while in use, unknown ids", async () => {
+test("SDK snapshots: createSnapshot, listSnapshots, create from it, fork({count: 2}) of a running parent, a tree of snapshots (restore to any), deleteSnapshot while in use, unknown ids", async () => {
   const world = node();
   const o = await world.client("snapshot-api.ts", [], 600_000);
   const before = "written before the snapshot\n";
@@ -58,6 +60,23 @@ test("SDK snapshots: createSnapshot, listSnapshots, create from it, fork({count:
   expect(new Set([o.parentId, o.fromSnap.id, ...o.forks.map((f: { id: string }) => f.id)]).size).toBe(4);
   // the parent runs on, same id and expiry, its process still counting, none of the children's files
   expect(o.parentAfterFork).toEqual({ state: "running", sameEnd: true, probe: both, ticking: true, seesForkFile: false });
+  // a tree: B (a later snapshot of the parent) and C (of the sandbox made from the first) descend
+  // from the snapshots they were taken over; a create from any of them restores its own moment
+  // (files and the running process), whatever the sandboxes did since
+  const t = o.tree;
+  const templateSnap = t.parents.a;
+  expect(templateSnap).toMatch(/^[a-z0-9]{20}$/);
+  expect(t.parents).toEqual({ a: templateSnap, b: templateSnap, c: o.snap.snapshotId });
+  expect(t.listedByParent).toEqual([o.snap.snapshotId, t.b]);
+  expect(t.listedByFromSnap).toEqual([t.c]);
+  expect(t.seen).toEqual({
+    a: { version: "A\nno-from-snap\n", ticking: true },
+    b: { version: "B\nno-from-snap\n", ticking: true },
+    c: { version: "A then fromSnap\nfromSnap's own file\n", ticking: true },
+  });
+  expect(t.parentNow).toBe("after B\nno-from-snap\n");
+  expect(t.fromSnapNow).toBe("after C\nfromSnap's own file\n");
+  expect(o.treeDeleted).toEqual([true, true]);
   // deleted while a sandbox runs from it: unlisted and no longer creatable at once, the running
   // sandbox unharmed, its files removed once that sandbox is gone
   expect(o.deleted).toBe(true);
@@ -83,5 +102,47 @@ test("a corrupt layer fails the restore with snapshot.corrupt_layer; the source 
   expect(o.stillListed).toBe(true);
   expect(o.repairedCreate).toBe("source");
   expect(world.log).toContain('"code":"snapshot.corrupt_layer"');
+  expect(qemuPidsUnder(world.home, world.memDir)).toEqual([]);
+}, 300_000);
+
+test("kill -9 of the memory image's server under two restored guests: they keep running commands and touching new RAM; the daemon is started again and serves the same image", async () => {
+  const world = node();
+  const daemons = diskDaemonsUnder(world.home);
+  expect(daemons.length).toBe(1);
+  type Shared = { id: string; path: string; refcount: number; imageOpens: number; bytesRead: number };
+  const o = await world.client<{
+    before: { pid: number; shared: Shared[] };
+    during: { exitCode: number; stdout: string }[];
+    after: { pid: number; recovered: number; shared: Shared[] };
+    guests: { sameBoot: boolean; file: string; ram: string; ticked: boolean }[];
+    sharedAfterRuns: Shared[];
+    sharedAtEnd: Shared[];
+  }>("memory-server-crash.ts", [String(daemons[0])], 300_000);
+  // one image, mapped by both guests, served by the daemon that was killed
+  expect(o.before.pid).toBe(daemons[0]!);
+  expect(o.before.shared.length).toBe(1);
+  const image = o.before.shared[0]!;
+  expect(image.path.endsWith("/memory.img")).toBe(true);
+  // the guests' work across the crash: RAM they had not touched yet, and commands, all answered
+  expect(o.during).toEqual([
+    { exitCode: 0, stdout: "touched-0\n" },
+    { exitCode: 0, stdout: "touched-1\n" },
+  ]);
+  // a new daemon with the same devices: the image under the same id and path, opened once by it,
+  // its pages read through it (its counters start at its own reads)
+  expect(o.after.pid).not.toBe(o.before.pid);
+  expect(o.after.recovered).toBeGreaterThanOrEqual(3); // two root disks and the image at least
+  expect(o.after.shared.map((d) => ({ id: d.id, path: d.path, refcount: d.refcount, imageOpens: d.imageOpens }))).toEqual([{ id: image.id, path: image.path, refcount: 1, imageOpens: 1 }]);
+  expect(o.sharedAfterRuns.length).toBe(1);
+  expect(o.sharedAfterRuns[0]!.bytesRead).toBeGreaterThan(0);
+  expect(o.sharedAfterRuns[0]!.bytesRead).toBeGreaterThanOrEqual(o.after.shared[0]!.bytesRead);
+  // the same guests (no reboot), their counters moved on, their disks and RAM work
+  expect(o.guests).toEqual([0, 1].map((i) => ({ sameBoot: true, file: `written after the crash by ${i}`, ram: "ram-ok\n", ticked: true })));
+  // the last user gone, the new daemon removed the image; the node logged the crash and the restart
+  expect(o.sharedAtEnd).toEqual([]);
+  console.log(`memory server crash: daemon ${o.before.pid} killed, ${o.after.pid} recovered ${o.after.recovered} devices; the new one served ${(o.sharedAfterRuns[0]!.bytesRead / 1024).toFixed(0)} KiB of the image`);
+  expect(world.log).toContain('"msg":"disk daemon died"');
+  expect(world.log).toContain('"msg":"disk daemon started again"');
+  expect(diskDaemonsUnder(world.home)).toEqual([o.after.pid]);
   expect(qemuPidsUnder(world.home, world.memDir)).toEqual([]);
 }, 300_000);

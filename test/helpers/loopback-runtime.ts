@@ -7,8 +7,8 @@
  * 204 and echoes WebSocket frames prefixed with the sandbox id (the frame `port?` is answered with
  * `{id}:port={guest port}`); `opts.fetch` replaces it.
  *
- * Snapshots (`snapshot`, `listSnapshots`, `deleteSnapshot`, and a create naming a snapshot's id
- * or name) are records in this runtime only, so a snapshot is held by the one node that took it:
+ * Snapshots without `opts.snapshots` (`snapshot`, `listSnapshots`, `deleteSnapshot`, and a create
+ * naming a snapshot's id or name) are records in this runtime only, so a snapshot is held by the one node that took it:
  * what the cluster tests need to route by holder. A sandbox created from one is a fresh guest
  * (nothing of the source's state is carried over).
  *
@@ -16,12 +16,18 @@
  * transitional state, and everything a real runtime answers that is not about running guests
  * (templates, network checks, volumes, metrics sampling) can be delegated to `opts.base` (e.g. a
  * VmRuntime whose network is never started).
+ *
+ * Snapshots with `opts.snapshots` (the base runtime's repository): a snapshot of a loopback
+ * guest commits a real manifest into that repository, with one small disk layer and no memory
+ * (nothing of the guest is captured); listing, lookup by id or name (a create from it) and
+ * deletion are the base runtime's, as on a VM node.
  */
 import type { Server, ServerWebSocket } from "bun";
-import type { ReapReport, RuntimeKnownSandbox, RuntimeMetricsTarget, RuntimeSandbox, RuntimeStartSpec, SandboxRuntime, SnapshotInfo, SnapshotRequest, TemplateInfo } from "../../src/orchestrator/index.ts";
-import { OrchestratorError } from "../../src/orchestrator/index.ts";
+import { writeFileSync } from "node:fs";
+import { OrchestratorError, type ReapReport, type RuntimeKnownSandbox, type RuntimeMetricsTarget, type RuntimeSandbox, type RuntimeStartSpec, type SandboxRuntime, type SnapshotInfo, type SnapshotRequest, type TemplateInfo } from "../../src/orchestrator/index.ts";
 import { ENVD_PORT } from "../../src/envd/version.ts";
-import { newSnapshotId, SNAPSHOT_NAME_RE } from "../../src/snapshot/index.ts";
+import { snapshotInfo } from "../../src/sandbox/index.ts";
+import { MANIFEST_VERSION, newSnapshotId, SNAPSHOT_NAME_RE, type LocalRepository, type SnapshotManifest } from "../../src/snapshot/index.ts";
 
 /** A guest's HTTP handler: `undefined` after a successful WebSocket upgrade. */
 export type GuestFetch = (req: Request, ctx: { sandboxId: string; port: number; server: Server<GuestWs> }) => Response | undefined | Promise<Response | undefined>;
@@ -45,6 +51,8 @@ export interface LoopbackOptions {
   templates?: string[];
   /** Runtime answering further templates, network checks, volumes and metrics. */
   base?: SandboxRuntime;
+  /** The base runtime's snapshot repository: snapshots of guests are committed there (see above). */
+  snapshots?: LocalRepository;
 }
 
 type Op = "start" | "pause" | "resume" | "kill" | "snapshot";
@@ -81,6 +89,8 @@ export class LoopbackRuntime implements SandboxRuntime {
   readonly name = "loopback";
   private readonly guests = new Map<string, { host: string; servers: Server<GuestWs>[] }>();
   private readonly gates = new Map<Op, { wait: Promise<Error | undefined>; reached: (id: string) => void }>();
+  /** Template id each sandbox was started from (the source a snapshot of it records). */
+  private readonly templateOf = new Map<string, string>();
   /** Sandboxes started (creates + resumes), for assertions. */
   starts = 0;
   /** The template (and build) each create started, in order, for assertions. */
@@ -89,13 +99,12 @@ export class LoopbackRuntime implements SandboxRuntime {
   readonly templates: string[];
   /**
    * Calls per lifecycle operation, in order (`op:id`; a pause or resume without memory is
-   * `pause:id:fs` / `resume:id:fs`; a guest flush before a kill or such a pause `quiesce:id`), for assertions.
+   * `pause:id:fs` / `resume:id:fs`; a guest flush before a kill or such a pause `quiesce:id`; a
+   * snapshot `snapshot:id:user` or `snapshot:id:fork`), for assertions.
    */
   readonly calls: string[] = [];
-  /** Snapshots taken here (user ones listed, fork checkpoints not), by id. */
+  /** Without `opts.snapshots`: snapshots taken here (user ones listed, fork checkpoints not), by id. */
   private readonly snaps = new Map<string, SnapshotInfo & { kind: SnapshotRequest["kind"] }>();
-  /** Template each running or paused sandbox was created from. */
-  private readonly templateOf = new Map<string, string>();
 
   constructor(private readonly opts: LoopbackOptions = {}) {
     this.templates = [...(opts.templates ?? ["base"])];
@@ -223,34 +232,6 @@ export class LoopbackRuntime implements SandboxRuntime {
     return undefined;
   }
 
-  /**
-   * Record a snapshot of sandbox `id` (it keeps running).
-   * @throws OrchestratorError bad_request for a bad name or a sandbox with volumes (as VmRuntime)
-   */
-  async snapshot(id: string, _state: Record<string, unknown>, req: SnapshotRequest): Promise<SnapshotInfo> {
-    await this.pass("snapshot", id);
-    if (req.name !== undefined && !SNAPSHOT_NAME_RE.test(req.name)) throw new OrchestratorError("orchestrator.bad_request", `invalid snapshot name ${JSON.stringify(req.name)}`, { name: req.name });
-    if (req.volumes > 0) throw new OrchestratorError("orchestrator.bad_request", `sandbox ${id} has volumes attached`, { sandboxId: id });
-    const s = { snapshotID: newSnapshotId(), names: req.name ? [req.name] : [], sandboxID: id, templateID: this.templateOf.get(id) ?? "base", createdAt: Date.now(), kind: req.kind };
-    this.snaps.set(s.snapshotID, s);
-    const { kind: _kind, ...info } = s;
-    return info;
-  }
-
-  /** User snapshots, oldest first. */
-  listSnapshots(): SnapshotInfo[] {
-    return [...this.snaps.values()].filter((s) => s.kind === "user").map(({ kind: _kind, ...info }) => info);
-  }
-
-  /** Forget a user or fork snapshot by id or name; false when this runtime has none such. */
-  async deleteSnapshot(ref: string): Promise<boolean> {
-    const s = this.findSnapshot(ref, ["user", "fork"]);
-    if (!s) return false;
-    this.calls.push(`deleteSnapshot:${s.snapshotID}`);
-    this.snaps.delete(s.snapshotID);
-    return true;
-  }
-
   async pause(id: string, _state?: Record<string, unknown>, _signal?: AbortSignal, opts?: { memory: boolean }): Promise<Record<string, unknown>> {
     await this.pass("pause", id, opts?.memory === false ? ":fs" : "");
     this.stopGuest(id);
@@ -261,6 +242,66 @@ export class LoopbackRuntime implements SandboxRuntime {
     await this.pass("resume", spec.id, opts?.memory === false ? ":fs" : "");
     this.starts++;
     return this.serve(spec.id);
+  }
+
+  /**
+   * Commit a manifest for sandbox `id` (source: `id`, `req.kind`, `req.name`) with one disk layer
+   * holding the sandbox id; its template is the sandbox's own (`spec.template` of its start).
+   * Without `opts.snapshots` the snapshot is a record in this runtime only (held by this node).
+   * @throws OrchestratorError bad_request for a bad name or a sandbox with volumes (as VmRuntime)
+   */
+  async snapshot(id: string, _state: Record<string, unknown>, req: SnapshotRequest): Promise<SnapshotInfo> {
+    await this.pass("snapshot", id, `:${req.kind}`);
+    if (req.name !== undefined && !SNAPSHOT_NAME_RE.test(req.name)) throw new OrchestratorError("orchestrator.bad_request", `invalid snapshot name ${JSON.stringify(req.name)}`, { name: req.name });
+    if (req.volumes > 0) throw new OrchestratorError("orchestrator.bad_request", `sandbox ${id} has volumes attached`, { sandboxId: id });
+    const repo = this.opts.snapshots;
+    if (!repo) {
+      const s = { snapshotID: newSnapshotId(), names: req.name ? [req.name] : [], sandboxID: id, templateID: this.templateOf.get(id) ?? "base", createdAt: Date.now(), kind: req.kind };
+      this.snaps.set(s.snapshotID, s);
+      const { kind: _kind, ...info } = s;
+      return info;
+    }
+    const txn = repo.begin();
+    try {
+      const layer = txn.file("disk.layer");
+      writeFileSync(layer, `loopback disk of ${id}\n`);
+      const ref = txn.addLayer(layer);
+      const m: SnapshotManifest = {
+        version: MANIFEST_VERSION,
+        id: newSnapshotId(),
+        kind: req.kind,
+        parent: null,
+        createdAt: new Date().toISOString(),
+        names: req.name ? [req.name] : [],
+        source: { sandboxId: id, templateId: this.templateOf.get(id) ?? "base" },
+        vm: { driver: "qemu", vcpus: BASE_TEMPLATE.cpuCount, memoryMiB: BASE_TEMPLATE.memoryMB, kernelKey: "", mac: "", bootArgs: "" },
+        envd: { version: BASE_TEMPLATE.envdVersion, accessToken: null },
+        disk: { virtualSize: BASE_TEMPLATE.diskSizeMB * 1048576, layers: [ref] },
+        memory: null,
+        vmState: null,
+      };
+      txn.publish(m);
+      return snapshotInfo(m);
+    } catch (e) {
+      txn.abort();
+      throw e;
+    }
+  }
+
+  /** User snapshots, oldest first: the base runtime's with `opts.snapshots`, else this runtime's records. */
+  listSnapshots(): SnapshotInfo[] {
+    if (this.opts.snapshots) return this.opts.base?.listSnapshots?.() ?? [];
+    return [...this.snaps.values()].filter((s) => s.kind === "user").map(({ kind: _kind, ...info }) => info);
+  }
+
+  /** Delete a user or fork snapshot by id or name; false when there is none such. */
+  async deleteSnapshot(ref: string): Promise<boolean> {
+    if (this.opts.snapshots) return (await this.opts.base?.deleteSnapshot?.(ref)) ?? false;
+    const s = this.findSnapshot(ref, ["user", "fork"]);
+    if (!s) return false;
+    this.calls.push(`deleteSnapshot:${s.snapshotID}`);
+    this.snaps.delete(s.snapshotID);
+    return true;
   }
 
   async quiesce(t: RuntimeMetricsTarget): Promise<void> {

@@ -6,7 +6,7 @@
  * what a crashed node left.
  */
 import { afterEach, expect, test } from "bun:test";
-import { mkdirSync, mkdtempSync, readdirSync, rmSync } from "node:fs";
+import { mkdirSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { loadConfig } from "../../src/config/index.ts";
@@ -129,9 +129,19 @@ test("start-up reconciliation: sandboxes a crashed node left running become kill
   const deleted = commitFake(repo, { kind: "user", sandboxId: wasrun, disk: ["d-disk"], memory: ["d-mem"] });
   const kept = commitFake(repo, { kind: "user", sandboxId: wasrun, names: ["keep-me"], disk: ["k-disk"], memory: ["k-mem"] });
   repo.tombstone(deleted.id);
+  // a commit the crash cut short (its process is gone): the layer it had linked, and its staging
+  const cut = join(repo.root, "staging", "999999999.cut");
+  mkdirSync(cut);
+  const cutLayer = `sha256:${new Bun.CryptoHasher("sha256").update("cut").digest("hex")}`;
+  writeFileSync(repo.layerPath(cutLayer), "cut");
+  writeFileSync(join(cut, ".linked-layers"), `${cutLayer}\n`);
+  // a young layer nothing names or records (another writer's): the grace period keeps it
+  const loose = `sha256:${new Bun.CryptoHasher("sha256").update("loose").digest("hex")}`;
+  writeFileSync(repo.layerPath(loose), "loose");
   first.db.close(); // the node died without shutting down
 
-  const second = world({ AENV__snapshot__gc_grace_secs: "0" }, home);
+  // the default grace period (600 s): every layer above is seconds old
+  const second = world({}, home);
   cleanup.push(() => second.db.close(), () => second.orch.close());
   await second.orch.start();
   expect(second.orch.store.get(wasrun)).toMatchObject({ state: "killed", error: "node restarted while running", endpoint: null });
@@ -144,6 +154,9 @@ test("start-up reconciliation: sandboxes a crashed node left running become kill
   expect(repo.list({ hidden: true }).map((m) => m.id)).toEqual([kept.id]);
   for (const m of [orphanPause, fork, deleted]) for (const l of [...m.disk.layers, ...m.memory!.layers, m.vmState!]) expect(repo.hasLayer(l)).toBe(false);
   for (const l of [...kept.disk.layers, ...kept.memory!.layers, kept.vmState!]) expect(repo.hasLayer(l)).toBe(true);
+  expect(repo.hasLayer({ digest: cutLayer, size: 3 })).toBe(false);
+  expect(readdirSync(join(repo.root, "staging"))).toEqual([]);
+  expect(repo.hasLayer({ digest: loose, size: 5 })).toBe(true);
   first.runtime.gate("pause").open(); // let the dead node's held pause end (its database is closed)
   await first.runtime.close();
 });

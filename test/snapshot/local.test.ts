@@ -115,6 +115,83 @@ describe("local snapshot repository", () => {
     expect(r.gc().staging).toEqual([`${process.ppid}.xyz`]);
   });
 
+  test("a commit of another process: its recorded layers stay while it lives (grace or not); killed, they go at the next gc, within the grace", async () => {
+    const r = repo({ gcGraceMs: 600_000 });
+    const named = commitFake(r, { disk: ["named by a manifest"], memory: null });
+    // a committer in another process: links a new layer and one equal to a named one, then waits
+    const script = `
+      import { writeFileSync } from "node:fs";
+      import { LocalRepository } from ${JSON.stringify(join(import.meta.dir, "../../src/snapshot/index.ts"))};
+      const r = new LocalRepository(process.argv[1], { verifyDigests: true, gcGraceMs: 600_000 });
+      const txn = r.begin();
+      for (const [name, text] of [["a", "only the child's"], ["b", "named by a manifest"]]) {
+        const p = txn.file(name);
+        writeFileSync(p, text);
+        txn.addLayer(p);
+      }
+      console.log(txn.dir);
+      await Bun.sleep(600_000);`;
+    const child = Bun.spawn([process.execPath, "-e", script, r.root], { stdout: "pipe", stderr: "inherit" });
+    try {
+      const reader = child.stdout.getReader();
+      let out = "";
+      while (!out.includes("\n")) {
+        const c = await reader.read();
+        if (c.done) throw new Error(`committer exited: ${out}`);
+        out += new TextDecoder().decode(c.value);
+      }
+      const stagingDir = out.trim();
+      const childOnly = `sha256:${sha("only the child's")}`;
+      expect(r.hasLayer({ digest: childOnly, size: 0 })).toBe(true);
+      expect(readFileSync(join(stagingDir, ".linked-layers"), "utf8").split("\n").filter(Boolean).sort()).toEqual([childOnly, named.disk.layers[0]!.digest].sort());
+      // older than the grace period and named by no manifest, yet the live commit lists it
+      const old = new Date(Date.now() - 3_600_000);
+      utimesSync(r.layerPath(childOnly), old, old);
+      expect(r.gc()).toEqual({ layers: [], staging: [], bytes: 0 });
+      // a layer nobody records (a writer of an older format) keeps the grace period
+      const loose = `sha256:${sha("loose")}`;
+      writeFileSync(r.layerPath(loose), "loose");
+      child.kill("SIGKILL");
+      await child.exited;
+      const name = stagingDir.split("/").pop()!;
+      // the killed commit's own layer goes at once (young or not: within the grace here), with
+      // its staging folder; the layer it shares with a manifest and the unrecorded one stay
+      utimesSync(r.layerPath(childOnly), new Date(), new Date());
+      expect(r.gc()).toEqual({ layers: [childOnly], staging: [name], bytes: "only the child's".length });
+      expect(existsSync(stagingDir)).toBe(false);
+      expect(r.hasLayer(named.disk.layers[0]!)).toBe(true);
+      expect(r.hasLayer({ digest: loose, size: 5 })).toBe(true);
+      expect(r.gc(undefined, Date.now() + 3_600_000).layers).toEqual([loose]);
+    } finally {
+      if (child.exitCode === null) child.kill("SIGKILL");
+    }
+  });
+
+  test("a layer recorded by a dead commit stays while a live commit lists it too, or a manifest names it", () => {
+    const r = repo({ gcGraceMs: 600_000 });
+    const f = (text: string) => `sha256:${sha(text)}`;
+    for (const t of ["dead only", "dead and live", "dead and named"]) writeFileSync(r.layerPath(f(t)), t);
+    const named = commitFake(r, { disk: ["dead and named"], memory: null });
+    const dead = join(r.root, "staging", "999999999.dead");
+    const live = join(r.root, "staging", `${process.ppid}.live`);
+    mkdirSync(dead);
+    mkdirSync(live);
+    writeFileSync(join(dead, ".linked-layers"), [f("dead only"), f("dead and live"), f("dead and named"), "not a digest", ""].join("\n"));
+    writeFileSync(join(live, ".linked-layers"), `${f("dead and live")}\n`);
+    // a staging file (an adopt or fetch in progress) has no record and is not a commit folder
+    writeFileSync(join(r.root, "staging", "999999999.fetch-x"), "partial");
+    const g = r.gc();
+    expect(g.layers).toEqual([f("dead only")]);
+    expect(g.staging.sort()).toEqual(["999999999.dead", "999999999.fetch-x"]);
+    expect(r.hasLayer({ digest: f("dead and live"), size: 0 })).toBe(true);
+    expect(r.hasLayer(named.disk.layers[0]!)).toBe(true);
+    expect(existsSync(live)).toBe(true);
+    // the live commit gone too: its young layer now only has the grace period
+    rmSync(live, { recursive: true });
+    expect(r.gc().layers).toEqual([]);
+    expect(r.gc(undefined, Date.now() + 3_600_000).layers).toEqual([f("dead and live")]);
+  });
+
   test("verifyLayer: a changed or missing layer is a typed error; an intact one passes", () => {
     const r = repo();
     const m = commitFake(r, { disk: ["intact layer bytes"] });

@@ -4,7 +4,7 @@
  * same class runs on the ext4 host mount in test/api/volumes.test.ts.
  */
 import { afterAll, expect, test } from "bun:test";
-import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { HostFiles, volumePath } from "../../src/volume/index.ts";
@@ -38,7 +38,8 @@ test("make, write, read, stat, list, chmod/chown, remove", async () => {
   const w = await files.writeFile("/data/a.txt", stream("hello volume"), {});
   expect(w).toMatchObject({ name: "a.txt", path: "/data/a.txt", type: "file", size: 12, mode: 0o644, uid: 1000, gid: 1001 });
   expect(readFileSync(join(root, "data/a.txt"), "utf8")).toBe("hello volume");
-  // replace keeps nothing of the old file
+  // replace keeps nothing of the old file (a marker written just before it orders its mtime)
+  writeFileSync(join(outside, "before-v2"), "");
   expect((await files.writeFile("/data/a.txt", stream("v2"), { mode: 0o600, uid: 0, gid: 0 }))).toMatchObject({ size: 2, mode: 0o600, uid: 0, gid: 0 });
   const r = await files.readFile("/data/a.txt");
   expect(r.size).toBe(2);
@@ -50,7 +51,11 @@ test("make, write, read, stat, list, chmod/chown, remove", async () => {
   expect(await code(files.readFile("/data/none"))).toBe("volume.path_not_found");
 
   const st = await files.stat("/data/a.txt");
-  expect(st.mtime).toBeGreaterThan(Date.now() - 60_000);
+  writeFileSync(join(outside, "after-stat"), "");
+  // the file's own mtime (ms), set by the replace: not before the marker, not after the next one
+  expect(st.mtime).toBe(statSync(join(root, "data/a.txt")).mtimeMs);
+  expect(st.mtime).toBeGreaterThanOrEqual(statSync(join(outside, "before-v2")).mtimeMs);
+  expect(st.mtime).toBeLessThanOrEqual(statSync(join(outside, "after-stat")).mtimeMs);
   expect((await files.stat("/")).type).toBe("directory");
   expect(await code(files.stat("/nope"))).toBe("volume.path_not_found");
   expect((await files.list("/", 1)).map((e) => e.path)).toEqual(["/data", "/nodir", "/x"]);

@@ -289,7 +289,7 @@ test("snapshots through the gateway with the unmodified SDK: snapshot and fork o
   const other = nodes["ab".indexOf(holderId) ^ 1]!;
   const snap = await Sandbox.createSnapshot(src, { ...sdk, name: "gwsnap" });
   expect(snap.names).toEqual(["gwsnap"]);
-  expect(holder.runtime.calls).toContain(`snapshot:${src}`);
+  expect(holder.runtime.calls).toContain(`snapshot:${src}:user`);
   expect(holder.runtime.listSnapshots().map((x) => x.snapshotID)).toEqual([snap.snapshotId]);
   expect(other.runtime.listSnapshots()).toEqual([]);
   expect(await Sandbox.listSnapshots(sdk).nextItems()).toEqual([{ snapshotId: snap.snapshotId, names: ["gwsnap"] }]);
@@ -319,7 +319,7 @@ test("snapshots through the gateway with the unmodified SDK: snapshot and fork o
     expect((await api(`/sandboxes/${k.sandboxId}`)).status).toBe(200);
     made.push(k.sandboxId);
   }
-  expect(parentNode.runtime.calls.filter((c) => c === `snapshot:${parent}`)).toHaveLength(1);
+  expect(parentNode.runtime.calls.filter((c) => c === `snapshot:${parent}:fork`)).toHaveLength(1);
   expect(parentNode.runtime.calls.filter((c) => c.startsWith("deleteSnapshot:"))).toHaveLength(1); // the fork's checkpoint
   // deleteSnapshot (DELETE /templates/{id}) reaches the holder; a second one finds nothing
   expect(await Sandbox.deleteSnapshot(snap.snapshotId, sdk)).toBe(true);
