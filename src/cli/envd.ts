@@ -7,6 +7,8 @@
  */
 import { readFileSync } from "node:fs";
 import { defineCommand } from "citty";
+import { sectionFrom } from "../config/check.ts";
+import ENVD_SECTION from "../config/envd-section.json" with { type: "json" };
 import type { Config } from "../config/index.ts";
 import { startEnvd, type EnvdOptions } from "../envd/server.ts";
 import { ENVD_PORT } from "../envd/version.ts";
@@ -46,18 +48,21 @@ export function envdOptions(s: Config["envd"]): EnvdOptions {
 }
 
 /**
- * The `[envd]` section from a settings file written by the node (already checked against the
- * config schema there). @throws Error naming the file when it is unreadable or not an object.
+ * The `[envd]` section from a settings file written by the node, checked against the config
+ * schema's `[envd]` section (../config/envd-section.json, generated from the schema; keys over its
+ * defaults), so a damaged or foreign file stops envd naming the key instead of starting it with a
+ * value no code expects.
+ * @throws Error naming the file when it is unreadable or not JSON; ConfigError
+ *   `config.unknown_key` / `config.bad_value` naming the file and the key
  */
-function readSettings(path: string): Config["envd"] {
+export function readSettings(path: string): Config["envd"] {
   let v: unknown;
   try {
     v = JSON.parse(readFileSync(path, "utf8"));
   } catch (e) {
     throw new Error(`envd settings ${path}: ${(e as Error).message}`);
   }
-  if (!v || typeof v !== "object" || Array.isArray(v)) throw new Error(`envd settings ${path}: not a JSON object`);
-  return v as Config["envd"];
+  return sectionFrom(ENVD_SECTION, "envd", v, `envd settings ${path}`) as Config["envd"];
 }
 
 export default defineCommand({

@@ -10,27 +10,17 @@
  * Adding a key: see the doc comment of src/config/schema.ts.
  */
 import { readFileSync } from "node:fs";
-import { type TSchema, Kind } from "@sinclair/typebox";
-import { Value } from "@sinclair/typebox/value";
 import { parse, TomlError } from "smol-toml";
-import { AgentEnvError } from "../errors.ts";
-import { CONFIG_SCHEMA, type Config, expectation } from "./schema.ts";
+import { badValue, checkValue, defaultsOf, type KeySchema, mergeTable, unknownKey } from "./check.ts";
+import { ConfigError } from "./errors.ts";
+import { CONFIG_SCHEMA, type Config } from "./schema.ts";
 
-export { CONFIG_SCHEMA, type Config, type ConfigUnit, expectation } from "./schema.ts";
+export { CONFIG_SCHEMA, type Config } from "./schema.ts";
+export { type ConfigUnit, expectation, type KeySchema, sectionFrom } from "./check.ts";
+export { CONFIG_ERRORS, ConfigError, type ConfigErrorCode } from "./errors.ts";
 export { renderDefaultToml } from "./toml.ts";
 
-/** Stable codes of ConfigError, each with what it means. */
-export const CONFIG_ERRORS = {
-  "config.unreadable": "the operator's config file cannot be read (details.path)",
-  "config.bad_toml": "the operator's config file is not valid TOML (details.path, line, column)",
-  "config.unknown_key": "a file key or AENV__ variable names no config key (details.key, source)",
-  "config.bad_value": "a value has the wrong type or is out of range (details.key, value, expected, source)",
-} as const;
-/** A ConfigError code. */
-export type ConfigErrorCode = keyof typeof CONFIG_ERRORS;
-
-/** Thrown for unreadable files, bad TOML, unknown keys and values of the wrong type or range. */
-export class ConfigError extends AgentEnvError<ConfigErrorCode> {}
+const ROOT: KeySchema = CONFIG_SCHEMA;
 
 /** Environment variables with a fixed meaning, mapped to their config key path. */
 export const ENV_ALIASES: Record<string, string> = {
@@ -55,16 +45,12 @@ type Table = Record<string, unknown>;
 
 /** The defaults of every key (a fresh tree on each call). */
 export function defaultConfig(): Config {
-  return defaultsOf(CONFIG_SCHEMA) as Config;
+  return defaultsOf(ROOT) as Config;
 }
 
-function defaultsOf(schema: TSchema): unknown {
-  if (schema.type === "object") {
-    const out: Table = {};
-    for (const [k, s] of Object.entries(schema.properties as Record<string, TSchema>)) out[k] = defaultsOf(s);
-    return out;
-  }
-  return structuredClone(schema.default);
+/** The schema of section `name` as plain JSON without its documentation (src/config/envd-section.json is `sectionSchemaJson("envd")`). */
+export function sectionSchemaJson(name: keyof Config & string): string {
+  return `${JSON.stringify(ROOT.properties![name], (k, v) => (k === "description" ? undefined : v), 2)}\n`;
 }
 
 /**
@@ -99,9 +85,9 @@ export function loadConfig(opts: { path?: string; env?: Record<string, string | 
         ...(e instanceof TomlError ? { line: e.line, column: e.column } : {}),
       });
     }
-    mergeFile(cfg, CONFIG_SCHEMA, nodeIdentityAlias(user, path), "", path);
+    mergeTable(cfg, ROOT, nodeIdentityAlias(user, path), "", path);
   }
-  if (opts.tree) mergeFile(cfg, CONFIG_SCHEMA, nodeIdentityAlias(opts.tree, "config tree"), "", "config tree");
+  if (opts.tree) mergeTable(cfg, ROOT, nodeIdentityAlias(opts.tree, "config tree"), "", "config tree");
   for (const [name, raw] of Object.entries(env)) {
     if (raw === undefined) continue;
     let key: string | undefined = ENV_ALIASES[name];
@@ -124,7 +110,7 @@ export const NODE_IDENTITY_ALIASES: Record<string, string> = { node_id: "id", cl
 function nodeIdentityAlias(t: Table, source: string): Table {
   if (!("node_identity" in t)) return t;
   const { node_identity: ni, ...rest } = t;
-  const nodeSchema = (CONFIG_SCHEMA.properties as Record<string, TSchema>).node!;
+  const nodeSchema = ROOT.properties!.node!;
   if (typeof ni !== "object" || ni === null || Array.isArray(ni)) throw badValue("node_identity", ni, nodeSchema, source);
   if ("node" in t) {
     throw new ConfigError("config.unknown_key", `config: ${source}: [node_identity] (upstream AgentENV's name) and [node] are both set: keep [node] (id, cluster_id, service_instance_id)`, { key: "node_identity", source });
@@ -138,54 +124,30 @@ function nodeIdentityAlias(t: Table, source: string): Table {
   return { ...rest, node };
 }
 
-function mergeFile(into: Table, schema: TSchema, from: Table, prefix: string, source: string): void {
-  for (const [k, v] of Object.entries(from)) {
-    const key = prefix + k;
-    const s = (schema.properties as Record<string, TSchema>)[k];
-    if (!s) throw unknownKey(key, source);
-    if (s.type === "object") {
-      if (typeof v !== "object" || v === null || Array.isArray(v)) throw badValue(key, v, s, source);
-      mergeFile(into[k] as Table, s, v as Table, key + ".", source);
-    } else {
-      if (!Value.Check(s, v)) throw badValue(key, v, s, source);
-      into[k] = v;
-    }
-  }
-}
-
 function setFromEnv(cfg: Table, key: string, raw: string, source: string): void {
   const parts = key.split(".");
   const last = parts.pop()!;
   let table = cfg;
-  let schema: TSchema = CONFIG_SCHEMA;
+  let schema = ROOT;
   for (const p of parts) {
-    const s = (schema.properties as Record<string, TSchema>)[p];
+    const s = schema.properties?.[p];
     if (!s || s.type !== "object") throw unknownKey(key, source);
     schema = s;
     table = table[p] as Table;
   }
-  const s = (schema.properties as Record<string, TSchema>)[last];
+  const s = schema.properties?.[last];
   if (!s) throw unknownKey(key, source);
   if (s.type === "object") throw badValue(key, raw, s, source);
   const value = fromString(s, raw);
-  if (!Value.Check(s, value)) throw badValue(key, raw, s, source);
+  if (!checkValue(s, value)) throw badValue(key, raw, s, source);
   table[last] = value;
 }
 
 /** An environment string as the schema's type; a string that cannot be converted stays a string (and fails the check). */
-function fromString(s: TSchema, raw: string): unknown {
-  const numeric = s.type === "integer" || (s[Kind] === "Union" && typeof (s.anyOf as TSchema[])[0]!.const === "number");
+function fromString(s: KeySchema, raw: string): unknown {
+  const numeric = s.type === "integer" || typeof s.anyOf?.[0]?.const === "number";
   if (numeric) return raw.trim() === "" || !Number.isFinite(Number(raw)) ? raw : Number(raw);
   if (s.type === "boolean") return raw === "true" ? true : raw === "false" ? false : raw;
   if (s.type === "array") return raw.trim() === "" ? [] : raw.split(",").map((x) => x.trim());
   return raw;
-}
-
-function unknownKey(key: string, source: string): ConfigError {
-  return new ConfigError("config.unknown_key", `config: ${source}: unknown key ${key}`, { key, source });
-}
-
-function badValue(key: string, value: unknown, s: TSchema, source: string): ConfigError {
-  const expected = expectation(s);
-  return new ConfigError("config.bad_value", `config: ${source}: ${key} = ${JSON.stringify(value)}: expected ${expected}`, { key, value, expected, source });
 }

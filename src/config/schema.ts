@@ -10,10 +10,8 @@
  * Cross-key rules (low <= high, ranges that must not overlap) stay in the subsystem that owns the
  * keys (e.g. src/net/config.ts).
  */
-import { Kind, type Static, type TLiteral, type TObject, type TProperties, type TSchema, type TUnion, Type as T } from "@sinclair/typebox";
-
-/** Units a numeric key may carry; they appear in the generated documentation and in errors. */
-export type ConfigUnit = "ms" | "s" | "bytes" | "MiB" | "kHz" | "count";
+import { type Static, type TLiteral, type TObject, type TProperties, type TUnion, Type as T } from "@sinclair/typebox";
+import type { ConfigUnit } from "./check.ts";
 
 /** An integer key in `[min, max]` (`max` omitted: no upper bound). */
 function int(def: number, doc: string, o: { min: number; max?: number; unit?: ConfigUnit; multipleOf?: number }) {
@@ -562,24 +560,3 @@ export const CONFIG_SCHEMA = section("", {
 
 /** The loaded, validated node configuration (keys as in config/default.toml). */
 export type Config = Static<typeof CONFIG_SCHEMA>;
-
-/** What a key accepts, in words: `an integer in 1..16 (count)`, `one of "kill", "pause"`, ... */
-export function expectation(s: TSchema): string {
-  if (s[Kind] === "Union") return `one of ${(s.anyOf as TSchema[]).map((l) => JSON.stringify(l.const)).join(", ")}`;
-  switch (s.type) {
-    case "integer": {
-      const range = s.maximum !== undefined ? ` in ${s.minimum}..${s.maximum}` : ` >= ${s.minimum}`;
-      const mult = s.multipleOf ? `, a multiple of ${s.multipleOf}` : "";
-      return `an integer${range}${mult}${s.unit ? ` (${s.unit})` : ""}`;
-    }
-    case "boolean":
-      return "true or false";
-    case "array":
-      return "a list of strings";
-    case "object":
-      return "a table";
-    default:
-      return s.pattern ? `a string matching /${s.pattern}/` : s.minLength ? "a non-empty string" : "a string";
-  }
-}
-

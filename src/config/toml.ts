@@ -3,8 +3,8 @@
  * accepted values. The checked-in file must equal this output (test/config/config.test.ts);
  * regenerate with `bun run config:defaults`.
  */
-import type { TSchema } from "@sinclair/typebox";
-import { CONFIG_SCHEMA, expectation } from "./schema.ts";
+import { expectation, type KeySchema } from "./check.ts";
+import { CONFIG_SCHEMA } from "./schema.ts";
 
 const HEADER = `# AgentENV node configuration: every key with its default.
 # GENERATED from src/config/schema.ts by \`bun run config:defaults\`: edit the schema, not this file.
@@ -30,8 +30,8 @@ function tomlValue(key: string, v: unknown): string {
   return typeof v === "string" ? JSON.stringify(v) : String(v);
 }
 
-function renderTable(out: string[], schema: TSchema, path: string): void {
-  const props = Object.entries(schema.properties as Record<string, TSchema>);
+function renderTable(out: string[], schema: KeySchema, path: string): void {
+  const props = Object.entries(schema.properties ?? {});
   const scalars = props.filter(([, s]) => s.type !== "object");
   // a table holding only tables ([observability] above [observability.scheduler_report]) needs no header
   if (path && (scalars.length > 0 || schema.description)) {

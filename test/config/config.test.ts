@@ -1,20 +1,29 @@
-import { describe, expect, test } from "bun:test";
-import { mkdtempSync, readFileSync, writeFileSync } from "node:fs";
+import { afterAll, describe, expect, test } from "bun:test";
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { Value } from "@sinclair/typebox/value";
 import { parse } from "smol-toml";
-import { envdOptions } from "../../src/cli/envd.ts";
-import { CONFIG_SCHEMA, ConfigError, defaultConfig, loadConfig, renderDefaultToml } from "../../src/config/index.ts";
+import type { TSchema } from "@sinclair/typebox";
+import { envdOptions, readSettings } from "../../src/cli/envd.ts";
+import { checkValue } from "../../src/config/check.ts";
+import { CONFIG_SCHEMA, ConfigError, defaultConfig, loadConfig, renderDefaultToml, sectionSchemaJson } from "../../src/config/index.ts";
 import { DEFAULT_ENVD_OPTIONS, ENVD_PORT } from "../../src/envd/index.ts";
 
 const REPO = join(import.meta.dir, "../..");
 
-function tomlFile(text: string): string {
-  const p = join(mkdtempSync(join(tmpdir(), "cfg-")), "c.toml");
+// every file of this test lives under one directory, removed at the end
+const TMP = mkdtempSync(join(tmpdir(), "cfg-"));
+afterAll(() => rmSync(TMP, { recursive: true, force: true }));
+let files = 0;
+
+/** A new file under TMP holding `text`. */
+function tmpFile(text: string, ext = "toml"): string {
+  const p = join(TMP, `c${++files}.${ext}`);
   writeFileSync(p, text);
   return p;
 }
+const tomlFile = (text: string) => tmpFile(text);
 
 /** The ConfigError `fn` throws (fails the test when it throws nothing or something else). */
 function configError(fn: () => unknown): ConfigError {
@@ -39,6 +48,37 @@ describe("defaults", () => {
 
   test("every default satisfies its own key's type and range", () => {
     expect([...Value.Errors(CONFIG_SCHEMA, defaultConfig())].map((e) => `${e.path}: ${e.message}`)).toEqual([]);
+  });
+
+  test("src/config/envd-section.json is the schema's [envd] section", () => {
+    const text = readFileSync(join(REPO, "src/config/envd-section.json"), "utf8");
+    expect(text).toBe(sectionSchemaJson("envd")); // stale: run `bun run config:defaults`
+    expect(Object.keys(JSON.parse(text).properties)).toEqual(Object.keys(defaultConfig().envd));
+  });
+
+  test("the loader's value check agrees with TypeBox's on every key, for values in, at and beyond each bound", () => {
+    const keys: [string, TSchema][] = [];
+    const walk = (s: TSchema, path: string) => {
+      for (const [k, c] of Object.entries(s.properties as Record<string, TSchema>)) c.type === "object" ? walk(c, `${path}${k}.`) : keys.push([path + k, c]);
+    };
+    walk(CONFIG_SCHEMA, "");
+    expect(keys.length).toBeGreaterThan(200);
+    const common: unknown[] = [null, true, false, 0, 1, -1, 1.5, 2 ** 53, "", "x", "1", "0.0.0.0:80", "a/", [], ["a"], [1], {}, { a: 1 }];
+    let compared = 0;
+    for (const [key, s] of keys) {
+      const samples = [...common, s.default];
+      if (s.type === "integer") {
+        for (const b of [s.minimum, s.maximum]) if (b !== undefined) samples.push(b - 1, b, b + 1);
+        if (s.multipleOf) samples.push(s.multipleOf, s.multipleOf * 3, s.multipleOf + 1);
+      }
+      if (s.anyOf) for (const l of s.anyOf as TSchema[]) samples.push(l.const, typeof l.const === "number" ? l.const + 1 : `${l.const}x`);
+      if (typeof s.default === "string") samples.push(`${s.default}!`, s.default.slice(1));
+      for (const v of samples) {
+        expect([key, v, checkValue(s, v)]).toEqual([key, v, Value.Check(s, v)]);
+        compared++;
+      }
+    }
+    expect(compared).toBeGreaterThan(5000);
   });
 
   test("loadConfig without file or variables gives the defaults, typed", () => {
@@ -186,7 +226,7 @@ describe("refusals name the source, key, value and expectation", () => {
   });
 
   test("unreadable file and bad TOML (with its position)", () => {
-    const missing = join(mkdtempSync(join(tmpdir(), "cfg-")), "missing.toml");
+    const missing = join(TMP, "missing.toml");
     const e1 = configError(() => loadConfig({ path: missing, env: {} }));
     expect(e1.code).toBe("config.unreadable");
     expect(e1.message).toStartWith(`cannot read config file ${missing}: `);
@@ -195,6 +235,36 @@ describe("refusals name the source, key, value and expectation", () => {
     expect(e2.code).toBe("config.bad_toml");
     expect(e2.details.line).toBe(3);
     expect(e2.message).toStartWith(`config file ${bad} is not valid TOML at line 3, column `);
+  });
+});
+
+describe("envd --settings (the tools drive's [envd] section as JSON)", () => {
+  test("a complete file is taken as is; missing keys get their defaults", () => {
+    const d = defaultConfig().envd;
+    expect(readSettings(tmpFile(JSON.stringify({ ...d, output_event_bytes: 1000 }), "json"))).toEqual({ ...d, output_event_bytes: 1000 });
+    expect(readSettings(tmpFile(JSON.stringify({ max_processes: 3 }), "json"))).toEqual({ ...d, max_processes: 3 });
+  });
+
+  test("an unknown key, a wrong type, a value out of range or a non-object is refused naming the file and key", () => {
+    const cases: [string, ConfigError["code"], string][] = [
+      ['{"port": 5000}', "config.unknown_key", "unknown key envd.port"],
+      ['{"max_processes": "many"}', "config.bad_value", 'envd.max_processes = "many": expected an integer >= 1 (count)'],
+      ['{"output_event_bytes": 65537}', "config.bad_value", "envd.output_event_bytes = 65537: expected an integer in 1..65536 (bytes)"],
+      ['{"host": ""}', "config.bad_value", 'envd.host = "": expected a non-empty string'],
+      ['{"clock_sync": 1}', "config.bad_value", "envd.clock_sync = 1: expected true or false"],
+      ['{"jsc_options": "bad option"}', "config.bad_value", 'envd.jsc_options = "bad option": expected a string matching'],
+      ["[1,2]", "config.bad_value", "envd = [1,2]: expected a table"],
+      ["null", "config.bad_value", "envd = null: expected a table"],
+    ];
+    for (const [text, code, message] of cases) {
+      const file = tmpFile(text, "json");
+      const e = configError(() => readSettings(file));
+      expect(e.code).toBe(code);
+      expect(e.message).toStartWith(`config: envd settings ${file}: ${message}`);
+    }
+    const notJson = tmpFile("{oops", "json");
+    expect(() => readSettings(notJson)).toThrow(`envd settings ${notJson}: `);
+    expect(() => readSettings(join(TMP, "absent.json"))).toThrow(`envd settings ${join(TMP, "absent.json")}: `);
   });
 });
 

@@ -188,11 +188,15 @@ describe("settings file", () => {
       for await (const c of res.body!) parse(c);
       expect(sizes.reduce((a, b) => a + b, 0)).toBe(100_000);
       expect(Math.max(...sizes)).toBe(1000);
-      // a file that is not a JSON object stops envd with its name
-      writeFileSync(file, "[1,2]");
-      const bad = Bun.spawnSync(["bun", join(import.meta.dir, "../../src/cli/main.ts"), "envd", "--port", "0", "--settings", file], { stderr: "pipe" });
-      expect(bad.exitCode).not.toBe(0);
-      expect(bad.stderr.toString()).toContain(`envd settings ${file}: not a JSON object`);
+      // a file that is not a JSON object, or holds a key of the wrong type, stops envd naming it
+      const refused = (text: string) => {
+        writeFileSync(file, text);
+        const bad = Bun.spawnSync(["bun", join(import.meta.dir, "../../src/cli/main.ts"), "envd", "--port", "0", "--settings", file], { stderr: "pipe" });
+        expect(bad.exitCode).not.toBe(0);
+        return bad.stderr.toString();
+      };
+      expect(refused("[1,2]")).toContain(`config: envd settings ${file}: envd = [1,2]: expected a table`);
+      expect(refused('{"output_event_bytes": "big"}')).toContain(`config: envd settings ${file}: envd.output_event_bytes = "big": expected an integer in 1..65536 (bytes)`);
     } finally {
       await child.stop();
       rmSync(dir, { recursive: true, force: true });
