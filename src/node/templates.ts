@@ -7,7 +7,7 @@ import { join } from "node:path";
 import type { Config } from "../config/index.ts";
 import { pullImage, reapPullLeftovers } from "../image/index.ts";
 import { LIVE_STATES, type SandboxRuntime, type SandboxService } from "../orchestrator/index.ts";
-import { VmRuntime } from "../sandbox/index.ts";
+import { pinnedTemplateLayers, VmRuntime } from "../sandbox/index.ts";
 import { TOOLS_MOUNT } from "../tools/index.ts";
 import { BASE_BOOT_ARGS, BuildFiles, BuildLogs, TemplateBuilder, TemplateCatalog, TemplateError, TemplateService, type BuildVmLauncher } from "../template/index.ts";
 
@@ -88,14 +88,12 @@ export function createTemplateService(cfg: Config, runtime: SandboxRuntime, pinn
 export const catalogDir = (home: string) => join(home, "catalog");
 
 /**
- * Layers live sandboxes stack on: what each recorded at start (`runtimeState.template.rootLayers`,
- * src/sandbox/vm-runtime.ts), absolute paths.
+ * Layers live sandboxes stack on: what each recorded at start (`template.rootLayers` of its
+ * runtime state, parsed by src/sandbox/vm-state.ts), absolute paths.
+ * @throws OrchestratorError `orchestrator.bad_runtime_state` when a live sandbox's state does not
+ *   parse: template garbage collection then skips its round (logged) rather than remove layers
+ *   that sandbox may stack on
  */
-export function sandboxLayers(orch: SandboxService): string[] {
-  const out: string[] = [];
-  for (const r of orch.inStates(LIVE_STATES)) {
-    const t = (r.runtimeState as { template?: { rootLayers?: unknown } } | null)?.template;
-    if (Array.isArray(t?.rootLayers)) for (const l of t.rootLayers) if (typeof l === "string") out.push(l);
-  }
-  return out;
+export function sandboxLayers(orch: Pick<SandboxService, "inStates">): string[] {
+  return orch.inStates(LIVE_STATES).flatMap((r) => pinnedTemplateLayers(r.id, r.runtimeState));
 }

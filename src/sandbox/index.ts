@@ -7,7 +7,7 @@
  */
 export { createVmRuntime, snapshotServices } from "./factory.ts";
 export { memoryKey, snapshotInfo, VmRuntime, type CaptureReport, type StartTimings, type VmRuntimeOptions } from "./vm-runtime.ts";
-export { parseVmState, type VmState } from "./vm-state.ts";
+export { parseVmState, pinnedTemplateLayers, type VmState } from "./vm-state.ts";
 export { captureVm, commitUpper, kernelKey, templateManifest, type CapturedVm } from "./capture.ts";
 export { commitTemplateSnapshot, TEMPLATE_GUEST_MAC, type TemplateSnapshotResult } from "./template-snapshot.ts";
 export { diskMemoryExporter, MEMORY_IMAGE_FILE } from "./memory-export.ts";

@@ -452,10 +452,11 @@ export class VmRuntime implements SandboxRuntime {
       rmSync(join(dir, name), { recursive: true, force: true });
       removed.push(`sandboxes/${name}`);
     }
-    const paused = new Map(known.filter((k) => k.state === "paused").map((k) => [k.id, (k.runtimeState as Partial<VmState> | null)?.paused]));
+    const keep = pauseSnapshotsToKeep(known, this.log);
     const dropped: string[] = [];
     for (const m of this.repo.list({ hidden: true })) {
-      const orphanPause = m.kind === "pause" && paused.get(m.source.sandboxId ?? "") !== m.id;
+      const kept = keep.get(m.source.sandboxId ?? "");
+      const orphanPause = m.kind === "pause" && kept !== "all" && kept !== m.id;
       // fork checkpoints and tombstoned snapshots only lived for sandboxes that ran
       if (orphanPause || m.kind === "fork" || this.repo.isTombstoned(m.id)) {
         this.repo.remove(m.id);
@@ -944,4 +945,29 @@ function snapshotTemplateInfo(m: SnapshotManifest): TemplateInfo {
     buildID: m.id,
     buildStatus: "ready",
   };
+}
+
+/**
+ * Which pause snapshots the start-up reap keeps, per sandbox id: a paused sandbox keeps the one
+ * its stored state names; a paused sandbox whose stored state does not parse (or names none)
+ * keeps every pause snapshot of its own, "all", and is logged: a damaged record never costs the
+ * data it may point to (its resume then fails with `orchestrator.bad_runtime_state`). Sandboxes
+ * that are not paused keep none.
+ */
+function pauseSnapshotsToKeep(known: RuntimeKnownSandbox[], log: Logger): Map<string, string | "all"> {
+  const keep = new Map<string, string | "all">();
+  for (const k of known) {
+    if (k.state !== "paused") continue;
+    let paused: string | undefined;
+    try {
+      paused = parseVmState(k.id, k.runtimeState).paused;
+    } catch (e) {
+      log.error({ sandboxId: k.id, err: e }, "paused sandbox with an unreadable runtime state: its pause snapshots are kept");
+      keep.set(k.id, "all");
+      continue;
+    }
+    if (paused === undefined) log.error({ sandboxId: k.id }, "paused sandbox whose runtime state names no pause snapshot: its pause snapshots are kept");
+    keep.set(k.id, paused ?? "all");
+  }
+  return keep;
 }

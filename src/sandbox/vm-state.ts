@@ -69,3 +69,14 @@ export function parseVmState(sandboxId: string, raw: unknown): VmState {
   }
   return raw as VmState;
 }
+
+/**
+ * The template layer files (absolute) a sandbox's stored runtime state pins, `template.rootLayers`,
+ * which template garbage collection must keep; none while the sandbox has no state yet (null:
+ * not started).
+ * @throws OrchestratorError `orchestrator.bad_runtime_state` when the state does not parse: the
+ *   caller cannot know what it pins and must collect nothing
+ */
+export function pinnedTemplateLayers(sandboxId: string, raw: unknown): string[] {
+  return raw === null || raw === undefined ? [] : parseVmState(sandboxId, raw).template.rootLayers;
+}

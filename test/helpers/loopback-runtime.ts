@@ -315,7 +315,9 @@ export class LoopbackRuntime implements SandboxRuntime {
   }
 
   async reap(known: RuntimeKnownSandbox[]): Promise<ReapReport> {
-    return (await this.opts.base?.reap(known)) ?? { stoppedVms: [], removed: [] };
+    // a paused guest's state is this runtime's own ({ paused: true }), not a VM state, and holds
+    // no repository snapshot: the VM runtime reaps what it knows
+    return (await this.opts.base?.reap(known.filter((k) => k.state !== "paused"))) ?? { stoppedVms: [], removed: [] };
   }
 
   beginShutdown(): void {
