@@ -3,7 +3,7 @@
  * with a `seq` so several can be in flight, each answered or failed within a timeout.
  */
 import type { Socket } from "bun";
-import { DiskError, type DiskErrorCode } from "./errors.ts";
+import { DiskError, isDiskErrorCode } from "./errors.ts";
 import { encodeFrame, FrameReader, type Request, type Response } from "./protocol.ts";
 
 interface Pending {
@@ -127,8 +127,7 @@ export class DaemonClient {
       if (!p) continue;
       this.#pending.delete(seq);
       clearTimeout(p.timer);
-      // the daemon's code as is: a DiskError code, or another subsystem's (overlaybd.*, fuse.*)
-      if (r.kind === "error" || r.kind === "invalid_request") p.reject(new DiskError(r.code as DiskErrorCode, r.message, { ...r.details, kind: p.kind }));
+      if (r.kind === "error" || r.kind === "invalid_request") p.reject(answeredError(r, p.kind));
       else p.resolve(r);
     }
   }
@@ -143,4 +142,16 @@ export class DaemonClient {
     }
     this.#resolveClosed();
   }
+}
+
+/**
+ * The DiskError of an `error` / `invalid_request` answer to a `kind` request. The daemon sends
+ * only DiskError codes (./errors.ts `toDiskError`); any other code (another version, a bug) is
+ * not passed on as if it were one: it becomes `disk.internal` with the code in `details.cause`.
+ */
+function answeredError(r: { code: unknown; message: unknown; details?: unknown }, kind: string): DiskError {
+  const details = { ...(typeof r.details === "object" && r.details !== null ? (r.details as Record<string, unknown>) : {}), kind };
+  const message = typeof r.message === "string" ? r.message : "";
+  if (isDiskErrorCode(r.code)) return new DiskError(r.code, message, details);
+  return new DiskError("disk.internal", `the disk daemon answered ${kind} with the unknown code ${JSON.stringify(r.code)}: ${message}`, { ...details, cause: r.code ?? null });
 }

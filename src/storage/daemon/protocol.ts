@@ -12,7 +12,7 @@
  * - an unknown `kind` or a bad field: `invalid_request`, code `disk.bad_request` naming the field;
  * - a valid request that fails: `error` with the failure's code (`disk.not_found`, ...).
  */
-import { DiskError } from "./errors.ts";
+import { DiskError, type DiskErrorCode, toDiskError } from "./errors.ts";
 
 /** Bytes of the length prefix. */
 export const FRAME_HEADER = 4;
@@ -118,8 +118,8 @@ export type Response =
   | { kind: "devices"; seq?: number; devices: DeviceInfo[] }
   | { kind: "device_stats"; seq?: number; dev_id: string; stats: DeviceStats }
   | { kind: "ok"; seq?: number }
-  | { kind: "invalid_request"; seq?: number; code: string; message: string; details: Record<string, unknown> }
-  | { kind: "error"; seq?: number; code: string; message: string; details: Record<string, unknown> };
+  | { kind: "invalid_request"; seq?: number; code: DiskErrorCode; message: string; details: Record<string, unknown> }
+  | { kind: "error"; seq?: number; code: DiskErrorCode; message: string; details: Record<string, unknown> };
 
 /** Encode one message as a frame. */
 export function encodeFrame(msg: object): Uint8Array {
@@ -290,11 +290,11 @@ export function parseRequest(v: Record<string, unknown>): Request {
   return v as unknown as Request;
 }
 
-/** The `invalid_request` or `error` response for a failure (a DiskError, or anything else as `disk.internal`). */
+/**
+ * The `invalid_request` or `error` response for a failure: its code is always a DiskError code
+ * (another subsystem's error is `disk.backend_failed` naming its own code, see `toDiskError`).
+ */
 export function errorResponse(e: unknown, seq: number | undefined, invalid: boolean): Response {
-  const err = e instanceof Error ? e : new Error(String(e));
-  const c = (err as unknown as { code?: unknown }).code;
-  const code = typeof c === "string" ? c : "disk.internal";
-  const details = (err as { details?: Record<string, unknown> }).details ?? {};
-  return { kind: invalid ? "invalid_request" : "error", ...(seq === undefined ? {} : { seq }), code, message: err.message, details };
+  const err = toDiskError(e);
+  return { kind: invalid ? "invalid_request" : "error", ...(seq === undefined ? {} : { seq }), code: err.code, message: err.message, details: err.details };
 }

@@ -8,7 +8,7 @@ import { closeSync, existsSync, fstatSync, mkdirSync, mkdtempSync, openSync, rea
 import { join } from "node:path";
 import { daemonPaths } from "../../../src/storage/daemon/daemon.ts";
 import { encodeFrame, FrameReader } from "../../../src/storage/daemon/protocol.ts";
-import { upperPaths, type DiskService } from "../../../src/storage/daemon/index.ts";
+import { DiskError, upperPaths, type DiskService } from "../../../src/storage/daemon/index.ts";
 import { openStack } from "../../../src/storage/overlaybd/index.ts";
 import { alive } from "../../helpers/proc.ts";
 import { fuseMounted, startService, stopService } from "./fixtures/service.ts";
@@ -107,6 +107,30 @@ describe("disk daemon protocol", () => {
     await c.closed;
     const f = await svc.features();
     expect(f.max_frame_bytes).toBe(64 * 1024);
+  });
+
+  test("a failure of another subsystem in the daemon arrives as disk.backend_failed naming its own code", async () => {
+    // a lower that exists but is no overlaybd layer: openStack in the daemon throws overlaybd.bad_magic
+    const garbage = join(root, "garbage.layer");
+    writeFileSync(garbage, Buffer.alloc(8192));
+    const err = await svc.exportDisk({ id: "bad1", target: { kind: "overlaybd", lowers: [garbage] } }).then(() => null, (e: unknown) => e);
+    expect(err).toBeInstanceOf(DiskError);
+    expect(err).toMatchObject({
+      code: "disk.backend_failed",
+      message: `overlaybd.bad_magic: not an LSMT header/trailer (magic mismatch) (${garbage} @0)`,
+      details: { cause: "overlaybd.bad_magic", file: garbage, offset: 0, kind: "create_runtime_device" },
+    });
+    // on the wire too, and the connection goes on
+    const c = await rawConn();
+    try {
+      c.send(encodeFrame({ kind: "create_runtime_device", seq: 11, dev_id: "bad2", target: { kind: "overlaybd", lowers: [garbage] } }));
+      expect(await c.next()).toMatchObject({ kind: "error", seq: 11, code: "disk.backend_failed", details: { cause: "overlaybd.bad_magic" } });
+      c.send(encodeFrame({ kind: "list", seq: 12 }));
+      expect(await c.next()).toMatchObject({ kind: "devices", seq: 12 });
+    } finally {
+      c.end();
+    }
+    expect((await svc.list()).map((d) => d.dev_id)).not.toContain("bad1");
   });
 
   test("get_features names the engines of this host and the daemon's pid", async () => {

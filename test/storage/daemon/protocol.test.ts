@@ -1,9 +1,16 @@
 // Unit tests of the disk daemon's wire protocol (src/storage/daemon/protocol.ts): frame encoding
 // (4-byte big-endian length + JSON), splitting a byte stream into frames, malformed and oversize
-// frames, and the validation of every request kind. No daemon, no root.
+// frames, the validation of every request kind, and the error codes on the wire: the daemon
+// sends only DiskError codes, the client refuses any other. No daemon, no root.
 import { describe, expect, test } from "bun:test";
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { DaemonClient } from "../../../src/storage/daemon/client.ts";
 import { encodeFrame, errorResponse, FrameReader, parseRequest, REQUEST_KINDS } from "../../../src/storage/daemon/protocol.ts";
-import { DiskError } from "../../../src/storage/daemon/errors.ts";
+import { DISK_ERRORS, DiskError } from "../../../src/storage/daemon/errors.ts";
+import { SyscallError } from "../../../src/ffi/errors.ts";
+import { UblkError } from "../../../src/storage/ublk/errors.ts";
 
 const frame = (body: string | Uint8Array) => {
   const b = typeof body === "string" ? new TextEncoder().encode(body) : body;
@@ -148,5 +155,76 @@ describe("requests", () => {
       kind: "error", code: "disk.not_found", message: "no device a", details: { devId: "a" },
     });
     expect(errorResponse(new TypeError("boom"), 1, false)).toEqual({ kind: "error", seq: 1, code: "disk.internal", message: "boom", details: {} });
+    expect(errorResponse("thrown string", 2, false)).toEqual({ kind: "error", seq: 2, code: "disk.internal", message: "thrown string", details: {} });
+  });
+
+  test("another subsystem's error goes on the wire as disk.backend_failed naming its own code", () => {
+    expect(errorResponse(new UblkError("ublk.not_found", "no ublk device 3", { devId: 3 }), 5, false)).toEqual({
+      kind: "error", seq: 5, code: "disk.backend_failed", message: "ublk.not_found: no ublk device 3", details: { devId: 3, cause: "ublk.not_found" },
+    });
+    expect(errorResponse(new SyscallError("pidfd_getfd", 9), 6, false)).toMatchObject({ code: "disk.backend_failed", details: { call: "pidfd_getfd", errno: 9, cause: "syscall.failed" } });
+    // a Node system error (its message already starts with the code)
+    let enoent: unknown;
+    try {
+      readFileSync("/nonexistent/aenv-file");
+    } catch (e) {
+      enoent = e;
+    }
+    expect(errorResponse(enoent, 7, false)).toEqual({
+      kind: "error", seq: 7, code: "disk.backend_failed", message: (enoent as Error).message, details: { syscall: "open", path: "/nonexistent/aenv-file", cause: "ENOENT" },
+    });
+    expect((enoent as Error).message).toStartWith("ENOENT");
+  });
+});
+
+describe("the client's view of error answers", () => {
+  /** A daemon stand-in on a Unix socket that answers every request with `answer` (plus its seq). */
+  async function answering(answer: Record<string, unknown>, run: (c: DaemonClient) => Promise<void>): Promise<void> {
+    const dir = mkdtempSync(join(tmpdir(), "aenv-disk-client-"));
+    const socket = join(dir, "daemon.sock");
+    const server = Bun.listen<{ reader: FrameReader }>({
+      unix: socket,
+      socket: {
+        open(s) {
+          s.data = { reader: new FrameReader(1 << 20) };
+        },
+        data(s, chunk) {
+          for (const f of s.data.reader.push(chunk)) if (f.ok) s.write(encodeFrame({ ...answer, seq: f.value.seq }));
+        },
+      },
+    });
+    const c = await DaemonClient.connect(socket, { timeoutMs: 10_000, maxFrameBytes: 1 << 20 });
+    try {
+      await run(c);
+    } finally {
+      c.close();
+      server.stop(true);
+      rmSync(dir, { recursive: true, force: true });
+    }
+  }
+  const failure = async (c: DaemonClient): Promise<DiskError> => {
+    const e = await c.request({ kind: "list" }).then(() => null, (x: unknown) => x);
+    expect(e).toBeInstanceOf(DiskError);
+    return e as DiskError;
+  };
+
+  test("every DiskError code comes through as itself", async () => {
+    for (const code of Object.keys(DISK_ERRORS)) {
+      await answering({ kind: "error", code, message: `m ${code}`, details: { x: 1 } }, async (c) => {
+        const e = await failure(c);
+        expect([e.code, e.message, e.details]).toEqual([code, `m ${code}`, { x: 1, kind: "list" }]);
+      });
+    }
+  });
+
+  test("a code outside DISK_ERRORS (another subsystem's, an errno, none) is disk.internal naming it", async () => {
+    for (const code of ["ublk.not_found", "overlaybd.bad_magic", "ENOENT", 42, undefined]) {
+      await answering({ kind: "error", code, message: "gone" }, async (c) => {
+        const e = await failure(c);
+        expect(e.code).toBe("disk.internal");
+        expect(e.details).toEqual({ kind: "list", cause: code ?? null });
+        expect(e.message).toBe(`the disk daemon answered list with the unknown code ${JSON.stringify(code)}: gone`);
+      });
+    }
   });
 });
