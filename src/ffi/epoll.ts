@@ -44,23 +44,21 @@ export function epollCreate(): number {
   return fd;
 }
 
-const ctlEvent = new Uint8Array(EPOLL_EVENT_SIZE);
-const ctlView = new DataView(ctlEvent.buffer);
-
 /**
  * Watch `fd` in `epfd` for `events` (level-triggered); `data` (a non-negative integer below 2^32)
  * comes back with every event of it. Returns 0 or a negative errno.
  */
 export function epollAdd(epfd: number, fd: number, events: number, data: number): number {
-  ctlView.setUint32(0, events, true);
-  ctlView.setUint32(4, data >>> 0, true);
-  ctlView.setUint32(8, 0, true);
-  return libc().epoll_ctl(epfd, EPOLL_CTL_ADD, fd, ctlEvent) < 0 ? -errno() : 0;
+  const ev = new Uint8Array(EPOLL_EVENT_SIZE);
+  const v = new DataView(ev.buffer);
+  v.setUint32(0, events, true);
+  v.setUint32(4, data >>> 0, true);
+  return libc().epoll_ctl(epfd, EPOLL_CTL_ADD, fd, ev) < 0 ? -errno() : 0;
 }
 
 /** Stop watching `fd` in `epfd`. Returns 0 or a negative errno (ENOENT: it was not watched). */
 export function epollDel(epfd: number, fd: number): number {
-  return libc().epoll_ctl(epfd, EPOLL_CTL_DEL, fd, ctlEvent) < 0 ? -errno() : 0;
+  return libc().epoll_ctl(epfd, EPOLL_CTL_DEL, fd, null) < 0 ? -errno() : 0;
 }
 
 /**

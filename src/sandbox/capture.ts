@@ -81,19 +81,30 @@ export function layerPaths(repo: LocalRepository, refs: readonly LayerRef[]): st
   return refs.map((r) => repo.layerPath(r));
 }
 
-const kernelKeys = new Map<string, { key: string; stamp: string }>();
-
-/** sha256 prefix (16 hex) of the guest kernel file, computed once per file version. */
+/** sha256 prefix (16 hex) of the guest kernel file at `path`, which snapshots record (a restore needs the same kernel). */
 export function kernelKey(path: string): string {
-  const st = statSync(path);
-  const stamp = `${st.ino}:${st.size}:${st.mtimeMs}`;
-  const k = kernelKeys.get(path);
-  if (k && k.stamp === stamp) return k.key;
   const h = new Bun.CryptoHasher("sha256");
   h.update(readFileSync(path));
-  const key = h.digest("hex").slice(0, 16);
-  kernelKeys.set(path, { key, stamp });
-  return key;
+  return h.digest("hex").slice(0, 16);
+}
+
+/**
+ * Keys of guest kernel files, each hashed once per version of the file (inode, size, mtime):
+ * the VM runtime needs its kernel's key at every snapshot and every check of a template snapshot.
+ */
+export class KernelKeys {
+  readonly #known = new Map<string, { key: string; stamp: string }>();
+
+  /** `kernelKey(path)`, hashed again only when the file changed. */
+  of(path: string): string {
+    const st = statSync(path);
+    const stamp = `${st.ino}:${st.size}:${st.mtimeMs}`;
+    const k = this.#known.get(path);
+    if (k && k.stamp === stamp) return k.key;
+    const key = kernelKey(path);
+    this.#known.set(path, { key, stamp });
+    return key;
+  }
 }
 
 /**

@@ -55,9 +55,10 @@ export async function commitTemplateSnapshot(cfg: Config, name: string, onProgre
   // through the node's tools drive, as every sandbox boots; the snapshot keeps a copy of it
   const tools = resolveTools(home);
   const kernelPath = resolveKernelPath(cfg);
+  const kernel = kernelKey(kernelPath);
   if (tpl.snapshot) {
     const have = repo.find(tpl.snapshot);
-    const current = have && have.templateBuild === tpl.buildKey && have.toolsKey === tools.key && have.vm.kernelKey === kernelKey(kernelPath);
+    const current = have && have.templateBuild === tpl.buildKey && have.toolsKey === tools.key && have.vm.kernelKey === kernel;
     if (have && current && have.memory && !repo.isTombstoned(have.id)) {
       onProgress("snapshot", `cached ${have.id}`);
       return { snapshotId: have.id, built: false, memoryBytes: 0, readyMs: 0 };
@@ -116,7 +117,7 @@ export async function commitTemplateSnapshot(cfg: Config, name: string, onProgre
     const base = tpl.rootLayers.map((p) => txn.addLayer(p, { keepSource: true }));
     const up = await commitUpper(txn, tpl.rootLayers, upperPaths(diskDir));
     const diskLayers = [...base, ...(up ? [up.layer] : [])];
-    const m = { ...templateManifest(tpl, { driver: driver.name, vcpus, memoryMiB, kernelKey: kernelKey(kernelPath), mac: TEMPLATE_GUEST_MAC }, diskLayers, cap), tools: txn.addLayer(tools.path, { keepSource: true }), toolsKey: tools.key };
+    const m = { ...templateManifest(tpl, { driver: driver.name, vcpus, memoryMiB, kernelKey: kernel, mac: TEMPLATE_GUEST_MAC }, diskLayers, cap), tools: txn.addLayer(tools.path, { keepSource: true }), toolsKey: tools.key };
     txn.publish(m);
     // the template now names it; older snapshots of the template go once no sandbox runs from them
     writeManifest(home, { ...readManifest(home, name), snapshot: m.id, cpuCount: vcpus, memoryMB: memoryMiB });

@@ -40,7 +40,7 @@ import { toolsBoot } from "../tools/index.ts";
 import { toolsKeyOf } from "./build-snapshot.ts";
 import { bootBuildVm, type BuildVmTimeouts } from "./build-vm.ts";
 import { parseVmState, type VmState } from "./vm-state.ts";
-import { captureVm, commitUpper, kernelKey, layerPaths, templateManifest } from "./capture.ts";
+import { captureVm, commitUpper, KernelKeys, layerPaths, templateManifest } from "./capture.ts";
 import { consoleLogLine } from "./console-lines.ts";
 import { fetchEnvdMetrics, initEnvd, runInGuest, waitEnvdHealthy } from "./envd-client.ts";
 import { execInGuest } from "./guest-exec.ts";
@@ -141,6 +141,7 @@ export class VmRuntime implements SandboxRuntime {
   /** Snapshot id -> sandboxes whose VM runs from it. */
   private readonly users = new Map<string, Set<string>>();
   private readonly log: Logger = logger("orchestrator.vm");
+  private readonly kernelKeys = new KernelKeys();
   private gcTimer: ReturnType<typeof setInterval> | undefined;
   /** The template catalog of this home (built templates and build-base ones). */
   readonly catalog: TemplateCatalog;
@@ -206,7 +207,7 @@ export class VmRuntime implements SandboxRuntime {
         if (!m || m.memory === null || m.vmState === null || this.repo.isTombstoned(id)) return false;
         try {
           // taken with the node's current guest kernel and tools drive (a new envd reaches sandboxes)
-          return m.vm.kernelKey === kernelKey(this.o.kernelPath()) && m.toolsKey === toolsKeyOf(this.o.toolsImage());
+          return m.vm.kernelKey === this.kernelKeys.of(this.o.kernelPath()) && m.toolsKey === toolsKeyOf(this.o.toolsImage());
         } catch (e) {
           this.log.warn({ err: e, snapshot: id }, "kernel or tools drive unreadable: the build snapshot is not reused");
           return false;
@@ -587,7 +588,7 @@ export class VmRuntime implements SandboxRuntime {
         driver: this.o.driver.name,
         vcpus: tpl.cpuCount ?? this.o.defaultCpuCount,
         memoryMiB: tpl.memoryMB ?? this.o.defaultMemoryMB,
-        kernelKey: kernelKey(this.o.kernelPath()),
+        kernelKey: this.kernelKeys.of(this.o.kernelPath()),
         mac: "",
       };
       const m = templateManifest(tpl, vm, layers, null);
@@ -637,7 +638,7 @@ export class VmRuntime implements SandboxRuntime {
       createdAt: new Date().toISOString(),
       names: c.names,
       source: { sandboxId: c.sandboxId, templateId: base.source.templateId },
-      vm: { ...base.vm, vcpus: st.vcpus, memoryMiB: st.memoryMiB, mac: st.mac, kernelKey: st.coldBoot ? kernelKey(this.o.kernelPath()) : base.vm.kernelKey },
+      vm: { ...base.vm, vcpus: st.vcpus, memoryMiB: st.memoryMiB, mac: st.mac, kernelKey: st.coldBoot ? this.kernelKeys.of(this.o.kernelPath()) : base.vm.kernelKey },
       envd: { version: st.envdVersion, accessToken: st.envdToken },
       disk: { virtualSize: base.disk.virtualSize, layers: disk },
       // a disk-only capture (filesystem-only pause) has neither: a start from it cold-boots

@@ -17,7 +17,10 @@ export function lz4Bound(n: number): number {
   return n + Math.floor(n / 255) + 16;
 }
 
-const table = new Uint16Array(1 << HASH_LOG);
+/** A compressor's position table (2^13 16-bit entries); a caller compressing many blocks allocates one and passes it to each call. */
+export function lz4Table(): Uint16Array {
+  return new Uint16Array(1 << HASH_LOG);
+}
 
 function read32(b: Uint8Array, i: number): number {
   return (b[i]! | (b[i + 1]! << 8) | (b[i + 2]! << 16) | (b[i + 3]! << 24)) >>> 0;
@@ -28,13 +31,17 @@ function hashAt(b: Uint8Array, i: number): number {
 
 /**
  * Compress `src` (at most LZ4_MAX_INPUT bytes) into `dst` (at least lz4Bound(src.length) bytes).
+ * @param table scratch position table from `lz4Table()` (cleared here; its contents carry nothing
+ *   between calls), reused by a caller compressing many blocks; default: a new one
  * @returns the compressed length in bytes
- * @throws OverlaybdError `overlaybd.lz4_input_too_large` / `overlaybd.lz4_output_too_small`
+ * @throws OverlaybdError `overlaybd.lz4_input_too_large` / `overlaybd.lz4_output_too_small`;
+ *   `overlaybd.bad_option` for a table not from `lz4Table()`
  */
-export function lz4Compress(src: Uint8Array, dst: Uint8Array): number {
+export function lz4Compress(src: Uint8Array, dst: Uint8Array, table: Uint16Array = lz4Table()): number {
   const n = src.length;
   if (n > LZ4_MAX_INPUT) throw new OverlaybdError("overlaybd.lz4_input_too_large", `LZ4 input of ${n} bytes exceeds ${LZ4_MAX_INPUT}`, { length: n });
   if (dst.length < lz4Bound(n)) throw new OverlaybdError("overlaybd.lz4_output_too_small", `LZ4 output buffer of ${dst.length} bytes is below the bound ${lz4Bound(n)}`, { length: dst.length });
+  if (table.length !== 1 << HASH_LOG) throw new OverlaybdError("overlaybd.bad_option", `LZ4 position table of ${table.length} entries, not ${1 << HASH_LOG} (lz4Table())`, { length: table.length });
   table.fill(0);
   let op = 0, anchor = 0, ip = 0;
   const mflimitPlusOne = n - MFLIMIT + 1, matchlimit = n - LASTLITERALS;

@@ -7,7 +7,7 @@
 import { AtomicOutput, type Backend, readExact } from "./backend.ts";
 import { rawCrc32c, ZFILE_BLOCK_CRC_SEED } from "./crc32c.ts";
 import { fail } from "./errors.ts";
-import { lz4Bound, lz4Compress, lz4Decompress } from "./lz4.ts";
+import { lz4Bound, lz4Compress, lz4Decompress, lz4Table } from "./lz4.ts";
 import { tarPrefix, tarSuffixLength } from "./tar.ts";
 
 /** Size of the ZFile header and trailer (bytes). */
@@ -359,6 +359,7 @@ export async function writeZFile(src: Backend, outPath: string, opts: ZFileWrite
     const inBuf = new Uint8Array(chunk);
     const outBuf = new Uint8Array(256 * (lz4Bound(bs) + 4) + 64 * 1024);
     const cbuf = new Uint8Array(lz4Bound(bs));
+    const table = lz4Table();
     for (let off = 0, blk = 0; off < rawSize; off += chunk) {
       const len = Math.min(chunk, rawSize - off);
       await readExact(src, inBuf.subarray(0, len), off);
@@ -366,7 +367,7 @@ export async function writeZFile(src: Backend, outPath: string, opts: ZFileWrite
       for (let p = 0; p < len; p += bs, blk++) {
         const raw = inBuf.subarray(p, Math.min(p + bs, len));
         let c: Uint8Array;
-        if (algo === ZAlgo.lz4) c = cbuf.subarray(0, lz4Compress(raw, cbuf));
+        if (algo === ZAlgo.lz4) c = cbuf.subarray(0, lz4Compress(raw, cbuf, table));
         else c = Bun.zstdCompressSync(raw, { level: 3 });
         if (op + c.length + 4 > outBuf.length) {
           out.pwriteSync(outBuf.subarray(0, op), wpos);
