@@ -304,6 +304,7 @@ export class FuseConnection {
   /**
    * Stop serving: the reader threads stop reading this fd, in-flight requests finish, then the
    * image is synced and closed. The mount and the fd belong to the caller. Idempotent.
+   * @throws FuseError `fuse.internal` if a reader thread still serves it (a bug; the image stays open)
    */
   async close(): Promise<void> {
     if (this.#closed) return;
@@ -312,7 +313,12 @@ export class FuseConnection {
     // they started before the image's files are closed
     Atomics.store(this.#ctl, 0, 1);
     await this.#pool.unregister(this.#slot);
-    while (Atomics.load(this.#ctl, 1) > 0) await Bun.sleep(1);
+    // every reader thread acknowledged the removal between two of its batches, and a direct
+    // request is served within one synchronous batch, so none is in progress now (grow relies on
+    // the same). Were one, closing the files would answer it from a closed or reused fd: keep
+    // them open and fail instead.
+    const busy = Atomics.load(this.#ctl, 1);
+    if (busy !== 0) throw new FuseError("fuse.internal", `${busy} direct requests still in progress on ${this.mountPoint} after every reader thread released it`, { mountPoint: this.mountPoint, busy });
     await Promise.allSettled([...this.#inflight]);
     log.debug({ mountPoint: this.mountPoint, ...this.stats }, "fuse connection closing");
     const img = this.#serve?.image;

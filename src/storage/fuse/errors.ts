@@ -6,6 +6,7 @@ export const FUSE_ERRORS = {
   "fuse.mount": "mount(2) refused the FUSE mount (details.errno)",
   "fuse.bad_options": "invalid export options",
   "fuse.closed": "the reader pool or connection is closed",
+  "fuse.internal": "an invariant of the FUSE export broke (a bug; details name what was found)",
 } as const satisfies ErrorTable;
 /** A FuseError code. */
 export type FuseErrorCode = keyof typeof FUSE_ERRORS;

@@ -238,9 +238,9 @@ function run(d: ReaderData): void {
       }
       const dp = conn.direct;
       if (dp) {
-        // announce first, then check the flag: close() sets the flag, then waits for the count
-        // to drop to 0, so it never closes the files under a direct request (both sequentially
-        // consistent atomics)
+        // announce first, then check the flag (both sequentially consistent atomics): close()
+        // sets the flag, then, once every thread let go of the connection, checks the count is
+        // 0 before it closes the files
         Atomics.add(conn.ctl, 1, 1);
         let served = false;
         try {
