@@ -28,6 +28,8 @@ const SYMBOLS = {
   write: { args: [FFIType.i32, FFIType.ptr, FFIType.u64], returns: FFIType.i64_fast },
   pread: { args: [FFIType.i32, FFIType.ptr, FFIType.u64, FFIType.i64], returns: FFIType.i64_fast },
   pwrite: { args: [FFIType.i32, FFIType.ptr, FFIType.u64, FFIType.i64], returns: FFIType.i64_fast },
+  // poll(2): struct pollfd[], nfds, timeout ms
+  poll: { args: [FFIType.ptr, FFIType.u64, FFIType.i32], returns: FFIType.i32 },
   // epoll
   epoll_create1: { args: [FFIType.i32], returns: FFIType.i32 },
   epoll_ctl: { args: [FFIType.i32, FFIType.i32, FFIType.i32, FFIType.ptr], returns: FFIType.i32 },

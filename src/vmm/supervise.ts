@@ -5,6 +5,7 @@
  * `reapLeftovers` kills the matching processes and deletes their files at start-up.
  */
 import { processStartTime } from "../ffi/proc.ts";
+import { waitExit } from "../ffi/pidfd.ts";
 import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { logger } from "../observability/log.ts";
@@ -73,8 +74,7 @@ export async function reapLeftovers(runtimeDir: string, timeoutMs = 3000): Promi
       } catch {
         // already gone
       }
-      const deadline = Date.now() + timeoutMs;
-      while (processStartTime(rec.pid) === rec.startTime && Date.now() < deadline) await Bun.sleep(10);
+      await waitExit(rec.pid, timeoutMs, rec.startTime);
     }
     removeRecord(runtimeDir, { id: rec.id, ownedFiles: Array.isArray(rec.ownedFiles) ? rec.ownedFiles : [] });
     reaped.push(rec.id);

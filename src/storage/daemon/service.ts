@@ -11,7 +11,7 @@ import { closeSync, existsSync, mkdirSync, openSync, readFileSync } from "node:f
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { MNT_DETACH, umount2 } from "../../ffi/mount.ts";
-import { takeFd } from "../../ffi/pidfd.ts";
+import { takeFd, waitExit } from "../../ffi/pidfd.ts";
 import { processStartTime } from "../../ffi/proc.ts";
 import { logger } from "../../observability/log.ts";
 import { DaemonClient, type Answer, type Req } from "./client.ts";
@@ -445,8 +445,8 @@ function isDaemon(pid: number, dir: string): boolean {
   }
 }
 
+/** Wait (at most `timeoutMs`) until the process now running as `pid` has exited. */
 async function waitGone(pid: number, timeoutMs: number): Promise<void> {
   const start = processStartTime(pid);
-  const end = Date.now() + timeoutMs;
-  while (start !== null && processStartTime(pid) === start && Date.now() < end) await Bun.sleep(10);
+  if (start !== null) await waitExit(pid, timeoutMs, start);
 }
