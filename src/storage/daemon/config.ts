@@ -69,5 +69,6 @@ export function daemonSettings(c: DiskConfig, dir: string): DaemonSettings {
     ublk: c.ublk,
     pool: c.pool,
     maxFrameBytes: c.maxFrameBytes,
+    drainTimeoutMs: c.requestTimeoutMs,
   };
 }

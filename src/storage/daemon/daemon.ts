@@ -41,6 +41,11 @@ export interface DaemonSettings {
   pool: BlockPoolSettings;
   /** Largest request frame, bytes. */
   maxFrameBytes: number;
+  /**
+   * Longest wait at stop for the requests in flight to be answered and their answers written,
+   * ms (the node's request_timeout_ms: no client waits longer for an answer).
+   */
+  drainTimeoutMs: number;
 }
 
 /** Paths of a daemon directory. */
@@ -129,6 +134,15 @@ export async function runDaemon(s: DaemonSettings, onReady: (socket: string) => 
       }
     };
 
+    // requests taken and not yet answered, and connections with answer bytes not yet written:
+    // the socket closes only when both are done (see the end of the run)
+    const conns = new Set<Socket<Conn>>();
+    let inflight = 0;
+    let onSettled: (() => void) | undefined;
+    const settle = (): void => {
+      if (onSettled && inflight === 0 && [...conns].every((c) => c.data.out.length === 0)) onSettled();
+    };
+
     const flush = (sock: Socket<Conn>): void => {
       const q = sock.data.out;
       while (q.length > 0) {
@@ -140,6 +154,7 @@ export async function runDaemon(s: DaemonSettings, onReady: (socket: string) => 
         }
         q.shift();
       }
+      settle();
     };
     const send = (sock: Socket<Conn>, msg: Response): void => {
       sock.data.out.push(encodeFrame(msg));
@@ -152,6 +167,11 @@ export async function runDaemon(s: DaemonSettings, onReady: (socket: string) => 
       socket: {
         open(sock) {
           sock.data = { reader: new FrameReader(s.maxFrameBytes), out: [] };
+          conns.add(sock);
+        },
+        close(sock) {
+          conns.delete(sock);
+          settle();
         },
         data(sock, chunk) {
           for (const f of sock.data.reader.push(chunk)) {
@@ -169,13 +189,19 @@ export async function runDaemon(s: DaemonSettings, onReady: (socket: string) => 
               send(sock, errorResponse(e, seq, true));
               continue;
             }
-            handle(req).then(
-              (r) => send(sock, r),
-              (e) => {
-                if (!(e instanceof DiskError)) log.error({ err: e, kind: req.kind }, "request failed");
-                send(sock, errorResponse(e, seq, false));
-              },
-            );
+            inflight++;
+            handle(req)
+              .then(
+                (r) => send(sock, r),
+                (e) => {
+                  if (!(e instanceof DiskError)) log.error({ err: e, kind: req.kind }, "request failed");
+                  send(sock, errorResponse(e, seq, false));
+                },
+              )
+              .finally(() => {
+                inflight--;
+                settle();
+              });
           }
         },
         drain(sock) {
@@ -192,12 +218,26 @@ export async function runDaemon(s: DaemonSettings, onReady: (socket: string) => 
     onReady(paths.socket);
     const why = await stopped;
     log.info({ why }, "disk daemon stopping");
+    // no new connections, and no new work on the open ones (answered disk.busy)
+    server.stop(false);
+    shuttingDown = true;
     if (why !== "shutdown") {
       detached = true;
       await m.detachAll();
     }
-    // let the last answers go out before the socket closes
-    await Bun.sleep(20);
+    // the answers to every request taken (the shutdown's own "ok" among them) are written before
+    // the connections close
+    await new Promise<void>((resolve) => {
+      const timer = setTimeout(() => {
+        log.warn({ inflight, unsent: [...conns].filter((c) => c.data.out.length > 0).length, timeoutMs: s.drainTimeoutMs }, "closing with answers not sent");
+        resolve();
+      }, s.drainTimeoutMs);
+      onSettled = () => {
+        clearTimeout(timer);
+        resolve();
+      };
+      settle();
+    });
     server.stop(true);
     rmSync(paths.socket, { force: true });
     return 0;

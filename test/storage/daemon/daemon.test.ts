@@ -7,10 +7,11 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { closeSync, existsSync, fstatSync, mkdirSync, mkdtempSync, openSync, readdirSync, readFileSync, readSync, rmSync, statSync, writeFileSync, writeSync } from "node:fs";
 import { join } from "node:path";
 import { daemonPaths } from "../../../src/storage/daemon/daemon.ts";
+import { daemonSettings, diskConfig, reapStaleMounts } from "../../../src/storage/daemon/index.ts";
 import { encodeFrame, FrameReader } from "../../../src/storage/daemon/protocol.ts";
 import { DiskError, upperPaths, type DiskService } from "../../../src/storage/daemon/index.ts";
 import { openStack } from "../../../src/storage/overlaybd/index.ts";
-import { alive } from "../../helpers/proc.ts";
+import { alive, firstLine } from "../../helpers/proc.ts";
 import { fuseMounted, startService, stopService } from "./fixtures/service.ts";
 import { twoLayerTemplate } from "./fixtures/template.ts";
 
@@ -31,15 +32,15 @@ afterAll(async () => {
   rmSync(root, { recursive: true, force: true });
 });
 
-/** A raw connection to the daemon: send bytes, collect decoded answers, see when it closes. */
-async function rawConn(): Promise<{ send(b: Uint8Array): void; next(): Promise<Record<string, unknown>>; closed: Promise<void>; end(): void }> {
+/** A raw connection to the daemon (default: this file's): send bytes, collect decoded answers, see when it closes. */
+async function rawConn(socket = daemonPaths(svc.dir).socket): Promise<{ send(b: Uint8Array): void; next(): Promise<Record<string, unknown>>; closed: Promise<void>; end(): void }> {
   const reader = new FrameReader(1 << 20);
   const got: Record<string, unknown>[] = [];
   let wake: (() => void) | undefined;
   let resolveClosed!: () => void;
   const closed = new Promise<void>((r) => (resolveClosed = r));
   const sock = await Bun.connect({
-    unix: daemonPaths(svc.dir).socket,
+    unix: socket,
     socket: {
       data(_s, chunk) {
         for (const f of reader.push(chunk)) if (f.ok) got.push(f.value);
@@ -346,6 +347,29 @@ describe("disk daemon protocol", () => {
       await d.close();
     }
     expect(await code(svc.request({ kind: "delete", dev_id: "r1" }))).toBe("disk.not_found");
+  });
+
+  test("at shutdown the daemon writes every answer before it closes its socket: the shutdown's own, and a refusal of what came after", async () => {
+    const dir = join(root, "drain");
+    const settings = daemonSettings(diskConfig(), dir);
+    const daemon = Bun.spawn([process.execPath, join(import.meta.dir, "../../../src/cli/main.ts"), "ublk-daemon", "--dir", dir, "--settings", JSON.stringify(settings)], { stdout: "pipe", stderr: "inherit" });
+    try {
+      expect(await firstLine(daemon)).toBe(`ready ${daemonPaths(dir).socket}`);
+      const c = await rawConn(daemonPaths(dir).socket);
+      // one write: the shutdown, then a request the daemon takes while it shuts down
+      c.send(new Uint8Array([...encodeFrame({ kind: "shutdown", seq: 1 }), ...encodeFrame({ kind: "list", seq: 2 })]));
+      const answers = [await c.next(), await c.next()].sort((a, b) => (a.seq as number) - (b.seq as number));
+      expect(answers).toMatchObject([
+        { kind: "ok", seq: 1 },
+        { kind: "error", seq: 2, code: "disk.busy" },
+      ]);
+      await c.closed;
+      expect(await daemon.exited).toBe(0);
+      expect(existsSync(daemonPaths(dir).socket)).toBe(false);
+    } finally {
+      if (alive(daemon.pid)) daemon.kill("SIGKILL");
+      reapStaleMounts([dir]);
+    }
   });
 
   test("shutdown removes every device and its mount point directories and the daemon exits 0; requests after it fail", async () => {
