@@ -41,15 +41,9 @@ export interface ProxyOptions {
   idleTimeoutMs: number;
   /** Refuse ENVD_INTERNAL paths on the envd port. */
   blockEnvdInternal: boolean;
-  /**
-   * Longest wait for a sandbox that is being created, paused or resumed to settle before a
-   * request is routed, ms (default SETTLE_TIMEOUT_MS).
-   */
-  settleTimeoutMs?: number;
+  /** Longest wait for a sandbox that is being created, paused or resumed to settle before a request is routed, ms. */
+  settleTimeoutMs: number;
 }
-
-/** Default bound on waiting for a transitional state (creating, pausing, resuming), ms. */
-export const SETTLE_TIMEOUT_MS = 130_000;
 
 /** A 502 as the E2B edge proxy answers it. */
 /**
@@ -284,7 +278,7 @@ export class SandboxProxy {
       return Response.json({ code: 403, message: `path ${route.pathAndQuery.split("?")[0]} is not reachable through the proxy` }, { status: 403 });
     }
     try {
-      if (r && TRANSITIONAL.has(r.state)) r = await this.routes.settled(id, this.opts.settleTimeoutMs ?? SETTLE_TIMEOUT_MS);
+      if (r && TRANSITIONAL.has(r.state)) r = await this.routes.settled(id, this.opts.settleTimeoutMs);
       // E2B: traffic never cold-boots a sandbox: a filesystem-only snapshot waits for a connect
       if (r?.state === "paused" && r.autoResume && r.snapshotKind !== "filesystem") {
         await this.sandboxes.connect(id);

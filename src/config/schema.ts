@@ -366,6 +366,11 @@ export const CONFIG_SCHEMA = section("", {
       "Once a request body streams: the longest pause between its chunks, and from its end to the\nresponse headers, ms; then the request is cut (502 if nothing was answered yet). A body may\nstream for as long as it keeps moving.",
       { min: 1, max: MS_MAX, unit: "ms" },
     ),
+    settle_timeout_ms: int(
+      130_000,
+      "A request for a sandbox that is being created, paused or resumed waits at most this long for it\nto settle before it is routed, ms; keep it above [orchestrator] create_timeout_ms, which bounds\nthe create or resume it waits for.",
+      { min: 1, max: MS_MAX, unit: "ms" },
+    ),
     block_envd_internal: bool(true, "Refuse envd's host-only routes (/init, /freeze, ...) arriving through the proxy."),
     tls_cert_path: str(
       "",

@@ -253,7 +253,7 @@ test("a 500 from the sandbox passes through unchanged; the proxy's own errors ca
   expect(closed.headers.get("x-agentenv-error-source")).toBe("proxy");
   await closed.arrayBuffer();
   // a failure inside the proxy itself: 500 JSON naming it, not an anonymous error page
-  const proxy = new SandboxProxy(node.orch, { domains: [], connectTimeoutMs: 2000, idleTimeoutMs: 2000, blockEnvdInternal: true });
+  const proxy = new SandboxProxy(node.orch, { domains: [], connectTimeoutMs: 2000, idleTimeoutMs: 2000, settleTimeoutMs: 130_000, blockEnvdInternal: true });
   try {
     const broken = new Proxy(new Request("http://x/y"), {
       get(t, k) {
@@ -326,7 +326,7 @@ test("a paused sandbox with autoResume is resumed by its traffic", async () => {
 
 test("an upload may stream for longer than the connect timeout while it moves; a stalled one is cut by the idle timeout", async () => {
   // connect bound 200 ms, idle bound 1000 ms; the upload takes ~1.2 s in 12 chunks 100 ms apart
-  const proxy = new SandboxProxy(node.orch, { domains: [], connectTimeoutMs: 200, idleTimeoutMs: 1000, blockEnvdInternal: true });
+  const proxy = new SandboxProxy(node.orch, { domains: [], connectTimeoutMs: 200, idleTimeoutMs: 1000, settleTimeoutMs: 130_000, blockEnvdInternal: true });
   const chunk = new Uint8Array(64 * 1024).map((_, i) => i * 7);
   const upload = (gapMs: (i: number) => number, chunks: number) =>
     new Request("http://node/sha", {
@@ -476,7 +476,7 @@ test("with [sandbox_proxy] tls_cert_path and tls_key_path, host routes and the A
 });
 
 test("the route table follows create, pause, resume and kill; proxied requests read no database", async () => {
-  const proxy = new SandboxProxy(node.orch, { domains: [], connectTimeoutMs: 2000, idleTimeoutMs: 2000, blockEnvdInternal: true });
+  const proxy = new SandboxProxy(node.orch, { domains: [], connectTimeoutMs: 2000, idleTimeoutMs: 2000, settleTimeoutMs: 130_000, blockEnvdInternal: true });
   try {
     const rec = await createLoopback(node, { network: { allowPublicTraffic: false } });
     const id = rec.id;
@@ -493,7 +493,7 @@ test("the route table follows create, pause, resume and kill; proxied requests r
     await resumed;
     expect(route()).toMatchObject({ state: "running", host: node.runtime!.hostOf(id)! });
     // a second proxy seeds its table from the live sandboxes
-    const late = new SandboxProxy(node.orch, { domains: [], connectTimeoutMs: 2000, idleTimeoutMs: 2000, blockEnvdInternal: true });
+    const late = new SandboxProxy(node.orch, { domains: [], connectTimeoutMs: 2000, idleTimeoutMs: 2000, settleTimeoutMs: 130_000, blockEnvdInternal: true });
     expect(late.routes.get(id)).toEqual(route()!);
     late.close();
     // no store or orchestrator read per proxied request
