@@ -6,8 +6,8 @@
  *  - ZFile decompression MB/s (lz4, zstd);
  *  - writable-upper write MB/s (1 MiB writes + one sync) next to plain file writes;
  *  - raw CRC-32C (ZFile's block and jump-table checksum) through the `@node-rs/crc32` addon that
- *    src/storage/overlaybd/crc32c.ts uses, next to a table-driven slicing-by-8 in TypeScript (the
- *    candidate for dropping the native dependency), per buffer size.
+ *    src/storage/overlaybd/crc32c.ts uses, next to a table-driven slicing-by-8 in TypeScript, per
+ *    buffer size (the addon was kept on these figures; see crc32c.ts).
  * Usage: bun bench/overlaybd.ts [sizeMiB=128] [seconds per case=2]
  */
 import { closeSync, mkdtempSync, openSync, readSync, rmSync, writeSync, fsyncSync, promises as fsp } from "node:fs";

@@ -197,13 +197,6 @@ export class SandboxProxy {
     };
   }
 
-  /** Number of tracked connections (all sandboxes). */
-  get connections(): number {
-    let n = 0;
-    for (const s of this.active.values()) n += s.size;
-    return n;
-  }
-
   /** Close every tracked connection of sandbox `id`. */
   cut(id: string): void {
     const set = this.active.get(id);

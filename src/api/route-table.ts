@@ -57,11 +57,6 @@ export class RouteTable {
     return this.routes.values();
   }
 
-  /** Number of live routes. */
-  get size(): number {
-    return this.routes.size;
-  }
-
   /**
    * The route of `id` once it is not in a transitional state (creating, pausing, resuming),
    * waiting at most `timeoutMs`; the route as it then is (possibly still transitional after the

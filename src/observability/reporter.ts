@@ -64,8 +64,6 @@ export class SchedulerReporter {
   private flushing: Promise<void> | undefined;
   private failing = false;
   private closed = false;
-  /** Heartbeats answered OK (for tests and logs). */
-  sent = 0;
 
   constructor(private readonly identity: NodeIdentityInfo, private readonly source: SnapshotSource, private readonly o: ReporterOptions) {
     this.channel = schedulerChannel(o.endpoint);
@@ -153,7 +151,6 @@ export class SchedulerReporter {
     try {
       const req = await this.heartbeatRequest();
       await this.client.heartbeat(req, { signal: AbortSignal.timeout(this.o.timeoutMs) });
-      this.sent++;
       if (this.failing) this.log.info({ endpoint: this.o.endpoint }, "scheduler reachable again");
       this.failing = false;
     } catch (e) {

@@ -1,3 +1,11 @@
+/**
+ * Raw CRC-32C for ZFile (block and jump-table checksums), through the `@node-rs/crc32` native
+ * addon. Kept over a table-driven slicing-by-8 in TypeScript (the way to drop the native
+ * dependency): bench/overlaybd.ts measures both on equal results, and at 4 KiB (ZFile's block
+ * size) and above the addon is 2.7-3.7x faster (1954 vs 714 MiB/s at 4 KiB, 2377 vs 650 MiB/s at
+ * 1 MiB; load 8.7, commit 4566831); the table wins only below 512 bytes (a header, a small jump
+ * table), where either costs next to nothing.
+ */
 import { crc32c } from "@node-rs/crc32";
 
 /**
