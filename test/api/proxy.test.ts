@@ -271,6 +271,24 @@ test("a 500 from the sandbox passes through unchanged; the proxy's own errors ca
   }
 });
 
+/**
+ * A proxy of the test's own over the node's sandboxes whose route table reports each request that
+ * starts waiting for a sandbox to settle (the real wait runs): `waiting()` resolves with the
+ * sandbox's state at the next such wait.
+ */
+function observedProxy(): { proxy: SandboxProxy; waiting(): Promise<string> } {
+  const proxy = new SandboxProxy(node.orch, { domains: [], connectTimeoutMs: 2000, idleTimeoutMs: 2000, settleTimeoutMs: 130_000, blockEnvdInternal: true });
+  const settled = proxy.routes.settled.bind(proxy.routes);
+  let onWait: ((state: string) => void) | undefined;
+  proxy.routes.settled = (id, timeoutMs) => {
+    const state = proxy.routes.get(id)?.state ?? "gone";
+    const p = settled(id, timeoutMs); // registers its waiter before it returns
+    onWait?.(state);
+    return p;
+  };
+  return { proxy, waiting: () => new Promise((r) => (onWait = r)) };
+}
+
 test("a request racing a resume waits for the event that ends it; a paused sandbox is a 502 saying so", async () => {
   const id = (await createLoopback(node)).id;
   await node.orch.pause(id);
@@ -282,33 +300,41 @@ test("a request racing a resume waits for the event that ends it; a paused sandb
     code: 502,
     message: `The sandbox ${id} is paused: resume it with Sandbox.connect() (POST /sandboxes/${id}/connect), or create it with autoResume so traffic resumes it`,
   });
-  // a resume held in the runtime: the sandbox is "resuming" while the request arrives
-  const order: string[] = [];
-  const gate = node.runtime!.gate("resume");
-  const resumed = node.orch.connect(id);
-  await gate.reached;
-  expect(node.orch.get(id).state).toBe("resuming");
-  const pending = fetch(`${node.url}/after-resume`, { headers: hdr(49983, id) }).then((r) => (order.push("response"), r));
-  await Bun.sleep(100); // the request is in the proxy, waiting
-  order.push("resume released");
-  gate.open();
-  await resumed;
-  const r = await pending;
-  expect(order).toEqual(["resume released", "response"]);
-  expect(r.status).toBe(200);
-  expect(((await r.json()) as { path: string }).path).toBe("/after-resume");
-  // a resume that fails leaves it paused (no autoResume): the waiting request gets the paused 502
-  await node.orch.pause(id);
-  const gate2 = node.runtime!.gate("resume");
-  const failing = node.orch.connect(id).catch((e) => e);
-  await gate2.reached;
-  const pending2 = fetch(`${node.url}/x`, { headers: hdr(49983, id) });
-  await Bun.sleep(100);
-  gate2.open(new Error("restore broke"));
-  expect(await failing).toMatchObject({ code: "orchestrator.runtime_failed" });
-  const r2 = await pending2;
-  expect(r2.status).toBe(502);
-  expect(((await r2.json()) as { message: string }).message).toStartWith(`The sandbox ${id} is paused`);
+  const { proxy, waiting } = observedProxy();
+  const send = (path: string) => proxy.forward(new Request(`http://node${path}`, { headers: hdr(49983, id) }), { sandboxId: id, port: 49983, pathAndQuery: path }, null);
+  try {
+    // a resume held in the runtime: the sandbox is "resuming" while the request arrives
+    const order: string[] = [];
+    const gate = node.runtime!.gate("resume");
+    const resumed = node.orch.connect(id);
+    await gate.reached;
+    expect(node.orch.get(id).state).toBe("resuming");
+    const waited = waiting();
+    const pending = send("/after-resume").then((r) => (order.push("response"), r));
+    expect(await waited).toBe("resuming"); // the request is in the proxy, waiting
+    order.push("resume released");
+    gate.open();
+    await resumed;
+    const r = await pending;
+    expect(order).toEqual(["resume released", "response"]);
+    expect(r.status).toBe(200);
+    expect(((await r.json()) as { path: string }).path).toBe("/after-resume");
+    // a resume that fails leaves it paused (no autoResume): the waiting request gets the paused 502
+    await node.orch.pause(id);
+    const gate2 = node.runtime!.gate("resume");
+    const failing = node.orch.connect(id).catch((e) => e);
+    await gate2.reached;
+    const waited2 = waiting();
+    const pending2 = send("/x");
+    expect(await waited2).toBe("resuming");
+    gate2.open(new Error("restore broke"));
+    expect(await failing).toMatchObject({ code: "orchestrator.runtime_failed" });
+    const r2 = await pending2;
+    expect(r2.status).toBe(502);
+    expect(((await r2.json()) as { message: string }).message).toStartWith(`The sandbox ${id} is paused`);
+  } finally {
+    proxy.close();
+  }
   await node.orch.kill(id);
 });
 

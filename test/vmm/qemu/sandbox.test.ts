@@ -69,7 +69,9 @@ async function startSandbox(name: string): Promise<Sandbox> {
 describe("sandboxes from the base template", () => {
   test("A writes a file through envd; B from the same template does not see it; A's upper keeps it", async () => {
     expect(tpl.rootLayers.length).toBe(1);
+    const beforeBoot = Date.now();
     const a = await startSandbox("a");
+    const afterBoot = Date.now();
     const base = a.net.url(ENVD_PORT);
     try {
       await waitEnvd(base, 90_000);
@@ -79,9 +81,16 @@ describe("sandboxes from the base template", () => {
     const uname = await runInGuest(base, "uname -a");
     expect(uname.exitCode).toBe(0);
     expect(uname.stdout).toMatch(/^Linux agentenv 6\.1\.\d+ #1 SMP .* x86_64 GNU\/Linux\n$/);
-    // the guest clock was set from aenv.clock= by init
-    const clock = await runInGuest(base, "date +%s");
-    expect(Math.abs(Number(clock.stdout) - Date.now() / 1000)).toBeLessThan(120);
+    // the guest clock was set from aenv.clock= (the host's time at boot, ms) by init, in whole
+    // seconds, and has run since by the guest's own clock: between that second and that second
+    // plus the guest's uptime (both read in the guest, no window against the host's clock)
+    const clock = await runInGuest(base, "date +%s; cut -d' ' -f1 /proc/uptime; cat /proc/cmdline");
+    const [date, uptime, cmdline] = clock.stdout.split("\n");
+    const bootMs = Number(/(?:^| )aenv\.clock=(\d+)(?: |$)/.exec(cmdline!)?.[1]);
+    expect(bootMs).toBeGreaterThanOrEqual(beforeBoot);
+    expect(bootMs).toBeLessThanOrEqual(afterBoot);
+    expect(Number(date)).toBeGreaterThanOrEqual(Math.floor(bootMs / 1000));
+    expect(Number(date)).toBeLessThanOrEqual(Math.floor(bootMs / 1000) + Number(uptime));
     // resolver: the default gateway (the tap's host side), written by init
     expect((await runInGuest(base, "cat /etc/resolv.conf")).stdout).toBe(`nameserver ${a.net.spec.gatewayIp}\n`);
     const who = await runInGuest(base, "id -u; id -un; echo $HOME", "user");
