@@ -64,12 +64,25 @@ export async function createVmRuntime(cfg: Config, db: Db, oc: OrchestratorConfi
   }
   let kernel: string | undefined;
   return new VmRuntime({
+    ...vmRuntimeOptions(cfg, oc, { driver, net, disks, kernelPath: () => (kernel ??= resolveKernelPath(cfg)), toolsImage: () => resolveTools(homePath).path }),
+    onClose: () => net.shutdown(),
+  });
+}
+
+/**
+ * The options of a VM runtime over `cfg` and `oc` (paths, timeouts, defaults, snapshot services,
+ * volumes) made of `parts`, which the caller built and starts.
+ */
+export function vmRuntimeOptions(
+  cfg: Config,
+  oc: Pick<OrchestratorConfig, "defaultCpuCount" | "defaultMemoryMB" | "envdPollMs">,
+  parts: Pick<VmRuntimeOptions, "driver" | "net" | "disks" | "kernelPath" | "toolsImage">,
+): VmRuntimeOptions {
+  const homePath = cfg.home_path;
+  return {
+    ...parts,
     homePath,
-    runtimePath,
-    kernelPath: () => (kernel ??= resolveKernelPath(cfg)),
-    toolsImage: () => resolveTools(homePath).path,
-    driver,
-    net,
+    runtimePath: cfg.runtime_path,
     defaultCpuCount: oc.defaultCpuCount,
     defaultMemoryMB: oc.defaultMemoryMB,
     envdPollMs: oc.envdPollMs,
@@ -77,17 +90,15 @@ export async function createVmRuntime(cfg: Config, db: Db, oc: OrchestratorConfi
     readyPollMs: cfg.template_build.create_ready_poll_ms,
     readyProbeTimeoutMs: cfg.template_build.ready_probe_timeout_ms,
     defaultUser: "user",
-    disks,
-    snapshots: snapshotServices(cfg, disks),
+    snapshots: snapshotServices(cfg, parts.disks),
     volumes: {
       volumesDir: join(homePath, "volumes"),
-      hostDir: volumeHostDir,
-      disks,
+      hostDir: join(cfg.runtime_path, "volumes"),
+      disks: parts.disks,
       defaults: { uid: cfg.volumes.default_uid, gid: cfg.volumes.default_gid, fileMode: 0o644, dirMode: 0o755 },
       maxListEntries: cfg.volumes.max_list_entries,
       hostIdleMs: cfg.volumes.host_idle_ms,
       guestOpTimeoutMs: cfg.volumes.guest_op_timeout_ms,
     },
-    onClose: () => net.shutdown(),
-  });
+  };
 }

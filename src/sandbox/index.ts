@@ -5,7 +5,7 @@
  * snapshot (`commitTemplateSnapshot`) and template build VMs, below the orchestrator's plain
  * state machine.
  */
-export { createVmRuntime, snapshotServices } from "./factory.ts";
+export { createVmRuntime, snapshotServices, vmRuntimeOptions } from "./factory.ts";
 export { memoryKey, snapshotInfo, VmRuntime, type CaptureReport, type StartTimings, type VmRuntimeOptions } from "./vm-runtime.ts";
 export { parseVmState, pinnedTemplateLayers, type VmState } from "./vm-state.ts";
 export { captureVm, commitUpper, kernelKey, templateManifest, type CapturedVm } from "./capture.ts";

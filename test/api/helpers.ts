@@ -13,12 +13,9 @@ import { join } from "node:path";
 import { bootNode, type RunningNode } from "../../src/node/index.ts";
 import { netLockPath } from "../../src/node/lock.ts";
 import { loadConfig } from "../../src/config/index.ts";
-import { netConfigFromConfig, NetworkManager } from "../../src/net/index.ts";
-import { snapshotServices, VmRuntime } from "../../src/sandbox/index.ts";
-import { diskConfig, DiskService } from "../../src/storage/daemon/index.ts";
-import { QemuDriver, qemuOptions } from "../../src/vmm/index.ts";
 import type { CreateSandboxRequest, SandboxRecord } from "../../src/orchestrator/index.ts";
 import { LoopbackRuntime, type LoopbackOptions } from "../helpers/loopback-runtime.ts";
+import { idleVmRuntime } from "../helpers/vm-runtime.ts";
 
 export interface TestNode extends RunningNode {
   home: string;
@@ -50,39 +47,12 @@ export async function startNodeNoVm(env: Record<string, string> = {}, home = mkd
     },
   });
   let runtime: LoopbackRuntime | null = null;
-  const node = await bootNode(cfg, async (c, db, oc) => {
+  const node = await bootNode(cfg, async (c, db) => {
     // the disk daemon starts on first use only (these tests serve no disk)
-    const disks = new DiskService({ dir: join(home, "run", "disk"), config: diskConfig(c) });
-    const snapshots = snapshotServices(c, disks);
-    const base = new VmRuntime({
-      homePath: home,
-      runtimePath: join(home, "run"),
-      kernelPath: () => "/nonexistent",
-      toolsImage: () => "/nonexistent",
-      driver: new QemuDriver(qemuOptions(c)),
-      net: new NetworkManager(netConfigFromConfig(c), db),
-      defaultCpuCount: oc.defaultCpuCount,
-      defaultMemoryMB: oc.defaultMemoryMB,
-      envdPollMs: oc.envdPollMs,
-      readyTimeoutMs: c.template_build.ready_timeout_ms,
-      readyPollMs: c.template_build.create_ready_poll_ms,
-      readyProbeTimeoutMs: c.template_build.ready_probe_timeout_ms,
-      defaultUser: "user",
-      disks,
-      snapshots,
-      volumes: {
-        volumesDir: join(home, "volumes"),
-        hostDir: join(home, "run", "volumes"),
-        disks,
-        defaults: { uid: 1000, gid: 1000, fileMode: 0o644, dirMode: 0o755 },
-        maxListEntries: 100,
-        hostIdleMs: 200,
-        guestOpTimeoutMs: 30_000,
-      },
-    });
+    const { runtime: base, repo } = idleVmRuntime(c, db, { volumes: true });
     if (!guest) return base;
     // no template of its own until a test creates a sandbox (createLoopback adds "base")
-    runtime = new LoopbackRuntime({ templates: [], ...guest, base, snapshots: snapshots.repo });
+    runtime = new LoopbackRuntime({ templates: [], ...guest, base, snapshots: repo });
     return runtime;
   });
   return {

@@ -11,14 +11,11 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { loadConfig } from "../../src/config/index.ts";
 import { openDb, type Db } from "../../src/db/index.ts";
-import { netConfigFromConfig, NetworkManager } from "../../src/net/index.ts";
 import { Orchestrator, orchestratorConfig, type OrchestratorCounters, type SandboxEvent, type SandboxRecord } from "../../src/orchestrator/index.ts";
-import { snapshotServices, VmRuntime } from "../../src/sandbox/index.ts";
 import { LocalRepository } from "../../src/snapshot/index.ts";
 import { commitFake } from "../snapshot/helpers.ts";
-import { diskConfig, DiskService } from "../../src/storage/daemon/index.ts";
 import { LoopbackRuntime } from "../helpers/loopback-runtime.ts";
-import { QemuDriver, qemuOptions } from "../../src/vmm/index.ts";
+import { idleVmRuntime } from "../helpers/vm-runtime.ts";
 
 const cleanup: (() => Promise<unknown> | void)[] = [];
 afterEach(async () => {
@@ -28,24 +25,7 @@ afterEach(async () => {
 function world(env: Record<string, string> = {}, home = mkdtempSync(join(tmpdir(), "orch-life-"))) {
   const cfg = loadConfig({ env: { AENV_HOME_PATH: home, AENV_RUNTIME_PATH: join(home, "run"), AENV__orchestrator__evict_interval_ms: "20", ...env } });
   const db: Db = openDb(join(home, "node.db"));
-  const disks = new DiskService({ dir: join(home, "run", "disk"), config: diskConfig(cfg) });
-  const base = new VmRuntime({
-    homePath: home,
-    runtimePath: join(home, "run"),
-    kernelPath: () => "/nonexistent",
-    toolsImage: () => "/nonexistent",
-    driver: new QemuDriver(qemuOptions(cfg)),
-    net: new NetworkManager(netConfigFromConfig(cfg), db),
-    defaultCpuCount: 1,
-    defaultMemoryMB: 512,
-    envdPollMs: 20,
-    readyTimeoutMs: 600_000,
-    readyPollMs: 200,
-    readyProbeTimeoutMs: 60_000,
-    defaultUser: "user",
-    disks,
-    snapshots: snapshotServices(cfg, disks),
-  });
+  const base = idleVmRuntime(cfg, db).runtime;
   const runtime = new LoopbackRuntime({ base, templates: env.NO_TEMPLATE ? [] : ["base"] });
   const orch = new Orchestrator(db, runtime, orchestratorConfig(cfg));
   return { home, db, orch, runtime };

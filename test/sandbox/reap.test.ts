@@ -11,36 +11,16 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { loadConfig } from "../../src/config/index.ts";
 import { openDb } from "../../src/db/index.ts";
-import { netConfigFromConfig, NetworkManager } from "../../src/net/index.ts";
 import { sandboxLayers } from "../../src/node/templates.ts";
 import type { SandboxRecord } from "../../src/orchestrator/index.ts";
-import { snapshotServices, VmRuntime, type VmState } from "../../src/sandbox/index.ts";
-import { diskConfig, DiskService } from "../../src/storage/daemon/index.ts";
-import { QemuDriver, qemuOptions } from "../../src/vmm/index.ts";
+import type { VmState } from "../../src/sandbox/index.ts";
+import { idleVmRuntime } from "../helpers/vm-runtime.ts";
 import { commitFake } from "../snapshot/helpers.ts";
 
 const home = mkdtempSync(join(tmpdir(), "aenv-reap-"));
 const cfg = loadConfig({ env: { AENV_HOME_PATH: home, AENV_RUNTIME_PATH: join(home, "run"), AENV__snapshot__gc_grace_secs: "0" } });
 const db = openDb(join(home, "node.db"));
-const disks = new DiskService({ dir: join(home, "run", "disk"), config: diskConfig(cfg) });
-const snapshots = snapshotServices(cfg, disks);
-const runtime = new VmRuntime({
-  homePath: home,
-  runtimePath: join(home, "run"),
-  kernelPath: () => "/nonexistent",
-  toolsImage: () => "/nonexistent",
-  driver: new QemuDriver(qemuOptions(cfg)),
-  net: new NetworkManager(netConfigFromConfig(cfg), db),
-  defaultCpuCount: 1,
-  defaultMemoryMB: 512,
-  envdPollMs: 20,
-  readyTimeoutMs: 600_000,
-  readyPollMs: 200,
-  readyProbeTimeoutMs: 60_000,
-  defaultUser: "user",
-  disks,
-  snapshots,
-});
+const { runtime, repo } = idleVmRuntime(cfg, db);
 afterAll(async () => {
   await runtime.close();
   db.close();
@@ -56,7 +36,6 @@ function pausedState(paused: string, rootLayers: string[] = ["/t/base.layer"]): 
 }
 
 test("start-up reap: a pause snapshot goes only when no paused sandbox names it; a damaged paused record keeps its own", async () => {
-  const repo = snapshots.repo;
   // layers are content-addressed: each snapshot gets layers of its own
   const pause = (sandboxId: string, tag: string) => commitFake(repo, { kind: "pause", sandboxId, disk: [`disk-${tag}`], memory: [`mem-${tag}`] });
   const named = pause("good", "named");
