@@ -35,6 +35,9 @@ const SYMBOLS = {
   epoll_ctl: { args: [FFIType.i32, FFIType.i32, FFIType.i32, FFIType.ptr], returns: FFIType.i32 },
   epoll_wait: { args: [FFIType.i32, FFIType.ptr, FFIType.i32, FFIType.i32], returns: FFIType.i32 },
   preadv2: { args: [FFIType.i32, FFIType.ptr, FFIType.i32, FFIType.i64, FFIType.i32], returns: FFIType.i64_fast },
+  // pipes and splice (zero-copy FUSE replies)
+  pipe2: { args: [FFIType.ptr, FFIType.i32], returns: FFIType.i32 },
+  splice: { args: [FFIType.i32, FFIType.ptr, FFIType.i32, FFIType.ptr, FFIType.u64, FFIType.u32], returns: FFIType.i64_fast },
   // memory
   mmap: { args: [FFIType.ptr, FFIType.u64, FFIType.i32, FFIType.i32, FFIType.i32, FFIType.i64], returns: FFIType.ptr },
   munmap: { args: [FFIType.ptr, FFIType.u64], returns: FFIType.i32 },

@@ -13,6 +13,8 @@ export interface DiskConfig {
   fuseThreads: number;
   /** Largest FUSE READ/WRITE, bytes. */
   fuseMaxWrite: number;
+  /** Answer large READs with splice(2). */
+  fuseSplice: boolean;
   /** FOPEN_DIRECT_IO on served files. */
   fuseDirectIo: boolean;
   /** Kernel FUSE request timeout, seconds (0 = none). */
@@ -48,6 +50,7 @@ export function diskConfig(cfg: Config = loadConfig()): DiskConfig {
     export: d.export,
     fuseThreads: d.fuse_threads,
     fuseMaxWrite: d.fuse_max_write,
+    fuseSplice: d.fuse_splice,
     fuseDirectIo: d.fuse_direct_io,
     fuseRequestTimeoutSec: d.fuse_request_timeout_s,
     readyTimeoutMs: d.ready_timeout_ms,
@@ -65,7 +68,7 @@ export function daemonSettings(c: DiskConfig, dir: string): DaemonSettings {
   return {
     dir,
     export: c.export,
-    fuse: { threads: c.fuseThreads, maxWrite: c.fuseMaxWrite, requestTimeoutSec: c.fuseRequestTimeoutSec, directIo: c.fuseDirectIo },
+    fuse: { threads: c.fuseThreads, maxWrite: c.fuseMaxWrite, requestTimeoutSec: c.fuseRequestTimeoutSec, directIo: c.fuseDirectIo, splice: c.fuseSplice },
     ublk: c.ublk,
     pool: c.pool,
     maxFrameBytes: c.maxFrameBytes,

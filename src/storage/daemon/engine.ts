@@ -20,6 +20,8 @@ export interface EngineStats {
   /** Opens of the exported file/device seen by the engine (0 where it cannot see them). */
   opens: number;
   errors: number;
+  /** READs answered without copying through the server (FUSE splice); 0 where not done. */
+  splicedReads: number;
 }
 
 /** Where and how to export an image. */

@@ -31,6 +31,8 @@ export interface FuseEngineSettings {
   maxWrite: number;
   /** Kernel request timeout, seconds (0 = none). */
   requestTimeoutSec: number;
+  /** Answer large READs with splice(2). */
+  splice: boolean;
 }
 
 class FuseDevice implements EngineDevice {
@@ -117,7 +119,7 @@ export class FuseEngine implements ExportEngine {
 
   constructor(s: FuseEngineSettings) {
     this.#s = s;
-    this.#pool = new FuseReaderPool({ threads: s.threads, bufSize: s.maxWrite + 4096 });
+    this.#pool = new FuseReaderPool({ threads: s.threads, bufSize: s.maxWrite + 4096, splice: s.splice });
   }
 
   /** @throws FuseError `fuse.open_device`, `fuse.mount`, `fuse.bad_options` */

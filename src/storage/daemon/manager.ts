@@ -265,7 +265,7 @@ export class DeviceManager {
     const s = l.dev.stats();
     return {
       reads: s.reads, bytes_read: s.bytesRead, writes: s.writes, bytes_written: s.bytesWritten, fsyncs: s.fsyncs,
-      discards: s.discards, opens: s.opens, errors: s.errors, image_opens: l.imageOpens, refcount: l.row.refcount,
+      discards: s.discards, opens: s.opens, errors: s.errors, spliced_reads: s.splicedReads, image_opens: l.imageOpens, refcount: l.row.refcount,
     };
   }
 

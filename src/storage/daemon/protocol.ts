@@ -101,6 +101,8 @@ export interface DeviceStats {
   /** open(2)s of the served file (FUSE OPEN requests). */
   opens: number;
   errors: number;
+  /** READs of `reads` answered by splice(2) without a copy in the daemon (FUSE engine). */
+  spliced_reads: number;
   /** How many times the daemon opened the image's files for this device (1 unless it restarted). */
   image_opens: number;
   refcount: number;

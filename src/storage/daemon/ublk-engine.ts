@@ -39,7 +39,7 @@ class UblkEngineDevice implements EngineDevice {
   stats(): EngineStats {
     const s = this.#dev.stats();
     // opens of a block device are not seen by its server: 0
-    return { reads: s.reads, bytesRead: s.bytesRead, writes: s.writes, bytesWritten: s.bytesWritten, fsyncs: s.flushes, discards: s.discards, opens: 0, errors: s.errors };
+    return { reads: s.reads, bytesRead: s.bytesRead, writes: s.writes, bytesWritten: s.bytesWritten, fsyncs: s.flushes, discards: s.discards, opens: 0, errors: s.errors, splicedReads: 0 };
   }
 
   exclusive<T>(op: () => Promise<T>): Promise<T> {

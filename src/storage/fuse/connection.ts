@@ -17,13 +17,13 @@
  * A connection may start without an image (a pre-created export of a warm pool): the directory
  * is then empty until `bind`.
  */
-import { writeSync, writevSync } from "node:fs";
+import { fstatSync, writeSync, writevSync } from "node:fs";
 import type { BlockImage } from "../block.ts";
 import * as F from "../../ffi/fuse.ts";
 import { logger } from "../../observability/log.ts";
 import { FuseError } from "./errors.ts";
 import { COUNTERS_PER_THREAD, type FuseReaderPool, type PoolClient } from "./reader-pool.ts";
-import type { DirectMsg } from "./reader-worker.ts";
+import { EXTENT_FIELDS, type DirectMsg } from "./reader-worker.ts";
 
 const log = logger("fuse");
 const FILE_INO = 2n;
@@ -141,6 +141,8 @@ export interface FuseStats {
   /** OPEN requests of the file (each open(2) by a VMM or reader). */
   opens: number;
   errors: number;
+  /** READs of those answered by splice(2) (file pages into /dev/fuse through a pipe). */
+  splicedReads: number;
 }
 
 /** One served FUSE connection. */
@@ -156,7 +158,7 @@ export class FuseConnection {
   #slot: number;
   #client: PoolClient;
   #closed = false;
-  #stats: FuseStats = { reads: 0, writes: 0, bytesRead: 0, bytesWritten: 0, fsyncs: 0, discards: 0, opens: 0, errors: 0 };
+  #stats: FuseStats = { reads: 0, writes: 0, bytesRead: 0, bytesWritten: 0, fsyncs: 0, discards: 0, opens: 0, errors: 0, splicedReads: 0 };
   #inflight = new Set<Promise<void>>();
   #writeChain: Promise<void> = Promise.resolve();
   #startTime = Math.floor(Date.now() / 1000);
@@ -296,8 +298,11 @@ export class FuseConnection {
       this.#dirty = new Int32Array(new SharedArrayBuffer(4 * Math.ceil(img.size / DIRTY_BLOCK / 32 + 1)));
     }
     for (const [a, b] of plan.diverted) this.#divert(a, b - a);
-    const ext = new Float64Array(plan.extents.length * 4);
-    plan.extents.forEach((e, i) => ext.set([e.offset, e.length, e.fd, e.fileOffset], i * 4));
+    // each extent's file size, so reader threads know which ranges a file holds whole (splice)
+    const sizes = new Map<number, number>();
+    const fileSize = (fd: number) => sizes.get(fd) ?? sizes.set(fd, fstatSync(fd).size).get(fd)!;
+    const ext = new Float64Array(plan.extents.length * EXTENT_FIELDS);
+    plan.extents.forEach((e, i) => ext.set([e.offset, e.length, e.fd, e.fileOffset, fileSize(e.fd)], i * EXTENT_FIELDS));
     return { size: img.size, ext, writeFd, zeroFill: plan.zeroFill, dirty: writeFd < 0 ? this.#dirty : null };
   }
 
@@ -340,6 +345,7 @@ export class FuseConnection {
       s.writes += c[i + 2]!;
       s.bytesWritten += c[i + 3]!;
       s.errors += c[i + 4]!;
+      s.splicedReads += c[i + 5]!;
     }
     return s;
   }

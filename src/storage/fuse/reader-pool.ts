@@ -51,6 +51,8 @@ export interface ReaderPoolOptions {
   threads: number;
   /** Largest request in bytes (max_write + 4096, at least 8192: FUSE_MIN_READ_BUFFER). */
   bufSize: number;
+  /** Answer large READs with splice(2) (default true). */
+  splice?: boolean;
 }
 
 /** A fixed set of reader threads serving any number of FUSE connections. */
@@ -76,7 +78,7 @@ export class FuseReaderPool {
       epollAdd(epfd, wakeFd, EPOLLIN, 0);
       const { port1, port2 } = new MessageChannel();
       const worker = new Worker(workerEntry("storage/fuse/reader-worker.ts"), {
-        workerData: { index, epfd, wakeFd, port: port2, bufSize: opts.bufSize },
+        workerData: { index, epfd, wakeFd, port: port2, bufSize: opts.bufSize, splice: opts.splice ?? true },
         transferList: [port2],
       });
       worker.on("message", (m) => this.#onMessage(m));

@@ -10,15 +10,16 @@
  *   the connection is closing, to the main thread, which owns the BlockImage and replies.
  * Blocking waits must live off the main thread: a parked read would stall its event loop.
  *
- * workerData: { index, epfd, wakeFd, port, bufSize }. `epfd` is this thread's epoll instance (the
+ * workerData: { index, epfd, wakeFd, port, bufSize, splice }. `epfd` is this thread's epoll instance (the
  * main thread adds and removes connection fds with data = their slot number; slot 0 is `wakeFd`,
  * an eventfd the main thread signals after posting a control message on `port`).
  * Control messages (main -> thread, on `port`):
  *  - { op: "add", slot, fd, direct: Direct | null, ctl, counters } and { op: "update", slot, direct }
  *  - { op: "remove", slot }, { op: "stop" }
  * where Direct = { size, ext, writeFd, zeroFill, dirty }:
- *  - `ext` (Float64Array): 4 numbers per extent, sorted by offset: virtual offset, length, fd,
- *    file offset (bytes); virtual bytes outside every extent read as zeros;
+ *  - `ext` (Float64Array): EXTENT_FIELDS (5) numbers per extent, sorted by offset: virtual
+ *    offset, length, fd, file offset, and the file's size when the plan was made (bytes; the
+ *    files of a plan never shrink); virtual bytes outside every extent read as zeros;
  *  - `writeFd`: fd WRITE goes to at the virtual offset itself (identity map), -1 = WRITE goes to
  *    the main thread;
  *  - `zeroFill`: a file shorter than its extent reads as zeros past its end (else the reply is
@@ -28,8 +29,14 @@
  *    cleared;
  * and per connection `ctl` (Int32Array, shared): [0] = 1 once closing (hand everything to the
  * main thread), [1] = requests being served directly right now; `counters` (Float64Array, shared):
- * 6 per thread at `index * 6`: reads, bytesRead, writes, bytesWritten, errors, unused (only this
- * thread writes its slots).
+ * 6 per thread at `index * 6`: reads, bytesRead, writes, bytesWritten, errors, reads answered by
+ * splice (only this thread writes its slots).
+ * A READ of at least SPLICE_MIN bytes that one extent holds whole is answered with splice(2):
+ * the reply header is written into a pipe, the file's pages are spliced in after it by
+ * reference, and the pipe is spliced into /dev/fuse (one copy of the data instead of two). A
+ * pipe slot holds one page: the pipe must have a slot per page of the range plus one for the
+ * header. Without CAP_SYS_RESOURCE it is at most fs.pipe-max-size (1 MiB = 256 slots by default),
+ * so a whole 1 MiB READ is then copied; raising the sysctl to 2 MiB lets it be spliced.
  * Messages out (parentPort): { slot, req: ArrayBuffer } (a request for the main thread),
  * { slot, removed: index } after a "remove", { slot, ended: string } when a connection ends (ENODEV after unmount, ECONNABORTED after abort),
  * { slot, fail: string, op, offset, size } when a direct I/O failed (answered EIO),
@@ -40,6 +47,13 @@
  */
 import { parentPort, receiveMessageOnPort, workerData, type MessagePort } from "node:worker_threads";
 import { addressOf, epollDel, epollWait, Errno, eventData, eventfdDrain, preadAt, pwriteAt, readAt, writeAt } from "../../ffi/epoll.ts";
+import { pipeCapacity, pipeClose, pipeCreate, spliceFromFile, spliceToFd, type Pipe } from "../../ffi/splice.ts";
+import { readFileSync } from "node:fs";
+
+/** Numbers per extent in `DirectMsg.ext`: virtual offset, length, fd, file offset, file size. */
+export const EXTENT_FIELDS = 5;
+/** Smallest READ answered by splice (below it the copy path's two system calls are cheaper). */
+export const SPLICE_MIN = 64 * 1024;
 
 /** Where a connection's bytes live, as sent by the main thread. */
 export interface DirectMsg {
@@ -64,6 +78,8 @@ export interface ReaderData {
   wakeFd: number;
   port: MessagePort;
   bufSize: number;
+  /** Answer large READs with splice(2). */
+  splice: boolean;
 }
 
 interface Conn {
@@ -79,8 +95,17 @@ const BATCH = 32;
 /** Out header right before the reply data; data page-aligned (a misaligned copy measured 5x slower). */
 const DATA = 4096, HDR = DATA - 16;
 
+/** fs.pipe-max-size: the largest pipe an unprivileged F_SETPIPE_SZ may ask for, bytes. */
+function maxPipeSize(): number {
+  try {
+    return Number(readFileSync("/proc/sys/fs/pipe-max-size", "utf8").trim()) || 1 << 20;
+  } catch {
+    return 1 << 20;
+  }
+}
+
 function run(d: ReaderData): void {
-  const { index, epfd, wakeFd, port, bufSize } = d;
+  const { index, epfd, wakeFd, port, bufSize, splice } = d;
   const out = parentPort!;
   const conns = new Map<number, Conn>();
   const buf = new Uint8Array(bufSize);
@@ -93,6 +118,72 @@ function run(d: ReaderData): void {
   const eventsView = new DataView(events.buffer);
   const c = index * 6;
   let stopping = false;
+  // the splice path's pipe: room for the reply header's page plus a whole payload; above
+  // fs.pipe-max-size (1 MiB by default) only with CAP_SYS_RESOURCE, else as large as allowed,
+  // and READs larger than it holds take the copy path
+  let pipe: Pipe | null = null;
+  /** Pages of file data a spliced reply may span: the pipe's slots less the header's (0 = no splice). */
+  let splicePages = 0;
+  for (const want of splice ? [bufSize + 2 * DATA, maxPipeSize()] : []) {
+    try {
+      pipe = pipeCreate(want);
+      splicePages = Math.floor(pipeCapacity(pipe) / DATA) - 1;
+      break;
+    } catch {
+      // try the next size
+    }
+  }
+  if (!pipe && splice) out.postMessage({ warn: "no splice pipe: every READ reply is copied" });
+  // the splice path's reply header: the first 16 bytes of `reply` (unused by the copy path, whose
+  // header sits at HDR); a small typed array of its own could move in the heap under its address
+  const hdrAt = replyAt;
+  const posBuf = new BigInt64Array(1);
+  /** Empty the pipe after a failed splice (its bytes are dropped). */
+  const drainPipe = (): void => {
+    while (readAt(pipe!.readFd, replyAt, reply.byteLength) > 0);
+  };
+
+  /**
+   * Answer a READ of [foff, foff + len) of file `efd` by splice; false when it could not be
+   * sent that way (nothing was answered; the pipe is empty again).
+   */
+  const spliceRead = (conn: Conn, efd: number, foff: number, len: number): boolean => {
+    const p = pipe!;
+    outView.setUint32(0, 16 + len, true);
+    outView.setInt32(4, 0, true);
+    outView.setUint32(8, inView.getUint32(8, true), true);
+    outView.setUint32(12, inView.getUint32(12, true), true);
+    if (writeAt(p.writeFd, hdrAt, 16) !== 16) {
+      drainPipe();
+      return false;
+    }
+    for (let got = 0; got < len;) {
+      const r = spliceFromFile(efd, foff + got, p.writeFd, len - got, posBuf);
+      if (r === -Errno.EINTR) continue;
+      if (r <= 0) {
+        drainPipe();
+        return false;
+      }
+      got += r;
+    }
+    // counted before the reply, as the copy path does: a reader that got its data sees it in the stats
+    conn.counters[c]! += 1;
+    conn.counters[c + 1]! += len;
+    conn.counters[c + 5]! += 1;
+    const w = spliceToFd(p.readFd, conn.fd, 16 + len);
+    if (w === 16 + len) return true;
+    // the pipe may still hold what the kernel did not take
+    drainPipe();
+    // the request is gone (interrupted, unmounted, aborted): nothing left to answer
+    if (w === -Errno.ENOENT || w === -Errno.ENODEV || w === -Errno.ECONNABORTED) return true;
+    // the kernel refused the spliced reply: answer by copying, now and from now on
+    conn.counters[c]! -= 1;
+    conn.counters[c + 1]! -= len;
+    conn.counters[c + 5]! -= 1;
+    splicePages = 0;
+    out.postMessage({ warn: `reply splice refused (errno ${-w}): READ replies are copied from now on` });
+    return false;
+  };
 
   const drain = (): void => {
     for (let m = receiveMessageOnPort(port); m; m = receiveMessageOnPort(port)) {
@@ -143,17 +234,25 @@ function run(d: ReaderData): void {
         }
       }
       const ext = dp.ext;
-      const count = ext.length / 4;
+      const F = EXTENT_FIELDS;
+      const count = ext.length / F;
       // first extent ending after `offset`
       let lo = 0, hi2 = count;
       while (lo < hi2) {
         const mid = (lo + hi2) >>> 1;
-        if (ext[mid * 4]! + ext[mid * 4 + 1]! <= offset) lo = mid + 1;
+        if (ext[mid * F]! + ext[mid * F + 1]! <= offset) lo = mid + 1;
         else hi2 = mid;
+      }
+      // one extent holds the whole range and its file has every byte of it: splice
+      if (len >= SPLICE_MIN && len <= splicePages * DATA && lo < count && ext[lo * F]! <= offset && ext[lo * F]! + ext[lo * F + 1]! >= end) {
+        const foff = ext[lo * F + 3]! + (offset - ext[lo * F]!);
+        // each file page spliced takes a pipe slot: an unaligned range spans one page more
+        const pages = Math.ceil(((foff % DATA) + len) / DATA);
+        if (pages <= splicePages && foff + len <= ext[lo * F + 4]! && spliceRead(conn, ext[lo * F + 2]!, foff, len)) return true;
       }
       let pos = offset;
       for (let i = lo; pos < end; i++) {
-        const start = i < count ? ext[i * 4]! : end;
+        const start = i < count ? ext[i * F]! : end;
         if (start >= end) {
           reply.fill(0, DATA + pos - offset, DATA + len);
           pos = end;
@@ -163,8 +262,8 @@ function run(d: ReaderData): void {
           reply.fill(0, DATA + pos - offset, DATA + start - offset);
           pos = start;
         }
-        const stop = Math.min(start + ext[i * 4 + 1]!, end);
-        const efd = ext[i * 4 + 2]!, foff = ext[i * 4 + 3]! + (pos - start);
+        const stop = Math.min(start + ext[i * F + 1]!, end);
+        const efd = ext[i * F + 2]!, foff = ext[i * F + 3]! + (pos - start);
         let got = 0;
         while (pos + got < stop) {
           const r = preadAt(efd, replyAt + DATA + pos - offset + got, stop - pos - got, foff + got);
@@ -260,7 +359,7 @@ function run(d: ReaderData): void {
     if (n < 0) {
       if (n === -Errno.EINTR) continue;
       out.postMessage({ warn: `epoll_wait failed: errno ${-n}` });
-      return;
+      break;
     }
     for (let i = 0; i < n && !stopping; i++) {
       const slot = eventData(eventsView, i);
@@ -279,6 +378,7 @@ function run(d: ReaderData): void {
       serveConn(slot, conn);
     }
   }
+  if (pipe) pipeClose(pipe);
 }
 
 if (parentPort && workerData && typeof (workerData as ReaderData).epfd === "number") run(workerData as ReaderData);
