@@ -81,6 +81,11 @@ export const CONFIG_SCHEMA = section("", {
       "TCG translation cache per VM in MiB (-accel tcg,tb-size=); 0 keeps QEMU's default (1 GiB on\n64-bit hosts, filled as the guest runs new code, so a long-lived sandbox's QEMU keeps growing).\nUnder TCG this cache is most of QEMU's own memory per VM. bench/vm.ts --tb-sizes (5 interleaved\nboots each + a python3 command; QEMU PSS beyond guest RAM after it; cold boot; first run):\ndefault 233 MiB, 3.25 s, 4.2 s; 256: about the same (the footprint after boot + python is about\n170 MiB); 128: 198 MiB, 3.36 s, 4.9 s; 64: 128 MiB, 3.62 s, 4.8 s; 32: 90 MiB, 5.85 s, 5.6 s\n(a full cache is flushed whole and retranslated). 256 bounds the growth without slowing the\nguest; 64 packs more VMs at about 10-20% more guest CPU time. Ignored under KVM.",
       { min: 0, max: 65536, unit: "MiB" },
     ),
+    tcg_tb_size_restore_mib: int(
+      32,
+      "TCG translation cache in MiB of a VM restored from a snapshot (most sandboxes); 0 keeps QEMU's\ndefault. A restored guest translates only what it runs from then on (10 MiB to envd ready), not\nthe boot. bench/vm.ts --tb-sizes 32,64,256 (3 interleaved runs, load 2): QEMU PSS beyond guest\nRAM of a restored VM 47 MiB at envd ready for every size; after the python3 command 75 / 110 /\n118 MiB (of it TCG cache 32 / 64 / 70, heap 18 / 21 / 23, the qemu binary and libraries 25,\nshared by every QEMU of the host); the command took 9.1 / 9.4 / 8.6 s the first time and 9.0 /\n9.0 / 7.3 s the second (a full cache is flushed whole and retranslated: 6 / 2 / 1 flushes).",
+      { min: 0, max: 65536, unit: "MiB" },
+    ),
     qmp_timeout_ms: int(30_000, "Longest wait (ms) for one QMP command (migrations included).", { min: 1, max: MS_MAX, unit: "ms" }),
     memory_dir: str("/dev/shm/agentenv", "Directory of the guest RAM files of booted VMs (<dir>/<vm id>.mem, mapped shared so snapshots\nneed not stream RAM). A tmpfs keeps guest RAM off the disk.", { minLength: 1 }),
   }),

@@ -32,6 +32,7 @@ export function qemuOptions(cfg: Config): QemuDriverOptions {
     cpu: cfg.qemu.cpu,
     tscKhz: cfg.qemu.tsc_khz,
     tcgTbSizeMiB: cfg.qemu.tcg_tb_size_mib,
+    tcgTbSizeRestoreMiB: cfg.qemu.tcg_tb_size_restore_mib,
     runtimeDir: cfg.runtime_path,
     memoryDir: cfg.qemu.memory_dir,
     stopTimeoutMs: cfg.vm.stop_timeout_ms,

@@ -55,6 +55,8 @@ export interface QemuDriverOptions {
   tscKhz: number;
   /** TCG translation cache in MiB; 0 keeps QEMU's default (the largest per-VM memory cost under TCG). */
   tcgTbSizeMiB: number;
+  /** The same for a VM restored from a snapshot (`restore`); 0 keeps QEMU's default. */
+  tcgTbSizeRestoreMiB: number;
   /** Where VMM records and QMP sockets live (`<runtimeDir>/vmm/`). */
   runtimeDir: string;
   /** Directory of the guest RAM files of booted VMs (`<memoryDir>/<id>.mem`); tmpfs is best. */
@@ -90,6 +92,11 @@ export class QemuDriver implements VmmDriver {
     if (spec.net) parts.push(kernelIpArg(spec.net));
     parts.push(kernelClockArg(), spec.bootArgs);
     return parts.filter(Boolean).join(" ");
+  }
+
+  /** TCG translation cache size (MiB, 0 = QEMU's default) of a booted VM, or of a restored one when `restore`. */
+  tcgTbSizeMiBFor(restore: boolean): number {
+    return restore ? this.opts.tcgTbSizeRestoreMiB : this.opts.tcgTbSizeMiB;
   }
 
   /**
@@ -144,7 +151,7 @@ export class QemuDriver implements VmmDriver {
     rmSync(qmpPath, { force: true });
     const args = buildQemuArgs(spec, {
       accel: this.accel,
-      tcgTbSizeMiB: this.opts.tcgTbSizeMiB,
+      tcgTbSizeMiB: this.tcgTbSizeMiBFor(m.incoming),
       cpu: this.accel === "kvm" && this.opts.cpu === "max" ? "host" : this.opts.cpu,
       tscKhz: this.tsc,
       memPath: m.memPath,

@@ -3,7 +3,8 @@ import { describe, expect, test } from "bun:test";
 import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { kernelClockArg, kernelIpArg, prefixToNetmask, VmmError, type VmSpec } from "../../../src/vmm/index.ts";
+import { kernelClockArg, kernelIpArg, prefixToNetmask, qemuOptions, QemuDriver, VmmError, type VmSpec } from "../../../src/vmm/index.ts";
+import { loadConfig } from "../../../src/config/index.ts";
 import { buildQemuArgs, type QemuArgsOptions } from "../../../src/vmm/qemu/args.ts";
 import { detectAccel, hostTscKhz } from "../../../src/vmm/qemu/host.ts";
 
@@ -106,6 +107,20 @@ describe("buildQemuArgs", () => {
   test("a drive serial (a volume's id) is the virtio-blk serial the guest finds it by", () => {
     const a = buildQemuArgs({ ...spec, drives: [...spec.drives, { id: "vol0", path: "/d/v.img", readOnly: true, isRoot: false, serial: "abc123def456ghi789jk" }] }, opts);
     expect(flag(a, "-device")).toContain("virtio-blk-device,drive=vol0,serial=abc123def456ghi789jk");
+  });
+});
+
+describe("TCG translation cache sizes", () => {
+  test("a restored VM gets [qemu] tcg_tb_size_restore_mib, a booted one tcg_tb_size_mib", () => {
+    const o = qemuOptions(loadConfig({ env: {} }));
+    expect([o.tcgTbSizeMiB, o.tcgTbSizeRestoreMiB]).toEqual([256, 32]);
+    const d = new QemuDriver({ ...o, accel: "tcg", tscKhz: 2596134, tcgTbSizeMiB: 128, tcgTbSizeRestoreMiB: 16 });
+    expect(d.tcgTbSizeMiBFor(false)).toBe(128);
+    expect(d.tcgTbSizeMiBFor(true)).toBe(16);
+    expect(flag(buildQemuArgs(spec, { ...opts, tcgTbSizeMiB: d.tcgTbSizeMiBFor(true) }), "-accel")).toEqual(["tcg,tb-size=16"]);
+    const env = loadConfig({ env: { AENV__qemu__tcg_tb_size_restore_mib: "0" } });
+    expect(qemuOptions(env).tcgTbSizeRestoreMiB).toBe(0); // 0: QEMU's own default
+    expect(() => loadConfig({ env: { AENV__qemu__tcg_tb_size_restore_mib: "-1" } })).toThrow(expect.objectContaining({ code: "config.bad_value" }));
   });
 });
 
