@@ -396,6 +396,11 @@ export const CONFIG_SCHEMA = section("", {
         { min: 4096, max: 1_048_576, multipleOf: 4096, unit: "bytes" },
       ),
       fuse_splice: bool(true, "Answer FUSE READs of 64 KiB and more with splice(2): file pages go to /dev/fuse through a pipe\nwith one copy instead of two. A READ must fit the pipe with its header (fs.pipe-max-size, 1 MiB\nby default, holds 1020 KiB: see fuse_max_write)."),
+      fuse_read_ahead_bytes: int(
+        1_044_480,
+        "Readahead window of each FUSE export in bytes (the mount's read_ahead_kb, set by the daemon once\nthe kernel's INIT is answered); 0 keeps the kernel's 128 KiB. A VMM reading the export through\nthe page cache (QEMU's default cache=writeback) then reads a sequential stream in READs of this\nsize (the default = fuse_max_write: one spliced READ per window) instead of 128-256 KiB ones.",
+        { min: 0, max: 67_108_864, multipleOf: 4096, unit: "bytes" },
+      ),
       fuse_direct_io: bool(false, "Open served files with FOPEN_DIRECT_IO (no host page cache for the file). QEMU cache=none\nalready bypasses it; false keeps buffered readers (Firecracker \"Sync\" engine) cached."),
       fuse_request_timeout_s: int(60, "Kernel FUSE request timeout in seconds (protocol 7.43+); a hung server's requests then fail\ninstead of blocking the VMM forever. 0 = none. A restarted daemon must be back within it.", { min: 0, max: 65535, unit: "s" }),
       ready_timeout_ms: int(10_000, "Longest wait (ms) for a started daemon to report ready.", { min: 1, max: MS_MAX, unit: "ms" }),

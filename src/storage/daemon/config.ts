@@ -15,6 +15,8 @@ export interface DiskConfig {
   fuseMaxWrite: number;
   /** Answer large READs with splice(2). */
   fuseSplice: boolean;
+  /** Readahead window of each FUSE mount, KiB (0 = the kernel's 128 KiB). */
+  fuseReadAheadKb: number;
   /** FOPEN_DIRECT_IO on served files. */
   fuseDirectIo: boolean;
   /** Kernel FUSE request timeout, seconds (0 = none). */
@@ -51,6 +53,7 @@ export function diskConfig(cfg: Config = loadConfig()): DiskConfig {
     fuseThreads: d.fuse_threads,
     fuseMaxWrite: d.fuse_max_write,
     fuseSplice: d.fuse_splice,
+    fuseReadAheadKb: d.fuse_read_ahead_bytes / 1024,
     fuseDirectIo: d.fuse_direct_io,
     fuseRequestTimeoutSec: d.fuse_request_timeout_s,
     readyTimeoutMs: d.ready_timeout_ms,
@@ -68,7 +71,7 @@ export function daemonSettings(c: DiskConfig, dir: string): DaemonSettings {
   return {
     dir,
     export: c.export,
-    fuse: { threads: c.fuseThreads, maxWrite: c.fuseMaxWrite, requestTimeoutSec: c.fuseRequestTimeoutSec, directIo: c.fuseDirectIo, splice: c.fuseSplice },
+    fuse: { threads: c.fuseThreads, maxWrite: c.fuseMaxWrite, requestTimeoutSec: c.fuseRequestTimeoutSec, directIo: c.fuseDirectIo, splice: c.fuseSplice, readAheadKb: c.fuseReadAheadKb },
     ublk: c.ublk,
     pool: c.pool,
     maxFrameBytes: c.maxFrameBytes,

@@ -35,7 +35,7 @@ export interface DaemonSettings {
   dir: string;
   /** Engine used when a request names none: "auto" = ublk when /dev/ublk-control exists, else FUSE. */
   export: "auto" | EngineName;
-  fuse: { threads: number; maxWrite: number; requestTimeoutSec: number; directIo: boolean; splice: boolean };
+  fuse: { threads: number; maxWrite: number; requestTimeoutSec: number; directIo: boolean; splice: boolean; readAheadKb: number };
   /** `[ublk]`: queues, depth, block sizes, user recovery of ublk devices. */
   ublk: UblkConfig;
   pool: BlockPoolSettings;
@@ -80,7 +80,7 @@ export async function runDaemon(s: DaemonSettings, onReady: (socket: string) => 
   try {
     const ublk = ublkAvailable();
     if (s.export === "ublk" && !ublk) throw new DiskError("disk.unsupported", "export = \"ublk\" but /dev/ublk-control does not exist", { export: s.export });
-    engines.fuse = new FuseEngine({ threads: s.fuse.threads, maxWrite: s.fuse.maxWrite, requestTimeoutSec: s.fuse.requestTimeoutSec, splice: s.fuse.splice });
+    engines.fuse = new FuseEngine({ threads: s.fuse.threads, maxWrite: s.fuse.maxWrite, requestTimeoutSec: s.fuse.requestTimeoutSec, splice: s.fuse.splice, readAheadKb: s.fuse.readAheadKb });
     if (ublk) engines.ublk = UblkEngine.open(s.ublk);
     const defaultEngine: EngineName = s.export === "fuse" || !ublk ? "fuse" : "ublk";
     store = new DeviceStore(paths.db);

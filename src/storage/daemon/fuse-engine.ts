@@ -33,6 +33,8 @@ export interface FuseEngineSettings {
   requestTimeoutSec: number;
   /** Answer large READs with splice(2). */
   splice: boolean;
+  /** Readahead window of each mount, KiB (0 = the kernel's). */
+  readAheadKb: number;
 }
 
 class FuseDevice implements EngineDevice {
@@ -184,7 +186,7 @@ export class FuseEngine implements ExportEngine {
   }
 
   #connect(fd: number, mountPoint: string, resume: boolean): FuseConnection {
-    return new FuseConnection(this.#pool, { fd, mountPoint, maxWrite: this.#s.maxWrite, requestTimeoutSec: this.#s.requestTimeoutSec, resume });
+    return new FuseConnection(this.#pool, { fd, mountPoint, maxWrite: this.#s.maxWrite, requestTimeoutSec: this.#s.requestTimeoutSec, readAheadKb: this.#s.readAheadKb, resume });
   }
 }
 

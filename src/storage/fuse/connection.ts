@@ -22,6 +22,7 @@ import type { BlockImage } from "../block.ts";
 import * as F from "../../ffi/fuse.ts";
 import { logger } from "../../observability/log.ts";
 import { FuseError } from "./errors.ts";
+import { setReadAheadKb } from "./mount.ts";
 import { COUNTERS_PER_THREAD, type FuseReaderPool, type PoolClient } from "./reader-pool.ts";
 import { EXTENT_FIELDS, type DirectMsg } from "./reader-worker.ts";
 
@@ -117,6 +118,8 @@ export interface FuseConnectionOptions {
   maxWrite: number;
   /** Kernel request timeout in seconds (0 = none; needs protocol 7.43). */
   requestTimeoutSec: number;
+  /** Readahead window of the mount once INIT is answered, KiB (0 = the kernel's 128 KiB); see `setReadAheadKb`. */
+  readAheadKb?: number;
   /**
    * A replacement server of a live connection (the kernel sends no second INIT): first ask the
    * kernel to re-queue every request the previous server read but never answered
@@ -480,7 +483,12 @@ export class FuseConnection {
           maxWrite: this.#opts.maxWrite, maxPages: this.#opts.maxWrite / 4096,
           requestTimeout: timeout ? this.#opts.requestTimeoutSec : 0,
         });
-        return this.#reply(h.unique, 0, out);
+        this.#reply(h.unique, 0, out);
+        // the kernel set the mount's readahead while taking the reply: raise it now
+        const kb = this.#opts.readAheadKb ?? 0;
+        const why = kb > 0 ? setReadAheadKb(this.mountPoint, kb) : null;
+        if (why) log.warn({ mountPoint: this.mountPoint, readAheadKb: kb, why }, "FUSE readahead left at the kernel's");
+        return;
       }
       case F.Op.FORGET:
       case F.Op.BATCH_FORGET:
@@ -610,6 +618,7 @@ function validate(o: FuseConnectionOptions): void {
     throw bad("maxWrite must be a multiple of 4096 in 4096..1048576");
   }
   if (!Number.isInteger(o.requestTimeoutSec) || o.requestTimeoutSec < 0 || o.requestTimeoutSec > 65535) throw bad("requestTimeoutSec must be 0..65535");
+  if (o.readAheadKb !== undefined && (!Number.isInteger(o.readAheadKb) || o.readAheadKb < 0 || o.readAheadKb > 65536)) throw bad("readAheadKb must be 0..65536");
 }
 
 function validateServe(s: ServeOptions): void {

@@ -2,8 +2,8 @@
  * Mount a FUSE filesystem of our kind with mount(2) (no fusermount, no libfuse): open /dev/fuse,
  * mount with the fd in the mount data. Mount data per ../shared/docs/fuse-nbd.md §1.7.
  */
-import { closeSync, mkdirSync, openSync, constants as fsc } from "node:fs";
-import { MS_NODEV, MS_NOSUID, mount, MountError } from "../../ffi/mount.ts";
+import { closeSync, mkdirSync, openSync, writeFileSync, constants as fsc } from "node:fs";
+import { listMounts, MS_NODEV, MS_NOSUID, mount, MountError } from "../../ffi/mount.ts";
 import { FuseError } from "./errors.ts";
 
 const O_CLOEXEC = 0o2000000;
@@ -38,4 +38,24 @@ export function mountFuse(mountPoint: string, maxWrite: number, fsName = FUSE_FS
     throw new FuseError("fuse.mount", `cannot mount FUSE export on ${mountPoint}`, { mountPoint, errno }, { cause: e });
   }
   return fd;
+}
+
+/**
+ * Set the readahead window of the FUSE mount at `mountPoint`: its backing device info's
+ * read_ahead_kb (/sys/class/bdi/<major:minor>/, the device numbers from /proc/self/mountinfo).
+ * The kernel starts a FUSE mount at min(128 KiB, INIT's max_readahead), so INIT cannot raise it;
+ * call this once INIT is answered. The mount point is not stat'ed: that would ask the serving
+ * thread (the caller) for the root's attributes. Page-cache readers (QEMU's default
+ * cache=writeback) then read sequentially in READs of up to `kb` KiB instead of 128-256 KiB.
+ * @returns null when set, else why not (no such mount, sysfs write refused)
+ */
+export function setReadAheadKb(mountPoint: string, kb: number): string | null {
+  const m = listMounts().findLast((x) => x.mountPoint === mountPoint && x.fstype.startsWith("fuse"));
+  if (!m) return `no FUSE mount at ${mountPoint}`;
+  try {
+    writeFileSync(`/sys/class/bdi/${m.dev}/read_ahead_kb`, `${kb}\n`);
+    return null;
+  } catch (e) {
+    return `read_ahead_kb of bdi ${m.dev}: ${(e as Error).message}`;
+  }
 }

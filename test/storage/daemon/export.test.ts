@@ -11,6 +11,7 @@ import { daemonSettings, diskConfig, DiskService, type DiskExport } from "../../
 import { compileEntrypoints } from "../../../src/bundle.ts";
 import { alive, exited, firstLine } from "../../helpers/proc.ts";
 import { fuseMounted, startService, stopService } from "./fixtures/service.ts";
+import { listMounts } from "../../../src/ffi/mount.ts";
 
 const MiB = 1 << 20;
 let root: string;
@@ -145,6 +146,40 @@ describe("FUSE disk export through the daemon", () => {
         expect(s.errors).toBe(0);
       } finally {
         await d.close();
+      }
+    } finally {
+      await own.close();
+    }
+  }, 60_000);
+
+  test("the mount's readahead window is [disk] fuse_read_ahead_bytes: a buffered sequential read of 4 MiB is a few large READs; 0 keeps the kernel's 128 KiB", async () => {
+    const bdiKb = (mp: string) => {
+      const dev = listMounts().findLast((m) => m.mountPoint === mp)!.dev;
+      return Number(readFileSync(`/sys/class/bdi/${dev}/read_ahead_kb`, "utf8").trim());
+    };
+    const data = randomBytes(4 * MiB);
+    const { d, workDir } = await serveRaw("readahead", data, true);
+    try {
+      expect(bdiKb(join(workDir, "mnt"))).toBe(diskConfig().fuseReadAheadKb);
+      expect(diskConfig().fuseReadAheadKb).toBe(1020);
+      expect(sha(readFileSync(d.path))).toBe(sha(data));
+      const s = await d.stats();
+      expect(s.bytes_read).toBe(4 * MiB);
+      // 4 MiB in windows of 1020 KiB: 5 READs (the kernel's 128 KiB window would take 32 or more)
+      expect(s.reads).toBeGreaterThanOrEqual(5);
+      expect(s.reads).toBeLessThanOrEqual(8);
+    } finally {
+      await d.close();
+    }
+    const own = await startService(root, { fuseReadAheadKb: 0 }, join(root, "ra0-run"));
+    try {
+      const { d: d0, workDir: w0 } = await serveRaw("readahead0", data, true, own);
+      try {
+        expect(bdiKb(join(w0, "mnt"))).toBe(128);
+        expect(sha(readFileSync(d0.path))).toBe(sha(data));
+        expect((await d0.stats()).reads).toBeGreaterThanOrEqual(32);
+      } finally {
+        await d0.close();
       }
     } finally {
       await own.close();
