@@ -138,6 +138,14 @@ describe("kernel command-line pieces", () => {
     expect(code(() => kernelIpArg({ guestIp: "169.254.0.21", gatewayIp: "x", prefixLen: 30 }))).toBe("vmm.bad_spec");
   });
 
+  test("the QEMU driver's command line: console, TSC hint under TCG, no legacy PTYs, then the spec's arguments", () => {
+    const o = { ...qemuOptions(loadConfig({ env: {} })), accel: "tcg" as const, tscKhz: 2596134 };
+    const words = new QemuDriver(o).cmdline({ ...spec, net: undefined, bootArgs: "root=/dev/vda" }).split(" ");
+    expect(words.slice(0, 6)).toEqual(["console=ttyS0", "quiet", "panic=1", "pci=off", "pty.legacy_count=0", "tsc_early_khz=2596134"]);
+    expect(words.at(-1)).toBe("root=/dev/vda");
+    expect(new QemuDriver({ ...o, accel: "kvm" }).cmdline({ ...spec, net: undefined, bootArgs: "" }).split(" ")).not.toContain("tsc_early_khz=2596134");
+  });
+
   test("clock argument carries unix ms", () => {
     expect(kernelClockArg(1795948000123.7)).toBe("aenv.clock=1795948000123");
   });
