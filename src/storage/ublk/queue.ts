@@ -19,8 +19,13 @@ import { logger } from "../../observability/log.ts";
 import { cowFilesOf, cowFlush, cowWrite, planCowRead, type CowFiles } from "./cow.ts";
 import { isDiverted, planExtentRead, type DirectPlan, type ExtentPlan, type PlanFile, type ReadPiece } from "./plan.ts";
 
-/** What the main thread hands a queue thread (structured-clone data; fds and addresses are process-wide). */
-export interface QueueInit {
+/**
+ * What the main thread hands a queue thread when it starts (structured-clone data; fds and
+ * addresses are process-wide). The thread then waits for a `QueueCommand`: `serve` (what it
+ * serves, see `QueueServe`) or `stop`. A pre-created device (the disk daemon's warm pool) has its
+ * threads started and waiting before it knows its image.
+ */
+export interface QueueSetup {
   devId: number;
   qId: number;
   /** Tags of this queue. */
@@ -36,12 +41,6 @@ export interface QueueInit {
   bufPtr: number;
   /** Send ioctl-encoded opcodes (else legacy numbers). */
   encodedOps: boolean;
-  /** Device size in bytes; requests past it fail with EIO. */
-  size: number;
-  readOnly: boolean;
-  plan: DirectPlan | null;
-  /** Bit per 4 KiB block that must be read through the main thread (extent plans with main-thread writes). */
-  divert: Int32Array | null;
   /** Int32Array view source: [0] tail (main), [1] head (this thread), then `mailboxCap` (tag, result) pairs. */
   mailbox: SharedArrayBuffer;
   /** Entries of the mailbox (a power of two > depth). */
@@ -54,8 +53,28 @@ export interface QueueInit {
   ringFlags: number;
 }
 
-/** Messages from a queue thread. A forwarded request is `[tag, op, flags, offset, length]` (bytes). */
+/** What a queue thread serves, sent once the device has its image (`{ type: "serve", ...QueueServe }`). */
+export interface QueueServe {
+  /** Device size in bytes; requests past it fail with EIO. */
+  size: number;
+  readOnly: boolean;
+  plan: DirectPlan | null;
+  /** Bit per 4 KiB block that must be read through the main thread (extent plans with main-thread writes). */
+  divert: Int32Array | null;
+}
+
+/** Everything `runQueue` needs. */
+export type QueueInit = QueueSetup & QueueServe;
+
+/** Messages to a queue thread: serve (then it runs until its tags are aborted), or end without serving. */
+export type QueueCommand = ({ type: "serve" } & QueueServe) | { type: "stop" };
+
+/**
+ * Messages from a queue thread: `loaded` (started, waiting for its QueueCommand), `ready` (every
+ * tag fetched), `exit`. A forwarded request is `[tag, op, flags, offset, length]` (bytes).
+ */
 export type QueueMessage =
+  | { type: "loaded" }
   | { type: "ready" }
   | { type: "exit"; reason: string }
   | [number, number, number, number, number];
@@ -75,7 +94,19 @@ const KIND_IO = 1, KIND_DOORBELL = 2;
 const TWO32 = 2 ** 32;
 const EIO = 5, EAGAIN = 11, EOPNOTSUPP = 95;
 
-/** Where the main thread's view of a mailbox puts a result; see `QueueInit.mailbox`. */
+/**
+ * The answer a request gets before it is served: EIO when it reaches past the device end (bytes
+ * `offset .. offset + length` beyond `size`; a FLUSH carries no range and always passes), else 0.
+ * The block layer clips requests at the capacity it was told, so only a server whose size
+ * disagrees with the kernel's (or a malformed descriptor) sees one.
+ * @returns 0, or the negative errno to commit
+ */
+export function rangeCheck(op: number, offset: number, length: number, size: number): number {
+  if (op === UBLK_IO_OP.FLUSH) return 0;
+  return offset + length > size ? -EIO : 0;
+}
+
+/** Where the main thread's view of a mailbox puts a result; see `QueueSetup.mailbox`. */
 export function mailboxPut(mb: Int32Array, cap: number, tag: number, result: number): void {
   const t = Atomics.load(mb, 0);
   const i = 2 + (t & (cap - 1)) * 2;
@@ -182,9 +213,10 @@ export function runQueue(init: QueueInit, post: (m: QueueMessage) => void): stri
     const offset = (desc.getUint32(at + IO_DESC.START_SECTOR, true) + desc.getUint32(at + IO_DESC.START_SECTOR + 4, true) * TWO32) * 512;
     reqLen[tag] = length;
     reqOp[tag] = op;
-    if (offset + length > init.size && op !== UBLK_IO_OP.FLUSH) {
+    const refused = rangeCheck(op, offset, length, init.size);
+    if (refused < 0) {
       log.warn({ tag, op, offset, length, size: init.size }, "request past the device end: I/O error");
-      return commit(tag, -EIO);
+      return commit(tag, refused);
     }
     const list = pieces[tag]!;
     list.length = 0;
