@@ -464,6 +464,13 @@ export class UblkDevice {
    *   nothing is left behind
    */
   static async precreate(ctrl: UblkControl, cfg: UblkConfig, opts: DeviceOptions = {}): Promise<UblkDevice> {
+    const dev = await UblkDevice.#add(ctrl, cfg, opts);
+    log.info({ devId: dev.devId, queues: dev.info.nrHwQueues, depth: dev.info.queueDepth, addMs: dev.timings.addMs, openMs: dev.timings.openMs, threadsMs: dev.timings.threadsMs }, "ublk device pre-created");
+    return dev;
+  }
+
+  /** ADD_DEV, open, map, start the threads (see `precreate`). */
+  static async #add(ctrl: UblkControl, cfg: UblkConfig, opts: DeviceOptions): Promise<UblkDevice> {
     let t = performance.now();
     const lap = () => {
       const now = performance.now();
@@ -487,7 +494,6 @@ export class UblkDevice {
       await dev.#spawnQueues(cfg.controlTimeoutMs);
       dev.timings.threadsMs = lap();
       dev.#state = "pooled";
-      log.info({ devId: dev.devId, queues: info.nrHwQueues, depth: info.queueDepth, ...dev.timings }, "ublk device pre-created");
       return dev;
     } catch (e) {
       dev.#state = "failed";
@@ -554,7 +560,7 @@ export class UblkDevice {
    */
   static async create(ctrl: UblkControl, target: UblkTarget, cfg: UblkConfig, opts: DeviceOptions = {}): Promise<UblkDevice> {
     checkSize(target.image.size, cfg);
-    const dev = await UblkDevice.precreate(ctrl, cfg, opts);
+    const dev = await UblkDevice.#add(ctrl, cfg, opts);
     dev.#fresh = true;
     await dev.bind(target);
     return dev;

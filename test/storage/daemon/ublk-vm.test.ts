@@ -17,6 +17,7 @@
  * is gone and reported lost by the next daemon; shutdown removes every device, pooled ones too.
  */
 import { beforeAll, describe, expect, test } from "bun:test";
+import { writeFileSync } from "node:fs";
 import { daemonSettings, diskConfig } from "../../../src/storage/daemon/index.ts";
 import { ownerTagOf } from "../../../src/storage/ublk/index.ts";
 import { guestValues, runGuestScript, type GuestRun } from "../ublk/guest.ts";
@@ -43,8 +44,9 @@ devsha() { dd if=$1 bs=1M iflag=direct 2>/dev/null | sha256sum | cut -c1-64; }
 filesha() { sha256sum "$1" | cut -c1-64; }
 call() { $A ublk-daemon --dir $W/run --settings "$SET" --call "$1" 2>>call.err; }
 call2() { $A ublk-daemon --dir $W/run2 --settings "$SET2" --call "$1" 2>>call.err; }
-daemon() { AENV_LOG_LEVEL=info $A ublk-daemon --dir $W/run --settings "$SET"; }
-daemon2() { AENV_LOG_LEVEL=info $A ublk-daemon --dir $W/run2 --settings "$SET2"; }
+# exec: run in the background, $! is the daemon's own pid (kill -9 must reach it, not a subshell)
+daemon() { AENV_LOG_LEVEL=info exec $A ublk-daemon --dir $W/run --settings "$SET"; }
+daemon2() { AENV_LOG_LEVEL=info exec $A ublk-daemon --dir $W/run2 --settings "$SET2"; }
 field() { sed -n "s/.*\"$1\":\"\{0,1\}\([^\",}]*\).*/\1/p"; }
 # kernel ublk devices carrying owner tag $1
 tagged() { $A ublk list | python3 -c 'import json,sys; print(len([d for d in json.load(sys.stdin) if d["owner"]==sys.argv[1]]))' "$1"; }
@@ -252,6 +254,8 @@ function timings(): Record<string, number | string | boolean>[] {
 beforeAll(async () => {
   run = await runGuestScript({ name: "diskd", script: SCRIPT, vcpus: 2, memoryMiB: 1024, timeoutMs: 600_000 });
   v = guestValues(run.console);
+  // debugging aid: UBLK_VM_CONSOLE=<file> keeps the guest's console
+  if (process.env.UBLK_VM_CONSOLE) writeFileSync(process.env.UBLK_VM_CONSOLE, run.console);
   if (run.rc !== 0 || !v.has("ublk_list")) console.error(run.console.slice(-6000));
   console.log(`disk daemon ublk VM test: ${run.seconds.toFixed(1)} s in the VM`);
   // what making a device costs, step by step (ms, under TCG): pre-created devices vs a bind vs a fresh create
