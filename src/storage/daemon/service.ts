@@ -9,7 +9,9 @@
  *
  * A device that is gone without this node asking (the daemon's `device_lost` event; or, after a
  * daemon restart, a device the new daemon does not serve) resolves its handle's `lost`, so the
- * sandbox using it can be failed.
+ * sandbox using it can be failed. The node's copy of a lost FUSE connection is closed (and its
+ * mount detached) at once: with no server left, that copy would keep the connection alive and
+ * every I/O of the VMM on it waiting for good (unkillable), instead of failing.
  */
 import { closeSync, existsSync, mkdirSync, openSync, readFileSync } from "node:fs";
 import { dirname, join } from "node:path";
@@ -100,6 +102,8 @@ export class DiskService {
   #refs = new Map<string, number>();
   /** Who waits for each device id's loss (the `lost` of every open handle). */
   #lostWaiters = new Map<string, Set<(reason: string) => void>>();
+  /** Mount point of each FUSE device handed to this node. */
+  #mounts = new Map<string, string>();
 
   /**
    * A service for the daemon on `dir` (`<runtime_path>/disk`); the daemon starts with `start()`
@@ -289,6 +293,7 @@ export class DiskService {
       await this.#call<"hold">({ kind: "hold", dev_id: info.dev_id, holder_pid: process.pid, holder_fd: fd });
     }
     this.#refs.set(info.dev_id, (this.#refs.get(info.dev_id) ?? 0) + 1);
+    if (info.engine === "fuse") this.#mounts.set(info.dev_id, dirname(info.path));
     let closed: Promise<void> | undefined;
     const id = info.dev_id;
     let onLost!: (reason: string) => void;
@@ -327,6 +332,8 @@ export class DiskService {
     if (!w) return;
     this.#lostWaiters.delete(id);
     log.error({ id, reason }, "disk device lost");
+    // nobody serves it any more: release the connection so pending and later I/O fail now
+    this.#drop(id, this.#held.get(id), this.#mounts.get(id) ?? null);
     for (const f of w) f(reason);
   }
 
@@ -344,6 +351,7 @@ export class DiskService {
     if (mountPoint) umount2(mountPoint, MNT_DETACH);
     if (fd !== undefined) closeSync(fd);
     this.#held.delete(id);
+    if (!this.#refs.has(id)) this.#mounts.delete(id);
   }
 
   /** Shut down (or kill) a daemon left on this directory by a node that crashed. */

@@ -417,8 +417,13 @@ describe("disk daemon protocol", () => {
     const t = await twoLayerTemplate(own, "t", SIZE, 7);
     const d = await svc.rootDisk({ id: "lost2", lowers: t.lowers, sandboxDir: join(root, "lost2") });
     const keep = await svc.rootDisk({ id: "lost2keep", lowers, sandboxDir: join(root, "lost2keep") });
+    // a reader (as a VMM) with the disk open across the loss, reading again when told
+    const go = join(root, "lost2.go");
+    const reader = Bun.spawn(["sh", "-c", `exec 3<${d.path}; echo open; while [ ! -e ${go} ]; do sleep 0.05; done; dd bs=4096 count=1 iflag=direct <&3 >/dev/null 2>&1; echo rc=$?`], { stdout: "pipe" });
     try {
       expect(readFileSync(d.path).equals(Buffer.from(t.expected))).toBe(true);
+      const out = reader.stdout.getReader();
+      expect(new TextDecoder().decode((await out.read()).value)).toBe("open\n");
       // the running daemon keeps the layer open; the next one cannot open it
       renameSync(t.lowers[1]!, `${t.lowers[1]}.away`);
       const restarts = svc.restarts;
@@ -427,6 +432,11 @@ describe("disk daemon protocol", () => {
       expect(svc.restarts).toBe(restarts + 1);
       expect(why).toStartWith("not recovered after a daemon restart: ");
       expect(why).toContain(t.lowers[1]!);
+      // nobody serves it: the node let go of its connection copy, so the open file's I/O fails
+      // at once instead of waiting for good
+      writeFileSync(go, "");
+      expect(await reader.exited).toBe(0);
+      expect(new TextDecoder().decode((await out.read()).value)).not.toBe("rc=0\n");
       const l = await svc.request({ kind: "list" });
       expect(l.devices.map((x) => x.dev_id)).toContain("lost2keep");
       expect(l.devices.map((x) => x.dev_id)).not.toContain("lost2");
@@ -434,6 +444,7 @@ describe("disk daemon protocol", () => {
       expect(readFileSync(keep.path).equals(Buffer.from(expected))).toBe(true);
       expect(await Promise.race([keep.lost, Bun.sleep(50).then(() => "not lost")])).toBe("not lost");
     } finally {
+      reader.kill("SIGKILL");
       await d.close();
       await keep.close();
     }
