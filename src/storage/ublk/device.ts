@@ -67,6 +67,8 @@ export interface DeviceStats {
   errors: number;
   /** Requests the queue threads handed to the main thread (the image) instead of answering them. */
   forwarded: number;
+  /** io_uring_enter calls the queue threads waited in (requests / enters: how much each wake-up batched). */
+  enters: number;
 }
 
 /** Per-device choices (defaults from `[ublk]`). */
@@ -203,7 +205,7 @@ export class UblkDevice {
     const sum = (k: keyof typeof QUEUE_COUNTERS) => this.#queues.reduce((n, q) => n + q.counters[QUEUE_COUNTERS[k]]!, 0);
     return {
       reads: sum("reads"), bytesRead: sum("bytesRead"), writes: sum("writes"), bytesWritten: sum("bytesWritten"),
-      flushes: sum("flushes"), discards: sum("discards"), errors: sum("errors"), forwarded: this.#forwarded,
+      flushes: sum("flushes"), discards: sum("discards"), errors: sum("errors"), forwarded: this.#forwarded, enters: sum("enters"),
     };
   }
 
