@@ -83,6 +83,7 @@ for r in $(seq 1 ${ROUNDS}); do
   ${CASES.map((c, i) => `for t in loop ublk fuse; do say $t.${i}.$r $(run "$(dev $t)" ${c.rw} ${c.bs} ${c.qd}); done`).join("\n  ")}
 done
 kill $U; wait $U
+say ublk_stats $(grep '"ublk device stats"' u.err | head -1)
 kill $DD; wait $DD
 losetup -d $LOOP
 `;
@@ -109,3 +110,9 @@ CASES.forEach((c, i) => {
   const cells = TARGETS.map((t) => `${t} ${v(t).toFixed(0)}${t === "loop" ? "" : ` (${(v(t) / base).toFixed(2)}x)`}`);
   console.log(`${c.name.padEnd(28)} ${c.unit.padEnd(5)} ${cells.join("   ")}`);
 });
+// how well the ublk queue threads batched: requests answered per io_uring_enter they waited in
+const us = run.values.get("ublk_stats");
+if (us) {
+  const st = JSON.parse(us.slice(us.indexOf("{"))) as { reads: number; enters?: number; errors: number };
+  console.log(`ublk server: ${st.reads} reads, ${st.errors} errors${st.enters ? `, ${st.enters} io_uring_enter waits (${(st.reads / st.enters).toFixed(1)} requests each)` : ""}`);
+}

@@ -474,7 +474,7 @@ export const CONFIG_SCHEMA = section("", {
       high_watermark: int(64, "", { min: 0, max: 32768, unit: "count" }),
 
       block: section(
-        "Warm pool of pre-created disk exports in the disk daemon (FUSE: a mounted, initialised\nconnection waiting for its image; ublk: a started device). An exclusive acquire takes one and\nbinds the sandbox's disk to it; the daemon refills in the background up to high_watermark once\nfewer than low_watermark are left. The pool starts filled to low_watermark.",
+        "Warm pool of pre-created disk exports in the disk daemon (FUSE: a mounted, initialised\nconnection waiting for its image; ublk: a device added (ADD_DEV) with its queue threads started\nand waiting, which a bind gives its size (SET_PARAMS) and starts (START_DEV)). An exclusive\nacquire takes one and binds the sandbox's disk to it; the daemon refills in the background up to\nhigh_watermark once fewer than low_watermark are left. The pool starts filled to low_watermark.",
         {
           enabled: bool(true, "Keep pre-created disk exports."),
           low_watermark: int(1, "", { min: 0, max: 1024, unit: "count" }),

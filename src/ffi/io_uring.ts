@@ -33,6 +33,13 @@ export const IORING_SETUP = {
   SINGLE_ISSUER: 1 << 12,
   DEFER_TASKRUN: 1 << 13,
 } as const;
+/**
+ * SQE flags (io_uring_sqe.flags, byte 1): IO_LINK: the next SQE starts once this one completed
+ * in full (a failure or a short transfer cancels the rest of the chain with -ECANCELED);
+ * CQE_SKIP_SUCCESS (5.17): post no CQE when it succeeds; when it fails, its CQE is posted and the
+ * CQEs of the chain members it cancels are suppressed (REQ_F_SKIP_LINK_CQES).
+ */
+export const IOSQE = { IO_LINK: 1 << 2, CQE_SKIP_SUCCESS: 1 << 6 } as const;
 /** io_uring_enter flags. */
 export const IORING_ENTER_GETEVENTS = 1;
 /** fsync_flags: fdatasync instead of fsync. */
@@ -117,6 +124,8 @@ export interface SqeFields {
   len?: number;
   /** rw_flags / fsync_flags / uring_cmd_flags. */
   opFlags?: number;
+  /** IOSQE_* flags (byte 1). */
+  sqeFlags?: number;
   /** Returned in the CQE (up to 2^53). */
   userData: number;
 }
@@ -225,6 +234,11 @@ export class IoUring {
     return (this.tail - Atomics.load(this.sq, this.sqHead)) >>> 0;
   }
 
+  /** SQE slots free now (prepare at most this many without an implicit submit). */
+  get space(): number {
+    return this.entries - this.pending;
+  }
+
   /**
    * Claim the next SQE slot, zeroed; returns its first word index in `sqeWords`. When the SQ is
    * full, the prepared SQEs are submitted first (without waiting).
@@ -246,7 +260,7 @@ export class IoUring {
   prep(f: SqeFields): number {
     const w = this.sqeWords;
     const o = this.nextSqe();
-    w[o] = f.opcode; // opcode byte 0; flags, ioprio 0
+    w[o] = f.opcode | ((f.sqeFlags ?? 0) << 8); // opcode byte 0, flags byte 1; ioprio 0
     w[o + (SQE.FD >>> 2)] = f.fd;
     if (f.off) setU64(w, o + (SQE.OFF >>> 2), f.off);
     if (f.addr) setU64(w, o + (SQE.ADDR >>> 2), f.addr);
@@ -257,11 +271,29 @@ export class IoUring {
   }
 
   /**
+   * `prep` with positional fields, allocating nothing: for a hot loop (a ublk queue thread
+   * prepares a few SQEs per request).
+   * @returns the SQE's first word index
+   */
+  prepFields(opcode: number, fd: number, off: number, addr: number, len: number, userData: number, sqeFlags = 0, opFlags = 0): number {
+    const w = this.sqeWords;
+    const o = this.nextSqe();
+    w[o] = opcode | (sqeFlags << 8);
+    w[o + (SQE.FD >>> 2)] = fd;
+    if (off) setU64(w, o + (SQE.OFF >>> 2), off);
+    if (addr) setU64(w, o + (SQE.ADDR >>> 2), addr);
+    if (len) w[o + (SQE.LEN >>> 2)] = len;
+    if (opFlags) w[o + (SQE.OP_FLAGS >>> 2)] = opFlags;
+    setU64(w, o + (SQE.USER_DATA >>> 2), userData);
+    return o;
+  }
+
+  /**
    * Prepare an IORING_OP_URING_CMD SQE on `fd` with command `cmdOp`; the caller writes the payload
    * at word `returned + SQE.CMD / 4` (16 bytes, or 80 with SQE128).
    */
-  prepUringCmd(fd: number, cmdOp: number, userData: number): number {
-    const o = this.prep({ opcode: IORING_OP.URING_CMD, fd, userData });
+  prepUringCmd(fd: number, cmdOp: number, userData: number, sqeFlags = 0): number {
+    const o = this.prepFields(IORING_OP.URING_CMD, fd, 0, 0, 0, userData, sqeFlags);
     this.sqeWords[o + (SQE.CMD_OP >>> 2)] = cmdOp >>> 0;
     return o;
   }

@@ -648,22 +648,27 @@ export class Orchestrator implements SandboxService {
   }
 
   /**
-   * When the VMM dies by itself, the sandbox becomes failed and its leftovers are freed. Each
-   * start/resume gets a node-wide unique generation number; an exit of an older generation (the VM a pause or
-   * kill stopped) is ignored.
+   * When the VMM dies by itself, or the runtime reports the sandbox lost (its disk device
+   * removed), the sandbox becomes failed and its leftovers are freed. Each start/resume gets a
+   * node-wide unique generation number; an end of an older generation (the VM a pause or kill
+   * stopped) is ignored.
    */
   private watchExit(id: string, started: RuntimeSandbox): void {
     const gen = ++this.lastGeneration;
     this.generations.set(id, gen);
-    if (!started.exited) return;
-    void started.exited.then(() => {
+    const ends: Promise<string>[] = [];
+    if (started.exited) ends.push(started.exited.then(() => "sandbox VM exited unexpectedly"));
+    if (started.lost) ends.push(started.lost);
+    if (ends.length === 0) return;
+    void Promise.race(ends).then((why) => {
       if (this.closed || this.generations.get(id) !== gen) return;
       void this.lock
         .run(id, async () => {
           const r = this.store.get(id);
           if (!r || r.state !== "running" || this.generations.get(id) !== gen) return;
           this.generations.delete(id);
-          this.transition(id, "running", "failed", { error: "sandbox VM exited unexpectedly", endpoint: null });
+          this.log.error({ sandboxId: id, reason: why }, `sandbox failed: ${why}`);
+          this.transition(id, "running", "failed", { error: why, endpoint: null });
           await this.runtime.kill(id, r.runtimeState).catch((e) => this.log.error({ sandboxId: id, err: e }, "clean-up after exit failed"));
           this.recount();
         })

@@ -76,6 +76,12 @@ export interface RuntimeSandbox {
   envdVersion: string;
   /** Resolves when the sandbox dies on its own (VMM exit); the orchestrator then marks it failed. */
   exited?: Promise<unknown>;
+  /**
+   * Resolves with a reason when the sandbox can no longer run though its VMM may live on (its
+   * root disk or a volume drive was removed under it: the guest sees I/O errors); the
+   * orchestrator then marks it failed and kills it.
+   */
+  lost?: Promise<string>;
 }
 
 /** A committed snapshot as the API lists it (E2B `SnapshotInfo` plus what filters need). */

@@ -1,9 +1,11 @@
 /**
  * The memory-image exporter of this node: a read-only overlaybd stack of memory layers served by
- * the disk daemon as one shared device per stack (a FUSE file with KEEP_CACHE, so every VM
- * mapping it shares the host page cache; O_RDWR opens accepted, WRITE refused; a ublk device once
- * that engine serves shared devices). The daemon keeps the image's FUSE connection open in the
- * node too, so a restarted daemon resumes it and the VMs mapping the image see a pause, not SIGBUS.
+ * the disk daemon as one shared device per stack, with the daemon's engine: a FUSE file with
+ * KEEP_CACHE (every VM mapping it shares the host page cache) or a read-only /dev/ublkbN (one
+ * block device, one page cache); O_RDWR opens accepted, writes refused. A restarted daemon
+ * resumes it (FUSE: from the connection copy the node holds; ublk: user recovery), so the VMs
+ * mapping the image see a pause, not SIGBUS. The image's `exited` resolves when it is closed or
+ * lost (its device gone).
  */
 import type { ImageExporter, ServedImage } from "../snapshot/index.ts";
 import type { DiskService } from "../storage/daemon/index.ts";
@@ -18,6 +20,7 @@ export function diskMemoryExporter(disks: DiskService): ImageExporter {
       const d = await disks.acquireShared({ key: `mem-${key}`, lowers: layers, fileName: MEMORY_IMAGE_FILE, acceptWritableOpen: true });
       let closed!: () => void;
       const exited = new Promise<void>((r) => (closed = r));
+      void d.lost.then(() => closed());
       return {
         path: d.path,
         exited,

@@ -761,7 +761,9 @@ export class VmRuntime implements SandboxRuntime {
       t.totalMs = Math.round(performance.now() - t0);
       this.lastStart = t;
       this.log.info({ sandboxId: id, base: base.id, ...t }, restore ? "sandbox restored" : "sandbox booted");
-      return r;
+      // a root disk or volume drive removed under the guest ends the sandbox (the orchestrator fails it)
+      const drives = [disk, ...(this.volumeDisks.get(id) ?? [])];
+      return { ...r, lost: Promise.race(drives.map((d) => d.lost.then((why) => `${d === disk ? "root disk" : `volume drive ${d.id}`} lost: ${why}`))) };
     } catch (e) {
       this.log.error({ sandboxId: id, base: base.id, step, err: e }, `start failed at step: ${step}`);
       if (vm) this.unuse(base.id, id);

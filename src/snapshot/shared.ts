@@ -1,8 +1,8 @@
 /**
  * Shared read-only images: one export per memory stack, mapped by every VM restored from it
  * (copy-on-write in each VMM), so the host page cache holds the image once. Refcounted: the
- * first user opens the export, the last one's release closes it. The export mechanism (a FUSE
- * file today, a ublk device later) is behind `ImageExporter`.
+ * first user opens the export, the last one's release closes it. The export mechanism (the disk
+ * daemon's shared device: a FUSE file, or a read-only ublk device) is behind `ImageExporter`.
  */
 import { logger } from "../observability/log.ts";
 import { SnapshotError } from "./errors.ts";

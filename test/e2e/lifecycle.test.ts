@@ -2,12 +2,13 @@
  * Lifecycle routes with real VMs (agentenv server in a private netns): v1 create with autoPause
  * and a short timeout pauses at expiry, deprecated resume, network policy update, and the
  * `agentenv sandbox` CLI end to end (create, exec with exit code, pause, list, resume, kill), and
- * kills racing a create of the same sandbox, and a VM that dies on its own.
+ * kills racing a create of the same sandbox, a VM that dies on its own, and a sandbox whose root
+ * disk a restarted disk daemon cannot serve again (the disk is lost under it).
  */
 import { expect, test } from "bun:test";
-import { existsSync, readFileSync } from "node:fs";
+import { existsSync, readFileSync, renameSync } from "node:fs";
 import { join } from "node:path";
-import { nodeForFile, qemuPidsUnder } from "./world.ts";
+import { diskDaemonsUnder, nodeForFile, qemuPidsUnder } from "./world.ts";
 
 const node = nodeForFile();
 
@@ -71,6 +72,28 @@ test("a VM that dies on its own: the sandbox disappears (404, proxy 502) and its
   while (existsSync(join(world.home, "sandboxes", id)) && Date.now() - t0 < 20_000) await Bun.sleep(50);
   expect(existsSync(join(world.home, "sandboxes", id))).toBe(false);
   expect(readFileSync("/proc/self/mountinfo", "utf8").includes(join(world.home, "sandboxes", id))).toBe(false);
+}, 300_000);
+
+test("a sandbox whose root disk the restarted disk daemon cannot serve again: failed (404, proxy 502), its VMM stopped, the node log says why", async () => {
+  const world = node();
+  const { id } = await world.client("create-hold.ts");
+  expect(qemuPidsUnder(world.home, world.memDir)).toHaveLength(1);
+  // the running daemon has the upper open; the next one cannot open it (recovery fails)
+  const upper = join(world.home, "sandboxes", id, "upper", "upper.data");
+  renameSync(upper, `${upper}.away`);
+  const daemons = diskDaemonsUnder(world.home);
+  expect(daemons).toHaveLength(1);
+  process.kill(daemons[0]!, "SIGKILL");
+  const o = await world.client("poll-gone.ts", [id]);
+  expect(o).toMatchObject({ status: 404, kill: false, proxy: 502, listed: 0 });
+  expect(world.log).toContain(`"sandboxId":"${id}","reason":"root disk lost: not recovered after a daemon restart: `);
+  expect(world.log).toContain("sandbox failed: root disk lost: not recovered after a daemon restart");
+  // the VMM goes with it; the restarted daemon serves on (the next test's sandbox gets its disks)
+  const t0 = Date.now();
+  while (qemuPidsUnder(world.home, world.memDir).length > 0 && Date.now() - t0 < 30_000) await Bun.sleep(100);
+  expect(qemuPidsUnder(world.home, world.memDir)).toEqual([]);
+  expect(diskDaemonsUnder(world.home)).toHaveLength(1);
+  expect(diskDaemonsUnder(world.home)[0]).not.toBe(daemons[0]);
 }, 300_000);
 
 test("autoResume: proxy traffic to a paused sandbox resumes it", async () => {

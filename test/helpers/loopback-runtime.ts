@@ -13,7 +13,8 @@
  * (nothing of the source's state is carried over).
  *
  * Lifecycle calls can be held at a gate (`gate("resume")`) to observe a sandbox in a
- * transitional state, and everything a real runtime answers that is not about running guests
+ * transitional state, a running sandbox can be reported lost (`lose(id, reason)`: what the VM
+ * runtime reports when a disk device is removed under a guest), and everything a real runtime answers that is not about running guests
  * (templates, network checks, volumes, metrics sampling) can be delegated to `opts.base` (e.g. a
  * VmRuntime whose network is never started).
  *
@@ -87,7 +88,7 @@ function loopbackAddress(): string {
 
 export class LoopbackRuntime implements SandboxRuntime {
   readonly name = "loopback";
-  private readonly guests = new Map<string, { host: string; servers: Server<GuestWs>[] }>();
+  private readonly guests = new Map<string, { host: string; servers: Server<GuestWs>[]; lose: (reason: string) => void }>();
   private readonly gates = new Map<Op, { wait: Promise<Error | undefined>; reached: (id: string) => void }>();
   /** Template id each sandbox was started from (the source a snapshot of it records). */
   private readonly templateOf = new Map<string, string>();
@@ -128,6 +129,16 @@ export class LoopbackRuntime implements SandboxRuntime {
         open(error);
       },
     };
+  }
+
+  /**
+   * Report running sandbox `id` lost (its RuntimeSandbox.lost resolves with `reason`).
+   * @throws Error when `id` does not run here
+   */
+  lose(id: string, reason: string): void {
+    const g = this.guests.get(id);
+    if (!g) throw new Error(`sandbox ${id} does not run here`);
+    g.lose(reason);
   }
 
   /** The address sandbox `id`'s guest ports are served at, while it runs. */
@@ -206,8 +217,10 @@ export class LoopbackRuntime implements SandboxRuntime {
       });
       return server;
     });
-    this.guests.set(id, { host, servers });
-    return { endpoint: { host }, runtimeState: { host }, envdVersion: "0.5.7" };
+    let lose!: (reason: string) => void;
+    const lost = new Promise<string>((r) => (lose = r));
+    this.guests.set(id, { host, servers, lose });
+    return { endpoint: { host }, runtimeState: { host }, envdVersion: "0.5.7", lost };
   }
 
   private stopGuest(id: string): void {

@@ -75,6 +75,38 @@ test("a sandbox is killed when its timeout expires; observers see each transitio
   expect(w.orch.store.get(keep1)!.state).toBe("killed");
 });
 
+test("a sandbox the runtime reports lost (its disk device removed) becomes failed with the reason in its log, and the runtime kills it", async () => {
+  const w = world();
+  cleanup.push(() => rmSync(w.home, { recursive: true, force: true }), () => w.db.close(), () => w.orch.close());
+  await w.orch.start();
+  const events: SandboxEvent[] = [];
+  w.orch.observe({ onEvent: (e) => events.push(e) });
+  const lost = (await create(w.orch)).id;
+  const other = (await create(w.orch)).id;
+  const failed = new Promise<void>((r) => w.orch.observe({ onEvent: (e) => e.id === lost && e.to === "failed" && r() }));
+  const logBefore = w.orch.sandboxLogs(lost, { limit: 1000, direction: "forward" }).length;
+  w.runtime.lose(lost, "root disk lost: its ublk device stopped being served: all tags aborted");
+  await failed;
+  const r = w.orch.store.get(lost)!;
+  expect(r.state).toBe("failed");
+  expect(r.error).toBe("root disk lost: its ublk device stopped being served: all tags aborted");
+  expect(r.endpoint).toBeNull();
+  // the sandbox's own log says why (what an SDK user reads); the record is gone from the API
+  const entries = w.orch.logs.query(lost, { limit: 1000, direction: "forward" });
+  expect(entries.length).toBe(logBefore + 1);
+  expect(entries.at(-1)).toMatchObject({ level: "error", source: "lifecycle", message: "sandbox failed (was running): root disk lost: its ublk device stopped being served: all tags aborted" });
+  expect(() => w.orch.get(lost)).toThrow();
+  // its leftovers are freed by the runtime: a kill follows the failure
+  for (let i = 0; i < 100 && w.runtime.hostOf(lost) !== undefined; i++) await Bun.sleep(10);
+  expect(w.runtime.calls).toContain(`kill:${lost}`);
+  expect(w.runtime.hostOf(lost)).toBeUndefined();
+  expect(events.filter((e) => e.id === lost).map((e) => [e.from, e.to])).toEqual([[null, "creating"], ["creating", "running"], ["running", "failed"]]);
+  expect(w.orch.getCounters().running).toBe(1);
+  // the other sandbox runs on; a loss reported for a sandbox that is gone changes nothing
+  expect(w.orch.store.get(other)!.state).toBe("running");
+  expect(() => w.runtime.lose(lost, "again")).toThrow();
+});
+
 test("shutdown kills live sandboxes and refuses new work with 503", async () => {
   const w = world();
   cleanup.push(() => rmSync(w.home, { recursive: true, force: true }), () => w.db.close());

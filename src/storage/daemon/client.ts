@@ -1,10 +1,11 @@
 /**
  * Node side of the daemon protocol (./protocol.ts): one Unix-socket connection, requests tagged
- * with a `seq` so several can be in flight, each answered or failed within a timeout.
+ * with a `seq` so several can be in flight, each answered or failed within a timeout; events
+ * (`device_lost`) go to `onLost`.
  */
 import type { Socket } from "bun";
 import { DiskError, isDiskErrorCode } from "./errors.ts";
-import { encodeFrame, FrameReader, type Request, type Response } from "./protocol.ts";
+import { encodeFrame, FrameReader, type LostInfo, type Request, type Response } from "./protocol.ts";
 
 interface Pending {
   resolve: (r: Response) => void;
@@ -34,6 +35,8 @@ export class DaemonClient {
   #out: Uint8Array[] = [];
   /** Resolves when the connection is gone (closed here or by the daemon). */
   readonly closed: Promise<void>;
+  /** Called for each `device_lost` event the daemon sends. */
+  onLost: ((l: LostInfo) => void) | null = null;
   #resolveClosed!: () => void;
 
   private constructor(sock: Socket<undefined>, reader: FrameReader, readonly timeoutMs: number) {
@@ -122,7 +125,11 @@ export class DaemonClient {
         return;
       }
       const r = f.value as Response;
-      const seq = typeof r.seq === "number" ? r.seq : -1;
+      if (r.kind === "device_lost") {
+        this.onLost?.({ dev_id: r.dev_id, engine: r.engine, reason: r.reason, at: r.at });
+        continue;
+      }
+      const seq = "seq" in r && typeof r.seq === "number" ? r.seq : -1;
       const p = this.#pending.get(seq);
       if (!p) continue;
       this.#pending.delete(seq);

@@ -8,6 +8,9 @@
  * `daemon.lock` (flock: one daemon per directory), default mount points `mnt/<dev_id>/`,
  * `shared/<key>/`, `pool/<id>/`.
  *
+ * A device lost while handed out (./manager.ts) is announced to every connection as a
+ * `device_lost` event.
+ *
  * Signals: SIGTERM/SIGINT stop serving and exit 0 WITHOUT removing devices (the node keeps the
  * FUSE connections; a restarted daemon recovers them). The `shutdown` request removes every
  * device first.
@@ -21,8 +24,8 @@ import type { ExportEngine } from "./engine.ts";
 import { DiskError } from "./errors.ts";
 import { FuseEngine } from "./fuse-engine.ts";
 import { UblkEngine } from "./ublk-engine.ts";
-import { ublkAvailable, type UblkConfig } from "../ublk/index.ts";
-import { DeviceManager, type BlockPoolSettings } from "./manager.ts";
+import { ownerTagOf, ublkAvailable, type UblkConfig } from "../ublk/index.ts";
+import { DeviceManager, type BlockPoolSettings, type LostDevice } from "./manager.ts";
 import { encodeFrame, errorResponse, FrameReader, parseRequest, type EngineName, type Request, type Response } from "./protocol.ts";
 import { DeviceStore } from "./store.ts";
 import pkg from "../../../package.json" with { type: "json" };
@@ -46,6 +49,10 @@ export interface DaemonSettings {
    * ms (the node's request_timeout_ms: no client waits longer for an answer).
    */
   drainTimeoutMs: number;
+}
+
+function lostInfo(l: LostDevice): { dev_id: string; engine: EngineName; reason: string; at: number } {
+  return { dev_id: l.devId, engine: l.engine, reason: l.reason, at: l.at };
 }
 
 /** Paths of a daemon directory. */
@@ -77,14 +84,16 @@ export async function runDaemon(s: DaemonSettings, onReady: (socket: string) => 
   let store: DeviceStore | undefined;
   let manager: DeviceManager | undefined;
   let detached = false;
+  // set once the socket listens; devices lost before that are in the `list` answer
+  let announce: ((l: LostDevice) => void) | null = null;
   try {
     const ublk = ublkAvailable();
     if (s.export === "ublk" && !ublk) throw new DiskError("disk.unsupported", "export = \"ublk\" but /dev/ublk-control does not exist", { export: s.export });
     engines.fuse = new FuseEngine({ threads: s.fuse.threads, maxWrite: s.fuse.maxWrite, requestTimeoutSec: s.fuse.requestTimeoutSec, splice: s.fuse.splice, readAheadKb: s.fuse.readAheadKb });
-    if (ublk) engines.ublk = UblkEngine.open(s.ublk);
+    if (ublk) engines.ublk = UblkEngine.open(s.ublk, ownerTagOf(s.dir));
     const defaultEngine: EngineName = s.export === "fuse" || !ublk ? "fuse" : "ublk";
     store = new DeviceStore(paths.db);
-    manager = new DeviceManager({ store, engines, defaultEngine, dir: s.dir, directIo: s.fuse.directIo, pool: s.pool });
+    manager = new DeviceManager({ store, engines, defaultEngine, dir: s.dir, directIo: s.fuse.directIo, pool: s.pool, onLost: (l) => announce?.(l) });
     await manager.recover();
     await manager.prefill().catch((e) => log.warn({ err: e }, "warm pool prefill failed"));
 
@@ -123,7 +132,7 @@ export async function runDaemon(s: DaemonSettings, onReady: (socket: string) => 
           m.hold(req.dev_id, req.holder_pid, req.holder_fd);
           return { kind: "ok", ...seq };
         case "list":
-          return { kind: "devices", ...seq, devices: m.list() };
+          return { kind: "devices", ...seq, devices: m.list(), lost: m.lost().map(lostInfo) };
         case "stats":
           return { kind: "device_stats", ...seq, dev_id: req.dev_id, stats: m.stats(req.dev_id) };
         case "shutdown":
@@ -212,6 +221,9 @@ export async function runDaemon(s: DaemonSettings, onReady: (socket: string) => 
         },
       },
     });
+    announce = (l) => {
+      for (const c of conns) send(c, { kind: "device_lost", ...lostInfo(l) });
+    };
     process.once("SIGTERM", () => stop("SIGTERM"));
     process.once("SIGINT", () => stop("SIGINT"));
     log.info({ dir: s.dir, pid: process.pid, devices: m.list().length, engines: m.engines }, "disk daemon ready");

@@ -49,6 +49,12 @@ export interface EngineDevice {
   readonly fuseFd?: number;
   /** The image served (null for a pre-created export). */
   readonly image: BlockImage | null;
+  /**
+   * Resolves with a reason when the kernel object stopped being served: after `destroy` or
+   * `detach`, or on its own (a FUSE connection aborted or unmounted from outside, a ublk device
+   * stopped or its queues gone), which makes the device lost to its users.
+   */
+  readonly ended: Promise<string>;
   stats(): EngineStats;
   /** Run `op` with no image mutation in flight (used around a restack). */
   exclusive<T>(op: () => Promise<T>): Promise<T>;
@@ -62,8 +68,9 @@ export interface EngineDevice {
   grow(newSize: number): Promise<void>;
   /**
    * Give a pre-created export its image and place (FUSE: the mount appears at
-   * `place.mountPoint` as well).
-   * @throws DiskError `disk.unsupported` when the engine cannot
+   * `place.mountPoint` as well; ublk: the device gets the image's size and starts).
+   * @throws DiskError `disk.unsupported` when the engine cannot; the engine's error (the export
+   *   is then unusable: destroy it)
    */
   bind(image: BlockImage, place: PlaceSpec): Promise<void>;
   /**
@@ -93,6 +100,13 @@ export interface ExportEngine {
   recover(row: DeviceRow, image: BlockImage, place: PlaceSpec): Promise<EngineDevice>;
   /** Remove what a device of `row` left in the kernel (mounts, devices) when it cannot be recovered. Never throws. */
   cleanup(row: DeviceRow): Promise<void>;
+  /**
+   * Remove what this engine's earlier daemons left in the kernel that no row names (a crash
+   * between making a kernel object and recording it in its row); `rows` are every device the
+   * daemon keeps. Called at start, after recovery.
+   * @returns what was removed, for the log
+   */
+  sweep(rows: DeviceRow[]): Promise<string[]>;
   /**
    * Stop engine-wide resources (threads, control channels). Devices must be destroyed first, or
    * detached (`opts.detached`: they stay in the kernel for the next daemon).

@@ -63,6 +63,10 @@ class FuseDevice implements EngineDevice {
     return this.#conn.image;
   }
 
+  get ended(): Promise<string> {
+    return this.#conn.ended;
+  }
+
   stats(): EngineStats {
     return this.#conn.stats;
   }
@@ -178,6 +182,11 @@ export class FuseEngine implements ExportEngine {
       const rc = umount2(mp, MNT_DETACH);
       if (rc === 0) log.info({ devId: row.devId, mountPoint: mp }, "detached a FUSE mount left behind");
     }
+  }
+
+  async sweep(): Promise<string[]> {
+    // nothing to find: a row names its mount point before the mount is made (cleanup unmounts it)
+    return [];
   }
 
   async close(_opts: { detached: boolean }): Promise<void> {

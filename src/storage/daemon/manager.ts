@@ -3,6 +3,12 @@
  * warm pool of pre-created exports, restack, holders, recovery after a restart. Every change is
  * written to the `DeviceStore` before it is announced; operations on one device (or one share
  * key) run one at a time.
+ *
+ * A handed-out device whose kernel object ends on its own (a FUSE connection aborted, a ublk
+ * device stopped or its queues gone) or that a restarted daemon cannot serve again is *lost*: it
+ * is removed, remembered with its reason (`lost()`, the `list` answer) and reported through
+ * `ManagerOptions.onLost` (the daemon sends a `device_lost` event), so the node can fail the
+ * sandbox using it.
  */
 import { readdirSync, rmdirSync } from "node:fs";
 import { join } from "node:path";
@@ -37,13 +43,29 @@ export interface ManagerOptions {
   /** Default FOPEN_DIRECT_IO of FUSE files. */
   directIo: boolean;
   pool: BlockPoolSettings;
+  /** Called when a handed-out device is lost (see the module comment). */
+  onLost?: (lost: LostDevice) => void;
 }
+
+/** A handed-out device that is gone without a request. */
+export interface LostDevice {
+  devId: string;
+  engine: EngineName;
+  reason: string;
+  /** ms since the epoch */
+  at: number;
+}
+
+/** Lost devices remembered, oldest dropped first. */
+const LOST_KEPT = 1024;
 
 interface Live {
   row: DeviceRow;
   dev: EngineDevice;
   /** Times the image was opened for this device by this daemon (1, or 2+ after pool binds and recoveries). */
   imageOpens: number;
+  /** Being destroyed or detached on request: its end is not a loss. */
+  dropping?: boolean;
 }
 
 type Acquire = Extract<Request, { kind: "acquire" }>;
@@ -58,6 +80,7 @@ export class DeviceManager {
   #refilling = new Map<EngineName, Promise<void>>();
   #nextPool = 1;
   #stopping = false;
+  #lost = new Map<string, LostDevice>();
   /** Devices served again after a restart (reported by get_features). */
   recovered = 0;
 
@@ -97,6 +120,7 @@ export class DeviceManager {
         const live: Live = { row: { ...row, engineState: dev.engineState, path: dev.path ?? row.path }, dev, imageOpens: 1 };
         this.#o.store.put(live.row);
         this.#live.set(row.devId, live);
+        this.#watch(live);
         recovered.push(row.devId);
       } catch (e) {
         await image?.close().catch(() => undefined);
@@ -104,13 +128,25 @@ export class DeviceManager {
         this.#o.store.delete(row.devId);
         cleaned.push(row.devId);
         log.warn({ devId: row.devId, err: e }, "device not recovered: cleaned up");
+        this.#remember({ devId: row.devId, engine: row.engine, reason: `not recovered after a daemon restart: ${(e as Error).message}`, at: Date.now() });
       }
+    }
+    // kernel objects earlier daemons made but never recorded (a crash right after making one)
+    const rows = this.#o.store.all();
+    for (const name of this.engines) {
+      const swept = await this.#o.engines[name]!.sweep(rows).catch((e) => (log.warn({ engine: name, err: e }, "sweep of unrecorded devices failed"), []));
+      if (swept.length) log.warn({ engine: name, swept }, "removed devices no record names");
     }
     // mount points earlier daemons made and left empty (a stop between unmount and rmdir)
     this.removeEmptyMountPoints();
     this.recovered += recovered.length;
     if (recovered.length || cleaned.length) log.info({ recovered, cleaned }, "device recovery done");
     return { recovered, cleaned };
+  }
+
+  /** Devices lost since this daemon started (see the module comment), oldest first. */
+  lost(): LostDevice[] {
+    return [...this.#lost.values()];
   }
 
   /** Fill each engine's warm pool to its low watermark (at start). */
@@ -171,7 +207,7 @@ export class DeviceManager {
    * @throws DiskError `disk.not_found`
    */
   release(devId: string): Promise<{ refcount: number }> {
-    const l = this.#get(devId);
+    const l = this.#get(devId, true);
     const key = l.row.shareKey !== null ? `share:${l.row.shareKey}` : `dev:${devId}`;
     return this.#lock(key, async () => {
       const live = this.#get(devId);
@@ -191,7 +227,7 @@ export class DeviceManager {
    * @throws DiskError `disk.not_found`
    */
   delete(devId: string): Promise<void> {
-    return this.#lock(`dev:${devId}`, async () => this.#drop(this.#get(devId)));
+    return this.#lock(`dev:${devId}`, async () => this.#drop(this.#get(devId, true)));
   }
 
   /**
@@ -319,10 +355,41 @@ export class DeviceManager {
 
   // ---- internals ----
 
-  #get(devId: string): Live {
+  /** The live device `devId`; `forget`: a lost one's record goes with this (failed) lookup. */
+  #get(devId: string, forget = false): Live {
     const l = this.#live.get(devId);
-    if (!l) throw new DiskError("disk.not_found", `no device ${devId}`, { devId });
+    if (!l) {
+      const lost = this.#lost.get(devId);
+      if (forget) this.#lost.delete(devId);
+      throw new DiskError("disk.not_found", lost ? `device ${devId} was lost: ${lost.reason}` : `no device ${devId}`, { devId, ...(lost ? { lost: lost.reason } : {}) });
+    }
     return l;
+  }
+
+  /** Remember a lost device (bounded) and report it. */
+  #remember(lost: LostDevice): void {
+    this.#lost.delete(lost.devId);
+    this.#lost.set(lost.devId, lost);
+    while (this.#lost.size > LOST_KEPT) this.#lost.delete(this.#lost.keys().next().value!);
+    log.error({ devId: lost.devId, engine: lost.engine, reason: lost.reason }, "device lost");
+    try {
+      this.#o.onLost?.(lost);
+    } catch (e) {
+      log.error({ err: e }, "lost-device listener failed");
+    }
+  }
+
+  /** When a handed-out device's kernel object ends without a request: the device is lost. */
+  #watch(l: Live): void {
+    void l.dev.ended.then((reason) => {
+      if (l.dropping || this.#stopping || this.#live.get(l.row.devId) !== l) return;
+      l.dropping = true;
+      this.#live.delete(l.row.devId);
+      this.#o.store.delete(l.row.devId);
+      this.#remember({ devId: l.row.devId, engine: l.row.engine, reason: `its ${l.row.engine} device stopped being served: ${reason}`, at: Date.now() });
+      // release what is left of it (ublk: DEL_DEV once every opener closed it; FUSE: the mount)
+      void l.dev.destroy().catch((e) => log.warn({ devId: l.row.devId, err: e }, "removing a lost device failed"));
+    });
   }
 
   #info(l: Live): DeviceInfo {
@@ -374,12 +441,15 @@ export class DeviceManager {
     const live: Live = { row: { ...row, engineState: dev.engineState, path: dev.path ?? row.path }, dev, imageOpens: 1 };
     this.#o.store.put(live.row);
     this.#live.set(devId, live);
+    this.#lost.delete(devId);
+    this.#watch(live);
     log.debug({ devId, engine: engine.name, path: live.row.path, access }, "device created");
     return this.#info(live);
   }
 
   async #bindPooled(devId: string, pooled: Live, target: TargetSpec, fuse: FuseSpec): Promise<DeviceInfo> {
     if (this.#live.has(devId)) throw new DiskError("disk.exists", `device ${devId} exists`, { devId });
+    const t0 = performance.now();
     const image = await openTarget(target);
     const place = this.#place(devId, fuse, target, image);
     try {
@@ -398,11 +468,14 @@ export class DeviceManager {
     };
     this.#o.store.put(live.row);
     this.#live.set(devId, live);
-    log.debug({ devId, path: live.row.path, pooled: pooled.row.devId }, "device bound from the warm pool");
+    this.#lost.delete(devId);
+    this.#watch(live);
+    log.debug({ devId, path: live.row.path, pooled: pooled.row.devId, ms: Math.round(performance.now() - t0) }, "device bound from the warm pool");
     return this.#info(live);
   }
 
   async #drop(l: Live): Promise<void> {
+    l.dropping = true;
     try {
       await l.dev.destroy();
     } finally {

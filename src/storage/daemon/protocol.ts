@@ -11,6 +11,11 @@
  * - bytes that are not a JSON object: `invalid_request`, code `disk.malformed_frame`;
  * - an unknown `kind` or a bad field: `invalid_request`, code `disk.bad_request` naming the field;
  * - a valid request that fails: `error` with the failure's code (`disk.not_found`, ...).
+ *
+ * Besides answers, the daemon sends every connection an event without `seq` when a handed-out
+ * device is lost (its kernel object ended without a request, or a restarted daemon could not
+ * serve it again): `{kind: "device_lost", dev_id, engine, reason, at}`. Devices lost before a
+ * connection existed are in the `list` answer's `lost`.
  */
 import { DiskError, type DiskErrorCode, toDiskError } from "./errors.ts";
 
@@ -108,7 +113,16 @@ export interface DeviceStats {
   refcount: number;
 }
 
-/** Responses, by `kind`. */
+/** A handed-out device that is gone without a request (see the module comment). */
+export interface LostInfo {
+  dev_id: string;
+  engine: EngineName;
+  reason: string;
+  /** ms since the epoch */
+  at: number;
+}
+
+/** Responses, by `kind` (`device_lost` is an event: no request asked for it). */
 export type Response =
   | { kind: "features"; seq?: number; version: string; pid: number; engines: EngineName[]; default_engine: EngineName; ublk_control: boolean; max_frame_bytes: number; fuse_threads: number; restarts_recovered: number; pooled: Partial<Record<EngineName, number>> }
   | ({ kind: "runtime_device_created"; seq?: number } & DeviceInfo)
@@ -117,9 +131,10 @@ export type Response =
   | { kind: "released"; seq?: number; dev_id: string; refcount: number }
   | { kind: "restack_snapshot_created"; seq?: number; dev_id: string; layer_path: string; stats: { layers: number; ms: number } }
   | { kind: "size_updated"; seq?: number; dev_id: string; size: number }
-  | { kind: "devices"; seq?: number; devices: DeviceInfo[] }
+  | { kind: "devices"; seq?: number; devices: DeviceInfo[]; lost: LostInfo[] }
   | { kind: "device_stats"; seq?: number; dev_id: string; stats: DeviceStats }
   | { kind: "ok"; seq?: number }
+  | ({ kind: "device_lost" } & LostInfo)
   | { kind: "invalid_request"; seq?: number; code: DiskErrorCode; message: string; details: Record<string, unknown> }
   | { kind: "error"; seq?: number; code: DiskErrorCode; message: string; details: Record<string, unknown> };
 

@@ -6,6 +6,12 @@
  *
  * The daemon runs in its own session (`detached`: setsid before exec), so a Ctrl-C on the node's
  * terminal reaches only the node, which then closes the disks in order.
+ *
+ * A device that is gone without this node asking (the daemon's `device_lost` event; or, after a
+ * daemon restart, a device the new daemon does not serve) resolves its handle's `lost`, so the
+ * sandbox using it can be failed. The node's copy of a lost FUSE connection is closed (and its
+ * mount detached) at once: with no server left, that copy would keep the connection alive and
+ * every I/O of the VMM on it waiting for good (unkillable), instead of failing.
  */
 import { closeSync, existsSync, mkdirSync, openSync, readFileSync } from "node:fs";
 import { dirname, join } from "node:path";
@@ -41,6 +47,11 @@ export interface DiskExport {
   readonly fromPool: boolean;
   /** Counters of the device (reads, bytes, opens, image opens, refcount). */
   stats(): Promise<DeviceStats>;
+  /**
+   * Resolves with the reason when the device is gone without `close()` (its kernel object was
+   * removed, or a restarted daemon could not serve it again); never resolves otherwise.
+   */
+  readonly lost: Promise<string>;
   /**
    * Stop using the device: an exclusive one is removed (a sandbox's upper files stay), a shared
    * one loses this reference and goes with its last. Stop the VMM first. Idempotent.
@@ -89,6 +100,10 @@ export class DiskService {
   #held = new Map<string, number>();
   /** Open handles per device id (a shared device may be acquired several times). */
   #refs = new Map<string, number>();
+  /** Who waits for each device id's loss (the `lost` of every open handle). */
+  #lostWaiters = new Map<string, Set<(reason: string) => void>>();
+  /** Mount point of each FUSE device handed to this node. */
+  #mounts = new Map<string, string>();
 
   /**
    * A service for the daemon on `dir` (`<runtime_path>/disk`); the daemon starts with `start()`
@@ -278,13 +293,22 @@ export class DiskService {
       await this.#call<"hold">({ kind: "hold", dev_id: info.dev_id, holder_pid: process.pid, holder_fd: fd });
     }
     this.#refs.set(info.dev_id, (this.#refs.get(info.dev_id) ?? 0) + 1);
+    if (info.engine === "fuse") this.#mounts.set(info.dev_id, dirname(info.path));
     let closed: Promise<void> | undefined;
     const id = info.dev_id;
+    let onLost!: (reason: string) => void;
+    const lost = new Promise<string>((r) => (onLost = r));
+    const waiters = this.#lostWaiters.get(id) ?? new Set();
+    waiters.add(onLost);
+    this.#lostWaiters.set(id, waiters);
     return {
-      id, path: info.path, engine: info.engine, access: info.access, fromPool,
+      id, path: info.path, engine: info.engine, access: info.access, fromPool, lost,
       stats: () => this.stats(id),
       close: () =>
         (closed ??= (async () => {
+          const w = this.#lostWaiters.get(id);
+          w?.delete(onLost);
+          if (w?.size === 0) this.#lostWaiters.delete(id);
           let gone = true;
           try {
             if (how === "delete") await this.#call<"delete">({ kind: "delete", dev_id: id });
@@ -302,10 +326,32 @@ export class DiskService {
     };
   }
 
+  /** Device `id` is gone without this node asking: tell every handle of it. */
+  #deviceLost(id: string, reason: string): void {
+    const w = this.#lostWaiters.get(id);
+    if (!w) return;
+    this.#lostWaiters.delete(id);
+    log.error({ id, reason }, "disk device lost");
+    // nobody serves it any more: release the connection so pending and later I/O fail now
+    this.#drop(id, this.#held.get(id), this.#mounts.get(id) ?? null);
+    for (const f of w) f(reason);
+  }
+
+  /** After a restart: every device this node holds that the new daemon does not serve is lost. */
+  async #checkServed(client: DaemonClient): Promise<void> {
+    const ids = [...this.#lostWaiters.keys()];
+    if (ids.length === 0) return;
+    const r = await client.request<"list">({ kind: "list" });
+    const served = new Set(r.devices.map((d) => d.dev_id));
+    const why = new Map(r.lost.map((l) => [l.dev_id, l.reason]));
+    for (const id of ids) if (!served.has(id)) this.#deviceLost(id, why.get(id) ?? "the restarted disk daemon does not serve it");
+  }
+
   #drop(id: string, fd: number | undefined, mountPoint: string | null): void {
     if (mountPoint) umount2(mountPoint, MNT_DETACH);
     if (fd !== undefined) closeSync(fd);
     this.#held.delete(id);
+    if (!this.#refs.has(id)) this.#mounts.delete(id);
   }
 
   /** Shut down (or kill) a daemon left on this directory by a node that crashed. */
@@ -361,6 +407,7 @@ export class DiskService {
     } catch (e) {
       return await fail(`does not accept connections: ${(e as Error).message}`);
     }
+    client.onLost = (l) => this.#deviceLost(l.dev_id, l.reason);
     this.#proc = proc;
     this.#client = client;
     log.debug({ pid: proc.pid, dir: this.dir }, "disk daemon started");
@@ -387,6 +434,8 @@ export class DiskService {
             await this.#spawn();
             this.#restarts++;
             log.warn({ pid: this.#proc.pid, restarts: this.#restarts }, "disk daemon started again");
+            // before any other request goes through (they wait for #ready)
+            await this.#checkServed(this.#client).catch((e) => log.error({ err: e }, "checking the devices after a daemon restart failed"));
             return;
           } catch (e) {
             log.error({ err: e, attempts: this.#attempts }, "disk daemon restart failed");

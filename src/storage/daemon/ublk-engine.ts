@@ -5,9 +5,18 @@
  * it over (START/END_USER_RECOVERY); without recovery the kernel removes it and the restarted
  * daemon deletes what is left.
  *
+ * Pre-created devices (the warm pool): ADD_DEV, /dev/ublkcN opened and mapped, queue threads
+ * started and waiting; `bind` gives one its image (SET_PARAMS with the image's size, the tags
+ * fetched, START_DEV). The kernel accepts parameters any time before START_DEV (6.1 too), so a
+ * pooled device needs nothing the image decides until it is bound.
+ *
+ * Every device carries the daemon's owner tag (`ownerTagOf(dir)`, in `ublksrv_flags`): at start
+ * the daemon removes tagged devices no row names (`sweep`: a crash between ADD_DEV and the row's
+ * `ublk_dev_id` leaves one).
+ *
  * engineState: { ublk_dev_id: number }.
- * Not offered here (a typed `disk.unsupported`): pre-created devices and growing a live device (a
- * ublk device's size is fixed at creation on these kernels). A restack runs inside
+ * Not offered (a typed `disk.unsupported`): growing a live device (a ublk device's size is fixed
+ * once started on these kernels: UPDATE_SIZE is 6.16). A restack runs inside
  * `UblkDevice.exclusive` (no request through the image meanwhile).
  */
 import type { BlockImage } from "../block.ts";
@@ -24,16 +33,20 @@ class UblkEngineDevice implements EngineDevice {
     this.#dev = dev;
   }
 
-  get path(): string {
-    return this.#dev.blockPath;
+  get path(): string | null {
+    return this.#dev.bound ? this.#dev.blockPath : null;
   }
 
   get engineState(): Record<string, unknown> {
     return { ublk_dev_id: this.#dev.devId };
   }
 
-  get image(): BlockImage {
-    return this.#dev.target.image;
+  get image(): BlockImage | null {
+    return this.#dev.bound ? this.#dev.target.image : null;
+  }
+
+  get ended(): Promise<string> {
+    return this.#dev.ended;
   }
 
   stats(): EngineStats {
@@ -56,8 +69,9 @@ class UblkEngineDevice implements EngineDevice {
     return Promise.reject(new DiskError("disk.unsupported", `ublk device ${this.#dev.devId} keeps the size it was created with`, { engine: "ublk", devId: this.#dev.devId }));
   }
 
-  async bind(): Promise<void> {
-    throw new DiskError("disk.unsupported", "ublk devices are not pre-created", { engine: "ublk" });
+  /** @throws UblkError from SET_PARAMS / the queues / START_DEV (the device is removed then) */
+  async bind(image: BlockImage): Promise<void> {
+    await this.#dev.bind(targetOf(image));
   }
 
   detach(): Promise<void> {
@@ -81,10 +95,11 @@ export class UblkEngine implements ExportEngine {
 
   /**
    * Open the control channel.
+   * @param ownerTag carried by every device (see `ownerTagOf`); the sweep removes tagged devices no row names
    * @throws UblkError `ublk.unavailable` (no /dev/ublk-control)
    */
-  static open(cfg: UblkConfig): UblkEngine {
-    return new UblkEngine(UblkServer.open(cfg));
+  static open(cfg: UblkConfig, ownerTag: bigint): UblkEngine {
+    return new UblkEngine(UblkServer.open(cfg, { ownerTag }));
   }
 
   /** @throws UblkError from creating the device (the image is closed then) */
@@ -92,8 +107,9 @@ export class UblkEngine implements ExportEngine {
     return new UblkEngineDevice(await this.#server.create(targetOf(image)));
   }
 
-  async precreate(): Promise<EngineDevice | null> {
-    return null;
+  /** @throws UblkError from ADD_DEV or starting the queue threads (nothing is left then) */
+  async precreate(): Promise<EngineDevice> {
+    return new UblkEngineDevice(await this.#server.precreate());
   }
 
   /** @throws DiskError `disk.daemon_failed` (no device id recorded); UblkError from recovery */
@@ -106,6 +122,11 @@ export class UblkEngine implements ExportEngine {
   async cleanup(row: DeviceRow): Promise<void> {
     const id = row.engineState.ublk_dev_id;
     if (typeof id === "number") await this.#server.remove(id).catch(() => undefined);
+  }
+
+  async sweep(rows: DeviceRow[]): Promise<string[]> {
+    const keep = new Set(rows.filter((r) => r.engine === "ublk").map((r) => r.engineState.ublk_dev_id).filter((x): x is number => typeof x === "number"));
+    return (await this.#server.sweep(keep)).map((id) => `ublk device ${id}`);
   }
 
   async close(opts: { detached: boolean }): Promise<void> {

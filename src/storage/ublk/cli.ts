@@ -1,6 +1,6 @@
 /**
  * `agentenv ublk ...`: serve one target as a ublk device in the foreground, inspect the kernel's
- * ublk devices, remove one a dead server left. Every command exits non-zero with one line on
+ * ublk devices, remove one a dead server left, stop one another process serves. Every command exits non-zero with one line on
  * stderr (`agentenv ublk <cmd>: <reason>`) on failure (2 for bad usage).
  */
 import { defineCommand } from "citty";
@@ -137,7 +137,20 @@ const remove = defineCommand({
   }),
 });
 
+const stop = defineCommand({
+  meta: { name: "stop", description: "STOP_DEV of a device another process serves: its block device goes, its server sees the queues aborted" },
+  args: { id: { type: "positional", required: true, description: "device id" } },
+  run: guarded("stop", async (a) => {
+    const server = UblkServer.open(ublkConfig(nodeConfig()));
+    try {
+      await server.stop(int(a.id, "ID"));
+    } finally {
+      await server.close();
+    }
+  }),
+});
+
 export default defineCommand({
-  meta: { name: "ublk", description: "ublk block devices: serve a target, list, remove" },
-  subCommands: { serve, features, list, remove },
+  meta: { name: "ublk", description: "ublk block devices: serve a target, list, remove, stop" },
+  subCommands: { serve, features, list, remove, stop },
 });

@@ -1,8 +1,11 @@
 /**
- * One ublk device served by this process: create (ADD_DEV, SET_PARAMS, queue threads, START_DEV),
- * take over after the previous server died (START_USER_RECOVERY, queue threads,
- * END_USER_RECOVERY), answer the requests the queue threads forward (through the target's
- * BlockImage, writes serialised), and stop (STOP_DEV, threads drain and exit, DEL_DEV).
+ * One ublk device served by this process: create (ADD_DEV, queue threads started, SET_PARAMS,
+ * tags fetched, START_DEV), or pre-create it without a target (ADD_DEV and the queue threads
+ * only: a warm pool) and `bind` a target later (SET_PARAMS with the target's size, fetch,
+ * START_DEV; the kernel takes parameters any time before START_DEV); take over after the
+ * previous server died (START_USER_RECOVERY, queue threads, END_USER_RECOVERY); answer the
+ * requests the queue threads forward (through the target's BlockImage, writes serialised); and
+ * stop (STOP_DEV, threads drain and exit, DEL_DEV).
  * Sequence and pitfalls: ../shared/docs/ublk-iouring-firecracker.md §1.8–1.11.
  */
 import { closeSync, openSync, readFileSync } from "node:fs";
@@ -19,7 +22,7 @@ import { errnoName, type UblkControl } from "./control.ts";
 import { UblkError } from "./errors.ts";
 import { markDiverted, newDivertMap } from "./plan.ts";
 import { RequestOrder } from "./order.ts";
-import { MAILBOX_STOP, mailboxPut, QUEUE_COUNTER_SLOTS, QUEUE_COUNTERS, type QueueInit, type QueueMessage } from "./queue.ts";
+import { MAILBOX_STOP, mailboxPut, QUEUE_COUNTER_SLOTS, QUEUE_COUNTERS, type QueueCommand, type QueueMessage, type QueueSetup } from "./queue.ts";
 import type { UblkTarget } from "./targets.ts";
 
 const log = logger("ublk");
@@ -28,8 +31,28 @@ const EIO = 5, ENOSPC = 28, EBUSY = 16;
 /** Pause between checks while waiting for a dead server's device to become recoverable, ms. */
 const RECOVERY_POLL_MS = 200;
 
-/** Device lifecycle states (see `UblkDevice.state`). */
-export type DeviceState = "starting" | "live" | "stopping" | "stopped" | "detached" | "failed";
+/**
+ * Device lifecycle states (see `UblkDevice.state`): `pooled` (added, queue threads waiting, no
+ * target, no block device yet), `starting`, `live`, `stopping`, `stopped` (removed), `detached`
+ * (left to another server), `failed` (every queue stopped on its own, or a start failed).
+ */
+export type DeviceState = "pooled" | "starting" | "live" | "stopping" | "stopped" | "detached" | "failed";
+
+/**
+ * How long each step of making a device took, ms (0 for a step not taken). `add`: ADD_DEV;
+ * `open`: opening /dev/ublkcN and mapping descriptors and buffers; `threads`: queue threads
+ * started until each reported loaded; `params`: SET_PARAMS; `fetch`: until every tag was fetched;
+ * `start`: START_DEV (or END_USER_RECOVERY). A pre-created device spends the first three before
+ * it has a target, the last three when it is bound.
+ */
+export interface DeviceTimings {
+  addMs: number;
+  openMs: number;
+  threadsMs: number;
+  paramsMs: number;
+  fetchMs: number;
+  startMs: number;
+}
 
 /** Requests a device answered since it started (by this server), and their bytes. */
 export interface DeviceStats {
@@ -44,6 +67,8 @@ export interface DeviceStats {
   errors: number;
   /** Requests the queue threads handed to the main thread (the image) instead of answering them. */
   forwarded: number;
+  /** io_uring_enter calls the queue threads waited in (requests / enters: how much each wake-up batched). */
+  enters: number;
 }
 
 /** Per-device choices (defaults from `[ublk]`). */
@@ -52,10 +77,19 @@ export interface DeviceOptions {
   devId?: number;
   /** Override `[ublk] user_recovery` for this device. */
   userRecovery?: boolean;
+  /**
+   * Stored by the kernel in the device's `ublksrv_flags` (opaque to it; GET_DEV_INFO returns it):
+   * tells the devices of one owner (a disk daemon) from everyone else's. Default 0.
+   */
+  ownerTag?: bigint;
 }
 
 interface Queue {
   worker: Worker;
+  /** The thread was sent its QueueCommand. */
+  commanded: boolean;
+  loaded: Promise<void>;
+  ready: Promise<void>;
   desc: Mapping;
   arena: Mapping;
   bufs: Uint8Array;
@@ -79,51 +113,86 @@ function errnoOf(e: unknown): number {
 }
 
 /**
- * A ublk device served by this process. Obtain with `createDevice` or `recoverDevice`; `close()`
- * removes it. The device owns its target's image and closes it.
+ * A ublk device served by this process. Obtain with `create`, `precreate` (+ `bind`) or
+ * `recover`; `close()` removes it. The device owns its target's image and closes it.
  */
 export class UblkDevice {
   readonly devId: number;
-  /** `/dev/ublkbN`: the block device a VMM opens. */
+  /** `/dev/ublkbN`: the block device a VMM opens (it exists once the device is live). */
   readonly blockPath: string;
   /** `/dev/ublkcN`. */
   readonly charPath: string;
   /** The kernel's view after ADD_DEV / GET_DEV_INFO (queues, depth, buffer size, accepted flags). */
   readonly info: DevInfo;
-  readonly target: UblkTarget;
-  /** Size in bytes. */
-  readonly size: number;
   /** Resolves when every queue thread has stopped, with the first reason. */
   readonly ended: Promise<string>;
+  /** Time spent in each step of making this device (see DeviceTimings). */
+  readonly timings: DeviceTimings = { addMs: 0, openMs: 0, threadsMs: 0, paramsMs: 0, fetchMs: 0, startMs: 0 };
   #state: DeviceState = "starting";
   #ctrl: UblkControl;
+  #cfg: UblkConfig;
+  #encodedOps: boolean;
+  #target: UblkTarget | null = null;
+  #size = 0;
   #charFd = -1;
   #queues: Queue[] = [];
-  #divert: Int32Array | null;
+  #divert: Int32Array | null = null;
   /** Order of the requests the main thread answers (serial writes, exclusive operations). */
   #order = new RequestOrder();
   #closing: Promise<void> | null = null;
   #resolveEnded!: (r: string) => void;
   #forwarded = 0;
+  /** Added by `create` for its target (not taken from a pool). */
+  #fresh = false;
 
-  private constructor(ctrl: UblkControl, info: DevInfo, target: UblkTarget) {
+  private constructor(ctrl: UblkControl, cfg: UblkConfig, info: DevInfo, encodedOps: boolean, target: UblkTarget | null) {
     this.#ctrl = ctrl;
+    this.#cfg = cfg;
+    this.#encodedOps = encodedOps;
     this.info = info;
     this.devId = info.devId;
     this.blockPath = ublkBlockPath(info.devId);
     this.charPath = ublkCharPath(info.devId);
-    this.target = target;
-    this.size = target.image.size;
+    if (target) this.#setTarget(target);
+    this.ended = new Promise((r) => (this.#resolveEnded = r));
+  }
+
+  #setTarget(target: UblkTarget): void {
+    this.#target = target;
+    this.#size = target.image.size;
     const p = target.plan;
     // reads of what the main thread writes (an overlaybd upper) must not come from the plan
-    this.#divert = p?.kind === "extents" && p.writeFile < 0 && (!target.image.readOnly || p.diverted.length > 0) ? newDivertMap(this.size) : null;
+    this.#divert = p?.kind === "extents" && p.writeFile < 0 && (!target.image.readOnly || p.diverted.length > 0) ? newDivertMap(this.#size) : null;
     if (this.#divert && p?.kind === "extents") for (const [a, b] of p.diverted) markDiverted(this.#divert, a, b - a);
-    this.ended = new Promise((r) => (this.#resolveEnded = r));
+  }
+
+  /**
+   * What the device serves.
+   * @throws UblkError `ublk.bad_state` for a pre-created device not bound yet
+   */
+  get target(): UblkTarget {
+    if (!this.#target) throw new UblkError("ublk.bad_state", `device ${this.devId} is pre-created and has no target yet`, { devId: this.devId, state: this.#state });
+    return this.#target;
+  }
+
+  /** True once the device has a target (created, bound or recovered). */
+  get bound(): boolean {
+    return this.#target !== null;
+  }
+
+  /** Size in bytes (0 while pre-created). */
+  get size(): number {
+    return this.#size;
   }
 
   /** Lifecycle state. */
   get state(): DeviceState {
     return this.#state;
+  }
+
+  /** The owner tag this device was added with (`DeviceOptions.ownerTag`). */
+  get ownerTag(): bigint {
+    return this.info.ublksrvFlags;
   }
 
   /** True when the kernel accepted user recovery for this device. */
@@ -136,7 +205,7 @@ export class UblkDevice {
     const sum = (k: keyof typeof QUEUE_COUNTERS) => this.#queues.reduce((n, q) => n + q.counters[QUEUE_COUNTERS[k]]!, 0);
     return {
       reads: sum("reads"), bytesRead: sum("bytesRead"), writes: sum("writes"), bytesWritten: sum("bytesWritten"),
-      flushes: sum("flushes"), discards: sum("discards"), errors: sum("errors"), forwarded: this.#forwarded,
+      flushes: sum("flushes"), discards: sum("discards"), errors: sum("errors"), forwarded: this.#forwarded, enters: sum("enters"),
     };
   }
 
@@ -169,10 +238,12 @@ export class UblkDevice {
     }
   }
 
-  /** Map each queue's descriptors and buffers and start its thread; resolves once every tag is fetched. */
-  async #startQueues(encodedOps: boolean, timeoutMs: number): Promise<void> {
+  /**
+   * Map each queue's descriptors and buffers and start its thread; resolves once every thread is
+   * loaded and waits for its QueueCommand (nothing is fetched yet).
+   */
+  async #spawnQueues(timeoutMs: number): Promise<void> {
     const { nrHwQueues, queueDepth: depth, maxIoBufBytes: maxIo } = this.info;
-    const ready: Promise<void>[] = [];
     for (let q = 0; q < nrHwQueues; q++) {
       const m = ioDescMapping(q, depth);
       const desc = mapMemory(m.length, { fd: this.#charFd, offset: m.offset, prot: PROT_READ, flags: MAP_SHARED | MAP_POPULATE });
@@ -187,32 +258,42 @@ export class UblkDevice {
       const mailbox = new Int32Array(new SharedArrayBuffer(4 * (2 + 2 * cap)));
       const doorbell = createEventfd();
       const counters = new Float64Array(new SharedArrayBuffer(8 * QUEUE_COUNTER_SLOTS));
-      const init: QueueInit = {
+      const setup: QueueSetup = {
         devId: this.devId, qId: q, depth, maxIoBytes: maxIo, charFd: this.#charFd, descPtr: desc.ptr, descLength: desc.length, bufPtr: arena.ptr,
-        encodedOps, size: this.size, readOnly: this.target.image.readOnly, plan: this.target.plan, divert: this.#divert,
-        mailbox: mailbox.buffer as SharedArrayBuffer, mailboxCap: cap, doorbellFd: doorbell, ringFlags: 0, counters: counters.buffer as SharedArrayBuffer,
+        encodedOps: this.#encodedOps, mailbox: mailbox.buffer as SharedArrayBuffer, mailboxCap: cap, doorbellFd: doorbell, ringFlags: 0,
+        counters: counters.buffer as SharedArrayBuffer,
       };
-      const worker = new Worker(workerEntry("storage/ublk/queue-worker.ts"), { workerData: init });
-      let onReady!: () => void, onFail!: (e: Error) => void;
-      ready.push(new Promise<void>((res, rej) => ((onReady = res), (onFail = rej))));
+      const worker = new Worker(workerEntry("storage/ublk/queue-worker.ts"), { workerData: setup });
+      let onLoaded!: () => void, onReady!: () => void, onFail!: (e: Error) => void;
+      const loaded = new Promise<void>((res, rej) => ((onLoaded = res), (onFail = rej)));
+      let onFailReady!: (e: Error) => void;
+      const ready = new Promise<void>((res, rej) => ((onReady = res), (onFailReady = rej)));
+      // a start that fails early leaves these unawaited: never an unhandled rejection
+      loaded.catch(() => undefined);
+      ready.catch(() => undefined);
+      const fail = (e: Error) => {
+        onFail(e);
+        onFailReady(e);
+      };
       const exited = new Promise<string>((resolve) => {
         let reason = "";
         worker.on("message", (msg: QueueMessage) => {
           if (Array.isArray(msg)) return this.#serve(q, msg as [number, number, number, number, number]);
-          if (msg.type === "ready") onReady();
+          if (msg.type === "loaded") onLoaded();
+          else if (msg.type === "ready") onReady();
           else if (msg.type === "exit") reason = msg.reason;
         });
         worker.on("error", (e: Error) => {
           reason ||= `queue ${q} thread crashed: ${e.message}`;
           log.error({ devId: this.devId, queue: q, err: e.message }, "queue thread crashed");
-          onFail(e);
+          fail(e);
         });
         worker.on("exit", () => {
-          onFail(new UblkError("ublk.queue_failed", `queue ${q} of device ${this.devId} ended before it was ready: ${reason}`, { devId: this.devId, queue: q, reason }));
+          fail(new UblkError("ublk.queue_failed", `queue ${q} of device ${this.devId} ended before it was ready: ${reason}`, { devId: this.devId, queue: q, reason }));
           resolve(reason || "exited");
         });
       });
-      this.#queues.push({ worker, desc, arena, bufs: new Uint8Array(arena.buffer, 0, depth * maxIo), mailbox, cap, counters, doorbell, exited });
+      this.#queues.push({ worker, commanded: false, loaded, ready, desc, arena, bufs: new Uint8Array(arena.buffer, 0, depth * maxIo), mailbox, cap, counters, doorbell, exited });
     }
     void Promise.all(this.#queues.map((q) => q.exited)).then((reasons) => {
       if (this.#state === "live" || this.#state === "starting") {
@@ -221,15 +302,17 @@ export class UblkDevice {
       }
       this.#resolveEnded(reasons.find((r) => r) ?? "exited");
     });
-    let timer: ReturnType<typeof setTimeout> | undefined;
-    const timeout = new Promise<never>((_, rej) => {
-      timer = setTimeout(() => rej(new UblkError("ublk.timeout", `queues of device ${this.devId} not ready within ${timeoutMs} ms`, { devId: this.devId, timeoutMs })), timeoutMs);
-    });
-    try {
-      await Promise.race([Promise.all(ready), timeout]);
-    } finally {
-      clearTimeout(timer);
+    await withTimeout(Promise.all(this.#queues.map((q) => q.loaded)), timeoutMs, () => new UblkError("ublk.timeout", `queue threads of device ${this.devId} not started within ${timeoutMs} ms`, { devId: this.devId, timeoutMs }));
+  }
+
+  /** Tell every (loaded) queue thread what to serve; resolves once every tag is fetched. */
+  async #serveQueues(timeoutMs: number): Promise<void> {
+    const cmd: QueueCommand = { type: "serve", size: this.#size, readOnly: this.target.image.readOnly, plan: this.target.plan, divert: this.#divert };
+    for (const q of this.#queues) {
+      q.commanded = true;
+      q.worker.postMessage(cmd);
     }
+    await withTimeout(Promise.all(this.#queues.map((q) => q.ready)), timeoutMs, () => new UblkError("ublk.timeout", `queues of device ${this.devId} not ready within ${timeoutMs} ms`, { devId: this.devId, timeoutMs }));
   }
 
   /** Answer a request a queue thread forwarded: `[tag, op, flags, offset, length]`. */
@@ -303,28 +386,33 @@ export class UblkDevice {
   }
 
   async #detach(): Promise<void> {
+    if (!this.#target) return this.#close(); // a pre-created device has nothing to recover
     this.#state = "stopping";
     await this.#stopQueues(0);
     await this.#order.idle();
     this.#release();
     try {
-      await this.target.image.sync();
+      await this.#target.image.sync();
     } finally {
-      await this.target.image.close();
+      await this.#target.image.close();
     }
     this.#state = "detached";
     log.info({ devId: this.devId, recoverable: this.recoverable }, "ublk device detached: serving stopped, device left for recovery");
   }
 
   async #close(): Promise<void> {
+    const started = this.#queues.some((q) => q.commanded);
     if (this.#state !== "failed") this.#state = "stopping";
     let firstError: unknown = null;
-    try {
-      await this.#ctrl.command(UBLK_CMD.STOP_DEV, this.devId);
-    } catch (e) {
-      firstError = e;
+    // STOP_DEV aborts the fetched tags; threads that never fetched are told to end below
+    if (started) {
+      try {
+        await this.#ctrl.command(UBLK_CMD.STOP_DEV, this.devId);
+      } catch (e) {
+        firstError = e;
+      }
     }
-    await this.#stopQueues(this.#ctrl.timeoutMs);
+    await this.#stopQueues(started ? this.#ctrl.timeoutMs : 0);
     await this.#order.idle();
     this.#release();
     try {
@@ -332,13 +420,19 @@ export class UblkDevice {
     } catch (e) {
       firstError ??= e;
     }
-    await this.target.image.close();
+    await this.#target?.image.close();
     this.#state = "stopped";
     if (firstError) throw firstError;
   }
 
   /** Wait for the queue threads to end; past `waitMs`, tell them to stop (then terminate what still runs). */
   async #stopQueues(waitMs: number): Promise<void> {
+    // threads still waiting for their command end when told to
+    for (const q of this.#queues) {
+      if (q.commanded) continue;
+      q.commanded = true;
+      q.worker.postMessage({ type: "stop" } satisfies QueueCommand);
+    }
     let timer: ReturnType<typeof setTimeout> | undefined;
     const all = Promise.all(this.#queues.map((q) => q.exited));
     const late = waitMs <= 0 || (await Promise.race([all.then(() => false), new Promise<boolean>((r) => (timer = setTimeout(() => r(true), waitMs)))]));
@@ -365,25 +459,76 @@ export class UblkDevice {
   }
 
   /**
-   * Create and start a device serving `target`.
-   * @throws UblkError `ublk.unavailable`, `ublk.bad_config` (size not a multiple of the logical
-   * block), `ublk.control_failed`, `ublk.queue_failed`, `ublk.timeout`; nothing is left behind
+   * Add a device without a target (a warm pool): ADD_DEV with the config's queues, depth and
+   * buffer size (and user recovery where offered), /dev/ublkcN opened, descriptors and buffers
+   * mapped, every queue thread started and waiting. No block device exists until `bind`.
+   * @throws UblkError `ublk.unavailable`, `ublk.control_failed`, `ublk.queue_failed`, `ublk.timeout`;
+   *   nothing is left behind
    */
-  static async create(ctrl: UblkControl, target: UblkTarget, cfg: UblkConfig, opts: DeviceOptions = {}): Promise<UblkDevice> {
-    const img = target.image;
-    const lbs = 1 << cfg.logicalBlockShift;
-    if (img.size <= 0 || img.size % lbs !== 0) throw new UblkError("ublk.bad_config", `image size ${img.size} is not a positive multiple of the ${lbs}-byte logical block`, { size: img.size, logicalBlockBytes: lbs });
+  static async precreate(ctrl: UblkControl, cfg: UblkConfig, opts: DeviceOptions = {}): Promise<UblkDevice> {
+    const dev = await UblkDevice.#add(ctrl, cfg, opts);
+    log.info({ devId: dev.devId, queues: dev.info.nrHwQueues, depth: dev.info.queueDepth, addMs: dev.timings.addMs, openMs: dev.timings.openMs, threadsMs: dev.timings.threadsMs }, "ublk device pre-created");
+    return dev;
+  }
+
+  /** ADD_DEV, open, map, start the threads (see `precreate`). */
+  static async #add(ctrl: UblkControl, cfg: UblkConfig, opts: DeviceOptions): Promise<UblkDevice> {
+    let t = performance.now();
+    const lap = () => {
+      const now = performance.now();
+      const d = Math.round((now - t) * 10) / 10;
+      t = now;
+      return d;
+    };
     const features = await ctrl.features();
     const wantRecovery = (opts.userRecovery ?? cfg.userRecovery) && (features.flags & UBLK_F.USER_RECOVERY) !== 0n;
     const flags = wantRecovery ? UBLK_F.USER_RECOVERY | UBLK_F.USER_RECOVERY_REISSUE : 0n;
+    lap();
     const info = await ctrl.addDevice({
       nrHwQueues: cfg.queues, queueDepth: cfg.queueDepth, state: 0, maxIoBufBytes: cfg.maxIoBytes, devId: opts.devId ?? UBLK_DEV_ID_ANY,
-      ublksrvPid: -1, flags, ublksrvFlags: 0n, ownerUid: 0, ownerGid: 0,
+      ublksrvPid: -1, flags, ublksrvFlags: opts.ownerTag ?? 0n, ownerUid: 0, ownerGid: 0,
     });
-    const dev = new UblkDevice(ctrl, info, target);
+    const dev = new UblkDevice(ctrl, cfg, info, features.encodedOps, null);
+    dev.timings.addMs = lap();
     try {
-      const maxSectors = info.maxIoBufBytes / 512;
-      await ctrl.command(UBLK_CMD.SET_PARAMS, dev.devId, {
+      await dev.#openChar(cfg.controlTimeoutMs);
+      dev.timings.openMs = lap();
+      await dev.#spawnQueues(cfg.controlTimeoutMs);
+      dev.timings.threadsMs = lap();
+      dev.#state = "pooled";
+      return dev;
+    } catch (e) {
+      dev.#state = "failed";
+      await dev.close().catch((c) => log.warn({ devId: dev.devId, err: (c as Error).message }, "cleanup after a failed pre-create"));
+      throw e;
+    }
+  }
+
+  /**
+   * Give a pre-created device its target and start it: SET_PARAMS (the target's size, read-only
+   * or volatile cache, discard), the queue threads fetch every tag, START_DEV (/dev/ublkbN
+   * appears). The device owns the target's image from here on.
+   * @throws UblkError `ublk.bad_state` (not a pre-created device), `ublk.bad_config` (size not a
+   *   positive multiple of the logical block), `ublk.control_failed`, `ublk.queue_failed`,
+   *   `ublk.timeout`; on any failure but the first two the device is removed
+   */
+  async bind(target: UblkTarget): Promise<void> {
+    if (this.#state !== "pooled") throw new UblkError("ublk.bad_state", `device ${this.devId} is ${this.#state}, not pre-created`, { devId: this.devId, state: this.#state });
+    const cfg = this.#cfg;
+    const img = target.image;
+    checkSize(img.size, cfg);
+    this.#state = "starting";
+    this.#setTarget(target);
+    let t = performance.now();
+    const lap = () => {
+      const now = performance.now();
+      const d = Math.round((now - t) * 10) / 10;
+      t = now;
+      return d;
+    };
+    try {
+      const maxSectors = this.info.maxIoBufBytes / 512;
+      await this.#ctrl.command(UBLK_CMD.SET_PARAMS, this.devId, {
         payload: encodeParams({
           attrs: img.readOnly ? UBLK_ATTR.READ_ONLY : UBLK_ATTR.VOLATILE_CACHE,
           logicalBsShift: cfg.logicalBlockShift,
@@ -395,17 +540,32 @@ export class UblkDevice {
           discard: target.discard && !img.readOnly ? { granularity: 1 << cfg.physicalBlockShift, maxDiscardSectors: maxSectors, maxWriteZeroesSectors: maxSectors } : undefined,
         }),
       });
-      await dev.#openChar(cfg.controlTimeoutMs);
-      await dev.#startQueues(features.encodedOps, cfg.controlTimeoutMs);
-      await ctrl.command(UBLK_CMD.START_DEV, dev.devId, { data0: process.pid });
-      dev.#state = "live";
-      log.info({ devId: dev.devId, path: dev.blockPath, target: target.describe, size: img.size, queues: info.nrHwQueues, depth: info.queueDepth, recovery: dev.recoverable }, "ublk device started");
-      return dev;
+      this.timings.paramsMs = lap();
+      await this.#serveQueues(cfg.controlTimeoutMs);
+      this.timings.fetchMs = lap();
+      await this.#ctrl.command(UBLK_CMD.START_DEV, this.devId, { data0: process.pid });
+      this.timings.startMs = lap();
+      this.#state = "live";
+      // a pre-created device's add/open/threads were spent before it was bound (its "pre-created" line)
+      log.info({ devId: this.devId, path: this.blockPath, target: target.describe, size: img.size, queues: this.info.nrHwQueues, depth: this.info.queueDepth, recovery: this.recoverable, pooled: !this.#fresh, ...this.timings }, "ublk device started");
     } catch (e) {
-      dev.#state = "failed";
-      await dev.close().catch((c) => log.warn({ devId: dev.devId, err: (c as Error).message }, "cleanup after a failed start"));
+      this.#state = "failed";
+      await this.close().catch((c) => log.warn({ devId: this.devId, err: (c as Error).message }, "cleanup after a failed start"));
       throw e;
     }
+  }
+
+  /**
+   * Create and start a device serving `target` (`precreate` + `bind`).
+   * @throws UblkError `ublk.unavailable`, `ublk.bad_config` (size not a multiple of the logical
+   * block), `ublk.control_failed`, `ublk.queue_failed`, `ublk.timeout`; nothing is left behind
+   */
+  static async create(ctrl: UblkControl, target: UblkTarget, cfg: UblkConfig, opts: DeviceOptions = {}): Promise<UblkDevice> {
+    checkSize(target.image.size, cfg);
+    const dev = await UblkDevice.#add(ctrl, cfg, opts);
+    dev.#fresh = true;
+    await dev.bind(target);
+    return dev;
   }
 
   /**
@@ -441,10 +601,11 @@ export class UblkDevice {
       if (r.res !== -EBUSY || Date.now() > deadline) throw new UblkError("ublk.control_failed", `START_USER_RECOVERY of device ${devId} failed: ${errnoName(-r.res)}`, { command: "START_USER_RECOVERY", devId, errno: -r.res });
       await Bun.sleep(RECOVERY_POLL_MS);
     }
-    const dev = new UblkDevice(ctrl, info, target);
+    const dev = new UblkDevice(ctrl, cfg, info, features.encodedOps, target);
     try {
       await dev.#openChar(Math.max(0, deadline - Date.now()));
-      await dev.#startQueues(features.encodedOps, cfg.controlTimeoutMs);
+      await dev.#spawnQueues(cfg.controlTimeoutMs);
+      await dev.#serveQueues(cfg.controlTimeoutMs);
       await ctrl.command(UBLK_CMD.END_USER_RECOVERY, devId, { data0: process.pid });
       dev.#state = "live";
       log.info({ devId, path: dev.blockPath, target: target.describe, queues: info.nrHwQueues, depth: info.queueDepth }, "ublk device recovered");
@@ -456,6 +617,23 @@ export class UblkDevice {
       dev.#release();
       throw e;
     }
+  }
+}
+
+/** @throws UblkError `ublk.bad_config` unless `size` is a positive multiple of the logical block */
+function checkSize(size: number, cfg: UblkConfig): void {
+  const lbs = 1 << cfg.logicalBlockShift;
+  if (size <= 0 || size % lbs !== 0) throw new UblkError("ublk.bad_config", `image size ${size} is not a positive multiple of the ${lbs}-byte logical block`, { size, logicalBlockBytes: lbs });
+}
+
+/** `p`, or `fail()` once `ms` passed first. */
+async function withTimeout<T>(p: Promise<T>, ms: number, fail: () => Error): Promise<T> {
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const timeout = new Promise<never>((_, rej) => (timer = setTimeout(() => rej(fail()), ms)));
+  try {
+    return await Promise.race([p, timeout]);
+  } finally {
+    clearTimeout(timer);
   }
 }
 

@@ -8,6 +8,7 @@ export const UBLK_ERRORS = {
   "ublk.bad_config": "bad device options (queues, depth, sizes, block shifts; details.field)",
   "ublk.not_found": "no ublk device with that id (details.devId)",
   "ublk.busy": "the device is served by another running process (details.devId, pid)",
+  "ublk.bad_state": "an operation the device's state does not allow, e.g. binding a device that is not pre-created (details.devId, state)",
   "ublk.not_recoverable": "no user recovery on the device, a live server, a stopped device or a size mismatch (details.devId)",
   "ublk.queue_failed": "a queue thread failed to start or stopped serving (details.devId, queue)",
   "ublk.target_failed": "a target file cannot be opened or has the wrong size or format (details.file)",

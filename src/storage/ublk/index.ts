@@ -9,6 +9,8 @@
  * await dev.close();                                              // STOP_DEV + DEL_DEV, image closed
  * // after this process died with devices live (user recovery):
  * const again = await server.recover(devId, await openStackTarget({ lowers, upper }));
+ * const pooled = await server.precreate();                        // ADD_DEV + queue threads, no target yet
+ * await pooled.bind(await openStackTarget({ lowers, upper }));    // SET_PARAMS + fetch + START_DEV
  * await server.remove(orphanId);                                  // a device nobody will recover
  * ```
  * Every failure is a `UblkError` with a stable `code` (see errors.ts).
@@ -16,8 +18,8 @@
 export { checkUblkConfig, ublkConfig, type UblkConfig } from "./config.ts";
 export { errnoName, type UblkFeatures } from "./control.ts";
 export { CowImage, type CowOptions } from "./cow.ts";
-export { UblkDevice, type DeviceOptions, type DeviceState, type DeviceStats } from "./device.ts";
+export { UblkDevice, type DeviceOptions, type DeviceState, type DeviceStats, type DeviceTimings } from "./device.ts";
 export { UblkError, type UblkErrorCode } from "./errors.ts";
 export { type CowPlan, type DirectPlan, type ExtentPlan } from "./plan.ts";
-export { UblkServer, ublkAvailable, type UblkDeviceSummary } from "./server.ts";
+export { ownerTagOf, UblkServer, ublkAvailable, type UblkDeviceSummary } from "./server.ts";
 export { imageTarget, layeredTarget, openConfigTarget, openCowTarget, openRawTarget, openStackTarget, targetOf, type UblkTarget } from "./targets.ts";

@@ -1,7 +1,7 @@
 /**
  * `UblkServer`: one process's ublk control channel plus the devices it serves. Device ids, the
- * kernel's device list, and removal of devices left by a dead server live here; one device's
- * lifecycle is in device.ts.
+ * kernel's device list, removal of devices left by a dead server, and the sweep of an owner's
+ * devices nobody recorded live here; one device's lifecycle is in device.ts.
  */
 import { existsSync, readdirSync } from "node:fs";
 import { UBLK_CMD, UBLK_CONTROL_PATH, UBLK_F, UBLK_S_DEV, type DevInfo } from "../../ffi/ublk.ts";
@@ -31,6 +31,8 @@ export interface UblkDeviceSummary {
   queues: number;
   depth: number;
   recoverable: boolean;
+  /** The owner tag the device was added with (its `ublksrv_flags`, hex), null when 0. */
+  owner: string | null;
 }
 
 const STATE_NAMES = ["dead", "live", "quiesced", "fail_io"] as const;
@@ -43,26 +45,43 @@ function summary(i: DevInfo): UblkDeviceSummary {
     queues: i.nrHwQueues,
     depth: i.queueDepth,
     recoverable: (i.flags & UBLK_F.USER_RECOVERY) !== 0n,
+    owner: i.ublksrvFlags === 0n ? null : `0x${i.ublksrvFlags.toString(16)}`,
   };
+}
+
+/**
+ * The owner tag of a disk daemon on directory `dir`: "AENV" in the high 32 bits, the 32-bit
+ * FNV-1a hash of the path in the low ones. Devices carry it in `ublksrv_flags`, so a daemon can
+ * find devices it added but never recorded (a crash right after ADD_DEV) without touching those
+ * of other servers on the host.
+ */
+export function ownerTagOf(dir: string): bigint {
+  let h = 0x811c9dc5;
+  for (const b of new TextEncoder().encode(dir)) h = Math.imul(h ^ b, 0x01000193) >>> 0;
+  return (0x41454e56n << 32n) | BigInt(h);
 }
 
 /** The ublk server of this process. */
 export class UblkServer {
   readonly config: UblkConfig;
+  /** Tag every device this server adds carries (0: none). */
+  readonly ownerTag: bigint;
   #ctrl: UblkControl;
   #devices = new Set<UblkDevice>();
 
-  private constructor(cfg: UblkConfig, ctrl: UblkControl) {
+  private constructor(cfg: UblkConfig, ctrl: UblkControl, ownerTag: bigint) {
     this.config = cfg;
     this.#ctrl = ctrl;
+    this.ownerTag = ownerTag;
   }
 
   /**
    * Open the control channel.
+   * @param opts.ownerTag stored in every device this server adds (see `ownerTagOf`); default 0
    * @throws UblkError `ublk.unavailable`
    */
-  static open(cfg: UblkConfig): UblkServer {
-    return new UblkServer(cfg, UblkControl.open(cfg.controlTimeoutMs));
+  static open(cfg: UblkConfig, opts: { ownerTag?: bigint } = {}): UblkServer {
+    return new UblkServer(cfg, UblkControl.open(cfg.controlTimeoutMs), opts.ownerTag ?? 0n);
   }
 
   /** The kernel's ublk features (flags, opcode form). */
@@ -88,11 +107,19 @@ export class UblkServer {
    */
   async create(target: UblkTarget, opts: DeviceOptions = {}): Promise<UblkDevice> {
     try {
-      return this.#track(await UblkDevice.create(this.#ctrl, target, this.config, opts));
+      return this.#track(await UblkDevice.create(this.#ctrl, target, this.config, { ownerTag: this.ownerTag, ...opts }));
     } catch (e) {
       await target.image.close().catch(() => {});
       throw e;
     }
+  }
+
+  /**
+   * Add a device without a target, to `bind` one later (a warm pool; see `UblkDevice.precreate`).
+   * @throws UblkError (see `UblkDevice.precreate`)
+   */
+  async precreate(opts: DeviceOptions = {}): Promise<UblkDevice> {
+    return this.#track(await UblkDevice.precreate(this.#ctrl, this.config, { ownerTag: this.ownerTag, ...opts }));
   }
 
   /**
@@ -146,6 +173,41 @@ export class UblkServer {
     if (info.state !== UBLK_S_DEV.DEAD) await this.#ctrl.command(UBLK_CMD.STOP_DEV, devId);
     await this.#ctrl.command(UBLK_CMD.DEL_DEV, devId);
     log.info({ devId, state: info.state, pid: info.ublksrvPid }, "removed ublk device left by a dead server");
+  }
+
+  /**
+   * STOP_DEV of a device another process serves: its block device goes away and its server sees
+   * every tag aborted (and then removes it). For tools and tests of a server losing its device.
+   * @throws UblkError `ublk.not_found`, `ublk.busy` (one of ours: close it), `ublk.control_failed`
+   */
+  async stop(devId: number): Promise<void> {
+    if (this.devices.some((d) => d.devId === devId)) throw new UblkError("ublk.busy", `device ${devId} is served by this process: close it`, { devId });
+    await this.#ctrl.deviceInfo(devId);
+    await this.#ctrl.command(UBLK_CMD.STOP_DEV, devId);
+    log.info({ devId }, "stopped a ublk device served by another process");
+  }
+
+  /**
+   * Remove every device that carries this server's owner tag, is not in `keep`, and is not
+   * served by this process or another running one: what a crashed owner added but never
+   * recorded. Needs an owner tag.
+   * @returns the ids removed
+   * @throws UblkError `ublk.bad_config` without an owner tag
+   */
+  async sweep(keep: ReadonlySet<number>): Promise<number[]> {
+    if (this.ownerTag === 0n) throw new UblkError("ublk.bad_config", "a sweep needs an owner tag", { field: "ownerTag" });
+    const removed: number[] = [];
+    for (const d of await this.list()) {
+      if (d.owner !== `0x${this.ownerTag.toString(16)}` || keep.has(d.devId) || this.devices.some((x) => x.devId === d.devId)) continue;
+      try {
+        await this.remove(d.devId);
+        removed.push(d.devId);
+      } catch (e) {
+        log.warn({ devId: d.devId, err: (e as Error).message }, "an unrecorded device of this owner was not removed");
+      }
+    }
+    if (removed.length) log.warn({ removed }, "removed ublk devices of this owner that no record names");
+    return removed;
   }
 
   /** Close every device of this server, then the control channel. */

@@ -2,7 +2,10 @@
 // for the file (needs root: FUSE). Raw frames for malformed and oversize input; every request
 // kind against real devices: shared refcounted read-only devices (the snapshot memory image
 // case: opened once, mapped by many), the warm pool, restack, recovery of a restacked stack after
-// kill -9, update_size (growing a served disk), hold, delete, shutdown.
+// kill -9, update_size (growing a served disk), hold, delete, shutdown; devices lost under their
+// users (a FUSE mount unmounted from outside, a device the restarted daemon cannot serve again)
+// reported as `device_lost` events and on the node's handles. The FUSE engine stands in here for
+// ublk, which this host's kernel lacks (../ublk-vm.test.ts shows the same with ublk in a guest).
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { closeSync, existsSync, fstatSync, mkdirSync, mkdtempSync, openSync, readdirSync, readFileSync, readSync, rmSync, statSync, writeFileSync, writeSync } from "node:fs";
 import { join } from "node:path";
@@ -10,6 +13,8 @@ import { daemonPaths } from "../../../src/storage/daemon/daemon.ts";
 import { daemonSettings, diskConfig, reapStaleMounts } from "../../../src/storage/daemon/index.ts";
 import { encodeFrame, FrameReader } from "../../../src/storage/daemon/protocol.ts";
 import { DiskError, upperPaths, type DiskService } from "../../../src/storage/daemon/index.ts";
+import { MNT_DETACH, umount2 } from "../../../src/ffi/mount.ts";
+import { renameSync } from "node:fs";
 import { openStack } from "../../../src/storage/overlaybd/index.ts";
 import { alive, firstLine } from "../../helpers/proc.ts";
 import { fuseMounted, startService, stopService } from "./fixtures/service.ts";
@@ -371,6 +376,80 @@ describe("disk daemon protocol", () => {
       reapStaleMounts([dir]);
     }
   });
+
+  test("a device unmounted from outside is lost: every connection gets device_lost, the handle's lost resolves, list reports it, release is not_found", async () => {
+    const events = await rawConn();
+    try {
+      const d = await svc.rootDisk({ id: "lost1", lowers, sandboxDir: join(root, "lost1") });
+      const seen: string[] = [];
+      void d.lost.then((w) => seen.push(w));
+      expect(readFileSync(d.path).equals(Buffer.from(expected))).toBe(true);
+      expect(umount2(join(root, "lost1", "mnt"), MNT_DETACH)).toBe(0);
+      const ev = await events.next();
+      expect(ev).toMatchObject({ kind: "device_lost", dev_id: "lost1", engine: "fuse", reason: "its fuse device stopped being served: ENODEV" });
+      expect(ev.seq).toBeUndefined();
+      expect(typeof ev.at).toBe("number");
+      expect(await d.lost).toBe("its fuse device stopped being served: ENODEV");
+      expect(seen).toEqual(["its fuse device stopped being served: ENODEV"]);
+      const l = await svc.request({ kind: "list" });
+      expect(l.devices.map((x) => x.dev_id)).not.toContain("lost1");
+      expect(l.lost).toContainEqual({ dev_id: "lost1", engine: "fuse", reason: "its fuse device stopped being served: ENODEV", at: ev.at as number });
+      expect(await code(svc.stats("lost1"))).toBe("disk.not_found");
+      // a release of a lost device is not_found naming the loss; the daemon forgets the loss then
+      const rel = await svc.request({ kind: "release", dev_id: "lost1" }).catch((e) => e);
+      expect(rel).toMatchObject({ code: "disk.not_found", details: { devId: "lost1", lost: "its fuse device stopped being served: ENODEV" } });
+      expect((await svc.request({ kind: "list" })).lost.map((x) => x.dev_id)).not.toContain("lost1");
+      // the node's close after a loss is local clean-up only
+      await d.close();
+      expect(fuseMounted(join(root, "lost1", "mnt"))).toBe(false);
+      // another device of the same daemon is unharmed
+      const other = await svc.rootDisk({ id: "lost1b", lowers, sandboxDir: join(root, "lost1b") });
+      expect(readFileSync(other.path).equals(Buffer.from(expected))).toBe(true);
+      await other.close();
+    } finally {
+      events.end();
+    }
+  });
+
+  test("a device the restarted daemon cannot serve again (its layer is gone) is lost on the node's handle; the others recover", async () => {
+    const own = join(root, "lost2-tpl");
+    mkdirSync(own);
+    const t = await twoLayerTemplate(own, "t", SIZE, 7);
+    const d = await svc.rootDisk({ id: "lost2", lowers: t.lowers, sandboxDir: join(root, "lost2") });
+    const keep = await svc.rootDisk({ id: "lost2keep", lowers, sandboxDir: join(root, "lost2keep") });
+    // a reader (as a VMM) with the disk open across the loss, reading again when told
+    const go = join(root, "lost2.go");
+    const reader = Bun.spawn(["sh", "-c", `exec 3<${d.path}; echo open; while [ ! -e ${go} ]; do sleep 0.05; done; dd bs=4096 count=1 iflag=direct <&3 >/dev/null 2>&1; echo rc=$?`], { stdout: "pipe" });
+    try {
+      expect(readFileSync(d.path).equals(Buffer.from(t.expected))).toBe(true);
+      const out = reader.stdout.getReader();
+      expect(new TextDecoder().decode((await out.read()).value)).toBe("open\n");
+      // the running daemon keeps the layer open; the next one cannot open it
+      renameSync(t.lowers[1]!, `${t.lowers[1]}.away`);
+      const restarts = svc.restarts;
+      process.kill(svc.pid, "SIGKILL");
+      const why = await d.lost;
+      expect(svc.restarts).toBe(restarts + 1);
+      expect(why).toStartWith("not recovered after a daemon restart: ");
+      expect(why).toContain(t.lowers[1]!);
+      // nobody serves it: the node let go of its connection copy, so the open file's I/O fails
+      // at once instead of waiting for good
+      writeFileSync(go, "");
+      expect(await reader.exited).toBe(0);
+      expect(new TextDecoder().decode((await out.read()).value)).not.toBe("rc=0\n");
+      const l = await svc.request({ kind: "list" });
+      expect(l.devices.map((x) => x.dev_id)).toContain("lost2keep");
+      expect(l.devices.map((x) => x.dev_id)).not.toContain("lost2");
+      expect(l.lost.find((x) => x.dev_id === "lost2")?.reason).toBe(why);
+      expect(readFileSync(keep.path).equals(Buffer.from(expected))).toBe(true);
+      expect(await Promise.race([keep.lost, Bun.sleep(50).then(() => "not lost")])).toBe("not lost");
+    } finally {
+      reader.kill("SIGKILL");
+      await d.close();
+      await keep.close();
+    }
+    expect(fuseMounted(join(root, "lost2", "mnt"))).toBe(false);
+  }, 60_000);
 
   test("shutdown removes every device and its mount point directories and the daemon exits 0; requests after it fail", async () => {
     const r2 = join(root, "sd");
