@@ -408,7 +408,7 @@ test("a 40 MiB upload at 1 MiB/s (over 40 s, past the 30 s connect bound) throug
     expect((await initEnvd(envd.url, { accessToken: rec.envdAccessToken, defaultUser: "root" })).status).toBe(204);
     const rssKiB = () => Number(/VmRSS:\s+(\d+) kB/.exec(readFileSync(`/proc/${envd!.proc.pid}/status`, "utf8"))![1]);
     const headers = { "E2b-Sandbox-Id": rec.id, "E2b-Sandbox-Port": "49983", "x-access-token": rec.envdAccessToken!, "content-type": "application/octet-stream" };
-    const post = (path: string, body: BodyInit) => fetch(`${slow.url}/files?path=${encodeURIComponent(path)}`, { method: "POST", headers, body, duplex: "half" } as RequestInit);
+    const post = (path: string, body: Uint8Array | ReadableStream<Uint8Array>) => fetch(`${slow.url}/files?path=${encodeURIComponent(path)}`, { method: "POST", headers, body, duplex: "half" } as RequestInit);
     // warm-up: envd's first upload compiles its path
     expect((await post(join(dir, "warm.bin"), new Uint8Array(4 << 20))).status).toBe(200);
     const CHUNK = 64 * 1024;

@@ -5,6 +5,7 @@
  */
 import { closeSync } from "node:fs";
 import type { FileSink, Subprocess } from "bun";
+import { createPipe, type PipeEnds } from "../../ffi/pipe.ts";
 import { openPty, resizePty } from "../../ffi/pty.ts";
 import { logger } from "../log.ts";
 import { EnvdError } from "../errors.ts";
@@ -55,6 +56,8 @@ export interface HandleLimits {
   queueHighWaterBytes: number;
   /** Largest output payload of one data event, bytes (E2B's envd reads 32 KiB at a time). */
   maxEventBytes: number;
+  /** Capacity asked for each stdout/stderr pipe, bytes (the kernel may give less). */
+  pipeBytes: number;
   /** After the process exited, output is read until a read waited this long, ms (grandchildren may hold the pipe). */
   outputDrainMs: number;
   /** Absolute path of util-linux `setsid` (PTY sessions). */
@@ -107,7 +110,14 @@ export class ProcessHandle {
   /** Resolves once the end event is recorded and every stream got it. */
   readonly done: Promise<ProcessEnd>;
 
-  private constructor(spec: SpawnSpec, proc: Subprocess<any, any, any>, relay: PtyRelay | undefined, private readonly limits: HandleLimits) {
+  private constructor(
+    spec: SpawnSpec,
+    proc: Subprocess<any, any, any>,
+    relay: PtyRelay | undefined,
+    private readonly limits: HandleLimits,
+    /** Read ends of the output pipes (not a PTY); closed once read to the end. */
+    private readonly pipes?: { stdout: number; stderr: number },
+  ) {
     this.spec = spec;
     this.proc = proc;
     this.pid = proc.pid;
@@ -158,15 +168,29 @@ export class ProcessHandle {
         }
         return new ProcessHandle(spec, proc, { master, reader, writer }, limits);
       }
-      const proc = Bun.spawn([...prefix, spec.cmd, ...spec.args], {
-        cwd: spec.cwd,
-        env: spec.env,
-        stdin: spec.stdin ? "pipe" : "ignore",
-        stdout: "pipe",
-        stderr: "pipe",
-        ...ids,
-      });
-      return new ProcessHandle(spec, proc, undefined, limits);
+      // stdout and stderr are pipes of envd's own (Bun's "pipe" is a socketpair): see src/ffi/pipe.ts
+      const out = createPipe(limits.pipeBytes);
+      let err: PipeEnds | undefined;
+      let proc: Subprocess<any, any, any>;
+      try {
+        err = createPipe(limits.pipeBytes);
+        proc = Bun.spawn([...prefix, spec.cmd, ...spec.args], {
+          cwd: spec.cwd,
+          env: spec.env,
+          stdin: spec.stdin ? "pipe" : "ignore",
+          stdout: out.write,
+          stderr: err.write,
+          ...ids,
+        });
+      } catch (e) {
+        closeSync(out.read);
+        if (err) closeSync(err.read);
+        throw e;
+      } finally {
+        closeSync(out.write);
+        if (err) closeSync(err.write);
+      }
+      return new ProcessHandle(spec, proc, undefined, limits, { stdout: out.read, stderr: err.read });
     } catch (err) {
       if (err instanceof EnvdError) throw err;
       const code = (err as NodeJS.ErrnoException).code;
@@ -329,10 +353,19 @@ export class ProcessHandle {
     }
   }
 
+  /** Pump a pipe read end, then close it. */
+  private async pumpPipe(fd: number, name: "stdout" | "stderr"): Promise<void> {
+    try {
+      await this.pump(Bun.file(fd).stream(), name);
+    } finally {
+      closeSync(fd);
+    }
+  }
+
   private async run(): Promise<ProcessEnd> {
     const pumps = this.relay
       ? [this.pump(this.relay.reader.stdout, "pty")]
-      : [this.pump(this.proc.stdout as ReadableStream<Uint8Array>, "stdout"), this.pump(this.proc.stderr as ReadableStream<Uint8Array>, "stderr")];
+      : [this.pumpPipe(this.pipes!.stdout, "stdout"), this.pumpPipe(this.pipes!.stderr, "stderr")];
     const code = await this.proc.exited;
     this.exited = true;
     for (const arm of this.onExit) arm();

@@ -15,7 +15,7 @@ import type { EnvdState } from "../state.ts";
 import type { UserInfo } from "../users.ts";
 import type { ProcessHandle } from "./handle.ts";
 import type { ProcessManager, Selector } from "./manager.ts";
-import { encodeEvents } from "./wire.ts";
+import { encodeEvents, partsBytes } from "./wire.ts";
 
 /** Settings the service needs besides the manager. */
 export interface ProcessServiceOptions {
@@ -88,9 +88,9 @@ function eventStream(h: ProcessHandle, binary: boolean, kaMs: number, batchBytes
       const r = await q.ready(signal, kaMs);
       if (r === "idle") return encodeEvents([{ kind: "keepalive" }], binary);
       if (r !== "items") return null;
-      const chunk = encodeEvents(q.take(batchBytes), binary);
-      gc.count(chunk.byteLength);
-      return chunk;
+      const parts = encodeEvents(q.take(batchBytes), binary);
+      gc.count(partsBytes(parts));
+      return parts;
     },
     close: () => h.unsubscribe(q),
   };
