@@ -159,7 +159,6 @@ export function startEnvd(partial: Partial<EnvdOptions> = {}): Envd {
     outputDrainMs: opts.outputDrainMs,
     queueHighWater: opts.queueHighWater,
     queueHighWaterBytes: opts.queueHighWaterBytes,
-    maxEventBytes: opts.maxEventBytes,
     pipeBytes: opts.pipeBytes,
     setsidPath: resolveBin("setsid"),
     catPath: resolveBin("cat"),
@@ -184,6 +183,7 @@ export function startEnvd(partial: Partial<EnvdOptions> = {}): Envd {
     defaultPty: { cols: 80, rows: 24 },
     path: process.env.PATH || "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     batchBytes: opts.batchBytes,
+    maxEventBytes: opts.maxEventBytes,
     gcEveryBytes: opts.gcEveryBytes,
     stream: { maxRequestBytes: opts.maxStreamRequestBytes, maxTimeoutMs: Number.MAX_SAFE_INTEGER },
   });

@@ -23,7 +23,7 @@ export interface ProcessEnd {
   error?: string;
 }
 
-/** What an attached stream receives, in order. */
+/** What an attached stream receives, in order. A data event is one read of the output (any size; the wire splits it). */
 export type ProcEvent =
   | { kind: "start"; pid: number }
   | { kind: "data"; stream: "stdout" | "stderr" | "pty"; data: Uint8Array }
@@ -54,8 +54,6 @@ export interface HandleLimits {
   queueHighWater: number;
   /** Output bytes buffered per stream before output reading pauses (back-pressure to the pipe). */
   queueHighWaterBytes: number;
-  /** Largest output payload of one data event, bytes (E2B's envd reads 32 KiB at a time). */
-  maxEventBytes: number;
   /** Capacity asked for each stdout/stderr pipe, bytes (the kernel may give less). */
   pipeBytes: number;
   /** After the process exited, output is read until a read waited this long, ms (grandchildren may hold the pipe). */
@@ -333,23 +331,20 @@ export class ProcessHandle {
 
   private async pump(stream: ReadableStream<Uint8Array>, name: "stdout" | "stderr" | "pty"): Promise<void> {
     const reader = stream.getReader() as unknown as OutputReader & { cancel(): Promise<void> };
-    const max = this.limits.maxEventBytes;
     try {
       for (;;) {
         const r = await this.readOrIdle(reader);
         if (r === "idle" || r.done) break;
-        // Bun hands over whatever the pipe held (up to ~176 KiB): split it into protocol-sized
-        // events (views, no copy); each waits for room in the slowest stream's queue, so a
-        // slow consumer stops the reads and the process blocks on its full pipe.
-        const chunk = r.value;
-        for (let off = 0; off < chunk.byteLength; off += max) {
-          await this.broadcast({ kind: "data", stream: name, data: chunk.subarray(off, Math.min(off + max, chunk.byteLength)) });
-        }
+        // Whatever one read got (up to the pipe's capacity) is one event here; the wire splits
+        // it into protocol-sized messages (wire.ts). Each waits for room in the slowest stream's
+        // queue, so a slow consumer stops the reads and the process blocks on its full pipe.
+        await this.broadcast({ kind: "data", stream: name, data: r.value });
       }
     } catch (err) {
       log.debug({ pid: this.pid, stream: name, err: (err as Error).message }, "output stream ended with error");
     } finally {
-      reader.cancel().catch(() => {});
+      // settled before the caller may close the fd the stream reads
+      await reader.cancel().catch(() => {});
     }
   }
 

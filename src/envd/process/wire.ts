@@ -60,15 +60,19 @@ function otherMessage(ev: ProcEvent, binary: boolean): Uint8Array {
 }
 
 /**
- * Envelopes of `events`, in order, as parts to write one after the other: the payload of each
- * data event is a part of its own (a view of the output as read, or its base64 text), and the
- * bytes between two payloads (envelope headers, field tags and lengths, JSON punctuation, whole
- * small events) share one buffer per batch.
+ * Envelopes of `events`, in order, as parts to write one after the other. A data event becomes
+ * one message per `maxEventBytes` of its output (the last one shorter); the payload of each
+ * message is a part of its own (a view of the output as read, or its base64 text), and the bytes
+ * between two payloads (envelope headers, field tags and lengths, JSON punctuation, whole small
+ * events) share one buffer per batch.
  */
-export function encodeEvents(events: ProcEvent[], binary: boolean): StreamParts {
+export function encodeEvents(events: ProcEvent[], binary: boolean, maxEventBytes: number): StreamParts {
   const others = events.map((ev) => (ev.kind === "data" ? undefined : otherMessage(ev, binary)));
   let small = 0;
-  for (let i = 0; i < events.length; i++) small += others[i] ? ENVELOPE_HEADER_BYTES + others[i]!.byteLength : DATA_OVERHEAD;
+  for (let i = 0; i < events.length; i++) {
+    const ev = events[i]!;
+    small += ev.kind === "data" ? DATA_OVERHEAD * Math.max(1, Math.ceil(ev.data.byteLength / maxEventBytes)) : ENVELOPE_HEADER_BYTES + others[i]!.byteLength;
+  }
   const buf = Buffer.allocUnsafe(small);
   const parts: StreamParts = [];
   let off = 0;
@@ -87,28 +91,31 @@ export function encodeEvents(events: ProcEvent[], binary: boolean): StreamParts 
       off += ENVELOPE_HEADER_BYTES + m.byteLength;
       continue;
     }
-    const data = ev.data;
-    if (binary) {
-      const n = data.byteLength;
-      const inner = 1 + varintSize(n) + n;
-      const mid = 1 + varintSize(inner) + inner;
-      writeEnvelopeHeader(buf, off, 1 + varintSize(mid) + mid);
-      off += ENVELOPE_HEADER_BYTES;
-      buf[off++] = TAG_EVENT;
-      off = putVarint(buf, off, mid);
-      buf[off++] = TAG_DATA;
-      off = putVarint(buf, off, inner);
-      buf[off++] = DATA_TAG[ev.stream];
-      off = putVarint(buf, off, n);
-      payload(data);
-    } else {
-      const b64 = Buffer.from(data.buffer, data.byteOffset, data.byteLength).toString("base64");
-      const head = `{"event":{"data":{"${ev.stream}":"`;
-      writeEnvelopeHeader(buf, off, head.length + b64.length + JSON_TAIL.length);
-      off += ENVELOPE_HEADER_BYTES;
-      off += buf.write(head, off, "latin1");
-      payload(b64);
-      off += buf.write(JSON_TAIL, off, "latin1");
+    for (let at = 0; at < ev.data.byteLength || at === 0; at += maxEventBytes) {
+      const data = ev.data.subarray(at, at + maxEventBytes);
+      if (binary) {
+        const n = data.byteLength;
+        const inner = 1 + varintSize(n) + n;
+        const mid = 1 + varintSize(inner) + inner;
+        writeEnvelopeHeader(buf, off, 1 + varintSize(mid) + mid);
+        off += ENVELOPE_HEADER_BYTES;
+        buf[off++] = TAG_EVENT;
+        off = putVarint(buf, off, mid);
+        buf[off++] = TAG_DATA;
+        off = putVarint(buf, off, inner);
+        buf[off++] = DATA_TAG[ev.stream];
+        off = putVarint(buf, off, n);
+        payload(data);
+      } else {
+        const b64 = Buffer.from(data.buffer, data.byteOffset, data.byteLength).toString("base64");
+        const head = `{"event":{"data":{"${ev.stream}":"`;
+        writeEnvelopeHeader(buf, off, head.length + b64.length + JSON_TAIL.length);
+        off += ENVELOPE_HEADER_BYTES;
+        off += buf.write(head, off, "latin1");
+        payload(b64);
+        off += buf.write(JSON_TAIL, off, "latin1");
+      }
+      if (data.byteLength === 0) break;
     }
   }
   if (off > gap) parts.push(buf.subarray(gap, off));
