@@ -106,7 +106,12 @@ try {
     if (m[off] !== 0x0a) return 0;
     return varint(off + 1)[0];
   };
-  /** Run a command through Start; returns stdout bytes seen, decoded as a client would. */
+  /**
+   * Run a command through Start; returns stdout bytes seen, decoded as a client would: JSON
+   * messages assembled whole and parsed (base64 decoded), as the SDK does; binary messages read
+   * in place (envelope header and the protobuf field headers only, the payload skipped without
+   * being copied or assembled).
+   */
   const start = async (e: Envd, cmd: string, args: string[], binary = false, onChunk?: () => void): Promise<number> => {
     const req = { process: { cmd, args }, stdin: false };
     const res = await fetch(`${e.base}/process.Process/Start`, {
@@ -114,8 +119,38 @@ try {
       headers: { ...auth, "content-type": binary ? "application/connect+proto" : "application/connect+json", "connect-protocol-version": "1" },
       body: envelope(binary ? toBinary(StartRequestSchema, create(StartRequestSchema, req)) : Buffer.from(JSON.stringify(req))),
     });
-    let pending: Buffer = Buffer.alloc(0);
     let bytes = 0;
+    if (binary) {
+      // per message: copy its envelope header and first bytes (the protobuf field headers, at
+      // most 20) into `head`, which may take several chunks; then skip the payload in place
+      const head = Buffer.alloc(25);
+      let have = 0;
+      let skip = 0;
+      for await (const chunk of res.body!) {
+        onChunk?.();
+        let off = 0;
+        while (off < chunk.byteLength) {
+          if (skip > 0) {
+            const n = Math.min(skip, chunk.byteLength - off);
+            skip -= n;
+            off += n;
+            continue;
+          }
+          const want = have < 5 ? 5 : 5 + Math.min(head.readUInt32BE(1), 20);
+          const n = Math.min(want - have, chunk.byteLength - off);
+          head.set(chunk.subarray(off, off + n), have);
+          have += n;
+          off += n;
+          if (have < 5 || have < 5 + Math.min(head.readUInt32BE(1), 20)) continue;
+          const len = head.readUInt32BE(1);
+          if (head[0] === 0) bytes += protoDataLength(head.subarray(5, have));
+          skip = 5 + len - have;
+          have = 0;
+        }
+      }
+      return bytes;
+    }
+    let pending: Buffer = Buffer.alloc(0);
     for await (const chunk of res.body!) {
       onChunk?.();
       pending = pending.length ? Buffer.concat([pending, chunk]) : Buffer.from(chunk);
@@ -123,13 +158,9 @@ try {
       while (pending.length - off >= 5) {
         const len = pending.readUInt32BE(off + 1);
         if (pending.length - off < 5 + len) break;
-        const msg = pending.subarray(off + 5, off + 5 + len);
         if (pending[off] === 0) {
-          if (binary) bytes += protoDataLength(msg);
-          else {
-            const ev = JSON.parse(msg.toString()).event;
-            if (ev.data?.stdout) bytes += Buffer.from(ev.data.stdout, "base64").length;
-          }
+          const ev = JSON.parse(pending.subarray(off + 5, off + 5 + len).toString()).event;
+          if (ev.data?.stdout) bytes += Buffer.from(ev.data.stdout, "base64").length;
         }
         off += 5 + len;
       }

@@ -22,6 +22,8 @@ import { ENVD_VERSION } from "../../src/envd/version.ts";
 import { ensureUserAccount, initEnvd, procState, startEnvdChild, waitFor, type EnvdChild } from "./harness.ts";
 
 const TOKEN = "a".repeat(24) + "0123456789abcdef";
+/** Most envd RSS growth (MiB) during a bulk output once envd has streamed one (see the large output test). */
+const RSS_BOUND_MIB = 16;
 let envd: EnvdChild;
 let api: ReturnType<typeof Bun.serve>;
 let sbx: Sandbox;
@@ -104,15 +106,10 @@ describe("commands", () => {
     expect(r.stdout).toBe("one\nthree\n");
   });
 
-  test("large output (issue 16 item 1): 50 MB complete, events of at most 64 KiB, envd's RSS flat; 16 MB to a consumer that blocks 10 ms per event", async () => {
+  test(`large output (issue 16 item 1): 50 MB complete in events of at most 64 KiB; envd's RSS grows less than ${RSS_BOUND_MIB} MiB, for a fast consumer and one that blocks 10 ms per event`, async () => {
     const rssKiB = () => Number(/VmRSS:\s+(\d+) kB/.exec(readFileSync(`/proc/${envd.proc.pid}/status`, "utf8"))![1]);
-    // warm-up: the first bulk output through this envd compiles its output path
-    expect((await sbx.commands.run("head -c 8000000 /dev/zero | tr '\\0' x")).stdout.length).toBe(8_000_000);
     const block = new Int32Array(new SharedArrayBuffer(4));
-    for (const [consumerMs, total] of [
-      [0, 50_000_000],
-      [10, 16_000_000],
-    ] as const) {
+    const run = async (total: number, consumerMs: number) => {
       const rss0 = rssKiB();
       let rssMax = rss0;
       let events = 0;
@@ -138,10 +135,16 @@ describe("commands", () => {
       expect(largest).toBeLessThanOrEqual(64 * 1024);
       expect(largest).toBe(32 * 1024); // [envd] output_event_bytes
       expect(events).toBeGreaterThanOrEqual(Math.ceil(total / (32 * 1024)));
-      console.log(`${total / 1e6} MB output, consumer ${consumerMs} ms/event: ${events} events, envd RSS ${(rss0 / 1024).toFixed(1)} MiB -> peak ${(rssMax / 1024).toFixed(1)} MiB (+${((rssMax - rss0) / 1024).toFixed(1)})`);
-      expect(rssMax - rss0).toBeLessThan(24 * 1024); // as test/envd/output.test.ts (200 MiB)
-    }
-  }, 120_000);
+      const grew = (rssMax - rss0) / 1024;
+      console.log(`${total / 1e6} MB output, consumer ${consumerMs} ms/event: ${events} events, envd RSS ${(rss0 / 1024).toFixed(1)} MiB -> peak ${(rssMax / 1024).toFixed(1)} MiB (+${grew.toFixed(1)})`);
+      return grew;
+    };
+    // the first bulk output after envd started also compiles its output path and sizes its
+    // heap (a one-time growth, printed, not bounded); what is bounded is the growth of later ones
+    await run(50_000_000, 0);
+    expect(await run(50_000_000, 0)).toBeLessThan(RSS_BOUND_MIB);
+    expect(await run(50_000_000, 10)).toBeLessThan(RSS_BOUND_MIB);
+  }, 180_000);
 
   test("envs, cwd and the sandbox-wide vars from /init reach the process", async () => {
     const r = await sbx.commands.run('echo "$FOO|$SBX_VAR|$HOME|$USER"; pwd', { envs: { FOO: "bar baz" }, cwd: dir });
