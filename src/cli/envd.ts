@@ -30,6 +30,7 @@ export function envdOptions(s: Config["envd"]): EnvdOptions {
     queueHighWater: s.stream_queue_events,
     queueHighWaterBytes: s.stream_queue_bytes,
     maxEventBytes: s.output_event_bytes,
+    pipeBytes: s.output_pipe_bytes,
     batchBytes: s.output_batch_bytes,
     gcEveryBytes: s.gc_every_output_bytes,
     maxStreamRequestBytes: s.stream_request_max_bytes,

@@ -511,9 +511,14 @@ export const CONFIG_SCHEMA = section("", {
       { min: 1, max: TIB, unit: "bytes" },
     ),
     output_event_bytes: int(32_768, "Largest output payload of one data event, bytes (1..65536; E2B's envd reads 32 KiB at a time).", { min: 1, max: 65_536, unit: "bytes" }),
+    output_pipe_bytes: int(
+      1_048_576,
+      "Capacity of each process's stdout and stderr pipe, bytes (F_SETPIPE_SZ; the kernel rounds up to\na power of two pages): a fast writer hands over up to this much per wake-up of envd. Kernel\nmemory, held only while output waits in the pipe (a process writing to a slow client holds up\nto twice this); not envd's RSS.",
+      { min: 4096, max: 67_108_864, unit: "bytes" },
+    ),
     output_batch_bytes: int(
       262_144,
-      "Most output bytes written to a client in one response chunk (several whole events): fewer,\nlarger socket writes when output is fast.",
+      "Most output bytes written to a client before one flush (whole reads of the process's pipe, at\nleast one): fewer, larger socket writes when output is fast.",
       { min: 1, max: TIB, unit: "bytes" },
     ),
     gc_every_output_bytes: int(

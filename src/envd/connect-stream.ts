@@ -2,8 +2,11 @@
  * Connect-protocol server streaming written directly on fetch `Request`/`Response`, for the
  * streams that carry bulk data (process output). `@connectrpc/connect`'s router serialises and
  * writes every message on its own (JSON through a JS object, one body chunk per message); here
- * the stream's producer encodes a whole batch of messages into one buffer per body chunk, and the
- * body is pulled, so a slow client stops the producer (back-pressure) instead of growing buffers.
+ * the stream's producer encodes a whole batch of messages as parts (envelope and field headers,
+ * payload views, base64 text) that go straight into the response's sink (a Bun direct stream:
+ * each write is copied into the connection's buffer, nothing is assembled or queued in between),
+ * one flush per batch. A write the connection cannot take yet is awaited before the next batch
+ * is asked for, so a slow client stops the producer (back-pressure) instead of growing buffers.
  *
  * Wire facts (connectrpc.com/docs/protocol, "Streaming RPCs"; e2b-contract.md §4.1): request
  * `POST` with `content-type: application/connect+json|+proto`, body = one envelope (flags byte,
@@ -34,14 +37,18 @@ export interface StreamCall<D extends DescMessage> {
   header: Headers;
 }
 
-/** What a stream produces: body chunks (each one or more whole envelopes) until null. */
+/** Bytes or ASCII text written to the response in order; together one or more whole envelopes. */
+export type StreamParts = (Uint8Array | string)[];
+
+/** What a stream produces: batches of parts (each batch one or more whole envelopes) until null. */
 export interface StreamBody {
   /**
-   * The next body chunk: one or more whole message envelopes (see `writeEnvelopeHeader`), or
-   * null when the stream ends normally. Throwing ends the stream with that error. `signal`
-   * aborts when the client goes away.
+   * The next batch: parts that together are one or more whole message envelopes (see
+   * `writeEnvelopeHeader`), or null when the stream ends normally. Parts are not used after
+   * they are written (views of buffers nobody changes are fine). Throwing ends the stream with
+   * that error. `signal` aborts when the client goes away.
    */
-  next(signal: AbortSignal): Promise<Uint8Array | null>;
+  next(signal: AbortSignal): Promise<StreamParts | null>;
   /** Release what the stream holds; called once, on every path. */
   close(): void;
 }
@@ -142,35 +149,56 @@ export async function serveServerStream<D extends DescMessage>(
     release();
   };
   req.signal.addEventListener("abort", onAbort, { once: true });
-  const stream = new ReadableStream<Uint8Array>(
-    {
-      async pull(controller) {
-        let chunk: Uint8Array | null;
-        try {
-          chunk = await body.next(gone.signal);
-        } catch (err) {
+  /** Write `parts`, waiting whenever the connection holds back, then send them. */
+  const send = async (controller: ReadableStreamDirectController, parts: StreamParts): Promise<void> => {
+    for (const part of parts) {
+      let r = controller.write(part);
+      if (r instanceof Promise) r = await r;
+      // 0 for a non-empty part: the connection is gone
+      if (r === 0 && (typeof part === "string" ? part.length : part.byteLength) > 0) throw new Error("client went away");
+    }
+    const f = controller.flush();
+    if (f instanceof Promise) await f;
+  };
+  const stream = new ReadableStream({
+    type: "direct",
+    // A server response calls pull once: the whole stream is this loop.
+    async pull(controller) {
+      try {
+        for (;;) {
+          let parts: StreamParts | null;
+          try {
+            parts = await body.next(gone.signal);
+          } catch (err) {
+            if (gone.signal.aborted) return;
+            release();
+            await send(controller, [endStreamEnvelope(toConnectError(err))]);
+            return;
+          }
           if (gone.signal.aborted) return;
-          release();
-          controller.enqueue(endStreamEnvelope(toConnectError(err)));
-          controller.close();
-          return;
-        }
-        if (gone.signal.aborted) return;
-        if (chunk) {
-          controller.enqueue(chunk);
-          return;
+          if (!parts) break;
+          await send(controller, parts);
+          if (gone.signal.aborted) return;
         }
         release();
         req.signal.removeEventListener("abort", onAbort);
-        controller.enqueue(endStreamEnvelope());
-        controller.close();
-      },
-      cancel() {
+        await send(controller, [endStreamEnvelope()]);
+      } catch (err) {
+        // the connection failed under a write: the client is gone
         onAbort();
-      },
+        void err;
+      } finally {
+        release();
+        try {
+          controller.close();
+        } catch {
+          /* already closed with the connection */
+        }
+      }
     },
-    // pull only when the connection asks for more: back-pressure reaches the producer
-    { highWaterMark: 0 },
-  );
+    cancel() {
+      onAbort();
+    },
+  });
   return new Response(stream, { status: 200, headers });
 }

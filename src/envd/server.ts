@@ -45,6 +45,8 @@ export interface EnvdOptions {
   queueHighWaterBytes: number;
   /** Largest output payload of one data event, bytes (≤ 65536). */
   maxEventBytes: number;
+  /** Capacity asked for each process's stdout/stderr pipe, bytes. */
+  pipeBytes: number;
   /** Most output bytes sent to a client in one body chunk (several whole events). */
   batchBytes: number;
   /** Encoded output bytes between synchronous garbage collections; 0 = never. */
@@ -85,6 +87,7 @@ export const DEFAULT_ENVD_OPTIONS: EnvdOptions = {
   queueHighWater: 256,
   queueHighWaterBytes: 1024 * 1024,
   maxEventBytes: 32 * 1024,
+  pipeBytes: 1024 * 1024,
   batchBytes: 256 * 1024,
   gcEveryBytes: 32 * 1024 * 1024,
   maxStreamRequestBytes: 4 * 1024 * 1024,
@@ -156,7 +159,7 @@ export function startEnvd(partial: Partial<EnvdOptions> = {}): Envd {
     outputDrainMs: opts.outputDrainMs,
     queueHighWater: opts.queueHighWater,
     queueHighWaterBytes: opts.queueHighWaterBytes,
-    maxEventBytes: opts.maxEventBytes,
+    pipeBytes: opts.pipeBytes,
     setsidPath: resolveBin("setsid"),
     catPath: resolveBin("cat"),
     setprivPath: Bun.which("setpriv", { PATH: "/usr/bin:/bin:/usr/sbin:/sbin" }) ?? undefined,
@@ -180,6 +183,7 @@ export function startEnvd(partial: Partial<EnvdOptions> = {}): Envd {
     defaultPty: { cols: 80, rows: 24 },
     path: process.env.PATH || "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     batchBytes: opts.batchBytes,
+    maxEventBytes: opts.maxEventBytes,
     gcEveryBytes: opts.gcEveryBytes,
     stream: { maxRequestBytes: opts.maxStreamRequestBytes, maxTimeoutMs: Number.MAX_SAFE_INTEGER },
   });

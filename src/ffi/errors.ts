@@ -12,6 +12,7 @@ export const FFI_ERRORS = {
   "inotify.not_found": "the path to watch does not exist or is not a directory (details.path)",
   "inotify.limit": "fs.inotify.max_user_watches reached",
   "inotify.add_failed": "inotify_add_watch failed otherwise (details.path, errno)",
+  "inotify.fence_failed": "the private file of an inotify fence could not be made or watched (details.call, errno)",
   "pty.open_failed": "openpty failed (details.errno)",
   "pty.resize_failed": "ioctl(TIOCSWINSZ) failed (details.fd, errno)",
   "xattr.unsupported": "the file system does not support extended attributes (details.path)",

@@ -4,6 +4,7 @@
  * through a child `cat` so Bun polls a pipe instead of parking a pool thread).
  * Sources: inotify(7), include/uapi/linux/inotify.h.
  */
+import { closeSync, fchmodSync, ftruncateSync } from "node:fs";
 import { ptr } from "bun:ffi";
 import { AgentEnvError } from "../errors.ts";
 import type { FfiCodes } from "./errors.ts";
@@ -66,6 +67,60 @@ export function inotifyAddWatch(fd: number, path: string, mask: number): number 
     throw new InotifyError(code, `inotify_add_watch(${path}) failed`, { errno: e, path });
   }
   return wd;
+}
+
+// include/uapi/linux/memfd.h
+const MFD_CLOEXEC = 0x0001;
+
+/**
+ * A marker in an inotify instance's event queue. It watches a private memfd (through
+ * /proc/self/fd, so nothing in any directory changes) on the same instance; `mark()` changes
+ * that file, which queues one event with wd `wd` behind every event already queued: reading it
+ * back means every event queued before the mark was read. Consecutive marks alternate between
+ * IN_MODIFY (ftruncate) and IN_ATTRIB (fchmod), since the kernel merges an event identical to
+ * the last queued one (fs/notify/inotify/inotify_fsnotify.c, inotify_merge), so every mark
+ * arrives as one event of its own, in order. (Writes through a memfd raise no event; size and
+ * mode changes do.)
+ */
+export class InotifyFence {
+  /** Watch descriptor the marks arrive with. */
+  readonly wd: number;
+  private readonly file: number;
+  private marks = 0;
+
+  /**
+   * Add a fence to inotify instance `fd`.
+   * @throws InotifyError `inotify.fence_failed` (memfd_create or the watch failed; errno).
+   */
+  constructor(fd: number) {
+    const file = libc().memfd_create(ptr(Buffer.from("inotify-fence\0")), MFD_CLOEXEC);
+    if (file < 0) throw new InotifyError("inotify.fence_failed", "memfd_create failed", { call: "memfd_create", errno: errno() });
+    const wd = libc().inotify_add_watch(fd, ptr(Buffer.from(`/proc/self/fd/${file}\0`)), (IN_MODIFY | IN_ATTRIB) >>> 0);
+    if (wd < 0) {
+      const e = errno();
+      closeSync(file);
+      throw new InotifyError("inotify.fence_failed", "inotify_add_watch of the fence file failed", { call: "inotify_add_watch", errno: e });
+    }
+    this.file = file;
+    this.wd = wd;
+  }
+
+  /** Queue one mark; returns its number (0, 1, 2, ...: marks are read back in this order). */
+  mark(): number {
+    const n = this.marks++;
+    if (n % 2 === 0) ftruncateSync(this.file, (n / 2) % 2);
+    else fchmodSync(this.file, 0o600);
+    return n;
+  }
+
+  /** Close the private file (the watch goes with the inotify instance). */
+  close(): void {
+    try {
+      closeSync(this.file);
+    } catch {
+      /* already closed */
+    }
+  }
 }
 
 /** One decoded event record. */

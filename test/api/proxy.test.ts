@@ -6,13 +6,15 @@
  */
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { createHash } from "node:crypto";
-import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { connect, type Socket } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { Sandbox } from "e2b";
 import { SandboxProxy } from "../../src/api/proxy.ts";
 import { fileSignature } from "../../src/envd/signature.ts";
 import type { GuestFetch } from "../helpers/loopback-runtime.ts";
+import { initEnvd, startEnvdChild, type EnvdChild } from "../envd/harness.ts";
 import { createLoopback, startNodeNoVm, type TestNode } from "./helpers.ts";
 
 let node: TestNode;
@@ -419,6 +421,90 @@ test("a 256 MiB upload through the node to a slow reader streams byte-exact and 
   // for 128, 256 or 512 MiB alike; a proxy that read ahead of the slow reader would hold most of
   // the 256 MiB (the client produces it in a fraction of the reader's 2 s)
   expect(peak - before).toBeLessThan(TOTAL / 2);
+});
+
+test("a 40 MiB upload at 1 MiB/s (over 40 s, past the 30 s connect bound) through the node into a real envd arrives whole; envd's RSS stays bounded (issue 16 item 2)", async () => {
+  // a node of its own whose loopback guests leave envd's port free: a real envd child binds it
+  const slow = await startNodeNoVm({}, undefined, { ports: [3000] });
+  let envd: EnvdChild | undefined;
+  const dir = mkdtempSync(join(tmpdir(), "slow-upload-"));
+  try {
+    const rec = await createLoopback(slow);
+    envd = await startEnvdChild(undefined, {}, [], { host: slow.runtime!.hostOf(rec.id)!, port: 49983 });
+    expect((await initEnvd(envd.url, { accessToken: rec.envdAccessToken, defaultUser: "root" })).status).toBe(204);
+    const rssKiB = () => Number(/VmRSS:\s+(\d+) kB/.exec(readFileSync(`/proc/${envd!.proc.pid}/status`, "utf8"))![1]);
+    const headers = { "E2b-Sandbox-Id": rec.id, "E2b-Sandbox-Port": "49983", "x-access-token": rec.envdAccessToken!, "content-type": "application/octet-stream" };
+    const post = (path: string, body: Uint8Array | ReadableStream<Uint8Array>) => fetch(`${slow.url}/files?path=${encodeURIComponent(path)}`, { method: "POST", headers, body, duplex: "half" } as RequestInit);
+    // warm-up: envd's first upload compiles its path
+    expect((await post(join(dir, "warm.bin"), new Uint8Array(4 << 20))).status).toBe(200);
+    const CHUNK = 64 * 1024;
+    const TOTAL = 40 << 20;
+    const block = new Uint8Array(CHUNK).map((_, i) => (i * 13 + 5) & 0xff);
+    const want = createHash("sha256");
+    for (let n = 0; n < TOTAL; n += CHUNK) want.update(block);
+    const rss0 = rssKiB();
+    let peak = rss0;
+    const sampler = setInterval(() => (peak = Math.max(peak, rssKiB())), 250);
+    const t0 = performance.now();
+    let sent = 0;
+    try {
+      const body = new ReadableStream<Uint8Array>({
+        async pull(c) {
+          if (sent >= TOTAL) return c.close();
+          // paced at 1 MiB/s from the start (16 chunks a second)
+          const due = t0 + (sent / (1 << 20)) * 1000;
+          const wait = due - performance.now();
+          if (wait > 0) await Bun.sleep(wait);
+          sent += CHUNK;
+          c.enqueue(block);
+        },
+      });
+      const r = await post(join(dir, "slow.bin"), body);
+      expect([r.status, await r.text()]).toEqual([200, JSON.stringify([{ path: join(dir, "slow.bin"), name: "slow.bin", type: "file" }])]);
+    } finally {
+      clearInterval(sampler);
+    }
+    const seconds = (performance.now() - t0) / 1000;
+    const file = readFileSync(join(dir, "slow.bin"));
+    expect(file.length).toBe(TOTAL);
+    expect(createHash("sha256").update(file).digest("hex")).toBe(want.digest("hex"));
+    expect(seconds).toBeGreaterThan(39); // paced: it did outlast the 30 s connect bound
+    console.log(`slow upload: ${TOTAL >> 20} MiB in ${seconds.toFixed(1)} s through the node; envd RSS ${(rss0 / 1024).toFixed(1)} MiB -> peak ${(peak / 1024).toFixed(1)} MiB (+${((peak - rss0) / 1024).toFixed(1)})`);
+    expect(peak - rss0).toBeLessThan(16 * 1024);
+  } finally {
+    await envd?.stop();
+    await slow.dispose();
+    rmSync(dir, { recursive: true, force: true });
+  }
+}, 120_000);
+
+test("connect_timeout_ms still bounds connecting for a request with a body: a POST to a port that never completes the handshake is cut by the connect bound, not the idle one", async () => {
+  // a listener that never accepts, backlog 0, its accept queue filled: further SYNs are dropped,
+  // so a connect to it stays pending (a black hole on loopback)
+  const host = node.runtime!.hostOf(ID)!;
+  const py = Bun.spawn(["python3", "-c", `import socket, time; s = socket.socket(); s.bind((${JSON.stringify(host)}, 0)); s.listen(0); print(s.getsockname()[1], flush=True); time.sleep(300)`], { stdout: "pipe" });
+  const fill: Socket[] = [];
+  const proxy = new SandboxProxy(node.orch, { domains: [], connectTimeoutMs: 1000, idleTimeoutMs: 60_000, blockEnvdInternal: true });
+  try {
+    const reader = py.stdout.getReader();
+    const port = Number(new TextDecoder().decode((await reader.read()).value).trim());
+    for (let i = 0; i < 2; i++) fill.push(connect(port, host));
+    await Bun.sleep(200);
+    const body = new ReadableStream<Uint8Array>({
+      pull(c) {
+        c.enqueue(new Uint8Array(1024));
+      },
+    });
+    const r = await proxy.forward(new Request("http://node/up", { method: "POST", body, duplex: "half" } as RequestInit), { sandboxId: ID, port, pathAndQuery: "/up" }, null);
+    expect(r.status).toBe(502);
+    expect(r.headers.get("x-agentenv-error-source")).toBe("proxy");
+    expect(await r.json()).toEqual({ sandboxId: ID, code: 502, message: `The request to port ${port} of the sandbox was cut: not connected within 1000 ms` });
+  } finally {
+    proxy.close();
+    for (const s of fill) s.destroy();
+    py.kill();
+    await py.exited;
+  }
 });
 
 test("signed file URLs from the SDK (E2B_SANDBOX_URL = the node) reach the sandbox whose token signed them; bad or expired ones are 401/403 naming why", async () => {

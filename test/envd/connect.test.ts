@@ -63,6 +63,63 @@ afterAll(async () => {
 });
 
 describe("process over binary Connect", () => {
+  test("large binary output (issue 15): 2 x 48 MiB of every byte value on stdout and stderr at once, decoded by the Connect client: byte-exact per stream, in order, events <= 32 KiB, both streams interleaved", async () => {
+    // two files of pseudo-random bytes (all 256 values, most >= 0x80 half the time); the command
+    // writes them to stdout and stderr in alternating 1 MiB blocks, so both pipes run at volume
+    const MIB = 1 << 20;
+    const BLOCKS = 48;
+    const rand = (seed: number) => {
+      const b = new Uint8Array(BLOCKS * MIB);
+      const v = new DataView(b.buffer);
+      let x = seed >>> 0;
+      for (let i = 0; i < b.length; i += 4) {
+        x ^= x << 13;
+        x ^= x >>> 17;
+        x ^= x << 5;
+        v.setUint32(i, x >>> 0);
+      }
+      return b;
+    };
+    const want = { stdout: rand(0x9e3779b9), stderr: rand(0x85ebca6b) };
+    const bin = mkdtempSync("/tmp/envd-binary-out-");
+    writeFileSync(join(bin, "out.bin"), want.stdout);
+    writeFileSync(join(bin, "err.bin"), want.stderr);
+    const script = `for i in $(seq 0 ${BLOCKS - 1}); do dd if=out.bin bs=1M skip=$i count=1 status=none; dd if=err.bin bs=1M skip=$i count=1 status=none >&2; done`;
+    const got = { stdout: new Uint8Array(BLOCKS * MIB), stderr: new Uint8Array(BLOCKS * MIB) };
+    const at = { stdout: 0, stderr: 0 };
+    const order: string[] = [];
+    let largest = 0;
+    let high = 0;
+    let end: unknown;
+    try {
+      for await (const res of proc.start({ process: { cmd: "/bin/sh", args: ["-c", script], cwd: bin }, stdin: false })) {
+        const ev = res.event!.event;
+        if (ev.case === "end") end = ev.value;
+        if (order.at(-1) !== ev.case && ev.case !== "data") order.push(ev.case!);
+        if (ev.case !== "data") continue;
+        const kind = ev.value.output.case as "stdout" | "stderr";
+        const bytes = ev.value.output.value as Uint8Array;
+        if (order.at(-1) !== kind) order.push(kind);
+        largest = Math.max(largest, bytes.byteLength);
+        for (let i = 0; i < bytes.length; i += 997) if (bytes[i]! >= 0x80) high++;
+        got[kind].set(bytes, at[kind]);
+        at[kind] += bytes.byteLength;
+      }
+    } finally {
+      rmSync(bin, { recursive: true, force: true });
+    }
+    expect(at).toEqual({ stdout: BLOCKS * MIB, stderr: BLOCKS * MIB });
+    expect(Buffer.from(got.stdout).equals(Buffer.from(want.stdout))).toBe(true);
+    expect(Buffer.from(got.stderr).equals(Buffer.from(want.stderr))).toBe(true);
+    expect(high).toBeGreaterThan(40_000); // bytes >= 0x80 went through (about half of those sampled)
+    expect(largest).toBe(32 * 1024);
+    expect(order[0]).toBe("start");
+    expect(order.at(-1)).toBe("end");
+    // neither stream waited for the other to finish: they alternate many times
+    expect(order.filter((k) => k === "stderr").length).toBeGreaterThan(BLOCKS / 4);
+    expect(end).toMatchObject({ exited: true, exitCode: 0 });
+  }, 120_000);
+
   test("Start streams start, stdout/stderr bytes and end in order", async () => {
     const kinds: string[] = [];
     let out = "";

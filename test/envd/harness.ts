@@ -40,9 +40,15 @@ export interface EnvdChild {
  * @param command how to run the CLI (default: `bun src/cli/main.ts` from source).
  * @param env extra environment, e.g. `AENV__envd__ca_dir` config overrides.
  * @param args extra `agentenv envd` arguments, e.g. `["--settings", file]`.
+ * @param listen address and port to bind (default any free port on 127.0.0.1).
  */
-export async function startEnvdChild(command: string[] = ["bun", join(ROOT, "src/cli/main.ts")], env: Record<string, string> = {}, args: string[] = []): Promise<EnvdChild> {
-  const proc = Bun.spawn([...command, "envd", "--port", "0", "--host", "127.0.0.1", "--no-clock-sync", ...args], {
+export async function startEnvdChild(
+  command: string[] = ["bun", join(ROOT, "src/cli/main.ts")],
+  env: Record<string, string> = {},
+  args: string[] = [],
+  listen: { host: string; port: number } = { host: "127.0.0.1", port: 0 },
+): Promise<EnvdChild> {
+  const proc = Bun.spawn([...command, "envd", "--port", String(listen.port), "--host", listen.host, "--no-clock-sync", ...args], {
     stdout: "pipe",
     stderr: "inherit",
     env: { ...process.env, AENV_LOG_LEVEL: "warn", ...env },
@@ -59,7 +65,7 @@ export async function startEnvdChild(command: string[] = ["bun", join(ROOT, "src
   reader.releaseLock();
   const port = Number(/envd listening on (\d+)/.exec(text)![1]);
   return {
-    url: `http://127.0.0.1:${port}`,
+    url: `http://${listen.host}:${port}`,
     port,
     proc,
     async stop() {

@@ -22,6 +22,8 @@ import { ENVD_VERSION } from "../../src/envd/version.ts";
 import { ensureUserAccount, initEnvd, procState, startEnvdChild, waitFor, type EnvdChild } from "./harness.ts";
 
 const TOKEN = "a".repeat(24) + "0123456789abcdef";
+/** Most envd RSS growth (MiB) during a bulk output once envd has streamed one (see the large output test). */
+const RSS_BOUND_MIB = 16;
 let envd: EnvdChild;
 let api: ReturnType<typeof Bun.serve>;
 let sbx: Sandbox;
@@ -104,15 +106,10 @@ describe("commands", () => {
     expect(r.stdout).toBe("one\nthree\n");
   });
 
-  test("large output (issue 16 item 1): 50 MB complete, events of at most 64 KiB, envd's RSS flat; 16 MB to a consumer that blocks 10 ms per event", async () => {
+  test(`large output (issue 16 item 1): 50 MB complete in events of at most 64 KiB; envd's RSS grows less than ${RSS_BOUND_MIB} MiB, for a fast consumer and one that blocks 10 ms per event`, async () => {
     const rssKiB = () => Number(/VmRSS:\s+(\d+) kB/.exec(readFileSync(`/proc/${envd.proc.pid}/status`, "utf8"))![1]);
-    // warm-up: the first bulk output through this envd compiles its output path
-    expect((await sbx.commands.run("head -c 8000000 /dev/zero | tr '\\0' x")).stdout.length).toBe(8_000_000);
     const block = new Int32Array(new SharedArrayBuffer(4));
-    for (const [consumerMs, total] of [
-      [0, 50_000_000],
-      [10, 16_000_000],
-    ] as const) {
+    const run = async (total: number, consumerMs: number) => {
       const rss0 = rssKiB();
       let rssMax = rss0;
       let events = 0;
@@ -138,10 +135,16 @@ describe("commands", () => {
       expect(largest).toBeLessThanOrEqual(64 * 1024);
       expect(largest).toBe(32 * 1024); // [envd] output_event_bytes
       expect(events).toBeGreaterThanOrEqual(Math.ceil(total / (32 * 1024)));
-      console.log(`${total / 1e6} MB output, consumer ${consumerMs} ms/event: ${events} events, envd RSS ${(rss0 / 1024).toFixed(1)} MiB -> peak ${(rssMax / 1024).toFixed(1)} MiB (+${((rssMax - rss0) / 1024).toFixed(1)})`);
-      expect(rssMax - rss0).toBeLessThan(24 * 1024); // as test/envd/output.test.ts (200 MiB)
-    }
-  }, 120_000);
+      const grew = (rssMax - rss0) / 1024;
+      console.log(`${total / 1e6} MB output, consumer ${consumerMs} ms/event: ${events} events, envd RSS ${(rss0 / 1024).toFixed(1)} MiB -> peak ${(rssMax / 1024).toFixed(1)} MiB (+${grew.toFixed(1)})`);
+      return grew;
+    };
+    // the first bulk output after envd started also compiles its output path and sizes its
+    // heap (a one-time growth, printed, not bounded); what is bounded is the growth of later ones
+    await run(50_000_000, 0);
+    expect(await run(50_000_000, 0)).toBeLessThan(RSS_BOUND_MIB);
+    expect(await run(50_000_000, 10)).toBeLessThan(RSS_BOUND_MIB);
+  }, 180_000);
 
   test("envs, cwd and the sandbox-wide vars from /init reach the process", async () => {
     const r = await sbx.commands.run('echo "$FOO|$SBX_VAR|$HOME|$USER"; pwd', { envs: { FOO: "bar baz" }, cwd: dir });
@@ -479,12 +482,48 @@ describe("files", () => {
       const h = await sbx.files.watchDir(w, (ev) => void events.push(`${ev.type} ${ev.name}`), { recursive: true });
       expect((await sbx.commands.run(`mkdir -p ${w}/a/b/c && echo x > ${w}/a/b/c/f`)).exitCode).toBe(0);
       expect(await waitFor(() => events.includes(`${FilesystemEventType.WRITE} a/b/c/f`))).toBe(true);
+      // a later write of an entry the scan reported is a new event (the scan's record of it
+      // must not swallow it)
+      expect((await sbx.commands.run(`echo y >> ${w}/a/b/c/f`)).exitCode).toBe(0);
+      expect(await waitFor(() => events.filter((e) => e === `${FilesystemEventType.WRITE} a/b/c/f`).length === 2)).toBe(true);
       expect((await sbx.commands.run(`mv ${w}/a/b/c/f ${w}/g`)).exitCode).toBe(0);
       expect(await waitFor(() => events.includes(`${FilesystemEventType.CREATE} g`))).toBe(true);
       await h.stop();
       const { CREATE, WRITE, RENAME } = FilesystemEventType;
-      expect([run, events]).toEqual([run, [`${CREATE} a`, `${CREATE} a/b`, `${CREATE} a/b/c`, `${CREATE} a/b/c/f`, `${WRITE} a/b/c/f`, `${RENAME} a/b/c/f`, `${CREATE} g`]]);
+      expect([run, events]).toEqual([
+        run,
+        [`${CREATE} a`, `${CREATE} a/b`, `${CREATE} a/b/c`, `${CREATE} a/b/c/f`, `${WRITE} a/b/c/f`, `${WRITE} a/b/c/f`, `${RENAME} a/b/c/f`, `${CREATE} g`],
+      ]);
     }
+  });
+
+  test("recursive watchDir: the issue's reproduction as one shell command, five runs: each directory once, f's events a whole tail of its history, g last (issue 16 item 5)", async () => {
+    const { CREATE, WRITE, RENAME } = FilesystemEventType;
+    // What the watch can know of f depends on when a/b/c's watch began relative to the mv: f
+    // seen by the scan (create, write, rename), gone before the scan but after the watch
+    // (rename only; or write + rename when the write raced the scan), or moved before the watch
+    // (nothing). Never a create without its write, a write without the rename, or a repeat.
+    const tails = [[], [`${RENAME} a/b/c/f`], [`${WRITE} a/b/c/f`, `${RENAME} a/b/c/f`], [`${CREATE} a/b/c/f`, `${WRITE} a/b/c/f`, `${RENAME} a/b/c/f`]];
+    const seen: number[] = [];
+    for (let run = 0; run < 5; run++) {
+      const w = join(dir, `w1-${run}`);
+      await sbx.files.makeDir(w);
+      const events: string[] = [];
+      const h = await sbx.files.watchDir(w, (ev) => void events.push(`${ev.type} ${ev.name}`), { recursive: true });
+      expect((await sbx.commands.run(`mkdir -p ${w}/a/b/c && echo x > ${w}/a/b/c/f && mv ${w}/a/b/c/f ${w}/g`)).exitCode).toBe(0);
+      expect(await waitFor(() => events.includes(`${CREATE} g`))).toBe(true);
+      // one more event marks the end: whatever the watch reports about the command came before it
+      expect((await sbx.commands.run(`touch ${w}/end`)).exitCode).toBe(0);
+      expect(await waitFor(() => events.includes(`${CREATE} end`))).toBe(true);
+      await h.stop();
+      const body = events.slice(0, events.indexOf(`${CREATE} end`));
+      const tail = body.slice(3, -1);
+      expect([run, body.slice(0, 3), body.at(-1)]).toEqual([run, [`${CREATE} a`, `${CREATE} a/b`, `${CREATE} a/b/c`], `${CREATE} g`]);
+      const which = tails.findIndex((t) => JSON.stringify(t) === JSON.stringify(tail));
+      expect([run, which >= 0 ? "a tail" : tail]).toEqual([run, "a tail"]);
+      seen.push(tail.length);
+    }
+    console.log(`one-command runs: events about a/b/c/f per run ${JSON.stringify(seen)} (3 = create, write, rename)`);
   });
 });
 

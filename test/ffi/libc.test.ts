@@ -3,12 +3,12 @@
  * errno of an input that must fail that way.
  */
 import { afterAll, expect, test } from "bun:test";
-import { closeSync, mkdtempSync, openSync, readdirSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
+import { closeSync, mkdtempSync, openSync, readdirSync, readFileSync, readSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { dataExtents, ficlone, punchHole, SyscallError } from "../../src/ffi/file_extents.ts";
 import { FlockError, tryFlockExclusive } from "../../src/ffi/flock.ts";
-import { inotifyAddWatch, inotifyInit, InotifyError } from "../../src/ffi/inotify.ts";
+import { InotifyDecoder, InotifyFence, inotifyAddWatch, inotifyInit, InotifyError } from "../../src/ffi/inotify.ts";
 import { mapMemory, MmapError, unmapMemory } from "../../src/ffi/mmap.ts";
 import { mount, MountError, umount2 } from "../../src/ffi/mount.ts";
 import { openPty, PtyError, resizePty } from "../../src/ffi/pty.ts";
@@ -90,6 +90,33 @@ test("inotify: a missing path is inotify.not_found with errno ENOENT", () => {
     expect([e.code, e.details.errno]).toEqual(["inotify.not_found", 2]);
     expect(inotifyAddWatch(fd, dir, 0x100)).toBe(1);
   } finally {
+    closeSync(fd);
+  }
+});
+
+test("inotify fence: every mark is one event of its own, in queue order with the watched directory's events, even back to back; nothing appears in any directory", () => {
+  const fd = inotifyInit();
+  const fence = new InotifyFence(fd);
+  try {
+    const w = mkdtempSync(join(dir, "fence-"));
+    const wd = inotifyAddWatch(fd, w, 0x100); // IN_CREATE
+    expect(fence.wd).not.toBe(wd);
+    const order: string[] = [];
+    order.push(`mark ${fence.mark()}`);
+    writeFileSync(join(w, "x"), "");
+    order.push("create x");
+    for (let i = 0; i < 3; i++) order.push(`mark ${fence.mark()}`);
+    writeFileSync(join(w, "y"), "");
+    order.push("create y", `mark ${fence.mark()}`);
+    const buf = Buffer.alloc(65536);
+    const n = readSync(fd, buf);
+    let marks = 0;
+    const got = new InotifyDecoder().push(buf.subarray(0, n)).map((ev) => (ev.wd === fence.wd ? `mark ${marks++}` : `create ${ev.name}`));
+    expect(got).toEqual(order);
+    expect(order).toEqual(["mark 0", "create x", "mark 1", "mark 2", "mark 3", "create y", "mark 4"]);
+    expect(readdirSync(w).sort()).toEqual(["x", "y"]);
+  } finally {
+    fence.close();
     closeSync(fd);
   }
 });

@@ -5,7 +5,7 @@
  * per subdirectory, including directories created later. The blocking inotify fd is relayed
  * through a child `cat` so Bun reads a pipe it can poll.
  */
-import { closeSync, lstatSync, readdirSync } from "node:fs";
+import { closeSync, lstatSync, readdirSync, type BigIntStats } from "node:fs";
 import { join } from "node:path";
 import type { Subprocess } from "bun";
 import { create } from "@bufbuild/protobuf";
@@ -25,6 +25,7 @@ import {
   IN_Q_OVERFLOW,
   InotifyDecoder,
   InotifyError,
+  InotifyFence,
   inotifyAddWatch,
   inotifyInit,
   type InotifyEvent,
@@ -87,16 +88,33 @@ export function startWatch(spec: WatchSpec, limits: WatchLimits, onEvent: (ev: F
   let closed = false;
 
   /**
-   * Entries a scan of a newly followed directory reported, with the kinds it reported for them.
-   * Their own inotify events may still be queued (they happened after the directory's watch was
-   * added, before the scan): the first such create / write of each is then the same event and is
-   * not reported twice. Bounded (oldest dropped: at worst one duplicate event, never a lost one).
+   * Entries the scan of a newly followed directory reported, with the queued events that scan
+   * covers (see `follow`: the first create; the first write when `write`) and the fence mark
+   * queued during that scan. Once the mark is read, no covered event is left: the record goes,
+   * and every later event of the entry is reported. Bounded (oldest dropped: at worst a
+   * duplicate, never a lost event).
    */
-  const scanned = new Map<string, { create: boolean; write: boolean }>();
-  const remember = (rel: string, write: boolean) => {
+  const scanned = new Map<string, { create: boolean; write: boolean; mark: number }>();
+  let fence: InotifyFence | undefined;
+  /** Marks read back so far (marks arrive in the order they were made). */
+  let marksRead = 0;
+  /** Cleared by a queue overflow: marks may be lost with it, so scans stop recording. */
+  let dedupe = true;
+  /** Names recorded under each mark not read back yet. */
+  const byMark = new Map<number, string[]>();
+  const remember = (rel: string, write: boolean, mark: number) => {
+    if (!dedupe) return;
     scanned.delete(rel);
-    scanned.set(rel, { create: true, write });
+    scanned.set(rel, { create: true, write, mark });
+    const names = byMark.get(mark);
+    if (names) names.push(rel);
+    else byMark.set(mark, [rel]);
     if (scanned.size > limits.maxDirs) scanned.delete(scanned.keys().next().value!);
+  };
+  const markRead = () => {
+    const k = marksRead++;
+    for (const name of byMark.get(k) ?? []) if (scanned.get(name)?.mark === k) scanned.delete(name);
+    byMark.delete(k);
   };
 
   /** Add one directory's watch. Returns false when it vanished meanwhile. */
@@ -127,6 +145,15 @@ export function startWatch(spec: WatchSpec, limits: WatchLimits, onEvent: (ev: F
    * `report`, each entry found is reported with the events it would have had, in order (create;
    * write when it is a non-empty file; then a directory's own entries), since whatever happened
    * in it before its watch existed raised no event. The initial watch follows silently.
+   *
+   * Which queued events the scan already covers: watch, list, lstat every entry, fence mark,
+   * lstat the files again. Events queued before the mark happened before the mark; the entries
+   * listed existed before it, so the first queued create of each is the one reported here. A
+   * file whose second lstat matches its first (inode, size, mtime, ctime) was not written
+   * between its first lstat and the mark: its writes queued before the mark came before the
+   * first lstat, which saw them, and the first is skipped. A file that changed meanwhile had a
+   * write the scan may not have seen: all its write events are reported (at worst one more
+   * WRITE than writes). An entry made after the listing has its own create.
    */
   const follow = (rel: string, report: boolean) => {
     if (!watchDir(rel)) return;
@@ -136,31 +163,48 @@ export function startWatch(spec: WatchSpec, limits: WatchLimits, onEvent: (ev: F
     } catch {
       return;
     }
+    const found: { rel: string; st: BigIntStats }[] = [];
     for (const n of names) {
       const childRel = rel ? `${rel}/${n}` : n;
-      let st;
       try {
-        st = lstatSync(join(spec.path, childRel));
+        found.push({ rel: childRel, st: lstatSync(join(spec.path, childRel), { bigint: true }) });
       } catch {
-        continue; // raced with a delete
+        /* raced with a delete */
       }
+    }
+    const mark = report && found.length > 0 ? fence!.mark() : -1;
+    for (const { rel: childRel, st } of found) {
       if (report) {
-        const write = st.isFile() && st.size > 0;
+        const write = st.isFile() && st.size > 0n;
         emit(childRel, EventType.CREATE);
         if (write) emit(childRel, EventType.WRITE);
-        remember(childRel, write);
+        remember(childRel, write && unchanged(childRel, st), mark);
       }
       if (st.isDirectory()) follow(childRel, report);
     }
   };
 
+  /** True when `rel` still is the file `before` describes: same inode, size, mtime and ctime. */
+  const unchanged = (rel: string, before: BigIntStats): boolean => {
+    try {
+      const now = lstatSync(join(spec.path, rel), { bigint: true });
+      return now.ino === before.ino && now.size === before.size && now.mtimeNs === before.mtimeNs && now.ctimeNs === before.ctimeNs;
+    } catch {
+      return false;
+    }
+  };
+
   let relay: Subprocess<number, "pipe", "ignore"> | undefined;
   try {
-    if (spec.recursive) follow("", false);
-    else watchDir("");
+    if (spec.recursive) {
+      fence = new InotifyFence(fd);
+      follow("", false);
+    } else watchDir("");
     relay = Bun.spawn([limits.catPath], { stdin: fd, stdout: "pipe", stderr: "ignore" });
   } catch (err) {
+    fence?.close();
     closeSync(fd);
+    if (err instanceof InotifyError) throw new EnvdError("internal", err.message, { path: spec.path, ...err.details }, { cause: err });
     throw err;
   }
 
@@ -168,6 +212,7 @@ export function startWatch(spec: WatchSpec, limits: WatchLimits, onEvent: (ev: F
     if (closed) return;
     closed = true;
     relay?.kill("SIGKILL");
+    fence?.close();
     try {
       closeSync(fd);
     } catch {
@@ -178,6 +223,13 @@ export function startWatch(spec: WatchSpec, limits: WatchLimits, onEvent: (ev: F
   const handle = (ev: InotifyEvent) => {
     if (ev.mask & IN_Q_OVERFLOW) {
       log.warn({ path: spec.path }, "inotify queue overflow; events lost");
+      dedupe = false;
+      scanned.clear();
+      byMark.clear();
+      return;
+    }
+    if (fence && ev.wd === fence.wd) {
+      if (!(ev.mask & IN_IGNORED)) markRead();
       return;
     }
     const rel = dirs.get(ev.wd);

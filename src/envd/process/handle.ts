@@ -5,6 +5,7 @@
  */
 import { closeSync } from "node:fs";
 import type { FileSink, Subprocess } from "bun";
+import { createPipe, type PipeEnds } from "../../ffi/pipe.ts";
 import { openPty, resizePty } from "../../ffi/pty.ts";
 import { logger } from "../log.ts";
 import { EnvdError } from "../errors.ts";
@@ -22,7 +23,7 @@ export interface ProcessEnd {
   error?: string;
 }
 
-/** What an attached stream receives, in order. */
+/** What an attached stream receives, in order. A data event is one read of the output (any size; the wire splits it). */
 export type ProcEvent =
   | { kind: "start"; pid: number }
   | { kind: "data"; stream: "stdout" | "stderr" | "pty"; data: Uint8Array }
@@ -53,8 +54,8 @@ export interface HandleLimits {
   queueHighWater: number;
   /** Output bytes buffered per stream before output reading pauses (back-pressure to the pipe). */
   queueHighWaterBytes: number;
-  /** Largest output payload of one data event, bytes (E2B's envd reads 32 KiB at a time). */
-  maxEventBytes: number;
+  /** Capacity asked for each stdout/stderr pipe, bytes (the kernel may give less). */
+  pipeBytes: number;
   /** After the process exited, output is read until a read waited this long, ms (grandchildren may hold the pipe). */
   outputDrainMs: number;
   /** Absolute path of util-linux `setsid` (PTY sessions). */
@@ -107,7 +108,14 @@ export class ProcessHandle {
   /** Resolves once the end event is recorded and every stream got it. */
   readonly done: Promise<ProcessEnd>;
 
-  private constructor(spec: SpawnSpec, proc: Subprocess<any, any, any>, relay: PtyRelay | undefined, private readonly limits: HandleLimits) {
+  private constructor(
+    spec: SpawnSpec,
+    proc: Subprocess<any, any, any>,
+    relay: PtyRelay | undefined,
+    private readonly limits: HandleLimits,
+    /** Read ends of the output pipes (not a PTY); closed once read to the end. */
+    private readonly pipes?: { stdout: number; stderr: number },
+  ) {
     this.spec = spec;
     this.proc = proc;
     this.pid = proc.pid;
@@ -158,15 +166,29 @@ export class ProcessHandle {
         }
         return new ProcessHandle(spec, proc, { master, reader, writer }, limits);
       }
-      const proc = Bun.spawn([...prefix, spec.cmd, ...spec.args], {
-        cwd: spec.cwd,
-        env: spec.env,
-        stdin: spec.stdin ? "pipe" : "ignore",
-        stdout: "pipe",
-        stderr: "pipe",
-        ...ids,
-      });
-      return new ProcessHandle(spec, proc, undefined, limits);
+      // stdout and stderr are pipes of envd's own (Bun's "pipe" is a socketpair): see src/ffi/pipe.ts
+      const out = createPipe(limits.pipeBytes);
+      let err: PipeEnds | undefined;
+      let proc: Subprocess<any, any, any>;
+      try {
+        err = createPipe(limits.pipeBytes);
+        proc = Bun.spawn([...prefix, spec.cmd, ...spec.args], {
+          cwd: spec.cwd,
+          env: spec.env,
+          stdin: spec.stdin ? "pipe" : "ignore",
+          stdout: out.write,
+          stderr: err.write,
+          ...ids,
+        });
+      } catch (e) {
+        closeSync(out.read);
+        if (err) closeSync(err.read);
+        throw e;
+      } finally {
+        closeSync(out.write);
+        if (err) closeSync(err.write);
+      }
+      return new ProcessHandle(spec, proc, undefined, limits, { stdout: out.read, stderr: err.read });
     } catch (err) {
       if (err instanceof EnvdError) throw err;
       const code = (err as NodeJS.ErrnoException).code;
@@ -309,30 +331,36 @@ export class ProcessHandle {
 
   private async pump(stream: ReadableStream<Uint8Array>, name: "stdout" | "stderr" | "pty"): Promise<void> {
     const reader = stream.getReader() as unknown as OutputReader & { cancel(): Promise<void> };
-    const max = this.limits.maxEventBytes;
     try {
       for (;;) {
         const r = await this.readOrIdle(reader);
         if (r === "idle" || r.done) break;
-        // Bun hands over whatever the pipe held (up to ~176 KiB): split it into protocol-sized
-        // events (views, no copy); each waits for room in the slowest stream's queue, so a
-        // slow consumer stops the reads and the process blocks on its full pipe.
-        const chunk = r.value;
-        for (let off = 0; off < chunk.byteLength; off += max) {
-          await this.broadcast({ kind: "data", stream: name, data: chunk.subarray(off, Math.min(off + max, chunk.byteLength)) });
-        }
+        // Whatever one read got (up to the pipe's capacity) is one event here; the wire splits
+        // it into protocol-sized messages (wire.ts). Each waits for room in the slowest stream's
+        // queue, so a slow consumer stops the reads and the process blocks on its full pipe.
+        await this.broadcast({ kind: "data", stream: name, data: r.value });
       }
     } catch (err) {
       log.debug({ pid: this.pid, stream: name, err: (err as Error).message }, "output stream ended with error");
     } finally {
-      reader.cancel().catch(() => {});
+      // settled before the caller may close the fd the stream reads
+      await reader.cancel().catch(() => {});
+    }
+  }
+
+  /** Pump a pipe read end, then close it. */
+  private async pumpPipe(fd: number, name: "stdout" | "stderr"): Promise<void> {
+    try {
+      await this.pump(Bun.file(fd).stream(), name);
+    } finally {
+      closeSync(fd);
     }
   }
 
   private async run(): Promise<ProcessEnd> {
     const pumps = this.relay
       ? [this.pump(this.relay.reader.stdout, "pty")]
-      : [this.pump(this.proc.stdout as ReadableStream<Uint8Array>, "stdout"), this.pump(this.proc.stderr as ReadableStream<Uint8Array>, "stderr")];
+      : [this.pumpPipe(this.pipes!.stdout, "stdout"), this.pumpPipe(this.pipes!.stderr, "stderr")];
     const code = await this.proc.exited;
     this.exited = true;
     for (const arm of this.onExit) arm();

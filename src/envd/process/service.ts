@@ -15,7 +15,7 @@ import type { EnvdState } from "../state.ts";
 import type { UserInfo } from "../users.ts";
 import type { ProcessHandle } from "./handle.ts";
 import type { ProcessManager, Selector } from "./manager.ts";
-import { encodeEvents } from "./wire.ts";
+import { encodeEvents, partsBytes } from "./wire.ts";
 
 /** Settings the service needs besides the manager. */
 export interface ProcessServiceOptions {
@@ -25,8 +25,10 @@ export interface ProcessServiceOptions {
   defaultPty: { cols: number; rows: number };
   /** PATH for children (E2B passes envd's own). */
   path: string;
-  /** Most output bytes encoded into one response body chunk (several events, each whole). */
+  /** Most output bytes taken from a stream's queue for one batch (whole reads; at least one). */
   batchBytes: number;
+  /** Largest output payload of one data message on the wire, bytes (a read is split into these). */
+  maxEventBytes: number;
   /**
    * Bytes of encoded output (all streams together) after which envd collects garbage
    * synchronously; 0 = leave it to the runtime. Bulk output allocates a read buffer, a base64
@@ -77,20 +79,20 @@ class GcPacer {
 }
 
 /**
- * The output stream of `h` for one client: start, data (several events per body chunk, at most
- * `batchBytes` of output each), keepalives when idle for `kaMs`, end. Its queue is bounded
+ * The output stream of `h` for one client: start, data (the reads queued, up to `batchBytes` of
+ * them per batch, in messages of at most `maxEventBytes`), keepalives when idle for `kaMs`, end. Its queue is bounded
  * (`HandleLimits`), so a client that reads slowly holds the process back.
  */
-function eventStream(h: ProcessHandle, binary: boolean, kaMs: number, batchBytes: number, gc: GcPacer): StreamBody {
+function eventStream(h: ProcessHandle, binary: boolean, kaMs: number, opts: ProcessServiceOptions, gc: GcPacer): StreamBody {
   const q = h.subscribe();
   return {
     async next(signal) {
       const r = await q.ready(signal, kaMs);
-      if (r === "idle") return encodeEvents([{ kind: "keepalive" }], binary);
+      if (r === "idle") return encodeEvents([{ kind: "keepalive" }], binary, opts.maxEventBytes);
       if (r !== "items") return null;
-      const chunk = encodeEvents(q.take(batchBytes), binary);
-      gc.count(chunk.byteLength);
-      return chunk;
+      const parts = encodeEvents(q.take(opts.batchBytes), binary, opts.maxEventBytes);
+      gc.count(partsBytes(parts));
+      return parts;
     },
     close: () => h.unsubscribe(q),
   };
@@ -148,13 +150,13 @@ export function processStreams(manager: ProcessManager, state: EnvdState, opts: 
       (req: Request) =>
         serveServerStream(req, StartRequestSchema, opts.stream, (call) => {
           const h = startProcess(manager, state, opts, call.message, call.header, call.timeoutMs);
-          return eventStream(h, call.binary, ka(call.header), opts.batchBytes, gc);
+          return eventStream(h, call.binary, ka(call.header), opts, gc);
         }),
     ],
     [
       "/process.Process/Connect",
       (req: Request) =>
-        serveServerStream(req, ConnectRequestSchema, opts.stream, (call) => eventStream(manager.get(selector(call.message.process)), call.binary, ka(call.header), opts.batchBytes, gc)),
+        serveServerStream(req, ConnectRequestSchema, opts.stream, (call) => eventStream(manager.get(selector(call.message.process)), call.binary, ka(call.header), opts, gc)),
     ],
   ]);
 }

@@ -1,6 +1,6 @@
 /**
  * Encoding of process events as `StartResponse` / `ConnectResponse` messages (both are
- * `{event: ProcessEvent}` with the same field number), batched into one buffer of envelopes.
+ * `{event: ProcessEvent}` with the same field number), a batch at a time, as parts to write.
  * Data events, the bulk of a stream, are written directly: JSON as
  * `{"event":{"data":{"stdout":"<base64>"}}}` (proto3 JSON: bytes are standard base64 with
  * padding) and binary as nested length-delimited fields (process.proto: StartResponse.event = 1,
@@ -8,7 +8,7 @@
  * protobuf-es.
  */
 import { create, toBinary, toJsonString, type MessageInitShape } from "@bufbuild/protobuf";
-import { ENVELOPE_HEADER_BYTES, writeEnvelopeHeader } from "../connect-stream.ts";
+import { ENVELOPE_HEADER_BYTES, writeEnvelopeHeader, type StreamParts } from "../connect-stream.ts";
 import { StartResponseSchema, type ProcessEventSchema } from "../gen/process_pb.ts";
 import type { ProcEvent } from "./handle.ts";
 
@@ -31,6 +31,7 @@ const enc = new TextEncoder();
 const DATA_TAG = { stdout: 0x0a, stderr: 0x12, pty: 0x1a } as const;
 const TAG_EVENT = 0x0a; // StartResponse.event = 1
 const TAG_DATA = 0x12; // ProcessEvent.data = 2
+const JSON_TAIL = `"}}}`;
 
 function varintSize(n: number): number {
   let s = 1;
@@ -50,60 +51,80 @@ function putVarint(buf: Uint8Array, off: number, n: number): number {
   return off;
 }
 
-/** One event prepared for a batch: its message size and how to write it. */
-interface Piece {
-  size: number;
-  write(buf: Buffer, off: number): void;
-}
+/** Most bytes of the fixed part of one data event: envelope, tags and varints, or JSON around the base64. */
+const DATA_OVERHEAD = ENVELOPE_HEADER_BYTES + 32;
 
-function dataPiece(stream: "stdout" | "stderr" | "pty", data: Uint8Array, binary: boolean): Piece {
-  if (!binary) {
-    const b64 = Buffer.from(data.buffer, data.byteOffset, data.byteLength).toString("base64");
-    const head = `{"event":{"data":{"${stream}":"`;
-    const tail = `"}}}`;
-    return {
-      size: head.length + b64.length + tail.length,
-      write(buf, off) {
-        off += buf.write(head, off, "latin1");
-        off += buf.write(b64, off, "latin1");
-        buf.write(tail, off, "latin1");
-      },
-    };
-  }
-  const n = data.byteLength;
-  const inner = 1 + varintSize(n) + n;
-  const mid = 1 + varintSize(inner) + inner;
-  return {
-    size: 1 + varintSize(mid) + mid,
-    write(buf, off) {
-      buf[off++] = TAG_EVENT;
-      off = putVarint(buf, off, mid);
-      buf[off++] = TAG_DATA;
-      off = putVarint(buf, off, inner);
-      buf[off++] = DATA_TAG[stream];
-      off = putVarint(buf, off, n);
-      buf.set(data, off);
-    },
-  };
-}
-
-function otherPiece(ev: ProcEvent, binary: boolean): Piece {
+function otherMessage(ev: ProcEvent, binary: boolean): Uint8Array {
   const msg = create(StartResponseSchema, { event: toProto(ev) });
-  const bytes = binary ? toBinary(StartResponseSchema, msg) : enc.encode(toJsonString(StartResponseSchema, msg));
-  return { size: bytes.byteLength, write: (buf, off) => buf.set(bytes, off) };
+  return binary ? toBinary(StartResponseSchema, msg) : enc.encode(toJsonString(StartResponseSchema, msg));
 }
 
-/** Envelopes of `events`, in order, in one buffer. */
-export function encodeEvents(events: ProcEvent[], binary: boolean): Uint8Array {
-  const pieces = events.map((ev) => (ev.kind === "data" ? dataPiece(ev.stream, ev.data, binary) : otherPiece(ev, binary)));
-  let total = 0;
-  for (const p of pieces) total += ENVELOPE_HEADER_BYTES + p.size;
-  const buf = Buffer.allocUnsafe(total);
-  let off = 0;
-  for (const p of pieces) {
-    writeEnvelopeHeader(buf, off, p.size);
-    p.write(buf, off + ENVELOPE_HEADER_BYTES);
-    off += ENVELOPE_HEADER_BYTES + p.size;
+/**
+ * Envelopes of `events`, in order, as parts to write one after the other. A data event becomes
+ * one message per `maxEventBytes` of its output (the last one shorter); the payload of each
+ * message is a part of its own (a view of the output as read, or its base64 text), and the bytes
+ * between two payloads (envelope headers, field tags and lengths, JSON punctuation, whole small
+ * events) share one buffer per batch.
+ */
+export function encodeEvents(events: ProcEvent[], binary: boolean, maxEventBytes: number): StreamParts {
+  const others = events.map((ev) => (ev.kind === "data" ? undefined : otherMessage(ev, binary)));
+  let small = 0;
+  for (let i = 0; i < events.length; i++) {
+    const ev = events[i]!;
+    small += ev.kind === "data" ? DATA_OVERHEAD * Math.max(1, Math.ceil(ev.data.byteLength / maxEventBytes)) : ENVELOPE_HEADER_BYTES + others[i]!.byteLength;
   }
-  return buf;
+  const buf = Buffer.allocUnsafe(small);
+  const parts: StreamParts = [];
+  let off = 0;
+  let gap = 0;
+  const payload = (p: Uint8Array | string) => {
+    if (off > gap) parts.push(buf.subarray(gap, off));
+    parts.push(p);
+    gap = off;
+  };
+  for (let i = 0; i < events.length; i++) {
+    const ev = events[i]!;
+    if (ev.kind !== "data") {
+      const m = others[i]!;
+      writeEnvelopeHeader(buf, off, m.byteLength);
+      buf.set(m, off + ENVELOPE_HEADER_BYTES);
+      off += ENVELOPE_HEADER_BYTES + m.byteLength;
+      continue;
+    }
+    for (let at = 0; at < ev.data.byteLength || at === 0; at += maxEventBytes) {
+      const data = ev.data.subarray(at, at + maxEventBytes);
+      if (binary) {
+        const n = data.byteLength;
+        const inner = 1 + varintSize(n) + n;
+        const mid = 1 + varintSize(inner) + inner;
+        writeEnvelopeHeader(buf, off, 1 + varintSize(mid) + mid);
+        off += ENVELOPE_HEADER_BYTES;
+        buf[off++] = TAG_EVENT;
+        off = putVarint(buf, off, mid);
+        buf[off++] = TAG_DATA;
+        off = putVarint(buf, off, inner);
+        buf[off++] = DATA_TAG[ev.stream];
+        off = putVarint(buf, off, n);
+        payload(data);
+      } else {
+        const b64 = Buffer.from(data.buffer, data.byteOffset, data.byteLength).toString("base64");
+        const head = `{"event":{"data":{"${ev.stream}":"`;
+        writeEnvelopeHeader(buf, off, head.length + b64.length + JSON_TAIL.length);
+        off += ENVELOPE_HEADER_BYTES;
+        off += buf.write(head, off, "latin1");
+        payload(b64);
+        off += buf.write(JSON_TAIL, off, "latin1");
+      }
+      if (data.byteLength === 0) break;
+    }
+  }
+  if (off > gap) parts.push(buf.subarray(gap, off));
+  return parts;
+}
+
+/** Total bytes `parts` put on the wire (ASCII text: one byte a character). */
+export function partsBytes(parts: StreamParts): number {
+  let n = 0;
+  for (const p of parts) n += typeof p === "string" ? p.length : p.byteLength;
+  return n;
 }

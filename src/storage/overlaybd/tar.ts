@@ -42,15 +42,22 @@ export function tarNumber(h: Uint8Array, off: number, len: number): number {
   return text === "" ? 0 : /^[0-7]+$/.test(text) ? parseInt(text, 8) : NaN;
 }
 
-/** True when `h` (512 bytes) is a ustar header with a valid checksum. */
+/**
+ * True when `h` (512 bytes) is a tar header with a valid checksum: POSIX ustar (magic "ustar\0",
+ * version "00") or GNU (magic "ustar " + version " \0", the 8 bytes "ustar  \0"; GNU tar's
+ * default format and what GNU tar and Python's `tarfile` write for base-256 sizes).
+ */
 export function isTarHeader(h: Uint8Array): boolean {
-  if (h.length < BLOCK || ascii(h, T_MAGIC, 6) !== "ustar") return false;
+  if (h.length < BLOCK) return false;
+  const magic = ascii(h, T_MAGIC, 6);
+  const gnu = magic === "ustar " && h[T_VERSION] === 0x20 && h[T_VERSION + 1] === 0;
+  if (magic !== "ustar" && !gnu) return false;
   const stored = parseInt(ascii(h, T_CHKSUM, 8).trim(), 8);
   return Number.isFinite(stored) && stored === checksum(h);
 }
 
 /**
- * If `b` starts with a ustar header, return the first member's payload as a backend (payload
+ * If `b` starts with a tar header (ustar or GNU), return the first member's payload as a backend (payload
  * length from the PAX `size` record, else the header's size field); otherwise return null.
  * @throws OverlaybdError `overlaybd.bad_tar` for a PAX header without a usable size or a member past the end.
  */

@@ -214,6 +214,56 @@ describe("tar wrapper", () => {
     expect(f([...Buffer.from("12x45       ")])).toBeNaN();
   });
 
+  test("GNU-format headers as GNU tar and Python's tarfile write them (magic 'ustar  \\0') are tar: a 9 GiB member's base-256 size, and a small member's bytes", async () => {
+    const dir = mkdtempSync(join(tmpdir(), "targnu-"));
+    try {
+      // Python's tarfile, GNU format, a member past 8 GiB: the header it writes, then a sparse payload
+      const size = 9 * 1024 ** 3 + 5;
+      const py = Bun.spawnSync(["python3", "-c", `import sys, tarfile; t = tarfile.TarInfo("big.bin"); t.size = ${size}; sys.stdout.buffer.write(t.tobuf(tarfile.GNU_FORMAT))`]);
+      expect(py.exitCode).toBe(0);
+      const h = new Uint8Array(py.stdout);
+      expect(h.length).toBe(512);
+      expect([Buffer.from(h.subarray(257, 265)).toString("latin1"), h[124]]).toEqual(["ustar  \0", 0x80]);
+      expect(isTarHeader(h)).toBe(true);
+      expect(tarNumber(h, 124, 12)).toBe(size);
+      const big = join(dir, "big.tar");
+      writeFileSync(big, h);
+      truncateSync(big, 512 + Math.ceil(size / 512) * 512 + 1024);
+      const file = LocalFile.open(big);
+      const m = await openTarMember(file);
+      expect(m?.size).toBe(size);
+      await m!.close();
+
+      // GNU tar's own output (--format=gnu), a member with bytes: the payload comes back exactly
+      const next = rng(7);
+      const payload = Uint8Array.from({ length: 3000 }, () => Math.floor(next() * 256));
+      writeFileSync(join(dir, "payload"), payload);
+      const tarred = join(dir, "small.tar");
+      const t = Bun.spawnSync(["tar", "--format=gnu", "-cf", tarred, "-C", dir, "payload"]);
+      expect(t.exitCode).toBe(0);
+      const small = LocalFile.open(tarred);
+      const head = new Uint8Array(512);
+      await small.pread(head, 0);
+      expect(Buffer.from(head.subarray(257, 265)).toString("latin1")).toBe("ustar  \0");
+      const sm = await openTarMember(small);
+      expect(sm?.size).toBe(3000);
+      const back = new Uint8Array(3000);
+      await sm!.pread(back, 0);
+      expect(Buffer.from(back).equals(Buffer.from(payload))).toBe(true);
+      await sm!.close();
+
+      // magic "ustar " with a version other than GNU's " \0" is neither format
+      const odd = new Uint8Array(h);
+      odd[263] = 0x30;
+      let sum = 0;
+      for (let i = 0; i < 512; i++) sum += i >= 148 && i < 156 ? 0x20 : odd[i]!;
+      odd.set(new TextEncoder().encode(sum.toString(8).padStart(6, "0") + "\0 "), 148);
+      expect(isTarHeader(odd)).toBe(false);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
   test("a header with a bad checksum is not tar", () => {
     const p = tarPrefix(10);
     p[0] ^= 1;
