@@ -50,7 +50,6 @@ const SYMBOLS = {
   inotify_init1: { args: [FFIType.i32], returns: FFIType.i32 },
   inotify_add_watch: { args: [FFIType.i32, FFIType.ptr, FFIType.u32], returns: FFIType.i32 },
   memfd_create: { args: [FFIType.ptr, FFIType.u32], returns: FFIType.i32 },
-  pipe2: { args: [FFIType.ptr, FFIType.i32], returns: FFIType.i32 },
   // extended attributes (never following symlinks)
   lsetxattr: { args: [FFIType.ptr, FFIType.ptr, FFIType.ptr, FFIType.u64, FFIType.i32], returns: FFIType.i32 },
   lgetxattr: { args: [FFIType.ptr, FFIType.ptr, FFIType.ptr, FFIType.u64], returns: FFIType.i64 },

@@ -484,7 +484,7 @@ test("connect_timeout_ms still bounds connecting for a request with a body: a PO
   const host = node.runtime!.hostOf(ID)!;
   const py = Bun.spawn(["python3", "-c", `import socket, time; s = socket.socket(); s.bind((${JSON.stringify(host)}, 0)); s.listen(0); print(s.getsockname()[1], flush=True); time.sleep(300)`], { stdout: "pipe" });
   const fill: Socket[] = [];
-  const proxy = new SandboxProxy(node.orch, { domains: [], connectTimeoutMs: 1000, idleTimeoutMs: 60_000, blockEnvdInternal: true });
+  const proxy = new SandboxProxy(node.orch, { domains: [], connectTimeoutMs: 1000, idleTimeoutMs: 60_000, settleTimeoutMs: 130_000, blockEnvdInternal: true });
   try {
     const reader = py.stdout.getReader();
     const port = Number(new TextDecoder().decode((await reader.read()).value).trim());
