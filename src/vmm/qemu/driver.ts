@@ -157,6 +157,7 @@ export class QemuDriver implements VmmDriver {
     // detached: setsid(2) before exec (nsenter then execs QEMU, so the pid stays QEMU's). In its
     // own session QEMU does not get the SIGINT a terminal sends to the node's process group on
     // Ctrl-C, and lives until the node's shutdown pauses/snapshots/stops it.
+    const spawnedAt = performance.now();
     const child = spawn(argv[0]!, argv.slice(1), { stdio: ["ignore", "pipe", "pipe"], detached: true });
     const pid = child.pid;
     if (pid === undefined) {
@@ -181,7 +182,8 @@ export class QemuDriver implements VmmDriver {
         stderr: vm.stderrTail(),
       }, { cause: e });
     }
-    log.info({ id: spec.id, pid, accel: this.accel, restore: m.incoming }, "qemu started");
+    vm.spawnMs = Math.round(performance.now() - spawnedAt);
+    log.info({ id: spec.id, pid, accel: this.accel, restore: m.incoming, spawnMs: vm.spawnMs }, "qemu started");
     return vm;
   }
 }
@@ -194,6 +196,8 @@ export class QemuVm implements VmHandle {
   state: QemuVmState;
   /** @internal set by the driver once connected. */
   qmp!: QmpClient;
+  /** ms from spawn until QMP answered (set by the driver). */
+  spawnMs = 0;
   private stderr = "";
   private stopping = false;
 
