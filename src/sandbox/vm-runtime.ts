@@ -47,7 +47,7 @@ import { fetchEnvdMetrics, initEnvd, runInGuest, waitEnvdHealthy } from "./envd-
 import { execInGuest } from "./guest-exec.ts";
 import { GuestVolumeFiles } from "./guest-volume-files.ts";
 import { mountVolumesInGuest, QUIESCE_SCRIPT, serveVolumeDrives, VmVolumes, type VmVolumesOptions } from "./volumes.ts";
-import { RestorePool, type PoolCounts, type RestorePoolOptions } from "./restore-pool.ts";
+import { RestorePool, type RestorePoolOptions } from "./restore-pool.ts";
 
 const MiB = 1024 * 1024;
 /** Kinds of snapshot whose memory image is kept warm after restores (`[snapshot] warm_images`): what creates start from. */
@@ -307,11 +307,6 @@ export class VmRuntime implements SandboxRuntime {
     if (!WARM_KINDS.includes(base.kind) || base.memory === null || base.vmState === null || shape.cpuCount !== base.vm.vcpus || shape.memoryMB !== base.vm.memoryMiB) return null;
     this.pool.want(base.id, { base, from: { rootLayers: r.rootLayers, boot: r.boot } });
     return this.pool.claim(base.id);
-  }
-
-  /** Counts of the restore pool of snapshot `snapshotId` (tests, benchmarks). */
-  poolCounts(snapshotId: string): PoolCounts & { counters: RestorePool<PoolCtx>["counters"] } {
-    return { ...this.pool.counts(snapshotId), counters: { ...this.pool.counters } };
   }
 
   async pause(id: string, state: Record<string, unknown>, signal: AbortSignal, opts: { memory: boolean } = { memory: true }): Promise<Record<string, unknown>> {
