@@ -62,9 +62,9 @@ export function restorePoolOptions(cfg: Config): RestorePoolOptions {
  */
 export async function createVmRuntime(cfg: Config, db: Db, oc: OrchestratorConfig): Promise<VmRuntime> {
   const runtimePath = cfg.runtime_path;
-  const restorePool = restorePoolOptions(cfg);
-  // bad [snapshot.s3] settings stop the start before anything is started
+  // bad [snapshot.s3] or [pool.restore] settings stop the start before anything is started
   snapshotConfig(cfg);
+  restorePoolOptions(cfg);
   const driver = await createDriver(cfg);
   const homePath = cfg.home_path;
   const volumeHostDir = join(runtimePath, "volumes");
@@ -110,7 +110,7 @@ export function vmRuntimeOptions(
     readyTimeoutMs: cfg.template_build.ready_timeout_ms,
     readyPollMs: cfg.template_build.create_ready_poll_ms,
     readyProbeTimeoutMs: cfg.template_build.ready_probe_timeout_ms,
-    restorePool,
+    restorePool: restorePoolOptions(cfg),
     defaultUser: "user",
     snapshots: snapshotServices(cfg, parts.disks),
     volumes: {
