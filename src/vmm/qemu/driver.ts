@@ -333,11 +333,12 @@ export class QemuVm implements VmHandle {
    *
    * Why this way (issue 9 item 5, measured by bench/pause-diff.ts on one restored 512 MiB VM
    * whose image holds 64 MiB of the original's data, for 0 / 8 / 64 MiB dirtied since the
-   * restore): this capture writes 4.3 / 12.4 / 69.4 MiB (the changed pages and a 0.2 MiB state);
-   * a full private copy (QEMU's stream with RAM, what a pause wrote before) 107.5 / 115.5 /
-   * 171.6 MiB, every non-zero guest page whatever changed; reading all guest RAM through
-   * /proc/<pid>/mem and comparing it with the image writes what this capture writes but keeps the
-   * VM paused 6-10 s. This capture and the full copy pause the VM about as long (QEMU 7.2 streams
+   * restore, load 2-3): this capture writes 4.3 / 12.4 / 69.4 MiB (the changed pages and a
+   * 0.2 MiB state) with the VM paused 373 / 341 / 852 ms; a full private copy (QEMU's stream with
+   * RAM, what a pause wrote before) 107.5 / 115.5 / 171.6 MiB, every non-zero guest page whatever
+   * changed, in 342 / 213 / 818 ms; reading all guest RAM through /proc/<pid>/mem and comparing
+   * it with the image writes what this capture writes but keeps the VM paused 3-9 s. This
+   * capture and the full copy pause the VM about as long (QEMU 7.2 streams
    * a share=off RAM block whole, x-ignore-shared skips only share=on ones, and the filter drops
    * it): the pagemap is what makes the bytes follow the dirty amount. Not built: a writable
    * share=on memory file over the image (its upper the diff), which would keep RAM out of the
