@@ -11,6 +11,13 @@
  *  4. fork of 4 (one snapshot, four children) and their first commands;
  *  5. host memory per restored sandbox: Pss of each of 4 running QEMU processes, and the part
  *     beyond what the guest dirtied (Private_Dirty of the memory image mapping).
+ * Then a second node with the restore pool on (`[pool.restore]`, its defaults: VMs of the snapshot
+ * last created from restored ahead, warmed and paused):
+ *  6. Sandbox.create('base') -> first commands.run, p50/p95 of N, each create made when the pool
+ *     has a VM ready (it waits for the refill between creates: the latency of a node with a VM
+ *     prepared; back to back creates beyond the pool's size are restores on request, as in 1),
+ *     against the bare restores of the same files in the same run (the pool's own restores, each
+ *     to envd answering and initialised), with the adoption's steps.
  * Needs root, the kernel and base template with its snapshot in AENV_TEST_HOME_PATH.
  *   bun bench/snapshot.ts [--runs 10] [--cold 3]
  */
@@ -28,14 +35,28 @@ const ms = (x: number) => `${Math.round(x)} ms`;
 const MiB = 1048576;
 const load0 = loadavg();
 
-/** The last node log line (pino JSON) with message `msg` after `from` chars of the log. */
+/** The node's log lines (pino JSON) with message `msg`. */
+function logLines(world: NodeWorld, msg: string): Record<string, any>[] {
+  return world.log
+    .split("\n")
+    .filter((l) => l.includes(`"msg":"${msg}"`))
+    .map((l) => JSON.parse(l));
+}
+
+/** The last node log line with message `msg`. */
 function lastLine(world: NodeWorld, msg: string): Record<string, number> {
-  const lines = world.log.split("\n").filter((l) => l.includes(`"msg":"${msg}"`));
+  const lines = logLines(world, msg);
   if (lines.length === 0) throw new Error(`no "${msg}" line in the node log`);
-  return JSON.parse(lines.at(-1)!);
+  return lines.at(-1)!;
+}
+
+/** VMs the restore pool holds ready now (made - adopted - discarded, from the node's log). */
+function poolReady(world: NodeWorld): number {
+  return logLines(world, "restore pool VM ready").length - logLines(world, "sandbox started from the restore pool").length - logLines(world, "restore pool VM discarded").length;
 }
 
 const world = new NodeWorld();
+const worlds = [world];
 try {
   await world.start({ AENV_LOG_LEVEL: "info" });
   // one create first: the shared memory image is served and its pages cached from then on
@@ -65,6 +86,27 @@ try {
   }
   const fork = await world.client("snapshot-bench.ts", ["fork", "4"]);
   const mem = await world.client("snapshot-bench.ts", ["memory", "4"]);
+  await world.dispose();
+
+  // 6. the restore pool: a node of its own with [pool.restore] on (defaults)
+  const pw = new NodeWorld();
+  worlds.push(pw);
+  await pw.start({ AENV_LOG_LEVEL: "info", AENV__pool__restore__low_watermark: "1", AENV__pool__restore__high_watermark: "2" });
+  await pw.client("snapshot-bench.ts", ["create", "base"]); // restored on request; makes base the pooled snapshot
+  const pooledFirst: number[] = [];
+  const adoption: Record<string, number>[] = [];
+  let onRequest = 0;
+  for (let i = 0; i < RUNS; i++) {
+    for (let j = 0; j < 1200 && poolReady(pw) < 1; j++) await Bun.sleep(100);
+    const before = logLines(pw, "sandbox started from the restore pool").length;
+    const o = await pw.client("snapshot-bench.ts", ["create", "base"]);
+    if (o.exit !== 0) throw new Error(`commands.run exited ${o.exit}`);
+    const adopted = logLines(pw, "sandbox started from the restore pool");
+    if (adopted.length > before) adoption.push(adopted.at(-1)!);
+    else onRequest++;
+    pooledFirst.push(o.firstRunMs);
+  }
+  const fills = logLines(pw, "restore pool VM restored");
 
   const p50 = pct(first, 50);
   const r50 = pct(runtime, 50);
@@ -72,7 +114,7 @@ try {
   console.log(`load before: ${load0.map((x) => x.toFixed(2)).join(" ")}; after: ${loadavg().map((x) => x.toFixed(2)).join(" ")} (2 cores, QEMU TCG)`);
   console.log(`create from the base snapshot -> first commands.run, N=${RUNS}: p50 ${ms(p50)}, p95 ${ms(pct(first, 95))}`);
   console.log(`  the node's restore of the same files (runtime start), same run: p50 ${ms(r50)}, p95 ${ms(pct(runtime, 95))}; SDK/restore ratio ${(p50 / r50).toFixed(2)}x (goal <= 1.5x and < 600 ms)`);
-  console.log(`  restore steps p50: verify ${step("verifyMs")}, disk ${step("diskMs")}, slot ${step("slotMs")}, memory image ${step("memoryMs")}, VMM state load ${step("vmmMs")}, envd ${step("envdMs")} ms (health ${step("healthMs")}, /init ${step("initMs")})`);
+  console.log(`  restore steps p50: verify ${step("verifyMs")}, disk ${step("diskMs")}, slot ${step("slotMs")}, memory image ${step("memoryMs")}, VMM state load ${step("vmmMs")} (spawn to QMP ${step("vmmSpawnMs")}), envd ${step("envdMs")} ms (health ${step("healthMs")}, /init ${step("initMs")})`);
   console.log(`cold boot (create with another memory size) -> first commands.run, N=${COLD}: p50 ${ms(pct(cold, 50))} (${(pct(cold, 50) / p50).toFixed(1)}x the restore)`);
   for (const p of pauses) {
     console.log(`pause, guest holding ${p.mib} MiB of fresh bytes: SDK ${ms(p.pauseMs)} (VM paused ${ms(p.vmPausedMs)}); guest RAM changed ${(p.changed / MiB).toFixed(1)} MiB, written ${(p.written / MiB).toFixed(1)} MiB (guest RAM 512 MiB)`);
@@ -83,6 +125,15 @@ try {
   const avg = (f: (v: (typeof vms)[number]) => number) => vms.reduce((s, v) => s + f(v), 0) / vms.length;
   console.log(`host memory per restored sandbox (4 running, mean): Pss ${kb(avg((v) => v.all.Pss!))}, Rss ${kb(avg((v) => v.all.Rss!))}; memory image mapping: Rss ${kb(avg((v) => v.image.Rss!))}, Pss ${kb(avg((v) => v.image.Pss!))}, dirtied (Private_Dirty) ${kb(avg((v) => v.image.Private_Dirty!))}`);
   console.log(`  beyond what the guest dirtied: Pss - image Private_Dirty = ${kb(avg((v) => v.all.Pss! - v.image.Private_Dirty!))} per sandbox`);
+  const q50 = pct(pooledFirst, 50);
+  const f50 = pct(fills.map((f) => f.totalMs), 50);
+  const fstep = (k: string) => Math.round(pct(fills.map((f) => f[k]), 50));
+  const astep = (k: string) => (adoption.length ? Math.round(pct(adoption.map((a) => a[k]), 50)) : NaN);
+  console.log(`with the restore pool ([pool.restore] defaults; each create made once a VM was ready): create -> first commands.run, N=${RUNS}: p50 ${ms(q50)}, p95 ${ms(pct(pooledFirst, 95))} (${adoption.length} adopted a pooled VM, ${onRequest} restored on request)`);
+  console.log(`  bare restores of the same files in the same run (the pool's, to envd initialised), N=${fills.length}: p50 ${ms(f50)}, p95 ${ms(pct(fills.map((f) => f.totalMs), 95))}; SDK/restore ratio ${(q50 / f50).toFixed(2)}x (goal <= 1.5x and < 600 ms)`);
+  console.log(`  those restores' steps p50: disk ${fstep("diskMs")}, slot ${fstep("slotMs")}, memory image ${fstep("memoryMs")}, VMM ${fstep("vmmMs")} (spawn ${fstep("vmmSpawnMs")}), envd ${fstep("envdMs")} ms (health ${fstep("healthMs")}, /init ${fstep("initMs")})`);
+  console.log(`  the adoption's steps p50: policy ${astep("slotMs")}, continue ${astep("vmmMs")}, envd ${astep("envdMs")} ms (health ${astep("healthMs")}, /init ${astep("initMs")}), total ${astep("totalMs")} ms`);
+  console.log(`load at the end: ${loadavg().map((x) => x.toFixed(2)).join(" ")}`);
 } finally {
-  await world.dispose();
+  for (const w of worlds) await w.dispose();
 }

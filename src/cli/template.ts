@@ -14,8 +14,8 @@ import { readFileSync } from "node:fs";
 import { parseDockerfile } from "../template/dockerfile.ts";
 import { call, CliError, common, conn, run, table } from "./sandbox.ts";
 import { buildOnNode, filesHash } from "./template-build.ts";
-import { commitTemplateSnapshot } from "../sandbox/template-snapshot.ts";
-import { runInGuest, waitEnvdHealthy } from "../sandbox/envd-client.ts";
+import { commitTemplateSnapshot, warmTemplateEnvd } from "../sandbox/template-snapshot.ts";
+import { waitEnvdHealthy } from "../sandbox/envd-client.ts";
 
 /** Elapsed-time prefixed log printer for builds. */
 function progress(): (line: string) => void {
@@ -96,8 +96,7 @@ export default defineCommand({
         const signal = AbortSignal.timeout(Number(args["timeout-ms"] ?? 180_000));
         await waitEnvdHealthy(args.url, 50, signal);
         const healthMs = Math.round(performance.now() - t0);
-        // warm the command path (process spawn, user switch) so restores start from a warm envd
-        const r = await runInGuest(args.url, { cmd: "/bin/sh", args: ["-c", "id -un"], user: "user" }, signal);
+        const r = await warmTemplateEnvd(args.url, signal);
         if (r.exitCode !== 0 || r.output.trim() !== "user") throw new CliError(`first command in the template VM gave exit ${r.exitCode}, output ${JSON.stringify(r.output)}`);
         console.log(JSON.stringify({ healthMs, readyMs: Math.round(performance.now() - t0) }));
       },

@@ -122,6 +122,11 @@ export const CONFIG_SCHEMA = section("", {
     verify_digests: bool(true, "Check a layer's sha256 against its digest the first time a node process restores from it\n(and again whenever the file changed); a mismatch fails the restore with snapshot.corrupt_layer."),
     gc_grace_secs: int(600, "An unreferenced layer or staging folder younger than this is left alone by garbage\ncollection (another process, e.g. a template build, may be committing it). Layers that a dead\nprocess's commit recorded in its staging folder go at once.", { min: 0, max: 86_400, unit: "s" }),
     gc_interval_secs: int(3600, "Period of the repository's garbage collection (it also runs at start and after deletes);\n0 = only then.", { min: 0, max: 86_400, unit: "s" }),
+    warm_images: int(
+      2,
+      "Memory images of template and user snapshots kept open after the last sandbox restored from\nthem stopped (the most recently restored ones): the host page cache then keeps the pages\nrestores fault in, so the next create from that snapshot finds its working set cached instead\nof reading it again through the disk daemon. Each costs one shared export in the disk daemon\nand the page cache it holds (reclaimable). An image goes when its snapshot is deleted or\nreplaced. 0 = an image closes with its last sandbox.",
+      { min: 0, max: 64, unit: "count" },
+    ),
     cache_max_bytes: int(
       21_474_836_480,
       "With [snapshot.s3]: bytes of layer files the local repository keeps. Past it, the least recently\nused layers that the object store holds and no running sandbox uses are removed (fetched again\nwhen a restore needs them). Layers in use are kept even past it. 0 = no limit.",
@@ -479,6 +484,17 @@ export const CONFIG_SCHEMA = section("", {
           enabled: bool(true, "Keep pre-created disk exports."),
           low_watermark: int(1, "", { min: 0, max: 1024, unit: "count" }),
           high_watermark: int(2, "", { min: 0, max: 1024, unit: "count" }),
+        },
+      ),
+
+      restore: section(
+        "Restore pool (issue 9 item 7): sandboxes of a snapshot restored ahead of requests, their envd\ninitialised and one command of the SDK's kind run (under TCG that makes the code paths of a\ncreate's first requests), then paused, so a create of that snapshot adopts one: its egress policy\nset, the VM continued, envd re-initialised with the create's token, env vars, clock and host name.\nPer pooled snapshot: below low_watermark ready VMs, VMs are made one at a time up to\nhigh_watermark; only the `snapshots` snapshots most recently created from are pooled (template\nand user snapshots of the VM shape a create asks for, without volumes). A pooled VM holds a\nnetwork slot, its disk upper and about 80 MiB of host memory; it is not a sandbox (max_sandboxes\ndoes not count it). high_watermark = 0: no pool.",
+        {
+          low_watermark: int(1, "", { min: 0, max: 64, unit: "count" }),
+          high_watermark: int(2, "", { min: 0, max: 64, unit: "count" }),
+          snapshots: int(1, "Snapshots pooled at once (the most recently created from); the others lose their VMs.", { min: 1, max: 16, unit: "count" }),
+          fill_delay_ms: int(1000, "Quiet time after the node's last sandbox start before the pool makes a VM (a fill competes for\nCPU with what a fresh sandbox runs first), ms.", { min: 0, max: MS_MAX, unit: "ms" }),
+          retry_backoff_ms: int(5000, "Wait after a failed fill before the next one, ms.", { min: 1, max: MS_MAX, unit: "ms" }),
         },
       ),
 

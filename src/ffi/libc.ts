@@ -41,6 +41,8 @@ const SYMBOLS = {
   // memory
   mmap: { args: [FFIType.ptr, FFIType.u64, FFIType.i32, FFIType.i32, FFIType.i32, FFIType.i64], returns: FFIType.ptr },
   munmap: { args: [FFIType.ptr, FFIType.u64], returns: FFIType.i32 },
+  // clock
+  clock_settime: { args: [FFIType.i32, FFIType.ptr], returns: FFIType.i32 },
   // raw system calls without a glibc wrapper (io_uring_setup/enter/register)
   syscall: { args: [FFIType.i64, FFIType.i64, FFIType.i64, FFIType.i64, FFIType.i64, FFIType.i64, FFIType.i64], returns: FFIType.i64 },
   // mounts

@@ -203,15 +203,27 @@ export class Orchestrator implements SandboxService {
     return templates.find((t) => t.templateID === ref) ?? templates.find((t) => t.aliases.includes(ref));
   }
 
-  /** Create a sandbox started from `tpl` (a template, or a snapshot seen as one), recorded as `shown`. */
-  private createWith(req: CreateSandboxRequest, tpl: TemplateInfo, timeoutSecs: number, shown: { templateId: string; alias: string | null }): Promise<SandboxRecord> {
+  /**
+   * Create a sandbox started from `tpl` (a template, or a snapshot seen as one), recorded as
+   * `shown`. Its id is one the runtime prepared a start for (claimPrepared), when it has one.
+   */
+  private async createWith(req: CreateSandboxRequest, tpl: TemplateInfo, timeoutSecs: number, shown: { templateId: string; alias: string | null }): Promise<SandboxRecord> {
     const { cpuCount, memoryMB } = this.checkResources(req.cpuCount ?? tpl.cpuCount, req.memoryMB ?? tpl.memoryMB, req.cpuCount !== undefined || req.memoryMB !== undefined);
     const live = this.counters.running + this.counters.starting;
     if (live >= this.config.maxSandboxes) {
       throw new OrchestratorError("orchestrator.capacity", `node is at its limit of ${this.config.maxSandboxes} concurrent sandboxes`, { limit: this.config.maxSandboxes });
     }
     const volumeMounts = this.volumes.resolveMounts(req.volumeMounts ?? []);
-    const id = newSandboxId();
+    const prepared = await this.runtime.claimPrepared?.(tpl, { cpuCount, memoryMB, volumes: volumeMounts.length }).catch((e) => {
+      this.log.warn({ template: tpl.templateID, err: e }, "no prepared sandbox claimed");
+      return null;
+    });
+    // checked again: other creates may have started while the claim was looked up (a claimed
+    // start not used lapses in the runtime)
+    if (this.counters.running + this.counters.starting >= this.config.maxSandboxes) {
+      throw new OrchestratorError("orchestrator.capacity", `node is at its limit of ${this.config.maxSandboxes} concurrent sandboxes`, { limit: this.config.maxSandboxes });
+    }
+    const id = prepared && SANDBOX_ID_RE.test(prepared) && !this.store.get(prepared) ? prepared : newSandboxId();
     const t = this.now();
     const rec: SandboxRecord = {
       id,

@@ -133,6 +133,13 @@ export interface SandboxRuntime {
   /** Boot a sandbox and wait until envd is initialised. Frees everything it made if it throws. */
   start(spec: RuntimeStartSpec): Promise<RuntimeSandbox>;
   /**
+   * The id of a sandbox the runtime prepared ahead for a create of `template` in this shape,
+   * reserved for this create, or null (none ready, or the runtime prepares nothing). The create
+   * then uses that id and calls start() with it soon: a reservation not started within the create
+   * timeout lapses.
+   */
+  claimPrepared?(template: TemplateInfo, shape: { cpuCount: number; memoryMB: number; volumes: number }): Promise<string | null>;
+  /**
    * Pause + commit a pause snapshot (memory, device state, disk upper), then stop the VMM.
    * With `memory: false` only the disk is kept (a filesystem-only snapshot): the VMM is stopped
    * without a snapshot (the orchestrator has flushed the guest's filesystems first).

@@ -4,7 +4,7 @@
  * tools drive (the current one for every new VM), snapshot repository and shared memory images
  * (`[snapshot]`).
  */
-import { type Config } from "../config/index.ts";
+import { ConfigError, type Config } from "../config/index.ts";
 import type { Db } from "../db/index.ts";
 import { netConfigFromConfig, NetworkManager } from "../net/index.ts";
 import { diskConfig, DiskService, reapStaleMounts } from "../storage/daemon/index.ts";
@@ -17,6 +17,7 @@ import type { OrchestratorConfig } from "../orchestrator/config.ts";
 import { openRepository, SharedImages, snapshotConfig } from "../snapshot/index.ts";
 import { diskMemoryExporter } from "./memory-export.ts";
 import { VmRuntime, type VmRuntimeOptions } from "./vm-runtime.ts";
+import type { RestorePoolOptions } from "./restore-pool.ts";
 
 /**
  * The snapshot repository of the node (`[snapshot] path`, default `$home_path/snapshots`), with
@@ -30,9 +31,28 @@ export function snapshotServices(cfg: Config, disks: DiskService): VmRuntimeOpti
   remote?.start();
   return {
     repo,
-    images: new SharedImages(diskMemoryExporter(disks)),
+    images: new SharedImages(diskMemoryExporter(disks), { warmMax: sc.warmImages }),
     gcIntervalMs: sc.gcIntervalMs,
     remote,
+  };
+}
+
+/**
+ * `[pool.restore]` as the restore pool takes it (a claim lapses after the create timeout).
+ * @throws ConfigError `config.bad_value` when low_watermark exceeds high_watermark
+ */
+export function restorePoolOptions(cfg: Config): RestorePoolOptions {
+  const r = cfg.pool.restore;
+  if (r.low_watermark > r.high_watermark) {
+    throw new ConfigError("config.bad_value", `pool.restore.low_watermark = ${r.low_watermark} exceeds pool.restore.high_watermark ${r.high_watermark}`, { key: "pool.restore.low_watermark", value: r.low_watermark });
+  }
+  return {
+    lowWatermark: r.low_watermark,
+    highWatermark: r.high_watermark,
+    snapshots: r.snapshots,
+    claimTimeoutMs: cfg.orchestrator.create_timeout_ms,
+    retryBackoffMs: r.retry_backoff_ms,
+    fillDelayMs: r.fill_delay_ms,
   };
 }
 
@@ -42,8 +62,9 @@ export function snapshotServices(cfg: Config, disks: DiskService): VmRuntimeOpti
  */
 export async function createVmRuntime(cfg: Config, db: Db, oc: OrchestratorConfig): Promise<VmRuntime> {
   const runtimePath = cfg.runtime_path;
-  // bad [snapshot.s3] settings stop the start before anything is started
+  // bad [snapshot.s3] or [pool.restore] settings stop the start before anything is started
   snapshotConfig(cfg);
+  restorePoolOptions(cfg);
   const driver = await createDriver(cfg);
   const homePath = cfg.home_path;
   const volumeHostDir = join(runtimePath, "volumes");
@@ -89,6 +110,7 @@ export function vmRuntimeOptions(
     readyTimeoutMs: cfg.template_build.ready_timeout_ms,
     readyPollMs: cfg.template_build.create_ready_poll_ms,
     readyProbeTimeoutMs: cfg.template_build.ready_probe_timeout_ms,
+    restorePool: restorePoolOptions(cfg),
     defaultUser: "user",
     snapshots: snapshotServices(cfg, parts.disks),
     volumes: {

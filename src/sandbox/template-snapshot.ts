@@ -1,7 +1,8 @@
 /**
  * Templates are snapshots: boot a template's image once in a VM shaped like a sandbox (same
  * devices, network as a slot gives it: guest 169.254.0.21, gateway 169.254.0.22 with the slot
- * tap's MAC), wait until envd answers and has run a first command (warm), then commit the paused
+ * tap's MAC), wait until envd answers and has served what a create's first requests ask of a
+ * restored guest (warm: `warmTemplateEnvd`), then commit the paused
  * VM (device state, RAM image imported sparse, the boot's disk writes as a layer over the
  * template's layers) as the template's snapshot and record its id in the template manifest.
  * Sandboxes of the template are then restores of this snapshot.
@@ -22,6 +23,7 @@ import { readManifest, resolveTemplate, TemplateError, writeManifest } from "../
 import { resolveTools, toolsBoot } from "../tools/index.ts";
 import { createDriver, resolveKernelPath, type VmHandle } from "../vmm/index.ts";
 import { captureVm, commitUpper, kernelKey, templateManifest } from "./capture.ts";
+import { initEnvd, runInGuest, type GuestResult } from "./envd-client.ts";
 
 const log = logger("template.snapshot");
 
@@ -181,4 +183,26 @@ async function probeEnvd(netnsPath: string, url: string, timeoutMs: number, vmEx
   const [out, err, code] = await Promise.all([new Response(p.stdout).text(), new Response(p.stderr).text(), p.exited]);
   void died;
   if (code !== 0) throw new TemplateError("template.snapshot_failed", `envd probe exited ${code}: ${(out + err).trim().slice(-1500)}`, { code });
+}
+
+/** Rounds of the warm-up in `warmTemplateEnvd`. */
+export const WARM_ROUNDS = 3;
+
+/**
+ * Warm a template VM's envd before its snapshot is committed: every create restored from it
+ * first gets POST /init (as the node sends it, here without a token) and then, from the SDK,
+ * `commands.run` (`/bin/bash -l -c <cmd>` as the default user). Run here `WARM_ROUNDS` times
+ * each, the code envd runs for them is compiled and the files bash reads (binary, libraries,
+ * profile scripts) are in the guest's page cache in the snapshot, so restored guests do not pay
+ * that on their first request. Leaves envd without a token (the template's manifest says none).
+ * @returns the last command's result (`id -un`: "user" when the guest is as expected)
+ * @throws OrchestratorError from envd (`envd_init_failed`, `envd_failed`)
+ */
+export async function warmTemplateEnvd(url: string, signal: AbortSignal): Promise<GuestResult> {
+  let r: GuestResult | undefined;
+  for (let i = 0; i < WARM_ROUNDS; i++) {
+    await initEnvd(url, { accessToken: "", envVars: {}, defaultUser: "user", defaultWorkdir: "/home/user", timestamp: new Date().toISOString(), hostname: "template" }, null, signal);
+    r = await runInGuest(url, { cmd: "/bin/bash", args: ["-l", "-c", "id -un"], user: "user" }, signal);
+  }
+  return r!;
 }

@@ -29,8 +29,9 @@ import { ENVD_PORT, ENVD_VERSION } from "../envd/version.ts";
 import { guestAddress, netSpec, parseEgressPolicy, type NetworkManager } from "../net/index.ts";
 import { logger } from "../observability/log.ts";
 import { OrchestratorError } from "../orchestrator/errors.ts";
+import { newSandboxId } from "../orchestrator/ids.ts";
 import type { ReapReport, RuntimeKnownSandbox, RuntimeMetricsTarget, RuntimeSandbox, RuntimeStartSpec, SandboxRuntime, SnapshotInfo, SnapshotRequest } from "../orchestrator/runtime.ts";
-import type { SandboxMetricsSample, TemplateInfo, VolumeMount } from "../orchestrator/types.ts";
+import type { SandboxLogLine, SandboxMetricsSample, TemplateInfo, VolumeMount } from "../orchestrator/types.ts";
 import { layersOf, newSnapshotId, SNAPSHOT_ID_RE, SNAPSHOT_NAME_RE, SnapshotError, type CommitTxn, type ImageLease, type LayerHold, type LayerRef, type LocalRepository, type SharedImages, type SnapshotManifest, type SnapshotRemote } from "../snapshot/index.ts";
 import { reapStaleMounts, upperPaths, type DiskExport, type DiskService } from "../storage/daemon/index.ts";
 import { importSparse } from "../storage/overlaybd/index.ts";
@@ -46,8 +47,11 @@ import { fetchEnvdMetrics, initEnvd, runInGuest, waitEnvdHealthy } from "./envd-
 import { execInGuest } from "./guest-exec.ts";
 import { GuestVolumeFiles } from "./guest-volume-files.ts";
 import { mountVolumesInGuest, QUIESCE_SCRIPT, serveVolumeDrives, VmVolumes, type VmVolumesOptions } from "./volumes.ts";
+import { RestorePool, type RestorePoolOptions } from "./restore-pool.ts";
 
 const MiB = 1024 * 1024;
+/** Kinds of snapshot whose memory image is kept warm after restores (`[snapshot] warm_images`): what creates start from. */
+const WARM_KINDS: readonly SnapshotManifest["kind"][] = ["template", "user"];
 
 export interface VmRuntimeOptions {
   homePath: string;
@@ -79,6 +83,21 @@ export interface VmRuntimeOptions {
   readyPollMs: number;
   /** Bound on one run of a template's ready command, ms. */
   readyProbeTimeoutMs: number;
+  /** The restore pool (`[pool.restore]`); absent or high watermark 0: none. */
+  restorePool?: RestorePoolOptions;
+}
+
+/** What the restore pool keeps of a snapshot to make VMs of it. */
+interface PoolCtx {
+  base: SnapshotManifest;
+  from: StartedFrom;
+}
+
+/** A VM the restore pool made: its runtime state and where its envd answers. */
+interface PreparedVm {
+  state: VmState;
+  from: StartedFrom;
+  host: string;
 }
 
 /** What runs in sandboxes of a template (a catalog build's process defaults), or null. */
@@ -101,12 +120,16 @@ export interface StartTimings {
   vmmMs: number;
   /** envd: health answered, /init done, volumes mounted, template process started; = healthMs + initMs + the rest. */
   envdMs: number;
+  /** Part of vmmMs until the VMM answered its control socket (QEMU: spawn + QMP), when the driver reports it. */
+  vmmSpawnMs: number;
   /** Part of envdMs until envd's GET /health answered. */
   healthMs: number;
   /** Part of envdMs spent in envd's POST /init. */
   initMs: number;
   totalMs: number;
   restored: boolean;
+  /** Started from the restore pool (a VM restored ahead): slotMs is its policy update, vmmMs its continue. */
+  pooled: boolean;
 }
 
 /** Size, time and bytes of one capture (pause or snapshot). */
@@ -140,6 +163,16 @@ export class VmRuntime implements SandboxRuntime {
   private readonly volumeDisks = new Map<string, DiskExport[]>();
   /** Snapshot id -> sandboxes whose VM runs from it. */
   private readonly users = new Map<string, Set<string>>();
+  /** Memory image key -> the snapshot it was kept warm for (SharedImages.keepWarm). */
+  private readonly warmFor = new Map<string, string>();
+  /** The restore pool and what it made (by sandbox id). */
+  private readonly pool: RestorePool<PoolCtx>;
+  private readonly prepared = new Map<string, PreparedVm>();
+  /** Log sinks of pooled VMs, set when a create adopts one (its console lines go there from then on). */
+  private readonly logSinks = new Map<string, (line: SandboxLogLine) => void>();
+  /** Sandbox starts (create, resume) in progress, and when the last one ended (performance.now()). */
+  private starting = 0;
+  private lastStartEnd = 0;
   private readonly log: Logger = logger("orchestrator.vm");
   private readonly kernelKeys = new KernelKeys();
   private gcTimer: ReturnType<typeof setInterval> | undefined;
@@ -155,6 +188,18 @@ export class VmRuntime implements SandboxRuntime {
     this.catalog = new TemplateCatalog(o.homePath, (path, err) => this.log.warn({ path, err: err.message }, "unreadable template record skipped"));
     if (o.volumes) this.volumes = new VmVolumes(o.volumes);
     if (o.snapshots.gcIntervalMs > 0) this.gcTimer = setInterval(() => this.gc(), o.snapshots.gcIntervalMs);
+    this.pool = new RestorePool<PoolCtx>(o.restorePool ?? { lowWatermark: 0, highWatermark: 0, snapshots: 0, claimTimeoutMs: 1, retryBackoffMs: 1, fillDelayMs: 0 }, {
+      fill: (_id, ctx, signal) => this.prepare(ctx, signal),
+      discard: (id) => this.discardPrepared(id),
+      usable: (id) => {
+        try {
+          return this.repo.find(id) !== undefined && !this.repo.isTombstoned(id);
+        } catch {
+          return false;
+        }
+      },
+      quiet: (ms, signal) => this.quiet(ms, signal),
+    });
   }
 
   private get repo(): LocalRepository {
@@ -223,8 +268,45 @@ export class VmRuntime implements SandboxRuntime {
   }
 
   async start(spec: RuntimeStartSpec): Promise<RuntimeSandbox> {
-    const { base, boot, rootLayers } = await this.baseFor(spec.template.templateID, spec.template.buildID);
-    return this.launch(spec, base, { rootLayers, boot }, null);
+    this.starting++;
+    try {
+      const { base, boot, rootLayers } = await this.baseFor(spec.template.templateID, spec.template.buildID);
+      const pooledFrom = this.pool.take(spec.id);
+      if (pooledFrom !== null) {
+        if (pooledFrom === base.id) {
+          try {
+            return await this.adopt(spec, base);
+          } catch (e) {
+            // the prepared VM is unusable: a restore on request instead, under the same id
+            this.log.warn({ sandboxId: spec.id, base: base.id, err: e }, "restore pool VM not adopted: restoring on request");
+          }
+        }
+        await this.discardPrepared(spec.id);
+      }
+      return await this.launch(spec, base, { rootLayers, boot }, null);
+    } finally {
+      this.startEnded();
+    }
+  }
+
+  /**
+   * The id of a sandbox the restore pool prepared for a create of `template` in this shape (a VM
+   * of its snapshot restored ahead, now reserved), or null when none is ready or the create
+   * cannot be a restore (another VM shape, volumes, a snapshot without memory). Either way a
+   * restorable create makes its snapshot one the pool keeps VMs of.
+   */
+  async claimPrepared(template: TemplateInfo, shape: { cpuCount: number; memoryMB: number; volumes: number }): Promise<string | null> {
+    if (!this.pool.enabled || shape.volumes > 0) return null;
+    let r: { base: SnapshotManifest } & StartedFrom;
+    try {
+      r = await this.baseFor(template.templateID, template.buildID);
+    } catch {
+      return null; // start() reports it
+    }
+    const { base } = r;
+    if (!WARM_KINDS.includes(base.kind) || base.memory === null || base.vmState === null || shape.cpuCount !== base.vm.vcpus || shape.memoryMB !== base.vm.memoryMiB) return null;
+    this.pool.want(base.id, { base, from: { rootLayers: r.rootLayers, boot: r.boot } });
+    return this.pool.claim(base.id);
   }
 
   async pause(id: string, state: Record<string, unknown>, signal: AbortSignal, opts: { memory: boolean } = { memory: true }): Promise<Record<string, unknown>> {
@@ -268,12 +350,118 @@ export class VmRuntime implements SandboxRuntime {
   }
 
   async resume(spec: RuntimeStartSpec, state: Record<string, unknown>, opts: { memory: boolean } = { memory: true }): Promise<RuntimeSandbox> {
-    const st = parseVmState(spec.id, state);
-    const m = st.paused ? this.repo.find(st.paused) : undefined;
-    if (!m) throw new OrchestratorError("orchestrator.snapshot_missing", `snapshot of sandbox ${spec.id} is missing`, { sandboxId: spec.id, snapshot: st.paused ?? null });
-    // what it started from, never the template's current build (a rebuild or delete changes
-    // nothing for it); memory: false boots the snapshot's disk (a filesystem-only pause has nothing else)
-    return this.launch(spec, m, st.template, st, !opts.memory);
+    this.starting++;
+    try {
+      const st = parseVmState(spec.id, state);
+      const m = st.paused ? this.repo.find(st.paused) : undefined;
+      if (!m) throw new OrchestratorError("orchestrator.snapshot_missing", `snapshot of sandbox ${spec.id} is missing`, { sandboxId: spec.id, snapshot: st.paused ?? null });
+      // what it started from, never the template's current build (a rebuild or delete changes
+      // nothing for it); memory: false boots the snapshot's disk (a filesystem-only pause has nothing else)
+      return await this.launch(spec, m, st.template, st, !opts.memory);
+    } finally {
+      this.startEnded();
+    }
+  }
+
+  private startEnded(): void {
+    this.starting--;
+    this.lastStartEnd = performance.now();
+  }
+
+  /** Resolves once no sandbox start has been in progress for `quietMs` (checked every 50 ms). */
+  private async quiet(quietMs: number, signal: AbortSignal): Promise<void> {
+    while (this.starting > 0 || performance.now() - this.lastStartEnd < quietMs) {
+      if (signal.aborted) throw signal.reason;
+      await Bun.sleep(Math.max(10, Math.min(50, quietMs)));
+    }
+  }
+
+  /**
+   * Make one VM of the restore pool: a restore of `ctx.base` under a fresh sandbox id (slot with
+   * the default policy, fresh disk upper, envd initialised without a token), then one command as
+   * the SDK runs it (`/bin/bash -l -c true` as the default user), then paused.
+   * @returns its sandbox id
+   * @throws whatever the restore throws (nothing of the VM is left then)
+   */
+  private async prepare(ctx: PoolCtx, signal: AbortSignal): Promise<string> {
+    const id = newSandboxId();
+    const spec: RuntimeStartSpec = {
+      id,
+      template: snapshotTemplateInfo(ctx.base),
+      cpuCount: ctx.base.vm.vcpus,
+      memoryMB: ctx.base.vm.memoryMiB,
+      envVars: {},
+      envdAccessToken: null,
+      allowInternetAccess: null,
+      network: null,
+      volumes: [],
+      signal,
+      onLog: (line) => this.logSinks.get(id)?.(line),
+    };
+    const r = await this.launch(spec, ctx.base, ctx.from, null, false, true);
+    const vm = this.vms.get(id)!;
+    try {
+      const user = ctx.from.boot?.user ?? this.o.defaultUser;
+      const w = await runInGuest(`http://${r.endpoint.host}:${ENVD_PORT}`, { cmd: "/bin/bash", args: ["-l", "-c", "true"], user }, signal);
+      if (w.exitCode !== 0) throw new OrchestratorError("orchestrator.runtime_failed", `warm-up command of a restore pool VM exited ${w.exitCode}: ${w.output.slice(-300)}`, { sandboxId: id });
+      await vm.pause();
+    } catch (e) {
+      await this.discardPrepared(id, r.runtimeState as VmState);
+      throw e;
+    }
+    this.prepared.set(id, { state: r.runtimeState as VmState, from: ctx.from, host: r.endpoint.host });
+    void vm.exited.then(() => {
+      if (this.pool.has(id)) this.pool.lost(id);
+    });
+    return id;
+  }
+
+  /**
+   * Start sandbox `spec.id` on the VM the restore pool prepared under that id: its policy set,
+   * the VM continued, envd re-initialised with the create's token, env vars, clock and host name.
+   * @throws OrchestratorError / NetError / VmmError (the caller discards the VM)
+   */
+  private async adopt(spec: RuntimeStartSpec, base: SnapshotManifest): Promise<RuntimeSandbox> {
+    const id = spec.id;
+    const p = this.prepared.get(id);
+    const vm = this.vms.get(id);
+    if (!p || !vm) throw new OrchestratorError("orchestrator.runtime_failed", `restore pool VM ${id} is gone`, { sandboxId: id });
+    const t: StartTimings = { verifyMs: 0, diskMs: 0, slotMs: 0, memoryMs: 0, vmmMs: 0, vmmSpawnMs: 0, envdMs: 0, healthMs: 0, initMs: 0, totalMs: 0, restored: true, pooled: true };
+    const t0 = performance.now();
+    if (spec.network !== null || spec.allowInternetAccess !== null) await this.o.net.updatePolicy(id, this.policyOf(spec));
+    const t1 = performance.now();
+    if (spec.onLog) this.logSinks.set(id, spec.onLog);
+    await vm.resume();
+    const t2 = performance.now();
+    // the pooled envd has no token (it was initialised with none)
+    const r = await this.ready(spec, vm, p.host, { ...p.state, envdToken: spec.envdAccessToken }, null, p.from.boot, t);
+    this.prepared.delete(id);
+    t.slotMs = Math.round(t1 - t0);
+    t.vmmMs = Math.round(t2 - t1);
+    t.envdMs = Math.round(performance.now() - t2);
+    t.totalMs = Math.round(performance.now() - t0);
+    this.lastStart = t;
+    this.log.info({ sandboxId: id, base: base.id, ...t }, "sandbox started from the restore pool");
+    return { ...r, lost: this.drivesLost(id) };
+  }
+
+  /**
+   * Resolves with a reason when sandbox `id`'s root disk or one of its volume drives is removed
+   * under the guest (the orchestrator then fails the sandbox); never when it has no disk export.
+   */
+  private drivesLost(id: string): Promise<string> {
+    const disk = this.disks.get(id);
+    const drives = [...(disk ? [disk] : []), ...(this.volumeDisks.get(id) ?? [])];
+    return Promise.race(drives.map((d) => d.lost.then((why) => `${d === disk ? "root disk" : `volume drive ${d.id}`} lost: ${why}`)));
+  }
+
+  /** Stop and remove a VM of the restore pool (prepared or failed to prepare). Never throws. */
+  private async discardPrepared(id: string, state?: VmState): Promise<void> {
+    const st = this.prepared.get(id)?.state ?? state;
+    this.prepared.delete(id);
+    this.logSinks.delete(id);
+    await this.teardown(id, this.vms.get(id), this.o.net.slotOf(id) !== undefined, true);
+    if (st) this.unuse(st.base, id);
   }
 
   /**
@@ -472,11 +660,15 @@ export class VmRuntime implements SandboxRuntime {
   }
 
   beginShutdown(): void {
+    this.poolClosed ??= this.pool.close();
     this.o.disks.beginShutdown();
   }
 
+  private poolClosed: Promise<void> | undefined;
+
   async close(): Promise<void> {
     clearInterval(this.gcTimer);
+    await (this.poolClosed ??= this.pool.close());
     // pushes in progress finish (bounded); the VMs are not needed for that
     await this.o.snapshots.remote?.close();
     for (const [id, vm] of this.vms) await vm.stop().catch((e) => this.log.error({ sandboxId: id, err: e }, "stop at close failed"));
@@ -660,12 +852,12 @@ export class VmRuntime implements SandboxRuntime {
    * restore cannot give). `resumed` is the state of a paused sandbox being resumed; `coldBoot`
    * boots from the disk even when the snapshot has memory (a resume with `memory: false`).
    */
-  private async launch(spec: RuntimeStartSpec, base: SnapshotManifest, from: StartedFrom, resumed: VmState | null, coldBoot = false): Promise<RuntimeSandbox> {
+  private async launch(spec: RuntimeStartSpec, base: SnapshotManifest, from: StartedFrom, resumed: VmState | null, coldBoot = false, forPool = false): Promise<RuntimeSandbox> {
     const id = spec.id;
     const boot = from.boot;
     const workDir = this.workDir(id);
     const restore = !coldBoot && base.memory !== null && base.vmState !== null && (resumed !== null || (spec.volumes.length === 0 && spec.cpuCount === base.vm.vcpus && spec.memoryMB === base.vm.memoryMiB));
-    const t: StartTimings = { verifyMs: 0, diskMs: 0, slotMs: 0, memoryMs: 0, vmmMs: 0, envdMs: 0, healthMs: 0, initMs: 0, totalMs: 0, restored: restore };
+    const t: StartTimings = { verifyMs: 0, diskMs: 0, slotMs: 0, memoryMs: 0, vmmMs: 0, vmmSpawnMs: 0, envdMs: 0, healthMs: 0, initMs: 0, totalMs: 0, restored: restore, pooled: false };
     const t0 = performance.now();
     let mark = t0;
     const lap = () => {
@@ -735,6 +927,7 @@ export class VmRuntime implements SandboxRuntime {
       void vm.exited.then(() => h?.release());
       this.use(base.id, id);
       t.vmmMs = lap();
+      t.vmmSpawnMs = vm.spawnMs ?? 0;
       step = "envd health and /init";
       const state: VmState = {
         workDir,
@@ -759,11 +952,10 @@ export class VmRuntime implements SandboxRuntime {
       if (!restore && (boot?.startCmd || boot?.readyCmd)) await this.startTemplateProcess(spec, `http://${host}:${ENVD_PORT}`, boot);
       t.envdMs = lap();
       t.totalMs = Math.round(performance.now() - t0);
-      this.lastStart = t;
-      this.log.info({ sandboxId: id, base: base.id, ...t }, restore ? "sandbox restored" : "sandbox booted");
-      // a root disk or volume drive removed under the guest ends the sandbox (the orchestrator fails it)
-      const drives = [disk, ...(this.volumeDisks.get(id) ?? [])];
-      return { ...r, lost: Promise.race(drives.map((d) => d.lost.then((why) => `${d === disk ? "root disk" : `volume drive ${d.id}`} lost: ${why}`))) };
+      if (!forPool) this.lastStart = t;
+      this.log.info({ sandboxId: id, base: base.id, ...t }, forPool ? "restore pool VM restored" : restore ? "sandbox restored" : "sandbox booted");
+      if (restore && WARM_KINDS.includes(base.kind)) await this.keepWarm(base);
+      return { ...r, lost: this.drivesLost(id) };
     } catch (e) {
       this.log.error({ sandboxId: id, base: base.id, step, err: e }, `start failed at step: ${step}`);
       if (vm) this.unuse(base.id, id);
@@ -870,10 +1062,43 @@ export class VmRuntime implements SandboxRuntime {
   }
 
   private gc(): void {
+    this.coolStale();
+    this.pool.poke();
     try {
       this.repo.gc();
     } catch (e) {
       this.log.error({ err: e }, "snapshot gc failed");
+    }
+  }
+
+  /**
+   * Keep the memory image of `base` (a template or user snapshot just restored from) open after
+   * its last sandbox (`[snapshot] warm_images`), and let go of images whose snapshot is gone.
+   * Never throws: a failure only costs the next restore its warm page cache.
+   */
+  private async keepWarm(base: SnapshotManifest): Promise<void> {
+    this.coolStale();
+    const key = memoryKey(base);
+    try {
+      if (await this.o.snapshots.images.keepWarm(key, layerPaths(this.repo, base.memory!.layers))) this.warmFor.set(key, base.id);
+    } catch (e) {
+      this.log.warn({ snapshot: base.id, err: e }, "memory image not kept warm");
+    }
+    for (const k of [...this.warmFor.keys()]) if (!this.o.snapshots.images.warmKeys().includes(k)) this.warmFor.delete(k);
+  }
+
+  /** Release the warm hold on memory images whose snapshot was deleted or replaced (tombstoned). */
+  private coolStale(): void {
+    for (const [key, id] of [...this.warmFor]) {
+      let gone = true;
+      try {
+        gone = this.repo.find(id) === undefined || this.repo.isTombstoned(id);
+      } catch (e) {
+        this.log.warn({ snapshot: id, err: e }, "unreadable manifest: its memory image is not kept warm");
+      }
+      if (!gone) continue;
+      this.warmFor.delete(key);
+      this.o.snapshots.images.cool(key);
     }
   }
 

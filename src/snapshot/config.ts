@@ -40,6 +40,8 @@ export interface SnapshotConfig {
   gcIntervalMs: number;
   /** Bytes of local layer files kept when a remote is configured; 0 = no limit. */
   cacheMaxBytes: number;
+  /** Memory images kept open after their last sandbox (`warm_images`); 0 = none. */
+  warmImages: number;
   /** null: no object store. */
   s3: S3Settings | null;
 }
@@ -56,6 +58,7 @@ export function snapshotConfig(cfg: Config): SnapshotConfig {
     verifyDigests: s.verify_digests,
     gcGraceMs: s.gc_grace_secs * 1000,
     gcIntervalMs: s.gc_interval_secs * 1000,
+    warmImages: s.warm_images,
     cacheMaxBytes: s.cache_max_bytes,
     s3: s.s3.bucket ? s3Settings(s.s3) : null,
   };

@@ -3,6 +3,12 @@
  * (copy-on-write in each VMM), so the host page cache holds the image once. Refcounted: the
  * first user opens the export, the last one's release closes it. The export mechanism (the disk
  * daemon's shared device: a FUSE file, or a read-only ublk device) is behind `ImageExporter`.
+ *
+ * Warm images (`keepWarm`): the table itself may hold one lease on up to `warmMax` images, the
+ * most recently kept first, so an image stays open (and the page cache keeps what restores
+ * fault in through it) after its last VM stopped; the next restore from it finds its working set
+ * cached instead of reading it through the export again. Past the bound the least recently kept
+ * one is released; `cool` releases one (its snapshot went away).
  */
 import { logger } from "../observability/log.ts";
 import { SnapshotError } from "./errors.ts";
@@ -51,12 +57,71 @@ export interface SharedImageStats {
   refs: number;
 }
 
+/** Settings of a `SharedImages` table. */
+export interface SharedImagesOptions {
+  /** Images the table keeps open after their last user (`[snapshot] warm_images`); 0 = none. */
+  warmMax: number;
+}
+
 /** The table of shared images of one node. */
 export class SharedImages {
   private readonly entries = new Map<string, Entry>();
   private readonly opens = new Map<string, number>();
+  /** The table's own leases (keepWarm), least recently kept first. */
+  private readonly warm = new Map<string, ImageLease>();
+  /** Releases of cooled images in progress (closeAll waits for them). */
+  private readonly cooling = new Set<Promise<void>>();
 
-  constructor(private readonly exporter: ImageExporter) {}
+  constructor(
+    private readonly exporter: ImageExporter,
+    private readonly opts: SharedImagesOptions = { warmMax: 0 },
+  ) {}
+
+  /**
+   * Keep image `key` (made of `layers`) open after its last user: the table takes a lease on it
+   * (opening it if nobody holds it) or, holding one, marks it the most recently kept. Past
+   * `warmMax` the least recently kept image's lease is released in the background.
+   * @returns whether the table holds a lease on `key` now (false with `warmMax` 0)
+   * @throws whatever the exporter throws when it had to open the image
+   */
+  async keepWarm(key: string, layers: string[]): Promise<boolean> {
+    if (this.opts.warmMax <= 0) return false;
+    const had = this.warm.get(key);
+    if (had) {
+      this.warm.delete(key);
+      this.warm.set(key, had);
+    } else {
+      const lease = await this.acquire(key, layers);
+      // a concurrent keepWarm of the same key may have won meanwhile: one lease per key
+      if (this.warm.has(key)) this.background(lease.release());
+      else this.warm.set(key, lease);
+    }
+    while (this.warm.size > this.opts.warmMax) this.cool(this.warm.keys().next().value!);
+    return true;
+  }
+
+  /** Release the table's own lease on `key`, if it holds one (the image closes once no VM maps it). */
+  cool(key: string): void {
+    const l = this.warm.get(key);
+    if (!l) return;
+    this.warm.delete(key);
+    this.background(l.release());
+  }
+
+  /** Keys the table keeps warm, least recently kept first. */
+  warmKeys(): string[] {
+    return [...this.warm.keys()];
+  }
+
+  /** Resolves once the releases `cool` and `keepWarm` started in the background are done. */
+  async settled(): Promise<void> {
+    await Promise.all([...this.cooling]);
+  }
+
+  private background(p: Promise<void>): void {
+    const t = p.catch((err) => log.error({ err }, "releasing a warm shared image failed")).finally(() => this.cooling.delete(t));
+    this.cooling.add(t);
+  }
 
   /**
    * Take a hold on the image `key` made of `layers`, opening it when nobody holds it.
@@ -133,6 +198,8 @@ export class SharedImages {
 
   /** Close every export regardless of holders (node shutdown, after the VMs stopped). */
   async closeAll(): Promise<void> {
+    this.warm.clear();
+    await this.settled();
     for (const [key, e] of [...this.entries]) {
       this.entries.delete(key);
       const s = await e.opening.catch(() => undefined);

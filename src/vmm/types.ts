@@ -88,6 +88,8 @@ export interface VmHandle {
   readonly exited: Promise<number | null>;
   /** Guest serial console output (a file that grows), when the driver captures it. */
   readonly consolePath?: string;
+  /** ms from spawning the VMM until its control socket answered (QMP / API), when the driver measures it. */
+  readonly spawnMs?: number;
   pause(): Promise<void>;
   resume(): Promise<void>;
   /**

@@ -77,6 +77,10 @@ export class NodeWorld {
       AENV__network__name_prefix: this.prefix,
       AENV__pool__low_watermark: "1",
       AENV__pool__high_watermark: "2",
+      // no restore pool unless a test asks for one (its paused VMs would be QEMU processes and
+      // slots the other tests' counts do not expect; test/e2e/restore-pool.test.ts has one)
+      AENV__pool__restore__low_watermark: "0",
+      AENV__pool__restore__high_watermark: "0",
       ...extra,
     };
   }

@@ -14,6 +14,7 @@ import { mount, MountError, umount2 } from "../../src/ffi/mount.ts";
 import { openPty, PtyError, resizePty } from "../../src/ffi/pty.ts";
 import { getXattr, setXattr, XattrError } from "../../src/ffi/xattr.ts";
 import { errno, libc } from "../../src/ffi/libc.ts";
+import { encodeTimespec, setRealtimeClock, TIMESPEC_SIZE, timespecOfMs } from "../../src/ffi/clock.ts";
 
 const dir = mkdtempSync(join(tmpdir(), "libc-"));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
@@ -167,4 +168,18 @@ test("mmap: an impossible length is EINVAL; a mapping reads back what was writte
   v.set([1, 2, 3], 4096);
   expect([...new Uint8Array(m.buffer, 4096, 3)]).toEqual([1, 2, 3]);
   unmapMemory(m);
+});
+
+test("clock_settime: struct timespec layout; a bad time is EINVAL and the clock is not touched", () => {
+  const b = encodeTimespec(1_700_000_000, 123_456_789);
+  expect(b.length).toBe(TIMESPEC_SIZE);
+  expect([...b]).toEqual([0x00, 0xf1, 0x53, 0x65, 0, 0, 0, 0, 0x15, 0xcd, 0x5b, 0x07, 0, 0, 0, 0]);
+  expect(timespecOfMs(1_700_000_000_123.5)).toEqual({ sec: 1_700_000_000, nsec: 123_500_000 });
+  expect(timespecOfMs(-1)).toEqual({ sec: -1, nsec: 999_000_000 });
+  // the kernel checks the value before the capability: nothing is set by these
+  for (const [sec, nsec] of [[1_700_000_000, 1_000_000_000], [1_700_000_000, -1], [-5, 0]] as const) {
+    const e = thrown(() => setRealtimeClock(sec, nsec)) as SyscallError;
+    expect(e).toBeInstanceOf(SyscallError);
+    expect([e.code, e.details.call, e.errno]).toEqual(["syscall.failed", "clock_settime", 22]);
+  }
 });

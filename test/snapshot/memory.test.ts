@@ -127,6 +127,55 @@ describe("shared images", () => {
     expect(t.keys()).toEqual([]);
   });
 
+  test("warm images: the table's own lease keeps up to warmMax images open after their last user, least recently kept released first", async () => {
+    const f = fakeExporter();
+    const t = new SharedImages(f.exporter, { warmMax: 2 });
+    const a = await t.acquire("a", ["la"]);
+    expect(await t.keepWarm("a", ["la"])).toBe(true);
+    expect(t.stats("a")).toEqual({ opens: 1, refs: 2 });
+    await a.release();
+    // the last VM is gone: still open, and the next user finds it open
+    expect(f.log).toEqual(["open a la"]);
+    const a2 = await t.acquire("a", ["la"]);
+    expect(t.stats("a")).toEqual({ opens: 1, refs: 2 });
+    await a2.release();
+    // keeping one nobody holds opens it; keeping one twice takes one lease
+    expect(await t.keepWarm("b", ["lb"])).toBe(true);
+    expect(await t.keepWarm("b", ["lb"])).toBe(true);
+    expect(t.stats("b")).toEqual({ opens: 1, refs: 1 });
+    expect(t.warmKeys()).toEqual(["a", "b"]);
+    // "a" kept again: most recent; a third image releases the least recent ("b")
+    await t.keepWarm("a", ["la"]);
+    await t.keepWarm("c", ["lc"]);
+    expect(t.warmKeys()).toEqual(["a", "c"]);
+    await t.settled(); // the release runs in the background
+    expect(f.log).toEqual(["open a la", "open b lb", "open c lc", "close b"]);
+    expect(t.keys().sort()).toEqual(["a", "c"]);
+    // cooled while a VM maps it: closed only when that VM goes
+    const c = await t.acquire("c", ["lc"]);
+    t.cool("c");
+    t.cool("c"); // nothing more to release
+    await t.settled();
+    expect(t.stats("c")).toEqual({ opens: 1, refs: 1 });
+    expect(f.log.filter((l) => l === "close c")).toEqual([]);
+    await c.release();
+    expect(f.log.at(-1)).toBe("close c");
+    expect(t.warmKeys()).toEqual(["a"]);
+    await t.closeAll();
+    expect(f.log.at(-1)).toBe("close a");
+    expect([t.keys(), t.warmKeys()]).toEqual([[], []]);
+  });
+
+  test("warmMax 0: nothing is kept; an image closes with its last user", async () => {
+    const f = fakeExporter();
+    const t = new SharedImages(f.exporter, { warmMax: 0 });
+    const a = await t.acquire("a", ["la"]);
+    expect(await t.keepWarm("a", ["la"])).toBe(false);
+    await a.release();
+    expect(f.log).toEqual(["open a la", "close a"]);
+    expect(t.warmKeys()).toEqual([]);
+  });
+
   test("a failed open is not cached: the next acquire tries again", async () => {
     const f = fakeExporter();
     const t = new SharedImages(f.exporter);

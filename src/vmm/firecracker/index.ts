@@ -17,5 +17,5 @@ export function createFirecrackerDriver(cfg: Config): FirecrackerDriver {
 
 export { FirecrackerApi, type ApiRequest } from "./api.ts";
 export { firecrackerConfig, type FirecrackerConfig } from "./config.ts";
-export { FirecrackerDriver, type FirecrackerDriverOptions } from "./driver.ts";
+export { DIRTY_MEM_FILE, FirecrackerDriver, pageRanges, type FirecrackerDriverOptions } from "./driver.ts";
 export { bootArgs, bootRequests, IFACE_ID, restoreRequests, snapshotCreateRequest, validateSpec, vmStateRequest } from "./requests.ts";

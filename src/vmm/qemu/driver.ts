@@ -28,6 +28,8 @@ const log = logger("vmm.qemu");
 
 /** RAM block id of guest memory: the `memory-backend-file` object is created with id=mem (args.ts). */
 export const RAM_BLOCK_ID = "mem";
+/** Retries of `cont` refused because a migration is still being finalized (10 ms apart). */
+const CONT_RETRIES = 100;
 /** Migration rate limit for snapshots, bytes/s: effectively none (the VM is paused, the stream local). */
 const MIGRATION_MAX_BANDWIDTH = 2 ** 40;
 
@@ -167,6 +169,7 @@ export class QemuDriver implements VmmDriver {
     // detached: setsid(2) before exec (nsenter then execs QEMU, so the pid stays QEMU's). In its
     // own session QEMU does not get the SIGINT a terminal sends to the node's process group on
     // Ctrl-C, and lives until the node's shutdown pauses/snapshots/stops it.
+    const spawnedAt = performance.now();
     const child = spawn(argv[0]!, argv.slice(1), { stdio: ["ignore", "pipe", "pipe"], detached: true });
     const pid = child.pid;
     if (pid === undefined) {
@@ -191,7 +194,8 @@ export class QemuDriver implements VmmDriver {
         stderr: vm.stderrTail(),
       }, { cause: e });
     }
-    log.info({ id: spec.id, pid, accel: this.accel, restore: m.incoming }, "qemu started");
+    vm.spawnMs = Math.round(performance.now() - spawnedAt);
+    log.info({ id: spec.id, pid, accel: this.accel, restore: m.incoming, spawnMs: vm.spawnMs }, "qemu started");
     return vm;
   }
 }
@@ -204,6 +208,8 @@ export class QemuVm implements VmHandle {
   state: QemuVmState;
   /** @internal set by the driver once connected. */
   qmp!: QmpClient;
+  /** ms from spawn until QMP answered (set by the driver). */
+  spawnMs = 0;
   private stderr = "";
   private stopping = false;
 
@@ -270,10 +276,23 @@ export class QemuVm implements VmHandle {
     this.state = "paused";
   }
 
-  /** Continue the vCPUs (QMP `cont`). @throws VmmError `vmm.not_running`, `vmm.qmp_error`. */
+  /**
+   * Continue the vCPUs (QMP `cont`). Right after a migration QEMU may still be finishing it in
+   * its main loop and refuse with "Migration is not finalized yet": that is retried (every 10 ms,
+   * at most `CONT_RETRIES` times). @throws VmmError `vmm.not_running`, `vmm.qmp_error`.
+   */
   async resume(): Promise<void> {
     this.alive("resume");
-    await this.qmp.execute("cont");
+    for (let i = 0; ; i++) {
+      try {
+        await this.qmp.execute("cont");
+        break;
+      } catch (e) {
+        const busy = e instanceof VmmError && e.code === "vmm.qmp_error" && /not finalized/i.test(e.message);
+        if (!busy || i >= CONT_RETRIES) throw e;
+        await Bun.sleep(10);
+      }
+    }
     this.state = "running";
   }
 
@@ -321,6 +340,19 @@ export class QemuVm implements VmHandle {
    *   skips only share=on blocks), and the pages the guest wrote are the private (anonymous)
    *   pages of the mapping, found in /proc/<pid>/pagemap and read from /proc/<pid>/mem.
    * The VM ends in QEMU's "postmigrate" state: still paused; `resume()` continues it.
+   *
+   * Why this way (issue 9 item 5, measured by bench/pause-diff.ts on one restored 512 MiB VM
+   * whose image holds 64 MiB of the original's data, for 0 / 8 / 64 MiB dirtied since the
+   * restore, load 2-3): this capture writes 4.3 / 12.4 / 69.4 MiB (the changed pages and a
+   * 0.2 MiB state) with the VM paused 373 / 341 / 852 ms; a full private copy (QEMU's stream with
+   * RAM, what a pause wrote before) 107.5 / 115.5 / 171.6 MiB, every non-zero guest page whatever
+   * changed, in 342 / 213 / 818 ms; reading all guest RAM through /proc/<pid>/mem and comparing
+   * it with the image writes what this capture writes but keeps the VM paused 3-9 s. This
+   * capture and the full copy pause the VM about as long (QEMU 7.2 streams
+   * a share=off RAM block whole, x-ignore-shared skips only share=on ones, and the filter drops
+   * it): the pagemap is what makes the bytes follow the dirty amount. Not built: a writable
+   * share=on memory file over the image (its upper the diff), which would keep RAM out of the
+   * stream but put a write through the export on the guest's first write to every page.
    * @throws VmmError `vmm.not_paused`, `vmm.bad_spec`, `vmm.snapshot_failed`, `vmm.stream_bad`
    */
   async captureSnapshot(statePath: string): Promise<MemoryCapture> {

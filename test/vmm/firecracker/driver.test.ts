@@ -7,8 +7,10 @@ import { chmodSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, st
 import { join } from "node:path";
 import { VmmError, type VmmErrorCode } from "../../../src/vmm/errors.ts";
 import { ConfigError } from "../../../src/config/index.ts";
-import { FirecrackerApi, FirecrackerDriver, createFirecrackerDriver, bootRequests, firecrackerConfig, validateSpec, type FirecrackerConfig } from "../../../src/vmm/firecracker/index.ts";
-import type { VmSpec } from "../../../src/vmm/types.ts";
+import { DIRTY_MEM_FILE, FirecrackerApi, FirecrackerDriver, createFirecrackerDriver, bootRequests, firecrackerConfig, pageRanges, validateSpec, type FirecrackerConfig } from "../../../src/vmm/firecracker/index.ts";
+import type { MemoryCapture, VmSpec } from "../../../src/vmm/types.ts";
+import { writeMemoryLayer } from "../../../src/snapshot/index.ts";
+import { openStack } from "../../../src/storage/overlaybd/index.ts";
 
 let root: string;
 let runtimeDir: string;
@@ -186,6 +188,89 @@ describe("Firecracker driver against the schema-validating stand-in", () => {
     await r2.pause();
     await r2.stop();
   }, 60_000);
+
+  test("captures: a booted VM's is a Full snapshot; a restored VM's are Diff snapshots merged into one sparse file, the pages changed since the load, layered over the parent image", async () => {
+    const P = 4096;
+    const MEM = 256 * 1024 * 1024;
+    const driver = new FirecrackerDriver({ config: cfg, runtimeDir });
+    const guestWrites = (spec: VmSpec, w: [number, number][]) => writeFileSync(join(spec.workDir, "firecracker.sock.guest-writes.json"), JSON.stringify(w));
+    const pageBytes = (cap: MemoryCapture, page: number) => {
+      if (cap.kind !== "changed") throw new Error("not a changed-pages capture");
+      const b = new Uint8Array(P);
+      cap.read(b, page * P);
+      return [b[0], b[P - 1]];
+    };
+
+    // booted: Full, the whole RAM (the parent image of what follows)
+    const src = makeSpec("vm-cap-src");
+    const booted = await driver.boot(src);
+    guestWrites(src, [[1, 0x11], [2, 0x22]]);
+    await booted.pause();
+    const full = await booted.captureSnapshot(join(src.workDir, "s.state"));
+    expect(full).toMatchObject({ kind: "file", path: join(src.workDir, "s.state.mem"), overParent: false });
+    expect(requests(src).at(-1)!.body).toEqual({ snapshot_type: "Full", snapshot_path: join(src.workDir, "s.state"), mem_file_path: join(src.workDir, "s.state.mem") });
+    expect(statSync(join(src.workDir, "s.state.mem")).size).toBe(MEM);
+    const parent = join(root, "cap-parent.layer");
+    await writeMemoryLayer({ kind: "file", path: join(src.workDir, "s.state.mem"), overParent: false }, parent, { size: MEM, parentLayers: [] });
+    await booted.stop();
+
+    // restored with tracking: Diff into <workDir>/firecracker.dirty.mem
+    const spec = makeSpec("vm-cap");
+    const vm = await driver.restore(spec, { statePath: join(src.workDir, "s.state"), memPath: join(src.workDir, "s.state.mem"), kind: "full" }, { resume: true });
+    const dirtyPath = join(spec.workDir, DIRTY_MEM_FILE);
+    expect(JSON.parse(readFileSync(join(runtimeDir, "vmm", "vm-cap.json"), "utf8")).ownedFiles).toEqual([join(spec.workDir, "firecracker.sock"), dirtyPath]);
+    guestWrites(spec, [[3, 0xaa], [4, 0xab], [100, 0xcc]]);
+    await vm.pause();
+    const c1 = await vm.captureSnapshot(join(spec.workDir, "c1.state"));
+    expect(c1.kind).toBe("changed");
+    expect(c1.kind === "changed" && c1.ranges).toEqual([[3 * P, 5 * P], [100 * P, 101 * P]]);
+    expect(pageBytes(c1, 4)).toEqual([0xab, 0xab]);
+    c1.release();
+    await vm.resume();
+    // more writes after a capture the VM ran on from: the next capture still has the first ones
+    guestWrites(spec, [[4, 0xbb], [7, 0x07]]);
+    await vm.pause();
+    const c2 = await vm.captureSnapshot(join(spec.workDir, "c2.state"));
+    expect(c2.kind === "changed" && c2.ranges).toEqual([[3 * P, 5 * P], [7 * P, 8 * P], [100 * P, 101 * P]]);
+    expect([3, 4, 7, 100].map((pg) => pageBytes(c2, pg)[0])).toEqual([0xaa, 0xbb, 0x07, 0xcc]);
+    expect(statSync(dirtyPath).size).toBe(MEM);
+    // the new memory layer holds the 4 changed pages only; over the parent the image reads whole
+    const top = join(root, "cap-top.layer");
+    const w = await writeMemoryLayer(c2, top, { size: MEM, parentLayers: [parent] });
+    expect(w.changedBytes).toBe(4 * P);
+    expect(statSync(top).size).toBeLessThan(64 * 1024);
+    c2.release();
+    {
+      await using img = await openStack({ lowers: [parent, top] });
+      const b = new Uint8Array(101 * P);
+      await img.pread(b, 0);
+      expect([1, 2, 3, 4, 5, 7, 100].map((pg) => b[pg * P])).toEqual([0x11, 0x22, 0xaa, 0xbb, 0, 0x07, 0xcc]);
+    }
+    const log = requests(spec);
+    expect(seq(log)).toEqual(["GET / 200", "PUT /snapshot/load 204", "PATCH /vm 204", "PUT /snapshot/create 204", "PATCH /vm 204", "PATCH /vm 204", "PUT /snapshot/create 204"]);
+    expect(log[1]!.body.track_dirty_pages).toBe(true);
+    expect(log[3]!.body).toEqual({ snapshot_type: "Diff", snapshot_path: join(spec.workDir, "c1.state"), mem_file_path: dirtyPath });
+    expect(log[6]!.body).toEqual({ snapshot_type: "Diff", snapshot_path: join(spec.workDir, "c2.state"), mem_file_path: dirtyPath });
+    await vm.stop();
+    expect(existsSync(dirtyPath)).toBe(false); // goes with the VM
+
+    // restored without tracking: a Full snapshot compared with the parent image
+    const untracked = new FirecrackerDriver({ config: { ...cfg, trackDirtyPages: false }, runtimeDir });
+    const spec3 = makeSpec("vm-cap-full");
+    const vm3 = await untracked.restore(spec3, { statePath: join(src.workDir, "s.state"), memPath: join(src.workDir, "s.state.mem"), kind: "full" }, { resume: false });
+    const c3 = await vm3.captureSnapshot(join(spec3.workDir, "c3.state"));
+    expect(c3).toMatchObject({ kind: "file", path: join(spec3.workDir, "c3.state.mem"), overParent: true });
+    expect(requests(spec3).at(-1)!.body.snapshot_type).toBe("Full");
+    expect(requests(spec3)[1]!.body.track_dirty_pages).toBe(false);
+    c3.release();
+    expect(existsSync(join(spec3.workDir, "c3.state.mem"))).toBe(false);
+    await vm3.stop();
+  }, 60_000);
+
+  test("pageRanges widens byte extents to whole pages and merges them", () => {
+    expect(pageRanges([])).toEqual([]);
+    expect(pageRanges([[0, 1], [4096, 8192], [8193, 9000], [5 * 4096, 6 * 4096]])).toEqual([[0, 3 * 4096], [5 * 4096, 6 * 4096]]);
+  });
 
   test("with a NIC: runs in the netns, configures the NIC and MMDS, overrides the tap on restore", async () => {
     expect(Bun.spawnSync(["ip", "netns", "add", netnsName]).exitCode).toBe(0);

@@ -4,9 +4,10 @@
 // pre-boot/post-boot phases and the paused-only snapshot rule, and answers errors the way
 // Firecracker does: 400 + {"fault_message": "..."}. Every request is appended as a JSON line to
 // `<api-sock>.requests.jsonl`; `<api-sock>.start.json` records argv, pid and network namespace.
+// Guest RAM writes are modelled (see takeGuestWrites) so that Full and Diff memory files differ.
 import { join } from "node:path";
 import Ajv from "ajv";
-import { appendFileSync, closeSync, existsSync, openSync, readFileSync, readlinkSync, rmSync, ftruncateSync, writeFileSync } from "node:fs";
+import { appendFileSync, closeSync, existsSync, fstatSync, openSync, readFileSync, readlinkSync, rmSync, ftruncateSync, writeFileSync, writeSync } from "node:fs";
 import { parse } from "yaml";
 
 const SPEC_PATH = process.env.FAKE_FC_SPEC ?? join(import.meta.dir, "../../../../shared/contracts/firecracker-api.yaml");
@@ -59,6 +60,21 @@ const ifaces = new Set<string>();
 let machine: any = {};
 let mmds: unknown = null;
 const PRE_BOOT = new Set(["/boot-source", "/drives/{drive_id}", "/machine-config", "/network-interfaces/{iface_id}", "/mmds/config", "/vsock", "/balloon", "/entropy", "/cpu-config", "/serial", "/pmem/{id}"]);
+
+// Guest memory model: pages the "guest" wrote (page index -> fill byte) and KVM's dirty log. A
+// test plays the guest by writing `<api-sock>.guest-writes.json` ([[page, byte], ...]); the writes
+// are applied (and the file removed) at the next snapshot.
+const guestPages = new Map<number, number>();
+const dirty = new Set<number>();
+function takeGuestWrites(): void {
+  const f = `${sock}.guest-writes.json`;
+  if (!existsSync(f)) return;
+  for (const [p, b] of JSON.parse(readFileSync(f, "utf8")) as [number, number][]) {
+    guestPages.set(p, b);
+    dirty.add(p);
+  }
+  rmSync(f);
+}
 
 const logFile = `${sock}.requests.jsonl`;
 let netns = "";
@@ -127,10 +143,21 @@ function handle(method: string, path: string, body: any, raw: string): Response 
       return new Response(null, { status: 204 });
     case "/snapshot/create": {
       if (state !== "Paused") return fault(400, "Cannot create snapshot: the microVM must be paused.");
-      writeFileSync(body.snapshot_path, JSON.stringify({ fakeFirecrackerSnapshot: 1, machine, kind: body.snapshot_type ?? "Full" }));
-      const fd = openSync(body.mem_file_path, "w");
-      ftruncateSync(fd, (machine.mem_size_mib ?? 1) * 1024 * 1024);
+      takeGuestWrites();
+      const kind = body.snapshot_type ?? "Full";
+      writeFileSync(body.snapshot_path, JSON.stringify({ fakeFirecrackerSnapshot: 1, machine, kind }));
+      // as upstream's snapshot_memory_to_file: opened without truncation, emptied only when its
+      // size differs from guest RAM, then sized to it; Full writes every page, Diff the dirty ones
+      const size = (machine.mem_size_mib ?? 1) * 1024 * 1024;
+      const existed = existsSync(body.mem_file_path);
+      const fd = openSync(body.mem_file_path, existed ? "r+" : "w+");
+      if (existed && fstatSync(fd).size !== size) ftruncateSync(fd, 0);
+      ftruncateSync(fd, size);
+      const pages = kind === "Diff" ? [...dirty] : [...guestPages.keys()];
+      for (const p of pages) writeSync(fd, new Uint8Array(4096).fill(guestPages.get(p) ?? 0), 0, 4096, p * 4096);
       closeSync(fd);
+      // reading KVM's dirty log clears it (Full resets it too)
+      dirty.clear();
       return new Response(null, { status: 204 });
     }
     case "/snapshot/load": {
@@ -147,6 +174,8 @@ function handle(method: string, path: string, body: any, raw: string): Response 
       }
       if (!existsSync(memPath)) return fault(400, `Load snapshot error: Failed to restore from snapshot: Cannot open the memory file: ${memPath}`);
       machine = snap.machine;
+      // a loaded VM's dirty bitmap starts clean
+      dirty.clear();
       state = body.resume_vm ? "Running" : "Paused";
       return new Response(null, { status: 204 });
     }
