@@ -219,8 +219,10 @@ say ext_cached_sha $(devsha /dev/ublkb6)
 sync; echo 3 > /proc/sys/vm/drop_caches
 say ext_cold_sha $(devsha /dev/ublkb6)
 # four readers at once, 4 KiB requests, each over its own 8 MiB
-for k in 0 1 2 3; do ( dd if=/dev/ublkb6 bs=4096 skip=$((k*2048)) count=2048 iflag=direct 2>/dev/null | sha256sum | cut -c1-64 > par$k.sha ) & done
-wait
+# (wait for these four only: a bare wait would also wait for the servers still running)
+PAR=""
+for k in 0 1 2 3; do ( dd if=/dev/ublkb6 bs=4096 skip=$((k*2048)) count=2048 iflag=direct 2>/dev/null | sha256sum | cut -c1-64 > par$k.sha ) & PAR="$PAR $!"; done
+wait $PAR
 for k in 0 1 2 3; do say par_sha$k $(cat par$k.sha); say par_want$k $(dd if=base.raw bs=4096 skip=$((k*2048)) count=2048 2>/dev/null | sha256sum | cut -c1-64); done
 kill $S8; wait $S8
 say stats8 $(grep '"ublk device stats"' s8.err | head -1)
