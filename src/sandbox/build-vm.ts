@@ -19,7 +19,7 @@ import { OrchestratorError } from "../orchestrator/errors.ts";
 import { importExtents, openStack, RwLayer, SECTOR } from "../storage/overlaybd/index.ts";
 import { upperPaths, type DiskExport } from "../storage/daemon/index.ts";
 import type { BuildVm, BuildVmSpec, VmCommand } from "../template/build-vm.ts";
-import { toolsBoot } from "../tools/index.ts";
+import { probeCommand, toolsBoot } from "../tools/index.ts";
 import type { VmHandle } from "../vmm/index.ts";
 import { commitBuildSnapshot } from "./build-snapshot.ts";
 import { initEnvd, runInGuest, uploadToGuest, waitEnvdHealthy } from "./envd-client.ts";
@@ -101,7 +101,8 @@ export async function bootBuildVm(o: VmRuntimeOptions, spec: BuildVmSpec, t: Bui
     const run = async (c: VmCommand) => {
       const timeout = AbortSignal.timeout(c.timeoutMs);
       try {
-        return await runInGuest(base, { cmd: "/bin/sh", args: ["-c", c.script], user: c.user, cwd: c.cwd, envs: c.envs }, AbortSignal.any([spec.signal, timeout]), c.onOutput);
+        const proc = c.probe ? probeCommand(c.script) : { cmd: "/bin/sh", args: ["-c", c.script] };
+        return await runInGuest(base, { ...proc, user: c.user, cwd: c.cwd, envs: c.envs }, AbortSignal.any([spec.signal, timeout]), c.onOutput);
       } catch (e) {
         if (timeout.aborted && !spec.signal.aborted) return { exitCode: -1, output: `timed out after ${c.timeoutMs} ms` };
         throw e;

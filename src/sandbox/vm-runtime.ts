@@ -37,7 +37,7 @@ import { reapStaleMounts, upperPaths, type DiskExport, type DiskService } from "
 import { importSparse } from "../storage/overlaybd/index.ts";
 import { resolveTemplate, shownBuild, TemplateCatalog, TemplateError, waitReady, type BootSpec, type BuildRecord, type BuildVmLauncher, type ResolvedTemplate, type TemplateRecord } from "../template/index.ts";
 import { reapLeftovers, type DriveSpec, type VmHandle, type VmmDriver, type VmSpec } from "../vmm/index.ts";
-import { toolsBoot } from "../tools/index.ts";
+import { probeCommand, toolsBoot } from "../tools/index.ts";
 import { toolsKeyOf } from "./build-snapshot.ts";
 import { bootBuildVm, type BuildVmTimeouts } from "./build-vm.ts";
 import { parseVmState, type VmState } from "./vm-state.ts";
@@ -990,7 +990,7 @@ export class VmRuntime implements SandboxRuntime {
       if (!boot.readyCmd) return;
       const r = await waitReady({
         readyCmd: boot.readyCmd,
-        run: (script, timeoutMs) => runInGuest(base, { ...c, cmd: "/bin/sh", args: ["-c", script] }, AbortSignal.any([spec.signal, AbortSignal.timeout(timeoutMs)])),
+        run: (script, timeoutMs) => runInGuest(base, { ...c, ...probeCommand(script) }, AbortSignal.any([spec.signal, AbortSignal.timeout(timeoutMs)])),
         startFailure: () => failed,
         timeoutMs: this.o.readyTimeoutMs,
         pollMs: this.o.readyPollMs,

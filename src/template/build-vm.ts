@@ -20,8 +20,13 @@ export interface BuildVmSpec {
 
 /** A command for the build VM. */
 export interface VmCommand {
-  /** Shell text run with `/bin/sh -c`. */
+  /** Shell text run with the image's `/bin/sh -c` (a probe: the tools drive's shell, see `probe`). */
   script: string;
+  /**
+   * A ready probe: run with the tools drive's shell, its programs first on PATH, never the
+   * image's userland (src/tools `probeCommand`). Steps and the start command leave it unset.
+   */
+  probe?: boolean;
   user: string;
   cwd?: string;
   envs?: Record<string, string>;

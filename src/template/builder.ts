@@ -425,7 +425,7 @@ export class TemplateBuilder {
     const { settings } = this.d;
     const r = await waitReady({
       readyCmd,
-      run: (script, timeoutMs) => vm.run({ script, ...base, timeoutMs }),
+      run: (script, timeoutMs) => vm.run({ script, ...base, timeoutMs, probe: true }),
       startFailure: () => (exited && exited.exitCode !== 0 ? `start command exited with code ${exited.exitCode} before it was ready: ${exited.output.trim().slice(-settings.errorOutputChars)}` : null),
       timeoutMs: settings.readyTimeoutMs,
       pollMs: settings.readyPollMs,

@@ -45,3 +45,13 @@ export function toolsBoot(toolsImage: string, rootDisk: string, extraArgs = "", 
     bootArgs: ["root=/dev/vda", "ro", "rootfstype=ext4", "init=/init", `aenv.root=${ROOTFS_DEVICE}`, "aenv.rootfstype=ext4", ...extra].join(" "),
   };
 }
+
+/**
+ * The envd process (cmd, args) of a template ready probe running `script`: the tools drive's
+ * busybox shell with the drive's programs first on PATH (then the PATH the process was given), so
+ * a probe's shell and programs (`ss`, `curl`, `grep`) come from what the node brings, never from
+ * the image's own userland (an image may have none of them, or broken ones).
+ */
+export function probeCommand(script: string): { cmd: string; args: string[] } {
+  return { cmd: `${TOOLS_MOUNT}/bin/sh`, args: ["-c", `PATH=${TOOLS_MOUNT}/bin\${PATH:+:$PATH}; export PATH\n${script}`] };
+}

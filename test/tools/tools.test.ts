@@ -10,7 +10,7 @@ import { copyFileSync, mkdirSync, mkdtempSync, rmSync, symlinkSync, writeFileSyn
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { loadConfig } from "../../src/config/index.ts";
-import { compileEnv, jscEnvLines, readInterpreter, resolveTools, setInterpreter, toolsBoot, toolsInitScript, TOOLS_INTERPRETER, type ToolsImage } from "../../src/tools/index.ts";
+import { compileEnv, jscEnvLines, probeCommand, readInterpreter, resolveTools, setInterpreter, toolsBoot, toolsInitScript, TOOLS_INTERPRETER, type ToolsImage } from "../../src/tools/index.ts";
 import { resolveKernelPath, type QemuVm } from "../../src/vmm/index.ts";
 import { ENVD_PORT, runInGuest, waitEnvd } from "../vmm/qemu/envd-client.ts";
 import { TEST_HOME, TestNet, testConfig, testDriver } from "../vmm/qemu/helpers.ts";
@@ -60,6 +60,15 @@ describe("interpreter rewrite and boot arguments", () => {
     expect(b.bootArgs).toBe("root=/dev/vda ro rootfstype=ext4 init=/init aenv.root=/dev/vdb aenv.rootfstype=ext4 quiet x=1");
     expect(toolsBoot("/t", "/s", "", { rootReadOnly: true }).drives[1]!.readOnly).toBe(true);
   });
+});
+
+test("probeCommand: the drive's shell, the drive's programs first on PATH, the script unchanged after them", () => {
+  const p = probeCommand("echo \"$PATH\"; echo 'a b'");
+  expect(p.cmd).toBe("/.aenv/bin/sh");
+  expect(p.args[0]).toBe("-c");
+  // the same text under the host's shell: the PATH given is kept after the drive's
+  const run = (env: Record<string, string>) => Bun.spawnSync(["/bin/sh", ...p.args], { env }).stdout.toString();
+  expect(run({ PATH: "/usr/bin:/bin" })).toBe("/.aenv/bin:/usr/bin:/bin\na b\n");
 });
 
 describe("the drive's agentenv build", () => {
@@ -200,7 +209,7 @@ describe("VMs whose root filesystem has no glibc", () => {
     expect((await run("ls -A /")).stdout).toBe(".aenv\nbin\ndev\netc\nhome\nlost+found\nproc\nroot\nrun\nsys\ntmp\n");
   }, 180_000);
 
-  test("empty root: envd still answers and runs the drive's shell as root", async () => {
+  test("empty root: envd still answers and runs the drive's shell as root; a ready probe's shell and programs come from the drive", async () => {
     const tree = join(work, "empty-tree");
     mkdirSync(tree);
     const { base } = await boot("empty", ext4Of(tree, join(work, "empty.ext4")));
@@ -209,7 +218,8 @@ describe("VMs whose root filesystem has no glibc", () => {
       method: "POST",
       headers: { "content-type": "application/connect+json" },
       body: (() => {
-        const j = Buffer.from(JSON.stringify({ process: { cmd: "/.aenv/bin/sh", args: ["-c", "ls -A /; id -u; echo $HOME"] }, stdin: false }));
+        // the root has no shell and no programs: what runs is the probe's (src/tools probeCommand)
+        const j = Buffer.from(JSON.stringify({ process: probeCommand("ls -A /; id -u; echo $HOME; echo $PATH; ss -Htln | grep -c ':49983 '"), stdin: false }));
         const f = Buffer.alloc(5 + j.length);
         f.writeUInt32BE(j.length, 1);
         j.copy(f, 5);
@@ -227,6 +237,6 @@ describe("VMs whose root filesystem has no glibc", () => {
       off += 5 + len;
     }
     expect(end).toEqual({ exited: true, status: "exit status 0" });
-    expect(out).toBe(".aenv\ndev\netc\nlost+found\nproc\nroot\nrun\nsys\ntmp\n0\n/root\n");
+    expect(out).toBe(".aenv\ndev\netc\nlost+found\nproc\nroot\nrun\nsys\ntmp\n0\n/root\n/.aenv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/.aenv/bin\n1\n");
   }, 180_000);
 });
