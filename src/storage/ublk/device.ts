@@ -473,13 +473,7 @@ export class UblkDevice {
 
   /** ADD_DEV, open, map, start the threads (see `precreate`). */
   static async #add(ctrl: UblkControl, cfg: UblkConfig, opts: DeviceOptions): Promise<UblkDevice> {
-    let t = performance.now();
-    const lap = () => {
-      const now = performance.now();
-      const d = Math.round((now - t) * 10) / 10;
-      t = now;
-      return d;
-    };
+    const lap = lapTimer();
     const features = await ctrl.features();
     const wantRecovery = (opts.userRecovery ?? cfg.userRecovery) && (features.flags & UBLK_F.USER_RECOVERY) !== 0n;
     const flags = wantRecovery ? UBLK_F.USER_RECOVERY | UBLK_F.USER_RECOVERY_REISSUE : 0n;
@@ -519,13 +513,7 @@ export class UblkDevice {
     checkSize(img.size, cfg);
     this.#state = "starting";
     this.#setTarget(target);
-    let t = performance.now();
-    const lap = () => {
-      const now = performance.now();
-      const d = Math.round((now - t) * 10) / 10;
-      t = now;
-      return d;
-    };
+    const lap = lapTimer();
     try {
       const maxSectors = this.info.maxIoBufBytes / 512;
       await this.#ctrl.command(UBLK_CMD.SET_PARAMS, this.devId, {
@@ -645,4 +633,15 @@ export function processAlive(pid: number): boolean {
   } catch {
     return false;
   }
+}
+
+/** A stopwatch: each call returns the ms (one decimal) since the previous call, or since its making. */
+function lapTimer(): () => number {
+  let t = performance.now();
+  return () => {
+    const now = performance.now();
+    const d = Math.round((now - t) * 10) / 10;
+    t = now;
+    return d;
+  };
 }
