@@ -217,7 +217,7 @@ describe("entries and paths", () => {
     expect(resolvePath("~", u)).toBe("/home/u");
     expect(resolvePath("~/a/../b", u)).toBe("/home/u/b");
     expect(resolvePath("x/y", u)).toBe("/home/u/x/y");
-    expect(resolvePath("x", u, "/work")).toBe("/work/x");
+    expect(resolvePath("x", u, "/srv/app")).toBe("/srv/app/x");
     expect(resolvePath("/a//b/./c", u)).toBe("/a/b/c");
     expect(() => resolvePath("", u)).toThrow(EnvdError);
     expect(() => resolvePath("a\0b", u)).toThrow(EnvdError);
