@@ -24,8 +24,10 @@ export default defineCommand({
       }
       throw e;
     }
+    // the stop handlers first: whoever reads the banner may send SIGTERM at once
+    const stopped = runUntilStopped("gateway", () => g.close());
     console.log(`AgentENV gateway listening on ${g.url}`);
     console.log(`  E2B SDK: E2B_API_URL=${g.url} E2B_SANDBOX_URL=${g.url} E2B_API_KEY=${g.apiKey}`);
-    await runUntilStopped("gateway", () => g.close());
+    await stopped;
   },
 });

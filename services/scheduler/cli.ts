@@ -15,10 +15,10 @@ export default defineCommand({
   async run({ args }) {
     const { schedulerConfig, startScheduler } = await import("./index.ts");
     let s: Awaited<ReturnType<typeof startScheduler>>;
+    let c: ReturnType<typeof schedulerConfig>;
     try {
-      const c = schedulerConfig(loadConfig({ path: args.config, env: { ...process.env, ...(args.addr ? { AENV__scheduler__addr: args.addr } : {}) } }));
+      c = schedulerConfig(loadConfig({ path: args.config, env: { ...process.env, ...(args.addr ? { AENV__scheduler__addr: args.addr } : {}) } }));
       s = await startScheduler(c);
-      console.log(`AgentENV scheduler listening on ${s.addr} (store ${c.store}, discovery ${c.discovery}, strategy ${c.strategy})`);
     } catch (e) {
       if (e instanceof AgentEnvError) {
         console.error(`agentenv scheduler: ${e.message}`);
@@ -26,6 +26,9 @@ export default defineCommand({
       }
       throw e;
     }
-    await runUntilStopped("scheduler", () => s.close());
+    // the stop handlers first: whoever reads the banner may send SIGTERM at once
+    const stopped = runUntilStopped("scheduler", () => s.close());
+    console.log(`AgentENV scheduler listening on ${s.addr} (store ${c.store}, discovery ${c.discovery}, strategy ${c.strategy})`);
+    await stopped;
   },
 });

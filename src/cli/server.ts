@@ -28,10 +28,12 @@ export default defineCommand({
       }
       throw e;
     }
+    // the stop handlers first: whoever reads the banner may send SIGTERM at once
+    const stopped = runUntilStopped("node", () => node.close());
     console.log(`AgentENV node listening on ${node.url}`);
     console.log(`  API key (${node.apiKeySource}): ${node.apiKey}`);
     console.log(`  E2B SDK: E2B_API_URL=${node.url} E2B_SANDBOX_URL=${node.url} E2B_API_KEY=${node.apiKey}`);
     console.log(`  API explorer: ${node.url}/docs`);
-    await runUntilStopped("node", () => node.close());
+    await stopped;
   },
 });

@@ -12,7 +12,10 @@ import { log } from "../observability/log.ts";
 export const STOP_ON_STDIN_EOF_ENV = "AENV_STOP_ON_STDIN_EOF";
 
 /**
- * Wait for a stop request, run `close` once, exit 0 (1 when `close` throws). Never returns.
+ * Wait for a stop request, run `close` once, exit 0 (1 when `close` throws). Never returns. The
+ * signal handlers are installed by the call itself (synchronously), so call it before announcing
+ * readiness (a banner) and await it after: a SIGTERM sent on reading the banner is then a stop,
+ * never the default action (exit by signal, nothing closed).
  * @param what names the service in the log line ("node", "scheduler", ...)
  */
 export async function runUntilStopped(what: string, close: () => Promise<void>): Promise<never> {
