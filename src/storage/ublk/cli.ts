@@ -95,6 +95,16 @@ const serve = defineCommand({
   }),
 });
 
+/** Open the ublk control device with the node's `[ublk]` config, run `f`, close it (also when `f` throws). */
+async function withServer<T>(f: (server: UblkServer) => Promise<T>): Promise<T> {
+  const server = UblkServer.open(ublkConfig(nodeConfig()));
+  try {
+    return await f(server);
+  } finally {
+    await server.close();
+  }
+}
+
 const features = defineCommand({
   meta: { name: "features", description: "print the kernel's ublk support as JSON" },
   run: guarded("features", async () => {
@@ -102,25 +112,15 @@ const features = defineCommand({
       console.log(JSON.stringify({ available: false }));
       return;
     }
-    const server = UblkServer.open(ublkConfig(nodeConfig()));
-    try {
-      const f = await server.features();
-      console.log(JSON.stringify({ available: true, flags: `0x${f.flags.toString(16)}`, encodedOps: f.encodedOps, userRecovery: (f.flags & 8n) !== 0n }));
-    } finally {
-      await server.close();
-    }
+    const f = await withServer((server) => server.features());
+    console.log(JSON.stringify({ available: true, flags: `0x${f.flags.toString(16)}`, encodedOps: f.encodedOps, userRecovery: (f.flags & 8n) !== 0n }));
   }),
 });
 
 const list = defineCommand({
   meta: { name: "list", description: "print every ublk device of this kernel as JSON" },
   run: guarded("list", async () => {
-    const server = UblkServer.open(ublkConfig(nodeConfig()));
-    try {
-      console.log(JSON.stringify(await server.list()));
-    } finally {
-      await server.close();
-    }
+    console.log(JSON.stringify(await withServer((server) => server.list())));
   }),
 });
 
@@ -128,12 +128,8 @@ const remove = defineCommand({
   meta: { name: "remove", description: "remove a device whose server died (STOP_DEV + DEL_DEV)" },
   args: { id: { type: "positional", required: true, description: "device id" } },
   run: guarded("remove", async (a) => {
-    const server = UblkServer.open(ublkConfig(nodeConfig()));
-    try {
-      await server.remove(int(a.id, "ID"));
-    } finally {
-      await server.close();
-    }
+    const id = int(a.id, "ID");
+    await withServer((server) => server.remove(id));
   }),
 });
 
@@ -141,12 +137,8 @@ const stop = defineCommand({
   meta: { name: "stop", description: "STOP_DEV of a device another process serves: its block device goes, its server sees the queues aborted" },
   args: { id: { type: "positional", required: true, description: "device id" } },
   run: guarded("stop", async (a) => {
-    const server = UblkServer.open(ublkConfig(nodeConfig()));
-    try {
-      await server.stop(int(a.id, "ID"));
-    } finally {
-      await server.close();
-    }
+    const id = int(a.id, "ID");
+    await withServer((server) => server.stop(id));
   }),
 });
 
