@@ -17,7 +17,7 @@ export {
   type ResolvedTemplate,
   type TemplateManifest,
 } from "./store.ts";
-export { BASE_BOOT_ARGS, buildBase, hostDebianMirror, type BaseBuildOptions, type BaseBuildResult } from "./base.ts";
+export { BASE_BOOT_ARGS, buildBase, hostDebianMirror, trimLoginProfiles, type BaseBuildOptions, type BaseBuildResult } from "./base.ts";
 export {
   ALIAS_RE,
   DEFAULT_TAG,

@@ -34,6 +34,10 @@ describe("base template", () => {
     expect(debugfs(t.rootfsPath, "cat /etc/resolv.conf")).toBe("# written by the guest init at boot\n"); // no build-host resolver
     expect(debugfs(t.rootfsPath, "cat /etc/debian_version")).toMatch(/^12\.\d+\n$/);
     expect(debugfs(t.rootfsPath, "stat /usr/bin/python3")).toContain("Type: symlink");
+    // login shells without forks (trimLoginProfiles): bash reads $EUID, root's mesg only on a terminal
+    expect(debugfs(t.rootfsPath, "cat /etc/profile")).toContain('if [ "${EUID:-$(id -u)}" -eq 0 ]; then\n');
+    expect(debugfs(t.rootfsPath, "cat /etc/profile")).not.toContain('"$(id -u)"');
+    expect(debugfs(t.rootfsPath, "cat /root/.profile")).toContain("case $- in *i*) mesg n 2> /dev/null || true ;; esac\n");
   });
 
   test("the overlaybd layer reads back the same bytes as the raw image", async () => {
