@@ -35,6 +35,14 @@ const ms = (x: number) => `${Math.round(x)} ms`;
 const MiB = 1048576;
 const load0 = loadavg();
 
+/**
+ * The split of creates -> first commands.run (ms, one per create): Sandbox.create's part, the
+ * first command's (the rest), and a second command on the same sandbox, each as a p50.
+ */
+function splitLine(firsts: number[], creates: number[], seconds: number[]): string {
+  return `  of which Sandbox.create p50 ${ms(pct(creates, 50))}, the first commands.run p50 ${ms(pct(firsts.map((f, i) => f - creates[i]!), 50))}, a second one p50 ${ms(pct(seconds, 50))}`;
+}
+
 /** The node's log lines (pino JSON) with message `msg`. */
 function logLines(world: NodeWorld, msg: string): Record<string, any>[] {
   return world.log
@@ -123,7 +131,7 @@ try {
   const step = (k: string) => Math.round(pct(steps.map((s) => s[k]!), 50));
   console.log(`load before: ${load0.map((x) => x.toFixed(2)).join(" ")}; after: ${loadavg().map((x) => x.toFixed(2)).join(" ")} (2 cores, QEMU TCG)`);
   console.log(`create from the base snapshot -> first commands.run, N=${RUNS}: p50 ${ms(p50)}, p95 ${ms(pct(first, 95))}`);
-  console.log(`  of which Sandbox.create p50 ${ms(pct(creates, 50))}, the first commands.run p50 ${ms(pct(first.map((f, i) => f - creates[i]!), 50))}, a second one p50 ${ms(pct(seconds, 50))}`);
+  console.log(splitLine(first, creates, seconds));
   console.log(`  the node's restore of the same files (runtime start), same run: p50 ${ms(r50)}, p95 ${ms(pct(runtime, 95))}; SDK/restore ratio ${(p50 / r50).toFixed(2)}x (goal <= 1.5x and < 600 ms)`);
   console.log(`  restore steps p50: verify ${step("verifyMs")}, disk ${step("diskMs")}, slot ${step("slotMs")}, memory image ${step("memoryMs")}, VMM state load ${step("vmmMs")} (spawn to QMP ${step("vmmSpawnMs")}), envd ${step("envdMs")} ms (health ${step("healthMs")}, /init ${step("initMs")})`);
   console.log(`cold boot (create with another memory size) -> first commands.run, N=${COLD}: p50 ${ms(pct(cold, 50))} (${(pct(cold, 50) / p50).toFixed(1)}x the restore)`);
@@ -141,7 +149,7 @@ try {
   const fstep = (k: string) => Math.round(pct(fills.map((f) => f[k]), 50));
   const astep = (k: string) => (adoption.length ? Math.round(pct(adoption.map((a) => a[k]), 50)) : NaN);
   console.log(`with the restore pool ([pool.restore] defaults; each create made once a VM was ready): create -> first commands.run, N=${RUNS}: p50 ${ms(q50)}, p95 ${ms(pct(pooledFirst, 95))} (${adoption.length} adopted a pooled VM, ${onRequest} restored on request)`);
-  console.log(`  of which Sandbox.create p50 ${ms(pct(pooledCreates, 50))}, the first commands.run p50 ${ms(pct(pooledFirst.map((f, i) => f - pooledCreates[i]!), 50))}, a second one p50 ${ms(pct(pooledSeconds, 50))}`);
+  console.log(splitLine(pooledFirst, pooledCreates, pooledSeconds));
   console.log(`  bare restores of the same files in the same run (the pool's, to envd initialised), N=${fills.length}: p50 ${ms(f50)}, p95 ${ms(pct(fills.map((f) => f.totalMs), 95))}; SDK/restore ratio ${(q50 / f50).toFixed(2)}x (goal <= 1.5x and < 600 ms)`);
   console.log(`  those restores' steps p50: disk ${fstep("diskMs")}, slot ${fstep("slotMs")}, memory image ${fstep("memoryMs")}, VMM ${fstep("vmmMs")} (spawn ${fstep("vmmSpawnMs")}), envd ${fstep("envdMs")} ms (health ${fstep("healthMs")}, /init ${fstep("initMs")})`);
   console.log(`  the adoption's steps p50: policy ${astep("slotMs")}, continue ${astep("vmmMs")}, envd ${astep("envdMs")} ms (health ${astep("healthMs")}, /init ${astep("initMs")}), total ${astep("totalMs")} ms`);
