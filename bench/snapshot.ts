@@ -5,7 +5,9 @@
  *  1. Sandbox.create('base') -> first commands.run, p50/p95 of N (a restore of the template's
  *     snapshot), against the node's own restore of the same files (the VM runtime's start, from
  *     its "sandbox restored" log line: layers, disk, slot, memory image, VMM state load, envd /init);
- *  2. cold boot for comparison (a create asking for another memory size boots from the disk);
+ *  2. cold boot (a create asking for another memory size: no memory snapshot of that shape): the
+ *     first makes the shape's boot snapshot, the next restore it and mount the disk; the same
+ *     creates on a second node with `[vm] boot_snapshots` off boot the kernel and envd each time;
  *  3. pause time and bytes written for a guest process holding 0, 8 and 64 MiB of fresh bytes
  *     (the node's "sandbox paused" line: changed guest RAM, bytes written to the repository);
  *  4. fork of 4 (one snapshot, four children) and their first commands;
@@ -86,12 +88,17 @@ try {
     runtime.push(l.totalMs!);
     steps.push(l);
   }
+  // cold boots: the first of the shape makes its boot snapshot, the next ones restore it
+  const coldFirst = await world.client("snapshot-bench.ts", ["create", "base", "384"]);
+  const made = lastLine(world, "boot snapshot committed");
   const cold: number[] = [];
+  const coldStarts: number[] = [];
   for (let i = 0; i < COLD; i++) {
     const o = await world.client("snapshot-bench.ts", ["create", "base", "384"]);
-    lastLine(world, "sandbox booted");
+    coldStarts.push(lastLine(world, "sandbox booted from a boot snapshot").totalMs!);
     cold.push(o.firstRunMs);
   }
+  const coldSteps = logLines(world, "sandbox booted from a boot snapshot").slice(1);
   const pauses: { mib: number; pauseMs: number; changed: number; written: number; vmPausedMs: number }[] = [];
   for (const mib of [0, 8, 64]) {
     const o = await world.client("snapshot-bench.ts", ["pause", String(mib)]);
@@ -101,6 +108,19 @@ try {
   const fork = await world.client("snapshot-bench.ts", ["fork", "4"]);
   const mem = await world.client("snapshot-bench.ts", ["memory", "4"]);
   await world.dispose();
+
+  // the same cold boots with [vm] boot_snapshots off: the kernel and envd boot every time
+  const bw = new NodeWorld();
+  worlds.push(bw);
+  await bw.start({ AENV_LOG_LEVEL: "info", AENV__vm__boot_snapshots: "false" });
+  const booted: number[] = [];
+  const bootedStarts: number[] = [];
+  for (let i = 0; i < COLD; i++) {
+    const o = await bw.client("snapshot-bench.ts", ["create", "base", "384"]);
+    bootedStarts.push(lastLine(bw, "sandbox booted").totalMs!);
+    booted.push(o.firstRunMs);
+  }
+  await bw.dispose();
 
   // 6. the restore pool: a node of its own with [pool.restore] on (defaults)
   const pw = new NodeWorld();
@@ -134,7 +154,11 @@ try {
   console.log(splitLine(first, creates, seconds));
   console.log(`  the node's restore of the same files (runtime start), same run: p50 ${ms(r50)}, p95 ${ms(pct(runtime, 95))}; SDK/restore ratio ${(p50 / r50).toFixed(2)}x (goal <= 1.5x and < 600 ms)`);
   console.log(`  restore steps p50: verify ${step("verifyMs")}, disk ${step("diskMs")}, slot ${step("slotMs")}, memory image ${step("memoryMs")}, VMM state load ${step("vmmMs")} (spawn to QMP ${step("vmmSpawnMs")}), envd ${step("envdMs")} ms (health ${step("healthMs")}, /init ${step("initMs")})`);
-  console.log(`cold boot (create with another memory size) -> first commands.run, N=${COLD}: p50 ${ms(pct(cold, 50))} (${(pct(cold, 50) / p50).toFixed(1)}x the restore)`);
+  const cstep = (k: string) => Math.round(pct(coldSteps.map((l) => l[k]), 50));
+  console.log(`cold boot (create with another memory size), the node's start to envd initialised, N=${COLD}: from the boot snapshot p50 ${ms(pct(coldStarts, 50))}, booting the kernel (boot_snapshots off, second node) p50 ${ms(pct(bootedStarts, 50))}: ${(pct(coldStarts, 50) / pct(bootedStarts, 50)).toFixed(2)}x (goal: halve it)`);
+  console.log(`  create -> first commands.run: from the boot snapshot p50 ${ms(pct(cold, 50))}, booting p50 ${ms(pct(booted, 50))} (${(pct(cold, 50) / pct(booted, 50)).toFixed(2)}x); restore of the template's memory snapshot ${ms(p50)}`);
+  console.log(`  steps from the boot snapshot p50: disk ${cstep("diskMs")}, slot ${cstep("slotMs")}, memory image ${cstep("memoryMs")}, restore + root mount ${cstep("vmmMs")}, envd ${cstep("envdMs")} ms (health ${cstep("healthMs")}, /init ${cstep("initMs")})`);
+  console.log(`  the shape's first cold boot made the boot snapshot: create -> first commands.run ${ms(coldFirst.firstRunMs)}; boot to envd ${ms(made.readyMs!)}, committed after ${ms(made.totalMs!)} (memory layer ${(made.memoryBytes! / MiB).toFixed(1)} MiB)`);
   for (const p of pauses) {
     console.log(`pause, guest holding ${p.mib} MiB of fresh bytes: SDK ${ms(p.pauseMs)} (VM paused ${ms(p.vmPausedMs)}); guest RAM changed ${(p.changed / MiB).toFixed(1)} MiB, written ${(p.written / MiB).toFixed(1)} MiB (guest RAM 512 MiB)`);
   }

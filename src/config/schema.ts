@@ -68,6 +68,10 @@ export const CONFIG_SCHEMA = section("", {
     driver: oneOf(["auto", "qemu", "firecracker"], "auto", 'VMM driver: "auto" (Firecracker when its binary is found, else QEMU), "qemu" or "firecracker".'),
     stop_timeout_ms: int(3000, "Longest wait (ms) for a VMM process to exit after a graceful stop before SIGKILL.", { min: 1, max: MS_MAX, unit: "ms" }),
     socket_timeout_ms: int(10_000, "Longest wait (ms) for the VMM's control socket (QMP / API socket) to appear after spawn.", { min: 1, max: MS_MAX, unit: "ms" }),
+    boot_snapshots: bool(
+      true,
+      "Cold boots (a template without a memory snapshot, a create asking for another VM shape, a resume\nwithout memory) restore a boot snapshot instead of booting the kernel and envd: a VM of that\nshape (vCPUs, memory, root disk size) booted once up to envd with no root filesystem, kept in\nthe snapshot repository (kind boot) and made on the first cold boot of a shape; the restored\nguest mounts the sandbox's disk and pivots into it. Creates with volumes always boot.",
+    ),
     console_max_bytes: int(4_194_304, "Guest serial console log per VM (<workDir>/console.log): rotated to console.log.1 when it\nwould pass this many bytes, so at most twice this is kept.", { min: 4096, max: TIB, unit: "bytes" }),
   }),
 
@@ -140,7 +144,7 @@ export const CONFIG_SCHEMA = section("", {
       virtual_hosted_style: bool(false, "Address the bucket as <bucket>.<endpoint host> (AWS style) instead of <endpoint>/<bucket> (path style)."),
       access_key_id: str("", "Credentials. Empty: Bun's S3 client reads S3_ACCESS_KEY_ID / AWS_ACCESS_KEY_ID and\nS3_SECRET_ACCESS_KEY / AWS_SECRET_ACCESS_KEY. AENV_SNAPSHOT_S3_ACCESS_KEY_ID and\nAENV_SNAPSHOT_S3_SECRET_ACCESS_KEY override them (keep secrets out of config files)."),
       secret_access_key: str("", ""),
-      push_kinds: list(["template", "user"], "Snapshot kinds pushed after commit (template, user, fork, pause). Pause and fork snapshots\nbelong to one node's sandboxes and are not pushed by default; a layer is only ever evicted\nfrom the local cache once the store holds it."),
+      push_kinds: list(["template", "user"], "Snapshot kinds pushed after commit (template, user, fork, pause, boot). Pause, fork and boot snapshots\nare one node's own and are not pushed by default; a layer is only ever evicted\nfrom the local cache once the store holds it."),
       part_size_mib: int(16, "Multipart upload part size of a layer.", { min: 5, max: 5120, unit: "MiB" }),
       upload_concurrency: int(4, "Parts of one layer uploaded at once.", { min: 1, max: 64, unit: "count" }),
       retries: int(3, "Retries of a failed request (Bun's client, with backoff).", { min: 0, max: 255, unit: "count" }),

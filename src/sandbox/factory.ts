@@ -111,6 +111,7 @@ export function vmRuntimeOptions(
     readyPollMs: cfg.template_build.create_ready_poll_ms,
     readyProbeTimeoutMs: cfg.template_build.ready_probe_timeout_ms,
     restorePool: restorePoolOptions(cfg),
+    bootSnapshots: cfg.vm.boot_snapshots,
     defaultUser: "user",
     snapshots: snapshotServices(cfg, parts.disks),
     volumes: {

@@ -42,6 +42,7 @@ import { toolsKeyOf } from "./build-snapshot.ts";
 import { bootBuildVm, type BuildVmTimeouts } from "./build-vm.ts";
 import { parseVmState, type VmState } from "./vm-state.ts";
 import { captureVm, commitUpper, KernelKeys, layerPaths, templateManifest } from "./capture.ts";
+import { findBootSnapshot, makeBootSnapshot, mountRootInGuest, servedSize, staleBootSnapshots, type BootShape } from "./boot-snapshot.ts";
 import { consoleLogLine } from "./console-lines.ts";
 import { fetchEnvdMetrics, initEnvd, runInGuest, waitEnvdHealthy } from "./envd-client.ts";
 import { execInGuest } from "./guest-exec.ts";
@@ -50,6 +51,10 @@ import { mountVolumesInGuest, QUIESCE_SCRIPT, serveVolumeDrives, VmVolumes, type
 import { RestorePool, type RestorePoolOptions } from "./restore-pool.ts";
 
 const MiB = 1024 * 1024;
+/** After a failed boot snapshot build, cold boots of its shape boot for this long before the next try, ms. */
+const BOOT_SNAPSHOT_RETRY_MS = 600_000;
+/** Bound on booting a boot snapshot's VM to envd, ms. */
+const BOOT_SNAPSHOT_TIMEOUT_MS = 120_000;
 /** Kinds of snapshot whose memory image is kept warm after restores (`[snapshot] warm_images`): what creates start from. */
 const WARM_KINDS: readonly SnapshotManifest["kind"][] = ["template", "user"];
 
@@ -85,6 +90,8 @@ export interface VmRuntimeOptions {
   readyProbeTimeoutMs: number;
   /** The restore pool (`[pool.restore]`); absent or high watermark 0: none. */
   restorePool?: RestorePoolOptions;
+  /** Cold boots restore boot snapshots (`[vm] boot_snapshots`, src/sandbox/boot-snapshot.ts). */
+  bootSnapshots?: boolean;
 }
 
 /** What the restore pool keeps of a snapshot to make VMs of it. */
@@ -128,6 +135,8 @@ export interface StartTimings {
   initMs: number;
   totalMs: number;
   restored: boolean;
+  /** A cold boot that restored a boot snapshot (memoryMs, vmmMs: its image and restore; the root mount is in vmmMs). */
+  bootSnapshot?: boolean;
   /** Started from the restore pool (a VM restored ahead): slotMs is its policy update, vmmMs its continue. */
   pooled: boolean;
 }
@@ -163,6 +172,9 @@ export class VmRuntime implements SandboxRuntime {
   private readonly volumeDisks = new Map<string, DiskExport[]>();
   /** Snapshot id -> sandboxes whose VM runs from it. */
   private readonly users = new Map<string, Set<string>>();
+  /** Boot snapshot builds in progress, and when one last failed, by shape. */
+  private readonly bootSnapshotBuilds = new Map<string, Promise<SnapshotManifest | undefined>>();
+  private readonly bootSnapshotFailures = new Map<string, number>();
   /** Memory image key -> the snapshot it was kept warm for (SharedImages.keepWarm). */
   private readonly warmFor = new Map<string, string>();
   /** The restore pool and what it made (by sandbox id). */
@@ -345,8 +357,9 @@ export class VmRuntime implements SandboxRuntime {
     rmSync(st.workDir, { recursive: true, force: true });
     await this.o.net.release(id).catch((e) => this.log.warn({ sandboxId: id, err: e }, "slot release after pause failed"));
     this.unuse(base.id, id);
+    if (st.bootSnapshot) this.unuse(st.bootSnapshot.id, id);
     this.dropOwned(base, id);
-    return { ...st, rootDisk: "", vmmPid: undefined, paused: m.id } satisfies VmState;
+    return { ...st, rootDisk: "", vmmPid: undefined, paused: m.id, bootSnapshot: undefined } satisfies VmState;
   }
 
   async resume(spec: RuntimeStartSpec, state: Record<string, unknown>, opts: { memory: boolean } = { memory: true }): Promise<RuntimeSandbox> {
@@ -494,8 +507,9 @@ export class VmRuntime implements SandboxRuntime {
     rmSync(st.workDir, { recursive: true, force: true });
     await this.o.net.release(id).catch((e) => this.log.warn({ sandboxId: id, err: e }, "slot release after pause failed"));
     this.unuse(base.id, id);
+    if (st.bootSnapshot) this.unuse(st.bootSnapshot.id, id);
     this.dropOwned(base, id);
-    return { ...st, rootDisk: "", vmmPid: undefined, paused: m.id } satisfies VmState;
+    return { ...st, rootDisk: "", vmmPid: undefined, paused: m.id, bootSnapshot: undefined } satisfies VmState;
   }
 
   async kill(id: string, state: Record<string, unknown> | null): Promise<void> {
@@ -517,6 +531,7 @@ export class VmRuntime implements SandboxRuntime {
       }
     }
     if (st?.paused) this.repo.remove(st.paused);
+    if (st?.bootSnapshot) this.unuse(st.bootSnapshot.id, id);
     if (st?.base) {
       this.unuse(st.base, id);
       const base = this.repo.find(st.base);
@@ -806,8 +821,9 @@ export class VmRuntime implements SandboxRuntime {
     return base;
   }
 
-  /** Layer files of the memory image a running VM maps (none after a cold boot). */
+  /** Layer files of the memory image a running VM maps (none after a cold boot that booted). */
   private parentMemory(base: SnapshotManifest, st: VmState): string[] {
+    if (st.bootSnapshot) return layerPaths(this.repo, st.bootSnapshot.memory);
     return !st.coldBoot && base.memory ? layerPaths(this.repo, base.memory.layers) : [];
   }
 
@@ -818,7 +834,8 @@ export class VmRuntime implements SandboxRuntime {
     c: { kind: SnapshotManifest["kind"]; names: string[]; sandboxId: string; memory: LayerRef | null; vmState: LayerRef | null; disk: LayerRef | null; tools: LayerRef | undefined },
   ): SnapshotManifest {
     const disk = [...base.disk.layers, ...(c.disk ? [c.disk] : [])];
-    const memory = c.memory ? [...(!st.coldBoot && base.memory ? base.memory.layers : []), c.memory] : [];
+    const mapped = st.bootSnapshot ? st.bootSnapshot.memory : !st.coldBoot && base.memory ? base.memory.layers : [];
+    const memory = c.memory ? [...mapped, c.memory] : [];
     for (const [what, n] of [["disk", disk.length], ["memory", memory.length]] as const) {
       if (n > 255) throw new SnapshotError("snapshot.too_many_layers", `the ${what} stack of sandbox ${c.sandboxId} would have ${n} layers (max 255)`, { sandboxId: c.sandboxId, layers: n });
     }
@@ -830,7 +847,7 @@ export class VmRuntime implements SandboxRuntime {
       createdAt: new Date().toISOString(),
       names: c.names,
       source: { sandboxId: c.sandboxId, templateId: base.source.templateId },
-      vm: { ...base.vm, vcpus: st.vcpus, memoryMiB: st.memoryMiB, mac: st.mac, kernelKey: st.coldBoot ? this.kernelKeys.of(this.o.kernelPath()) : base.vm.kernelKey },
+      vm: { ...base.vm, vcpus: st.vcpus, memoryMiB: st.memoryMiB, mac: st.mac, kernelKey: st.bootSnapshot ? st.bootSnapshot.kernelKey : st.coldBoot ? this.kernelKeys.of(this.o.kernelPath()) : base.vm.kernelKey },
       envd: { version: st.envdVersion, accessToken: st.envdToken },
       disk: { virtualSize: base.disk.virtualSize, layers: disk },
       // a disk-only capture (filesystem-only pause) has neither: a start from it cold-boots
@@ -842,6 +859,7 @@ export class VmRuntime implements SandboxRuntime {
 
   /** The tools drive a capture of `st` must name: the base's when restored, else the image it booted through (linked in). */
   private toolsRef(txn: CommitTxn, base: SnapshotManifest, st: VmState): LayerRef | undefined {
+    if (st.bootSnapshot) return st.bootSnapshot.tools;
     if (!st.coldBoot) return base.tools;
     return st.toolsImage ? txn.addLayer(st.toolsImage, { keepSource: true }) : undefined;
   }
@@ -871,6 +889,7 @@ export class VmRuntime implements SandboxRuntime {
     let lease: ImageLease | undefined;
     let hold: LayerHold | undefined;
     let step = "verify layers";
+    let bootSnap: SnapshotManifest | undefined;
     try {
       const layers = restore ? layersOf(base) : base.disk.layers;
       // with an object store: the missing ones are fetched (digest-checked) and held while the VM runs
@@ -889,10 +908,13 @@ export class VmRuntime implements SandboxRuntime {
       const slot = await this.o.net.allocate(this.policyOf(spec), id);
       slotTaken = true;
       t.slotMs = lap();
-      const mac = restore ? base.vm.mac : slot.mac;
+      // a cold boot without volumes restores the boot snapshot of its shape (made now if missing)
+      bootSnap = !restore && volumeDrives.length === 0 && this.o.bootSnapshots ? await this.bootSnapshotFor({ vcpus: spec.cpuCount, memoryMiB: spec.memoryMB, diskBytes: servedSize(disk.path) }, spec.signal) : undefined;
+      t.bootSnapshot = bootSnap !== undefined;
+      const mac = restore ? base.vm.mac : bootSnap ? bootSnap.vm.mac : slot.mac;
       // a restore attaches the tools drive the snapshot's VM booted through (its copy in the
       // repository: the guest has it mounted); a cold boot the node's current one
-      const toolsImage = restore ? (base.tools ? this.repo.layerPath(base.tools) : undefined) : this.o.toolsImage();
+      const toolsImage = restore ? (base.tools ? this.repo.layerPath(base.tools) : undefined) : bootSnap ? this.repo.layerPath(bootSnap.tools!) : this.o.toolsImage();
       const drivesAndArgs = toolsImage
         ? toolsBoot(toolsImage, disk.path, base.vm.bootArgs)
         : { drives: [{ id: "root", path: disk.path, readOnly: false, isRoot: true }], bootArgs: base.vm.bootArgs };
@@ -918,6 +940,23 @@ export class VmRuntime implements SandboxRuntime {
         // the image may go only once the VMM that maps it is gone
         const l = lease;
         void vm.exited.then(() => l.release()).catch((e) => this.log.error({ sandboxId: id, err: e }, "memory image release failed"));
+      } else if (bootSnap) {
+        step = "restore boot snapshot";
+        lease = await this.o.snapshots.images.acquire(memoryKey(bootSnap), layerPaths(this.repo, bootSnap.memory!.layers));
+        t.memoryMs = lap();
+        vm = await this.o.driver.restore(
+          { ...vmSpec, vcpus: bootSnap.vm.vcpus, memoryMiB: bootSnap.vm.memoryMiB },
+          { statePath: this.repo.layerPath(bootSnap.vmState!), memPath: lease.path, kind: "full" },
+          { resume: true },
+        );
+        const l = lease;
+        void vm.exited.then(() => l.release()).catch((e) => this.log.error({ sandboxId: id, err: e }, "memory image release failed"));
+        this.use(bootSnap.id, id);
+        step = "mount the root filesystem";
+        const envd = `http://${guestAddress(slot, ENVD_PORT).host}:${ENVD_PORT}`;
+        const signal = AbortSignal.any([spec.signal, AbortSignal.timeout(this.o.readyTimeoutMs)]);
+        await waitEnvdHealthy(envd, this.o.envdPollMs, signal, vm.exited);
+        await mountRootInGuest(envd, signal);
       } else {
         step = "boot VM";
         vm = await this.o.driver.boot(vmSpec);
@@ -935,6 +974,7 @@ export class VmRuntime implements SandboxRuntime {
         mac,
         base: base.id,
         coldBoot: !restore,
+        ...(bootSnap ? { bootSnapshot: { id: bootSnap.id, memory: bootSnap.memory!.layers, tools: bootSnap.tools!, kernelKey: bootSnap.vm.kernelKey } } : {}),
         ...(toolsImage ? { toolsImage } : {}),
         vmmPid: vm.pid,
         vcpus: vmSpec.vcpus,
@@ -953,11 +993,13 @@ export class VmRuntime implements SandboxRuntime {
       t.envdMs = lap();
       t.totalMs = Math.round(performance.now() - t0);
       if (!forPool) this.lastStart = t;
-      this.log.info({ sandboxId: id, base: base.id, ...t }, forPool ? "restore pool VM restored" : restore ? "sandbox restored" : "sandbox booted");
+      this.log.info({ sandboxId: id, base: base.id, ...t, ...(bootSnap ? { bootSnapshot: bootSnap.id } : {}) }, forPool ? "restore pool VM restored" : restore ? "sandbox restored" : bootSnap ? "sandbox booted from a boot snapshot" : "sandbox booted");
       if (restore && WARM_KINDS.includes(base.kind)) await this.keepWarm(base);
+      if (bootSnap) await this.keepWarm(bootSnap);
       return { ...r, lost: this.drivesLost(id) };
     } catch (e) {
       this.log.error({ sandboxId: id, base: base.id, step, err: e }, `start failed at step: ${step}`);
+      if (bootSnap && vm) this.unuse(bootSnap.id, id);
       if (vm) this.unuse(base.id, id);
       else {
         await lease?.release().catch(() => {});
@@ -966,6 +1008,40 @@ export class VmRuntime implements SandboxRuntime {
       await this.teardown(id, vm, slotTaken, true);
       throw e;
     }
+  }
+
+  /**
+   * The current boot snapshot of `shape`, made first when there is none (one build per shape at
+   * a time; concurrent cold boots of the shape wait for it). Undefined when making it failed (the
+   * caller boots; another attempt is made after BOOT_SNAPSHOT_RETRY_MS).
+   */
+  private async bootSnapshotFor(shape: BootShape, signal: AbortSignal): Promise<SnapshotManifest | undefined> {
+    const keys = { driver: this.o.driver.name, kernelKey: this.kernelKeys.of(this.o.kernelPath()), toolsImage: this.o.toolsImage() };
+    const have = findBootSnapshot(this.repo, shape, keys);
+    if (have) return have;
+    const key = `${shape.vcpus}c${shape.memoryMiB}m${shape.diskBytes}`;
+    const failedAt = this.bootSnapshotFailures.get(key);
+    if (failedAt !== undefined && Date.now() - failedAt < BOOT_SNAPSHOT_RETRY_MS) return undefined;
+    let build = this.bootSnapshotBuilds.get(key);
+    if (!build) {
+      const deps = { repo: this.repo, driver: this.o.driver, net: this.o.net, kernelPath: this.o.kernelPath(), workRoot: join(this.o.homePath, "sandboxes"), envdPollMs: this.o.envdPollMs, bootTimeoutMs: BOOT_SNAPSHOT_TIMEOUT_MS, log: this.log };
+      build = makeBootSnapshot(deps, `bootsnap-${key}`.slice(0, 40), shape, keys, signal)
+        .then((m) => {
+          for (const old of staleBootSnapshots(this.repo, keys)) {
+            if (this.users.get(old.id)?.size) this.repo.tombstone(old.id);
+            else this.repo.remove(old.id);
+          }
+          return m;
+        })
+        .catch((e) => {
+          this.bootSnapshotFailures.set(key, Date.now());
+          this.log.warn({ err: e, ...shape }, "making a boot snapshot failed: cold boots of this shape boot the kernel");
+          return undefined;
+        })
+        .finally(() => this.bootSnapshotBuilds.delete(key));
+      this.bootSnapshotBuilds.set(key, build);
+    }
+    return build;
   }
 
   /**

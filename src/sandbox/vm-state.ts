@@ -20,6 +20,19 @@ const VM_STATE = T.Object({
   base: T.String(SNAPSHOT_ID),
   /** True when the VM booted from the base's disk (no memory image mapped). */
   coldBoot: T.Boolean(),
+  /**
+   * The boot snapshot a cold boot was restored from (src/sandbox/boot-snapshot.ts): the memory
+   * image the VM maps, the tools drive it has mounted and the kernel it runs, which its captures
+   * record. Absent: booted (or restored from `base`).
+   */
+  bootSnapshot: T.Optional(
+    T.Object({
+      id: T.String(SNAPSHOT_ID),
+      memory: T.Array(T.Object({ digest: T.String(), size: T.Integer({ minimum: 0 }) }), { minItems: 1 }),
+      tools: T.Object({ digest: T.String(), size: T.Integer({ minimum: 0 }) }),
+      kernelKey: T.String(),
+    }),
+  ),
   /** Snapshot holding the paused state, while paused. */
   paused: T.Optional(T.String(SNAPSHOT_ID)),
   /**

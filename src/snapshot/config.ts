@@ -4,7 +4,7 @@ import type { Config } from "../config/index.ts";
 import { SnapshotError } from "./errors.ts";
 import type { SnapshotKind } from "./manifest.ts";
 
-const KINDS: readonly SnapshotKind[] = ["template", "user", "pause", "fork"];
+const KINDS: readonly SnapshotKind[] = ["template", "user", "pause", "fork", "boot"];
 
 /** Where and how to reach the S3-compatible object store of snapshots. */
 export interface S3Settings {

@@ -16,8 +16,10 @@ export const MANIFEST_VERSION = 1;
  * - `user`: `POST /sandboxes/{id}/snapshots`; listed, kept until deleted
  * - `pause`: the state of one paused sandbox; deleted with it or when it resumes and pauses again
  * - `fork`: the checkpoint children of one fork start from; removed once no sandbox uses it
+ * - `boot`: a VM of one shape booted up to envd with no root filesystem mounted
+ *   (src/sandbox/boot-snapshot.ts); a cold boot of any template restores it and mounts its disk
  */
-export type SnapshotKind = "template" | "user" | "pause" | "fork";
+export type SnapshotKind = "template" | "user" | "pause" | "fork" | "boot";
 
 /** A layer file in a repository: `sha256:<64 hex>` of its bytes and its size in bytes. */
 export interface LayerRef {
@@ -69,7 +71,7 @@ export interface SnapshotManifest {
    */
   tools?: LayerRef;
   /**
-   * Key of the node's tools drive build (src/tools) that `tools` is a copy of (kind `template`):
+   * Key of the node's tools drive build (src/tools) that `tools` is a copy of (kinds `template`, `boot`):
    * a template snapshot is current only while the node's tools drive is this one, so a new
    * agentenv (init, envd) reaches restored sandboxes.
    */
@@ -118,7 +120,7 @@ export function parseManifest(v: unknown, where: string): SnapshotManifest {
   const m = v as Record<string, any>;
   if (m.version !== MANIFEST_VERSION) bad("version");
   if (typeof m.id !== "string" || !SNAPSHOT_ID_RE.test(m.id)) bad("id");
-  if (!["template", "user", "pause", "fork"].includes(m.kind)) bad("kind");
+  if (!["template", "user", "pause", "fork", "boot"].includes(m.kind)) bad("kind");
   if (m.parent !== null && (typeof m.parent !== "string" || !SNAPSHOT_ID_RE.test(m.parent))) bad("parent");
   if (typeof m.createdAt !== "string" || Number.isNaN(Date.parse(m.createdAt))) bad("createdAt");
   if (!Array.isArray(m.names) || !m.names.every((n: unknown) => typeof n === "string" && SNAPSHOT_NAME_RE.test(n))) bad("names");

@@ -12,6 +12,8 @@
  *   /etc/envd.env       `[envd] jsc_options` as BUN_JSC_<name>=<value> lines, set by the init for
  *                       envd's runtime only (see `jscEnvLines`)
  *   /dev /proc /sys /newroot   mount points of the init's first stage
+ *   /.aenv              a link to `.`: the drive's own paths (/.aenv/bin, /.aenv/lib/ld.so) before
+ *                       the root filesystem is mounted (a boot snapshot, see ./init.sh)
  * so a root filesystem needs nothing of its own: no glibc, no shell, not even /etc.
  *
  * Images are immutable and keyed by their inputs: `$home/tools/<key>/tools.ext4`. A VM (or a
@@ -32,7 +34,7 @@ import initScript from "./init.sh" with { type: "text" };
 const log = logger("tools");
 
 /** Bump when the drive's layout changes in a way its inputs do not show. */
-const LAYOUT_VERSION = "tools-v1";
+const LAYOUT_VERSION = "tools-v2";
 /** File name of the image inside `$home/tools/<key>/`. */
 export const TOOLS_IMAGE = "tools.ext4";
 
@@ -211,7 +213,11 @@ async function buildLocked(opts: ToolsBuildOptions): Promise<{ image: ToolsImage
   rmSync(work, { recursive: true, force: true });
   const tree = join(work, "tree");
   try {
-    for (const d of ["bin", "lib", "etc", "dev", "proc", "sys", "newroot"]) mkdirSync(join(tree, d), { recursive: true });
+    // root: the home envd gives root's commands before the root filesystem is mounted
+    for (const d of ["bin", "lib", "etc", "dev", "proc", "sys", "newroot", "root"]) mkdirSync(join(tree, d), { recursive: true });
+    // /.aenv names the drive's root wherever it is mounted: before the root filesystem is (a boot
+    // snapshot's envd, started by `aenv.boot=wait`) the paths below /.aenv resolve as after
+    symlinkSync(".", join(tree, ".aenv"));
     writeFileSync(join(tree, "init"), initScript);
     writeFileSync(join(tree, "etc/envd.json"), envdSettings);
     writeFileSync(join(tree, "etc/envd.env"), jscEnvLines(String(opts.envd.jsc_options ?? "")));

@@ -114,6 +114,11 @@ describe("the test home's tools drive", () => {
     sh(["debugfs", "-R", `dump /bin/agentenv ${envd}`, tools.path]);
     expect(readInterpreter(envd)).toBe("/.aenv/lib/ld.so");
     expect(sh(["debugfs", "-R", "stat /lib/ld.so", tools.path])).toContain('Fast link dest: "ld-linux-x86-64.so.2"');
+    // /.aenv names the drive's own root before a root filesystem is mounted (boot snapshots), and
+    // /root is the home envd gives root's commands then
+    expect(sh(["debugfs", "-R", "stat /.aenv", tools.path])).toContain('Fast link dest: "."');
+    expect(sh(["debugfs", "-R", "stat /root", tools.path])).toContain("Type: directory");
+    for (const b of ["blockdev", "pivot_root"]) expect(sh(["debugfs", "-R", "ls /bin", tools.path]).split(/\s+/)).toContain(b);
     const lib = sh(["debugfs", "-R", "ls /lib", tools.path]);
     for (const l of ["libc.so.6", "libm.so.6", "ld-linux-x86-64.so.2", "libcurl.so.4", "libmnl.so.0"]) expect(lib).toContain(l);
     const bin = sh(["debugfs", "-R", "ls /bin", tools.path]);
@@ -239,4 +244,21 @@ describe("VMs whose root filesystem has no glibc", () => {
     expect(end).toEqual({ exited: true, status: "exit status 0" });
     expect(out).toBe(".aenv\ndev\netc\nlost+found\nproc\nroot\nrun\nsys\ntmp\n0\n/root\n/.aenv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/.aenv/bin\n1\n");
   }, 180_000);
+});
+
+describe("the init's mount-root (a VM restored from a boot snapshot)", () => {
+  /** Run the drive's init as `busybox sh init <args>` on the host (not PID 1). */
+  const init = (...args: string[]) => {
+    const script = join(work, "init.sh");
+    writeFileSync(script, toolsInitScript());
+    const r = Bun.spawnSync(["busybox", "sh", script, ...args], { stderr: "pipe", stdout: "pipe" });
+    return { exit: r.exitCode, stderr: r.stderr.toString() };
+  };
+
+  test("refuses missing arguments, and a root that is not the tools drive's (nothing mounted)", () => {
+    expect(init("mount-root")).toEqual({ exit: 1, stderr: "init: usage: init mount-root <dev> <fstype> [<dns>]\n" });
+    expect(init("mount-root", "/dev/vdb")).toEqual({ exit: 1, stderr: "init: usage: init mount-root <dev> <fstype> [<dns>]\n" });
+    // the host's / has no /.aenv link: it is not a tools drive before its pivot
+    expect(init("mount-root", "/dev/vdb", "ext4")).toEqual({ exit: 1, stderr: "init: the root filesystem is mounted already\n" });
+  });
 });

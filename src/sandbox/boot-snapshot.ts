@@ -1,0 +1,183 @@
+/**
+ * Boot snapshots: a cold boot without booting. A VM of one shape (vCPUs, memory, root disk
+ * size) is booted once through the tools drive with `aenv.boot=wait`: the guest init starts envd
+ * on the tools drive itself and leaves the root disk (a sparse placeholder of the same size)
+ * alone. That VM is paused and committed to the snapshot repository as a snapshot of kind `boot`
+ * (device state, memory layer, the placeholder as its disk layer, a copy of the tools drive).
+ * A cold boot of any template of that shape then restores it with the template's disk in the
+ * placeholder's place and has envd run `/.aenv/init mount-root` (src/tools/init.sh), which drops
+ * the kernel's cached blocks of the placeholder, mounts the disk and pivots into it, envd and
+ * PID 1 with it. The kernel boot and Bun's start (most of a cold boot under TCG) are then paid
+ * once per shape, not per boot; the guest sees the same devices, addresses and MAC as the booted
+ * VM had.
+ *
+ * A boot snapshot is current while the node's kernel, tools drive and VMM driver are those it
+ * was made with; an older one is tombstoned when a new one is made (removed once no sandbox
+ * runs from it). The disk size is part of the shape because the guest kernel reads the disk's
+ * capacity when it probes it, in the boot snapshot.
+ */
+import { mkdirSync, readFileSync, rmSync, statSync, truncateSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import type { Logger } from "pino";
+import { ENVD_PORT, ENVD_VERSION } from "../envd/version.ts";
+import { guestAddress, netSpec, parseEgressPolicy, type NetworkManager } from "../net/index.ts";
+import { OrchestratorError } from "../orchestrator/errors.ts";
+import { newSnapshotId, type LocalRepository, type SnapshotManifest } from "../snapshot/index.ts";
+import { importSparse } from "../storage/overlaybd/index.ts";
+import { ROOTFS_DEVICE, TOOLS_MOUNT, toolsBoot } from "../tools/index.ts";
+import type { VmHandle, VmmDriver } from "../vmm/index.ts";
+import { toolsKeyOf } from "./build-snapshot.ts";
+import { captureVm } from "./capture.ts";
+import { runInGuest, waitEnvdHealthy } from "./envd-client.ts";
+
+const MiB = 1024 * 1024;
+/** Kernel argument of a boot snapshot's boot (src/tools/init.sh). */
+export const BOOT_WAIT_ARG = "aenv.boot=wait";
+
+/** The VM shape a boot snapshot is made for. Sizes in bytes. */
+export interface BootShape {
+  vcpus: number;
+  memoryMiB: number;
+  /** Size of the root disk the restored VMs are given (its virtual size, what the guest sees). */
+  diskBytes: number;
+}
+
+/** What makes a boot snapshot current: the node's driver, guest kernel and tools drive. */
+export interface BootKeys {
+  driver: SnapshotManifest["vm"]["driver"];
+  kernelKey: string;
+  /** Tools drive image path (`$home/tools/<key>/tools.ext4`). */
+  toolsImage: string;
+}
+
+/** What making a boot snapshot needs. */
+export interface BootSnapshotDeps {
+  repo: LocalRepository;
+  driver: VmmDriver;
+  net: NetworkManager;
+  kernelPath: string;
+  /** Directory for the boot VM's work dir (removed afterwards). */
+  workRoot: string;
+  /** envd /health poll period and the bound on the whole boot, ms. */
+  envdPollMs: number;
+  bootTimeoutMs: number;
+  log: Logger;
+}
+
+/** The current boot snapshot of `shape` in `repo`, if any (the newest). */
+export function findBootSnapshot(repo: LocalRepository, shape: BootShape, keys: BootKeys): SnapshotManifest | undefined {
+  const toolsKey = toolsKeyOf(keys.toolsImage);
+  return repo
+    .list()
+    .filter(
+      (m) =>
+        m.kind === "boot" &&
+        m.memory !== null &&
+        m.vmState !== null &&
+        m.tools !== undefined &&
+        m.vm.vcpus === shape.vcpus &&
+        m.vm.memoryMiB === shape.memoryMiB &&
+        m.disk.virtualSize === shape.diskBytes &&
+        m.vm.driver === keys.driver &&
+        m.vm.kernelKey === keys.kernelKey &&
+        m.toolsKey === toolsKey,
+    )
+    .at(-1);
+}
+
+/** Boot snapshots no longer current (another kernel, tools drive or driver). */
+export function staleBootSnapshots(repo: LocalRepository, keys: BootKeys): SnapshotManifest[] {
+  const toolsKey = toolsKeyOf(keys.toolsImage);
+  return repo.list().filter((m) => m.kind === "boot" && (m.vm.driver !== keys.driver || m.vm.kernelKey !== keys.kernelKey || m.toolsKey !== toolsKey));
+}
+
+/**
+ * Boot a VM of `shape` up to envd without a root filesystem and commit it as a `boot` snapshot.
+ * Takes a network slot for the boot (released before this returns).
+ * @param id VM and slot id of the boot (letters and digits)
+ * @returns the published manifest
+ * @throws OrchestratorError `orchestrator.runtime_failed` when envd does not come up or its
+ *   warm-up command fails; VmmError, NetError, SnapshotError from the parts (nothing published)
+ */
+export async function makeBootSnapshot(d: BootSnapshotDeps, id: string, shape: BootShape, keys: BootKeys, signal: AbortSignal): Promise<SnapshotManifest> {
+  const t0 = performance.now();
+  const workDir = join(d.workRoot, id);
+  rmSync(workDir, { recursive: true, force: true });
+  mkdirSync(workDir, { recursive: true });
+  const placeholder = join(workDir, "placeholder.raw");
+  writeFileSync(placeholder, "");
+  truncateSync(placeholder, shape.diskBytes);
+  let vm: VmHandle | undefined;
+  let slotTaken = false;
+  const txn = d.repo.begin();
+  try {
+    const slot = await d.net.allocate(parseEgressPolicy({}), id);
+    slotTaken = true;
+    const net = netSpec(slot);
+    const boot = toolsBoot(keys.toolsImage, placeholder, BOOT_WAIT_ARG);
+    vm = await d.driver.boot({ id, workDir, kernelPath: d.kernelPath, bootArgs: boot.bootArgs, vcpus: shape.vcpus, memoryMiB: shape.memoryMiB, drives: boot.drives, net });
+    const base = `http://${guestAddress(slot, ENVD_PORT).host}:${ENVD_PORT}`;
+    const bootSignal = AbortSignal.any([signal, AbortSignal.timeout(d.bootTimeoutMs)]);
+    await waitEnvdHealthy(base, d.envdPollMs, bootSignal, vm.exited);
+    // one command through envd before the capture: the code of a process start is then compiled
+    // in the snapshot's memory, not in every restored VM's first command (mount-root)
+    const warm = await runInGuest(base, { cmd: `${TOOLS_MOUNT}/bin/true`, args: [], user: "root", cwd: "/", envs: {} }, bootSignal);
+    if (warm.exitCode !== 0) throw new OrchestratorError("orchestrator.runtime_failed", `boot snapshot ${id}: warm-up command exited ${warm.exitCode}: ${warm.output.slice(-300)}`, { id });
+    const readyMs = Math.round(performance.now() - t0);
+    await vm.pause();
+    const cap = await captureVm(vm, txn, shape.memoryMiB * MiB, []);
+    await vm.stop();
+    vm = undefined;
+    const diskOut = txn.file("disk.layer");
+    await importSparse(placeholder, diskOut);
+    const m: SnapshotManifest = {
+      version: 1,
+      id: newSnapshotId(),
+      kind: "boot",
+      parent: null,
+      createdAt: new Date().toISOString(),
+      names: [],
+      source: { sandboxId: null, templateId: "" },
+      vm: { driver: keys.driver, vcpus: shape.vcpus, memoryMiB: shape.memoryMiB, kernelKey: keys.kernelKey, mac: net.mac, bootArgs: boot.bootArgs },
+      envd: { version: ENVD_VERSION, accessToken: null },
+      disk: { virtualSize: shape.diskBytes, layers: [txn.addLayer(diskOut)] },
+      memory: { size: shape.memoryMiB * MiB, layers: [cap.memory] },
+      vmState: cap.vmState,
+      tools: txn.addLayer(keys.toolsImage, { keepSource: true }),
+      toolsKey: toolsKeyOf(keys.toolsImage),
+    };
+    txn.publish(m);
+    d.log.info({ snapshot: m.id, ...shape, readyMs, memoryBytes: cap.changedBytes, totalMs: Math.round(performance.now() - t0) }, "boot snapshot committed");
+    return m;
+  } catch (e) {
+    txn.abort();
+    throw e;
+  } finally {
+    if (vm) await vm.stop().catch((e) => d.log.error({ id, err: e }, "boot snapshot VM stop failed"));
+    if (slotTaken) await d.net.release(id).catch((e) => d.log.error({ id, err: e }, "boot snapshot slot release failed"));
+    rmSync(workDir, { recursive: true, force: true });
+  }
+}
+
+/**
+ * In a VM restored from a boot snapshot: have envd mount the sandbox's root disk and pivot into
+ * it (`/.aenv/init mount-root`, src/tools/init.sh).
+ * @param base envd's URL
+ * @throws OrchestratorError `orchestrator.runtime_failed` with the init's words when it fails
+ */
+export async function mountRootInGuest(base: string, signal: AbortSignal, fstype = "ext4"): Promise<void> {
+  const r = await runInGuest(base, { cmd: `${TOOLS_MOUNT}/bin/sh`, args: [`${TOOLS_MOUNT}/init`, "mount-root", ROOTFS_DEVICE, fstype], user: "root", cwd: "/", envs: {} }, signal);
+  if (r.exitCode !== 0) throw new OrchestratorError("orchestrator.runtime_failed", `mounting the root filesystem in a VM restored from a boot snapshot failed (exit ${r.exitCode}): ${r.output.slice(-500)}`, {});
+}
+
+/**
+ * Size in bytes of a served disk as the VMM sees it: a file's size, or a block device's
+ * (/sys/dev/block/<major>:<minor>/size, in 512-byte sectors).
+ * @throws Error when the path cannot be read
+ */
+export function servedSize(path: string): number {
+  const st = statSync(path);
+  if (!st.isBlockDevice()) return st.size;
+  const major = Math.floor(st.rdev / 256) & 0xfff, minor = (st.rdev & 0xff) | ((st.rdev >>> 12) & 0xfff00);
+  return Number(readFileSync(`/sys/dev/block/${major}:${minor}/size`, "utf8").trim()) * 512;
+}

@@ -1,0 +1,98 @@
+/**
+ * Boot snapshots end to end (`[vm] boot_snapshots`, src/sandbox/boot-snapshot.ts): `agentenv
+ * server` in a private namespace, the unmodified SDK, real QEMU VMs. A create asking for another
+ * memory size than the base template's snapshot is a cold boot: the first one of that shape makes
+ * the boot snapshot (a VM booted to envd with no root filesystem, committed), and it and every
+ * later cold boot of the shape restore it and mount the sandbox's disk. The guest then runs on
+ * the template's root filesystem (PID 1 pivoted too) with the disk's true size, its own host
+ * name and the memory asked for; pause and resume keep its files and processes; a second
+ * mount-root is refused. With the setting off, a cold boot boots.
+ */
+import { afterAll, expect, test } from "bun:test";
+import { readdirSync, readFileSync } from "node:fs";
+import { join } from "node:path";
+import { NodeWorld, vmPrerequisites } from "./world.ts";
+
+const missing = vmPrerequisites();
+const worlds: NodeWorld[] = [];
+afterAll(async () => {
+  for (const w of worlds) await w.dispose();
+}, 60_000);
+
+/** The node's log lines (pino JSON) with message `msg`. */
+function lines(w: NodeWorld, msg: string): Record<string, any>[] {
+  return w.log
+    .split("\n")
+    .filter((l) => l.includes(`"msg":"${msg}"`))
+    .map((l) => JSON.parse(l));
+}
+
+/** Manifests of kind `boot` in the world's snapshot repository. */
+function bootManifests(w: NodeWorld): Record<string, any>[] {
+  const dir = join(w.home, "snapshots", "manifests");
+  return readdirSync(dir)
+    .filter((f) => f.endsWith(".json"))
+    .map((f) => JSON.parse(readFileSync(join(dir, f), "utf8")))
+    .filter((m) => m.kind === "boot");
+}
+
+type Box = Record<string, any> & { id: string };
+
+/** What a sandbox cold-booted on the base template must show, boot snapshot or not. */
+function expectBaseGuest(b: Box, marker: string): void {
+  expect(b.osRelease).toBe("ID=debian");
+  expect(b.rootSource).toBe("/dev/vdb");
+  // the kernel mounted the tools drive as its root device (root=/dev/vda)
+  expect(b.toolsSource).toBe("/dev/root");
+  expect(b.pid1Root).toBe("/");
+  expect(b.hostname).toBe(b.id);
+  expect(b.whoami).toBe("user");
+  // 384 MiB asked for: the kernel reserves some, never more than 64 MiB here
+  expect(b.memTotalKiB).toBeGreaterThan(320 * 1024);
+  expect(b.memTotalKiB).toBeLessThanOrEqual(384 * 1024);
+  expect(b.markerAfter).toBe(marker);
+  expect(b.sleepAfter).toBe(b.sleepBefore);
+  expect(b.sleepBefore).toMatch(/^\d+$/);
+}
+
+test("cold boots restore one boot snapshot per shape and mount the sandbox's disk; the guest is the template's, keeps its state across pause and resume, and refuses a second mount-root", async () => {
+  if (missing) throw new Error(`VM prerequisites missing: ${missing}`);
+  const w = new NodeWorld();
+  worlds.push(w);
+  await w.start({ AENV_LOG_LEVEL: "info" });
+  expect(bootManifests(w)).toEqual([]);
+
+  const b1 = await w.client<Box>("boot-snapshot.ts", ["create", "384", "first"], 300_000);
+  expectBaseGuest(b1, "first");
+  const made = lines(w, "boot snapshot committed");
+  expect(made.length).toBe(1);
+  const [boot] = bootManifests(w);
+  expect(boot!.id).toBe(made[0]!.snapshot);
+  expect([boot!.vm.memoryMiB, boot!.vm.vcpus, boot!.memory.layers.length, boot!.tools !== undefined]).toEqual([384, 1, 1, true]);
+  // the guest sees the sandbox's disk at its own size, which the boot snapshot was made for
+  expect(b1.diskSectors * 512).toBe(boot!.disk.virtualSize);
+  expect(b1.again.exit).not.toBe(0);
+  expect(b1.again.stderr).toContain("the root filesystem is mounted already");
+
+  // the second cold boot of the shape restores the same boot snapshot: none is made
+  const b2 = await w.client<Box>("boot-snapshot.ts", ["create", "384", "second"], 300_000);
+  expectBaseGuest(b2, "second");
+  expect(lines(w, "boot snapshot committed").length).toBe(1);
+  const booted = lines(w, "sandbox booted from a boot snapshot");
+  expect(booted.map((l) => [l.sandboxId, l.bootSnapshot, l.bootSnapshot === boot!.id])).toEqual([
+    [b1.id, boot!.id, true],
+    [b2.id, boot!.id, true],
+  ]);
+  expect(lines(w, "sandbox booted").length).toBe(0);
+  // each paused from a VM restored from the boot snapshot: its resume restored that pause
+  expect(lines(w, "sandbox restored").map((l) => l.sandboxId)).toEqual([b1.id, b2.id]);
+  await w.stop();
+
+  // off: a cold boot boots the kernel, and no boot snapshot is made
+  await w.start({ AENV_LOG_LEVEL: "info", AENV__vm__boot_snapshots: "false" });
+  const b3 = await w.client<Box>("boot-snapshot.ts", ["create", "384", "third"], 300_000);
+  expectBaseGuest(b3, "third");
+  expect(lines(w, "sandbox booted").map((l) => l.sandboxId)).toEqual([b3.id]);
+  expect(lines(w, "sandbox booted from a boot snapshot").length).toBe(0);
+  expect(bootManifests(w).map((m) => m.id)).toEqual([boot!.id]);
+}, 900_000);
