@@ -136,7 +136,7 @@ export interface StartTimings {
   totalMs: number;
   restored: boolean;
   /** A cold boot that restored a boot snapshot (memoryMs, vmmMs: its image and restore; the root mount is in vmmMs). */
-  bootSnapshot?: boolean;
+  fromBootSnapshot?: boolean;
   /** Started from the restore pool (a VM restored ahead): slotMs is its policy update, vmmMs its continue. */
   pooled: boolean;
 }
@@ -668,6 +668,16 @@ export class VmRuntime implements SandboxRuntime {
         removed.push(`snapshot ${m.id} (${m.kind})`);
       }
     }
+    // boot snapshots of another kernel, tools drive or driver: no VM of this node runs from them now
+    try {
+      for (const m of staleBootSnapshots(this.repo, { driver: this.o.driver.name, kernelKey: this.kernelKeys.of(this.o.kernelPath()), toolsImage: this.o.toolsImage() })) {
+        this.repo.remove(m.id);
+        dropped.push(...layersOf(m).map((l) => l.digest));
+        removed.push(`snapshot ${m.id} (boot, stale)`);
+      }
+    } catch (e) {
+      this.log.warn({ err: e }, "stale boot snapshots not looked for (no kernel or tools drive yet)");
+    }
     // nothing restores yet: their layers go now unless another snapshot names them (no grace)
     const gc = this.repo.gc([], Date.now(), dropped);
     removed.push(...gc.layers.map((l) => `layer ${l}`), ...gc.staging.map((s) => `staging ${s}`));
@@ -910,7 +920,7 @@ export class VmRuntime implements SandboxRuntime {
       t.slotMs = lap();
       // a cold boot without volumes restores the boot snapshot of its shape (made now if missing)
       bootSnap = !restore && volumeDrives.length === 0 && this.o.bootSnapshots ? await this.bootSnapshotFor({ vcpus: spec.cpuCount, memoryMiB: spec.memoryMB, diskBytes: servedSize(disk.path) }, spec.signal) : undefined;
-      t.bootSnapshot = bootSnap !== undefined;
+      t.fromBootSnapshot = bootSnap !== undefined;
       const mac = restore ? base.vm.mac : bootSnap ? bootSnap.vm.mac : slot.mac;
       // a restore attaches the tools drive the snapshot's VM booted through (its copy in the
       // repository: the guest has it mounted); a cold boot the node's current one

@@ -6,10 +6,11 @@
  * later cold boot of the shape restore it and mount the sandbox's disk. The guest then runs on
  * the template's root filesystem (PID 1 pivoted too) with the disk's true size, its own host
  * name and the memory asked for; pause and resume keep its files and processes; a second
- * mount-root is refused. With the setting off, a cold boot boots.
+ * mount-root is refused. A boot snapshot of another tools drive is removed at the next start.
+ * With the setting off, a cold boot boots.
  */
 import { afterAll, expect, test } from "bun:test";
-import { readdirSync, readFileSync } from "node:fs";
+import { existsSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { NodeWorld, vmPrerequisites } from "./world.ts";
 
@@ -88,8 +89,15 @@ test("cold boots restore one boot snapshot per shape and mount the sandbox's dis
   expect(lines(w, "sandbox restored").map((l) => l.sandboxId)).toEqual([b1.id, b2.id]);
   await w.stop();
 
+  // a boot snapshot of another tools drive (an older agentenv) goes at the next start; the
+  // current one stays
+  const dir = join(w.home, "snapshots", "manifests");
+  const staleId = "stale0boot0snapshot0";
+  writeFileSync(join(dir, `${staleId}.json`), JSON.stringify({ ...boot, id: staleId, toolsKey: "0000000000000000" }));
   // off: a cold boot boots the kernel, and no boot snapshot is made
   await w.start({ AENV_LOG_LEVEL: "info", AENV__vm__boot_snapshots: "false" });
+  expect(existsSync(join(dir, `${staleId}.json`))).toBe(false);
+  expect(bootManifests(w).map((m) => m.id)).toEqual([boot!.id]);
   const b3 = await w.client<Box>("boot-snapshot.ts", ["create", "384", "third"], 300_000);
   expectBaseGuest(b3, "third");
   expect(lines(w, "sandbox booted").map((l) => l.sandboxId)).toEqual([b3.id]);

@@ -23,6 +23,10 @@ test("a stored runtime state is parsed: valid ones pass unchanged, JSON round tr
   expect(parseVmState("s1", JSON.parse(JSON.stringify(paused)))).toEqual({ ...rest, rootDisk: "", paused: paused.paused });
   // a VM booted without a tools drive, an open envd
   expect(parseVmState("s1", { ...ok, toolsImage: undefined, envdToken: null })).toMatchObject({ coldBoot: false, envdToken: null });
+  // a cold boot restored from a boot snapshot: its memory layers, tools drive and kernel
+  const layer = { digest: `sha256:${"ab".repeat(32)}`, size: 4096 };
+  const booted = { ...ok, coldBoot: true, bootSnapshot: { id: "bootbootbootboot0000", memory: [layer], tools: layer, kernelKey: "0123456789abcdef" } };
+  expect(parseVmState("s1", JSON.parse(JSON.stringify(booted)))).toEqual(booted);
   // a sandbox of a user snapshot: no template layers, no process defaults
   expect(parseVmState("s1", { ...ok, template: { rootLayers: [], boot: null } }).template).toEqual({ rootLayers: [], boot: null });
 });
@@ -38,6 +42,8 @@ test("a damaged or foreign state is orchestrator.bad_runtime_state naming the fi
     [{ ...ok, envdToken: undefined }, "/envdToken"],
     [{ ...ok, template: undefined }, "/template"],
     [{ ...ok, template: { rootLayers: [""], boot: null } }, "/template/rootLayers/0"],
+    [{ ...ok, bootSnapshot: { id: "nope", memory: [{ digest: "sha256:x", size: 1 }], tools: { digest: "sha256:x", size: 1 }, kernelKey: "k" } }, "/bootSnapshot/id"],
+    [{ ...ok, bootSnapshot: { id: "bootbootbootboot0000", memory: [], tools: { digest: "sha256:x", size: 1 }, kernelKey: "k" } }, "/bootSnapshot/memory"],
   ];
   for (const [raw, field] of cases) {
     let err: unknown;
