@@ -22,12 +22,12 @@ import type { Logger } from "pino";
 import { ENVD_PORT, ENVD_VERSION } from "../envd/version.ts";
 import { guestAddress, netSpec, parseEgressPolicy, type NetworkManager } from "../net/index.ts";
 import { OrchestratorError } from "../orchestrator/errors.ts";
-import { newSnapshotId, type LocalRepository, type SnapshotManifest } from "../snapshot/index.ts";
+import { newSnapshotId, type LocalRepository, type SharedImages, type SnapshotManifest } from "../snapshot/index.ts";
 import { importSparse } from "../storage/overlaybd/index.ts";
 import { ROOTFS_DEVICE, TOOLS_MOUNT, toolsBoot } from "../tools/index.ts";
-import type { VmHandle, VmmDriver } from "../vmm/index.ts";
+import type { VmHandle, VmmDriver, VmSpec } from "../vmm/index.ts";
 import { toolsKeyOf } from "./build-snapshot.ts";
-import { captureVm } from "./capture.ts";
+import { captureVm, layerPaths, memoryKey } from "./capture.ts";
 import { runInGuest, waitEnvdHealthy } from "./envd-client.ts";
 
 const MiB = 1024 * 1024;
@@ -157,6 +157,46 @@ export async function makeBootSnapshot(d: BootSnapshotDeps, id: string, shape: B
     if (slotTaken) await d.net.release(id).catch((e) => d.log.error({ id, err: e }, "boot snapshot slot release failed"));
     rmSync(workDir, { recursive: true, force: true });
   }
+}
+
+/** What restoring a boot snapshot needs. */
+export interface BootRestoreDeps {
+  repo: LocalRepository;
+  images: SharedImages;
+  driver: VmmDriver;
+  envdPollMs: number;
+  log: Logger;
+}
+
+/**
+ * Start the VM of `spec` (its drives: `toolsBoot` of `snap`'s tools drive and the sandbox's root
+ * disk; its net: a slot's, whose envd answers at `envd`) from boot snapshot `snap`, and mount the
+ * root disk in it. The memory image is held until the VMM exits; `running` is called once the
+ * root disk is mounted (the caller counts the VM as a user of `snap`).
+ * @returns the running VM, envd answering on the sandbox's root filesystem (not yet /init-ed)
+ * @throws VmmError / SnapshotError from the restore; OrchestratorError `orchestrator.envd_failed`
+ *   or `orchestrator.runtime_failed` from envd and the mount (the VM is stopped first)
+ */
+export async function restoreBootSnapshot(d: BootRestoreDeps, snap: SnapshotManifest, spec: VmSpec, envd: string, signal: AbortSignal, running: () => void): Promise<VmHandle> {
+  const lease = await d.images.acquire(memoryKey(snap), layerPaths(d.repo, snap.memory!.layers));
+  let vm: VmHandle;
+  try {
+    vm = await d.driver.restore({ ...spec, vcpus: snap.vm.vcpus, memoryMiB: snap.vm.memoryMiB }, { statePath: d.repo.layerPath(snap.vmState!), memPath: lease.path, kind: "full" }, { resume: true });
+  } catch (e) {
+    await lease.release().catch(() => {});
+    throw e;
+  }
+  // the image may go only once the VMM that maps it is gone
+  void vm.exited.then(() => lease.release()).catch((e) => d.log.error({ id: spec.id, err: e }, "memory image release failed"));
+  try {
+    await waitEnvdHealthy(envd, d.envdPollMs, signal, vm.exited);
+    await mountRootInGuest(envd, signal);
+  } catch (e) {
+    await vm.stop().catch((err) => d.log.error({ id: spec.id, err }, "VM stop after a failed boot snapshot restore failed"));
+    throw e;
+  }
+  running();
+  return vm;
 }
 
 /**

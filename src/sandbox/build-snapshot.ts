@@ -12,7 +12,7 @@ import type { LocalRepository, SnapshotManifest } from "../snapshot/index.ts";
 import { upperPaths } from "../storage/daemon/index.ts";
 import type { BuildVmSpec } from "../template/index.ts";
 import type { VmHandle } from "../vmm/index.ts";
-import { captureVm, commitUpper, kernelKey, templateManifest } from "./capture.ts";
+import { captureVm, commitUpper, kernelKey, layerPaths, templateManifest } from "./capture.ts";
 
 /** What a build VM was booted with (the parts a snapshot records). */
 export interface BuildVmBoot {
@@ -26,6 +26,11 @@ export interface BuildVmBoot {
   mac: string;
   /** The VM's work dir (holds the disk's upper). */
   workDir: string;
+  /**
+   * The boot snapshot the VM was restored from instead of booted (src/sandbox/boot-snapshot.ts):
+   * its memory is the base of the capture, its tools drive and kernel the snapshot's.
+   */
+  fromBoot?: SnapshotManifest;
 }
 
 /** Key of the tools drive build an image path belongs to (`$home/tools/<key>/<image>`). */
@@ -52,7 +57,8 @@ export async function commitBuildSnapshot(
   const txn = repo.begin();
   try {
     await vm.pause();
-    const cap = await captureVm(vm, txn, spec.memoryMB * 1024 * 1024, []);
+    const fromBoot = boot.fromBoot;
+    const cap = await captureVm(vm, txn, spec.memoryMB * 1024 * 1024, fromBoot ? layerPaths(repo, fromBoot.memory!.layers) : []);
     // stopped, the disk export closed: nothing writes the upper any more
     await stopVm();
     const lowers = spec.layers.map((p) => txn.addLayer(p, { keepSource: true }));
@@ -69,12 +75,11 @@ export async function commitBuildSnapshot(
       cpuCount: spec.cpuCount,
       memoryMB: spec.memoryMB,
     };
-    const vmInfo = { driver: boot.driver, vcpus: spec.cpuCount, memoryMiB: spec.memoryMB, kernelKey: kernelKey(boot.kernelPath), mac: boot.mac };
-    const m: SnapshotManifest = {
-      ...templateManifest(tpl, vmInfo, [...lowers, ...(up ? [up.layer] : [])], cap),
-      tools: txn.addLayer(boot.toolsImage, { keepSource: true }),
-      toolsKey: toolsKeyOf(boot.toolsImage),
-    };
+    const vmInfo = { driver: boot.driver, vcpus: spec.cpuCount, memoryMiB: spec.memoryMB, kernelKey: fromBoot ? fromBoot.vm.kernelKey : kernelKey(boot.kernelPath), mac: boot.mac };
+    const made = templateManifest(tpl, vmInfo, [...lowers, ...(up ? [up.layer] : [])], cap);
+    const m: SnapshotManifest = fromBoot
+      ? { ...made, memory: { ...made.memory!, layers: [...fromBoot.memory!.layers, cap.memory] }, tools: fromBoot.tools!, toolsKey: fromBoot.toolsKey! }
+      : { ...made, tools: txn.addLayer(boot.toolsImage, { keepSource: true }), toolsKey: toolsKeyOf(boot.toolsImage) };
     source.record(m.id);
     txn.publish(m);
     return { snapshotId: m.id, memoryBytes: cap.changedBytes };

@@ -20,7 +20,9 @@ import { importExtents, openStack, RwLayer, SECTOR } from "../storage/overlaybd/
 import { upperPaths, type DiskExport } from "../storage/daemon/index.ts";
 import type { BuildVm, BuildVmSpec, VmCommand } from "../template/build-vm.ts";
 import { probeCommand, toolsBoot } from "../tools/index.ts";
+import type { SnapshotManifest } from "../snapshot/index.ts";
 import type { VmHandle } from "../vmm/index.ts";
+import { restoreBootSnapshot, servedSize, type BootShape } from "./boot-snapshot.ts";
 import { commitBuildSnapshot } from "./build-snapshot.ts";
 import { initEnvd, runInGuest, uploadToGuest, waitEnvdHealthy } from "./envd-client.ts";
 import type { VmRuntimeOptions } from "./vm-runtime.ts";
@@ -47,11 +49,23 @@ function mergeRanges(r: Array<[number, number]>): Array<[number, number]> {
 }
 
 /**
- * Boot a build VM from `spec.layers` and wait until its envd is initialised.
+ * Where build VMs find boot snapshots (the VM runtime's): `find` gives the current one of a
+ * shape (making it when missing; undefined: boot), `use`/`unuse` count the build VM as one of
+ * its users while it runs.
+ */
+export interface BuildBootSnapshots {
+  find(shape: BootShape, signal: AbortSignal): Promise<SnapshotManifest | undefined>;
+  use(snapshotId: string, vmId: string): void;
+  unuse(snapshotId: string, vmId: string): void;
+}
+
+/**
+ * Boot a build VM from `spec.layers` (or restore the boot snapshot of its shape, with
+ * `bootSnapshots`) and wait until its envd is initialised.
  * @throws OrchestratorError / DiskError / VmmError / NetError from the parts; everything made is
  *   freed first.
  */
-export async function bootBuildVm(o: VmRuntimeOptions, spec: BuildVmSpec, t: BuildVmTimeouts): Promise<BuildVm> {
+export async function bootBuildVm(o: VmRuntimeOptions, spec: BuildVmSpec, t: BuildVmTimeouts, bootSnapshots?: BuildBootSnapshots): Promise<BuildVm> {
   const id = `build-${spec.id.replace(/[^a-z0-9]/g, "").slice(0, 12)}`;
   const workDir = join(o.homePath, "sandboxes", id);
   rmSync(workDir, { recursive: true, force: true });
@@ -59,6 +73,7 @@ export async function bootBuildVm(o: VmRuntimeOptions, spec: BuildVmSpec, t: Bui
   let disk: DiskExport | undefined;
   let vm: VmHandle | undefined;
   let slotTaken = false;
+  let fromBoot: SnapshotManifest | undefined;
   // streams of commands left running (the start command): ended before a snapshot is taken
   const streams = new AbortController();
   const stopVm = async () => {
@@ -70,6 +85,8 @@ export async function bootBuildVm(o: VmRuntimeOptions, spec: BuildVmSpec, t: Bui
   };
   const stop = async () => {
     await stopVm();
+    // only now: a snapshot committed from this VM names the boot snapshot's layers once published
+    if (fromBoot) bootSnapshots?.unuse(fromBoot.id, id);
     if (slotTaken) await o.net.release(id).catch((e) => log.error({ id, err: e }, "build slot release failed"));
     slotTaken = false;
     rmSync(workDir, { recursive: true, force: true });
@@ -78,24 +95,26 @@ export async function bootBuildVm(o: VmRuntimeOptions, spec: BuildVmSpec, t: Bui
     disk = await o.disks.rootDisk({ id, lowers: spec.layers, sandboxDir: workDir, virtualSize: spec.diskBytes });
     const slot = await o.net.allocate(parseEgressPolicy({}), id);
     slotTaken = true;
-    const toolsImage = o.toolsImage();
     const kernelPath = o.kernelPath();
-    const net = netSpec(slot);
-    const boot = toolsBoot(toolsImage, disk.path, spec.bootArgs);
-    vm = await o.driver.boot({
-      id,
-      workDir,
-      kernelPath,
-      bootArgs: `${boot.bootArgs} aenv.hostname=build`,
-      vcpus: spec.cpuCount,
-      memoryMiB: spec.memoryMB,
-      drives: boot.drives,
-      net,
-    });
     const base = `http://${guestAddress(slot, ENVD_PORT).host}:${ENVD_PORT}`;
     const bootSignal = AbortSignal.any([spec.signal, AbortSignal.timeout(t.bootMs)]);
-    await waitEnvdHealthy(base, o.envdPollMs, bootSignal, vm.exited);
-    await initEnvd(base, { envVars: {}, defaultUser: "root", defaultWorkdir: "/", timestamp: new Date().toISOString() }, null, bootSignal);
+    const snap = await bootSnapshots?.find({ vcpus: spec.cpuCount, memoryMiB: spec.memoryMB, diskBytes: servedSize(disk.path) }, bootSignal);
+    // a restored VM keeps the tools drive and MAC of its boot snapshot
+    const toolsImage = snap ? o.snapshots.repo.layerPath(snap.tools!) : o.toolsImage();
+    const net = snap ? { ...netSpec(slot), mac: snap.vm.mac } : netSpec(slot);
+    const boot = toolsBoot(toolsImage, disk.path, spec.bootArgs);
+    const vmSpec = { id, workDir, kernelPath, bootArgs: `${boot.bootArgs} aenv.hostname=build`, vcpus: spec.cpuCount, memoryMiB: spec.memoryMB, drives: boot.drives, net };
+    if (snap) {
+      const deps = { repo: o.snapshots.repo, images: o.snapshots.images, driver: o.driver, envdPollMs: o.envdPollMs, log };
+      vm = await restoreBootSnapshot(deps, snap, vmSpec, base, bootSignal, () => {
+        fromBoot = snap;
+        bootSnapshots!.use(snap.id, id);
+      });
+    } else {
+      vm = await o.driver.boot(vmSpec);
+      await waitEnvdHealthy(base, o.envdPollMs, bootSignal, vm.exited);
+    }
+    await initEnvd(base, { envVars: {}, defaultUser: "root", defaultWorkdir: "/", timestamp: new Date().toISOString(), hostname: "build" }, null, bootSignal);
     log.info({ id, layers: spec.layers.length }, "build VM ready");
     const diskPath = disk.path;
     const run = async (c: VmCommand) => {
@@ -137,7 +156,7 @@ export async function bootBuildVm(o: VmRuntimeOptions, spec: BuildVmSpec, t: Bui
         // the start command keeps running in the guest; its output stream to this build ends here
         streams.abort();
         try {
-          const r = await commitBuildSnapshot(o.snapshots.repo, running, { spec, driver: o.driver.name, kernelPath, toolsImage, mac: net.mac, workDir }, source, stopVm);
+          const r = await commitBuildSnapshot(o.snapshots.repo, running, { spec, driver: o.driver.name, kernelPath, toolsImage, mac: net.mac, workDir, fromBoot }, source, stopVm);
           log.info({ id, snapshot: r.snapshotId, memoryBytes: r.memoryBytes }, "build snapshot committed");
           return r;
         } finally {

@@ -76,6 +76,13 @@ export async function commitUpper(txn: CommitTxn, lowers: string[], upper: Upper
   }
 }
 
+/** Name of the shared memory image of `m` (same layers, same image): 16 hex of the sha256 of its layer digests. */
+export function memoryKey(m: SnapshotManifest): string {
+  const h = new Bun.CryptoHasher("sha256");
+  for (const l of m.memory?.layers ?? []) h.update(l.digest);
+  return h.digest("hex").slice(0, 16);
+}
+
 /** Layer paths of refs in `repo`. */
 export function layerPaths(repo: LocalRepository, refs: readonly LayerRef[]): string[] {
   return refs.map((r) => repo.layerPath(r));

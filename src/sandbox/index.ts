@@ -6,7 +6,8 @@
  * state machine.
  */
 export { createVmRuntime, snapshotServices, vmRuntimeOptions } from "./factory.ts";
-export { memoryKey, snapshotInfo, VmRuntime, type CaptureReport, type StartTimings, type VmRuntimeOptions } from "./vm-runtime.ts";
+export { snapshotInfo, VmRuntime, type CaptureReport, type StartTimings, type VmRuntimeOptions } from "./vm-runtime.ts";
+export { memoryKey } from "./capture.ts";
 export { parseVmState, pinnedTemplateLayers, type VmState } from "./vm-state.ts";
 export { captureVm, commitUpper, kernelKey, templateManifest, type CapturedVm } from "./capture.ts";
 export { commitTemplateSnapshot, TEMPLATE_GUEST_MAC, type TemplateSnapshotResult } from "./template-snapshot.ts";

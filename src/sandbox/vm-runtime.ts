@@ -41,8 +41,8 @@ import { probeCommand, toolsBoot } from "../tools/index.ts";
 import { toolsKeyOf } from "./build-snapshot.ts";
 import { bootBuildVm, type BuildVmTimeouts } from "./build-vm.ts";
 import { parseVmState, type VmState } from "./vm-state.ts";
-import { captureVm, commitUpper, KernelKeys, layerPaths, templateManifest } from "./capture.ts";
-import { findBootSnapshot, makeBootSnapshot, mountRootInGuest, servedSize, staleBootSnapshots, type BootShape } from "./boot-snapshot.ts";
+import { captureVm, commitUpper, KernelKeys, layerPaths, memoryKey, templateManifest } from "./capture.ts";
+import { findBootSnapshot, makeBootSnapshot, restoreBootSnapshot, servedSize, staleBootSnapshots, type BootShape } from "./boot-snapshot.ts";
 import { consoleLogLine } from "./console-lines.ts";
 import { fetchEnvdMetrics, initEnvd, runInGuest, waitEnvdHealthy } from "./envd-client.ts";
 import { execInGuest } from "./guest-exec.ts";
@@ -258,7 +258,13 @@ export class VmRuntime implements SandboxRuntime {
    */
   buildVmLauncher(timeouts: BuildVmTimeouts): BuildVmLauncher {
     return {
-      boot: (spec) => bootBuildVm(this.o, spec, timeouts),
+      boot: (spec) =>
+        bootBuildVm(
+          this.o,
+          spec,
+          timeouts,
+          this.o.bootSnapshots ? { find: (shape, signal) => this.bootSnapshotFor(shape, signal), use: (snap, vm) => this.use(snap, vm), unuse: (snap, vm) => this.unuse(snap, vm) } : undefined,
+        ),
       snapshotUsable: (id) => {
         const m = this.repo.find(id);
         if (!m || m.memory === null || m.vmState === null || this.repo.isTombstoned(id)) return false;
@@ -952,21 +958,10 @@ export class VmRuntime implements SandboxRuntime {
         void vm.exited.then(() => l.release()).catch((e) => this.log.error({ sandboxId: id, err: e }, "memory image release failed"));
       } else if (bootSnap) {
         step = "restore boot snapshot";
-        lease = await this.o.snapshots.images.acquire(memoryKey(bootSnap), layerPaths(this.repo, bootSnap.memory!.layers));
-        t.memoryMs = lap();
-        vm = await this.o.driver.restore(
-          { ...vmSpec, vcpus: bootSnap.vm.vcpus, memoryMiB: bootSnap.vm.memoryMiB },
-          { statePath: this.repo.layerPath(bootSnap.vmState!), memPath: lease.path, kind: "full" },
-          { resume: true },
-        );
-        const l = lease;
-        void vm.exited.then(() => l.release()).catch((e) => this.log.error({ sandboxId: id, err: e }, "memory image release failed"));
-        this.use(bootSnap.id, id);
-        step = "mount the root filesystem";
         const envd = `http://${guestAddress(slot, ENVD_PORT).host}:${ENVD_PORT}`;
-        const signal = AbortSignal.any([spec.signal, AbortSignal.timeout(this.o.readyTimeoutMs)]);
-        await waitEnvdHealthy(envd, this.o.envdPollMs, signal, vm.exited);
-        await mountRootInGuest(envd, signal);
+        const signal = AbortSignal.any([spec.signal, AbortSignal.timeout(BOOT_SNAPSHOT_TIMEOUT_MS)]);
+        const snap = bootSnap;
+        vm = await restoreBootSnapshot({ repo: this.repo, images: this.o.snapshots.images, driver: this.o.driver, envdPollMs: this.o.envdPollMs, log: this.log }, snap, vmSpec, envd, signal, () => this.use(snap.id, id));
       } else {
         step = "boot VM";
         vm = await this.o.driver.boot(vmSpec);
@@ -1232,12 +1227,6 @@ function safeReaddir(dir: string): string[] {
   }
 }
 
-/** Name of the shared memory image of `m` (same layers, same image). */
-export function memoryKey(m: SnapshotManifest): string {
-  const h = new Bun.CryptoHasher("sha256");
-  for (const l of m.memory?.layers ?? []) h.update(l.digest);
-  return h.digest("hex").slice(0, 16);
-}
 
 /** A snapshot as the API lists it. */
 export function snapshotInfo(m: SnapshotManifest): SnapshotInfo {

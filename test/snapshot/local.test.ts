@@ -236,7 +236,7 @@ describe("local snapshot repository", () => {
     const bad = (patch: Record<string, unknown>) => () => parseManifest({ ...m, ...patch }, "t");
     expect(bad({ version: 2 })).toThrow(expect.objectContaining({ code: "snapshot.bad_manifest", details: expect.objectContaining({ field: "version" }) }));
     expect(bad({ kind: "other" })).toThrow(expect.objectContaining({ details: expect.objectContaining({ field: "kind" }) }));
-    for (const kind of ["template", "user", "pause", "fork", "boot"]) expect(parseManifest({ ...m, kind }, "t").kind).toBe(kind);
+    for (const kind of ["template", "user", "pause", "fork", "boot"] as const) expect(parseManifest({ ...m, kind }, "t").kind).toBe(kind);
     expect(bad({ names: ["bad name"] })).toThrow(expect.objectContaining({ details: expect.objectContaining({ field: "names" }) }));
     expect(bad({ disk: { virtualSize: 1, layers: [] } })).toThrow(expect.objectContaining({ details: expect.objectContaining({ field: "disk" }) }));
     expect(bad({ memory: null })).toThrow(expect.objectContaining({ details: expect.objectContaining({ field: "vmState" }) }));
