@@ -1,8 +1,7 @@
 /**
- * Boot snapshots: a cold boot without booting. A VM of one shape (vCPUs, memory, root disk
- * size) is booted once through the tools drive with `aenv.boot=wait`: the guest init starts envd
- * on the tools drive itself and leaves the root disk (a sparse placeholder of the same size)
- * alone. That VM is paused and committed to the snapshot repository as a snapshot of kind `boot`
+ * Boot snapshots: a cold boot without booting. A VM of one shape (vCPUs, memory) is booted
+ * once through the tools drive with `aenv.boot=wait`: the guest init starts envd on the tools
+ * drive itself and leaves the root disk (a sparse placeholder, BOOT_PLACEHOLDER_BYTES) alone. That VM is paused and committed to the snapshot repository as a snapshot of kind `boot`
  * (device state, memory layer, the placeholder as its disk layer, a copy of the tools drive).
  * A cold boot of any template of that shape then restores it with the template's disk in the
  * placeholder's place and has envd run `/.aenv/init mount-root` (src/tools/init.sh), which drops
@@ -11,10 +10,12 @@
  * once per shape, not per boot; the guest sees the same devices, addresses and MAC as the booted
  * VM had.
  *
+ * The guest kernel read the placeholder's capacity when it probed it, in the boot snapshot: a
+ * restore first tells it the sandbox disk's size (a virtio config change, `driveResized`), and
+ * mount-root waits until the kernel sees that size. So one boot snapshot serves every disk size.
  * A boot snapshot is current while the node's kernel, tools drive and VMM driver are those it
  * was made with; an older one is tombstoned when a new one is made (removed once no sandbox
- * runs from it). The disk size is part of the shape because the guest kernel reads the disk's
- * capacity when it probes it, in the boot snapshot.
+ * runs from it).
  */
 import { mkdirSync, readFileSync, rmSync, statSync, truncateSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
@@ -24,7 +25,7 @@ import { guestAddress, netSpec, parseEgressPolicy, type NetworkManager } from ".
 import { OrchestratorError } from "../orchestrator/errors.ts";
 import { newSnapshotId, type LocalRepository, type SharedImages, type SnapshotManifest } from "../snapshot/index.ts";
 import { importSparse } from "../storage/overlaybd/index.ts";
-import { ROOTFS_DEVICE, TOOLS_MOUNT, toolsBoot } from "../tools/index.ts";
+import { ROOTFS_DEVICE, ROOTFS_DRIVE_ID, TOOLS_MOUNT, toolsBoot } from "../tools/index.ts";
 import type { VmHandle, VmmDriver, VmSpec } from "../vmm/index.ts";
 import { toolsKeyOf } from "./build-snapshot.ts";
 import { captureVm, layerPaths, memoryKey } from "./capture.ts";
@@ -34,13 +35,17 @@ const MiB = 1024 * 1024;
 /** Kernel argument of a boot snapshot's boot (src/tools/init.sh). */
 export const BOOT_WAIT_ARG = "aenv.boot=wait";
 
-/** The VM shape a boot snapshot is made for. Sizes in bytes. */
+/** The VM shape a boot snapshot is made for. */
 export interface BootShape {
   vcpus: number;
   memoryMiB: number;
-  /** Size of the root disk the restored VMs are given (its virtual size, what the guest sees). */
-  diskBytes: number;
 }
+
+/**
+ * Size of a boot snapshot's placeholder root disk, bytes. Any size works: a restored VM's
+ * guest is told its own disk's size before it mounts it (`VmHandle.driveResized`).
+ */
+export const BOOT_PLACEHOLDER_BYTES = 1024 * 1024 * 1024;
 
 /** What makes a boot snapshot current: the node's driver, guest kernel and tools drive. */
 export interface BootKeys {
@@ -77,7 +82,6 @@ export function findBootSnapshot(repo: LocalRepository, shape: BootShape, keys: 
         m.tools !== undefined &&
         m.vm.vcpus === shape.vcpus &&
         m.vm.memoryMiB === shape.memoryMiB &&
-        m.disk.virtualSize === shape.diskBytes &&
         m.vm.driver === keys.driver &&
         m.vm.kernelKey === keys.kernelKey &&
         m.toolsKey === toolsKey,
@@ -106,7 +110,7 @@ export async function makeBootSnapshot(d: BootSnapshotDeps, id: string, shape: B
   mkdirSync(workDir, { recursive: true });
   const placeholder = join(workDir, "placeholder.raw");
   writeFileSync(placeholder, "");
-  truncateSync(placeholder, shape.diskBytes);
+  truncateSync(placeholder, BOOT_PLACEHOLDER_BYTES);
   let vm: VmHandle | undefined;
   let slotTaken = false;
   const txn = d.repo.begin();
@@ -140,7 +144,7 @@ export async function makeBootSnapshot(d: BootSnapshotDeps, id: string, shape: B
       source: { sandboxId: null, templateId: "" },
       vm: { driver: keys.driver, vcpus: shape.vcpus, memoryMiB: shape.memoryMiB, kernelKey: keys.kernelKey, mac: net.mac, bootArgs: boot.bootArgs },
       envd: { version: ENVD_VERSION, accessToken: null },
-      disk: { virtualSize: shape.diskBytes, layers: [txn.addLayer(diskOut)] },
+      disk: { virtualSize: BOOT_PLACEHOLDER_BYTES, layers: [txn.addLayer(diskOut)] },
       memory: { size: shape.memoryMiB * MiB, layers: [cap.memory] },
       vmState: cap.vmState,
       tools: txn.addLayer(keys.toolsImage, { keepSource: true }),
@@ -189,8 +193,14 @@ export async function restoreBootSnapshot(d: BootRestoreDeps, snap: SnapshotMani
   // the image may go only once the VMM that maps it is gone
   void vm.exited.then(() => lease.release()).catch((e) => d.log.error({ id: spec.id, err: e }, "memory image release failed"));
   try {
+    // the guest kernel knows the placeholder's size: give it the sandbox disk's
+    const root = spec.drives.find((x) => x.id === ROOTFS_DRIVE_ID);
+    if (!root) throw new OrchestratorError("orchestrator.runtime_failed", `VM ${spec.id} has no ${ROOTFS_DRIVE_ID} drive to mount`, { id: spec.id });
+    const bytes = servedSize(root.path);
+    if (bytes % 512 !== 0) throw new OrchestratorError("orchestrator.runtime_failed", `root disk ${root.path} is ${bytes} bytes, not whole 512-byte sectors`, { id: spec.id, bytes });
+    if (bytes !== snap.disk.virtualSize) await vm.driveResized(root, bytes);
     await waitEnvdHealthy(envd, d.envdPollMs, signal, vm.exited);
-    await mountRootInGuest(envd, signal);
+    await mountRootInGuest(envd, bytes / 512, signal);
   } catch (e) {
     await vm.stop().catch((err) => d.log.error({ id: spec.id, err }, "VM stop after a failed boot snapshot restore failed"));
     throw e;
@@ -201,12 +211,13 @@ export async function restoreBootSnapshot(d: BootRestoreDeps, snap: SnapshotMani
 
 /**
  * In a VM restored from a boot snapshot: have envd mount the sandbox's root disk and pivot into
- * it (`/.aenv/init mount-root`, src/tools/init.sh).
+ * it (`/.aenv/init mount-root`, src/tools/init.sh), once the guest kernel sees the disk at
+ * `sectors` (512 bytes each).
  * @param base envd's URL
  * @throws OrchestratorError `orchestrator.runtime_failed` with the init's words when it fails
  */
-export async function mountRootInGuest(base: string, signal: AbortSignal, fstype = "ext4"): Promise<void> {
-  const r = await runInGuest(base, { cmd: `${TOOLS_MOUNT}/bin/sh`, args: [`${TOOLS_MOUNT}/init`, "mount-root", ROOTFS_DEVICE, fstype], user: "root", cwd: "/", envs: {} }, signal);
+export async function mountRootInGuest(base: string, sectors: number, signal: AbortSignal, fstype = "ext4"): Promise<void> {
+  const r = await runInGuest(base, { cmd: `${TOOLS_MOUNT}/bin/sh`, args: [`${TOOLS_MOUNT}/init`, "mount-root", ROOTFS_DEVICE, fstype, String(sectors)], user: "root", cwd: "/", envs: {} }, signal);
   if (r.exitCode !== 0) throw new OrchestratorError("orchestrator.runtime_failed", `mounting the root filesystem in a VM restored from a boot snapshot failed (exit ${r.exitCode}): ${r.output.slice(-500)}`, {});
 }
 

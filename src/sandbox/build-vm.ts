@@ -22,7 +22,7 @@ import type { BuildVm, BuildVmSpec, VmCommand } from "../template/build-vm.ts";
 import { probeCommand, toolsBoot } from "../tools/index.ts";
 import type { SnapshotManifest } from "../snapshot/index.ts";
 import type { VmHandle } from "../vmm/index.ts";
-import { restoreBootSnapshot, servedSize, type BootShape } from "./boot-snapshot.ts";
+import { restoreBootSnapshot, type BootShape } from "./boot-snapshot.ts";
 import { commitBuildSnapshot } from "./build-snapshot.ts";
 import { initEnvd, runInGuest, uploadToGuest, waitEnvdHealthy } from "./envd-client.ts";
 import type { VmRuntimeOptions } from "./vm-runtime.ts";
@@ -98,7 +98,7 @@ export async function bootBuildVm(o: VmRuntimeOptions, spec: BuildVmSpec, t: Bui
     const kernelPath = o.kernelPath();
     const base = `http://${guestAddress(slot, ENVD_PORT).host}:${ENVD_PORT}`;
     const bootSignal = AbortSignal.any([spec.signal, AbortSignal.timeout(t.bootMs)]);
-    const snap = await bootSnapshots?.find({ vcpus: spec.cpuCount, memoryMiB: spec.memoryMB, diskBytes: servedSize(disk.path) }, bootSignal);
+    const snap = await bootSnapshots?.find({ vcpus: spec.cpuCount, memoryMiB: spec.memoryMB }, bootSignal);
     // a restored VM keeps the tools drive and MAC of its boot snapshot
     const toolsImage = snap ? o.snapshots.repo.layerPath(snap.tools!) : o.toolsImage();
     const net = snap ? { ...netSpec(slot), mac: snap.vm.mac } : netSpec(slot);

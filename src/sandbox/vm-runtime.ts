@@ -42,7 +42,7 @@ import { toolsKeyOf } from "./build-snapshot.ts";
 import { bootBuildVm, type BuildVmTimeouts } from "./build-vm.ts";
 import { parseVmState, type VmState } from "./vm-state.ts";
 import { captureVm, commitUpper, KernelKeys, layerPaths, memoryKey, templateManifest } from "./capture.ts";
-import { findBootSnapshot, makeBootSnapshot, restoreBootSnapshot, servedSize, staleBootSnapshots, type BootShape } from "./boot-snapshot.ts";
+import { findBootSnapshot, makeBootSnapshot, restoreBootSnapshot, staleBootSnapshots, type BootShape } from "./boot-snapshot.ts";
 import { consoleLogLine } from "./console-lines.ts";
 import { fetchEnvdMetrics, initEnvd, runInGuest, waitEnvdHealthy } from "./envd-client.ts";
 import { execInGuest } from "./guest-exec.ts";
@@ -925,7 +925,7 @@ export class VmRuntime implements SandboxRuntime {
       slotTaken = true;
       t.slotMs = lap();
       // a cold boot without volumes restores the boot snapshot of its shape (made now if missing)
-      bootSnap = !restore && volumeDrives.length === 0 && this.o.bootSnapshots ? await this.bootSnapshotFor({ vcpus: spec.cpuCount, memoryMiB: spec.memoryMB, diskBytes: servedSize(disk.path) }, spec.signal) : undefined;
+      bootSnap = !restore && volumeDrives.length === 0 && this.o.bootSnapshots ? await this.bootSnapshotFor({ vcpus: spec.cpuCount, memoryMiB: spec.memoryMB }, spec.signal) : undefined;
       t.fromBootSnapshot = bootSnap !== undefined;
       const mac = restore ? base.vm.mac : bootSnap ? bootSnap.vm.mac : slot.mac;
       // a restore attaches the tools drive the snapshot's VM booted through (its copy in the
@@ -1024,7 +1024,7 @@ export class VmRuntime implements SandboxRuntime {
     const keys = { driver: this.o.driver.name, kernelKey: this.kernelKeys.of(this.o.kernelPath()), toolsImage: this.o.toolsImage() };
     const have = findBootSnapshot(this.repo, shape, keys);
     if (have) return have;
-    const key = `${shape.vcpus}c${shape.memoryMiB}m${shape.diskBytes}`;
+    const key = `${shape.vcpus}c${shape.memoryMiB}m`;
     const failedAt = this.bootSnapshotFailures.get(key);
     if (failedAt !== undefined && Date.now() - failedAt < BOOT_SNAPSHOT_RETRY_MS) return undefined;
     let build = this.bootSnapshotBuilds.get(key);

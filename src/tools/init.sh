@@ -17,9 +17,11 @@
 #                          tools drive itself (its /.aenv is a link to its own root) and leave the
 #                          root filesystem alone; the host snapshots the VM there, and each VM
 #                          restored from it gets its root filesystem from envd running
-#                            /.aenv/bin/sh /.aenv/init mount-root <dev> <fstype> [<dns>]
-#                          which does stage 1 and stage 2 (pivot_root moves envd and PID 1 into
-#                          the new root too) and exits 0, or non-zero with the reason on stderr.
+#                            /.aenv/bin/sh /.aenv/init mount-root <dev> <fstype> <sectors> [<dns>]
+#                          which waits until the kernel sees the disk at <sectors> (512 bytes; the
+#                          host told it the disk's size), does stage 1 and stage 2 (pivot_root
+#                          moves envd and PID 1 into the new root too) and exits 0, or non-zero
+#                          with the reason on stderr.
 PATH=/bin
 export PATH
 
@@ -113,12 +115,20 @@ CLOCK=; HOST=agentenv; DNS=
 # run by envd in a VM restored from a boot snapshot: stage 1 and 2 on the root filesystem $2
 if [ "$1" = mount-root ]; then
   [ "$$" = 1 ] && fail "mount-root is not for PID 1"
-  [ -n "$2" ] && [ -n "$3" ] || fail "usage: init mount-root <dev> <fstype> [<dns>]"
+  case "$4" in '' | *[!0-9]*) fail "usage: init mount-root <dev> <fstype> <sectors> [<dns>]" ;; esac
+  [ -n "$2" ] && [ -n "$3" ] || fail "usage: init mount-root <dev> <fstype> <sectors> [<dns>]"
   # on the tools drive /.aenv is a link to its own root; in a root filesystem, the mount point
   [ -L /.aenv ] || fail "the root filesystem is mounted already"
-  DNS=$4
-  # the boot snapshot's kernel probed a placeholder disk under this name: what it cached of that
-  # disk's blocks (its first sectors) is not this disk's
+  DNS=$5
+  # the boot snapshot's kernel probed a placeholder disk under this name: its size (the kernel
+  # reads the new one on the host's config change, a moment later) and its cached blocks (the
+  # first sectors) are not this disk's
+  N=0
+  until [ "$(blockdev --getsz "$2" 2>/dev/null)" = "$4" ]; do
+    N=$((N + 1))
+    [ "$N" -gt 500 ] && fail "the kernel sees $2 at $(blockdev --getsz "$2" 2>&1) sectors, not $4"
+    usleep 10000
+  done
   blockdev --flushbufs "$2" || fail "cannot drop the cached blocks of $2"
   mount_root "$2" "$3"
   setup_root

@@ -100,6 +100,16 @@ export interface VmHandle {
    * @throws VmmError `vmm.not_paused`, `vmm.snapshot_failed`
    */
   captureSnapshot(statePath: string): Promise<MemoryCapture>;
+  /**
+   * Tell the guest that `drive` (one the VM was started with, by id and host path) is now
+   * `bytes` bytes long: a virtio config change, on which the guest kernel reads the disk's
+   * capacity again. The host file or device must have that size already; nothing is truncated.
+   * QEMU: QMP `block_resize` to the file's own size; Firecracker: `PATCH /drives/{drive_id}` with
+   * the same `path_on_host` (post-boot drive update, ../shared/contracts/firecracker-api.yaml).
+   * @throws VmmError `vmm.not_running` / `vmm.bad_state` (stopped), `vmm.qmp_error`,
+   *   `vmm.firecracker_api`
+   */
+  driveResized(drive: Pick<DriveSpec, "id" | "path">, bytes: number): Promise<void>;
   /** Stop the VMM process (graceful first, then SIGKILL after the driver's timeout) and free its resources. */
   stop(): Promise<void>;
 }

@@ -70,8 +70,12 @@ test("cold boots restore one boot snapshot per shape and mount the sandbox's dis
   const [boot] = bootManifests(w);
   expect(boot!.id).toBe(made[0]!.snapshot);
   expect([boot!.vm.memoryMiB, boot!.vm.vcpus, boot!.memory.layers.length, boot!.tools !== undefined]).toEqual([384, 1, 1, true]);
-  // the guest sees the sandbox's disk at its own size, which the boot snapshot was made for
-  expect(b1.diskSectors * 512).toBe(boot!.disk.virtualSize);
+  // the guest sees the sandbox's disk at its own size (the template's), not the 1 GiB placeholder
+  // the boot snapshot's kernel probed
+  const template = JSON.parse(readFileSync(join(w.home, "snapshots", "manifests", `${JSON.parse(readFileSync(join(w.home, "templates", "base", "manifest.json"), "utf8")).snapshot}.json`), "utf8"));
+  expect(boot!.disk.virtualSize).toBe(1024 * 1024 * 1024);
+  expect(template.disk.virtualSize).not.toBe(boot!.disk.virtualSize);
+  expect(b1.diskSectors * 512).toBe(template.disk.virtualSize);
   expect(b1.again.exit).not.toBe(0);
   expect(b1.again.stderr).toContain("the root filesystem is mounted already");
 

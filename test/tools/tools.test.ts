@@ -256,9 +256,12 @@ describe("the init's mount-root (a VM restored from a boot snapshot)", () => {
   };
 
   test("refuses missing arguments, and a root that is not the tools drive's (nothing mounted)", () => {
-    expect(init("mount-root")).toEqual({ exit: 1, stderr: "init: usage: init mount-root <dev> <fstype> [<dns>]\n" });
-    expect(init("mount-root", "/dev/vdb")).toEqual({ exit: 1, stderr: "init: usage: init mount-root <dev> <fstype> [<dns>]\n" });
+    const usage = { exit: 1, stderr: "init: usage: init mount-root <dev> <fstype> <sectors> [<dns>]\n" };
+    expect(init("mount-root")).toEqual(usage);
+    expect(init("mount-root", "/dev/vdb", "ext4")).toEqual(usage);
+    expect(init("mount-root", "/dev/vdb", "ext4", "12x")).toEqual(usage);
+    expect(init("mount-root", "/dev/vdb", "", "4096")).toEqual(usage);
     // the host's / has no /.aenv link: it is not a tools drive before its pivot
-    expect(init("mount-root", "/dev/vdb", "ext4")).toEqual({ exit: 1, stderr: "init: the root filesystem is mounted already\n" });
+    expect(init("mount-root", "/dev/vdb", "ext4", "4096")).toEqual({ exit: 1, stderr: "init: the root filesystem is mounted already\n" });
   });
 });

@@ -26,11 +26,11 @@ import { join } from "node:path";
 import { dataExtents } from "../../ffi/file_extents.ts";
 import { VmmError } from "../errors.ts";
 import { processStartTime, removeRecord, writeRecord } from "../supervise.ts";
-import type { MemoryCapture, SnapshotFiles, VmHandle, VmmDriver, VmSpec } from "../types.ts";
+import type { DriveSpec, MemoryCapture, SnapshotFiles, VmHandle, VmmDriver, VmSpec } from "../types.ts";
 import { logger } from "../../observability/log.ts";
 import { FirecrackerApi, type ApiRequest } from "./api.ts";
 import type { FirecrackerConfig } from "./config.ts";
-import { bootRequests, restoreRequests, snapshotCreateRequest, validateSpec, vmStateRequest } from "./requests.ts";
+import { bootRequests, patchDriveRequest, restoreRequests, snapshotCreateRequest, validateSpec, vmStateRequest } from "./requests.ts";
 
 const log = logger("vmm.firecracker");
 
@@ -38,11 +38,11 @@ const log = logger("vmm.firecracker");
 export const DIRTY_MEM_FILE = "firecracker.dirty.mem";
 
 type VmState = "running" | "paused" | "exited";
-type Action = "pause" | "resume" | "snapshot";
+type Action = "pause" | "resume" | "snapshot" | "driveResized";
 /** Allowed actions per state. */
 const ALLOWED: Record<VmState, readonly Action[]> = {
-  running: ["pause"],
-  paused: ["resume", "snapshot"],
+  running: ["pause", "driveResized"],
+  paused: ["resume", "snapshot", "driveResized"],
   exited: [],
 };
 
@@ -111,6 +111,12 @@ class FirecrackerVm implements VmHandle {
     this.#require("resume");
     await this.#api.send(vmStateRequest("Resumed"));
     this.#state = "running";
+  }
+
+  /** `VmHandle.driveResized`: PATCH /drives/{id} with the same path (Firecracker re-reads its size). */
+  async driveResized(drive: Pick<DriveSpec, "id" | "path">, _bytes: number): Promise<void> {
+    this.#require("driveResized");
+    await this.#api.send(patchDriveRequest(drive));
   }
 
   /** Write a Firecracker snapshot (Full or Diff per `files.kind`) of the paused VM. */

@@ -81,6 +81,11 @@ export function bootRequests(spec: VmSpec, cfg: FirecrackerConfig): ApiRequest[]
   return reqs;
 }
 
+/** PATCH /drives/{drive_id} (post-boot) with the drive's path: Firecracker re-opens it and updates the guest's capacity. */
+export function patchDriveRequest(drive: { id: string; path: string }): ApiRequest {
+  return { method: "PATCH", path: `/drives/${drive.id}`, body: { drive_id: drive.id, path_on_host: drive.path } };
+}
+
 /** PATCH /vm to Paused or Resumed. */
 export function vmStateRequest(state: "Paused" | "Resumed"): ApiRequest {
   return { method: "PATCH", path: "/vm", body: { state } };

@@ -18,7 +18,7 @@ import { ConsoleLog } from "../console.ts";
 import { VmmError } from "../errors.ts";
 import { processStartTime, removeRecord, writeRecord, type VmmRecord } from "../supervise.ts";
 import { fileMappings, privatePages, ProcessMemory, readMapped } from "../../ffi/procmem.ts";
-import type { MemoryCapture, SnapshotFiles, VmHandle, VmmDriver, VmSpec } from "../types.ts";
+import type { DriveSpec, MemoryCapture, SnapshotFiles, VmHandle, VmmDriver, VmSpec } from "../types.ts";
 import { buildQemuArgs, checkPath } from "./args.ts";
 import { detectAccel, hostTscKhz } from "./host.ts";
 import { filterMigrationStream, type MigrationFilterStats } from "./migration.ts";
@@ -267,6 +267,12 @@ export class QemuVm implements VmHandle {
     if (this.state === "stopped" || this.state === "failed") {
       throw new VmmError("vmm.not_running", `VM ${this.id} is ${this.state}; cannot ${op}`, { id: this.id, state: this.state, op });
     }
+  }
+
+  /** `VmHandle.driveResized`: QMP `block_resize` of the drive (its -drive id) to `bytes`. */
+  async driveResized(drive: Pick<DriveSpec, "id" | "path">, bytes: number): Promise<void> {
+    this.alive("driveResized");
+    await this.qmp.execute("block_resize", { device: drive.id, size: bytes });
   }
 
   /** Freeze the vCPUs (QMP `stop`). @throws VmmError `vmm.not_running`, `vmm.qmp_error`. */

@@ -157,6 +157,21 @@ describe("Firecracker driver against the schema-validating stand-in", () => {
     await vm.stop(); // idempotent
   }, 60_000);
 
+  test("driveResized: PATCH /drives/{id} with the drive's own path, running or paused; refused once stopped", async () => {
+    const driver = new FirecrackerDriver({ config: cfg, runtimeDir });
+    const spec = makeSpec("vm-resize");
+    const vm = await driver.boot(spec);
+    const root = spec.drives.find((d) => d.id === "rootfs")!;
+    await vm.driveResized(root, 8 * 1024 * 1024);
+    await vm.pause();
+    await vm.driveResized(root, 8 * 1024 * 1024);
+    const log = requests(spec);
+    expect(seq(log).slice(-3)).toEqual(["PATCH /drives/rootfs 204", "PATCH /vm 204", "PATCH /drives/rootfs 204"]);
+    expect(log.at(-1)!.body).toEqual({ drive_id: "rootfs", path_on_host: root.path });
+    await vm.stop();
+    await expectVmmError(vm.driveResized(root, 1), "vmm.bad_state");
+  }, 60_000);
+
   test("restore from a File memory backend: paused unless resumed, then usable", async () => {
     const driver = new FirecrackerDriver({ config: cfg, runtimeDir });
     const src = makeSpec("vm-src");

@@ -117,6 +117,9 @@ function handle(method: string, path: string, body: any, raw: string): Response 
       if (method === "PUT" && body.path_on_host && !existsSync(body.path_on_host)) {
         return fault(400, `Unable to create the block device: BackingFile(Os { code: 2, kind: NotFound, message: "No such file or directory" }, "${body.path_on_host}")`);
       }
+      // "Updates the properties of a drive. Post-boot only."
+      if (method === "PATCH" && !started) return fault(400, "The requested operation is not supported before starting the microVM.");
+      if (method === "PATCH" && body.path_on_host && !existsSync(body.path_on_host)) return fault(400, `Unable to patch the block device: BackingFile(NotFound, "${body.path_on_host}")`);
       break;
     case "/machine-config":
       machine = { ...machine, ...body };
