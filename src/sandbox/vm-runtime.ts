@@ -1000,7 +1000,6 @@ export class VmRuntime implements SandboxRuntime {
       if (!forPool) this.lastStart = t;
       this.log.info({ sandboxId: id, base: base.id, ...t, ...(bootSnap ? { bootSnapshot: bootSnap.id } : {}) }, forPool ? "restore pool VM restored" : restore ? "sandbox restored" : bootSnap ? "sandbox booted from a boot snapshot" : "sandbox booted");
       if (restore && WARM_KINDS.includes(base.kind)) await this.keepWarm(base);
-      if (bootSnap) await this.keepWarm(bootSnap);
       return { ...r, lost: this.drivesLost(id) };
     } catch (e) {
       this.log.error({ sandboxId: id, base: base.id, step, err: e }, `start failed at step: ${step}`);
@@ -1023,7 +1022,12 @@ export class VmRuntime implements SandboxRuntime {
   private async bootSnapshotFor(shape: BootShape, signal: AbortSignal): Promise<SnapshotManifest | undefined> {
     const keys = { driver: this.o.driver.name, kernelKey: this.kernelKeys.of(this.o.kernelPath()), toolsImage: this.o.toolsImage() };
     const have = findBootSnapshot(this.repo, shape, keys);
-    if (have) return have;
+    if (have) {
+      // its memory image stays served between cold boots (and build VMs): each restore then
+      // finds its pages in the page cache instead of reading them through the export again
+      await this.keepWarm(have);
+      return have;
+    }
     const key = `${shape.vcpus}c${shape.memoryMiB}m`;
     const failedAt = this.bootSnapshotFailures.get(key);
     if (failedAt !== undefined && Date.now() - failedAt < BOOT_SNAPSHOT_RETRY_MS) return undefined;
