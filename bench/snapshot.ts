@@ -24,7 +24,7 @@
  *   bun bench/snapshot.ts [--runs 10] [--cold 3]
  */
 import { loadavg } from "node:os";
-import { NodeWorld } from "../test/e2e/world.ts";
+import { logLines, NodeWorld } from "../test/e2e/world.ts";
 
 const arg = (n: string, d: number) => {
   const i = process.argv.indexOf(n);
@@ -45,13 +45,6 @@ function splitLine(firsts: number[], creates: number[], seconds: number[]): stri
   return `  of which Sandbox.create p50 ${ms(pct(creates, 50))}, the first commands.run p50 ${ms(pct(firsts.map((f, i) => f - creates[i]!), 50))}, a second one p50 ${ms(pct(seconds, 50))}`;
 }
 
-/** The node's log lines (pino JSON) with message `msg`. */
-function logLines(world: NodeWorld, msg: string): Record<string, any>[] {
-  return world.log
-    .split("\n")
-    .filter((l) => l.includes(`"msg":"${msg}"`))
-    .map((l) => JSON.parse(l));
-}
 
 /** The last node log line with message `msg`. */
 function lastLine(world: NodeWorld, msg: string): Record<string, number> {

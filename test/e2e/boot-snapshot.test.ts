@@ -12,7 +12,7 @@
 import { afterAll, expect, test } from "bun:test";
 import { existsSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { NodeWorld, vmPrerequisites } from "./world.ts";
+import { logLines, NodeWorld, vmPrerequisites } from "./world.ts";
 
 const missing = vmPrerequisites();
 const worlds: NodeWorld[] = [];
@@ -20,13 +20,6 @@ afterAll(async () => {
   for (const w of worlds) await w.dispose();
 }, 60_000);
 
-/** The node's log lines (pino JSON) with message `msg`. */
-function lines(w: NodeWorld, msg: string): Record<string, any>[] {
-  return w.log
-    .split("\n")
-    .filter((l) => l.includes(`"msg":"${msg}"`))
-    .map((l) => JSON.parse(l));
-}
 
 /** Manifests of kind `boot` in the world's snapshot repository. */
 function bootManifests(w: NodeWorld): Record<string, any>[] {
@@ -65,7 +58,7 @@ test("cold boots restore one boot snapshot per shape and mount the sandbox's dis
 
   const b1 = await w.client<Box>("boot-snapshot.ts", ["create", "384", "first"], 300_000);
   expectBaseGuest(b1, "first");
-  const made = lines(w, "boot snapshot committed");
+  const made = logLines(w, "boot snapshot committed");
   expect(made.length).toBe(1);
   const [boot] = bootManifests(w);
   expect(boot!.id).toBe(made[0]!.snapshot);
@@ -82,15 +75,15 @@ test("cold boots restore one boot snapshot per shape and mount the sandbox's dis
   // the second cold boot of the shape restores the same boot snapshot: none is made
   const b2 = await w.client<Box>("boot-snapshot.ts", ["create", "384", "second"], 300_000);
   expectBaseGuest(b2, "second");
-  expect(lines(w, "boot snapshot committed").length).toBe(1);
-  const booted = lines(w, "sandbox booted from a boot snapshot");
+  expect(logLines(w, "boot snapshot committed").length).toBe(1);
+  const booted = logLines(w, "sandbox booted from a boot snapshot");
   expect(booted.map((l) => [l.sandboxId, l.bootSnapshot, l.bootSnapshot === boot!.id])).toEqual([
     [b1.id, boot!.id, true],
     [b2.id, boot!.id, true],
   ]);
-  expect(lines(w, "sandbox booted").length).toBe(0);
+  expect(logLines(w, "sandbox booted").length).toBe(0);
   // each paused from a VM restored from the boot snapshot: its resume restored that pause
-  expect(lines(w, "sandbox restored").map((l) => l.sandboxId)).toEqual([b1.id, b2.id]);
+  expect(logLines(w, "sandbox restored").map((l) => l.sandboxId)).toEqual([b1.id, b2.id]);
   await w.stop();
 
   // a boot snapshot of another tools drive (an older agentenv) goes at the next start; the
@@ -104,7 +97,7 @@ test("cold boots restore one boot snapshot per shape and mount the sandbox's dis
   expect(bootManifests(w).map((m) => m.id)).toEqual([boot!.id]);
   const b3 = await w.client<Box>("boot-snapshot.ts", ["create", "384", "third"], 300_000);
   expectBaseGuest(b3, "third");
-  expect(lines(w, "sandbox booted").map((l) => l.sandboxId)).toEqual([b3.id]);
-  expect(lines(w, "sandbox booted from a boot snapshot").length).toBe(0);
+  expect(logLines(w, "sandbox booted").map((l) => l.sandboxId)).toEqual([b3.id]);
+  expect(logLines(w, "sandbox booted from a boot snapshot").length).toBe(0);
   expect(bootManifests(w).map((m) => m.id)).toEqual([boot!.id]);
 }, 900_000);

@@ -10,7 +10,7 @@
 import { afterAll, expect, test } from "bun:test";
 import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
-import { NodeWorld, qemuPidsUnder, vmPrerequisites } from "./world.ts";
+import { logLines, NodeWorld, qemuPidsUnder, vmPrerequisites } from "./world.ts";
 
 const POOL = { AENV_LOG_LEVEL: "info", AENV__pool__restore__low_watermark: "1", AENV__pool__restore__high_watermark: "2", AENV__pool__restore__fill_delay_ms: "0" };
 const missing = vmPrerequisites();
@@ -19,18 +19,11 @@ afterAll(async () => {
   await world?.dispose();
 }, 60_000);
 
-/** The node's log lines (pino JSON) with message `msg`. */
-function lines(w: NodeWorld, msg: string): Record<string, any>[] {
-  return w.log
-    .split("\n")
-    .filter((l) => l.includes(`"msg":"${msg}"`))
-    .map((l) => JSON.parse(l));
-}
 
 /** Wait (bounded) until the node has logged `n` lines `msg` matching `f`. */
 async function untilLogged(w: NodeWorld, msg: string, n: number, f: (l: Record<string, any>) => boolean = () => true): Promise<Record<string, any>[]> {
   for (let i = 0; i < 1200; i++) {
-    const got = lines(w, msg).filter(f);
+    const got = logLines(w, msg).filter(f);
     if (got.length >= n) return got;
     await Bun.sleep(100);
   }
@@ -55,21 +48,21 @@ test("creates adopt VMs restored ahead; each sandbox has its own env, host name,
 
   // the first create is a restore on request; it makes `base` the pooled snapshot
   const b0 = await w.client<Box>("restore-pool.ts", ["create", "box0"]);
-  expect(lines(w, "sandbox restored").map((l) => l.sandboxId)).toEqual([b0.id]);
+  expect(logLines(w, "sandbox restored").map((l) => l.sandboxId)).toEqual([b0.id]);
   const ready = await untilLogged(w, "restore pool VM ready", 2);
   expect(ready.map((l) => l.snapshot)).toEqual([base, base]);
   expect(ready.map((l) => l.ready)).toEqual([1, 2]);
-  expect(lines(w, "restore pool VM restored").length).toBe(2);
+  expect(logLines(w, "restore pool VM restored").length).toBe(2);
   expect(qemuPidsUnder(w.home, w.memDir).length).toBe(3); // box0 + 2 pooled (paused)
 
   // the next two adopt them: the sandbox ids are the pooled VMs' ids
   const b1 = await w.client<Box>("restore-pool.ts", ["create", "box1"]);
   const b2 = await w.client<Box>("restore-pool.ts", ["create", "box2"]);
-  const adopted = lines(w, "sandbox started from the restore pool");
+  const adopted = logLines(w, "sandbox started from the restore pool");
   expect(adopted.map((l) => l.sandboxId)).toEqual([b1.id, b2.id]);
   expect(adopted.every((l) => l.pooled === true && l.restored === true && l.base === base)).toBe(true);
   expect(new Set([b1.id, b2.id])).toEqual(new Set(ready.map((l) => l.sandboxId)));
-  expect(lines(w, "sandbox restored").length).toBe(1); // nothing restored on request since box0
+  expect(logLines(w, "sandbox restored").length).toBe(1); // nothing restored on request since box0
   for (const [b, who] of [[b0, "box0"], [b1, "box1"], [b2, "box2"]] as const) {
     expectOwn(b, who);
     expect(b.seen).toBe("unseen"); // box0's file is on box0's disk only
@@ -85,7 +78,7 @@ test("creates adopt VMs restored ahead; each sandbox has its own env, host name,
   const b3 = await w.client<Box>("restore-pool.ts", ["create", "box3", snap]);
   expectOwn(b3, "box3");
   expect(b3.seen).toBe("seen"); // box1 wrote it before the snapshot
-  expect(lines(w, "sandbox restored").map((l) => l.sandboxId)).toEqual([b0.id, b3.id]);
+  expect(logLines(w, "sandbox restored").map((l) => l.sandboxId)).toEqual([b0.id, b3.id]);
   const gone = await untilLogged(w, "restore pool VM discarded", 2);
   expect(gone.map((l) => [l.snapshot, l.why])).toEqual([
     [base, "snapshot no longer pooled"],

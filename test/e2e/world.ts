@@ -244,6 +244,14 @@ export function diskDaemonsUnder(dir: string): number[] {
     .map(Number);
 }
 
+/** The node's log lines (pino JSON on its stderr, since its last start) whose message is `msg`. */
+export function logLines(w: NodeWorld, msg: string): Record<string, any>[] {
+  return w.log
+    .split("\n")
+    .filter((l) => l.includes(`"msg":"${msg}"`))
+    .map((l) => JSON.parse(l));
+}
+
 /**
  * Give a fresh data dir the committed snapshots of the test home (the base template's snapshot):
  * manifests and layers hard-linked (same filesystem; copied otherwise), tombstoned ones left out.
