@@ -41,6 +41,11 @@ export interface BootShape {
   memoryMiB: number;
 }
 
+/** The key of a shape in maps and VM ids: `<vcpus>c<memoryMiB>m`. */
+export function bootShapeKey(shape: BootShape): string {
+  return `${shape.vcpus}c${shape.memoryMiB}m`;
+}
+
 /**
  * Size of a boot snapshot's placeholder root disk, bytes. Any size works: a restored VM's
  * guest is told its own disk's size before it mounts it (`VmHandle.driveResized`).

@@ -57,6 +57,8 @@ export interface BuildBootSnapshots {
   find(shape: BootShape, signal: AbortSignal): Promise<SnapshotManifest | undefined>;
   use(snapshotId: string, vmId: string): void;
   unuse(snapshotId: string, vmId: string): void;
+  /** Restoring it failed (the VM then boots; so do the shape's next ones for a while). */
+  failed(snap: SnapshotManifest): void;
 }
 
 /**
@@ -100,23 +102,35 @@ export async function bootBuildVm(o: VmRuntimeOptions, spec: BuildVmSpec, t: Bui
     const bootSignal = AbortSignal.any([spec.signal, AbortSignal.timeout(t.bootMs)]);
     const snap = await bootSnapshots?.find({ vcpus: spec.cpuCount, memoryMiB: spec.memoryMB }, bootSignal);
     // a restored VM keeps the tools drive and MAC of its boot snapshot
-    const toolsImage = snap ? o.snapshots.repo.layerPath(snap.tools!) : o.toolsImage();
-    const net = snap ? { ...netSpec(slot), mac: snap.vm.mac } : netSpec(slot);
-    const boot = toolsBoot(toolsImage, disk.path, spec.bootArgs);
-    const vmSpec = { id, workDir, kernelPath, bootArgs: `${boot.bootArgs} aenv.hostname=build`, vcpus: spec.cpuCount, memoryMiB: spec.memoryMB, drives: boot.drives, net };
+    const diskPath = disk.path;
+    const toolsOf = (from: SnapshotManifest | undefined) => (from ? o.snapshots.repo.layerPath(from.tools!) : o.toolsImage());
+    const vmSpec = (from: SnapshotManifest | undefined) => {
+      const boot = toolsBoot(toolsOf(from), diskPath, spec.bootArgs);
+      const net = from ? { ...netSpec(slot), mac: from.vm.mac } : netSpec(slot);
+      return { id, workDir, kernelPath, bootArgs: `${boot.bootArgs} aenv.hostname=build`, vcpus: spec.cpuCount, memoryMiB: spec.memoryMB, drives: boot.drives, net };
+    };
     if (snap) {
       const deps = { repo: o.snapshots.repo, images: o.snapshots.images, driver: o.driver, envdPollMs: o.envdPollMs, log };
-      vm = await restoreBootSnapshot(deps, snap, vmSpec, base, bootSignal, () => {
-        fromBoot = snap;
-        bootSnapshots!.use(snap.id, id);
-      });
-    } else {
-      vm = await o.driver.boot(vmSpec);
+      try {
+        vm = await restoreBootSnapshot(deps, snap, vmSpec(snap), base, bootSignal, () => {
+          fromBoot = snap;
+          bootSnapshots!.use(snap.id, id);
+        });
+      } catch (e) {
+        if (spec.signal.aborted) throw e;
+        bootSnapshots!.failed(snap);
+        log.warn({ id, bootSnapshot: snap.id, err: e }, "restoring the boot snapshot failed: booting the build VM");
+      }
+    }
+    const used = vmSpec(fromBoot);
+    if (!vm) {
+      vm = await o.driver.boot(used);
       await waitEnvdHealthy(base, o.envdPollMs, bootSignal, vm.exited);
     }
+    const toolsImage = toolsOf(fromBoot);
+    const net = used.net;
     await initEnvd(base, { envVars: {}, defaultUser: "root", defaultWorkdir: "/", timestamp: new Date().toISOString(), hostname: "build" }, null, bootSignal);
-    log.info({ id, layers: spec.layers.length }, "build VM ready");
-    const diskPath = disk.path;
+    log.info({ id, layers: spec.layers.length, ...(fromBoot ? { bootSnapshot: fromBoot.id } : {}) }, "build VM ready");
     const run = async (c: VmCommand) => {
       const timeout = AbortSignal.timeout(c.timeoutMs);
       try {

@@ -42,7 +42,7 @@ import { toolsKeyOf } from "./build-snapshot.ts";
 import { bootBuildVm, type BuildVmTimeouts } from "./build-vm.ts";
 import { parseVmState, type VmState } from "./vm-state.ts";
 import { captureVm, commitUpper, KernelKeys, layerPaths, memoryKey, templateManifest } from "./capture.ts";
-import { findBootSnapshot, makeBootSnapshot, restoreBootSnapshot, staleBootSnapshots, type BootShape } from "./boot-snapshot.ts";
+import { bootShapeKey, findBootSnapshot, makeBootSnapshot, restoreBootSnapshot, staleBootSnapshots, type BootShape } from "./boot-snapshot.ts";
 import { consoleLogLine } from "./console-lines.ts";
 import { fetchEnvdMetrics, initEnvd, runInGuest, waitEnvdHealthy } from "./envd-client.ts";
 import { execInGuest } from "./guest-exec.ts";
@@ -263,7 +263,9 @@ export class VmRuntime implements SandboxRuntime {
           this.o,
           spec,
           timeouts,
-          this.o.bootSnapshots ? { find: (shape, signal) => this.bootSnapshotFor(shape, signal), use: (snap, vm) => this.use(snap, vm), unuse: (snap, vm) => this.unuse(snap, vm) } : undefined,
+          this.o.bootSnapshots
+            ? { find: (shape, signal) => this.bootSnapshotFor(shape, signal), use: (snap, vm) => this.use(snap, vm), unuse: (snap, vm) => this.unuse(snap, vm), failed: (snap) => this.bootSnapshotFailed(snap) }
+            : undefined,
         ),
       snapshotUsable: (id) => {
         const m = this.repo.find(id);
@@ -927,26 +929,27 @@ export class VmRuntime implements SandboxRuntime {
       // a cold boot without volumes restores the boot snapshot of its shape (made now if missing)
       bootSnap = !restore && volumeDrives.length === 0 && this.o.bootSnapshots ? await this.bootSnapshotFor({ vcpus: spec.cpuCount, memoryMiB: spec.memoryMB }, spec.signal) : undefined;
       t.fromBootSnapshot = bootSnap !== undefined;
-      const mac = restore ? base.vm.mac : bootSnap ? bootSnap.vm.mac : slot.mac;
+      let mac = restore ? base.vm.mac : bootSnap ? bootSnap.vm.mac : slot.mac;
       // a restore attaches the tools drive the snapshot's VM booted through (its copy in the
       // repository: the guest has it mounted); a cold boot the node's current one
-      const toolsImage = restore ? (base.tools ? this.repo.layerPath(base.tools) : undefined) : bootSnap ? this.repo.layerPath(bootSnap.tools!) : this.o.toolsImage();
-      const drivesAndArgs = toolsImage
-        ? toolsBoot(toolsImage, disk.path, base.vm.bootArgs)
-        : { drives: [{ id: "root", path: disk.path, readOnly: false, isRoot: true }], bootArgs: base.vm.bootArgs };
-      const vmSpec: VmSpec = {
-        id,
-        workDir,
-        kernelPath: this.o.kernelPath(),
-        bootArgs: drivesAndArgs.bootArgs,
-        vcpus: restore ? base.vm.vcpus : spec.cpuCount,
-        memoryMiB: restore ? base.vm.memoryMiB : spec.memoryMB,
-        // the same devices in the same order as when the snapshot was taken
-        drives: [...drivesAndArgs.drives, ...volumeDrives],
-        // every slot gives the guest the same address and gateway: a restored guest keeps its config
-        net: { ...netSpec(slot), mac },
-        onConsoleLine: consoleSink(spec),
+      let toolsImage = restore ? (base.tools ? this.repo.layerPath(base.tools) : undefined) : bootSnap ? this.repo.layerPath(bootSnap.tools!) : this.o.toolsImage();
+      const specWith = (tools: string | undefined, guestMac: string): VmSpec => {
+        const drivesAndArgs = tools ? toolsBoot(tools, disk.path, base.vm.bootArgs) : { drives: [{ id: "root", path: disk.path, readOnly: false, isRoot: true }], bootArgs: base.vm.bootArgs };
+        return {
+          id,
+          workDir,
+          kernelPath: this.o.kernelPath(),
+          bootArgs: drivesAndArgs.bootArgs,
+          vcpus: restore ? base.vm.vcpus : spec.cpuCount,
+          memoryMiB: restore ? base.vm.memoryMiB : spec.memoryMB,
+          // the same devices in the same order as when the snapshot was taken
+          drives: [...drivesAndArgs.drives, ...volumeDrives],
+          // every slot gives the guest the same address and gateway: a restored guest keeps its config
+          net: { ...netSpec(slot), mac: guestMac },
+          onConsoleLine: consoleSink(spec),
+        };
       };
+      const vmSpec = specWith(toolsImage, mac);
       if (restore) {
         step = "serve memory image";
         lease = await this.o.snapshots.images.acquire(memoryKey(base), layerPaths(this.repo, base.memory!.layers));
@@ -956,15 +959,29 @@ export class VmRuntime implements SandboxRuntime {
         // the image may go only once the VMM that maps it is gone
         const l = lease;
         void vm.exited.then(() => l.release()).catch((e) => this.log.error({ sandboxId: id, err: e }, "memory image release failed"));
-      } else if (bootSnap) {
-        step = "restore boot snapshot";
-        const envd = `http://${guestAddress(slot, ENVD_PORT).host}:${ENVD_PORT}`;
-        const signal = AbortSignal.any([spec.signal, AbortSignal.timeout(BOOT_SNAPSHOT_TIMEOUT_MS)]);
-        const snap = bootSnap;
-        vm = await restoreBootSnapshot({ repo: this.repo, images: this.o.snapshots.images, driver: this.o.driver, envdPollMs: this.o.envdPollMs, log: this.log }, snap, vmSpec, envd, signal, () => this.use(snap.id, id));
       } else {
-        step = "boot VM";
-        vm = await this.o.driver.boot(vmSpec);
+        if (bootSnap) {
+          step = "restore boot snapshot";
+          const envd = `http://${guestAddress(slot, ENVD_PORT).host}:${ENVD_PORT}`;
+          const signal = AbortSignal.any([spec.signal, AbortSignal.timeout(BOOT_SNAPSHOT_TIMEOUT_MS)]);
+          const snap = bootSnap;
+          try {
+            vm = await restoreBootSnapshot({ repo: this.repo, images: this.o.snapshots.images, driver: this.o.driver, envdPollMs: this.o.envdPollMs, log: this.log }, snap, vmSpec, envd, signal, () => this.use(snap.id, id));
+          } catch (e) {
+            if (spec.signal.aborted) throw e;
+            // the boot snapshot only saves time: this start boots, and the shape's next ones too for a while
+            this.bootSnapshotFailed(snap);
+            this.log.warn({ sandboxId: id, bootSnapshot: snap.id, err: e }, "restoring the boot snapshot failed: booting");
+            bootSnap = undefined;
+            t.fromBootSnapshot = false;
+            mac = slot.mac;
+            toolsImage = this.o.toolsImage();
+          }
+        }
+        if (!vm) {
+          step = "boot VM";
+          vm = await this.o.driver.boot(specWith(toolsImage, mac));
+        }
       }
       this.vms.set(id, vm);
       const h = hold;
@@ -1016,11 +1033,14 @@ export class VmRuntime implements SandboxRuntime {
 
   /**
    * The current boot snapshot of `shape`, made first when there is none (one build per shape at
-   * a time; concurrent cold boots of the shape wait for it). Undefined when making it failed (the
-   * caller boots; another attempt is made after BOOT_SNAPSHOT_RETRY_MS).
+   * a time; concurrent cold boots of the shape wait for it). Undefined when making or restoring
+   * the shape's last failed less than BOOT_SNAPSHOT_RETRY_MS ago (the caller boots).
    */
   private async bootSnapshotFor(shape: BootShape, signal: AbortSignal): Promise<SnapshotManifest | undefined> {
     const keys = { driver: this.o.driver.name, kernelKey: this.kernelKeys.of(this.o.kernelPath()), toolsImage: this.o.toolsImage() };
+    const key = bootShapeKey(shape);
+    const failedAt = this.bootSnapshotFailures.get(key);
+    if (failedAt !== undefined && Date.now() - failedAt < BOOT_SNAPSHOT_RETRY_MS) return undefined;
     const have = findBootSnapshot(this.repo, shape, keys);
     if (have) {
       // its memory image stays served between cold boots (and build VMs): each restore then
@@ -1028,9 +1048,6 @@ export class VmRuntime implements SandboxRuntime {
       await this.keepWarm(have);
       return have;
     }
-    const key = `${shape.vcpus}c${shape.memoryMiB}m`;
-    const failedAt = this.bootSnapshotFailures.get(key);
-    if (failedAt !== undefined && Date.now() - failedAt < BOOT_SNAPSHOT_RETRY_MS) return undefined;
     let build = this.bootSnapshotBuilds.get(key);
     if (!build) {
       const deps = { repo: this.repo, driver: this.o.driver, net: this.o.net, kernelPath: this.o.kernelPath(), workRoot: join(this.o.homePath, "sandboxes"), envdPollMs: this.o.envdPollMs, bootTimeoutMs: BOOT_SNAPSHOT_TIMEOUT_MS, log: this.log };
@@ -1051,6 +1068,11 @@ export class VmRuntime implements SandboxRuntime {
       this.bootSnapshotBuilds.set(key, build);
     }
     return build;
+  }
+
+  /** Restoring `snap` failed: cold boots of its shape boot for BOOT_SNAPSHOT_RETRY_MS. */
+  private bootSnapshotFailed(snap: SnapshotManifest): void {
+    this.bootSnapshotFailures.set(bootShapeKey({ vcpus: snap.vm.vcpus, memoryMiB: snap.vm.memoryMiB }), Date.now());
   }
 
   /**

@@ -6,7 +6,8 @@
  * later cold boot of the shape restore it and mount the sandbox's disk. The guest then runs on
  * the template's root filesystem (PID 1 pivoted too) with the disk's true size, its own host
  * name and the memory asked for; pause and resume keep its files and processes; a second
- * mount-root is refused. A boot snapshot of another tools drive is removed at the next start.
+ * mount-root is refused. A boot snapshot that cannot be restored makes cold boots boot instead.
+ * A boot snapshot of another tools drive is removed at the next start.
  * With the setting off, a cold boot boots.
  */
 import { afterAll, expect, test } from "bun:test";
@@ -84,6 +85,19 @@ test("cold boots restore one boot snapshot per shape and mount the sandbox's dis
   expect(logLines(w, "sandbox booted").length).toBe(0);
   // each paused from a VM restored from the boot snapshot: its resume restored that pause
   expect(logLines(w, "sandbox restored").map((l) => l.sandboxId)).toEqual([b1.id, b2.id]);
+
+  // a boot snapshot that cannot be restored (its device state damaged) costs the create nothing
+  // but time: it boots, and so does the shape's next cold boot, without trying the restore again
+  const state = join(w.home, "snapshots", "layers", boot!.vmState.digest.slice(7));
+  writeFileSync(state, "not a QEMU migration stream");
+  const b4 = await w.client<Box>("boot-snapshot.ts", ["create", "384", "fourth"], 300_000);
+  expectBaseGuest(b4, "fourth");
+  expect(logLines(w, "restoring the boot snapshot failed: booting").map((l) => [l.sandboxId, l.bootSnapshot])).toEqual([[b4.id, boot!.id]]);
+  const b5 = await w.client<Box>("boot-snapshot.ts", ["create", "384", "fifth"], 300_000);
+  expectBaseGuest(b5, "fifth");
+  expect(logLines(w, "sandbox booted").map((l) => l.sandboxId)).toEqual([b4.id, b5.id]);
+  expect(logLines(w, "restoring the boot snapshot failed: booting").length).toBe(1);
+  expect(logLines(w, "boot snapshot committed").length).toBe(1);
   await w.stop();
 
   // a boot snapshot of another tools drive (an older agentenv) goes at the next start; the
