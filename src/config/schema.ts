@@ -70,7 +70,7 @@ export const CONFIG_SCHEMA = section("", {
     socket_timeout_ms: int(10_000, "Longest wait (ms) for the VMM's control socket (QMP / API socket) to appear after spawn.", { min: 1, max: MS_MAX, unit: "ms" }),
     boot_snapshots: bool(
       true,
-      "Cold boots (a template without a memory snapshot, a create asking for another VM shape, a resume\nwithout memory) restore a boot snapshot instead of booting the kernel and envd: a VM of that\nshape (vCPUs, memory) booted once up to envd with no root filesystem, kept in the snapshot\nrepository (kind boot) and made on the first cold boot of a shape; the restored guest is told\nthe sandbox disk's size, mounts it and pivots into it. Creates with volumes always boot.",
+      "Cold boots (a template without a memory snapshot, a create asking for another VM shape, a resume\nwithout memory) restore a boot snapshot instead of booting the kernel and envd: a VM of that\nshape (vCPUs, memory) booted once up to envd with no root filesystem, kept in the snapshot\nrepository (kind boot) and made on the first cold boot of a shape; the restored guest is told\nthe sandbox disk's size, mounts it and pivots into it. Creates with volumes, templates with\nkernel arguments of their own and Firecracker nodes boot; a boot snapshot that fails to restore\nmakes its shape's cold boots boot for 10 minutes.",
     ),
     console_max_bytes: int(4_194_304, "Guest serial console log per VM (<workDir>/console.log): rotated to console.log.1 when it\nwould pass this many bytes, so at most twice this is kept.", { min: 4096, max: TIB, unit: "bytes" }),
   }),

@@ -103,10 +103,11 @@ export function staleBootSnapshots(repo: LocalRepository, keys: BootKeys): Snaps
 /**
  * Boot a VM of `shape` up to envd without a root filesystem and commit it as a `boot` snapshot.
  * Takes a network slot for the boot (released before this returns).
- * @param id VM and slot id of the boot (letters and digits)
+ * @param id VM and slot id of the boot (letters, digits and '-', e.g. `bootsnap-1c512m`)
  * @returns the published manifest
- * @throws OrchestratorError `orchestrator.runtime_failed` when envd does not come up or its
- *   warm-up command fails; VmmError, NetError, SnapshotError from the parts (nothing published)
+ * @throws OrchestratorError `orchestrator.envd_unready` when envd does not come up,
+ *   `orchestrator.runtime_failed` when its warm-up command fails; VmmError, NetError,
+ *   SnapshotError from the parts (nothing published)
  */
 export async function makeBootSnapshot(d: BootSnapshotDeps, id: string, shape: BootShape, keys: BootKeys, signal: AbortSignal): Promise<SnapshotManifest> {
   const t0 = performance.now();
@@ -178,21 +179,29 @@ export interface BootRestoreDeps {
 }
 
 /**
+ * The guest could not mount the sandbox's root disk (`init mount-root` failed): a fault of that
+ * disk as likely as of the boot snapshot, so a caller falling back to a boot does not blame the
+ * snapshot for it.
+ */
+export class RootMountError extends OrchestratorError {}
+
+/**
  * Start the VM of `spec` (its drives: `toolsBoot` of `snap`'s tools drive and the sandbox's root
  * disk; its net: a slot's, whose envd answers at `envd`) from boot snapshot `snap`, and mount the
- * root disk in it. The memory image is held until the VMM exits; `running` is called once the
- * root disk is mounted (the caller counts the VM as a user of `snap`).
+ * root disk in it. The memory image is held until the VMM exits. The caller holds `snap` (its
+ * users count, its layers) for as long as the VM may run.
  * @returns the running VM, envd answering on the sandbox's root filesystem (not yet /init-ed)
- * @throws VmmError / SnapshotError from the restore; OrchestratorError `orchestrator.envd_failed`
- *   or `orchestrator.runtime_failed` from envd and the mount (the VM is stopped first)
+ * @throws VmmError / SnapshotError from the restore; OrchestratorError `orchestrator.envd_unready`
+ *   or `orchestrator.envd_failed` from envd, `orchestrator.runtime_failed` for a root disk of
+ *   another size than whole sectors, RootMountError from the mount (the VM is stopped first)
  */
-export async function restoreBootSnapshot(d: BootRestoreDeps, snap: SnapshotManifest, spec: VmSpec, envd: string, signal: AbortSignal, running: () => void): Promise<VmHandle> {
+export async function restoreBootSnapshot(d: BootRestoreDeps, snap: SnapshotManifest, spec: VmSpec, envd: string, signal: AbortSignal): Promise<VmHandle> {
   const lease = await d.images.acquire(memoryKey(snap), layerPaths(d.repo, snap.memory!.layers));
   let vm: VmHandle;
   try {
     vm = await d.driver.restore({ ...spec, vcpus: snap.vm.vcpus, memoryMiB: snap.vm.memoryMiB }, { statePath: d.repo.layerPath(snap.vmState!), memPath: lease.path, kind: "full" }, { resume: true });
   } catch (e) {
-    await lease.release().catch(() => {});
+    await lease.release().catch((err) => d.log.error({ id: spec.id, err }, "memory image release after a failed restore failed"));
     throw e;
   }
   // the image may go only once the VMM that maps it is gone
@@ -210,7 +219,6 @@ export async function restoreBootSnapshot(d: BootRestoreDeps, snap: SnapshotMani
     await vm.stop().catch((err) => d.log.error({ id: spec.id, err }, "VM stop after a failed boot snapshot restore failed"));
     throw e;
   }
-  running();
   return vm;
 }
 
@@ -219,21 +227,28 @@ export async function restoreBootSnapshot(d: BootRestoreDeps, snap: SnapshotMani
  * it (`/.aenv/init mount-root`, src/tools/init.sh), once the guest kernel sees the disk at
  * `sectors` (512 bytes each).
  * @param base envd's URL
- * @throws OrchestratorError `orchestrator.runtime_failed` with the init's words when it fails
+ * @throws RootMountError (`orchestrator.runtime_failed`) with the init's words when it fails;
+ *   OrchestratorError `orchestrator.envd_failed` when envd refuses the command
  */
 export async function mountRootInGuest(base: string, sectors: number, signal: AbortSignal, fstype = "ext4"): Promise<void> {
   const r = await runInGuest(base, { cmd: `${TOOLS_MOUNT}/bin/sh`, args: [`${TOOLS_MOUNT}/init`, "mount-root", ROOTFS_DEVICE, fstype, String(sectors)], user: "root", cwd: "/", envs: {} }, signal);
-  if (r.exitCode !== 0) throw new OrchestratorError("orchestrator.runtime_failed", `mounting the root filesystem in a VM restored from a boot snapshot failed (exit ${r.exitCode}): ${r.output.slice(-500)}`, {});
+  if (r.exitCode !== 0) {
+    throw new RootMountError("orchestrator.runtime_failed", `mounting the root filesystem in a VM restored from a boot snapshot failed (exit ${r.exitCode}): ${r.output.slice(-500)}`, { base, device: ROOTFS_DEVICE, sectors, exitCode: r.exitCode });
+  }
 }
 
 /**
  * Size in bytes of a served disk as the VMM sees it: a file's size, or a block device's
  * (/sys/dev/block/<major>:<minor>/size, in 512-byte sectors).
- * @throws Error when the path cannot be read
+ * @throws OrchestratorError `orchestrator.runtime_failed` when the path cannot be read
  */
 export function servedSize(path: string): number {
-  const st = statSync(path);
-  if (!st.isBlockDevice()) return st.size;
-  const major = Math.floor(st.rdev / 256) & 0xfff, minor = (st.rdev & 0xff) | ((st.rdev >>> 12) & 0xfff00);
-  return Number(readFileSync(`/sys/dev/block/${major}:${minor}/size`, "utf8").trim()) * 512;
+  try {
+    const st = statSync(path);
+    if (!st.isBlockDevice()) return st.size;
+    const major = Math.floor(st.rdev / 256) & 0xfff, minor = (st.rdev & 0xff) | ((st.rdev >>> 12) & 0xfff00);
+    return Number(readFileSync(`/sys/dev/block/${major}:${minor}/size`, "utf8").trim()) * 512;
+  } catch (e) {
+    throw new OrchestratorError("orchestrator.runtime_failed", `cannot read the size of the served disk ${path}: ${(e as Error).message}`, { path });
+  }
 }

@@ -19,10 +19,10 @@ import { OrchestratorError } from "../orchestrator/errors.ts";
 import { importExtents, openStack, RwLayer, SECTOR } from "../storage/overlaybd/index.ts";
 import { upperPaths, type DiskExport } from "../storage/daemon/index.ts";
 import type { BuildVm, BuildVmSpec, VmCommand } from "../template/build-vm.ts";
-import { probeCommand, toolsBoot } from "../tools/index.ts";
-import type { SnapshotManifest } from "../snapshot/index.ts";
+import { keptBootArgs, probeCommand, toolsBoot } from "../tools/index.ts";
+import { layersOf, type LayerHold, type SnapshotManifest } from "../snapshot/index.ts";
 import type { VmHandle } from "../vmm/index.ts";
-import { restoreBootSnapshot, type BootShape } from "./boot-snapshot.ts";
+import { restoreBootSnapshot, RootMountError, type BootShape } from "./boot-snapshot.ts";
 import { commitBuildSnapshot } from "./build-snapshot.ts";
 import { initEnvd, runInGuest, uploadToGuest, waitEnvdHealthy } from "./envd-client.ts";
 import type { VmRuntimeOptions } from "./vm-runtime.ts";
@@ -75,7 +75,16 @@ export async function bootBuildVm(o: VmRuntimeOptions, spec: BuildVmSpec, t: Bui
   let disk: DiskExport | undefined;
   let vm: VmHandle | undefined;
   let slotTaken = false;
+  /** The boot snapshot the VM was restored from, and the one held (users count, layers) meanwhile. */
   let fromBoot: SnapshotManifest | undefined;
+  let held: SnapshotManifest | undefined;
+  let bootHold: LayerHold | undefined;
+  const releaseBoot = () => {
+    if (held) bootSnapshots?.unuse(held.id, id);
+    bootHold?.release();
+    held = undefined;
+    bootHold = undefined;
+  };
   // streams of commands left running (the start command): ended before a snapshot is taken
   const streams = new AbortController();
   const stopVm = async () => {
@@ -88,7 +97,7 @@ export async function bootBuildVm(o: VmRuntimeOptions, spec: BuildVmSpec, t: Bui
   const stop = async () => {
     await stopVm();
     // only now: a snapshot committed from this VM names the boot snapshot's layers once published
-    if (fromBoot) bootSnapshots?.unuse(fromBoot.id, id);
+    releaseBoot();
     if (slotTaken) await o.net.release(id).catch((e) => log.error({ id, err: e }, "build slot release failed"));
     slotTaken = false;
     rmSync(workDir, { recursive: true, force: true });
@@ -100,7 +109,8 @@ export async function bootBuildVm(o: VmRuntimeOptions, spec: BuildVmSpec, t: Bui
     const kernelPath = o.kernelPath();
     const base = `http://${guestAddress(slot, ENVD_PORT).host}:${ENVD_PORT}`;
     const bootSignal = AbortSignal.any([spec.signal, AbortSignal.timeout(t.bootMs)]);
-    const snap = await bootSnapshots?.find({ vcpus: spec.cpuCount, memoryMiB: spec.memoryMB }, bootSignal);
+    // a restored kernel would not see kernel arguments of the build's own: those boot
+    const snap = keptBootArgs(spec.bootArgs).length === 0 ? await bootSnapshots?.find({ vcpus: spec.cpuCount, memoryMiB: spec.memoryMB }, bootSignal) : undefined;
     // a restored VM keeps the tools drive and MAC of its boot snapshot
     const diskPath = disk.path;
     const toolsOf = (from: SnapshotManifest | undefined) => (from ? o.snapshots.repo.layerPath(from.tools!) : o.toolsImage());
@@ -110,16 +120,19 @@ export async function bootBuildVm(o: VmRuntimeOptions, spec: BuildVmSpec, t: Bui
       return { id, workDir, kernelPath, bootArgs: `${boot.bootArgs} aenv.hostname=build`, vcpus: spec.cpuCount, memoryMiB: spec.memoryMB, drives: boot.drives, net };
     };
     if (snap) {
+      // held from here until the build VM is gone (stop): its users count and its layers
+      bootSnapshots!.use(snap.id, id);
+      held = snap;
+      bootHold = await o.snapshots.remote?.acquire(layersOf(snap));
       const deps = { repo: o.snapshots.repo, images: o.snapshots.images, driver: o.driver, envdPollMs: o.envdPollMs, log };
       try {
-        vm = await restoreBootSnapshot(deps, snap, vmSpec(snap), base, bootSignal, () => {
-          fromBoot = snap;
-          bootSnapshots!.use(snap.id, id);
-        });
+        vm = await restoreBootSnapshot(deps, snap, vmSpec(snap), base, bootSignal);
+        fromBoot = snap;
       } catch (e) {
         if (spec.signal.aborted) throw e;
-        bootSnapshots!.failed(snap);
+        if (!(e instanceof RootMountError)) bootSnapshots!.failed(snap);
         log.warn({ id, bootSnapshot: snap.id, err: e }, "restoring the boot snapshot failed: booting the build VM");
+        releaseBoot();
       }
     }
     const used = vmSpec(fromBoot);

@@ -37,12 +37,12 @@ import { reapStaleMounts, upperPaths, type DiskExport, type DiskService } from "
 import { importSparse } from "../storage/overlaybd/index.ts";
 import { resolveTemplate, shownBuild, TemplateCatalog, TemplateError, waitReady, type BootSpec, type BuildRecord, type BuildVmLauncher, type ResolvedTemplate, type TemplateRecord } from "../template/index.ts";
 import { reapLeftovers, type DriveSpec, type VmHandle, type VmmDriver, type VmSpec } from "../vmm/index.ts";
-import { probeCommand, toolsBoot } from "../tools/index.ts";
+import { keptBootArgs, probeCommand, toolsBoot } from "../tools/index.ts";
 import { toolsKeyOf } from "./build-snapshot.ts";
 import { bootBuildVm, type BuildVmTimeouts } from "./build-vm.ts";
 import { parseVmState, type VmState } from "./vm-state.ts";
 import { captureVm, commitUpper, KernelKeys, layerPaths, memoryKey, templateManifest } from "./capture.ts";
-import { bootShapeKey, findBootSnapshot, makeBootSnapshot, restoreBootSnapshot, staleBootSnapshots, type BootShape } from "./boot-snapshot.ts";
+import { bootShapeKey, findBootSnapshot, makeBootSnapshot, restoreBootSnapshot, RootMountError, staleBootSnapshots, type BootKeys, type BootShape } from "./boot-snapshot.ts";
 import { consoleLogLine } from "./console-lines.ts";
 import { fetchEnvdMetrics, initEnvd, runInGuest, waitEnvdHealthy } from "./envd-client.ts";
 import { execInGuest } from "./guest-exec.ts";
@@ -175,6 +175,8 @@ export class VmRuntime implements SandboxRuntime {
   /** Boot snapshot builds in progress, and when one last failed, by shape. */
   private readonly bootSnapshotBuilds = new Map<string, Promise<SnapshotManifest | undefined>>();
   private readonly bootSnapshotFailures = new Map<string, number>();
+  /** Aborts boot snapshot builds at close (a build serves every waiter, so no one caller's signal ends it). */
+  private readonly bootSnapshotAbort = new AbortController();
   /** Memory image key -> the snapshot it was kept warm for (SharedImages.keepWarm). */
   private readonly warmFor = new Map<string, string>();
   /** The restore pool and what it made (by sandbox id). */
@@ -702,6 +704,9 @@ export class VmRuntime implements SandboxRuntime {
   async close(): Promise<void> {
     clearInterval(this.gcTimer);
     await (this.poolClosed ??= this.pool.close());
+    // a boot snapshot being made stops (its VM and slot are freed by the build itself)
+    this.bootSnapshotAbort.abort();
+    await Promise.all([...this.bootSnapshotBuilds.values()]);
     // pushes in progress finish (bounded); the VMs are not needed for that
     await this.o.snapshots.remote?.close();
     for (const [id, vm] of this.vms) await vm.stop().catch((e) => this.log.error({ sandboxId: id, err: e }, "stop at close failed"));
@@ -908,6 +913,7 @@ export class VmRuntime implements SandboxRuntime {
     let hold: LayerHold | undefined;
     let step = "verify layers";
     let bootSnap: SnapshotManifest | undefined;
+    let bootHold: LayerHold | undefined;
     try {
       const layers = restore ? layersOf(base) : base.disk.layers;
       // with an object store: the missing ones are fetched (digest-checked) and held while the VM runs
@@ -926,8 +932,15 @@ export class VmRuntime implements SandboxRuntime {
       const slot = await this.o.net.allocate(this.policyOf(spec), id);
       slotTaken = true;
       t.slotMs = lap();
-      // a cold boot without volumes restores the boot snapshot of its shape (made now if missing)
-      bootSnap = !restore && volumeDrives.length === 0 && this.o.bootSnapshots ? await this.bootSnapshotFor({ vcpus: spec.cpuCount, memoryMiB: spec.memoryMB }, spec.signal) : undefined;
+      // a cold boot without volumes and without kernel arguments of its own (which a restored
+      // kernel would not see) restores the boot snapshot of its shape (made now if missing)
+      const bootable = !restore && volumeDrives.length === 0 && keptBootArgs(base.vm.bootArgs).length === 0 && this.o.bootSnapshots === true;
+      bootSnap = bootable ? await this.bootSnapshotFor({ vcpus: spec.cpuCount, memoryMiB: spec.memoryMB }, spec.signal) : undefined;
+      if (bootSnap) {
+        // held from here: a stale sweep or the layer cache must not take it while the VM starts
+        this.use(bootSnap.id, id);
+        bootHold = await this.o.snapshots.remote?.acquire(layersOf(bootSnap));
+      }
       t.fromBootSnapshot = bootSnap !== undefined;
       let mac = restore ? base.vm.mac : bootSnap ? bootSnap.vm.mac : slot.mac;
       // a restore attaches the tools drive the snapshot's VM booted through (its copy in the
@@ -966,12 +979,18 @@ export class VmRuntime implements SandboxRuntime {
           const signal = AbortSignal.any([spec.signal, AbortSignal.timeout(BOOT_SNAPSHOT_TIMEOUT_MS)]);
           const snap = bootSnap;
           try {
-            vm = await restoreBootSnapshot({ repo: this.repo, images: this.o.snapshots.images, driver: this.o.driver, envdPollMs: this.o.envdPollMs, log: this.log }, snap, vmSpec, envd, signal, () => this.use(snap.id, id));
+            vm = await restoreBootSnapshot({ repo: this.repo, images: this.o.snapshots.images, driver: this.o.driver, envdPollMs: this.o.envdPollMs, log: this.log }, snap, vmSpec, envd, signal);
+            const h = bootHold;
+            void vm.exited.then(() => h?.release());
           } catch (e) {
             if (spec.signal.aborted) throw e;
-            // the boot snapshot only saves time: this start boots, and the shape's next ones too for a while
-            this.bootSnapshotFailed(snap);
+            // the boot snapshot only saves time: this start boots; unless the sandbox's own disk
+            // would not mount, so do the shape's next ones for a while
+            if (!(e instanceof RootMountError)) this.bootSnapshotFailed(snap);
             this.log.warn({ sandboxId: id, bootSnapshot: snap.id, err: e }, "restoring the boot snapshot failed: booting");
+            this.unuse(snap.id, id);
+            bootHold?.release();
+            bootHold = undefined;
             bootSnap = undefined;
             t.fromBootSnapshot = false;
             mac = slot.mac;
@@ -1020,7 +1039,9 @@ export class VmRuntime implements SandboxRuntime {
       return { ...r, lost: this.drivesLost(id) };
     } catch (e) {
       this.log.error({ sandboxId: id, base: base.id, step, err: e }, `start failed at step: ${step}`);
-      if (bootSnap && vm) this.unuse(bootSnap.id, id);
+      if (bootSnap) this.unuse(bootSnap.id, id);
+      // with a VM, its exit releases the hold
+      if (!vm) bootHold?.release();
       if (vm) this.unuse(base.id, id);
       else {
         await lease?.release().catch(() => {});
@@ -1037,6 +1058,9 @@ export class VmRuntime implements SandboxRuntime {
    * the shape's last failed less than BOOT_SNAPSHOT_RETRY_MS ago (the caller boots).
    */
   private async bootSnapshotFor(shape: BootShape, signal: AbortSignal): Promise<SnapshotManifest | undefined> {
+    // Firecracker's snapshot load re-opens the drives at the paths they had when the snapshot was
+    // taken (its API has no drive override), and a boot snapshot's placeholder is gone by then
+    if (this.o.driver.name !== "qemu") return undefined;
     const keys = { driver: this.o.driver.name, kernelKey: this.kernelKeys.of(this.o.kernelPath()), toolsImage: this.o.toolsImage() };
     const key = bootShapeKey(shape);
     const failedAt = this.bootSnapshotFailures.get(key);
@@ -1051,23 +1075,45 @@ export class VmRuntime implements SandboxRuntime {
     let build = this.bootSnapshotBuilds.get(key);
     if (!build) {
       const deps = { repo: this.repo, driver: this.o.driver, net: this.o.net, kernelPath: this.o.kernelPath(), workRoot: join(this.o.homePath, "sandboxes"), envdPollMs: this.o.envdPollMs, bootTimeoutMs: BOOT_SNAPSHOT_TIMEOUT_MS, log: this.log };
-      build = makeBootSnapshot(deps, `bootsnap-${key}`.slice(0, 40), shape, keys, signal)
-        .then((m) => {
-          for (const old of staleBootSnapshots(this.repo, keys)) {
-            if (this.users.get(old.id)?.size) this.repo.tombstone(old.id);
-            else this.repo.remove(old.id);
-          }
-          return m;
-        })
-        .catch((e) => {
-          this.bootSnapshotFailures.set(key, Date.now());
-          this.log.warn({ err: e, ...shape }, "making a boot snapshot failed: cold boots of this shape boot the kernel");
-          return undefined;
-        })
+      build = makeBootSnapshot(deps, `bootsnap-${key}`.slice(0, 40), shape, keys, this.bootSnapshotAbort.signal)
+        .then(
+          (m) => {
+            this.dropStaleBootSnapshots(keys);
+            return m;
+          },
+          (e) => {
+            if (!this.bootSnapshotAbort.signal.aborted) {
+              this.bootSnapshotFailures.set(key, Date.now());
+              this.log.warn({ err: e, ...shape }, "making a boot snapshot failed: cold boots of this shape boot the kernel");
+            }
+            return undefined;
+          },
+        )
         .finally(() => this.bootSnapshotBuilds.delete(key));
       this.bootSnapshotBuilds.set(key, build);
     }
-    return build;
+    // each waiter stops waiting when its own start is abandoned; the build goes on for the others
+    if (signal.aborted) return undefined;
+    let onAbort = () => {};
+    const abandoned = new Promise<undefined>((r) => (onAbort = () => r(undefined)));
+    signal.addEventListener("abort", onAbort, { once: true });
+    try {
+      return await Promise.race([build, abandoned]);
+    } finally {
+      signal.removeEventListener("abort", onAbort);
+    }
+  }
+
+  /** Tombstone (in use) or remove boot snapshots of another kernel, tools drive or driver than `keys`. */
+  private dropStaleBootSnapshots(keys: BootKeys): void {
+    try {
+      for (const old of staleBootSnapshots(this.repo, keys)) {
+        if (this.users.get(old.id)?.size) this.repo.tombstone(old.id);
+        else this.repo.remove(old.id);
+      }
+    } catch (e) {
+      this.log.warn({ err: e }, "stale boot snapshots not removed");
+    }
   }
 
   /** Restoring `snap` failed: cold boots of its shape boot for BOOT_SNAPSHOT_RETRY_MS. */

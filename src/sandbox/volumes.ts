@@ -43,6 +43,10 @@ interface Cached {
 /** `VolumeBackend` of the VM runtime. */
 export class VmVolumes implements VolumeBackend {
   private readonly host = new Map<string, Cached>();
+  /** Node mounts being closed, by volume id: the next open of the volume waits for its close. */
+  private readonly closing = new Map<string, Promise<void>>();
+  /** Node mounts being opened, by volume id. */
+  private readonly opening = new Map<string, Promise<Cached>>();
   private readonly log: Logger = logger("volume");
 
   constructor(readonly o: VmVolumesOptions) {}
@@ -63,14 +67,33 @@ export class VmVolumes implements VolumeBackend {
   }
 
   async hostFiles(id: string, readOnly: boolean): Promise<{ files: HostFiles; release(): void }> {
-    let c = this.host.get(id);
-    if (c && c.mount.readOnly !== readOnly) {
-      await this.releaseHost(id);
-      c = undefined;
-    }
-    if (!c) {
-      c = { mount: await HostVolume.open(this.hostOptions(id), readOnly), busy: 0 };
-      this.host.set(id, c);
+    let c: Cached | undefined;
+    for (;;) {
+      c = this.host.get(id);
+      if (c && c.mount.readOnly === readOnly) break;
+      if (c) {
+        await this.releaseHost(id);
+        continue;
+      }
+      // an (idle) close still in flight holds the volume's device id in the disk daemon
+      const closing = this.closing.get(id);
+      if (closing) {
+        await closing;
+        continue;
+      }
+      // one open per volume at a time: concurrent first uses share it
+      let opening = this.opening.get(id);
+      if (!opening) {
+        opening = HostVolume.open(this.hostOptions(id), readOnly)
+          .then((mount) => {
+            const entry: Cached = { mount, busy: 0 };
+            this.host.set(id, entry);
+            return entry;
+          })
+          .finally(() => this.opening.delete(id));
+        this.opening.set(id, opening);
+      }
+      await opening;
     }
     clearTimeout(c.idle);
     c.busy++;
@@ -91,12 +114,16 @@ export class VmVolumes implements VolumeBackend {
     };
   }
 
+  /** Close the node's mount of volume `id` (and wait for a close already in flight). Never throws. */
   async releaseHost(id: string): Promise<void> {
     const c = this.host.get(id);
-    if (!c) return;
+    if (!c) return this.closing.get(id);
     this.host.delete(id);
     clearTimeout(c.idle);
-    await c.mount.close().catch((e) => this.log.error({ volumeId: id, err: e }, "closing the node's mount of a volume failed"));
+    const closed = c.mount.close().catch((e) => this.log.error({ volumeId: id, err: e }, "closing the node's mount of a volume failed"));
+    this.closing.set(id, closed);
+    await closed;
+    if (this.closing.get(id) === closed) this.closing.delete(id);
   }
 
   async close(): Promise<void> {

@@ -29,6 +29,11 @@ export interface ToolsBoot {
 /** Template arguments the tools drive replaces (a template's own root device and init). */
 const REPLACED = /^(root|rootfstype|rootflags|init)=|^(ro|rw)$/;
 
+/** The words of a template's kernel arguments `args` that a boot through the tools drive keeps (not its root device or init). */
+export function keptBootArgs(args: string): string[] {
+  return args.split(/\s+/).filter((a) => a && !REPLACED.test(a));
+}
+
 /**
  * Drives and kernel arguments for booting `rootDisk` (the sandbox's root filesystem, ext4) through
  * the tools drive image `toolsImage`. `extraArgs` (a template's boot arguments) are kept except
@@ -36,7 +41,7 @@ const REPLACED = /^(root|rootfstype|rootflags|init)=|^(ro|rw)$/;
  * the disk is attached read-only and the init mounts it so (it must then hold `/.aenv` already).
  */
 export function toolsBoot(toolsImage: string, rootDisk: string, extraArgs = "", o: { rootReadOnly?: boolean } = {}): ToolsBoot {
-  const extra = extraArgs.split(/\s+/).filter((a) => a && !REPLACED.test(a));
+  const extra = keptBootArgs(extraArgs);
   return {
     drives: [
       { id: TOOLS_DRIVE_ID, path: toolsImage, readOnly: true, isRoot: true },

@@ -157,6 +157,8 @@ done
 if [ "$BOOT" = wait ]; then
   read -r UP _ < /proc/uptime
   echo "@@AENV-BOOT-WAIT@@ uptime=$UP" > /dev/console
+  # the drive's programs before and after mount-root's pivot (/bin is then the image's)
+  PATH=/.aenv/bin
   run_envd
   sync
   reboot -f

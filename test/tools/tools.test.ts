@@ -10,7 +10,7 @@ import { copyFileSync, mkdirSync, mkdtempSync, rmSync, symlinkSync, writeFileSyn
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { loadConfig } from "../../src/config/index.ts";
-import { compileEnv, jscEnvLines, probeCommand, readInterpreter, resolveTools, setInterpreter, toolsBoot, toolsInitScript, TOOLS_INTERPRETER, type ToolsImage } from "../../src/tools/index.ts";
+import { compileEnv, jscEnvLines, keptBootArgs, probeCommand, readInterpreter, resolveTools, setInterpreter, toolsBoot, toolsInitScript, TOOLS_INTERPRETER, type ToolsImage } from "../../src/tools/index.ts";
 import { resolveKernelPath, type QemuVm } from "../../src/vmm/index.ts";
 import { ENVD_PORT, runInGuest, waitEnvd } from "../vmm/qemu/envd-client.ts";
 import { TEST_HOME, TestNet, testConfig, testDriver } from "../vmm/qemu/helpers.ts";
@@ -59,6 +59,10 @@ describe("interpreter rewrite and boot arguments", () => {
     ]);
     expect(b.bootArgs).toBe("root=/dev/vda ro rootfstype=ext4 init=/init aenv.root=/dev/vdb aenv.rootfstype=ext4 quiet x=1");
     expect(toolsBoot("/t", "/s", "", { rootReadOnly: true }).drives[1]!.readOnly).toBe(true);
+    // what is left of a template's arguments (a cold boot with any left does not use a boot snapshot)
+    expect(keptBootArgs("root=/dev/vda rw rootfstype=ext4 init=/sbin/aenv-init quiet x=1")).toEqual(["quiet", "x=1"]);
+    expect(keptBootArgs("  root=/dev/sda ro init=/sbin/init  ")).toEqual([]);
+    expect(keptBootArgs("")).toEqual([]);
   });
 });
 
