@@ -1,7 +1,8 @@
 /**
  * Boot snapshots: a cold boot without booting. A VM of one shape (vCPUs, memory) is booted
  * once through the tools drive with `aenv.boot=wait`: the guest init starts envd on the tools
- * drive itself and leaves the root disk (a sparse placeholder, BOOT_PLACEHOLDER_BYTES) alone. That VM is paused and committed to the snapshot repository as a snapshot of kind `boot`
+ * drive itself and leaves the root disk (a sparse placeholder, BOOT_PLACEHOLDER_BYTES) alone.
+ * That VM is paused and committed to the snapshot repository as a snapshot of kind `boot`
  * (device state, memory layer, the placeholder as its disk layer, a copy of the tools drive).
  * A cold boot of any template of that shape then restores it with the template's disk in the
  * placeholder's place and has envd run `/.aenv/init mount-root` (src/tools/init.sh), which drops
@@ -15,7 +16,8 @@
  * mount-root waits until the kernel sees that size. So one boot snapshot serves every disk size.
  * A boot snapshot is current while the node's kernel, tools drive and VMM driver are those it
  * was made with; an older one is tombstoned when a new one is made (removed once no sandbox
- * runs from it).
+ * runs from it). When and when not to use one (volumes, a template's own kernel arguments,
+ * Firecracker, a failed restore) is the VM runtime's choice (vm-runtime.ts `bootSnapshotFor`).
  */
 import { mkdirSync, readFileSync, rmSync, statSync, truncateSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
