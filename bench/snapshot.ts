@@ -53,6 +53,21 @@ function lastLine(world: NodeWorld, msg: string): Record<string, number> {
   return lines.at(-1)!;
 }
 
+/**
+ * COLD creates of `base` with another memory size (384 MiB) on `w`, one after another: each one's
+ * create -> first commands.run (ms, client side) and the node's start (totalMs of its last `msg` line).
+ */
+async function coldCreates(w: NodeWorld, msg: string): Promise<{ firsts: number[]; starts: number[] }> {
+  const firsts: number[] = [];
+  const starts: number[] = [];
+  for (let i = 0; i < COLD; i++) {
+    const o = await w.client("snapshot-bench.ts", ["create", "base", "384"]);
+    starts.push(lastLine(w, msg).totalMs!);
+    firsts.push(o.firstRunMs);
+  }
+  return { firsts, starts };
+}
+
 /** VMs the restore pool holds ready now (made - adopted - discarded, from the node's log). */
 function poolReady(world: NodeWorld): number {
   return logLines(world, "restore pool VM ready").length - logLines(world, "sandbox started from the restore pool").length - logLines(world, "restore pool VM discarded").length;
@@ -84,13 +99,7 @@ try {
   // cold boots: the first of the shape makes its boot snapshot, the next ones restore it
   const coldFirst = await world.client("snapshot-bench.ts", ["create", "base", "384"]);
   const made = lastLine(world, "boot snapshot committed");
-  const cold: number[] = [];
-  const coldStarts: number[] = [];
-  for (let i = 0; i < COLD; i++) {
-    const o = await world.client("snapshot-bench.ts", ["create", "base", "384"]);
-    coldStarts.push(lastLine(world, "sandbox booted from a boot snapshot").totalMs!);
-    cold.push(o.firstRunMs);
-  }
+  const { firsts: cold, starts: coldStarts } = await coldCreates(world, "sandbox booted from a boot snapshot");
   const coldSteps = logLines(world, "sandbox booted from a boot snapshot").slice(1);
   const pauses: { mib: number; pauseMs: number; changed: number; written: number; vmPausedMs: number }[] = [];
   for (const mib of [0, 8, 64]) {
@@ -106,13 +115,7 @@ try {
   const bw = new NodeWorld();
   worlds.push(bw);
   await bw.start({ AENV_LOG_LEVEL: "info", AENV__vm__boot_snapshots: "false" });
-  const booted: number[] = [];
-  const bootedStarts: number[] = [];
-  for (let i = 0; i < COLD; i++) {
-    const o = await bw.client("snapshot-bench.ts", ["create", "base", "384"]);
-    bootedStarts.push(lastLine(bw, "sandbox booted").totalMs!);
-    booted.push(o.firstRunMs);
-  }
+  const { firsts: booted, starts: bootedStarts } = await coldCreates(bw, "sandbox booted");
   await bw.dispose();
 
   // 6. the restore pool: a node of its own with [pool.restore] on (defaults)
