@@ -11,8 +11,10 @@
  *  3. pause time and bytes written for a guest process holding 0, 8 and 64 MiB of fresh bytes
  *     (the node's "sandbox paused" line: changed guest RAM, bytes written to the repository);
  *  4. fork of 4 (one snapshot, four children) and their first commands;
- *  5. host memory per restored sandbox: Pss of each of 4 running QEMU processes, and the part
- *     beyond what the guest dirtied (Private_Dirty of the memory image mapping).
+ *  5. host memory per restored sandbox: Pss of each of 4 running QEMU processes, the part
+ *     beyond what the guest dirtied (Private_Dirty of the memory image mapping), and the part
+ *     beyond guest RAM (Pss less the whole image mapping's), after a first command and again after
+ *     a CPU-bound python3 command in each (a long-lived sandbox: TCG cache filled).
  * Then a second node with the restore pool on (`[pool.restore]`, its defaults: VMs of the snapshot
  * last created from restored ahead, warmed and paused):
  *  6. Sandbox.create('base') -> first commands.run, p50/p95 of N, each create made when the pool
@@ -164,6 +166,14 @@ try {
   const avg = (f: (v: (typeof vms)[number]) => number) => vms.reduce((s, v) => s + f(v), 0) / vms.length;
   console.log(`host memory per restored sandbox (4 running, mean): Pss ${kb(avg((v) => v.all.Pss!))}, Rss ${kb(avg((v) => v.all.Rss!))}; memory image mapping: Rss ${kb(avg((v) => v.image.Rss!))}, Pss ${kb(avg((v) => v.image.Pss!))}, dirtied (Private_Dirty) ${kb(avg((v) => v.image.Private_Dirty!))}`);
   console.log(`  beyond what the guest dirtied: Pss - image Private_Dirty = ${kb(avg((v) => v.all.Pss! - v.image.Private_Dirty!))} per sandbox`);
+  // guest RAM is the whole memory image mapping (pages shared with the other sandboxes restored
+  // from it, and the ones this guest dirtied); the rest is QEMU's own: TCG cache, heap, and its
+  // binary's and libraries' pages, which PSS divides among the QEMUs of the host
+  const beyondRam = (v: (typeof vms)[number]) => v.all.Pss! - v.image.Pss!;
+  console.log(`  beyond guest RAM (Pss - the memory image mapping's Pss): ${kb(avg(beyondRam))} per sandbox after a first command`);
+  const after = mem.vmsAfter as typeof vms;
+  const avgAfter = (f: (v: (typeof vms)[number]) => number) => after.reduce((s, v) => s + f(v), 0) / after.length;
+  console.log(`  after a CPU-bound python3 command in each (TCG cache filled): beyond guest RAM ${kb(avgAfter(beyondRam))} per sandbox (goal < 64 MiB), Pss ${kb(avgAfter((v) => v.all.Pss!))}, image mapping Pss ${kb(avgAfter((v) => v.image.Pss!))}`);
   const q50 = pct(pooledFirst, 50);
   const f50 = pct(fills.map((f) => f.totalMs), 50);
   const fstep = (k: string) => Math.round(pct(fills.map((f) => f[k]), 50));
