@@ -163,7 +163,8 @@ try {
   console.log(`fork of 4 (one snapshot, 4 children): ${ms(fork.forkMs)}, ${fork.ok} children, their first commands.run ${ms(fork.firstRunsMs)}`);
   const vms = mem.vms as { image: Record<string, number>; all: Record<string, number> }[];
   const kb = (x: number) => `${(x / 1024).toFixed(1)} MiB`;
-  const avg = (f: (v: (typeof vms)[number]) => number) => vms.reduce((s, v) => s + f(v), 0) / vms.length;
+  const avgOf = (list: typeof vms, f: (v: (typeof vms)[number]) => number) => list.reduce((s, v) => s + f(v), 0) / list.length;
+  const avg = (f: (v: (typeof vms)[number]) => number) => avgOf(vms, f);
   console.log(`host memory per restored sandbox (4 running, mean): Pss ${kb(avg((v) => v.all.Pss!))}, Rss ${kb(avg((v) => v.all.Rss!))}; memory image mapping: Rss ${kb(avg((v) => v.image.Rss!))}, Pss ${kb(avg((v) => v.image.Pss!))}, dirtied (Private_Dirty) ${kb(avg((v) => v.image.Private_Dirty!))}`);
   console.log(`  beyond what the guest dirtied: Pss - image Private_Dirty = ${kb(avg((v) => v.all.Pss! - v.image.Private_Dirty!))} per sandbox`);
   // guest RAM is the whole memory image mapping (pages shared with the other sandboxes restored
@@ -172,7 +173,7 @@ try {
   const beyondRam = (v: (typeof vms)[number]) => v.all.Pss! - v.image.Pss!;
   console.log(`  beyond guest RAM (Pss - the memory image mapping's Pss): ${kb(avg(beyondRam))} per sandbox after a first command`);
   const after = mem.vmsAfter as typeof vms;
-  const avgAfter = (f: (v: (typeof vms)[number]) => number) => after.reduce((s, v) => s + f(v), 0) / after.length;
+  const avgAfter = (f: (v: (typeof vms)[number]) => number) => avgOf(after, f);
   console.log(`  after a CPU-bound python3 command in each (TCG cache filled): beyond guest RAM ${kb(avgAfter(beyondRam))} per sandbox (goal < 64 MiB), Pss ${kb(avgAfter((v) => v.all.Pss!))}, image mapping Pss ${kb(avgAfter((v) => v.image.Pss!))}`);
   const q50 = pct(pooledFirst, 50);
   const f50 = pct(fills.map((f) => f.totalMs), 50);

@@ -31,6 +31,7 @@ import { TEST_HOME, TestNet, testBoot, testConfig, testDriver } from "../test/vm
 import { QmpClient } from "../src/vmm/qemu/qmp.ts";
 import { QemuDriver } from "../src/vmm/qemu/driver.ts";
 import { runInGuest } from "../test/vmm/qemu/envd-client.ts";
+import { CPU_SCRIPT } from "./guest-work.ts";
 
 const arg = (n: string, d: number) => {
   const i = process.argv.indexOf(n);
@@ -44,15 +45,6 @@ const abIdx = process.argv.indexOf("--ab-args");
 /** Kernel arguments to boot each size also with, interleaved (an A/B of boot options in one run). */
 const AB_ARGS = abIdx > 0 ? process.argv[abIdx + 1]! : null;
 
-/** CPU-bound guest work with a large code footprint (the Python interpreter, json, re, sorting). */
-const CPU_SCRIPT = `python3 -c "
-import json, re
-s = 0
-for i in range(20000):
-    d = json.loads(json.dumps({'k': i, 'v': [i, str(i) * 3, {'x': i / 7}]}))
-    s += len(re.findall(r'[0-9]+', json.dumps(d)))
-print(sorted(str(j * 7919 % 10007) for j in range(20000))[9999], s)
-"`;
 
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 const fmt = (ms: number) => `${(ms / 1000).toFixed(2)} s`;
