@@ -38,6 +38,10 @@ const SYMBOLS = {
   // pipes and splice (zero-copy FUSE replies)
   pipe2: { args: [FFIType.ptr, FFIType.i32], returns: FFIType.i32 },
   splice: { args: [FFIType.i32, FFIType.ptr, FFIType.i32, FFIType.ptr, FFIType.u64, FFIType.u32], returns: FFIType.i64_fast },
+  // sockets (a listening AF_UNIX socket handed to a child: src/ffi/unix-listen.ts)
+  socket: { args: [FFIType.i32, FFIType.i32, FFIType.i32], returns: FFIType.i32 },
+  bind: { args: [FFIType.i32, FFIType.ptr, FFIType.u32], returns: FFIType.i32 },
+  listen: { args: [FFIType.i32, FFIType.i32], returns: FFIType.i32 },
   // memory
   mmap: { args: [FFIType.ptr, FFIType.u64, FFIType.i32, FFIType.i32, FFIType.i32, FFIType.i64], returns: FFIType.ptr },
   munmap: { args: [FFIType.ptr, FFIType.u64], returns: FFIType.i32 },

@@ -20,7 +20,12 @@ export interface QemuArgsOptions {
   memPath: string;
   /** share=on maps the RAM file MAP_SHARED (boot); share=off maps it privately (copy-on-write restore). */
   memShared: boolean;
-  qmpPath: string;
+  /**
+   * QEMU's descriptor number of a listening Unix socket for QMP that the driver made and passed
+   * to it (`-chardev socket,fd=N,server=on`): the driver connects right after spawning, with no
+   * poll for QEMU to create the socket (src/ffi/unix-listen.ts).
+   */
+  qmpFd: number;
   /** Kernel command line assembled by the driver (base + net + clock + spec.bootArgs). */
   cmdline: string;
   /** Add `-incoming defer` (restore). */
@@ -53,7 +58,8 @@ export function buildQemuArgs(spec: VmSpec, o: QemuArgsOptions): string[] {
   const roots = spec.drives.filter((d) => d.isRoot);
   if (roots.length !== 1) throw new VmmError("vmm.bad_spec", `need exactly one root drive, got ${roots.length}`, { id: spec.id });
   checkPath(spec.kernelPath, "kernelPath");
-  for (const [p, w] of [[o.memPath, "memPath"], [o.qmpPath, "qmpPath"]] as const) checkPath(p, w);
+  checkPath(o.memPath, "memPath");
+  if (!Number.isInteger(o.qmpFd) || o.qmpFd < 3) throw new VmmError("vmm.bad_spec", `QMP descriptor ${o.qmpFd} is not a passed descriptor (>= 3)`, { qmpFd: o.qmpFd });
 
   const a: string[] = [
     "-name", `aenv-${spec.id}`,
@@ -67,7 +73,8 @@ export function buildQemuArgs(spec: VmSpec, o: QemuArgsOptions): string[] {
     "-global", "virtio-mmio.force-legacy=false",
     // serial console on stdout: the driver reads the pipe into a bounded log (../console.ts)
     "-serial", "stdio",
-    "-qmp", `unix:${o.qmpPath},server=on,wait=off`,
+    "-chardev", `socket,id=qmp,fd=${o.qmpFd},server=on,wait=off`,
+    "-mon", "chardev=qmp,mode=control",
     "-kernel", spec.kernelPath,
     "-append", o.cmdline,
   ];

@@ -18,6 +18,7 @@ import { ConsoleLog } from "../console.ts";
 import { VmmError } from "../errors.ts";
 import { processStartTime, removeRecord, writeRecord, type VmmRecord } from "../supervise.ts";
 import { fileMappings, privatePages, ProcessMemory, readMapped } from "../../ffi/procmem.ts";
+import { listenUnix, UNIX_PATH_MAX } from "../../ffi/unix-listen.ts";
 import type { DriveSpec, MemoryCapture, SnapshotFiles, VmHandle, VmmDriver, VmSpec } from "../types.ts";
 import { buildQemuArgs, checkPath } from "./args.ts";
 import { detectAccel, hostTscKhz } from "./host.ts";
@@ -30,6 +31,8 @@ const log = logger("vmm.qemu");
 export const RAM_BLOCK_ID = "mem";
 /** Retries of `cont` refused because a migration is still being finalized (10 ms apart). */
 const CONT_RETRIES = 100;
+/** QEMU's descriptor of the QMP listening socket: the first one after stdin, stdout, stderr. */
+const QMP_CHILD_FD = 3;
 /** Migration rate limit for snapshots, bytes/s: effectively none (the VM is paused, the stream local). */
 const MIGRATION_MAX_BANDWIDTH = 2 ** 40;
 
@@ -151,9 +154,8 @@ export class QemuDriver implements VmmDriver {
     mkdirSync(vmmDir, { recursive: true });
     mkdirSync(spec.workDir, { recursive: true });
     const qmpPath = join(vmmDir, `${spec.id}.qmp`);
-    if (qmpPath.length > 100) throw new VmmError("vmm.bad_spec", `QMP socket path too long for AF_UNIX: ${qmpPath}`, { qmpPath });
+    if (Buffer.byteLength(qmpPath) > UNIX_PATH_MAX) throw new VmmError("vmm.bad_spec", `QMP socket path too long for AF_UNIX: ${qmpPath}`, { qmpPath });
     const consolePath = join(spec.workDir, "console.log");
-    rmSync(qmpPath, { force: true });
     const args = buildQemuArgs(spec, {
       accel: this.accel,
       tcgTbSizeMiB: this.tcgTbSizeMiBFor(m.incoming),
@@ -161,16 +163,30 @@ export class QemuDriver implements VmmDriver {
       tscKhz: this.tsc,
       memPath: m.memPath,
       memShared: m.memShared,
-      qmpPath,
+      qmpFd: QMP_CHILD_FD,
       cmdline: this.cmdline(spec),
       incoming: m.incoming,
     });
     const argv = spec.net ? ["nsenter", `--net=${checkPath(spec.net.netnsPath, "netnsPath")}`, "--", this.opts.binary, ...args] : [this.opts.binary, ...args];
-    // detached: setsid(2) before exec (nsenter then execs QEMU, so the pid stays QEMU's). In its
-    // own session QEMU does not get the SIGINT a terminal sends to the node's process group on
-    // Ctrl-C, and lives until the node's shutdown pauses/snapshots/stops it.
+    // QMP's listening socket is made here and inherited as QEMU's fd 3 (nsenter keeps it): the
+    // connect below is queued until QEMU accepts, instead of polling for QEMU to bind it
+    let qmpListen: number;
+    try {
+      qmpListen = listenUnix(qmpPath);
+    } catch (e) {
+      throw new VmmError("vmm.spawn_failed", `cannot make the QMP socket ${qmpPath}: ${(e as Error).message}`, { id: spec.id, qmpPath }, { cause: e });
+    }
     const spawnedAt = performance.now();
-    const child = spawn(argv[0]!, argv.slice(1), { stdio: ["ignore", "pipe", "pipe"], detached: true });
+    let child: ReturnType<typeof spawn>;
+    try {
+      // detached: setsid(2) before exec (nsenter then execs QEMU, so the pid stays QEMU's). In its
+      // own session QEMU does not get the SIGINT a terminal sends to the node's process group on
+      // Ctrl-C, and lives until the node's shutdown pauses/snapshots/stops it.
+      child = spawn(argv[0]!, argv.slice(1), { stdio: ["ignore", "pipe", "pipe", qmpListen], detached: true });
+    } finally {
+      // QEMU holds its copy; ours would keep the socket listening after QEMU died
+      closeSync(qmpListen);
+    }
     const pid = child.pid;
     if (pid === undefined) {
       const err = await new Promise<Error>((r) => child.once("error", r));

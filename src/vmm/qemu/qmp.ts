@@ -54,8 +54,9 @@ export class QmpClient {
   }
 
   /**
-   * Connect to `path`, retrying until `timeoutMs` (the socket appears shortly after QEMU starts),
-   * read the greeting and negotiate capabilities.
+   * Connect to `path`, retrying until `timeoutMs`, read the greeting and negotiate capabilities.
+   * The driver's socket listens before QEMU starts (its first connect waits in the backlog until
+   * QEMU accepts); a socket QEMU binds itself appears shortly after it starts.
    * @param isAlive polled between retries; when it returns false, connecting stops early.
    * @throws VmmError `vmm.qmp_connect` on timeout or when the greeting is not QMP.
    */

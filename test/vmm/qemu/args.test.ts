@@ -28,7 +28,7 @@ const opts: QemuArgsOptions = {
   tscKhz: 2596134,
   memPath: "/dev/shm/a/sb-1.mem",
   memShared: true,
-  qmpPath: "/run/a/vmm/sb-1.qmp",
+  qmpFd: 3,
   cmdline: "console=ttyS0 root=/dev/vda",
   incoming: false,
 };
@@ -59,7 +59,10 @@ describe("buildQemuArgs", () => {
       "memory-backend-file,id=mem,size=512M,mem-path=/dev/shm/a/sb-1.mem,share=on",
       "rng-random,id=rng0,filename=/dev/urandom",
     ]);
-    expect(flag(a, "-qmp")).toEqual(["unix:/run/a/vmm/sb-1.qmp,server=on,wait=off"]);
+    // QMP on the listening socket the driver passed as fd 3, as a control monitor
+    expect(flag(a, "-chardev")).toEqual(["socket,id=qmp,fd=3,server=on,wait=off"]);
+    expect(flag(a, "-mon")).toEqual(["chardev=qmp,mode=control"]);
+    expect(flag(a, "-qmp")).toEqual([]);
     expect(flag(a, "-serial")).toEqual(["stdio"]);
     expect(flag(a, "-kernel")).toEqual(["/k/vmlinux"]);
     expect(flag(a, "-append")).toEqual(["console=ttyS0 root=/dev/vda"]);
@@ -97,6 +100,8 @@ describe("buildQemuArgs", () => {
     expect(code(() => buildQemuArgs({ ...spec, kernelPath: "vmlinux" }, opts))).toBe("vmm.bad_spec");
     expect(code(() => buildQemuArgs({ ...spec, drives: [{ id: "r", path: "/a,b", readOnly: false, isRoot: true }] }, opts))).toBe("vmm.bad_spec");
     expect(code(() => buildQemuArgs(spec, { ...opts, memPath: "/x/$(rm)" }))).toBe("vmm.bad_spec");
+    // stdin, stdout and stderr are not a QMP socket; nor is a fractional or negative number
+    for (const qmpFd of [0, 2, -1, 3.5]) expect(code(() => buildQemuArgs(spec, { ...opts, qmpFd }))).toBe("vmm.bad_spec");
     expect(code(() => buildQemuArgs({ ...spec, net: { ...spec.net!, mac: "zz" } }, opts))).toBe("vmm.bad_spec");
     expect(code(() => buildQemuArgs({ ...spec, net: { ...spec.net!, tapName: "a-very-long-tap-name" } }, opts))).toBe("vmm.bad_spec");
     for (const serial of ["", "a,b", "x".repeat(21), "vol-1"]) {
