@@ -45,7 +45,9 @@ export interface StreamBody {
   /**
    * The next batch: parts that together are one or more whole message envelopes (see
    * `writeEnvelopeHeader`), or null when the stream ends normally. Parts are not used after
-   * they are written (views of buffers nobody changes are fine). Throwing ends the stream with
+   * they are written (views of buffers nobody changes are fine): `next` is called again only
+   * once the previous batch is in the connection's buffers, so the producer may then free what
+   * that batch referenced. Throwing ends the stream with
    * that error. `signal` aborts when the client goes away.
    */
   next(signal: AbortSignal): Promise<StreamParts | null>;

@@ -120,6 +120,55 @@ describe("process over binary Connect", () => {
     expect(end).toMatchObject({ exited: true, exitCode: 0 });
   }, 120_000);
 
+  test("two streams of one process (Start, and Connect reading slowly): each gets every byte exactly; a read is freed only after both sent it", async () => {
+    const MIB = 1 << 20;
+    const want = new Uint8Array(24 * MIB);
+    let x = 0x2545f491;
+    for (let i = 0; i < want.length; i++) {
+      x ^= x << 13;
+      x ^= x >>> 17;
+      x ^= x << 5;
+      want[i] = x & 0xff;
+    }
+    const dir = mkdtempSync("/tmp/envd-two-streams-");
+    writeFileSync(join(dir, "out.bin"), want);
+    // the output starts only once the second stream is attached (the file "go" appears)
+    const script = "while [ ! -e go ]; do sleep 0.02; done; cat out.bin";
+    const collect = async (it: AsyncIterable<{ event?: { event: { case?: string; value?: unknown } } }>, slow: boolean, onStart?: (pid: number) => void) => {
+      const chunks: Uint8Array[] = [];
+      const kinds: string[] = [];
+      let n = 0;
+      for await (const r of it) {
+        const ev = r.event!.event;
+        if (kinds.at(-1) !== ev.case) kinds.push(ev.case!);
+        if (ev.case === "start") onStart?.((ev.value as { pid: number }).pid);
+        if (ev.case !== "data") continue;
+        chunks.push((ev.value as { output: { value: Uint8Array } }).output.value);
+        // the slow reader lags behind: its queue holds reads the fast one already sent
+        if (slow && ++n % 16 === 0) await Bun.sleep(5);
+      }
+      return { bytes: Buffer.concat(chunks), kinds };
+    };
+    try {
+      let attached!: Promise<{ bytes: Buffer; kinds: string[] }>;
+      const first = collect(proc.start({ process: { cmd: "/bin/sh", args: ["-c", script], cwd: dir }, stdin: false }), false, (pid) => {
+        attached = new Promise((resolve, reject) => {
+          const second = collect(proc.connect({ process: { selector: { case: "pid", value: pid } } }), true, () => writeFileSync(join(dir, "go"), ""));
+          second.then(resolve, reject);
+        });
+      });
+      const a = await first;
+      const b = await attached;
+      for (const got of [a, b]) {
+        expect(got.kinds).toEqual(["start", "data", "end"]);
+        expect(got.bytes.byteLength).toBe(want.byteLength);
+        expect(got.bytes.equals(Buffer.from(want))).toBe(true);
+      }
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  }, 120_000);
+
   test("Start streams start, stdout/stderr bytes and end in order", async () => {
     const kinds: string[] = [];
     let out = "";

@@ -23,12 +23,36 @@ export interface ProcessEnd {
   error?: string;
 }
 
-/** What an attached stream receives, in order. A data event is one read of the output (any size; the wire splits it). */
+/**
+ * What an attached stream receives, in order. A data event is one read of the output (any size;
+ * the wire splits it); `holders` counts the streams that still have to send it (see
+ * `releaseOutput`).
+ */
 export type ProcEvent =
   | { kind: "start"; pid: number }
-  | { kind: "data"; stream: "stdout" | "stderr" | "pty"; data: Uint8Array }
+  | { kind: "data"; stream: "stdout" | "stderr" | "pty"; data: Uint8Array; holders: number }
   | { kind: "end"; end: ProcessEnd }
   | { kind: "keepalive" };
+
+/**
+ * A stream has sent `ev` (its bytes are in the connection's buffers, or encoded as base64 text):
+ * once every stream it was queued to has, the read's buffer is freed at once (detached with
+ * `ArrayBuffer.prototype.transfer(0)`) instead of waiting for the garbage collector, so the
+ * next reads reuse that memory rather than fault in fresh pages. Only a buffer the read owns
+ * whole (the output reader hands each read a new one) is freed. A stream that goes away without
+ * sending what it holds never releases it (nor does a JSON stream, see service.ts): the
+ * collector frees that one as before. Other events are ignored.
+ */
+export function releaseOutput(ev: ProcEvent): void {
+  if (ev.kind !== "data" || --ev.holders > 0) return;
+  if (freedOnRelease(ev.data)) (ev.data.buffer as ArrayBuffer).transfer(0);
+}
+
+/** True when `data` is the whole of an ArrayBuffer of its own, which `releaseOutput` frees. */
+export function freedOnRelease(data: Uint8Array): boolean {
+  const buf = data.buffer;
+  return buf instanceof ArrayBuffer && !buf.detached && data.byteOffset === 0 && data.byteLength === buf.byteLength;
+}
 
 /** Validated spawn parameters (paths absolute, env complete). */
 export interface SpawnSpec {
@@ -295,7 +319,10 @@ export class ProcessHandle {
   private async broadcast(ev: ProcEvent): Promise<void> {
     for (const q of this.subscribers) {
       if (q.closed) this.subscribers.delete(q);
-      else q.push(ev);
+      else {
+        q.push(ev);
+        if (ev.kind === "data") ev.holders++;
+      }
     }
     // Back-pressure: the slowest live stream bounds how fast output is read.
     for (const q of this.subscribers) await q.waitForSpace();
@@ -338,7 +365,7 @@ export class ProcessHandle {
         // Whatever one read got (up to the pipe's capacity) is one event here; the wire splits
         // it into protocol-sized messages (wire.ts). Each waits for room in the slowest stream's
         // queue, so a slow consumer stops the reads and the process blocks on its full pipe.
-        await this.broadcast({ kind: "data", stream: name, data: r.value });
+        await this.broadcast({ kind: "data", stream: name, data: r.value, holders: 0 });
       }
     } catch (err) {
       log.debug({ pid: this.pid, stream: name, err: (err as Error).message }, "output stream ended with error");
