@@ -542,7 +542,7 @@ export const CONFIG_SCHEMA = section("", {
       { min: 1, max: TIB, unit: "bytes" },
     ),
     gc_every_output_bytes: int(
-      33_554_432,
+      67_108_864,
       "Bytes of short-lived output buffers (all streams: JSON's base64 text, envelope headers) after\nwhich envd collects garbage at once; the runtime's own collector lets RSS climb tens of MiB\nfirst. Reads sent as binary payloads are freed as soon as sent and not counted. 0 = leave it\nto the runtime.",
       { min: 0, unit: "bytes" },
     ),

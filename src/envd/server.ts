@@ -89,7 +89,7 @@ export const DEFAULT_ENVD_OPTIONS: EnvdOptions = {
   maxEventBytes: 32 * 1024,
   pipeBytes: 1024 * 1024,
   batchBytes: 256 * 1024,
-  gcEveryBytes: 32 * 1024 * 1024,
+  gcEveryBytes: 64 * 1024 * 1024,
   maxStreamRequestBytes: 4 * 1024 * 1024,
   maxListEntries: 100_000,
   maxWatchers: 256,

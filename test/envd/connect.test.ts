@@ -19,11 +19,11 @@ let proc: Client<typeof Process>;
 let fsc: Client<typeof Filesystem>;
 let dir: string;
 
-function transport(headers: Record<string, string> = { "x-access-token": TOKEN }) {
+function transport(headers: Record<string, string> = { "x-access-token": TOKEN }, binary = true) {
   return createConnectTransport({
     baseUrl: envd.url,
     httpVersion: "1.1",
-    useBinaryFormat: true,
+    useBinaryFormat: binary,
     interceptors: [
       (next) => async (req) => {
         for (const [k, v] of Object.entries(headers)) req.header.set(k, v);
@@ -120,7 +120,7 @@ describe("process over binary Connect", () => {
     expect(end).toMatchObject({ exited: true, exitCode: 0 });
   }, 120_000);
 
-  test("two streams of one process (Start, and Connect reading slowly): each gets every byte exactly; a read is freed only after both sent it", async () => {
+  test("two streams of one process (Start, and Connect reading slowly in JSON): each gets every byte exactly; a read is freed only after both sent it", async () => {
     const MIB = 1 << 20;
     const want = new Uint8Array(24 * MIB);
     let x = 0x2545f491;
@@ -149,11 +149,12 @@ describe("process over binary Connect", () => {
       }
       return { bytes: Buffer.concat(chunks), kinds };
     };
+    const json = createClient(Process, transport({ "x-access-token": TOKEN }, false));
     try {
       let attached!: Promise<{ bytes: Buffer; kinds: string[] }>;
       const first = collect(proc.start({ process: { cmd: "/bin/sh", args: ["-c", script], cwd: dir }, stdin: false }), false, (pid) => {
         attached = new Promise((resolve, reject) => {
-          const second = collect(proc.connect({ process: { selector: { case: "pid", value: pid } } }), true, () => writeFileSync(join(dir, "go"), ""));
+          const second = collect(json.connect({ process: { selector: { case: "pid", value: pid } } }), true, () => writeFileSync(join(dir, "go"), ""));
           second.then(resolve, reject);
         });
       });

@@ -40,8 +40,8 @@ export type ProcEvent =
  * `ArrayBuffer.prototype.transfer(0)`) instead of waiting for the garbage collector, so the
  * next reads reuse that memory rather than fault in fresh pages. Only a buffer the read owns
  * whole (the output reader hands each read a new one) is freed. A stream that goes away without
- * sending what it holds never releases it (nor does a JSON stream, see service.ts): the
- * collector frees that one as before. Other events are ignored.
+ * sending what it holds never releases it: the collector frees that one as before. Other events
+ * are ignored.
  */
 export function releaseOutput(ev: ProcEvent): void {
   if (ev.kind !== "data" || --ev.holders > 0) return;

@@ -93,9 +93,7 @@ function eventStream(h: ProcessHandle, binary: boolean, kaMs: number, opts: Proc
   let sent: ProcEvent[] = [];
   return {
     async next(signal) {
-      // binary streams only: a JSON stream's reads are garbage once encoded, and freeing them
-      // at once made JSON output slower in bench/envd.ts (-7%), not faster
-      if (binary) for (const ev of sent) releaseOutput(ev);
+      for (const ev of sent) releaseOutput(ev);
       sent = [];
       const r = await q.ready(signal, kaMs);
       if (r === "idle") return encodeEvents([{ kind: "keepalive" }], binary, opts.maxEventBytes);
