@@ -543,7 +543,7 @@ export const CONFIG_SCHEMA = section("", {
     ),
     gc_every_output_bytes: int(
       67_108_864,
-      "Bytes of short-lived output buffers (all streams: JSON's base64 text, envelope headers) after\nwhich envd collects garbage at once; the runtime's own collector lets RSS climb tens of MiB\nfirst. Reads sent as binary payloads are freed as soon as sent and not counted. 0 = leave it\nto the runtime.",
+      "Bytes of short-lived output buffers (all streams: JSON's base64 text, envelope headers) after\nwhich envd collects garbage at once; the runtime's own collector lets RSS climb tens of MiB\nfirst. Reads sent as binary payloads are not counted: they are freed once every stream sent\nthem. 0 = leave it to the runtime.",
       { min: 0, unit: "bytes" },
     ),
     stream_request_max_bytes: int(4_194_304, "Largest request message of a streaming call (Start/Connect: command, args, env), bytes.", { min: 1024, max: TIB, unit: "bytes" }),

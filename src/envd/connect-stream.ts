@@ -47,8 +47,8 @@ export interface StreamBody {
    * `writeEnvelopeHeader`), or null when the stream ends normally. Parts are not used after
    * they are written (views of buffers nobody changes are fine): `next` is called again only
    * once the previous batch is in the connection's buffers, so the producer may then free what
-   * that batch referenced. Throwing ends the stream with
-   * that error. `signal` aborts when the client goes away.
+   * that batch referenced. Throwing ends the stream with that error. `signal` aborts when the
+   * client goes away.
    */
   next(signal: AbortSignal): Promise<StreamParts | null>;
   /** Release what the stream holds; called once, on every path. */

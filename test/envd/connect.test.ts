@@ -5,12 +5,14 @@
  */
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { chmodSync, mkdtempSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
+import { connect as connectTcp } from "node:net";
 import { dirname, join } from "node:path";
 import { create, toBinary } from "@bufbuild/protobuf";
 import { Code, ConnectError, createClient, type Client } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
 import { EventType, FileType, Filesystem } from "../../src/envd/gen/filesystem_pb.ts";
-import { Process, Signal, StreamInputRequestSchema } from "../../src/envd/gen/process_pb.ts";
+import { ConnectRequestSchema, Process, Signal, StreamInputRequestSchema } from "../../src/envd/gen/process_pb.ts";
+import { envelope as envelopeOf } from "../../src/envd/connect-stream.ts";
 import { initEnvd, procState, startEnvdChild, waitFor, type EnvdChild } from "./harness.ts";
 
 const TOKEN = "connect-test-token-0123456789";
@@ -120,9 +122,10 @@ describe("process over binary Connect", () => {
     expect(end).toMatchObject({ exited: true, exitCode: 0 });
   }, 120_000);
 
-  test("two streams of one process (Start, and Connect reading slowly in JSON): each gets every byte exactly; a read is freed only after both sent it", async () => {
+  test("three streams of one process (Start; Connect reading slowly in JSON; Connect that stops reading, then goes away): the two that stay get every byte exactly; a read is freed only once every stream is done with it", async () => {
     const MIB = 1 << 20;
-    const want = new Uint8Array(24 * MIB);
+    // more than the loopback socket buffers of the two paused streams hold, so their queues fill
+    const want = new Uint8Array(96 * MIB);
     let x = 0x2545f491;
     for (let i = 0; i < want.length; i++) {
       x ^= x << 13;
@@ -130,9 +133,9 @@ describe("process over binary Connect", () => {
       x ^= x << 5;
       want[i] = x & 0xff;
     }
-    const dir = mkdtempSync("/tmp/envd-two-streams-");
-    writeFileSync(join(dir, "out.bin"), want);
-    // the output starts only once the second stream is attached (the file "go" appears)
+    const work = mkdtempSync("/tmp/envd-two-streams-");
+    writeFileSync(join(work, "out.bin"), want);
+    // the output starts only once the other two streams are attached (the file "go" appears)
     const script = "while [ ! -e go ]; do sleep 0.02; done; cat out.bin";
     const collect = async (it: AsyncIterable<{ event?: { event: { case?: string; value?: unknown } } }>, slow: boolean, onStart?: (pid: number) => void) => {
       const chunks: Uint8Array[] = [];
@@ -144,29 +147,55 @@ describe("process over binary Connect", () => {
         if (ev.case === "start") onStart?.((ev.value as { pid: number }).pid);
         if (ev.case !== "data") continue;
         chunks.push((ev.value as { output: { value: Uint8Array } }).output.value);
-        // the slow reader lags behind: its queue holds reads the fast one already sent
+        // the slow reader lags behind: its queue holds reads the fast one already sent; and it
+        // pauses while the leaver goes away, so both queues hold the same reads then
         if (slow && ++n % 16 === 0) await Bun.sleep(5);
+        if (slow && n === 8) await Bun.sleep(1500);
       }
       return { bytes: Buffer.concat(chunks), kinds };
     };
     const json = createClient(Process, transport({ "x-access-token": TOKEN }, false));
-    try {
-      let attached!: Promise<{ bytes: Buffer; kinds: string[] }>;
-      const first = collect(proc.start({ process: { cmd: "/bin/sh", args: ["-c", script], cwd: dir }, stdin: false }), false, (pid) => {
-        attached = new Promise((resolve, reject) => {
-          const second = collect(json.connect({ process: { selector: { case: "pid", value: pid } } }), true, () => writeFileSync(join(dir, "go"), ""));
-          second.then(resolve, reject);
+    /**
+     * A Connect over a plain TCP socket that stops reading after its first bytes (the kernel's
+     * buffers fill, then envd's queue for it holds reads), then disconnects: returns the bytes
+     * it got before it stopped.
+     */
+    const leaver = (pid: number, onStart: () => void): Promise<number> =>
+      new Promise((resolve, reject) => {
+        const url = new URL(envd.url);
+        const body = Buffer.from(envelopeOf(toBinary(ConnectRequestSchema, create(ConnectRequestSchema, { process: { selector: { case: "pid", value: pid } } }))));
+        const sock = connectTcp(Number(url.port), url.hostname);
+        sock.on("error", reject);
+        sock.on("connect", () => {
+          sock.write(`POST /process.Process/Connect HTTP/1.1\r\nHost: ${url.host}\r\nContent-Type: application/connect+proto\r\nConnect-Protocol-Version: 1\r\nx-access-token: ${TOKEN}\r\nContent-Length: ${body.byteLength}\r\n\r\n`);
+          sock.write(body);
+        });
+        sock.once("data", (d) => {
+          sock.pause();
+          onStart();
+          setTimeout(() => {
+            sock.destroy();
+            resolve(Buffer.byteLength(d));
+          }, 1000);
         });
       });
+    try {
+      let attached!: Promise<[{ bytes: Buffer; kinds: string[] }, number]>;
+      let started = 0;
+      const go = () => ++started === 2 && writeFileSync(join(work, "go"), "");
+      const first = collect(proc.start({ process: { cmd: "/bin/sh", args: ["-c", script], cwd: work }, stdin: false }), false, (pid) => {
+        attached = Promise.all([collect(json.connect({ process: { selector: { case: "pid", value: pid } } }), true, go), leaver(pid, go)]);
+      });
       const a = await first;
-      const b = await attached;
+      const [b, left] = await attached;
+      expect(left).toBeGreaterThan(0);
       for (const got of [a, b]) {
         expect(got.kinds).toEqual(["start", "data", "end"]);
         expect(got.bytes.byteLength).toBe(want.byteLength);
         expect(got.bytes.equals(Buffer.from(want))).toBe(true);
       }
     } finally {
-      rmSync(dir, { recursive: true, force: true });
+      rmSync(work, { recursive: true, force: true });
     }
   }, 120_000);
 

@@ -78,6 +78,7 @@ test("bad paths: too long for sun_path (ENAMETOOLONG, nothing created), a missin
   expect(existsSync(long)).toBe(false);
   const e2 = thrown(() => listenUnix(join(dir, "no-such-dir", "b.sock")));
   expect(e2).toMatchObject({ code: "syscall.failed", call: "bind", errno: 2 });
+  expect(thrown(() => listenUnix(join(dir, "nul\0byte")))).toMatchObject({ code: "syscall.failed", call: "unix_listen.path", errno: 22 });
   // exactly UNIX_PATH_MAX bytes fits
   const exact = dir + "/" + "y".repeat(UNIX_PATH_MAX - dir.length - 1);
   expect(Buffer.byteLength(exact)).toBe(UNIX_PATH_MAX);

@@ -35,20 +35,33 @@ export type ProcEvent =
   | { kind: "keepalive" };
 
 /**
- * A stream has sent `ev` (its bytes are in the connection's buffers, or encoded as base64 text):
- * once every stream it was queued to has, the read's buffer is freed at once (detached with
- * `ArrayBuffer.prototype.transfer(0)`) instead of waiting for the garbage collector, so the
- * next reads reuse that memory rather than fault in fresh pages. Only a buffer the read owns
- * whole (the output reader hands each read a new one) is freed. A stream that goes away without
- * sending what it holds never releases it: the collector frees that one as before. Other events
- * are ignored.
+ * A stream is done with `ev`: it has sent it (its bytes are in the connection's buffers, or
+ * encoded as base64 text), or it went away before taking it. Once every stream it was queued to
+ * is done, the read's buffer is freed at once (detached with `ArrayBuffer.prototype.transfer(0)`)
+ * instead of waiting for the garbage collector, so the next reads reuse that memory rather than
+ * fault in fresh pages. Only a buffer the read owns whole (`freedOnRelease`) is freed; one that
+ * cannot be detached is left to the collector, as is a read a stream was still writing when its
+ * client went away (that stream never releases it). Other events are ignored. A release beyond
+ * the count is a bug: it is logged and frees nothing.
  */
 export function releaseOutput(ev: ProcEvent): void {
-  if (ev.kind !== "data" || --ev.holders > 0) return;
-  if (freedOnRelease(ev.data)) (ev.data.buffer as ArrayBuffer).transfer(0);
+  if (ev.kind !== "data") return;
+  if (ev.holders <= 0) {
+    log.error({ stream: ev.stream, bytes: ev.data.byteLength }, "output read released more often than it was queued");
+    return;
+  }
+  if (--ev.holders > 0 || !freedOnRelease(ev.data)) return;
+  try {
+    (ev.data.buffer as ArrayBuffer).transfer(0);
+  } catch {
+    /* not detachable: the collector frees it */
+  }
 }
 
-/** True when `data` is the whole of an ArrayBuffer of its own, which `releaseOutput` frees. */
+/**
+ * True when `data` is the whole of an ArrayBuffer of its own, which `releaseOutput` frees (pipe
+ * reads are; a reader handing out slices of one shared buffer would not be).
+ */
 export function freedOnRelease(data: Uint8Array): boolean {
   const buf = data.buffer;
   return buf instanceof ArrayBuffer && !buf.detached && data.byteOffset === 0 && data.byteLength === buf.byteLength;

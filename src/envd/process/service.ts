@@ -66,7 +66,8 @@ function childEnv(user: UserInfo, state: EnvdState, req: Record<string, string>,
 /**
  * Runs a synchronous garbage collection after every `everyBytes` of short-lived buffers the
  * output path left behind (0 = never): JSON's base64 text and the envelope buffers. The reads
- * themselves, sent as binary payloads, are freed at once (`releaseOutput`) and not counted.
+ * themselves, sent as binary payloads, are not counted: they are freed once every stream sent
+ * them (`releaseOutput`).
  */
 class GcPacer {
   private sent = 0;
@@ -105,7 +106,12 @@ function eventStream(h: ProcessHandle, binary: boolean, kaMs: number, opts: Proc
       gc.count(partsBytes(parts) - freed);
       return parts;
     },
-    close: () => h.unsubscribe(q),
+    close: () => {
+      h.unsubscribe(q);
+      // what was queued but never taken was never written: done with it (the batch last
+      // returned may still be under a write, and is left to the collector)
+      for (const ev of q.take(Infinity)) releaseOutput(ev);
+    },
   };
 }
 

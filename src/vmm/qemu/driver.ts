@@ -178,11 +178,15 @@ export class QemuDriver implements VmmDriver {
     }
     const spawnedAt = performance.now();
     let child: ReturnType<typeof spawn>;
+    const noQemu = () => rmSync(qmpPath, { force: true }); // no record owns the socket file yet
     try {
       // detached: setsid(2) before exec (nsenter then execs QEMU, so the pid stays QEMU's). In its
       // own session QEMU does not get the SIGINT a terminal sends to the node's process group on
       // Ctrl-C, and lives until the node's shutdown pauses/snapshots/stops it.
       child = spawn(argv[0]!, argv.slice(1), { stdio: ["ignore", "pipe", "pipe", qmpListen], detached: true });
+    } catch (e) {
+      noQemu();
+      throw new VmmError("vmm.spawn_failed", `cannot spawn ${argv[0]}: ${(e as Error).message}`, { id: spec.id, argv0: argv[0] }, { cause: e });
     } finally {
       // QEMU holds its copy; ours would keep the socket listening after QEMU died
       closeSync(qmpListen);
@@ -190,6 +194,7 @@ export class QemuDriver implements VmmDriver {
     const pid = child.pid;
     if (pid === undefined) {
       const err = await new Promise<Error>((r) => child.once("error", r));
+      noQemu();
       throw new VmmError("vmm.spawn_failed", `cannot spawn ${argv[0]}: ${err.message}`, { id: spec.id, argv0: argv[0] });
     }
     const rec: VmmRecord = {

@@ -1,5 +1,6 @@
 /**
- * QMP client: newline-delimited JSON over QEMU's Unix control socket (`-qmp unix:PATH,server=on,wait=off`).
+ * QMP client: newline-delimited JSON over QEMU's Unix control socket (the driver's listening
+ * socket passed to QEMU: `-chardev socket,fd=3,server=on,wait=off -mon chardev=qmp,mode=control`).
  * Protocol (QEMU docs/interop/qmp-spec): the server greets with {"QMP":{...}}, the client sends
  * {"execute":"qmp_capabilities"}, then each {"execute":cmd,"arguments":..,"id":n} gets exactly one
  * {"return":..,"id":n} or {"error":{"class","desc"},"id":n}; {"event":..} lines may come anytime.

@@ -129,6 +129,33 @@ describe("TCG translation cache sizes", () => {
   });
 });
 
+describe("QEMU that does not come up", () => {
+  test("a missing binary and one that exits at once are vmm.spawn_failed and leave no QMP socket, record or RAM file", async () => {
+    const root = mkdtempSync(join(tmpdir(), "qemu-nospawn-"));
+    try {
+      const o = { ...qemuOptions(loadConfig({ env: {} })), accel: "tcg" as const, tscKhz: 2596134, runtimeDir: join(root, "run"), memoryDir: join(root, "mem"), socketTimeoutMs: 5000 };
+      const boot = async (binary: string, id: string) => {
+        try {
+          await new QemuDriver({ ...o, binary }).boot({ ...spec, id, workDir: join(root, id), net: undefined });
+        } catch (e) {
+          expect(e).toBeInstanceOf(VmmError);
+          return (e as VmmError).code;
+        }
+        return "booted";
+      };
+      expect(await boot(join(root, "no-such-qemu"), "sb-missing")).toBe("vmm.spawn_failed");
+      expect(await boot("/bin/false", "sb-false")).toBe("vmm.spawn_failed");
+      for (const id of ["sb-missing", "sb-false"]) {
+        expect(existsSync(join(root, "run", "vmm", `${id}.qmp`))).toBe(false);
+        expect(existsSync(join(root, "run", "vmm", `${id}.json`))).toBe(false);
+        expect(existsSync(join(root, "mem", `${id}.mem`))).toBe(false);
+      }
+    } finally {
+      rmSync(root, { recursive: true, force: true });
+    }
+  });
+});
+
 describe("kernel command-line pieces", () => {
   test("netmask and ip=", () => {
     expect(prefixToNetmask(30)).toBe("255.255.255.252");
