@@ -45,7 +45,6 @@ const abIdx = process.argv.indexOf("--ab-args");
 /** Kernel arguments to boot each size also with, interleaved (an A/B of boot options in one run). */
 const AB_ARGS = abIdx > 0 ? process.argv[abIdx + 1]! : null;
 
-
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 const fmt = (ms: number) => `${(ms / 1000).toFixed(2)} s`;
 
