@@ -400,14 +400,14 @@ export const CONFIG_SCHEMA = section("", {
       export: oneOf(["auto", "ublk", "fuse"], "auto", 'Engine: "auto" (ublk when /dev/ublk-control exists, else FUSE), "ublk" or "fuse".'),
       fuse_threads: int(2, "FUSE reader threads of the daemon, shared by every export (1..16).", { min: 1, max: 16, unit: "count" }),
       fuse_max_write: int(
-        1_044_480,
-        "Largest FUSE READ/WRITE in bytes (multiple of 4096, at most 1048576 = max_pages 256). The default,\n255 pages, lets every READ be spliced through a pipe of the default fs.pipe-max-size (1 MiB =\n256 slots: the reply header's and 255 pages; see fuse_splice): a 1 MiB O_DIRECT read is then\ntwo READs (1020 KiB spliced + 4 KiB), in parallel. bench/disk.ts-style fio, 1 MiB O_DIRECT\nsequential, same run: QD1 0.38x of the hot backing file at 255 pages vs 0.23x at 256 (copied),\nQD4 0.72x vs 0.60x; daemon CPU 184 vs 290 us per MiB. With fs.pipe-max-size >= 2 MiB, 1048576\nsplices whole 1 MiB READs.",
+        524_288,
+        "Largest FUSE READ/WRITE in bytes (multiple of 4096, at most 1048576 = max_pages 256). The default,\n128 pages, splits a 1 MiB O_DIRECT read into two READs of 512 KiB that the two reader threads\nanswer in parallel, each spliced through a pipe of the default fs.pipe-max-size (1 MiB = 256\nslots: a READ and its reply header must fit; see fuse_splice). bench/disk.ts, 1 MiB O_DIRECT\nsequential QD1, four interleaved runs: 0.41-0.51x of the hot backing file (raw file) at 128\npages vs 0.26-0.37x at 255 (1020 KiB + 4 KiB: one thread does nearly all the work); QD4 and\n4 KiB reads the same within noise. Earlier: 255 pages 0.38x vs 0.23x at 256, whose 1 MiB READs\ndo not fit the pipe and are copied.",
         { min: 4096, max: 1_048_576, multipleOf: 4096, unit: "bytes" },
       ),
       fuse_splice: bool(true, "Answer FUSE READs of 64 KiB and more with splice(2): file pages go to /dev/fuse through a pipe\nwith one copy instead of two. A READ must fit the pipe with its header (fs.pipe-max-size, 1 MiB\nby default, holds 1020 KiB: see fuse_max_write)."),
       fuse_read_ahead_bytes: int(
-        1_044_480,
-        "Readahead window of each FUSE export in bytes (the mount's read_ahead_kb, set by the daemon once\nthe kernel's INIT is answered); 0 keeps the kernel's 128 KiB. A VMM reading the export through\nthe page cache (QEMU's default cache=writeback) then reads a sequential stream in READs of this\nsize (the default = fuse_max_write: one spliced READ per window) instead of 128-256 KiB ones.",
+        1_048_576,
+        "Readahead window of each FUSE export in bytes (the mount's read_ahead_kb, set by the daemon once\nthe kernel's INIT is answered); 0 keeps the kernel's 128 KiB. A VMM reading the export through\nthe page cache (QEMU's default cache=writeback) then reads a sequential stream in windows of this\nsize, each sent as READs of at most fuse_max_write (the defaults: two spliced READs of 512 KiB,\nasynchronous, so both reader threads serve one window) instead of 128-256 KiB ones.",
         { min: 0, max: 67_108_864, multipleOf: 4096, unit: "bytes" },
       ),
       fuse_direct_io: bool(false, "Open served files with FOPEN_DIRECT_IO (no host page cache for the file). QEMU cache=none\nalready bypasses it; false keeps buffered readers (Firecracker \"Sync\" engine) cached."),
