@@ -40,7 +40,6 @@ export function envdOptions(s: Config["envd"]): EnvdOptions {
     maxWatchDirs: s.max_watch_dirs,
     idleTimeoutS: s.idle_timeout_s,
     maxRequestBodyBytes: s.max_request_body_bytes,
-    uploadBufferBytes: s.upload_buffer_bytes,
     maxComposeSources: s.max_compose_sources,
     enforcePermissions: s.enforce_permissions,
     caDir: s.ca_dir,

@@ -559,7 +559,7 @@ export const CONFIG_SCHEMA = section("", {
     ),
     upload_buffer_bytes: int(
       1_048_576,
-      "Bytes of one uploaded file held in memory while the bytes before them are written: the file is\nwritten while the next bytes of the body arrive; past this the body is read no further until\nthe writes catch up.",
+      "No longer used; accepted so that configs naming it still load. Each chunk of an upload is now\nwritten as it arrives (about 64 KiB at a time), so no more than that one chunk of a file is\nheld in memory, whatever this says.",
       { min: 65_536, max: 268_435_456, unit: "bytes" },
     ),
     max_compose_sources: int(10_000, "Most source files one POST /files/compose concatenates.", { min: 1, unit: "count" }),

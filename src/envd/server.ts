@@ -62,8 +62,6 @@ export interface EnvdOptions {
   idleTimeoutS: number;
   /** Largest request body (uploads), bytes; bodies are streamed to disk, never held whole. */
   maxRequestBodyBytes: number;
-  /** Bytes of one uploaded file held in memory while earlier ones are written. */
-  uploadBufferBytes: number;
   /** Most source files one /files/compose takes. */
   maxComposeSources: number;
   /** Check the acting user's rights on file operations (off = E2B behaviour, see EnvdState). */
@@ -97,7 +95,6 @@ export const DEFAULT_ENVD_OPTIONS: EnvdOptions = {
   maxWatchDirs: 8192,
   idleTimeoutS: 255,
   maxRequestBodyBytes: 1024 ** 4,
-  uploadBufferBytes: 1024 * 1024,
   maxComposeSources: 10_000,
   enforcePermissions: false,
   caDir: "/usr/local/share/ca-certificates",
@@ -195,7 +192,7 @@ export function startEnvd(partial: Partial<EnvdOptions> = {}): Envd {
     if (path === "/health" && req.method === "GET") return new Response(null, { status: 204 });
     if (path === "/files") {
       if (req.method === "GET") return downloadFile(state, req, url);
-      if (req.method === "POST") return json(await uploadFiles(state, req, url, opts.uploadBufferBytes));
+      if (req.method === "POST") return json(await uploadFiles(state, req, url));
       return json({ code: 405, message: "method not allowed" }, 405);
     }
     if (path === "/init" && req.method === "POST") {

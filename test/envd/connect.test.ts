@@ -595,6 +595,47 @@ describe("uploads are streamed", () => {
     rmSync(target);
   }, 60_000);
 
+  test("uploads of 48 MiB of random bytes land byte-exact: streamed octet-stream in odd-sized pieces, gzip, and multipart (chunks written as they arrive, the body's own freed once written)", async () => {
+    const { createHash, randomBytes } = require("node:crypto") as typeof import("node:crypto");
+    const sha = (b: Uint8Array) => createHash("sha256").update(b).digest("hex");
+    const data = randomBytes(48 << 20);
+    const want = sha(data);
+    // pieces of 777,777 bytes: no piece boundary falls where Bun's body chunks end
+    const pieces = () => {
+      let off = 0;
+      return new ReadableStream<Uint8Array>({
+        pull(c) {
+          if (off >= data.length) return c.close();
+          const n = Math.min(777_777, data.length - off);
+          c.enqueue(data.slice(off, off + n));
+          off += n;
+        },
+      });
+    };
+    const target = join(dir, "exact.bin");
+    for (let round = 0; round < 2; round++) {
+      const res = await uploadStream(target, pieces());
+      expect(res.status).toBe(200);
+      expect(sha(readFileSync(target))).toBe(want);
+      rmSync(target);
+    }
+    const gz = Bun.gzipSync(data);
+    const gzRes = await fetch(`${envd.url}/files?path=${encodeURIComponent(target)}`, {
+      method: "POST",
+      headers: { "x-access-token": TOKEN, "content-type": "application/octet-stream", "content-encoding": "gzip" },
+      body: gz,
+    });
+    expect(gzRes.status).toBe(200);
+    expect(sha(readFileSync(target))).toBe(want);
+    rmSync(target);
+    const form = new FormData();
+    form.append("file", new Blob([data]), "exact.bin");
+    const mp = await fetch(`${envd.url}/files?path=${encodeURIComponent(target)}`, { method: "POST", headers: { "x-access-token": TOKEN }, body: form });
+    expect(mp.status).toBe(200);
+    expect(sha(readFileSync(target))).toBe(want);
+    rmSync(target);
+  }, 120_000);
+
   test("a slow 40 MiB upload (1 MiB every 125 ms) lands whole; envd's RSS stays flat while it trickles in", async () => {
     const rss = () => Number(/VmRSS:\s+(\d+)/.exec(readFileSync(`/proc/${envd.proc.pid}/status`, "utf8"))![1]) * 1024;
     const size = 40 << 20;

@@ -10,6 +10,7 @@ import { openPty, resizePty } from "../../ffi/pty.ts";
 import { logger } from "../log.ts";
 import { EnvdError } from "../errors.ts";
 import { EventQueue } from "../queue.ts";
+import { freeBuffer } from "../buffers.ts";
 import { userGroups, type UserInfo } from "../users.ts";
 import { exitStatusText } from "./signals.ts";
 
@@ -39,7 +40,7 @@ export type ProcEvent =
  * encoded as base64 text), or it went away before taking it. Once every stream it was queued to
  * is done, the read's buffer is freed at once (detached with `ArrayBuffer.prototype.transfer(0)`)
  * instead of waiting for the garbage collector, so the next reads reuse that memory rather than
- * fault in fresh pages. Only a buffer the read owns whole (`freedOnRelease`) is freed; one that
+ * fault in fresh pages (`freeBuffer`). Only a buffer the read owns whole is freed; one that
  * cannot be detached is left to the collector, as is a read a stream was still writing when its
  * client went away (that stream never releases it). Other events are ignored. A release beyond
  * the count is a bug: it is logged and frees nothing.
@@ -50,21 +51,7 @@ export function releaseOutput(ev: ProcEvent): void {
     log.error({ stream: ev.stream, bytes: ev.data.byteLength }, "output read released more often than it was queued");
     return;
   }
-  if (--ev.holders > 0 || !freedOnRelease(ev.data)) return;
-  try {
-    (ev.data.buffer as ArrayBuffer).transfer(0);
-  } catch {
-    /* not detachable: the collector frees it */
-  }
-}
-
-/**
- * True when `data` is the whole of an ArrayBuffer of its own, which `releaseOutput` frees (pipe
- * reads are; a reader handing out slices of one shared buffer would not be).
- */
-export function freedOnRelease(data: Uint8Array): boolean {
-  const buf = data.buffer;
-  return buf instanceof ArrayBuffer && !buf.detached && data.byteOffset === 0 && data.byteLength === buf.byteLength;
+  if (--ev.holders === 0) freeBuffer(ev.data);
 }
 
 /** Validated spawn parameters (paths absolute, env complete). */

@@ -13,7 +13,8 @@ import { ConnectRequestSchema, Process, Signal, StartRequestSchema, type Process
 import { resolveCwd } from "../paths.ts";
 import type { EnvdState } from "../state.ts";
 import type { UserInfo } from "../users.ts";
-import { freedOnRelease, releaseOutput, type ProcEvent, type ProcessHandle } from "./handle.ts";
+import { releaseOutput, type ProcEvent, type ProcessHandle } from "./handle.ts";
+import { freedOnRelease } from "../buffers.ts";
 import type { ProcessManager, Selector } from "./manager.ts";
 import { encodeEvents, partsBytes } from "./wire.ts";
 
