@@ -404,7 +404,7 @@ export const CONFIG_SCHEMA = section("", {
         "Largest FUSE READ/WRITE in bytes (multiple of 4096, at most 1048576 = max_pages 256). The default,\n128 pages, splits a 1 MiB O_DIRECT read into two READs of 512 KiB that the two reader threads\nanswer in parallel, each spliced through a pipe of the default fs.pipe-max-size (1 MiB = 256\nslots: a READ and its reply header must fit; see fuse_splice). bench/disk.ts, 1 MiB O_DIRECT\nsequential QD1, four interleaved runs: 0.41-0.51x of the hot backing file (raw file) at 128\npages vs 0.26-0.37x at 255 (1020 KiB + 4 KiB: one thread does nearly all the work); QD4 and\n4 KiB reads the same within noise. Earlier: 255 pages 0.38x vs 0.23x at 256, whose 1 MiB READs\ndo not fit the pipe and are copied.",
         { min: 4096, max: 1_048_576, multipleOf: 4096, unit: "bytes" },
       ),
-      fuse_splice: bool(true, "Answer FUSE READs of 64 KiB and more with splice(2): file pages go to /dev/fuse through a pipe\nwith one copy instead of two. A READ must fit the pipe with its header (fs.pipe-max-size, 1 MiB\nby default, holds 1020 KiB: see fuse_max_write)."),
+      fuse_splice: bool(true, "Answer FUSE READs of 64 KiB and more with splice(2): file pages go to /dev/fuse through a pipe\nwith one copy instead of two. A READ must fit the pipe with its header's page: a pipe of the\ndefault fs.pipe-max-size (1 MiB, 256 slots) takes READs of up to 255 pages (1020 KiB); a larger\none is copied."),
       fuse_read_ahead_bytes: int(
         1_048_576,
         "Readahead window of each FUSE export in bytes (the mount's read_ahead_kb, set by the daemon once\nthe kernel's INIT is answered); 0 keeps the kernel's 128 KiB. A VMM reading the export through\nthe page cache (QEMU's default cache=writeback) then reads a sequential stream in windows of this\nsize, each sent as READs of at most fuse_max_write (the defaults: two spliced READs of 512 KiB,\nasynchronous, so both reader threads serve one window) instead of 128-256 KiB ones.",
@@ -559,7 +559,7 @@ export const CONFIG_SCHEMA = section("", {
     ),
     upload_buffer_bytes: int(
       1_048_576,
-      "No longer used; accepted so that configs naming it still load. Each chunk of an upload is now\nwritten as it arrives (about 64 KiB at a time), so no more than that one chunk of a file is\nheld in memory, whatever this says.",
+      "No longer used; accepted so that configs naming it still load. Each chunk of an upload is now\nwritten as it arrives (about 64 KiB at a time): an octet-stream upload holds that one chunk, a\nmultipart one that chunk and the parser's tail of the one before.",
       { min: 65_536, max: 268_435_456, unit: "bytes" },
     ),
     max_compose_sources: int(10_000, "Most source files one POST /files/compose concatenates.", { min: 1, unit: "count" }),

@@ -595,7 +595,7 @@ describe("uploads are streamed", () => {
     rmSync(target);
   }, 60_000);
 
-  test("uploads of 48 MiB of random bytes land byte-exact: streamed octet-stream in odd-sized pieces, gzip, and multipart (chunks written as they arrive, the body's own freed once written)", async () => {
+  test("48 MiB of random bytes land byte-exact: streamed octet-stream in odd-sized pieces, gzip, multipart", async () => {
     const { createHash, randomBytes } = require("node:crypto") as typeof import("node:crypto");
     const sha = (b: Uint8Array) => createHash("sha256").update(b).digest("hex");
     const data = randomBytes(48 << 20);
@@ -635,6 +635,33 @@ describe("uploads are streamed", () => {
     expect(sha(readFileSync(target))).toBe(want);
     rmSync(target);
   }, 120_000);
+
+  test("an upload into a FIFO read by a process of this envd completes: envd drains the reader's output while it writes", async () => {
+    const fifo = join(dir, "upload.fifo");
+    expect(Bun.spawnSync(["mkfifo", fifo]).exitCode).toBe(0);
+    const size = 8 << 20;
+    // cat's stdout is a pipe envd drains: a write into the FIFO that blocked envd's event loop
+    // would stop that drain, cat would stop reading the FIFO, and neither would ever finish
+    let got = 0;
+    let exit: number | undefined;
+    const reader = (async () => {
+      for await (const r of proc.start({ process: { cmd: "/bin/cat", args: [fifo] }, stdin: false })) {
+        const ev = r.event?.event;
+        if (ev?.case === "data" && ev.value.output.case === "stdout") got += ev.value.output.value.byteLength;
+        if (ev?.case === "end") exit = ev.value.exitCode;
+      }
+    })();
+    const res = await fetch(`${envd.url}/files?path=${encodeURIComponent(fifo)}`, {
+      method: "POST",
+      headers: { "x-access-token": TOKEN, "content-type": "application/octet-stream" },
+      body: new Uint8Array(size).fill(0x5a),
+    });
+    expect(res.status).toBe(200);
+    await reader;
+    expect(exit).toBe(0);
+    expect(got).toBe(size);
+    rmSync(fifo);
+  }, 60_000);
 
   test("a slow 40 MiB upload (1 MiB every 125 ms) lands whole; envd's RSS stays flat while it trickles in", async () => {
     const rss = () => Number(/VmRSS:\s+(\d+)/.exec(readFileSync(`/proc/${envd.proc.pid}/status`, "utf8"))![1]) * 1024;

@@ -6,6 +6,7 @@ import { describe, expect, test } from "bun:test";
 import { mkdtempSync, rmSync, statSync, symlinkSync, writeFileSync, mkdirSync, chmodSync } from "node:fs";
 import { lstatSync } from "node:fs";
 import { join } from "node:path";
+import { freeBuffer, freedOnRelease } from "../../src/envd/buffers.ts";
 import { EnvdError } from "../../src/envd/errors.ts";
 import { goModeString } from "../../src/envd/filesystem/entry.ts";
 import { chooseEncoding, contentDisposition, fileSignature, parseRange } from "../../src/envd/http/files.ts";
@@ -42,6 +43,33 @@ async function parseAll(body: Uint8Array, boundary: string, chunkSize: number) {
   });
   return { n, parts, maxChunk };
 }
+
+describe("buffers freed once written", () => {
+  test("a whole buffer is freed (detached, empty after); a view into a larger one, or a detached one, is left alone", () => {
+    const whole = new Uint8Array(65536).fill(7);
+    expect(freedOnRelease(whole)).toBe(true);
+    freeBuffer(whole);
+    expect(whole.buffer.detached).toBe(true);
+    expect(whole.byteLength).toBe(0);
+    expect(freedOnRelease(whole)).toBe(false);
+    freeBuffer(whole); // a second free is a no-op
+    const parent = new Uint8Array(8192).fill(9);
+    for (const view of [parent.subarray(0, 4096), parent.subarray(4096), parent.subarray(1, 8192)]) {
+      expect(freedOnRelease(view)).toBe(false);
+      freeBuffer(view);
+      expect(parent.buffer.detached).toBe(false);
+    }
+    expect(parent.byteLength).toBe(8192);
+    expect(parent.every((b) => b === 9)).toBe(true);
+    // a view over all of a buffer still counts as the whole of it
+    const all = new Uint8Array(parent.buffer);
+    expect(freedOnRelease(all)).toBe(true);
+    const shared = new Uint8Array(new SharedArrayBuffer(4096));
+    expect(freedOnRelease(shared)).toBe(false);
+    freeBuffer(shared);
+    expect(shared.byteLength).toBe(4096);
+  });
+});
 
 describe("multipart reader", () => {
   const boundary = "----b0undary";

@@ -6,6 +6,7 @@ import { lstatSync, statSync, writeSync } from "node:fs";
 import { open, type FileHandle } from "node:fs/promises";
 import { basename, dirname } from "node:path";
 import { tokensEqual } from "../auth.ts";
+import { freeBuffer } from "../buffers.ts";
 import { fileSignature } from "../signature.ts";
 import { EnvdError, fromFsError } from "../errors.ts";
 import { metadataFromHeaders, replaceMetadata } from "../metadata.ts";
@@ -13,7 +14,6 @@ import { resolvePath } from "../paths.ts";
 import { checkedAs, chownTo, ensureDirs, requireAccess, requireParentWritable, R_OK, W_OK } from "../permissions.ts";
 import type { EnvdState } from "../state.ts";
 import { lookupUser, type UserInfo } from "../users.ts";
-import { freeBuffer } from "../buffers.ts";
 import { boundaryOf, readMultipart } from "./multipart.ts";
 
 /** One uploaded file in the POST /files answer. */
@@ -53,18 +53,22 @@ export function authorizeFiles(state: EnvdState, req: Request, url: URL, op: "re
 }
 
 /**
- * An upload's destination file. Each chunk of the body is written with write(2) as it arrives,
- * on the event loop's thread: what Bun's FileSink does for a regular file as well (strace of
- * Bun 1.4.4: one blocking write per 64 KiB chunk on the main thread, `highWaterMark` batching
- * nothing), without the sink's own bookkeeping. So no more than the chunk being written is held.
- * A chunk that the body stream handed over whole (`release`) is freed right after its write
- * (`ArrayBuffer.prototype.transfer(0)`) instead of waiting for the collector: the next chunks reuse
- * that memory rather than fault in fresh pages.
+ * An upload's destination file. Each chunk of the body is written as it arrives, so no more than
+ * the chunk being written is held. A regular file is written with write(2) on the event loop's
+ * thread: what Bun's FileSink does for one as well (strace of Bun 1.4.4: one blocking write per
+ * 64 KiB chunk on the main thread, `highWaterMark` batching nothing), without the sink's own
+ * bookkeeping. Anything else (a FIFO, a tty, a character device) may block for as long as its
+ * reader waits, and that reader may be a process whose output this envd drains: it is written
+ * from the thread pool (`FileHandle.write`) so the event loop runs on. A chunk that the body
+ * stream handed over whole (`release`) is freed right after its write (`freeBuffer`) instead of
+ * waiting for the collector: the next chunks reuse that memory rather than fault in fresh pages.
  */
 class UploadFile {
   private constructor(
     private readonly fh: FileHandle,
     readonly path: string,
+    /** A regular file: written synchronously (see the class doc). */
+    private readonly regular: boolean,
   ) {}
 
   /**
@@ -88,19 +92,28 @@ class UploadFile {
     } catch (err) {
       throw fromFsError(err, path, "upload");
     }
-    chownTo(path, user);
-    return new UploadFile(fh, path);
+    try {
+      chownTo(path, user);
+      return new UploadFile(fh, path, (await fh.stat()).isFile());
+    } catch (err) {
+      await fh.close().catch(() => {});
+      throw err instanceof EnvdError ? err : fromFsError(err, path, "upload");
+    }
   }
 
   /**
    * Append `chunk` (all of it: short writes are continued). With `release`, `chunk` is the body
    * stream's own and freed once written, when it is a whole ArrayBuffer that can be detached (a
    * view into a buffer still in use, such as the multipart parser's, must not be).
-   * @throws EnvdError (ENOSPC: insufficient_storage)
+   * @throws EnvdError (ENOSPC: insufficient_storage; a write that takes no byte: internal)
    */
-  write(chunk: Uint8Array, release: boolean): void {
+  async write(chunk: Uint8Array, release: boolean): Promise<void> {
     try {
-      for (let off = 0; off < chunk.byteLength; ) off += writeSync(this.fh.fd, chunk, off);
+      for (let off = 0; off < chunk.byteLength; ) {
+        const n = this.regular ? writeSync(this.fh.fd, chunk, off) : (await this.fh.write(chunk, off)).bytesWritten;
+        if (n <= 0) throw Object.assign(new Error(`write took no byte at offset ${off} of a ${chunk.byteLength}-byte chunk`), { code: "EIO" });
+        off += n;
+      }
     } catch (err) {
       throw fromFsError(err, this.path, "upload");
     }
@@ -124,8 +137,10 @@ class UploadFile {
 
 /**
  * The request's body, gunzipped when `Content-Encoding: gzip`. `owned`: its chunks are the
- * request body's own buffers, handed over whole, which the reader may free once written; the
- * decompressor's are not freed (it may hand out views into a buffer of its own).
+ * request body's own buffers, handed over whole, which the reader may free once written (true of
+ * a request Bun.serve read from the network; a Request made in-process from a ReadableStream
+ * would hand over its caller's buffers); the decompressor's are not freed (it may hand out views
+ * into a buffer of its own).
  * @throws EnvdError invalid_argument for another content encoding
  */
 function bodyStream(req: Request): { stream: ReadableStream<Uint8Array>; owned: boolean } {
@@ -168,7 +183,7 @@ export async function uploadFiles(state: EnvdState, req: Request, url: URL): Pro
         open_.push(file);
         return {
           // the parser's chunks are views into its own buffer: written, never freed here
-          write: async (c) => file.write(c, false),
+          write: (c) => file.write(c, false),
           end: async () => {
             open_.splice(open_.indexOf(file), 1);
             await file.close();
@@ -182,7 +197,7 @@ export async function uploadFiles(state: EnvdState, req: Request, url: URL): Pro
       const { stream, owned } = bodyStream(req);
       const file = await UploadFile.open(path, user, checker);
       open_.push(file);
-      for await (const chunk of stream) file.write(chunk, owned);
+      for await (const chunk of stream) await file.write(chunk, owned);
       open_.pop();
       await file.close();
       done.push(finish(path));

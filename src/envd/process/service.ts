@@ -7,6 +7,7 @@
 import { statSync } from "node:fs";
 import type { ServiceImpl } from "@connectrpc/connect";
 import { rpcUser } from "../auth.ts";
+import { freedOnRelease } from "../buffers.ts";
 import { serveServerStream, type StreamBody, type StreamLimits } from "../connect-stream.ts";
 import { EnvdError, toConnectError } from "../errors.ts";
 import { ConnectRequestSchema, Process, Signal, StartRequestSchema, type ProcessSelector, type StartRequest } from "../gen/process_pb.ts";
@@ -14,7 +15,6 @@ import { resolveCwd } from "../paths.ts";
 import type { EnvdState } from "../state.ts";
 import type { UserInfo } from "../users.ts";
 import { releaseOutput, type ProcEvent, type ProcessHandle } from "./handle.ts";
-import { freedOnRelease } from "../buffers.ts";
 import type { ProcessManager, Selector } from "./manager.ts";
 import { encodeEvents, partsBytes } from "./wire.ts";
 
