@@ -225,9 +225,9 @@ try {
   rmSync(home2, { recursive: true, force: true });
 
   // 5. volume attach cost on create (create + kill, alternating with and without a volume). A
-  // create without volumes restores the template's snapshot; one with a volume cold-boots (the
-  // snapshot's VM has no volume drive: src/sandbox/vm-runtime.ts launch), so this ratio is
-  // mostly restore vs cold boot, plus the volume's export and mount
+  // create without volumes restores the template's snapshot (or takes a pooled VM); one with a
+  // volume restores the boot snapshot with one volume slot (made by the first such create,
+  // counted here like the others), mounts the sandbox's root disk and then the volume
 
   const vr = await fetch(`${node.url}/volumes`, { method: "POST", headers: H, body: JSON.stringify({ name: "bench-vol" }) });
   const vol = (await vr.json()) as { volumeID: string };

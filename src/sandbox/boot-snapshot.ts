@@ -14,6 +14,10 @@
  * The guest kernel read the placeholder's capacity when it probed it, in the boot snapshot: a
  * restore first tells it the sandbox disk's size (a virtio config change, `driveResized`), and
  * mount-root waits until the kernel sees that size. So one boot snapshot serves every disk size.
+ * A create with volumes restores a boot snapshot of its shape made with as many placeholder
+ * volume drives (`BootShape.volumeSlots`): the sandbox's volume drives take their places, and
+ * the guest re-probes each before it mounts it (`mountVolumesInGuest`, `reprobe`), so it reads
+ * the volume's serial, size and read-only flag afresh and nothing of the placeholder it probed.
  * A boot snapshot is current while the node's kernel, tools drive and VMM driver are those it
  * was made with; an older one is tombstoned when a new one is made (removed once no sandbox
  * runs from it). When and when not to use one (volumes, a template's own kernel arguments,
@@ -28,7 +32,7 @@ import { OrchestratorError } from "../orchestrator/errors.ts";
 import { newSnapshotId, type LocalRepository, type SharedImages, type SnapshotManifest } from "../snapshot/index.ts";
 import { importSparse } from "../storage/overlaybd/index.ts";
 import { ROOTFS_DEVICE, ROOTFS_DRIVE_ID, TOOLS_MOUNT, toolsBoot } from "../tools/index.ts";
-import type { VmHandle, VmmDriver, VmSpec } from "../vmm/index.ts";
+import type { DriveSpec, VmHandle, VmmDriver, VmSpec } from "../vmm/index.ts";
 import { toolsKeyOf } from "./build-snapshot.ts";
 import { captureVm, layerPaths, memoryKey } from "./capture.ts";
 import { runInGuest, waitEnvdHealthy } from "./envd-client.ts";
@@ -41,11 +45,29 @@ export const BOOT_WAIT_ARG = "aenv.boot=wait";
 export interface BootShape {
   vcpus: number;
   memoryMiB: number;
+  /** Placeholder volume drives after the root disk (`vol0`...), 0 when absent. */
+  volumeSlots?: number;
 }
 
-/** The key of a shape in maps and VM ids: `<vcpus>c<memoryMiB>m`. */
+/** The key of a shape in maps and VM ids: `<vcpus>c<memoryMiB>m`, then `<n>v` with volume slots. */
 export function bootShapeKey(shape: BootShape): string {
-  return `${shape.vcpus}c${shape.memoryMiB}m`;
+  return `${shape.vcpus}c${shape.memoryMiB}m${shape.volumeSlots ? `${shape.volumeSlots}v` : ""}`;
+}
+
+/** The shape a boot snapshot was made for. */
+export function bootShapeOf(m: SnapshotManifest): BootShape {
+  return { vcpus: m.vm.vcpus, memoryMiB: m.vm.memoryMiB, volumeSlots: m.vm.volumeSlots ?? 0 };
+}
+
+/**
+ * Size of each placeholder volume drive of a boot snapshot, bytes (sparse, never written; the
+ * guest re-probes the drive that takes its place, so any size works).
+ */
+export const VOLUME_PLACEHOLDER_BYTES = 64 * 1024 * 1024;
+
+/** Virtio serial of placeholder volume drive `i` of a boot snapshot's VM. */
+export function volumePlaceholderSerial(i: number): string {
+  return `aenvplaceholder${i}`;
 }
 
 /**
@@ -89,6 +111,7 @@ export function findBootSnapshot(repo: LocalRepository, shape: BootShape, keys: 
         m.tools !== undefined &&
         m.vm.vcpus === shape.vcpus &&
         m.vm.memoryMiB === shape.memoryMiB &&
+        (m.vm.volumeSlots ?? 0) === (shape.volumeSlots ?? 0) &&
         m.vm.driver === keys.driver &&
         m.vm.kernelKey === keys.kernelKey &&
         m.toolsKey === toolsKey,
@@ -103,7 +126,8 @@ export function staleBootSnapshots(repo: LocalRepository, keys: BootKeys): Snaps
 }
 
 /**
- * Boot a VM of `shape` up to envd without a root filesystem and commit it as a `boot` snapshot.
+ * Boot a VM of `shape` up to envd without a root filesystem (and with `shape.volumeSlots`
+ * placeholder volume drives, `vol0`...) and commit it as a `boot` snapshot.
  * Takes a network slot for the boot (released before this returns).
  * @param id VM and slot id of the boot (letters, digits and '-', e.g. `bootsnap-1c512m`)
  * @returns the published manifest
@@ -119,6 +143,15 @@ export async function makeBootSnapshot(d: BootSnapshotDeps, id: string, shape: B
   const placeholder = join(workDir, "placeholder.raw");
   writeFileSync(placeholder, "");
   truncateSync(placeholder, BOOT_PLACEHOLDER_BYTES);
+  const slots = shape.volumeSlots ?? 0;
+  const volumeDrives: DriveSpec[] = [];
+  for (let i = 0; i < slots; i++) {
+    const path = join(workDir, `volume-placeholder-${i}.raw`);
+    writeFileSync(path, "");
+    truncateSync(path, VOLUME_PLACEHOLDER_BYTES);
+    // ids and order as serveVolumeDrives gives a sandbox's volumes
+    volumeDrives.push({ id: `vol${i}`, path, readOnly: false, isRoot: false, serial: volumePlaceholderSerial(i) });
+  }
   let vm: VmHandle | undefined;
   let slotTaken = false;
   const txn = d.repo.begin();
@@ -127,7 +160,7 @@ export async function makeBootSnapshot(d: BootSnapshotDeps, id: string, shape: B
     slotTaken = true;
     const net = netSpec(slot);
     const boot = toolsBoot(keys.toolsImage, placeholder, BOOT_WAIT_ARG);
-    vm = await d.driver.boot({ id, workDir, kernelPath: d.kernelPath, bootArgs: boot.bootArgs, vcpus: shape.vcpus, memoryMiB: shape.memoryMiB, drives: boot.drives, net });
+    vm = await d.driver.boot({ id, workDir, kernelPath: d.kernelPath, bootArgs: boot.bootArgs, vcpus: shape.vcpus, memoryMiB: shape.memoryMiB, drives: [...boot.drives, ...volumeDrives], net });
     const base = `http://${guestAddress(slot, ENVD_PORT).host}:${ENVD_PORT}`;
     const bootSignal = AbortSignal.any([signal, AbortSignal.timeout(d.bootTimeoutMs)]);
     await waitEnvdHealthy(base, d.envdPollMs, bootSignal, vm.exited);
@@ -150,7 +183,7 @@ export async function makeBootSnapshot(d: BootSnapshotDeps, id: string, shape: B
       createdAt: new Date().toISOString(),
       names: [],
       source: { sandboxId: null, templateId: "" },
-      vm: { driver: keys.driver, vcpus: shape.vcpus, memoryMiB: shape.memoryMiB, kernelKey: keys.kernelKey, mac: net.mac, bootArgs: boot.bootArgs },
+      vm: { driver: keys.driver, vcpus: shape.vcpus, memoryMiB: shape.memoryMiB, kernelKey: keys.kernelKey, mac: net.mac, bootArgs: boot.bootArgs, ...(slots > 0 ? { volumeSlots: slots } : {}) },
       envd: { version: ENVD_VERSION, accessToken: null },
       disk: { virtualSize: BOOT_PLACEHOLDER_BYTES, layers: [txn.addLayer(diskOut)] },
       memory: { size: shape.memoryMiB * MiB, layers: [cap.memory] },
@@ -189,15 +222,21 @@ export class RootMountError extends OrchestratorError {}
 
 /**
  * Start the VM of `spec` (its drives: `toolsBoot` of `snap`'s tools drive and the sandbox's root
- * disk; its net: a slot's, whose envd answers at `envd`) from boot snapshot `snap`, and mount the
- * root disk in it. The memory image is held until the VMM exits. The caller holds `snap` (its
+ * disk, then as many volume drives `vol0`... as `snap` has volume slots; its net: a slot's, whose
+ * envd answers at `envd`) from boot snapshot `snap`, and mount the root disk in it (not the
+ * volumes: `mountVolumesInGuest` with `reprobe`). The memory image is held until the VMM exits. The caller holds `snap` (its
  * users count, its layers) for as long as the VM may run.
  * @returns the running VM, envd answering on the sandbox's root filesystem (not yet /init-ed)
  * @throws VmmError / SnapshotError from the restore; OrchestratorError `orchestrator.envd_unready`
  *   or `orchestrator.envd_failed` from envd, `orchestrator.runtime_failed` for a root disk of
- *   another size than whole sectors, RootMountError from the mount (the VM is stopped first)
+ *   another size than whole sectors or another number of volume drives than `snap` has slots, RootMountError from the mount (the VM is stopped first)
  */
 export async function restoreBootSnapshot(d: BootRestoreDeps, snap: SnapshotManifest, spec: VmSpec, envd: string, signal: AbortSignal): Promise<VmHandle> {
+  // the restored guest has as many volume drives as the snapshot's VM had placeholders
+  const volumes = spec.drives.filter((x) => /^vol\d+$/.test(x.id)).length;
+  if (volumes !== (snap.vm.volumeSlots ?? 0)) {
+    throw new OrchestratorError("orchestrator.runtime_failed", `VM ${spec.id} has ${volumes} volume drives, boot snapshot ${snap.id} has ${snap.vm.volumeSlots ?? 0} places for them`, { id: spec.id, snapshot: snap.id });
+  }
   const lease = await d.images.acquire(memoryKey(snap), layerPaths(d.repo, snap.memory!.layers));
   let vm: VmHandle;
   try {

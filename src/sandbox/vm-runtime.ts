@@ -12,7 +12,8 @@
  * - a template's base is its committed snapshot (`template build-base` boots it once, a catalog
  *   build may name one), or for a template without one a disk-only snapshot of its layers made on
  *   first use; a create asking for another VM shape, or with volumes, cold-boots from the base's
- *   disk (a restore keeps the snapshot's devices and memory size);
+ *   disk (a restore keeps the snapshot's devices and memory size), by restoring the boot snapshot
+ *   of its shape and number of volumes when it can (boot-snapshot.ts);
  * - pause = capture (device state, the memory pages changed since the base, the upper's data)
  *   into a new `pause` snapshot on top of the base, stop the VMM, drop the work dir and slot;
  *   resume = start from that snapshot; a snapshot or fork captures the same way and lets the VM
@@ -42,7 +43,7 @@ import { toolsKeyOf } from "./build-snapshot.ts";
 import { bootBuildVm, type BuildVmTimeouts } from "./build-vm.ts";
 import { parseVmState, type VmState } from "./vm-state.ts";
 import { captureVm, commitUpper, KernelKeys, layerPaths, memoryKey, templateManifest } from "./capture.ts";
-import { bootShapeKey, findBootSnapshot, makeBootSnapshot, restoreBootSnapshot, RootMountError, staleBootSnapshots, type BootKeys, type BootShape } from "./boot-snapshot.ts";
+import { bootShapeKey, bootShapeOf, findBootSnapshot, makeBootSnapshot, restoreBootSnapshot, RootMountError, staleBootSnapshots, type BootKeys, type BootShape } from "./boot-snapshot.ts";
 import { consoleLogLine } from "./console-lines.ts";
 import { fetchEnvdMetrics, initEnvd, runInGuest, waitEnvdHealthy } from "./envd-client.ts";
 import { execInGuest } from "./guest-exec.ts";
@@ -932,10 +933,10 @@ export class VmRuntime implements SandboxRuntime {
       const slot = await this.o.net.allocate(this.policyOf(spec), id);
       slotTaken = true;
       t.slotMs = lap();
-      // a cold boot without volumes and without kernel arguments of its own (which a restored
-      // kernel would not see) restores the boot snapshot of its shape (made now if missing)
-      const bootable = !restore && volumeDrives.length === 0 && keptBootArgs(base.vm.bootArgs).length === 0 && this.o.bootSnapshots === true;
-      bootSnap = bootable ? await this.bootSnapshotFor({ vcpus: spec.cpuCount, memoryMiB: spec.memoryMB }, spec.signal) : undefined;
+      // a cold boot without kernel arguments of its own (which a restored kernel would not see)
+      // restores the boot snapshot of its shape and number of volumes (made now if missing)
+      const bootable = !restore && keptBootArgs(base.vm.bootArgs).length === 0 && this.o.bootSnapshots === true;
+      bootSnap = bootable ? await this.bootSnapshotFor({ vcpus: spec.cpuCount, memoryMiB: spec.memoryMB, volumeSlots: volumeDrives.length }, spec.signal) : undefined;
       if (bootSnap) {
         // held from here: a stale sweep or the layer cache must not take it while the VM starts
         this.use(bootSnap.id, id);
@@ -1029,7 +1030,8 @@ export class VmRuntime implements SandboxRuntime {
       const r = await this.ready(spec, vm, host, state, restore ? base.envd.accessToken : null, boot, t);
       // a restored guest has its volumes mounted already; a booted one (a create, or a resume
       // from the disk) mounts them
-      if (spec.volumes.length > 0 && !restore) await mountVolumesInGuest(`http://${host}:${ENVD_PORT}`, spec.envdAccessToken, spec.volumes, this.guestOpTimeoutMs());
+      // (in place of a boot snapshot's placeholders: re-probed first)
+      if (spec.volumes.length > 0 && !restore) await mountVolumesInGuest(`http://${host}:${ENVD_PORT}`, spec.envdAccessToken, spec.volumes, this.guestOpTimeoutMs(), bootSnap !== undefined);
       if (!restore && (boot?.startCmd || boot?.readyCmd)) await this.startTemplateProcess(spec, `http://${host}:${ENVD_PORT}`, boot);
       t.envdMs = lap();
       t.totalMs = Math.round(performance.now() - t0);
@@ -1118,7 +1120,7 @@ export class VmRuntime implements SandboxRuntime {
 
   /** Restoring `snap` failed: cold boots of its shape boot for BOOT_SNAPSHOT_RETRY_MS. */
   private bootSnapshotFailed(snap: SnapshotManifest): void {
-    this.bootSnapshotFailures.set(bootShapeKey({ vcpus: snap.vm.vcpus, memoryMiB: snap.vm.memoryMiB }), Date.now());
+    this.bootSnapshotFailures.set(bootShapeKey(bootShapeOf(snap)), Date.now());
   }
 
   /**

@@ -50,6 +50,12 @@ export interface SnapshotManifest {
     mac: string;
     /** Kernel command line of the template (for a cold boot from a disk-only snapshot). */
     bootArgs: string;
+    /**
+     * Kind `boot` only: how many placeholder volume drives the captured VM had after its tools
+     * drive and root disk (`vol0`, `vol1`, ...); a restore attaches that many volumes in their
+     * place. Absent: none.
+     */
+    volumeSlots?: number;
   };
   envd: {
     version: string;
@@ -130,6 +136,7 @@ export function parseManifest(v: unknown, where: string): SnapshotManifest {
   if (vm.driver !== "qemu" && vm.driver !== "firecracker") bad("vm.driver");
   for (const k of ["vcpus", "memoryMiB"]) if (!Number.isInteger(vm[k]) || vm[k] < 1) bad(`vm.${k}`);
   for (const k of ["kernelKey", "mac", "bootArgs"]) if (typeof vm[k] !== "string") bad(`vm.${k}`);
+  if (vm.volumeSlots !== undefined && (!Number.isInteger(vm.volumeSlots) || vm.volumeSlots < 0 || m.kind !== "boot")) bad("vm.volumeSlots");
   if (typeof m.envd !== "object" || m.envd === null || typeof m.envd.version !== "string" || (m.envd.accessToken !== null && typeof m.envd.accessToken !== "string")) bad("envd");
   const layer = (l: unknown, field: string) => {
     const x = l as Record<string, unknown>;

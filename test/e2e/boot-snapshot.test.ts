@@ -11,9 +11,9 @@
  * With the setting off, a cold boot boots.
  */
 import { afterAll, expect, test } from "bun:test";
-import { existsSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
+import { existsSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { logLines, NodeWorld, vmPrerequisites } from "./world.ts";
+import { bootManifests, logLines, NodeWorld, vmPrerequisites } from "./world.ts";
 
 const missing = vmPrerequisites();
 const worlds: NodeWorld[] = [];
@@ -21,15 +21,6 @@ afterAll(async () => {
   for (const w of worlds) await w.dispose();
 }, 60_000);
 
-
-/** Manifests of kind `boot` in the world's snapshot repository. */
-function bootManifests(w: NodeWorld): Record<string, any>[] {
-  const dir = join(w.home, "snapshots", "manifests");
-  return readdirSync(dir)
-    .filter((f) => f.endsWith(".json"))
-    .map((f) => JSON.parse(readFileSync(join(dir, f), "utf8")))
-    .filter((m) => m.kind === "boot");
-}
 
 type Box = Record<string, any> & { id: string };
 

@@ -4,9 +4,9 @@
  * package.json (raw HTTP where it has no call). One node for the file, metrics sampled every 1 s.
  */
 import { expect, test } from "bun:test";
-import { nodeForFile } from "./world.ts";
+import { bootManifests, logLines, nodeForFile } from "./world.ts";
 
-const node = nodeForFile({ AENV__metrics__sample_interval_ms: "1000" });
+const node = nodeForFile({ AENV__metrics__sample_interval_ms: "1000", AENV_LOG_LEVEL: "info" });
 
 test("getMetrics() shows a 10 s CPU-bound command and the guest's memory; logs name create, pause and a console line", async () => {
   const world = node();
@@ -60,6 +60,9 @@ test("a volume written by one sandbox survives its pause, kill and a node restar
   const world = node();
   const o = await world.client("parity-volumes.ts", [], 400_000);
   expect(o.aWrite).toEqual({ exitCode: 0, stdout: "user\next4\n", stderr: "" });
+  // the guest sees the volume's own drive: 1 GiB ([volumes] size_mib), writable, its id as the
+  // serial (not the 64 MiB read-write placeholder of the boot snapshot it was restored from)
+  expect(o.aDrive).toEqual({ exitCode: 0, stdout: `${(1024 * 1048576) / 512} 0 ${o.volumeId}\n`, stderr: "" });
   expect(o.info).toEqual([{ name: "e2e-data", path: "/mnt/data" }]);
   expect(o.apiReadWhileRunning).toBe("written-by-a\n");
   // created through A's envd with the default owner (the templates' user, uid 1000) and mode 644
@@ -77,16 +80,40 @@ test("a volume written by one sandbox survives its pause, kill and a node restar
     expect(r.read).toEqual({ exitCode: 0, stdout: "written-by-a\nmore\nput through the API", stderr: "" });
     expect(r.write.exitCode).not.toBe(0);
     expect(r.write.stderr).toContain("Read-only file system");
+    // read-only in the guest's block layer too: the re-probe read the drive's flag
+    expect(r.drive).toEqual({ exitCode: 0, stdout: `${(1024 * 1048576) / 512} 1 ${o.volumeId}\n`, stderr: "" });
   }
+  // every create with the volume restored a boot snapshot with one volume slot (made by the
+  // first), none booted the kernel; A's resume restored its pause (memory and all)
+  const slotted = bootManifests(world).filter((m) => m.vm.volumeSlots === 1);
+  expect(slotted).toHaveLength(1);
+  expect(logLines(world, "boot snapshot committed").filter((l) => l.volumeSlots === 1)).toHaveLength(1);
+  const ours = (l: Record<string, any>) => [o.idA, ...o.readerIds].includes(l.sandboxId);
+  expect(logLines(world, "sandbox booted from a boot snapshot").filter(ours).map((l) => [l.sandboxId, l.bootSnapshot === slotted[0]!.id])).toEqual([
+    [o.idA, true],
+    [o.readerIds[0], true],
+    [o.readerIds[1], true],
+  ]);
+  expect(logLines(world, "sandbox booted").filter(ours)).toEqual([]);
+  expect(logLines(world, "sandbox restored").filter(ours).map((l) => l.sandboxId)).toEqual([o.idA]);
   expect(o.apiReadBesideReaders).toBe("put through the API");
   expect(o.apiWriteBesideReaders).toContain("read-only");
 
   expect(await world.stop()).toBe(0);
-  await world.start({ AENV__metrics__sample_interval_ms: "1000" });
+  await world.start({ AENV__metrics__sample_interval_ms: "1000", AENV_LOG_LEVEL: "info" });
   const p = await world.client("parity-volumes-2.ts", [o.volumeId], 300_000);
   expect(p.listed).toEqual(["e2e-data"]);
   expect(p.apiRead).toBe("written-by-a\nmore\n");
   expect(p.dRead).toBe("written-by-a\nmore\nput through the API");
+  expect(p.dSerials).toBe(`/mnt/vol ${o.volumeId}\n/mnt/more ${p.moreId}\n`);
+  expect(p.dWrite).toBe(0);
+  expect(p.moreRead).toBe("d-was-here\n");
+  expect(p.apiReadAfterD).toBe("written-by-a\nmore\nd-too\n");
+  // two volumes: a boot snapshot with two volume slots, made for D; the one-slot one is kept
+  expect(bootManifests(world).filter((m) => m.vm.volumeSlots).map((m) => m.vm.volumeSlots).sort()).toEqual([1, 2]);
+  const two = bootManifests(world).find((m) => m.vm.volumeSlots === 2);
+  expect(logLines(world, "sandbox booted from a boot snapshot").filter((l) => l.sandboxId === p.dId).map((l) => l.bootSnapshot)).toEqual([two!.id]);
+  expect(p.destroyedMore).toBe(true);
   expect(p.destroyed).toBe(true);
   expect(p.listedAfter).toEqual([]);
 }, 700_000);

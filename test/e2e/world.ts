@@ -244,6 +244,15 @@ export function diskDaemonsUnder(dir: string): number[] {
     .map(Number);
 }
 
+/** Manifests of kind `boot` in the world's snapshot repository. */
+export function bootManifests(w: NodeWorld): Record<string, any>[] {
+  const dir = join(w.home, "snapshots", "manifests");
+  return readdirSync(dir)
+    .filter((f) => f.endsWith(".json"))
+    .map((f) => JSON.parse(readFileSync(join(dir, f), "utf8")))
+    .filter((m) => m.kind === "boot");
+}
+
 /** The node's log lines (pino JSON on its stderr, since its last start) whose message is `msg`. */
 export function logLines(w: NodeWorld, msg: string): Record<string, any>[] {
   return w.log

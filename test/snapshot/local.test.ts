@@ -241,6 +241,11 @@ describe("local snapshot repository", () => {
     expect(bad({ disk: { virtualSize: 1, layers: [] } })).toThrow(expect.objectContaining({ details: expect.objectContaining({ field: "disk" }) }));
     expect(bad({ memory: null })).toThrow(expect.objectContaining({ details: expect.objectContaining({ field: "vmState" }) }));
     expect(bad({ vm: { ...m.vm, vcpus: 0 } })).toThrow(expect.objectContaining({ details: expect.objectContaining({ field: "vm.vcpus" }) }));
+    // volume slots: a whole count, on a boot snapshot only
+    expect(parseManifest({ ...m, kind: "boot", vm: { ...m.vm, volumeSlots: 2 } }, "t").vm.volumeSlots).toBe(2);
+    for (const [kind, volumeSlots] of [["boot", -1], ["boot", 1.5], ["boot", "2"], ["template", 1]] as const) {
+      expect(bad({ kind, vm: { ...m.vm, volumeSlots } })).toThrow(expect.objectContaining({ details: expect.objectContaining({ field: "vm.volumeSlots" }) }));
+    }
     expect(() => parseManifest(null, "t")).toThrow(expect.objectContaining({ code: "snapshot.bad_manifest" }));
     // an unreadable manifest file is reported when asked for, skipped in listings
     writeFileSync(join(r.root, "manifests", "aaaaaaaaaaaaaaaaaaaa.json"), "{");
