@@ -14,7 +14,8 @@
  *  6. a small proxied HTTP request (envd's GET /health through the node's sandbox proxy, routed
  *     by the SDK's headers) against the same request sent directly to the guest port (baseline,
  *     same sandbox, interleaved): the proxy's cost per request.
- * Usage: bun bench/api.ts [--cycles N]   (root; AENV_TEST_HOME_PATH, default /var/lib/agentenv-test)
+ * Usage: bun bench/api.ts [--cycles N]   (root; AENV_TEST_HOME_PATH, default /var/lib/agentenv-test;
+ *   AENV__vm__boot_snapshots=false: cold boots boot the kernel, for the boot snapshots' gain)
  */
 import { mkdirSync, mkdtempSync, rmSync, symlinkSync, readdirSync } from "node:fs";
 import { join } from "node:path";
@@ -69,6 +70,8 @@ const cfg = loadConfig({
     // this box has 2 cores: at most 2 VMs at once
     AENV__orchestrator__max_sandboxes: "2",
     AENV__orchestrator__max_concurrent_starts: "2",
+    // AENV__vm__boot_snapshots=false measures cold boots (e.g. the volume create's gain)
+    AENV__vm__boot_snapshots: process.env.AENV__vm__boot_snapshots ?? "true",
   },
 });
 
