@@ -229,14 +229,16 @@ try {
 
   // 5. volume attach cost on create (create + kill, alternating with and without a volume). A
   // create without volumes restores the template's snapshot (or takes a pooled VM); one with a
-  // volume restores the boot snapshot with one volume slot (made by the first such create,
-  // counted here like the others), mounts the sandbox's root disk and then the volume
+  // volume restores the boot snapshot with one volume slot (made by an untimed first such
+  // create), mounts the sandbox's root disk, re-probes the volume's drive and mounts the volume
+  // (AENV__vm__boot_snapshots=false: boots the kernel instead)
 
   const vr = await fetch(`${node.url}/volumes`, { method: "POST", headers: H, body: JSON.stringify({ name: "bench-vol" }) });
   const vol = (await vr.json()) as { volumeID: string };
   if (vr.status !== 201) throw new Error(`volume create: ${vr.status} ${JSON.stringify(vol)}`);
   const plain: number[] = [];
   const withVol: number[] = [];
+  await kill((await create({ volumeMounts: [{ name: "bench-vol", path: "/mnt/bench" }] })).id);
   for (let i = 0; i < CYCLES; i++) {
     const a = await create();
     plain.push(a.ms);

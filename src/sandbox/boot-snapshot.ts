@@ -16,12 +16,12 @@
  * mount-root waits until the kernel sees that size. So one boot snapshot serves every disk size.
  * A create with volumes restores a boot snapshot of its shape made with as many placeholder
  * volume drives (`BootShape.volumeSlots`): the sandbox's volume drives take their places, and
- * the guest re-probes each before it mounts it (`mountVolumesInGuest`, `reprobe`), so it reads
- * the volume's serial, size and read-only flag afresh and nothing of the placeholder it probed.
+ * the restore re-probes them once the root disk is mounted (`reprobeVolumesInGuest`), so the guest
+ * reads each volume's size and read-only flag afresh and nothing of the placeholder it probed.
  * A boot snapshot is current while the node's kernel, tools drive and VMM driver are those it
  * was made with; an older one is tombstoned when a new one is made (removed once no sandbox
- * runs from it). When and when not to use one (volumes, a template's own kernel arguments,
- * Firecracker, a failed restore) is the VM runtime's choice (vm-runtime.ts `bootSnapshotFor`).
+ * runs from it). When and when not to use one (a template's own kernel arguments, Firecracker,
+ * a failed restore) is the VM runtime's choice (vm-runtime.ts `bootSnapshotFor`).
  */
 import { mkdirSync, readFileSync, rmSync, statSync, truncateSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
@@ -36,6 +36,7 @@ import type { DriveSpec, VmHandle, VmmDriver, VmSpec } from "../vmm/index.ts";
 import { toolsKeyOf } from "./build-snapshot.ts";
 import { captureVm, layerPaths, memoryKey } from "./capture.ts";
 import { runInGuest, waitEnvdHealthy } from "./envd-client.ts";
+import { REPROBE_SCRIPT } from "./volumes.ts";
 
 const MiB = 1024 * 1024;
 /** Kernel argument of a boot snapshot's boot (src/tools/init.sh). */
@@ -223,13 +224,15 @@ export class RootMountError extends OrchestratorError {}
 /**
  * Start the VM of `spec` (its drives: `toolsBoot` of `snap`'s tools drive and the sandbox's root
  * disk, then as many volume drives `vol0`... as `snap` has volume slots; its net: a slot's, whose
- * envd answers at `envd`) from boot snapshot `snap`, and mount the root disk in it (not the
- * volumes: `mountVolumesInGuest` with `reprobe`). The memory image is held until the VMM exits. The caller holds `snap` (its
- * users count, its layers) for as long as the VM may run.
+ * envd answers at `envd`) from boot snapshot `snap`, mount the root disk in it and re-probe the
+ * volume drives (not mount them: `mountVolumesInGuest`). The memory image is held until the VMM
+ * exits. The caller holds `snap` (its users count, its layers) for as long as the VM may run.
  * @returns the running VM, envd answering on the sandbox's root filesystem (not yet /init-ed)
  * @throws VmmError / SnapshotError from the restore; OrchestratorError `orchestrator.envd_unready`
  *   or `orchestrator.envd_failed` from envd, `orchestrator.runtime_failed` for a root disk of
- *   another size than whole sectors or another number of volume drives than `snap` has slots, RootMountError from the mount (the VM is stopped first)
+ *   another size than whole sectors, another number of volume drives than `snap` has slots, a
+ *   volume drive without a serial or a failed re-probe; RootMountError from the mount (the VM is
+ *   stopped first whenever it was started)
  */
 export async function restoreBootSnapshot(d: BootRestoreDeps, snap: SnapshotManifest, spec: VmSpec, envd: string, signal: AbortSignal): Promise<VmHandle> {
   // the restored guest has as many volume drives as the snapshot's VM had placeholders
@@ -256,6 +259,8 @@ export async function restoreBootSnapshot(d: BootRestoreDeps, snap: SnapshotMani
     if (bytes !== snap.disk.virtualSize) await vm.driveResized(root, bytes);
     await waitEnvdHealthy(envd, d.envdPollMs, signal, vm.exited);
     await mountRootInGuest(envd, bytes / 512, signal);
+    const serials = spec.drives.filter((x) => /^vol\d+$/.test(x.id)).map((x) => x.serial);
+    if (serials.length > 0) await reprobeVolumesInGuest(envd, serials, signal);
   } catch (e) {
     await vm.stop().catch((err) => d.log.error({ id: spec.id, err }, "VM stop after a failed boot snapshot restore failed"));
     throw e;
@@ -275,6 +280,21 @@ export async function mountRootInGuest(base: string, sectors: number, signal: Ab
   const r = await runInGuest(base, { cmd: `${TOOLS_MOUNT}/bin/sh`, args: [`${TOOLS_MOUNT}/init`, "mount-root", ROOTFS_DEVICE, fstype, String(sectors)], user: "root", cwd: "/", envs: {} }, signal);
   if (r.exitCode !== 0) {
     throw new RootMountError("orchestrator.runtime_failed", `mounting the root filesystem in a VM restored from a boot snapshot failed (exit ${r.exitCode}): ${r.output.slice(-500)}`, { base, device: ROOTFS_DEVICE, sectors, exitCode: r.exitCode });
+  }
+}
+
+/**
+ * In a VM restored from a boot snapshot with volume drives in its placeholders' places: have the
+ * guest re-probe the drives of `serials` (REPROBE_SCRIPT, with the tools drive's shell, as root).
+ * @param base envd's URL
+ * @throws OrchestratorError `orchestrator.runtime_failed` with the script's words when a drive
+ *   has no serial or its re-probe fails; `orchestrator.envd_failed` when envd refuses the command
+ */
+export async function reprobeVolumesInGuest(base: string, serials: (string | undefined)[], signal: AbortSignal): Promise<void> {
+  if (serials.some((x) => !x)) throw new OrchestratorError("orchestrator.runtime_failed", "a volume drive has no serial: the guest cannot find it to re-probe it", { base });
+  const r = await runInGuest(base, { cmd: `${TOOLS_MOUNT}/bin/sh`, args: ["-c", REPROBE_SCRIPT, "sh", ...(serials as string[])], user: "root", cwd: "/", envs: {} }, signal);
+  if (r.exitCode !== 0) {
+    throw new OrchestratorError("orchestrator.runtime_failed", `re-probing the volume drives of a VM restored from a boot snapshot failed (exit ${r.exitCode}): ${r.output.slice(-500)}`, { base, serials, exitCode: r.exitCode });
   }
 }
 

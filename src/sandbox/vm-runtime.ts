@@ -1029,9 +1029,8 @@ export class VmRuntime implements SandboxRuntime {
       // a restored envd holds the token it had at snapshot time; a booted one has none
       const r = await this.ready(spec, vm, host, state, restore ? base.envd.accessToken : null, boot, t);
       // a restored guest has its volumes mounted already; a booted one (a create, or a resume
-      // from the disk) mounts them
-      // (in place of a boot snapshot's placeholders: re-probed first)
-      if (spec.volumes.length > 0 && !restore) await mountVolumesInGuest(`http://${host}:${ENVD_PORT}`, spec.envdAccessToken, spec.volumes, this.guestOpTimeoutMs(), bootSnap !== undefined);
+      // from the disk) mounts them (from a boot snapshot: its drives re-probed by the restore)
+      if (spec.volumes.length > 0 && !restore) await mountVolumesInGuest(`http://${host}:${ENVD_PORT}`, spec.envdAccessToken, spec.volumes, this.guestOpTimeoutMs());
       if (!restore && (boot?.startCmd || boot?.readyCmd)) await this.startTemplateProcess(spec, `http://${host}:${ENVD_PORT}`, boot);
       t.envdMs = lap();
       t.totalMs = Math.round(performance.now() - t0);

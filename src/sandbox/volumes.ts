@@ -167,18 +167,12 @@ export async function serveVolumeDrives(
 }
 
 /**
- * The guest-side script that mounts one volume: find the block device whose virtio serial is the
- * volume id, make the mount point, mount ext4 (read-only: `ro,noload`, the journal is clean).
- * With "reprobe", first unbind and bind the virtio_blk driver of that device: in a VM restored
- * from a boot snapshot the kernel probed a placeholder in the drive's place, so its size, its
- * read-only flag and its cached blocks are the placeholder's until a new probe reads the drive
- * (the serial is read from the device each time, so it is the volume's already). The probe is
- * synchronous with the bind; the loop only covers a slow one (at most 5 s). The serials are read
- * with the shell's own `read` builtin (a serial without a final newline fails read but still sets the variable):
- * every program the script starts is an exec, which costs tens of ms in a TCG guest.
- * Arguments: $1 volume id, $2 mount path, $3 "ro" or "rw", $4 "reprobe" or "".
+ * Shell function (POSIX sh: dash, busybox ash) setting `dev` to the name (vda...) of the block
+ * device whose virtio serial is $1, or to "" when none has it. The serials are read with the
+ * shell's own `read` (a serial without a final newline fails read but still sets the variable):
+ * every program a guest script starts is an exec, which costs tens of ms in a TCG guest.
  */
-export const MOUNT_SCRIPT = `
+export const FIND_DEV_SH = `
 find_dev() {
   dev=
   for s in /sys/block/vd*/serial; do
@@ -188,36 +182,62 @@ find_dev() {
     [ "$x" = "$1" ] && dev=\${s#/sys/block/} && dev=\${dev%/serial}
   done
 }
+`;
+
+/**
+ * The guest-side script that mounts one volume: find the block device whose virtio serial is the
+ * volume id, make the mount point, mount ext4 (read-only: `ro,noload`, the journal is clean).
+ * In a VM restored from a boot snapshot the drives were re-probed first (REPROBE_SCRIPT).
+ * Arguments: $1 volume id, $2 mount path, $3 "ro" or "rw".
+ */
+export const MOUNT_SCRIPT = `${FIND_DEV_SH}
 find_dev "$1"
 [ -n "$dev" ] || { echo "no drive with serial $1" >&2; exit 2; }
-if [ "$4" = reprobe ]; then
-  v=$(cd -P "/sys/block/$dev/device" && pwd) || { echo "no virtio device under /sys/block/$dev" >&2; exit 3; }
-  v=\${v##*/}
-  echo "$v" > /sys/bus/virtio/drivers/virtio_blk/unbind || { echo "cannot unbind $v ($dev)" >&2; exit 3; }
-  echo "$v" > /sys/bus/virtio/drivers/virtio_blk/bind || { echo "cannot bind $v again" >&2; exit 3; }
-  n=0
-  find_dev "$1"
-  until [ -n "$dev" ] && [ -b "/dev/$dev" ]; do
-    n=$((n + 1))
-    [ "$n" -gt 250 ] && { echo "drive with serial $1 did not come back after re-probing $v" >&2; exit 3; }
-    /.aenv/bin/usleep 20000
-    find_dev "$1"
-  done
-fi
 dev=/dev/$dev
 mkdir -p -- "$2"
 if [ "$3" = ro ]; then mount -t ext4 -o ro,noload,nodev,nosuid "$dev" "$2"; else mount -t ext4 -o rw,nodev,nosuid "$dev" "$2"; fi
 `;
 
 /**
- * Mount each volume at its path in the guest (as root through envd). `reprobe`: the VM was
- * restored from a boot snapshot whose placeholder drives the volumes' drives replaced (see
- * MOUNT_SCRIPT).
+ * The guest-side script that re-probes volume drives, for a VM restored from a boot snapshot:
+ * the kernel probed a placeholder in each volume drive's place, so the drive's size, read-only
+ * flag and cached blocks are the placeholder's until a new probe reads the drive. For each
+ * serial (the serial is read from the device each time, so it is the volume's already): unbind
+ * and bind the virtio_blk driver of its device, then wait until its block device is back. The
+ * probe is synchronous with the bind; the wait covers a slow one, up to 250 polls 20 ms apart
+ * (each poll's usleep is an exec too: up to about 10 s in a TCG guest). Runs with the tools
+ * drive's shell (busybox); needs /sys, and /.aenv/bin/usleep.
+ * Arguments: the volume drives' serials. Exit 2: no drive has a serial; 3: a re-probe failed.
+ */
+export const REPROBE_SCRIPT = `${FIND_DEV_SH}
+for id in "$@"; do
+  find_dev "$id"
+  [ -n "$dev" ] || { echo "no drive with serial $id" >&2; exit 2; }
+  v=$(cd -P "/sys/block/$dev/device" && pwd) || { echo "no virtio device under /sys/block/$dev" >&2; exit 3; }
+  v=\${v##*/}
+  echo "$v" > /sys/bus/virtio/drivers/virtio_blk/unbind || { echo "cannot unbind $v ($dev)" >&2; exit 3; }
+  echo "$v" > /sys/bus/virtio/drivers/virtio_blk/bind || { echo "cannot bind $v again" >&2; exit 3; }
+done
+for id in "$@"; do
+  n=0
+  find_dev "$id"
+  until [ -n "$dev" ] && [ -b "/dev/$dev" ]; do
+    n=$((n + 1))
+    [ "$n" -gt 250 ] && { echo "drive with serial $id did not come back after its re-probe" >&2; exit 3; }
+    /.aenv/bin/usleep 20000
+    find_dev "$id"
+  done
+done
+`;
+
+/**
+ * Mount each volume at its path in the guest (as root through envd); in a VM restored from a
+ * boot snapshot, after its drives were re-probed (REPROBE_SCRIPT, restoreBootSnapshot).
  * @throws OrchestratorError `orchestrator.volume_mount_failed` naming the volume and mount's message
  */
-export async function mountVolumesInGuest(base: string, token: string | null, mounts: VolumeMount[], timeoutMs: number, reprobe = false): Promise<void> {
+export async function mountVolumesInGuest(base: string, token: string | null, mounts: VolumeMount[], timeoutMs: number): Promise<void> {
   for (const m of mounts) {
-    const r = await execInGuest(base, token, "/bin/sh", ["-c", MOUNT_SCRIPT, "sh", m.volumeId, m.path, m.readOnly ? "ro" : "rw", reprobe ? "reprobe" : ""], timeoutMs);
+    const r = await execInGuest(base, token, "/bin/sh", ["-c", MOUNT_SCRIPT, "sh", m.volumeId, m.path, m.readOnly ? "ro" : "rw"], timeoutMs);
     if (r.exitCode !== 0) {
       throw new OrchestratorError("orchestrator.volume_mount_failed", `mounting volume ${m.name} at ${m.path} in the guest failed (exit ${r.exitCode}): ${r.stderr.trim()}`, {
         volumeId: m.volumeId,

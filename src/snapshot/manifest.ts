@@ -53,7 +53,7 @@ export interface SnapshotManifest {
     /**
      * Kind `boot` only: how many placeholder volume drives the captured VM had after its tools
      * drive and root disk (`vol0`, `vol1`, ...); a restore attaches that many volumes in their
-     * place. Absent: none.
+     * place (0..MAX_VOLUME_SLOTS). Absent: none.
      */
     volumeSlots?: number;
   };
@@ -88,6 +88,8 @@ export interface SnapshotManifest {
 
 /** Snapshot ids: 20 lowercase letters and digits, like sandbox ids (valid as E2B template ids). */
 export const SNAPSHOT_ID_RE = /^[a-z0-9]{20}$/;
+/** Most placeholder volume drives a boot snapshot may have (`vm.volumeSlots`): the most volumes a sandbox may mount (`[volumes] max_mounts_per_sandbox`'s maximum). */
+export const MAX_VOLUME_SLOTS = 16;
 /** Layer digests. */
 export const DIGEST_RE = /^sha256:[0-9a-f]{64}$/;
 /** User snapshot names: a path-like name with an optional `:tag`. */
@@ -136,7 +138,7 @@ export function parseManifest(v: unknown, where: string): SnapshotManifest {
   if (vm.driver !== "qemu" && vm.driver !== "firecracker") bad("vm.driver");
   for (const k of ["vcpus", "memoryMiB"]) if (!Number.isInteger(vm[k]) || vm[k] < 1) bad(`vm.${k}`);
   for (const k of ["kernelKey", "mac", "bootArgs"]) if (typeof vm[k] !== "string") bad(`vm.${k}`);
-  if (vm.volumeSlots !== undefined && (!Number.isInteger(vm.volumeSlots) || vm.volumeSlots < 0 || m.kind !== "boot")) bad("vm.volumeSlots");
+  if (vm.volumeSlots !== undefined && (!Number.isInteger(vm.volumeSlots) || vm.volumeSlots < 0 || vm.volumeSlots > MAX_VOLUME_SLOTS || m.kind !== "boot")) bad("vm.volumeSlots");
   if (typeof m.envd !== "object" || m.envd === null || typeof m.envd.version !== "string" || (m.envd.accessToken !== null && typeof m.envd.accessToken !== "string")) bad("envd");
   const layer = (l: unknown, field: string) => {
     const x = l as Record<string, unknown>;

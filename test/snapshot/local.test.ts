@@ -243,7 +243,8 @@ describe("local snapshot repository", () => {
     expect(bad({ vm: { ...m.vm, vcpus: 0 } })).toThrow(expect.objectContaining({ details: expect.objectContaining({ field: "vm.vcpus" }) }));
     // volume slots: a whole count, on a boot snapshot only
     expect(parseManifest({ ...m, kind: "boot", vm: { ...m.vm, volumeSlots: 2 } }, "t").vm.volumeSlots).toBe(2);
-    for (const [kind, volumeSlots] of [["boot", -1], ["boot", 1.5], ["boot", "2"], ["template", 1]] as const) {
+    expect(parseManifest({ ...m, kind: "boot", vm: { ...m.vm, volumeSlots: 16 } }, "t").vm.volumeSlots).toBe(16);
+    for (const [kind, volumeSlots] of [["boot", -1], ["boot", 1.5], ["boot", "2"], ["boot", 17], ["template", 1]] as const) {
       expect(bad({ kind, vm: { ...m.vm, volumeSlots } })).toThrow(expect.objectContaining({ details: expect.objectContaining({ field: "vm.volumeSlots" }) }));
     }
     expect(() => parseManifest(null, "t")).toThrow(expect.objectContaining({ code: "snapshot.bad_manifest" }));
