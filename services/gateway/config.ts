@@ -24,8 +24,10 @@ export interface GatewayConfig {
    * the whole answer; WebSockets: the upstream open), ms.
    */
   requestTimeoutMs: number;
-  /** A streamed request body's longest pause between chunks (sandbox traffic: also from its end to the answer), ms. */
+  /** A streamed request body's longest pause between chunks, ms. */
   idleTimeoutMs: number;
+  /** Sandbox traffic: longest wait for the answer's headers from the request body's end, or for a request without one from its start, ms. */
+  responseTimeoutMs: number;
   /** Bound on creates, pauses, resumes, connects and uploads forwarded to a node, ms. */
   createTimeoutMs: number;
   /** Bound on one scheduler RPC, ms. */
@@ -55,6 +57,7 @@ export function gatewayConfig(cfg: Config): GatewayConfig {
     domains: g.sandbox_proxy_domains,
     requestTimeoutMs: g.request_timeout_ms,
     idleTimeoutMs: g.idle_timeout_ms,
+    responseTimeoutMs: g.response_timeout_ms,
     createTimeoutMs: g.create_timeout_ms,
     schedulerTimeoutMs: g.scheduler_timeout_ms,
     schedulerRetryMs: g.scheduler_retry_ms,

@@ -2,7 +2,7 @@
  * Forwarding one HTTP request to a node: streamed both ways, hop-by-hop headers dropped, the
  * client's abort passed on. Bounds, as the node's sandbox proxy has them (src/api/proxy.ts):
  * `timeoutMs` on connecting (until the node pulls the streamed request body, or for a request
- * without a streamed body until its response headers arrive); while a streamed body moves,
+ * without a streamed body until its response headers arrive: `answerMs` when given); while a streamed body moves,
  * `idleTimeoutMs` between its chunks (it may stream for as long as it keeps moving); from its end
  * to the response headers `afterBodyMs` (default `timeoutMs`); then the response body streams
  * unbounded. A node that does not answer is a GatewayError
@@ -31,6 +31,8 @@ export interface ForwardOptions {
   idleTimeoutMs?: number;
   /** Bound from a streamed request body's end to the response headers, ms; default `timeoutMs`. */
   afterBodyMs?: number;
+  /** Bound on a request without a streamed body: connect + response headers, ms; default `timeoutMs`. */
+  answerMs?: number;
   /** Headers to set (e.g. the node key, routing headers). */
   set?: Record<string, string>;
   /** Request body to send instead of the client's stream (already read). */
@@ -86,7 +88,8 @@ export async function forwardToNode(req: Request, node: NodeRef, o: ForwardOptio
   const hasBody = req.method !== "GET" && req.method !== "HEAD";
   const streamed = hasBody && o.body === undefined && req.body !== null;
   const dog = new Watchdog(ctl);
-  dog.arm(o.timeoutMs, streamed ? `not connected within ${o.timeoutMs} ms` : `no answer within ${o.timeoutMs} ms`);
+  if (streamed) dog.arm(o.timeoutMs, `not connected within ${o.timeoutMs} ms`);
+  else dog.arm(o.answerMs ?? o.timeoutMs, `no answer within ${o.answerMs ?? o.timeoutMs} ms`);
   const idleMs = o.idleTimeoutMs ?? o.timeoutMs;
   const body = streamed ? watchedBody(req.body!, dog, idleMs, o.afterBodyMs ?? o.timeoutMs) : undefined;
   let res: Response;

@@ -501,8 +501,10 @@ export class Gateway {
     }
     if (!node) return dataError(route.sandboxId, null);
     try {
-      // after a streamed body, the node's proxy waits idle_timeout_ms for the sandbox's answer: so does the gateway
-      return await forwardToNode(req, node, { pathAndQuery: url.pathname + url.search, timeoutMs: this.cfg.requestTimeoutMs, idleTimeoutMs: this.cfg.idleTimeoutMs, afterBodyMs: this.cfg.idleTimeoutMs, set: routeHeaders(route), clientIp });
+      // the node's proxy waits response_timeout_ms for the sandbox's answer (slow and long-polling
+      // endpoints): so does the gateway
+      const answerMs = this.cfg.responseTimeoutMs;
+      return await forwardToNode(req, node, { pathAndQuery: url.pathname + url.search, timeoutMs: this.cfg.requestTimeoutMs, idleTimeoutMs: this.cfg.idleTimeoutMs, afterBodyMs: answerMs, answerMs, set: routeHeaders(route), clientIp });
     } catch (e) {
       this.stats.nodeErrors++;
       return dataError(route.sandboxId, e);

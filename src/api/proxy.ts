@@ -35,10 +35,15 @@ export interface ProxyRoute {
 export interface ProxyOptions {
   /** Host suffixes for `{port}-{id}.{domain}` routing. */
   domains: string[];
-  /** Bound on connecting: until the upstream reads the request body, or (no body) sends response headers, ms. */
+  /** Bound on connecting with a request body: until the upstream reads it, ms (without `responseTimeoutMs`, also a bodyless request's wait for response headers). */
   connectTimeoutMs: number;
-  /** Once the body streams: longest pause between its chunks and from its end to the response headers, ms. */
+  /** Once the body streams: longest pause between its chunks (without `responseTimeoutMs`, also from its end to the response headers), ms. */
   idleTimeoutMs: number;
+  /**
+   * Longest wait for response headers once the request is sent, ms: from the body's end, or for a
+   * request without a body from its start (connecting included). Absent: as above.
+   */
+  responseTimeoutMs?: number;
   /** Refuse ENVD_INTERNAL paths on the envd port. */
   blockEnvdInternal: boolean;
   /** Longest wait for a sandbox that is being created, paused or resumed to settle before a request is routed, ms. */
@@ -323,13 +328,15 @@ export class SandboxProxy {
     req.signal.addEventListener("abort", onClientAbort, { once: true });
     const dog = new Watchdog(ctl);
     const hasBody = req.method !== "GET" && req.method !== "HEAD" && req.body !== null;
-    dog.arm(this.opts.connectTimeoutMs, hasBody ? `not connected within ${this.opts.connectTimeoutMs} ms` : `no response within ${this.opts.connectTimeoutMs} ms`);
+    const answerMs = this.opts.responseTimeoutMs;
+    if (hasBody) dog.arm(this.opts.connectTimeoutMs, `not connected within ${this.opts.connectTimeoutMs} ms`);
+    else dog.arm(answerMs ?? this.opts.connectTimeoutMs, `no response within ${answerMs ?? this.opts.connectTimeoutMs} ms`);
     let res: Response;
     try {
       res = await fetch(`http://${target}${route.pathAndQuery}`, {
         method: req.method,
         headers,
-        body: hasBody ? watchedBody(req.body!, dog, this.opts.idleTimeoutMs) : undefined,
+        body: hasBody ? watchedBody(req.body!, dog, this.opts.idleTimeoutMs, answerMs) : undefined,
         redirect: "manual",
         decompress: false,
         duplex: "half",
@@ -416,8 +423,12 @@ export function watchedBody(body: ReadableStream<Uint8Array>, dog: Watchdog, idl
 
 /**
  * Relay an upstream body chunk by chunk (no buffering). When the upstream read fails (the
- * sandbox was cut, or its connection broke) the relayed stream just ends: the client sees a
- * truncated body (for Connect streams: no end-of-stream message) instead of a hang.
+ * sandbox was cut, paused or killed, or its connection broke) the relayed stream fails too, and
+ * Bun.serve then resets the client's connection: a cut body is never taken for a whole one (a
+ * chunked response gets no last chunk; the E2B SDK reads "the socket connection was closed
+ * unexpectedly", which it reports as the sandbox gone). The stream fails with `undefined`: an
+ * Error value would be printed by Bun on stderr, once per cut request.
+ * Bun.serve sends every streamed body chunked, so the upstream's Content-Length is not kept.
  */
 function relay(upstream: ReadableStream<Uint8Array>, done: () => void, ctl: AbortController): ReadableStream<Uint8Array> {
   const reader = upstream.getReader();
@@ -429,7 +440,7 @@ function relay(upstream: ReadableStream<Uint8Array>, done: () => void, ctl: Abor
           r = await reader.read();
         } catch {
           done();
-          return c.close();
+          return c.error(undefined);
         }
         if (r.done) {
           done();

@@ -282,12 +282,17 @@ export const CONFIG_SCHEMA = section("", {
       ),
       request_timeout_ms: int(
         30_000,
-        "Bound on connecting to a node (until it reads a streamed request body, or for a request\nwithout one until its response headers arrive), and on the response headers after a\ncontrol-plane body's end, ms; then 502 naming the node. Reads the gateway merges from every\nnode (lists) are bounded whole, body included, and so is opening a WebSocket to a node.\nCreates, pauses and resumes take longer: create_timeout_ms bounds those.",
+        "Bound on connecting to a node (until it reads a streamed request body, or for a control-plane\nrequest without one until its response headers arrive), and on the response headers after a\ncontrol-plane body's end, ms; then 502 naming the node. Reads the gateway merges from every\nnode (lists) are bounded whole, body included, and so is opening a WebSocket to a node.\nCreates, pauses and resumes take longer: create_timeout_ms bounds those.",
         { min: 1, max: MS_MAX, unit: "ms" },
       ),
       idle_timeout_ms: int(
         120_000,
-        "Once a request body streams through the gateway: the longest pause between its chunks, ms;\nfor sandbox traffic also from its end to the response headers (as the node's\n[sandbox_proxy] idle_timeout_ms). A body may stream for as long as it keeps moving; one that\nstalls is cut (502 naming the node).",
+        "Once a request body streams through the gateway: the longest pause between its chunks, ms.\nA body may stream for as long as it keeps moving; one that stalls is cut (502 naming the node).",
+        { min: 1, max: MS_MAX, unit: "ms" },
+      ),
+      response_timeout_ms: int(
+        300_000,
+        "Sandbox traffic: the longest wait for the answer's headers, ms, from the request body's end or,\nfor a request without a body, from its start (as the node's [sandbox_proxy] response_timeout_ms:\nslow and long-polling endpoints); then 502 naming the node.",
         { min: 1, max: MS_MAX, unit: "ms" },
       ),
       create_timeout_ms: int(150_000, "Bound on a create, pause, resume or connect forwarded to a node (a VM boot or snapshot), ms.", { min: 1, max: MS_MAX, unit: "ms" }),
@@ -372,12 +377,17 @@ export const CONFIG_SCHEMA = section("", {
     ),
     connect_timeout_ms: int(
       30_000,
-      "Bound on connecting to a sandbox port, ms: until the port starts reading the request body or, for\na request without a body, until its response headers arrive; then 502.",
+      "Bound on connecting to a sandbox port with a request that has a body, ms: until the port starts\nreading the body; then 502. (A request without a body is bounded by response_timeout_ms: the\nproxy cannot tell its connect from the wait for the answer.)",
+      { min: 1, max: MS_MAX, unit: "ms" },
+    ),
+    response_timeout_ms: int(
+      300_000,
+      "Longest wait for a sandbox port's response headers once the request is sent, ms: from the\nrequest body's end, or for a request without a body from its start (connecting included);\nthen 502. Long enough for slow and long-polling endpoints; the body then streams unbounded.",
       { min: 1, max: MS_MAX, unit: "ms" },
     ),
     idle_timeout_ms: int(
       120_000,
-      "Once a request body streams: the longest pause between its chunks, and from its end to the\nresponse headers, ms; then the request is cut (502 if nothing was answered yet). A body may\nstream for as long as it keeps moving.",
+      "Once a request body streams: the longest pause between its chunks, ms; then the request is cut\n(502 if nothing was answered yet). A body may stream for as long as it keeps moving.",
       { min: 1, max: MS_MAX, unit: "ms" },
     ),
     settle_timeout_ms: int(

@@ -158,6 +158,7 @@ export async function bootNode(cfg: Config, makeRuntime: RuntimeFactory = create
     domains,
     connectTimeoutMs: cfg.sandbox_proxy.connect_timeout_ms,
     idleTimeoutMs: cfg.sandbox_proxy.idle_timeout_ms,
+    responseTimeoutMs: cfg.sandbox_proxy.response_timeout_ms,
     settleTimeoutMs: cfg.sandbox_proxy.settle_timeout_ms,
     blockEnvdInternal: cfg.sandbox_proxy.block_envd_internal,
   });

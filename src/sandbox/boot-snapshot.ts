@@ -240,6 +240,7 @@ export async function restoreBootSnapshot(d: BootRestoreDeps, snap: SnapshotMani
   if (volumes !== (snap.vm.volumeSlots ?? 0)) {
     throw new OrchestratorError("orchestrator.runtime_failed", `VM ${spec.id} has ${volumes} volume drives, boot snapshot ${snap.id} has ${snap.vm.volumeSlots ?? 0} places for them`, { id: spec.id, snapshot: snap.id });
   }
+  const t0 = performance.now();
   const lease = await d.images.acquire(memoryKey(snap), layerPaths(d.repo, snap.memory!.layers));
   let vm: VmHandle;
   try {
@@ -256,11 +257,16 @@ export async function restoreBootSnapshot(d: BootRestoreDeps, snap: SnapshotMani
     if (!root) throw new OrchestratorError("orchestrator.runtime_failed", `VM ${spec.id} has no ${ROOTFS_DRIVE_ID} drive to mount`, { id: spec.id });
     const bytes = servedSize(root.path);
     if (bytes % 512 !== 0) throw new OrchestratorError("orchestrator.runtime_failed", `root disk ${root.path} is ${bytes} bytes, not whole 512-byte sectors`, { id: spec.id, bytes });
+    const t1 = performance.now();
     if (bytes !== snap.disk.virtualSize) await vm.driveResized(root, bytes);
     await waitEnvdHealthy(envd, d.envdPollMs, signal, vm.exited);
+    const t2 = performance.now();
     await mountRootInGuest(envd, bytes / 512, signal);
+    const t3 = performance.now();
     const serials = spec.drives.filter((x) => /^vol\d+$/.test(x.id)).map((x) => x.serial);
     if (serials.length > 0) await reprobeVolumesInGuest(envd, serials, signal);
+    const ms = (a: number, b: number) => Math.round(b - a);
+    d.log.debug({ id: spec.id, snapshot: snap.id, restoreMs: ms(t0, t1), envdMs: ms(t1, t2), mountRootMs: ms(t2, t3), reprobeMs: ms(t3, performance.now()), volumes }, "boot snapshot restored");
   } catch (e) {
     await vm.stop().catch((err) => d.log.error({ id: spec.id, err }, "VM stop after a failed boot snapshot restore failed"));
     throw e;

@@ -35,6 +35,24 @@ const guest: GuestFetch = async (req, { server, sandboxId }) => {
     });
     return new Response(body, { headers: { "content-type": "text/plain" } });
   }
+  if (u.pathname === "/slow") {
+    // answers after ?ms= milliseconds (the body, if any, read first)
+    if (req.body) await req.arrayBuffer();
+    await Bun.sleep(Number(u.searchParams.get("ms")));
+    return new Response("slow answer");
+  }
+  if (u.pathname === "/broken") {
+    // 3 chunks, then the connection breaks (the guest's server resets it)
+    let n = 0;
+    const body = new ReadableStream({
+      async pull(c) {
+        if (++n > 3) return c.error(undefined);
+        c.enqueue(new Uint8Array(64 * 1024).fill(n));
+        await Bun.sleep(20);
+      },
+    }, { highWaterMark: 0 });
+    return new Response(body, { headers: { "content-length": String(10 * 64 * 1024) } });
+  }
   if (u.pathname === "/forever") {
     let timer: ReturnType<typeof setInterval>;
     const body = new ReadableStream({
@@ -174,6 +192,29 @@ test("responses stream without buffering; request bodies stream up; gzip passes 
   expect(new TextDecoder().decode(Bun.gunzipSync(new Uint8Array(await gz.arrayBuffer())))).toBe("hello gzip");
 });
 
+test("a body that breaks off upstream fails the client's read after the bytes sent so far: never a clean end (fetch throws, curl exits 56)", async () => {
+  const res = await fetch(`${node.url}/broken`, { headers: hdr() });
+  expect(res.status).toBe(200);
+  const reader = res.body!.getReader();
+  let got = 0;
+  const end = await (async () => {
+    try {
+      for (;;) {
+        const r = await reader.read();
+        if (r.done) return "done";
+        got += r.value.byteLength;
+      }
+    } catch (e) {
+      return String(e);
+    }
+  })();
+  expect(end).toContain("closed unexpectedly");
+  expect(got).toBeLessThanOrEqual(3 * 64 * 1024);
+  const curl = Bun.spawn(["curl", "-sS", "-o", "/dev/null", "-w", "%{size_download}", "-H", `E2b-Sandbox-Id: ${ID}`, "-H", "E2b-Sandbox-Port: 49983", `${node.url}/broken`], { stdout: "pipe", stderr: "pipe" });
+  expect(await curl.exited).toBe(56);
+  expect(Number(await new Response(curl.stdout).text())).toBeLessThanOrEqual(3 * 64 * 1024);
+});
+
 test("WebSocket: text and binary frames both ways, close code passes through", async () => {
   const ws = new WebSocket(`${node.url.replace("http", "ws")}/ws`, { headers: hdr(3000) } as unknown as string[]);
   ws.binaryType = "arraybuffer";
@@ -240,7 +281,8 @@ test("killing a sandbox cuts its proxied streams and WebSockets at once", async 
       return "error";
     }
   })();
-  expect(["done", "error"]).toContain(await ended);
+  // a cut stream fails: the client cannot take it for one that ended
+  expect(await ended).toBe("error");
   // 1001 is the proxy's "sandbox went away": cut by the kill (the /forever stream never ends by itself)
   expect(await wsClosed).toBe(1001);
 });
@@ -381,6 +423,26 @@ test("an upload may stream for longer than the connect timeout while it moves; a
     expect(stalled.status).toBe(502);
     expect(stalled.headers.get("x-agentenv-error-source")).toBe("proxy");
     expect(await stalled.json()).toEqual({ sandboxId: ID, code: 502, message: "The request to port 49983 of the sandbox was cut: the request body stalled for 1000 ms" });
+  } finally {
+    proxy.close();
+  }
+});
+
+test("response_timeout_ms, not the connect or idle bound, bounds the wait for a slow answer: with and without a request body", async () => {
+  const proxy = new SandboxProxy(node.orch, { domains: [], connectTimeoutMs: 200, idleTimeoutMs: 200, responseTimeoutMs: 3000, settleTimeoutMs: 130_000, blockEnvdInternal: true });
+  const route = (ms: number) => ({ sandboxId: ID, port: 49983, pathAndQuery: `/slow?ms=${ms}` });
+  try {
+    // 800 ms: past the 200 ms connect and idle bounds, within the 3 s answer bound
+    const get = await proxy.forward(new Request("http://x/slow"), route(800), null);
+    expect(get.status).toBe(200);
+    expect(await get.text()).toBe("slow answer");
+    const post = await proxy.forward(new Request("http://x/slow", { method: "POST", body: new ReadableStream({ pull: (c) => (c.enqueue(new Uint8Array(10)), c.close()) }), duplex: "half" } as RequestInit), route(800), null);
+    expect(post.status).toBe(200);
+    expect(await post.text()).toBe("slow answer");
+    // an answer that never comes in time is a 502 naming the answer bound
+    const late = await proxy.forward(new Request("http://x/slow"), route(60_000), null);
+    expect(late.status).toBe(502);
+    expect(((await late.json()) as { message: string }).message).toBe("The request to port 49983 of the sandbox was cut: no response within 3000 ms");
   } finally {
     proxy.close();
   }
