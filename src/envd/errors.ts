@@ -31,7 +31,9 @@ const CONNECT_CODE: Record<EnvdErrorKind, Code> = {
   unimplemented: Code.Unimplemented,
   not_acceptable: Code.FailedPrecondition,
   resource_exhausted: Code.ResourceExhausted,
-  insufficient_storage: Code.ResourceExhausted,
+  // a full disk on an RPC (MakeDir, Move, a watcher's state): E2B's envd answers internal, and the
+  // SDK maps resource_exhausted to RateLimitError ("try again later"), which a full disk is not
+  insufficient_storage: Code.Internal,
   unknown: Code.Unknown,
   internal: Code.Internal,
 };

@@ -15,6 +15,7 @@ import {
   FileType,
   InvalidArgumentError,
   NotFoundError,
+  RateLimitError,
   Sandbox,
   SandboxError,
 } from "e2b";
@@ -170,6 +171,15 @@ describe("commands", () => {
     expect(e2).toBeInstanceOf(AuthenticationError);
   });
 
+  test("a cwd the user cannot enter fails the start (as E2B's, where the process changes directory as the user); root may", async () => {
+    const locked = join(dir, "locked");
+    mkdirSync(join(locked, "inner"), { recursive: true, mode: 0o700 });
+    const e = await sbx.commands.run("pwd", { cwd: join(locked, "inner") }).catch((x) => x);
+    expect(e).toBeInstanceOf(SandboxError);
+    expect(String(e.message)).toContain(`user 'user' cannot enter '${locked}'`);
+    expect((await sbx.commands.run("pwd", { cwd: join(locked, "inner"), user: "root" })).stdout).toBe(`${join(locked, "inner")}\n`);
+  });
+
   test("20 concurrent commands each get their own output", async () => {
     const runs = await Promise.all(Array.from({ length: 20 }, (_, i) => sbx.commands.run(`echo n${i}; echo e${i} >&2; exit ${i % 2}`).catch((e) => e)));
     runs.forEach((r, i) => {
@@ -282,6 +292,16 @@ describe("files", () => {
     await sbx.files.write(p, "compress me ".repeat(1000));
     expect(await sbx.files.read(p, { gzip: true })).toBe("compress me ".repeat(1000));
     expect((await sbx.files.read(p, { format: "bytes", gzip: true })).length).toBe(12_000);
+  });
+
+  test("a device or a FIFO reads as empty, with gzip and without, instead of being read forever (as E2B's envd)", async () => {
+    const fifo = join(dir, "a-fifo");
+    expect(Bun.spawnSync(["mkfifo", fifo]).exitCode).toBe(0);
+    for (const p of ["/dev/zero", fifo]) {
+      expect(await sbx.files.read(p)).toBe("");
+      expect(await sbx.files.read(p, { gzip: true })).toBe("");
+      expect((await sbx.files.read(p, { format: "bytes", gzip: true })).length).toBe(0);
+    }
   });
 
   test("non-ASCII file names: SDK write and read work; Content-Disposition is ASCII with filename* (issue 16 item 3)", async () => {
@@ -422,6 +442,23 @@ describe("files", () => {
     expect(await sbx.files.exists(join(dir, "made"))).toBe(false);
     const err = await sbx.files.rename(join(dir, "ghost"), join(dir, "ghost2")).catch((e) => e);
     expect(err).toBeInstanceOf(NotFoundError);
+  });
+
+  test("a full disk on makeDir is a SandboxError saying so, not a RateLimitError (E2B's envd answers internal)", async () => {
+    // a tmpfs with 2 inodes: its root takes one, the first directory the other
+    const full = join(dir, "full-fs");
+    mkdirSync(full);
+    expect(Bun.spawnSync(["mount", "-t", "tmpfs", "-o", "size=1m,nr_inodes=2", "tmpfs", full]).exitCode).toBe(0);
+    try {
+      expect(await sbx.files.makeDir(join(full, "a"))).toBe(true);
+      const err = await sbx.files.makeDir(join(full, "b")).catch((e) => e);
+      expect(err).toBeInstanceOf(SandboxError);
+      expect(err).not.toBeInstanceOf(RateLimitError);
+      expect(String(err.message)).toContain("not enough disk space");
+      expect(String(err.message)).toContain("internal");
+    } finally {
+      expect(Bun.spawnSync(["umount", full]).exitCode).toBe(0);
+    }
   });
 
   test("errors: missing file, directory read; like E2B, file ops act as root and the user owns the result", async () => {

@@ -277,7 +277,8 @@ export function parseRange(header: string | null, size: number): { start: number
 }
 
 /**
- * Handle GET /files: the file's bytes (Range and gzip supported).
+ * Handle GET /files: the file's bytes (Range and gzip supported); a device, FIFO or socket
+ * answers an empty body.
  * @throws EnvdError not_found (404), directory (400), rights (403), auth (401).
  */
 export function downloadFile(state: EnvdState, req: Request, url: URL): Response {
@@ -317,10 +318,14 @@ export function downloadFile(state: EnvdState, req: Request, url: URL): Response
     headers.set("Content-Range", `bytes ${range.start}-${range.end}/${st.size}`);
     return new Response(file.slice(range.start, range.end + 1), { status: 206, headers });
   }
+  // a device, FIFO or socket has no size: like E2B's envd (Go's ServeContent sizes a file by
+  // seeking to its end, which is 0 for them), it answers empty instead of reading it forever
+  const empty = st.size === 0 || !st.isFile();
   if (coding === "gzip") {
     headers.set("Content-Encoding", "gzip");
+    if (empty) return new Response(Bun.gzipSync(new Uint8Array(0)), { status: 200, headers });
     return new Response(file.stream().pipeThrough(new CompressionStream("gzip")), { status: 200, headers });
   }
-  if (st.size === 0) return new Response(new Uint8Array(0), { status: 200, headers });
+  if (empty) return new Response(new Uint8Array(0), { status: 200, headers });
   return new Response(file, { status: 200, headers });
 }

@@ -9,9 +9,10 @@ import type { ServiceImpl } from "@connectrpc/connect";
 import { rpcUser } from "../auth.ts";
 import { freedOnRelease } from "../buffers.ts";
 import { serveServerStream, type StreamBody, type StreamLimits } from "../connect-stream.ts";
-import { EnvdError, toConnectError } from "../errors.ts";
+import { EnvdError, fromFsError, toConnectError } from "../errors.ts";
 import { ConnectRequestSchema, Process, Signal, StartRequestSchema, type ProcessSelector, type StartRequest } from "../gen/process_pb.ts";
 import { resolveCwd } from "../paths.ts";
+import { allowed, X_OK } from "../permissions.ts";
 import type { EnvdState } from "../state.ts";
 import type { UserInfo } from "../users.ts";
 import { releaseOutput, type ProcEvent, type ProcessHandle } from "./handle.ts";
@@ -117,6 +118,27 @@ function eventStream(h: ProcessHandle, binary: boolean, kaMs: number, opts: Proc
 }
 
 /**
+ * The process starts in `cwd` as `user`, so `user` needs search (x) permission on it and on every
+ * directory above it, as chdir(2) after the identity switch checks (E2B's envd: Go's exec changes
+ * directory after dropping to the user, so its start fails there). Root passes.
+ * @throws EnvdError `permission_denied` naming the first directory the user cannot enter
+ */
+function requireSearchable(user: UserInfo, cwd: string): void {
+  if (user.uid === 0) return;
+  const parts = cwd.split("/").filter(Boolean);
+  for (let i = 0; i <= parts.length; i++) {
+    const dir = "/" + parts.slice(0, i).join("/");
+    let st;
+    try {
+      st = statSync(dir);
+    } catch (err) {
+      throw fromFsError(err, dir, "start");
+    }
+    if (!allowed(user, st, X_OK)) throw new EnvdError("permission_denied", `cwd '${cwd}': user '${user.name}' cannot enter '${dir}' (permission denied)`, { cwd, dir, user: user.name });
+  }
+}
+
+/**
  * Validate a StartRequest, resolve user, cwd and environment, and spawn the process. A
  * `connect-timeout-ms` bounds the process lifetime, not only the stream (E2B semantics).
  * @throws EnvdError `invalid_argument` (no cmd, missing cwd, not executable), `unauthenticated`
@@ -134,6 +156,7 @@ function startProcess(manager: ProcessManager, state: EnvdState, opts: ProcessSe
     /* reported below */
   }
   if (!isDir) throw new EnvdError("invalid_argument", `cwd '${cwd}' does not exist`, { cwd });
+  requireSearchable(user, cwd);
   const size = req.pty?.size;
   const h = manager.start({
     cmd: cfg.cmd,
