@@ -14,6 +14,7 @@ import { fileSignature, tokensEqual } from "../envd/signature.ts";
 import { logger } from "../observability/log.ts";
 import { OrchestratorError, type SandboxService } from "../orchestrator/index.ts";
 import { RouteTable, TRANSITIONAL } from "./route-table.ts";
+import { errorResponse } from "./status.ts";
 
 /** Header carrying a sandbox's traffic access token (E2B). */
 export const TRAFFIC_TOKEN_HEADER = "e2b-traffic-access-token";
@@ -144,7 +145,7 @@ export function routeOf(req: Request, url: URL, domains: string[]): ProxyRoute |
   const pathAndQuery = url.pathname + url.search;
   if (id !== null) {
     const port = headerPort(h);
-    if (typeof port !== "number") return Response.json({ code: 400, message: port.error }, { status: 400, headers: { [ERROR_SOURCE]: "proxy" } });
+    if (typeof port !== "number") return errorResponse("api.validation", port.error, { [ERROR_SOURCE]: "proxy" });
     return { sandboxId: id, port, pathAndQuery };
   }
   const host = (h.get("host") ?? url.host).replace(/:\d+$/, "").toLowerCase();
@@ -161,7 +162,7 @@ export function routeOf(req: Request, url: URL, domains: string[]): ProxyRoute |
   const p = /^\/proxy\/([a-z0-9]+)\/([0-9]{1,5})(\/.*)?$/.exec(url.pathname);
   if (p) {
     const port = parsePort(p[2]!);
-    if (port === null) return Response.json({ code: 400, message: `invalid sandbox port ${p[2]}` }, { status: 400 });
+    if (port === null) return errorResponse("api.validation", `invalid sandbox port ${p[2]}`, { [ERROR_SOURCE]: "proxy" });
     return { sandboxId: p[1]!, port, pathAndQuery: (p[3] ?? "/") + url.search };
   }
   return null;

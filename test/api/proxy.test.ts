@@ -160,9 +160,12 @@ test("x-agentenv-target-port (upstream AgentENV's header) names the port too; po
   // the same port named twice is fine
   expect((await at({ "x-agentenv-target-port": "3000", "e2b-sandbox-port": "3000" })).body.port).toBe("3000");
   const clash = await at({ "x-agentenv-target-port": "3000", "x-agentenv-sandbox-port": "49983" });
-  expect(clash).toEqual({ status: 400, body: { code: 400, message: "conflicting sandbox ports (x-agentenv-sandbox-port: 49983, x-agentenv-target-port: 3000): name one port" } });
+  expect(clash).toEqual({ status: 400, body: { code: 400, error_code: "api.validation", message: "conflicting sandbox ports (x-agentenv-sandbox-port: 49983, x-agentenv-target-port: 3000): name one port" } });
   const bad = await at({ "x-agentenv-target-port": "99999" });
-  expect(bad).toEqual({ status: 400, body: { code: 400, message: 'invalid sandbox port "99999" in header x-agentenv-target-port' } });
+  expect(bad).toEqual({ status: 400, body: { code: 400, error_code: "api.validation", message: 'invalid sandbox port "99999" in header x-agentenv-target-port' } });
+  // a bad port in a /proxy path is the same typed 400
+  const path = await fetch(`${node.url}/proxy/${ID}/99999/x`);
+  expect([path.status, await path.json(), path.headers.get("x-agentenv-error-source")]).toEqual([400, { code: 400, error_code: "api.validation", message: "invalid sandbox port 99999" }, "proxy"]);
 });
 
 test("responses stream without buffering; request bodies stream up; gzip passes untouched", async () => {
