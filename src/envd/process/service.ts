@@ -142,7 +142,8 @@ function requireSearchable(user: UserInfo, cwd: string): void {
  * Validate a StartRequest, resolve user, cwd and environment, and spawn the process. A
  * `connect-timeout-ms` bounds the process lifetime, not only the stream (E2B semantics).
  * @throws EnvdError `invalid_argument` (no cmd, missing cwd, not executable), `unauthenticated`
- *   (unknown user), `resource_exhausted` (too many processes).
+ *   (unknown user), `permission_denied` (a cwd the user cannot enter), `resource_exhausted` (too many
+ *   processes).
  */
 function startProcess(manager: ProcessManager, state: EnvdState, opts: ProcessServiceOptions, req: StartRequest, header: Headers, timeoutMs: number | undefined): ProcessHandle {
   const user = rpcUser(state, header);
