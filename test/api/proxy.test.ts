@@ -151,7 +151,7 @@ test("x-agentenv-sandbox-id, {port}-{id}.{domain} hosts and /proxy/{id}/{port}/.
 test("x-agentenv-target-port (upstream AgentENV's header) names the port too; port headers that disagree are a 400", async () => {
   const at = async (headers: Record<string, string>) => {
     const r = await fetch(`${node.url}/where`, { headers: { "x-agentenv-sandbox-id": ID, ...headers } });
-    return { status: r.status, body: (await r.json()) as { port?: string; code?: number; message?: string; headers?: Record<string, string> } };
+    return { status: r.status, body: (await r.json()) as { port?: string; code?: number; error_code?: string; message?: string; headers?: Record<string, string> } };
   };
   const t = await at({ "x-agentenv-target-port": "3000" });
   expect([t.status, t.body.port]).toEqual([200, "3000"]);

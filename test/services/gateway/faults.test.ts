@@ -13,7 +13,7 @@ import { gatewayConfig, startGateway, type RunningGateway } from "../../../servi
 import { beat, freePort, startTestScheduler } from "../helpers.ts";
 
 const KEY = "e2b_" + "cd".repeat(20);
-/** The gateway's request_timeout_ms: what a hung node costs; the answering stand-ins take ~1 ms. */
+/** The gateway's request_timeout_ms (and response_timeout_ms): what a hung node costs; the answering stand-ins take ~1 ms. */
 const TIMEOUT_MS = 1500;
 const home = mkdtempSync("/tmp/aenv-gw-faults-");
 afterAll(() => rmSync(home, { recursive: true, force: true }));
@@ -91,6 +91,8 @@ async function cluster(nodes: Record<string, string>, env: { scheduler?: Record<
           AENV__gateway__addr: "127.0.0.1:0",
           AENV__cluster__scheduler_endpoint: `127.0.0.1:${sched.port}`,
           AENV__gateway__request_timeout_ms: String(TIMEOUT_MS),
+          // sandbox traffic waits response_timeout_ms for an answer (5 min by default)
+          AENV__gateway__response_timeout_ms: String(TIMEOUT_MS),
           AENV__gateway__node_list_ttl_ms: "0",
           ...env.gateway,
         },
@@ -134,7 +136,7 @@ test("a node that accepts and never answers: control plane and data plane 502 na
   expect(c.status).toBe(502);
   expect(await c.json()).toMatchObject({ error_code: "gateway.node_unreachable", message: `node hung (${hung.url}) is unreachable: no answer within ${TIMEOUT_MS} ms` });
   expect(d.status).toBe(502);
-  expect(((await d.json()) as { message: string }).message).toContain(`node hung (${hung.url})`);
+  expect(((await d.json()) as { message: string }).message).toContain(`node hung (${hung.url}) is unreachable: no answer within ${TIMEOUT_MS} ms`);
   expect(l.status).toBe(200);
   expect(l.headers.get("x-agentenv-unreachable-nodes")).toBe("hung");
   expect(((await l.json()) as { sandboxID: string }[]).map((s) => s.sandboxID)).toEqual(["goodold"]);
