@@ -88,8 +88,8 @@ export async function forwardToNode(req: Request, node: NodeRef, o: ForwardOptio
   const hasBody = req.method !== "GET" && req.method !== "HEAD";
   const streamed = hasBody && o.body === undefined && req.body !== null;
   const dog = new Watchdog(ctl);
-  if (streamed) dog.arm(o.timeoutMs, `not connected within ${o.timeoutMs} ms`);
-  else dog.arm(o.answerMs ?? o.timeoutMs, `no answer within ${o.answerMs ?? o.timeoutMs} ms`);
+  const firstMs = streamed ? o.timeoutMs : (o.answerMs ?? o.timeoutMs);
+  dog.arm(firstMs, streamed ? `not connected within ${firstMs} ms` : `no answer within ${firstMs} ms`);
   const idleMs = o.idleTimeoutMs ?? o.timeoutMs;
   const body = streamed ? watchedBody(req.body!, dog, idleMs, o.afterBodyMs ?? o.timeoutMs) : undefined;
   let res: Response;

@@ -330,8 +330,8 @@ export class SandboxProxy {
     const dog = new Watchdog(ctl);
     const hasBody = req.method !== "GET" && req.method !== "HEAD" && req.body !== null;
     const answerMs = this.opts.responseTimeoutMs;
-    if (hasBody) dog.arm(this.opts.connectTimeoutMs, `not connected within ${this.opts.connectTimeoutMs} ms`);
-    else dog.arm(answerMs ?? this.opts.connectTimeoutMs, `no response within ${answerMs ?? this.opts.connectTimeoutMs} ms`);
+    const firstMs = hasBody ? this.opts.connectTimeoutMs : (answerMs ?? this.opts.connectTimeoutMs);
+    dog.arm(firstMs, hasBody ? `not connected within ${firstMs} ms` : `no response within ${firstMs} ms`);
     let res: Response;
     try {
       res = await fetch(`http://${target}${route.pathAndQuery}`, {

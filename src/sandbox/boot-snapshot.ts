@@ -236,7 +236,8 @@ export class RootMountError extends OrchestratorError {}
  */
 export async function restoreBootSnapshot(d: BootRestoreDeps, snap: SnapshotManifest, spec: VmSpec, envd: string, signal: AbortSignal): Promise<VmHandle> {
   // the restored guest has as many volume drives as the snapshot's VM had placeholders
-  const volumes = spec.drives.filter((x) => /^vol\d+$/.test(x.id)).length;
+  const volumeDrives = spec.drives.filter((x) => /^vol\d+$/.test(x.id));
+  const volumes = volumeDrives.length;
   if (volumes !== (snap.vm.volumeSlots ?? 0)) {
     throw new OrchestratorError("orchestrator.runtime_failed", `VM ${spec.id} has ${volumes} volume drives, boot snapshot ${snap.id} has ${snap.vm.volumeSlots ?? 0} places for them`, { id: spec.id, snapshot: snap.id });
   }
@@ -263,8 +264,7 @@ export async function restoreBootSnapshot(d: BootRestoreDeps, snap: SnapshotMani
     const t2 = performance.now();
     await mountRootInGuest(envd, bytes / 512, signal);
     const t3 = performance.now();
-    const serials = spec.drives.filter((x) => /^vol\d+$/.test(x.id)).map((x) => x.serial);
-    if (serials.length > 0) await reprobeVolumesInGuest(envd, serials, signal);
+    if (volumes > 0) await reprobeVolumesInGuest(envd, volumeDrives.map((x) => x.serial), signal);
     const ms = (a: number, b: number) => Math.round(b - a);
     d.log.debug({ id: spec.id, snapshot: snap.id, restoreMs: ms(t0, t1), envdMs: ms(t1, t2), mountRootMs: ms(t2, t3), reprobeMs: ms(t3, performance.now()), volumes }, "boot snapshot restored");
   } catch (e) {

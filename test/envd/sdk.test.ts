@@ -176,7 +176,7 @@ describe("commands", () => {
     mkdirSync(join(locked, "inner"), { recursive: true, mode: 0o700 });
     const e = await sbx.commands.run("pwd", { cwd: join(locked, "inner") }).catch((x) => x);
     expect(e).toBeInstanceOf(SandboxError);
-    expect(String(e.message)).toContain(`user 'user' cannot enter '${locked}'`);
+    expect(String(e.message)).toContain(`start in cwd '${join(locked, "inner")}': user 'user' has no permission on '${locked}'`);
     expect((await sbx.commands.run("pwd", { cwd: join(locked, "inner"), user: "root" })).stdout).toBe(`${join(locked, "inner")}\n`);
   });
 

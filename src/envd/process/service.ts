@@ -9,10 +9,10 @@ import type { ServiceImpl } from "@connectrpc/connect";
 import { rpcUser } from "../auth.ts";
 import { freedOnRelease } from "../buffers.ts";
 import { serveServerStream, type StreamBody, type StreamLimits } from "../connect-stream.ts";
-import { EnvdError, fromFsError, toConnectError } from "../errors.ts";
+import { EnvdError, toConnectError } from "../errors.ts";
 import { ConnectRequestSchema, Process, Signal, StartRequestSchema, type ProcessSelector, type StartRequest } from "../gen/process_pb.ts";
 import { resolveCwd } from "../paths.ts";
-import { allowed, X_OK } from "../permissions.ts";
+import { requireAccess, X_OK } from "../permissions.ts";
 import type { EnvdState } from "../state.ts";
 import type { UserInfo } from "../users.ts";
 import { releaseOutput, type ProcEvent, type ProcessHandle } from "./handle.ts";
@@ -126,16 +126,7 @@ function eventStream(h: ProcessHandle, binary: boolean, kaMs: number, opts: Proc
 function requireSearchable(user: UserInfo, cwd: string): void {
   if (user.uid === 0) return;
   const parts = cwd.split("/").filter(Boolean);
-  for (let i = 0; i <= parts.length; i++) {
-    const dir = "/" + parts.slice(0, i).join("/");
-    let st;
-    try {
-      st = statSync(dir);
-    } catch (err) {
-      throw fromFsError(err, dir, "start");
-    }
-    if (!allowed(user, st, X_OK)) throw new EnvdError("permission_denied", `cwd '${cwd}': user '${user.name}' cannot enter '${dir}' (permission denied)`, { cwd, dir, user: user.name });
-  }
+  for (let i = 0; i <= parts.length; i++) requireAccess(user, "/" + parts.slice(0, i).join("/"), X_OK, `start in cwd '${cwd}'`);
 }
 
 /**
