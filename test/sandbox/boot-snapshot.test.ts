@@ -5,11 +5,12 @@
  * made-up /sys/block, /sys/bus and /dev in a mount namespace of their own (root).
  */
 import { afterEach, describe, expect, test } from "bun:test";
-import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import pino from "pino";
-import { LocalRepository, newSnapshotId, type SnapshotManifest } from "../../src/snapshot/index.ts";
+import { LocalRepository, type SnapshotManifest } from "../../src/snapshot/index.ts";
+import { commitFake } from "../snapshot/helpers.ts";
 import { bootShapeKey, findBootSnapshot, reprobeVolumesInGuest, restoreBootSnapshot, type BootRestoreDeps } from "../../src/sandbox/boot-snapshot.ts";
 import { FIND_DEV_SH, MOUNT_SCRIPT, REPROBE_SCRIPT } from "../../src/sandbox/volumes.ts";
 import type { VmSpec } from "../../src/vmm/index.ts";
@@ -28,30 +29,14 @@ const KEYS = { driver: "qemu" as const, kernelKey: "k1", toolsImage: "/x/tools/t
 
 /** Publish a boot manifest of `vcpus`/`memoryMiB` with `volumeSlots` (undefined: the field is absent). */
 function commitBoot(repo: LocalRepository, vcpus: number, memoryMiB: number, volumeSlots: number | undefined): SnapshotManifest {
-  const txn = repo.begin();
-  const add = (s: string) => {
-    const p = txn.file(`l-${Math.random().toString(36).slice(2)}`);
-    writeFileSync(p, s);
-    return txn.addLayer(p);
-  };
-  const m: SnapshotManifest = {
-    version: 1,
-    id: newSnapshotId(),
+  return commitFake(repo, {
     kind: "boot",
-    parent: null,
-    createdAt: new Date().toISOString(),
-    names: [],
-    source: { sandboxId: null, templateId: "" },
-    vm: { driver: "qemu", vcpus, memoryMiB, kernelKey: KEYS.kernelKey, mac: "02:ae:fe:00:00:01", bootArgs: "", ...(volumeSlots === undefined ? {} : { volumeSlots }) },
-    envd: { version: "0.6.4", accessToken: null },
-    disk: { virtualSize: 1 << 30, layers: [add(`disk-${Math.random()}`)] },
-    memory: { size: memoryMiB << 20, layers: [add(`mem-${Math.random()}`)] },
-    vmState: add(`state-${Math.random()}`),
-    tools: add(`tools-${Math.random()}`),
-    toolsKey: "t1",
-  };
-  txn.publish(m);
-  return m;
+    sandboxId: null,
+    disk: [`disk-${Math.random()}`],
+    memory: [`mem-${Math.random()}`],
+    vm: { vcpus, memoryMiB, kernelKey: KEYS.kernelKey, ...(volumeSlots === undefined ? {} : { volumeSlots }) },
+    tools: { content: `tools-${Math.random()}`, key: "t1" },
+  });
 }
 
 describe("finding a boot snapshot", () => {
