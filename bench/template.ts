@@ -14,7 +14,7 @@
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
-import { pullImage } from "../src/image/index.ts";
+import { plainRegistrySettings, pullImage } from "../src/image/index.ts";
 import { debianTree, pushImage, startRegistry } from "../test/image/registry.ts";
 import { NodeWorld, TEST_HOME } from "../test/e2e/world.ts";
 
@@ -42,10 +42,10 @@ const tree = debianTree(TEST_HOME);
     for await (const c of r.body!) n += c.length;
     const httpMs = performance.now() - t0;
     const t1 = performance.now();
-    const p = await pullImage({ homePath: home, ref: `${reg.host}/bench/deb:v1`, insecureRegistries: [], headroomMiB: 2048, minDiskMiB: 1024, toolTimeoutMs: 600_000, manifestTimeoutMs: 60_000 });
+    const p = await pullImage({ homePath: home, ref: `${reg.host}/bench/deb:v1`, registries: plainRegistrySettings(), headroomMiB: 2048, minDiskMiB: 1024, toolTimeoutMs: 600_000, manifestTimeoutMs: 60_000 });
     const pullMs = performance.now() - t1;
     const t2 = performance.now();
-    const again = await pullImage({ homePath: home, ref: `${reg.host}/bench/deb:v1`, insecureRegistries: [], headroomMiB: 2048, minDiskMiB: 1024, toolTimeoutMs: 600_000, manifestTimeoutMs: 60_000 });
+    const again = await pullImage({ homePath: home, ref: `${reg.host}/bench/deb:v1`, registries: plainRegistrySettings(), headroomMiB: 2048, minDiskMiB: 1024, toolTimeoutMs: 600_000, manifestTimeoutMs: 60_000 });
     const cachedMs = performance.now() - t2;
     const mb = p.compressedBytes / 1e6;
     console.log(`image: ${mb.toFixed(1)} MB compressed (zstd), ${(p.diskBytes / 1048576).toFixed(0)} MiB disk`);

@@ -2,7 +2,7 @@
  * Checking values against the config schema, without a schema library: the keys of
  * src/config/schema.ts are plain JSON Schema objects of a small subset (integer with
  * minimum/maximum/multipleOf, string with minLength/pattern, boolean, a list of strings, one of
- * a set of literals, a table of keys), and this module reads exactly that subset. `loadConfig`
+ * a set of literals, a map of keys matching a pattern to values, a table of keys), and this module reads exactly that subset. `loadConfig`
  * checks operator files and variables with it, and `agentenv envd --settings` checks the tools
  * drive's `[envd]` section with it against ./envd-section.json (the section's schema, generated),
  * so envd's start loads no schema library (TypeBox and the schema's construction cost it about a
@@ -31,6 +31,13 @@ export interface KeySchema {
   items?: KeySchema;
   /** Keys of a table. */
   properties?: Record<string, KeySchema>;
+  /** A map key (a table of any keys matching the pattern, each value of the given schema; `map`). */
+  patternProperties?: Record<string, KeySchema>;
+}
+
+/** Whether `s` is a section (a table of fixed keys), not a key holding a value. */
+export function isSection(s: KeySchema): boolean {
+  return s.type === "object" && s.properties !== undefined;
 }
 
 type Table = Record<string, unknown>;
@@ -53,6 +60,13 @@ export function checkValue(s: KeySchema, v: unknown): boolean {
       return typeof v === "boolean";
     case "array":
       return Array.isArray(v) && v.every((x) => checkValue(s.items ?? {}, x));
+    case "object": {
+      // a map key: every key matches the key pattern, every value its schema
+      if (typeof v !== "object" || v === null || Array.isArray(v) || !s.patternProperties) return false;
+      const [[pattern, value]] = Object.entries(s.patternProperties) as [[string, KeySchema]];
+      const re = new RegExp(pattern);
+      return Object.entries(v).every(([k, x]) => re.test(k) && checkValue(value, x));
+    }
     default:
       return false;
   }
@@ -71,8 +85,10 @@ export function expectation(s: KeySchema): string {
       return "true or false";
     case "array":
       return "a list of strings";
-    case "object":
-      return "a table";
+    case "object": {
+      const [[pattern, value]] = Object.entries(s.patternProperties ?? { "": {} }) as [[string, KeySchema]];
+      return s.patternProperties ? `a table of keys matching /${pattern}/, each ${expectation(value)}` : "a table";
+    }
     default:
       return s.pattern ? `a string matching /${s.pattern}/` : s.minLength ? "a non-empty string" : "a string";
   }
@@ -80,7 +96,7 @@ export function expectation(s: KeySchema): string {
 
 /** The defaults of every key under `s` (a fresh tree on each call). */
 export function defaultsOf(s: KeySchema): unknown {
-  if (s.type === "object") {
+  if (isSection(s)) {
     const out: Table = {};
     for (const [k, p] of Object.entries(s.properties ?? {})) out[k] = defaultsOf(p);
     return out;
@@ -99,7 +115,7 @@ export function mergeTable(into: Table, schema: KeySchema, from: Table, prefix: 
     const key = prefix + k;
     const s = schema.properties?.[k];
     if (!s) throw unknownKey(key, source);
-    if (s.type === "object") {
+    if (isSection(s)) {
       if (typeof v !== "object" || v === null || Array.isArray(v)) throw badValue(key, v, s, source);
       mergeTable(into[k] as Table, s, v as Table, key + ".", source);
     } else {

@@ -11,12 +11,12 @@
  */
 import { readFileSync } from "node:fs";
 import { parse, TomlError } from "smol-toml";
-import { badValue, checkValue, defaultsOf, type KeySchema, mergeTable, unknownKey } from "./check.ts";
+import { badValue, checkValue, defaultsOf, isSection, type KeySchema, mergeTable, unknownKey } from "./check.ts";
 import { ConfigError } from "./errors.ts";
 import { CONFIG_SCHEMA, type Config } from "./schema.ts";
 
 export { CONFIG_SCHEMA, type Config } from "./schema.ts";
-export { type ConfigUnit, expectation, type KeySchema, sectionFrom } from "./check.ts";
+export { type ConfigUnit, expectation, isSection, type KeySchema, sectionFrom } from "./check.ts";
 export { CONFIG_ERRORS, ConfigError, type ConfigErrorCode } from "./errors.ts";
 export { renderDefaultToml } from "./toml.ts";
 
@@ -90,10 +90,10 @@ export function loadConfig(opts: { path?: string; env?: Record<string, string | 
   if (opts.tree) mergeTable(cfg, ROOT, nodeIdentityAlias(opts.tree, "config tree"), "", "config tree");
   for (const [name, raw] of Object.entries(env)) {
     if (raw === undefined) continue;
-    let key: string | undefined = ENV_ALIASES[name];
-    if (!key && name.startsWith("AENV__")) key = name.slice(6).split("__").join(".");
-    if (!key) continue;
-    setFromEnv(cfg, key, raw, name);
+    // the generic form splits on "__" only: a map entry's name may hold dots (a registry host)
+    const parts = ENV_ALIASES[name]?.split(".") ?? (name.startsWith("AENV__") ? name.slice(6).split("__") : undefined);
+    if (!parts) continue;
+    setFromEnv(cfg, parts, raw, name);
   }
   return cfg as unknown as Config;
 }
@@ -124,14 +124,23 @@ function nodeIdentityAlias(t: Table, source: string): Table {
   return { ...rest, node };
 }
 
-function setFromEnv(cfg: Table, key: string, raw: string, source: string): void {
-  const parts = key.split(".");
-  const last = parts.pop()!;
+function setFromEnv(cfg: Table, path: string[], raw: string, source: string): void {
+  const key = path.join(".");
+  const parts = path.slice(0, -1);
+  const last = path[path.length - 1]!;
   let table = cfg;
   let schema = ROOT;
-  for (const p of parts) {
+  for (const [i, p] of parts.entries()) {
     const s = schema.properties?.[p];
-    if (!s || s.type !== "object") throw unknownKey(key, source);
+    if (s && !isSection(s) && s.patternProperties && i === parts.length - 1) {
+      // one entry of a map key: AENV__image__registry_mirrors__docker.io=a,b
+      const entry = fromString(Object.values(s.patternProperties)[0]!, raw);
+      const map = { ...(table[p] as Table), [last]: entry };
+      if (!checkValue(s, map)) throw badValue(key, raw, s, source);
+      table[p] = map;
+      return;
+    }
+    if (!s || !isSection(s)) throw unknownKey(key, source);
     schema = s;
     table = table[p] as Table;
   }

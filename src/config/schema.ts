@@ -40,6 +40,15 @@ function list(def: string[], doc: string) {
   return T.Array(T.String(), { default: def, description: doc });
 }
 
+/**
+ * A table of operator-chosen keys matching `keyPattern` (a regular expression source), each
+ * holding a list of strings: `[image.registry_mirrors]` "docker.io" = ["..."]. From an environment
+ * variable one entry at a time: `AENV__section__key__<entry>=a,b`.
+ */
+function map(keyPattern: string, doc: string) {
+  return T.Record(T.String({ pattern: keyPattern }), T.Array(T.String()), { default: {}, description: doc, additionalProperties: false });
+}
+
 /** A TOML table; unknown keys in it are refused. */
 function section<P extends TProperties>(doc: string, props: P): TObject<P> {
   return T.Object(props, { description: doc, additionalProperties: false });
@@ -153,11 +162,34 @@ export const CONFIG_SCHEMA = section("", {
     }),
   }),
 
+  // [image]: reaching registries (issue 33); one block, kept together so it moves as one
+  image: section(
+    "Reaching container registries (template base images, remote overlaybd lowers): mirrors, trust,\ncredentials, and the HTTP(S) proxy of the node's outbound requests. docs/image-pulls.md.",
+    {
+      registry_mirrors: map(
+        "^[A-Za-z0-9.-]+(:[0-9]{1,5})?$",
+        'Mirrors tried in order before a registry itself: registry host -> list of mirror endpoints\n(host[:port][/path prefix]), e.g. "docker.io" = ["127.0.0.1:5000", "mirror.example:443"]. docker.io\nalso stands for index.docker.io and registry-1.docker.io; its one-part names are library/<name> on\nthe mirror too. Loopback mirrors and insecure_registries are reached over plain HTTP, the others\nover verified TLS. A mirror that fails is logged by name and the next one tried; a mirror whose\nmanifest does not match a pinned @sha256: digest fails the pull.',
+      ),
+      mirror_only: list([], "Registries (as keyed in registry_mirrors) never reached themselves: only their mirrors are."),
+      insecure_registries: list(
+        [],
+        "Registries and mirrors (host or host:port) reached over plain HTTP / without verifying TLS.\nLoopback ones (localhost, 127.0.0.0/8, ::1) always are, as Docker treats them; others need TLS.",
+      ),
+      ca_path: str("", "PEM file, or directory of *.crt / *.pem files, of CA certificates trusted for registries and\nmirrors besides the system's."),
+      auth_file: str(
+        "",
+        'Docker config.json with registry credentials ("auths": per registry "auth" = base64(user:password),\nor "username" + "password", or an "identitytoken"), read at each pull. Credentials a build request\nbrings (the SDK\'s fromImage(ref, {username, password})) win for the image\'s own registry; mirrors\nonly ever get the entries of this file. Credentials never appear in logs or API answers.',
+      ),
+      proxy: str(
+        "",
+        "HTTP(S) proxy URL (http://[user:password@]host:port) for the node's outbound requests: registry\npulls, the S3 snapshot store, webhooks. Empty: HTTPS_PROXY / HTTP_PROXY of the environment (then\nNO_PROXY too). Loopback, the sandbox networks and the scheduler are always reached directly.",
+      ),
+      no_proxy: list([], "Hosts reached directly when proxy is set (NO_PROXY syntax: host, .domain, IP, CIDR, host:port, *)."),
+    },
+  ),
+
   template_build: section("Template builds through the API (E2B Template SDK) and `agentenv template build|pull`.", {
-    insecure_registries: list(
-      [],
-      "Registries (host or host:port) reached over plain HTTP / without verifying TLS. Loopback\nregistries (localhost, 127.0.0.0/8, ::1) always are, as Docker treats them; others need TLS.",
-    ),
+    insecure_registries: list([], "Deprecated: read as [image] insecure_registries (a line in the log says so when set)."),
     default_base: str("base", "What a build without a base starts from (the SDK's default `e2bdev/base`): a template name.", { minLength: 1 }),
     default_cpu_count: int(2, "Build VM vCPUs and memory (MiB) when the build request names none.", { min: 1, max: 32, unit: "count" }),
     default_memory_mb: int(1024, "", { min: 128, max: 1_048_576, unit: "MiB" }),

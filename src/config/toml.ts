@@ -3,7 +3,7 @@
  * accepted values. The checked-in file must equal this output (test/config/config.test.ts);
  * regenerate with `bun run config:defaults`.
  */
-import { expectation, type KeySchema } from "./check.ts";
+import { expectation, isSection, type KeySchema } from "./check.ts";
 import { CONFIG_SCHEMA } from "./schema.ts";
 
 const HEADER = `# AgentENV node configuration: every key with its default.
@@ -27,12 +27,13 @@ function tomlValue(key: string, v: unknown): string {
     if (`${key} = ${inline}`.length <= INLINE_MAX) return inline;
     return `[\n${v.map((x) => `  ${JSON.stringify(x)},`).join("\n")}\n]`;
   }
+  if (typeof v === "object" && v !== null) return `{ ${Object.entries(v).map(([k, x]) => `${JSON.stringify(k)} = ${tomlValue(k, x)}`).join(", ")} }`.replace("{  }", "{}");
   return typeof v === "string" ? JSON.stringify(v) : String(v);
 }
 
 function renderTable(out: string[], schema: KeySchema, path: string): void {
   const props = Object.entries(schema.properties ?? {});
-  const scalars = props.filter(([, s]) => s.type !== "object");
+  const scalars = props.filter(([, s]) => !isSection(s));
   // a table holding only tables ([observability] above [observability.scheduler_report]) needs no header
   if (path && (scalars.length > 0 || schema.description)) {
     out.push("", `[${path}]`, ...comment(schema.description ?? ""));
@@ -43,7 +44,7 @@ function renderTable(out: string[], schema: KeySchema, path: string): void {
     out.push(`${k} = ${tomlValue(k, s.default)}`);
   }
   for (const [k, s] of props) {
-    if (s.type === "object") renderTable(out, s, path ? `${path}.${k}` : k);
+    if (isSection(s)) renderTable(out, s, path ? `${path}.${k}` : k);
   }
 }
 

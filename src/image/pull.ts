@@ -24,9 +24,11 @@ import { basename, dirname, join } from "node:path";
 import { importSparse } from "../storage/overlaybd/index.ts";
 import { TOOLS_MOUNT } from "../tools/index.ts";
 import { ImageError } from "./errors.ts";
-import { formatImageRef, isLoopbackRegistry, parseImageRef, type ImageRef } from "./reference.ts";
+import { fetchImage } from "./fetch.ts";
+import { formatImageRef, parseImageRef } from "./reference.ts";
 import { RootTree } from "./rootfs.ts";
-import { runTool } from "./tool.ts";
+import type { RegistrySettings } from "./settings.ts";
+import { tool } from "./skopeo.ts";
 
 /** Process defaults of the image (its OCI config, as umoci's runtime spec has them). */
 export interface ImageRunConfig {
@@ -45,9 +47,10 @@ export const GUEST_BITS_KEY = "guest-bits-v3-confined";
 export interface PullOptions {
   homePath: string;
   ref: string;
+  /** The build's credentials for the image's registry (never sent to its mirrors). */
   credentials?: { username: string; password: string };
-  /** Registries (host[:port]) reached without TLS besides loopback ones. */
-  insecureRegistries: string[];
+  /** Mirrors, plain-HTTP registries, CAs, credentials file, proxy (`[image]`). */
+  registries: RegistrySettings;
   /** Free space added to the unpacked size, MiB; and the smallest disk, MiB. */
   headroomMiB: number;
   minDiskMiB: number;
@@ -88,96 +91,7 @@ interface CacheEntry {
   compressedBytes: number;
 }
 
-/** How to run one tool: its bound, what a timeout means, and whether stdout is progress. */
-interface ToolRun {
-  timeoutMs: number;
-  /** What the run does, for a timeout's message ("asking r for its manifest"). */
-  what: string;
-  /** The typed error of a failed run (stderr tail, exit code). */
-  classify: (err: string, code: number) => ImageError;
-  /** Progress lines: stderr, and stdout too with `stdoutProgress` (skopeo copy's "Copying blob ..."). */
-  onLine?: (l: string) => void;
-  stdoutProgress?: boolean;
-  signal?: AbortSignal;
-}
-
-/**
- * Run a tool to its end (runTool).
- * @returns stdout.
- * @throws ImageError `image.tool_missing`; `image.timeout` past `timeoutMs`; `image.pull_failed`
- *   when `signal` aborted it; `classify(stderr)` when it exits non-zero.
- */
-async function tool(cmd: string[], t: ToolRun): Promise<string> {
-  const r = await runTool(cmd, { timeoutMs: t.timeoutMs, onLine: t.onLine, stdoutLines: t.stdoutProgress, signal: t.signal });
-  if (r.code === 0) return r.stdout;
-  if (r.missing) throw new ImageError("image.tool_missing", `cannot run ${cmd[0]}: ${r.stderr.trim()}`, { cmd: cmd[0] });
-  if (r.timedOut) throw new ImageError("image.timeout", `${t.what} took longer than ${t.timeoutMs} ms`, { cmd: cmd[0], timeoutMs: t.timeoutMs });
-  if (r.cancelled) throw new ImageError("image.pull_failed", `${t.what} was cancelled`, { cmd: cmd[0] });
-  throw t.classify(r.stderr.trim() || r.stdout.trim().slice(-2000), r.code);
-}
-
-/** Map skopeo's stderr (it exited with `code`) to a typed error. */
-export function classifySkopeo(ref: string, registry: string, err: string, code: number): ImageError {
-  const d = { ref, registry, stderr: err.slice(-1500) };
-  const tailMsg = err.split("\n").filter(Boolean).pop() ?? `exit ${code}`;
-  if (/digest did not match|digest mismatch|Digest mismatch|computed digest/i.test(err)) return new ImageError("image.digest_mismatch", `a blob of ${ref} does not match its digest: ${tailMsg}`, d);
-  if (/manifest unknown|name unknown|not found|NAME_UNKNOWN|MANIFEST_UNKNOWN/i.test(err)) return new ImageError("image.not_found", `image ${ref} not found: ${tailMsg}`, d);
-  if (/no image found in manifest list|choosing image instance/i.test(err)) return new ImageError("image.no_platform", `image ${ref} has no linux/amd64 entry: ${tailMsg}`, d);
-  if (/unauthorized|authentication required|denied|401|403|invalid username\/password/i.test(err)) return new ImageError("image.auth", `registry ${registry} refused access to ${ref}: ${tailMsg}`, d);
-  if (/http: server gave HTTP response to HTTPS client|x509|tls:|certificate/i.test(err)) {
-    return new ImageError("image.tls", `registry ${registry} does not speak verified TLS (list it in [template_build] insecure_registries to allow plain HTTP): ${tailMsg}`, d);
-  }
-  if (/connection refused|no such host|i\/o timeout|network is unreachable|dial tcp/i.test(err)) return new ImageError("image.unreachable", `registry ${registry} unreachable: ${tailMsg}`, d);
-  return new ImageError("image.pull_failed", `pulling ${ref} failed: ${tailMsg}`, d);
-}
-
-/**
- * skopeo flags for reaching `r`'s registry: TLS verified unless the registry is on loopback or
- * listed in `insecureRegistries` (then plain HTTP is allowed too); the credentials in `authFile`
- * (see `writeAuthFile`: never on the command line, where /proc/<pid>/cmdline shows them to every
- * local user) or anonymous.
- */
-export function srcFlags(r: ImageRef, o: Pick<PullOptions, "insecureRegistries">, authFile?: string): string[] {
-  const insecure = isLoopbackRegistry(r.registry) || o.insecureRegistries.includes(r.registry);
-  return [`--src-tls-verify=${insecure ? "false" : "true"}`, ...(authFile ? ["--src-authfile", authFile] : ["--src-no-creds"])];
-}
-
-/**
- * Write `credentials` for `registry` as a containers-auth.json file (mode 0600) at `path`, the
- * file skopeo's `--authfile` reads (`{"auths": {"<registry>": {"auth": base64(user:password)}}}`,
- * containers-auth.json(5)).
- */
-export function writeAuthFile(path: string, registry: string, credentials: { username: string; password: string }): void {
-  const auth = Buffer.from(`${credentials.username}:${credentials.password}`).toString("base64");
-  writeFileSync(path, JSON.stringify({ auths: { [registry]: { auth } } }), { mode: 0o600 });
-}
-
 const sha256hex = (b: Uint8Array | string) => createHash("sha256").update(b).digest("hex");
-
-/**
- * Resolve `ref` to its manifest digest and the linux/amd64 manifest (sizes of its layers).
- * @throws ImageError (see classifySkopeo).
- */
-async function resolveManifest(r: ImageRef, o: PullOptions, authFile: string | undefined): Promise<{ digest: string; compressedBytes: number }> {
-  const ref = formatImageRef(r);
-  const flags = srcFlags(r, o, authFile).map((f) => f.replace("--src-", "--"));
-  const inspect = (target: string) =>
-    tool(["skopeo", "inspect", "--raw", "--retry-times", "0", ...flags, `docker://${target}`], {
-      timeoutMs: o.manifestTimeoutMs,
-      what: `asking ${r.registry} for the manifest of ${target}`,
-      classify: (e, c) => classifySkopeo(ref, r.registry, e, c),
-      signal: o.signal,
-    });
-  const raw = await inspect(ref);
-  const digest = `sha256:${sha256hex(raw)}`;
-  let m = JSON.parse(raw) as { manifests?: { digest: string; platform?: { os?: string; architecture?: string } }[]; layers?: { size: number }[] };
-  if (Array.isArray(m.manifests)) {
-    const pick = m.manifests.find((x) => x.platform?.os === "linux" && x.platform?.architecture === "amd64");
-    if (!pick) throw new ImageError("image.no_platform", `image ${ref} has no linux/amd64 entry in its manifest list`, { ref, platforms: m.manifests.map((x) => `${x.platform?.os}/${x.platform?.architecture}`) });
-    m = JSON.parse(await inspect(`${r.registry}/${r.repository}@${pick.digest}`));
-  }
-  return { digest, compressedBytes: (m.layers ?? []).reduce((a, l) => a + (l.size ?? 0), 0) };
-}
 
 /** ENV/WORKDIR/USER/ENTRYPOINT+CMD from the image config blob of skopeo's `dir:` copy. */
 function runConfig(dir: string): ImageRunConfig {
@@ -275,29 +189,26 @@ export async function pullImage(o: PullOptions): Promise<PulledImage> {
   mkdirSync(work, { mode: 0o700 });
   let metaPath = "";
   try {
-    const authFile = o.credentials ? join(work, "auth.json") : undefined;
-    if (authFile) writeAuthFile(authFile, r.registry, o.credentials!);
-    progress(`resolving ${ref}`);
-    const { digest, compressedBytes } = await resolveManifest(r, o, authFile);
-    const key = sha256hex(`${digest}\0${GUEST_BITS_KEY}`).slice(0, 32);
-    metaPath = join(cacheDir, `${key}.json`);
-    const hit = cachedImage(cacheDir, metaPath);
+    const t0 = performance.now();
+    let hit: ReturnType<typeof cachedImage> = null;
+    let key = "";
+    const fetched = await fetchImage(
+      { ref: r, credentials: o.credentials, registries: o.registries, work, toolTimeoutMs: o.toolTimeoutMs, manifestTimeoutMs: o.manifestTimeoutMs, progress, ...(o.signal ? { signal: o.signal } : {}) },
+      join(work, "dir"),
+      (digest) => {
+        key = sha256hex(`${digest}\0${GUEST_BITS_KEY}`).slice(0, 32);
+        metaPath = join(cacheDir, `${key}.json`);
+        hit = cachedImage(cacheDir, metaPath);
+        return hit !== null;
+      },
+    );
+    const { digest, compressedBytes } = fetched.manifest;
     if (hit) {
+      const { m, layerPath } = hit as NonNullable<ReturnType<typeof cachedImage>>;
       utimesSync(metaPath, new Date(), new Date()); // last use, for the cache's trimming
       progress(`${ref} ${digest}: cached`);
-      return { key, ref, digest, layerPath: hit.layerPath, diskBytes: hit.m.diskBytes, config: hit.m.config, pulled: false, compressedBytes: hit.m.compressedBytes, fetchMs: 0 };
+      return { key, ref, digest, layerPath, diskBytes: m.diskBytes, config: m.config, pulled: false, compressedBytes: m.compressedBytes, fetchMs: 0 };
     }
-    const t0 = performance.now();
-    progress(`pulling ${ref} (${(compressedBytes / 1048576).toFixed(1)} MiB compressed)`);
-    // skopeo says "Copying blob sha256:..." on stdout per layer: that is the pull's progress
-    await tool(["skopeo", "copy", "--retry-times", "0", "--dest-decompress", "--format", "oci", "--override-os", "linux", "--override-arch", "amd64", ...srcFlags(r, o, authFile), `docker://${r.registry}/${r.repository}@${digest}`, `dir:${join(work, "dir")}`], {
-      timeoutMs: o.toolTimeoutMs,
-      what: `pulling ${ref}`,
-      classify: (e, c) => classifySkopeo(ref, r.registry, e, c),
-      onLine: progress,
-      stdoutProgress: true,
-      signal: o.signal,
-    });
     const fetchMs = performance.now() - t0;
     const config = runConfig(join(work, "dir"));
     dirToOciLayout(join(work, "dir"), join(work, "oci"));

@@ -1,7 +1,8 @@
 /**
  * Image references (`[registry/]repository[:tag][@digest]`) as Docker reads them: a first part
  * holding `.` or `:` or equal to `localhost` names the registry, else `docker.io` (with
- * `library/` for one-part names); the tag defaults to `latest`. Loopback registries are reached
+ * `library/` for one-part names; its aliases index.docker.io and registry-1.docker.io read as
+ * docker.io); the tag defaults to `latest`. Loopback registries are reached
  * over plain HTTP as Docker does for 127.0.0.0/8 (../shared/docs/template-build.md §6).
  */
 import { ImageError } from "./errors.ts";
@@ -51,6 +52,7 @@ export function parseImageRef(ref: string): ImageRef {
     rest = rest.slice(0, colon);
     if (!TAG_RE.test(tag)) bad(`tag ${JSON.stringify(tag)}`);
   }
+  registry = canonicalRegistry(registry);
   if (registry === "docker.io" && !rest.includes("/")) rest = `library/${rest}`;
   if (!REPO_RE.test(rest)) bad(`repository ${JSON.stringify(rest)}`);
   return { registry, repository: rest, tag, ...(digest ? { digest } : {}) };
@@ -65,4 +67,12 @@ export function formatImageRef(r: ImageRef): string {
 export function isLoopbackRegistry(registry: string): boolean {
   const host = registry.startsWith("[") ? registry.slice(1, registry.indexOf("]")) : registry.replace(/:\d+$/, "");
   return host === "localhost" || host === "::1" || /^127(?:\.\d{1,3}){3}$/.test(host);
+}
+
+/** Docker Hub's other names, read as `docker.io` (Docker's own normalisation). */
+export const DOCKER_HUB_ALIASES = ["index.docker.io", "registry-1.docker.io"];
+
+/** `registry` (host[:port]) in its canonical form: Docker Hub's aliases as `docker.io`, the rest as given. */
+export function canonicalRegistry(registry: string): string {
+  return DOCKER_HUB_ALIASES.includes(registry.toLowerCase()) ? "docker.io" : registry;
 }

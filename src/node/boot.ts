@@ -22,6 +22,8 @@ import { SandboxProxy } from "../api/proxy.ts";
 import { parseAddr, serve, type ServeOptions } from "../api/server.ts";
 import { handleUpload } from "../api/routes/templates.ts";
 import { createTemplateService, sandboxLayers } from "./templates.ts";
+import { setUpOutboundProxy } from "./outbound.ts";
+import { redactUrl } from "../util/proxy.ts";
 import type { TemplateService } from "../template/index.ts";
 
 /** A started node. `close()` stops listening, then the orchestrator (shutdown_action), then the DB. */
@@ -94,6 +96,9 @@ export async function bootNode(cfg: Config, makeRuntime: RuntimeFactory = create
   // other node owns this runtime path or network prefix, and that our listen address is free.
   const { hostname, port } = parseAddr(cfg.api.addr);
   const reporting = reporterOptions(cfg);
+  // before anything reaches out (the S3 store, registries): one proxy decision for every client
+  const outbound = setUpOutboundProxy(cfg);
+  if (outbound.httpsProxy || outbound.httpProxy) log.info({ https: redactUrl(outbound.httpsProxy), http: redactUrl(outbound.httpProxy), noProxy: outbound.noProxy }, "outbound requests go through a proxy");
   const locks = acquireNodeLocks(cfg.runtime_path, cfg.network.name_prefix);
   const serveOpts: ServeOptions = { hostname, port, apiKey: "", apiKeyHint: null, app: null, proxy: null, maxBodyBytes: cfg.api.max_body_bytes };
   let server: ReturnType<typeof serve>;
@@ -147,7 +152,7 @@ export async function bootNode(cfg: Config, makeRuntime: RuntimeFactory = create
   try {
     await orch.start();
     ({ key, source } = loadOrCreateApiKey(cfg.api.key, home));
-    templates = createTemplateService(cfg, runtime, () => sandboxLayers(orch));
+    templates = createTemplateService(cfg, runtime, () => sandboxLayers(orch), outbound);
   } catch (e) {
     await orch.close().catch(() => {});
     await undo(db);

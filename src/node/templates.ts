@@ -5,7 +5,9 @@
  */
 import { join } from "node:path";
 import type { Config } from "../config/index.ts";
-import { pullImage, reapPullLeftovers } from "../image/index.ts";
+import { pullImage, reapPullLeftovers, registrySettings } from "../image/index.ts";
+import { logger } from "../observability/log.ts";
+import type { ProxySettings } from "../util/proxy.ts";
 import { LIVE_STATES, type SandboxRuntime, type SandboxService } from "../orchestrator/index.ts";
 import { pinnedTemplateLayers, VmRuntime } from "../sandbox/index.ts";
 import { TOOLS_MOUNT } from "../tools/index.ts";
@@ -13,11 +15,15 @@ import { BASE_BOOT_ARGS, BuildFiles, BuildLogs, TemplateBuilder, TemplateCatalog
 
 /**
  * The template service of a node whose runtime is `runtime` (builds need the VM runtime).
- * `pinned` names the layers sandboxes and snapshots stack on (garbage collection keeps them).
+ * `pinned` names the layers sandboxes and snapshots stack on (garbage collection keeps them);
+ * `proxy` is the node's outbound proxy (default: from `[image]` and the environment).
+ * @throws ImageError `image.bad_config` for `[image]` settings that cannot be used
  */
-export function createTemplateService(cfg: Config, runtime: SandboxRuntime, pinned: () => Iterable<string> = () => []): TemplateService {
+export function createTemplateService(cfg: Config, runtime: SandboxRuntime, pinned: () => Iterable<string> = () => [], proxy?: ProxySettings): TemplateService {
   const home = cfg.home_path;
   const k = cfg.template_build;
+  const log = logger("image");
+  const registries = registrySettings(cfg, (msg) => log.warn(msg), proxy);
   const vmRuntime = runtime instanceof VmRuntime ? runtime : null;
   // one catalog per home: the runtime's when it has one (a runtime wrapping the VM runtime may expose it)
   const own = (runtime as { catalog?: unknown }).catalog;
@@ -55,7 +61,7 @@ export function createTemplateService(cfg: Config, runtime: SandboxRuntime, pinn
         homePath: home,
         ref,
         credentials,
-        insecureRegistries: k.insecure_registries,
+        registries,
         headroomMiB: k.image_headroom_mib,
         minDiskMiB: k.image_min_disk_mib,
         toolTimeoutMs: k.tool_timeout_ms,

@@ -7,7 +7,7 @@ import { parse } from "smol-toml";
 import type { TSchema } from "@sinclair/typebox";
 import { envdOptions, readSettings } from "../../src/cli/envd.ts";
 import { checkValue } from "../../src/config/check.ts";
-import { CONFIG_SCHEMA, ConfigError, defaultConfig, loadConfig, renderDefaultToml, sectionSchemaJson } from "../../src/config/index.ts";
+import { CONFIG_SCHEMA, ConfigError, defaultConfig, isSection, loadConfig, renderDefaultToml, sectionSchemaJson } from "../../src/config/index.ts";
 import { DEFAULT_ENVD_OPTIONS, ENVD_PORT } from "../../src/envd/index.ts";
 
 const REPO = join(import.meta.dir, "../..");
@@ -59,11 +59,11 @@ describe("defaults", () => {
   test("the loader's value check agrees with TypeBox's on every key, for values in, at and beyond each bound", () => {
     const keys: [string, TSchema][] = [];
     const walk = (s: TSchema, path: string) => {
-      for (const [k, c] of Object.entries(s.properties as Record<string, TSchema>)) c.type === "object" ? walk(c, `${path}${k}.`) : keys.push([path + k, c]);
+      for (const [k, c] of Object.entries(s.properties as Record<string, TSchema>)) isSection(c) ? walk(c, `${path}${k}.`) : keys.push([path + k, c]);
     };
     walk(CONFIG_SCHEMA, "");
     expect(keys.length).toBeGreaterThan(200);
-    const common: unknown[] = [null, true, false, 0, 1, -1, 1.5, 2 ** 53, "", "x", "1", "0.0.0.0:80", "a/", [], ["a"], [1], {}, { a: 1 }];
+    const common: unknown[] = [null, true, false, 0, 1, -1, 1.5, 2 ** 53, "", "x", "1", "0.0.0.0:80", "a/", [], ["a"], [1], {}, { a: 1 }, { "docker.io": ["127.0.0.1:5000"] }, { "bad key/": ["x"] }, { "docker.io": "x" }, { "docker.io": [1] }];
     let compared = 0;
     for (const [key, s] of keys) {
       const samples = [...common, s.default];
@@ -121,6 +121,21 @@ describe("overrides", () => {
     expect(cfg.network.egress.dns_timeout_ms).toBe(500);
     expect(cfg.network.egress.dns_upstream).toEqual(["1.1.1.1", "8.8.8.8:53"]);
     expect(cfg.sandbox_proxy.domains).toEqual([]);
+  });
+
+  test("a map key ([image.registry_mirrors]): a file's table, one entry per variable, keys and values checked", () => {
+    const file = tomlFile('[image.registry_mirrors]\n"docker.io" = ["127.0.0.1:5000", "mirror.example/hub"]\n"ghcr.io" = []\n');
+    expect(loadConfig({ path: file, env: {} }).image.registry_mirrors).toEqual({ "docker.io": ["127.0.0.1:5000", "mirror.example/hub"], "ghcr.io": [] });
+    // a variable sets one entry over the file's
+    const cfg = loadConfig({ path: file, env: { "AENV__image__registry_mirrors__quay.io:443": "m1:5000, m2" } });
+    expect(cfg.image.registry_mirrors).toEqual({ "docker.io": ["127.0.0.1:5000", "mirror.example/hub"], "ghcr.io": [], "quay.io:443": ["m1:5000", "m2"] });
+    expect(defaultConfig().image.registry_mirrors).toEqual({});
+    const badKey = configError(() => loadConfig({ env: {}, tree: { image: { registry_mirrors: { "docker.io/x": ["m"] } } } }));
+    expect(badKey.code).toBe("config.bad_value");
+    expect(badKey.message).toContain("image.registry_mirrors");
+    expect(badKey.message).toContain("a table of keys matching");
+    expect(configError(() => loadConfig({ env: {}, tree: { image: { registry_mirrors: { "docker.io": "m" } } } })).code).toBe("config.bad_value");
+    expect(configError(() => loadConfig({ env: { "AENV__image__registry_mirrors__bad/key": "m" } })).details.key).toBe("image.registry_mirrors.bad/key");
   });
 
   test("a tree is checked like a file", () => {

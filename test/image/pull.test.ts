@@ -13,7 +13,7 @@ import { chownSync, existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync, sta
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { createHash } from "node:crypto";
-import { GUEST_BITS_KEY, pullImage, type PullOptions } from "../../src/image/index.ts";
+import { GUEST_BITS_KEY, plainRegistrySettings, pullImage, type PullOptions } from "../../src/image/index.ts";
 import { openStack } from "../../src/storage/overlaybd/index.ts";
 import { pushImage, pushIndex, registryBlobPath, startRegistry, type TestRegistry } from "./registry.ts";
 
@@ -74,7 +74,7 @@ function opts(home: string, ref: string, extra: Partial<PullOptions> = {}): Pull
   return {
     homePath: home,
     ref,
-    insecureRegistries: [],
+    registries: plainRegistrySettings(),
     headroomMiB: 16,
     minDiskMiB: 32,
     toolTimeoutMs: 120_000,
@@ -260,7 +260,7 @@ test("a registry that accepts and never answers: image.timeout after manifest_ti
     expect(require("node:fs").statSync(authFile).mode & 0o777).toBe(0o600);
     const e = await outcome;
     expect(e).toMatchObject({ code: "image.timeout", details: { timeoutMs: 3000 } });
-    expect((e as Error).message).toContain(`asking 127.0.0.1:${silent.port} for the manifest`);
+    expect((e as Error).message).toContain(`asking registry 127.0.0.1:${silent.port} for the manifest`);
     // nothing left: no work dir, no auth file
     expect(readdirSync(join(home, "images"))).toEqual([]);
     expect(existsSync(authFile)).toBe(false);

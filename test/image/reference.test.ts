@@ -3,7 +3,7 @@ import { expect, test } from "bun:test";
 import { mkdtempSync, readFileSync, rmSync, statSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { classifySkopeo, formatImageRef, isLoopbackRegistry, parseImageRef, srcFlags, writeAuthFile } from "../../src/image/index.ts";
+import { classifySkopeo, endpointsFor, formatImageRef, isLoopbackRegistry, parseImageRef, plainRegistrySettings, srcFlags, writeContainersAuth } from "../../src/image/index.ts";
 
 test("parseImageRef: registry, library/ prefix, default tag, digest, bad input", () => {
   expect(parseImageRef("debian")).toEqual({ registry: "docker.io", repository: "library/debian", tag: "latest" });
@@ -31,18 +31,22 @@ test("skopeo failures map to typed codes", () => {
   expect(classifySkopeo("r", "reg", "something else", 1).code).toBe("image.pull_failed");
 });
 
-test("TLS: verified for every registry but loopback ones and those the config lists; credentials from a 0600 auth file, never argv", () => {
-  const f = (ref: string, insecure: string[] = [], authFile?: string) => srcFlags(parseImageRef(ref), { insecureRegistries: insecure }, authFile);
+test("TLS: verified for every registry but loopback ones and those the config lists; credentials from a 0600 auth file, never argv; extra CAs from a cert dir", () => {
+  const f = (ref: string, insecure: string[] = [], authFile?: string, certDir?: string) =>
+    srcFlags(endpointsFor(parseImageRef(ref), plainRegistrySettings({ insecure }))[0]!, { ...(authFile ? { authFile } : {}), ...(certDir ? { certDir } : {}) });
   expect(f("127.0.0.1:5000/a")).toEqual(["--src-tls-verify=false", "--src-no-creds"]);
   expect(f("registry.example.com/a")).toEqual(["--src-tls-verify=true", "--src-no-creds"]);
   expect(f("10.0.0.5:5000/a")).toEqual(["--src-tls-verify=true", "--src-no-creds"]);
   expect(f("10.0.0.5:5000/a", ["10.0.0.5:5000"])).toEqual(["--src-tls-verify=false", "--src-no-creds"]);
   expect(f("debian", [], "/x/auth.json")).toEqual(["--src-tls-verify=true", "--src-authfile", "/x/auth.json"]);
+  expect(f("debian", [], undefined, "/x/certs")).toEqual(["--src-tls-verify=true", "--src-no-creds", "--src-cert-dir", "/x/certs"]);
   const dir = mkdtempSync(join(tmpdir(), "aenv-auth-"));
   try {
     const p = join(dir, "auth.json");
-    writeAuthFile(p, "docker.io", { username: "u", password: "p:w" });
-    expect(JSON.parse(readFileSync(p, "utf8"))).toEqual({ auths: { "docker.io": { auth: Buffer.from("u:p:w").toString("base64") } } });
+    writeContainersAuth(p, { "docker.io": { username: "u", password: "p:w" }, "quay.io": { username: "<token>", password: "", identityToken: "idt" } });
+    expect(JSON.parse(readFileSync(p, "utf8"))).toEqual({
+      auths: { "docker.io": { auth: Buffer.from("u:p:w").toString("base64") }, "quay.io": { auth: Buffer.from("<token>:").toString("base64"), identitytoken: "idt" } },
+    });
     expect(statSync(p).mode & 0o777).toBe(0o600);
   } finally {
     rmSync(dir, { recursive: true, force: true });
