@@ -57,10 +57,21 @@ export async function tool(cmd: string[], t: ToolRun): Promise<string> {
   throw t.classify(clean(r.stderr.trim() || r.stdout.trim().slice(-2000)), r.code);
 }
 
+/** The message of a logrus line (`time=... level=fatal msg="..."`), else the line as is. */
+function skopeoMessage(line: string): string {
+  const m = /\bmsg="((?:[^"\\]|\\.)*)"/.exec(line);
+  if (!m) return line;
+  try {
+    return JSON.parse(`"${m[1]}"`) as string;
+  } catch {
+    return m[1]!;
+  }
+}
+
 /** Map skopeo's stderr (it exited with `code`) to a typed error. */
 export function classifySkopeo(ref: string, registry: string, err: string, code: number): ImageError {
   const d = { ref, registry, stderr: err.slice(-1500) };
-  const tailMsg = err.split("\n").filter(Boolean).pop() ?? `exit ${code}`;
+  const tailMsg = skopeoMessage(err.split("\n").filter(Boolean).pop() ?? `exit ${code}`);
   if (/digest did not match|digest mismatch|Digest mismatch|computed digest|does not match digest/i.test(err)) return new ImageError("image.digest_mismatch", `a blob of ${ref} does not match its digest: ${tailMsg}`, d);
   if (/manifest unknown|name unknown|not found|NAME_UNKNOWN|MANIFEST_UNKNOWN/i.test(err)) return new ImageError("image.not_found", `image ${ref} not found: ${tailMsg}`, d);
   if (/no image found in manifest list|choosing image instance/i.test(err)) return new ImageError("image.no_platform", `image ${ref} has no linux/amd64 entry: ${tailMsg}`, d);

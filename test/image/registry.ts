@@ -25,7 +25,7 @@ export interface TestRegistry {
  * A token server for the registry's token auth (distribution's `auth: token`): RS256 JWTs signed
  * by a throw-away openssl certificate, granting the scopes asked for when Basic credentials match.
  */
-function tokenServer(root: string, creds: { username: string; password: string }, counter: { n: number }) {
+function tokenServer(root: string, creds: { username: string; password: string }, counter: { n: number }, identityToken?: string) {
   const key = join(root, "token-key.pem");
   const cert = join(root, "token-cert.pem");
   run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert, "-days", "1", "-subj", "/CN=agentenv-test-token"]);
@@ -35,19 +35,28 @@ function tokenServer(root: string, creds: { username: string; password: string }
   const server = Bun.serve({
     hostname: "127.0.0.1",
     port: 0,
-    fetch(req) {
+    async fetch(req) {
       counter.n++;
       const u = new URL(req.url);
-      if (req.headers.get("authorization") !== "Basic " + Buffer.from(`${creds.username}:${creds.password}`).toString("base64")) return new Response("denied", { status: 401 });
-      const access = u.searchParams.getAll("scope").flatMap((x) => x.split(" ")).filter(Boolean).map((x) => {
+      // GET with Basic credentials (docker's token flow), or POST grant_type=refresh_token with an
+      // identity token (the OAuth2 flow Docker's identitytoken uses)
+      let params = u.searchParams;
+      let sub = creds.username;
+      if (req.method === "POST") {
+        params = new URLSearchParams(await req.text());
+        if (!identityToken || params.get("grant_type") !== "refresh_token" || params.get("refresh_token") !== identityToken) return new Response("denied", { status: 401 });
+        sub = "identity-token-user";
+      } else if (req.headers.get("authorization") !== "Basic " + Buffer.from(`${creds.username}:${creds.password}`).toString("base64")) return new Response("denied", { status: 401 });
+      const access = params.getAll("scope").flatMap((x) => x.split(" ")).filter(Boolean).map((x) => {
         const [type, name, actions] = x.split(":");
         return { type, name, actions: actions!.split(",") };
       });
       const now = Math.floor(Date.now() / 1000);
       const header = b64url(JSON.stringify({ alg: "RS256", typ: "JWT", x5c: [der] }));
-      const claims = b64url(JSON.stringify({ iss: "agentenv-test", sub: creds.username, aud: "agentenv-registry", exp: now + 300, nbf: now - 10, iat: now, jti: randomUUID(), access }));
+      const claims = b64url(JSON.stringify({ iss: "agentenv-test", sub, aud: "agentenv-registry", exp: now + 300, nbf: now - 10, iat: now, jti: randomUUID(), access }));
       const sig = b64url(sign("sha256", Buffer.from(`${header}.${claims}`), pk));
-      return Response.json({ token: `${header}.${claims}.${sig}`, expires_in: 300 });
+      const token = `${header}.${claims}.${sig}`;
+      return Response.json(req.method === "POST" ? { access_token: token, expires_in: 300 } : { token, expires_in: 300 });
     },
   });
   return { server, cert };
@@ -78,14 +87,28 @@ async function freePort(): Promise<number> {
  * htpasswd (bcrypt) basic auth, or with `token` behind token auth served by this process (not
  * with `netns`). `netns` runs it inside that network namespace (the node's).
  */
-export async function startRegistry(opts: { auth?: { username: string; password: string }; token?: boolean; netns?: string; port?: number } = {}): Promise<TestRegistry> {
+export async function startRegistry(
+  opts: {
+    auth?: { username: string; password: string };
+    token?: boolean;
+    /** With `token`: the identity token the token server also accepts (OAuth2 refresh_token grant). */
+    identityToken?: string;
+    netns?: string;
+    port?: number;
+    /** Address to listen on (default 127.0.0.1). */
+    addr?: string;
+    /** Serve TLS with this certificate and key (PEM files; `makeTestCa`). */
+    tls?: { cert: string; key: string };
+  } = {},
+): Promise<TestRegistry> {
   const root = mkdtempSync(join(tmpdir(), "aenv-registry-"));
   const port = opts.port ?? (await freePort());
+  const addr = opts.addr ?? "127.0.0.1";
   let auth = "";
   const counter = { n: 0 };
   let tokens: ReturnType<typeof tokenServer> | null = null;
   if (opts.auth && opts.token) {
-    tokens = tokenServer(root, opts.auth, counter);
+    tokens = tokenServer(root, opts.auth, counter, opts.identityToken);
     auth = `auth:\n  token:\n    realm: http://127.0.0.1:${tokens.server.port}/token\n    service: agentenv-registry\n    issuer: agentenv-test\n    rootcertbundle: ${tokens.cert}\n`;
   } else if (opts.auth) {
     const hash = await Bun.password.hash(opts.auth.password, { algorithm: "bcrypt", cost: 4 });
@@ -94,16 +117,17 @@ export async function startRegistry(opts: { auth?: { username: string; password:
   }
   writeFileSync(
     join(root, "config.yml"),
-    `version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n    rootdirectory: ${join(root, "data")}\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:${port}\n${auth}`,
+    `version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n    rootdirectory: ${join(root, "data")}\n  delete:\n    enabled: true\nhttp:\n  addr: ${addr}:${port}\n${opts.tls ? `  tls:\n    certificate: ${opts.tls.cert}\n    key: ${opts.tls.key}\n` : ""}${auth}`,
   );
   const cmd = ["docker-registry", "serve", join(root, "config.yml")];
   const proc = Bun.spawn(opts.netns ? ["ip", "netns", "exec", opts.netns, ...cmd] : cmd, { stdout: "ignore", stderr: "pipe" });
-  const host = `127.0.0.1:${port}`;
-  const probe = opts.netns ? ["ip", "netns", "exec", opts.netns, "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", `http://${host}/v2/`] : null;
+  const host = `${addr}:${port}`;
+  const scheme = opts.tls ? "https" : "http";
+  const probe = opts.netns ? ["ip", "netns", "exec", opts.netns, "curl", "-k", "-s", "-o", "/dev/null", "-w", "%{http_code}", `${scheme}://${host}/v2/`] : null;
   for (let i = 0; ; i++) {
     let up = false;
     if (probe) up = Bun.spawnSync(probe, { stdout: "pipe" }).stdout.toString() !== "000";
-    else up = await fetch(`http://${host}/v2/`).then(() => true, () => false);
+    else up = await fetch(`${scheme}://${host}/v2/`, { tls: { rejectUnauthorized: false } }).then(() => true, () => false);
     if (up) break;
     if (proc.exitCode !== null || i > 200) throw new Error(`docker-registry did not start: ${await new Response(proc.stderr).text()}`);
     await Bun.sleep(50);
@@ -236,4 +260,22 @@ export function debianTree(testHome: string): { dir: string; paths: string[] } {
   for (const p of require("node:fs").readdirSync(join(dir, "usr")) as string[]) if (!usrSkip.has(p)) paths.push(`./usr/${p}`);
   for (const p of require("node:fs").readdirSync(join(dir, "usr/share")) as string[]) if (!["doc", "man", "locale", "info", "i18n"].includes(p)) paths.push(`./usr/share/${p}`);
   return { dir, paths };
+}
+
+/**
+ * A throw-away CA (openssl) and a server certificate it signs for `ips` (IP subject alternative
+ * names), in `dir`: ca.pem, server.pem, server-key.pem.
+ */
+export function makeTestCa(dir: string, ips: string[]): { ca: string; cert: string; key: string } {
+  const ca = join(dir, "ca.pem");
+  const caKey = join(dir, "ca-key.pem");
+  const cert = join(dir, "server.pem");
+  const key = join(dir, "server-key.pem");
+  const csr = join(dir, "server.csr");
+  const ext = join(dir, "san.ext");
+  run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", caKey, "-out", ca, "-days", "1", "-subj", "/CN=agentenv test registry CA"]);
+  run(["openssl", "req", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", csr, "-subj", `/CN=${ips[0]}`]);
+  writeFileSync(ext, `subjectAltName=${ips.map((i) => `IP:${i}`).join(",")}\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n`);
+  run(["openssl", "x509", "-req", "-in", csr, "-CA", ca, "-CAkey", caKey, "-CAcreateserial", "-out", cert, "-days", "1", "-extfile", ext]);
+  return { ca, cert, key };
 }
