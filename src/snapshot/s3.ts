@@ -10,6 +10,7 @@
 import { closeSync, fsyncSync, openSync, rmSync, writeSync } from "node:fs";
 import { S3Client } from "bun";
 import { logger } from "../observability/log.ts";
+import { proxyFor, proxySettings, redactUrl } from "../util/proxy.ts";
 import type { S3Settings } from "./config.ts";
 import { SnapshotError } from "./errors.ts";
 import { digestHex, layersOf, parseManifest, SNAPSHOT_ID_RE, type LayerRef, type SnapshotManifest } from "./manifest.ts";
@@ -48,6 +49,10 @@ export class S3Repository {
       virtualHostedStyle: s.virtualHostedStyle,
       retry: s.retries,
     });
+    // Bun's S3 client has no proxy option: it reads HTTPS_PROXY / HTTP_PROXY / NO_PROXY from
+    // process.env at each request, which the node set up at start (src/node/outbound.ts)
+    const via = proxyFor(s.endpoint || `https://s3.${s.region}.amazonaws.com`, proxySettings({ proxy: "", noProxy: [] }));
+    if (via) log.info({ store: this.location, proxy: redactUrl(via) }, "snapshot store reached through a proxy");
   }
 
   /** Where the store is, for logs and errors (no credentials). */

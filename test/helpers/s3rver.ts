@@ -1,6 +1,6 @@
 /**
  * A real S3 server for tests: s3rver (npm, a devDependency) run by Bun as a child process on
- * 127.0.0.1 with a port the kernel picks, one bucket made at start, its data in a temp dir.
+ * 127.0.0.1 (or `addr`) with a port the kernel picks, one bucket made at start, its data in a temp dir.
  * `stop()` kills it by pid and removes the data. `netns` runs it inside a network namespace
  * (for a node started in one).
  */
@@ -21,11 +21,12 @@ export class S3rver {
     readonly dir: string,
     readonly port: number,
     readonly bucket: string,
+    readonly addr = "127.0.0.1",
   ) {}
 
-  /** http://127.0.0.1:port */
+  /** http://<addr>:port */
   get endpoint(): string {
-    return `http://127.0.0.1:${this.port}`;
+    return `http://${this.addr}:${this.port}`;
   }
 
   get pid(): number {
@@ -36,17 +37,19 @@ export class S3rver {
    * Start one and wait for its "listening" line (at most `startTimeoutMs`: a server that never
    * says it listens fails the test).
    */
-  static async start(opts: { bucket?: string; netns?: string; startTimeoutMs?: number } = {}): Promise<S3rver> {
+  static async start(opts: { bucket?: string; netns?: string; startTimeoutMs?: number; addr?: string } = {}): Promise<S3rver> {
     const bucket = opts.bucket ?? "snapshots";
+    const addr = opts.addr ?? "127.0.0.1";
+    const listening = new RegExp(`listening on ${addr.replace(/\./g, "\\.")}:(\\d+)`);
     const dir = mkdtempSync(join(tmpdir(), "s3rver-"));
-    const cmd = [process.execPath, BIN, "-d", dir, "-a", "127.0.0.1", "-p", "0", "--no-vhost-buckets", "--configure-bucket", bucket];
+    const cmd = [process.execPath, BIN, "-d", dir, "-a", addr, "-p", "0", "--no-vhost-buckets", "--configure-bucket", bucket];
     const proc = Bun.spawn(opts.netns ? ["nsenter", `--net=/run/netns/${opts.netns}`, "--", ...cmd] : cmd, { stdin: "ignore", stdout: "pipe", stderr: "pipe" });
     const reader = proc.stdout.getReader();
     let out = "";
     let timer: ReturnType<typeof setTimeout> | undefined;
     const timeout = new Promise<null>((r) => (timer = setTimeout(() => r(null), opts.startTimeoutMs ?? 30_000)));
     try {
-      while (!/listening on 127\.0\.0\.1:(\d+)/.test(out)) {
+      while (!listening.test(out)) {
         const r = await Promise.race([reader.read(), timeout]);
         if (!r || r.done) throw new Error(`s3rver did not start: ${out}${await new Response(proc.stderr).text().catch(() => "")}`);
         out += new TextDecoder().decode(r.value);
@@ -71,7 +74,7 @@ export class S3rver {
         // drain
       }
     })();
-    return new S3rver(proc, dir, Number(/listening on 127\.0\.0\.1:(\d+)/.exec(out)![1]), bucket);
+    return new S3rver(proc, dir, Number(listening.exec(out)![1]), bucket, addr);
   }
 
   /** Path of the file s3rver keeps an object's bytes in. */

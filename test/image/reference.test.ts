@@ -28,6 +28,9 @@ test("skopeo failures map to typed codes", () => {
   expect(c("writing blob: Digest did not match, expected sha256:1, got sha256:2")).toBe("image.digest_mismatch");
   expect(c("http: server gave HTTP response to HTTPS client")).toBe("image.tls");
   expect(c("dial tcp 127.0.0.1:1: connect: connection refused")).toBe("image.unreachable");
+  expect(c('Get "https://reg/v2/": Proxy Authentication Required')).toBe("image.unreachable");
+  expect(c("proxyconnect tcp: dial tcp 10.0.0.1:3128: connect: connection refused")).toBe("image.unreachable");
+  expect(classifySkopeo("r", "reg", 'time="x" level=fatal msg="reading manifest: \\"quoted\\" unauthorized: authentication required"', 1).message).toBe('registry reg refused access to r: reading manifest: "quoted" unauthorized: authentication required');
   expect(classifySkopeo("r", "reg", "something else", 1).code).toBe("image.pull_failed");
 });
 
