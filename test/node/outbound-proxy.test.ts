@@ -34,7 +34,7 @@ async function startProxy(port: number, auth?: string): Promise<{ lines: string[
   const proc = Bun.spawn(["ip", "netns", "exec", farNs, process.execPath, join(import.meta.dir, "../image/fixtures/connect-proxy.ts"), PROXY_IP, String(port), ...(auth ? [auth] : [])], { stdin: "ignore", stdout: "pipe", stderr: "pipe" });
   const p = { proc, lines: [] as string[] };
   proxies.push(p);
-  let ready: () => void;
+  let ready: () => void = () => {};
   const listening = new Promise<void>((r) => (ready = r));
   void (async () => {
     let buf = "";
