@@ -13,6 +13,8 @@ import {
 import { decodeHeaderTrailer, HT_SIZE, HTFlag } from "../storage/overlaybd/format.ts";
 import { openRoLayer } from "../storage/overlaybd/layer.ts";
 import { loadConfigOrExit } from "./config.ts";
+import { registryAccess, registrySettings } from "../image/index.ts";
+import { logger } from "../observability/log.ts";
 
 class UsageError extends Error {}
 
@@ -55,7 +57,12 @@ function guarded(name: string, body: (args: Record<string, any>) => Promise<void
 
 async function openForRead(target: string): Promise<LayeredImage> {
   if (!existsSync(target)) throw new UsageError(`no such file: ${target}`);
-  return target.endsWith(".json") ? openImageConfig(target, { remote: remoteOpener(loadConfigOrExit(), process.env.AENV_REGISTRY_AUTH_FILE) }) : openStack({ lowers: [target] });
+  if (!target.endsWith(".json")) return openStack({ lowers: [target] });
+  // remote lowers: the node's [image] settings (mirrors, proxy, CAs; credentials from
+  // $AENV_REGISTRY_AUTH_FILE, else [image] auth_file)
+  const cfg = loadConfigOrExit();
+  const registries = registrySettings(cfg, (m) => logger("image").warn(m));
+  return openImageConfig(target, { remote: remoteOpener(cfg, process.env.AENV_REGISTRY_AUTH_FILE || registries.authFile || undefined, registryAccess(registries)) });
 }
 
 const info = defineCommand({
@@ -94,7 +101,7 @@ const info = defineCommand({
 const cat = defineCommand({
   meta: { name: "cat", description: "write raw virtual bytes of a layer or a config.v1.json image to stdout" },
   args: {
-    file: { type: "positional", required: false, description: "layer blob or config.v1.json (remote lowers: credentials from $AENV_REGISTRY_AUTH_FILE, an auths JSON)" },
+    file: { type: "positional", required: false, description: "layer blob or config.v1.json (remote lowers: [image] mirrors, proxy, ca_path; credentials from $AENV_REGISTRY_AUTH_FILE or [image] auth_file, an auths JSON)" },
     offset: { type: "string", description: "start, bytes (default 0)" },
     length: { type: "string", description: "bytes to write (default: to the end)" },
   },

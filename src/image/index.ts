@@ -9,5 +9,6 @@ export { authFor, normalizeAuthKey, readAuthFile, redact, secretsOf, writeContai
 export { caFiles, endpointsFor, isInsecureHost, parseMirror, plainRegistrySettings, registrySettings, type Endpoint, type RegistrySettings } from "./settings.ts";
 export { classifySkopeo, srcFlags } from "./skopeo.ts";
 export { fetchImage, pullContext, type FetchRequest, type Fetched } from "./fetch.ts";
+export { blobCandidates, registryAccess } from "./blob-access.ts";
 export { GUEST_BITS_KEY, installGuestBits, pullImage, reapPullLeftovers, imageRecordLayer, type ImageRunConfig, type PulledImage, type PullOptions } from "./pull.ts";
 export { runTool, type ToolOptions, type ToolOutcome } from "./tool.ts";

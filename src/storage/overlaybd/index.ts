@@ -26,4 +26,4 @@ export { openImageConfig, parseImageConfig, type ImageConfig } from "./imageconf
 export { compressLayer } from "./compress.ts";
 export { BlockCache, type BlockCacheOptions, type CacheStats } from "./cache.ts";
 export { RegistryBlob, type RegistryOptions } from "./registry.ts";
-export { remoteOpener, findCredentials, type Credentials } from "./remote.ts";
+export { remoteOpener, findCredentials, type Credentials, type RemoteAccess } from "./remote.ts";

@@ -5,6 +5,7 @@
  * credentials; Basic: send credentials); a 3xx on the blob is remembered as the "actual URL"
  * and later range reads go there without auth. Size comes from `Content-Range`.
  */
+import { rootCertificates } from "node:tls";
 import type { Backend } from "./backend.ts";
 import { fail } from "./errors.ts";
 import { logger } from "../../observability/log.ts";
@@ -24,6 +25,12 @@ export interface RegistryOptions {
   tokenTtlMs?: number;
   /** How long a redirect target is reused (default 300000). */
   actualUrlTtlMs?: number;
+  /** OAuth2 refresh token (Docker's `identitytoken`) exchanged at a Bearer realm instead of Basic credentials. */
+  identityToken?: string;
+  /** Proxy of the requests (fetch's `proxy`: a URL, or false for none); default: Bun's reading of the environment. */
+  proxy?: string | false;
+  /** PEM CA certificates trusted for https:// (with the system's). */
+  ca?: string[];
 }
 
 /** Request counters. */
@@ -85,10 +92,17 @@ export class RegistryBlob implements Backend {
     return b;
   }
 
-  private async request(url: string, headers: Record<string, string>): Promise<Response> {
+  private async request(url: string, headers: Record<string, string>, init: { method?: string; body?: string } = {}): Promise<Response> {
     this.stats.requests++;
     try {
-      return await fetch(url, { headers, redirect: "manual", signal: AbortSignal.timeout(this.timeoutMs) });
+      return await fetch(url, {
+        ...init,
+        headers,
+        redirect: "manual",
+        signal: AbortSignal.timeout(this.timeoutMs),
+        ...(this.opts.proxy !== undefined ? { proxy: this.opts.proxy } : {}),
+        ...(this.opts.ca?.length ? { tls: { ca: [...rootCertificates, ...this.opts.ca] } } : {}),
+      } as RequestInit);
     } catch (e) {
       fail("registry_http", `request to ${url} failed: ${(e as Error).message}`, { file: this.url, url });
     }
@@ -113,10 +127,19 @@ export class RegistryBlob implements Backend {
     if (ch.params.service) u.searchParams.set("service", ch.params.service);
     if (ch.params.scope) u.searchParams.set("scope", ch.params.scope);
     const headers: Record<string, string> = {};
-    const b = this.basic();
-    if (b) headers.authorization = b;
     this.stats.tokenFetches++;
-    const r = await this.request(u.toString(), headers);
+    let r: Response;
+    if (this.opts.identityToken) {
+      // OAuth2 refresh-token grant (distribution's token spec, what Docker does with identitytoken)
+      const form = new URLSearchParams({ grant_type: "refresh_token", refresh_token: this.opts.identityToken, client_id: "agentenv" });
+      if (ch.params.service) form.set("service", ch.params.service);
+      if (ch.params.scope) form.set("scope", ch.params.scope);
+      r = await this.request(realm, { "content-type": "application/x-www-form-urlencoded" }, { method: "POST", body: form.toString() });
+    } else {
+      const b = this.basic();
+      if (b) headers.authorization = b;
+      r = await this.request(u.toString(), headers);
+    }
     if (r.status !== 200) fail("registry_auth", `token server ${u.origin} answered ${r.status}`, { file: this.url, status: r.status });
     const j = (await r.json()) as { token?: string; access_token?: string; expires_in?: number };
     const tok = j.token ?? j.access_token;

@@ -13,6 +13,7 @@ import { parseChallenge, RegistryBlob } from "../../../src/storage/overlaybd/reg
 import { HELLO, scratch, sha256 } from "./helpers.ts";
 
 const tmp = scratch();
+const IDENTITY_TOKEN = "idtok-overlaybd";
 const USER = "alice", PASS = "s3cret", SERVICE = "agentenv-registry", ISSUER = "agentenv-test", REPO = "test/hello";
 const blob = new Uint8Array(readFileSync(HELLO));
 const digest = "sha256:" + createHash("sha256").update(blob).digest("hex");
@@ -39,17 +40,22 @@ beforeAll(async () => {
   tokenServer = Bun.serve({
     hostname: "127.0.0.1",
     port: 0,
-    fetch(req) {
+    async fetch(req) {
       tokenRequests++;
       const u = new URL(req.url);
-      if (req.headers.get("authorization") !== "Basic " + Buffer.from(`${USER}:${PASS}`).toString("base64")) return new Response("denied", { status: 401 });
-      const access = u.searchParams.getAll("scope").flatMap((s) => s.split(" ")).filter(Boolean).map((s) => {
+      // Basic credentials on a GET, or an OAuth2 refresh-token grant (an identity token) on a POST
+      const form = req.method === "POST" ? new URLSearchParams(await req.text()) : null;
+      if (form ? form.get("grant_type") !== "refresh_token" || form.get("refresh_token") !== IDENTITY_TOKEN : req.headers.get("authorization") !== "Basic " + Buffer.from(`${USER}:${PASS}`).toString("base64")) {
+        return new Response("denied", { status: 401 });
+      }
+      const params = form ?? u.searchParams;
+      const access = params.getAll("scope").flatMap((s) => s.split(" ")).filter(Boolean).map((s) => {
         const [type, name, actions] = s.split(":");
         return { type, name, actions: actions!.split(",") };
       });
       const now = Math.floor(Date.now() / 1000);
       const header = b64url(JSON.stringify({ alg: "RS256", typ: "JWT", x5c: [der] }));
-      const claims = b64url(JSON.stringify({ iss: ISSUER, sub: USER, aud: u.searchParams.get("service"), exp: now + 300, nbf: now - 10, iat: now, jti: randomUUID(), access }));
+      const claims = b64url(JSON.stringify({ iss: ISSUER, sub: USER, aud: params.get("service"), exp: now + 300, nbf: now - 10, iat: now, jti: randomUUID(), access }));
       const sig = b64url(sign("sha256", Buffer.from(`${header}.${claims}`), pk));
       return Response.json({ token: `${header}.${claims}.${sig}`, expires_in: 300 });
     },
@@ -138,6 +144,18 @@ describe("registry blob over a real docker-registry with token auth", () => {
     expect(sha256(buf)).toBe("6747a26dcb4c5000cbda3c13f8ca26b0132048eb2df88fef59504e304f2938ed");
     await img.close();
   }, 60_000);
+});
+
+test("an identity token (Docker's identitytoken) is exchanged at the token server as an OAuth2 refresh token; a wrong one is refused", async () => {
+  const url = `${regUrl}/v2/${REPO}/blobs/${digest}`;
+  const before = tokenRequests;
+  const b = await RegistryBlob.open(url, { identityToken: IDENTITY_TOKEN });
+  expect(b.size).toBe(blob.length);
+  expect(tokenRequests).toBe(before + 1);
+  const head = new Uint8Array(512);
+  await b.pread(head, 0);
+  expect(head).toEqual(blob.subarray(0, 512));
+  await expect(RegistryBlob.open(url, { identityToken: "wrong" })).rejects.toMatchObject({ code: "overlaybd.registry_auth" });
 });
 
 describe("redirects and retries (loopback servers)", () => {
