@@ -1,5 +1,6 @@
 /** `agentenv deploy render`: print (or write) the Kubernetes manifests of a cluster. */
-import { writeFileSync } from "node:fs";
+import { readFileSync, writeFileSync } from "node:fs";
+import { loadConfig } from "../src/config/index.ts";
 import { defineCommand } from "citty";
 import { isIP } from "node:net";
 import { DEFAULT_RENDER, renderYaml } from "./render.ts";
@@ -21,6 +22,9 @@ export default defineCommand({
         namespace: { type: "string", default: DEFAULT_RENDER.namespace, description: "namespace" },
         image: { type: "string", default: DEFAULT_RENDER.image, description: "image with the agentenv binary (and QEMU)" },
         "gateway-replicas": { type: "string", default: String(DEFAULT_RENDER.gatewayReplicas), description: "gateway replicas" },
+        config: { type: "string", description: "node configuration file (TOML) for the ConfigMap every node reads, e.g. with [image] registry_mirrors, mirror_only, proxy (default: config/default.toml); checked before rendering" },
+        "registry-auth-secret": { type: "string", description: "Secret holding a Docker config.json (key config.json) of registry credentials, mounted into every node as [image] auth_file" },
+        "registry-ca-configmap": { type: "string", description: "ConfigMap of PEM CA certificates (*.crt / *.pem keys) for registries, mounted into every node as [image] ca_path" },
         "node-cidr": { type: "string", default: DEFAULT_RENDER.nodeCidrs.join(","), description: "comma-separated CIDRs of the node hosts: the only addresses besides the gateway Pods the scheduler's NetworkPolicy admits (narrow the default to your nodes' subnet)" },
       },
       run({ args }) {
@@ -35,7 +39,32 @@ export default defineCommand({
           console.error(`agentenv deploy render: --node-cidr must list CIDRs such as 10.1.0.0/24, got ${JSON.stringify(bad ?? args["node-cidr"])}`);
           process.exit(2);
         }
-        const yaml = renderYaml({ namespace: args.namespace, image: args.image, gatewayReplicas: replicas, nodeCidrs });
+        let configToml: string | undefined;
+        if (args.config) {
+          try {
+            configToml = readFileSync(args.config, "utf8");
+            loadConfig({ path: args.config, env: {} }); // a bad key fails here, not on every node
+          } catch (e) {
+            console.error(`agentenv deploy render: --config: ${(e as Error).message}`);
+            process.exit(2);
+          }
+        }
+        const name = /^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$/;
+        for (const flag of ["registry-auth-secret", "registry-ca-configmap"] as const) {
+          if (args[flag] !== undefined && !name.test(args[flag])) {
+            console.error(`agentenv deploy render: --${flag} must be a Kubernetes object name, got ${JSON.stringify(args[flag])}`);
+            process.exit(2);
+          }
+        }
+        const yaml = renderYaml({
+          namespace: args.namespace,
+          image: args.image,
+          gatewayReplicas: replicas,
+          nodeCidrs,
+          ...(configToml !== undefined ? { configToml } : {}),
+          ...(args["registry-auth-secret"] ? { registryAuthSecret: args["registry-auth-secret"] } : {}),
+          ...(args["registry-ca-configmap"] ? { registryCaConfigMap: args["registry-ca-configmap"] } : {}),
+        });
         if (args.out) writeFileSync(args.out, yaml);
         else process.stdout.write(yaml);
       },

@@ -6,12 +6,15 @@
  * RBAC to list/watch EndpointSlices) and the gateway (Deployment) with their Services; and a
  * ConfigMap holding config/default.toml verbatim, so node configuration stays single-sourced
  * (operators edit the ConfigMap; the environment below only wires the cluster together).
- * The API key comes from a Secret the operator creates (`agentenv-api-key`, key `key`).
+ * The API key comes from a Secret the operator creates (`agentenv-api-key`, key `key`). Registry
+ * settings (`[image]`: mirrors, proxy) travel in the ConfigMap (`--config`); registry credentials
+ * and CAs in a Secret and a ConfigMap the operator creates, mounted into every node.
  * The scheduler's gRPC port has no authentication, so a NetworkPolicy admits only the gateway
  * Pods (by label) and the node hosts: nodes run on the host network, where Pod selectors do not
  * apply (their traffic comes from the host's address), so they are admitted by the CIDRs of
  * `--node-cidr`.
  */
+import { createHash } from "node:crypto";
 import YAML from "yaml";
 import defaultToml from "../config/default.toml" with { type: "text" };
 
@@ -28,9 +31,22 @@ export interface RenderOptions {
    * narrow it to the nodes' subnet.
    */
   nodeCidrs: string[];
+  /** The ConfigMap's agentenv.toml, which every node reads (default: config/default.toml). */
+  configToml?: string;
+  /**
+   * Secret (key `config.json`: a Docker config.json of registry credentials) mounted into every
+   * node and named by `[image] auth_file`.
+   */
+  registryAuthSecret?: string;
+  /** ConfigMap of PEM CA certificates (keys ending in .crt or .pem) mounted into every node and named by `[image] ca_path`. */
+  registryCaConfigMap?: string;
 }
 
 export const DEFAULT_RENDER: RenderOptions = { namespace: "agentenv", image: "agentenv:latest", gatewayReplicas: 2, nodeCidrs: ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"] };
+
+/** Where the registry credentials and CAs are mounted in node Pods. */
+export const REGISTRY_AUTH_DIR = "/etc/agentenv/registry-auth";
+export const REGISTRY_CA_DIR = "/etc/agentenv/registry-ca";
 
 const NODE_PORT = 8000;
 const SCHEDULER_PORT = 9090;
@@ -50,11 +66,25 @@ const health = (port: number) => ({ httpGet: { path: "/health", port }, periodSe
 /** The manifests as plain objects, in apply order. */
 export function manifests(o: RenderOptions = DEFAULT_RENDER): Obj[] {
   const ns = o.namespace;
+  const toml = o.configToml ?? defaultToml;
+  // registry credentials and CAs ([image] auth_file, ca_path): the same mounts on every node
+  const registryEnv = [
+    ...(o.registryAuthSecret ? [{ name: "AENV__image__auth_file", value: `${REGISTRY_AUTH_DIR}/config.json` }] : []),
+    ...(o.registryCaConfigMap ? [{ name: "AENV__image__ca_path", value: REGISTRY_CA_DIR }] : []),
+  ];
+  const registryMounts = [
+    ...(o.registryAuthSecret ? [{ name: "registry-auth", mountPath: REGISTRY_AUTH_DIR, readOnly: true }] : []),
+    ...(o.registryCaConfigMap ? [{ name: "registry-ca", mountPath: REGISTRY_CA_DIR, readOnly: true }] : []),
+  ];
+  const registryVolumes = [
+    ...(o.registryAuthSecret ? [{ name: "registry-auth", secret: { secretName: o.registryAuthSecret, defaultMode: 0o400, items: [{ key: "config.json", path: "config.json" }] } }] : []),
+    ...(o.registryCaConfigMap ? [{ name: "registry-ca", configMap: { name: o.registryCaConfigMap } }] : []),
+  ];
   const meta = (name: string, component: string) => ({ name, namespace: ns, labels: labels(component) });
   const schedulerAddr = `agentenv-scheduler.${ns}.svc:${SCHEDULER_PORT}`;
   return [
     { apiVersion: "v1", kind: "Namespace", metadata: { name: ns, labels: { "app.kubernetes.io/name": "agentenv" } } },
-    { apiVersion: "v1", kind: "ConfigMap", metadata: meta("agentenv-config", "config"), data: { [CONFIG_FILE]: defaultToml } },
+    { apiVersion: "v1", kind: "ConfigMap", metadata: meta("agentenv-config", "config"), data: { [CONFIG_FILE]: toml } },
     { apiVersion: "v1", kind: "ServiceAccount", metadata: meta("agentenv-scheduler", "scheduler") },
     {
       apiVersion: "rbac.authorization.k8s.io/v1",
@@ -77,7 +107,8 @@ export function manifests(o: RenderOptions = DEFAULT_RENDER): Obj[] {
         selector: { matchLabels: labels("node") },
         updateStrategy: { type: "RollingUpdate", rollingUpdate: { maxUnavailable: 1 } },
         template: {
-          metadata: { labels: labels("node") },
+          // a changed configuration rolls every node onto it (one set of settings per cluster)
+          metadata: { labels: labels("node"), annotations: { "agentenv.io/config-sha256": createHash("sha256").update(toml).digest("hex") } },
           spec: {
             hostNetwork: true,
             dnsPolicy: "ClusterFirstWithHostNet",
@@ -98,6 +129,7 @@ export function manifests(o: RenderOptions = DEFAULT_RENDER): Obj[] {
                   { name: "AENV_NODE_ID", valueFrom: { fieldRef: { fieldPath: "metadata.name" } } },
                   { name: "AENV_OBSERVABILITY_SCHEDULER_REPORT_ENABLED", value: "true" },
                   { name: "AENV_OBSERVABILITY_SCHEDULER_ENDPOINT", value: schedulerAddr },
+                  ...registryEnv,
                 ],
                 readinessProbe: health(NODE_PORT),
                 volumeMounts: [
@@ -107,6 +139,7 @@ export function manifests(o: RenderOptions = DEFAULT_RENDER): Obj[] {
                   { name: "kvm", mountPath: "/dev/kvm" },
                   { name: "fuse", mountPath: "/dev/fuse" },
                   { name: "netns", mountPath: "/run/netns", mountPropagation: "Bidirectional" },
+                  ...registryMounts,
                 ],
               },
             ],
@@ -117,6 +150,7 @@ export function manifests(o: RenderOptions = DEFAULT_RENDER): Obj[] {
               { name: "kvm", hostPath: { path: "/dev/kvm", type: "CharDevice" } },
               { name: "fuse", hostPath: { path: "/dev/fuse", type: "CharDevice" } },
               { name: "netns", hostPath: { path: "/run/netns", type: "DirectoryOrCreate" } },
+              ...registryVolumes,
             ],
           },
         },

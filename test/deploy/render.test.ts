@@ -140,3 +140,54 @@ test("options: namespace and image; a bad replica count is refused", () => {
   expect(r.exitCode).toBe(2);
   expect(r.stderr.toString()).toContain("--gateway-replicas must be a positive integer");
 });
+
+test("registry settings reach every node: --config becomes the ConfigMap ([image] mirrors, proxy), credentials and CAs are mounted and named by [image]; a bad config is refused", () => {
+  const dir = require("node:fs").mkdtempSync(`/tmp/aenv-render-`);
+  try {
+    const file = join(dir, "node.toml");
+    const toml = '[image]\nmirror_only = ["docker.io"]\nproxy = "http://proxy.corp:3128"\nno_proxy = [".corp"]\n\n[image.registry_mirrors]\n"docker.io" = ["harbor.corp/dockerhub-proxy", "10.0.0.5:5000"]\n';
+    require("node:fs").writeFileSync(file, toml);
+    const d = render(["--config", file, "--registry-auth-secret", "registry-creds", "--registry-ca-configmap", "corp-ca"]);
+    const cm = d.find((x) => x.kind === "ConfigMap");
+    expect(cm.data["agentenv.toml"]).toBe(toml);
+    const ds = d.find((x) => x.kind === "DaemonSet").spec.template;
+    const c = ds.spec.containers[0];
+    const env = Object.fromEntries(c.env.filter((e: any) => typeof e.value === "string" && e.name !== "AENV_CONFIG_PATH").map((e: any) => [e.name, e.value]));
+    expect(env.AENV__image__auth_file).toBe("/etc/agentenv/registry-auth/config.json");
+    expect(env.AENV__image__ca_path).toBe("/etc/agentenv/registry-ca");
+    expect(c.volumeMounts.filter((m: any) => m.name.startsWith("registry-"))).toEqual([
+      { name: "registry-auth", mountPath: "/etc/agentenv/registry-auth", readOnly: true },
+      { name: "registry-ca", mountPath: "/etc/agentenv/registry-ca", readOnly: true },
+    ]);
+    expect(ds.spec.volumes.filter((v: any) => v.name.startsWith("registry-"))).toEqual([
+      { name: "registry-auth", secret: { secretName: "registry-creds", defaultMode: 0o400, items: [{ key: "config.json", path: "config.json" }] } },
+      { name: "registry-ca", configMap: { name: "corp-ca" } },
+    ]);
+    // what a node loads: the ConfigMap's file and the DaemonSet's environment
+    const cmPath = join(dir, "cm.toml");
+    require("node:fs").writeFileSync(cmPath, cm.data["agentenv.toml"]);
+    const cfg = loadConfig({ path: cmPath, env });
+    expect(cfg.image.registry_mirrors).toEqual({ "docker.io": ["harbor.corp/dockerhub-proxy", "10.0.0.5:5000"] });
+    expect(cfg.image.mirror_only).toEqual(["docker.io"]);
+    expect(cfg.image.proxy).toBe("http://proxy.corp:3128");
+    expect(cfg.image.auth_file).toBe("/etc/agentenv/registry-auth/config.json");
+    // a changed configuration changes the Pod template (the DaemonSet rolls every node)
+    const sum = ds.metadata.annotations["agentenv.io/config-sha256"];
+    expect(sum).toBe(require("node:crypto").createHash("sha256").update(toml).digest("hex"));
+    expect(one("DaemonSet", "agentenv-node").spec.template.metadata.annotations["agentenv.io/config-sha256"]).not.toBe(sum);
+    // the defaults mount nothing extra
+    expect(one("DaemonSet", "agentenv-node").spec.template.spec.volumes.some((v: any) => v.name.startsWith("registry-"))).toBe(false);
+    // refused: an unknown key, a bad value, a bad object name
+    for (const [text, msg] of [["[image]\nmirrors = 1\n", "unknown key image.mirrors"], ['[image]\nmirror_only = "docker.io"\n', "expected a list of strings"]] as const) {
+      require("node:fs").writeFileSync(file, text);
+      const r = Bun.spawnSync([process.execPath, join(ROOT, "src/cli/main.ts"), "deploy", "render", "--config", file], { stderr: "pipe" });
+      expect(r.exitCode).toBe(2);
+      expect(r.stderr.toString()).toContain(msg);
+    }
+    const r = Bun.spawnSync([process.execPath, join(ROOT, "src/cli/main.ts"), "deploy", "render", "--registry-auth-secret", "Bad_Name"], { stderr: "pipe" });
+    expect(r.exitCode).toBe(2);
+    expect(r.stderr.toString()).toContain("--registry-auth-secret must be a Kubernetes object name");
+  } finally {
+    require("node:fs").rmSync(dir, { recursive: true, force: true });
+  }
+});
