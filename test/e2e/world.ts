@@ -47,6 +47,8 @@ export class NodeWorld {
   apiKey = "";
   node?: Subprocess<"ignore", "pipe", "pipe">;
   private nodeErr = "";
+  /** Everything the node wrote to stderr (its pino log), every start of it. */
+  private nodeErrAll = "";
 
   constructor() {
     const tag = Math.random().toString(36).slice(2, 6).replace(/[^a-z0-9]/g, "a");
@@ -96,7 +98,11 @@ export class NodeWorld {
     this.node = p;
     this.nodeErr = "";
     void (async () => {
-      for await (const c of p.stderr) this.nodeErr = (this.nodeErr + new TextDecoder().decode(c)).slice(-20_000);
+      for await (const c of p.stderr) {
+        const text = new TextDecoder().decode(c);
+        this.nodeErr = (this.nodeErr + text).slice(-20_000);
+        this.nodeErrAll += text;
+      }
     })();
     const reader = p.stdout.getReader();
     let out = "";
@@ -114,6 +120,11 @@ export class NodeWorld {
     })();
     this.apiKey = /API key \(\w+\): (\S+)/.exec(out)![1]!;
     if (!out.includes(`listening on ${this.url}`)) throw new Error(`unexpected banner: ${out}`);
+  }
+
+  /** The node's whole stderr since the world was made (its log lines; for assertions over all of them). */
+  get fullLog(): string {
+    return this.nodeErrAll;
   }
 
   /** The node's stderr so far (for failure messages). */
