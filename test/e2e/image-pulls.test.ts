@@ -7,12 +7,14 @@
  * docker.io mirror-only; and a private docker-registry behind TLS (a test CA, `[image] ca_path`)
  * and htpasswd (`[image] auth_file`, a Docker config.json) on a non-loopback address. The
  * unmodified e2b SDK (./fixtures/image-pulls.ts) builds `fromImage('ubuntu:22.04')` and runs a
- * sandbox of it, builds from the private registry, and fails clearly with a wrong password;
+ * sandbox of it, builds from the private registry, and fails clearly with a wrong password and
+ * with a pinned digest a mirror (../image/fixtures/lying-mirror.ts) answers with another manifest;
  * no password shows in the node's log (debug level), the build logs or the node's data directory.
  */
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { copyFileSync, mkdirSync, mkdtempSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
+import type { Subprocess } from "bun";
 import { join } from "node:path";
 import { makeTestCa, pushImage, startRegistry, type TestRegistry } from "../image/registry.ts";
 import { logLines, nodeForFile } from "./world.ts";
@@ -29,7 +31,9 @@ const node = nodeForFile({
   AENV_LOG_LEVEL: "debug",
   // the dead mirror first: every docker.io pull falls through it
   "AENV__image__registry_mirrors__docker.io": "127.0.0.1:5001,127.0.0.1:5000",
-  AENV__image__mirror_only: "docker.io",
+  // registry.example's only mirror answers ubuntu's pinned digest with another image's manifest
+  "AENV__image__registry_mirrors__registry.example": "127.0.0.1:5002",
+  AENV__image__mirror_only: "docker.io,registry.example",
   AENV__image__ca_path: ca.ca,
   AENV__image__auth_file: authFile,
   // builds end in disk layers (no build VM for step-less builds); the sandbox cold-boots once
@@ -38,6 +42,9 @@ const node = nodeForFile({
 });
 let mirror: TestRegistry | undefined;
 let priv: TestRegistry | undefined;
+let liar: Subprocess<"ignore", "pipe", "inherit"> | undefined;
+let ubuntuDigest = "";
+let otherDigest = "";
 
 beforeAll(async () => {
   const world = node();
@@ -53,20 +60,37 @@ beforeAll(async () => {
   writeFileSync(join(bb, "etc", "passwd"), "root:x:0:0:root:/root:/bin/sh\n");
   writeFileSync(join(bb, "etc", "group"), "root:x:0:\n");
   writeFileSync(join(bb, "etc", "os-release"), 'NAME="Ubuntu"\nVERSION_ID="22.04"\nID=ubuntu\n');
-  rmSync((await pushImage(mirror.host, "library/ubuntu:22.04", [{ dir: bb, compression: "gzip" }], {}, undefined, world.ns)).dir, { recursive: true, force: true });
+  const ubuntu = await pushImage(mirror.host, "library/ubuntu:22.04", [{ dir: bb, compression: "gzip" }], {}, undefined, world.ns);
+  rmSync(ubuntu.dir, { recursive: true, force: true });
+  ubuntuDigest = ubuntu.digest;
+  writeFileSync(join(bb, "etc", "os-release"), 'NAME="not what was pinned"\n');
+  const other = await pushImage(mirror.host, "library/ubuntu:other", [{ dir: bb, compression: "gzip" }], {}, undefined, world.ns);
+  rmSync(other.dir, { recursive: true, force: true });
+  otherDigest = other.digest;
+  liar = Bun.spawn(["nsenter", `--net=/run/netns/${world.ns}`, "--", process.execPath, join(import.meta.dir, "../image/fixtures/lying-mirror.ts"), "5002", mirror.host, `/v2/library/ubuntu/manifests/${ubuntuDigest}`, "/v2/library/ubuntu/manifests/other"], { stdin: "ignore", stdout: "pipe", stderr: "inherit" });
+  const reader = liar.stdout.getReader();
+  let said = "";
+  while (!said.includes("listening")) {
+    const r = await reader.read();
+    if (r.done) throw new Error("the lying mirror did not start");
+    said += new TextDecoder().decode(r.value);
+  }
+  reader.releaseLock();
   rmSync((await pushImage(priv.host, "private/app:v1", [{ dir: bb, compression: "gzip" }], {}, creds, world.ns)).dir, { recursive: true, force: true });
 }, 180_000);
 
 afterAll(async () => {
+  liar?.kill("SIGKILL");
+  await liar?.exited;
   await mirror?.stop();
   await priv?.stop();
   rmSync(work, { recursive: true, force: true });
 });
 
-test("e2b SDK: fromImage('ubuntu:22.04') through the docker.io mirror (a dead one first) builds and runs; a private TLS registry with the node's CA and auth file; a wrong password is a clear BuildError; no password anywhere", async () => {
+test("e2b SDK: fromImage('ubuntu:22.04') through the docker.io mirror (a dead one first) builds and runs; a private TLS registry with the node's CA and auth file; a wrong password and a lying mirror are clear BuildErrors; no password anywhere", async () => {
   const world = node();
   const privRef = `${PRIV}:5443/private/app:v1`;
-  const o = await world.client("image-pulls.ts", [privRef, creds.username, WRONG], 900_000);
+  const o = await world.client("image-pulls.ts", [privRef, creds.username, WRONG, `registry.example/library/ubuntu@${ubuntuDigest}`], 900_000);
   // ubuntu:22.04 came from the mirror, after the dead one was named and skipped
   const ubuntuLogs = o.ubuntuLogs as string[];
   expect(ubuntuLogs).toContain("[base] FROM ubuntu:22.04");
@@ -83,6 +107,10 @@ test("e2b SDK: fromImage('ubuntu:22.04') through the docker.io mirror (a dead on
   expect(o.wrong.name).toBe("BuildError");
   expect(o.wrong.message).toContain(`base image ${privRef}: registry ${PRIV}:5443 refused access to ${privRef}: `);
   expect(o.wrong.message).toContain("unauthorized: authentication required");
+  // a mirror serving another manifest for a pinned digest: the build fails naming both digests
+  expect(otherDigest).not.toBe(ubuntuDigest);
+  expect(o.pinned.name).toBe("BuildError");
+  expect(o.pinned.message).toContain(`mirror 127.0.0.1:5002 served a manifest with digest ${otherDigest} for registry.example/library/ubuntu@${ubuntuDigest}, which pins ${ubuntuDigest}`);
   // no password, nor its Basic form, in the node's log, the build logs, the SDK's answers or the data directory
   const secrets = [creds.password, WRONG, Buffer.from(`${creds.username}:${creds.password}`).toString("base64"), Buffer.from(`${creds.username}:${WRONG}`).toString("base64")];
   const seen = world.fullLog + JSON.stringify(o);
