@@ -68,9 +68,23 @@ export function checkBuildSpec(body: Record<string, unknown>, defaultTemplate: s
   const reg = body.fromImageRegistry as Record<string, unknown> | undefined | null;
   if (reg !== undefined && reg !== null) {
     if (typeof reg !== "object" || Array.isArray(reg)) bad("fromImageRegistry must be an object", { field: "fromImageRegistry" });
-    if (reg.type !== "registry") bad(`fromImageRegistry type ${JSON.stringify(reg.type)} is not supported (only "registry": username + password)`, { field: "fromImageRegistry.type" });
-    if (typeof reg.username !== "string" || typeof reg.password !== "string") bad("fromImageRegistry needs username and password strings", { field: "fromImageRegistry" });
-    credentials = { username: reg.username, password: reg.password };
+    if (reg.type === "gcp") {
+      // fromGCPRegistry: a service account key, which Google's registries take as the password
+      // of the user `_json_key` (Artifact Registry / GCR "JSON key file" authentication)
+      const key = reg.serviceAccountJson;
+      let parsed: unknown = null;
+      try {
+        parsed = typeof key === "string" ? JSON.parse(key) : null;
+      } catch {
+        // reported below without quoting the key
+      }
+      if (typeof parsed !== "object" || parsed === null || Array.isArray(parsed)) bad("fromImageRegistry of type gcp needs serviceAccountJson, a service account key (JSON object)", { field: "fromImageRegistry.serviceAccountJson" });
+      credentials = { username: "_json_key", password: key as string };
+    } else {
+      if (reg.type !== "registry") bad(`fromImageRegistry type ${JSON.stringify(reg.type)} is not supported ("registry": username + password; "gcp": serviceAccountJson)`, { field: "fromImageRegistry.type" });
+      if (typeof reg.username !== "string" || typeof reg.password !== "string") bad("fromImageRegistry needs username and password strings", { field: "fromImageRegistry" });
+      credentials = { username: reg.username, password: reg.password };
+    }
   }
   const rawSteps = body.steps ?? [];
   if (!Array.isArray(rawSteps)) bad("steps must be an array", { field: "steps" });

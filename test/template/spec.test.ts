@@ -25,9 +25,16 @@ test("checkBuildSpec: defaults, e2bdev/base → the default template, credential
     [{ steps: [{ type: "RUN", args: [1] }] }, "steps[0].args"],
     [{ steps: [{ type: "COPY", args: ["a", "b"], filesHash: "XYZ" }] }, "filesHash"],
     [{ fromImageRegistry: { type: "aws" } }, "not supported"],
+    [{ fromImageRegistry: { type: "gcp", serviceAccountJson: '{"private_key": "sekrit' } }, "a service account key (JSON object)"],
+    [{ fromImageRegistry: { type: "gcp" } }, "a service account key (JSON object)"],
     [{ force: "yes" }, "force must be a boolean"],
   ];
   for (const [body, msg] of bad) expect(() => checkBuildSpec(body, "base")).toThrow(msg);
+  // a broken key is refused without quoting it
+  expect(() => checkBuildSpec({ fromImageRegistry: { type: "gcp", serviceAccountJson: '{"private_key": "sekrit' } }, "base")).not.toThrow("sekrit");
+  // fromGCPRegistry: the key as the password of `_json_key`
+  const key = JSON.stringify({ type: "service_account", private_key: "k" });
+  expect(checkBuildSpec({ fromImage: "europe-docker.pkg.dev/p/r/i:1", fromImageRegistry: { type: "gcp", serviceAccountJson: key } }, "base").credentials).toEqual({ username: "_json_key", password: key });
 });
 
 test("step keys chain: same prefix same key, any change in type, args, files or base changes it", () => {
