@@ -77,10 +77,11 @@ export function classifySkopeo(ref: string, registry: string, err: string, code:
   if (/no image found in manifest list|choosing image instance/i.test(err)) return new ImageError("image.no_platform", `image ${ref} has no linux/amd64 entry: ${tailMsg}`, d);
   // the proxy's refusal (407) or failure, before the registry's own auth failures it reads like
   if (/proxyconnect|Proxy Authentication Required/i.test(err)) return new ImageError("image.unreachable", `registry ${registry} unreachable through the proxy: ${tailMsg}`, d);
-  if (/unauthorized|authentication required|denied|401|403|invalid username\/password/i.test(err)) return new ImageError("image.auth", `registry ${registry} refused access to ${ref}: ${tailMsg}`, d);
   if (/http: server gave HTTP response to HTTPS client|x509|tls:|certificate/i.test(err)) {
     return new ImageError("image.tls", `registry ${registry} does not speak verified TLS (add its CA with [image] ca_path, or list it in [image] insecure_registries to allow plain HTTP): ${tailMsg}`, d);
   }
+  // status codes as words: a port such as :40312 is not a 403
+  if (/unauthorized|authentication required|denied|\b40[13]\b|invalid username\/password/i.test(err)) return new ImageError("image.auth", `registry ${registry} refused access to ${ref}: ${tailMsg}`, d);
   if (/connection refused|no such host|i\/o timeout|network is unreachable|dial tcp/i.test(err)) return new ImageError("image.unreachable", `registry ${registry} unreachable: ${tailMsg}`, d);
   return new ImageError("image.pull_failed", `pulling ${ref} failed: ${tailMsg}`, d);
 }

@@ -25,6 +25,10 @@ test("skopeo failures map to typed codes", () => {
   const c = (err: string) => classifySkopeo("r", "reg", err, 1).code;
   expect(c("reading manifest v1 in reg/r: manifest unknown: manifest unknown")).toBe("image.not_found");
   expect(c("unauthorized: authentication required")).toBe("image.auth");
+  expect(c("invalid status code from registry 403 (Forbidden)")).toBe("image.auth");
+  // a port holding 401 / 403 is no status code
+  expect(c('pinging container registry 10.0.0.1:40312: Get "https://10.0.0.1:40312/v2/": x509: certificate signed by unknown authority')).toBe("image.tls");
+  expect(c("dial tcp 10.0.0.1:40113: connect: connection refused")).toBe("image.unreachable");
   expect(c("writing blob: Digest did not match, expected sha256:1, got sha256:2")).toBe("image.digest_mismatch");
   expect(c("http: server gave HTTP response to HTTPS client")).toBe("image.tls");
   expect(c("dial tcp 127.0.0.1:1: connect: connection refused")).toBe("image.unreachable");
