@@ -135,3 +135,25 @@ test("the S3 snapshot store through the proxy the node sets up (HTTP_PROXY for a
   expect(direct.ok).toBe(false);
   expect(direct.code).toBe("snapshot.remote_failed");
 }, 120_000);
+
+test("nodeProxy: loopback, the sandbox networks and the scheduler are always direct; a bad proxy is a ConfigError that hides its password", async () => {
+  const { loadConfig } = await import("../../src/config/index.ts");
+  const { nodeProxy } = await import("../../src/node/outbound.ts");
+  const { proxyFor } = await import("../../src/util/proxy.ts");
+  const cfg = loadConfig({ env: {}, tree: { image: { proxy: "http://proxy.corp:3128" }, cluster: { scheduler_endpoint: "agentenv-scheduler.agentenv.svc:9090" } } });
+  const s = nodeProxy(cfg, {});
+  expect(s.noProxy).toEqual(["localhost", "127.0.0.0/8", "::1", "10.11.0.0/16", "10.12.0.0/16", "agentenv-scheduler.agentenv.svc"]);
+  expect(proxyFor("http://10.11.0.7:49983/health", s)).toBeNull(); // envd in a sandbox
+  expect(proxyFor("http://agentenv-scheduler.agentenv.svc:9090/", s)).toBeNull();
+  expect(proxyFor("https://registry-1.docker.io/v2/", s)).toBe("http://proxy.corp:3128");
+  // from the environment when [image] proxy is empty
+  expect(nodeProxy(loadConfig({ env: {} }), { https_proxy: "http://envproxy:8080" }).httpsProxy).toBe("http://envproxy:8080");
+  let err: unknown;
+  try {
+    nodeProxy(loadConfig({ env: {}, tree: { image: { proxy: "socks5://u:hunter2@p:1080" } } }), {});
+  } catch (e) {
+    err = e;
+  }
+  expect(err).toMatchObject({ code: "config.bad_value", details: { key: "image.proxy", value: "socks5://u:***@p:1080" } });
+  expect((err as Error).message).not.toContain("hunter2");
+});
