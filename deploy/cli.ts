@@ -1,6 +1,7 @@
 /** `agentenv deploy render`: print (or write) the Kubernetes manifests of a cluster. */
 import { readFileSync, writeFileSync } from "node:fs";
 import { loadConfig } from "../src/config/index.ts";
+import { errorMessage } from "../src/util/error.ts";
 import { defineCommand } from "citty";
 import { isIP } from "node:net";
 import { DEFAULT_RENDER, renderYaml } from "./render.ts";
@@ -45,7 +46,7 @@ export default defineCommand({
             configToml = readFileSync(args.config, "utf8");
             loadConfig({ path: args.config, env: {} }); // a bad key fails here, not on every node
           } catch (e) {
-            console.error(`agentenv deploy render: --config: ${(e as Error).message}`);
+            console.error(`agentenv deploy render: --config: ${errorMessage(e)}`);
             process.exit(2);
           }
         }

@@ -12,6 +12,7 @@
 import { existsSync, readdirSync, statSync } from "node:fs";
 import { join } from "node:path";
 import type { Config } from "../config/index.ts";
+import { errorMessage } from "../util/error.ts";
 import { proxySettings, type ProxySettings } from "../util/proxy.ts";
 import { ImageError } from "./errors.ts";
 import { canonicalRegistry, isLoopbackRegistry, type ImageRef } from "./reference.ts";
@@ -88,7 +89,7 @@ export function registrySettings(cfg: Config, warn: (msg: string) => void = () =
     try {
       p = proxySettings({ proxy: img.proxy, noProxy: img.no_proxy });
     } catch (e) {
-      bad("proxy", (e as Error).message);
+      bad("proxy", errorMessage(e));
     }
   }
   return { mirrors, mirrorOnly, insecure, caPath: img.ca_path, authFile: img.auth_file, proxy: p! };

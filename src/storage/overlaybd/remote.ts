@@ -12,6 +12,7 @@ import { fail } from "./errors.ts";
 import type { RemoteOpener } from "./imageconfig.ts";
 import { RegistryBlob, type RegistryOptions } from "./registry.ts";
 import { logger } from "../../observability/log.ts";
+import { errorMessage } from "../../util/error.ts";
 
 const log = logger("overlaybd");
 
@@ -77,7 +78,7 @@ export function remoteOpener(cfg: Config, credFile?: string, access?: RemoteAcce
       doc = JSON.parse(readFileSync(credFile, "utf8"));
     } catch (e) {
       // a JSON parse error quotes the text near the fault (credentials): only name the kind of fault
-      fail("bad_credentials", `cannot read credentials: ${e instanceof SyntaxError ? `${credFile} is not valid JSON` : (e as Error).message}`, { file: credFile });
+      fail("bad_credentials", `cannot read credentials: ${e instanceof SyntaxError ? `${credFile} is not valid JSON` : errorMessage(e)}`, { file: credFile });
     }
   }
   return async (url: string, size: number | undefined): Promise<Backend> => {
@@ -97,7 +98,7 @@ export function remoteOpener(cfg: Config, credFile?: string, access?: RemoteAcce
         return new BlockCache(blob, { blockSize: cfg.overlaybd.cache_block_size, capacityBytes: cfg.overlaybd.cache_size_bytes });
       } catch (e) {
         last = e;
-        if (i + 1 < candidates.length) log.warn({ url: u, next: candidates[i + 1], err: (e as Error).message }, "registry blob endpoint failed, trying the next");
+        if (i + 1 < candidates.length) log.warn({ url: u, next: candidates[i + 1], err: errorMessage(e) }, "registry blob endpoint failed, trying the next");
       }
     }
     throw last;
