@@ -72,7 +72,7 @@ function skopeoMessage(line: string): string {
 export function classifySkopeo(ref: string, registry: string, err: string, code: number): ImageError {
   const d = { ref, registry, stderr: err.slice(-1500) };
   const tailMsg = skopeoMessage(err.split("\n").filter(Boolean).pop() ?? `exit ${code}`);
-  if (/digest did not match|digest mismatch|Digest mismatch|computed digest|does not match digest/i.test(err)) return new ImageError("image.digest_mismatch", `a blob of ${ref} does not match its digest: ${tailMsg}`, d);
+  if (/digest did not match|digest mismatch|Digest mismatch|computed digest|does not match digest|does not match provided manifest digest/i.test(err)) return new ImageError("image.digest_mismatch", `a blob of ${ref} does not match its digest: ${tailMsg}`, d);
   if (/manifest unknown|name unknown|not found|NAME_UNKNOWN|MANIFEST_UNKNOWN/i.test(err)) return new ImageError("image.not_found", `image ${ref} not found: ${tailMsg}`, d);
   if (/no image found in manifest list|choosing image instance/i.test(err)) return new ImageError("image.no_platform", `image ${ref} has no linux/amd64 entry: ${tailMsg}`, d);
   // the proxy's refusal (407) or failure, before the registry's own auth failures it reads like

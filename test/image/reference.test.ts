@@ -31,6 +31,8 @@ test("skopeo failures map to typed codes", () => {
   expect(c("dial tcp 10.0.0.1:40113: connect: connection refused")).toBe("image.unreachable");
   expect(c("writing blob: Digest did not match, expected sha256:1, got sha256:2")).toBe("image.digest_mismatch");
   expect(c("http: server gave HTTP response to HTTPS client")).toBe("image.tls");
+  // skopeo copy by digest when the endpoint serves another manifest the second time
+  expect(c('determining manifest MIME type for docker://m/x@sha256:c8: Manifest does not match provided manifest digest sha256:c8')).toBe("image.digest_mismatch");
   expect(c("dial tcp 127.0.0.1:1: connect: connection refused")).toBe("image.unreachable");
   expect(c('Get "https://reg/v2/": Proxy Authentication Required')).toBe("image.unreachable");
   expect(c("proxyconnect tcp: dial tcp 10.0.0.1:3128: connect: connection refused")).toBe("image.unreachable");
