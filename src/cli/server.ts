@@ -5,6 +5,7 @@
  */
 import { defineCommand } from "citty";
 import { loadConfigOrExit } from "./config.ts";
+import { ConfigError } from "../config/index.ts";
 import { bootNode, NodeError } from "../node/index.ts";
 import { runUntilStopped } from "./until-stopped.ts";
 
@@ -24,6 +25,11 @@ export default defineCommand({
       // another node owns this runtime path / prefix, or the address is taken: one clear line
       if (e instanceof NodeError) {
         console.error(`agentenv server: ${e.message}`);
+        process.exit(1);
+      }
+      // settings that load but cannot be used ([image] ca_path missing, ...): one line, as load errors
+      if (e instanceof ConfigError) {
+        console.error(`agentenv: ${e.message}`);
         process.exit(1);
       }
       throw e;

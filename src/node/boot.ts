@@ -21,7 +21,7 @@ import { buildCommit, nodeId } from "../api/node.ts";
 import { SandboxProxy } from "../api/proxy.ts";
 import { parseAddr, serve, type ServeOptions } from "../api/server.ts";
 import { handleUpload } from "../api/routes/templates.ts";
-import { createTemplateService, sandboxLayers } from "./templates.ts";
+import { createTemplateService, nodeRegistries, sandboxLayers } from "./templates.ts";
 import { setUpOutboundProxy } from "./outbound.ts";
 import { redactUrl } from "../util/proxy.ts";
 import type { TemplateService } from "../template/index.ts";
@@ -84,7 +84,8 @@ function proxyTls(cfg: Config): { cert: string; key: string } | null {
 
 /**
  * Start a node from `cfg`.
- * @throws NodeError `node.already_running` when another live node holds this runtime path or network
+ * @throws ConfigError for `[image]` settings that cannot be used (before anything is touched);
+ *   NodeError `node.already_running` when another live node holds this runtime path or network
  *   prefix (nothing is reaped then), `node.listen_failed` when the address is taken;
  *   ConfigError / OrchestratorError / DbError / VmmError / NetError for bad config, unusable
  *   data dir, host networking or failed reconciliation.
@@ -97,8 +98,10 @@ export async function bootNode(cfg: Config, makeRuntime: RuntimeFactory = create
   const { hostname, port } = parseAddr(cfg.api.addr);
   const reporting = reporterOptions(cfg);
   // before anything reaches out (the S3 store, registries): one proxy decision for every client
+  // ([image] checked here too: a bad setting stops start-up before anything is reaped)
   const outbound = setUpOutboundProxy(cfg);
   if (outbound.httpsProxy || outbound.httpProxy) log.info({ https: redactUrl(outbound.httpsProxy), http: redactUrl(outbound.httpProxy), noProxy: outbound.noProxy }, "outbound requests go through a proxy");
+  const registries = nodeRegistries(cfg, outbound);
   const locks = acquireNodeLocks(cfg.runtime_path, cfg.network.name_prefix);
   const serveOpts: ServeOptions = { hostname, port, apiKey: "", apiKeyHint: null, app: null, proxy: null, maxBodyBytes: cfg.api.max_body_bytes };
   let server: ReturnType<typeof serve>;
@@ -152,7 +155,7 @@ export async function bootNode(cfg: Config, makeRuntime: RuntimeFactory = create
   try {
     await orch.start();
     ({ key, source } = loadOrCreateApiKey(cfg.api.key, home));
-    templates = createTemplateService(cfg, runtime, () => sandboxLayers(orch), outbound);
+    templates = createTemplateService(cfg, runtime, () => sandboxLayers(orch), registries);
   } catch (e) {
     await orch.close().catch(() => {});
     await undo(db);

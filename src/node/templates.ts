@@ -5,9 +5,25 @@
  */
 import { join } from "node:path";
 import type { Config } from "../config/index.ts";
-import { pullImage, reapPullLeftovers, registrySettings } from "../image/index.ts";
+import { ConfigError } from "../config/index.ts";
+import { ImageError, pullImage, reapPullLeftovers, registrySettings, type RegistrySettings } from "../image/index.ts";
 import { logger } from "../observability/log.ts";
 import type { ProxySettings } from "../util/proxy.ts";
+
+/**
+ * The node's `[image]` settings (the deprecated `[template_build] insecure_registries` said in the log).
+ * @throws ConfigError `config.bad_value` naming the key, for settings that cannot be used (a bad
+ *   mirror, a mirror-only registry without mirrors, a missing ca_path or auth_file, a bad proxy)
+ */
+export function nodeRegistries(cfg: Config, proxy?: ProxySettings): RegistrySettings {
+  const log = logger("image");
+  try {
+    return registrySettings(cfg, (msg) => log.warn(msg), proxy);
+  } catch (e) {
+    if (!(e instanceof ImageError)) throw e;
+    throw new ConfigError("config.bad_value", `config: ${e.message}`, { key: e.details.key, value: e.details.value ?? e.details.path ?? "", expected: "see config/default.toml" });
+  }
+}
 import { LIVE_STATES, type SandboxRuntime, type SandboxService } from "../orchestrator/index.ts";
 import { pinnedTemplateLayers, VmRuntime } from "../sandbox/index.ts";
 import { TOOLS_MOUNT } from "../tools/index.ts";
@@ -16,14 +32,12 @@ import { BASE_BOOT_ARGS, BuildFiles, BuildLogs, TemplateBuilder, TemplateCatalog
 /**
  * The template service of a node whose runtime is `runtime` (builds need the VM runtime).
  * `pinned` names the layers sandboxes and snapshots stack on (garbage collection keeps them);
- * `proxy` is the node's outbound proxy (default: from `[image]` and the environment).
- * @throws ImageError `image.bad_config` for `[image]` settings that cannot be used
+ * `registries` are the node's `[image]` settings (default: `nodeRegistries(cfg)`).
+ * @throws ConfigError for `[image]` settings that cannot be used (see nodeRegistries)
  */
-export function createTemplateService(cfg: Config, runtime: SandboxRuntime, pinned: () => Iterable<string> = () => [], proxy?: ProxySettings): TemplateService {
+export function createTemplateService(cfg: Config, runtime: SandboxRuntime, pinned: () => Iterable<string> = () => [], registries: RegistrySettings = nodeRegistries(cfg)): TemplateService {
   const home = cfg.home_path;
   const k = cfg.template_build;
-  const log = logger("image");
-  const registries = registrySettings(cfg, (msg) => log.warn(msg), proxy);
   const vmRuntime = runtime instanceof VmRuntime ? runtime : null;
   // one catalog per home: the runtime's when it has one (a runtime wrapping the VM runtime may expose it)
   const own = (runtime as { catalog?: unknown }).catalog;

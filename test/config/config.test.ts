@@ -1,5 +1,5 @@
 import { afterAll, describe, expect, test } from "bun:test";
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { Value } from "@sinclair/typebox/value";
@@ -293,6 +293,28 @@ describe("start-up", () => {
     expect(r.exitCode).toBe(1);
     expect(r.stdout.toString()).toBe("");
     expect(r.stderr.toString()).toBe('agentenv: config: AENV__orchestrator__max_sandboxes: orchestrator.max_sandboxes = "many": expected an integer >= 1 (count)\n');
+  });
+
+  test("`agentenv server` with [image] settings that cannot be used exits 1 with one line, before touching anything", () => {
+    const home = mkdtempSync(join(TMP, "home-"));
+    const run = (env: Record<string, string>) =>
+      Bun.spawnSync(["bun", join(REPO, "src/cli/main.ts"), "server"], {
+        env: { PATH: process.env.PATH!, HOME: process.env.HOME ?? "/root", AENV_HOME_PATH: home, AENV_RUNTIME_PATH: join(home, "run"), AENV_API_ADDR: "127.0.0.1:0", ...env },
+        stdout: "pipe",
+        stderr: "pipe",
+      });
+    const missing = run({ AENV__image__ca_path: join(TMP, "no-such-ca.pem") });
+    expect(missing.exitCode).toBe(1);
+    expect(missing.stderr.toString()).toBe(`agentenv: config: [image] ca_path: ${join(TMP, "no-such-ca.pem")} does not exist\n`);
+    const orphan = run({ AENV__image__mirror_only: "docker.io" });
+    expect(orphan.exitCode).toBe(1);
+    expect(orphan.stderr.toString()).toBe('agentenv: config: [image] mirror_only: "docker.io" has no mirrors in [image.registry_mirrors]: its images could never be pulled\n');
+    const proxy = run({ AENV__image__proxy: "socks5://u:hunter2@p:1080" });
+    expect(proxy.exitCode).toBe(1);
+    expect(proxy.stderr.toString()).toContain("image.proxy");
+    expect(proxy.stderr.toString()).not.toContain("hunter2");
+    // nothing was made in the data directory
+    expect(readdirSync(home)).toEqual([]);
   });
 
   test("`agentenv config defaults` prints config/default.toml", () => {
