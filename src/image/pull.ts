@@ -1,6 +1,7 @@
 /**
  * Base images from a registry (OCI or Docker v2), made bootable: Debian's `skopeo` fetches the
- * manifest (a manifest list resolves to linux/amd64), every blob (token and basic auth, gzip and
+ * manifest from the first endpoint that has it (the registry's mirrors, then the registry:
+ * fetch.ts) (a manifest list resolves to linux/amd64), every blob (token and basic auth, gzip and
  * zstd layers, each blob's digest checked while it streams) into a `dir:` copy with
  * decompressed layers; that copy is written as an OCI layout which Debian's `umoci` unpacks
  * (layers applied in order, whiteouts and opaque directories honoured, digests checked again).
