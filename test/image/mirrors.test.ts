@@ -7,7 +7,8 @@
  * progress line naming it; a Harbor-style path prefix; a registry that is not mirror-only is
  * reached after its mirrors fail; every endpoint failing names each one. A mirror that serves
  * another manifest for a pinned @sha256: digest (a test proxy in front of a real registry,
- * answering the pinned digest with another image's manifest) fails the pull naming both digests.
+ * answering the pinned digest with another image's manifest) fails the pull naming both digests;
+ * through the same mirror a tag it resolves honestly fails when the copy by that digest gets the lie.
  */
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
@@ -131,6 +132,11 @@ test("a mirror serving another manifest for a pinned @sha256: digest fails the p
   expect(err.message).toBe(`mirror 127.0.0.1:${liar.port} served a manifest with digest ${other.digest} for docker.io/library/ubuntu@${ubuntu.digest}, which pins ${ubuntu.digest}`);
   expect(lines.some((l) => l.includes(`trying mirror ${mirror.host}`))).toBe(false);
   expect(require("node:fs").readdirSync(join(o.homePath, "images"))).toEqual([]);
-  // the same tag through the liar is its (unpinned) answer: a tag is what the mirror says it is
-  expect((await pullImage(opts("ubuntu:22.04", s))).digest).toBe(ubuntu.digest);
+  // a tag: the liar answers it honestly, then serves its lie when the image is copied by that
+  // digest; the copy checks the manifest against the digest the tag resolved to, and the pull ends
+  const tagged = opts("ubuntu:22.04", s);
+  const lied = await pullImage(tagged).then(() => null, (e) => e);
+  expect(lied).toMatchObject({ code: "image.digest_mismatch", details: { registry: `127.0.0.1:${liar.port}` } });
+  expect(lied.message).toContain(`Manifest does not match provided manifest digest ${ubuntu.digest}`);
+  expect(require("node:fs").readdirSync(join(tagged.homePath, "images"))).toEqual([]);
 }, 120_000);
