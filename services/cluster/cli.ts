@@ -19,11 +19,19 @@ export default defineCommand({
         "node-port": { type: "string", default: "8001", description: "first node API port on 127.0.0.1" },
         "report-interval": { type: "string", default: "1", description: "node heartbeat interval, seconds" },
         "node-restart-delay": { type: "string", description: "pause before a dead node is restarted, ms (default: [cluster.up] node_restart_delay_ms)" },
+        build: { type: "boolean", default: true, description: "build a missing guest kernel or base template in --from-home first (--no-build: stop and say what to run)" },
       },
       async run({ args }) {
         const cfg = loadConfigOrExit();
         const up = cfg.cluster.up;
-        const { LocalCluster } = await import("./up.ts");
+        const { LocalCluster, selfCommand } = await import("./up.ts");
+        const { buildPrerequisites, missingMessage, missingPrerequisites } = await import("./prereqs.ts");
+        const fromHome = args["from-home"] ?? cfg.home_path;
+        const missing = missingPrerequisites(cfg, fromHome);
+        if (missing.length && !args.build) {
+          console.error(`agentenv cluster up: ${missingMessage(fromHome, missing)}`);
+          process.exit(1);
+        }
         const num = (v: string, name: string) => {
           const n = Number(v);
           if (!Number.isInteger(n) || n < 0) {
@@ -34,9 +42,10 @@ export default defineCommand({
         };
         let cluster: InstanceType<typeof LocalCluster>;
         try {
+          await buildPrerequisites(selfCommand(), fromHome, missing, (l) => console.error(l));
           cluster = new LocalCluster({
             home: args.home ?? join(cfg.home_path, "cluster"),
-            fromHome: args["from-home"] ?? cfg.home_path,
+            fromHome,
             runtime: args.runtime ?? "/run/agentenv-cluster",
             nodes: num(args.nodes, "nodes"),
             gatewayAddr: args["gateway-addr"] ?? cfg.gateway.addr,

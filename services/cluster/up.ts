@@ -65,7 +65,7 @@ interface Member {
 }
 
 /** How to run this binary again: the compiled binary itself, or bun + the CLI source. */
-function selfCommand(): string[] {
+export function selfCommand(): string[] {
   return import.meta.dir.startsWith("/$bunfs") ? [process.execPath] : [process.execPath, join(import.meta.dir, "../../src/cli/main.ts")];
 }
 

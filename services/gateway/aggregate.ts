@@ -80,6 +80,7 @@ function unreachable<T>(answers: NodeAnswer<T>[]): Record<string, string> {
 interface Listed {
   sandboxID: string;
   startedAt: string;
+  nodeID?: string;
 }
 
 /**
@@ -99,7 +100,8 @@ export async function listV2(f: FanOut, query: URLSearchParams, learn: (id: stri
     if (a.headers.get("x-next-token")) more = true;
     for (const item of a.body) {
       learn(item.sandboxID, a.node);
-      items.push({ item, at: Date.parse(item.startedAt) });
+      // AgentENV's addition: the node holding it (the console's nodes page groups by it)
+      items.push({ item: { ...item, nodeID: a.node.nodeId }, at: Date.parse(item.startedAt) });
     }
   }
   items.sort((x, y) => {

@@ -42,6 +42,8 @@ export interface GatewayConfig {
   nodeListTtlMs: number;
   /** Largest control-plane body read, bytes. */
   maxBodyBytes: number;
+  /** The console at /console/ (`[console]`); absent or disabled: not served. */
+  console?: { enabled: boolean; refreshMs: number };
 }
 
 /** @throws ConfigError config.bad_value when no scheduler endpoint is configured. */
@@ -65,5 +67,6 @@ export function gatewayConfig(cfg: Config): GatewayConfig {
     routeCacheSize: g.route_cache_size,
     nodeListTtlMs: g.node_list_ttl_ms,
     maxBodyBytes: g.max_body_bytes,
+    console: { enabled: cfg.console.enabled, refreshMs: cfg.console.refresh_ms },
   };
 }

@@ -12,6 +12,7 @@ import { parseAddr } from "../../src/api/server.ts";
 import { relayData, wsRelay, type RelayData } from "../../src/api/ws-relay.ts";
 import { logger } from "../../src/observability/log.ts";
 import { UPLOAD_PATH_RE } from "../../src/template/index.ts";
+import { ConsoleSite, TERMINAL_PATH_RE } from "../../src/console/index.ts";
 import type { GatewayConfig } from "./config.ts";
 import { dataRoute } from "./dataplane.ts";
 import { gatewayError, GatewayError } from "./errors.ts";
@@ -38,6 +39,8 @@ export function startGateway(c: GatewayConfig): RunningGateway {
   const { key } = loadOrCreateApiKey(c.apiKey, c.homePath);
   const gw = new Gateway(c, key);
   const { hostname, port } = parseAddr(c.addr);
+  const site = c.console?.enabled ? new ConsoleSite({ role: "gateway", refreshMs: c.console.refreshMs }) : null;
+  site?.preload();
   let server: Server<RelayData>;
   try {
     server = Bun.serve<RelayData>({
@@ -74,6 +77,22 @@ export function startGateway(c: GatewayConfig): RunningGateway {
           return srv.upgrade(req, { data }) ? undefined : gatewayError("gateway.bad_request", "WebSocket upgrade failed");
         }
         if (UPLOAD_PATH_RE.test(url.pathname)) return gw.upload(req, url, ip);
+        const page = await site?.fetch(req, url);
+        if (page) return page;
+        // a terminal's WebSocket goes to the sandbox's node, which checks the ticket in its first frame
+        const terminal = TERMINAL_PATH_RE.exec(url.pathname);
+        if (terminal && req.headers.get("upgrade")?.toLowerCase() === "websocket") {
+          let id: string;
+          try {
+            id = decodeURIComponent(terminal[1]!);
+          } catch {
+            return gatewayError("gateway.bad_request", "malformed sandbox id in the path");
+          }
+          const node = await gw.resolve(id).catch(() => null);
+          if (!node) return gatewayError("gateway.sandbox_not_found", `sandbox "${id}" doesn't exist or you don't have access to it`);
+          const data = relayData(node.endpoint.replace(/^http/, "ws") + url.pathname, {}, { connectTimeoutMs: c.requestTimeoutMs, unreachable: `node ${node.nodeId} (${node.endpoint}) is unreachable` });
+          return srv.upgrade(req, { data }) ? undefined : gatewayError("gateway.bad_request", "WebSocket upgrade failed");
+        }
         if (url.pathname !== "/health" && url.pathname !== "/metrics" && !keyMatches(req.headers.get("x-api-key"), key)) {
           return gatewayError("gateway.unauthorized", "Invalid API key: use the gateway's key ([api] key / AENV_API_KEY, or the api-key file in its data directory)");
         }

@@ -7,9 +7,12 @@ import type { Server } from "bun";
 import { logger } from "../observability/log.ts";
 import { PUBLIC_PATHS, SELF_AUTH_PATHS } from "./app.ts";
 import { keyMatches } from "./auth.ts";
-import { errorResponse } from "./status.ts";
+import { errorResponse, toErrorResponse } from "./status.ts";
 import { badGateway, routeOf, type SandboxProxy } from "./proxy.ts";
 import { relayData, wsRelay, type RelayData } from "./ws-relay.ts";
+import { ConsoleSite, TerminalService, withTerminals, type EnvdLookup, type TerminalWsData } from "../console/index.ts";
+import { ENVD_PORT } from "../envd/version.ts";
+import type { Config } from "../config/index.ts";
 
 /** Anything with a fetch handler (the Elysia app). */
 export interface FetchApp {
@@ -32,6 +35,8 @@ export interface ServeOptions {
    * handler (template file uploads): a Response, or null when `req` is not one of them.
    */
   direct?: ((req: Request, url: URL) => Promise<Response | null>) | null;
+  /** The console's settings (`/console/` when enabled; sandbox terminals always). */
+  console: Config["console"];
 }
 
 interface WsData extends RelayData {
@@ -62,8 +67,12 @@ export interface ListenOptions {
  * @param listen the address (and TLS) of this listener; default `o`'s hostname and port, plain HTTP.
  * @throws Error (EADDRINUSE, EACCES, a bad certificate) when the listener cannot start.
  */
-export function serve(o: ServeOptions, listen: ListenOptions = o): Server<WsData> {
-  return Bun.serve<WsData>({
+export function serve(o: ServeOptions, listen: ListenOptions = o): Server<WsData | TerminalWsData> {
+  const cc = o.console;
+  const site = cc.enabled ? new ConsoleSite({ role: "node", refreshMs: cc.refresh_ms }) : null;
+  site?.preload();
+  const terminals = new TerminalService({ ticketTtlMs: cc.ticket_ttl_ms, maxTerminals: cc.max_terminals, authTimeoutMs: cc.auth_timeout_ms, bufferBytes: cc.buffer_bytes }, (id) => envdOf(o.proxy, id));
+  return Bun.serve<WsData | TerminalWsData>({
     hostname: listen.hostname,
     port: listen.port,
     ...(listen.tls ? { tls: listen.tls } : {}),
@@ -98,17 +107,39 @@ export function serve(o: ServeOptions, listen: ListenOptions = o): Server<WsData
       }
       const direct = await o.direct?.(req, url);
       if (direct) return direct;
+      const page = await site?.fetch(req, url);
+      if (page) return page;
+      const terminal = terminals.upgrade(req, url, server);
+      if (terminal === "upgraded") return undefined;
+      if (terminal) return terminal;
       const selfAuth = SELF_AUTH_PATHS.some((p) => p.test(url.pathname));
       if (!selfAuth && !PUBLIC_PATHS.some((p) => p.test(url.pathname)) && !keyMatches(req.headers.get("x-api-key"), o.apiKey)) {
         return errorResponse("api.unauthorized", `Invalid API key: use this node's key (${o.apiKeyHint ?? "file $home_path/api-key"})`);
       }
       const len = Number(req.headers.get("content-length") ?? 0);
       if (!selfAuth && len > o.maxBodyBytes) return errorResponse("api.body_too_large", `request body of ${len} bytes exceeds the limit of ${o.maxBodyBytes}`);
+      try {
+        const ticket = terminals.handleTicket(req, url);
+        if (ticket) return ticket;
+      } catch (e) {
+        return toErrorResponse(e);
+      }
       return app.handle(req);
     },
-    websocket: wsRelay<WsData>({
-      onOpen: (ws) => o.proxy!.track(ws.data.sandboxId, () => ws.close(1001, "sandbox went away")),
-      unreachable: "sandbox port unreachable",
-    }),
+    websocket: withTerminals(
+      wsRelay<WsData>({
+        onOpen: (ws) => o.proxy!.track(ws.data.sandboxId, () => ws.close(1001, "sandbox went away")),
+        unreachable: "sandbox port unreachable",
+      }),
+      terminals,
+    ),
   });
+}
+
+/** Where the terminal bridge reaches sandbox `id`'s envd: its proxy route, when running. */
+function envdOf(proxy: SandboxProxy | null, id: string): ReturnType<EnvdLookup> {
+  const r = proxy?.routes.get(id);
+  if (!r) return { missing: "not_found" };
+  if (r.state !== "running" || !r.host) return { missing: "not_running", state: r.state };
+  return { base: `http://${r.host.includes(":") ? `[${r.host}]` : r.host}:${ENVD_PORT}`, token: r.envdAccessToken };
 }

@@ -26,6 +26,7 @@ import { SNAPSHOT_ERRORS, type SnapshotErrorCode } from "../snapshot/errors.ts";
 import { logger } from "../observability/log.ts";
 import { AgentEnvError } from "../errors.ts";
 import { API_ERRORS, type ApiErrorCode } from "./errors.ts";
+import { CONSOLE_ERRORS, type ConsoleErrorCode } from "../console/errors.ts";
 
 /** Every code an API response may carry. */
 export type ErrorCode =
@@ -44,7 +45,8 @@ export type ErrorCode =
   | ToolsErrorCode
   | VmmErrorCode
   | VolumeErrorCode
-  | SnapshotErrorCode;
+  | SnapshotErrorCode
+  | ConsoleErrorCode;
 
 /** Every subsystem code table this module maps (for tests and documentation). */
 export const ERROR_TABLES = {
@@ -64,6 +66,7 @@ export const ERROR_TABLES = {
   vmm: VMM_ERRORS,
   volume: VOLUME_ERRORS,
   snapshot: SNAPSHOT_ERRORS,
+  console: CONSOLE_ERRORS,
 } as const;
 
 /** Codes whose status is not 500: faults of the request, and refusals a client may retry. */
@@ -119,6 +122,11 @@ const NOT_500 = {
   "snapshot.bad_request": 400,
   "snapshot.in_use": 409,
   "snapshot.remote_failed": 503,
+  "console.sandbox_not_found": 404,
+  "console.sandbox_not_running": 409,
+  "console.too_many_terminals": 429,
+  "console.bad_request": 400,
+  "console.envd_failed": 502,
 } as const satisfies Partial<Record<ErrorCode, number>>;
 
 /** HTTP status of every code an API response may carry: `NOT_500`, else 500. */

@@ -6,7 +6,7 @@
 import { defineCommand, renderUsage, runMain, type CommandDef } from "citty";
 import pkg from "../../package.json" with { type: "json" };
 
-const main = defineCommand({
+const main: CommandDef<any> = defineCommand({
   meta: { name: "agentenv", version: pkg.version, description: "AgentENV: AI agent sandboxes in microVMs" },
   subCommands: {
     version: defineCommand({ meta: { description: "print the version" }, run: () => console.log(pkg.version) }),
@@ -19,6 +19,8 @@ const main = defineCommand({
     tools: () => import("./tools.ts").then((m) => m.default),
     server: () => import("./server.ts").then((m) => m.default),
     sandbox: () => import("./sandbox.ts").then((m) => m.default),
+    snapshot: () => import("./snapshot.ts").then((m) => m.default),
+    completion: () => import("./completion.ts").then((m) => m.completionCommand(main)),
     scheduler: () => import("../../services/scheduler/cli.ts").then((m) => m.default),
     gateway: () => import("../../services/gateway/cli.ts").then((m) => m.default),
     deploy: () => import("../../deploy/cli.ts").then((m) => m.default),

@@ -1,5 +1,6 @@
 /**
- * `agentenv sandbox create|list|exec|pause|resume|kill`: a client of a node's API (the same
+ * `agentenv sandbox create|list|exec|pause|resume|kill` (and, in their own files, `connect`,
+ * `logs`, `metrics`, `snapshot`, `fork`): a client of a node's API (the same
  * E2B routes the SDKs use). Node URL: --url, AENV_API_URL or E2B_API_URL, else
  * `[api] addr` (AENV_API_ADDR; a wildcard host becomes 127.0.0.1). Key: --key, AENV_API_KEY or E2B_API_KEY, else
  * $home_path/api-key. `exec` runs a command through the sandbox proxy with envd's Connect
@@ -23,8 +24,15 @@ export const common = {
   config: { type: "string", description: "config file (for the default URL and key file)" },
 } as const;
 
-/** A user-facing failure: printed as `error: <message>`, exit status 1. */
-export class CliError extends Error {}
+/** A user-facing failure: printed as `error: <message>`, exit status 1. `status`: the API's answer, when it refused. */
+export class CliError extends Error {
+  constructor(
+    message: string,
+    readonly status?: number,
+  ) {
+    super(message);
+  }
+}
 
 /**
  * The node's URL when none is given: `[api] addr` (AENV_API_ADDR) with a wildcard host
@@ -78,7 +86,7 @@ export async function call(c: Conn, method: string, path: string, body?: unknown
   }
   if (res.status >= 400) {
     const msg = (data as { message?: string } | null)?.message ?? text;
-    throw new CliError(`${method} ${path}: ${res.status} ${msg}`);
+    throw new CliError(`${method} ${path}: ${res.status} ${msg}`, res.status);
   }
   return { status: res.status, data, headers: res.headers };
 }
@@ -238,6 +246,11 @@ export default defineCommand({
           console.log(r.status === 201 ? `resumed ${args.id}` : `${args.id} was already running`);
         }),
     }),
+    connect: () => import("./sandbox-connect.ts").then((m) => m.default),
+    logs: () => import("./sandbox-watch.ts").then((m) => m.logs),
+    metrics: () => import("./sandbox-watch.ts").then((m) => m.metrics),
+    snapshot: () => import("./snapshot.ts").then((m) => m.snapshotSandbox),
+    fork: () => import("./snapshot.ts").then((m) => m.forkSandbox),
     kill: defineCommand({
       meta: { name: "kill", description: "kill a sandbox" },
       args: { ...common, id: { type: "positional", required: true, description: "sandbox id" } },

@@ -14,13 +14,18 @@ import { readFileSync } from "node:fs";
 import { parseDockerfile } from "../template/dockerfile.ts";
 import { call, CliError, common, conn, run, table } from "./sandbox.ts";
 import { buildOnNode, filesHash } from "./template-build.ts";
+import { BuildProgress } from "./build-progress.ts";
 import { commitTemplateSnapshot, warmTemplateEnvd } from "../sandbox/template-snapshot.ts";
 import { waitEnvdHealthy } from "../sandbox/envd-client.ts";
 
-/** Elapsed-time prefixed log printer for builds. */
-function progress(): (line: string) => void {
-  const t0 = performance.now();
-  return (line) => process.stderr.write(`[${((performance.now() - t0) / 1000).toFixed(1).padStart(6)}s] ${line}\n`);
+/** Run a build with its progress display on stderr (a status line when stderr is a terminal). */
+async function withProgress<T>(fn: (log: (line: string) => void) => Promise<T>): Promise<T> {
+  const p = new BuildProgress(process.stderr, process.stderr.isTTY === true);
+  try {
+    return await fn((line) => p.log(line));
+  } finally {
+    p.done();
+  }
 }
 
 const sizeArgs = {
@@ -127,11 +132,9 @@ export default defineCommand({
             if (e instanceof CliError) throw e;
             throw new CliError((e as Error).message);
           }
-          const r = await buildOnNode(
-            conn(args),
-            { name: args.name, fromImage: df.fromImage, steps: df.steps, startCmd: df.startCmd, readyCmd: df.readyCmd, contextDir, cpuCount: num(args.cpu, "cpu"), memoryMB: num(args.memory, "memory"), force: args["no-cache"] === true },
-            progress(),
-          );
+          const c = conn(args);
+          const build = { name: args.name, fromImage: df.fromImage, steps: df.steps, startCmd: df.startCmd, readyCmd: df.readyCmd, contextDir, cpuCount: num(args.cpu, "cpu"), memoryMB: num(args.memory, "memory"), force: args["no-cache"] === true };
+          const r = await withProgress((log) => buildOnNode(c, build, log));
           console.log(`${args.name} ready: template ${r.templateID} build ${r.buildID}`);
         }),
     }),
@@ -154,9 +157,9 @@ export default defineCommand({
           const readyCmd = port ? `[ -n "$(ss -Htuln sport = :${port})" ]` : (args["ready-cmd"] ?? "");
           const password = args.password ?? process.env.AENV_REGISTRY_PASSWORD;
           if (args.username && password === undefined) throw new CliError("--username needs --password or AENV_REGISTRY_PASSWORD");
-          const r = await buildOnNode(
-            conn(args),
-            {
+          const c = conn(args);
+          const r = await withProgress((log) =>
+            buildOnNode(c, {
               name: args.name,
               fromImage: args.image,
               ...(args.username ? { registry: { username: args.username, password: password! } } : {}),
@@ -167,8 +170,7 @@ export default defineCommand({
               cpuCount: num(args.cpu, "cpu"),
               memoryMB: num(args.memory, "memory"),
               force: args["no-cache"] === true,
-            },
-            progress(),
+            }, log),
           );
           console.log(`${args.name} ready: template ${r.templateID} build ${r.buildID}`);
         }),

@@ -69,6 +69,15 @@ export const CONFIG_SCHEMA = section("", {
     docs: bool(true, "Serve the OpenAPI document at /openapi.json and the offline explorer at /docs."),
   }),
 
+  console: section("The operators' console at /console/ (every node and the gateway) and its terminals.", {
+    enabled: bool(true, "Serve the browser console at /console/ (the page is public; what it shows comes from the API\nwith the key the operator types in)."),
+    refresh_ms: int(2000, "How often the console refreshes its lists, metrics and log tails, ms.", { min: 250, max: MS_MAX, unit: "ms" }),
+    ticket_ttl_ms: int(30_000, "How long a terminal ticket (POST /sandboxes/{id}/terminal) stays valid, ms; it works once.", { min: 1000, max: MS_MAX, unit: "ms" }),
+    max_terminals: int(32, "Terminals (PTY WebSockets) one node bridges at once.", { min: 1, max: 4096, unit: "count" }),
+    auth_timeout_ms: int(10_000, "Longest wait for a terminal socket's first frame (its ticket), ms.", { min: 1, max: MS_MAX, unit: "ms" }),
+    buffer_bytes: int(1_048_576, "Terminal output queued for a slow client before the node stops reading the shell's output, bytes.", { min: 4096, max: TIB, unit: "bytes" }),
+  }),
+
   log: section("", {
     level: oneOf(["trace", "debug", "info", "warn", "error", "fatal", "silent"], "info", "pino level: trace, debug, info, warn, error, fatal, silent. AENV_LOG_LEVEL overrides it."),
   }),

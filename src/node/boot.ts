@@ -103,7 +103,7 @@ export async function bootNode(cfg: Config, makeRuntime: RuntimeFactory = create
   if (outbound.httpsProxy || outbound.httpProxy) log.info({ https: redactUrl(outbound.httpsProxy), http: redactUrl(outbound.httpProxy), noProxy: outbound.noProxy }, "outbound requests go through a proxy");
   const registries = nodeRegistries(cfg, outbound);
   const locks = acquireNodeLocks(cfg.runtime_path, cfg.network.name_prefix);
-  const serveOpts: ServeOptions = { hostname, port, apiKey: "", apiKeyHint: null, app: null, proxy: null, maxBodyBytes: cfg.api.max_body_bytes };
+  const serveOpts: ServeOptions = { hostname, port, apiKey: "", apiKeyHint: null, app: null, proxy: null, maxBodyBytes: cfg.api.max_body_bytes, console: cfg.console };
   let server: ReturnType<typeof serve>;
   let tlsServer: ReturnType<typeof serve> | null = null;
   try {

@@ -71,7 +71,7 @@ test("GET /snapshots: oldest first in pages of `limit`, X-Next-Token only while 
   const whole = await list("");
   expect(whole).toMatchObject({ status: 200, next: null });
   expect(ids(whole.body)).toEqual(all);
-  expect(whole.body[0]).toEqual({ snapshotID: all[0], names: ["alpha"] });
+  expect(whole.body[0]).toEqual({ snapshotID: all[0], names: ["alpha"], sandboxID: a.id, templateID: "base", createdAt: expect.stringMatching(/^\d{4}-\d\d-\d\dT/) });
 
   // pages: every snapshot once, in order; a token on each page but the last
   expect(await walk("", 2)).toEqual({ pages: [all.slice(0, 2), all.slice(2, 4), all.slice(4)], tokens: [expect.any(String), expect.any(String), null] });

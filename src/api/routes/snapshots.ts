@@ -16,6 +16,14 @@ const Int = (o: { minimum?: number; maximum?: number; description?: string } = {
 const ERR = { 400: ErrorBody, 401: ErrorBody, 404: ErrorBody, 409: ErrorBody, 500: ErrorBody };
 
 export const SnapshotInfoBody = t.Object({ snapshotID: t.String(), names: t.Array(t.String()) });
+/** A listed snapshot: E2B's `SnapshotInfo` plus where it came from (the console draws its tree from them). */
+export const ListedSnapshotBody = t.Object({
+  snapshotID: t.String(),
+  names: t.Array(t.String()),
+  sandboxID: t.Union([t.String(), t.Null()], { description: "sandbox it was taken from" }),
+  templateID: t.String({ description: "template that sandbox started from" }),
+  createdAt: t.String({ format: "date-time" }),
+});
 export const SnapshotRequestBody = t.Object({ name: t.Optional(t.String({ minLength: 1, maxLength: 200 })) }, { additionalProperties: true });
 export const ForkRequestBody = t.Object(
   {
@@ -33,6 +41,7 @@ export const SnapshotListQuery = t.Object({
 });
 
 const info = (s: SnapshotInfo) => ({ snapshotID: s.snapshotID, names: s.names });
+const listed = (s: SnapshotInfo) => ({ ...info(s), sandboxID: s.sandboxID, templateID: s.templateID, createdAt: new Date(s.createdAt).toISOString() });
 
 /** The E2B error body of a failed fork child (status by its code, as the API answers it). */
 function childError(e: Error): { code: number; message: string; error_code: string } {
@@ -62,9 +71,9 @@ export function snapshotRoutes(orch: SandboxService, domain: string | null) {
           nextToken: query.nextToken,
         });
         if (page.nextToken) set.headers["x-next-token"] = page.nextToken;
-        return page.items.map(info);
+        return page.items.map(listed);
       },
-      { query: SnapshotListQuery, response: { 200: t.Array(SnapshotInfoBody), ...ERR }, detail: { summary: "List snapshots (filters sandboxID, name; pagination)", tags: ["snapshots"] } },
+      { query: SnapshotListQuery, response: { 200: t.Array(ListedSnapshotBody), ...ERR }, detail: { summary: "List snapshots (filters sandboxID, name; pagination)", tags: ["snapshots"] } },
     )
     .post(
       "/sandboxes/:sandboxID/fork",

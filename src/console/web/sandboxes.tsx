@@ -1,0 +1,212 @@
+/**
+ * The sandboxes page: every running and paused sandbox (all pages of `GET /v2/sandboxes`),
+ * refreshed every `[console] refresh_ms` so new ones appear without a reload, with state,
+ * template, age, and CPU and memory sparklines from the latest metrics
+ * (`GET /sandboxes/metrics`, 100 ids a call) kept in the page for the last few minutes; a
+ * metadata filter (`key=value, ...`, the API's `metadata` filter) and a create form.
+ */
+import { useState } from "preact/hooks";
+import { allPages, api, settings } from "./api.ts";
+import { Sparkline } from "./charts.tsx";
+import { bytes, duration, pct } from "./format.ts";
+import { usePoll } from "./hooks.ts";
+
+/** `ListedSandbox` fields the console shows (the gateway adds `nodeID`). */
+export interface Listed {
+  sandboxID: string;
+  templateID: string;
+  alias?: string;
+  startedAt: string;
+  endAt: string;
+  cpuCount: number;
+  memoryMB: number;
+  state: "running" | "paused";
+  metadata: Record<string, string> | null;
+  nodeID?: string;
+}
+
+/** `SandboxMetric` fields the console shows. */
+export interface Metric {
+  timestampUnix: number;
+  cpuUsedPct: number;
+  cpuCount: number;
+  memUsed: number;
+  memTotal: number;
+  diskUsed: number;
+  diskTotal: number;
+}
+
+/** Samples kept per sandbox for the sparklines. */
+const HISTORY = 40;
+const history = new Map<string, { at: number[]; cpu: number[]; mem: number[]; last: Metric }>();
+
+function remember(id: string, m: Metric): void {
+  const h = history.get(id) ?? { at: [], cpu: [], mem: [], last: m };
+  if (h.at[h.at.length - 1] !== m.timestampUnix) {
+    h.at.push(m.timestampUnix);
+    h.cpu.push(m.cpuUsedPct);
+    h.mem.push(m.memUsed);
+    if (h.at.length > HISTORY) (h.at.shift(), h.cpu.shift(), h.mem.shift());
+  }
+  h.last = m;
+  history.set(id, h);
+}
+
+/** Latest metrics of `ids` (100 per call), remembered for the sparklines. */
+async function loadMetrics(ids: string[]): Promise<void> {
+  for (let i = 0; i < ids.length; i += 100) {
+    const q = new URLSearchParams({ sandbox_ids: ids.slice(i, i + 100).join(",") });
+    const r = await api<{ sandboxes: Record<string, Metric> }>(`/sandboxes/metrics?${q}`);
+    for (const [id, m] of Object.entries(r.data.sandboxes)) remember(id, m);
+  }
+}
+
+/**
+ * The API's metadata filter value for `k=v, k2=v2` (each key and value URL-encoded, pairs joined
+ * as a query string, as the SDK sends it).
+ * @throws Error naming a pair without `=`.
+ */
+export function metadataFilter(text: string): string {
+  const pairs = text
+    .split(",")
+    .map((s) => s.trim())
+    .filter(Boolean)
+    .map((p) => {
+      const i = p.indexOf("=");
+      if (i <= 0) throw new Error(`"${p}" is not key=value`);
+      return [encodeURIComponent(p.slice(0, i).trim()), encodeURIComponent(p.slice(i + 1).trim())];
+    });
+  return new URLSearchParams(pairs).toString();
+}
+
+/** All running and paused sandboxes matching `filter` (the API's metadata filter value). */
+export async function listSandboxes(filter = ""): Promise<Listed[]> {
+  return allPages<Listed>("/v2/sandboxes", { state: "running,paused", limit: "100", ...(filter ? { metadata: filter } : {}) });
+}
+
+function CreateForm({ onCreated }: { onCreated: () => void }) {
+  const [template, setTemplate] = useState("base");
+  const [busy, setBusy] = useState(false);
+  const [error, setError] = useState<string | null>(null);
+  const create = async (e: Event) => {
+    e.preventDefault();
+    setBusy(true);
+    setError(null);
+    try {
+      const r = await api<{ sandboxID: string }>("/v2/sandboxes", { method: "POST", body: { templateID: template.trim() } });
+      onCreated();
+      location.hash = `#/sandboxes/${encodeURIComponent(r.data.sandboxID)}`;
+    } catch (err) {
+      setError((err as Error).message);
+    } finally {
+      setBusy(false);
+    }
+  };
+  return (
+    <form class="inline" onSubmit={create}>
+      <input aria-label="template" value={template} onInput={(e) => setTemplate((e.target as HTMLInputElement).value)} />
+      <button disabled={busy || !template.trim()}>{busy ? "Creating…" : "New sandbox"}</button>
+      {error && <span class="error">{error}</span>}
+    </form>
+  );
+}
+
+export function Sandboxes() {
+  const [filterText, setFilterText] = useState("");
+  const [filter, setFilter] = useState("");
+  const [filterError, setFilterError] = useState<string | null>(null);
+  const list = usePoll(
+    async () => {
+      const items = await listSandboxes(filter);
+      await loadMetrics(items.filter((s) => s.state === "running").map((s) => s.sandboxID));
+      return items;
+    },
+    settings.refreshMs,
+    [filter],
+  );
+  const applyFilter = (e: Event) => {
+    e.preventDefault();
+    try {
+      setFilter(metadataFilter(filterText));
+      setFilterError(null);
+    } catch (err) {
+      setFilterError((err as Error).message);
+    }
+  };
+  const rows = list.value ?? [];
+  const now = Date.now();
+  return (
+    <section>
+      <div class="toolbar">
+        <h2>
+          Sandboxes <span class="count">{list.value ? rows.length : "…"}</span>
+        </h2>
+        <form class="inline" onSubmit={applyFilter}>
+          <input aria-label="metadata filter" placeholder="metadata: key=value, key2=value2" value={filterText} onInput={(e) => setFilterText((e.target as HTMLInputElement).value)} />
+          <button>Filter</button>
+          {filterError && <span class="error">{filterError}</span>}
+        </form>
+        <CreateForm onCreated={list.reload} />
+      </div>
+      {list.error && <p class="error">{list.error.message}</p>}
+      <table class="list" id="sandboxes">
+        <thead>
+          <tr>
+            <th>Sandbox</th>
+            <th>State</th>
+            <th>Template</th>
+            <th>Age</th>
+            <th>CPU</th>
+            <th>Memory</th>
+            <th>Expires in</th>
+            <th>Metadata</th>
+          </tr>
+        </thead>
+        <tbody>
+          {rows.map((s) => {
+            const h = history.get(s.sandboxID);
+            const running = s.state === "running";
+            return (
+              <tr key={s.sandboxID} data-sandbox={s.sandboxID}>
+                <td>
+                  <a href={`#/sandboxes/${encodeURIComponent(s.sandboxID)}`}>{s.sandboxID}</a>
+                  {s.nodeID && <span class="muted"> @{s.nodeID}</span>}
+                </td>
+                <td>
+                  <span class={`state ${s.state}`}>{s.state}</span>
+                </td>
+                <td>{s.alias ?? s.templateID}</td>
+                <td>{duration(now - Date.parse(s.startedAt))}</td>
+                <td class="metric">
+                  {running && h ? (
+                    <>
+                      <Sparkline values={h.cpu} max={100} label={`CPU of ${s.sandboxID}`} /> {pct(h.last.cpuUsedPct)}
+                    </>
+                  ) : (
+                    "-"
+                  )}
+                </td>
+                <td class="metric">
+                  {running && h ? (
+                    <>
+                      <Sparkline values={h.mem} max={h.last.memTotal} label={`memory of ${s.sandboxID}`} /> {bytes(h.last.memUsed)}
+                    </>
+                  ) : (
+                    `${s.memoryMB} MiB`
+                  )}
+                </td>
+                <td>{running ? duration(Date.parse(s.endAt) - now) : "-"}</td>
+                <td class="meta">
+                  {Object.entries(s.metadata ?? {})
+                    .map(([k, v]) => `${k}=${v}`)
+                    .join(", ")}
+                </td>
+              </tr>
+            );
+          })}
+        </tbody>
+      </table>
+      {list.value && rows.length === 0 && <p class="muted">No sandboxes{filter ? " match the filter" : ""}.</p>}
+    </section>
+  );
+}

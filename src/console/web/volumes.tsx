@@ -1,0 +1,86 @@
+/** Volumes (`GET /volumes`) with the live sandboxes that mount them; create and delete. */
+import { useState } from "preact/hooks";
+import { api, settings } from "./api.ts";
+import { usePoll } from "./hooks.ts";
+import { listSandboxes } from "./sandboxes.tsx";
+
+interface VolumeRow {
+  volumeID: string;
+  name: string;
+}
+
+export function Volumes() {
+  const data = usePoll(async () => {
+    const [vols, live] = await Promise.all([api<VolumeRow[]>("/volumes").then((r) => r.data), listSandboxes()]);
+    return { vols, live };
+  }, settings.refreshMs);
+  const [name, setName] = useState("");
+  const [note, setNote] = useState<{ text: string; error?: boolean } | null>(null);
+  const create = async (e: Event) => {
+    e.preventDefault();
+    try {
+      await api("/volumes", { method: "POST", body: { name: name.trim() } });
+      setNote({ text: `volume ${name.trim()} created` });
+      setName("");
+    } catch (err) {
+      setNote({ text: (err as Error).message, error: true });
+    }
+    data.reload();
+  };
+  const remove = async (v: VolumeRow) => {
+    try {
+      await api(`/volumes/${encodeURIComponent(v.volumeID)}`, { method: "DELETE" });
+      setNote({ text: `volume ${v.name} deleted` });
+    } catch (err) {
+      setNote({ text: (err as Error).message, error: true });
+    }
+    data.reload();
+  };
+  if (data.error && !data.value) return <p class="error">{data.error.message}</p>;
+  const vols = data.value?.vols ?? [];
+  const mounts = (v: VolumeRow) => (data.value?.live ?? []).flatMap((s) => ((s as { volumeMounts?: { name: string; path: string }[] }).volumeMounts ?? []).filter((m) => m.name === v.name).map((m) => ({ id: s.sandboxID, path: m.path })));
+  return (
+    <section>
+      <div class="toolbar">
+        <h2>
+          Volumes <span class="count">{data.value ? vols.length : "…"}</span>
+        </h2>
+        <form class="inline" onSubmit={create}>
+          <input aria-label="volume name" placeholder="name (a DNS label)" value={name} onInput={(e) => setName((e.target as HTMLInputElement).value)} />
+          <button disabled={!name.trim()}>Create volume</button>
+        </form>
+      </div>
+      {note && <p class={note.error ? "error" : "note"}>{note.text}</p>}
+      <table class="list" id="volumes">
+        <thead>
+          <tr>
+            <th>Name</th>
+            <th>Volume</th>
+            <th>Mounted by</th>
+            <th />
+          </tr>
+        </thead>
+        <tbody>
+          {vols.map((v) => (
+            <tr key={v.volumeID}>
+              <td>{v.name}</td>
+              <td class="mono">{v.volumeID}</td>
+              <td>
+                {mounts(v).map((m) => (
+                  <>
+                    <a href={`#/sandboxes/${encodeURIComponent(m.id)}`}>{m.id}</a> at {m.path}{" "}
+                  </>
+                ))}
+              </td>
+              <td>
+                <button class="small danger" onClick={() => void remove(v)}>
+                  Delete
+                </button>
+              </td>
+            </tr>
+          ))}
+        </tbody>
+      </table>
+    </section>
+  );
+}
