@@ -27,8 +27,9 @@ pkgs+=(busybox-static curl patchelf)
 [ "$want_test" = 1 ] && pkgs+=(redis-server)
 # disk benchmark (bench/disk.ts): fio.
 [ "$want_test" = 1 ] && pkgs+=(fio)
-# console browser tests (test/console): Debian's Chromium, driven by playwright-core (no browser download).
-[ "$want_test" = 1 ] && pkgs+=(chromium)
+# console browser tests (test/console): Debian's Chromium, driven by playwright-core (no browser download);
+# zsh for the shell completion tests (test/cli).
+[ "$want_test" = 1 ] && pkgs+=(chromium zsh)
 
 # npm installs Bun itself (below); Debian's nodejs/npm when the host has no npm yet.
 command -v npm >/dev/null 2>&1 || pkgs+=(nodejs npm)
