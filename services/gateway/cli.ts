@@ -28,6 +28,7 @@ export default defineCommand({
     const stopped = runUntilStopped("gateway", () => g.close());
     console.log(`AgentENV gateway listening on ${g.url}`);
     console.log(`  E2B SDK: E2B_API_URL=${g.url} E2B_SANDBOX_URL=${g.url} E2B_API_KEY=${g.apiKey}`);
+    if (g.gateway.cfg.console?.enabled) console.log(`  Console: ${g.url}/console/ (every node of the cluster)`);
     await stopped;
   },
 });

@@ -40,6 +40,7 @@ export default defineCommand({
     console.log(`  API key (${node.apiKeySource}): ${node.apiKey}`);
     console.log(`  E2B SDK: E2B_API_URL=${node.url} E2B_SANDBOX_URL=${node.url} E2B_API_KEY=${node.apiKey}`);
     console.log(`  API explorer: ${node.url}/docs`);
+    if (cfg.console.enabled) console.log(`  Console: ${node.url}/console/ (log in with the API key)`);
     await stopped;
   },
 });

@@ -71,12 +71,12 @@ async function loggedIn(): Promise<Page> {
 
 test("a created sandbox appears without a reload; the metadata filter narrows the list", async () => {
   const page = await loggedIn();
-  await page.evaluate(() => ((window as unknown as { mark: number }).mark = 42));
+  await page.evaluate("window.mark = 42");
   const red = await createLoopback(node, { metadata: { team: "red", owner: "ops" } });
   const blue = await createLoopback(node, { metadata: { team: "blue" } });
   await page.waitForSelector(`tr[data-sandbox="${red.id}"]`);
   await page.waitForSelector(`tr[data-sandbox="${blue.id}"]`);
-  expect(await page.evaluate(() => (window as unknown as { mark?: number }).mark)).toBe(42);
+  expect(await page.evaluate("window.mark")).toBe(42);
   const row = await page.textContent(`tr[data-sandbox="${red.id}"]`);
   expect(row).toContain("running");
   expect(row).toContain("team=red, owner=ops");

@@ -14,7 +14,7 @@ import { chromium, type Browser, type Page } from "playwright-core";
 export const CHROMIUM = "/usr/bin/chromium";
 /** Where screenshots go (gitignored). */
 export const SHOTS_DIR = join(import.meta.dir, "../../test-artifacts/console");
-const FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"];
+const FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage", "--disable-breakpad", "--disable-crash-reporter"];
 
 /** A started browser and how to stop it (the browser process, its profile, the netns wrapper). */
 export interface TestBrowser {
