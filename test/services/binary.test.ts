@@ -1,7 +1,8 @@
 /**
  * The scheduler and the gateway run from the single `bun build --compile` binary: `agentenv
- * scheduler` serves gRPC (migrations embedded), `agentenv gateway` answers through it, and
- * `agentenv deploy render` works without the source tree.
+ * scheduler` serves gRPC (migrations embedded), `agentenv gateway` answers through it and
+ * serves the console bundled into the binary, and `agentenv deploy render` works without the
+ * source tree.
  */
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { mkdtempSync, rmSync } from "node:fs";
@@ -49,6 +50,16 @@ test("compiled agentenv: scheduler + gateway + deploy render", async () => {
   expect((await client.listNodes({})).nodes).toEqual([{ nodeId: "n1", endpoint: "http://127.0.0.1:1" }]);
   const g = await run(["gateway"], { AENV_HOME_PATH: join(tmp, "g"), AENV__gateway__addr: "127.0.0.1:0", AENV__cluster__scheduler_endpoint: `127.0.0.1:${s[1]}` }, /E2B SDK: E2B_API_URL=(\S+) E2B_SANDBOX_URL=\S+ E2B_API_KEY=(e2b_[0-9a-f]{40})/);
   expect(((await (await fetch(`${g[1]}/health`)).json()) as any).role).toBe("gateway");
+  // the console: its page and every file it names come from the binary
+  const page = await (await fetch(`${g[1]}/console/`)).text();
+  expect(page).toContain('data-role="gateway"');
+  const files = [...page.matchAll(/\/console\/assets\/[^"]+/g)].map((m) => m[0]);
+  expect(files.length).toBe(2);
+  for (const f of files) {
+    const r = await fetch(g[1] + f);
+    expect(r.status).toBe(200);
+    if (f.endsWith(".js")) expect(await r.text()).toContain("agentenv.apiKey");
+  }
   // the only node is down: a list and a create fail 502 naming it
   const l = await fetch(`${g[1]}/v2/sandboxes`, { headers: { "x-api-key": g[2]! } });
   expect(l.status).toBe(502);
