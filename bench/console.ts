@@ -88,7 +88,7 @@ function report(label: string, runs: Run[]): void {
   );
 }
 
-const node = await startNodeNoVm({ AENV_LOG_LEVEL: "error" }, undefined, {});
+const node = await startNodeNoVm({ AENV_LOG_LEVEL: "error", AENV__orchestrator__max_sandboxes: String(Math.max(16, N)) }, undefined, {});
 const chrome = await launchChromium();
 try {
   await load(chrome, node, 0); // warm the node's bundle and the browser binary's caches

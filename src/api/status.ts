@@ -126,7 +126,6 @@ const NOT_500 = {
   "console.sandbox_not_running": 409,
   "console.too_many_terminals": 429,
   "console.bad_request": 400,
-  "console.envd_failed": 502,
 } as const satisfies Partial<Record<ErrorCode, number>>;
 
 /** HTTP status of every code an API response may carry: `NOT_500`, else 500. */

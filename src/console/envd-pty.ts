@@ -31,6 +31,9 @@ export interface PtySpec {
 /** An event of the PTY process stream. */
 export type PtyEvent = { kind: "data"; bytes: Uint8Array } | { kind: "exit"; exitCode: number; status: string };
 
+/** Bound on one unary call to envd (input, resize, kill), ms: envd answers these at once. */
+const ENVD_CALL_TIMEOUT_MS = 10_000;
+
 /** The default shell: an interactive login bash, as the E2B SDK's `pty.create` starts. */
 export const DEFAULT_SHELL = { cmd: "/bin/bash", args: ["-i", "-l"], envs: { TERM: "xterm-256color", LANG: "C.UTF-8", LC_ALL: "C.UTF-8" } } as const;
 
@@ -155,7 +158,7 @@ export class EnvdPty {
       method: "POST",
       headers: { ...headers(this.target, this.user), "content-type": "application/json" },
       body: JSON.stringify(body),
-      signal: AbortSignal.timeout(10_000),
+      signal: AbortSignal.timeout(ENVD_CALL_TIMEOUT_MS),
     });
     const text = await res.text();
     if (!res.ok) throw new ConsoleError("console.envd_failed", `envd ${method} answered ${res.status}: ${text.slice(0, 200)}`, { sandboxId: this.sandboxId, status: res.status });

@@ -121,11 +121,6 @@ export class TerminalService {
     return (server as Server<TerminalWsData>).upgrade(req, { data }) ? "upgraded" : Response.json({ code: 400, message: "WebSocket upgrade failed" }, { status: 400 });
   }
 
-  /** Close every terminal (node shutdown). */
-  closeAll(): void {
-    for (const ws of this.open) ws.close(1001, "the node is stopping");
-  }
-
   /** WebSocket handlers of terminal sockets. */
   readonly handlers: Required<Pick<WebSocketHandler<TerminalWsData>, "open" | "message" | "drain" | "close">> = {
     open: (ws) => {

@@ -80,7 +80,7 @@ test("leaf --help names the full command: agentenv sandbox exec, agentenv templa
   expect(await usage(["sandbox", "exec"])).toBe("USAGE agentenv sandbox exec [OPTIONS] <ID> <COMMAND>");
   expect(await usage(["sandbox", "list"])).toBe("USAGE agentenv sandbox list [OPTIONS] ");
   expect(await usage(["template", "list"])).toBe("USAGE agentenv template list [OPTIONS] ");
-  expect(await usage(["sandbox"])).toBe("USAGE agentenv sandbox create|list|exec|pause|resume|kill");
+  expect(await usage(["sandbox"])).toBe("USAGE agentenv sandbox create|list|exec|pause|resume|connect|logs|metrics|snapshot|fork|kill");
   expect(await usage([])).toStartWith("USAGE agentenv version|");
 });
 

@@ -115,10 +115,16 @@ export function Sandboxes() {
   const [filterText, setFilterText] = useState("");
   const [filter, setFilter] = useState("");
   const [filterError, setFilterError] = useState<string | null>(null);
+  const [, metricsArrived] = useState(0);
+  const [metricsError, setMetricsError] = useState<string | null>(null);
   const list = usePoll(
     async () => {
       const items = await listSandboxes(filter);
-      await loadMetrics(items.filter((s) => s.state === "running").map((s) => s.sandboxID));
+      // the rows show at once; their sparklines fill in when the metrics arrive
+      loadMetrics(items.filter((s) => s.state === "running").map((s) => s.sandboxID)).then(
+        () => (metricsArrived((n) => n + 1), setMetricsError(null)),
+        (e) => setMetricsError((e as Error).message),
+      );
       return items;
     },
     settings.refreshMs,
@@ -149,6 +155,7 @@ export function Sandboxes() {
         <CreateForm onCreated={list.reload} />
       </div>
       {list.error && <p class="error">{list.error.message}</p>}
+      {metricsError && <p class="error">metrics: {metricsError}</p>}
       <table class="list" id="sandboxes">
         <thead>
           <tr>
