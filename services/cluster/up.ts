@@ -2,7 +2,7 @@
  * `agentenv cluster up`: a whole cluster on one host — scheduler, gateway and N nodes, each a
  * child process of this one (the same binary), each node with its own data dir, runtime path,
  * API address, network prefix, slot address ranges, DNS proxy port and guest-RAM directory
- * (README: "one node per runtime path and network prefix"). Nodes share the kernels,
+ * (docs/operations.md: "one node per runtime path and network prefix"). Nodes share the kernels,
  * templates and tools drive of `--from-home` (symlinked). One API key for clients and nodes.
  *
  * Supervision: a member must print its ready line within `ready_timeout_ms` (else it is killed

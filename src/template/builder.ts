@@ -10,9 +10,9 @@
  * Steps run in ONE build VM booted from the last cached layer; ENV/ARG steps change no disk and
  * make no layer.
  *
- * Semantics chosen where E2B leaves room (documented in README): RUN runs as the step's user,
- * else the current USER (E2B's `user` by default), with `/bin/sh -c`, cwd = WORKDIR, the
- * accumulated ENV; COPY streams the uploaded archive through a FIFO into tar (never stored in the
+ * Semantics chosen where E2B leaves room (documented in docs/snapshots-and-templates.md): RUN
+ * runs as the step's user, else the current USER (E2B's `user` by default), with `/bin/sh -c`,
+ * cwd = WORKDIR, the accumulated ENV; COPY streams the uploaded archive through a FIFO into tar (never stored in the
  * guest: /tmp is RAM, the disk would keep it in the layer), stages it on the root filesystem,
  * strips the glob part of `src`, hard-links (or copies) a
  * file to `dest` (a trailing `/` = into that directory) or merges a directory into `dest`, then
