@@ -35,7 +35,13 @@ export async function launchChromium(netns?: string): Promise<TestBrowser> {
     executablePath = join(dir, "chromium-in-netns");
     writeFileSync(executablePath, `#!/bin/sh\nexec nsenter --net=/run/netns/${netns} -- ${CHROMIUM} "$@"\n`, { mode: 0o755 });
   }
-  const browser = await chromium.launch({ executablePath, args: FLAGS, timeout: 60_000 });
+  let browser: Browser;
+  try {
+    browser = await chromium.launch({ executablePath, args: FLAGS, timeout: 60_000 });
+  } catch (e) {
+    rmSync(dir, { recursive: true, force: true });
+    throw e;
+  }
   return {
     browser,
     page: async () => (await browser.newContext({ acceptDownloads: true, viewport: { width: 1280, height: 800 } })).newPage(),
