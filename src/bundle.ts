@@ -9,7 +9,7 @@
 import { join } from "node:path";
 
 /** Worker modules, relative to `src/`. */
-export const WORKER_ENTRYPOINTS = ["storage/ublk/queue-worker.ts", "storage/fuse/reader-worker.ts", "ffi/pidfd-wait-worker.ts"] as const;
+export const WORKER_ENTRYPOINTS = ["storage/ublk/queue-worker.ts", "storage/fuse/reader-worker.ts", "ffi/pidfd-wait-worker.ts", "ffi/pidfd-watch-worker.ts"] as const;
 
 /** True inside a `bun build --compile` binary. */
 export function isCompiled(): boolean {

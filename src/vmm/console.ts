@@ -1,11 +1,11 @@
 /**
- * Bounded guest console log: the VMM's serial output (a pipe) appended to `<workDir>/console.log`;
+ * Bounded guest console log: the VMM's serial output (a socket or pipe) appended to `<workDir>/console.log`;
  * when the file would pass `maxBytes` it is renamed to `console.log.1` (replacing the previous
  * one) and a new file starts, so a chatty guest never uses more than 2 × maxBytes of disk.
  * Optionally each complete line (without its `\r\n`) is also handed to a listener; a line longer
  * than `MAX_LINE_BYTES` is handed over in pieces of that size.
  */
-import { closeSync, openSync, renameSync, rmSync, writeSync } from "node:fs";
+import { closeSync, fstatSync, openSync, renameSync, rmSync, writeSync } from "node:fs";
 
 /** Longest line handed to a line listener in one piece, bytes. */
 export const MAX_LINE_BYTES = 8192;
@@ -18,16 +18,20 @@ export class ConsoleLog {
   private partialBytes = 0;
 
   /**
-   * @param path log file (truncated on open) @param maxBytes rotation threshold in bytes (≥ 4096)
+   * @param path log file (truncated on open, with its `.1` removed, unless `append`)
+   * @param maxBytes rotation threshold in bytes (≥ 4096)
    * @param onLine called with each complete console line (UTF-8 decoded, trailing CR removed); must not throw
+   * @param append continue the existing file and its `.1` (a node adopting a running VM's console)
    */
   constructor(
     readonly path: string,
     readonly maxBytes: number,
     private readonly onLine?: (line: string) => void,
+    append = false,
   ) {
-    rmSync(`${path}.1`, { force: true });
-    this.fd = openSync(path, "w");
+    if (!append) rmSync(`${path}.1`, { force: true });
+    this.fd = openSync(path, append ? "a" : "w");
+    if (append) this.size = fstatSync(this.fd).size;
   }
 
   /** Append `chunk`, rotating first when the file would exceed `maxBytes`. Ignored after close. */

@@ -3,7 +3,11 @@
  * - `createDriver(cfg)`: the VMM driver this node uses: Firecracker when `[vm] driver` says so (or
  *   "auto" and the firecracker binary is found), else QEMU microvm (`src/vmm/qemu/`).
  * - `resolveKernelPath(cfg)`: the guest kernel to boot (`[kernel] path`, else the cached build).
- * - `reapLeftovers(runtimeDir)`: kill VMMs a crashed node left running; call once at start-up.
+ * - `readRecords(runtimeDir)`: the VMMs a previous node of this runtime path left (records by id);
+ *   `driver.attach(record, { onConsoleLine })` adopts one (`attached` with a handle, or `lost` with
+ *   the reason: ./adopt.ts); `handle.detach()` lets one go for the next node.
+ * - `reapLeftovers(runtimeDir, { keep })`: kill VMMs a crashed node left running, but those whose id
+ *   is in `keep` (adopted); call once at start-up, after the attaches.
  *   Only the records under `<runtimeDir>/vmm/` are reaped: nodes on one host need distinct runtime paths.
  * - VMMs run in their own session (setsid): a Ctrl-C on the node's terminal does not reach them,
  *   the node's shutdown decides their fate (pause/snapshot or stop).
@@ -20,7 +24,8 @@ import type { VmmDriver } from "./types.ts";
 export * from "./types.ts";
 export { VmmError } from "./errors.ts";
 export { kernelClockArg, kernelIpArg, prefixToNetmask } from "./bootargs.ts";
-export { reapLeftovers, processStartTime, type VmmRecord } from "./supervise.ts";
+export { readRecords, reapLeftovers, processStartTime, type VmmRecord } from "./supervise.ts";
+export type { AttachOptions, VmmAttachResult, VmmLostReason } from "./adopt.ts";
 export { QemuDriver, QemuVm, type QemuDriverOptions, type QemuVmState } from "./qemu/driver.ts";
 export { buildKernel, hasPvhNote, type KernelArtifact } from "./kernel/build.ts";
 

@@ -3,6 +3,8 @@
  * Sizes: memory in MiB; times in ms. Drivers throw `VmmError` (see ./errors.ts).
  * DRAFT contract laid by the skeleton: the VMM work may refine it; the orchestrator codes against it.
  */
+import type { AttachOptions, VmmAttachResult } from "./adopt.ts";
+import type { VmmRecord } from "./supervise.ts";
 
 /** A virtio-blk drive. `path` is a regular file (or FUSE-served file, or block device). */
 export interface DriveSpec {
@@ -112,6 +114,12 @@ export interface VmHandle {
   driveResized(drive: Pick<DriveSpec, "id" | "path">, bytes: number): Promise<void>;
   /** Stop the VMM process (graceful first, then SIGKILL after the driver's timeout) and free its resources. */
   stop(): Promise<void>;
+  /**
+   * Let go of the VMM without stopping it, for the next node to `attach` (issue 27): control and
+   * console connections close, the record and every file stay. The handle is dead afterwards
+   * (its `exited` never settles).
+   */
+  detach(): void;
 }
 
 /** A VMM driver. */
@@ -120,4 +128,11 @@ export interface VmmDriver {
   boot(spec: VmSpec): Promise<VmHandle>;
   /** Start a VM from snapshot files; it starts paused unless `resume` is true. */
   restore(spec: VmSpec, files: SnapshotFiles, opts: { resume: boolean }): Promise<VmHandle>;
+  /**
+   * Take over a VMM a previous node of this runtime path started, from its record
+   * (`readRecords`): `attached` with a handle like `boot`'s, or `lost` with the reason (../adopt.ts
+   * `VmmLostReason`; a live VMM that cannot be adopted has been killed). Never throws for a
+   * record that does not fit; the record of a lost VMM is for `reapLeftovers` to remove.
+   */
+  attach(rec: VmmRecord, opts?: AttachOptions): Promise<VmmAttachResult>;
 }

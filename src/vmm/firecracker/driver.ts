@@ -17,15 +17,23 @@
  * become the new memory layer over the parent image (a capture, a resume, more writes and a
  * second capture lose nothing). The file costs what the guest dirtied and goes with the VM.
  * Without `track_dirty_pages` a restored VM falls back to a Full snapshot compared page by page
- * with the parent image. Firecracker cannot run on this host (no usable KVM): all of this is
+ * with the parent image.
+ *
+ * Nothing of a running Firecracker hangs on the node that spawned it (issue 27): its API socket
+ * is a file, its console and log go to a file it writes, it runs in a session of its own. A node
+ * that starts after the spawning one died takes it over with `attach` (API: `GET /` answers the
+ * instance state). Firecracker cannot run on this host (no usable KVM): all of this is
  * tested request by request against the schema-validating stand-in
  * (test/vmm/firecracker/fake-firecracker.ts), not against a real Firecracker.
  */
 import { closeSync, existsSync, fstatSync, mkdirSync, openSync, readSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import { dataExtents } from "../../ffi/file_extents.ts";
+import { errorMessage } from "../../util/error.ts";
+import { holdRecorded, killHeld, lost, type AttachOptions, type VmmAttachResult } from "../adopt.ts";
 import { VmmError } from "../errors.ts";
-import { processStartTime, removeRecord, writeRecord } from "../supervise.ts";
+import { bunVmm, heldVmm, type VmmProcess } from "../process.ts";
+import { processStartTime, removeRecord, writeRecord, type VmmRecord } from "../supervise.ts";
 import type { DriveSpec, MemoryCapture, SnapshotFiles, VmHandle, VmmDriver, VmSpec } from "../types.ts";
 import { logger } from "../../observability/log.ts";
 import { FirecrackerApi, type ApiRequest } from "./api.ts";
@@ -55,14 +63,14 @@ class FirecrackerVm implements VmHandle {
   readonly consolePath: string;
   #state: VmState;
   #api: FirecrackerApi;
-  #proc: ReturnType<typeof Bun.spawn>;
+  #proc: VmmProcess;
   #cfg: FirecrackerConfig;
   #cleanup: () => void;
   #stopping: Promise<void> | undefined;
 
   constructor(
     id: string,
-    proc: ReturnType<typeof Bun.spawn>,
+    proc: VmmProcess,
     api: FirecrackerApi,
     cfg: FirecrackerConfig,
     state: VmState,
@@ -81,12 +89,12 @@ class FirecrackerVm implements VmHandle {
     this.#cfg = cfg;
     this.#state = state;
     this.#cleanup = cleanup;
-    this.exited = proc.exited.then(() => {
+    this.exited = proc.exited.then((code) => {
       const unexpected = this.#stopping === undefined;
       this.#state = "exited";
-      if (unexpected) log.error({ id, pid: proc.pid, exitCode: proc.exitCode, signal: proc.signalCode }, "firecracker exited unexpectedly");
+      if (unexpected) log.error({ id, pid: proc.pid, exitCode: code }, "firecracker exited unexpectedly");
       this.#cleanup();
-      return proc.exitCode;
+      return code;
     });
   }
 
@@ -162,7 +170,7 @@ class FirecrackerVm implements VmHandle {
   /** SIGTERM, then SIGKILL after `stop_timeout_ms`; removes the socket and the record. */
   stop(): Promise<void> {
     this.#stopping ??= (async () => {
-      if (this.#proc.exitCode === null && this.#proc.signalCode === null) {
+      if (this.#proc.running) {
         this.#proc.kill("SIGTERM");
         const t = setTimeout(() => this.#proc.kill("SIGKILL"), this.#cfg.stopTimeoutMs);
         await this.exited;
@@ -172,6 +180,12 @@ class FirecrackerVm implements VmHandle {
       }
     })();
     return this.#stopping;
+  }
+
+  /** `VmHandle.detach`: the process, its socket and its record stay for the next node. */
+  detach(): void {
+    this.#stopping ??= new Promise<void>(() => {});
+    this.#proc.release();
   }
 
   async [Symbol.asyncDispose](): Promise<void> {
@@ -269,9 +283,13 @@ export class FirecrackerDriver implements VmmDriver {
     if (dirtyMemPath) rmSync(dirtyMemPath, { force: true });
     const owned = dirtyMemPath ? [sock, dirtyMemPath] : [sock];
     const record = { id: spec.id, ownedFiles: owned };
-    writeRecord(this.#runtimeDir, { id: spec.id, driver: "firecracker", pid: proc.pid, startTime: processStartTime(proc.pid) ?? 0, ownedFiles: owned });
+    const consolePath = join(spec.workDir, "firecracker.log");
+    writeRecord(this.#runtimeDir, {
+      id: spec.id, driver: "firecracker", pid: proc.pid, startTime: processStartTime(proc.pid) ?? 0, ownedFiles: owned,
+      argv: spec.net ? cmd.slice(3) : cmd, workDir: spec.workDir, controlSocket: sock, consolePath, restored, dirtyMemPath,
+    });
     const api = new FirecrackerApi(sock, spec.id, this.#cfg.apiTimeoutMs);
-    const vm = new FirecrackerVm(spec.id, proc, api, this.#cfg, state, join(spec.workDir, "firecracker.log"), () => removeRecord(this.#runtimeDir, record), restored, dirtyMemPath);
+    const vm = new FirecrackerVm(spec.id, bunVmm(proc), api, this.#cfg, state, consolePath, () => removeRecord(this.#runtimeDir, record), restored, dirtyMemPath);
     try {
       await this.#waitApi(api, proc, spec.id);
       for (const r of reqs) await api.send(r);
@@ -281,6 +299,41 @@ export class FirecrackerDriver implements VmmDriver {
     }
     log.info({ id: spec.id, pid: proc.pid, state }, "firecracker vm started");
     return vm;
+  }
+
+  /**
+   * Take over the Firecracker a previous node started, from its record: prove the process is
+   * that VMM (../adopt.ts: its arguments name the API socket and the sandbox id), ask `GET /`
+   * for the instance state (../shared/contracts/firecracker-api.yaml `InstanceInfo.state`):
+   * "Running" and "Paused" are adopted, anything else ("Not started": a boot or a snapshot load
+   * cut halfway) and a VMM whose API does not answer are killed and reported lost. The console
+   * is the file Firecracker writes (`firecracker.log`), nothing to reconnect.
+   * @returns `attached` with a handle like `boot`'s (`exited` resolves null), or `lost`
+   */
+  async attach(rec: VmmRecord, _opts: AttachOptions = {}): Promise<VmmAttachResult> {
+    const held = await holdRecorded(rec, "firecracker", ["argv", "workDir", "controlSocket", "consolePath", "restored", "dirtyMemPath"], this.#cfg.stopTimeoutMs);
+    if (!("proc" in held)) return held;
+    const api = new FirecrackerApi(rec.controlSocket!, rec.id, this.#cfg.apiTimeoutMs);
+    let info: { id?: string; state?: string };
+    try {
+      info = ((await api.send({ method: "GET", path: "/" })) ?? {}) as { id?: string; state?: string };
+    } catch (e) {
+      const gone = held.proc.gone;
+      await killHeld(held.proc, this.#cfg.stopTimeoutMs);
+      removeRecord(this.#runtimeDir, rec);
+      return lost(rec.id, gone ? "gone" : "unresponsive", `firecracker ${rec.pid}: ${errorMessage(e)}`);
+    }
+    const state: VmState | undefined = info.state === "Running" ? "running" : info.state === "Paused" ? "paused" : undefined;
+    if (info.id !== rec.id || !state) {
+      await killHeld(held.proc, this.#cfg.stopTimeoutMs);
+      removeRecord(this.#runtimeDir, rec);
+      return info.id !== rec.id
+        ? lost(rec.id, "record_invalid", `API socket ${rec.controlSocket} answers as instance ${JSON.stringify(info.id)}`)
+        : lost(rec.id, "bad_state", `instance state ${JSON.stringify(info.state)}`);
+    }
+    const vm = new FirecrackerVm(rec.id, heldVmm(held.proc), api, this.#cfg, state, rec.consolePath!, () => removeRecord(this.#runtimeDir, rec), rec.restored!, rec.dirtyMemPath!);
+    log.info({ id: rec.id, pid: rec.pid, state }, "firecracker adopted");
+    return { kind: "attached", vm };
   }
 
   /**

@@ -1,7 +1,7 @@
 /**
  * QEMU command line for one microVM: `-M microvm` with ACPI (devices found as LNRO0005
  * virtio-mmio), modern virtio-mmio (`force-legacy=false`), guest RAM in a named file, serial
- * console to a file, QMP on a Unix socket, virtio-blk/net/rng devices. Recipe and measurements:
+ * console and QMP each on a Unix socket the driver made, virtio-blk/net/rng devices. Recipe and measurements:
  * docs/vm-on-this-machine.md §3, §7 and docs/bun-in-guest.md (`-cpu max` + virtio-rng).
  */
 import { VmmError } from "../errors.ts";
@@ -26,6 +26,14 @@ export interface QemuArgsOptions {
    * poll for QEMU to create the socket (src/ffi/unix-listen.ts).
    */
   qmpFd: number;
+  /**
+   * QEMU's descriptor number of a listening Unix socket for the serial console, passed like
+   * `qmpFd` (`-chardev socket,fd=N,server=on,wait=on`): QEMU waits at start for the node to
+   * connect (no boot line is lost), and a node that starts later connects to the same socket
+   * once the previous one is gone (issue 27: the console does not depend on a pipe of the node
+   * that spawned QEMU). While nobody is connected, QEMU drops console output.
+   */
+  consoleFd: number;
   /** Kernel command line assembled by the driver (base + net + clock + spec.bootArgs). */
   cmdline: string;
   /** Add `-incoming defer` (restore). */
@@ -59,7 +67,10 @@ export function buildQemuArgs(spec: VmSpec, o: QemuArgsOptions): string[] {
   if (roots.length !== 1) throw new VmmError("vmm.bad_spec", `need exactly one root drive, got ${roots.length}`, { id: spec.id });
   checkPath(spec.kernelPath, "kernelPath");
   checkPath(o.memPath, "memPath");
-  if (!Number.isInteger(o.qmpFd) || o.qmpFd < 3) throw new VmmError("vmm.bad_spec", `QMP descriptor ${o.qmpFd} is not a passed descriptor (>= 3)`, { qmpFd: o.qmpFd });
+  for (const [what, fd] of [["QMP", o.qmpFd], ["console", o.consoleFd]] as const) {
+    if (!Number.isInteger(fd) || fd < 3) throw new VmmError("vmm.bad_spec", `${what} descriptor ${fd} is not a passed descriptor (>= 3)`, { [`${what.toLowerCase()}Fd`]: fd });
+  }
+  if (o.qmpFd === o.consoleFd) throw new VmmError("vmm.bad_spec", `QMP and console share descriptor ${o.qmpFd}`, { qmpFd: o.qmpFd, consoleFd: o.consoleFd });
 
   const a: string[] = [
     "-name", `aenv-${spec.id}`,
@@ -71,10 +82,11 @@ export function buildQemuArgs(spec: VmSpec, o: QemuArgsOptions): string[] {
     "-object", `memory-backend-file,id=mem,size=${spec.memoryMiB}M,mem-path=${o.memPath},share=${o.memShared ? "on" : "off"}`,
     "-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
     "-global", "virtio-mmio.force-legacy=false",
-    // serial console on stdout: the driver reads the pipe into a bounded log (../console.ts)
-    "-serial", "stdio",
     "-chardev", `socket,id=qmp,fd=${o.qmpFd},server=on,wait=off`,
     "-mon", "chardev=qmp,mode=control",
+    // serial console on a socket the node reads into a bounded log (../console.ts)
+    "-chardev", `socket,id=con,fd=${o.consoleFd},server=on,wait=on`,
+    "-serial", "chardev:con",
     "-kernel", spec.kernelPath,
     "-append", o.cmdline,
   ];

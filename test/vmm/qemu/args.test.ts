@@ -29,6 +29,7 @@ const opts: QemuArgsOptions = {
   memPath: "/dev/shm/a/sb-1.mem",
   memShared: true,
   qmpFd: 3,
+  consoleFd: 4,
   cmdline: "console=ttyS0 root=/dev/vda",
   incoming: false,
 };
@@ -59,11 +60,12 @@ describe("buildQemuArgs", () => {
       "memory-backend-file,id=mem,size=512M,mem-path=/dev/shm/a/sb-1.mem,share=on",
       "rng-random,id=rng0,filename=/dev/urandom",
     ]);
-    // QMP on the listening socket the driver passed as fd 3, as a control monitor
-    expect(flag(a, "-chardev")).toEqual(["socket,id=qmp,fd=3,server=on,wait=off"]);
+    // QMP on the listening socket the driver passed as fd 3, as a control monitor; the serial
+    // console on the one passed as fd 4, QEMU waiting at start for the node to connect
+    expect(flag(a, "-chardev")).toEqual(["socket,id=qmp,fd=3,server=on,wait=off", "socket,id=con,fd=4,server=on,wait=on"]);
     expect(flag(a, "-mon")).toEqual(["chardev=qmp,mode=control"]);
     expect(flag(a, "-qmp")).toEqual([]);
-    expect(flag(a, "-serial")).toEqual(["stdio"]);
+    expect(flag(a, "-serial")).toEqual(["chardev:con"]);
     expect(flag(a, "-kernel")).toEqual(["/k/vmlinux"]);
     expect(flag(a, "-append")).toEqual(["console=ttyS0 root=/dev/vda"]);
     expect(flag(a, "-drive")).toEqual([
@@ -102,6 +104,7 @@ describe("buildQemuArgs", () => {
     expect(code(() => buildQemuArgs(spec, { ...opts, memPath: "/x/$(rm)" }))).toBe("vmm.bad_spec");
     // stdin, stdout and stderr are not a QMP socket; nor is a fractional or negative number
     for (const qmpFd of [0, 2, -1, 3.5]) expect(code(() => buildQemuArgs(spec, { ...opts, qmpFd }))).toBe("vmm.bad_spec");
+    for (const consoleFd of [1, -1, 4.5, 3]) expect(code(() => buildQemuArgs(spec, { ...opts, consoleFd }))).toBe("vmm.bad_spec");
     expect(code(() => buildQemuArgs({ ...spec, net: { ...spec.net!, mac: "zz" } }, opts))).toBe("vmm.bad_spec");
     expect(code(() => buildQemuArgs({ ...spec, net: { ...spec.net!, tapName: "a-very-long-tap-name" } }, opts))).toBe("vmm.bad_spec");
     for (const serial of ["", "a,b", "x".repeat(21), "vol-1"]) {
@@ -130,7 +133,7 @@ describe("TCG translation cache sizes", () => {
 });
 
 describe("QEMU that does not come up", () => {
-  test("a missing binary and one that exits at once are vmm.spawn_failed and leave no QMP socket, record or RAM file", async () => {
+  test("a missing binary and one that exits at once are vmm.spawn_failed and leave no QMP or console socket, record or RAM file", async () => {
     const root = mkdtempSync(join(tmpdir(), "qemu-nospawn-"));
     try {
       const o = { ...qemuOptions(loadConfig({ env: {} })), accel: "tcg" as const, tscKhz: 2596134, runtimeDir: join(root, "run"), memoryDir: join(root, "mem"), socketTimeoutMs: 5000 };
@@ -147,6 +150,7 @@ describe("QEMU that does not come up", () => {
       expect(await boot("/bin/false", "sb-false")).toBe("vmm.spawn_failed");
       for (const id of ["sb-missing", "sb-false"]) {
         expect(existsSync(join(root, "run", "vmm", `${id}.qmp`))).toBe(false);
+        expect(existsSync(join(root, "run", "vmm", `${id}.con`))).toBe(false);
         expect(existsSync(join(root, "run", "vmm", `${id}.json`))).toBe(false);
         expect(existsSync(join(root, "mem", `${id}.mem`))).toBe(false);
       }
