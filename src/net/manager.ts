@@ -12,11 +12,14 @@
  */
 import type { Db } from "../db/index.ts";
 import { logger } from "../observability/log.ts";
+import { errorMessage } from "../util/error.ts";
+import { planAdoption, reapplySlot, replaceHostRules, type KeepSlot, type LostSlot } from "./adopt.ts";
 import type { NetConfig } from "./config.ts";
 import { DnsProxy, systemResolvers } from "./dns-proxy.ts";
 import { NetError } from "./errors.ts";
-import { applyDnsAllowed, applyPolicy, buildSlot, destroySlot, reapAll, type ReapReport, resetSlot, setupHost, teardownHost } from "./netns.ts";
+import { applyDnsAllowed, applyPolicy, buildSlot, destroySlot, enableForwarding, reapSlots, type ReapReport, resetSlot, teardownHost } from "./netns.ts";
 import { defaultPolicy, domainMatches, type EgressPolicy, policyToJson } from "./policy.ts";
+import type { DnsAllowed } from "./rules.ts";
 import { type AllocatedSlot, type Slot, slotLayout } from "./slot.ts";
 import { type SlotRow, SlotStore } from "./store.ts";
 
@@ -48,6 +51,16 @@ export interface NetStats {
 interface DnsEntry {
   qname: string;
   expiresAt: number;
+}
+
+/** What `start()` did. */
+export interface NetStartReport extends ReapReport {
+  /** The slot rows the previous run had persisted. */
+  previous: SlotRow[];
+  /** Slots kept for sandboxes that outlive the previous run (`start({ keep })`), now allocated here. */
+  adopted: AllocatedSlot[];
+  /** Kept sandboxes whose slot could not be adopted (reaped with the rest), and why. */
+  lost: LostSlot[];
 }
 
 /** See the module comment. Create, `start()`, use, `shutdown()`. */
@@ -87,20 +100,38 @@ export class NetworkManager {
 
   /**
    * Reap whatever a previous run left (namespaces, host veths and node chains with our prefix, and
-   * their rows), install the node rules, start the DNS proxy, fill the pool to the low watermark,
-   * then start the pool worker when `pool.maintenanceEnabled`.
-   * @returns what reaping removed, and the slot rows the previous run had persisted.
+   * their rows) but the slots of `keep`, install the node rules, start the DNS proxy, fill the pool
+   * to the low watermark, then start the pool worker when `pool.maintenanceEnabled`.
+   *
+   * Keeping (issue 27): each kept sandbox's slot is found by its persisted row and checked whole
+   * (netns, both veth ends, tap, egress chains: ./adopt.ts); its DNS-learned addresses are read
+   * back from its AENV-DNS rules (names and expiry are in their comments); its rule set is
+   * applied again idempotently with `policy` (or the row's) and the DNS proxy's current port;
+   * then it is allocated to the sandbox as before the restart. A kept sandbox whose slot is
+   * not whole, or cannot take its policy, is reported in `lost` and its slot reaped.
+   * @returns what reaping removed, the rows the previous run had persisted, the adopted and lost slots
    * @throws NetError from the kernel commands; NetError `net.dns_bind` when the DNS proxy's port
    *   (`network.egress.dns_proxy_port`) cannot be bound.
    */
-  async start(): Promise<ReapReport & { previous: SlotRow[] }> {
+  async start(opts: { keep?: readonly KeepSlot[] } = {}): Promise<NetStartReport> {
     if (this.started) throw new NetError("net.bad_state", "NetworkManager.start() called twice", {});
     this.started = true;
     const stale = this.store.all();
-    const report = await reapAll(this.cfg);
+    const plan = await planAdoption(this.cfg, stale, opts.keep ?? [], (p) => this.assertEnforceable(p), Date.now());
+    const reaped = await reapSlots(this.cfg, new Set(plan.adopt.map((a) => a.slot.netnsName)));
     this.store.clear();
-    if (stale.length + report.netns.length + report.links.length + report.chains.length > 0) {
-      log.warn({ rows: stale.length, ...report }, "reaped network state of a previous run");
+    // kept slots are allocated before the DNS proxy answers their guests' first queries
+    const adopted: AllocatedSlot[] = [];
+    for (const k of plan.adopt) {
+      const a: AllocatedSlot = { ...k.slot, sandboxId: k.sandboxId, policy: k.policy };
+      this.free.splice(this.free.indexOf(a.idx), 1);
+      this.allocated.set(a.idx, a);
+      this.bySandbox.set(a.sandboxId, a.idx);
+      this.byNsIp.set(a.nsVethIp, a.idx);
+      const live = k.dnsAllowed.filter((e) => k.policy.allowDomains.some((d) => domainMatches(d, e.qname)));
+      if (live.length) this.dnsAllowed.set(a.idx, new Map(live.map((e) => [e.ip, { qname: e.qname, expiresAt: e.expiresAt }])));
+      this.store.put(a.idx, a.netnsName, "allocated", a.sandboxId, a.policy);
+      adopted.push(a);
     }
     if (this.cfg.dns.enabled) {
       // Bound first: the node rules and every slot's DNS redirect name the port actually bound.
@@ -118,10 +149,23 @@ export class NetworkManager {
         if (!this.sweeping) this.sweeping = this.sweepDns().finally(() => (this.sweeping = undefined));
       }, this.cfg.dns.sweepIntervalMs);
     }
-    await setupHost(this.cfg);
+    await enableForwarding(this.cfg);
+    const chains = await replaceHostRules(this.cfg);
+    const lost = [...plan.lost];
+    for (const a of [...adopted]) {
+      try {
+        await this.serial(a.idx, () => reapplySlot(this.cfg, a, a.policy, this.liveDnsEntries(a.idx)));
+      } catch (e) {
+        lost.push({ sandboxId: a.sandboxId, reason: `re-applying its rules failed: ${errorMessage(e)}` });
+        adopted.splice(adopted.indexOf(a), 1);
+        await this.release(a).catch((d) => log.error({ err: d, idx: a.idx }, "reaping a slot that could not be adopted failed"));
+      }
+    }
+    const report = { ...reaped, chains };
+    if (stale.length + report.netns.length + report.links.length > 0) log.warn({ rows: stale.length, ...report, adopted: adopted.length, lost }, "network state of a previous run: kept slots adopted, the rest reaped");
     while (this.pool.length < this.cfg.pool.low) await this.buildPooled();
     if (this.cfg.pool.maintenanceEnabled) this.worker = this.runWorker();
-    return { ...report, previous: stale };
+    return { ...report, previous: stale, adopted, lost };
   }
 
   /**
@@ -218,7 +262,7 @@ export class NetworkManager {
       if (learned) {
         for (const [ip, e] of learned) if (!policy.allowDomains.some((d) => domainMatches(d, e.qname))) learned.delete(ip);
       }
-      await applyPolicy(this.cfg, a, policy, this.liveDnsAddrs(a.idx));
+      await applyPolicy(this.cfg, a, policy, this.liveDnsEntries(a.idx));
     });
     a.policy = policy;
     this.store.put(a.idx, a.netnsName, "allocated", a.sandboxId, policy);
@@ -433,7 +477,7 @@ export class NetworkManager {
       const a = this.allocated.get(idx);
       if (!a || ![...m.values()].some((e) => e.expiresAt <= now)) continue;
       try {
-        await this.serial(idx, () => applyDnsAllowed(this.cfg, a, this.liveDnsAddrs(idx)));
+        await this.serial(idx, () => applyDnsAllowed(this.cfg, a, this.liveDnsEntries(idx)));
       } catch (e) {
         log.warn({ err: e, idx }, "closing expired DNS-learned addresses failed");
       }
@@ -441,11 +485,16 @@ export class NetworkManager {
   }
 
   private liveDnsAddrs(idx: number): string[] {
+    return this.liveDnsEntries(idx).map((e) => e.ip);
+  }
+
+  /** The unexpired DNS-learned addresses of a slot (expired ones are dropped), sorted by address. */
+  private liveDnsEntries(idx: number): DnsAllowed[] {
     const m = this.dnsAllowed.get(idx);
     if (!m) return [];
     const now = Date.now();
     for (const [ip, e] of m) if (e.expiresAt <= now) m.delete(ip);
-    return [...m.keys()].sort();
+    return [...m.entries()].map(([ip, e]) => ({ ip, qname: e.qname, expiresAt: e.expiresAt })).sort((x, y) => (x.ip < y.ip ? -1 : x.ip > y.ip ? 1 : 0));
   }
 
   /** DNS proxy hook: admit A records of names matching the querying slot's allowOut domains. */
@@ -463,8 +512,9 @@ export class NetworkManager {
         m.set(ip, { qname, expiresAt: now + Math.max(ttl, this.cfg.dns.minTtlSecs) * 1000 });
       }
       while (m.size > this.cfg.dns.maxAddressesPerSlot) m.delete(m.keys().next().value!);
-      const after = this.liveDnsAddrs(a.idx);
-      if (after.join(",") !== before) await applyDnsAllowed(this.cfg, a, after);
+      const after = this.liveDnsEntries(a.idx);
+      // the kernel holds the set (and each address's first expiry, for a node that adopts the slot)
+      if (after.map((e) => e.ip).join(",") !== before) await applyDnsAllowed(this.cfg, a, after);
     });
   }
 }

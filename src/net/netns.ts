@@ -9,7 +9,7 @@ import type { NetConfig } from "./config.ts";
 import { NetError } from "./errors.ts";
 import { run } from "./exec.ts";
 import type { EgressPolicy } from "./policy.ts";
-import { dnsScript, hostRules, policyScript, slotRules } from "./rules.ts";
+import { dnsScript, policyScript, slotRules, type DnsAllowed } from "./rules.ts";
 import { type Slot, TAP_MAC, TAP_PREFIX_LEN } from "./slot.ts";
 
 const log = logger("net");
@@ -108,12 +108,12 @@ async function destroyMany(cfg: NetConfig, netns: string[], links: string[]): Pr
 }
 
 /** Replace the policy (and DNS-learned) chains of a live slot in one atomic commit. */
-export async function applyPolicy(cfg: NetConfig, slot: Slot, policy: EgressPolicy, dnsAllowed: string[]): Promise<void> {
+export async function applyPolicy(cfg: NetConfig, slot: Slot, policy: EgressPolicy, dnsAllowed: DnsAllowed[]): Promise<void> {
   await restoreIn(slot.netnsPath, policyScript(cfg, policy, dnsAllowed), cfg.commandTimeoutMs);
 }
 
 /** Replace only the DNS-learned allow chain of a live slot. */
-export async function applyDnsAllowed(cfg: NetConfig, slot: Slot, dnsAllowed: string[]): Promise<void> {
+export async function applyDnsAllowed(cfg: NetConfig, slot: Slot, dnsAllowed: DnsAllowed[]): Promise<void> {
   await restoreIn(slot.netnsPath, dnsScript(dnsAllowed), cfg.commandTimeoutMs);
 }
 
@@ -182,24 +182,22 @@ export async function removeHostRules(prefix: string, timeoutMs: number): Promis
 }
 
 /**
- * Delete every namespace, host veth and node chain carrying our prefix (left by a crashed run).
- * Names that merely start with the prefix but do not end in a slot index are not ours and stay.
+ * Delete every namespace and host veth carrying our prefix but those named in `keep` (the slots
+ * a starting node adopts: each slot's netns and host veth share its name).
+ * @returns what was deleted
  */
-export async function reapAll(cfg: NetConfig): Promise<ReapReport> {
-  const t = cfg.commandTimeoutMs;
-  const netns = listOurNetns(cfg.namePrefix);
-  const links = await listOurLinks(cfg.namePrefix, t);
+export async function reapSlots(cfg: NetConfig, keep: ReadonlySet<string>): Promise<{ netns: string[]; links: string[] }> {
+  const netns = listOurNetns(cfg.namePrefix).filter((n) => !keep.has(n));
+  const links = (await listOurLinks(cfg.namePrefix, cfg.commandTimeoutMs)).filter((l) => !keep.has(l));
   await destroyMany(cfg, netns, links);
-  const chains = await removeHostRules(cfg.namePrefix, t);
-  return { netns, links, chains };
+  return { netns, links };
 }
 
-/** Install the node-wide chains (after reaping) and enable forwarding when configured. */
-export async function setupHost(cfg: NetConfig): Promise<void> {
+/** Enable IPv4 forwarding in the node's namespace when `enableIpForward` is configured. */
+export async function enableForwarding(cfg: NetConfig): Promise<void> {
   if (cfg.enableIpForward) {
     await run(["sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward"], { timeoutMs: cfg.commandTimeoutMs });
   }
-  await restoreIn(null, hostRules(cfg), cfg.commandTimeoutMs);
 }
 
 /** Remove the node-wide chains (shutdown). */

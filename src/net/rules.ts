@@ -13,6 +13,10 @@
  *   forwarding is dropped, the node itself accepts only replies and DNS-proxy queries from slots,
  *   the DNS-proxy port accepts nothing from elsewhere, and slot traffic leaving the node is
  *   masqueraded.
+ * - Each DNS-learned allow rule carries, as an iptables comment, the name it was learned for and
+ *   when it expires (`aenv-dns <qname> <unix ms>`): the kernel's copy is the persisted one, so a
+ *   node that adopts a running slot reads them back (`parseDnsAllowed`) instead of keeping them
+ *   in a table of its own (issue 27).
  */
 import type { NetConfig } from "./config.ts";
 import { type Cidr, formatCidr } from "./ipv4.ts";
@@ -34,17 +38,54 @@ export const CHAIN_DENY = "AENV-DENY";
 
 const DENY = CHAIN_DENY;
 
+/** One address admitted through a DNS answer: for which name, until when (unix ms). */
+export interface DnsAllowed {
+  ip: string;
+  qname: string;
+  expiresAt: number;
+}
+
+/** First word of the comment on every DNS-learned rule. */
+export const DNS_COMMENT_TAG = "aenv-dns";
+/** Names written into a rule comment as they are (iptables comments: at most 256 bytes, no quotes). */
+const COMMENT_NAME = /^[A-Za-z0-9._-]{1,200}$/;
+/** What stands for a name that cannot go into a comment (it matches no allowOut domain later). */
+const UNNAMED = "?";
+
+function dnsRule(e: DnsAllowed): string {
+  const name = COMMENT_NAME.test(e.qname) ? e.qname : UNNAMED;
+  return `-A ${CHAIN_DNS} -d ${e.ip}/32 -m comment --comment "${DNS_COMMENT_TAG} ${name} ${Math.floor(e.expiresAt)}" -j ACCEPT`;
+}
+
+/**
+ * The DNS-learned addresses in `iptables-save` output of a slot's filter table (the AENV-DNS
+ * rules and their comments). A rule without our comment (made before comments were written)
+ * gets name "?" and expires at `fallbackExpiresAt`.
+ */
+export function parseDnsAllowed(save: string, fallbackExpiresAt: number): DnsAllowed[] {
+  const out: DnsAllowed[] = [];
+  const re = new RegExp(`^-A ${CHAIN_DNS} -d ([0-9.]+)/32(?: -m comment --comment "?${DNS_COMMENT_TAG} (\\S+) (\\d+)"?)? -j ACCEPT$`);
+  for (const line of save.split("\n")) {
+    const m = re.exec(line.trim());
+    if (!m) continue;
+    out.push(m[2] ? { ip: m[1]!, qname: m[2], expiresAt: Number(m[3]) } : { ip: m[1]!, qname: UNNAMED, expiresAt: fallbackExpiresAt });
+  }
+  return out;
+}
+
 /** Names of the node-namespace chains for a prefix. */
 export function hostChains(prefix: string): { fwd: string; input: string; post: string } {
   return { fwd: `${prefix}fwd`, input: `${prefix}in`, post: `${prefix}post` };
 }
 
-/** Node-namespace rules (filter + nat), applied once at start after reaping. */
-export function hostRules(cfg: NetConfig): string {
+/**
+ * Node-namespace rules per table (the lines between `*table` and `COMMIT`): chain declarations
+ * (which empty the chain in --noflush mode), their rules, and the jumps into them.
+ */
+export function hostRuleLines(cfg: NetConfig): { filter: string[]; nat: string[] } {
   const { fwd, input, post } = hostChains(cfg.namePrefix);
   const ifw = `${cfg.namePrefix}+`;
-  const lines = [
-    "*filter",
+  const filter = [
     `:${fwd} - [0:0]`,
     `:${input} - [0:0]`,
     `-A ${fwd} -i ${ifw} -o ${ifw} -j DROP`,
@@ -54,33 +95,33 @@ export function hostRules(cfg: NetConfig): string {
   ];
   if (cfg.dns.enabled) {
     for (const proto of ["udp", "tcp"]) {
-      lines.push(`-A ${input} -i ${ifw} -p ${proto} --dport ${cfg.dns.port} -j ACCEPT`);
+      filter.push(`-A ${input} -i ${ifw} -p ${proto} --dport ${cfg.dns.port} -j ACCEPT`);
       // the proxy binds all addresses; it must not become an open resolver for other networks
-      lines.push(`-A ${input} ! -i ${ifw} -p ${proto} --dport ${cfg.dns.port} -j DROP`);
+      filter.push(`-A ${input} ! -i ${ifw} -p ${proto} --dport ${cfg.dns.port} -j DROP`);
     }
   }
-  lines.push(
-    `-A ${input} -i ${ifw} -j DROP`,
-    `-I FORWARD 1 -j ${fwd}`,
-    `-I INPUT 1 -j ${input}`,
-    "COMMIT",
-    "*nat",
-    `:${post} - [0:0]`,
-    `-A ${post} -s ${formatCidr(cfg.vethCidr)} ! -o ${ifw} -j MASQUERADE`,
-    `-I POSTROUTING 1 -j ${post}`,
-    "COMMIT",
-    "",
-  );
-  return lines.join("\n");
+  filter.push(`-A ${input} -i ${ifw} -j DROP`, `-I FORWARD 1 -j ${fwd}`, `-I INPUT 1 -j ${input}`);
+  const nat = [`:${post} - [0:0]`, `-A ${post} -s ${formatCidr(cfg.vethCidr)} ! -o ${ifw} -j MASQUERADE`, `-I POSTROUTING 1 -j ${post}`];
+  return { filter, nat };
+}
+
+/** Node-namespace rules (filter + nat), applied once at start after reaping. */
+export function hostRules(cfg: NetConfig): string {
+  const { filter, nat } = hostRuleLines(cfg);
+  return ["*filter", ...filter, "COMMIT", "*nat", ...nat, "COMMIT", ""].join("\n");
 }
 
 /**
  * The complete rule set of a fresh slot namespace: inbound DNAT hostIp → guest, outbound SNAT
  * guest → nsVethIp, DNS redirect to the node's proxy, and the egress chains with `policy`.
+ * `replace`: the same rules replacing those of a live slot (its built-in chains flushed first,
+ * in the same commit per table): what a node applies to a slot it adopts, idempotently.
  */
-export function slotRules(cfg: NetConfig, slot: Slot, policy: EgressPolicy, dnsAllowed: string[] = []): string {
+export function slotRules(cfg: NetConfig, slot: Slot, policy: EgressPolicy, dnsAllowed: DnsAllowed[] = [], replace = false): string {
   const nat = [
     "*nat",
+    // replacing the rules of a live slot (adoption): its built-in chains are emptied in the same commit
+    ...(replace ? ["-F PREROUTING", "-F POSTROUTING"] : []),
     `-A PREROUTING -i ${slot.nsVeth} -d ${slot.hostIp}/32 -j DNAT --to-destination ${slot.guestIp}`,
   ];
   if (cfg.dns.enabled) {
@@ -91,6 +132,7 @@ export function slotRules(cfg: NetConfig, slot: Slot, policy: EgressPolicy, dnsA
   nat.push(`-A POSTROUTING -o ${slot.nsVeth} -s ${slot.guestIp}/32 -j SNAT --to-source ${slot.nsVethIp}`, "COMMIT");
   const filter = [
     "*filter",
+    ...(replace ? ["-F INPUT", "-F FORWARD"] : []),
     `:${CHAIN_EGRESS} - [0:0]`,
     `:${CHAIN_POLICY} - [0:0]`,
     `:${CHAIN_DNS} - [0:0]`,
@@ -123,16 +165,16 @@ export function slotRules(cfg: NetConfig, slot: Slot, policy: EgressPolicy, dnsA
  * Guest-originated packets are checked against the policy on every packet, not only the first of
  * a connection, so a replaced policy also cuts connections that are already open.
  */
-export function policyScript(cfg: NetConfig, policy: EgressPolicy, dnsAllowed: string[]): string {
+export function policyScript(cfg: NetConfig, policy: EgressPolicy, dnsAllowed: DnsAllowed[]): string {
   return [...policyChains(cfg, policy, dnsAllowed, ["*filter"], true), "COMMIT", ""].join("\n");
 }
 
 /** A filter-table script replacing only the DNS-learned chain. */
-export function dnsScript(dnsAllowed: string[]): string {
-  return ["*filter", `:${CHAIN_DNS} - [0:0]`, ...dnsAllowed.map((ip) => `-A ${CHAIN_DNS} -d ${ip}/32 -j ACCEPT`), "COMMIT", ""].join("\n");
+export function dnsScript(dnsAllowed: DnsAllowed[]): string {
+  return ["*filter", `:${CHAIN_DNS} - [0:0]`, ...dnsAllowed.map(dnsRule), "COMMIT", ""].join("\n");
 }
 
-function policyChains(cfg: NetConfig, policy: EgressPolicy, dnsAllowed: string[], into: string[], declare: boolean): string[] {
+function policyChains(cfg: NetConfig, policy: EgressPolicy, dnsAllowed: DnsAllowed[], into: string[], declare: boolean): string[] {
   const c = (x: Cidr) => formatCidr(x);
   if (declare) into.push(`:${CHAIN_POLICY} - [0:0]`, `:${CHAIN_DNS} - [0:0]`);
   for (const a of policy.allowCidrs) into.push(`-A ${CHAIN_POLICY} -d ${c(a)} -j ACCEPT`);
@@ -141,6 +183,6 @@ function policyChains(cfg: NetConfig, policy: EgressPolicy, dnsAllowed: string[]
   for (const d of policy.denyCidrs) into.push(`-A ${CHAIN_POLICY} -d ${c(d)} -j ${DENY}`);
   const open = policy.allowInternetAccess && cfg.defaultAction === "allow";
   into.push(`-A ${CHAIN_POLICY} -j ${open ? "ACCEPT" : DENY}`);
-  for (const ip of dnsAllowed) into.push(`-A ${CHAIN_DNS} -d ${ip}/32 -j ACCEPT`);
+  for (const e of dnsAllowed) into.push(dnsRule(e));
   return into;
 }

@@ -130,10 +130,13 @@ export class World {
     return base;
   }
 
-  /** Start an agent (NetworkManager process) in the node netns and wait for start() to finish. */
-  async agent(over: Record<string, any> = {}): Promise<{ agent: Agent; start: AgentReply }> {
+  /**
+   * Start an agent (NetworkManager process) in the node netns and wait for start() to finish;
+   * `keep`: the sandboxes whose slots it adopts (`start({ keep })`).
+   */
+  async agent(over: Record<string, any> = {}, keep?: { sandboxId: string; policy?: unknown }[]): Promise<{ agent: Agent; start: AgentReply }> {
     const proc = Bun.spawn(
-      ["nsenter", `--net=/run/netns/${this.nodeNs}`, BUN, join(FIX, "agent.ts"), JSON.stringify({ db: this.db, config: this.config(over) })],
+      ["nsenter", `--net=/run/netns/${this.nodeNs}`, BUN, join(FIX, "agent.ts"), JSON.stringify({ db: this.db, config: this.config(over), keep })],
       { stdin: "pipe", stdout: "pipe", stderr: "inherit", env: { ...process.env, AENV_LOG_LEVEL: "error" } },
     );
     this.procs.push(proc);

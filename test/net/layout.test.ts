@@ -4,7 +4,7 @@ import { netConfigFromConfig, validateNetConfig } from "../../src/net/config.ts"
 import { NetError } from "../../src/net/errors.ts";
 import { parseCidr } from "../../src/net/ipv4.ts";
 import { parseEgressPolicy } from "../../src/net/policy.ts";
-import { hostRules, policyScript, slotRules } from "../../src/net/rules.ts";
+import { dnsScript, hostRules, parseDnsAllowed, policyScript, slotRules } from "../../src/net/rules.ts";
 import { guestAddress, netSpec, slotLayout } from "../../src/net/slot.ts";
 
 describe("config", () => {
@@ -76,16 +76,48 @@ describe("rules", () => {
   const s = slotLayout(c, 1);
   test("policy chain: allows first, then always-denied, denyOut, internet", () => {
     const p = parseEgressPolicy({ allowOut: ["10.1.2.3", "*.example.com"], denyOut: ["8.8.8.0/24"], allow_internet_access: true });
-    const lines = policyScript(c, p, ["93.184.216.34"]).split("\n");
+    const lines = policyScript(c, p, [{ ip: "93.184.216.34", qname: "www.example.com", expiresAt: 1_700_000_000_000 }]).split("\n");
     const policy = lines.filter((l) => l.startsWith("-A AENV-POLICY"));
     expect(policy[0]).toBe("-A AENV-POLICY -d 10.1.2.3/32 -j ACCEPT");
     expect(policy[1]).toBe("-A AENV-POLICY -j AENV-DNS");
     expect(policy.slice(2, 8).every((l) => l.endsWith("-j AENV-DENY"))).toBe(true);
     expect(policy[8]).toBe("-A AENV-POLICY -d 8.8.8.0/24 -j AENV-DENY");
     expect(policy[9]).toBe("-A AENV-POLICY -j ACCEPT");
-    expect(lines).toContain("-A AENV-DNS -d 93.184.216.34/32 -j ACCEPT");
+    expect(lines).toContain('-A AENV-DNS -d 93.184.216.34/32 -m comment --comment "aenv-dns www.example.com 1700000000000" -j ACCEPT');
     const closed = policyScript(c, parseEgressPolicy({ allow_internet_access: false }), []);
     expect(closed.trim().split("\n").at(-2)).toBe("-A AENV-POLICY -j AENV-DENY");
+  });
+  test("DNS-learned rules carry their name and expiry; iptables-save's form of them reads back, an older node's plain rule too", () => {
+    const entries = [
+      { ip: "93.184.216.34", qname: "www.example.com", expiresAt: 1_700_000_000_000 },
+      { ip: "10.0.0.9", qname: "x y\"z.example.com", expiresAt: 5.5 }, // no name a comment can hold: "?"
+    ];
+    const script = dnsScript(entries);
+    expect(script.split("\n")).toContain('-A AENV-DNS -d 10.0.0.9/32 -m comment --comment "aenv-dns ? 5" -j ACCEPT');
+    // as iptables-save prints them (the comment quoted), with a rule of another chain and a plain one
+    const save = [
+      "*filter",
+      ":AENV-DNS - [0:0]",
+      '-A AENV-DNS -d 93.184.216.34/32 -m comment --comment "aenv-dns www.example.com 1700000000000" -j ACCEPT',
+      '-A AENV-DNS -d 10.0.0.9/32 -m comment --comment "aenv-dns ? 5" -j ACCEPT',
+      "-A AENV-DNS -d 1.2.3.4/32 -j ACCEPT",
+      "-A AENV-POLICY -d 1.1.1.1/32 -j ACCEPT",
+      "COMMIT",
+    ].join("\n");
+    expect(parseDnsAllowed(save, 42)).toEqual([
+      { ip: "93.184.216.34", qname: "www.example.com", expiresAt: 1_700_000_000_000 },
+      { ip: "10.0.0.9", qname: "?", expiresAt: 5 },
+      { ip: "1.2.3.4", qname: "?", expiresAt: 42 },
+    ]);
+    expect(parseDnsAllowed("", 1)).toEqual([]);
+  });
+  test("a slot's rules replacing a live slot's flush its built-in chains first, in the same commit", () => {
+    const r = slotRules(c, s, parseEgressPolicy({}), [], true).split("\n");
+    expect(r.slice(0, 3)).toEqual(["*nat", "-F PREROUTING", "-F POSTROUTING"]);
+    const f = r.indexOf("*filter");
+    expect(r.slice(f, f + 3)).toEqual(["*filter", "-F INPUT", "-F FORWARD"]);
+    expect(r.filter((l) => l === "COMMIT").length).toBe(2);
+    expect(slotRules(c, s, parseEgressPolicy({})).split("\n")).not.toContain("-F FORWARD");
   });
   test("slot and host scripts carry the NAT of this slot and the prefix wildcard", () => {
     const r = slotRules(c, s, parseEgressPolicy({}));

@@ -26,7 +26,7 @@ import { FuseEngine } from "./fuse-engine.ts";
 import { UblkEngine } from "./ublk-engine.ts";
 import { ownerTagOf, ublkAvailable, type UblkConfig } from "../ublk/index.ts";
 import { DeviceManager, type BlockPoolSettings, type LostDevice } from "./manager.ts";
-import { encodeFrame, errorResponse, FrameReader, parseRequest, type EngineName, type Request, type Response } from "./protocol.ts";
+import { DISK_PROTOCOL_VERSION, encodeFrame, errorResponse, FrameReader, parseRequest, type EngineName, type Request, type Response } from "./protocol.ts";
 import { DeviceStore } from "./store.ts";
 import pkg from "../../../package.json" with { type: "json" };
 
@@ -102,7 +102,7 @@ export async function runDaemon(s: DaemonSettings, onReady: (socket: string) => 
     let shuttingDown = false;
     const m = manager;
     const features = (): Response => ({
-      kind: "features", version: pkg.version, pid: process.pid, engines: m.engines, default_engine: defaultEngine, ublk_control: ublk,
+      kind: "features", version: pkg.version, protocol: DISK_PROTOCOL_VERSION, pid: process.pid, engines: m.engines, default_engine: defaultEngine, ublk_control: ublk,
       max_frame_bytes: s.maxFrameBytes, fuse_threads: s.fuse.threads, restarts_recovered: m.recovered,
       pooled: Object.fromEntries(m.engines.map((e) => [e, m.pooled(e)])),
     });

@@ -6,7 +6,10 @@
  *
  * Node side (`DiskService`, ./service.ts):
  * - `DiskService.start({ dir: <runtime_path>/disk, config: diskConfig(cfg) })` (shuts down a
- *   daemon a crashed node left: it removes every device it had)
+ *   daemon a crashed node left: it removes every device it had); with `mode: "adopt"` such a
+ *   daemon is kept (same protocol version): `svc.claim(devId)` → `{kind: "claimed", disk}` |
+ *   `{kind: "lost", reason}` | `{kind: "missing"}` for each export a sandbox still uses, then
+ *   `svc.reapUnclaimed()`; `svc.detach()` leaves the daemon and its devices to the next node
  * - `svc.rootDisk({ id, lowers, sandboxDir, virtualSize })` → `DiskExport` `{ path, close() }`:
  *   template layers + the sandbox's upper, served as `<sandboxDir>/mnt/root.img`
  * - `svc.exportDisk({ id, target, mountPoint?, fileName? })` → a raw file or a stack
@@ -20,5 +23,6 @@ export { daemonSettings, diskConfig, type DiskConfig } from "./config.ts";
 export { DiskError } from "./errors.ts";
 export { RawFileImage } from "./raw.ts";
 export { reapStaleMounts } from "./reap.ts";
-export { agentenvCommand, DiskService, ROOT_DISK_FILE, upperPaths, type DiskExport, type RootDiskOptions } from "./service.ts";
+export { agentenvCommand, DiskService, ROOT_DISK_FILE, sharedDeviceId, upperPaths, type DiskClaim, type DiskExport, type DiskStartMode, type RootDiskOptions } from "./service.ts";
+export { DISK_PROTOCOL_VERSION } from "./protocol.ts";
 export type { DeviceInfo, DeviceStats, EngineName, TargetSpec } from "./protocol.ts";

@@ -22,6 +22,13 @@ import { DiskError, type DiskErrorCode, toDiskError } from "./errors.ts";
 /** Bytes of the length prefix. */
 export const FRAME_HEADER = 4;
 
+/**
+ * Version of this protocol, in the `features` answer (`protocol`). A node adopts a daemon a
+ * previous node left only when it speaks the same version (issue 27); raise it with any change
+ * of a request's or answer's meaning. Daemons before adoption existed send no `protocol`.
+ */
+export const DISK_PROTOCOL_VERSION = 1;
+
 /** What to serve. Paths are absolute; sizes in bytes (multiples of 512). */
 export type TargetSpec =
   | { kind: "raw"; path: string; read_only: boolean; accept_writable_open?: boolean }
@@ -124,7 +131,7 @@ export interface LostInfo {
 
 /** Responses, by `kind` (`device_lost` is an event: no request asked for it). */
 export type Response =
-  | { kind: "features"; seq?: number; version: string; pid: number; engines: EngineName[]; default_engine: EngineName; ublk_control: boolean; max_frame_bytes: number; fuse_threads: number; restarts_recovered: number; pooled: Partial<Record<EngineName, number>> }
+  | { kind: "features"; seq?: number; version: string; protocol?: number; pid: number; engines: EngineName[]; default_engine: EngineName; ublk_control: boolean; max_frame_bytes: number; fuse_threads: number; restarts_recovered: number; pooled: Partial<Record<EngineName, number>> }
   | ({ kind: "runtime_device_created"; seq?: number } & DeviceInfo)
   | ({ kind: "device_acquired"; seq?: number; from_pool: boolean } & DeviceInfo)
   | { kind: "deleted"; seq?: number; dev_id: string }

@@ -4,6 +4,15 @@
  * FUSE connection it hands out (so the mounts outlive a daemon crash), starts it again when it
  * dies (the new one serves the same devices: ./manager.ts `recover`), and shuts it down last.
  *
+ * Adoption (issue 27, `mode: "adopt"`): a daemon a previous node left on the directory and that
+ * speaks this node's protocol version (`DISK_PROTOCOL_VERSION`) is kept, with its devices: the
+ * node re-claims the exports its sandboxes use by device id (`claim`: the same kind of handle
+ * `rootDisk`/`exportDisk`/`acquireShared` gave, its FUSE connection copied again and this node
+ * registered as its holder), then removes what nobody claimed (`reapUnclaimed`). A daemon that
+ * does not answer or speaks another version is shut down as in the default mode. When no daemon
+ * is left (it died while no node watched), a new one serves again what it can recover; what it
+ * cannot is reported lost by `claim`.
+ *
  * The daemon runs in its own session (`detached`: setsid before exec), so a Ctrl-C on the node's
  * terminal reaches only the node, which then closes the disks in order.
  *
@@ -13,27 +22,24 @@
  * mount detached) at once: with no server left, that copy would keep the connection alive and
  * every I/O of the VMM on it waiting for good (unkillable), instead of failing.
  */
-import { closeSync, existsSync, mkdirSync, openSync, readFileSync } from "node:fs";
+import { closeSync, existsSync, mkdirSync, openSync } from "node:fs";
 import { dirname, join } from "node:path";
-import { fileURLToPath } from "node:url";
 import { MNT_DETACH, umount2 } from "../../ffi/mount.ts";
-import { takeFd, waitExit } from "../../ffi/pidfd.ts";
+import { takeFd } from "../../ffi/pidfd.ts";
+import { holdProcess } from "../../ffi/pidfd-watch.ts";
 import { processStartTime } from "../../ffi/proc.ts";
 import { logger } from "../../observability/log.ts";
+import { errorMessage } from "../../util/error.ts";
 import { DaemonClient, type Answer, type Req } from "./client.ts";
 import { daemonSettings, type DiskConfig } from "./config.ts";
 import { daemonPaths } from "./daemon.ts";
 import { DiskError } from "./errors.ts";
-import type { DeviceInfo, DeviceStats, EngineName, Request, TargetSpec } from "./protocol.ts";
+import { adoptedDaemon, agentenvCommand, isDaemon, readLine, spawnedDaemon, stopLeftoverDaemon, tail, type DaemonProcess } from "./process.ts";
+import { DISK_PROTOCOL_VERSION, type DeviceInfo, type DeviceStats, type EngineName, type Request, type TargetSpec } from "./protocol.ts";
 
 const log = logger("disk");
 
-/** Command prefix that runs this program's CLI (bun + main.ts from source, or the compiled binary). */
-export function agentenvCommand(): string[] {
-  const exe = process.execPath;
-  if (/(^|\/)bun[^/]*$/.test(exe)) return [exe, fileURLToPath(new URL("../../cli/main.ts", import.meta.url))];
-  return [exe];
-}
+export { agentenvCommand };
 
 /** One device handed to this node. */
 export interface DiskExport {
@@ -74,19 +80,40 @@ export interface RootDiskOptions {
 /** Name of the served root disk file inside `<sandboxDir>/mnt/`. */
 export const ROOT_DISK_FILE = "root.img";
 
+/** Device id of the shared device of `key` (what `acquireShared` made; `claim` takes it). */
+export function sharedDeviceId(key: string): string {
+  return `shared.${key}`;
+}
+
+/** How `start` treats a daemon a previous node left on the directory. */
+export type DiskStartMode = "fresh" | "adopt";
+
+/** What `claim` found for a device id. */
+export type DiskClaim =
+  | { kind: "claimed"; disk: DiskExport }
+  /** The daemon lost it (its connection ended, or a restarted daemon could not serve it again). */
+  | { kind: "lost"; reason: string }
+  /** No such device (never made, already removed, or reaped as unclaimed). */
+  | { kind: "missing" };
+
 /** Paths of a sandbox's writable upper layer. */
 export function upperPaths(sandboxDir: string): { data: string; index: string } {
   return { data: join(sandboxDir, "upper", "upper.data"), index: join(sandboxDir, "upper", "upper.index") };
 }
-
-type Child = ReturnType<typeof Bun.spawn>;
 
 /** The node side of the disk daemon. */
 export class DiskService {
   readonly dir: string;
   readonly config: DiskConfig;
   #started: Promise<void> | undefined;
-  #proc!: Child;
+  readonly mode: DiskStartMode;
+  #adopted = false;
+  /** Devices the adopted daemon had at start, not yet claimed whole, and those it had lost. */
+  #claimable = new Map<string, DeviceInfo>();
+  #lostAtStart = new Map<string, string>();
+  /** `#restarts` when `#claimable` was read: a restarted daemon's fds and devices differ. */
+  #claimableAt = 0;
+  #proc!: DaemonProcess;
   #client!: DaemonClient;
   #ready: Promise<void> = Promise.resolve();
   /** Daemons that died and were started again (and became ready). */
@@ -107,31 +134,92 @@ export class DiskService {
 
   /**
    * A service for the daemon on `dir` (`<runtime_path>/disk`); the daemon starts with `start()`
-   * or on the first request.
+   * or on the first request. `mode` (default "fresh"): what `start` does with a daemon a previous
+   * node left (see `start`).
    */
-  constructor(opts: { dir: string; config: DiskConfig }) {
+  constructor(opts: { dir: string; config: DiskConfig; mode?: DiskStartMode }) {
     this.dir = opts.dir;
     this.config = opts.config;
+    this.mode = opts.mode ?? "fresh";
   }
 
   /**
-   * Start the daemon (once). A daemon a crashed node left on the directory is shut down first (it
-   * removes every device it had), or killed when it does not answer.
+   * Start the daemon (once). "fresh": a daemon a crashed node left on the directory is shut down
+   * first (it removes every device it had), or killed when it does not answer. "adopt": such a
+   * daemon that answers with this node's protocol version is kept with its devices (`adopted`;
+   * then `claim` and `reapUnclaimed`); otherwise as "fresh".
    * @throws DiskError `disk.daemon_failed` (did not start; details.log holds its log tail)
    */
   start(): Promise<void> {
     return (this.#started ??= (async () => {
       mkdirSync(this.dir, { recursive: true });
-      await this.#stopLeftover();
+      if (this.mode === "adopt" && (await this.#adoptLeftover())) return;
+      await stopLeftoverDaemon(this.dir, this.config);
       await this.#spawn();
+      if (this.mode === "adopt") await this.#noteClaimable();
     })());
   }
 
   /** Start the daemon on `opts.dir` now (see `start`). */
-  static async start(opts: { dir: string; config: DiskConfig }): Promise<DiskService> {
+  static async start(opts: { dir: string; config: DiskConfig; mode?: DiskStartMode }): Promise<DiskService> {
     const s = new DiskService(opts);
     await s.start();
     return s;
+  }
+
+  /** True when `start` kept a daemon a previous node left (adopt mode). */
+  get adopted(): boolean {
+    return this.#adopted;
+  }
+
+  /**
+   * Take over device `id` a previous node had (adopt mode, after `start`): an exclusive device
+   * (a root disk, a volume drive) once, a shared one (`sharedDeviceId(key)`: a memory image) once
+   * per reference the previous node held. The handle is the kind `rootDisk`/`exportDisk`/
+   * `acquireShared` return (its `close()` releases it); a FUSE device's connection is copied to
+   * this node again and this node registered as its holder, so a daemon crash from now on is
+   * survived as before.
+   * @returns `claimed`, `lost` (with the daemon's reason) or `missing`
+   * @throws DiskError `disk.bad_request` outside adopt mode; daemon errors
+   */
+  async claim(id: string): Promise<DiskClaim> {
+    if (this.mode !== "adopt") throw new DiskError("disk.bad_request", "claim needs a disk service started in adopt mode", { field: "mode", value: this.mode });
+    await this.start();
+    await this.#ready;
+    if (this.#claimableAt !== this.#restarts) await this.#noteClaimable();
+    const info = this.#claimable.get(id);
+    if (!info) {
+      const reason = this.#lostAtStart.get(id);
+      return reason === undefined ? { kind: "missing" } : { kind: "lost", reason };
+    }
+    const claims = (this.#refs.get(id) ?? 0) + 1;
+    if (claims >= info.refcount) this.#claimable.delete(id);
+    return { kind: "claimed", disk: await this.#adopt(info, false, "release") };
+  }
+
+  /**
+   * Remove every device the previous node left that was not claimed (adopt mode; call once the
+   * node claimed what its sandboxes use, before it makes new exports): an exclusive device is
+   * deleted, a shared one loses the references nobody claimed (and goes with its last). Later
+   * claims of those find them `missing`.
+   * @returns the ids of the devices removed, or whose unclaimed references were dropped
+   */
+  async reapUnclaimed(): Promise<string[]> {
+    await this.start();
+    const out: string[] = [];
+    for (const [id, info] of this.#claimable) {
+      this.#claimable.delete(id);
+      try {
+        if (info.access === "exclusive") await this.#call<"delete">({ kind: "delete", dev_id: id });
+        else for (let i = this.#refs.get(id) ?? 0; i < info.refcount; i++) await this.#call<"release">({ kind: "release", dev_id: id });
+        out.push(id);
+      } catch (e) {
+        if (!(e instanceof DiskError && e.code === "disk.not_found")) throw e;
+      }
+    }
+    this.#lostAtStart.clear();
+    if (out.length) log.info({ devices: out }, "removed disk devices no sandbox claimed");
+    return out;
   }
 
   /** pid of the running daemon (0 before it started). */
@@ -258,7 +346,7 @@ export class DiskService {
       await this.#ready.catch(() => undefined);
       const proc = this.#proc;
       if (!proc) return;
-      if (proc.exitCode === null && proc.signalCode === null) {
+      if (proc.running) {
         try {
           await this.#client.request({ kind: "shutdown" });
         } catch (e) {
@@ -273,6 +361,22 @@ export class DiskService {
       }
       for (const [id, fd] of this.#held) this.#drop(id, fd, null);
     })());
+  }
+
+  /**
+   * Let go of the daemon without stopping it (the node hands it to the next node, which adopts
+   * it: issue 27's detach): no restart from now on, the connection and this node's copies of
+   * the FUSE connections close, every device stays (the daemon holds its own connections).
+   * The service is unusable afterwards.
+   */
+  detach(): void {
+    this.#stopping = true;
+    this.#closed ??= Promise.resolve();
+    if (!this.#proc) return;
+    this.#client?.close();
+    this.#proc.release();
+    for (const fd of this.#held.values()) closeSync(fd);
+    this.#held.clear();
   }
 
   // ---- internals ----
@@ -354,37 +458,62 @@ export class DiskService {
     if (!this.#refs.has(id)) this.#mounts.delete(id);
   }
 
-  /** Shut down (or kill) a daemon left on this directory by a node that crashed. */
-  async #stopLeftover(): Promise<void> {
+  /**
+   * Adopt mode: keep a daemon a previous node left if it answers with this protocol version.
+   * @returns false when there is none to keep (the caller shuts down what is left and spawns)
+   */
+  async #adoptLeftover(): Promise<boolean> {
     const paths = daemonPaths(this.dir);
-    if (!existsSync(paths.socket) && !existsSync(paths.lock)) return;
+    if (!existsSync(paths.socket)) return false;
+    let client: DaemonClient;
     try {
-      const c = await DaemonClient.connect(paths.socket, { timeoutMs: this.config.readyTimeoutMs, maxFrameBytes: this.config.maxFrameBytes });
-      try {
-        const f = await c.request({ kind: "get_features" });
-        log.warn({ pid: f.pid }, "a disk daemon from an earlier run is still up: shutting it down");
-        await c.request({ kind: "shutdown" });
-        await waitGone(f.pid, this.config.stopTimeoutMs);
-      } finally {
-        c.close();
-      }
+      client = await DaemonClient.connect(paths.socket, { timeoutMs: this.config.requestTimeoutMs, maxFrameBytes: this.config.maxFrameBytes });
     } catch (e) {
-      log.debug({ err: e }, "no answering disk daemon left");
+      log.debug({ err: e }, "no disk daemon left to adopt");
+      return false;
     }
-    // one that does not answer: kill it by the pid it recorded
-    const pid = readPidFile(paths.lock);
-    if (pid && isDaemon(pid, this.dir)) {
-      log.warn({ pid }, "killing an unresponsive disk daemon from an earlier run");
-      process.kill(pid, "SIGKILL");
-      await waitGone(pid, this.config.stopTimeoutMs);
+    try {
+      const f = await client.request({ kind: "get_features" });
+      if (f.protocol !== DISK_PROTOCOL_VERSION) {
+        log.warn({ pid: f.pid, protocol: f.protocol ?? null, want: DISK_PROTOCOL_VERSION }, "the disk daemon left by an earlier run speaks another protocol: not adopted");
+        client.close();
+        return false;
+      }
+      const start = processStartTime(f.pid);
+      const held = start !== null && isDaemon(f.pid, this.dir) ? holdProcess(f.pid, start) : null;
+      if (!held) {
+        client.close();
+        return false;
+      }
+      client.onLost = (l) => this.#deviceLost(l.dev_id, l.reason);
+      this.#proc = adoptedDaemon(held);
+      this.#client = client;
+      this.#adopted = true;
+      this.#watch(this.#proc);
+      await this.#noteClaimable();
+      log.info({ pid: f.pid, version: f.version, devices: this.#claimable.size, lost: this.#lostAtStart.size }, "adopted the disk daemon of an earlier run");
+      return true;
+    } catch (e) {
+      log.warn({ err: e }, "the disk daemon left by an earlier run did not answer: not adopted");
+      client.close();
+      return false;
     }
+  }
+
+  /** Adopt mode: remember the devices the daemon serves and nobody claimed whole yet, and those it lost. */
+  async #noteClaimable(): Promise<void> {
+    const r = await this.#client.request<"list">({ kind: "list" });
+    this.#claimableAt = this.#restarts;
+    this.#claimable.clear();
+    for (const d of r.devices) if ((this.#refs.get(d.dev_id) ?? 0) < d.refcount) this.#claimable.set(d.dev_id, d);
+    for (const l of r.lost) this.#lostAtStart.set(l.dev_id, l.reason);
   }
 
   /** Start a daemon, wait for its ready line, connect. */
   async #spawn(): Promise<void> {
     const paths = daemonPaths(this.dir);
     const logFd = openSync(paths.log, "a");
-    let proc: Child;
+    let proc: ReturnType<typeof Bun.spawn>;
     try {
       const settings = JSON.stringify(daemonSettings(this.config, this.dir));
       proc = Bun.spawn([...agentenvCommand(), "ublk-daemon", "--dir", this.dir, "--settings", settings], {
@@ -405,17 +534,17 @@ export class DiskService {
     try {
       client = await DaemonClient.connect(paths.socket, { timeoutMs: this.config.requestTimeoutMs, maxFrameBytes: this.config.maxFrameBytes });
     } catch (e) {
-      return await fail(`does not accept connections: ${(e as Error).message}`);
+      return await fail(`does not accept connections: ${errorMessage(e)}`);
     }
     client.onLost = (l) => this.#deviceLost(l.dev_id, l.reason);
-    this.#proc = proc;
+    this.#proc = spawnedDaemon(proc);
     this.#client = client;
     log.debug({ pid: proc.pid, dir: this.dir }, "disk daemon started");
-    this.#watch(proc);
+    this.#watch(this.#proc);
   }
 
   /** Start the daemon again when it dies, while restarts are left and the node is not stopping. */
-  #watch(proc: Child): void {
+  #watch(proc: DaemonProcess): void {
     void proc.exited.then(() => {
       if (this.#closed || this.#proc !== proc) return;
       this.#client.close();
@@ -445,57 +574,4 @@ export class DiskService {
       })();
     });
   }
-}
-
-function tail(path: string, bytes = 2000): string {
-  try {
-    return readFileSync(path, "utf8").slice(-bytes);
-  } catch {
-    return "";
-  }
-}
-
-/** First line of a child's stdout, or null when it exits or `timeoutMs` passes first. */
-async function readLine(proc: Child, timeoutMs: number): Promise<string | null> {
-  const reader = (proc.stdout as ReadableStream<Uint8Array>).getReader();
-  let text = "";
-  let timer: Timer | undefined;
-  const timeout = new Promise<"timeout">((r) => (timer = setTimeout(() => r("timeout"), timeoutMs)));
-  try {
-    while (!text.includes("\n")) {
-      const r = await Promise.race([reader.read(), timeout]);
-      if (r === "timeout" || r.done) return null;
-      text += new TextDecoder().decode(r.value);
-    }
-    return text.slice(0, text.indexOf("\n"));
-  } finally {
-    clearTimeout(timer);
-    reader.releaseLock();
-  }
-}
-
-/** The pid a daemon wrote into its lock file, if any. */
-function readPidFile(path: string): number | null {
-  try {
-    const pid = Number(readFileSync(path, "utf8").trim().split(" ")[0]);
-    return Number.isSafeInteger(pid) && pid > 0 ? pid : null;
-  } catch {
-    return null;
-  }
-}
-
-/** True when `pid` runs `agentenv ublk-daemon --dir <dir>`. */
-function isDaemon(pid: number, dir: string): boolean {
-  try {
-    const args = readFileSync(`/proc/${pid}/cmdline`, "utf8").split("\0");
-    return args.includes("ublk-daemon") && args.includes(dir);
-  } catch {
-    return false;
-  }
-}
-
-/** Wait (at most `timeoutMs`) until the process now running as `pid` has exited. */
-async function waitGone(pid: number, timeoutMs: number): Promise<void> {
-  const start = processStartTime(pid);
-  if (start !== null) await waitExit(pid, timeoutMs, start);
 }
