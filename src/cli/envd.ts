@@ -29,6 +29,7 @@ export function envdOptions(s: Config["envd"]): EnvdOptions {
     outputDrainMs: s.output_drain_ms,
     queueHighWater: s.stream_queue_events,
     queueHighWaterBytes: s.stream_queue_bytes,
+    detachedOutputBytes: s.detached_output_bytes,
     maxEventBytes: s.output_event_bytes,
     pipeBytes: s.output_pipe_bytes,
     batchBytes: s.output_batch_bytes,

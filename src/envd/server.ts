@@ -43,6 +43,8 @@ export interface EnvdOptions {
   queueHighWater: number;
   /** Output bytes buffered per process stream before the process's pipe is no longer read. */
   queueHighWaterBytes: number;
+  /** Output kept per process while no stream is attached, for the next Connect (newest bytes), bytes; 0 = dropped. */
+  detachedOutputBytes: number;
   /** Largest output payload of one data event, bytes (≤ 65536). */
   maxEventBytes: number;
   /** Capacity asked for each process's stdout/stderr pipe, bytes. */
@@ -84,6 +86,7 @@ export const DEFAULT_ENVD_OPTIONS: EnvdOptions = {
   outputDrainMs: 100,
   queueHighWater: 256,
   queueHighWaterBytes: 1024 * 1024,
+  detachedOutputBytes: 256 * 1024,
   maxEventBytes: 32 * 1024,
   pipeBytes: 1024 * 1024,
   batchBytes: 256 * 1024,
@@ -156,6 +159,7 @@ export function startEnvd(partial: Partial<EnvdOptions> = {}): Envd {
     outputDrainMs: opts.outputDrainMs,
     queueHighWater: opts.queueHighWater,
     queueHighWaterBytes: opts.queueHighWaterBytes,
+    detachedOutputBytes: opts.detachedOutputBytes,
     pipeBytes: opts.pipeBytes,
     setsidPath: resolveBin("setsid"),
     catPath: resolveBin("cat"),

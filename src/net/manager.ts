@@ -124,7 +124,9 @@ export class NetworkManager {
     const adopted: AllocatedSlot[] = [];
     for (const k of plan.adopt) {
       const a: AllocatedSlot = { ...k.slot, sandboxId: k.sandboxId, policy: k.policy };
-      this.free.splice(this.free.indexOf(a.idx), 1);
+      const at = this.free.indexOf(a.idx);
+      if (at < 0) throw new NetError("net.bad_state", `slot ${a.idx} kept twice`, { idx: a.idx });
+      this.free.splice(at, 1);
       this.allocated.set(a.idx, a);
       this.bySandbox.set(a.sandboxId, a.idx);
       this.byNsIp.set(a.nsVethIp, a.idx);
@@ -326,6 +328,22 @@ export class NetworkManager {
     for (const s of all) await this.destroy(s);
     if (this.started) await teardownHost(this.cfg);
     this.store.clear();
+  }
+
+  /**
+   * Stop the worker, the DNS proxy and its sweeper but leave every slot, rule and row as it is,
+   * for the next node to keep (`start({ keep })`) or reap (issue 27's detach). Builds under way
+   * are waited for. Idempotent; allocation afterwards throws `net.shut_down`.
+   */
+  async detach(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    this.kick();
+    await this.worker;
+    clearInterval(this.sweeper);
+    await this.sweeping;
+    await this.dns?.stop();
+    while (this.building > 0 || this.draining > 0) await this.changed(Infinity);
   }
 
   // ---- internals -------------------------------------------------------------------------

@@ -117,7 +117,7 @@ export interface VmHandle {
   /**
    * Let go of the VMM without stopping it, for the next node to `attach` (issue 27): control and
    * console connections close, the record and every file stay. The handle is dead afterwards
-   * (its `exited` never settles).
+   * (`stop` does nothing; do not wait on its `exited`).
    */
   detach(): void;
 }

@@ -84,7 +84,21 @@ test("kill -9 of the node; the next keeps one slot (rules, DNS-learned addresses
   // the node rules exist once (replaced, not added again)
   expect(w.ourRules().filter((l) => l.startsWith("-A FORWARD") || l.startsWith("-A INPUT") || l.startsWith("-A POSTROUTING")).length).toBe(3);
 
-  await b.ok("shutdown");
+  // detach (the upgrade path): slots and rules stay; the next node keeps "keep" with the policy
+  // the update persisted, and "new" is reaped as nobody keeps it
+  await b.ok("detach");
+  await b.proc.exited;
+  expect(w.tcp(gk, "169.254.200.3", 8080).ok).toBe(true);
+  const third = await w.agent({}, [{ sandboxId: "keep" }]);
+  expect(third.start.error).toBeUndefined();
+  const r3 = third.start.result.report;
+  expect(r3.adopted.map((s: { sandboxId: string; idx: number }) => [s.sandboxId, s.idx])).toEqual([["keep", keep.idx]]);
+  expect(r3.netns).toContain(fresh.netnsName);
+  expect(w.tcp(gk, "169.254.200.3", 8080).ok).toBe(true);
+  expect(w.tcp(gk, "169.254.200.2", 8080).ok).toBe(false);
+  const c = third.agent;
+
+  await c.ok("shutdown");
   expect(w.slotNetns()).toEqual([]);
   expect(w.slotLinks()).toEqual([]);
   expect(w.ourRules()).toEqual([]);

@@ -2,6 +2,12 @@
  * One process started by envd: spawns it (pipes or a PTY), pumps its output to every attached
  * stream with back-pressure, records the end event, and takes input, signals and resizes.
  * Output ordering per stream: start, data*, end.
+ *
+ * A process outlives its streams: when the last one goes away (its client's connection dropped,
+ * or the node in between restarted), the process is neither killed nor blocked. Its output from
+ * then on is kept, the newest `detachedOutputBytes` of it, and handed first to the next stream
+ * that attaches (Connect), then the live output follows (issue 27). E2B's envd drops output
+ * nobody receives (its fan-out sends to live subscribers only); with the bound at 0 so does this.
  */
 import { closeSync } from "node:fs";
 import type { FileSink, Subprocess } from "bun";
@@ -78,6 +84,8 @@ export interface HandleLimits {
   queueHighWater: number;
   /** Output bytes buffered per stream before output reading pauses (back-pressure to the pipe). */
   queueHighWaterBytes: number;
+  /** Output kept while no stream is attached, for the next one (the newest bytes), bytes; 0 = none. */
+  detachedOutputBytes: number;
   /** Capacity asked for each stdout/stderr pipe, bytes (the kernel may give less). */
   pipeBytes: number;
   /** After the process exited, output is read until a read waited this long, ms (grandchildren may hold the pipe). */
@@ -123,6 +131,9 @@ export class ProcessHandle {
   private readonly proc: Subprocess<any, any, any>;
   private readonly relay: PtyRelay | undefined;
   private readonly subscribers = new Set<EventQueue<ProcEvent>>();
+  /** Output read while no stream was attached (oldest first), held for the next stream. */
+  private detached: Extract<ProcEvent, { kind: "data" }>[] = [];
+  private detachedBytes = 0;
   private endEvent: ProcessEnd | undefined;
   private stdinOpen: boolean;
   /** The process itself is gone (its output may still be draining). */
@@ -241,8 +252,9 @@ export class ProcessHandle {
   }
 
   /**
-   * Attach a new stream. It first receives `start{pid}`; a stream attached after exit gets
-   * `start` and the retained `end`, then closes.
+   * Attach a new stream. It first receives `start{pid}`, then the output kept while no stream
+   * was attached (see the module comment); a stream attached after exit gets `start`, that
+   * output and the retained `end`, then closes.
    */
   subscribe(): EventQueue<ProcEvent> {
     const q = new EventQueue<ProcEvent>({
@@ -251,6 +263,10 @@ export class ProcessHandle {
       weigh: eventBytes,
     });
     q.push({ kind: "start", pid: this.pid });
+    // the kept reads move to this stream with their hold (released once it sent them)
+    for (const ev of this.detached) q.push(ev);
+    this.detached = [];
+    this.detachedBytes = 0;
     if (this.endEvent) {
       q.push({ kind: "end", end: this.endEvent });
       q.close();
@@ -317,15 +333,34 @@ export class ProcessHandle {
   }
 
   private async broadcast(ev: ProcEvent): Promise<void> {
+    let live = 0;
     for (const q of this.subscribers) {
       if (q.closed) this.subscribers.delete(q);
       else {
         q.push(ev);
+        live++;
         if (ev.kind === "data") ev.holders++;
       }
     }
+    if (live === 0 && ev.kind === "data") this.keepDetached(ev);
     // Back-pressure: the slowest live stream bounds how fast output is read.
     for (const q of this.subscribers) await q.waitForSpace();
+  }
+
+  /** Keep a read nobody received for the next stream, dropping the oldest past the bound. */
+  private keepDetached(ev: Extract<ProcEvent, { kind: "data" }>): void {
+    const cap = this.limits.detachedOutputBytes;
+    if (cap <= 0) return;
+    // a read larger than the bound: its newest bytes, copied (the read itself goes to the collector)
+    const kept = ev.data.byteLength > cap ? { ...ev, data: ev.data.slice(ev.data.byteLength - cap), holders: 1 } : ev;
+    if (kept === ev) ev.holders++;
+    this.detached.push(kept);
+    this.detachedBytes += kept.data.byteLength;
+    while (this.detachedBytes > cap) {
+      const old = this.detached.shift()!;
+      this.detachedBytes -= old.data.byteLength;
+      releaseOutput(old);
+    }
   }
 
   /**

@@ -184,7 +184,8 @@ class FirecrackerVm implements VmHandle {
 
   /** `VmHandle.detach`: the process, its socket and its record stay for the next node. */
   detach(): void {
-    this.#stopping ??= new Promise<void>(() => {});
+    // a stop() from now on does nothing: the VMM is the next node's
+    this.#stopping ??= Promise.resolve();
     this.#proc.release();
   }
 

@@ -364,10 +364,11 @@ export class QemuVm implements VmHandle {
   /**
    * Let go of the VM without stopping it (the node hands it to the next one: issue 27's
    * detach): the QMP and console connections close, the record stays for the next node's
-   * `attach`. Nothing of this handle works afterwards; `exited` no longer settles.
+   * `attach`. Nothing of this handle works afterwards (do not wait on its `exited`).
    */
   detach(): void {
     this.stopping = true;
+    this.state = "stopped";
     this.qmp?.close();
     this.consoleConn?.destroy();
     this.console.close();
