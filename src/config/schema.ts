@@ -581,11 +581,7 @@ export const CONFIG_SCHEMA = section("", {
       "Output bytes buffered per open process stream (Start/Connect) before envd stops reading the\nprocess's pipe, so a slow client blocks the writer instead of growing envd's memory.",
       { min: 1, max: TIB, unit: "bytes" },
     ),
-    detached_output_bytes: int(
-      262_144,
-      "Output a process writes while no stream is attached to it (its client went away: a dropped\nconnection, a node restart) kept for the next Connect, which gets it first, bytes per process\n(the newest are kept). 0 drops it, as E2B's envd does.",
-      { min: 0, max: 67_108_864, unit: "bytes" },
-    ),
+    detached_output_bytes: int(262_144, "Output a process writes while no stream is attached to it (its client went away: a dropped\nconnection, a node restart) kept for the next Connect, which gets it first, bytes per process\n(the newest are kept). 0 drops it, as E2B's envd does.", { min: 0, max: 67_108_864, unit: "bytes" }),
     output_event_bytes: int(32_768, "Largest output payload of one data event, bytes (1..65536; E2B's envd reads 32 KiB at a time).", { min: 1, max: 65_536, unit: "bytes" }),
     output_pipe_bytes: int(
       1_048_576,
