@@ -6,6 +6,7 @@
  * ```ts
  * const net = new NetworkManager(netConfigFromConfig(cfg), db);
  * await net.start();                                   // reap a crashed run, node rules, fill pool
+ * await net.start({ keep: [{ sandboxId, policy? }] });  // ... but adopt these sandboxes' slots (issue 27)
  * const policy = parseCreateNetwork(createBody);      // 400 on NetError code "net.bad_policy"
  * const slot = await net.allocate(policy, sandboxId);  // NetError "net.capacity" when full
  * vmm.boot({ ..., net: netSpec(slot) });               // QEMU/Firecracker run in slot.netnsPath
@@ -13,6 +14,7 @@
  * await net.updatePolicy(sandboxId, parseEgressPolicy(putBody)); // PUT /sandboxes/{id}/network
  * await net.release(sandboxId);                        // back to the pool (reset)
  * await net.shutdown();                                // after the last sandbox is gone
+ * await net.detach();                                  // or: leave every slot to the next node
  * ```
  * `allow_internet_access: false` at create (top level or in `network`) is part of the policy
  * (`allowInternetAccess`). Stop the sandbox's VM before `release()`: the tap is recreated.
@@ -73,7 +75,8 @@
  */
 export { type NetConfig, netConfigFromConfig, rangeCapacity, TAP_LINK, validateNetConfig } from "./config.ts";
 export { NetError } from "./errors.ts";
-export { NetworkManager, type NetStats } from "./manager.ts";
+export { NetworkManager, type NetStartReport, type NetStats } from "./manager.ts";
+export type { KeepSlot, LostSlot } from "./adopt.ts";
 export type { ReapReport } from "./netns.ts";
 export type { SlotRow, SlotState } from "./store.ts";
 export { defaultPolicy, domainMatches, type DomainPattern, type EgressPolicy, parseCreateNetwork, parseEgressPolicy, policyToJson } from "./policy.ts";
