@@ -6,8 +6,8 @@
  * `x-agentenv-unreachable-nodes` (a list keeps working while one node is down); when no node
  * answers, the list fails 502 naming them all. A node's 4xx (bad filter) is returned as is.
  *
- * v2 pagination across nodes: the nodes order sandboxes by (startedAt, sandboxID), ascending
- * unless `order=desc`, and their nextToken is an opaque keyset cursor over exactly that pair
+ * v2 pagination across nodes: the nodes order sandboxes by (startedAt, sandboxID), descending
+ * (E2B's default) unless `order=asc`, and their nextToken is an opaque keyset cursor over exactly that pair
  * (src/orchestrator: base64url of "startedAt:id"). The gateway sends the same query (limit L,
  * nextToken T) to every node, merges the answers in the same order, keeps the first L, and
  * issues the cursor of the last one kept when any node had more: a node then resumes after
@@ -90,7 +90,7 @@ interface Listed {
 export async function listV2(f: FanOut, query: URLSearchParams, learn: (id: string, n: NodeRef) => void): Promise<Response> {
   const limit = query.has("limit") ? Number(query.get("limit")) : 100;
   const answers = someAnswered(await fanOut<Listed[]>(f, `/v2/sandboxes?${query.toString()}`));
-  const asc = query.get("order") !== "desc";
+  const asc = query.get("order") === "asc";
   const items: { item: Listed; at: number }[] = [];
   let more = false;
   let running = 0;

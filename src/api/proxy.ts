@@ -10,7 +10,7 @@
  */
 import type { Logger } from "pino";
 import { ENVD_PORT } from "../envd/version.ts";
-import { fileSignature, tokensEqual } from "../envd/signature.ts";
+import { fileSignature, SIGNATURE_EXPIRED, tokensEqual } from "../envd/signature.ts";
 import { logger } from "../observability/log.ts";
 import { OrchestratorError, type SandboxService } from "../orchestrator/index.ts";
 import { RouteTable, TRANSITIONAL } from "./route-table.ts";
@@ -229,14 +229,15 @@ export class SandboxProxy {
    * them when E2B_SANDBOX_URL is the node) carries no sandbox id: it is routed to the sandbox whose
    * envd access token produced the signature (every live sandbox's is compared, in constant time).
    * envd checks the signature again.
-   * @returns the route to envd, null when `req` is not a signed /files request, or a 401 (no
-   *   sandbox's token produced it, or a malformed expiration) / 403 (expired) Response naming why.
+   * @returns the route to envd, null when `req` is not a signed /files request, or a 401 Response
+   *   naming why (no sandbox's token produced it, a malformed expiration, or expired: E2B's envd
+   *   answers 401 "signature is already expired", which SDK users see as the message).
    */
   signedFileRoute(req: Request, url: URL): ProxyRoute | Response | null {
     const sig = url.searchParams.get("signature");
     if (url.pathname !== "/files" || sig === null) return null;
     const op = req.method === "GET" || req.method === "HEAD" ? "read" : "write";
-    const refuse = (status: 401 | 403, message: string) => Response.json({ code: status, message }, { status, headers: { [ERROR_SOURCE]: "proxy" } });
+    const refuse = (status: 401, message: string) => Response.json({ code: status, message }, { status, headers: { [ERROR_SOURCE]: "proxy" } });
     const expRaw = url.searchParams.get("signature_expiration");
     const exp = expRaw === null ? undefined : Number(expRaw);
     if (exp !== undefined && !Number.isSafeInteger(exp)) return refuse(401, `invalid signature_expiration ${JSON.stringify(expRaw)}: expected unix seconds`);
@@ -248,7 +249,7 @@ export class SandboxProxy {
       if (r.envdAccessToken && tokensEqual(fileSignature(path, op, user, r.envdAccessToken, exp), sig) && found === null) found = r.id;
     }
     if (found === null) return refuse(401, `invalid file signature: no sandbox's access token signs ${op} of ${JSON.stringify(path)} for user ${JSON.stringify(user)}${exp === undefined ? "" : ` until ${exp}`}`);
-    if (exp !== undefined && exp < Date.now() / 1000) return refuse(403, `file signature expired at ${new Date(exp * 1000).toISOString()}`);
+    if (exp !== undefined && exp < Date.now() / 1000) return refuse(401, SIGNATURE_EXPIRED);
     return { sandboxId: found, port: ENVD_PORT, pathAndQuery: url.pathname + url.search };
   }
 

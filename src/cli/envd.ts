@@ -26,6 +26,7 @@ export function envdOptions(s: Config["envd"]): EnvdOptions {
     defaultKeepaliveS: s.keepalive_interval_s,
     maxProcesses: s.max_processes,
     exitedRetentionMs: s.exited_retention_ms,
+    killWaitMs: s.kill_wait_ms,
     outputDrainMs: s.output_drain_ms,
     queueHighWater: s.stream_queue_events,
     queueHighWaterBytes: s.stream_queue_bytes,

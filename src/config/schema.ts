@@ -570,6 +570,7 @@ export const CONFIG_SCHEMA = section("", {
     keepalive_interval_s: int(90, "Keepalive interval on streams when the client sends no Keepalive-Ping-Interval header, seconds.", { min: 1, max: 86_400, unit: "s" }),
     max_processes: int(1024, "Most processes running at once; more Start calls get resource_exhausted.", { min: 1, unit: "count" }),
     exited_retention_ms: int(30_000, "How long an exited process stays attachable with Connect (its end event is kept), ms.", { min: 0, max: MS_MAX, unit: "ms" }),
+    kill_wait_ms: int(5000, "SendSignal with SIGKILL (the SDK's commands.kill) answers once the process is reaped, waiting at\nmost this long, ms.", { min: 0, max: MS_MAX, unit: "ms" }),
     output_drain_ms: int(
       100,
       "After a process exited, its output is read until no byte arrived for this long (background\nchildren may hold its pipes open), ms. Waiting for a slow client does not count.",

@@ -39,6 +39,8 @@ export interface EnvdOptions {
   defaultKeepaliveS: number;
   maxProcesses: number;
   exitedRetentionMs: number;
+  /** After SIGKILL, the longest wait for the process to be reaped before SendSignal answers, ms. */
+  killWaitMs: number;
   outputDrainMs: number;
   queueHighWater: number;
   /** Output bytes buffered per process stream before the process's pipe is no longer read. */
@@ -83,6 +85,7 @@ export const DEFAULT_ENVD_OPTIONS: EnvdOptions = {
   defaultKeepaliveS: 90,
   maxProcesses: 1024,
   exitedRetentionMs: 30_000,
+  killWaitMs: 5000,
   outputDrainMs: 100,
   queueHighWater: 256,
   queueHighWaterBytes: 1024 * 1024,
@@ -156,6 +159,7 @@ export function startEnvd(partial: Partial<EnvdOptions> = {}): Envd {
   const manager = new ProcessManager({
     maxProcesses: opts.maxProcesses,
     exitedRetentionMs: opts.exitedRetentionMs,
+    killWaitMs: opts.killWaitMs,
     outputDrainMs: opts.outputDrainMs,
     queueHighWater: opts.queueHighWater,
     queueHighWaterBytes: opts.queueHighWaterBytes,

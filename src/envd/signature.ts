@@ -6,6 +6,9 @@
  */
 import { createHash, timingSafeEqual } from "node:crypto";
 
+/** What E2B's envd answers (401) for a signed URL past its `signature_expiration`. */
+export const SIGNATURE_EXPIRED = "signature is already expired";
+
 /** The signature of a /files request (`op` read = GET, write = POST); `expiration` in unix seconds. */
 export function fileSignature(path: string, op: "read" | "write", user: string, token: string, expiration?: number): string {
   const raw = expiration === undefined ? `${path}:${op}:${user}:${token}` : `${path}:${op}:${user}:${token}:${expiration}`;

@@ -409,7 +409,8 @@ export class Orchestrator implements SandboxService {
     const md = Object.entries(q.metadata ?? {});
     const { items, more } = this.store.page({
       states,
-      order: q.order ?? "asc",
+      // E2B's spec and SDK 2.51 (`SandboxListOpts.order`): newest first unless asked otherwise
+      order: q.order ?? "desc",
       limit: q.limit ?? 100,
       cursor,
       template: q.template,

@@ -3,7 +3,7 @@
  * Every state change is written before the orchestrator reports it, so a restarted node sees
  * the last state each sandbox reached.
  */
-import { and, asc, desc, eq, gt, inArray, lt, lte, or, sql } from "drizzle-orm";
+import { and, asc, desc, eq, gt, gte, inArray, lt, lte, or, sql } from "drizzle-orm";
 import type { Db } from "../db/index.ts";
 import { sandboxes, templateSpawns } from "../db/schema/sandboxes.ts";
 import { parseState, type SandboxState } from "./states.ts";
@@ -81,7 +81,8 @@ export class SandboxStore {
     for (;;) {
       const conds = [inArray(sandboxes.state, [...opts.states])];
       if (opts.template) conds.push(or(eq(sandboxes.templateId, opts.template), eq(sandboxes.alias, opts.template))!);
-      if (opts.startedAfter !== undefined) conds.push(gt(sandboxes.startedAt, opts.startedAfter));
+      // E2B: "started at or after this timestamp"
+      if (opts.startedAfter !== undefined) conds.push(gte(sandboxes.startedAt, opts.startedAfter));
       if (cursor) {
         const c = cursor;
         const cmp = opts.order === "asc" ? gt : lt;

@@ -97,7 +97,9 @@ export interface ListSandboxesQuery {
   /** Every pair must match. */
   metadata?: Record<string, string>;
   template?: string;
+  /** Unix ms: sandboxes started at or after it (E2B `startedAfter`, inclusive). */
   startedAfter?: number;
+  /** By start time; default "desc" (newest first, E2B's default). */
   order?: "asc" | "desc";
   /** 1..100. */
   limit?: number;

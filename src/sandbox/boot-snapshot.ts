@@ -31,7 +31,7 @@ import { guestAddress, netSpec, parseEgressPolicy, type NetworkManager } from ".
 import { OrchestratorError } from "../orchestrator/errors.ts";
 import { newSnapshotId, type LocalRepository, type SharedImages, type SnapshotManifest } from "../snapshot/index.ts";
 import { importSparse } from "../storage/overlaybd/index.ts";
-import { ROOTFS_DEVICE, ROOTFS_DRIVE_ID, TOOLS_MOUNT, toolsBoot } from "../tools/index.ts";
+import { KEEP_TMP_ARG, ROOTFS_DEVICE, ROOTFS_DRIVE_ID, TOOLS_MOUNT, toolsBoot } from "../tools/index.ts";
 import type { DriveSpec, VmHandle, VmmDriver, VmSpec } from "../vmm/index.ts";
 import { toolsKeyOf } from "./build-snapshot.ts";
 import { captureVm, layerPaths, memoryKey } from "./capture.ts";
@@ -262,7 +262,8 @@ export async function restoreBootSnapshot(d: BootRestoreDeps, snap: SnapshotMani
     if (bytes !== snap.disk.virtualSize) await vm.driveResized(root, bytes);
     await waitEnvdHealthy(envd, d.envdPollMs, signal, vm.exited);
     const t2 = performance.now();
-    await mountRootInGuest(envd, bytes / 512, signal);
+    // a build VM's spec says keep /tmp (KEEP_TMP_ARG); a restored kernel never reads it, mount-root does
+    await mountRootInGuest(envd, bytes / 512, signal, "ext4", { keepTmp: spec.bootArgs.split(" ").includes(KEEP_TMP_ARG) });
     const t3 = performance.now();
     if (volumes > 0) await reprobeVolumesInGuest(envd, volumeDrives.map((x) => x.serial), signal);
     const ms = (a: number, b: number) => Math.round(b - a);
@@ -279,11 +280,13 @@ export async function restoreBootSnapshot(d: BootRestoreDeps, snap: SnapshotMani
  * it (`/.aenv/init mount-root`, src/tools/init.sh), once the guest kernel sees the disk at
  * `sectors` (512 bytes each).
  * @param base envd's URL
+ * @param o.keepTmp leave /tmp as the disk has it (a template build); else the init empties it as a boot does
  * @throws RootMountError (`orchestrator.runtime_failed`) with the init's words when it fails;
  *   OrchestratorError `orchestrator.envd_failed` when envd refuses the command
  */
-export async function mountRootInGuest(base: string, sectors: number, signal: AbortSignal, fstype = "ext4"): Promise<void> {
-  const r = await runInGuest(base, { cmd: `${TOOLS_MOUNT}/bin/sh`, args: [`${TOOLS_MOUNT}/init`, "mount-root", ROOTFS_DEVICE, fstype, String(sectors)], user: "root", cwd: "/", envs: {} }, signal);
+export async function mountRootInGuest(base: string, sectors: number, signal: AbortSignal, fstype = "ext4", o: { keepTmp?: boolean } = {}): Promise<void> {
+  const envs: Record<string, string> = o.keepTmp ? { AENV_TMP: "keep" } : {};
+  const r = await runInGuest(base, { cmd: `${TOOLS_MOUNT}/bin/sh`, args: [`${TOOLS_MOUNT}/init`, "mount-root", ROOTFS_DEVICE, fstype, String(sectors)], user: "root", cwd: "/", envs }, signal);
   if (r.exitCode !== 0) {
     throw new RootMountError("orchestrator.runtime_failed", `mounting the root filesystem in a VM restored from a boot snapshot failed (exit ${r.exitCode}): ${r.output.slice(-500)}`, { base, device: ROOTFS_DEVICE, sectors, exitCode: r.exitCode });
   }

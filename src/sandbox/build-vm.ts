@@ -19,7 +19,7 @@ import { OrchestratorError } from "../orchestrator/errors.ts";
 import { importExtents, openStack, RwLayer, SECTOR } from "../storage/overlaybd/index.ts";
 import { upperPaths, type DiskExport } from "../storage/daemon/index.ts";
 import type { BuildVm, BuildVmSpec, VmCommand } from "../template/build-vm.ts";
-import { keptBootArgs, probeCommand, toolsBoot } from "../tools/index.ts";
+import { KEEP_TMP_ARG, keptBootArgs, probeCommand, toolsBoot } from "../tools/index.ts";
 import { layersOf, type LayerHold, type SnapshotManifest } from "../snapshot/index.ts";
 import type { VmHandle } from "../vmm/index.ts";
 import { restoreBootSnapshot, RootMountError, type BootShape } from "./boot-snapshot.ts";
@@ -117,7 +117,7 @@ export async function bootBuildVm(o: VmRuntimeOptions, spec: BuildVmSpec, t: Bui
     const vmSpec = (from: SnapshotManifest | undefined) => {
       const boot = toolsBoot(toolsOf(from), diskPath, spec.bootArgs);
       const net = from ? { ...netSpec(slot), mac: from.vm.mac } : netSpec(slot);
-      return { id, workDir, kernelPath, bootArgs: `${boot.bootArgs} aenv.hostname=build`, vcpus: spec.cpuCount, memoryMiB: spec.memoryMB, drives: boot.drives, net };
+      return { id, workDir, kernelPath, bootArgs: `${boot.bootArgs} aenv.hostname=build ${KEEP_TMP_ARG}`, vcpus: spec.cpuCount, memoryMiB: spec.memoryMB, drives: boot.drives, net };
     };
     if (snap) {
       // held from here until the build VM is gone (stop): its users count and its layers

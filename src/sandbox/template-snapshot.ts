@@ -20,7 +20,7 @@ import { logger } from "../observability/log.ts";
 import { openRepository, snapshotConfig } from "../snapshot/index.ts";
 import { agentenvCommand, diskConfig, DiskService, reapStaleMounts, upperPaths, type DiskExport } from "../storage/daemon/index.ts";
 import { readManifest, resolveTemplate, TemplateError, writeManifest } from "../template/index.ts";
-import { resolveTools, toolsBoot } from "../tools/index.ts";
+import { KEEP_TMP_ARG, resolveTools, toolsBoot } from "../tools/index.ts";
 import { createDriver, resolveKernelPath, type VmHandle } from "../vmm/index.ts";
 import { captureVm, commitUpper, kernelKey, templateManifest } from "./capture.ts";
 import { initEnvd, runInGuest, type GuestResult } from "./envd-client.ts";
@@ -97,7 +97,8 @@ export async function commitTemplateSnapshot(cfg: Config, name: string, onProgre
       id,
       workDir: join(work, "vm"),
       kernelPath,
-      bootArgs: boot.bootArgs,
+      // still the template build: what its steps left in /tmp stays in the template
+      bootArgs: `${boot.bootArgs} ${KEEP_TMP_ARG}`,
       vcpus,
       memoryMiB,
       drives: boot.drives,

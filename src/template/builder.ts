@@ -13,7 +13,7 @@
  * Semantics chosen where E2B leaves room (documented in docs/snapshots-and-templates.md): RUN
  * runs as the step's user, else the current USER (E2B's `user` by default), with `/bin/sh -c`,
  * cwd = WORKDIR, the accumulated ENV; COPY streams the uploaded archive through a FIFO into tar (never stored in the
- * guest: /tmp is RAM, the disk would keep it in the layer), stages it on the root filesystem,
+ * guest: /tmp is on the disk, which would keep it in the layer), stages it on the root filesystem,
  * strips the glob part of `src`, hard-links (or copies) a
  * file to `dest` (a trailing `/` = into that directory) or merges a directory into `dest`, then
  * chowns what it copied to the step's user (else the current USER) and applies `mode` when given.
@@ -103,8 +103,8 @@ export function expandEnv(value: string, envs: Record<string, string>): string {
 
 /**
  * The shell script that extracts a COPY's archive as it streams into the FIFO `fifo` (the host
- * uploads it there through envd) into the directory `stage`: nothing of the archive is stored,
- * in the guest's RAM (/tmp is tmpfs) or on its disk (it would end up in the step's layer).
+ * uploads it there through envd) into the directory `stage`: nothing of the archive is stored on
+ * the guest's disk (/tmp included: it would end up in the step's layer).
  * The FIFO stays open for reading until the writer is done (fd 3), so neither a tar that stops
  * early (trailing padding, a bad archive) nor a missing tar leaves the upload blocked or cut.
  */

@@ -18,6 +18,13 @@ export const TOOLS_DRIVE_ID = "tools";
 /** Drive id of the sandbox's root filesystem. */
 export const ROOTFS_DRIVE_ID = "root";
 
+/**
+ * Kernel argument of the boots inside a template build (build steps, the template's snapshot
+ * boot): the guest init leaves /tmp as the disk has it, where a sandbox's boot empties it as
+ * Debian does (src/tools/init.sh). For `init mount-root` the same is environment AENV_TMP=keep.
+ */
+export const KEEP_TMP_ARG = "aenv.tmp=keep";
+
 /** A VM's drives and kernel arguments for booting `rootDisk` through the tools drive. */
 export interface ToolsBoot {
   /** Tools drive (root, read-only) first, then the sandbox's root disk. */

@@ -8,7 +8,7 @@
  * Use: `buildTools` (or `agentenv tools build`) once; `resolveTools(home)` for the current image;
  * `toolsBoot(image.path, rootDisk, templateArgs)` for a VM's drives and kernel arguments.
  */
-export { keptBootArgs, ROOTFS_DEVICE, ROOTFS_DRIVE_ID, TOOLS_DRIVE_ID, TOOLS_INTERPRETER, TOOLS_MOUNT, probeCommand, toolsBoot, type ToolsBoot } from "./boot.ts";
+export { KEEP_TMP_ARG, keptBootArgs, ROOTFS_DEVICE, ROOTFS_DRIVE_ID, TOOLS_DRIVE_ID, TOOLS_INTERPRETER, TOOLS_MOUNT, probeCommand, toolsBoot, type ToolsBoot } from "./boot.ts";
 export { agentenvSource, buildTools, compileEnv, jscEnvLines, resolveTools, TOOLS_IMAGE, toolsInitScript, type ToolsBuildOptions, type ToolsImage } from "./build.ts";
 export { readInterpreter, setInterpreter } from "./elf.ts";
 export { TOOLS_ERRORS, ToolsError, type ToolsErrorCode } from "./errors.ts";

@@ -13,11 +13,18 @@
 #   aenv.envd=0            do not start envd (kernel tests)
 #   aenv.run=<base64>      a shell script run after boot (its output goes to the console)
 #   aenv.dns=<ip>          nameserver for /etc/resolv.conf (default: the default gateway)
+#   aenv.tmp=keep          leave /tmp as the disk has it (template builds). Otherwise a boot empties
+#                          /tmp, as Debian's systemd-tmpfiles does at each boot (`D /tmp`); /tmp is
+#                          the root filesystem's own directory, never a tmpfs (as in E2B and any
+#                          container image: what a build step writes there is in the template, and
+#                          it holds files larger than the guest's memory). A memory restore is no
+#                          boot: its /tmp is what the snapshot had.
 #   aenv.boot=wait         a boot snapshot's boot (src/sandbox/boot-snapshot.ts): start envd on the
 #                          tools drive itself (its /.aenv is a link to its own root) and leave the
 #                          root filesystem alone; the host snapshots the VM there, and each VM
 #                          restored from it gets its root filesystem from envd running
 #                            /.aenv/bin/sh /.aenv/init mount-root <dev> <fstype> <sectors> [<dns>]
+#                          (environment AENV_TMP=keep: as aenv.tmp=keep)
 #                          which waits until the kernel sees the disk at <sectors> (512 bytes; the
 #                          host told it the disk's size), does stage 1 and stage 2 (pivot_root
 #                          moves envd and PID 1 into the new root too) and exits 0, or non-zero
@@ -50,6 +57,25 @@ mount_root() {
   pivot_root . .aenv || fail "pivot_root into $1 failed"
 }
 
+# /tmp on the root filesystem: emptied at a boot unless $TMP is keep. A read-only root (a disk the
+# host attached read-only) gets a tmpfs there: nothing else could be written.
+clean_tmp() {
+  [ -L /tmp ] && return
+  # the last mount on / is the one in effect; its options start with rw or ro
+  ROOTOPTS=
+  while read -r _ MNT _ OPTS _; do [ "$MNT" = / ] && ROOTOPTS=$OPTS; done < /proc/mounts
+  case "$ROOTOPTS" in
+    ro | ro,*)
+      mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /tmp
+      return
+      ;;
+  esac
+  mkdir -p /tmp
+  # every entry, dot files too; rm -r does not follow links out of /tmp
+  [ "$TMP" != keep ] && rm -rf /tmp/* /tmp/.[!.]* /tmp/..?* 2>/dev/null
+  chmod 1777 /tmp
+}
+
 # ---- stage 2: in the sandbox's root filesystem, the tools drive at /.aenv ----
 # API filesystems, clock ($CLOCK), host name ($HOST), loopback and resolver ($DNS, else the gateway)
 setup_root() {
@@ -60,7 +86,7 @@ setup_root() {
   mount -t devpts -o gid=5,mode=620,ptmxmode=666 devpts /dev/pts
   mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /dev/shm
   mount -t tmpfs -o mode=755,nosuid,nodev tmpfs /run
-  mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /tmp
+  clean_tmp
   mkdir -p /sys/fs/cgroup 2>/dev/null
   mount -t cgroup2 cgroup2 /sys/fs/cgroup 2>/dev/null
   [ -e /dev/fd ] || ln -s /proc/self/fd /dev/fd
@@ -110,7 +136,7 @@ run_envd() {
   echo "@@AENV-ENVD-EXITED@@" > /dev/console
 }
 
-CLOCK=; HOST=agentenv; DNS=
+CLOCK=; HOST=agentenv; DNS=; TMP=${AENV_TMP:-}
 
 # run by envd in a VM restored from a boot snapshot: stage 1 and 2 on the root filesystem $2
 if [ "$1" = mount-root ]; then
@@ -151,6 +177,7 @@ for w in $CMDLINE; do
     aenv.run=*) RUN=${w#aenv.run=} ;;
     aenv.dns=*) DNS=${w#aenv.dns=} ;;
     aenv.boot=*) BOOT=${w#aenv.boot=} ;;
+    aenv.tmp=*) TMP=${w#aenv.tmp=} ;;
   esac
 done
 

@@ -215,12 +215,13 @@ test("list: state and metadata filters (SDK double encoding), order, pagination 
   expect(all.status).toBe(200);
   expect(all.headers.get("x-total-running")).toBe("6");
   expect(all.headers.get("x-next-token")).toBeNull();
-  expect(((await all.json()) as { sandboxID: string }[]).map((s) => s.sandboxID)).toEqual(ids);
+  // newest first by default (E2B)
+  expect(((await all.json()) as { sandboxID: string }[]).map((s) => s.sandboxID)).toEqual([...ids].reverse());
 
   // the SDK encodes each key/value, joins with &, and encodes the whole thing again
   const md = (o: Record<string, string>) => encodeURIComponent(Object.entries(o).map(([k, v]) => `${encodeURIComponent(k)}=${encodeURIComponent(v)}`).join("&"));
   const odd = await json(await api(node, `/v2/sandboxes?metadata=${md({ user: "a b" })}&state=running`));
-  expect(odd.body.map((s: { sandboxID: string }) => s.sandboxID)).toEqual([list1, list3]);
+  expect(odd.body.map((s: { sandboxID: string }) => s.sandboxID)).toEqual([list3, list1]);
   const amp = await json(await api(node, `/v2/sandboxes?metadata=${md({ user: "c&d=e", idx: "4" })}`));
   expect(amp.body.map((s: { sandboxID: string }) => s.sandboxID)).toEqual([list4]);
   const paused = await json(await api(node, `/v2/sandboxes?state=paused`));
@@ -228,7 +229,7 @@ test("list: state and metadata filters (SDK double encoding), order, pagination 
   expect(paused.body[0]).toMatchObject({ sandboxID: list5, state: "paused" });
   // the deprecated list shows running ones only
   const v1 = await json(await api(node, `/sandboxes`));
-  expect(v1.body.map((s: { sandboxID: string }) => s.sandboxID)).toEqual(ids.filter((i) => i !== list5));
+  expect(v1.body.map((s: { sandboxID: string }) => s.sandboxID)).toEqual(ids.filter((i) => i !== list5).reverse());
 
   const pages: string[][] = [];
   let token: string | null = null;

@@ -140,7 +140,7 @@ test("filesystem-only snapshots: pause({keepMemory:false}), autoPauseMemory:fals
   expect(o.stateB).toBe("paused");
   expect(o.afterB.boot).not.toBe(o.bootB.split("\n")[0]);
   expect(o.afterB.home).toBe("b");
-  // /tmp is a tmpfs of the old boot
+  // a cold boot empties /tmp (on the root disk), as Debian does at each boot
   expect(o.afterB.tmp).toContain("No such file");
 
   expect(o.afterC.boot).not.toBe(o.bootC.split("\n")[0]);

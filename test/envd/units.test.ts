@@ -245,9 +245,11 @@ describe("entries and paths", () => {
     expect(resolvePath("~", u)).toBe("/home/u");
     expect(resolvePath("~/a/../b", u)).toBe("/home/u/b");
     expect(resolvePath("x/y", u)).toBe("/home/u/x/y");
-    expect(resolvePath("x", u, "/srv/app")).toBe("/srv/app/x");
+    // E2B: a relative path is the acting user's home's, the default workdir only stands for an empty path
+    expect(resolvePath("x", u, "/srv/app")).toBe("/home/u/x");
+    expect(resolvePath("", u, "/srv/app")).toBe("/srv/app");
+    expect(resolvePath("", u)).toBe("/home/u");
     expect(resolvePath("/a//b/./c", u)).toBe("/a/b/c");
-    expect(() => resolvePath("", u)).toThrow(EnvdError);
     expect(() => resolvePath("a\0b", u)).toThrow(EnvdError);
   });
 

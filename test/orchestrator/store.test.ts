@@ -63,7 +63,8 @@ test("pages follow (startedAt, id) order in both directions with metadata filter
   expect(desc.items.map((r) => r.id)).toEqual(["s149", "s139", "s129"]);
   expect(desc.more).toBe(true);
   expect(s.page({ states: ["running"], order: "asc", limit: 100, template: "other", keep: () => true }).items).toEqual([]);
-  expect(s.page({ states: ["running"], order: "asc", limit: 100, startedAfter: 1073, keep: () => true }).items.map((r) => r.id)).toEqual(["s148"]);
+  // inclusive (E2B: "started at or after"): s146 and s147 started exactly at 1073
+  expect(s.page({ states: ["running"], order: "asc", limit: 100, startedAfter: 1073, keep: () => true }).items.map((r) => r.id)).toEqual(["s146", "s147", "s148"]);
 });
 
 test("expired() lists running sandboxes past endAt; prune() drops old killed rows only", () => {

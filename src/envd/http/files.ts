@@ -7,7 +7,7 @@ import { open, type FileHandle } from "node:fs/promises";
 import { basename, dirname } from "node:path";
 import { tokensEqual } from "../auth.ts";
 import { freeBuffer } from "../buffers.ts";
-import { fileSignature } from "../signature.ts";
+import { fileSignature, SIGNATURE_EXPIRED } from "../signature.ts";
 import { EnvdError, fromFsError } from "../errors.ts";
 import { metadataFromHeaders, replaceMetadata } from "../metadata.ts";
 import { resolvePath } from "../paths.ts";
@@ -46,7 +46,7 @@ export function authorizeFiles(state: EnvdState, req: Request, url: URL, op: "re
       if (exp !== undefined && !Number.isInteger(exp)) throw new EnvdError("unauthenticated", "invalid signature expiration", { expRaw });
       const want = fileSignature(url.searchParams.get("path") ?? "", op, username, state.accessToken, exp);
       if (!tokensEqual(sig, want)) throw new EnvdError("unauthenticated", "invalid signature", {});
-      if (exp !== undefined && exp < Date.now() / 1000) throw new EnvdError("unauthenticated", "signature expired", { exp });
+      if (exp !== undefined && exp < Date.now() / 1000) throw new EnvdError("unauthenticated", SIGNATURE_EXPIRED, { exp });
     }
   }
   return lookupUser(username || state.defaultUser);

@@ -96,6 +96,8 @@ export interface HandleLimits {
   catPath: string;
   /** Absolute path of util-linux `setpriv`, used when the user has supplementary groups. */
   setprivPath?: string;
+  /** After a SIGKILL, the longest wait for the process to be reaped before SendSignal answers anyway, ms. */
+  killWaitMs: number;
 }
 
 /**
@@ -320,6 +322,25 @@ export class ProcessHandle {
     } catch (err) {
       if ((err as NodeJS.ErrnoException).code !== "ESRCH") throw err;
     }
+  }
+
+  /**
+   * Deliver `signo`; after SIGKILL, return once the process is reaped (gone from the process
+   * table: `kill -0 <pid>` fails), waiting at most `killWaitMs`. E2B's SDK treats `kill()`
+   * returning as the process being gone. SIGTERM returns once delivered: the process may handle it.
+   * @returns whether the process is gone
+   */
+  async kill(signo: number): Promise<boolean> {
+    this.signal(signo);
+    if (signo !== 9) return !this.running;
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const gone = await Promise.race([
+      this.proc.exited.then(() => true),
+      new Promise<boolean>((r) => (timer = setTimeout(() => r(false), this.limits.killWaitMs))),
+    ]);
+    clearTimeout(timer);
+    if (!gone) log.warn({ pid: this.pid, waitedMs: this.limits.killWaitMs }, "process not reaped after SIGKILL within kill_wait_ms");
+    return gone;
   }
 
   /**

@@ -257,7 +257,7 @@ export function processService(manager: ProcessManager): Partial<ServiceImpl<typ
         if (req.signal !== Signal.SIGKILL && req.signal !== Signal.SIGTERM) {
           throw new EnvdError("unimplemented", `signal ${req.signal} is not supported (SIGKILL, SIGTERM only)`, { signal: req.signal });
         }
-        h.signal(req.signal);
+        await h.kill(req.signal);
         return {};
       } catch (err) {
         throw toConnectError(err);

@@ -204,9 +204,9 @@ test("lists across nodes: v2 filters and pagination without gaps or repeats, v1,
   expect(all.headers.get("x-next-token")).toBeNull();
   const listed = (await all.json()) as { sandboxID: string; startedAt: string }[];
   expect(listed.map((s) => s.sandboxID).sort()).toEqual([...ids].sort());
-  // oldest first, as a node orders by default
+  // newest first, as a node orders by default (E2B's default order)
   const times = listed.map((s) => Date.parse(s.startedAt));
-  expect([...times].sort((a, b) => a - b)).toEqual(times);
+  expect([...times].sort((a, b) => b - a)).toEqual(times);
   const seen: string[] = [];
   let token: string | null = null;
   let pages = 0;
@@ -220,8 +220,8 @@ test("lists across nodes: v2 filters and pagination without gaps or repeats, v1,
   } while (token && pages < 10);
   expect(pages).toBe(2);
   expect(seen).toEqual(listed.map((s) => s.sandboxID));
-  const desc = (await (await api("/v2/sandboxes?order=desc&limit=2")).json()) as { sandboxID: string }[];
-  expect(desc.map((s) => s.sandboxID)).toEqual(listed.map((s) => s.sandboxID).reverse().slice(0, 2));
+  const asc = (await (await api("/v2/sandboxes?order=asc&limit=2")).json()) as { sandboxID: string }[];
+  expect(asc.map((s) => s.sandboxID)).toEqual(listed.map((s) => s.sandboxID).reverse().slice(0, 2));
   const team = (await (await api(`/v2/sandboxes?metadata=${encodeURIComponent("team=y")}`)).json()) as { sandboxID: string }[];
   expect(team.map((s) => s.sandboxID).sort()).toEqual([ids[2], ids[3]].sort());
   const bad = await api("/v2/sandboxes?limit=0");
