@@ -429,7 +429,8 @@ describe("filesystem over binary Connect", () => {
     expect(await codeOf(fsc.stat({ path: join(dir, "d1") }))).toBe(Code.NotFound);
     // removing a missing path succeeds, as with E2B's envd (os.RemoveAll)
     expect(await codeOf(fsc.remove({ path: join(dir, "d1") }))).toBe("ok");
-    expect(await codeOf(fsc.stat({ path: "" }))).toBe(Code.InvalidArgument);
+    // an empty path is the default workdir, else the user's home (E2B's ExpandAndResolve)
+    expect((await fsc.stat({ path: "" })).entry?.path).toBe("/root");
   });
 
   test("WatchDir (recursive) and the polling watcher API", async () => {
