@@ -15,12 +15,17 @@ import { nodeInfo, type NodeIdentity } from "./node.ts";
 import { CpuMeter } from "../observability/host.ts";
 import * as S from "./schemas.ts";
 import { toDetail, toListed, toSandbox, toTemplate } from "./serialize.ts";
+import { BodyPolicy, strictBody } from "./strict.ts";
+import { healthBody, type Feature } from "./features.ts";
+import { logger } from "../observability/log.ts";
 import { telemetryRoutes } from "./routes/telemetry.ts";
 import { volumeRoutes } from "./routes/volumes.ts";
 import { snapshotRoutes } from "./routes/snapshots.ts";
 import pkg from "../../package.json" with { type: "json" };
 import type { TemplateService } from "../template/index.ts";
 import { templateRoutes } from "./routes/templates.ts";
+import { eventRoutes } from "./routes/events.ts";
+import type { EventsService } from "../events/index.ts";
 // @ts-expect-error: a file asset (path string), embedded by `bun build --compile`
 import scalarJs from "../../node_modules/@scalar/api-reference/dist/browser/standalone.js" with { type: "file" };
 
@@ -34,7 +39,27 @@ export interface ApiDeps {
   docs: boolean;
   /** Template builds (routes under /v3/templates, /templates/...); absent: not served. */
   templates?: TemplateService;
+  /** `[api] strict_bodies`: refuse unknown body fields (default true) or ignore and log them. */
+  strictBodies?: boolean;
+  /** Lifecycle events and webhooks (routes under /events); absent: not served. */
+  events?: EventsService;
 }
+
+/** Optional E2B features every node serves (GET /health); the app adds those of its deps. */
+const NODE_FEATURES: Feature[] = [
+  "sandboxes.v2",
+  "sandboxes.list.v2",
+  "pause.memory",
+  "pause.filesystem",
+  "auto_resume",
+  "network.egress",
+  "network.update",
+  "snapshots",
+  "fork",
+  "volumes",
+  "metrics",
+  "logs",
+];
 
 /** Paths served without an API key. */
 export const PUBLIC_PATHS = [/^\/health$/, /^\/metrics$/, /^\/openapi\.json$/, /^\/docs(\/.*)?$/, /^\/_assets\//];
@@ -89,6 +114,12 @@ function parseList(query: Record<string, string | undefined>) {
 export function buildApp(deps: ApiDeps) {
   const { orch, domain } = deps;
   const cpu = new CpuMeter(); // GET /nodes: host CPU since the previous GET
+  const bodies = new BodyPolicy(deps.strictBodies ?? true, logger("api"));
+  const health = healthBody(pkg.version, bodies.strict, [
+    ...NODE_FEATURES,
+    ...(deps.templates ? (["templates.build"] as const) : []),
+    ...(deps.events ? (["events", "webhooks"] as const) : []),
+  ]);
   const created = (r: SandboxRecord, set: { status?: number | string }) => {
     set.status = 201;
     return toSandbox(r, domain);
@@ -141,10 +172,10 @@ export function buildApp(deps: ApiDeps) {
       if (code === "NOT_FOUND") return errorResponse("api.no_route", "no such route");
       return toErrorResponse(error);
     })
-    .get("/health", () => ({ status: "ok", version: pkg.version }), { detail: { summary: "Health check", tags: ["node"] } })
+    .get("/health", () => health, { detail: { summary: "Health, version and the optional E2B features this node serves", tags: ["node"] } })
     .use(telemetryRoutes(orch))
-    .use(volumeRoutes(orch))
-    .use(snapshotRoutes(orch, domain))
+    .use(volumeRoutes(orch, bodies))
+    .use(snapshotRoutes(orch, domain, bodies))
     .get(
       "/metrics",
       () =>
@@ -158,12 +189,12 @@ export function buildApp(deps: ApiDeps) {
       { detail: { summary: "Prometheus metrics (sandbox counters, per-sandbox resource gauges)", tags: ["node"] } },
     )
     .post("/v2/sandboxes", async ({ body, set }) => created(await create(body, true), set), {
-      body: S.NewSandboxV2,
+      ...strictBody(bodies, S.NewSandboxV2),
       response: { 201: S.Sandbox, ...ERR },
       detail: { summary: "Create a sandbox (E2B SDK >= 2.46)", tags: ["sandboxes"] },
     })
     .post("/sandboxes", async ({ body, set }) => created(await create(body, body.secure === true), set), {
-      body: S.NewSandbox,
+      ...strictBody(bodies, S.NewSandbox),
       response: { 201: S.Sandbox, ...ERR },
       detail: { summary: "Create a sandbox (v1; Python SDK, older JS SDK)", tags: ["sandboxes"] },
     })
@@ -211,7 +242,7 @@ export function buildApp(deps: ApiDeps) {
         await orch.setTimeout(params.sandboxID, body.timeout);
         return noContent();
       },
-      { body: S.SandboxTimeout, detail: { summary: "Set the sandbox timeout (from now)", tags: ["sandboxes"] } },
+      { ...strictBody(bodies, S.SandboxTimeout), detail: { summary: "Set the sandbox timeout (from now)", tags: ["sandboxes"] } },
     )
     .post(
       "/sandboxes/:sandboxID/refreshes",
@@ -219,7 +250,7 @@ export function buildApp(deps: ApiDeps) {
         await orch.refresh(params.sandboxID, body?.duration ?? 15);
         return noContent();
       },
-      { body: t.Optional(S.SandboxRefresh), detail: { summary: "Keep a sandbox alive a while longer", tags: ["sandboxes"] } },
+      { ...strictBody(bodies, t.Optional(S.SandboxRefresh)), detail: { summary: "Keep a sandbox alive a while longer", tags: ["sandboxes"] } },
     )
     .post(
       "/sandboxes/:sandboxID/pause",
@@ -227,7 +258,7 @@ export function buildApp(deps: ApiDeps) {
         await orch.pause(params.sandboxID, { memory: body?.memory });
         return noContent();
       },
-      { body: t.Optional(S.PauseBody), detail: { summary: "Pause (snapshot) a sandbox", tags: ["sandboxes"] } },
+      { ...strictBody(bodies, t.Optional(S.PauseBody)), detail: { summary: "Pause (snapshot) a sandbox", tags: ["sandboxes"] } },
     )
     .post(
       "/sandboxes/:sandboxID/resume",
@@ -235,7 +266,7 @@ export function buildApp(deps: ApiDeps) {
         refuseUnsupported(body, UNSUPPORTED.resume);
         return created(await orch.resume(params.sandboxID, body?.timeout, { memory: body?.memory }), set);
       },
-      { body: t.Optional(S.ResumedSandbox), response: { 201: S.Sandbox, ...ERR }, detail: { summary: "Resume a paused sandbox (deprecated; use connect)", tags: ["sandboxes"] } },
+      { ...strictBody(bodies, t.Optional(S.ResumedSandbox)), response: { 201: S.Sandbox, ...ERR }, detail: { summary: "Resume a paused sandbox (deprecated; use connect)", tags: ["sandboxes"] } },
     )
     .post(
       "/v2/sandboxes/:sandboxID/connect",
@@ -244,7 +275,7 @@ export function buildApp(deps: ApiDeps) {
         set.status = r.resumed ? 201 : 200;
         return toSandbox(r.sandbox, domain);
       },
-      { body: t.Optional(S.ConnectSandboxV2), response: { 200: S.Sandbox, 201: S.Sandbox, ...ERR }, detail: { summary: "Connect to a sandbox, resuming it if paused", tags: ["sandboxes"] } },
+      { ...strictBody(bodies, t.Optional(S.ConnectSandboxV2)), response: { 200: S.Sandbox, 201: S.Sandbox, ...ERR }, detail: { summary: "Connect to a sandbox, resuming it if paused", tags: ["sandboxes"] } },
     )
     .post(
       "/sandboxes/:sandboxID/connect",
@@ -253,7 +284,7 @@ export function buildApp(deps: ApiDeps) {
         set.status = r.resumed ? 201 : 200;
         return toSandbox(r.sandbox, domain);
       },
-      { body: S.ConnectSandbox, response: { 200: S.Sandbox, 201: S.Sandbox, ...ERR }, detail: { summary: "Connect to a sandbox (v1)", tags: ["sandboxes"] } },
+      { ...strictBody(bodies, S.ConnectSandbox), response: { 200: S.Sandbox, 201: S.Sandbox, ...ERR }, detail: { summary: "Connect to a sandbox (v1)", tags: ["sandboxes"] } },
     )
     .put(
       "/sandboxes/:sandboxID/network",
@@ -261,7 +292,7 @@ export function buildApp(deps: ApiDeps) {
         await orch.updateNetwork(params.sandboxID, body as Record<string, unknown>);
         return noContent();
       },
-      { body: S.SandboxNetworkConfig, detail: { summary: "Replace a running sandbox's egress policy", tags: ["sandboxes"] } },
+      { ...strictBody(bodies, S.SandboxNetworkUpdate), detail: { summary: "Replace a running sandbox's egress policy", tags: ["sandboxes"] } },
     )
     .get("/templates", async () => (await orch.listTemplates()).map(toTemplate), {
       response: { 200: t.Array(S.Template), ...ERR },
@@ -280,7 +311,8 @@ export function buildApp(deps: ApiDeps) {
       },
       { response: { 200: S.Node, ...ERR }, detail: { summary: "Get a node", tags: ["nodes"] } },
     );
-  if (deps.templates) app.use(templateRoutes(deps.templates, orch));
+  if (deps.templates) app.use(templateRoutes(deps.templates, orch, bodies));
+  if (deps.events) app.use(eventRoutes(deps.events, bodies));
 
   return app;
 }

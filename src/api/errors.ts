@@ -13,6 +13,7 @@ export const API_ERRORS = {
   "api.bad_time_range": "a metrics range whose end is before its start (details.start, end)",
   "api.bad_sandbox_ids": "sandbox_ids empty or naming more than 100 ids",
   "api.unsupported": "an E2B field this node does not implement (details.field)",
+  "api.unknown_field": "a body field its route does not know, refused while [api] strict_bodies is true (details.field, route)",
   "api.bad_depth": "a volume listing depth outside 1..100 (details.depth)",
   "api.unauthorized": "a missing or wrong X-API-Key",
   "api.body_too_large": "a request body above [api] max_body_bytes",

@@ -17,12 +17,33 @@ export const ErrorBody = t.Object(
   { description: "E2B error body" },
 );
 
+/**
+ * E2B `SandboxNetworkConfig` (create). Every field E2B defines is named here, so strict bodies
+ * (./strict.ts) know them; the ones this node does not implement are refused by ./unsupported.ts.
+ * `additionalProperties: true` on every body schema: validation must not drop a field the
+ * unknown-field check is to see.
+ */
 export const SandboxNetworkConfig = t.Object(
   {
     allowPublicTraffic: t.Optional(t.Boolean()),
     allowOut: t.Optional(t.Array(t.String())),
     denyOut: t.Optional(t.Array(t.String())),
     maskRequestHost: t.Optional(t.String()),
+    egressProxy: t.Optional(t.Any({ description: "E2B SandboxEgressProxyConfig {address, username?, password?} | null" })),
+    httpsPorts: t.Optional(t.Any({ description: "E2B: guest ports served as HTTPS" })),
+    rules: t.Optional(t.Any({ description: "E2B: host -> [SandboxNetworkRule]" })),
+  },
+  { additionalProperties: true },
+);
+
+/** E2B `SandboxNetworkUpdateConfig` (`PUT /sandboxes/{id}/network`): the body replaces the egress policy. */
+export const SandboxNetworkUpdate = t.Object(
+  {
+    allow_internet_access: t.Optional(t.Boolean()),
+    allowOut: t.Optional(t.Array(t.String())),
+    denyOut: t.Optional(t.Array(t.String())),
+    egressProxy: t.Optional(t.Any({ description: "E2B SandboxEgressProxyConfig | null" })),
+    rules: t.Optional(t.Any({ description: "E2B: host -> [SandboxNetworkRule]" })),
   },
   { additionalProperties: true },
 );
@@ -36,6 +57,7 @@ const newSandboxFields = {
   metadata: t.Optional(t.Union([StrMap, t.Null()])),
   envVars: t.Optional(t.Union([StrMap, t.Null()])),
   mcp: t.Optional(t.Any()),
+  iam: t.Optional(t.Any({ description: "E2B SandboxIam (not implemented: refused unless empty)" })),
   network: t.Optional(t.Union([SandboxNetworkConfig, t.Null()])),
   allow_internet_access: t.Optional(t.Boolean()),
   volumeMounts: t.Optional(

@@ -23,6 +23,7 @@ import { TOOLS_ERRORS, type ToolsErrorCode } from "../tools/errors.ts";
 import { VMM_ERRORS, type VmmErrorCode } from "../vmm/errors.ts";
 import { VOLUME_ERRORS, type VolumeErrorCode } from "../volume/errors.ts";
 import { SNAPSHOT_ERRORS, type SnapshotErrorCode } from "../snapshot/errors.ts";
+import { EVENTS_ERRORS, type EventsErrorCode } from "../events/errors.ts";
 import { logger } from "../observability/log.ts";
 import { AgentEnvError } from "../errors.ts";
 import { API_ERRORS, type ApiErrorCode } from "./errors.ts";
@@ -46,7 +47,8 @@ export type ErrorCode =
   | VmmErrorCode
   | VolumeErrorCode
   | SnapshotErrorCode
-  | ConsoleErrorCode;
+  | ConsoleErrorCode
+  | EventsErrorCode;
 
 /** Every subsystem code table this module maps (for tests and documentation). */
 export const ERROR_TABLES = {
@@ -67,6 +69,7 @@ export const ERROR_TABLES = {
   volume: VOLUME_ERRORS,
   snapshot: SNAPSHOT_ERRORS,
   console: CONSOLE_ERRORS,
+  events: EVENTS_ERRORS,
 } as const;
 
 /** Codes whose status is not 500: faults of the request, and refusals a client may retry. */
@@ -81,6 +84,7 @@ const NOT_500 = {
   "api.bad_time_range": 400,
   "api.bad_sandbox_ids": 400,
   "api.unsupported": 400,
+  "api.unknown_field": 400,
   "api.bad_depth": 400,
   "api.unauthorized": 401,
   "api.body_too_large": 413,
@@ -126,6 +130,10 @@ const NOT_500 = {
   "console.sandbox_not_running": 409,
   "console.too_many_terminals": 429,
   "console.bad_request": 400,
+  "events.not_found": 404,
+  "events.bad_request": 400,
+  "events.webhook_not_found": 404,
+  "events.webhook_limit": 429,
 } as const satisfies Partial<Record<ErrorCode, number>>;
 
 /** HTTP status of every code an API response may carry: `NOT_500`, else 500. */

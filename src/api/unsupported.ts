@@ -17,6 +17,7 @@ const CREATE: Rule[] = [
   ["iam", present, "IAM settings are not supported by this node"],
   ["network.maskRequestHost", present, "request host masking is not supported by this node"],
   ["network.egressProxy", present, "egress proxies are not supported by this node"],
+  ["network.httpsPorts", nonEmpty, "HTTPS guest ports are not supported by this node"],
   ["network.rules", nonEmpty, "network rules are not supported by this node; use allowOut/denyOut"],
 ];
 const RESUME: Rule[] = [["autoPause", (v) => v === true, "autoPause on resume is not supported; set it at create"]];

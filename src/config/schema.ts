@@ -67,6 +67,10 @@ export const CONFIG_SCHEMA = section("", {
     key: str("", "API key clients send as X-API-Key. Empty: generated on first start and stored in\n$home_path/api-key. AENV_API_KEY overrides it."),
     max_body_bytes: int(1_048_576, "Largest request body the API accepts, bytes (sandbox proxy bodies are streamed, not bounded here).", { min: 1024, max: TIB, unit: "bytes" }),
     docs: bool(true, "Serve the OpenAPI document at /openapi.json and the offline explorer at /docs."),
+    strict_bodies: bool(
+      true,
+      "Refuse a request body field its route does not know with 400 api.unknown_field naming it (the\nSDKs have no capability handshake: an ignored field would look granted). false: ignore such fields\nand log each once per route (for clients newer than the node).",
+    ),
   }),
 
   console: section("The operators' console at /console/ (every node and the gateway) and its terminals.", {
@@ -394,6 +398,25 @@ export const CONFIG_SCHEMA = section("", {
         "Bound on lines waiting for the next batch; beyond it the oldest waiting lines are dropped\n(and counted in the log as one warning entry).",
         { min: 1, unit: "count" },
       ),
+    },
+  ),
+
+  events: section(
+    "Sandbox lifecycle events (GET /events/sandboxes, /events/sandboxes/{id}) and signed webhooks\n(/events/webhooks), stored in the node database (docs/events.md).",
+    {
+      retention_hours: int(168, "How long events and webhook delivery attempts are kept, hours (E2B keeps 7 days). An event not\ndelivered to a webhook by then is dropped from its queue.", { min: 1, max: 87_600, unit: "h" }),
+      prune_interval_ms: int(60_000, "Period of the scan that deletes events and delivery attempts older than retention_hours, ms.", { min: 10, max: MS_MAX, unit: "ms" }),
+      max_webhooks: int(100, "Most webhooks one node holds; more registrations answer 429 (E2B: WEBHOOK_LIMIT_REACHED).", { min: 1, max: 10_000, unit: "count" }),
+      webhook_queue_max: int(
+        10_000,
+        "Events waiting for delivery to one webhook (on disk); beyond it the oldest waiting event of that\nwebhook is dropped (logged, counted). Other webhooks' queues are not touched.",
+        { min: 1, unit: "count" },
+      ),
+      webhook_timeout_ms: int(10_000, "Bound on one delivery (connect, request, response headers and body), ms; then it counts as failed.", { min: 1, max: MS_MAX, unit: "ms" }),
+      webhook_retry_initial_ms: int(1000, "Wait before the first retry of a failed delivery, ms; each further failure doubles it.", { min: 1, max: MS_MAX, unit: "ms" }),
+      webhook_retry_max_ms: int(300_000, "Longest wait between retries of a failing delivery, ms. A webhook delivers its events in order:\nwhile its receiver fails, its later events wait.", { min: 1, max: MS_MAX, unit: "ms" }),
+      webhook_response_body_bytes: int(4096, "Bytes of a receiver's response body kept in the delivery log.", { min: 0, max: 1_048_576, unit: "bytes" }),
+      max_attempts_logged: int(10_000, "Delivery attempts kept per webhook (the oldest are deleted first), besides retention_hours.", { min: 1, unit: "count" }),
     },
   ),
 

@@ -25,6 +25,7 @@ import { createTemplateService, nodeRegistries, sandboxLayers } from "./template
 import { setUpOutboundProxy } from "./outbound.ts";
 import { redactUrl } from "../util/proxy.ts";
 import type { TemplateService } from "../template/index.ts";
+import { EventsService, eventsConfig } from "../events/index.ts";
 
 /** A started node. `close()` stops listening, then the orchestrator (shutdown_action), then the DB. */
 export interface RunningNode {
@@ -32,6 +33,8 @@ export interface RunningNode {
   apiKey: string;
   apiKeySource: "config" | "file" | "generated";
   orch: Orchestrator;
+  /** Lifecycle events and webhooks of this node. */
+  events: EventsService;
   db: Db;
   port: number;
   /** Port of the HTTPS listener ([sandbox_proxy] tls_cert_path + tls_key_path), null without one. */
@@ -150,14 +153,18 @@ export async function bootNode(cfg: Config, makeRuntime: RuntimeFactory = create
     throw e;
   }
   const orch = new Orchestrator(db, runtime, oc);
+  // recording before the orchestrator starts: sandboxes a restart finds orphaned are events too
+  const events = new EventsService(db, eventsConfig(cfg), orch);
   let key: string, source: RunningNode["apiKeySource"];
   let templates: TemplateService;
   try {
     await orch.start();
+    events.start();
     ({ key, source } = loadOrCreateApiKey(cfg.api.key, home));
     templates = createTemplateService(cfg, runtime, () => sandboxLayers(orch), registries);
   } catch (e) {
     await orch.close().catch(() => {});
+    await events.close().catch(() => {});
     await undo(db);
     throw e;
   }
@@ -179,6 +186,8 @@ export async function bootNode(cfg: Config, makeRuntime: RuntimeFactory = create
     docs: cfg.api.docs,
     templates,
     node: identity,
+    strictBodies: cfg.api.strict_bodies,
+    events,
   });
   serveOpts.apiKey = key;
   serveOpts.apiKeyHint = source === "config" ? "config [api] key / AENV_API_KEY" : `file ${apiKeyPath(home)}`;
@@ -196,6 +205,7 @@ export async function bootNode(cfg: Config, makeRuntime: RuntimeFactory = create
     apiKey: key,
     apiKeySource: source,
     orch,
+    events,
     db,
     port: server.port!,
     httpsPort,
@@ -209,6 +219,7 @@ export async function bootNode(cfg: Config, makeRuntime: RuntimeFactory = create
         try {
           await templates.close();
           await orch.close();
+          await events.close();
           db.close();
         } finally {
           locks.release();

@@ -1,6 +1,6 @@
 /** Orchestrator: sandbox lifecycle over a SandboxRuntime. See orchestrator.ts and runtime.ts. */
 export { Orchestrator, type ShutdownSummary, encodeCursor, decodeCursor } from "./orchestrator.ts";
-export type { ConnectResult, ForkResult, OrchestratorObserver, SandboxEvent, SandboxService } from "./service.ts";
+export type { ConnectResult, ForkResult, OrchestratorObserver, SandboxEvent, SandboxNote, SandboxService, StopReason } from "./service.ts";
 export { FORK_DEFAULT_TIMEOUT_SECS, MAX_FORK_COUNT } from "./service.ts";
 export { OrchestratorError, ORCHESTRATOR_ERRORS, type OrchestratorErrorCode, isRequestFault, notFound } from "./errors.ts";
 export { orchestratorConfig, type OrchestratorConfig } from "./config.ts";

@@ -17,7 +17,7 @@ import { AgentEnvError } from "../errors.ts";
 import type { RuntimeMetricsTarget, RuntimeSandbox, RuntimeStartSpec, SandboxRuntime, SnapshotInfo, SnapshotRequest } from "./runtime.ts";
 import { Semaphore } from "./semaphore.ts";
 import { assertTransition, LIVE_STATES, publicState, type SandboxState } from "./states.ts";
-import { FORK_DEFAULT_TIMEOUT_SECS, MAX_FORK_COUNT, type ConnectResult, type ForkResult, type OrchestratorObserver, type SandboxEvent, type SandboxService } from "./service.ts";
+import { FORK_DEFAULT_TIMEOUT_SECS, MAX_FORK_COUNT, type ConnectResult, type ForkResult, type OrchestratorObserver, type SandboxEvent, type SandboxNote, type SandboxService, type StopReason } from "./service.ts";
 import { SandboxStore, type ListCursor } from "./store.ts";
 import type {
   CreateSandboxRequest, ListSandboxesQuery, OrchestratorCounters, SandboxLogEntry, SandboxLogQuery, SandboxMetricsSample, SandboxRecord, TemplateInfo,
@@ -102,7 +102,8 @@ export class Orchestrator implements SandboxService {
     for (const r of left) {
       if (r.state === "paused") continue;
       // "resuming"/"pausing" may have left a usable snapshot, but its completeness is unknown: discard
-      this.store.update(r.id, { state: "killed", error: r.error ?? `node restarted while ${r.state}`, endpoint: null }, t);
+      const sandbox = this.store.update(r.id, { state: "killed", error: r.error ?? `node restarted while ${r.state}`, endpoint: null }, t)!;
+      this.emit({ id: r.id, from: r.state, to: "killed", at: t, sandbox, reason: "orphaned" });
       this.log.warn({ sandboxId: r.id, was: r.state }, "sandbox did not survive the node restart");
     }
     this.log.info({ stoppedVms: report.stoppedVms.length, removed: report.removed.length, paused: left.filter((r) => r.state === "paused").length }, "start-up reconciliation done");
@@ -132,10 +133,10 @@ export class Orchestrator implements SandboxService {
     const results = await Promise.allSettled(
       live.map(async (r) => {
         if (this.config.shutdownAction === "pause" && r.state === "running") {
-          await this.pauseNow(r.id, true);
+          await this.pauseNow(r.id, true, "shutdown");
           return "paused" as const;
         }
-        await this.killNow(r.id, true);
+        await this.killNow(r.id, true, "shutdown");
         return "killed" as const;
       }),
     );
@@ -339,7 +340,9 @@ export class Orchestrator implements SandboxService {
       const results = await Promise.allSettled(
         Array.from({ length: count }, async () => {
           this.assertOpen();
-          return this.createWith(req, tpl, timeoutSecs, { templateId: parent.templateId, alias: parent.alias });
+          const child = await this.createWith(req, tpl, timeoutSecs, { templateId: parent.templateId, alias: parent.alias });
+          this.note({ kind: "forked", id: child.id, at: this.now(), sandbox: child, sourceId: id });
+          return child;
         }),
       );
       return results.map((x) => (x.status === "fulfilled" ? { sandbox: x.value } : { error: x.reason as Error }));
@@ -382,7 +385,9 @@ export class Orchestrator implements SandboxService {
     if (r.state !== "running" && r.state !== "paused") throw new OrchestratorError("orchestrator.conflict", `sandbox ${id} is ${r.state}`, { sandboxId: id, state: r.state });
     if (!this.runtime.snapshot) throw new OrchestratorError("orchestrator.bad_request", `runtime ${this.runtime.name} cannot take snapshots`, { sandboxId: id });
     try {
-      return await this.runtime.snapshot(id, r.runtimeState ?? {}, { ...req, volumes: r.volumeMounts.length }, AbortSignal.any([AbortSignal.timeout(this.config.pauseTimeoutMs), this.shutdown.signal]));
+      const snap = await this.runtime.snapshot(id, r.runtimeState ?? {}, { ...req, volumes: r.volumeMounts.length }, AbortSignal.any([AbortSignal.timeout(this.config.pauseTimeoutMs), this.shutdown.signal]));
+      this.note({ kind: "snapshot", id, at: this.now(), sandbox: this.store.get(id)!, snapshotId: snap.snapshotID, names: snap.names, purpose: req.kind === "fork" ? "fork" : "user" });
+      return snap;
     } catch (e) {
       if (isRequestFault(e)) throw e;
       const code = e instanceof AgentEnvError ? `[${e.code}] ` : "";
@@ -465,7 +470,7 @@ export class Orchestrator implements SandboxService {
   /** Kill a live sandbox. @throws OrchestratorError not_found (404), busy (409). */
   kill(id: string): Promise<void> {
     this.get(id);
-    return this.track(this.killNow(id, false));
+    return this.track(this.killNow(id, false, "request"));
   }
 
   /**
@@ -476,7 +481,7 @@ export class Orchestrator implements SandboxService {
   pause(id: string, opts: { memory?: boolean } = {}): Promise<void> {
     this.assertOpen();
     this.get(id);
-    return this.track(this.pauseNow(id, opts.memory ?? true));
+    return this.track(this.pauseNow(id, opts.memory ?? true, "request"));
   }
 
   /**
@@ -488,8 +493,7 @@ export class Orchestrator implements SandboxService {
   connect(id: string, timeoutSecs?: number, opts: { memory?: boolean } = {}): Promise<ConnectResult> {
     return this.underLockWithTimeout(id, timeoutSecs, async (r, secs) => {
       if (r.state === "paused") return { sandbox: await this.resumeLocked(r, secs, opts.memory ?? true), resumed: true };
-      const endAt = Math.max(r.endAt, this.now() + secs * 1000);
-      this.store.update(id, { endAt }, this.now());
+      this.setEndAt(r, Math.max(r.endAt, this.now() + secs * 1000));
       return { sandbox: this.store.get(id)!, resumed: false };
     });
   }
@@ -518,8 +522,7 @@ export class Orchestrator implements SandboxService {
     this.checkTimeout(secs);
     this.get(id);
     return this.lock.run(id, async () => {
-      this.get(id);
-      this.store.update(id, { endAt: this.now() + secs * 1000 }, this.now());
+      this.setEndAt(this.get(id), this.now() + secs * 1000);
     });
   }
 
@@ -528,7 +531,7 @@ export class Orchestrator implements SandboxService {
     this.get(id);
     return this.lock.run(id, async () => {
       const r = this.get(id);
-      this.store.update(id, { endAt: Math.max(r.endAt, this.now() + secs * 1000) }, this.now());
+      this.setEndAt(r, Math.max(r.endAt, this.now() + secs * 1000));
     });
   }
 
@@ -546,19 +549,20 @@ export class Orchestrator implements SandboxService {
       // the body replaces the policy (an omitted field clears it): keep exactly what was applied,
       // so a resume or restart rebuilds the same rules
       const flag = policy.allow_internet_access ?? policy.allowInternetAccess;
-      this.store.update(id, { network: policy, allowInternetAccess: typeof flag === "boolean" ? flag : null }, this.now());
+      const sandbox = this.store.update(id, { network: policy, allowInternetAccess: typeof flag === "boolean" ? flag : null }, this.now())!;
+      this.note({ kind: "network", id, at: this.now(), sandbox });
     });
   }
 
   // ---- internals ----
 
-  private async killNow(id: string, force: boolean): Promise<void> {
+  private async killNow(id: string, force: boolean, reason: StopReason): Promise<void> {
     await this.lock.run(id, async () => {
       const r = this.store.get(id);
       if (!r || (publicState(r.state) === null && !(force && r.state === "failed"))) throw notFound(id);
       this.generations.delete(id);
       const wasRunning = r.state === "running" && r.endpoint !== null;
-      this.transition(id, r.state, "killing", {});
+      this.transition(id, r.state, "killing", {}, reason);
       if (wasRunning && r.volumeMounts.some((m) => !m.readOnly) && this.runtime.quiesce) {
         // the volume outlives the sandbox: flush and unmount it in the guest before the VM dies
         await this.runtime
@@ -571,18 +575,18 @@ export class Orchestrator implements SandboxService {
         this.transition(id, "killing", "failed", { error: `kill failed: ${(e as Error).message}` });
         throw new OrchestratorError("orchestrator.runtime_failed", `failed to kill sandbox ${id}: ${(e as Error).message}`, { sandboxId: id }, { cause: e });
       }
-      this.transition(id, "killing", "killed", { endpoint: null, runtimeState: null });
+      this.transition(id, "killing", "killed", { endpoint: null, runtimeState: null }, reason);
       this.counters.killed++;
       this.recount();
     });
   }
 
-  private async pauseNow(id: string, memory: boolean): Promise<void> {
+  private async pauseNow(id: string, memory: boolean, reason: StopReason): Promise<void> {
     await this.lock.run(id, async () => {
       const r = this.get(id);
       if (r.state === "paused") throw new OrchestratorError("orchestrator.conflict", `sandbox ${id} is already paused`, { sandboxId: id });
       this.generations.delete(id);
-      this.transition(id, "running", "pausing", {});
+      this.transition(id, "running", "pausing", {}, reason);
       const signal = AbortSignal.timeout(this.config.pauseTimeoutMs);
       try {
         if (!memory && r.endpoint && this.runtime.quiesce) {
@@ -592,7 +596,7 @@ export class Orchestrator implements SandboxService {
           });
         }
         const st = await this.runtime.pause(id, r.runtimeState ?? {}, signal, { memory });
-        this.transition(id, "pausing", "paused", { runtimeState: st, endpoint: null, snapshotKind: memory ? "memory" : "filesystem" });
+        this.transition(id, "pausing", "paused", { runtimeState: st, endpoint: null, snapshotKind: memory ? "memory" : "filesystem" }, reason);
       } catch (e) {
         // the runtime leaves the VM running when a pause fails before the VMM is stopped
         this.transition(id, "pausing", "failed", { error: `pause failed: ${(e as Error).message}` });
@@ -695,7 +699,7 @@ export class Orchestrator implements SandboxService {
       if (this.expiring.has(id)) continue;
       this.expiring.add(id);
       this.log.info({ sandboxId: id, action: autoPause ? "pause" : "kill" }, "sandbox timeout reached");
-      const op = autoPause ? this.pauseNow(id, autoPauseMemory) : this.killNow(id, false);
+      const op = autoPause ? this.pauseNow(id, autoPauseMemory, "timeout") : this.killNow(id, false, "timeout");
       this.track(op)
         .catch((e) => {
           if (!(e instanceof OrchestratorError && e.code === "orchestrator.not_found")) this.log.error({ sandboxId: id, err: e }, "expiry action failed");
@@ -704,12 +708,29 @@ export class Orchestrator implements SandboxService {
     }
   }
 
-  private transition(id: string, from: SandboxState, to: SandboxState, fields: Partial<SandboxRecord>): void {
+  private transition(id: string, from: SandboxState, to: SandboxState, fields: Partial<SandboxRecord>, reason?: StopReason): void {
     assertTransition(id, from, to);
     const t = this.now();
     const sandbox = this.store.update(id, { ...fields, state: to }, t);
     if (!sandbox) throw notFound(id); // a record vanished under its own lock: a bug, surfaced
-    this.emit({ id, from, to, at: t, sandbox }, fields.error ?? null);
+    this.emit({ id, from, to, at: t, sandbox, ...(reason ? { reason } : {}) }, fields.error ?? null);
+  }
+
+  /** Store a new end time of `r`; observers hear of it when it changed. */
+  private setEndAt(r: SandboxRecord, endAt: number): void {
+    const sandbox = this.store.update(r.id, { endAt }, this.now())!;
+    if (endAt !== r.endAt) this.note({ kind: "timeout", id: r.id, at: this.now(), sandbox });
+  }
+
+  /** Tell observers of a change that is not a state change (a snapshot, a fork child, a new end time or policy). */
+  private note(n: SandboxNote): void {
+    for (const o of this.observers) {
+      try {
+        o.onNote?.(n);
+      } catch (err) {
+        this.log.error({ err }, "observer failed");
+      }
+    }
   }
 
   private emit(e: SandboxEvent, error: string | null = null): void {

@@ -11,6 +11,13 @@ import type {
 import type { VolumeManager } from "./volumes.ts";
 import type { SnapshotInfo } from "./runtime.ts";
 
+/**
+ * Who or what stopped a sandbox (a pause or a kill); E2B's `kill_reason` words where it has
+ * them: a client's request, its timeout, the node's shutdown (`shutdown_action`), a node restart
+ * that found it running (`orphaned`).
+ */
+export type StopReason = "request" | "timeout" | "shutdown" | "orphaned";
+
 /** A state change of one sandbox, with its record as it is after the change. */
 export interface SandboxEvent {
   id: string;
@@ -21,11 +28,25 @@ export interface SandboxEvent {
   at: number;
   /** The record after the change (state `to`; endpoint set while running). */
   sandbox: SandboxRecord;
+  /** Why a pause or kill happened (on the changes to pausing, paused, killing, killed). */
+  reason?: StopReason;
 }
 
-/** Observer of counters and state changes; called synchronously, in order, after each change is stored. */
+/**
+ * A change to a sandbox that is not a state change: a snapshot taken of it (`purpose` fork: the
+ * checkpoint its fork children start from), a fork child started (`id` the child), its end time
+ * or its egress policy replaced. `sandbox` is the record after the change.
+ */
+export type SandboxNote =
+  | { kind: "snapshot"; id: string; at: number; sandbox: SandboxRecord; snapshotId: string; names: string[]; purpose: "user" | "fork" }
+  | { kind: "forked"; id: string; at: number; sandbox: SandboxRecord; sourceId: string }
+  | { kind: "timeout"; id: string; at: number; sandbox: SandboxRecord }
+  | { kind: "network"; id: string; at: number; sandbox: SandboxRecord };
+
+/** Observer of counters, state changes and notes; called synchronously, in order, after each change is stored. */
 export interface OrchestratorObserver {
   onEvent?(e: SandboxEvent): void;
+  onNote?(n: SandboxNote): void;
   onCounters?(c: OrchestratorCounters): void;
 }
 

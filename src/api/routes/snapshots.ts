@@ -11,6 +11,7 @@ import type { SandboxService, SnapshotInfo } from "../../orchestrator/index.ts";
 import { ErrorBody, Sandbox } from "../schemas.ts";
 import { toSandbox } from "../serialize.ts";
 import { statusOf } from "../status.ts";
+import { strictBody, type BodyPolicy } from "../strict.ts";
 
 const Int = (o: { minimum?: number; maximum?: number; description?: string } = {}) => t.Number({ multipleOf: 1, ...o });
 const ERR = { 400: ErrorBody, 401: ErrorBody, 404: ErrorBody, 409: ErrorBody, 500: ErrorBody };
@@ -49,8 +50,8 @@ function childError(e: Error): { code: number; message: string; error_code: stri
   return { code: statusOf(code) ?? 500, message: e.message, error_code: code };
 }
 
-/** Routes of the snapshot family, to `.use()` in the app; `domain` as in the create routes. */
-export function snapshotRoutes(orch: SandboxService, domain: string | null) {
+/** Routes of the snapshot family, to `.use()` in the app; `domain` as in the create routes; bodies checked by `bodies`. */
+export function snapshotRoutes(orch: SandboxService, domain: string | null, bodies: BodyPolicy) {
   return new Elysia({ name: "snapshots", normalize: false })
     .post(
       "/sandboxes/:sandboxID/snapshots",
@@ -59,7 +60,7 @@ export function snapshotRoutes(orch: SandboxService, domain: string | null) {
         set.status = 201;
         return info(s);
       },
-      { body: t.Optional(SnapshotRequestBody), response: { 201: SnapshotInfoBody, ...ERR }, detail: { summary: "Commit a snapshot of a sandbox (it keeps running)", tags: ["snapshots"] } },
+      { ...strictBody(bodies, t.Optional(SnapshotRequestBody)), response: { 201: SnapshotInfoBody, ...ERR }, detail: { summary: "Commit a snapshot of a sandbox (it keeps running)", tags: ["snapshots"] } },
     )
     .get(
       "/snapshots",
@@ -82,6 +83,6 @@ export function snapshotRoutes(orch: SandboxService, domain: string | null) {
         set.status = 201;
         return results.map((r) => (r.sandbox ? { sandbox: toSandbox(r.sandbox, domain) } : { error: childError(r.error!) }));
       },
-      { body: t.Optional(ForkRequestBody), response: { 201: t.Array(ForkResultBody), ...ERR }, detail: { summary: "Fork a sandbox: snapshot it once, start `count` children from the snapshot", tags: ["sandboxes"] } },
+      { ...strictBody(bodies, t.Optional(ForkRequestBody)), response: { 201: t.Array(ForkResultBody), ...ERR }, detail: { summary: "Fork a sandbox: snapshot it once, start `count` children from the snapshot", tags: ["sandboxes"] } },
     );
 }

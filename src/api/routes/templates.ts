@@ -12,12 +12,42 @@ import type { SandboxService } from "../../orchestrator/index.ts";
 import { TemplateError, TemplateService, UPLOAD_PATH_RE, type LogLevel, type TemplateRecord } from "../../template/index.ts";
 import { ENVD_VERSION } from "../../envd/version.ts";
 import { errorResponse, toErrorResponse } from "../status.ts";
+import { strictBody, type BodyPolicy } from "../strict.ts";
 
 const iso = (ms: number) => new Date(ms).toISOString();
 const LEVEL = t.Optional(t.Union([t.Literal("debug"), t.Literal("info"), t.Literal("warn"), t.Literal("error")]));
 const QInt = t.Optional(t.String({ pattern: "^[0-9]+$" }));
 const accepted = () => new Response("{}", { status: 202, headers: { "content-type": "application/json", "content-length": "2" } });
 const noContent = () => new Response(null, { status: 204 });
+const open = { additionalProperties: true };
+
+/** E2B `TemplateBuildRequestV3` (`POST /v3/templates`). */
+const TemplateBuildRequestV3 = t.Object(
+  {
+    name: t.Optional(t.String({ minLength: 1, maxLength: 128 })),
+    alias: t.Optional(t.String({ minLength: 1, maxLength: 128 })),
+    tags: t.Optional(t.Array(t.String())),
+    cpuCount: t.Optional(t.Number({ multipleOf: 1 })),
+    memoryMB: t.Optional(t.Number({ multipleOf: 1 })),
+    minFreeDiskMb: t.Optional(t.Number({ description: "E2B: free disk the build keeps (not enforced here)" })),
+    teamID: t.Optional(t.String({ description: "E2B: the team (one team per node)" })),
+  },
+  open,
+);
+
+/** E2B `TemplateBuildStartV2` (`POST /v2/templates/{id}/builds/{buildID}`); values checked by src/template/spec.ts. */
+const TemplateBuildStartV2 = t.Object(
+  {
+    force: t.Optional(t.Any()),
+    fromImage: t.Optional(t.Any()),
+    fromImageRegistry: t.Optional(t.Any({ description: "E2B FromImageRegistry (aws | gcp | registry)" })),
+    fromTemplate: t.Optional(t.Any()),
+    readyCmd: t.Optional(t.Any()),
+    startCmd: t.Optional(t.Any()),
+    steps: t.Optional(t.Array(t.Object({ type: t.Any(), args: t.Optional(t.Any()), filesHash: t.Optional(t.Any()), force: t.Optional(t.Any()) }, open))),
+  },
+  open,
+);
 
 /** The request's own origin (the SDK's E2B_API_URL), for upload URLs. */
 function originOf(request: Request): string {
@@ -69,8 +99,8 @@ export async function handleUpload(req: Request, url: URL, templates: TemplateSe
   }
 }
 
-/** The template build routes, for `app.use(...)`. */
-export function templateRoutes(templates: TemplateService, orch: SandboxService) {
+/** The template build routes, for `app.use(...)`; bodies checked by `bodies`. */
+export function templateRoutes(templates: TemplateService, orch: SandboxService, bodies: BodyPolicy) {
   const spawnOf = async (id: string) => {
     const l = (await orch.listTemplates()).find((x) => x.templateID === id);
     return { spawnCount: l?.spawnCount ?? 0, lastSpawnedAt: l?.lastSpawnedAt ?? null };
@@ -84,16 +114,7 @@ export function templateRoutes(templates: TemplateService, orch: SandboxService)
         return r;
       },
       {
-        body: t.Object(
-          {
-            name: t.Optional(t.String({ minLength: 1, maxLength: 128 })),
-            alias: t.Optional(t.String({ minLength: 1, maxLength: 128 })),
-            tags: t.Optional(t.Array(t.String())),
-            cpuCount: t.Optional(t.Number({ multipleOf: 1 })),
-            memoryMB: t.Optional(t.Number({ multipleOf: 1 })),
-          },
-          { additionalProperties: true },
-        ),
+        ...strictBody(bodies, TemplateBuildRequestV3),
         detail: { summary: "Register a template build (E2B SDK Template.build)", tags: ["templates"] },
       },
     )
@@ -108,7 +129,7 @@ export function templateRoutes(templates: TemplateService, orch: SandboxService)
         templates.start(params.templateID, params.buildID, (body ?? {}) as Record<string, unknown>);
         return accepted();
       },
-      { body: t.Object({}, { additionalProperties: true }), detail: { summary: "Start a registered build (steps, base, start and ready commands)", tags: ["templates"] } },
+      { ...strictBody(bodies, TemplateBuildStartV2), detail: { summary: "Start a registered build (steps, base, start and ready commands)", tags: ["templates"] } },
     )
     .get(
       "/templates/:templateID/builds/:buildID/status",
@@ -146,7 +167,7 @@ export function templateRoutes(templates: TemplateService, orch: SandboxService)
         set.status = 201;
         return r;
       },
-      { body: t.Object({ target: t.String({ minLength: 1 }), tags: t.Array(t.String(), { minItems: 1 }) }, { additionalProperties: true }), detail: { summary: "Point tags at a build (name:tag)", tags: ["templates"] } },
+      { ...strictBody(bodies, t.Object({ target: t.String({ minLength: 1 }), tags: t.Array(t.String(), { minItems: 1 }) }, open)), detail: { summary: "Point tags at a build (name:tag)", tags: ["templates"] } },
     )
     .delete(
       "/templates/tags",
@@ -154,7 +175,7 @@ export function templateRoutes(templates: TemplateService, orch: SandboxService)
         templates.catalog.removeTags(body.name, body.tags);
         return noContent();
       },
-      { body: t.Object({ name: t.String({ minLength: 1 }), tags: t.Array(t.String(), { minItems: 1 }) }, { additionalProperties: true }), detail: { summary: "Remove tags from a template", tags: ["templates"] } },
+      { ...strictBody(bodies, t.Object({ name: t.String({ minLength: 1 }), tags: t.Array(t.String(), { minItems: 1 }) }, open)), detail: { summary: "Remove tags from a template", tags: ["templates"] } },
     )
     .get("/templates/:templateID/tags", ({ params }) => {
       const tpl = templates.get(params.templateID);

@@ -10,6 +10,7 @@ import type { SandboxService, VolumeRecord } from "../../orchestrator/index.ts";
 import type { VolumeEntry, VolumeFiles } from "../../volume/types.ts";
 import { ApiError } from "../errors.ts";
 import * as S from "../schemas.ts";
+import { strictBody, type BodyPolicy } from "../strict.ts";
 
 const ERR = { 400: S.ErrorBody, 401: S.ErrorBody, 404: S.ErrorBody, 409: S.ErrorBody, 500: S.ErrorBody };
 /** Deepest listing one request may ask for. */
@@ -34,8 +35,8 @@ const withToken = (v: VolumeRecord) => ({ volumeID: v.id, name: v.name, token: v
 const num = (s: string | undefined) => (s === undefined ? undefined : Number(s));
 const writeOpts = (q: { uid?: string; gid?: string; mode?: string; force?: string }) => ({ uid: num(q.uid), gid: num(q.gid), mode: num(q.mode), force: q.force === "true" });
 
-/** Routes of the volume family, to `.use()` in the app. */
-export function volumeRoutes(orch: SandboxService) {
+/** Routes of the volume family, to `.use()` in the app; bodies checked by `bodies`. */
+export function volumeRoutes(orch: SandboxService, bodies: BodyPolicy) {
   const vols = orch.volumes;
   /** Check the volume's bearer token. @throws ApiError 401; OrchestratorError 404 for an unknown volume. */
   const authorize = (id: string, authorization: string | undefined) => {
@@ -53,7 +54,7 @@ export function volumeRoutes(orch: SandboxService) {
         return withToken(await vols.create(body.name));
       },
       {
-        body: t.Object({ name: t.String({ description: "DNS label: 1-63 of a-z, 0-9, -" }) }, { additionalProperties: true }),
+        ...strictBody(bodies, t.Object({ name: t.String({ description: "DNS label: 1-63 of a-z, 0-9, -" }) }, { additionalProperties: true })),
         response: { 201: S.VolumeAndToken, ...ERR },
         detail: { summary: "Create a volume (an empty ext4 filesystem)", tags: ["volumes"] },
       },
@@ -113,9 +114,7 @@ export function volumeRoutes(orch: SandboxService) {
       },
       {
         query: t.Object({ path: t.String() }),
-        body: t.Optional(
-          t.Object({ uid: t.Optional(S.Uint32), gid: t.Optional(S.Uint32), mode: t.Optional(S.Uint32) }, { additionalProperties: true }),
-        ),
+        ...strictBody(bodies, t.Optional(t.Object({ uid: t.Optional(S.Uint32), gid: t.Optional(S.Uint32), mode: t.Optional(S.Uint32) }, { additionalProperties: true }))),
         response: { 200: S.VolumeEntryStat, ...ERR },
         detail: { summary: "Change owner or mode of a path of a volume", tags: ["volumes"] },
       },

@@ -8,6 +8,7 @@ import sandboxes0002 from "./sandboxes_0002_template_spawns.sql" with { type: "t
 import sandboxes0003 from "./sandboxes_0003_logs.sql" with { type: "text" };
 import sandboxes0004 from "./sandboxes_0004_volumes.sql" with { type: "text" };
 import sandboxes0005 from "./sandboxes_0005_fs_snapshots.sql" with { type: "text" };
+import events0001 from "./events_0001_init.sql" with { type: "text" };
 
 export interface Migration {
   tag: string;
@@ -21,4 +22,5 @@ export const MIGRATIONS: Migration[] = [
   { tag: "sandboxes_0003_logs", sql: sandboxes0003 },
   { tag: "sandboxes_0004_volumes", sql: sandboxes0004 },
   { tag: "sandboxes_0005_fs_snapshots", sql: sandboxes0005 },
+  { tag: "events_0001_init", sql: events0001 },
 ];
