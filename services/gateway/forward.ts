@@ -118,12 +118,23 @@ export async function forwardToNode(req: Request, node: NodeRef, o: ForwardOptio
  * GET a JSON document from a node (fan-out reads), the whole answer within `timeoutMs`.
  * @throws GatewayError node_unreachable (no answer, a body cut or not finished in time, not JSON).
  */
-export async function getJson<T>(node: NodeRef, pathAndQuery: string, apiKey: string, timeoutMs: number): Promise<{ body: T; headers: Headers; status: number }> {
+export function getJson<T>(node: NodeRef, pathAndQuery: string, apiKey: string, timeoutMs: number): Promise<{ body: T; headers: Headers; status: number }> {
+  return callJson<T>(node, "GET", pathAndQuery, undefined, apiKey, timeoutMs);
+}
+
+/**
+ * `method` `pathAndQuery` on a node with a JSON body (none when undefined), the whole answer
+ * within `timeoutMs`; an empty answer body reads as null.
+ * @throws GatewayError node_unreachable (no answer, a body cut or not finished in time, not JSON).
+ */
+export async function callJson<T>(node: NodeRef, method: string, pathAndQuery: string, body: unknown, apiKey: string, timeoutMs: number): Promise<{ body: T; headers: Headers; status: number }> {
   const deadline = new AbortController();
   const timer = setTimeout(() => deadline.abort(new Error(`no complete answer within ${timeoutMs} ms`)), timeoutMs);
   try {
-    const req = new Request("http://gateway.invalid" + pathAndQuery, { headers: { "x-api-key": apiKey, accept: "application/json" }, signal: deadline.signal });
-    const res = await forwardToNode(req, node, { pathAndQuery, timeoutMs });
+    const headers: Record<string, string> = { "x-api-key": apiKey, accept: "application/json", ...(body === undefined ? {} : { "content-type": "application/json" }) };
+    const req = new Request("http://gateway.invalid" + pathAndQuery, { method, headers, signal: deadline.signal });
+    const bytes = body === undefined ? undefined : new TextEncoder().encode(JSON.stringify(body));
+    const res = await forwardToNode(req, node, { pathAndQuery, timeoutMs, ...(bytes ? { body: bytes } : {}) });
     let text: string;
     try {
       text = await res.text();
@@ -131,7 +142,7 @@ export async function getJson<T>(node: NodeRef, pathAndQuery: string, apiKey: st
       throw unreachable(node, `its answer to ${pathAndQuery} broke off: ${upstreamFailure(e, deadline.signal)}`, upstreamFailureKind(e, deadline.signal));
     }
     try {
-      return { body: JSON.parse(text) as T, headers: res.headers, status: res.status };
+      return { body: (text === "" ? null : JSON.parse(text)) as T, headers: res.headers, status: res.status };
     } catch {
       throw unreachable(node, `it answered ${pathAndQuery} with a body that is not JSON (HTTP ${res.status})`, "bad_answer");
     }

@@ -22,6 +22,7 @@
  *   naming a snapshot the scheduled node does not hold goes to a node whose GET /snapshots?name=
  *   lists it.
  * - GET /sandboxes/metrics?sandbox_ids=: split by node, asked in parallel, answers merged.
+ * - /events/...: lifecycle events merged from every node; a webhook registered on every node (events.ts).
  * A node that does not answer: 502 naming it. Scheduler down: creates 503; known sandboxes keep
  * routing from the route cache.
  */
@@ -35,6 +36,7 @@ import { plausibleSandboxId, type DataRoute } from "./dataplane.ts";
 import { gatewayError, GatewayError, GATEWAY_SOURCE, toGatewayResponse } from "./errors.ts";
 import { forwardToNode, neverReached, NODE_HEADER, nodeFailureOf } from "./forward.ts";
 import { RouteCache } from "./route-cache.ts";
+import { GatewayEvents } from "./events.ts";
 import { SchedulerLink, type ClusterNodes } from "./scheduler-link.ts";
 import pkg from "../../package.json" with { type: "json" };
 
@@ -73,6 +75,11 @@ export class Gateway {
   private readonly nodeKey: string;
   /** Counters for /metrics and tests. */
   readonly stats = { requests: 0, nodeErrors: 0, schedulerErrors: 0 };
+  /** `/events/...`: lifecycle events and webhooks over every node (events.ts). */
+  private readonly events = new GatewayEvents(
+    () => this.fan(),
+    async (req) => (await this.jsonBody(req)).json,
+  );
 
   constructor(readonly cfg: GatewayConfig, readonly apiKey: string) {
     this.routes = new RouteCache(cfg.routeCacheSize);
@@ -133,6 +140,7 @@ export class Gateway {
     if (m === "GET" && path === "/v2/sandboxes") return listV2(await this.fan(), url.searchParams, this.learn);
     if (m === "GET" && path === "/sandboxes") return listV1(await this.fan(), url.search, this.learn);
     if (m === "GET" && path === "/sandboxes/metrics") return this.metricsByIds(url);
+    if (path.startsWith("/events/")) return (await this.events.handle(req, url)) ?? gatewayError("gateway.no_route", `no route ${m} ${path}`);
     const sbx = /^(?:\/v2)?\/sandboxes\/([^/]+)(?:\/([^/]+))?/.exec(path);
     if (sbx) return this.bySandbox(req, url, segment(sbx[1]!), sbx[2], clientIp);
     if (m === "GET" && (path === "/templates" || path === "/v2/templates")) return (await mergedList(await this.fan(), path + url.search, "templateID")).response;
