@@ -21,6 +21,7 @@ const main: CommandDef<any> = defineCommand({
     sandbox: () => import("./sandbox.ts").then((m) => m.default),
     snapshot: () => import("./snapshot.ts").then((m) => m.default),
     completion: () => import("./completion.ts").then((m) => m.completionCommand(main)),
+    events: () => import("./events.ts").then((m) => m.default),
     scheduler: () => import("../../services/scheduler/cli.ts").then((m) => m.default),
     gateway: () => import("../../services/gateway/cli.ts").then((m) => m.default),
     deploy: () => import("../../deploy/cli.ts").then((m) => m.default),
