@@ -1,7 +1,9 @@
 /**
  * What `GET /health` says about the node: its version, envd's, whether bodies are strict, and the
  * optional parts of E2B's API it serves (and the E2B request fields it refuses). The SDKs have no
- * capability handshake; a client or an operator reads this instead of probing.
+ * capability handshake; a client or an operator reads this instead of probing. (E2B's spec has
+ * `GET /health` answer 204 without a body, its server 200 with text; no SDK calls it. This node
+ * answers 200 with this JSON.)
  */
 import { ENVD_VERSION } from "../envd/version.ts";
 import { UNSUPPORTED } from "./unsupported.ts";

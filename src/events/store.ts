@@ -76,12 +76,6 @@ export class EventStore {
     return this.db.sqlite.query<{ s: number | null }, []>("SELECT max(seq) AS s FROM sandbox_events").get()?.s ?? 0;
   }
 
-  /** The event `seq`, if kept. */
-  get(seq: number): SandboxLifecycleEvent | undefined {
-    const r = this.db.sqlite.query<Row, [number]>("SELECT seq, body FROM sandbox_events WHERE seq = ?").get(seq);
-    return r ? parse(r) : undefined;
-  }
-
   /** The event with id `eventId`, if kept: its JSON as stored (as delivered). */
   bodyOf(eventId: string): string | undefined {
     return this.db.sqlite.query<{ body: string }, [string]>("SELECT body FROM sandbox_events WHERE id = ?").get(eventId)?.body;

@@ -6,7 +6,8 @@
  *   comma-separated). The node-wide listing also takes `cursor` (this node's extension, the feed
  *   `agentenv events --follow` reads): events after it, oldest first; every node-wide answer
  *   carries `x-next-cursor`, the cursor to go on from (without `cursor`: the newest event's).
- * - `/events/webhooks` CRUD: POST 201, GET, GET/PATCH one 200, DELETE 200 without a body;
+ * - `/events/webhooks` CRUD: POST 201, GET, GET/PATCH one 200, DELETE 200 without a body (E2B's
+ *   server: "the service this replaces answers 200", not the 204 of its other deletes);
  *   `PUT /events/webhooks/{id}` creates (201) or replaces (200) a webhook under a given UUID (the
  *   gateway registers one webhook on every node with it); `GET .../{id}/deliveries` the delivery
  *   log grouped by event. The signing secret is never served.

@@ -2,7 +2,9 @@
  * E2B's webhook signature (../shared/docs/e2b-lifecycle-events.md §6, from E2B's docs and their
  * verification code): SHA-256 over the UTF-8 bytes of `secret + rawBody` (a plain concatenation,
  * not an HMAC), base64url without padding, sent as header `e2b-signature` with
- * `e2b-signature-version: v1`. Receivers verify it over the raw body bytes.
+ * `e2b-signature-version: v1`. Receivers verify it over the raw body bytes. (Upstream AgentENV
+ * sends the standard base64 alphabet instead; E2B's docs and verification code are followed here:
+ * the two differ whenever the digest encodes a `+` or `/`.)
  */
 import { createHash, timingSafeEqual } from "node:crypto";
 
