@@ -28,7 +28,7 @@ export interface EventDeliveries {
 export interface DeliveryQuery {
   limit: number;
   orderAsc: boolean;
-  /** `<firstAttemptMs>_<eventId>` from a previous page. */
+  /** `nextCursor` of a previous page. */
   cursor?: string;
   start?: number;
   end?: number;
@@ -152,14 +152,9 @@ export class EventsService {
    */
   deliveries(id: string, q: DeliveryQuery): { data: EventDeliveries[]; nextCursor: string | null } {
     this.webhooks.get(id);
-    let cursor: { at: number; eventId: string } | undefined;
-    if (q.cursor) {
-      const m = /^(\d{1,16})_([0-9a-f-]{36})$/.exec(q.cursor);
-      if (!m) throw new EventsError("events.bad_request", `invalid cursor ${JSON.stringify(q.cursor)}`, { field: "cursor" });
-      cursor = { at: Number(m[1]), eventId: m[2]! };
-    }
-    const page = this.webhooks.deliveries(id, { ...q, cursor });
-    return { data: page.data, nextCursor: page.next ? `${page.next.at}_${page.next.eventId}` : null };
+    if (q.cursor !== undefined && !/^\d{1,16}$/.test(q.cursor)) throw new EventsError("events.bad_request", `invalid cursor ${JSON.stringify(q.cursor)}`, { field: "cursor" });
+    const page = this.webhooks.deliveries(id, { ...q, cursor: q.cursor === undefined ? undefined : Number(q.cursor) });
+    return { data: page.data, nextCursor: page.next === null ? null : String(page.next) };
   }
 }
 

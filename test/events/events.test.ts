@@ -163,8 +163,8 @@ test("a restart keeps every event and records the sandboxes it found running as 
     return { db, orch, events: new EventsService(db, eventsConfig(cfg), orch) };
   };
   try {
+    // never started: no timer of it outlives its database
     const first = world();
-    await first.orch.start();
     const running = await first.orch.create({ template: "base", secure: true, timeoutSecs: 600 });
     const paused = await first.orch.create({ template: "base", secure: true, timeoutSecs: 600 });
     await first.orch.pause(paused.id);

@@ -155,6 +155,12 @@ test("a receiver verifies the signature of created -> paused -> resumed -> kille
   const log = (await (await api(node, `/events/webhooks/${hook}/deliveries`)).json()) as { data: { eventId: string; attempts: { status: string; responseHttpStatusCode: number; responseBody: string }[] }[]; nextCursor: string | null };
   expect(log.data.map((d) => d.eventId)).toEqual([...served].reverse().map((e) => e.id));
   for (const d of log.data) expect(d.attempts).toMatchObject([{ status: "success", responseHttpStatusCode: 200, responseBody: "thanks" }]);
+  // pages of 3 in delivery order, then the rest
+  const p1 = (await (await api(node, `/events/webhooks/${hook}/deliveries?orderAsc=true&limit=3`)).json()) as { data: { eventId: string }[]; nextCursor: string | null };
+  const p2 = (await (await api(node, `/events/webhooks/${hook}/deliveries?orderAsc=true&limit=3&cursor=${p1.nextCursor}`)).json()) as { data: { eventId: string }[]; nextCursor: string | null };
+  expect([...p1.data, ...p2.data].map((d) => d.eventId)).toEqual(served.map((e) => e.id));
+  expect(p2.nextCursor).toBeNull();
+  expect((await api(node, `/events/webhooks/${hook}/deliveries?cursor=x_y`)).status).toBe(400);
   await api(node, `/events/webhooks/${hook}`, { method: "DELETE" });
 });
 

@@ -181,13 +181,14 @@ export class WebhookStore {
   }
 
   /**
-   * One page of webhook `id`'s delivery log, grouped by event: events ordered by their first
-   * attempt (newest first unless `orderAsc`), after `cursor` (`<firstAttemptMs>_<eventId>`).
+   * One page of webhook `id`'s delivery log, grouped by event: events in the order of their first
+   * attempt (newest first unless `orderAsc`), after `cursor` (the position of the previous page's
+   * last event: its first attempt's rowid, which grows with every attempt logged).
    */
   deliveries(
     id: string,
-    q: { limit: number; orderAsc: boolean; cursor?: { at: number; eventId: string }; start?: number; end?: number; status?: "success" | "failed"; eventTypes: string[] },
-  ): { data: { eventId: string; eventType: string; sandboxId: string; attempts: DeliveryAttempt[] }[]; next: { at: number; eventId: string } | null } {
+    q: { limit: number; orderAsc: boolean; cursor?: number; start?: number; end?: number; status?: "success" | "failed"; eventTypes: string[] },
+  ): { data: { eventId: string; eventType: string; sandboxId: string; attempts: DeliveryAttempt[] }[]; next: number | null } {
     const conds = ["webhook_id = ?"];
     const args: (string | number)[] = [id];
     if (q.start !== undefined) (conds.push("at >= ?"), args.push(q.start));
@@ -195,24 +196,22 @@ export class WebhookStore {
     if (q.status) (conds.push("status = ?"), args.push(q.status));
     if (q.eventTypes.length) (conds.push(`event_type IN (${q.eventTypes.map(() => "?").join(", ")})`), args.push(...q.eventTypes));
     const dir = q.orderAsc ? "ASC" : "DESC";
-    const cmp = q.orderAsc ? ">" : "<";
-    const having = q.cursor ? `HAVING first ${cmp} ? OR (first = ? AND event_id ${cmp} ?)` : "";
-    const hargs = q.cursor ? [q.cursor.at, q.cursor.at, q.cursor.eventId] : [];
+    const having = q.cursor !== undefined ? `HAVING first ${q.orderAsc ? ">" : "<"} ?` : "";
     const events = this.db.sqlite
       .query<{ event_id: string; first: number }, (string | number)[]>(
-        `SELECT event_id, min(at) AS first FROM webhook_attempts WHERE ${conds.join(" AND ")} GROUP BY event_id ${having} ORDER BY first ${dir}, event_id ${dir} LIMIT ?`,
+        `SELECT event_id, min(rowid) AS first FROM webhook_attempts WHERE ${conds.join(" AND ")} GROUP BY event_id ${having} ORDER BY first ${dir} LIMIT ?`,
       )
-      .all(...args, ...hargs, q.limit + 1);
+      .all(...args, ...(q.cursor !== undefined ? [q.cursor] : []), q.limit + 1);
     const page = events.slice(0, q.limit);
     const data = page.map((e) => {
       const attempts = this.db.sqlite
-        .query<Record<string, unknown>, [string, string]>("SELECT * FROM webhook_attempts WHERE webhook_id = ? AND event_id = ? ORDER BY at, id")
+        .query<Record<string, unknown>, [string, string]>("SELECT * FROM webhook_attempts WHERE webhook_id = ? AND event_id = ? ORDER BY rowid")
         .all(id, e.event_id)
         .map(attemptOf);
       return { eventId: e.event_id, eventType: attempts[0]?.eventType ?? "", sandboxId: attempts[0]?.sandboxId ?? "", attempts };
     });
     const last = page[page.length - 1];
-    return { data, next: events.length > q.limit && last ? { at: last.first, eventId: last.event_id } : null };
+    return { data, next: events.length > q.limit && last ? last.first : null };
   }
 
   /** Delete attempts older than `before` (unix ms), and beyond the newest `keep` per webhook. @returns how many */
@@ -220,7 +219,7 @@ export class WebhookStore {
     let n = this.db.sqlite.query("DELETE FROM webhook_attempts WHERE at < ?").run(before).changes;
     for (const { id } of this.db.sqlite.query<{ id: string }, []>("SELECT id FROM event_webhooks").all()) {
       n += this.db.sqlite
-        .query("DELETE FROM webhook_attempts WHERE webhook_id = ?1 AND id IN (SELECT id FROM webhook_attempts WHERE webhook_id = ?1 ORDER BY at DESC, id DESC LIMIT -1 OFFSET ?2)")
+        .query("DELETE FROM webhook_attempts WHERE webhook_id = ?1 AND rowid IN (SELECT rowid FROM webhook_attempts WHERE webhook_id = ?1 ORDER BY rowid DESC LIMIT -1 OFFSET ?2)")
         .run(id, keep).changes;
     }
     return n;
