@@ -8,11 +8,12 @@
  *
  * Workload: `POST /sandboxes/{id}/timeout` over 10 sandboxes, each call one `updated` event (the
  * event is recorded, and queued for the webhook, before the API answers). Three variants in the
- * same run, interleaved in rounds so drift hits all alike: no webhook (baseline), a webhook to a
- * refused port, a webhook to a black hole; each variant records EVENTS events. Prints the API
+ * same run, interleaved in batches of 50 calls (rotating) so the load of a shared machine hits all
+ * alike: no webhook (baseline), a webhook to a refused port, a webhook to a black hole (registered
+ * before its batch, deleted after); each variant records EVENTS events. Prints the API
  * latency of each variant (median, p95) as ratios to the baseline, and the node's memory (RSS
  * and JS heap after a full GC) before and after each variant, with the webhooks' queue depths.
- * Usage: bun bench/events.ts [--events N] [--rounds R]
+ * Usage: bun bench/events.ts [--events N] [--rounds R]   (default R: batches of 50)
  */
 import type { Socket } from "bun";
 
@@ -21,7 +22,7 @@ const arg = (name: string, def: number) => {
   return i > 0 ? Number(process.argv[i + 1]) : def;
 };
 const EVENTS = arg("events", 1000);
-const ROUNDS = arg("rounds", 4);
+const ROUNDS = arg("rounds", Math.ceil(arg("events", 1000) / 50));
 const SANDBOXES = 10;
 
 const { startNodeNoVm, api } = await import("../test/api/helpers.ts");
@@ -82,10 +83,9 @@ for (let r = 0; r < ROUNDS; r++) {
   // each round's variants in a rotated order, so no variant always follows the same one
   const order: Variant[] = ["none", "refused", "blackhole"];
   for (const v of [...order.slice(r % 3), ...order.slice(0, r % 3)]) {
-    const before = memory();
+    const before = r === 0 ? memory() : mem[v]!.before;
     await round(v, per);
-    const after = memory();
-    mem[v] = mem[v] ? { before: mem[v]!.before, after } : { before, after };
+    mem[v] = { before, after: r === ROUNDS - 1 ? memory() : before };
   }
 }
 
