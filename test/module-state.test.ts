@@ -24,6 +24,10 @@ const ALLOWED: Record<string, string> = {
   // module instance): a handle to the process's libc, not state that differs between owners
   "src/ffi/libc.ts: bound": "lazily opened libc handle",
   "src/ffi/libc.ts: pty": "lazily opened openpty handle",
+  // one epoll thread watches every pidfd the process holds (thousands of adopted VMMs cost one
+  // thread); it starts with the first watch and stops when none is left, so no owner outlives it
+  "src/ffi/pidfd-watch.ts: current": "the process-wide pidfd watcher thread",
+  "src/ffi/pidfd-watch.ts: nextToken": "epoll token counter of that watcher",
 };
 
 const MUTATORS = new Set(["set", "add", "delete", "clear", "push", "pop", "shift", "unshift", "splice", "sort", "reverse", "fill", "copyWithin"]);
