@@ -119,8 +119,8 @@ export function run(fn: () => Promise<void>): Promise<void> {
   });
 }
 
-export { connectEnvelope, connectFrames } from "../sandbox/envd-client.ts";
-import { connectEnvelope, connectFrames } from "../sandbox/envd-client.ts";
+export { connectEnvelope, connectFrames } from "../sandbox/connect-frames.ts";
+import { connectEnvelope, processStream } from "../sandbox/connect-frames.ts";
 
 /**
  * Run `cmd` with `/bin/bash -l -c` in sandbox `id` through the node's proxy; stdout/stderr are
@@ -144,15 +144,15 @@ export async function execInSandbox(c: Conn, id: string, cmd: string, opts: { us
   });
   if (!res.ok || !res.body) throw new CliError(`exec: ${res.status} ${await res.text()}`);
   let code: number | null = null;
-  for await (const f of connectFrames(res.body)) {
-    if (f.flags & 2) {
-      if (f.json?.error) throw new CliError(`exec: ${f.json.error.code}: ${f.json.error.message}`);
+  for await (const m of processStream(res.body)) {
+    if (m.end) {
+      if (m.error) throw new CliError(`exec: ${m.error.code}: ${m.error.message}`);
       break;
     }
-    const ev = f.json?.event;
-    if (ev?.data?.stdout) opts.out(Buffer.from(ev.data.stdout, "base64"));
-    if (ev?.data?.stderr) opts.err(Buffer.from(ev.data.stderr, "base64"));
-    if (ev?.end) code = ev.end.exitCode ?? 0;
+    const ev = m.event;
+    if (ev.data?.stdout) opts.out(Buffer.from(ev.data.stdout, "base64"));
+    if (ev.data?.stderr) opts.err(Buffer.from(ev.data.stderr, "base64"));
+    if (ev.end) code = ev.end.exitCode ?? 0;
   }
   if (code === null) throw new CliError("exec: the process stream ended without an exit status");
   return code;

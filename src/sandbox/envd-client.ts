@@ -4,6 +4,16 @@
  * Facts: e2b-contract.md §3.2.
  */
 import { OrchestratorError } from "../orchestrator/errors.ts";
+import { Type as T } from "@sinclair/typebox";
+import { errorMessage } from "../util/error.ts";
+import { describeProblem, jsonSchema } from "../util/json-check.ts";
+import { readCapped, textCapped } from "../util/read-capped.ts";
+import { connectEnvelope, processStream } from "./connect-frames.ts";
+
+export { connectEnvelope, connectFrames, MAX_CONNECT_FRAME_BYTES } from "./connect-frames.ts";
+
+/** Bytes of an envd error answer read for the error message. */
+const ANSWER_TEXT_BYTES = 4096;
 
 /** Body of envd `/init` (the fields AgentENV sends). */
 export interface EnvdInit {
@@ -58,57 +68,66 @@ export async function initEnvd(base: string, body: EnvdInit, currentToken: strin
   } catch (e) {
     throw new OrchestratorError("orchestrator.envd_init_failed", `envd /init at ${base} failed: ${(e as Error).message}`, { base });
   }
-  const text = await res.text();
+  const text = await textCapped(res, ANSWER_TEXT_BYTES);
   if (!res.ok) throw new OrchestratorError("orchestrator.envd_init_failed", `envd /init at ${base} answered ${res.status}: ${text.slice(0, 200)}`, { base, status: res.status });
   return res.headers.get("x-envd-version");
 }
 
+/** A number as JSON carries it (finite: JSON has no NaN or infinity). */
+const NUM = T.Number();
+
 /** envd `GET /metrics` body (envd.yaml `Metrics`), the fields the node reads. */
-interface EnvdMetricsBody {
-  cpu_count: number;
-  cpu_used_pct: number;
-  mem_total: number;
-  mem_used: number;
-  mem_cache?: number;
-  disk_used?: number;
-  disk_total?: number;
-}
+const ENVD_METRICS = jsonSchema(
+  T.Object({
+    cpu_count: NUM,
+    cpu_used_pct: NUM,
+    mem_total: NUM,
+    mem_used: NUM,
+    mem_cache: T.Optional(NUM),
+    disk_used: T.Optional(NUM),
+    disk_total: T.Optional(NUM),
+  }),
+);
+
+/** Largest envd `/metrics` answer read, bytes (the body is a handful of numbers). */
+const METRICS_BYTES = 64 * 1024;
 
 /**
  * `GET base/metrics`: the guest's view of its vCPUs, CPU use since envd's previous answer (%),
  * memory and root disk (bytes).
  * @throws OrchestratorError `orchestrator.envd_metrics_failed` for a network error, a non-2xx
- *   answer or a body without the numeric fields.
+ *   answer, a body over 64 KiB or one without the numeric fields (details.field names it).
  */
 export async function fetchEnvdMetrics(
   base: string,
   token: string | null,
   signal: AbortSignal,
 ): Promise<{ cpuCount: number; cpuUsedPct: number; memUsed: number; memTotal: number; memCache: number; diskUsed: number; diskTotal: number }> {
-  let body: EnvdMetricsBody;
+  let text: string;
   try {
     const res = await fetch(`${base}/metrics`, { headers: token ? { "x-access-token": token } : {}, signal });
-    if (!res.ok) {
-      const text = await res.text();
-      throw new Error(`HTTP ${res.status}: ${text.slice(0, 200)}`);
-    }
-    body = (await res.json()) as EnvdMetricsBody;
+    if (!res.ok) throw new Error(`HTTP ${res.status}: ${(await textCapped(res, ANSWER_TEXT_BYTES)).slice(0, 200)}`);
+    const body = await readCapped(res.body, METRICS_BYTES);
+    if (body.truncated) throw new Error(`the answer exceeds ${METRICS_BYTES} bytes`);
+    text = new TextDecoder().decode(body.bytes);
   } catch (e) {
-    throw new OrchestratorError("orchestrator.envd_metrics_failed", `envd /metrics at ${base} failed: ${(e as Error).message}`, { base });
+    throw new OrchestratorError("orchestrator.envd_metrics_failed", `envd /metrics at ${base} failed: ${errorMessage(e)}`, { base });
   }
-  const num = (v: unknown) => (typeof v === "number" && Number.isFinite(v) ? v : NaN);
-  const out = {
-    cpuCount: num(body.cpu_count),
-    cpuUsedPct: num(body.cpu_used_pct),
-    memUsed: num(body.mem_used),
-    memTotal: num(body.mem_total),
-    memCache: num(body.mem_cache ?? 0),
-    diskUsed: num(body.disk_used ?? 0),
-    diskTotal: num(body.disk_total ?? 0),
+  const r = ENVD_METRICS.parse(text);
+  if (!r.ok) {
+    const field = r.problem.path.replace(/^\//, "");
+    throw new OrchestratorError("orchestrator.envd_metrics_failed", `envd /metrics at ${base}: ${field ? `${field} is not a number` : describeProblem(r.problem)}`, { base, field });
+  }
+  const m = r.value;
+  return {
+    cpuCount: m.cpu_count,
+    cpuUsedPct: m.cpu_used_pct,
+    memUsed: m.mem_used,
+    memTotal: m.mem_total,
+    memCache: m.mem_cache ?? 0,
+    diskUsed: m.disk_used ?? 0,
+    diskTotal: m.disk_total ?? 0,
   };
-  const bad = Object.entries(out).find(([, v]) => Number.isNaN(v));
-  if (bad) throw new OrchestratorError("orchestrator.envd_metrics_failed", `envd /metrics at ${base}: ${bad[0]} is not a number`, { base, field: bad[0] });
-  return out;
 }
 
 /** What `runInGuest` runs: a program with arguments, as a user, in a directory, with extra env. */
@@ -128,34 +147,6 @@ export interface GuestResult {
   exitCode: number;
   output: string;
   pid: number;
-}
-
-/** Encode one Connect envelope (flags 0: 1 byte flags + big-endian length + JSON) holding `msg`. */
-export function connectEnvelope(msg: unknown): Uint8Array {
-  const body = new TextEncoder().encode(JSON.stringify(msg));
-  const out = new Uint8Array(5 + body.length);
-  new DataView(out.buffer).setUint32(1, body.length);
-  out.set(body, 5);
-  return out;
-}
-
-/** Split a Connect stream into envelopes: yields {flags, json} (flags 0x02 = end of stream). */
-export async function* connectFrames(stream: ReadableStream<Uint8Array>): AsyncGenerator<{ flags: number; json: any }> {
-  let buf = new Uint8Array(0);
-  for await (const chunk of stream) {
-    const next = new Uint8Array(buf.length + chunk.length);
-    next.set(buf);
-    next.set(chunk, buf.length);
-    buf = next;
-    while (buf.length >= 5) {
-      const len = new DataView(buf.buffer, buf.byteOffset).getUint32(1);
-      if (buf.length < 5 + len) break;
-      const flags = buf[0]!;
-      const json = JSON.parse(new TextDecoder().decode(buf.subarray(5, 5 + len)));
-      buf = buf.subarray(5 + len);
-      yield { flags, json };
-    }
-  }
 }
 
 /**
@@ -190,7 +181,7 @@ export async function runInGuest(
     throw new OrchestratorError("orchestrator.envd_failed", `envd process start at ${base} failed: ${(e as Error).message}`, { base, cmd: c.cmd });
   }
   if (!res.ok || !res.body) {
-    const text = await res.text();
+    const text = await textCapped(res, ANSWER_TEXT_BYTES);
     throw new OrchestratorError("orchestrator.envd_failed", `envd process start answered ${res.status}: ${text.slice(0, 300)}`, { base, status: res.status });
   }
   let output = "";
@@ -203,13 +194,14 @@ export async function runInGuest(
     output = (output + text).slice(-keepBytes);
     onData?.(stream, text);
   };
+  let refused: { code: string; message: string } | null = null;
   try {
-    for await (const { flags, json: msg } of connectFrames(res.body)) {
-      if (flags & 0x02) {
-        if (msg.error) throw new OrchestratorError("orchestrator.envd_failed", `envd: ${msg.error.code}: ${msg.error.message}`, { base, cmd: c.cmd });
-        continue;
+    for await (const m of processStream(res.body)) {
+      if (m.end) {
+        refused = m.error;
+        break;
       }
-      const ev = msg.event ?? {};
+      const ev = m.event;
       if (ev.start) pid = ev.start.pid ?? 0;
       if (ev.data?.stdout !== undefined) take("stdout", ev.data.stdout);
       if (ev.data?.stderr !== undefined) take("stderr", ev.data.stderr);
@@ -217,9 +209,10 @@ export async function runInGuest(
       if (ev.end) exitCode = ev.end.exitCode ?? (ev.end.exited ? 0 : -1);
     }
   } catch (e) {
-    if (e instanceof OrchestratorError) throw e;
-    throw new OrchestratorError("orchestrator.envd_failed", `envd process stream of ${c.cmd} broke: ${(e as Error).message}`, { base, cmd: c.cmd });
+    const details = e instanceof OrchestratorError ? e.details : {};
+    throw new OrchestratorError("orchestrator.envd_failed", `envd process stream of ${c.cmd} broke: ${errorMessage(e)}`, { ...details, base, cmd: c.cmd });
   }
+  if (refused) throw new OrchestratorError("orchestrator.envd_failed", `envd: ${refused.code}: ${refused.message}`, { base, cmd: c.cmd });
   if (exitCode === null) throw new OrchestratorError("orchestrator.envd_failed", `envd process stream of ${c.cmd} ended without an end event`, { base, cmd: c.cmd });
   return { exitCode, output, pid };
 }
@@ -238,6 +231,6 @@ export async function uploadToGuest(base: string, localPath: string, guestPath: 
   }).catch((e) => {
     throw new OrchestratorError("orchestrator.envd_failed", `upload of ${localPath} to the guest failed: ${(e as Error).message}`, { base, guestPath });
   });
-  const text = await res.text();
+  const text = await textCapped(res, ANSWER_TEXT_BYTES);
   if (!res.ok) throw new OrchestratorError("orchestrator.envd_failed", `envd /files answered ${res.status}: ${text.slice(0, 300)}`, { base, guestPath, status: res.status });
 }
