@@ -9,6 +9,7 @@
  */
 import { Type as T, type Static } from "@sinclair/typebox";
 import { OrchestratorError } from "../orchestrator/errors.ts";
+import { ChunkQueue } from "../util/chunk-queue.ts";
 import { describeProblem, jsonSchema, type JsonSchema } from "../util/json-check.ts";
 
 /** Envelope header: flags (1) + big-endian length (4). */
@@ -30,48 +31,6 @@ export function connectEnvelope(msg: unknown): Uint8Array {
   new DataView(out.buffer).setUint32(1, body.length);
   out.set(body, HEADER_BYTES);
   return out;
-}
-
-/** Bytes received and not yet taken, kept as the chunks they arrived in. */
-class ChunkQueue {
-  #chunks: Uint8Array[] = [];
-  /** Offset into the first chunk. */
-  #head = 0;
-  length = 0;
-
-  push(c: Uint8Array): void {
-    if (c.byteLength === 0) return;
-    this.#chunks.push(c);
-    this.length += c.byteLength;
-  }
-
-  /** The next `n` bytes (n ≤ length): a view when they lie in one chunk, else one copy. */
-  take(n: number): Uint8Array {
-    const first = this.#chunks[0];
-    if (n === 0 || !first) return new Uint8Array(0);
-    this.length -= n;
-    if (first.byteLength - this.#head >= n) {
-      const out = first.subarray(this.#head, this.#head + n);
-      this.#head += n;
-      if (this.#head === first.byteLength) this.#drop();
-      return out;
-    }
-    const out = new Uint8Array(n);
-    for (let at = 0; at < n; ) {
-      const c = this.#chunks[0]!;
-      const k = Math.min(n - at, c.byteLength - this.#head);
-      out.set(c.subarray(this.#head, this.#head + k), at);
-      at += k;
-      this.#head += k;
-      if (this.#head === c.byteLength) this.#drop();
-    }
-    return out;
-  }
-
-  #drop(): void {
-    this.#chunks.shift();
-    this.#head = 0;
-  }
 }
 
 /** One envelope: its flags and its message, parsed as JSON. */

@@ -8,10 +8,14 @@
 import type { Static, TSchema } from "@sinclair/typebox";
 import { TypeCompiler, type TypeCheck } from "@sinclair/typebox/compiler";
 
-/** What is wrong with a value: where (a JSON pointer, "" for the value itself) and why. */
+/**
+ * What is wrong with a value: where (a JSON pointer, "" for the value itself), why (TypeBox's
+ * message), and what was expected there when the failing schema says so in its `description`.
+ */
 export interface JsonProblem {
   path: string;
   message: string;
+  expected?: string;
 }
 
 /** The outcome of a check: the typed value, or the first problem found. */
@@ -36,7 +40,8 @@ export class JsonSchema<S extends TSchema> {
     const c = this.#check();
     if (c.Check(v)) return { ok: true, value: v };
     const first = c.Errors(v).First();
-    return { ok: false, problem: { path: first?.path ?? "", message: first?.message ?? "does not match the schema" } };
+    const expected = first?.schema.description;
+    return { ok: false, problem: { path: first?.path ?? "", message: first?.message ?? "does not match the schema", ...(expected ? { expected } : {}) } };
   }
 
   /** `text` parsed as JSON and checked; a text that is not JSON is a problem at the root. */
@@ -56,7 +61,15 @@ export function jsonSchema<S extends TSchema>(schema: S): JsonSchema<S> {
   return new JsonSchema(schema);
 }
 
-/** A problem as one phrase for an error message: `"/a/0: Expected string"`, or the message alone at the root. */
+/** A schema per key, each compiled on first use (e.g. one per message kind). */
+export function jsonSchemas<M extends Record<string, TSchema>>(m: M): { [K in keyof M]: JsonSchema<M[K]> } {
+  const out: Partial<{ [K in keyof M]: JsonSchema<M[K]> }> = {};
+  for (const k of Object.keys(m) as (keyof M)[]) out[k] = new JsonSchema(m[k]);
+  return out as { [K in keyof M]: JsonSchema<M[K]> };
+}
+
+/** A problem as one phrase for an error message: `"/a/0: Expected string"` (the expectation when known), or the message alone at the root. */
 export function describeProblem(p: JsonProblem): string {
-  return p.path ? `${p.path}: ${p.message}` : p.message;
+  const why = p.expected ?? p.message;
+  return p.path ? `${p.path}: ${why}` : why;
 }

@@ -5,25 +5,26 @@
  */
 import type { Socket } from "bun";
 import { DiskError, isDiskErrorCode } from "./errors.ts";
-import { encodeFrame, FrameReader, type LostInfo, type Request, type Response } from "./protocol.ts";
+import { encodeFrame, FrameReader, parseResponse, type LostInfo, type ReadResponse, type Request, type Response } from "./protocol.ts";
 
 interface Pending {
-  resolve: (r: Response) => void;
+  resolve: (r: ReadResponse) => void;
   reject: (e: Error) => void;
   timer: Timer;
-  kind: string;
+  kind: Request["kind"];
 }
 
 /** Requests without their `seq` (the client numbers them). */
 export type Req = Request extends infer R ? (R extends { seq?: number } ? Omit<R, "seq"> : never) : never;
 
 /** The response kind each request kind gets on success. */
-export type Answer<K extends Request["kind"]> = Extract<Response, {
-  kind: {
-    get_features: "features"; create_runtime_device: "runtime_device_created"; delete: "deleted"; restack_snapshot: "restack_snapshot_created";
-    acquire: "device_acquired"; release: "released"; update_size: "size_updated"; hold: "ok"; list: "devices"; stats: "device_stats"; shutdown: "ok";
-  }[K];
-}>;
+const ANSWER_KIND = {
+  get_features: "features", create_runtime_device: "runtime_device_created", delete: "deleted", restack_snapshot: "restack_snapshot_created",
+  acquire: "device_acquired", release: "released", update_size: "size_updated", hold: "ok", list: "devices", stats: "device_stats", shutdown: "ok",
+} as const satisfies Record<Request["kind"], Response["kind"]>;
+
+/** The success response of a `K` request. */
+export type Answer<K extends Request["kind"]> = Extract<Response, { kind: (typeof ANSWER_KIND)[K] }>;
 
 /** A connection to a disk daemon. */
 export class DaemonClient {
@@ -92,7 +93,7 @@ export class DaemonClient {
         this.#pending.delete(seq);
         reject(new DiskError("disk.timeout", `the disk daemon did not answer ${req.kind} within ${this.timeoutMs} ms`, { kind: req.kind, timeoutMs: this.timeoutMs }));
       }, this.timeoutMs);
-      this.#pending.set(seq, { resolve: resolve as (r: Response) => void, reject, timer, kind: req.kind });
+      this.#pending.set(seq, { resolve: resolve as (r: ReadResponse) => void, reject, timer, kind: req.kind });
       this.#out.push(encodeFrame({ ...req, seq }));
       this.#flush();
     });
@@ -124,19 +125,32 @@ export class DaemonClient {
         this.close();
         return;
       }
-      const r = f.value as Response;
+      const seqv = f.value.seq;
+      const p = typeof seqv === "number" ? this.#pending.get(seqv) : undefined;
+      const parsed = parseResponse(f.value);
+      if (!parsed.ok) {
+        // an answer of a shape this node does not know (another version, a bug): its request fails naming the field
+        if (!p) continue;
+        this.#settle(seqv as number, p);
+        p.reject(new DiskError("disk.malformed_frame", `the disk daemon answered ${p.kind} with a bad ${parsed.field || "message"}: ${parsed.why}`, { kind: p.kind, field: parsed.field }));
+        continue;
+      }
+      const r = parsed.value;
       if (r.kind === "device_lost") {
         this.onLost?.({ dev_id: r.dev_id, engine: r.engine, reason: r.reason, at: r.at });
         continue;
       }
-      const seq = "seq" in r && typeof r.seq === "number" ? r.seq : -1;
-      const p = this.#pending.get(seq);
       if (!p) continue;
-      this.#pending.delete(seq);
-      clearTimeout(p.timer);
+      this.#settle(seqv as number, p);
       if (r.kind === "error" || r.kind === "invalid_request") p.reject(answeredError(r, p.kind));
+      else if (r.kind !== ANSWER_KIND[p.kind]) p.reject(new DiskError("disk.malformed_frame", `the disk daemon answered ${p.kind} with ${r.kind}`, { kind: p.kind, field: "kind" }));
       else p.resolve(r);
     }
+  }
+
+  #settle(seq: number, p: Pending): void {
+    this.#pending.delete(seq);
+    clearTimeout(p.timer);
   }
 
   #onClose(): void {
@@ -156,7 +170,7 @@ export class DaemonClient {
  * only DiskError codes (./errors.ts `toDiskError`); any other code (another version, a bug) is
  * not passed on as if it were one: it becomes `disk.internal` with the code in `details.cause`.
  */
-function answeredError(r: { code: unknown; message: unknown; details?: unknown }, kind: string): DiskError {
+function answeredError(r: { code?: unknown; message?: unknown; details?: unknown }, kind: string): DiskError {
   const details = { ...(typeof r.details === "object" && r.details !== null ? (r.details as Record<string, unknown>) : {}), kind };
   const message = typeof r.message === "string" ? r.message : "";
   if (isDiskErrorCode(r.code)) return new DiskError(r.code, message, details);

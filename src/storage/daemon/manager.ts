@@ -101,7 +101,14 @@ export class DeviceManager {
   async recover(): Promise<{ recovered: string[]; cleaned: string[] }> {
     const recovered: string[] = [];
     const cleaned: string[] = [];
-    for (const row of this.#o.store.all()) {
+    const { rows, corrupt } = this.#o.store.all();
+    for (const c of corrupt) {
+      // its kernel objects and mount points are swept below with those no record names
+      log.warn({ devId: c.devId, problem: c.problem }, "device record is corrupt: dropped");
+      this.#o.store.delete(c.devId);
+      cleaned.push(c.devId);
+    }
+    for (const row of rows) {
       const engine = this.#o.engines[row.engine];
       if (row.access === "pool") {
         // nobody else holds a pre-created export's connection: it is gone; the pool makes new ones
@@ -132,9 +139,9 @@ export class DeviceManager {
       }
     }
     // kernel objects earlier daemons made but never recorded (a crash right after making one)
-    const rows = this.#o.store.all();
+    const recorded = this.#o.store.all().rows;
     for (const name of this.engines) {
-      const swept = await this.#o.engines[name]!.sweep(rows).catch((e) => (log.warn({ engine: name, err: e }, "sweep of unrecorded devices failed"), []));
+      const swept = await this.#o.engines[name]!.sweep(recorded).catch((e) => (log.warn({ engine: name, err: e }, "sweep of unrecorded devices failed"), []));
       if (swept.length) log.warn({ engine: name, swept }, "removed devices no record names");
     }
     // mount points earlier daemons made and left empty (a stop between unmount and rmdir)

@@ -5,7 +5,10 @@
  * row whose device is half made, which recovery cleans up.
  */
 import { Database } from "bun:sqlite";
+import type { Static, TSchema } from "@sinclair/typebox";
+import { describeProblem, type JsonSchema } from "../../util/json-check.ts";
 import { DiskError } from "./errors.ts";
+import { PERSISTED } from "./messages.ts";
 import type { EngineName, FuseSpec, TargetSpec } from "./protocol.ts";
 
 /** One device as persisted. */
@@ -81,14 +84,28 @@ export class DeviceStore {
     }
   }
 
-  /** Every row, oldest first. */
-  all(): DeviceRow[] {
-    return this.#db.query<Raw, []>("SELECT * FROM devices ORDER BY created_at, dev_id").all().map(fromRaw);
+  /**
+   * Every row, oldest first, and the rows that cannot be read back (a damaged database, another
+   * version's record): those are named with what is wrong, for the caller to clean up.
+   */
+  all(): { rows: DeviceRow[]; corrupt: CorruptRow[] } {
+    const rows: DeviceRow[] = [];
+    const corrupt: CorruptRow[] = [];
+    for (const r of this.#db.query<Raw, []>("SELECT * FROM devices ORDER BY created_at, dev_id").all()) {
+      const d = fromRaw(r);
+      if ("problem" in d) corrupt.push(d);
+      else rows.push(d);
+    }
+    return { rows, corrupt };
   }
 
+  /** One row. @throws DiskError `disk.bad_spec` when it cannot be read back (the problem named). */
   get(devId: string): DeviceRow | null {
     const r = this.#db.query<Raw, [string]>("SELECT * FROM devices WHERE dev_id = ?").get(devId);
-    return r ? fromRaw(r) : null;
+    if (!r) return null;
+    const d = fromRaw(r);
+    if ("problem" in d) throw new DiskError("disk.bad_spec", `the record of device ${devId} is corrupt: ${d.problem}`, { devId });
+    return d;
   }
 
   /** Insert or replace a row. */
@@ -109,17 +126,40 @@ export class DeviceStore {
   }
 }
 
-function fromRaw(r: Raw): DeviceRow {
+/** A persisted row that does not read back as a device. */
+export interface CorruptRow {
+  devId: string;
+  problem: string;
+}
+
+/** A JSON column checked against `schema`, or what is wrong with it. */
+function column<S extends TSchema>(name: string, text: string, schema: JsonSchema<S>): { value: Static<S> } | { problem: string } {
+  const r = schema.parse(text);
+  return r.ok ? { value: r.value } : { problem: `${name} ${describeProblem(r.problem)}` };
+}
+
+function fromRaw(r: Raw): DeviceRow | CorruptRow {
+  const bad = (problem: string): CorruptRow => ({ devId: r.dev_id, problem });
+  const engine = PERSISTED.engine.check(r.engine);
+  if (!engine.ok) return bad(`engine ${JSON.stringify(r.engine)} is not fuse or ublk`);
+  const access = PERSISTED.access.check(r.access);
+  if (!access.ok) return bad(`access ${JSON.stringify(r.access)} is not exclusive, shared or pool`);
+  const target = column("target", r.target, PERSISTED.target);
+  if ("problem" in target) return bad(target.problem);
+  const fuse = column("fuse", r.fuse, PERSISTED.fuse);
+  if ("problem" in fuse) return bad(fuse.problem);
+  const engineState = column("engine_state", r.engine_state, PERSISTED.engineState);
+  if ("problem" in engineState) return bad(engineState.problem);
   return {
     devId: r.dev_id,
-    engine: r.engine as EngineName,
-    target: JSON.parse(r.target) as TargetSpec,
-    fuse: JSON.parse(r.fuse) as FuseSpec,
+    engine: engine.value,
+    target: target.value,
+    fuse: fuse.value,
     path: r.path,
-    access: r.access as DeviceRow["access"],
+    access: access.value,
     shareKey: r.share_key,
     refcount: r.refcount,
-    engineState: JSON.parse(r.engine_state) as Record<string, unknown>,
+    engineState: engineState.value,
     holder: r.holder_pid !== null && r.holder_fd !== null ? { pid: r.holder_pid, fd: r.holder_fd, start: r.holder_start ?? 0 } : null,
     createdAt: r.created_at,
   };
