@@ -4,23 +4,34 @@
  * build still ends with its reason), read by entry offset through an in-memory index of line
  * starts (the SDK polls `status?logsOffset=` every 200 ms while a build runs: each poll reads only
  * the new lines, never the whole file). The index of a build is made by one scan of its file on
- * first use after a start and kept for the `maxIndexed` builds used last. A torn last line (a
- * crash mid-append) is skipped, not an error.
+ * first use after a start and kept for the `maxIndexed` builds used last. A file is read as it
+ * comes from disk, not trusted: the scan goes through it in fixed-size pieces (memory does not
+ * follow its size), and a line that is not an entry (a torn last line after a crash mid-append,
+ * bytes another process wrote, a line longer than `maxBytes`) is skipped, not an error.
  */
-import { appendFileSync, closeSync, mkdirSync, openSync, readFileSync, readSync, rmSync } from "node:fs";
+import { type Static, Type as T } from "@sinclair/typebox";
+import { appendFileSync, closeSync, mkdirSync, openSync, readSync, rmSync } from "node:fs";
 import { join } from "node:path";
+import { jsonSchema } from "../util/json-check.ts";
 
+const LEVEL = T.Union([T.Literal("debug"), T.Literal("info"), T.Literal("warn"), T.Literal("error")]);
 /** Log levels of build log entries. */
-export type LogLevel = "debug" | "info" | "warn" | "error";
+export type LogLevel = Static<typeof LEVEL>;
 
+const ENTRY = jsonSchema(
+  T.Object({
+    /** RFC 3339. */
+    timestamp: T.String(),
+    level: LEVEL,
+    message: T.String(),
+    step: T.Optional(T.String()),
+  }),
+);
 /** One build log line. `step` is "base", "<n>" (1-based) or "finalize" as E2B numbers them. */
-export interface BuildLogEntry {
-  /** RFC 3339. */
-  timestamp: string;
-  level: LogLevel;
-  message: string;
-  step?: string;
-}
+export type BuildLogEntry = Static<typeof ENTRY.schema>;
+
+/** Bytes the index scan reads from a log file at a time. */
+const SCAN_BYTES = 64 * 1024;
 
 /** Most recent error entries kept per build for a failed build's reason. */
 const ERROR_TAIL = 20;
@@ -36,21 +47,53 @@ interface LogIndex {
 
 const BUILD_ID_RE = /^[0-9a-f-]{36}$/;
 
+/** A line as an entry, or undefined when it is not one (a torn line, foreign bytes). */
 function parse(line: string): BuildLogEntry | undefined {
-  try {
-    const e = JSON.parse(line) as BuildLogEntry;
-    return typeof e?.message === "string" ? e : undefined;
-  } catch {
-    return undefined; // a torn line
-  }
+  const r = ENTRY.parse(line);
+  return r.ok ? r.value : undefined;
 }
 
-/** A file's bytes, or null when it is missing or cannot be read (a log is never worth failing a status for). */
-function readOrNull(p: string): Buffer | null {
+/**
+ * Call `onLine(text, start)` for every complete line of file `p` (without its newline; `start` =
+ * its byte offset), reading `SCAN_BYTES` at a time; lines longer than `maxLine` bytes are passed
+ * over. @returns the file's size and the offset after its last newline, or null when the file is
+ * missing or cannot be read (a log is never worth failing a status for).
+ */
+function scanLines(p: string, maxLine: number, onLine: (text: string, start: number) => void): { size: number; end: number } | null {
+  let fd: number;
   try {
-    return readFileSync(p);
+    fd = openSync(p, "r");
   } catch {
     return null;
+  }
+  try {
+    const buf = Buffer.alloc(SCAN_BYTES);
+    /** The current line's bytes from earlier pieces, or null once it is known to be too long. */
+    let carry: Buffer[] | null = [];
+    let carried = 0;
+    let lineStart = 0;
+    let at = 0;
+    for (;;) {
+      const n = readSync(fd, buf, 0, SCAN_BYTES, at);
+      if (n === 0) return { size: at, end: lineStart };
+      let from = 0;
+      for (let nl = buf.indexOf(0x0a, from); nl >= 0 && nl < n; nl = buf.indexOf(0x0a, from)) {
+        if (carry !== null && carried + nl - from <= maxLine) onLine(Buffer.concat([...carry, buf.subarray(from, nl)]).toString("utf8"), lineStart);
+        carry = [];
+        carried = 0;
+        from = nl + 1;
+        lineStart = at + from;
+      }
+      if (carry !== null && n > from) {
+        carried += n - from;
+        carry = carried <= maxLine ? [...carry, Buffer.from(buf.subarray(from, n))] : null;
+      }
+      at += n;
+    }
+  } catch {
+    return null;
+  } finally {
+    closeSync(fd);
   }
 }
 
@@ -120,7 +163,16 @@ export class BuildLogs {
     } finally {
       closeSync(fd);
     }
-    return buf.toString("utf8").split("\n").filter((l) => l.length > 0).map(parse).filter((e): e is BuildLogEntry => e !== undefined);
+    // the indexed lines only (a line the index passed over, e.g. one too long, is not an entry)
+    const out: BuildLogEntry[] = [];
+    const end = Math.min(offset + limit, ix.starts.length);
+    for (let k = offset; k < end; k++) {
+      const at = ix.starts[k]! - from;
+      const nl = buf.indexOf(0x0a, at);
+      const e = parse(buf.toString("utf8", at, nl < 0 ? buf.length : nl));
+      if (e) out.push(e);
+    }
+    return out;
   }
 
   /** Every entry (for filters by time or level; bounded by `maxBytes`). */
@@ -159,19 +211,17 @@ export class BuildLogs {
     }
     ix = { starts: [], end: 0, truncated: false, errors: [] };
     const p = this.path(buildID);
-    const buf = readOrNull(p);
-    if (buf) {
-      let at = 0;
-      for (let nl = buf.indexOf(0x0a, at); nl >= 0; at = nl + 1, nl = buf.indexOf(0x0a, at)) {
-        const e = parse(buf.toString("utf8", at, nl));
-        if (!e) continue;
-        ix.starts.push(at);
-        if (e.level === "error") ix.errors = [...ix.errors, e].slice(-ERROR_TAIL);
-        if (e.level === "warn" && e.message.startsWith("log truncated:")) ix.truncated = true;
-      }
-      ix.end = buf.length;
+    const scanned = scanLines(p, this.maxBytes, (text, start) => {
+      const e = parse(text);
+      if (!e) return;
+      ix.starts.push(start);
+      if (e.level === "error") ix.errors = [...ix.errors, e].slice(-ERROR_TAIL);
+      if (e.level === "warn" && e.message.startsWith("log truncated:")) ix.truncated = true;
+    });
+    if (scanned) {
+      ix.end = scanned.size;
       // a torn last line (a crash mid-append) is ended so the next entry starts on its own line
-      if (at < buf.length) {
+      if (scanned.end < scanned.size) {
         appendFileSync(p, "\n");
         ix.end += 1;
       }
