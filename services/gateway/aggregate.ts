@@ -13,10 +13,12 @@
  * issues the cursor of the last one kept when any node had more: a node then resumes after
  * that key, so no sandbox is skipped or repeated.
  */
+import { type Static, type TSchema, Type as T } from "@sinclair/typebox";
 import { encodeCursor } from "../../src/orchestrator/index.ts";
+import { jsonSchema, type JsonSchema } from "../../src/util/json-check.ts";
 import type { NodeRef } from "../scheduler/types.ts";
 import { GatewayError } from "./errors.ts";
-import { getJson } from "./forward.ts";
+import { checkAnswer, getJson } from "./forward.ts";
 import type { ClusterNodes } from "./scheduler-link.ts";
 
 /** Header naming the nodes a fan-out could not reach. */
@@ -25,27 +27,36 @@ export const UNREACHABLE_HEADER = "x-agentenv-unreachable-nodes";
 /** One node's answer in a fan-out, or its failure. */
 export type NodeAnswer<T> = { node: NodeRef; ok: true; body: T; headers: Headers } | { node: NodeRef; ok: false; error: string };
 
-/** Where a fan-out goes: the nodes, the key they take, the bound on each whole answer (ms). */
+/** Where a fan-out goes: the nodes, the key they take, the bounds on each whole answer (ms, bytes). */
 export interface FanOut {
   nodes: ClusterNodes;
   apiKey: string;
   timeoutMs: number;
+  maxBytes: number;
 }
 
+/** A list of records, each an object (fields the gateway does not read pass through as they are). */
+export const RECORDS = jsonSchema(T.Array(T.Record(T.String(), T.Unknown())));
+
+/** A sandbox list of a node (GET /sandboxes, /v2/sandboxes): the fields the merge orders by. */
+const LISTED = jsonSchema(T.Array(T.Object({ sandboxID: T.String(), startedAt: T.String(), nodeID: T.Optional(T.String()) })));
+
 /**
- * Ask every live node for `pathAndQuery` in parallel; unhealthy ones answer "not asked".
+ * Ask every live node for `pathAndQuery` in parallel; unhealthy ones answer "not asked". A 2xx
+ * answer must match `schema`: one that does not counts as the node failing (named in the error).
  * @throws ClientFault for a node's 4xx answer (a bad query).
  */
-export async function fanOut<T>(f: FanOut, pathAndQuery: string): Promise<NodeAnswer<T>[]> {
-  const { apiKey, timeoutMs } = f;
-  const skipped = f.nodes.unhealthy.map((node): NodeAnswer<T> => ({ node, ok: false, error: `node ${node.nodeId} (${node.endpoint}) is not asked: the scheduler reports it UNHEALTHY` }));
+export async function fanOut<S extends TSchema>(f: FanOut, pathAndQuery: string, schema: JsonSchema<S>): Promise<NodeAnswer<Static<S>>[]> {
+  const { apiKey, timeoutMs, maxBytes } = f;
+  const skipped = f.nodes.unhealthy.map((node): NodeAnswer<Static<S>> => ({ node, ok: false, error: `node ${node.nodeId} (${node.endpoint}) is not asked: the scheduler reports it UNHEALTHY` }));
   const asked = await Promise.all(
-    f.nodes.live.map(async (node): Promise<NodeAnswer<T>> => {
+    f.nodes.live.map(async (node): Promise<NodeAnswer<Static<S>>> => {
       try {
-        const r = await getJson<T>(node, pathAndQuery, apiKey, timeoutMs);
+        const r = await getJson(node, pathAndQuery, apiKey, timeoutMs, maxBytes);
         if (r.status >= 400 && r.status < 500) throw new ClientFault(r.status, r.body);
         if (r.status >= 500) return { node, ok: false, error: `HTTP ${r.status}` };
-        return { node, ok: true, body: r.body, headers: r.headers };
+        const body = checkAnswer(node, r.body, pathAndQuery, r.status, schema);
+        return { node, ok: true, body, headers: r.headers };
       } catch (e) {
         if (e instanceof ClientFault) throw e;
         return { node, ok: false, error: e instanceof GatewayError ? e.message : String(e) };
@@ -77,21 +88,15 @@ function unreachable<T>(answers: NodeAnswer<T>[]): Record<string, string> {
   return down.length ? { [UNREACHABLE_HEADER]: down.join(",") } : {};
 }
 
-interface Listed {
-  sandboxID: string;
-  startedAt: string;
-  nodeID?: string;
-}
-
 /**
  * GET /v2/sandboxes across nodes. `learn` is told which node holds each listed sandbox.
  * @param query the client's query string (URLSearchParams)
  */
 export async function listV2(f: FanOut, query: URLSearchParams, learn: (id: string, n: NodeRef) => void): Promise<Response> {
   const limit = query.has("limit") ? Number(query.get("limit")) : 100;
-  const answers = someAnswered(await fanOut<Listed[]>(f, `/v2/sandboxes?${query.toString()}`));
+  const answers = someAnswered(await fanOut(f, `/v2/sandboxes?${query.toString()}`, LISTED));
   const asc = query.get("order") === "asc";
-  const items: { item: Listed; at: number }[] = [];
+  const items: { item: Static<typeof LISTED.schema>[number]; at: number }[] = [];
   let more = false;
   let running = 0;
   for (const a of answers) {
@@ -121,8 +126,8 @@ export async function listV2(f: FanOut, query: URLSearchParams, learn: (id: stri
 
 /** GET /sandboxes (v1: running only, no pagination) across nodes, newest first. */
 export async function listV1(f: FanOut, search: string, learn: (id: string, n: NodeRef) => void): Promise<Response> {
-  const answers = someAnswered(await fanOut<Listed[]>(f, `/sandboxes${search}`));
-  const all: Listed[] = [];
+  const answers = someAnswered(await fanOut(f, `/sandboxes${search}`, LISTED));
+  const all: Static<typeof LISTED.schema> = [];
   for (const a of answers) if (a.ok) for (const s of a.body) (learn(s.sandboxID, a.node), all.push(s));
   all.sort((x, y) => Date.parse(y.startedAt) - Date.parse(x.startedAt) || (x.sandboxID < y.sandboxID ? 1 : -1));
   return Response.json(all, { headers: unreachable(answers) });
@@ -133,17 +138,21 @@ export async function listV1(f: FanOut, search: string, learn: (id: string, n: N
  * nodes appear once; numeric `spawnCount`/`buildCount` are summed).
  */
 export async function mergedList(f: FanOut, pathAndQuery: string, key: string): Promise<{ response: Response; holders: Map<string, NodeRef[]> }> {
-  const answers = someAnswered(await fanOut<Record<string, unknown>[]>(f, pathAndQuery));
+  const answers = someAnswered(await fanOut(f, pathAndQuery, RECORDS));
   const byKey = new Map<string, Record<string, unknown>>();
   const holders = new Map<string, NodeRef[]>();
   for (const a of answers) {
-    if (!a.ok || !Array.isArray(a.body)) continue;
+    if (!a.ok) continue;
     for (const rec of a.body) {
       const k = String(rec[key]);
       holders.set(k, [...(holders.get(k) ?? []), a.node]);
       const prev = byKey.get(k);
       if (!prev) byKey.set(k, { ...rec });
-      else for (const f of ["spawnCount", "buildCount"]) if (typeof rec[f] === "number" && typeof prev[f] === "number") prev[f] = (prev[f] as number) + (rec[f] as number);
+      else
+        for (const f of ["spawnCount", "buildCount"]) {
+          const [was, add] = [prev[f], rec[f]];
+          if (typeof was === "number" && typeof add === "number") prev[f] = was + add;
+        }
     }
   }
   return { response: Response.json([...byKey.values()], { headers: unreachable(answers) }), holders };

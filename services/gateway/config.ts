@@ -44,6 +44,8 @@ export interface GatewayConfig {
   maxBodyBytes: number;
   /** The console at /console/ (`[console]`); absent or disabled: not served. */
   console?: { enabled: boolean; refreshMs: number };
+  /** Largest node answer read whole (merged lists, rewritten create and fork answers), bytes. */
+  maxAnswerBytes: number;
 }
 
 /** @throws ConfigError config.bad_value when no scheduler endpoint is configured. */
@@ -68,5 +70,6 @@ export function gatewayConfig(cfg: Config): GatewayConfig {
     nodeListTtlMs: g.node_list_ttl_ms,
     maxBodyBytes: g.max_body_bytes,
     console: { enabled: cfg.console.enabled, refreshMs: cfg.console.refresh_ms },
+    maxAnswerBytes: g.max_answer_bytes,
   };
 }

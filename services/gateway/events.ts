@@ -13,23 +13,27 @@
  * - webhook reads: the list is the union of the nodes' (by id); one webhook and its delivery log
  *   are the nodes' answers merged (each node logs the deliveries of its own events).
  */
+import { type Static, type TSchema, Type as T } from "@sinclair/typebox";
+import { errorMessage } from "../../src/util/error.ts";
+import { jsonSchema, type JsonSchema } from "../../src/util/json-check.ts";
 import type { NodeRef } from "../scheduler/types.ts";
 import { ClientFault, fanOut, someAnswered, UNREACHABLE_HEADER, type FanOut, type NodeAnswer } from "./aggregate.ts";
 import { GatewayError } from "./errors.ts";
-import { callJson } from "./forward.ts";
+import { callJson, checkAnswer } from "./forward.ts";
 
 /** Most events the gateway merges for one offset/limit listing (offset + limit). */
 export const MAX_MERGED = 1000;
 
-interface Event {
-  id: string;
-  timestamp: string;
-}
+/** An object whose other fields pass through unread. */
+const open = <P extends Parameters<typeof T.Object>[0]>(p: P) => T.Intersect([T.Record(T.String(), T.Unknown()), T.Object(p)]);
 
-interface Deliveries {
-  data: { eventId: string; attempts: { timestamp: string }[] }[];
-  nextCursor: string | null;
-}
+/** What the gateway reads of the nodes' answers (every other field passes through). */
+const EVENTS = jsonSchema(T.Array(open({ id: T.String(), timestamp: T.String() })));
+const WEBHOOKS = jsonSchema(T.Array(open({ id: T.String(), createdAt: T.String() })));
+const DELIVERIES = jsonSchema(open({ data: T.Array(open({ eventId: T.String(), attempts: T.Array(open({ timestamp: T.String() })) })), nextCursor: T.Union([T.String(), T.Null()]) }));
+
+type Event = Static<typeof EVENTS.schema>[number];
+type Deliveries = Static<typeof DELIVERIES.schema>;
 
 const byTime = (asc: boolean) => (a: Event, b: Event) => {
   const d = Date.parse(a.timestamp) - Date.parse(b.timestamp) || (a.id < b.id ? -1 : a.id > b.id ? 1 : 0);
@@ -94,7 +98,7 @@ export class GatewayEvents {
     const asc = q.get("orderAsc") === "true";
     if (q.has("cursor")) {
       const cursors = q.get("cursor") ? decodeCursors(q.get("cursor")!) : {};
-      const answers = someAnswered(await this.each<Event[]>(f, (n) => withParam(q, "cursor", cursors[n.nodeId] ?? "")));
+      const answers = someAnswered(await this.each(f, EVENTS, (n) => withParam(q, "cursor", cursors[n.nodeId] ?? "")));
       const next = { ...cursors };
       const out: Event[] = [];
       for (const a of answers) {
@@ -110,7 +114,7 @@ export class GatewayEvents {
       throw new ClientFault(400, { code: 400, message: `offset and limit must be integers, limit 1..100, offset + limit at most ${MAX_MERGED} through the gateway` });
     }
     const want = offset + limit;
-    const answers = someAnswered(await this.each<Event[]>(f, () => null, async (node) => this.firstN(f, node, q, want)));
+    const answers = someAnswered(await this.each(f, EVENTS, () => null, async (node) => this.firstN(f, node, q, want)));
     const out: Event[] = [];
     const heads: Record<string, string> = {};
     for (const a of answers) {
@@ -129,21 +133,23 @@ export class GatewayEvents {
       const p = new URLSearchParams(q);
       p.set("offset", String(off));
       p.set("limit", String(Math.min(100, n - off)));
-      const r = await callJson<Event[]>(node, "GET", `/events/sandboxes?${p}`, undefined, f.apiKey, f.timeoutMs);
+      const path = `/events/sandboxes?${p}`;
+      const r = await callJson(node, "GET", path, undefined, f.apiKey, f.timeoutMs, f.maxBytes);
       if (r.status >= 400 && r.status < 500) throw new ClientFault(r.status, r.body);
       if (r.status >= 500) throw new GatewayError("gateway.node_unreachable", `node ${node.nodeId} answered HTTP ${r.status}`, { nodeId: node.nodeId });
       if (off === 0) headers = r.headers;
-      out.push(...r.body);
-      if (r.body.length < 100) break;
+      const page = checkAnswer(node, r.body, path, r.status, EVENTS);
+      out.push(...page);
+      if (page.length < 100) break;
     }
     return { body: out, headers };
   }
 
   /** The union of the nodes' webhooks (one per id), oldest first. */
   private async webhooks(): Promise<Response> {
-    const answers = someAnswered(await fanOut<{ id: string; createdAt: string }[]>(await this.fan(), "/events/webhooks"));
-    const byId = new Map<string, { id: string; createdAt: string }>();
-    for (const a of answers) if (a.ok && Array.isArray(a.body)) for (const w of a.body) if (!byId.has(w.id)) byId.set(w.id, w);
+    const answers = someAnswered(await fanOut(await this.fan(), "/events/webhooks", WEBHOOKS));
+    const byId = new Map<string, Static<typeof WEBHOOKS.schema>[number]>();
+    for (const a of answers) if (a.ok) for (const w of a.body) if (!byId.has(w.id)) byId.set(w.id, w);
     const list = [...byId.values()].sort((a, b) => Date.parse(a.createdAt) - Date.parse(b.createdAt) || (a.id < b.id ? -1 : 1));
     return Response.json(list, { headers: unreachable(answers) });
   }
@@ -153,8 +159,8 @@ export class GatewayEvents {
     const f = await this.fan();
     const cursors = q.get("cursor") ? decodeCursors(q.get("cursor")!) : null;
     const asked = cursors ? { ...f, nodes: { ...f.nodes, live: f.nodes.live.filter((n) => cursors[n.nodeId]) } } : f;
-    const answers = await this.each<Deliveries>(asked, (n) => (cursors ? withParam(q, "cursor", cursors[n.nodeId]!) : q), undefined, `/events/webhooks/${id}/deliveries`, true);
-    const found = answers.filter((a) => a.ok && a.body && Array.isArray(a.body.data));
+    const answers = await this.each(asked, DELIVERIES, (n) => (cursors ? withParam(q, "cursor", cursors[n.nodeId]!) : q), undefined, `/events/webhooks/${id}/deliveries`, true);
+    const found = answers.filter((a) => a.ok);
     if (found.length === 0) {
       const nf = answers.find((a) => !a.ok && a.error.startsWith("404"));
       if (nf || answers.every((a) => a.ok)) return Response.json({ code: 404, message: `Webhook not found: ${id}` }, { status: 404 });
@@ -179,9 +185,9 @@ export class GatewayEvents {
     const answers = await Promise.all(
       f.nodes.live.map(async (node) => {
         try {
-          return { node, r: await callJson<unknown>(node, method, path, b, f.apiKey, f.timeoutMs) };
+          return { node, r: await callJson(node, method, path, b, f.apiKey, f.timeoutMs, f.maxBytes) };
         } catch (e) {
-          return { node, error: (e as Error).message };
+          return { node, error: errorMessage(e) };
         }
       }),
     );
@@ -202,7 +208,7 @@ export class GatewayEvents {
   /** GET `pathAndQuery` on every live node; the first answer that is not a 404, else a 404. */
   private async firstKnowing(pathAndQuery: string): Promise<Response> {
     const f = await this.fan();
-    const answers = await Promise.all(f.nodes.live.map((node) => callJson<unknown>(node, "GET", pathAndQuery, undefined, f.apiKey, f.timeoutMs).then((r) => ({ node, r }), (e: unknown) => ({ node, error: String(e) }))));
+    const answers = await Promise.all(f.nodes.live.map((node) => callJson(node, "GET", pathAndQuery, undefined, f.apiKey, f.timeoutMs, f.maxBytes).then((r) => ({ node, r }), (e: unknown) => ({ node, error: String(e) }))));
     const got = answers.flatMap((a) => ("r" in a ? [a.r] : []));
     const hit = got.find((r) => r.status !== 404) ?? got[0];
     if (!hit) throw new GatewayError("gateway.node_unreachable", `no node answered ${pathAndQuery}`);
@@ -213,30 +219,32 @@ export class GatewayEvents {
    * GET each live node's answer to `path` with the query `queryOf(node)` (or `get(node)`), as
    * fan-out answers; a 404 of a node is its answer `!ok` "404 ..." when `notFoundIsAnswer`.
    */
-  private async each<T>(
+  private async each<S extends TSchema>(
     f: FanOut,
+    schema: JsonSchema<S>,
     queryOf: (n: NodeRef) => URLSearchParams | null,
-    get?: (n: NodeRef) => Promise<{ body: T; headers: Headers }>,
+    get?: (n: NodeRef) => Promise<{ body: Static<S>; headers: Headers }>,
     path = "/events/sandboxes",
     notFoundIsAnswer = false,
-  ): Promise<NodeAnswer<T>[]> {
+  ): Promise<NodeAnswer<Static<S>>[]> {
     const asked = await Promise.all(
-      f.nodes.live.map(async (node): Promise<NodeAnswer<T>> => {
+      f.nodes.live.map(async (node): Promise<NodeAnswer<Static<S>>> => {
         try {
           if (get) return { node, ok: true, ...(await get(node)) };
           const q = queryOf(node);
-          const r = await callJson<T>(node, "GET", `${path}${q && [...q].length ? `?${q}` : ""}`, undefined, f.apiKey, f.timeoutMs);
+          const pathAndQuery = `${path}${q && [...q].length ? `?${q}` : ""}`;
+          const r = await callJson(node, "GET", pathAndQuery, undefined, f.apiKey, f.timeoutMs, f.maxBytes);
           if (r.status === 404 && notFoundIsAnswer) return { node, ok: false, error: `404 ${JSON.stringify(r.body)}` };
           if (r.status >= 400 && r.status < 500) throw new ClientFault(r.status, r.body);
           if (r.status >= 500) return { node, ok: false, error: `HTTP ${r.status}` };
-          return { node, ok: true, body: r.body, headers: r.headers };
+          return { node, ok: true, body: checkAnswer(node, r.body, pathAndQuery, r.status, schema), headers: r.headers };
         } catch (e) {
           if (e instanceof ClientFault) throw e;
-          return { node, ok: false, error: (e as Error).message };
+          return { node, ok: false, error: errorMessage(e) };
         }
       }),
     );
-    return [...asked, ...f.nodes.unhealthy.map((node): NodeAnswer<T> => ({ node, ok: false, error: `node ${node.nodeId} is not asked: UNHEALTHY` }))];
+    return [...asked, ...f.nodes.unhealthy.map((node): NodeAnswer<Static<S>> => ({ node, ok: false, error: `node ${node.nodeId} is not asked: UNHEALTHY` }))];
   }
 }
 

@@ -8,11 +8,17 @@
  * unbounded. A node that does not answer is a GatewayError
  * `gateway.node_unreachable` naming it, with how it failed in `details.failure`; a node's own
  * answer (any status) is passed through. `getJson` (the reads the gateway merges) bounds the
- * whole answer, body included.
+ * whole answer, body included, in time and in bytes.
  */
+import type { Static, TSchema } from "@sinclair/typebox";
 import { upstreamFailure, upstreamFailureKind, Watchdog, watchedBody, type UpstreamFailureKind } from "../../src/api/proxy.ts";
+import { describeProblem, type JsonSchema } from "../../src/util/json-check.ts";
+import { readCapped, type CappedBody } from "../../src/util/read-capped.ts";
 import { GatewayError } from "./errors.ts";
 import type { NodeRef } from "../scheduler/types.ts";
+
+/** A signal that never aborts (a read bounded by its caller's own signal). */
+const NEVER = new AbortController().signal;
 
 const HOP = ["connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade", "host", "proxy-authorization", "proxy-authenticate", "content-length"];
 
@@ -115,37 +121,68 @@ export async function forwardToNode(req: Request, node: NodeRef, o: ForwardOptio
 }
 
 /**
- * GET a JSON document from a node (fan-out reads), the whole answer within `timeoutMs`.
- * @throws GatewayError node_unreachable (no answer, a body cut or not finished in time, not JSON).
+ * The whole body of a node's answer, at most `maxBytes` (an answer the gateway reads to merge or
+ * rewrite it, rather than streaming it through).
+ * @throws GatewayError node_unreachable (`bad_answer`) for a longer body; as `upstreamFailure`
+ *   when it breaks off (`signal` tells a deadline from a reset).
  */
-export function getJson<T>(node: NodeRef, pathAndQuery: string, apiKey: string, timeoutMs: number): Promise<{ body: T; headers: Headers; status: number }> {
-  return callJson<T>(node, "GET", pathAndQuery, undefined, apiKey, timeoutMs);
+export async function readAnswer(node: NodeRef, res: Response, what: string, maxBytes: number, signal: AbortSignal = NEVER): Promise<Uint8Array> {
+  let b: CappedBody;
+  try {
+    b = await readCapped(res.body, maxBytes);
+  } catch (e) {
+    throw unreachable(node, `its answer to ${what} broke off: ${upstreamFailure(e, signal)}`, upstreamFailureKind(e, signal));
+  }
+  if (b.truncated) throw unreachable(node, `its answer to ${what} exceeds ${maxBytes} bytes ([gateway] max_answer_bytes)`, "bad_answer");
+  return b.bytes;
+}
+
+/**
+ * A node's answer body parsed as JSON.
+ * @throws GatewayError node_unreachable (`bad_answer`) when it is not JSON.
+ */
+export function parseAnswer(node: NodeRef, bytes: Uint8Array, what: string, status: number): unknown {
+  try {
+    return JSON.parse(new TextDecoder().decode(bytes));
+  } catch {
+    throw unreachable(node, `it answered ${what} with a body that is not JSON (HTTP ${status})`, "bad_answer");
+  }
+}
+
+/**
+ * A node's parsed answer checked against `schema` (the shape the gateway reads from it).
+ * @throws GatewayError node_unreachable (`bad_answer`) naming the field at fault.
+ */
+export function checkAnswer<S extends TSchema>(node: NodeRef, value: unknown, what: string, status: number, schema: JsonSchema<S>): Static<S> {
+  const r = schema.check(value);
+  if (!r.ok) throw unreachable(node, `it answered ${what} with a body the API does not return (HTTP ${status}): ${describeProblem(r.problem)}`, "bad_answer");
+  return r.value;
+}
+
+/**
+ * GET a JSON document from a node (fan-out reads): `callJson` without a body.
+ */
+export function getJson(node: NodeRef, pathAndQuery: string, apiKey: string, timeoutMs: number, maxBytes: number): Promise<{ body: unknown; headers: Headers; status: number }> {
+  return callJson(node, "GET", pathAndQuery, undefined, apiKey, timeoutMs, maxBytes);
 }
 
 /**
  * `method` `pathAndQuery` on a node with a JSON body (none when undefined), the whole answer
- * within `timeoutMs`; an empty answer body reads as null.
- * @throws GatewayError node_unreachable (no answer, a body cut or not finished in time, not JSON).
+ * within `timeoutMs` and at most `maxBytes`; an empty answer body reads as null.
+ * @returns the parsed body (unchecked: each caller checks the shape it reads), headers, status
+ * @throws GatewayError node_unreachable (no answer, a body cut, not finished in time, longer
+ *   than `maxBytes`, not JSON).
  */
-export async function callJson<T>(node: NodeRef, method: string, pathAndQuery: string, body: unknown, apiKey: string, timeoutMs: number): Promise<{ body: T; headers: Headers; status: number }> {
+export async function callJson(node: NodeRef, method: string, pathAndQuery: string, body: unknown, apiKey: string, timeoutMs: number, maxBytes: number): Promise<{ body: unknown; headers: Headers; status: number }> {
   const deadline = new AbortController();
   const timer = setTimeout(() => deadline.abort(new Error(`no complete answer within ${timeoutMs} ms`)), timeoutMs);
   try {
     const headers: Record<string, string> = { "x-api-key": apiKey, accept: "application/json", ...(body === undefined ? {} : { "content-type": "application/json" }) };
     const req = new Request("http://gateway.invalid" + pathAndQuery, { method, headers, signal: deadline.signal });
-    const bytes = body === undefined ? undefined : new TextEncoder().encode(JSON.stringify(body));
-    const res = await forwardToNode(req, node, { pathAndQuery, timeoutMs, ...(bytes ? { body: bytes } : {}) });
-    let text: string;
-    try {
-      text = await res.text();
-    } catch (e) {
-      throw unreachable(node, `its answer to ${pathAndQuery} broke off: ${upstreamFailure(e, deadline.signal)}`, upstreamFailureKind(e, deadline.signal));
-    }
-    try {
-      return { body: (text === "" ? null : JSON.parse(text)) as T, headers: res.headers, status: res.status };
-    } catch {
-      throw unreachable(node, `it answered ${pathAndQuery} with a body that is not JSON (HTTP ${res.status})`, "bad_answer");
-    }
+    const sent = body === undefined ? undefined : new TextEncoder().encode(JSON.stringify(body));
+    const res = await forwardToNode(req, node, { pathAndQuery, timeoutMs, ...(sent ? { body: sent } : {}) });
+    const bytes = await readAnswer(node, res, pathAndQuery, maxBytes, deadline.signal);
+    return { body: bytes.length === 0 ? null : parseAnswer(node, bytes, pathAndQuery, res.status), headers: res.headers, status: res.status };
   } finally {
     clearTimeout(timer);
   }

@@ -30,11 +30,13 @@ import type { Logger } from "pino";
 import { logger } from "../../src/observability/log.ts";
 import { UPLOAD_PATH_RE } from "../../src/template/index.ts";
 import type { NodeRef } from "../scheduler/types.ts";
-import { ClientFault, fanOut, listV1, listV2, mergedList, type FanOut, type NodeAnswer } from "./aggregate.ts";
+import { Type as T } from "@sinclair/typebox";
+import { jsonSchema } from "../../src/util/json-check.ts";
+import { ClientFault, fanOut, listV1, listV2, mergedList, RECORDS, type FanOut, type NodeAnswer } from "./aggregate.ts";
 import type { GatewayConfig } from "./config.ts";
 import { plausibleSandboxId, type DataRoute } from "./dataplane.ts";
 import { gatewayError, GatewayError, GATEWAY_SOURCE, toGatewayResponse } from "./errors.ts";
-import { forwardToNode, neverReached, NODE_HEADER, nodeFailureOf } from "./forward.ts";
+import { checkAnswer, forwardToNode, neverReached, NODE_HEADER, nodeFailureOf, parseAnswer, readAnswer } from "./forward.ts";
 import { RouteCache } from "./route-cache.ts";
 import { GatewayEvents } from "./events.ts";
 import { SchedulerLink, type ClusterNodes } from "./scheduler-link.ts";
@@ -48,6 +50,22 @@ const FILES_PATH_RE = /^\/templates\/[^/]+\/files\/([0-9a-f]{64})$/;
 
 /** A node's error codes that mean "the template named by a create is not here". */
 const TEMPLATE_MISSING = new Set(["orchestrator.template_not_found", "template.not_found"]);
+
+/** A Sandbox answer: the id the gateway reads; every other field passes through. */
+const SANDBOX = T.Intersect([T.Record(T.String(), T.Unknown()), T.Object({ sandboxID: T.String() })]);
+
+/** What the gateway reads of node answers (other fields pass through unread). */
+const ANSWERS = {
+  /** An error answer (`{code, message, error_code?}`): the code that says what is missing. */
+  notFound: jsonSchema(T.Object({ error_code: T.String() })),
+  /** A sandbox (create, connect, resume). */
+  sandbox: jsonSchema(SANDBOX),
+  /** A fork's answer: one entry per child, a sandbox or an error. */
+  forked: jsonSchema(T.Array(T.Object({ sandbox: T.Optional(SANDBOX) }))),
+  templates: jsonSchema(T.Array(T.Object({ templateID: T.String(), aliases: T.Optional(T.Array(T.String())), names: T.Optional(T.Array(T.String())) }))),
+  snapshots: jsonSchema(T.Array(T.Object({ snapshotID: T.String() }))),
+  metrics: jsonSchema(T.Object({ sandboxes: T.Optional(T.Record(T.String(), T.Unknown())) })),
+};
 
 /**
  * A path segment, percent-decoded.
@@ -175,7 +193,7 @@ export class Gateway {
   }
 
   private async fan(): Promise<FanOut> {
-    return { nodes: await this.nodes(), apiKey: this.nodeKey, timeoutMs: this.cfg.requestTimeoutMs };
+    return { nodes: await this.nodes(), apiKey: this.nodeKey, timeoutMs: this.cfg.requestTimeoutMs, maxBytes: this.cfg.maxAnswerBytes };
   }
 
   /**
@@ -225,11 +243,16 @@ export class Gateway {
     return { bytes, json: json as Record<string, unknown> };
   }
 
-  /** Rewrite `domain` of a Sandbox body to the gateway's (clients must not bypass it). */
-  private async withOurDomain(res: Response): Promise<{ res: Response; body: Record<string, unknown> | null }> {
+  /**
+   * Rewrite `domain` of a Sandbox body to the gateway's (clients must not bypass it). A JSON answer
+   * is read whole (at most max_answer_bytes) and must be a Sandbox.
+   * @throws GatewayError node_unreachable (`bad_answer`) for a longer or malformed one.
+   */
+  private async withOurDomain(res: Response, node: NodeRef, what: string): Promise<{ res: Response; body: Record<string, unknown> | null }> {
     if (!(res.headers.get("content-type") ?? "").includes("json")) return { res, body: null };
-    const body = (await res.json()) as Record<string, unknown>;
-    if (body && typeof body === "object" && "sandboxID" in body) body.domain = this.cfg.domains[0] ?? null;
+    const value = parseAnswer(node, await readAnswer(node, res, what, this.cfg.maxAnswerBytes), what, res.status);
+    const body: Record<string, unknown> = checkAnswer(node, value, what, res.status, ANSWERS.sandbox);
+    body.domain = this.cfg.domains[0] ?? null;
     const h = new Headers(res.headers);
     h.delete("content-length");
     return { res: Response.json(body, { status: res.status, headers: h }), body };
@@ -268,7 +291,7 @@ export class Gateway {
       }
       if (res.status === 404) {
         // templates are node-local: place the sandbox on a node that holds the template
-        const text = await res.text();
+        const text = new TextDecoder().decode(await readAnswer(node, res, "a create", this.cfg.maxAnswerBytes));
         const holder = await this.templateHolder(String(json.templateID ?? ""), text);
         if (!holder || holder.nodeId === node.nodeId) return new Response(text, { status: 404, headers: res.headers });
         this.log.info({ template: json.templateID, from: node.nodeId, to: holder.nodeId }, "create: template not on the scheduled node; creating where it is");
@@ -288,14 +311,9 @@ export class Gateway {
    * lists), then snapshots (GET /snapshots?name=), both asked at once.
    */
   private async templateHolder(id: string, notFoundBody: string): Promise<NodeRef | null> {
-    let code: unknown;
-    try {
-      code = (JSON.parse(notFoundBody) as { error_code?: unknown }).error_code;
-    } catch {
-      return null;
-    }
-    if (!id || typeof code !== "string" || !TEMPLATE_MISSING.has(code)) return null;
-    const [answers, snapshots] = await Promise.all([fanOut<{ templateID: string; aliases?: string[]; names?: string[] }[]>(await this.fan(), "/templates"), this.snapshotHolders(id)]);
+    const missing = ANSWERS.notFound.parse(notFoundBody);
+    if (!id || !missing.ok || !TEMPLATE_MISSING.has(missing.value.error_code)) return null;
+    const [answers, snapshots] = await Promise.all([fanOut(await this.fan(), "/templates", ANSWERS.templates), this.snapshotHolders(id)]);
     for (const a of answers) {
       if (a.ok && a.body.some((t) => t.templateID === id || t.aliases?.includes(id) || t.names?.includes(id))) return a.node;
     }
@@ -310,17 +328,17 @@ export class Gateway {
   private async snapshotHolders(ref: string): Promise<NodeRef[]> {
     let answers: NodeAnswer<{ snapshotID: string }[]>[];
     try {
-      answers = await fanOut<{ snapshotID: string }[]>(await this.fan(), `/snapshots?name=${encodeURIComponent(ref)}`);
+      answers = await fanOut(await this.fan(), `/snapshots?name=${encodeURIComponent(ref)}`, ANSWERS.snapshots);
     } catch (e) {
       if (e instanceof ClientFault) return [];
       throw e;
     }
-    return answers.filter((a) => a.ok && Array.isArray(a.body) && a.body.length > 0).map((a) => a.node);
+    return answers.filter((a) => a.ok && a.body.length > 0).map((a) => a.node);
   }
 
   /** A 201 create answer: our domain, the route cached, the binding recorded. */
   private async created(res: Response, node: NodeRef): Promise<Response> {
-    const out = await this.withOurDomain(res);
+    const out = await this.withOurDomain(res, node, "a create");
     const id = out.body?.sandboxID;
     if (typeof id === "string") {
       this.routes.set(id, node);
@@ -340,7 +358,7 @@ export class Gateway {
     const res = await this.forward(req, url, node, clientIp, op !== undefined && SLOW_OPS.has(op));
     if (res.status === 404 && !op) this.routes.delete(id);
     if (req.method === "DELETE" && !op && (res.status === 204 || res.status === 404)) this.routes.delete(id);
-    if ((op === "connect" || op === "resume") && (res.status === 200 || res.status === 201)) return (await this.withOurDomain(res)).res;
+    if ((op === "connect" || op === "resume") && (res.status === 200 || res.status === 201)) return (await this.withOurDomain(res, node, `a ${op}`)).res;
     if (op === "fork" && req.method === "POST" && res.status === 201) return this.forked(res, node);
     return res;
   }
@@ -350,11 +368,11 @@ export class Gateway {
    * is cached and recorded there like a create, and shown with the gateway's domain.
    */
   private async forked(res: Response, node: NodeRef): Promise<Response> {
-    const body = (await res.json()) as { sandbox?: Record<string, unknown> }[];
-    const children = Array.isArray(body) ? body.flatMap((r) => (r?.sandbox && typeof r.sandbox.sandboxID === "string" ? [r.sandbox] : [])) : [];
+    const body = checkAnswer(node, parseAnswer(node, await readAnswer(node, res, "a fork", this.cfg.maxAnswerBytes), "a fork", res.status), "a fork", res.status, ANSWERS.forked);
+    const children = body.flatMap((r) => (r.sandbox ? [r.sandbox] : []));
     await Promise.all(
       children.map(async (c) => {
-        const id = c.sandboxID as string;
+        const id = c.sandboxID;
         c.domain = this.cfg.domains[0] ?? null;
         this.routes.set(id, node);
         try {
@@ -384,8 +402,8 @@ export class Gateway {
     const out: Record<string, unknown> = {};
     await Promise.all(
       [...byNode.values()].map(async ({ node, ids: mine }) => {
-        const f: FanOut = { nodes: { live: [node], unhealthy: [], draining: new Set() }, apiKey: this.nodeKey, timeoutMs: this.cfg.requestTimeoutMs };
-        const [a] = await fanOut<{ sandboxes?: Record<string, unknown> }>(f, `/sandboxes/metrics?sandbox_ids=${mine.join(",")}`);
+        const f: FanOut = { nodes: { live: [node], unhealthy: [], draining: new Set() }, apiKey: this.nodeKey, timeoutMs: this.cfg.requestTimeoutMs, maxBytes: this.cfg.maxAnswerBytes };
+        const [a] = await fanOut(f, `/sandboxes/metrics?sandbox_ids=${mine.join(",")}`, ANSWERS.metrics);
         if (a?.ok) Object.assign(out, a.body.sandboxes ?? {});
       }),
     );
@@ -477,7 +495,7 @@ export class Gateway {
   /** GET /nodes: every node's own answer; an unreachable or UNHEALTHY node from its last report. */
   private async listNodes(): Promise<Response> {
     const f = await this.fan();
-    const [answers, observed] = await Promise.all([fanOut<Record<string, unknown>[]>(f, "/nodes"), this.scheduler.observed().catch(() => [])]);
+    const [answers, observed] = await Promise.all([fanOut(f, "/nodes", RECORDS), this.scheduler.observed().catch(() => [])]);
     const out: Record<string, unknown>[] = [];
     for (const a of answers) {
       if (a.ok) out.push(...a.body);

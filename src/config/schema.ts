@@ -347,6 +347,11 @@ export const CONFIG_SCHEMA = section("", {
       route_cache_size: int(100_000, "Sandbox -> node routes the gateway remembers (LRU). Routing of known sandboxes keeps working\nfrom it while the scheduler is down.", { min: 1, unit: "count" }),
       node_list_ttl_ms: int(2000, "How long the node list from the scheduler is reused for list/aggregation fan-out, ms.", { min: 0, max: MS_MAX, unit: "ms" }),
       max_body_bytes: int(1_048_576, "Largest control-plane request body the gateway accepts, bytes (sandbox traffic is streamed).", { min: 1024, max: TIB, unit: "bytes" }),
+      max_answer_bytes: int(
+        67_108_864,
+        "Largest node answer the gateway reads whole, bytes: each node's part of a merged list, a create\nor fork answer it rewrites. A longer one is 502 naming the node (sandbox traffic and other\nforwarded answers stream through unread).",
+        { min: 1024, max: TIB, unit: "bytes" },
+      ),
     },
   ),
 

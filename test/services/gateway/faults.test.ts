@@ -170,6 +170,30 @@ test("a node that sends headers and then stalls: a list answers without it, 502 
   expect(body.message).toContain(`node stall (${stall.url}) is unreachable: its answer to /v2/sandboxes? broke off: no complete answer within ${TIMEOUT_MS} ms`);
 });
 
+test("node answers the gateway reads whole are bounded and checked: a list past max_answer_bytes or of the wrong shape leaves its node out, a create answer that is not a Sandbox is 502", async () => {
+  const big = fakeNode(() => Response.json(Array.from({ length: 400 }, (_, i) => ({ sandboxID: `big${i}`, startedAt: "2026-01-01T00:00:00.000Z", pad: "p".repeat(40) }))));
+  const odd = fakeNode((req, u) => (u.pathname === "/v2/sandboxes" && req.method === "POST" ? Response.json({ id: "not-a-sandbox" }, { status: 201 }) : Response.json([{ sandboxID: 7, startedAt: "x" }])));
+  const good = goodNode("good");
+  const { api } = await cluster({ big: big.url, good: good.url, odd: odd.url }, { gateway: { AENV__gateway__max_answer_bytes: "4096" } });
+  const r = await api("/v2/sandboxes");
+  expect(r.status).toBe(200);
+  expect(r.headers.get("x-agentenv-unreachable-nodes")).toBe("big,odd");
+  expect(((await r.json()) as { sandboxID: string }[]).map((s) => s.sandboxID)).toEqual(["goodold"]);
+  // alone, each is named with what was wrong
+  for (const [url, why] of [
+    [big.url, "its answer to /v2/sandboxes? exceeds 4096 bytes ([gateway] max_answer_bytes)"],
+    [odd.url, "it answered /v2/sandboxes? with a body the API does not return (HTTP 200): /0/sandboxID: Expected string"],
+  ] as const) {
+    const one = await cluster({ n: url }, { gateway: { AENV__gateway__max_answer_bytes: "4096" } });
+    const a = await one.api("/v2/sandboxes");
+    expect(a.status).toBe(502);
+    expect(((await a.json()) as { message: string }).message).toContain(`node n (${url}) is unreachable: ${why}`);
+  }
+  const created = await (await cluster({ odd: odd.url })).api("/v2/sandboxes", { method: "POST", body: JSON.stringify({ templateID: "base" }) });
+  expect(created.status).toBe(502);
+  expect(await created.json()).toMatchObject({ error_code: "gateway.node_unreachable", message: `node odd (${odd.url}) is unreachable: it answered a create with a body the API does not return (HTTP 201): /sandboxID: Expected required property` });
+});
+
 test("every node unreachable: sandbox, template and snapshot lists fail 502 naming them instead of an empty 200", async () => {
   const u1 = refused();
   const u2 = refused();
