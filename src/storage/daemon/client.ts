@@ -125,13 +125,13 @@ export class DaemonClient {
         this.close();
         return;
       }
-      const seqv = f.value.seq;
-      const p = typeof seqv === "number" ? this.#pending.get(seqv) : undefined;
+      const seq = typeof f.value.seq === "number" ? f.value.seq : -1;
+      const p = this.#pending.get(seq);
       const parsed = parseResponse(f.value);
       if (!parsed.ok) {
         // an answer of a shape this node does not know (another version, a bug): its request fails naming the field
         if (!p) continue;
-        this.#settle(seqv as number, p);
+        this.#settle(seq, p);
         p.reject(new DiskError("disk.malformed_frame", `the disk daemon answered ${p.kind} with a bad ${parsed.field || "message"}: ${parsed.why}`, { kind: p.kind, field: parsed.field }));
         continue;
       }
@@ -141,7 +141,7 @@ export class DaemonClient {
         continue;
       }
       if (!p) continue;
-      this.#settle(seqv as number, p);
+      this.#settle(seq, p);
       if (r.kind === "error" || r.kind === "invalid_request") p.reject(answeredError(r, p.kind));
       else if (r.kind !== ANSWER_KIND[p.kind]) p.reject(new DiskError("disk.malformed_frame", `the disk daemon answered ${p.kind} with ${r.kind}`, { kind: p.kind, field: "kind" }));
       else p.resolve(r);

@@ -190,7 +190,7 @@ export async function runDaemon(s: DaemonSettings, onReady: (socket: string) => 
               continue;
             }
             const seqv = f.value.seq;
-            const seq = Number.isSafeInteger(seqv) && (seqv as number) >= 0 ? (seqv as number) : undefined;
+            const seq = typeof seqv === "number" && Number.isSafeInteger(seqv) && seqv >= 0 ? seqv : undefined;
             let req: Request;
             try {
               req = parseRequest(f.value);
