@@ -82,6 +82,8 @@ export function schedulerConfig(cfg: Config, env: Record<string, string | undefi
       watchTimeoutSecs: kc.watch_timeout_secs,
       retryBackoffMs: kc.retry_backoff_ms,
       requestTimeoutMs: kc.request_timeout_ms,
+      maxListBytes: kc.max_list_bytes,
+      maxEventBytes: kc.max_event_bytes,
     },
   };
 }

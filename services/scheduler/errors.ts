@@ -15,6 +15,7 @@ export const SCHEDULER_ERRORS = {
   "scheduler.bad_config": "a [scheduler] setting that cannot work (details name the key or entry)",
   "scheduler.store_failed": "the SQLite database or the Redis server failed, or holds a corrupt value",
   "scheduler.discovery_failed": "the first list of Kubernetes EndpointSlices failed (details.apiUrl)",
+  "scheduler.bad_event": "a Kubernetes list answer or watch event that is not what the API sends: over its byte bound, not JSON, or a field of the wrong type (details.field names it); discovery lists again",
 } as const satisfies ErrorTable;
 export type SchedulerErrorCode = keyof typeof SCHEDULER_ERRORS;
 

@@ -313,6 +313,12 @@ export const CONFIG_SCHEMA = section("", {
       watch_timeout_secs: int(300, "Server-side timeout of one watch request, seconds (the client re-watches from the last\nresourceVersion after it).", { min: 1, max: 86_400, unit: "s" }),
       retry_backoff_ms: int(2000, "Wait before re-listing after a failed list or watch, and before watching again after a\nwatch that ended without any event, ms.", { min: 1, max: MS_MAX, unit: "ms" }),
       request_timeout_ms: int(10_000, "Bound on a list request, and on a watch's response headers, ms. A watch is cut\nwatch_timeout_secs plus this after it started (the server should have ended it).", { min: 1, max: MS_MAX, unit: "ms" }),
+      max_list_bytes: int(67_108_864, "Largest EndpointSlice list answer read, bytes; a longer one fails the list (retried after\nretry_backoff_ms).", { min: 1024, max: TIB, unit: "bytes" }),
+      max_event_bytes: int(
+        4_194_304,
+        "Largest watch event (one line) read, bytes: one EndpointSlice holds at most 1000 endpoints.\nA longer line cuts the watch, and discovery lists again.",
+        { min: 1024, max: TIB, unit: "bytes" },
+      ),
     }),
   }),
 

@@ -10,26 +10,105 @@
  * only this list + watch of one resource is needed. Every request has a client-side deadline
  * (an API server that stops answering cannot stall discovery), and a watch that ends without
  * any event is followed by a pause (a server ending watches at once cannot make us spin).
+ * What the server sends is read bounded (a list answer up to max_list_bytes, a watch event up to
+ * max_event_bytes) and checked against the fields discovery reads: anything else is a
+ * SchedulerError `scheduler.bad_event` naming the field, and discovery lists again.
  */
+import { type Static, Type as T } from "@sinclair/typebox";
 import { readFileSync } from "node:fs";
 import { isIP } from "node:net";
 import type { Logger } from "pino";
 import { logger } from "../../../src/observability/log.ts";
+import { describeProblem, jsonSchema, type JsonSchema } from "../../../src/util/json-check.ts";
+import { readCapped } from "../../../src/util/read-capped.ts";
 import { SchedulerError } from "../errors.ts";
 import type { DiscoveredNodes, NodeRef } from "../types.ts";
 import type { Discovery } from "./types.ts";
 
+const OPT_STRING = T.Optional(T.String());
+/** A Go `*bool`: absent, null or a boolean. */
+const OPT_BOOL = T.Optional(T.Union([T.Boolean(), T.Null()]));
+
+/** The subset of discovery.k8s.io/v1 EndpointSlice that discovery reads (a Go nil list is `null`). */
+const SLICE = T.Object({
+  metadata: T.Object({ name: T.String(), namespace: OPT_STRING, resourceVersion: OPT_STRING, labels: T.Optional(T.Record(T.String(), T.String())) }),
+  addressType: OPT_STRING,
+  endpoints: T.Optional(
+    T.Union([
+      T.Null(),
+      T.Array(
+        T.Object({
+          addresses: T.Array(T.String()),
+          conditions: T.Optional(T.Object({ ready: OPT_BOOL, serving: OPT_BOOL, terminating: OPT_BOOL })),
+          nodeName: OPT_STRING,
+          targetRef: T.Optional(T.Object({ kind: OPT_STRING, name: OPT_STRING, namespace: OPT_STRING })),
+        }),
+      ),
+    ]),
+  ),
+  ports: T.Optional(T.Union([T.Null(), T.Array(T.Object({ name: OPT_STRING, port: T.Optional(T.Integer()), protocol: OPT_STRING }))])),
+});
 /** The subset of discovery.k8s.io/v1 EndpointSlice that discovery reads. */
-export interface EndpointSlice {
-  metadata: { name: string; namespace?: string; resourceVersion?: string; labels?: Record<string, string> };
-  addressType?: string;
-  endpoints?: {
-    addresses: string[];
-    conditions?: { ready?: boolean | null; serving?: boolean | null; terminating?: boolean | null };
-    nodeName?: string;
-    targetRef?: { kind?: string; name?: string; namespace?: string };
-  }[];
-  ports?: { name?: string; port?: number; protocol?: string }[] | null;
+export type EndpointSlice = Static<typeof SLICE>;
+
+/** What discovery reads of the API server's answers and events. */
+const WIRE = {
+  list: jsonSchema(T.Object({ metadata: T.Optional(T.Object({ resourceVersion: OPT_STRING })), items: T.Optional(T.Union([T.Null(), T.Array(SLICE)])) })),
+  event: jsonSchema(T.Object({ type: T.String(), object: T.Unknown() })),
+  slice: jsonSchema(SLICE),
+  bookmark: jsonSchema(T.Object({ metadata: T.Optional(T.Object({ resourceVersion: OPT_STRING })) })),
+  /** A meta/v1 Status (an ERROR event's object). */
+  status: jsonSchema(T.Object({ code: T.Optional(T.Integer()), message: OPT_STRING })),
+};
+
+/** `value` checked against `schema`. @throws SchedulerError scheduler.bad_event naming `what` and the field. */
+function checked<S extends JsonSchema<any>>(schema: S, value: unknown, what: string): Static<S["schema"]> {
+  const r = schema.check(value);
+  if (!r.ok) throw new SchedulerError("scheduler.bad_event", `the API server sent ${what} that is not what it should be: ${describeProblem(r.problem)}`, { field: r.problem.path });
+  return r.value;
+}
+
+/** `bytes` as JSON. @throws SchedulerError scheduler.bad_event when they are not UTF-8 JSON. */
+function parsed(bytes: Uint8Array, what: string): unknown {
+  try {
+    return JSON.parse(new TextDecoder("utf-8", { fatal: true }).decode(bytes));
+  } catch (e) {
+    throw new SchedulerError("scheduler.bad_event", `the API server sent ${what} that is not JSON (${e instanceof Error ? e.message : String(e)})`, { field: "" });
+  }
+}
+
+/**
+ * Splits a watch body into lines as chunks arrive, holding at most `maxBytes` of a line: each
+ * byte is copied at most once.
+ */
+class LineSplitter {
+  #parts: Uint8Array[] = [];
+  #held = 0;
+  constructor(readonly maxBytes: number) {}
+
+  /** The lines `chunk` completes (without their newline). @throws SchedulerError scheduler.bad_event for a line over `maxBytes`. */
+  push(chunk: Uint8Array): Uint8Array[] {
+    const out: Uint8Array[] = [];
+    let from = 0;
+    for (let nl = chunk.indexOf(0x0a, from); nl >= 0; nl = chunk.indexOf(0x0a, from)) {
+      const piece = chunk.subarray(from, nl);
+      this.#hold(piece.byteLength);
+      out.push(this.#parts.length === 0 ? piece : Buffer.concat([...this.#parts, piece]));
+      this.#parts = [];
+      this.#held = 0;
+      from = nl + 1;
+    }
+    if (from < chunk.byteLength) {
+      this.#hold(chunk.byteLength - from);
+      this.#parts.push(chunk.slice(from));
+    }
+    return out;
+  }
+
+  #hold(n: number): void {
+    this.#held += n;
+    if (this.#held > this.maxBytes) throw new SchedulerError("scheduler.bad_event", `a watch event exceeds ${this.maxBytes} bytes ([scheduler.kubernetes] max_event_bytes)`, { field: "", max: this.maxBytes });
+  }
 }
 
 /** Settings of Kubernetes discovery (`[scheduler.kubernetes]`). */
@@ -51,6 +130,10 @@ export interface KubernetesOptions {
   retryBackoffMs: number;
   /** Bound on a list (body included) and on a watch's response headers, ms. */
   requestTimeoutMs: number;
+  /** Largest list answer read, bytes. */
+  maxListBytes: number;
+  /** Largest watch event (one line) read, bytes. */
+  maxEventBytes: number;
 }
 
 /**
@@ -151,19 +234,29 @@ export class KubernetesDiscovery implements Discovery {
     return { signal: ctl.signal, clear: () => clearTimeout(t) };
   }
 
-  /** Replace the slice set with a fresh list. @returns its resourceVersion. @throws Error (HTTP status, deadline). */
+  /**
+   * Replace the slice set with a fresh list. @returns its resourceVersion.
+   * @throws Error (HTTP status, deadline); SchedulerError scheduler.bad_event (an answer over
+   *   max_list_bytes, not JSON, or not a list of EndpointSlices).
+   */
   private async list(): Promise<string> {
     const d = this.deadline(this.o.requestTimeoutMs, `the API server did not answer the list within ${this.o.requestTimeoutMs} ms`);
-    let body: { metadata?: { resourceVersion?: string }; items?: EndpointSlice[] };
+    let bytes: Uint8Array;
     try {
       const res = await this.request("", d.signal);
-      if (!res.ok) throw new Error(`HTTP ${res.status}: ${(await res.text()).slice(0, 300)}`);
-      body = (await res.json()) as typeof body;
+      if (!res.ok) {
+        const text = await readCapped(res.body, 300);
+        throw new Error(`HTTP ${res.status}: ${new TextDecoder().decode(text.bytes)}`);
+      }
+      const b = await readCapped(res.body, this.o.maxListBytes);
+      if (b.truncated) throw new SchedulerError("scheduler.bad_event", `the EndpointSlice list exceeds ${this.o.maxListBytes} bytes ([scheduler.kubernetes] max_list_bytes)`, { field: "", max: this.o.maxListBytes });
+      bytes = b.bytes;
     } catch (e) {
       throw d.signal.aborted ? (d.signal.reason as Error) : e;
     } finally {
       d.clear();
     }
+    const body = checked(WIRE.list, parsed(bytes, "a list"), "a list");
     this.slices.clear();
     for (const s of body.items ?? []) this.slices.set(s.metadata.name, s);
     this.lists++;
@@ -219,7 +312,8 @@ export class KubernetesDiscovery implements Discovery {
    * One watch request, bounded: response headers within requestTimeoutMs, the whole watch within
    * watchTimeoutSecs + requestTimeoutMs.
    * @returns the last resourceVersion seen and how many events came.
-   * @throws Gone on 410; Error on another status, a deadline, a malformed event.
+   * @throws Gone on 410; Error on another status or a deadline; SchedulerError scheduler.bad_event
+   *   for a malformed event or one over max_event_bytes.
    */
   private async watch(rv: string): Promise<{ rv: string; events: number }> {
     this.watches++;
@@ -232,17 +326,12 @@ export class KubernetesDiscovery implements Discovery {
       h.clear();
       if (res.status === 410) throw new Gone();
       if (!res.ok || !res.body) throw new Error(`watch answered HTTP ${res.status}`);
-      const decoder = new TextDecoder();
-      let buf = "";
+      const lines = new LineSplitter(this.o.maxEventBytes);
       for await (const chunk of res.body) {
-        buf += decoder.decode(chunk, { stream: true });
-        let nl: number;
-        while ((nl = buf.indexOf("\n")) >= 0) {
-          const line = buf.slice(0, nl).trim();
-          buf = buf.slice(nl + 1);
-          if (!line) continue;
+        for (const line of lines.push(chunk)) {
+          if (line.every((b) => b === 0x20 || b === 0x09 || b === 0x0d)) continue;
           events++;
-          rv = this.apply(JSON.parse(line) as { type: string; object: EndpointSlice & { code?: number; message?: string } }, rv);
+          rv = this.apply(checked(WIRE.event, parsed(line, "a watch event"), "a watch event"), rv);
         }
       }
     } catch (e) {
@@ -255,26 +344,31 @@ export class KubernetesDiscovery implements Discovery {
     return { rv, events };
   }
 
-  private apply(ev: { type: string; object: EndpointSlice & { code?: number; message?: string } }, rv: string): string {
-    const o = ev.object;
+  /** Apply one event. @returns the resourceVersion after it. @throws Gone (410), Error (an ERROR event, an unknown type), SchedulerError scheduler.bad_event. */
+  private apply(ev: { type: string; object: unknown }, rv: string): string {
     switch (ev.type) {
       case "ADDED":
-      case "MODIFIED":
+      case "MODIFIED": {
+        const o = checked(WIRE.slice, ev.object, `an ${ev.type} event`);
         this.slices.set(o.metadata.name, o);
         this.update();
-        break;
-      case "DELETED":
+        return o.metadata.resourceVersion ?? rv;
+      }
+      case "DELETED": {
+        const o = checked(WIRE.slice, ev.object, "a DELETED event");
         this.slices.delete(o.metadata.name);
         this.update();
-        break;
+        return o.metadata.resourceVersion ?? rv;
+      }
       case "BOOKMARK":
-        break;
-      case "ERROR":
+        return checked(WIRE.bookmark, ev.object, "a BOOKMARK event").metadata?.resourceVersion ?? rv;
+      case "ERROR": {
+        const o = checked(WIRE.status, ev.object, "an ERROR event");
         if (o.code === 410) throw new Gone();
-        throw new Error(`watch error event: ${o.message ?? JSON.stringify(o)}`);
+        throw new Error(`watch error event: ${o.message ?? JSON.stringify(ev.object)}`);
+      }
       default:
         throw new Error(`unknown watch event type ${JSON.stringify(ev.type)}`);
     }
-    return o.metadata?.resourceVersion ?? rv;
   }
 }

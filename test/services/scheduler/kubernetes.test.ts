@@ -113,7 +113,7 @@ afterEach(async () => {
 });
 
 function discovery(api: ReturnType<typeof fakeApi>, tokenPath: string, o: Partial<KubernetesOptions> = {}) {
-  const d = new KubernetesDiscovery({ apiUrl: api.url, namespace: "agentenv", serviceName: "agentenv-nodes", port: 8000, scheme: "http", tokenPath, caPath: null, watchTimeoutSecs: 300, retryBackoffMs: 20, requestTimeoutMs: 5000, ...o });
+  const d = new KubernetesDiscovery({ apiUrl: api.url, namespace: "agentenv", serviceName: "agentenv-nodes", port: 8000, scheme: "http", tokenPath, caPath: null, watchTimeoutSecs: 300, retryBackoffMs: 20, requestTimeoutMs: 5000, maxListBytes: 1 << 20, maxEventBytes: 64 * 1024, ...o });
   cleanup.push(() => d.close());
   return d;
 }
@@ -232,6 +232,37 @@ test("a server that ends every watch at once without an event does not make disc
   expect(api.state.requests.filter((r) => r.includes("watch=1")).length).toBe(1);
   expect(d.watches).toBe(1);
   await d.close(); // cuts the pause short
+});
+
+test("what the API server sends is bounded and checked: an over-long or malformed event cuts the watch and discovery lists again; an over-long list fails naming the bound", async () => {
+  const api = fakeApi("t");
+  cleanup.push(() => api.stop());
+  api.state.items.set("s1", slice("s1", [{ pod: "node-a", ip: "10.0.0.1" }]));
+  const big = discovery(api, tokenFile("t"), { maxListBytes: 1024 });
+  api.state.items.set("s2", slice("s2", Array.from({ length: 20 }, (_, i) => ({ pod: `node-${i}`, ip: `10.0.1.${i}` }))));
+  await expect(big.start()).rejects.toMatchObject({ code: "scheduler.discovery_failed", message: expect.stringContaining("exceeds 1024 bytes ([scheduler.kubernetes] max_list_bytes)") });
+  api.state.items.delete("s2");
+
+  const d = discovery(api, tokenFile("t"), { maxEventBytes: 2048 });
+  await d.start();
+  expect(ids(d)).toEqual(["node-a@http://10.0.0.1:8000"]);
+  const cases: [string, () => void][] = [
+    ["a line past max_event_bytes (never ended)", () => {
+      for (const c of api.state.watches) c.enqueue(new Uint8Array(3000).fill(0x7b));
+    }],
+    ["an ADDED event whose addresses are not strings", () => api.raw({ type: "ADDED", object: { metadata: { name: "s9" }, endpoints: [{ addresses: [5] }] } })],
+    ["an event that is not JSON", () => {
+      for (const c of api.state.watches) c.enqueue(new TextEncoder().encode("{nope\n"));
+    }],
+    ["an ERROR event whose code is a string", () => api.raw({ type: "ERROR", object: { code: "410" } })],
+  ];
+  for (const [what, send] of cases) {
+    await until(() => api.state.watches.size === 1, `a watch before ${what}`);
+    const lists = d.lists;
+    send();
+    await until(() => d.lists === lists + 1, `a re-list after ${what}`);
+    expect([what, ids(d)]).toEqual([what, ["node-a@http://10.0.0.1:8000"]]);
+  }
 });
 
 test("nodesFromSlices: nil ready counts as ready, IPv6 in brackets, an endpoint without a Pod name is left out", () => {
