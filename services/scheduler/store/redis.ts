@@ -9,8 +9,10 @@
  * Every change touching more than one key runs as one Lua script (atomic on the server).
  * Keys are built inside the scripts, so the store needs a single Redis, not Redis Cluster.
  */
+import { Type as T } from "@sinclair/typebox";
 import { RedisClient } from "bun";
 import { ObservedNode, P2pEndpoint } from "../../../src/cluster/index.ts";
+import { describeProblem, jsonSchema } from "../../../src/util/json-check.ts";
 import { SchedulerError } from "../errors.ts";
 import type { Binding, NodeReport } from "../types.ts";
 import type { RosterChange, SchedulerStore } from "./types.ts";
@@ -141,9 +143,9 @@ export class RedisStore implements SchedulerStore {
     return this.run("lookup", async () => {
       const raw = await this.client.get(this.prefix + "b:" + sandboxId);
       if (raw === null) return null;
-      const o = JSON.parse(raw) as { n: unknown; e: unknown; t: unknown };
-      if (typeof o.n !== "string" || typeof o.e !== "string" || typeof o.t !== "number") throw new Error(`corrupt binding of ${sandboxId}: ${raw.slice(0, 200)}`);
-      return { sandboxId, nodeId: o.n, endpoint: o.e, updatedAt: o.t };
+      const r = STORED.binding.parse(raw);
+      if (!r.ok) throw new Error(`corrupt binding of ${sandboxId} (${describeProblem(r.problem)}): ${raw.slice(0, 200)}`);
+      return { sandboxId, nodeId: r.value.n, endpoint: r.value.e, updatedAt: r.value.t };
     });
   }
 
@@ -156,12 +158,12 @@ export class RedisStore implements SchedulerStore {
   }
 
   async reconcileRoster(nodeId: string, endpoint: string, roster: string[], now: number, staleBefore: number): Promise<RosterChange> {
-    const [added, removed] = (await this.run("roster reconcile", () => this.eval(ROSTER, [nodeId, endpoint, now, staleBefore, ...roster]))) as [number, number];
-    return { added, removed };
+    const [added, removed] = await this.run("roster reconcile", async () => counts(await this.eval(ROSTER, [nodeId, endpoint, now, staleBefore, ...roster]), 2));
+    return { added: added!, removed: removed! };
   }
 
   async dropNodeBindings(nodeId: string): Promise<number> {
-    return (await this.run("node drop", () => this.eval(DROP, [nodeId]))) as number;
+    return this.run("node drop", async () => counts(await this.eval(DROP, [nodeId]), 1)[0]!);
   }
 
   async nodeBindings(nodeId: string): Promise<string[]> {
@@ -169,7 +171,7 @@ export class RedisStore implements SchedulerStore {
   }
 
   async countBindings(): Promise<number> {
-    return (await this.run("count", () => this.eval(COUNT, []))) as number;
+    return this.run("count", async () => counts(await this.eval(COUNT, []), 1)[0]!);
   }
 
   async putReport(r: NodeReport): Promise<void> {
@@ -202,9 +204,25 @@ export class RedisStore implements SchedulerStore {
   }
 }
 
+/** What the store keeps as JSON (written by any replica: read back checked). */
+const STORED = {
+  binding: jsonSchema(T.Object({ n: T.String(), e: T.String(), t: T.Number() })),
+  report: jsonSchema(T.Object({ node: T.Record(T.String(), T.Unknown()), p2p: T.Union([T.Null(), T.Record(T.String(), T.Unknown())]), left: T.Optional(T.Union([T.Null(), T.Number()])) })),
+};
+
+/** A node report as stored. @throws Error naming what is wrong (run() makes it store_failed). */
 function parseReport(raw: string): NodeReport {
-  const o = JSON.parse(raw) as { node: unknown; p2p: unknown; left?: number | null };
-  return { node: ObservedNode.fromJSON(o.node), p2p: o.p2p ? P2pEndpoint.fromJSON(o.p2p) : null, leftAtUnixMs: typeof o.left === "number" ? o.left : null };
+  const r = STORED.report.parse(raw);
+  if (!r.ok) throw new Error(`corrupt node report (${describeProblem(r.problem)}): ${raw.slice(0, 200)}`);
+  const o = r.value;
+  return { node: ObservedNode.fromJSON(o.node), p2p: o.p2p ? P2pEndpoint.fromJSON(o.p2p) : null, leftAtUnixMs: o.left ?? null };
+}
+
+/** A script's answer: `n` integers (one alone may come as a plain integer). @throws Error for anything else. */
+function counts(v: unknown, n: number): number[] {
+  const list = Array.isArray(v) ? v : [v];
+  if (list.length !== n || !list.every((x) => Number.isInteger(x))) throw new Error(`unexpected script answer ${JSON.stringify(v)?.slice(0, 200)}`);
+  return list as number[];
 }
 
 /** The URL without its password (for messages and logs). */
