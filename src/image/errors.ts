@@ -5,6 +5,7 @@ export const IMAGE_ERRORS = {
   "image.bad_reference": "an image reference outside Docker's grammar (details.ref)",
   "image.not_found": "the registry has no such repository, tag or digest (details.ref)",
   "image.no_platform": "a manifest list without a linux/amd64 entry (details.platforms)",
+  "image.bad_manifest": "a manifest or image config that is not JSON of the shape the image spec gives (details.ref, what, field)",
   "image.auth": "the registry refused the credentials or wants some (details.registry)",
   "image.tls": "the registry needs TLS the node cannot verify (add its CA with [image] ca_path), or speaks plain HTTP while not in [image] insecure_registries",
   "image.unreachable": "the registry cannot be reached (details.registry)",

@@ -25,6 +25,7 @@ import { basename, dirname, join } from "node:path";
 import { importSparse } from "../storage/overlaybd/index.ts";
 import { TOOLS_MOUNT } from "../tools/index.ts";
 import { ImageError } from "./errors.ts";
+import { CACHE_ENTRY, CACHE_ENTRY_LAYER, DIR_MANIFEST, IMAGE_CONFIG, registryDocument, type CacheEntry } from "./manifests.ts";
 import { fetchImage } from "./fetch.ts";
 import { formatImageRef, parseImageRef } from "./reference.ts";
 import { RootTree } from "./rootfs.ts";
@@ -82,24 +83,13 @@ export interface PulledImage {
   fetchMs: number;
 }
 
-interface CacheEntry {
-  /** File name of the layer in the cache directory (`<key>.layer`, or a fresh name when that existed). */
-  layer?: string;
-  ref: string;
-  digest: string;
-  diskBytes: number;
-  config: ImageRunConfig;
-  compressedBytes: number;
-}
 
 const sha256hex = (b: Uint8Array | string) => createHash("sha256").update(b).digest("hex");
 
 /** ENV/WORKDIR/USER/ENTRYPOINT+CMD from the image config blob of skopeo's `dir:` copy. */
-function runConfig(dir: string): ImageRunConfig {
-  const manifest = JSON.parse(readFileSync(join(dir, "manifest.json"), "utf8")) as { config: { digest: string } };
-  const cfg = JSON.parse(readFileSync(join(dir, manifest.config.digest.replace(/^sha256:/, "")), "utf8")) as {
-    config?: { Env?: string[]; WorkingDir?: string; User?: string; Entrypoint?: string[] | null; Cmd?: string[] | null };
-  };
+function runConfig(dir: string, ref: string): ImageRunConfig {
+  const manifest = registryDocument(DIR_MANIFEST, readFileSync(join(dir, "manifest.json"), "utf8"), "manifest", ref);
+  const cfg = registryDocument(IMAGE_CONFIG, readFileSync(join(dir, manifest.config.digest.replace(/^sha256:/, "")), "utf8"), "image config", ref);
   const env: Record<string, string> = {};
   for (const kv of cfg.config?.Env ?? []) {
     const i = kv.indexOf("=");
@@ -109,8 +99,8 @@ function runConfig(dir: string): ImageRunConfig {
 }
 
 /** Turn skopeo's `dir:` copy into an OCI layout umoci reads (blobs hard-linked, OCI media types). */
-function dirToOciLayout(dir: string, layout: string): void {
-  const manifest = JSON.parse(readFileSync(join(dir, "manifest.json"), "utf8")) as { config: { digest: string; size: number }; layers: { digest: string; size: number; mediaType: string }[] };
+function dirToOciLayout(dir: string, layout: string, ref: string): void {
+  const manifest = registryDocument(DIR_MANIFEST, readFileSync(join(dir, "manifest.json"), "utf8"), "manifest", ref);
   mkdirSync(join(layout, "blobs", "sha256"), { recursive: true });
   const put = (digest: string) => {
     const hex = digest.replace(/^sha256:/, "");
@@ -211,8 +201,8 @@ export async function pullImage(o: PullOptions): Promise<PulledImage> {
       return { key, ref, digest, layerPath, diskBytes: m.diskBytes, config: m.config, pulled: false, compressedBytes: m.compressedBytes, fetchMs: 0 };
     }
     const fetchMs = performance.now() - t0;
-    const config = runConfig(join(work, "dir"));
-    dirToOciLayout(join(work, "dir"), join(work, "oci"));
+    const config = runConfig(join(work, "dir"), ref);
+    dirToOciLayout(join(work, "dir"), join(work, "oci"), ref);
     progress("unpacking layers (umoci)");
     const bundle = join(work, "bundle");
     await tool(["umoci", "unpack", "--image", `${join(work, "oci")}:img`, bundle], { timeoutMs: o.toolTimeoutMs, what: `unpacking ${ref}`, classify: (e) => new ImageError("image.unpack_failed", `umoci unpack of ${ref} failed: ${e.slice(-800)}`, { ref }), signal: o.signal });
@@ -258,7 +248,9 @@ export async function pullImage(o: PullOptions): Promise<PulledImage> {
 function cachedImage(cacheDir: string, metaPath: string): { m: CacheEntry; layerPath: string } | null {
   if (!existsSync(metaPath)) return null;
   try {
-    const m = JSON.parse(readFileSync(metaPath, "utf8")) as CacheEntry;
+    const r = CACHE_ENTRY.parse(readFileSync(metaPath, "utf8"));
+    if (!r.ok) return null; // another version's record, or damaged: pulled again
+    const m = r.value;
     const layerPath = join(cacheDir, m.layer ?? basename(metaPath).replace(/\.json$/, ".layer"));
     return existsSync(layerPath) ? { m, layerPath } : null;
   } catch {
@@ -269,8 +261,9 @@ function cachedImage(cacheDir: string, metaPath: string): { m: CacheEntry; layer
 /** The layer file a cache record at `metaPath` names (for garbage collection), or null when unreadable. */
 export function imageRecordLayer(metaPath: string): string | null {
   try {
-    const m = JSON.parse(readFileSync(metaPath, "utf8")) as CacheEntry;
-    return join(dirname(metaPath), m.layer ?? basename(metaPath).replace(/\.json$/, ".layer"));
+    const r = CACHE_ENTRY_LAYER.parse(readFileSync(metaPath, "utf8"));
+    if (!r.ok) return null;
+    return join(dirname(metaPath), r.value.layer ?? basename(metaPath).replace(/\.json$/, ".layer"));
   } catch {
     return null;
   }

@@ -4,8 +4,11 @@
  * for a manifest, copying an image by digest, and skopeo's failures as typed errors. Every line
  * skopeo prints passes through the pull's redaction before it reaches a log or an error.
  */
+import type { Static } from "@sinclair/typebox";
 import { createHash } from "node:crypto";
+import { describeProblem } from "../util/json-check.ts";
 import { ImageError } from "./errors.ts";
+import { MANIFEST_OR_LIST } from "./manifests.ts";
 import { redact } from "./auth.ts";
 import type { Endpoint } from "./settings.ts";
 import { runTool } from "./tool.ts";
@@ -62,7 +65,8 @@ function skopeoMessage(line: string): string {
   const m = /\bmsg="((?:[^"\\]|\\.)*)"/.exec(line);
   if (!m) return line;
   try {
-    return JSON.parse(`"${m[1]}"`) as string;
+    const text: unknown = JSON.parse(`"${m[1]}"`);
+    return typeof text === "string" ? text : m[1]!;
   } catch {
     return m[1]!;
   }
@@ -140,13 +144,12 @@ export async function inspectManifest(e: Endpoint, target: { tag: string; digest
   return { digest, compressedBytes: (m.layers ?? []).reduce((a, l) => a + (typeof l?.size === "number" ? l.size : 0), 0) };
 }
 
-interface RawManifest {
-  manifests?: { digest: string; platform?: { os?: string; architecture?: string } }[];
-  layers?: { size?: unknown }[];
-}
-
-/** A registry's manifest answer as JSON. @throws ImageError `image.pull_failed` when it is not a JSON object. */
-function parseManifest(raw: string, ref: string, e: Endpoint): RawManifest {
+/**
+ * A registry's manifest answer, checked.
+ * @throws ImageError `image.pull_failed` when it is not a JSON object; `image.bad_manifest`
+ *   naming the field of one not of a manifest's or a manifest list's shape.
+ */
+function parseManifest(raw: string, ref: string, e: Endpoint): Static<typeof MANIFEST_OR_LIST.schema> {
   let m: unknown;
   try {
     m = JSON.parse(raw);
@@ -154,7 +157,9 @@ function parseManifest(raw: string, ref: string, e: Endpoint): RawManifest {
     m = null;
   }
   if (typeof m !== "object" || m === null || Array.isArray(m)) throw new ImageError("image.pull_failed", `${e.label} answered the manifest of ${ref} with something that is not a JSON manifest`, { ref, registry: e.host });
-  return m as RawManifest;
+  const r = MANIFEST_OR_LIST.check(m);
+  if (!r.ok) throw new ImageError("image.bad_manifest", `${e.label} answered the manifest of ${ref} with one not of the image spec's shape: ${describeProblem(r.problem)}`, { ref, what: "manifest", field: r.problem.path });
+  return r.value;
 }
 
 /** The error for a manifest `e` served whose digest is `actual` where `expected` was asked for. */

@@ -5,9 +5,11 @@
  * drops them when the process dies (kill -9 included), so a crashed node never blocks a restart.
  * Each lock file holds the owner's `{pid, runtimePath, namePrefix}` (JSON) for the conflict message.
  */
+import { type Static, Type as T } from "@sinclair/typebox";
 import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { tryFlockExclusive, type HeldFlock } from "../ffi/flock.ts";
+import { jsonSchema } from "../util/json-check.ts";
 import { NodeError } from "./errors.ts";
 
 /** Directory of the host-wide per-prefix locks. */
@@ -24,15 +26,14 @@ export interface NodeLocks {
   release(): void;
 }
 
-interface Owner {
-  pid?: number;
-  runtimePath?: string;
-  namePrefix?: string;
-}
+/** What a lock file says of its owner (written by another process: read checked). */
+const OWNER = jsonSchema(T.Object({ pid: T.Optional(T.Integer({ minimum: 1 })), runtimePath: T.Optional(T.String()), namePrefix: T.Optional(T.String()) }));
 
-function owner(path: string): Owner {
+/** The owner a lock file names; nothing known when it cannot be read or is not an owner record. */
+function owner(path: string): Static<typeof OWNER.schema> {
   try {
-    return JSON.parse(readFileSync(path, "utf8")) as Owner;
+    const r = OWNER.parse(readFileSync(path, "utf8"));
+    return r.ok ? r.value : {};
   } catch {
     return {};
   }

@@ -6,7 +6,16 @@
  */
 import type { Logger } from "pino";
 import type { Db } from "../db/index.ts";
+import { Type as T } from "@sinclair/typebox";
+import { jsonSchema } from "../util/json-check.ts";
 import { LOG_LEVELS, type LogLevel, type SandboxLogEntry, type SandboxLogQuery } from "./types.ts";
+
+/** An entry's fields as stored (JSON text); a value that is not a string map reads as none. */
+const FIELDS = jsonSchema(T.Record(T.String(), T.String()));
+function storedFields(text: string): Record<string, string> {
+  const r = FIELDS.parse(text);
+  return r.ok ? r.value : {};
+}
 
 /** Settings of the store (`[logs]`). */
 export interface LogStoreOptions {
@@ -135,7 +144,7 @@ export class SandboxLogStore {
     const order = forward ? "ASC" : "DESC";
     const sql = `SELECT at, level, source, message, fields FROM sandbox_logs WHERE ${conds.join(" AND ")} ORDER BY at ${order}, seq ${order} LIMIT ?5`;
     const rows = this.db.sqlite.query<Row, (string | number)[]>(sql).all(id, cursor, q.level ? levelRank(q.level) : 0, q.search ?? "", q.limit);
-    return rows.map((r) => ({ at: r.at, level: LOG_LEVELS[r.level] ?? "info", source: r.source as SandboxLogEntry["source"], message: r.message, fields: JSON.parse(r.fields) as Record<string, string> }));
+    return rows.map((r) => ({ at: r.at, level: LOG_LEVELS[r.level] ?? "info", source: r.source as SandboxLogEntry["source"], message: r.message, fields: storedFields(r.fields) }));
   }
 
   /** Delete the entries of sandboxes that no longer have a record (after the orchestrator pruned them). */

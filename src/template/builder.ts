@@ -30,6 +30,8 @@ import { TemplateError, type TemplateErrorCode } from "./errors.ts";
 import type { BuildFiles } from "./files.ts";
 import { baseKey, hashParts, IGNORED_STEPS, stepKey, SUPPORTED_STEPS, type BuildSpec, type BuildStep } from "./spec.ts";
 import { waitReady } from "./ready.ts";
+import { FINAL_ENTRY, STEP_ENTRY } from "./records.ts";
+import { readManifest } from "./store.ts";
 
 /** Process context a step leaves for the next one. */
 export interface StepContext {
@@ -443,8 +445,7 @@ export class TemplateBuilder {
 
   /** Boot spec of a `build-base` template (no catalog record). */
   private legacyBoot(name: string): BootSpec {
-    const manifestPath = join(this.d.homePath, "templates", name, "manifest.json");
-    const m = JSON.parse(readFileSync(manifestPath, "utf8")) as { layers: string[]; bootArgs: string; diskBytes: number };
+    const m = readManifest(this.d.homePath, name);
     if (m.layers.length === 0) throw new StepFailure("base", "template.not_ready", `template ${name} has no overlaybd layer to build on`);
     return { layers: m.layers.map((l) => join("templates", name, l)), bootArgs: m.bootArgs, diskBytes: m.diskBytes, envs: {}, workdir: "/home/user", user: "user", startCmd: "", readyCmd: "" };
   }
@@ -453,7 +454,9 @@ export class TemplateBuilder {
     const p = join(this.stepDir, `${key}.json`);
     if (!existsSync(p)) return undefined;
     try {
-      const e = JSON.parse(readFileSync(p, "utf8")) as StepEntry;
+      const r = STEP_ENTRY.parse(readFileSync(p, "utf8"));
+      if (!r.ok) return undefined; // another version's entry, or damaged: a miss
+      const e: StepEntry = r.value;
       // a cache entry whose layers were removed is a miss
       if (!this.abs(e.layers).every((l) => existsSync(l))) return undefined;
       touch(p); // newest use first when the cache is trimmed (gc.ts)
@@ -466,8 +469,8 @@ export class TemplateBuilder {
   /** The cached outcome of a finalize, or undefined (none, unreadable). */
   private readFinal(p: string): FinalEntry | undefined {
     try {
-      const e = JSON.parse(readFileSync(p, "utf8")) as FinalEntry;
-      return e && e.ready === true && (e.snapshot === undefined || typeof e.snapshot === "string") ? e : undefined;
+      const r = FINAL_ENTRY.parse(readFileSync(p, "utf8"));
+      return r.ok ? r.value : undefined;
     } catch {
       return undefined;
     }

@@ -12,7 +12,10 @@
 import { randomUUID } from "node:crypto";
 import { mkdirSync, readdirSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
+import { asError } from "../util/error.ts";
+import { describeProblem } from "../util/json-check.ts";
 import { TemplateError } from "./errors.ts";
+import { TEMPLATE_RECORD } from "./records.ts";
 import { listTemplates as listManifests, readManifest, TEMPLATE_NAME, type TemplateManifest } from "./store.ts";
 export type { BuildLogEntry, LogLevel } from "./build-log.ts";
 
@@ -152,11 +155,12 @@ export class TemplateCatalog {
       if (!f.endsWith(".json")) continue;
       const p = join(this.dir, "templates", f);
       try {
-        const t = JSON.parse(readFileSync(p, "utf8")) as TemplateRecord;
-        if (!ID_RE.test(t.templateID) || !Array.isArray(t.builds) || !Array.isArray(t.aliases)) throw new Error("missing fields");
+        const r = TEMPLATE_RECORD.parse(readFileSync(p, "utf8"));
+        if (!r.ok) throw new TemplateError("template.bad_manifest", `${p}: ${describeProblem(r.problem)}`, { path: p, field: r.problem.path });
+        const t: TemplateRecord = r.value;
         this.byId.set(t.templateID, t);
       } catch (e) {
-        onBadFile(p, e as Error);
+        onBadFile(p, asError(e));
       }
     }
   }

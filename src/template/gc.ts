@@ -18,6 +18,7 @@ import { existsSync, readdirSync, readFileSync, rmSync, statSync } from "node:fs
 import { isAbsolute, join } from "node:path";
 import { imageRecordLayer } from "../image/index.ts";
 import type { TemplateCatalog } from "./catalog.ts";
+import { STEP_LAYERS } from "./records.ts";
 import { listTemplates as listManifests, templateDir } from "./store.ts";
 
 /** Bounds of a collection. */
@@ -100,7 +101,8 @@ export function collectGarbage(o: GcOptions): GcReport {
     const p = join(stepDir, f);
     let layers: string[] = [];
     try {
-      layers = ((JSON.parse(readFileSync(p, "utf8")) as { layers?: string[] }).layers ?? []).map(abs);
+      const r = STEP_LAYERS.parse(readFileSync(p, "utf8"));
+      if (r.ok) layers = (r.value.layers ?? []).map(abs);
     } catch {
       // unreadable: an entry without layers, dropped with the rest when over budget
     }

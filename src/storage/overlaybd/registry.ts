@@ -5,10 +5,18 @@
  * credentials; Basic: send credentials); a 3xx on the blob is remembered as the "actual URL"
  * and later range reads go there without auth. Size comes from `Content-Range`.
  */
+import { Type as T } from "@sinclair/typebox";
+import { describeProblem, jsonSchema } from "../../util/json-check.ts";
+import { readCapped } from "../../util/read-capped.ts";
 import { rootCertificates } from "node:tls";
 import type { Backend } from "./backend.ts";
 import { fail } from "./errors.ts";
 import { logger } from "../../observability/log.ts";
+
+/** A token server's answer (Docker registry token authentication: `token` or `access_token`, `expires_in` seconds). */
+const TOKEN_ANSWER = jsonSchema(T.Object({ token: T.Optional(T.String()), access_token: T.Optional(T.String()), expires_in: T.Optional(T.Number()) }));
+/** Largest token server answer read, bytes (a token is a few KiB). */
+const TOKEN_ANSWER_BYTES = 1 << 20;
 
 const log = logger("overlaybd");
 
@@ -141,7 +149,10 @@ export class RegistryBlob implements Backend {
       r = await this.request(u.toString(), headers);
     }
     if (r.status !== 200) fail("registry_auth", `token server ${u.origin} answered ${r.status}`, { file: this.url, status: r.status });
-    const j = (await r.json()) as { token?: string; access_token?: string; expires_in?: number };
+    const body = await readCapped(r.body, TOKEN_ANSWER_BYTES);
+    const answer = body.truncated ? null : TOKEN_ANSWER.parse(new TextDecoder().decode(body.bytes));
+    if (!answer?.ok) fail("registry_auth", `token server reply is not a token answer${answer ? ` (${describeProblem(answer.problem)})` : ` (over ${TOKEN_ANSWER_BYTES} bytes)`}`, { file: this.url });
+    const j = answer.value;
     const tok = j.token ?? j.access_token;
     if (!tok) fail("registry_auth", "token server reply holds no token", { file: this.url });
     this.auth = `Bearer ${tok}`;

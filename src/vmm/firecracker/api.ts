@@ -3,10 +3,19 @@
  * Facts: ../shared/contracts/firecracker-api.yaml; success is 204 (PUT/PATCH) or 200 with
  * JSON (GET); failure is 400/500 with `{"fault_message": "..."}`.
  */
+import { Type as T } from "@sinclair/typebox";
 import { VmmError } from "../errors.ts";
 import { logger } from "../../observability/log.ts";
+import { jsonSchema } from "../../util/json-check.ts";
+import { readCapped } from "../../util/read-capped.ts";
 
 const log = logger("vmm.firecracker");
+
+/** Largest answer read from Firecracker's API, bytes (its answers are a few KiB of JSON). */
+const ANSWER_BYTES = 1 << 20;
+
+/** Firecracker's error answer. */
+const FAULT = jsonSchema(T.Object({ fault_message: T.String() }));
 
 /** One API request as the driver sends it (plain data; also what tests assert on). */
 export interface ApiRequest {
@@ -43,15 +52,20 @@ export class FirecrackerApi {
         id: this.vmId, socket: this.socketPath, method: req.method, path: req.path,
       }, { cause: e });
     }
-    const text = await res.text();
+    const body = await readCapped(res.body, ANSWER_BYTES);
+    const text = new TextDecoder().decode(body.bytes);
     if (res.status === 204) return undefined;
-    if (res.status === 200) return text ? JSON.parse(text) : undefined;
-    let faultMessage = text;
-    try {
-      faultMessage = (JSON.parse(text) as { fault_message?: string }).fault_message ?? text;
-    } catch {
-      // not JSON: keep the raw text
+    if (res.status === 200) {
+      if (body.truncated) throw new VmmError("vmm.firecracker_api", `firecracker ${req.method} ${req.path}: answer over ${ANSWER_BYTES} bytes`, { id: this.vmId, method: req.method, path: req.path, status: res.status });
+      if (!text) return undefined;
+      try {
+        return JSON.parse(text);
+      } catch {
+        throw new VmmError("vmm.firecracker_api", `firecracker ${req.method} ${req.path}: answer is not JSON`, { id: this.vmId, method: req.method, path: req.path, status: res.status });
+      }
     }
+    const fault = FAULT.parse(text);
+    const faultMessage = fault.ok ? fault.value.fault_message : text;
     log.warn({ id: this.vmId, method: req.method, path: req.path, status: res.status, faultMessage }, "firecracker API error");
     throw new VmmError("vmm.firecracker_api", `firecracker ${req.method} ${req.path} → ${res.status}: ${faultMessage}`, {
       id: this.vmId, method: req.method, path: req.path, status: res.status, faultMessage, body: req.body ?? null,
