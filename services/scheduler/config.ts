@@ -26,8 +26,6 @@ export interface SchedulerConfig {
   bindingTtlMs: number;
   /** Report age after which a node is UNHEALTHY, ms. */
   reportTtlMs: number;
-  /** Period of the stale-node sweep, ms. */
-  sweepIntervalMs: number;
   discovery: "static" | "kubernetes";
   /** Static entries "id=url". */
   nodes: string[];
@@ -66,7 +64,6 @@ export function schedulerConfig(cfg: Config, env: Record<string, string | undefi
     redisConnectTimeoutMs: sc.redis_connect_timeout_ms,
     bindingTtlMs: sc.binding_ttl_secs * 1000,
     reportTtlMs: sc.report_ttl_secs * 1000,
-    sweepIntervalMs: sc.sweep_interval_ms,
     discovery: sc.discovery,
     nodes: sc.nodes,
     maxP2pArtifacts: sc.max_p2p_artifacts,

@@ -8,6 +8,7 @@
  */
 import type { Logger } from "pino";
 import { logger } from "../../src/observability/log.ts";
+import { DeadlineTimer, SYSTEM_CLOCK, type Clock } from "../../src/util/deadline-timer.ts";
 import {
   NodeSnapshot,
   NodeStatus,
@@ -27,6 +28,8 @@ import type { NodeRef, NodeReport } from "./types.ts";
 
 /** Settings of SchedulerCore (from SchedulerConfig; clock and randomness injectable for tests). */
 export interface SchedulerCoreOptions {
+  /** Time and timers of report expiry (tests: a clock they move); default the system's, with `now`. */
+  clock?: Clock;
   strategy: StrategyName;
   /** Freshness of a binding, ms. */
   bindingTtlMs: number;
@@ -34,7 +37,7 @@ export interface SchedulerCoreOptions {
   reportTtlMs: number;
   /** Bound on P2P artifact records. */
   maxP2pArtifacts: number;
-  /** Clock (tests). */
+  /** Clock (tests); ignored when `clock` is given. */
   now?: () => number;
   random?: () => number;
 }
@@ -86,11 +89,42 @@ export class SchedulerCore {
   private readonly droppedStale = new Set<string>();
   /** P2P artifacts: "cluster\0backend\0key" -> node ids (insertion order = age, for the bound). */
   private readonly artifacts = new Map<string, Set<string>>();
+  /** Runs the sweep when the first report runs out (one timer, armed at the earliest expiry). */
+  private readonly expiry: DeadlineTimer;
+  private expiryStarted = false;
 
   constructor(readonly store: SchedulerStore, readonly discovery: Discovery, private readonly o: SchedulerCoreOptions) {
     this.picker = new Picker(o.strategy, o.random);
-    this.now = o.now ?? Date.now;
+    const clock = o.clock ?? { ...SYSTEM_CLOCK, now: o.now ?? SYSTEM_CLOCK.now };
+    this.now = () => clock.now();
     this.startedAt = this.now();
+    this.expiry = new DeadlineTimer(() => this.sweepAndNext(), (err) => this.log.warn({ err }, "sweep failed"), clock);
+  }
+
+  /**
+   * Start dropping the bindings of nodes whose reports stop: a sweep now, then one each time the
+   * earliest report runs out (a heartbeat arms its own expiry). With a store several replicas
+   * share (Redis), reports another replica writes are seen by a sweep at least every report_ttl,
+   * before any of them can run out.
+   */
+  startExpiry(): void {
+    this.expiryStarted = true;
+    this.expiry.armAt(this.now());
+  }
+
+  /** Stop the expiry timer (waits for a sweep in progress). */
+  stopExpiry(): Promise<void> {
+    return this.expiry.stop();
+  }
+
+  /** When the expiry timer fires next (unix ms), or null: for tests. */
+  get nextSweepAt(): number | null {
+    return this.expiry.armedAt;
+  }
+
+  /** Resolves when no sweep of the expiry timer is running (tests on a clock they move). */
+  sweepsSettled(): Promise<void> {
+    return this.expiry.idle();
   }
 
   /**
@@ -234,6 +268,7 @@ export class SchedulerCore {
       lastSeenUnixMs: now,
     };
     await this.store.putReport({ node, p2p: req.p2pEndpoint?.address ? req.p2pEndpoint : null, leftAtUnixMs: null });
+    if (this.expiryStarted) this.expiry.armAt(now + this.o.reportTtlMs + 1);
     if (this.droppedStale.delete(req.nodeId)) this.log.info({ nodeId: req.nodeId }, "node reports again");
     const takenAt = Math.min(req.snapshot?.reportedAtUnixMs || now, now);
     // the snapshot counts the placements made before it was taken, not those after
@@ -316,20 +351,40 @@ export class SchedulerCore {
   }
 
   /**
-   * Drop the bindings of nodes whose reports stopped (once per outage). Called periodically.
+   * Drop the bindings of nodes whose reports stopped (once per outage). Run by the expiry timer.
    * @returns the node ids handled this time.
    */
   async sweep(): Promise<string[]> {
+    return (await this.sweepReports()).handled;
+  }
+
+  /** The sweep, and when the first report it left runs out (unix ms; null: none left). */
+  private async sweepReports(): Promise<{ handled: string[]; next: number | null }> {
     const handled: string[] = [];
+    let next: number | null = null;
     for (const r of await this.store.listReports()) {
       const id = r.node.nodeId;
-      if (this.reportAgeMs(r) <= this.o.reportTtlMs || this.droppedStale.has(id)) continue;
+      if (this.droppedStale.has(id)) continue;
+      if (this.reportAgeMs(r) <= this.o.reportTtlMs) {
+        // stale from the first ms its age exceeds report_ttl
+        const at = Math.max(r.node.lastSeenUnixMs, this.startedAt) + this.o.reportTtlMs + 1;
+        next = next === null ? at : Math.min(next, at);
+        continue;
+      }
       const n = await this.store.dropNodeBindings(id);
       this.droppedStale.add(id);
       handled.push(id);
       this.log.warn({ nodeId: id, lastSeenMsAgo: this.now() - r.node.lastSeenUnixMs, bindings: n }, "node stopped reporting: unschedulable, bindings dropped");
     }
-    return handled;
+    return { handled, next };
+  }
+
+  /** The expiry timer's run: sweep, then the next time to sweep (see `startExpiry`). */
+  private async sweepAndNext(): Promise<number | null> {
+    const { next } = await this.sweepReports();
+    if (this.store.kind !== "redis") return next;
+    const shared = this.now() + this.o.reportTtlMs;
+    return next === null ? shared : Math.min(next, shared);
   }
 
   /** Peers advertising a P2P endpoint (fresh reports only). */

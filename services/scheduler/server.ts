@@ -1,6 +1,6 @@
 /**
  * Composition of a running scheduler: store (SQLite or Redis), discovery (static or
- * Kubernetes), core, the periodic sweep, and the nice-grpc server on `[scheduler] addr`.
+ * Kubernetes), core (its report expiry started), and the nice-grpc server on `[scheduler] addr`.
  */
 import { mkdirSync } from "node:fs";
 import { dirname } from "node:path";
@@ -23,7 +23,7 @@ export interface RunningScheduler {
   addr: string;
   port: number;
   core: SchedulerCore;
-  /** Stop serving (in-flight RPCs finish), stop discovery and the sweep, close the store. */
+  /** Stop serving (in-flight RPCs finish), stop report expiry and discovery, close the store. */
   close(): Promise<void>;
 }
 
@@ -76,10 +76,7 @@ export async function startScheduler(c: SchedulerConfig): Promise<RunningSchedul
     await store.close();
     throw new SchedulerError("scheduler.bad_config", `cannot listen on ${c.addr}: ${(e as Error).message}`, { addr: c.addr }, { cause: e });
   }
-  let sweeping: Promise<unknown> = Promise.resolve();
-  const timer = setInterval(() => {
-    sweeping = core.sweep().catch((err) => log.warn({ err }, "sweep failed"));
-  }, c.sweepIntervalMs);
+  core.startExpiry();
   log.info({ addr: `${host}:${bound}`, store: store.kind, discovery: discovery.mode, strategy: c.strategy, nodes: core.listNodes().map((n) => n.nodeId) }, "scheduler listening");
   let closing: Promise<void> | undefined;
   return {
@@ -88,9 +85,8 @@ export async function startScheduler(c: SchedulerConfig): Promise<RunningSchedul
     core,
     close: () =>
       (closing ??= (async () => {
-        clearInterval(timer);
         await server.shutdown();
-        await sweeping;
+        await core.stopExpiry();
         await discovery.close();
         await store.close();
       })()),

@@ -37,8 +37,6 @@ export interface NetConfig {
     maxInflight: number;
     maxAddressesPerSlot: number;
     minTtlSecs: number;
-    /** Period of the expiry scan of DNS-learned addresses. */
-    sweepIntervalMs: number;
   };
   pool: {
     low: number;
@@ -96,7 +94,6 @@ export function netConfigFromConfig(cfg: Config): NetConfig {
       maxInflight: e.dns_max_inflight,
       maxAddressesPerSlot: e.dns_max_addresses_per_slot,
       minTtlSecs: e.dns_min_ttl_secs,
-      sweepIntervalMs: e.dns_sweep_interval_ms,
     },
     pool: {
       low: cfg.pool.low_watermark,

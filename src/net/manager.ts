@@ -14,6 +14,7 @@ import type { Db } from "../db/index.ts";
 import { logger } from "../observability/log.ts";
 import { errorMessage } from "../util/error.ts";
 import { planAdoption, reapplySlot, replaceHostRules, type KeepSlot, type LostSlot } from "./adopt.ts";
+import { DeadlineTimer, SYSTEM_CLOCK, type Clock } from "../util/deadline-timer.ts";
 import type { NetConfig } from "./config.ts";
 import { DnsProxy, systemResolvers } from "./dns-proxy.ts";
 import { NetError } from "./errors.ts";
@@ -83,16 +84,20 @@ export class NetworkManager {
   /** Waits for a build or teardown to end, or for a kick (allocate, release, shutdown). */
   private readonly waiters = new Set<() => void>();
   private dns?: DnsProxy;
-  private sweeper?: ReturnType<typeof setInterval>;
-  private sweeping?: Promise<void>;
+  /** Fires when the first DNS-learned address runs out (see `closeExpiredDns`). */
+  private readonly dnsExpiry: DeadlineTimer;
   private counters = { poolHits: 0, poolMisses: 0, built: 0, destroyed: 0 };
 
   /** The settings in force; after `start()`, `dns.port` is the bound port (relevant when configured 0). */
   cfg: NetConfig;
 
-  /** @param db open node database (migrations applied). */
-  constructor(cfg: NetConfig, db: Db) {
+  /**
+   * @param db open node database (migrations applied).
+   * @param clock time of DNS-learned addresses' expiry (a test's own clock).
+   */
+  constructor(cfg: NetConfig, db: Db, private readonly clock: Clock = SYSTEM_CLOCK) {
     this.cfg = cfg;
+    this.dnsExpiry = new DeadlineTimer(() => this.closeExpiredDns(), (err) => log.warn({ err }, "closing expired DNS-learned addresses failed"), clock);
     this.store = new SlotStore(db);
     this.target = cfg.pool.low;
     for (let i = cfg.maxSlots - 1; i >= 0; i--) this.free.push(i);
@@ -117,7 +122,7 @@ export class NetworkManager {
     if (this.started) throw new NetError("net.bad_state", "NetworkManager.start() called twice", {});
     this.started = true;
     const stale = this.store.all();
-    const plan = await planAdoption(this.cfg, stale, opts.keep ?? [], (p) => this.assertEnforceable(p), Date.now());
+    const plan = await planAdoption(this.cfg, stale, opts.keep ?? [], (p) => this.assertEnforceable(p), this.clock.now());
     const reaped = await reapSlots(this.cfg, new Set(plan.adopt.map((a) => a.slot.netnsName)));
     this.store.clear();
     // kept slots are allocated before the DNS proxy answers their guests' first queries
@@ -132,6 +137,7 @@ export class NetworkManager {
       this.byNsIp.set(a.nsVethIp, a.idx);
       const live = k.dnsAllowed.filter((e) => k.policy.allowDomains.some((d) => domainMatches(d, e.qname)));
       if (live.length) this.dnsAllowed.set(a.idx, new Map(live.map((e) => [e.ip, { qname: e.qname, expiresAt: e.expiresAt }])));
+      for (const e of live) this.dnsExpiry.armAt(e.expiresAt);
       this.store.put(a.idx, a.netnsName, "allocated", a.sandboxId, a.policy);
       adopted.push(a);
     }
@@ -147,9 +153,6 @@ export class NetworkManager {
       });
       await this.dns.start();
       this.cfg = { ...this.cfg, dns: { ...this.cfg.dns, port: this.dns.port } };
-      this.sweeper = setInterval(() => {
-        if (!this.sweeping) this.sweeping = this.sweepDns().finally(() => (this.sweeping = undefined));
-      }, this.cfg.dns.sweepIntervalMs);
     }
     await enableForwarding(this.cfg);
     const chains = await replaceHostRules(this.cfg);
@@ -317,8 +320,7 @@ export class NetworkManager {
     this.closed = true;
     this.kick();
     await this.worker;
-    clearInterval(this.sweeper);
-    await this.sweeping;
+    await this.dnsExpiry.stop();
     await this.dns?.stop();
     while (this.building > 0 || this.draining > 0) await this.changed(Infinity);
     const all = [...this.pool.splice(0), ...[...this.allocated.values()].map((a) => slotLayout(this.cfg, a.idx))];
@@ -331,7 +333,7 @@ export class NetworkManager {
   }
 
   /**
-   * Stop the worker, the DNS proxy and its sweeper but leave every slot, rule and row as it is,
+   * Stop the worker, the DNS proxy and its expiry timer but leave every slot, rule and row as it is,
    * for the next node to keep (`start({ keep })`) or reap (issue 27's detach). Builds under way
    * are waited for. Idempotent; allocation afterwards throws `net.shut_down`.
    */
@@ -340,8 +342,7 @@ export class NetworkManager {
     this.closed = true;
     this.kick();
     await this.worker;
-    clearInterval(this.sweeper);
-    await this.sweeping;
+    await this.dnsExpiry.stop();
     await this.dns?.stop();
     while (this.building > 0 || this.draining > 0) await this.changed(Infinity);
   }
@@ -488,9 +489,13 @@ export class NetworkManager {
     }
   }
 
-  /** Close DNS-learned addresses whose time ran out (periodic; errors are logged, retried next time). */
-  private async sweepDns(): Promise<void> {
-    const now = Date.now();
+  /**
+   * Close DNS-learned addresses whose time ran out (run by `dnsExpiry` when the first one does;
+   * a slot whose rules fail to update is logged and tried again at the next expiry).
+   * @returns the next expiry (unix ms), or null when no address is learned.
+   */
+  private async closeExpiredDns(): Promise<number | null> {
+    const now = this.clock.now();
     for (const [idx, m] of this.dnsAllowed) {
       const a = this.allocated.get(idx);
       if (!a || ![...m.values()].some((e) => e.expiresAt <= now)) continue;
@@ -500,6 +505,17 @@ export class NetworkManager {
         log.warn({ err: e, idx }, "closing expired DNS-learned addresses failed");
       }
     }
+    return this.nextDnsExpiry();
+  }
+
+  /** The earliest expiry of a DNS-learned address of an allocated slot (unix ms), or null. */
+  private nextDnsExpiry(): number | null {
+    let next: number | null = null;
+    for (const [idx, m] of this.dnsAllowed) {
+      if (!this.allocated.has(idx)) continue;
+      for (const e of m.values()) if (next === null || e.expiresAt < next) next = e.expiresAt;
+    }
+    return next;
   }
 
   private liveDnsAddrs(idx: number): string[] {
@@ -510,7 +526,7 @@ export class NetworkManager {
   private liveDnsEntries(idx: number): DnsAllowed[] {
     const m = this.dnsAllowed.get(idx);
     if (!m) return [];
-    const now = Date.now();
+    const now = this.clock.now();
     for (const [ip, e] of m) if (e.expiresAt <= now) m.delete(ip);
     return [...m.entries()].map(([ip, e]) => ({ ip, qname: e.qname, expiresAt: e.expiresAt })).sort((x, y) => (x.ip < y.ip ? -1 : x.ip > y.ip ? 1 : 0));
   }
@@ -524,10 +540,12 @@ export class NetworkManager {
       let m = this.dnsAllowed.get(a.idx);
       if (!m) this.dnsAllowed.set(a.idx, (m = new Map()));
       const before = this.liveDnsAddrs(a.idx).join(",");
-      const now = Date.now();
+      const now = this.clock.now();
       for (const { ip, ttl } of addrs) {
         m.delete(ip); // re-insert so Map order is by last refresh
-        m.set(ip, { qname, expiresAt: now + Math.max(ttl, this.cfg.dns.minTtlSecs) * 1000 });
+        const expiresAt = now + Math.max(ttl, this.cfg.dns.minTtlSecs) * 1000;
+        m.set(ip, { qname, expiresAt });
+        this.dnsExpiry.armAt(expiresAt);
       }
       while (m.size > this.cfg.dns.maxAddressesPerSlot) m.delete(m.keys().next().value!);
       const after = this.liveDnsEntries(a.idx);

@@ -116,7 +116,7 @@ export class World {
         command_timeout_ms: 10000,
         enable_ip_forward: true,
         internal: { host_interaction_cidr: "169.254.64.0/24", veth_cidr: "169.254.128.0/24" },
-        egress: { default_action: "deny", dns_proxy_enabled: true, dns_proxy_port: 0, dns_upstream: ["169.254.200.2:53"], dns_timeout_ms: 1000, dns_min_ttl_secs: 0, dns_sweep_interval_ms: 200 },
+        egress: { default_action: "deny", dns_proxy_enabled: true, dns_proxy_port: 0, dns_upstream: ["169.254.200.2:53"], dns_timeout_ms: 1000, dns_min_ttl_secs: 0 },
       },
       pool: { low_watermark: 1, high_watermark: 2, network: { maintenance_enabled: true, retry_backoff_ms: 100 } },
     };

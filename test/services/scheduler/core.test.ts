@@ -5,6 +5,7 @@
 import { describe, expect, test } from "bun:test";
 import { NodeStatus, SandboxEventType } from "../../../src/cluster/index.ts";
 import { SchedulerCore, SqliteStore, StaticDiscovery, type SchedulerCoreOptions } from "../../../services/scheduler/index.ts";
+import { FakeClock } from "../../helpers/clock.ts";
 import { beat } from "../helpers.ts";
 
 function world(o: Partial<SchedulerCoreOptions> = {}, nodes = ["a=http://10.0.0.1:8000", "b=http://10.0.0.2:8000", "c=http://10.0.0.3:8000"], clock = { t: 1_000_000 }, store = new SqliteStore(":memory:")) {
@@ -225,6 +226,36 @@ describe("nodes", () => {
     expect(await store.nodeBindings("a")).toEqual([]);
     expect((await core.lookup("s3")).nodeId).toBe("b");
     expect(await core.sweep()).toEqual([]);
+  });
+
+  test("report expiry is one timer armed at the earliest report's end: a stale node is dropped at that moment, never before, and nothing fires while no report can run out", async () => {
+    const clock = new FakeClock(1_000_000);
+    const t0 = clock.t;
+    const { core, store } = world({ clock }, undefined, clock);
+    core.startExpiry();
+    clock.advance(0);
+    await core.sweepsSettled();
+    // no report: nothing armed (SQLite: no other replica writes reports)
+    expect([core.nextSweepAt, clock.pending]).toEqual([null, []]);
+    await core.heartbeat(beat("a", ["s1"]));
+    clock.advance(5000);
+    await core.heartbeat(beat("b", ["s2"]));
+    expect(core.nextSweepAt).toBe(t0 + 10_001);
+    clock.advance(5000); // a's report is exactly report_ttl old: still fresh
+    await core.sweepsSettled();
+    expect(await store.nodeBindings("a")).toEqual(["s1"]);
+    clock.advance(1);
+    await core.sweepsSettled();
+    expect(await store.nodeBindings("a")).toEqual([]);
+    // next: b's report end; b reports again before it, so that firing only moves the timer on
+    expect(core.nextSweepAt).toBe(t0 + 15_001);
+    clock.advance(2000);
+    await core.heartbeat(beat("b", ["s2"]));
+    clock.advance(3000);
+    await core.sweepsSettled();
+    expect([core.nextSweepAt, await store.nodeBindings("b")]).toEqual([t0 + 22_002, ["s2"]]);
+    await core.stopExpiry();
+    expect(clock.pending).toEqual([]);
   });
 
   test("a restarted scheduler counts saved reports from its own start: a minute of downtime drops no binding", async () => {

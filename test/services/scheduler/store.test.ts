@@ -6,11 +6,12 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { mkdtempSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import { NodeStatus } from "../../../src/cluster/index.ts";
-import { RedisStore, SqliteStore, type SchedulerStore } from "../../../services/scheduler/index.ts";
+import { RedisStore, SchedulerCore, SqliteStore, StaticDiscovery, type SchedulerStore } from "../../../services/scheduler/index.ts";
+import { FakeClock } from "../../helpers/clock.ts";
 import { RedisClient } from "bun";
 import { openDb } from "../../../src/db/index.ts";
 import { SCHEDULER_MIGRATIONS } from "../../../services/scheduler/store/migrations/index.ts";
-import { startRedis, type TestRedis } from "../helpers.ts";
+import { beat, startRedis, type TestRedis } from "../helpers.ts";
 
 let redis: TestRedis;
 const dir = mkdtempSync("/tmp/aenv-sched-store-");
@@ -172,5 +173,38 @@ test("redis: an unreachable server is a store_failed error naming it (password r
     expect(e.message).not.toContain("secret");
   } finally {
     await s.close();
+  }
+});
+
+test("redis (shared by replicas): report expiry scans at least every report_ttl, so a report another replica wrote is dropped when it runs out", async () => {
+  const clock = new FakeClock(5_000_000);
+  const prefix = `exp${Math.random().toString(36).slice(2, 8)}:`;
+  const mine = new RedisStore(redis.url, prefix, 3000);
+  const other = new RedisStore(redis.url, prefix, 3000);
+  const core = new SchedulerCore(mine, new StaticDiscovery(["a=http://10.0.0.1:8000"]), { strategy: "round_robin", bindingTtlMs: 30_000, reportTtlMs: 10_000, maxP2pArtifacts: 10, clock });
+  const replica = new SchedulerCore(other, new StaticDiscovery(["a=http://10.0.0.1:8000"]), { strategy: "round_robin", bindingTtlMs: 30_000, reportTtlMs: 10_000, maxP2pArtifacts: 10, clock });
+  try {
+    core.startExpiry();
+    clock.advance(0);
+    await core.sweepsSettled();
+    // nothing to run out here, but another replica may write a report: the next scan is report_ttl away
+    expect(core.nextSweepAt).toBe(clock.t + 10_000);
+    clock.advance(3000);
+    await replica.heartbeat(beat("a", ["r1"]));
+    clock.advance(7000);
+    await core.sweepsSettled();
+    // that scan saw the report and armed its end
+    expect(core.nextSweepAt).toBe(clock.t - 7000 + 10_001);
+    clock.advance(3000);
+    await core.sweepsSettled();
+    expect(clock.t).toBe(5_000_000 + 13_000);
+    expect(await mine.nodeBindings("a")).toEqual(["r1"]);
+    clock.advance(1);
+    await core.sweepsSettled();
+    expect(await mine.nodeBindings("a")).toEqual([]);
+  } finally {
+    await core.stopExpiry();
+    await mine.close();
+    await other.close();
   }
 });
