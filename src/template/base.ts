@@ -143,7 +143,7 @@ export async function buildBase(opts: BaseBuildOptions): Promise<BaseBuildResult
   const tools = await buildTools({ homePath: opts.homePath, ...opts.tools, onProgress: (phase, detail) => opts.onProgress?.(`tools ${phase}`, detail) });
   // one template build per host at a time: builds share the mmdebstrap cache tree
   const r = await withBuildLock(join(opts.homePath, "templates", ".build.lock"), 1_800_000, () => buildBaseLocked(opts), (pid) =>
-    opts.onProgress?.("waiting", `another template build (pid ${pid})`),
+    opts.onProgress?.("waiting", `another template build (pid ${pid ?? "unknown"})`),
   );
   return { ...r, tools: tools.image };
 }

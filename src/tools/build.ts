@@ -179,7 +179,7 @@ export function resolveTools(homePath: string): ToolsImage {
  */
 export async function buildTools(opts: ToolsBuildOptions): Promise<{ image: ToolsImage; built: boolean }> {
   const root = join(opts.homePath, "tools");
-  return await withBuildLock(join(root, ".build.lock"), 1_800_000, () => buildLocked(opts), (pid) => opts.onProgress?.("waiting", `another tools build (pid ${pid})`));
+  return await withBuildLock(join(root, ".build.lock"), 1_800_000, () => buildLocked(opts), (pid) => opts.onProgress?.("waiting", `another tools build (pid ${pid ?? "unknown"})`));
 }
 
 async function buildLocked(opts: ToolsBuildOptions): Promise<{ image: ToolsImage; built: boolean }> {

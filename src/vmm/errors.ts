@@ -24,7 +24,7 @@ export const VMM_ERRORS = {
   "vmm.kernel_source_missing": "the kernel source tarball is not installed (details.path)",
   "vmm.kernel_config_mismatch": "the built kernel config lacks options the fragment asks for",
   "vmm.kernel_build_failed": "make failed while building the guest kernel (details: output tail)",
-  "vmm.build_locked": "another process holds the kernel build lock",
+  "vmm.build_locked": "another process holds a build lock (kernel, tools drive, base template) past the wait (details.pid when known), or the wait could not run (details.reason)",
 } as const satisfies ErrorTable;
 /** A VmmError code. */
 export type VmmErrorCode = keyof typeof VMM_ERRORS;
