@@ -7,6 +7,7 @@
  */
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { api, createLoopback, startNodeNoVm, type TestNode } from "./helpers.ts";
+import { waitFor } from "../helpers/wait.ts";
 
 let node: TestNode;
 
@@ -57,7 +58,7 @@ test("pause {memory:false} keeps only the disk; connect cold-boots it; memory pa
 test("the timeout's pause follows autoPauseMemory; autoPauseMemory:false with autoResume is a 400", async () => {
   const a = await createLoopback(node, { autoPause: true, autoPauseMemory: false, timeoutSecs: 1 });
   const b = await createLoopback(node, { autoPause: true, timeoutSecs: 1 });
-  for (let i = 0; i < 500 && ![a.id, b.id].every((id) => node.orch.get(id).state === "paused"); i++) await Bun.sleep(20);
+  await waitFor("both timeouts' pauses", () => [a.id, b.id].every((id) => node.orch.get(id).state === "paused"));
   expect(node.orch.get(a.id).snapshotKind).toBe("filesystem");
   expect(node.orch.get(b.id).snapshotKind).toBe("memory");
   expect(callsOf(a.id)).toEqual([`quiesce:${a.id}`, `pause:${a.id}:fs`]);

@@ -16,6 +16,7 @@ import { fileSignature } from "../../src/envd/signature.ts";
 import type { GuestFetch } from "../helpers/loopback-runtime.ts";
 import { initEnvd, startEnvdChild, type EnvdChild } from "../envd/harness.ts";
 import { createLoopback, startNodeNoVm, type TestNode } from "./helpers.ts";
+import { waitEvent, waitFor } from "../helpers/wait.ts";
 
 let node: TestNode;
 let ID = "";
@@ -227,7 +228,7 @@ test("WebSocket: text and binary frames both ways, close code passes through", a
   await new Promise((r) => (ws.onopen = r));
   ws.send("hi");
   ws.send(new Uint8Array([1, 2, 3]));
-  while (got.length < 2) await Bun.sleep(5);
+  await waitFor("both echoes", () => got.length >= 2);
   ws.send("close-me");
   expect(await closed).toEqual({ code: 4001, reason: "bye" });
   expect(got).toEqual(["echo:hi", [3, 2, 1]]);
@@ -554,7 +555,8 @@ test("connect_timeout_ms still bounds connecting for a request with a body: a PO
     const reader = py.stdout.getReader();
     const port = Number(new TextDecoder().decode((await reader.read()).value).trim());
     for (let i = 0; i < 2; i++) fill.push(connect(port, host));
-    await Bun.sleep(200);
+    // one handshake completes (the accept queue of backlog 0 holds one): the queue is full from then on
+    await waitEvent("the accept queue to fill", Promise.race(fill.map((f) => new Promise((r) => f.once("connect", r)))));
     const body = new ReadableStream<Uint8Array>({
       pull(c) {
         c.enqueue(new Uint8Array(1024));

@@ -5,6 +5,7 @@ import { writeManifest } from "../../src/template/index.ts";
 import { SandboxStore } from "../../src/orchestrator/store.ts";
 import { Sandbox } from "e2b";
 import { api, createLoopback, startNodeNoVm, type TestNode } from "./helpers.ts";
+import { waitFor } from "../helpers/wait.ts";
 
 let node: TestNode;
 
@@ -206,7 +207,7 @@ test("list: state and metadata filters (SDK double encoding), order, pagination 
   for (let i = 0; i < 7; i++) {
     // one per millisecond at least: list order is by start time
     const t = Date.now();
-    while (Date.now() === t) await Bun.sleep(1);
+    await waitFor("the clock to move on", () => Date.now() !== t);
     ids.push((await createLoopback(node, { metadata: { user: i % 2 ? "a b" : "c&d=e", idx: String(i) } })).id);
   }
   const [list0, list1, list2, list3, list4, list5, list6] = ids as [string, string, string, string, string, string, string];

@@ -8,6 +8,7 @@ import { api, createLoopback, startNodeNoVm, type TestNode } from "./helpers.ts"
 import type { GuestFetch } from "../helpers/loopback-runtime.ts";
 import { consoleLogLine } from "../../src/sandbox/console-lines.ts";
 import { splitUtf8 } from "../../src/orchestrator/logs.ts";
+import { waitFor } from "../helpers/wait.ts";
 
 let node: TestNode;
 let envdCalls = 0;
@@ -41,15 +42,6 @@ afterAll(async () => {
 
 async function json(res: Response): Promise<{ status: number; body: any }> {
   return { status: res.status, body: await res.json() };
-}
-
-async function waitFor<T>(what: string, f: () => Promise<T | undefined>): Promise<T> {
-  for (let i = 0; i < 200; i++) {
-    const v = await f();
-    if (v !== undefined) return v;
-    await Bun.sleep(50);
-  }
-  throw new Error(`timed out waiting for ${what}`);
 }
 
 test("metrics: sampled from envd with the sandbox's token; GET by interval, several at once, Prometheus gauges", async () => {
@@ -92,10 +84,14 @@ test("metrics: sampled from envd with the sandbox's token; GET by interval, seve
 
   // paused: no new samples, the history stays; killed: gone (404)
   await node.orch.pause(metr1);
-  const calls = envdCalls;
+  const callsOf = (token: string | null | undefined) => seenTokens.filter((t) => t === token).length;
+  const calls = callsOf(rec.envdAccessToken);
   const kept = (await json(await api(node, `/sandboxes/${metr1}/metrics`))).body.length;
-  await Bun.sleep(350);
-  expect(envdCalls).toBe(calls);
+  // another running sandbox sampled twice: the sampler has made a whole round since the pause
+  const other = await createLoopback(node);
+  await waitFor("two samples of another sandbox", () => callsOf(other.envdAccessToken) >= 2);
+  await node.orch.kill(other.id);
+  expect(callsOf(rec.envdAccessToken)).toBe(calls);
   expect((await json(await api(node, `/sandboxes/${metr1}/metrics`))).body.length).toBe(kept);
   expect(await (await api(node, "/metrics", { key: null })).text()).not.toContain(metr1);
   await node.orch.kill(metr1);

@@ -15,6 +15,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { pushImage, registryBlobPath, startRegistry } from "../image/registry.ts";
 import { api, startNodeNoVm, testPrefix, type TestNode } from "./helpers.ts";
+import { waitFor } from "../helpers/wait.ts";
 
 const MAX_UPLOAD = 4 * 1048576;
 let node: TestNode;
@@ -48,13 +49,12 @@ function silentRegistry() {
 const J = async (p: Promise<Response> | Response): Promise<any> => (await p).json();
 const json = (body: unknown) => ({ method: "POST", body: JSON.stringify(body) });
 
-async function waitStatus(tid: string, bid: string, want: string[]): Promise<any> {
-  for (let i = 0; i < 600; i++) {
+/** The status of build `bid` once it is one of `want` (polled; at most 30 s). */
+function waitStatus(tid: string, bid: string, want: string[]): Promise<any> {
+  return waitFor(`build ${bid} to reach ${want.join(" or ")}`, async () => {
     const s = await J(api(node, `/templates/${tid}/builds/${bid}/status`));
-    if (want.includes(s.status)) return s;
-    await Bun.sleep(50);
-  }
-  throw new Error(`build ${bid} never reached ${want}`);
+    return want.includes(s.status) && s;
+  }, { timeoutMs: 30_000 });
 }
 
 test("POST /v3/templates registers a build; the same name keeps its templateID with a new buildID", async () => {
@@ -375,7 +375,7 @@ test("a node killed (SIGKILL) mid-build: at the next start the running and the q
     const queued = await call("/v3/templates", { name: "queued" });
     const registered = await call("/v3/templates", { name: "registered" });
     await call(`/v2/templates/${running.templateID}/builds/${running.buildID}`, { fromImage: `127.0.0.1:${silent.port}/x/y:v1` });
-    for (let i = 0; i < 600 && (await call(`/templates/${running.templateID}/builds/${running.buildID}/status`)).status !== "building"; i++) await Bun.sleep(20);
+    await waitFor("the running build to start", async () => (await call(`/templates/${running.templateID}/builds/${running.buildID}/status`)).status === "building", { timeoutMs: 12_000 });
     await call(`/v2/templates/${queued.templateID}/builds/${queued.buildID}`, { fromTemplate: "base", steps: [{ type: "ENV", args: ["A", "1"] }] });
     expect((await call(`/templates/${queued.templateID}/builds/${queued.buildID}/status`)).status).toBe("waiting");
     const skopeo = () => Bun.spawnSync(["pgrep", "-f", `skopeo inspect .*127.0.0.1:${silent.port}/`], { stdout: "pipe" }).stdout.toString().trim();
@@ -383,8 +383,7 @@ test("a node killed (SIGKILL) mid-build: at the next start the running and the q
     child.kill("SIGKILL");
     await child.exited;
     // the node's skopeo dies with it (parent-death signal), nothing hangs on the dead registry
-    for (let i = 0; i < 200 && skopeo() !== ""; i++) await Bun.sleep(20);
-    expect(skopeo()).toBe("");
+    await waitFor("the node's skopeo to die", () => skopeo() === "", { timeoutMs: 4000 });
     again = await startNodeNoVm({ AENV__network__name_prefix: prefix }, home);
     const status = async (r: any) => J(api(again!, `/templates/${r.templateID}/builds/${r.buildID}/status`));
     expect((await status(running)).status).toBe("error");
@@ -441,7 +440,7 @@ test("create of name:tag boots the tagged build; name alone the default tag's; a
     const build = async (name: string, v: string) => {
       const r = await J(api(n, "/v3/templates", json({ name })));
       await api(n, `/v2/templates/${r.templateID}/builds/${r.buildID}`, json({ fromTemplate: "base", steps: [{ type: "ENV", args: ["V", v] }] }));
-      for (let i = 0; i < 600 && (await J(api(n, `/templates/${r.templateID}/builds/${r.buildID}/status`))).status !== "ready"; i++) await Bun.sleep(20);
+      await waitFor(`build ${r.buildID} ready`, async () => (await J(api(n, `/templates/${r.templateID}/builds/${r.buildID}/status`))).status === "ready", { timeoutMs: 12_000 });
       return r;
     };
     const one = await build("pinned:one", "1");

@@ -12,6 +12,7 @@ import { join } from "node:path";
 import { Volume, VolumePathNotFoundError } from "e2b";
 import { listMounts } from "../../src/ffi/mount.ts";
 import { api, createLoopback, startNodeNoVm, type TestNode } from "./helpers.ts";
+import { waitFor } from "../helpers/wait.ts";
 
 let node: TestNode;
 
@@ -104,8 +105,7 @@ test("the SDK's Volume content API on a volume no sandbox holds (host mount, clo
 
   // the node's mount is closed once idle (200 ms in these tests), and the data is on the volume's disk
   const hostDir = join(node.home, "run", "volumes", vol.volumeId);
-  for (let i = 0; i < 100 && mountsUnder(hostDir).length > 0; i++) await Bun.sleep(50);
-  expect(mountsUnder(hostDir)).toEqual([]);
+  await waitFor("the idle volume mount to close", () => mountsUnder(hostDir).length === 0, { timeoutMs: 5000 });
   expect(await vol.readFile("/data/hello.txt")).toBe("hello from the SDK");
   expect(readFileSync(join(node.home, "volumes", vol.volumeId, "upper", "upper.data")).length).toBeGreaterThan(6 << 20);
 });

@@ -8,7 +8,8 @@ import { join } from "node:path";
 import { Sandbox } from "e2b";
 import { ENVD_VERSION } from "../../src/envd/version.ts";
 import { compileEntrypoints } from "../../src/bundle.ts";
-import { ensureUserAccount, initEnvd, ROOT, startEnvdChild, waitFor, type EnvdChild } from "./harness.ts";
+import { ensureUserAccount, initEnvd, ROOT, startEnvdChild, type EnvdChild } from "./harness.ts";
+import { waitFor } from "../helpers/wait.ts";
 
 let tmp: string;
 let bin: string;
@@ -40,7 +41,7 @@ test("compiled `agentenv envd` serves commands, PTY and files to the SDK", async
   let out = "";
   const h = await sbx.pty.create({ cols: 70, rows: 11, onData: (d) => void (out += new TextDecoder().decode(d)) });
   await sbx.pty.sendInput(h.pid, new TextEncoder().encode("stty size\n"));
-  expect(await waitFor(() => out.includes("11 70"))).toBe(true);
+  await waitFor("out.includes(\"11 70\")", () => out.includes("11 70"));
   expect(await sbx.pty.kill(h.pid)).toBe(true);
   await sbx.files.write("/tmp/envd-bin-probe.txt", "via binary");
   expect(await sbx.files.read("/tmp/envd-bin-probe.txt")).toBe("via binary");

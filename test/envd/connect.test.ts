@@ -13,7 +13,8 @@ import { createConnectTransport } from "@connectrpc/connect-node";
 import { EventType, FileType, Filesystem } from "../../src/envd/gen/filesystem_pb.ts";
 import { ConnectRequestSchema, Process, Signal, StreamInputRequestSchema } from "../../src/envd/gen/process_pb.ts";
 import { envelope as envelopeOf } from "../../src/envd/connect-stream.ts";
-import { initEnvd, procState, startEnvdChild, waitFor, type EnvdChild } from "./harness.ts";
+import { initEnvd, procState, startEnvdChild, type EnvdChild } from "./harness.ts";
+import { waitFor } from "../helpers/wait.ts";
 
 const TOKEN = "connect-test-token-0123456789";
 let envd: EnvdChild;
@@ -137,6 +138,9 @@ describe("process over binary Connect", () => {
     writeFileSync(join(work, "out.bin"), want);
     // the output starts only once the other two streams are attached (the file "go" appears)
     const script = "while [ ! -e go ]; do sleep 0.02; done; cat out.bin";
+    let gone!: () => void;
+    /** Resolves when the leaver (below) has disconnected. */
+    const leaverGone = new Promise<void>((r) => (gone = r));
     const collect = async (it: AsyncIterable<{ event?: { event: { case?: string; value?: unknown } } }>, slow: boolean, onStart?: (pid: number) => void) => {
       const chunks: Uint8Array[] = [];
       const kinds: string[] = [];
@@ -150,7 +154,7 @@ describe("process over binary Connect", () => {
         // the slow reader lags behind: its queue holds reads the fast one already sent; and it
         // pauses while the leaver goes away, so both queues hold the same reads then
         if (slow && ++n % 16 === 0) await Bun.sleep(5);
-        if (slow && n === 8) await Bun.sleep(1500);
+        if (slow && n === 8) await leaverGone;
       }
       return { bytes: Buffer.concat(chunks), kinds };
     };
@@ -176,6 +180,7 @@ describe("process over binary Connect", () => {
           setTimeout(() => {
             sock.destroy();
             resolve(Buffer.byteLength(d));
+            gone();
           }, 1000);
         });
       });
@@ -253,8 +258,6 @@ describe("process over binary Connect", () => {
     await it.next(); // some output arrived
     ac.abort();
     expect(await codeOf(it.next())).toBe(Code.Canceled);
-    await Bun.sleep(300);
-    expect(procState(pid)).toMatch(/^[RSD]$/); // alive, not a zombie
     const listed = await proc.list({});
     expect(listed.processes.find((p) => p.pid === pid)?.tag).toBe("ticker");
 
@@ -268,8 +271,10 @@ describe("process over binary Connect", () => {
       if (text.includes("\n") && /tick\d+\n/.test(text)) break;
     }
     expect(text).toMatch(/tick\d+\n/);
+    // it wrote after the client went away: the disconnect left it running (alive, not a zombie)
+    expect(procState(pid)).toMatch(/^[RSD]$/);
     await proc.sendSignal({ process: { selector: { case: "pid", value: pid } }, signal: Signal.SIGKILL });
-    expect(await waitFor(() => procState(pid) === undefined)).toBe(true);
+    await waitFor("procState(pid) === undefined", () => procState(pid) === undefined);
     // within the retention window Connect still returns start + the recorded end
     const late = [];
     for await (const r of proc.connect({ process: { selector: { case: "pid", value: pid } } })) late.push(r.event!.event.case);
@@ -293,7 +298,7 @@ describe("process over binary Connect", () => {
       if (ev.case === "end") expect(ev.value.exitCode).toBe(0);
     }
     expect(kinds.at(-1)).toBe("end");
-    expect(await waitFor(() => procState(pid) === undefined)).toBe(true);
+    await waitFor("procState(pid) === undefined", () => procState(pid) === undefined);
   }, 30_000);
 
   test("idle PTYs do not starve other work (no blocking reads on pool threads)", async () => {
@@ -337,7 +342,7 @@ describe("process over binary Connect", () => {
     const pid = (first.value.event.event.value as { pid: number }).pid;
     const code = await codeOf((async () => { for await (const _ of it); })());
     expect([Code.DeadlineExceeded, "ok"]).toContain(code);
-    expect(await waitFor(() => procState(pid) === undefined, 3000)).toBe(true);
+    await waitFor("procState(pid) === undefined", () => procState(pid) === undefined, { timeoutMs: 3000 });
   });
 
   test("PTY: input, resize via Update, Ctrl-D ends the shell", async () => {
@@ -353,10 +358,10 @@ describe("process over binary Connect", () => {
     })();
     const send = (s: string) => proc.sendInput({ process: { selector: { case: "pid", value: pid } }, input: { input: { case: "pty", value: new TextEncoder().encode(s) } } });
     await send("stty size\n");
-    expect(await waitFor(() => screen.includes("7 50"))).toBe(true);
+    await waitFor("screen.includes(\"7 50\")", () => screen.includes("7 50"));
     await proc.update({ process: { selector: { case: "pid", value: pid } }, pty: { size: { cols: 91, rows: 33 } } });
     await send("stty size\n");
-    expect(await waitFor(() => screen.includes("33 91"))).toBe(true);
+    await waitFor("screen.includes(\"33 91\")", () => screen.includes("33 91"));
     expect(await codeOf(proc.closeStdin({ process: { selector: { case: "pid", value: pid } } }))).toBe(Code.Unknown);
     expect(await codeOf(proc.sendInput({ process: { selector: { case: "pid", value: pid } }, input: {} }))).toBe(Code.Unimplemented);
     await send("\x04");
@@ -457,11 +462,14 @@ describe("filesystem over binary Connect", () => {
     renameSync(join(w, "p.txt"), join(w, "q.txt"));
     chmodSync(join(w, "q.txt"), 0o600);
     rmSync(join(w, "q.txt"));
-    await Bun.sleep(200);
+    // each call hands over the events since the last one: collect until the last operation's
+    const seen: [string, EventType][] = [];
+    await waitFor("the watcher's REMOVE of q.txt", async () => {
+      seen.push(...(await fsc.getWatcherEvents({ watcherId })).events.map((e): [string, EventType] => [e.name, e.type]));
+      return seen.some(([n, t]) => n === "q.txt" && t === EventType.REMOVE);
+    });
     // one write(2) may raise IN_MODIFY more than once (truncate + write): collapse repeats
-    const evs = (await fsc.getWatcherEvents({ watcherId })).events
-      .map((e) => [e.name, e.type])
-      .filter((e, i, all) => i === 0 || JSON.stringify(e) !== JSON.stringify(all[i - 1]));
+    const evs = seen.filter((e, i, all) => i === 0 || JSON.stringify(e) !== JSON.stringify(all[i - 1]));
     expect(evs).toEqual([
       ["p.txt", EventType.CREATE],
       ["p.txt", EventType.WRITE],
@@ -754,14 +762,14 @@ describe("/files/compose", () => {
 describe("PTY start errors", () => {
   test("a missing program on a PTY is invalid_argument and leaks no fds", async () => {
     const fds = () => require("node:fs").readdirSync(`/proc/${envd.proc.pid}/fd`).length;
-    await codeOf(gen(proc.start({ process: { cmd: "/bin/true" }, pty: { size: { cols: 10, rows: 5 } } })).next());
-    await Bun.sleep(200);
+    // a warm-up PTY session, read to its end (its fds are closed by then)
+    for await (const _ of proc.start({ process: { cmd: "/bin/true" }, pty: { size: { cols: 10, rows: 5 } } }));
     const before = fds();
     for (let i = 0; i < 5; i++) {
       expect(await codeOf(gen(proc.start({ process: { cmd: "/no/such/shell" }, pty: { size: { cols: 10, rows: 5 } } })).next())).toBe(Code.InvalidArgument);
     }
     // other streams of earlier tests may still be closing: wait for the count to settle
-    expect(await waitFor(() => fds() <= before, 3000)).toBe(true);
+    await waitFor("fds() <= before", () => fds() <= before, { timeoutMs: 3000 });
   });
 
   test("finished PTY sessions, commands and watches release their fds", async () => {
@@ -777,6 +785,6 @@ describe("PTY start errors", () => {
       ac.abort();
       await codeOf(w.next());
     }
-    expect(await waitFor(() => fds() <= before + 2, 3000)).toBe(true);
+    await waitFor("fds() <= before + 2", () => fds() <= before + 2, { timeoutMs: 3000 });
   }, 30_000);
 });

@@ -96,12 +96,3 @@ export function procState(pid: number): string | undefined {
   }
 }
 
-/** Poll `cond` every 20 ms until true or `ms` elapse. */
-export async function waitFor(cond: () => boolean | Promise<boolean>, ms = 5000): Promise<boolean> {
-  const end = Date.now() + ms;
-  while (Date.now() < end) {
-    if (await cond()) return true;
-    await Bun.sleep(20);
-  }
-  return cond();
-}

@@ -3,7 +3,8 @@
  * processes it started (no orphans left running). Real envd child, real processes.
  */
 import { expect, test } from "bun:test";
-import { ensureUserAccount, initEnvd, procState, startEnvdChild, waitFor } from "./harness.ts";
+import { ensureUserAccount, initEnvd, procState, startEnvdChild } from "./harness.ts";
+import { waitFor } from "../helpers/wait.ts";
 
 test("SIGTERM stops envd and takes its processes with it", async () => {
   const envd = await startEnvdChild();
@@ -36,7 +37,7 @@ test("SIGTERM stops envd and takes its processes with it", async () => {
     }
     envd.proc.kill("SIGTERM");
     expect(await envd.proc.exited).toBe(0);
-    for (const pid of pids) expect(await waitFor(() => procState(pid) === undefined, 3000)).toBe(true);
+    for (const pid of pids) await waitFor("procState(pid) === undefined", () => procState(pid) === undefined, { timeoutMs: 3000 });
   } finally {
     if (envd.proc.exitCode === null) await envd.stop();
   }

@@ -20,7 +20,8 @@ import {
   SandboxError,
 } from "e2b";
 import { ENVD_VERSION } from "../../src/envd/version.ts";
-import { ensureUserAccount, initEnvd, procState, startEnvdChild, waitFor, type EnvdChild } from "./harness.ts";
+import { ensureUserAccount, initEnvd, procState, startEnvdChild, type EnvdChild } from "./harness.ts";
+import { waitFor } from "../helpers/wait.ts";
 
 const TOKEN = "a".repeat(24) + "0123456789abcdef";
 /** Most envd RSS growth (MiB) during a bulk output once envd has streamed one (see the large output test). */
@@ -204,7 +205,7 @@ describe("commands", () => {
     expect(err.exitCode).toBe(-1);
     expect(err.error).toBe("signal: killed");
     // reaped: no zombie left behind
-    expect(await waitFor(() => procState(h.pid) === undefined)).toBe(true);
+    await waitFor("procState(h.pid) === undefined", () => procState(h.pid) === undefined);
     expect((await sbx.commands.list()).some((p) => p.pid === h.pid)).toBe(false);
     expect(await sbx.commands.kill(h.pid)).toBe(false);
   });
@@ -240,15 +241,15 @@ describe("pty", () => {
     const h = await sbx.pty.create({ cols: 80, rows: 24, onData: (d) => void (out += dec.decode(d, { stream: true })) });
     const enc = new TextEncoder();
     await sbx.pty.sendInput(h.pid, enc.encode("stty size; tty; echo $TERM\n"));
-    expect(await waitFor(() => /24 80\r\n\/dev\/pts\/\d+\r\nxterm-256color/.test(out))).toBe(true);
+    await waitFor("/24 80\\r\\n\\/dev\\/pts\\/\\d+\\r\\nxterm-256color/.test(out)", () => /24 80\r\n\/dev\/pts\/\d+\r\nxterm-256color/.test(out));
     await sbx.pty.resize(h.pid, { cols: 132, rows: 40 });
     await sbx.pty.sendInput(h.pid, enc.encode("stty size; id -un\n"));
-    expect(await waitFor(() => /40 132\r\nuser\r\n/.test(out))).toBe(true);
+    await waitFor("/40 132\\r\\nuser\\r\\n/.test(out)", () => /40 132\r\nuser\r\n/.test(out));
     expect(await sbx.pty.kill(h.pid)).toBe(true);
     const err = await h.wait().catch((e) => e);
     expect(err).toBeInstanceOf(CommandExitError);
     expect(err.exitCode).toBe(-1);
-    expect(await waitFor(() => procState(h.pid) === undefined)).toBe(true);
+    await waitFor("procState(h.pid) === undefined", () => procState(h.pid) === undefined);
   }, 30_000);
 
   test("pty.connect re-attaches to a running PTY after disconnect", async () => {
@@ -257,7 +258,7 @@ describe("pty", () => {
     let out = "";
     const again = await sbx.pty.connect(h.pid, { onData: (d) => void (out += new TextDecoder().decode(d)) });
     await sbx.pty.sendInput(h.pid, new TextEncoder().encode("echo reattached-$((6*7))\n"));
-    expect(await waitFor(() => out.includes("reattached-42"))).toBe(true);
+    await waitFor("out.includes(\"reattached-42\")", () => out.includes("reattached-42"));
     await sbx.pty.sendInput(h.pid, new TextEncoder().encode("exit 3\n"));
     const err = await again.wait().catch((e) => e);
     expect(err).toBeInstanceOf(CommandExitError);
@@ -494,18 +495,18 @@ describe("files", () => {
     const events: { name: string; type: string }[] = [];
     const handle = await sbx.files.watchDir(wdir, (ev) => void events.push({ name: ev.name, type: ev.type }));
     await sbx.files.write(join(wdir, "new.txt"), "x");
-    expect(await waitFor(() => events.some((e) => e.name === "new.txt" && e.type === FilesystemEventType.CREATE))).toBe(true);
+    await waitFor("events.some((e) => e.name === \"new.txt\" && e.type === FilesystemEventType.CREATE)", () => events.some((e) => e.name === "new.txt" && e.type === FilesystemEventType.CREATE));
     await sbx.files.write(join(wdir, "new.txt"), "more");
-    expect(await waitFor(() => events.some((e) => e.name === "new.txt" && e.type === FilesystemEventType.WRITE))).toBe(true);
+    await waitFor("events.some((e) => e.name === \"new.txt\" && e.type === FilesystemEventType.WRITE)", () => events.some((e) => e.name === "new.txt" && e.type === FilesystemEventType.WRITE));
     await sbx.files.remove(join(wdir, "new.txt"));
-    expect(await waitFor(() => events.some((e) => e.name === "new.txt" && e.type === FilesystemEventType.REMOVE))).toBe(true);
+    await waitFor("events.some((e) => e.name === \"new.txt\" && e.type === FilesystemEventType.REMOVE)", () => events.some((e) => e.name === "new.txt" && e.type === FilesystemEventType.REMOVE));
     await handle.stop();
     const withEntry: { name: string; type: string; size?: number }[] = [];
     const h2 = await sbx.files.watchDir(wdir, (ev) => void withEntry.push({ name: ev.name, type: ev.type, size: ev.entry?.size }), { includeEntry: true, recursive: true });
     await sbx.files.write(join(wdir, "deep/er/e.txt"), "12345");
-    expect(await waitFor(() => withEntry.some((e) => e.name === "deep/er/e.txt" && e.size === 5))).toBe(true);
+    await waitFor("withEntry.some((e) => e.name === \"deep/er/e.txt\" && e.size === 5)", () => withEntry.some((e) => e.name === "deep/er/e.txt" && e.size === 5));
     await sbx.files.rename(join(wdir, "deep/er/e.txt"), join(wdir, "deep/er/f.txt"));
-    expect(await waitFor(() => withEntry.some((e) => e.name === "deep/er/e.txt" && e.type === FilesystemEventType.RENAME))).toBe(true);
+    await waitFor("withEntry.some((e) => e.name === \"deep/er/e.txt\" && e.type === FilesystemEventType.RENAME)", () => withEntry.some((e) => e.name === "deep/er/e.txt" && e.type === FilesystemEventType.RENAME));
     await h2.stop();
     const e = await sbx.files.watchDir(join(dir, "no-such-dir"), () => {}).catch((x) => x);
     expect(e).toBeInstanceOf(NotFoundError);
@@ -518,13 +519,13 @@ describe("files", () => {
       const events: string[] = [];
       const h = await sbx.files.watchDir(w, (ev) => void events.push(`${ev.type} ${ev.name}`), { recursive: true });
       expect((await sbx.commands.run(`mkdir -p ${w}/a/b/c && echo x > ${w}/a/b/c/f`)).exitCode).toBe(0);
-      expect(await waitFor(() => events.includes(`${FilesystemEventType.WRITE} a/b/c/f`))).toBe(true);
+      await waitFor("events.includes(`${FilesystemEventType.WRITE} a/b/c/f`)", () => events.includes(`${FilesystemEventType.WRITE} a/b/c/f`));
       // a later write of an entry the scan reported is a new event (the scan's record of it
       // must not swallow it)
       expect((await sbx.commands.run(`echo y >> ${w}/a/b/c/f`)).exitCode).toBe(0);
-      expect(await waitFor(() => events.filter((e) => e === `${FilesystemEventType.WRITE} a/b/c/f`).length === 2)).toBe(true);
+      await waitFor("events.filter((e) => e === `${FilesystemEventType.WRITE} a/b/c/f`).length === 2", () => events.filter((e) => e === `${FilesystemEventType.WRITE} a/b/c/f`).length === 2);
       expect((await sbx.commands.run(`mv ${w}/a/b/c/f ${w}/g`)).exitCode).toBe(0);
-      expect(await waitFor(() => events.includes(`${FilesystemEventType.CREATE} g`))).toBe(true);
+      await waitFor("events.includes(`${FilesystemEventType.CREATE} g`)", () => events.includes(`${FilesystemEventType.CREATE} g`));
       await h.stop();
       const { CREATE, WRITE, RENAME } = FilesystemEventType;
       expect([run, events]).toEqual([
@@ -548,10 +549,10 @@ describe("files", () => {
       const events: string[] = [];
       const h = await sbx.files.watchDir(w, (ev) => void events.push(`${ev.type} ${ev.name}`), { recursive: true });
       expect((await sbx.commands.run(`mkdir -p ${w}/a/b/c && echo x > ${w}/a/b/c/f && mv ${w}/a/b/c/f ${w}/g`)).exitCode).toBe(0);
-      expect(await waitFor(() => events.includes(`${CREATE} g`))).toBe(true);
+      await waitFor("events.includes(`${CREATE} g`)", () => events.includes(`${CREATE} g`));
       // one more event marks the end: whatever the watch reports about the command came before it
       expect((await sbx.commands.run(`touch ${w}/end`)).exitCode).toBe(0);
-      expect(await waitFor(() => events.includes(`${CREATE} end`))).toBe(true);
+      await waitFor("events.includes(`${CREATE} end`)", () => events.includes(`${CREATE} end`));
       await h.stop();
       const body = events.slice(0, events.indexOf(`${CREATE} end`));
       const tail = body.slice(3, -1);

@@ -298,7 +298,6 @@ describe("event queue", () => {
     q.push("c");
     let released = false;
     const w = q.waitForSpace().then(() => (released = true));
-    await Bun.sleep(130);
     await w;
     expect(released).toBe(true);
     await consumer;

@@ -12,14 +12,19 @@ export interface WaitOptions {
   timeoutMs?: number;
   /** Longest pause between probes, ms (default 50): probes start 1 ms apart and back off to it. */
   maxIntervalMs?: number;
+  /**
+   * A probe that throws counts as "not yet" (a server not up, a record not written yet) instead
+   * of ending the wait with its error (the default: a probe's failure is the test's).
+   */
+  retryErrors?: boolean;
 }
 
 /** A probe's answer that means "not yet". */
 type NotYet = undefined | null | false | 0 | "";
 
 /**
- * Call `probe` until it returns a value that is not undefined, null, false, 0 or "" (a probe
- * that throws counts as not yet), at most `timeoutMs`.
+ * Call `probe` until it returns a value that is not undefined, null, false, 0 or "", at most
+ * `timeoutMs`. A probe that throws ends the wait with its error, unless `retryErrors`.
  * @returns that value
  * @throws Error `timed out after N ms waiting for <what>` with the probe's last answer or error
  * @example const pid = await waitFor("the daemon's pid file", () => readPid(path));
@@ -36,6 +41,7 @@ export async function waitFor<T>(what: string, probe: () => T | Promise<T>, o: W
       if (v !== undefined && v !== null && v !== false && v !== 0 && v !== "") return v as Exclude<T, NotYet>;
       last = `last answer ${JSON.stringify(v) ?? String(v)}`;
     } catch (e) {
+      if (!o.retryErrors) throw e;
       last = `last error ${e instanceof Error ? e.message : String(e)}`;
     }
     const left = deadline - performance.now();

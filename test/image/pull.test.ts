@@ -16,6 +16,7 @@ import { createHash } from "node:crypto";
 import { GUEST_BITS_KEY, plainRegistrySettings, pullImage, type PullOptions } from "../../src/image/index.ts";
 import { openStack } from "../../src/storage/overlaybd/index.ts";
 import { pushImage, pushIndex, registryBlobPath, startRegistry, type TestRegistry } from "./registry.ts";
+import { waitFor } from "../helpers/wait.ts";
 
 let reg: TestRegistry;
 let authReg: TestRegistry;
@@ -248,12 +249,10 @@ test("a registry that accepts and never answers: image.timeout after manifest_ti
       (e) => e,
     );
     // the running skopeo: its arguments name an auth file (0600, in the pull's private dir), not the password
-    let cmdline = "";
-    for (let i = 0; i < 100 && !cmdline; i++) {
+    const cmdline = await waitFor("the running skopeo", () => {
       const pid = Bun.spawnSync(["pgrep", "-f", `skopeo inspect .*127.0.0.1:${silent.port}/`], { stdout: "pipe" }).stdout.toString().trim().split("\n")[0];
-      if (pid) cmdline = require("node:fs").readFileSync(`/proc/${pid}/cmdline`, "utf8").split("\0").join(" ");
-      else await Bun.sleep(20);
-    }
+      return pid && require("node:fs").readFileSync(`/proc/${pid}/cmdline`, "utf8").split("\0").join(" ");
+    });
     expect(cmdline).toContain("--authfile ");
     expect(cmdline).not.toContain(secret);
     const authFile = /--authfile (\S+)/.exec(cmdline)![1]!;

@@ -9,6 +9,7 @@ import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "nod
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { Subprocess } from "bun";
+import { waitFor } from "../helpers/wait.ts";
 
 /** A running registry. */
 export interface TestRegistry {
@@ -124,14 +125,11 @@ export async function startRegistry(
   const host = `${addr}:${port}`;
   const scheme = opts.tls ? "https" : "http";
   const probe = opts.netns ? ["ip", "netns", "exec", opts.netns, "curl", "-k", "-s", "-o", "/dev/null", "-w", "%{http_code}", `${scheme}://${host}/v2/`] : null;
-  for (let i = 0; ; i++) {
-    let up = false;
-    if (probe) up = Bun.spawnSync(probe, { stdout: "pipe" }).stdout.toString() !== "000";
-    else up = await fetch(`${scheme}://${host}/v2/`, { tls: { rejectUnauthorized: false } }).then(() => true, () => false);
-    if (up) break;
-    if (proc.exitCode !== null || i > 200) throw new Error(`docker-registry did not start: ${await new Response(proc.stderr).text()}`);
-    await Bun.sleep(50);
-  }
+  await waitFor("docker-registry to answer", async () => {
+    if (proc.exitCode !== null) throw new Error(`docker-registry exited: ${await new Response(proc.stderr).text()}`);
+    if (probe) return Bun.spawnSync(probe, { stdout: "pipe" }).stdout.toString() !== "000";
+    return fetch(`${scheme}://${host}/v2/`, { tls: { rejectUnauthorized: false } } as RequestInit).then(() => true, () => false);
+  });
   return {
     host,
     root,

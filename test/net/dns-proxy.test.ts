@@ -4,6 +4,7 @@ import dgram from "node:dgram";
 import type { AddressInfo } from "node:net";
 import { DnsProxy, tcpExchange } from "../../src/net/dns-proxy.ts";
 import { buildQuery, buildResponse, parseMessage } from "../../src/net/dns-wire.ts";
+import { waitFor } from "../helpers/wait.ts";
 
 const cleanups: (() => Promise<void> | void)[] = [];
 afterEach(async () => {
@@ -82,8 +83,7 @@ test("a silent upstream yields SERVFAIL after the timeout; beyond maxInflight at
   const t0 = performance.now();
   const order: string[] = [];
   const first = ask(port, buildQuery(1, "a.example.com"), 4000).then((r) => (order.push("first (timed out upstream)"), r));
-  await Bun.sleep(50);
-  expect(proxy.inflight).toBe(1);
+  await waitFor("the first query to wait for upstream", () => proxy.inflight === 1);
   const second = await ask(port, buildQuery(2, "b.example.com"), 2000);
   order.push("second (over the bound)");
   expect(order).toEqual(["second (over the bound)"]); // refused at once, while the first still waits for its timeout

@@ -14,6 +14,7 @@ import { gzipSync } from "node:zlib";
 import { loadConfig } from "../../src/config/index.ts";
 import { resolveKernelPath } from "../../src/vmm/index.ts";
 import { type Agent, World } from "./harness.ts";
+import { waitFor } from "../helpers/wait.ts";
 
 const home = process.env.AENV_TEST_HOME_PATH ?? "/var/lib/agentenv-test";
 /** The guest kernel the VMM uses (`[kernel] path`, else the cached build under the test home). */
@@ -128,26 +129,20 @@ describe("QEMU guest in a slot (real VM, real netns)", () => {
       ],
       { stdout: "ignore", stderr: "pipe" },
     );
-    const deadline = Date.now() + 90_000;
-    let con = "";
-    while (Date.now() < deadline && !con.includes("@@GUEST-UP@@")) {
-      await Bun.sleep(200);
-      con = existsSync(consolePath) ? readFileSync(consolePath, "utf8") : "";
-      if (vm.exitCode !== null) break;
-    }
-    expect(con).toContain(`@@GUEST-UP@@`);
+    const con = await waitFor("the guest's marker line", () => {
+      if (vm!.exitCode !== null) throw new Error(`the VM exited (${vm!.exitCode})`);
+      const text = existsSync(consolePath) ? readFileSync(consolePath, "utf8") : "";
+      return text.includes("@@GUEST-UP@@") && text;
+    }, { timeoutMs: 90_000, maxIntervalMs: 200 });
     expect(con).toContain(`inet ${slot.guestIp}/30`);
 
     // node → hostIp:7000 → DNAT → guest; the guest then probes egress from inside the VM
     const ask = () => w.tcp(w.nodeNs, slot.hostIp, 7000, 20_000);
     // the guest's listener may start a moment after its marker line
-    let r = ask();
-    for (let i = 0; i < 20 && !r.ok; i++) {
-      await Bun.sleep(250);
-      r = ask();
-    }
-    if (!r.ok) console.error(JSON.stringify(r), readFileSync(consolePath, "utf8").slice(-2000));
-    expect(r.ok).toBe(true);
+    let r = await waitFor("the guest's listener on 7000", () => {
+      const x = ask();
+      return x.ok && x;
+    }, { timeoutMs: 30_000, maxIntervalMs: 250 });
     expect(r.data).toContain("A=[hello 169.254.200.2:8080]");
     expect(r.data).not.toContain("hello 169.254.200.3");
 

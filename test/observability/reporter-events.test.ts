@@ -8,6 +8,7 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { SchedulerReporter, type ReporterOptions } from "../../src/observability/reporter.ts";
 import type { NodeIdentityInfo, SnapshotSource } from "../../src/observability/snapshot.ts";
 import { startTestScheduler } from "../services/helpers.ts";
+import { waitFor } from "../helpers/wait.ts";
 
 const home = mkdtempSync("/tmp/aenv-report-ev-");
 let sched: Awaited<ReturnType<typeof startTestScheduler>>;
@@ -23,14 +24,6 @@ const source: SnapshotSource = { counters: () => ({ running: 0, paused: 0, start
 const identity = (nodeId: string): NodeIdentityInfo => ({ nodeId, clusterId: "c", serviceInstanceId: `${nodeId}-1`, homePath: home, commit: "" });
 const options = (o: Partial<ReporterOptions> = {}): ReporterOptions => ({ endpoint: `127.0.0.1:${sched.port}`, intervalMs: 3_600_000, timeoutMs: 5000, eventFlushMs: 0, eventBatchMax: 1000, ...o });
 
-async function until(cond: () => Promise<boolean>, what: string): Promise<void> {
-  for (let i = 0; i < 500; i++) {
-    if (await cond()) return;
-    await Bun.sleep(10);
-  }
-  throw new Error(`timed out waiting for ${what}`);
-}
-
 test("more events than one batch holds are all sent without waiting for another change", async () => {
   const r = new SchedulerReporter(identity("ev-a"), source, options({ eventBatchMax: 2 }));
   const calls: number[] = [];
@@ -41,7 +34,7 @@ test("more events than one batch holds are all sent without waiting for another 
   };
   try {
     for (let i = 0; i < 5; i++) r.noteChange({ id: `batch${i}`, from: "creating", to: "running" });
-    await until(async () => (await sched.core.store.nodeBindings("ev-a")).length === 5, "all five bindings");
+    await waitFor("all five bindings", async () => (await sched.core.store.nodeBindings("ev-a")).length === 5);
     expect(await sched.core.store.nodeBindings("ev-a")).toEqual(["batch0", "batch1", "batch2", "batch3", "batch4"]);
     expect(calls).toEqual([2, 2, 1]);
   } finally {

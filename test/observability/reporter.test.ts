@@ -12,19 +12,11 @@ import { eventTypeOf } from "../../src/observability/reporter.ts";
 import { reporterOptions } from "../../src/node/reporting.ts";
 import { createLoopback, startNodeNoVm, type TestNode } from "../api/helpers.ts";
 import { startTestScheduler } from "../services/helpers.ts";
+import { waitFor } from "../helpers/wait.ts";
 
 const home = mkdtempSync("/tmp/aenv-report-");
 let sched: Awaited<ReturnType<typeof startTestScheduler>>;
 let node: TestNode;
-
-async function until<T>(f: () => Promise<T>, ok: (v: T) => boolean, what: string): Promise<T> {
-  for (let i = 0; i < 500; i++) {
-    const v = await f().catch(() => undefined as T);
-    if (v !== undefined && ok(v)) return v;
-    await Bun.sleep(20);
-  }
-  throw new Error(`timed out waiting for ${what}`);
-}
 
 beforeAll(async () => {
   sched = await startTestScheduler({ AENV_HOME_PATH: home, AENV__scheduler__nodes: "rep-node=http://127.0.0.1:1" });
@@ -43,7 +35,10 @@ afterAll(async () => {
 });
 
 test("heartbeats carry identity, machine, host figures and counters; events and rosters move bindings; shutdown unregisters", async () => {
-  const seen = await until(() => sched.client.getNode({ nodeId: "rep-node", clusterId: "" }), (r) => r.node!.snapshot!.status === NodeStatus.NODE_STATUS_READY, "a first heartbeat");
+  const seen = await waitFor("a first heartbeat", async () => {
+    const r = await sched.client.getNode({ nodeId: "rep-node", clusterId: "" });
+    return r.node!.snapshot!.status === NodeStatus.NODE_STATUS_READY && r;
+  }, { retryErrors: true });
   const n = seen.node!;
   expect(n.clusterId).toBe("c9");
   expect(n.serviceInstanceId).toMatch(/^rep-node-[0-9a-f]{8}$/);
@@ -59,8 +54,11 @@ test("heartbeats carry identity, machine, host figures and counters; events and 
   // a sandbox appears: bound (event or roster), counted in the next snapshot
   const beforeCreate = Date.now();
   const repsbx1 = (await createLoopback(node, { cpuCount: 2, memoryMB: 256 })).id;
-  await until(() => sched.client.lookupNode({ sandboxId: repsbx1 }), (r) => r.node!.nodeId === "rep-node", "the binding of repsbx1");
-  const after = await until(() => sched.client.getNode({ nodeId: "rep-node", clusterId: "" }), (r) => r.node!.snapshot!.sandboxCount === 1, "a snapshot counting it");
+  await waitFor("the binding of repsbx1", async () => (await sched.client.lookupNode({ sandboxId: repsbx1 })).node!.nodeId === "rep-node", { retryErrors: true });
+  const after = await waitFor("a snapshot counting it", async () => {
+    const r = await sched.client.getNode({ nodeId: "rep-node", clusterId: "" });
+    return r.node!.snapshot!.sandboxCount === 1 && r;
+  });
   expect(after.node!.snapshot!.allocatedCpu).toBe(2);
   expect(after.node!.snapshot!.allocatedMemoryBytes).toBe(256 * 1024 * 1024);
   // the counting snapshot was taken after the create (order, not a wall-clock bound)
@@ -69,15 +67,15 @@ test("heartbeats carry identity, machine, host figures and counters; events and 
 
   // a binding the node does not hold is dropped by its next roster
   await sched.client.recordAssignment({ sandboxId: "ghost", node: { nodeId: "rep-node", endpoint: "" } });
-  await until(() => sched.core.store.getBinding("ghost"), (b) => b === null, "the roster to drop ghost");
+  await waitFor("the roster to drop ghost", async () => (await sched.core.store.getBinding("ghost")) === null);
 
   // killed: unbound
   await node.orch.kill(repsbx1);
-  await until(() => sched.core.store.getBinding(repsbx1), (b) => b === null, "repsbx1 unbound");
+  await waitFor("repsbx1 unbound", async () => (await sched.core.store.getBinding(repsbx1)) === null);
 
   // shutdown: UnregisterNode drops the node's bindings and marks it left (not scheduled)
   const repsbx2 = (await createLoopback(node)).id;
-  await until(() => sched.core.store.getBinding(repsbx2), (b) => b !== null, "repsbx2 bound");
+  await waitFor("repsbx2 bound", async () => (await sched.core.store.getBinding(repsbx2)) !== null);
   await node.close();
   expect((await sched.core.store.getReport("rep-node"))!.leftAtUnixMs).toBeGreaterThan(0);
   expect(await sched.core.store.getBinding(repsbx2)).toBeNull();

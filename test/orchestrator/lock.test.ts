@@ -2,6 +2,7 @@ import { expect, test } from "bun:test";
 import { KeyedLock } from "../../src/orchestrator/lock.ts";
 import { Semaphore } from "../../src/orchestrator/semaphore.ts";
 import { OrchestratorError } from "../../src/orchestrator/errors.ts";
+import { waitFor } from "../helpers/wait.ts";
 
 test("operations on one key run one at a time in arrival order; other keys run in parallel", async () => {
   const lock = new KeyedLock(5_000, 10);
@@ -43,17 +44,24 @@ test("waiting longer than waitMs is orchestrator.busy (409) and keeps the chain 
   expect((err as OrchestratorError).code).toBe("orchestrator.busy");
   expect(await slow).toBe("slow");
   expect(await lock.run("k", async () => "after")).toBe("after");
-  await Bun.sleep(5);
-  expect(lock.size).toBe(0);
+  // the timed-out caller's slot is released behind the others
+  await waitFor("every key released", () => lock.size === 0);
 });
 
 test("the per-key queue is bounded", async () => {
   const lock = new KeyedLock(5_000, 2);
-  const hold = lock.run("k", () => Bun.sleep(50));
-  await Bun.sleep(1); // the holder has the lock now; it is not a waiter
+  let holding!: () => void;
+  let release!: () => void;
+  const held = new Promise<void>((r) => (holding = r));
+  const hold = lock.run("k", () => {
+    holding();
+    return new Promise<void>((r) => (release = r));
+  });
+  await held; // the holder has the lock now; it is not a waiter
   const q1 = lock.run("k", async () => 1);
   const q2 = lock.run("k", async () => 2);
   await expect(lock.run("k", async () => 3)).rejects.toMatchObject({ code: "orchestrator.busy" });
+  release();
   await hold;
   expect(await Promise.all([q1, q2])).toEqual([1, 2]);
 });

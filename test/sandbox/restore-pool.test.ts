@@ -7,6 +7,7 @@
  */
 import { describe, expect, test } from "bun:test";
 import { RestorePool, type RestorePoolHost, type RestorePoolOptions } from "../../src/sandbox/restore-pool.ts";
+import { waitFor } from "../helpers/wait.ts";
 
 interface Made {
   id: string;
@@ -23,6 +24,7 @@ function host(o: { failFills?: number } = {}) {
   let failFills = o.failFills ?? 0;
   let gate: Promise<void> = Promise.resolve();
   let openGate: () => void = () => {};
+  const asked = { quiet: 0 };
   const h: RestorePoolHost<string> = {
     async fill(snapshot, ctx) {
       await Bun.sleep(1);
@@ -41,13 +43,18 @@ function host(o: { failFills?: number } = {}) {
       events.push(`discard ${id} (${why})`);
     },
     usable: (s) => !unusable.has(s),
-    quiet: () => gate,
+    quiet: () => {
+      asked.quiet++;
+      return gate;
+    },
   };
   return {
     h,
     events,
     live,
     unusable,
+    /** How many times the pool waited for the host to be quiet (once before each fill). */
+    asked,
     /** Hold fills back until `open()`. */
     close: () => (gate = new Promise<void>((r) => (openGate = r))),
     open: () => openGate(),
@@ -56,15 +63,6 @@ function host(o: { failFills?: number } = {}) {
 
 const OPTS: RestorePoolOptions = { lowWatermark: 1, highWatermark: 2, snapshots: 1, claimTimeoutMs: 10_000, retryBackoffMs: 1, fillDelayMs: 0 };
 
-/** Wait (bounded) until `f()` holds; the pool's loop runs on its own. */
-async function until(what: string, f: () => boolean): Promise<void> {
-  for (let i = 0; i < 2000; i++) {
-    if (f()) return;
-    await Bun.sleep(2);
-  }
-  throw new Error(`never: ${what}`);
-}
-
 describe("restore pool", () => {
   test("disabled (high watermark 0): nothing is made, nothing claimed", async () => {
     const x = host();
@@ -72,9 +70,9 @@ describe("restore pool", () => {
     expect(p.enabled).toBe(false);
     p.want("s1", "c1");
     expect(p.claim("s1")).toBeNull();
-    await Bun.sleep(20);
-    expect(x.events).toEqual([]);
     await p.close();
+    // no fill loop ever ran: the host was never asked for anything
+    expect([x.events, x.asked.quiet]).toEqual([[], 0]);
   });
 
   test("a wanted snapshot is filled one VM at a time to the high watermark; refilled only below the low one", async () => {
@@ -82,7 +80,7 @@ describe("restore pool", () => {
     const p = new RestorePool(OPTS, x.h);
     expect(p.claim("s1")).toBeNull(); // nothing wanted yet
     p.want("s1", "ctx-a");
-    await until("two ready", () => p.counts("s1").ready === 2);
+    await waitFor("two ready", () => p.counts("s1").ready === 2);
     expect(x.events).toEqual(["fill s1 vm1", "fill s1 vm2"]);
     expect([...x.live.values()].map((m) => m.ctx)).toEqual(["ctx-a", "ctx-a"]);
     // one claimed and taken: one ready left, not below the low watermark: no fill
@@ -90,13 +88,12 @@ describe("restore pool", () => {
     expect(p.counts("s1")).toEqual({ ready: 1, claimed: 1, filling: 0 });
     expect(p.take(a)).toBe("s1");
     expect(p.take(a)).toBeNull(); // taken once
-    await Bun.sleep(20);
-    expect(x.events.length).toBe(2);
+    // (no fill for that one: the events below list exactly the refill the second take causes)
     // the second taken: below low, filled back to high
     const b = p.claim("s1")!;
     expect(b).not.toBe(a);
     expect(p.take(b)).toBe("s1");
-    await until("refilled", () => p.counts("s1").ready === 2);
+    await waitFor("refilled", () => p.counts("s1").ready === 2);
     expect(x.events).toEqual(["fill s1 vm1", "fill s1 vm2", "fill s1 vm3", "fill s1 vm4"]);
     expect(p.counters).toMatchObject({ filled: 4, taken: 2, discarded: 0, failed: 0 });
     // an unclaimed id is not taken
@@ -112,7 +109,7 @@ describe("restore pool", () => {
     const x = host();
     const p = new RestorePool({ ...OPTS, highWatermark: 1, lowWatermark: 1 }, x.h, () => now);
     p.want("s1", "c");
-    await until("ready", () => p.counts("s1").ready === 1);
+    await waitFor("ready", () => p.counts("s1").ready === 1);
     const id = p.claim("s1")!;
     now += 9_999;
     await p.sweep();
@@ -129,22 +126,22 @@ describe("restore pool", () => {
     const x = host();
     const p = new RestorePool(OPTS, x.h);
     p.want("s1", "c1");
-    await until("s1 full", () => p.counts("s1").ready === 2);
+    await waitFor("s1 full", () => p.counts("s1").ready === 2);
     // a second snapshot pushes the first out (snapshots = 1): its ready VMs go, s2 is filled
     p.want("s2", "c2");
-    await until("s2 full", () => p.counts("s2").ready === 2);
+    await waitFor("s2 full", () => p.counts("s2").ready === 2);
     expect(p.pooledSnapshots()).toEqual(["s2"]);
     expect(x.events.slice(0, 4)).toEqual(["fill s1 vm1", "fill s1 vm2", "discard vm1 (snapshot no longer pooled)", "discard vm2 (snapshot no longer pooled)"]);
     expect(p.counts("s1").ready).toBe(0);
     // s2 deleted: swept, not refilled
     x.unusable.add("s2");
     p.poke();
-    await until("s2 emptied", () => p.counts("s2").ready === 0);
+    await waitFor("s2 emptied", () => p.counts("s2").ready === 0);
     expect(p.pooledSnapshots()).toEqual([]);
-    await Bun.sleep(20);
-    expect(x.events.filter((e) => e.startsWith("fill s2")).length).toBe(2);
     expect(p.claim("s2")).toBeNull();
     await p.close();
+    // the loop has ended: it never filled s2 again
+    expect(x.events.filter((e) => e.startsWith("fill s2")).length).toBe(2);
     expect(x.live.size).toBe(0);
   });
 
@@ -152,7 +149,7 @@ describe("restore pool", () => {
     const x = host({ failFills: 2 });
     const p = new RestorePool({ ...OPTS, highWatermark: 1 }, x.h);
     p.want("s1", "c");
-    await until("ready", () => p.counts("s1").ready === 1);
+    await waitFor("ready", () => p.counts("s1").ready === 1);
     expect(x.events).toEqual(["fail s1", "fail s1", "fill s1 vm1"]);
     expect(p.counters.failed).toBe(2);
     await p.close();
@@ -162,9 +159,9 @@ describe("restore pool", () => {
     const x = host();
     const p = new RestorePool({ ...OPTS, highWatermark: 1 }, x.h);
     p.want("s1", "c");
-    await until("ready", () => p.counts("s1").ready === 1);
+    await waitFor("ready", () => p.counts("s1").ready === 1);
     p.lost("vm1");
-    await until("replaced", () => p.has("vm2"));
+    await waitFor("replaced", () => p.has("vm2"));
     expect(x.events).toEqual(["fill s1 vm1", "discard vm1 (VM exited while pooled)", "fill s1 vm2"]);
     await p.close();
   });
@@ -174,13 +171,12 @@ describe("restore pool", () => {
     x.close();
     const p = new RestorePool(OPTS, x.h);
     p.want("s1", "c");
-    await Bun.sleep(20);
+    await waitFor("the pool to wait for the host to be quiet", () => x.asked.quiet === 1);
     expect(x.events).toEqual([]); // not quiet: nothing made
     expect(p.counts("s1")).toEqual({ ready: 0, claimed: 0, filling: 0 });
     x.open();
-    await until("one ready", () => p.counts("s1").ready >= 1);
+    await waitFor("one ready", () => p.counts("s1").ready >= 1);
     await p.close();
-    await Bun.sleep(20);
     expect(x.live.size).toBe(0);
     expect(x.events.filter((e) => e.startsWith("discard")).length).toBe(x.events.filter((e) => e.startsWith("fill")).length);
   });

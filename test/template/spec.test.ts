@@ -9,6 +9,7 @@ import { open } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { baseKey, checkBuildSpec, copyScript, expandEnv, extractScript, readyProbe, stepKey } from "../../src/template/index.ts";
+import { waitFor } from "../helpers/wait.ts";
 
 test("checkBuildSpec: defaults, e2bdev/base → the default template, credentials, bad fields", () => {
   expect(checkBuildSpec({}, "base")).toEqual({ fromImage: undefined, fromTemplate: "base", credentials: undefined, force: false, steps: [], startCmd: "", readyCmd: "" });
@@ -71,8 +72,7 @@ test("readyProbe: the SDK's waitForPort text becomes a /proc/net/tcp probe that 
   const free = Bun.serve({ port: 0, hostname: "127.0.0.1", fetch: () => new Response("") });
   const port = free.port;
   free.stop(true);
-  await Bun.sleep(50);
-  expect(Bun.spawnSync(["sh", "-c", readyProbe(`[ -n "$(ss -Htuln sport = :${port})" ]`)]).exitCode).toBe(1);
+  await waitFor(`the probe to find nothing on port ${port}`, () => Bun.spawnSync(["sh", "-c", readyProbe(`[ -n "$(ss -Htuln sport = :${port})" ]`)]).exitCode === 1);
 });
 
 /** Write `data` to `path` as envd's /files upload does (fs.promises.open "w": blocks on a FIFO until its reader opens). */

@@ -182,6 +182,10 @@ export class KubernetesDiscovery implements Discovery {
   lists = 0;
   /** Number of watch requests made; for tests and logs. */
   watches = 0;
+  /** Pauses begun (after a failure, or a watch without events); for tests and logs. */
+  pauses = 0;
+  /** The last resourceVersion seen (list, event or bookmark); for tests and logs. */
+  resourceVersion = "";
 
   /** @throws SchedulerError scheduler.bad_config when the CA file cannot be read. */
   constructor(private readonly o: KubernetesOptions) {
@@ -261,7 +265,8 @@ export class KubernetesDiscovery implements Discovery {
     for (const s of body.items ?? []) this.slices.set(s.metadata.name, s);
     this.lists++;
     this.update();
-    return body.metadata?.resourceVersion ?? "";
+    this.resourceVersion = body.metadata?.resourceVersion ?? "";
+    return this.resourceVersion;
   }
 
   private update(): void {
@@ -302,6 +307,7 @@ export class KubernetesDiscovery implements Discovery {
 
   /** Wait retryBackoffMs, cut short by close(). */
   private pause(): Promise<void> {
+    this.pauses++;
     return new Promise((resolve) => {
       const t = setTimeout(resolve, this.o.retryBackoffMs);
       this.stop.signal.addEventListener("abort", () => (clearTimeout(t), resolve()), { once: true });
@@ -332,6 +338,7 @@ export class KubernetesDiscovery implements Discovery {
           if (line.every((b) => b === 0x20 || b === 0x09 || b === 0x0d)) continue;
           events++;
           rv = this.apply(checked(WIRE.event, parsed(line, "a watch event"), "a watch event"), rv);
+          this.resourceVersion = rv;
         }
       }
     } catch (e) {

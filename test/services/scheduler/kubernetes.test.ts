@@ -9,6 +9,7 @@ import { afterEach, expect, test } from "bun:test";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { KubernetesDiscovery, nodesFromSlices, type EndpointSlice, type KubernetesOptions } from "../../../services/scheduler/index.ts";
+import { waitFor } from "../../helpers/wait.ts";
 
 type Ev = { type: string; object: unknown };
 
@@ -97,16 +98,6 @@ function slice(name: string, eps: { pod: string; ip: string; ready?: boolean | n
   };
 }
 
-/** Wait (polling every 10 ms, at most 500 times) until `cond`; `refresh` runs before each check. */
-async function until(cond: () => boolean, what: string, refresh?: () => Promise<void>): Promise<void> {
-  for (let i = 0; i < 500; i++) {
-    await refresh?.();
-    if (cond()) return;
-    await Bun.sleep(10);
-  }
-  throw new Error(`timed out waiting for ${what}`);
-}
-
 const cleanup: (() => unknown)[] = [];
 afterEach(async () => {
   for (const f of cleanup.splice(0).reverse()) await f();
@@ -130,7 +121,7 @@ test("lists, then follows ADDED/MODIFIED/DELETED; ready endpoints only; watch re
   const d = discovery(api, join(dir, "token"));
   await d.start();
   expect(ids(d)).toEqual(["node-a@http://10.0.0.1:8000"]);
-  await until(() => api.state.watches.size === 1, "a watch");
+  await waitFor("a watch", () => api.state.watches.size === 1);
   const watchReq = api.state.requests.find((r) => r.includes("watch=1"))!;
   expect(watchReq).toContain("resourceVersion=10");
   expect(watchReq).toContain("allowWatchBookmarks=true");
@@ -138,39 +129,39 @@ test("lists, then follows ADDED/MODIFIED/DELETED; ready endpoints only; watch re
   // node-x becomes ready, node-b appears in a second slice
   api.put(slice("s1", [{ pod: "node-a", ip: "10.0.0.1" }, { pod: "node-x", ip: "10.0.0.9", ready: true }]), "MODIFIED");
   api.put(slice("s2", [{ pod: "node-b", ip: "10.0.0.2" }]));
-  await until(() => ids(d).length === 3, "three nodes");
+  await waitFor("three nodes", () => ids(d).length === 3);
   expect(ids(d)).toEqual(["node-a@http://10.0.0.1:8000", "node-b@http://10.0.0.2:8000", "node-x@http://10.0.0.9:8000"]);
 
   // node-a terminating but still serving: lingering, not active; a slice on another port is ignored
   api.put(slice("s1", [{ pod: "node-a", ip: "10.0.0.1", ready: false, serving: true, terminating: true }]), "MODIFIED");
   api.put(slice("s3", [{ pod: "node-q", ip: "10.0.0.7" }], 9999));
-  await until(() => d.nodes().lingering.length === 1, "node-a lingering");
+  await waitFor("node-a lingering", () => d.nodes().lingering.length === 1);
   expect(ids(d)).toEqual(["node-b@http://10.0.0.2:8000"]);
   expect(d.nodes().lingering).toEqual([{ nodeId: "node-a", endpoint: "http://10.0.0.1:8000" }]);
 
   // a bookmark moves the resourceVersion; the server ends the watch; the client re-watches from it
   api.raw({ type: "BOOKMARK", object: { metadata: { resourceVersion: "77" } } });
-  await Bun.sleep(50);
+  await waitFor("the bookmark to be read", () => d.resourceVersion === "77");
   api.endWatches();
-  await until(() => api.state.requests.filter((r) => r.includes("watch=1")).length === 2, "a second watch");
+  await waitFor("a second watch", () => api.state.requests.filter((r) => r.includes("watch=1")).length === 2);
   expect(api.state.requests.filter((r) => r.includes("watch=1"))[1]).toContain("resourceVersion=77");
-  await until(() => api.state.watches.size === 1, "the second watch open");
+  await waitFor("the second watch open", () => api.state.watches.size === 1);
 
   // DELETED
   api.del("s2");
-  await until(() => ids(d).length === 0, "node-b gone");
+  await waitFor("node-b gone", () => ids(d).length === 0);
 
   // expired resourceVersion: ERROR event with 410 → list again (sees changes made meanwhile)
   const listsBefore = d.lists;
   api.state.items.set("s4", slice("s4", [{ pod: "node-c", ip: "10.0.0.3" }]));
   api.raw({ type: "ERROR", object: { kind: "Status", code: 410, reason: "Expired", message: "too old resource version" } });
-  await until(() => d.lists === listsBefore + 1, "a re-list after the 410 event");
-  await until(() => ids(d).includes("node-c@http://10.0.0.3:8000"), "node-c from the re-list");
+  await waitFor("a re-list after the 410 event", () => d.lists === listsBefore + 1);
+  await waitFor("node-c from the re-list", () => ids(d).includes("node-c@http://10.0.0.3:8000"));
 
   // HTTP 410 at watch start → list again
   api.state.goneBelow = 10_000;
   api.endWatches();
-  await until(() => d.lists >= listsBefore + 2, "a re-list after HTTP 410");
+  await waitFor("a re-list after HTTP 410", () => d.lists >= listsBefore + 2);
   api.state.goneBelow = 0;
 });
 
@@ -204,7 +195,7 @@ test("an API server that never answers: the first list fails naming the deadline
   const d = discovery(api, tokenFile("t"), { requestTimeoutMs: 100 });
   await d.start();
   expect(ids(d)).toEqual(["node-a@http://10.0.0.1:8000"]);
-  await until(() => d.lists >= 3 && d.watches >= 2, "two cut watches, each followed by a list");
+  await waitFor("two cut watches, each followed by a list", () => d.lists >= 3 && d.watches >= 2);
   expect(ids(d)).toEqual(["node-a@http://10.0.0.1:8000"]);
 });
 
@@ -214,10 +205,10 @@ test("a watch whose body stalls is cut at watch_timeout_secs + request_timeout_m
   const d = discovery(api, tokenFile("t"), { watchTimeoutSecs: 1, requestTimeoutMs: 50 });
   await d.start();
   // the stand-in sends headers, then nothing, and never ends the watch
-  await until(() => api.state.watches.size === 1, "a watch");
+  await waitFor("a watch", () => api.state.watches.size === 1);
   expect(d.lists).toBe(1);
   // only a failed watch leads to a list (a watch the server ends leads to another watch)
-  await until(() => d.lists === 2, "a re-list after the stalled watch was cut");
+  await waitFor("a re-list after the stalled watch was cut", () => d.lists === 2);
 });
 
 test("a server that ends every watch at once without an event does not make discovery spin", async () => {
@@ -226,8 +217,8 @@ test("a server that ends every watch at once without an event does not make disc
   api.state.fault = "end-watch";
   const d = discovery(api, tokenFile("t"), { retryBackoffMs: 600_000 });
   await d.start();
-  await until(() => api.state.requests.filter((r) => r.includes("watch=1")).length === 1, "the first watch");
-  await Bun.sleep(100);
+  await waitFor("the first watch", () => api.state.requests.filter((r) => r.includes("watch=1")).length === 1);
+  await waitFor("the pause after the empty watch", () => d.pauses === 1);
   // one watch, then the pause: no second request (without the pause there would be thousands)
   expect(api.state.requests.filter((r) => r.includes("watch=1")).length).toBe(1);
   expect(d.watches).toBe(1);
@@ -257,10 +248,10 @@ test("what the API server sends is bounded and checked: an over-long or malforme
     ["an ERROR event whose code is a string", () => api.raw({ type: "ERROR", object: { code: "410" } })],
   ];
   for (const [what, send] of cases) {
-    await until(() => api.state.watches.size === 1, `a watch before ${what}`);
+    await waitFor(`a watch before ${what}`, () => api.state.watches.size === 1);
     const lists = d.lists;
     send();
-    await until(() => d.lists === lists + 1, `a re-list after ${what}`);
+    await waitFor(`a re-list after ${what}`, () => d.lists === lists + 1);
     expect([what, ids(d)]).toEqual([what, ["node-a@http://10.0.0.1:8000"]]);
   }
 });
@@ -303,11 +294,12 @@ test("`agentenv scheduler` config with discovery = kubernetes: ListNodes serves 
   });
   cleanup.push(() => s.close());
   expect((await s.client.listNodes({})).nodes).toEqual([{ nodeId: "agentenv-node-x1", endpoint: "http://10.2.0.1:8000" }]);
-  await until(() => api.state.watches.size === 1, "the scheduler's watch");
+  await waitFor("the scheduler's watch", () => api.state.watches.size === 1);
   api.put(slice("s1", [{ pod: "agentenv-node-x1", ip: "10.2.0.1" }, { pod: "agentenv-node-x2", ip: "10.2.0.2", ready: true }]), "MODIFIED");
   let listed: { nodeId: string }[] = [];
-  await until(() => listed.length === 2, "the scheduler to see agentenv-node-x2", async () => {
+  await waitFor("the scheduler to see agentenv-node-x2", async () => {
     listed = (await s.client.listNodes({})).nodes;
+    return listed.length === 2;
   });
   expect(listed.map((n) => n.nodeId)).toEqual(["agentenv-node-x1", "agentenv-node-x2"]);
   expect((await s.client.schedule({ hint: undefined })).node!.nodeId).toBe("agentenv-node-x1");

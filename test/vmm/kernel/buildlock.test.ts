@@ -18,7 +18,7 @@ const free = (lock: string) => Bun.spawnSync(["flock", "--nonblock", lock, "true
 /** A process (its pid = the one spawned) holding the lock at `lock` and naming itself in it. */
 async function holder(lock: string): Promise<Bun.Subprocess> {
   const p = Bun.spawn(["sh", "-c", 'exec 3>>"$1"; flock --exclusive 3; echo $$ > "$1"; exec sleep 60', "sh", lock], { stdio: ["ignore", "ignore", "inherit"] });
-  await waitFor("the holder to take the lock", () => readFileSync(lock, "utf8").trim() === String(p.pid));
+  await waitFor("the holder to take the lock", () => readFileSync(lock, "utf8").trim() === String(p.pid), { retryErrors: true });
   return p;
 }
 
