@@ -12,6 +12,8 @@ import { compileEntrypoints } from "../../../src/bundle.ts";
 import { alive, exited, firstLine } from "../../helpers/proc.ts";
 import { fuseMounted, startService, stopService } from "./fixtures/service.ts";
 import { listMounts } from "../../../src/ffi/mount.ts";
+import { waitFor } from "../../helpers/wait.ts";
+import { errorCode } from "../../../src/util/error.ts";
 
 const MiB = 1 << 20;
 let root: string;
@@ -49,15 +51,17 @@ const sha = (b: Uint8Array) => createHash("sha256").update(b).digest("hex");
 /** A separate reader process (as a VMM would be) that re-reads the file and compares it with `backing` for `ms`. */
 const READER = `
   const fs = require("node:fs");
-  const [path, backing, ms] = process.argv.slice(1);
+  const [path, backing, progress] = process.argv.slice(1);
   const want = fs.readFileSync(backing);
   let ok = 0, bad = 0;
-  const end = Date.now() + Number(ms);
-  while (Date.now() < end) {
+  // reads until the test writes <progress>.stop, counting good reads into <progress>
+  fs.writeFileSync(progress, "0");
+  while (!fs.existsSync(progress + ".stop")) {
     const b = Buffer.alloc(want.length);
     let n = 0;
     try { const fd = fs.openSync(path, "r"); n = fs.readSync(fd, b, 0, want.length, 0); fs.closeSync(fd); } catch (e) { bad++; continue; }
     if (n === want.length && b.equals(want)) ok++; else bad++;
+    try { fs.writeFileSync(progress + ".tmp", String(ok)); fs.renameSync(progress + ".tmp", progress); } catch {}
   }
   console.log(JSON.stringify({ ok, bad }));`;
 
@@ -347,16 +351,20 @@ describe("FUSE disk export through the daemon", () => {
     try {
       const first = svc.pid;
       const before = svc.restarts;
-      const reader = Bun.spawn([process.execPath, "-e", READER, d.path, backing, "3000"], { stdout: "pipe", stderr: "inherit" });
-      await Bun.sleep(300);
+      const progress = `${backing}.reads`;
+      const reads = () => Number(readFileSync(progress, "utf8"));
+      const reader = Bun.spawn([process.execPath, "-e", READER, d.path, backing, progress], { stdout: "pipe", stderr: "inherit" });
+      await waitFor("the reader's first reads", () => reads() >= 5, { retryErrors: true });
       for (let k = 1; k <= 2; k++) {
         const pid = svc.pid;
         process.kill(pid, "SIGKILL");
-        for (let i = 0; i < 200 && svc.restarts < before + k; i++) await Bun.sleep(50);
+        await waitFor(`restart ${k}`, () => svc.restarts >= before + k);
         expect(svc.restarts).toBe(before + k);
         expect(alive(pid)).toBe(false);
-        await Bun.sleep(300);
+        const n = reads();
+        await waitFor(`reads through daemon ${k + 1}`, () => reads() >= n + 5);
       }
+      writeFileSync(`${progress}.stop`, "");
       expect(await reader.exited).toBe(0);
       const res = JSON.parse(await new Response(reader.stdout).text());
       expect(res.bad).toBe(0);
@@ -423,17 +431,9 @@ describe("FUSE disk export through the daemon", () => {
     try {
       const { d, workDir } = await serveRaw("norestart", new Uint8Array(8192), false, s2);
       process.kill(s2.pid, "SIGKILL");
-      for (let i = 0; i < 100 && alive(s2.pid); i++) await Bun.sleep(20);
-      let code = "";
-      for (let i = 0; i < 100 && !code; i++) {
-        try {
-          await s2.list();
-          await Bun.sleep(20);
-        } catch (e) {
-          code = (e as { code: string }).code;
-        }
-      }
-      expect(code).toBe("disk.daemon_failed");
+      // requests fail daemon_failed once the service has handled the death (no restarts left)
+      await waitFor("the service to give the daemon up", () => s2.list().then(() => "", (e: unknown) => errorCode(e) === "disk.daemon_failed"));
+      expect(alive(s2.pid)).toBe(false);
       expect(s2.restarts).toBe(0);
       await d.close();
       expect(fuseMounted(join(workDir, "mnt"))).toBe(false);
@@ -498,7 +498,7 @@ describe("FUSE disk export through the daemon", () => {
       node.kill("SIGKILL");
       process.kill(daemonPid, "SIGKILL");
       await node.exited;
-      for (let i = 0; i < 100 && alive(daemonPid); i++) await Bun.sleep(20);
+      await waitFor("the daemon to be gone", () => !alive(daemonPid));
       next = await startService(r4);
       expect(fuseMounted(join(r4, "x", "mnt"))).toBe(false);
       expect(await next.list()).toEqual([]);

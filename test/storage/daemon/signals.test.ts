@@ -6,6 +6,8 @@ import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "nod
 import { join } from "node:path";
 import { alive, groupOf } from "../../helpers/proc.ts";
 import { fuseMounted, startService, stopService } from "./fixtures/service.ts";
+import { waitFor } from "../../helpers/wait.ts";
+import { errorCode } from "../../../src/util/error.ts";
 
 let root: string;
 
@@ -73,7 +75,7 @@ describe("the disk daemon and signals", () => {
       const d = await svc.exportDisk({ id: "term", target: { kind: "raw", path: join(r, "b.raw"), read_only: false }, mountPoint: join(r, "mnt") });
       const pid = svc.pid;
       process.kill(pid, "SIGTERM");
-      for (let i = 0; i < 200 && svc.restarts < 1; i++) await Bun.sleep(50);
+      await waitFor("the daemon to be started again", () => svc.restarts >= 1);
       expect(svc.restarts).toBe(1);
       expect(svc.pid).not.toBe(pid);
       expect(alive(pid)).toBe(false);
@@ -93,17 +95,11 @@ describe("the disk daemon and signals", () => {
       const pid = svc.pid;
       svc.beginShutdown();
       process.kill(pid, "SIGKILL");
-      for (let i = 0; i < 100 && alive(pid); i++) await Bun.sleep(20);
-      await Bun.sleep(300); // a (wrong) restart would have happened by now
+      // requests fail daemon_failed once the service has handled the death (and chosen not to restart)
+      await waitFor("the service to give the daemon up", () => svc.list().then(() => "", (e: unknown) => errorCode(e) === "disk.daemon_failed"));
+      expect(alive(pid)).toBe(false);
       expect(svc.restarts).toBe(0);
       expect(svc.pid).toBe(pid);
-      let code = "";
-      try {
-        await svc.list();
-      } catch (e) {
-        code = (e as { code: string }).code;
-      }
-      expect(code).toBe("disk.daemon_failed");
     } finally {
       await stopService(svc, r);
     }
