@@ -10,6 +10,7 @@ import type { Subprocess } from "bun";
 import { loadConfig } from "../../src/config/index.ts";
 import { resolveKernelPath } from "../../src/vmm/index.ts";
 import { pidsNaming, qemuPidsUnder, TEST_HOME } from "./world.ts";
+import { waitFor } from "../helpers/wait.ts";
 
 const MAIN = join(import.meta.dir, "../../src/cli/main.ts");
 const LETTERS = "abcdefghij";
@@ -91,12 +92,13 @@ export class ClusterWorld {
 
   /** Wait until stdout (from `from`) matches; fails when cluster up exits or `ms` pass. */
   async waitFor(re: RegExp, ms: number, from = 0): Promise<RegExpExecArray> {
-    const end = Date.now() + ms;
-    for (;;) {
-      const m = re.exec(this.out.slice(from));
-      if (m) return m;
-      if (Date.now() > end || this.proc?.exitCode != null) throw new Error(`cluster: no ${re} in ${ms} ms\nstdout: ${this.out}\nstderr: ${this.err.slice(-6000)}`);
-      await Bun.sleep(100);
+    try {
+      return await waitFor(`cluster up to print ${re}`, () => {
+        if (this.proc?.exitCode != null) throw new Error(`cluster up exited (${this.proc.exitCode})`);
+        return re.exec(this.out.slice(from));
+      }, { timeoutMs: ms, maxIntervalMs: 100 });
+    } catch (e) {
+      throw new Error(`cluster: no ${re}: ${e instanceof Error ? e.message : String(e)}\nstdout: ${this.out}\nstderr: ${this.err.slice(-6000)}`);
     }
   }
 

@@ -9,6 +9,7 @@ import { expect, test } from "bun:test";
 import { existsSync, readFileSync, renameSync } from "node:fs";
 import { join } from "node:path";
 import { diskDaemonsUnder, nodeForFile, qemuPidsUnder } from "./world.ts";
+import { waitFor } from "../helpers/wait.ts";
 
 const node = nodeForFile();
 
@@ -68,9 +69,7 @@ test("a VM that dies on its own: the sandbox disappears (404, proxy 502) and its
   const o = await world.client("poll-gone.ts", [id]);
   expect(o).toMatchObject({ status: 404, kill: false, proxy: 502, listed: 0 });
   // the API forgets the sandbox first; its clean-up (slot, disk server, files) follows
-  const t0 = Date.now();
-  while (existsSync(join(world.home, "sandboxes", id)) && Date.now() - t0 < 20_000) await Bun.sleep(50);
-  expect(existsSync(join(world.home, "sandboxes", id))).toBe(false);
+  await waitFor("the sandbox's files to be removed", () => !existsSync(join(world.home, "sandboxes", id)), { timeoutMs: 20_000 });
   expect(readFileSync("/proc/self/mountinfo", "utf8").includes(join(world.home, "sandboxes", id))).toBe(false);
 }, 300_000);
 
@@ -89,9 +88,7 @@ test("a sandbox whose root disk the restarted disk daemon cannot serve again: fa
   expect(world.log).toContain(`"sandboxId":"${id}","reason":"root disk lost: not recovered after a daemon restart: `);
   expect(world.log).toContain("sandbox failed: root disk lost: not recovered after a daemon restart");
   // the VMM goes with it; the restarted daemon serves on (the next test's sandbox gets its disks)
-  const t0 = Date.now();
-  while (qemuPidsUnder(world.home, world.memDir).length > 0 && Date.now() - t0 < 30_000) await Bun.sleep(100);
-  expect(qemuPidsUnder(world.home, world.memDir)).toEqual([]);
+  await waitFor("the failed sandbox's VMM to stop", () => qemuPidsUnder(world.home, world.memDir).length === 0, { timeoutMs: 30_000 });
   expect(diskDaemonsUnder(world.home)).toHaveLength(1);
   expect(diskDaemonsUnder(world.home)[0]).not.toBe(daemons[0]);
 }, 300_000);

@@ -13,6 +13,7 @@ import { join } from "node:path";
 import { Database } from "bun:sqlite";
 import { diskDaemonsUnder, NodeWorld, qemuPidsUnder, vmPrerequisites } from "./world.ts";
 import { alive, exited } from "../helpers/proc.ts";
+import { waitFor } from "../helpers/wait.ts";
 
 const missing = vmPrerequisites();
 let world: NodeWorld | undefined;
@@ -129,8 +130,8 @@ test("graceful stop with shutdown_action = pause: running sandboxes are paused a
   expect(await world.stop()).toBe(0);
   // one summary line for the shutdown
   const lines = () => world!.log.split("\n").filter((l) => l.includes('"msg":"shutdown: '));
-  for (let i = 0; i < 100 && lines().length === 0; i++) await Bun.sleep(20); // stderr drains after exit
-  const summary = lines();
+  // stderr drains after exit
+  const summary = await waitFor("the shutdown summary line", () => lines().length > 0 && lines(), { timeoutMs: 2000 });
   expect(summary).toHaveLength(1);
   expect(JSON.parse(summary[0]!)).toMatchObject({ killed: 0, paused: 1, failed: 0, msg: "shutdown: killed 0, paused 1 sandboxes" });
   expect(qemuPidsUnder(world.home, world.memDir)).toEqual([]);

@@ -11,6 +11,7 @@ import { afterAll, expect, test } from "bun:test";
 import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { logLines, NodeWorld, qemuPidsUnder, vmPrerequisites } from "./world.ts";
+import { waitFor } from "../helpers/wait.ts";
 
 const POOL = { AENV_LOG_LEVEL: "info", AENV__pool__restore__low_watermark: "1", AENV__pool__restore__high_watermark: "2", AENV__pool__restore__fill_delay_ms: "0" };
 const missing = vmPrerequisites();
@@ -22,12 +23,14 @@ afterAll(async () => {
 
 /** Wait (bounded) until the node has logged `n` lines `msg` matching `f`. */
 async function untilLogged(w: NodeWorld, msg: string, n: number, f: (l: Record<string, any>) => boolean = () => true): Promise<Record<string, any>[]> {
-  for (let i = 0; i < 1200; i++) {
-    const got = logLines(w, msg).filter(f);
-    if (got.length >= n) return got;
-    await Bun.sleep(100);
+  try {
+    return await waitFor(`${n} x "${msg}" in the node's log`, () => {
+      const got = logLines(w, msg).filter(f);
+      return got.length >= n && got;
+    }, { timeoutMs: 120_000, maxIntervalMs: 100 });
+  } catch (e) {
+    throw new Error(`${e instanceof Error ? e.message : String(e)}: ${w.log.slice(-3000)}`);
   }
-  throw new Error(`the node did not log ${n} x "${msg}": ${w.log.slice(-3000)}`);
 }
 
 type Box = { id: string; env: string; hostname: string; user: string; clock: number; hostBefore: number; hostAfter: number; seen: string; noTokenStatus: number; createMs: number };
@@ -96,8 +99,7 @@ test("creates adopt VMs restored ahead; each sandbox has its own env, host name,
     [snap, "snapshot deleted or replaced"],
     [snap, "snapshot deleted or replaced"],
   ]);
-  for (let i = 0; i < 100 && qemuPidsUnder(w.home, w.memDir).length > 1; i++) await Bun.sleep(100);
-  expect(qemuPidsUnder(w.home, w.memDir).length).toBe(1);
+  await waitFor("the dropped pool VMs to stop", () => qemuPidsUnder(w.home, w.memDir).length === 1, { timeoutMs: 10_000 });
   for (const l of dropped) expect(existsSync(join(w.home, "sandboxes", l.sandboxId))).toBe(false);
   await w.client("restore-pool.ts", ["kill", b3.id]);
   expect(await w.stop()).toBe(0);

@@ -8,6 +8,7 @@ import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { Subprocess } from "bun";
+import { waitFor } from "./wait.ts";
 
 const BIN = join(import.meta.dir, "../../node_modules/s3rver/bin/s3rver.js");
 /** Credentials s3rver accepts. */
@@ -86,16 +87,10 @@ export class S3rver {
    * Wait until every object s3rver acknowledged is on its disk. s3rver 3.7.1 answers a PUT when
    * it has read the body, while its write of the object file may still run (a GET or HEAD right
    * after can see a short or missing object); an object is complete once its bytes match the md5
-   * s3rver recorded. Polls at most `rounds` times, 5 ms apart, then throws naming the objects.
+   * s3rver recorded. Waits at most `timeoutMs`, then throws.
    */
-  async settled(rounds = 2000): Promise<void> {
-    let pending: string[] = [];
-    for (let i = 0; i < rounds; i++) {
-      pending = this.pendingObjects();
-      if (pending.length === 0) return;
-      await Bun.sleep(5);
-    }
-    throw new Error(`s3rver objects still being written: ${pending.join(", ")}`);
+  async settled(timeoutMs = 10_000): Promise<void> {
+    await waitFor("s3rver's objects to be written whole", () => this.pendingObjects().length === 0, { timeoutMs, maxIntervalMs: 5 });
   }
 
   private pendingObjects(): string[] {

@@ -9,6 +9,7 @@
 import { afterAll, expect, test } from "bun:test";
 import { alive, ClusterWorld } from "../e2e/cluster-world.ts";
 import { vmPrerequisites } from "../e2e/world.ts";
+import { waitFor } from "../helpers/wait.ts";
 
 let world: ClusterWorld | undefined;
 afterAll(async () => {
@@ -48,8 +49,5 @@ test("cluster up: a failed restart is tried again until the node starts; SIGKILL
   // cluster up dies without a chance to stop anything: each member sees its stdin close
   w.proc!.kill("SIGKILL");
   await w.proc!.exited;
-  for (let i = 0; [scheduler, gateway, nodeA2].some(alive); i++) {
-    if (i > 1200) throw new Error(`members still running 60 s after cluster up died: ${[scheduler, gateway, nodeA2].filter(alive).join(", ")}`);
-    await Bun.sleep(50);
-  }
+  await waitFor("every member to stop after cluster up died", () => ![scheduler, gateway, nodeA2].some(alive), { timeoutMs: 60_000 });
 }, 180_000);

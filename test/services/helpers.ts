@@ -12,6 +12,7 @@ import { LoopbackRuntime } from "../helpers/loopback-runtime.ts";
 import { loadConfig } from "../../src/config/index.ts";
 import { NodeStatus, SchedulerDefinition, schedulerChannel, type HeartbeatRequest, type SchedulerClient } from "../../src/cluster/index.ts";
 import { schedulerConfig, startScheduler, type RunningScheduler } from "../../services/scheduler/index.ts";
+import { waitFor } from "../helpers/wait.ts";
 
 /** A heartbeat from `nodeId` holding `roster`, with `running` sandboxes and `freeMiB` free memory. */
 export function beat(nodeId: string, roster: string[], o: { running?: number; freeMiB?: number; reportedAt?: number; instance?: string } = {}): HeartbeatRequest {
@@ -71,19 +72,16 @@ export async function startRedis(): Promise<TestRedis> {
   const port = probe.port;
   probe.stop(true);
   const p = Bun.spawn([bin, "--bind", "127.0.0.1", "--port", String(port), "--save", "", "--appendonly", "no", "--daemonize", "no"], { stdout: "pipe", stderr: "pipe" });
-  const deadline = Date.now() + 10_000;
-  for (;;) {
-    try {
-      const c = await Bun.connect({ hostname: "127.0.0.1", port, socket: { data() {} } });
-      c.end();
-      break;
-    } catch {
-      if (p.exitCode !== null || Date.now() > deadline) {
-        p.kill("SIGKILL");
-        throw new Error(`redis-server did not start: ${await new Response(p.stdout).text()}`);
-      }
-      await Bun.sleep(50);
-    }
+  try {
+    await waitFor("redis-server to accept connections", async () => {
+      if (p.exitCode !== null) throw new Error(`redis-server exited ${p.exitCode}`);
+      const c = await Bun.connect({ hostname: "127.0.0.1", port, socket: { data() {} } }).catch(() => null);
+      c?.end();
+      return c !== null;
+    });
+  } catch (e) {
+    p.kill("SIGKILL");
+    throw new Error(`redis-server did not start (${e instanceof Error ? e.message : String(e)}): ${await new Response(p.stdout).text()}`);
   }
   return {
     url: `redis://127.0.0.1:${port}`,

@@ -11,6 +11,7 @@ import type { Server } from "bun";
 import { loadConfig } from "../../../src/config/index.ts";
 import { gatewayConfig, startGateway, type RunningGateway } from "../../../services/gateway/index.ts";
 import { beat, freePort, startTestScheduler } from "../helpers.ts";
+import { waitFor } from "../../helpers/wait.ts";
 
 const KEY = "e2b_" + "cd".repeat(20);
 /** The gateway's request_timeout_ms (and response_timeout_ms): what a hung node costs; the answering stand-ins take ~1 ms. */
@@ -343,7 +344,7 @@ test("a chunked control-plane body is cut at max_body_bytes: 413 before the clie
     }
     sent += chunk.length;
   }
-  for (let i = 0; i < 200 && !answer.includes("}"); i++) await Bun.sleep(10);
+  await waitFor("the gateway's whole 413 answer", () => answer.includes("}"), { timeoutMs: 2000 });
   sock.end();
   expect(answer).toStartWith("HTTP/1.1 413");
   expect(answer).toContain('"error_code":"gateway.body_too_large"');

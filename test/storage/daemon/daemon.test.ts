@@ -42,7 +42,6 @@ afterAll(async () => {
 async function rawConn(socket = daemonPaths(svc.dir).socket): Promise<{ send(b: Uint8Array): void; next(): Promise<Record<string, unknown>>; closed: Promise<void>; end(): void }> {
   const reader = new FrameReader(1 << 20);
   const got: Record<string, unknown>[] = [];
-  let wake: (() => void) | undefined;
   let resolveClosed!: () => void;
   const closed = new Promise<void>((r) => (resolveClosed = r));
   const sock = await Bun.connect({
@@ -50,21 +49,17 @@ async function rawConn(socket = daemonPaths(svc.dir).socket): Promise<{ send(b: 
     socket: {
       data(_s, chunk) {
         for (const f of reader.push(chunk)) if (f.ok) got.push(f.value);
-        wake?.();
       },
       close() {
         resolveClosed();
-        wake?.();
       },
     },
   });
   return {
     send: (b) => void sock.write(b),
     async next() {
-      for (let i = 0; i < 500 && got.length === 0; i++) await new Promise<void>((r) => ((wake = r), setTimeout(r, 20)));
-      const v = got.shift();
-      if (!v) throw new Error("no answer from the daemon");
-      return v;
+      await waitFor("an answer from the daemon", () => got.length > 0);
+      return got.shift()!;
     },
     closed,
     end: () => sock.end(),

@@ -11,6 +11,7 @@ import { openImageConfig, openRoLayer, openStack, OverlaybdError } from "../../.
 import { MemoryBackend } from "../../../src/storage/overlaybd/backend.ts";
 import { parseChallenge, RegistryBlob } from "../../../src/storage/overlaybd/registry.ts";
 import { HELLO, scratch, sha256 } from "./helpers.ts";
+import { waitFor } from "../../helpers/wait.ts";
 
 const tmp = scratch();
 const IDENTITY_TOKEN = "idtok-overlaybd";
@@ -70,16 +71,8 @@ beforeAll(async () => {
     "auth:", "  token:", `    realm: http://127.0.0.1:${tokenServer.port}/token`, `    service: ${SERVICE}`, `    issuer: ${ISSUER}`, `    rootcertbundle: ${cert}`,
   ].join("\n") + "\n");
   registry = Bun.spawn(["docker-registry", "serve", tmp.path("registry.yml")], { stdout: "ignore", stderr: "pipe" });
-  for (let i = 0; ; i++) {
-    try {
-      const r = await fetch(`${regUrl}/v2/`);
-      if (r.status === 401) break;
-    } catch {
-      // not listening yet
-    }
-    if (i > 100) throw new Error("docker-registry did not start");
-    await Bun.sleep(100);
-  }
+  // not listening yet: a refused connection, retried
+  await waitFor("docker-registry to ask for a token", async () => (await fetch(`${regUrl}/v2/`)).status === 401, { retryErrors: true });
   // push the hello-world blob (monolithic upload) with a push token
   const tok = await (await fetch(`http://127.0.0.1:${tokenServer.port}/token?service=${SERVICE}&scope=repository:${REPO}:pull,push`, { headers: { authorization: "Basic " + Buffer.from(`${USER}:${PASS}`).toString("base64") } })).json() as { token: string };
   const auth = { authorization: `Bearer ${tok.token}` };

@@ -2,7 +2,7 @@
 import { createClient } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
 import { Process } from "../../../src/envd/gen/process_pb.ts";
-import { waitFor } from "./helpers.ts";
+import { waitFor } from "../../helpers/wait.ts";
 
 export { ENVD_PORT } from "../../../src/envd/version.ts";
 
@@ -16,7 +16,7 @@ export async function waitEnvd(base: string, timeoutMs: number): Promise<number>
     } catch {
       return false;
     }
-  }, timeoutMs);
+  }, { timeoutMs: timeoutMs });
   return performance.now() - t0;
 }
 

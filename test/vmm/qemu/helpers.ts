@@ -10,6 +10,7 @@ import { join } from "node:path";
 import { loadConfig, type Config } from "../../../src/config/index.ts";
 import { resolveTools, toolsBoot, type ToolsBoot } from "../../../src/tools/index.ts";
 import { QemuDriver, qemuOptions, type NetSpec } from "../../../src/vmm/index.ts";
+import { waitFor } from "../../helpers/wait.ts";
 
 /** Data directory the test builds live in (scripts/test.sh exports the same). */
 export const TEST_HOME = process.env.AENV_TEST_HOME_PATH ?? "/var/lib/agentenv-test";
@@ -42,17 +43,6 @@ export function testDriver(): { driver: QemuDriver; runtimeDir: string; dispose:
   };
 }
 
-/** Poll `fn` every 20 ms until it returns a truthy value; throws after `timeoutMs`. */
-export async function waitFor<T>(what: string, fn: () => T | Promise<T>, timeoutMs: number): Promise<NonNullable<T>> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const v = await fn();
-    if (v) return v as NonNullable<T>;
-    if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
-    await Bun.sleep(20);
-  }
-}
-
 /** Wait until the console file matches `re`; returns the match. */
 export async function waitConsole(path: string, re: RegExp, timeoutMs: number): Promise<RegExpMatchArray> {
   return await waitFor(`console ${path} to match ${re}`, () => {
@@ -61,7 +51,7 @@ export async function waitConsole(path: string, re: RegExp, timeoutMs: number): 
     } catch {
       return null;
     }
-  }, timeoutMs);
+  }, { timeoutMs });
 }
 
 function sh(cmd: string[]): string {

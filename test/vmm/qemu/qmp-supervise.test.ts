@@ -11,6 +11,7 @@ import { processStartTime, reapLeftovers, VmmError } from "../../../src/vmm/inde
 import { QmpClient, type QmpEvent } from "../../../src/vmm/qemu/qmp.ts";
 import { writeRecord } from "../../../src/vmm/supervise.ts";
 import { exited } from "../../helpers/proc.ts";
+import { waitFor } from "../../helpers/wait.ts";
 
 describe("QMP client", () => {
   test("negotiates, runs commands, surfaces QMP errors, and sees the socket close on quit", async () => {
@@ -58,13 +59,14 @@ describe("QMP client", () => {
       // completed: the event may arrive before waitEvent is called; the mark taken first catches it
       const mark = c.eventMark();
       await c.execute("migrate", { uri: `exec:cat > ${join(d, "state")}` });
-      await Bun.sleep(200); // let the end event arrive before the wait is armed
+      await waitFor("the end event to arrive before the wait is armed", () => c.events.some(ended));
       const done = await c.waitEvent(ended, 10_000, mark);
       expect(done.data?.status).toBe("completed");
       const statuses = c.events.filter((e) => e.event === "MIGRATION").map((e) => e.data?.status);
       expect(statuses[0]).toBe("setup");
       expect(statuses.at(-1)).toBe("completed");
-      expect(statSync(join(d, "state")).size).toBeGreaterThan(0);
+      // the exec'd cat writes the stream out after QEMU has sent it all
+      await waitFor("cat to write the migration stream", () => statSync(join(d, "state")).size > 0);
       // failed: a destination nobody listens on (QEMU refuses a migration from postmigrate: cont first)
       await c.execute("cont");
       await c.execute("stop");

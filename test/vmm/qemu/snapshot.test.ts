@@ -14,7 +14,8 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { resolveTemplate } from "../../../src/template/index.ts";
 import { processStartTime, reapLeftovers, resolveKernelPath, type VmSpec } from "../../../src/vmm/index.ts";
-import { TEST_HOME, testBoot, testConfig, testDriver, waitConsole, waitFor } from "./helpers.ts";
+import { TEST_HOME, testBoot, testConfig, testDriver, waitConsole } from "./helpers.ts";
+import { waitFor } from "../../helpers/wait.ts";
 
 const drv = testDriver();
 let dir: string;
@@ -93,10 +94,10 @@ describe("QEMU snapshot and restore", () => {
       expect(c2.state).toBe("paused");
       expect([vm.memShared, c1.memShared, c2.memShared]).toEqual([true, false, false]); // clones map RAM copy-on-write
       expect(c1.memPath).toBe(files.memPath);
-      await waitFor("clone1 to count 5 more", () => (counters(c1.consolePath).at(-1)?.n ?? 0) >= last.n + 5, 30_000);
+      await waitFor("clone1 to count 5 more", () => (counters(c1.consolePath).at(-1)?.n ?? 0) >= last.n + 5, { timeoutMs: 30_000 });
       expect(counters(c2.consolePath)).toEqual([]); // still paused
       await c2.resume();
-      await waitFor("clone2 to count 5 more", () => (counters(c2.consolePath).at(-1)?.n ?? 0) >= last.n + 5, 30_000);
+      await waitFor("clone2 to count 5 more", () => (counters(c2.consolePath).at(-1)?.n ?? 0) >= last.n + 5, { timeoutMs: 30_000 });
       for (const c of [c1, c2]) {
         const seen = counters(c.consolePath);
         expect(seen[0]!.n).toBeGreaterThanOrEqual(last.n);
@@ -129,7 +130,7 @@ describe("QEMU snapshot and restore", () => {
       await c1.stop();
       const c3 = await drv.driver.restore(spec("clone3"), f2, { resume: true });
       try {
-        await waitFor("clone3 to count on", () => (counters(c3.consolePath).at(-1)?.n ?? 0) >= n1 + 3, 30_000);
+        await waitFor("clone3 to count on", () => (counters(c3.consolePath).at(-1)?.n ?? 0) >= n1 + 3, { timeoutMs: 30_000 });
         expect(counters(c3.consolePath)[0]!.n).toBeLessThanOrEqual(n1 + 1);
         expect(counters(c3.consolePath)[0]!.n).toBeGreaterThanOrEqual(n1);
       } finally {
