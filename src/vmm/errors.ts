@@ -12,6 +12,7 @@ export const VMM_ERRORS = {
   "vmm.qmp_closed": "the QMP connection closed (QEMU exited)",
   "vmm.qmp_error": "QEMU answered a QMP command with an error (details.command, error)",
   "vmm.qmp_timeout": "a QMP command got no answer in time (details.command, timeoutMs)",
+  "vmm.qmp_bad_message": "QEMU sent a QMP line that is not JSON, not a QMP message, or over the line bound (details.reason); the connection is closed",
   "vmm.firecracker_api": "Firecracker answered an API request with an error (details.status, fault)",
   "vmm.firecracker_unreachable": "Firecracker's API socket did not answer (details.socket)",
   "vmm.snapshot_failed": "saving VM state failed (details.status)",

@@ -5,7 +5,9 @@
  * {"execute":"qmp_capabilities"}, then each {"execute":cmd,"arguments":..,"id":n} gets exactly one
  * {"return":..,"id":n} or {"error":{"class","desc"},"id":n}; {"event":..} lines may come anytime.
  */
+import { Type as T } from "@sinclair/typebox";
 import { connect, type Socket } from "node:net";
+import { describeProblem, jsonSchema } from "../../util/json-check.ts";
 import { VmmError } from "../errors.ts";
 
 /** One asynchronous QMP event, e.g. `{ event: "STOP", data: {} }`. */
@@ -25,6 +27,15 @@ interface EventWaiter {
 /** Events kept for `events` and for waits armed with an earlier mark. */
 const EVENTS_KEPT = 256;
 
+/** Longest QMP line read, bytes (QEMU's answers to the commands the driver sends are a few KiB). */
+export const MAX_QMP_LINE = 16 << 20;
+
+/** The QMP messages the client reads; any other JSON object is left alone (a later QEMU's). */
+const QMP = {
+  event: jsonSchema(T.Object({ event: T.String(), data: T.Optional(T.Record(T.String(), T.Unknown())), timestamp: T.Optional(T.Object({ seconds: T.Number(), microseconds: T.Number() })) })),
+  reply: jsonSchema(T.Object({ id: T.Integer(), return: T.Optional(T.Unknown()), error: T.Optional(T.Object({ class: T.String(), desc: T.String() })) })),
+};
+
 interface Pending {
   resolve: (v: unknown) => void;
   reject: (e: Error) => void;
@@ -41,7 +52,9 @@ export class QmpClient {
   private readonly waiters = new Set<EventWaiter>();
   private readonly pending = new Map<number, Pending>();
   private nextId = 1;
-  private buf = "";
+  /** The line being received: its pieces (joined once it ends) and their length. */
+  private partial: string[] = [];
+  private partialLen = 0;
   private closed = false;
 
   private constructor(
@@ -156,41 +169,63 @@ export class QmpClient {
     }
   }
 
+  /** QEMU sent what QMP never is: the connection can no longer be trusted, everything waiting fails. */
+  private bad(reason: string): void {
+    this.sock.destroy();
+    this.failAll(new VmmError("vmm.qmp_bad_message", `QMP socket ${this.path}: ${reason}`, { path: this.path, reason }));
+  }
+
   private onData(s: string): void {
-    this.buf += s;
-    let nl: number;
-    while ((nl = this.buf.indexOf("\n")) >= 0) {
-      const line = this.buf.slice(0, nl).trim();
-      this.buf = this.buf.slice(nl + 1);
-      if (!line) continue;
-      let msg: Record<string, unknown>;
-      try {
-        msg = JSON.parse(line);
-      } catch {
-        continue;
-      }
-      if (typeof msg.event === "string") {
-        const ev = msg as unknown as QmpEvent;
-        this.events.push(ev);
-        this.received++;
-        if (this.events.length > EVENTS_KEPT) this.events.shift();
-        for (const w of this.waiters) {
-          if (!w.match(ev)) continue;
-          this.waiters.delete(w);
-          clearTimeout(w.timer);
-          w.resolve(ev);
-        }
-        continue;
-      }
-      const p = this.pending.get(msg.id as number);
-      if (!p) continue;
-      this.pending.delete(msg.id as number);
-      clearTimeout(p.timer);
-      if ("error" in msg) {
-        const err = msg.error as { class?: string; desc?: string };
-        p.reject(new VmmError("vmm.qmp_error", `QMP ${p.cmd}: ${err.class}: ${err.desc}`, { path: this.path, cmd: p.cmd, error: err }));
-      } else p.resolve(msg.return);
+    let from = 0;
+    for (let nl = s.indexOf("\n"); nl >= 0 && !this.closed; nl = s.indexOf("\n", from)) {
+      const piece = s.slice(from, nl);
+      from = nl + 1;
+      if (this.partialLen + piece.length > MAX_QMP_LINE) return this.bad(`a line over ${MAX_QMP_LINE} bytes`);
+      const line = (this.partial.length ? this.partial.join("") + piece : piece).trim();
+      this.partial = [];
+      this.partialLen = 0;
+      this.onLine(line);
     }
+    if (this.closed || from === s.length) return;
+    this.partialLen += s.length - from;
+    if (this.partialLen > MAX_QMP_LINE) return this.bad(`a line over ${MAX_QMP_LINE} bytes`);
+    this.partial.push(s.slice(from));
+  }
+
+  private onLine(line: string): void {
+    if (!line) return;
+    let msg: unknown;
+    try {
+      msg = JSON.parse(line);
+    } catch {
+      return this.bad("a line that is not JSON");
+    }
+    if (typeof msg !== "object" || msg === null || Array.isArray(msg)) return this.bad("a line that is not a JSON object");
+    if ("event" in msg) {
+      const r = QMP.event.check(msg);
+      if (!r.ok) return this.bad(`an event ${describeProblem(r.problem)}`);
+      const ev: QmpEvent = r.value;
+      this.events.push(ev);
+      this.received++;
+      if (this.events.length > EVENTS_KEPT) this.events.shift();
+      for (const w of this.waiters) {
+        if (!w.match(ev)) continue;
+        this.waiters.delete(w);
+        clearTimeout(w.timer);
+        w.resolve(ev);
+      }
+      return;
+    }
+    if (!("id" in msg)) return; // no answer to us (a later QEMU's message)
+    const r = QMP.reply.check(msg);
+    if (!r.ok) return this.bad(`an answer ${describeProblem(r.problem)}`);
+    const p = this.pending.get(r.value.id);
+    if (!p) return;
+    this.pending.delete(r.value.id);
+    clearTimeout(p.timer);
+    const err = r.value.error;
+    if (err) p.reject(new VmmError("vmm.qmp_error", `QMP ${p.cmd}: ${err.class}: ${err.desc}`, { path: this.path, cmd: p.cmd, error: err }));
+    else p.resolve(r.value.return);
   }
 }
 
@@ -201,7 +236,10 @@ async function readLine(sock: Socket, timeoutMs: number): Promise<Record<string,
     const onData = (d: Buffer) => {
       buf += d.toString();
       const nl = buf.indexOf("\n");
-      if (nl < 0) return;
+      if (nl < 0) {
+        if (buf.length > MAX_QMP_LINE) done(new Error(`a QMP greeting over ${MAX_QMP_LINE} bytes`));
+        return;
+      }
       try {
         done(null, JSON.parse(buf.slice(0, nl)));
       } catch (e) {
