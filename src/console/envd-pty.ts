@@ -6,7 +6,8 @@
  * a resize is `Update {pty: {size}}`, and closing kills the process (`SendSignal SIGKILL`), as
  * the E2B SDK's `pty.kill` does.
  */
-import { connectEnvelope, connectFrames } from "../sandbox/envd-client.ts";
+import { connectEnvelope, processStream, type ProcessStreamMessage } from "../sandbox/connect-frames.ts";
+import { textCapped } from "../util/read-capped.ts";
 import { ConsoleError } from "./errors.ts";
 
 /** Where a sandbox's envd answers and the token it wants (null: an open envd). */
@@ -47,7 +48,7 @@ export class EnvdPty {
     private readonly target: EnvdTarget,
     private readonly user: string,
     readonly pid: number,
-    private readonly stream: AsyncGenerator<{ flags: number; json: any }>,
+    private readonly stream: AsyncGenerator<ProcessStreamMessage>,
     private readonly abort: AbortController,
     readonly sandboxId: string,
   ) {}
@@ -70,18 +71,24 @@ export class EnvdPty {
       throw new ConsoleError("console.envd_failed", `envd process start failed: ${(e as Error).message}`, { sandboxId });
     }
     if (!res.ok || !res.body) {
-      const text = await res.text();
+      const text = await textCapped(res, 4096);
       throw new ConsoleError("console.envd_failed", `envd process start answered ${res.status}: ${text.slice(0, 300)}`, { sandboxId, status: res.status });
     }
-    const stream = connectFrames(res.body);
+    const stream = processStream(res.body);
     for (;;) {
-      const f = await stream.next();
-      if (f.done || f.value.flags & 2) {
+      let f: IteratorResult<ProcessStreamMessage>;
+      try {
+        f = await stream.next();
+      } catch (e) {
         abort.abort();
-        const err = f.done ? null : f.value.json?.error;
+        throw new ConsoleError("console.envd_failed", `envd process stream broke before the start event: ${e instanceof Error ? e.message : String(e)}`, { sandboxId });
+      }
+      if (f.done || f.value.end) {
+        abort.abort();
+        const err = f.done || !f.value.end ? null : f.value.error;
         throw new ConsoleError("console.envd_failed", `envd ended the process stream before the start event${err ? `: ${err.code}: ${err.message}` : ""}`, { sandboxId });
       }
-      const pid = f.value.json?.event?.start?.pid;
+      const pid = f.value.event.start?.pid;
       if (typeof pid === "number") return new EnvdPty(target, spec.user, pid, stream, abort, sandboxId);
     }
   }
@@ -93,14 +100,14 @@ export class EnvdPty {
   async *events(): AsyncGenerator<PtyEvent> {
     try {
       for await (const f of this.stream) {
-        if (f.flags & 2) {
-          const err = f.json?.error;
+        if (f.end) {
+          const err = f.error;
           if (err && !this.closed) throw new ConsoleError("console.envd_failed", `envd ended the process stream: ${err.code}: ${err.message}`, { sandboxId: this.sandboxId });
           return;
         }
-        const ev = f.json?.event;
-        if (ev?.data?.pty) yield { kind: "data", bytes: Buffer.from(ev.data.pty, "base64") };
-        if (ev?.end) {
+        const ev = f.event;
+        if (ev.data?.pty) yield { kind: "data", bytes: Buffer.from(ev.data.pty, "base64") };
+        if (ev.end) {
           yield { kind: "exit", exitCode: typeof ev.end.exitCode === "number" ? ev.end.exitCode : ev.end.exited === false ? -1 : 0, status: String(ev.end.status ?? "") };
           return;
         }

@@ -8,6 +8,7 @@
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { join } from "node:path";
 import { createLoopback, startNodeNoVm, type TestNode } from "../api/helpers.ts";
+import { waitFor } from "../helpers/wait.ts";
 
 const MAIN = join(import.meta.dir, "../../src/cli/main.ts");
 let node: TestNode;
@@ -82,16 +83,15 @@ test("sandbox logs: table and --json; --follow prints a line written after it st
   const reading = (async () => {
     for await (const c of p.stdout) out += new TextDecoder().decode(c);
   })();
-  const waitFor = async (re: RegExp) => {
-    for (let i = 0; !re.test(out); i++) {
-      if (i > 600 || p.exitCode !== null) throw new Error(`no ${re} in: ${out}`);
-      await Bun.sleep(50);
-    }
-  };
-  await waitFor(/sandbox created/);
+  const waitOut = (re: RegExp) =>
+    waitFor(`${re} in the output`, () => {
+      if (p.exitCode !== null) throw new Error(`the CLI exited (${p.exitCode}): ${out}`);
+      return re.test(out);
+    }, { timeoutMs: 30_000 });
+  await waitOut(/sandbox created/);
   expect(out).not.toMatch(/sandbox paused/);
   await node.orch.pause(s.id);
-  await waitFor(/lifecycle\s+sandbox paused/);
+  await waitOut(/lifecycle\s+sandbox paused/);
   // each line once: the follower's cursor does not repeat what it printed
   expect(out.match(/sandbox created/g)!.length).toBe(1);
   await node.orch.kill(s.id);

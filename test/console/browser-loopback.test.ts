@@ -11,6 +11,7 @@ import { afterAll, beforeAll, expect, test } from "bun:test";
 import type { Page } from "playwright-core";
 import { createLoopback, startNodeNoVm, type TestNode } from "../api/helpers.ts";
 import { launchChromium, logIn, screenshot, type TestBrowser } from "./browser.ts";
+import { waitFor } from "../helpers/wait.ts";
 
 let node: TestNode;
 let chrome: TestBrowser;
@@ -24,13 +25,9 @@ afterAll(async () => {
   await node?.dispose();
 }, 60_000);
 
-/** Wait until `fn` is true (polled every 50 ms, at most `ms`). */
+/** Wait until `fn` is true (at most `ms`). */
 async function until(fn: () => boolean | Promise<boolean>, ms: number, what: string): Promise<void> {
-  const end = Date.now() + ms;
-  while (!(await fn())) {
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await Bun.sleep(50);
-  }
+  await waitFor(what, fn, { timeoutMs: ms });
 }
 
 test("the key prompt refuses a wrong key, keeps the right one for this tab only, and no key travels in a URL", async () => {

@@ -10,6 +10,7 @@ import { afterAll, beforeAll, expect, test } from "bun:test";
 import { ClusterWorld } from "../e2e/cluster-world.ts";
 import { vmPrerequisites } from "../e2e/world.ts";
 import { launchChromium, logIn, screenshot, terminalRows, type TestBrowser } from "./browser.ts";
+import { waitFor } from "../helpers/wait.ts";
 
 const missing = vmPrerequisites();
 let world: ClusterWorld | undefined;
@@ -65,10 +66,7 @@ test("the gateway's console: a wrong key refused, both nodes listed, a sandbox u
   await page.waitForSelector("#terminal-status:text-matches('connected \\\\(pid \\\\d+\\\\)')", { timeout: 120_000 });
   await page.click("#terminal");
   await page.keyboard.type("echo $((6*7))\n");
-  for (let i = 0; !(await terminalRows(page)).includes("42"); i++) {
-    if (i > 600) throw new Error(`no 42 on the terminal:\n${(await terminalRows(page)).join("\n")}`);
-    await Bun.sleep(100);
-  }
+  await waitFor("42 on the terminal", async () => (await terminalRows(page)).includes("42"), { timeoutMs: 60_000, maxIntervalMs: 100 });
   await screenshot(page, "cluster-terminal");
   await w.client("console-sdk.ts", ["kill", id]);
 }, 900_000);

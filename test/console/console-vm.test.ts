@@ -22,6 +22,7 @@ import type { Page } from "playwright-core";
 import { resizePty } from "../../src/ffi/pty.ts";
 import { nodeForFile } from "../e2e/world.ts";
 import { launchChromium, logIn, screenshot, terminalRows, type TestBrowser } from "./browser.ts";
+import { waitFor } from "../helpers/wait.ts";
 
 const MAIN = join(import.meta.dir, "../../src/cli/main.ts");
 const world = nodeForFile({ AENV__metrics__sample_interval_ms: "1000", AENV__console__refresh_ms: "500" });
@@ -39,13 +40,10 @@ const sdk = <T = any>(...args: string[]) => world().client<T>("console-sdk.ts", 
 
 /** Wait until the terminal shows a row equal to `text`. */
 async function terminalShows(page: Page, text: string, ms = 120_000): Promise<string[]> {
-  const end = Date.now() + ms;
-  for (;;) {
+  return waitFor(`the terminal to show ${JSON.stringify(text)}`, async () => {
     const rows = await terminalRows(page);
-    if (rows.includes(text)) return rows;
-    if (Date.now() > end) throw new Error(`terminal never showed ${JSON.stringify(text)}:\n${rows.join("\n")}`);
-    await Bun.sleep(100);
-  }
+    return rows.includes(text) && rows;
+  }, { timeoutMs: ms, maxIntervalMs: 100 });
 }
 
 async function page(): Promise<Page> {
@@ -94,13 +92,7 @@ test("a sandbox created elsewhere appears without a reload; its terminal runs a 
 
 /** Wait until a terminal row matches `re`; returns it. */
 async function waitRow(p: Page, re: RegExp, ms = 60_000): Promise<string> {
-  const end = Date.now() + ms;
-  for (;;) {
-    const hit = (await terminalRows(p)).find((r) => re.test(r));
-    if (hit) return hit;
-    if (Date.now() > end) throw new Error(`no terminal row matching ${re}:\n${(await terminalRows(p)).join("\n")}`);
-    await Bun.sleep(100);
-  }
+  return waitFor(`a terminal row matching ${re}`, async () => (await terminalRows(p)).find((r) => re.test(r)), { timeoutMs: ms, maxIntervalMs: 100 });
 }
 
 test("files: an upload from the page is byte-exact in the guest and downloads byte-exact", async () => {
@@ -214,13 +206,14 @@ test("agentenv sandbox connect under a pseudo-terminal: runs a command, follows 
     for await (const c of p.stderr) err += new TextDecoder().decode(c);
   })();
   const waitOut = async (re: RegExp, ms = 120_000) => {
-    const end = Date.now() + ms;
-    while (!re.test(out)) {
-      if (Date.now() > end || p.exitCode !== null) {
-        p.kill("SIGKILL");
-        throw new Error(`no ${re} in the terminal output:\n${out}\nstderr: ${err}`);
-      }
-      await Bun.sleep(100);
+    try {
+      await waitFor(`${re} in the terminal output`, () => {
+        if (p.exitCode !== null) throw new Error(`the CLI exited (${p.exitCode})`);
+        return re.test(out);
+      }, { timeoutMs: ms, maxIntervalMs: 100 });
+    } catch (e) {
+      p.kill("SIGKILL");
+      throw new Error(`${e instanceof Error ? e.message : String(e)}:\n${out}\nstderr: ${err}`);
     }
   };
   const type = (s: string) => {
@@ -233,20 +226,20 @@ test("agentenv sandbox connect under a pseudo-terminal: runs a command, follows 
   type("echo $((6*7))-ok; stty size\n");
   await waitOut(/42-ok\r*\n24 80\r*\n/);
   // a resize of the CLI's terminal (TIOCSWINSZ: the kernel sends it SIGWINCH) reaches the guest's PTY
-  let pid: number | null = null;
-  for (let i = 0; pid === null && i < 100; i++) (pid = connectPid(sandboxId)) ?? (await Bun.sleep(50));
-  const fd = openSync(ttyOf(pid!), "r+");
+  const pid = await waitFor("the CLI's connect process", () => connectPid(sandboxId), { timeoutMs: 5000 });
+  const fd = openSync(ttyOf(pid), "r+");
   try {
     resizePty(fd, 132, 40);
   } finally {
     closeSync(fd);
   }
   const mark = out.length;
-  for (let i = 0; !/40 132\r*\n/.test(out.slice(mark)); i++) {
-    if (i > 100) throw new Error(`the resize never reached the guest:\n${out.slice(mark)}`);
+  // asked again until the answer shows the new size
+  await waitFor("the resize to reach the guest", () => {
+    if (/40 132\r*\n/.test(out.slice(mark))) return true;
     type("stty size\n");
-    await Bun.sleep(300);
-  }
+    return false;
+  }, { timeoutMs: 30_000, maxIntervalMs: 300 });
   type("exit 7\n");
   const code = await p.exited;
   await reading;
@@ -264,12 +257,11 @@ test("agentenv sandbox logs --follow prints a guest console line written after i
   const reading = (async () => {
     for await (const c of p.stdout) out += new TextDecoder().decode(c);
   })();
-  const waitOut = async (re: RegExp) => {
-    for (let i = 0; !re.test(out); i++) {
-      if (i > 1200 || p.exitCode !== null) throw new Error(`no ${re} in:\n${out}`);
-      await Bun.sleep(100);
-    }
-  };
+  const waitOut = (re: RegExp) =>
+    waitFor(`${re} in the output`, () => {
+      if (p.exitCode !== null) throw new Error(`the CLI exited (${p.exitCode}):\n${out}`);
+      return re.test(out);
+    }, { timeoutMs: 120_000, maxIntervalMs: 100 });
   await waitOut(/lifecycle\s+sandbox created/);
   expect(out).not.toContain("follow-marker-99");
   await sdk("run", sandboxId, "echo follow-marker-$((90+9)) > /dev/console", "root");

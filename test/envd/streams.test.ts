@@ -14,7 +14,8 @@ import { join } from "node:path";
 import { Sandbox } from "e2b";
 import { ENVD_VERSION } from "../../src/envd/version.ts";
 import { createLoopback, startNodeNoVm, type TestNode } from "../api/helpers.ts";
-import { ensureUserAccount, initEnvd, startEnvdChild, waitFor, type EnvdChild } from "./harness.ts";
+import { ensureUserAccount, initEnvd, startEnvdChild, type EnvdChild } from "./harness.ts";
+import { waitFor } from "../helpers/wait.ts";
 
 const TOKEN = "b".repeat(24) + "0123456789abcdef";
 let dir: string;
@@ -73,13 +74,13 @@ async function reconnectAfterCut(sbx: Sandbox, opts: Record<string, unknown>, fi
   const { pid, lastSeen } = await clientCutMidStream(opts, sbx.sandboxId, counter(file), 5);
   // the process goes on with nobody listening
   const written = () => Number(readFileSync(file, "utf8").trim() || 0);
-  expect(await waitFor(() => written() >= lastSeen + 20, 20_000)).toBe(true);
+  await waitFor("written() >= lastSeen + 20", () => written() >= lastSeen + 20, { timeoutMs: 20_000 });
   const listed = await sbx.commands.list();
   expect(listed.map((p) => p.pid)).toContain(pid);
   const atConnect = written();
   let got = "";
   const h = await sbx.commands.connect(pid, { onStdout: (d) => void (got += d), timeoutMs: 0 });
-  expect(await waitFor(() => numbers(got).length > atConnect - lastSeen + 10, 20_000)).toBe(true);
+  await waitFor("numbers(got).length > atConnect - lastSeen + 10", () => numbers(got).length > atConnect - lastSeen + 10, { timeoutMs: 20_000 });
   const after = numbers(got);
   // nothing the client saw comes again; what was written while nobody listened comes first,
   // then the live output: no line missing
@@ -136,18 +137,18 @@ describe("command streams outlive their client", () => {
       // the client goes away (the SDK's own disconnect) before the command writes anything
       const h = await sbx.commands.run(`sleep 1; seq 1 20000; touch ${done}; sleep 600`, { background: true, timeoutMs: 0 });
       await h.disconnect();
-      expect(await waitFor(() => existsSync(done), 20_000)).toBe(true);
+      await waitFor("existsSync(done)", () => existsSync(done), { timeoutMs: 20_000 });
       let got = "";
       const again = await sbx.commands.connect(h.pid, { onStdout: (d) => void (got += d), timeoutMs: 0 });
       if (bound > 0) {
-        expect(await waitFor(() => got.endsWith("20000\n"), 10_000)).toBe(true);
+        await waitFor("got.endsWith(\"20000\\n\")", () => got.endsWith("20000\n"), { timeoutMs: 10_000 });
         expect(got.length).toBeGreaterThan(0);
         expect(got.length).toBeLessThanOrEqual(bound);
         expect(expected.endsWith(got)).toBe(true);
       } else {
         // nothing was kept: a marker written after the connect is the first thing it gets
         await sbx.commands.run(`echo marker > /proc/${h.pid}/fd/1`, { user: "root" });
-        expect(await waitFor(() => got.length > 0, 10_000)).toBe(true);
+        await waitFor("got.length > 0", () => got.length > 0, { timeoutMs: 10_000 });
         expect(got).toBe("marker\n");
       }
       await again.kill();

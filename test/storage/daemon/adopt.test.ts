@@ -14,6 +14,7 @@ import { openStack } from "../../../src/storage/overlaybd/index.ts";
 import { alive, exited } from "../../helpers/proc.ts";
 import { fuseMounted, stopService } from "./fixtures/service.ts";
 import { twoLayerTemplate } from "./fixtures/template.ts";
+import { waitFor } from "../../helpers/wait.ts";
 
 const MiB = 1 << 20;
 const PATTERN = new Uint8Array(64 * 1024).map((_, i) => (i * 7 + 3) & 0xff);
@@ -100,7 +101,7 @@ describe("disk daemon adoption", () => {
     process.kill(made.daemonPid, "SIGKILL");
     let lostReason: string | undefined;
     void a.lost.then((r) => (lostReason = r));
-    for (let i = 0; i < 500 && svc.restarts === 0; i++) await Bun.sleep(20);
+    await waitFor("the daemon to be started again", () => svc.restarts > 0);
     expect(svc.restarts).toBe(1);
     expect(svc.pid).not.toBe(made.daemonPid);
     expect(readAt(a.path, MiB, PATTERN.length)).toEqual(PATTERN);
@@ -115,7 +116,7 @@ describe("disk daemon adoption", () => {
     const dir = join(root, "n2");
     const made = await deadNode(dir);
     process.kill(made.daemonPid, "SIGKILL");
-    for (let i = 0; i < 500 && !exited(made.daemonPid); i++) await Bun.sleep(20);
+    await waitFor("the old daemon to exit", () => exited(made.daemonPid));
     const svc = await adopt(dir);
     expect(svc.adopted).toBe(false);
     expect(svc.pid).not.toBe(made.daemonPid);

@@ -12,6 +12,7 @@ import { firecrackerConfig, FirecrackerDriver, type FirecrackerConfig } from "..
 import { readRecords, writeRecord } from "../../../src/vmm/supervise.ts";
 import type { VmmAttachResult, VmSpec } from "../../../src/vmm/index.ts";
 import { alive, exited } from "../../helpers/proc.ts";
+import { waitFor } from "../../helpers/wait.ts";
 
 let root: string;
 let runtimeDir: string;
@@ -56,7 +57,7 @@ async function bareVmm(id: string, binary = cfg.binary): Promise<{ proc: Bun.Sub
   // stdin a pipe nobody writes: a stand-in that reads it waits without a child of its own
   const proc = Bun.spawn(argv, { stdin: "pipe", stdout: "ignore", stderr: "ignore" });
   pids.push(proc.pid);
-  for (let i = 0; i < 500 && !existsSync(sock); i++) await Bun.sleep(20);
+  await waitFor("Firecracker's API socket", () => existsSync(sock));
   writeRecord(runtimeDir, {
     id, driver: "firecracker", pid: proc.pid, startTime: processStartTime(proc.pid)!, ownedFiles: [sock], argv, workDir: spec.workDir,
     controlSocket: sock, consolePath: join(spec.workDir, "firecracker.log"), restored: false, dirtyMemPath: "",

@@ -14,7 +14,8 @@ import { join } from "node:path";
 import { processStartTime, qemuOptions, QemuDriver, readRecords, reapLeftovers, type QemuVm, type VmmAttachResult } from "../../../src/vmm/index.ts";
 import { writeRecord } from "../../../src/vmm/supervise.ts";
 import { alive, exited } from "../../helpers/proc.ts";
-import { testConfig, waitFor } from "./helpers.ts";
+import { testConfig } from "./helpers.ts";
+import { waitFor } from "../../helpers/wait.ts";
 
 const root = mkdtempSync(join(tmpdir(), "c1adopt-"));
 const runtimeDir = join(root, "run");
@@ -76,7 +77,7 @@ describe("QEMU adoption", () => {
     expect([vm.id, vm.pid, vm.state, vm.spawnMs, vm.consolePath, vm.memPath, vm.memShared]).toEqual([id, qemuPid, "running", 0, consolePath, rec.memPath!, true]);
     expect(((await vm.qmp.execute("query-status")) as { status: string }).status).toBe("running");
     // the console goes on in the same file, and its lines reach the new listener
-    await waitFor("console lines through the adopted console", () => ticks(lines.join("\n")).length >= 3, 60_000);
+    await waitFor("console lines through the adopted console", () => ticks(lines.join("\n")).length >= 3, { timeoutMs: 60_000 });
     const after = ticks(lines.join("\n"));
     expect(after[0]!).toBeGreaterThan(before.at(-1)!);
     for (let i = 1; i < after.length; i++) expect(after[i]).toBe(after[i - 1]! + 1);
@@ -121,7 +122,7 @@ describe("QEMU adoption", () => {
       const p = Bun.spawn(sleeperArgv(name), { stdin: "ignore", stdout: "ignore", stderr: "ignore" });
       pids.push(p.pid);
       // until the exec: what /proc shows of it is not yet its command line
-      await waitFor(`${name} running`, () => readFileSync(`/proc/${p.pid}/cmdline`, "utf8").includes(name), 10_000);
+      await waitFor(`${name} running`, () => readFileSync(`/proc/${p.pid}/cmdline`, "utf8").includes(name), { timeoutMs: 10_000 });
       return p;
     };
     const dead = await sleeper();
