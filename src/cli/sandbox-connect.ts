@@ -7,7 +7,7 @@
  * on stdin, stdin is sent as it is and its end as Ctrl-D.
  */
 import { defineCommand } from "citty";
-import { CLOSE, terminalPath, type AuthMessage, type ResizeMessage, type ServerMessage, type TicketBody } from "../console/index.ts";
+import { CLOSE, parseServerMessage, terminalPath, type AuthMessage, type ResizeMessage, type TicketBody } from "../console/index.ts";
 import { call, CliError, common, conn, run, type Conn } from "./sandbox.ts";
 
 /** The size to report: the terminal's, else 80x24. */
@@ -60,8 +60,8 @@ export async function connectTerminal(c: Conn, id: string, o: { user?: string; c
       };
       ws.onmessage = (ev) => {
         if (typeof ev.data !== "string") return void process.stdout.write(new Uint8Array(ev.data as ArrayBuffer));
-        const m = JSON.parse(ev.data) as ServerMessage;
-        if (m.type === "exit") exitCode = m.exitCode;
+        const m = parseServerMessage(ev.data);
+        if (m?.type === "exit") exitCode = m.exitCode;
       };
       ws.onerror = () => reject(new CliError(`the terminal connection to ${c.url} failed`));
       ws.onclose = (ev) => {

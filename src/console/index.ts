@@ -8,6 +8,6 @@ export { ConsoleSite, CONSOLE_PREFIX, isConsolePath, type SiteOptions } from "./
 export { TerminalService, TERMINAL_PATH_RE, withTerminals, type EnvdLookup, type TerminalOptions, type TerminalWsData } from "./terminal.ts";
 export { TicketBook } from "./tickets.ts";
 export { EnvdPty, DEFAULT_SHELL, type EnvdTarget, type PtyEvent, type PtySpec } from "./envd-pty.ts";
-export { CLOSE, terminalPath, type AuthMessage, type ExitMessage, type ReadyMessage, type ResizeMessage, type ServerMessage, type TicketBody } from "./protocol.ts";
+export { CLOSE, parseServerMessage, terminalPath, type AuthMessage, type ExitMessage, type ReadyMessage, type ResizeMessage, type ServerMessage, type TicketBody } from "./protocol.ts";
 export { LogCursor, type LogEntryBody } from "./log-cursor.ts";
 export { ConsoleError, CONSOLE_ERRORS, type ConsoleErrorCode } from "./errors.ts";

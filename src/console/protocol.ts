@@ -57,6 +57,25 @@ export interface ExitMessage {
 export type ClientMessage = AuthMessage | ResizeMessage;
 export type ServerMessage = ReadyMessage | ExitMessage;
 
+/**
+ * A text frame from the node as a ServerMessage, or null when it is not one (not JSON, another
+ * type, a field of the wrong type): read by the CLI and by the browser, so checked by hand here
+ * rather than with a schema library the browser bundle would carry.
+ */
+export function parseServerMessage(text: string): ServerMessage | null {
+  let v: unknown;
+  try {
+    v = JSON.parse(text);
+  } catch {
+    return null;
+  }
+  if (typeof v !== "object" || v === null) return null;
+  const m = v as Record<string, unknown>;
+  if (m.type === "ready" && typeof m.pid === "number") return { type: "ready", pid: m.pid };
+  if (m.type === "exit" && typeof m.exitCode === "number") return { type: "exit", exitCode: m.exitCode, status: typeof m.status === "string" ? m.status : "" };
+  return null;
+}
+
 /** Close codes of the terminal socket (4000-4999: application codes, RFC 6455 §7.4.2). */
 export const CLOSE = {
   /** The shell exited (an ExitMessage came first). */

@@ -8,7 +8,7 @@
 import { useEffect, useRef, useState } from "preact/hooks";
 import type { Terminal as XTerm } from "@xterm/xterm";
 import { api } from "./api.ts";
-import { CLOSE, terminalPath, type AuthMessage, type ResizeMessage, type ServerMessage, type TicketBody } from "../protocol.ts";
+import { CLOSE, parseServerMessage, terminalPath, type AuthMessage, type ResizeMessage, type TicketBody } from "../protocol.ts";
 
 export function Terminal({ id }: { id: string }) {
   const box = useRef<HTMLDivElement>(null);
@@ -62,11 +62,11 @@ export function Terminal({ id }: { id: string }) {
         ws.onopen = () => ws!.send(JSON.stringify({ type: "auth", ticket: ticket.ticket, cols: t.cols, rows: t.rows } satisfies AuthMessage));
         ws.onmessage = (ev) => {
           if (typeof ev.data !== "string") return t.write(new Uint8Array(ev.data as ArrayBuffer));
-          const m = JSON.parse(ev.data) as ServerMessage;
-          if (m.type === "ready") {
+          const m = parseServerMessage(ev.data);
+          if (m?.type === "ready") {
             setStatus(`connected (pid ${m.pid})`);
             t.focus();
-          } else if (m.type === "exit") setStatus(`exited with code ${m.exitCode}`);
+          } else if (m?.type === "exit") setStatus(`exited with code ${m.exitCode}`);
         };
         ws.onclose = (ev) => {
           if (closed) return;
