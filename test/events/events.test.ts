@@ -18,6 +18,7 @@ import { Orchestrator, orchestratorConfig } from "../../src/orchestrator/index.t
 import { LoopbackRuntime } from "../helpers/loopback-runtime.ts";
 import { idleVmRuntime } from "../helpers/vm-runtime.ts";
 import { api, startNodeNoVm, type TestNode } from "../api/helpers.ts";
+import { waitFor } from "../helpers/wait.ts";
 
 let node: TestNode;
 let opts: { apiUrl: string; apiKey: string; sandboxUrl: string };
@@ -40,14 +41,10 @@ const types = (es: SandboxLifecycleEvent[]) => es.map((e) => e.type.replace("san
 
 /** Poll the events of `id` until one of `type` is there (bounded). */
 async function until(id: string, type: string, ms = 15_000): Promise<SandboxLifecycleEvent> {
-  const end = Date.now() + ms;
-  for (;;) {
+  return waitFor(`the ${type} event of ${id}`, async () => {
     const r = await events(`/events/sandboxes/${id}?orderAsc=true&limit=100`);
-    const e = r.status === 200 ? r.body.find((x) => x.type === `sandbox.lifecycle.${type}`) : undefined;
-    if (e) return e;
-    if (Date.now() > end) throw new Error(`no ${type} event of ${id}: ${JSON.stringify(r.body)}`);
-    await Bun.sleep(20);
-  }
+    return r.status === 200 ? r.body.find((x) => x.type === `sandbox.lifecycle.${type}`) : undefined;
+  }, { timeoutMs: ms });
 }
 
 test("each transition of a sandbox is one E2B event, newest first, with its data; filters and paging; the node-wide feed follows a cursor", async () => {

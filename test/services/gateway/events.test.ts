@@ -13,6 +13,7 @@ import { loadConfig } from "../../../src/config/index.ts";
 import type { SandboxLifecycleEvent } from "../../../src/events/index.ts";
 import { gatewayConfig, startGateway, type RunningGateway } from "../../../services/gateway/index.ts";
 import { freePort, startLoopbackNode, startTestScheduler } from "../helpers.ts";
+import { waitFor as wait } from "../../helpers/wait.ts";
 
 const KEY = "e2b_" + "cd".repeat(20);
 const home = mkdtempSync("/tmp/aenv-gw-ev-");
@@ -51,13 +52,8 @@ afterAll(async () => {
   rmSync(home, { recursive: true, force: true });
 });
 
-async function waitFor(what: string, cond: () => boolean | Promise<boolean>, ms = 20_000): Promise<void> {
-  const end = Date.now() + ms;
-  while (!(await cond())) {
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await Bun.sleep(20);
-  }
-}
+/** `cond` true within `ms` (the shared wait, with this file's default bound). */
+const waitFor = (what: string, cond: () => boolean | Promise<boolean>, ms = 20_000) => wait(what, cond, { timeoutMs: ms });
 
 test("one webhook registered at the gateway is on every node and receives the events of sandboxes on both; reads merge the nodes; patch and delete reach every node", async () => {
   const secret = "cluster-secret";
