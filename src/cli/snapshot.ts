@@ -6,7 +6,7 @@
  * `DELETE /templates/{ref}`).
  */
 import { defineCommand } from "citty";
-import { call, CliError, common, conn, run, table } from "./sandbox.ts";
+import { call, CliError, common, conn, run, table, type Conn } from "./sandbox.ts";
 
 /** A listed snapshot (`GET /snapshots`). */
 interface SnapshotRow {
@@ -15,6 +15,31 @@ interface SnapshotRow {
   sandboxID?: string | null;
   templateID?: string;
   createdAt?: string;
+}
+
+/** Every snapshot of `filter` (`GET /snapshots`, all pages), as listed: oldest first. */
+async function listSnapshots(c: Conn, filter: { sandboxID?: string; name?: string }): Promise<SnapshotRow[]> {
+  const all: SnapshotRow[] = [];
+  let token: string | null = null;
+  do {
+    const q = new URLSearchParams({ limit: "100", ...(filter.sandboxID ? { sandboxID: filter.sandboxID } : {}), ...(filter.name ? { name: filter.name } : {}), ...(token ? { nextToken: token } : {}) });
+    const r = await call(c, "GET", `/snapshots?${q}`);
+    all.push(...(r.data as SnapshotRow[]));
+    token = r.headers.get("x-next-token");
+  } while (token);
+  return all;
+}
+
+/**
+ * The snapshot `ref` names among `rows`: the one with that id, else the newest carrying it as a
+ * name (what `Sandbox.create(name)` starts from; a name may stay on older snapshots too).
+ */
+function pickSnapshot(rows: SnapshotRow[], ref: string): SnapshotRow | undefined {
+  const byId = rows.find((r) => r.snapshotID === ref);
+  if (byId) return byId;
+  let newest: SnapshotRow | undefined;
+  for (const r of rows) if (!newest || (r.createdAt ?? "") >= (newest.createdAt ?? "")) newest = r;
+  return newest;
 }
 
 function count(v: string | undefined, what: string, max: number): number | undefined {
@@ -81,15 +106,7 @@ export default defineCommand({
       },
       run: ({ args }) =>
         run(async () => {
-          const c = conn(args);
-          const all: SnapshotRow[] = [];
-          let token: string | null = null;
-          do {
-            const q = new URLSearchParams({ limit: "100", ...(args.sandbox ? { sandboxID: args.sandbox } : {}), ...(args.name ? { name: args.name } : {}), ...(token ? { nextToken: token } : {}) });
-            const r = await call(c, "GET", `/snapshots?${q}`);
-            all.push(...(r.data as SnapshotRow[]));
-            token = r.headers.get("x-next-token");
-          } while (token);
+          const all = await listSnapshots(conn(args), { sandboxID: args.sandbox, name: args.name });
           if (args.json) return console.log(JSON.stringify(all, null, 2));
           if (all.length === 0) return console.log("no snapshots");
           console.log(
@@ -101,16 +118,16 @@ export default defineCommand({
         }),
     }),
     rm: defineCommand({
-      meta: { name: "rm", description: "delete a snapshot (sandboxes running from it keep it until they stop)" },
+      meta: { name: "rm", description: "delete a snapshot by id, or the newest carrying a name (sandboxes running from it keep it until they stop)" },
       args: { ...common, ref: { type: "positional", required: true, description: "snapshot id or name" } },
       run: ({ args }) =>
         run(async () => {
           const c = conn(args);
-          const q = new URLSearchParams({ name: args.ref, limit: "1" });
-          const found = (await call(c, "GET", `/snapshots?${q}`)).data as SnapshotRow[];
-          if (found.length === 0) throw new CliError(`no snapshot ${args.ref}`, 404);
-          await call(c, "DELETE", `/templates/${encodeURIComponent(args.ref)}`);
-          console.log(`deleted ${found[0]!.snapshotID}`);
+          const target = pickSnapshot(await listSnapshots(c, { name: args.ref }), args.ref);
+          if (!target) throw new CliError(`no snapshot ${args.ref}`, 404);
+          // by id: the node resolves a name on its own, and the line below must name what went
+          await call(c, "DELETE", `/templates/${encodeURIComponent(target.snapshotID)}`);
+          console.log(`deleted ${target.snapshotID}`);
         }),
     }),
   },

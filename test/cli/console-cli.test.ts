@@ -70,6 +70,23 @@ test("sandbox snapshot, sandbox fork, snapshot list and rm: ids, tables, --json,
   for (const c of [...children, forkJson[0].sandbox.sandboxID, s.id]) await node.orch.kill(c);
 }, 60_000);
 
+test("snapshot rm of a name two snapshots carry deletes the newest and says which; an id deletes that one", async () => {
+  const s = await createLoopback(node);
+  const older = (await cli(["sandbox", "snapshot", s.id, "--name", "twice"])).out.trim();
+  const newer = (await cli(["sandbox", "snapshot", s.id, "--name", "twice"])).out.trim();
+  expect(older).not.toBe(newer);
+  const ids = async () => node.orch.listSnapshots({ name: "twice" }).items.map((x) => x.snapshotID);
+  expect(await ids()).toEqual([older, newer]);
+  expect(await cli(["snapshot", "rm", "twice"])).toMatchObject({ code: 0, out: `deleted ${newer}\n` });
+  expect(await ids()).toEqual([older]);
+  const third = (await cli(["sandbox", "snapshot", s.id, "--name", "twice"])).out.trim();
+  expect(await cli(["snapshot", "rm", older])).toMatchObject({ code: 0, out: `deleted ${older}\n` });
+  expect(await ids()).toEqual([third]);
+  expect(await cli(["snapshot", "rm", "twice"])).toMatchObject({ code: 0, out: `deleted ${third}\n` });
+  expect(await ids()).toEqual([]);
+  await node.orch.kill(s.id);
+}, 60_000);
+
 test("sandbox logs: table and --json; --follow prints a line written after it started and ends when the sandbox is gone", async () => {
   const s = await createLoopback(node);
   const once = await cli(["sandbox", "logs", s.id]);
