@@ -67,9 +67,13 @@ function checkProxyUrl(u: string): void {
   if ((url.protocol !== "http:" && url.protocol !== "https:") || !url.hostname) throw new Error(`proxy ${JSON.stringify(redactUrl(u))} must be http://host:port or https://host:port`);
 }
 
-/** `u` with any password replaced by `***` (proxy URLs may carry credentials; logs must not). */
+/**
+ * `u` with any password replaced by `***` (proxy and store URLs may carry credentials; logs must
+ * not). The password runs to the last `@` of the authority, as URL parsers read it, so one with
+ * an unencoded `@` is hidden whole.
+ */
 export function redactUrl(u: string): string {
-  return u.replace(/^([a-z][a-z0-9+.-]*:\/\/[^:/@]*:)[^@/]*@/i, "$1***@");
+  return u.replace(/^([a-z][a-z0-9+.-]*:\/\/[^:/?#@]*:)[^/?#]*@/i, "$1***@");
 }
 
 /** Host without brackets, and the port the URL reaches (scheme default when none). */

@@ -47,6 +47,17 @@ test("proxyEnv gives a child both cases, empty where there is no proxy; redactUr
   expect(redactUrl("http://p:3128")).toBe("http://p:3128");
 });
 
+test("redactUrl hides a password with an unencoded @ whole (URL parsers end the user info at the last @ before the path)", () => {
+  expect(new URL("http://user:p@ss@proxy:3128").hostname).toBe("proxy");
+  expect(redactUrl("http://user:p@ss@proxy:3128")).toBe("http://user:***@proxy:3128");
+  expect(redactUrl("redis://:pa@ss@h:6379/0")).toBe("redis://:***@h:6379/0");
+  // an @ after the authority (path, query) is not part of the password
+  expect(redactUrl("http://u:pw@proxy:3128/x@y")).toBe("http://u:***@proxy:3128/x@y");
+  expect(redactUrl("http://proxy:3128/x@y")).toBe("http://proxy:3128/x@y");
+  expect(redactUrl("http://u:pw@proxy:3128?a=b@c")).toBe("http://u:***@proxy:3128?a=b@c");
+  expect(() => proxySettings({ proxy: "", noProxy: [] }, { HTTPS_PROXY: "socks5://u:top@secret@h:1" })).toThrow('proxy "socks5://u:***@h:1" must be');
+});
+
 test("installProxyEnv: Bun's fetch then proxies what proxyFor proxies and reaches loopback directly", async () => {
   const seen: string[] = [];
   const proxy = Bun.listen({

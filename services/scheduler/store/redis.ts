@@ -13,6 +13,7 @@ import { Type as T } from "@sinclair/typebox";
 import { RedisClient } from "bun";
 import { ObservedNode, P2pEndpoint } from "../../../src/cluster/index.ts";
 import { describeProblem, jsonSchema } from "../../../src/util/json-check.ts";
+import { redactUrl } from "../../../src/util/proxy.ts";
 import { SchedulerError } from "../errors.ts";
 import type { Binding, NodeReport } from "../types.ts";
 import type { RosterChange, SchedulerStore } from "./types.ts";
@@ -225,7 +226,3 @@ function counts(v: unknown, n: number): number[] {
   return list as number[];
 }
 
-/** The URL without its password (for messages and logs). */
-export function redactUrl(url: string): string {
-  return url.replace(/\/\/([^:@/]*):[^@/]*@/, "//$1:***@");
-}
