@@ -80,7 +80,10 @@ export class EventsService {
   prune(): number {
     try {
       const before = this.now() - this.cfg.retentionMs;
-      return this.events.prune(before) + this.webhooks.pruneAttempts(before, this.cfg.maxAttemptsLogged);
+      const events = this.events.prune(before);
+      // their queued deliveries went with them
+      if (events > 0) this.dispatcher.recount();
+      return events + this.webhooks.pruneAttempts(before, this.cfg.maxAttemptsLogged);
     } catch (err) {
       this.log.error({ err }, "pruning old events failed");
       return 0;

@@ -204,3 +204,56 @@ test("the retention scan deletes events older than [events] retention_hours", as
   expect((await api(node, `/events/sandboxes/${sbx.sandboxId}`)).status).toBe(404);
   expect((await events("/events/sandboxes")).body).toEqual([]);
 });
+
+test("the retention scan taking queued events away does not leave a webhook's queue counted fuller than it is: later events are not dropped for room they have", async () => {
+  const home = mkdtempSync(join(tmpdir(), "events-prune-queue-"));
+  const cfg = loadConfig({
+    env: {
+      AENV_HOME_PATH: home,
+      AENV_RUNTIME_PATH: join(home, "run"),
+      AENV__events__retention_hours: "1",
+      AENV__events__webhook_queue_max: "3",
+      // one failed try per event head, then a wait past the test
+      AENV__events__webhook_retry_initial_ms: "3600000",
+      AENV__events__webhook_retry_max_ms: "3600000",
+    },
+  });
+  const db = openDb(join(home, "node.db"));
+  const orch = new Orchestrator(db, new LoopbackRuntime({ base: idleVmRuntime(cfg, db).runtime, templates: ["base"] }), orchestratorConfig(cfg));
+  let clock = Date.now;
+  const svc = new EventsService(db, eventsConfig(cfg), orch, () => clock());
+  // a receiver that refuses: every delivery fails, so every event stays queued
+  const dead = Bun.listen({ hostname: "127.0.0.1", port: 0, socket: { data() {} } });
+  const url = `http://127.0.0.1:${dead.port}/`;
+  dead.stop(true);
+  try {
+    const { record } = await svc.putWebhook({ name: "dead", url, events: ["sandbox.lifecycle.created", "sandbox.lifecycle.killed"], signatureSecret: "k" });
+    const depth = () => svc.webhooks.queueDepth(record.id);
+    const old = await orch.create({ template: "base", secure: true, timeoutSecs: 600 });
+    await orch.kill(old.id);
+    const oldAt = Date.parse(svc.sandboxEvents(old.id, { offset: 0, limit: 1, orderAsc: false, types: [] })[0]!.timestamp);
+    await waitFor("the clock past the old events", () => Date.now() > oldAt);
+    const kept = await orch.create({ template: "base", secure: true, timeoutSecs: 600 });
+    expect(depth()).toBe(3);
+    // an hour after `kept` was created: the old sandbox's two events age out of the queue with them
+    const keptAt = Date.parse(svc.sandboxEvents(kept.id, { offset: 0, limit: 1, orderAsc: false, types: [] })[0]!.timestamp);
+    clock = () => keptAt + 3_600_000;
+    svc.prune();
+    expect(svc.list({ offset: 0, limit: 10, orderAsc: true, types: [] }).map((e) => e.sandboxId)).toEqual([kept.id]);
+    expect(depth()).toBe(1);
+    // room for two more: nothing is dropped
+    const next = await orch.create({ template: "base", secure: true, timeoutSecs: 600 });
+    await orch.kill(kept.id);
+    expect(depth()).toBe(3);
+    expect(svc.dispatcher.dropped.get(record.id)).toBeUndefined();
+    // full now: the next one drops the oldest waiting
+    await orch.kill(next.id);
+    expect(depth()).toBe(3);
+    expect(svc.dispatcher.dropped.get(record.id)).toBe(1);
+  } finally {
+    await orch.close();
+    await svc.close();
+    db.close();
+    rmSync(home, { recursive: true, force: true });
+  }
+});

@@ -265,6 +265,14 @@ export class WebhookDispatcher implements EventSink {
     if (w) this.store.clearQueue(id);
   }
 
+  /**
+   * Count every lane's queue again from the table: after the retention scan deleted events, their
+   * queued deliveries went with them, and a count left high would drop events for room they have.
+   */
+  recount(): void {
+    for (const [id, lane] of this.lanes) lane.depth = this.store.queueDepth(id);
+  }
+
   /** Events waiting for webhook `id` (0 for a disabled or unknown one). */
   depth(id: string): number {
     return this.lanes.get(id)?.depth ?? 0;
