@@ -8,6 +8,7 @@
  */
 import { connectEnvelope, processStream, type ProcessStreamMessage } from "../sandbox/connect-frames.ts";
 import { textCapped } from "../util/read-capped.ts";
+import { errorMessage } from "../util/error.ts";
 import { ConsoleError } from "./errors.ts";
 
 /** Where a sandbox's envd answers and the token it wants (null: an open envd). */
@@ -68,7 +69,7 @@ export class EnvdPty {
     try {
       res = await fetch(`${target.base}/process.Process/Start`, { method: "POST", headers: { ...headers(target, spec.user), "content-type": "application/connect+json" }, body: connectEnvelope(body), signal: abort.signal });
     } catch (e) {
-      throw new ConsoleError("console.envd_failed", `envd process start failed: ${(e as Error).message}`, { sandboxId });
+      throw new ConsoleError("console.envd_failed", `envd process start failed: ${errorMessage(e)}`, { sandboxId });
     }
     if (!res.ok || !res.body) {
       const text = await textCapped(res, 4096);
@@ -115,7 +116,7 @@ export class EnvdPty {
     } catch (e) {
       if (this.closed) return;
       if (e instanceof ConsoleError) throw e;
-      throw new ConsoleError("console.envd_failed", `the process stream broke: ${(e as Error).message}`, { sandboxId: this.sandboxId });
+      throw new ConsoleError("console.envd_failed", `the process stream broke: ${errorMessage(e)}`, { sandboxId: this.sandboxId });
     }
   }
 

@@ -10,6 +10,7 @@
  */
 import type { Server, ServerWebSocket, WebSocketHandler } from "bun";
 import { logger } from "../observability/log.ts";
+import { errorMessage } from "../util/error.ts";
 import { DEFAULT_SHELL, EnvdPty, type EnvdTarget } from "./envd-pty.ts";
 import { ConsoleError } from "./errors.ts";
 import { CLOSE, MAX_COLS, MAX_ROWS, type AuthMessage, type ExitMessage, type ReadyMessage, type TicketBody } from "./protocol.ts";
@@ -152,7 +153,7 @@ export class TerminalService {
       if (msg.type !== "resize" || !size(msg.cols, MAX_COLS) || !size(msg.rows, MAX_ROWS)) return ws.close(CLOSE.protocol, "expected {type: resize, cols, rows}");
       const s = { cols: msg.cols as number, rows: msg.rows as number };
       if (!t.pty) return void (t.earlySize = s);
-      t.pty.resize(s.cols, s.rows).catch((e) => log.debug({ sandboxId: t.sandboxId, err: (e as Error).message }, "terminal resize failed"));
+      t.pty.resize(s.cols, s.rows).catch((e) => log.debug({ sandboxId: t.sandboxId, err: errorMessage(e) }, "terminal resize failed"));
     },
     drain: (ws) => {
       const d = ws.data.terminal.drained;
@@ -200,8 +201,8 @@ export class TerminalService {
       });
     } catch (e) {
       this.open.delete(ws);
-      log.warn({ sandboxId: t.sandboxId, err: (e as Error).message }, "terminal process did not start");
-      return ws.close(CLOSE.envdFailed, (e as Error).message.slice(0, 120));
+      log.warn({ sandboxId: t.sandboxId, err: errorMessage(e) }, "terminal process did not start");
+      return ws.close(CLOSE.envdFailed, errorMessage(e).slice(0, 120));
     }
     if (t.closed) return void pty.close();
     t.pty = pty;
@@ -231,7 +232,7 @@ export class TerminalService {
       }
       if (!t.closed) ws.close(CLOSE.sandboxGone, "the process stream ended without an exit (the sandbox went away)");
     } catch (e) {
-      if (!t.closed) ws.close(CLOSE.envdFailed, (e as Error).message.slice(0, 120));
+      if (!t.closed) ws.close(CLOSE.envdFailed, errorMessage(e).slice(0, 120));
     }
   }
 }

@@ -16,6 +16,7 @@
  */
 import { randomUUID } from "node:crypto";
 import type { Logger } from "pino";
+import { errorMessage } from "../../util/error.ts";
 import type { EventsConfig } from "../config.ts";
 import type { EventSink } from "../recorder.ts";
 import type { DeliveryAttempt, EventType, WebhookRecord } from "../types.ts";
@@ -141,7 +142,7 @@ class Lane {
     let status: number | null = null;
     let responseBody: string | null = null;
     let errorClass: string | null = null;
-    let errorMessage: string | null = null;
+    let errorText: string | null = null;
     try {
       const res = await fetch(w.url, {
         method: "POST",
@@ -160,12 +161,12 @@ class Lane {
       responseBody = await bodyPrefix(res, this.s.responseBodyBytes);
       if (status < 200 || status > 299) {
         errorClass = "http_error";
-        errorMessage = `the receiver answered ${status}`;
+        errorText = `the receiver answered ${status}`;
       }
     } catch (e) {
       if (this.stopped) return; // shutting down: not an attempt, the event stays queued as it was
       errorClass = errorClassOf(e);
-      errorMessage = (e as Error)?.message ?? String(e);
+      errorText = errorMessage(e);
     }
     const ok = errorClass === null;
     const attempt: DeliveryAttempt = {
@@ -181,7 +182,7 @@ class Lane {
       responseStatus: status,
       responseBody,
       errorClass,
-      errorMessage,
+      errorMessage: errorText,
     };
     try {
       this.store.logAttempt(attempt);
@@ -191,7 +192,7 @@ class Lane {
         const attempts = q.attempts + 1;
         const wait = backoffMs(attempts, this.s.retryInitialMs, this.s.retryMaxMs);
         this.store.retryLater(w.id, q.seq, attempts, this.now() + wait);
-        if (attempts === 1 || attempts % 10 === 0) this.log.warn({ webhookId: w.id, eventId: q.event.id, attempts, retryInMs: wait, errorClass, err: errorMessage }, "webhook delivery failed; retrying");
+        if (attempts === 1 || attempts % 10 === 0) this.log.warn({ webhookId: w.id, eventId: q.event.id, attempts, retryInMs: wait, errorClass, err: errorText }, "webhook delivery failed; retrying");
       }
     } catch (err) {
       this.log.error({ err, webhookId: w.id }, "recording a webhook delivery failed");
