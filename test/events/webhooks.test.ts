@@ -12,6 +12,7 @@ import type { Server } from "bun";
 import { Sandbox } from "e2b";
 import type { EventType, SandboxLifecycleEvent } from "../../src/events/index.ts";
 import { api, startNodeNoVm, type TestNode } from "../api/helpers.ts";
+import { waitFor as wait } from "../helpers/wait.ts";
 
 const ENV = {
   AENV__events__webhook_retry_initial_ms: "100",
@@ -95,14 +96,8 @@ async function register(url: string, secret: string, events: string[] = LIFECYCL
   return ((await r.json()) as { id: string }).id;
 }
 
-/** Poll `cond` every 20 ms until true, at most `ms`. */
-async function waitFor(what: string, cond: () => boolean | Promise<boolean>, ms = 20_000): Promise<void> {
-  const end = Date.now() + ms;
-  while (!(await cond())) {
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await Bun.sleep(20);
-  }
-}
+/** `cond` true within `ms` (the shared wait, with this file's default bound). */
+const waitFor = (what: string, cond: () => boolean | Promise<boolean>, ms = 20_000) => wait(what, cond, { timeoutMs: ms });
 
 /** created -> paused -> resumed -> killed of one sandbox through the SDK; its id. */
 async function lifecycle(): Promise<string> {
