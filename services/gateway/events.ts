@@ -205,12 +205,12 @@ export class GatewayEvents {
     throw new GatewayError("gateway.node_unreachable", `no node answered ${method} ${path}: ${answers.map((a) => ("error" in a ? a.error : "")).join("; ")}`, { nodeIds: down });
   }
 
-  /** GET `pathAndQuery` on every live node; the first answer that is not a 404, else a 404. */
+  /** GET `pathAndQuery` on every live node; the first success, else the first answer that is not a 404 (a node's failure), else a 404. */
   private async firstKnowing(pathAndQuery: string): Promise<Response> {
     const f = await this.fan();
     const answers = await Promise.all(f.nodes.live.map((node) => callJson(node, "GET", pathAndQuery, undefined, f.apiKey, f.timeoutMs, f.maxBytes).then((r) => ({ node, r }), (e: unknown) => ({ node, error: String(e) }))));
     const got = answers.flatMap((a) => ("r" in a ? [a.r] : []));
-    const hit = got.find((r) => r.status !== 404) ?? got[0];
+    const hit = got.find((r) => r.status < 300) ?? got.find((r) => r.status !== 404) ?? got[0];
     if (!hit) throw new GatewayError("gateway.node_unreachable", `no node answered ${pathAndQuery}`);
     return Response.json(hit.body, { status: hit.status });
   }

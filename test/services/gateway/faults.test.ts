@@ -350,3 +350,18 @@ test("a chunked control-plane body is cut at max_body_bytes: 413 before the clie
   expect(answer).toContain('"error_code":"gateway.body_too_large"');
   expect(sent).toBeLessThan(total);
 });
+
+test("a sandbox's events come from the node that knows it even when another node fails (500) that read", async () => {
+  const event = { id: "e1", type: "sandbox.lifecycle.created", timestamp: "2026-01-01T00:00:00.000Z", sandboxId: "sbx1" };
+  // the failing node first and last in the node list: the answer must not depend on the order
+  for (const brokenFirst of [true, false]) {
+    const broken = fakeNode((_req, u) => (u.pathname.startsWith("/events/") ? Response.json({ code: 500, message: "database is locked" }, { status: 500 }) : Response.json([])));
+    const knows = fakeNode((_req, u) =>
+      u.pathname === "/events/sandboxes/sbx1" ? Response.json([event]) : Response.json({ code: 404, message: "not here" }, { status: 404 }),
+    );
+    const { api } = await cluster(brokenFirst ? { a: broken.url, b: knows.url } : { a: knows.url, b: broken.url });
+    const r = await api("/events/sandboxes/sbx1");
+    expect({ brokenFirst, status: r.status, body: await r.json() }).toEqual({ brokenFirst, status: 200, body: [event] });
+    for (const f of cleanup.splice(0).reverse()) await f();
+  }
+});
