@@ -16,7 +16,7 @@ import { call, CliError, common, conn, run, table } from "./sandbox.ts";
 import { buildOnNode, filesHash } from "./template-build.ts";
 import { BuildProgress } from "./build-progress.ts";
 import { commitTemplateSnapshot, warmTemplateEnvd } from "../sandbox/template-snapshot.ts";
-import { waitEnvdHealthy } from "../sandbox/envd-client.ts";
+import { waitEnvdHealthy } from "../sandbox/envd-health.ts";
 
 /** Run a build with its progress display on stderr (a status line when stderr is a terminal). */
 async function withProgress<T>(fn: (log: (line: string) => void) => Promise<T>): Promise<T> {

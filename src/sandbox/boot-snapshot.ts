@@ -35,7 +35,8 @@ import { KEEP_TMP_ARG, ROOTFS_DEVICE, ROOTFS_DRIVE_ID, TOOLS_MOUNT, toolsBoot } 
 import type { DriveSpec, VmHandle, VmmDriver, VmSpec } from "../vmm/index.ts";
 import { toolsKeyOf } from "./build-snapshot.ts";
 import { captureVm, layerPaths, memoryKey } from "./capture.ts";
-import { runInGuest, waitEnvdHealthy } from "./envd-client.ts";
+import { runInGuest } from "./envd-client.ts";
+import { waitEnvdHealthy } from "./envd-health.ts";
 import { REPROBE_SCRIPT } from "./volumes.ts";
 
 const MiB = 1024 * 1024;

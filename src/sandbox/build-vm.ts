@@ -24,8 +24,9 @@ import { layersOf, type LayerHold, type SnapshotManifest } from "../snapshot/ind
 import type { VmHandle } from "../vmm/index.ts";
 import { restoreBootSnapshot, RootMountError, type BootShape } from "./boot-snapshot.ts";
 import { commitBuildSnapshot } from "./build-snapshot.ts";
-import { initEnvd, runInGuest, uploadToGuest, waitEnvdHealthy } from "./envd-client.ts";
-import type { VmRuntimeOptions } from "./vm-runtime.ts";
+import { initEnvd, runInGuest, uploadToGuest } from "./envd-client.ts";
+import { waitEnvdHealthy } from "./envd-health.ts";
+import type { VmRuntimeOptions } from "./options.ts";
 
 const log = logger("template.vm");
 

@@ -1,6 +1,7 @@
 /**
- * The host's side of envd (guest port 49983): wait for `GET /health` (204) and `POST /init`
- * (token, env vars, default user, clock; answers 204 with `X-Envd-Version`).
+ * The host's side of envd (guest port 49983): `POST /init` (token, env vars, default user, clock;
+ * answers 204 with `X-Envd-Version`), metrics, processes and uploads (waiting for `GET /health`:
+ * envd-health.ts).
  * Facts: e2b-contract.md §3.2.
  */
 import { OrchestratorError } from "../orchestrator/errors.ts";
@@ -25,30 +26,6 @@ export interface EnvdInit {
   timestamp: string;
   /** Guest host name (AgentENV extension; a restored guest keeps the one it had otherwise). */
   hostname?: string;
-}
-
-/**
- * Poll `base/health` every `pollMs` until it answers 2xx.
- * @throws OrchestratorError `orchestrator.envd_unready` when `signal` aborts or `gone` resolves first
- *   (the VM died), carrying the last error seen.
- */
-export async function waitEnvdHealthy(base: string, pollMs: number, signal: AbortSignal, gone?: Promise<unknown>): Promise<void> {
-  let dead = false;
-  void gone?.then(() => (dead = true));
-  let last = "no answer yet";
-  for (;;) {
-    if (dead) throw new OrchestratorError("orchestrator.envd_unready", `the sandbox VM exited before envd answered (${last})`, { base });
-    if (signal.aborted) throw new OrchestratorError("orchestrator.envd_unready", `envd at ${base} not ready in time (${last})`, { base });
-    try {
-      const res = await fetch(`${base}/health`, { signal: AbortSignal.any([signal, AbortSignal.timeout(Math.max(pollMs * 10, 500))]) });
-      await res.arrayBuffer();
-      if (res.ok) return;
-      last = `HTTP ${res.status}`;
-    } catch (e) {
-      last = (e as Error).message;
-    }
-    await Bun.sleep(pollMs);
-  }
 }
 
 /**

@@ -16,7 +16,8 @@ import { join } from "node:path";
 import type { OrchestratorConfig } from "../orchestrator/config.ts";
 import { openRepository, SharedImages, snapshotConfig } from "../snapshot/index.ts";
 import { diskMemoryExporter } from "./memory-export.ts";
-import { VmRuntime, type VmRuntimeOptions } from "./vm-runtime.ts";
+import type { VmRuntimeOptions } from "./options.ts";
+import { VmRuntime } from "./vm-runtime.ts";
 import type { RestorePoolOptions } from "./restore-pool.ts";
 
 /**

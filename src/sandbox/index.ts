@@ -6,10 +6,15 @@
  * state machine.
  */
 export { createVmRuntime, snapshotServices, vmRuntimeOptions } from "./factory.ts";
-export { snapshotInfo, VmRuntime, type CaptureReport, type StartTimings, type VmRuntimeOptions } from "./vm-runtime.ts";
+export { VmRuntime } from "./vm-runtime.ts";
+export type { VmRuntimeOptions } from "./options.ts";
+export { snapshotInfo } from "./base-resolver.ts";
+export type { StartTimings } from "./launcher.ts";
+export type { CaptureReport } from "./captures.ts";
 export { memoryKey } from "./capture.ts";
 export { parseVmState, pinnedTemplateLayers, type VmState } from "./vm-state.ts";
 export { captureVm, commitUpper, kernelKey, templateManifest, type CapturedVm } from "./capture.ts";
 export { commitTemplateSnapshot, TEMPLATE_GUEST_MAC, type TemplateSnapshotResult } from "./template-snapshot.ts";
 export { diskMemoryExporter, MEMORY_IMAGE_FILE } from "./memory-export.ts";
-export { initEnvd, waitEnvdHealthy } from "./envd-client.ts";
+export { initEnvd } from "./envd-client.ts";
+export { waitEnvdHealthy } from "./envd-health.ts";

@@ -21,21 +21,9 @@
  * work dir, VMM record, slot), so a crashed node's start-up reaps it like any other.
  */
 import { logger } from "../observability/log.ts";
+import { pauseFor } from "./pause-for.ts";
 
 const log = logger("sandbox.restore_pool");
-
-/** Wait `ms`, or less when `signal` aborts (never rejects). */
-function sleep(ms: number, signal: AbortSignal): Promise<void> {
-  return new Promise((resolve) => {
-    const t = setTimeout(done, ms);
-    function done() {
-      clearTimeout(t);
-      signal.removeEventListener("abort", done);
-      resolve();
-    }
-    signal.addEventListener("abort", done, { once: true });
-  });
-}
 
 /** Settings of the pool (`[pool.restore]`). Times in ms. */
 export interface RestorePoolOptions {
@@ -283,7 +271,7 @@ export class RestorePool<C> {
         this.counters.failed++;
         if (!signal.aborted) {
           log.warn({ snapshot: w.snapshotId, err: e }, "restore pool fill failed");
-          await sleep(this.o.retryBackoffMs, signal);
+          await pauseFor(this.o.retryBackoffMs, signal);
         }
       } finally {
         this.filling = null;
