@@ -29,7 +29,7 @@ export async function waitEnvdHealthy(base: string, pollMs: number, signal: Abor
       last = `HTTP ${res.status}`;
     } catch (e) {
       // an abort says nothing about envd: the error before it does
-      if (!exit.signal.aborted) last = errorMessage(e);
+      if (!ended.aborted) last = errorMessage(e);
     }
     await pauseFor(pollMs, ended);
   }
