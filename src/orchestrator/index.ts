@@ -4,10 +4,12 @@ export type { ConnectResult, ForkResult, OrchestratorObserver, SandboxEvent, San
 export { FORK_DEFAULT_TIMEOUT_SECS, MAX_FORK_COUNT } from "./service.ts";
 export { OrchestratorError, ORCHESTRATOR_ERRORS, type OrchestratorErrorCode, isRequestFault, notFound } from "./errors.ts";
 export { orchestratorConfig, type OrchestratorConfig } from "./config.ts";
-export type { SandboxRuntime, RuntimeStartSpec, RuntimeSandbox, RuntimeKnownSandbox, ReapReport, SnapshotInfo, SnapshotRequest } from "./runtime.ts";
+export type {
+  GuestTarget, PreparedStarts, ReapReport, RuntimeKnownSandbox, RuntimeMetrics, RuntimeNetwork, RuntimeSandbox, RuntimeSnapshots, RuntimeStartSpec, RuntimeStateCodec, SandboxRuntime, SnapshotInfo,
+  SnapshotRequest, VolumeBackend,
+} from "./runtime.ts";
 export { SANDBOX_STATES, TRANSITIONS, LIVE_STATES, canTransition, publicState, type SandboxState } from "./states.ts";
 export { SANDBOX_ID_RE, newSandboxId, randomHex } from "./ids.ts";
 export type * from "./types.ts";
 export { LOG_LEVELS } from "./types.ts";
-export type { RuntimeMetricsTarget } from "./runtime.ts";
 export { lifecycleEntry } from "./orchestrator.ts";

@@ -4,7 +4,7 @@
  * the runtime for one sample of each running sandbox. Samples are taken with the node's clock.
  */
 import type { Logger } from "pino";
-import type { RuntimeMetricsTarget, SandboxRuntime } from "./runtime.ts";
+import type { GuestTarget, RuntimeMetrics } from "./runtime.ts";
 import type { SandboxMetricsSample } from "./types.ts";
 
 /** Fixed-capacity ring of samples, oldest first when read. */
@@ -85,10 +85,11 @@ export class MetricsSampler {
   private stopped = false;
 
   constructor(
-    private readonly runtime: SandboxRuntime,
+    /** The runtime's metrics capability; absent: nothing is sampled. */
+    private readonly runtime: RuntimeMetrics | undefined,
     private readonly history: MetricsHistory,
     /** The sandboxes to sample this round (the orchestrator's running records). */
-    private readonly targets: () => RuntimeMetricsTarget[],
+    private readonly targets: () => GuestTarget[],
     private readonly opts: SamplerOptions,
     private readonly now: () => number,
     private readonly log: Logger,
@@ -96,7 +97,7 @@ export class MetricsSampler {
 
   /** Start the loop (no-op when the runtime cannot sample). */
   start(): void {
-    if (!this.runtime.sampleMetrics || this.stopped) return;
+    if (!this.runtime || this.stopped) return;
     this.schedule();
   }
 
@@ -122,12 +123,12 @@ export class MetricsSampler {
   }
 
   private async doRound(): Promise<void> {
-    const sample = this.runtime.sampleMetrics?.bind(this.runtime);
-    if (!sample) return;
+    const runtime = this.runtime;
+    if (!runtime) return;
     await Promise.all(
       this.targets().map(async (t) => {
         try {
-          const s = await sample(t, AbortSignal.timeout(this.opts.timeoutMs));
+          const s = await runtime.sample(t, AbortSignal.timeout(this.opts.timeoutMs));
           this.history.add(t.id, { ...s, at: this.now() });
         } catch (e) {
           // a sandbox being paused or killed right now, or a busy guest: try again next round

@@ -14,7 +14,8 @@ import { SandboxLogStore } from "./logs.ts";
 import { MetricsHistory, MetricsSampler } from "./metrics.ts";
 import { VolumeManager } from "./volumes.ts";
 import { AgentEnvError } from "../errors.ts";
-import type { RuntimeMetricsTarget, RuntimeSandbox, RuntimeStartSpec, SandboxRuntime, SnapshotInfo, SnapshotRequest } from "./runtime.ts";
+import type { GuestTarget, RuntimeKnownSandbox, RuntimeSandbox, RuntimeStartSpec, SandboxRuntime, SnapshotInfo, SnapshotRequest } from "./runtime.ts";
+import { asError, errorMessage } from "../util/error.ts";
 import { Semaphore } from "./semaphore.ts";
 import { assertTransition, LIVE_STATES, publicState, type SandboxState } from "./states.ts";
 import { FORK_DEFAULT_TIMEOUT_SECS, MAX_FORK_COUNT, type ConnectResult, type ForkResult, type OrchestratorObserver, type SandboxEvent, type SandboxNote, type SandboxService, type StopReason } from "./service.ts";
@@ -33,7 +34,11 @@ export interface ShutdownSummary {
   failed: number;
 }
 
-export class Orchestrator implements SandboxService {
+/**
+ * The sandbox lifecycle over runtime `runtime`, whose per-sandbox state is `S` (persisted as
+ * JSON, read back through `runtime.state`).
+ */
+export class Orchestrator<S = unknown> implements SandboxService {
   readonly store: SandboxStore;
   /** Resource samples of live sandboxes (bounded per sandbox). */
   readonly metricsHistory: MetricsHistory;
@@ -59,7 +64,7 @@ export class Orchestrator implements SandboxService {
 
   constructor(
     db: Db,
-    readonly runtime: SandboxRuntime,
+    readonly runtime: SandboxRuntime<S>,
     readonly config: OrchestratorConfig,
     private readonly now: () => number = Date.now,
   ) {
@@ -73,11 +78,11 @@ export class Orchestrator implements SandboxService {
       runtime.volumes,
       { ...config.volumes, lockWaitMs: config.lockWaitMs },
       () => this.store.inStates(["creating", "running", "pausing", "paused", "resuming", "killing"]),
-      runtime.guestVolumeFiles ? (holder, mount) => runtime.guestVolumeFiles!(targetOf(holder), mount.path) : undefined,
+      runtime.volumes ? (holder, mount) => runtime.volumes!.guestFiles(targetOf(holder), mount.path) : undefined,
       now,
     );
     this.sampler = new MetricsSampler(
-      runtime,
+      runtime.metrics,
       this.metricsHistory,
       () =>
         this.store
@@ -97,7 +102,7 @@ export class Orchestrator implements SandboxService {
    */
   async start(): Promise<void> {
     const left = this.store.inStates(["creating", "running", "pausing", "resuming", "killing", "failed", "paused"]);
-    const report = await this.runtime.reap(left.map((r) => ({ id: r.id, state: r.state, runtimeState: r.runtimeState })));
+    const report = await this.runtime.reap(left.map((r) => this.known(r)));
     const t = this.now();
     for (const r of left) {
       if (r.state === "paused") continue;
@@ -126,7 +131,7 @@ export class Orchestrator implements SandboxService {
     this.closed = true;
     clearInterval(this.evictTimer);
     await this.sampler.stop();
-    this.runtime.beginShutdown?.();
+    this.runtime.beginShutdown();
     this.shutdown.abort(new OrchestratorError("orchestrator.shutting_down", "node is shutting down"));
     await Promise.allSettled([...this.inflight]);
     const live = this.store.inStates(["running", "creating", "resuming", "pausing"]);
@@ -186,7 +191,7 @@ export class Orchestrator implements SandboxService {
         autoResume: true,
       });
     }
-    this.runtime.checkNetwork?.(req.network ?? null, req.allowInternetAccess ?? null);
+    this.runtime.network?.check(req.network ?? null, req.allowInternetAccess ?? null);
     // checked now for a prompt 400/409, and again just before the record is inserted (holders may change meanwhile)
     this.volumes.resolveMounts(req.volumeMounts ?? []);
     const tpl = await this.findTemplate(req.template);
@@ -194,14 +199,9 @@ export class Orchestrator implements SandboxService {
     return this.createWith(req, tpl, timeoutSecs, { templateId: tpl.templateID, alias: tpl.aliases.includes(req.template) ? req.template : (tpl.aliases[0] ?? null) });
   }
 
-  /**
-   * A template by id or alias; with a runtime that resolves them, also `name:tag` (the tagged
-   * build) and a snapshot by id or name.
-   */
+  /** A template by id, alias or `name:tag` (the tagged build), or a snapshot by id or name. */
   private async findTemplate(ref: string): Promise<TemplateInfo | undefined> {
-    if (this.runtime.resolveTemplate) return (await this.runtime.resolveTemplate(ref)) ?? undefined;
-    const templates = await this.runtime.listTemplates();
-    return templates.find((t) => t.templateID === ref) ?? templates.find((t) => t.aliases.includes(ref));
+    return (await this.runtime.resolveTemplate(ref)) ?? undefined;
   }
 
   /**
@@ -215,7 +215,7 @@ export class Orchestrator implements SandboxService {
       throw new OrchestratorError("orchestrator.capacity", `node is at its limit of ${this.config.maxSandboxes} concurrent sandboxes`, { limit: this.config.maxSandboxes });
     }
     const volumeMounts = this.volumes.resolveMounts(req.volumeMounts ?? []);
-    const prepared = await this.runtime.claimPrepared?.(tpl, { cpuCount, memoryMB, volumes: volumeMounts.length }).catch((e) => {
+    const prepared = await this.runtime.prepared?.claim(tpl, { cpuCount, memoryMB, volumes: volumeMounts.length }).catch((e) => {
       this.log.warn({ template: tpl.templateID, err: e }, "no prepared sandbox claimed");
       return null;
     });
@@ -279,10 +279,10 @@ export class Orchestrator implements SandboxService {
           return this.store.get(id)!;
         } catch (e) {
           this.counters.failed++;
-          this.transition(id, "creating", "failed", { error: (e as Error).message });
+          this.transition(id, "creating", "failed", { error: errorMessage(e) });
           this.log.error({ sandboxId: id, err: e }, "create failed");
           if (isRequestFault(e)) throw e;
-          throw new OrchestratorError("orchestrator.create_failed", `failed to create sandbox: ${(e as Error).message}`, { sandboxId: id, template: tpl.templateID }, { cause: e });
+          throw new OrchestratorError("orchestrator.create_failed", `failed to create sandbox: ${errorMessage(e)}`, { sandboxId: id, template: tpl.templateID }, { cause: e });
         } finally {
           this.counters.starting--;
           this.recount();
@@ -345,9 +345,9 @@ export class Orchestrator implements SandboxService {
           return child;
         }),
       );
-      return results.map((x) => (x.status === "fulfilled" ? { sandbox: x.value } : { error: x.reason as Error }));
+      return results.map((x) => (x.status === "fulfilled" ? { sandbox: x.value } : { error: asError(x.reason) }));
     } finally {
-      await this.runtime.deleteSnapshot?.(snap.snapshotID).catch((e) => this.log.error({ sandboxId: id, err: e }, "dropping the fork checkpoint failed"));
+      await this.runtime.snapshots?.delete(snap.snapshotID).catch((e) => this.log.error({ sandboxId: id, err: e }, "dropping the fork checkpoint failed"));
     }
   }
 
@@ -360,7 +360,7 @@ export class Orchestrator implements SandboxService {
     const limit = q.limit ?? 100;
     if (!Number.isInteger(limit) || limit < 1 || limit > 100) throw new OrchestratorError("orchestrator.bad_request", `limit must be between 1 and 100, got ${limit}`, { limit });
     const after = q.nextToken ? decodeCursor(q.nextToken) : undefined;
-    const all = (this.runtime.listSnapshots?.() ?? []).filter(
+    const all = (this.runtime.snapshots?.list() ?? []).filter(
       (s) =>
         (q.sandboxId === undefined || s.sandboxID === q.sandboxId) &&
         (q.name === undefined || s.snapshotID === q.name || s.names.some((n) => n === q.name || n.replace(/:[^:/]*$/, "") === q.name)) &&
@@ -377,21 +377,22 @@ export class Orchestrator implements SandboxService {
    * @returns false when there is no such snapshot
    */
   async deleteSnapshot(ref: string): Promise<boolean> {
-    return (await this.runtime.deleteSnapshot?.(ref)) ?? false;
+    return (await this.runtime.snapshots?.delete(ref)) ?? false;
   }
 
   private async snapshotLocked(id: string, req: Omit<SnapshotRequest, "volumes">): Promise<SnapshotInfo> {
     const r = this.get(id);
     if (r.state !== "running" && r.state !== "paused") throw new OrchestratorError("orchestrator.conflict", `sandbox ${id} is ${r.state}`, { sandboxId: id, state: r.state });
-    if (!this.runtime.snapshot) throw new OrchestratorError("orchestrator.bad_request", `runtime ${this.runtime.name} cannot take snapshots`, { sandboxId: id });
+    const snapshots = this.runtime.snapshots;
+    if (!snapshots) throw new OrchestratorError("orchestrator.bad_request", `runtime ${this.runtime.name} cannot take snapshots`, { sandboxId: id });
     try {
-      const snap = await this.runtime.snapshot(id, r.runtimeState ?? {}, { ...req, volumes: r.volumeMounts.length }, AbortSignal.any([AbortSignal.timeout(this.config.pauseTimeoutMs), this.shutdown.signal]));
+      const snap = await snapshots.take(id, this.stateOf(r), { ...req, volumes: r.volumeMounts.length }, AbortSignal.any([AbortSignal.timeout(this.config.pauseTimeoutMs), this.shutdown.signal]));
       this.note({ kind: "snapshot", id, at: this.now(), sandbox: this.store.get(id)!, snapshotId: snap.snapshotID, names: snap.names, purpose: req.kind === "fork" ? "fork" : "user" });
       return snap;
     } catch (e) {
       if (isRequestFault(e)) throw e;
       const code = e instanceof AgentEnvError ? `[${e.code}] ` : "";
-      throw new OrchestratorError("orchestrator.runtime_failed", `failed to snapshot sandbox ${id}: ${code}${(e as Error).message}`, { sandboxId: id, cause: (e as AgentEnvError).code ?? null }, { cause: e });
+      throw new OrchestratorError("orchestrator.runtime_failed", `failed to snapshot sandbox ${id}: ${code}${errorMessage(e)}`, { sandboxId: id, cause: e instanceof AgentEnvError ? e.code : null }, { cause: e });
     }
   }
 
@@ -544,8 +545,9 @@ export class Orchestrator implements SandboxService {
     return this.lock.run(id, async () => {
       const r = this.get(id);
       if (r.state !== "running") throw new OrchestratorError("orchestrator.conflict", `sandbox ${id} is not running`, { sandboxId: id, state: r.state });
-      if (!this.runtime.updateNetwork) throw new OrchestratorError("orchestrator.bad_request", `runtime ${this.runtime.name} cannot change network policy`, { sandboxId: id });
-      await this.runtime.updateNetwork(id, r.runtimeState ?? {}, policy);
+      const network = this.runtime.network;
+      if (!network) throw new OrchestratorError("orchestrator.bad_request", `runtime ${this.runtime.name} cannot change network policy`, { sandboxId: id });
+      await network.update(id, policy);
       // the body replaces the policy (an omitted field clears it): keep exactly what was applied,
       // so a resume or restart rebuilds the same rules
       const flag = policy.allow_internet_access ?? policy.allowInternetAccess;
@@ -563,17 +565,17 @@ export class Orchestrator implements SandboxService {
       this.generations.delete(id);
       const wasRunning = r.state === "running" && r.endpoint !== null;
       this.transition(id, r.state, "killing", {}, reason);
-      if (wasRunning && r.volumeMounts.some((m) => !m.readOnly) && this.runtime.quiesce) {
+      if (wasRunning && r.volumeMounts.some((m) => !m.readOnly)) {
         // the volume outlives the sandbox: flush and unmount it in the guest before the VM dies
         await this.runtime
           .quiesce(targetOf(r), r.volumeMounts, this.config.volumes.detachTimeoutMs)
           .catch((e) => this.log.warn({ sandboxId: id, err: e }, "could not unmount the volumes in the guest before the kill; their journals will be replayed"));
       }
       try {
-        await this.runtime.kill(id, r.runtimeState);
+        await this.runtime.kill(id, this.stateForKill(r));
       } catch (e) {
-        this.transition(id, "killing", "failed", { error: `kill failed: ${(e as Error).message}` });
-        throw new OrchestratorError("orchestrator.runtime_failed", `failed to kill sandbox ${id}: ${(e as Error).message}`, { sandboxId: id }, { cause: e });
+        this.transition(id, "killing", "failed", { error: `kill failed: ${errorMessage(e)}` });
+        throw new OrchestratorError("orchestrator.runtime_failed", `failed to kill sandbox ${id}: ${errorMessage(e)}`, { sandboxId: id }, { cause: e });
       }
       this.transition(id, "killing", "killed", { endpoint: null, runtimeState: null }, reason);
       this.counters.killed++;
@@ -589,20 +591,20 @@ export class Orchestrator implements SandboxService {
       this.transition(id, "running", "pausing", {}, reason);
       const signal = AbortSignal.timeout(this.config.pauseTimeoutMs);
       try {
-        if (!memory && r.endpoint && this.runtime.quiesce) {
+        if (!memory && r.endpoint) {
           // only the disk is kept: flush the guest's filesystems and unmount its volumes first
           await this.runtime.quiesce(targetOf(r), r.volumeMounts, this.config.volumes.detachTimeoutMs).catch((e) => {
             this.log.warn({ sandboxId: id, err: e }, "could not flush the guest before a filesystem-only pause; writes not yet on disk are lost");
           });
         }
-        const st = await this.runtime.pause(id, r.runtimeState ?? {}, signal, { memory });
+        const st = await this.runtime.pause(id, this.stateOf(r), signal, { memory });
         this.transition(id, "pausing", "paused", { runtimeState: st, endpoint: null, snapshotKind: memory ? "memory" : "filesystem" }, reason);
       } catch (e) {
         // the runtime leaves the VM running when a pause fails before the VMM is stopped
-        this.transition(id, "pausing", "failed", { error: `pause failed: ${(e as Error).message}` });
-        await this.runtime.kill(id, r.runtimeState).catch(() => {});
+        this.transition(id, "pausing", "failed", { error: `pause failed: ${errorMessage(e)}` });
+        await this.runtime.kill(id, this.stateForKill(r)).catch(() => {});
         this.recount();
-        throw new OrchestratorError("orchestrator.runtime_failed", `failed to pause sandbox ${id}: ${(e as Error).message}`, { sandboxId: id }, { cause: e });
+        throw new OrchestratorError("orchestrator.runtime_failed", `failed to pause sandbox ${id}: ${errorMessage(e)}`, { sandboxId: id }, { cause: e });
       }
       this.recount();
     });
@@ -616,7 +618,7 @@ export class Orchestrator implements SandboxService {
     this.counters.starting++;
     try {
       const started = await this.withStartSlot(this.config.createTimeoutMs, (signal) =>
-        this.runtime.resume(this.startSpec(r, tpl ?? templateOf(r), signal), r.runtimeState ?? {}, { memory: !coldBoot }),
+        this.runtime.resume(this.startSpec(r, tpl ?? templateOf(r), signal), this.stateOf(r), { memory: !coldBoot }),
       );
       const now = this.now();
       this.transition(r.id, "resuming", "running", {
@@ -630,8 +632,8 @@ export class Orchestrator implements SandboxService {
       this.watchExit(r.id, started);
       return this.store.get(r.id)!;
     } catch (e) {
-      this.transition(r.id, "resuming", "paused", { error: `resume failed: ${(e as Error).message}` });
-      throw new OrchestratorError("orchestrator.runtime_failed", `failed to resume sandbox ${r.id}: ${(e as Error).message}`, { sandboxId: r.id }, { cause: e });
+      this.transition(r.id, "resuming", "paused", { error: `resume failed: ${errorMessage(e)}` });
+      throw new OrchestratorError("orchestrator.runtime_failed", `failed to resume sandbox ${r.id}: ${errorMessage(e)}`, { sandboxId: r.id }, { cause: e });
     } finally {
       this.counters.starting--;
       this.recount();
@@ -670,7 +672,7 @@ export class Orchestrator implements SandboxService {
    * node-wide unique generation number; an end of an older generation (the VM a pause or kill
    * stopped) is ignored.
    */
-  private watchExit(id: string, started: RuntimeSandbox): void {
+  private watchExit(id: string, started: RuntimeSandbox<S>): void {
     const gen = ++this.lastGeneration;
     this.generations.set(id, gen);
     const ends: Promise<string>[] = [];
@@ -686,7 +688,7 @@ export class Orchestrator implements SandboxService {
           this.generations.delete(id);
           this.log.error({ sandboxId: id, reason: why }, `sandbox failed: ${why}`);
           this.transition(id, "running", "failed", { error: why, endpoint: null });
-          await this.runtime.kill(id, r.runtimeState).catch((e) => this.log.error({ sandboxId: id, err: e }, "clean-up after exit failed"));
+          await this.runtime.kill(id, this.stateForKill(r)).catch((e) => this.log.error({ sandboxId: id, err: e }, "clean-up after exit failed"));
           this.recount();
         })
         .catch((e) => this.log.error({ sandboxId: id, err: e }, "exit watcher failed"));
@@ -705,6 +707,35 @@ export class Orchestrator implements SandboxService {
           if (!(e instanceof OrchestratorError && e.code === "orchestrator.not_found")) this.log.error({ sandboxId: id, err: e }, "expiry action failed");
         })
         .finally(() => this.expiring.delete(id));
+    }
+  }
+
+  /**
+   * The runtime's state of `r`, read back from the database.
+   * @throws OrchestratorError `orchestrator.bad_runtime_state` when it does not parse (or is none)
+   */
+  private stateOf(r: SandboxRecord): S {
+    return this.runtime.state.parse(r.id, r.runtimeState);
+  }
+
+  /** The runtime's state of `r` for a kill: null when it has none or it does not parse (logged: the sandbox still goes). */
+  private stateForKill(r: SandboxRecord): S | null {
+    if (r.runtimeState == null) return null;
+    try {
+      return this.stateOf(r);
+    } catch (e) {
+      this.log.warn({ sandboxId: r.id, err: e }, "kill of a sandbox whose runtime state does not parse");
+      return null;
+    }
+  }
+
+  /** `r` as start-up reconciliation sees it: its state read back, or why it cannot be. */
+  private known(r: SandboxRecord): RuntimeKnownSandbox<S> {
+    if (r.runtimeState == null) return { id: r.id, state: r.state, runtimeState: null };
+    try {
+      return { id: r.id, state: r.state, runtimeState: this.stateOf(r) };
+    } catch (e) {
+      return { id: r.id, state: r.state, runtimeState: null, unreadable: asError(e) };
     }
   }
 
@@ -803,8 +834,8 @@ export class Orchestrator implements SandboxService {
 }
 
 /** How the runtime reaches a sandbox's envd. */
-function targetOf(r: SandboxRecord): RuntimeMetricsTarget {
-  return { id: r.id, endpoint: r.endpoint!, envdAccessToken: r.envdAccessToken, runtimeState: r.runtimeState };
+function targetOf(r: SandboxRecord): GuestTarget {
+  return { id: r.id, endpoint: r.endpoint!, envdAccessToken: r.envdAccessToken };
 }
 
 /** The log entry of a state change: what happened in words an SDK user reads, error level for failures. */

@@ -3,6 +3,12 @@
  * really runs sandboxes. The VM assembly (src/sandbox/vm-runtime.ts: net slot + root disk
  * + VMM + envd init) implements it. Every method may take seconds; the orchestrator calls at
  * most one method per sandbox at a time and bounds each call with its own timeout (`signal`).
+ *
+ * A required core (start, pause, resume, kill, reap, ...) and capability ports a runtime may
+ * have (snapshots, metrics, volumes, network policy, prepared starts): the orchestrator asks
+ * for a capability by name (`runtime.snapshots`) and answers what a runtime without it cannot do.
+ * The runtime's per-sandbox state `S` is its own: the orchestrator persists it as JSON and reads
+ * it back through the runtime's `state.parse`, never looking inside.
  */
 import type { VolumeFiles } from "../volume/types.ts";
 import type { SandboxEndpoint, SandboxLogLine, SandboxMetricsSample, TemplateInfo, VolumeMount } from "./types.ts";
@@ -33,10 +39,197 @@ export interface RuntimeStartSpec {
   onLog?: (line: SandboxLogLine) => void;
 }
 
+/** Where a running sandbox's guest answers: what calls into the guest (envd) need. */
+export interface GuestTarget {
+  id: string;
+  endpoint: SandboxEndpoint;
+  envdAccessToken: string | null;
+}
+
+/**
+ * How a runtime's per-sandbox state is read back from the database. The state is plain JSON
+ * (what `JSON.stringify` keeps); a runtime versions its shape and reads every version it wrote.
+ */
+export interface RuntimeStateCodec<S> {
+  /**
+   * Check a stored state and bring it to the current shape.
+   * @throws OrchestratorError `orchestrator.bad_runtime_state` naming the sandbox and the field
+   */
+  parse(sandboxId: string, stored: unknown): S;
+}
+
+/** A sandbox the runtime has running (envd answered `/health` and took `/init`). */
+export interface RuntimeSandbox<S> {
+  endpoint: SandboxEndpoint;
+  /** What the runtime needs later (pid, slot, work dir, ...); persisted by the orchestrator. */
+  runtimeState: S;
+  /** What envd reported (`X-Envd-Version`), semver. */
+  envdVersion: string;
+  /** Resolves when the sandbox dies on its own (VMM exit); the orchestrator then marks it failed. */
+  exited?: Promise<unknown>;
+  /**
+   * Resolves with a reason when the sandbox can no longer run though its VMM may live on (its
+   * root disk or a volume drive was removed under it: the guest sees I/O errors); the
+   * orchestrator then marks it failed and kills it.
+   */
+  lost?: Promise<string>;
+}
+
+/** A stored sandbox as the runtime sees it at start-up reconciliation. */
+export interface RuntimeKnownSandbox<S> {
+  id: string;
+  state: string;
+  /** Its stored runtime state, read back; null when it has none or it did not parse. */
+  runtimeState: S | null;
+  /** Why its stored state did not parse: what it may name is unknown (keep it rather than lose data). */
+  unreadable?: Error;
+}
+
+/** What a start-up reconciliation did. */
+export interface ReapReport {
+  /** Sandboxes whose VM was running at start-up and has been stopped. */
+  stoppedVms: string[];
+  /** Other leftovers removed (netns, mounts, work dirs), described for the log. */
+  removed: string[];
+}
+
+/** The core every runtime has. */
+export interface SandboxRuntime<S = unknown> {
+  readonly name: string;
+  /** Reads this runtime's stored per-sandbox state back. */
+  readonly state: RuntimeStateCodec<S>;
+  /** Templates this node can boot. */
+  listTemplates(): Promise<TemplateInfo[]>;
+  /**
+   * A template by id or alias, or named with a tag (`name:tag`, `id:tag`): its info with
+   * `buildID` the build that name boots (the tag's), which `start` then boots; else a snapshot a
+   * sandbox can be created from (by id or name), described as a template; null when none of
+   * these exists.
+   */
+  resolveTemplate(ref: string): Promise<TemplateInfo | null>;
+  /** Boot a sandbox and wait until envd is initialised. Frees everything it made if it throws. */
+  start(spec: RuntimeStartSpec): Promise<RuntimeSandbox<S>>;
+  /**
+   * Pause + commit a pause snapshot (memory, device state, disk upper), then stop the VMM.
+   * With `memory: false` only the disk is kept (a filesystem-only snapshot): the VMM is stopped
+   * without a snapshot (the orchestrator has flushed the guest's filesystems first).
+   * Returns the paused sandbox's state.
+   */
+  pause(id: string, state: S, signal: AbortSignal, opts: { memory: boolean }): Promise<S>;
+  /**
+   * Restore a paused sandbox and re-init envd (same token, env vars). With `memory: false` the
+   * sandbox cold-boots on its disk instead (any memory snapshot is discarded once it runs): a new
+   * kernel, envd initialised again with the same token, env vars, default user and workdir.
+   */
+  resume(spec: RuntimeStartSpec, state: S, opts: { memory: boolean }): Promise<RuntimeSandbox<S>>;
+  /**
+   * Before the VM is stopped for good (kill) or without its memory: flush the guest's
+   * filesystems and unmount its volumes, so their disks are clean. Bounded by `timeoutMs`.
+   * @throws when the guest could not be reached or a volume stayed mounted (it was synced then)
+   */
+  quiesce(target: GuestTarget, volumes: VolumeMount[], timeoutMs: number): Promise<void>;
+  /**
+   * Stop the sandbox and delete everything it owns (VM, slot, disk, pause snapshot). Idempotent.
+   * `state` null: none stored, or it did not parse (what it names is then left to the next reap).
+   */
+  kill(id: string, state: S | null): Promise<void>;
+  /**
+   * Start-up reconciliation after a crash: stop VMs of sandboxes that cannot continue
+   * (everything not paused), keep paused snapshots, remove leftovers no record names.
+   */
+  reap(known: RuntimeKnownSandbox<S>[]): Promise<ReapReport>;
+  /**
+   * Called first when the node starts shutting down, before sandboxes are paused or killed:
+   * helpers that die from now on (e.g. disk servers) are expected, not crashes to repair.
+   */
+  beginShutdown(): void;
+  /** Release runtime-wide resources (warm pools); running sandboxes are the orchestrator's job. */
+  close(): Promise<void>;
+
+  /** Snapshots of sandboxes; absent: snapshot and fork requests are refused. */
+  readonly snapshots?: RuntimeSnapshots<S>;
+  /** Resource samples of running sandboxes; absent: none are taken. */
+  readonly metrics?: RuntimeMetrics;
+  /** The volumes' disks; absent: creates with volumeMounts are refused. */
+  readonly volumes?: VolumeBackend;
+  /** Egress policies; absent: network settings are not checked at create and cannot be changed. */
+  readonly network?: RuntimeNetwork;
+  /** Sandboxes started ahead of creates; absent: every create starts its own. */
+  readonly prepared?: PreparedStarts;
+}
+
+/** A committed snapshot as the API lists it (E2B `SnapshotInfo` plus what filters need). */
+export interface SnapshotInfo {
+  snapshotID: string;
+  names: string[];
+  /** Sandbox it was taken from (null for a template's own). */
+  sandboxID: string | null;
+  /** Template the snapshot descends from. */
+  templateID: string;
+  /** Unix ms. */
+  createdAt: number;
+}
+
+/** What a snapshot commits: a listed user snapshot or a fork's checkpoint. */
+export interface SnapshotRequest {
+  kind: "user" | "fork";
+  name?: string;
+  /** Volumes the sandbox has attached (a snapshot of such a sandbox is refused). */
+  volumes: number;
+}
+
+/** Snapshots: taken of running or paused sandboxes, listed, deleted. */
+export interface RuntimeSnapshots<S> {
+  /**
+   * Commit a snapshot of a running (briefly paused, then running on) or paused sandbox.
+   * @throws OrchestratorError `orchestrator.bad_request` for a bad name or a sandbox with volumes
+   */
+  take(id: string, state: S, req: SnapshotRequest, signal: AbortSignal): Promise<SnapshotInfo>;
+  /** Listed (user) snapshots, oldest first. */
+  list(): SnapshotInfo[];
+  /** Delete a user or fork snapshot by id or name (kept for running users until they stop); false when absent. */
+  delete(ref: string): Promise<boolean>;
+}
+
+/** Resource samples of running sandboxes. */
+export interface RuntimeMetrics {
+  /**
+   * One resource sample of a running sandbox (vCPUs, CPU %, memory, disk) as its guest sees them.
+   * `at` is left to the caller. Bounded by `signal`.
+   * @throws any error when the sandbox cannot be sampled now (it is pausing, envd is busy, ...).
+   */
+  sample(target: GuestTarget, signal: AbortSignal): Promise<Omit<SandboxMetricsSample, "at">>;
+}
+
+/** Egress policies of sandboxes. */
+export interface RuntimeNetwork {
+  /**
+   * Check a create request's network settings before anything is made.
+   * @throws OrchestratorError `orchestrator.bad_request` (400) naming the bad entry.
+   */
+  check(network: Record<string, unknown> | null, allowInternetAccess: boolean | null): void;
+  /**
+   * Apply a new egress policy to running sandbox `id`.
+   * @throws OrchestratorError `orchestrator.bad_request` (400) naming the bad entry.
+   */
+  update(id: string, policy: Record<string, unknown>): Promise<void>;
+}
+
+/** Sandboxes a runtime prepares ahead of creates. */
+export interface PreparedStarts {
+  /**
+   * The id of a sandbox the runtime prepared ahead for a create of `template` in this shape,
+   * reserved for this create, or null (none ready). The create then uses that id and calls
+   * start() with it soon: a reservation not started within the create timeout lapses.
+   */
+  claim(template: TemplateInfo, shape: { cpuCount: number; memoryMB: number; volumes: number }): Promise<string | null>;
+}
+
 /**
  * The volumes' disks, as the orchestrator manages them (create, delete, host access for the
- * content API). Whoever attaches a volume to a VM or the node is coordinated by the orchestrator:
- * one writer or many readers, never both.
+ * content API), and file access through a running guest that has one mounted. Whoever attaches
+ * a volume to a VM or the node is coordinated by the orchestrator: one writer or many readers,
+ * never both.
  */
 export interface VolumeBackend {
   /** Make the disk of new volume `id` (empty ext4 of `sizeBytes`, label `name`). */
@@ -55,147 +248,8 @@ export interface VolumeBackend {
   hostFiles(id: string, readOnly: boolean): Promise<{ files: VolumeFiles; release(): void }>;
   /** Close the node's access to `id` (before a sandbox attaches it). */
   releaseHost(id: string): Promise<void>;
-  /** Close every host access. */
-  close(): Promise<void>;
-}
-
-/** What `sampleMetrics` needs to reach a running sandbox. */
-export interface RuntimeMetricsTarget {
-  id: string;
-  endpoint: SandboxEndpoint;
-  envdAccessToken: string | null;
-  runtimeState: Record<string, unknown> | null;
-}
-
-/** A sandbox the runtime has running (envd answered `/health` and took `/init`). */
-export interface RuntimeSandbox {
-  endpoint: SandboxEndpoint;
-  /** Opaque JSON the runtime needs later (pid, slot, work dir); persisted by the orchestrator. */
-  runtimeState: Record<string, unknown>;
-  /** What envd reported (`X-Envd-Version`), semver. */
-  envdVersion: string;
-  /** Resolves when the sandbox dies on its own (VMM exit); the orchestrator then marks it failed. */
-  exited?: Promise<unknown>;
-  /**
-   * Resolves with a reason when the sandbox can no longer run though its VMM may live on (its
-   * root disk or a volume drive was removed under it: the guest sees I/O errors); the
-   * orchestrator then marks it failed and kills it.
-   */
-  lost?: Promise<string>;
-}
-
-/** A committed snapshot as the API lists it (E2B `SnapshotInfo` plus what filters need). */
-export interface SnapshotInfo {
-  snapshotID: string;
-  names: string[];
-  /** Sandbox it was taken from (null for a template's own). */
-  sandboxID: string | null;
-  /** Template the snapshot descends from. */
-  templateID: string;
-  /** Unix ms. */
-  createdAt: number;
-}
-
-/** What `SandboxRuntime.snapshot` commits: a listed user snapshot or a fork's checkpoint. */
-export interface SnapshotRequest {
-  kind: "user" | "fork";
-  name?: string;
-  /** Volumes the sandbox has attached (a snapshot of such a sandbox is refused). */
-  volumes: number;
-}
-
-/** A stored sandbox as the runtime sees it at start-up reconciliation. */
-export interface RuntimeKnownSandbox {
-  id: string;
-  state: string;
-  runtimeState: Record<string, unknown> | null;
-}
-
-/** What a start-up reconciliation did. */
-export interface ReapReport {
-  /** Sandboxes whose VM was running at start-up and has been stopped. */
-  stoppedVms: string[];
-  /** Other leftovers removed (netns, mounts, work dirs), described for the log. */
-  removed: string[];
-}
-
-export interface SandboxRuntime {
-  readonly name: string;
-  /** Templates this node can boot. */
-  listTemplates(): Promise<TemplateInfo[]>;
-  /**
-   * A template by id or alias, or named with a tag (`name:tag`, `id:tag`): its info with
-   * `buildID` the build that name boots (the tag's), which `start` then boots; else a snapshot a
-   * sandbox can be created from (by id or name), described as a template; null when none of
-   * these exists. Absent: templates by id or alias from listTemplates.
-   */
-  resolveTemplate?(ref: string): Promise<TemplateInfo | null>;
-  /** Boot a sandbox and wait until envd is initialised. Frees everything it made if it throws. */
-  start(spec: RuntimeStartSpec): Promise<RuntimeSandbox>;
-  /**
-   * The id of a sandbox the runtime prepared ahead for a create of `template` in this shape,
-   * reserved for this create, or null (none ready, or the runtime prepares nothing). The create
-   * then uses that id and calls start() with it soon: a reservation not started within the create
-   * timeout lapses.
-   */
-  claimPrepared?(template: TemplateInfo, shape: { cpuCount: number; memoryMB: number; volumes: number }): Promise<string | null>;
-  /**
-   * Pause + commit a pause snapshot (memory, device state, disk upper), then stop the VMM.
-   * With `memory: false` only the disk is kept (a filesystem-only snapshot): the VMM is stopped
-   * without a snapshot (the orchestrator has flushed the guest's filesystems first).
-   * Returns the new runtimeState.
-   */
-  pause(id: string, state: Record<string, unknown>, signal: AbortSignal, opts?: { memory: boolean }): Promise<Record<string, unknown>>;
-  /**
-   * Restore a paused sandbox and re-init envd (same token, env vars). With `memory: false` the
-   * sandbox cold-boots on its disk instead (any memory snapshot is discarded once it runs): a new
-   * kernel, envd initialised again with the same token, env vars, default user and workdir.
-   */
-  resume(spec: RuntimeStartSpec, state: Record<string, unknown>, opts?: { memory: boolean }): Promise<RuntimeSandbox>;
-  /** Stop the sandbox and delete everything it owns (VM, slot, disk, pause snapshot). Idempotent. */
-  kill(id: string, state: Record<string, unknown> | null): Promise<void>;
-  /**
-   * Commit a snapshot of a running (briefly paused, then running on) or paused sandbox.
-   * @throws OrchestratorError `orchestrator.bad_request` for a bad name or a sandbox with volumes
-   */
-  snapshot?(id: string, state: Record<string, unknown>, req: SnapshotRequest, signal: AbortSignal): Promise<SnapshotInfo>;
-  /** Listed (user) snapshots, oldest first. */
-  listSnapshots?(): SnapshotInfo[];
-  /** Delete a user or fork snapshot by id or name (kept for running users until they stop); false when absent. */
-  deleteSnapshot?(ref: string): Promise<boolean>;
-  /**
-   * Check a create request's network settings before anything is made.
-   * @throws OrchestratorError `orchestrator.bad_request` (400) naming the bad entry.
-   */
-  checkNetwork?(network: Record<string, unknown> | null, allowInternetAccess: boolean | null): void;
-  /**
-   * One resource sample of a running sandbox (vCPUs, CPU %, memory, disk) as its guest sees them.
-   * `at` is left to the caller. Bounded by `signal`.
-   * @throws any error when the sandbox cannot be sampled now (it is pausing, envd is busy, ...).
-   */
-  sampleMetrics?(target: RuntimeMetricsTarget, signal: AbortSignal): Promise<Omit<SandboxMetricsSample, "at">>;
-  /** The volumes' disks; absent when this runtime cannot attach volumes (creates with volumeMounts are refused). */
-  readonly volumes?: VolumeBackend;
   /** File operations on a volume mounted at `mountPath` in running sandbox `target`, done by its envd. */
-  guestVolumeFiles?(target: RuntimeMetricsTarget, mountPath: string): VolumeFiles;
-  /**
-   * Before the VM is stopped for good (kill) or without its memory: flush the guest's
-   * filesystems and unmount its volumes, so their disks are clean. Bounded by `timeoutMs`.
-   * @throws when the guest could not be reached or a volume stayed mounted (it was synced then)
-   */
-  quiesce?(target: RuntimeMetricsTarget, volumes: VolumeMount[], timeoutMs: number): Promise<void>;
-  /** Apply a new egress policy to a running sandbox. */
-  updateNetwork?(id: string, state: Record<string, unknown>, policy: Record<string, unknown>): Promise<void>;
-  /**
-   * Start-up reconciliation after a crash: stop VMs of sandboxes that cannot continue
-   * (everything not paused), keep paused snapshots, remove leftovers no record names.
-   */
-  reap(known: RuntimeKnownSandbox[]): Promise<ReapReport>;
-  /**
-   * Called first when the node starts shutting down, before sandboxes are paused or killed:
-   * helpers that die from now on (e.g. disk servers) are expected, not crashes to repair.
-   */
-  beginShutdown?(): void;
-  /** Release runtime-wide resources (warm pools); running sandboxes are the orchestrator's job. */
+  guestFiles(target: GuestTarget, mountPath: string): VolumeFiles;
+  /** Close every host access. */
   close(): Promise<void>;
 }

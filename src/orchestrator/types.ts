@@ -38,7 +38,11 @@ export interface SandboxRecord {
   /** Volumes attached as extra drives and mounted in the guest, in drive order. */
   volumeMounts: VolumeMount[];
   endpoint: SandboxEndpoint | null;
-  runtimeState: Record<string, unknown> | null;
+  /**
+   * The runtime's state of the sandbox as stored (JSON; null before it started): opaque here,
+   * read back only through the runtime's `state.parse` (`SandboxRuntime.state`).
+   */
+  runtimeState: unknown;
   error: string | null;
   createdAt: number;
   startedAt: number;

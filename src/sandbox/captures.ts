@@ -13,7 +13,7 @@
 import { rmSync } from "node:fs";
 import type { Logger } from "pino";
 import { OrchestratorError } from "../orchestrator/errors.ts";
-import type { SnapshotInfo, SnapshotRequest } from "../orchestrator/runtime.ts";
+import type { RuntimeSnapshots, SnapshotInfo, SnapshotRequest } from "../orchestrator/runtime.ts";
 import { layersOf, newSnapshotId, SNAPSHOT_NAME_RE, SnapshotError, type CommitTxn, type LayerRef, type SnapshotManifest } from "../snapshot/index.ts";
 import { upperPaths } from "../storage/daemon/index.ts";
 import { snapshotInfo, type BaseResolver } from "./base-resolver.ts";
@@ -45,8 +45,8 @@ interface CommitPlan {
   vmAfter: "stopped" | "running";
 }
 
-/** Pauses and snapshots of running sandbox VMs. */
-export class Captures {
+/** Pauses and snapshots of sandbox VMs, and the snapshots users took. */
+export class Captures implements RuntimeSnapshots<VmState> {
   constructor(
     private readonly o: VmRuntimeOptions,
     private readonly vms: RunningVms,
@@ -82,7 +82,7 @@ export class Captures {
    * @throws OrchestratorError `orchestrator.bad_request` (bad name; a sandbox with volumes),
    *   SnapshotError, VmmError
    */
-  async snapshot(id: string, st: VmState, req: SnapshotRequest, signal: AbortSignal): Promise<SnapshotInfo> {
+  async take(id: string, st: VmState, req: SnapshotRequest, signal: AbortSignal): Promise<SnapshotInfo> {
     if (req.name !== undefined && !SNAPSHOT_NAME_RE.test(req.name)) {
       throw new OrchestratorError("orchestrator.bad_request", `invalid snapshot name ${JSON.stringify(req.name)}`, { name: req.name });
     }
@@ -94,6 +94,26 @@ export class Captures {
     const { m, report } = await this.commit(id, st, { kind: req.kind, names, memory: true, vmAfter: "running" }, signal);
     this.log.info({ sandboxId: id, ...report, kind: req.kind }, "sandbox snapshot committed");
     return snapshotInfo(m);
+  }
+
+  /** Every user snapshot (kind `user`), oldest first. */
+  list(): SnapshotInfo[] {
+    return this.repo
+      .list()
+      .filter((m) => m.kind === "user")
+      .map(snapshotInfo);
+  }
+
+  /**
+   * Delete a user or fork snapshot by id or name. One still used by a running sandbox is hidden
+   * at once and removed when its last user stops (its files stay until then).
+   * @returns false when no such snapshot exists
+   */
+  async delete(ref: string): Promise<boolean> {
+    const m = this.resolver.findSnapshot(ref, ["user", "fork"]);
+    if (!m) return false;
+    this.users.retire(m.id);
+    return true;
   }
 
   /** A paused sandbox's pause snapshot `paused` committed again as `kind` named `names`. */

@@ -26,7 +26,7 @@ import { envdUrl, initGuest, startTemplateProcess } from "./guest-start.ts";
 import type { VmRuntimeOptions } from "./options.ts";
 import type { RunningVms } from "./running-vms.ts";
 import type { SnapshotUsers } from "./snapshot-users.ts";
-import type { VmState } from "./vm-state.ts";
+import { VM_STATE_VERSION, type VmState } from "./vm-state.ts";
 import { mountVolumesInGuest } from "./volumes.ts";
 import { WARM_KINDS, type WarmImages } from "./warm-images.ts";
 
@@ -123,7 +123,7 @@ export class Launcher {
    * @throws whatever the failing step throws (logged with the step), with everything the start
    *   made freed
    */
-  async launch(spec: RuntimeStartSpec, base: SnapshotManifest, from: StartedFrom, mode: StartMode): Promise<RuntimeSandbox> {
+  async launch(spec: RuntimeStartSpec, base: SnapshotManifest, from: StartedFrom, mode: StartMode): Promise<RuntimeSandbox<VmState>> {
     const id = spec.id;
     const restore = restores(mode, spec, base);
     const t = noTimings(restore, false);
@@ -167,6 +167,7 @@ export class Launcher {
       step.now = "envd health and /init";
       const bootSnap = held.bootSnap;
       const state: VmState = {
+        version: VM_STATE_VERSION,
         workDir,
         rootDisk: disk.path,
         mac: started.mac,
@@ -195,7 +196,7 @@ export class Launcher {
       const pool = mode.kind === "pool";
       this.log.info({ sandboxId: id, base: base.id, ...t, ...(bootSnap ? { bootSnapshot: bootSnap.id } : {}) }, pool ? "restore pool VM restored" : restore ? "sandbox restored" : bootSnap ? "sandbox booted from a boot snapshot" : "sandbox booted");
       if (restore && WARM_KINDS.includes(base.kind)) await this.warm.keep(base);
-      return { endpoint: { host }, runtimeState: { ...g.state }, envdVersion: g.state.envdVersion, exited: vm.exited, lost: this.vms.drivesLost(id) };
+      return { endpoint: { host }, runtimeState: g.state, envdVersion: g.state.envdVersion, exited: vm.exited, lost: this.vms.drivesLost(id) };
     } catch (e) {
       this.log.error({ sandboxId: id, base: base.id, step: step.now, err: e }, `start failed at step: ${step.now}`);
       await this.abandon(id, base, held);

@@ -103,7 +103,7 @@ export class PooledVms {
    * one of `base`. Null when it did not, or when that VM is unusable (it is discarded: the
    * caller starts the sandbox on request under the same id).
    */
-  async start(spec: RuntimeStartSpec, base: SnapshotManifest): Promise<RuntimeSandbox | null> {
+  async start(spec: RuntimeStartSpec, base: SnapshotManifest): Promise<RuntimeSandbox<VmState> | null> {
     const pooledFrom = this.#pool.take(spec.id);
     if (pooledFrom === null) return null;
     if (pooledFrom === base.id) {
@@ -128,7 +128,7 @@ export class PooledVms {
    * with the create's token, env vars, clock and host name.
    * @throws OrchestratorError / NetError / VmmError (the caller discards the VM)
    */
-  private async continuePrepared(spec: RuntimeStartSpec, base: SnapshotManifest): Promise<RuntimeSandbox> {
+  private async continuePrepared(spec: RuntimeStartSpec, base: SnapshotManifest): Promise<RuntimeSandbox<VmState>> {
     const id = spec.id;
     const p = this.#prepared.get(id);
     const vm = this.d.vms.vm(id);
@@ -150,7 +150,7 @@ export class PooledVms {
     t.envdMs = Math.round(performance.now() - t2);
     t.totalMs = Math.round(performance.now() - t0);
     this.d.log.info({ sandboxId: id, base: base.id, ...t }, "sandbox started from the restore pool");
-    return { endpoint: { host: p.host }, runtimeState: { ...g.state }, envdVersion: g.state.envdVersion, exited: vm.exited, lost: this.d.vms.drivesLost(id) };
+    return { endpoint: { host: p.host }, runtimeState: g.state, envdVersion: g.state.envdVersion, exited: vm.exited, lost: this.d.vms.drivesLost(id) };
   }
 
   /**
@@ -176,7 +176,7 @@ export class PooledVms {
       onLog: (line) => this.#logSinks.get(id)?.(line),
     };
     const r = await this.d.launcher.launch(spec, ctx.base, ctx.from, { kind: "pool" });
-    const state = r.runtimeState as VmState;
+    const state = r.runtimeState;
     const vm = this.d.vms.vm(id)!;
     try {
       const user = ctx.from.boot?.user ?? this.d.o.defaultUser;

@@ -13,7 +13,7 @@ import { layersOf, type LocalRepository } from "../snapshot/index.ts";
 import { reapStaleMounts } from "../storage/daemon/index.ts";
 import { reapLeftovers } from "../vmm/index.ts";
 import { staleBootSnapshots, type BootKeys } from "./boot-snapshot.ts";
-import { parseVmState } from "./vm-state.ts";
+import type { VmState } from "./vm-state.ts";
 
 /** What the reaper looks at. */
 export interface ReaperDeps {
@@ -29,7 +29,7 @@ export interface ReaperDeps {
  * Reconcile with what a previous run left. `known`: the sandboxes the database still has in a
  * live state (or failed), with their stored runtime state.
  */
-export async function reap(d: ReaperDeps, known: RuntimeKnownSandbox[]): Promise<ReapReport> {
+export async function reap(d: ReaperDeps, known: RuntimeKnownSandbox<VmState>[]): Promise<ReapReport> {
   const stoppedVms = await reapLeftovers(d.runtimePath);
   const removed: string[] = reapStaleMounts([join(d.homePath, "sandboxes")]).map((m) => `mount ${m}`);
   // nothing runs now: sandboxes' work dirs are gone with their VMs (a paused sandbox's state is
@@ -77,23 +77,21 @@ function safeReaddir(dir: string): string[] {
 
 /**
  * Which pause snapshots the start-up reap keeps, per sandbox id: a paused sandbox keeps the one
- * its stored state names; a paused sandbox whose stored state does not parse (or names none)
+ * its stored state names; a paused sandbox whose stored state does not parse (or has none, or names none)
  * keeps every pause snapshot of its own, "all", and is logged: a damaged record never costs the
  * data it may point to (its resume then fails with `orchestrator.bad_runtime_state`). Sandboxes
  * that are not paused keep none.
  */
-function pauseSnapshotsToKeep(known: RuntimeKnownSandbox[], log: Logger): Map<string, string | "all"> {
+function pauseSnapshotsToKeep(known: RuntimeKnownSandbox<VmState>[], log: Logger): Map<string, string | "all"> {
   const keep = new Map<string, string | "all">();
   for (const k of known) {
     if (k.state !== "paused") continue;
-    let paused: string | undefined;
-    try {
-      paused = parseVmState(k.id, k.runtimeState).paused;
-    } catch (e) {
-      log.error({ sandboxId: k.id, err: e }, "paused sandbox with an unreadable runtime state: its pause snapshots are kept");
+    if (k.unreadable) {
+      log.error({ sandboxId: k.id, err: k.unreadable }, "paused sandbox with an unreadable runtime state: its pause snapshots are kept");
       keep.set(k.id, "all");
       continue;
     }
+    const paused = k.runtimeState?.paused;
     if (paused === undefined) log.error({ sandboxId: k.id }, "paused sandbox whose runtime state names no pause snapshot: its pause snapshots are kept");
     keep.set(k.id, paused ?? "all");
   }

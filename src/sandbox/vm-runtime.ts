@@ -17,10 +17,10 @@
 import type { Logger } from "pino";
 import { logger } from "../observability/log.ts";
 import { OrchestratorError } from "../orchestrator/errors.ts";
-import type { ReapReport, RuntimeKnownSandbox, RuntimeMetricsTarget, RuntimeSandbox, RuntimeStartSpec, SandboxRuntime, SnapshotInfo, SnapshotRequest } from "../orchestrator/runtime.ts";
-import type { SandboxMetricsSample, TemplateInfo, VolumeMount } from "../orchestrator/types.ts";
+import type { GuestTarget, PreparedStarts, ReapReport, RuntimeKnownSandbox, RuntimeMetrics, RuntimeNetwork, RuntimeSandbox, RuntimeStartSpec, SandboxRuntime } from "../orchestrator/runtime.ts";
+import type { TemplateInfo, VolumeMount } from "../orchestrator/types.ts";
 import { TemplateCatalog, type BuildVmLauncher } from "../template/index.ts";
-import { BaseResolver, snapshotInfo } from "./base-resolver.ts";
+import { BaseResolver } from "./base-resolver.ts";
 import { BootSnapshots } from "./boot-snapshots.ts";
 import { buildVmLauncher } from "./build-launcher.ts";
 import type { BuildVmTimeouts } from "./build-vm.ts";
@@ -30,7 +30,6 @@ import { parseNetworkPolicy, sandboxPolicy } from "./egress.ts";
 import { fetchEnvdMetrics } from "./envd-client.ts";
 import { execInGuest } from "./guest-exec.ts";
 import { envdUrl } from "./guest-start.ts";
-import { GuestVolumeFiles } from "./guest-volume-files.ts";
 import { Launcher } from "./launcher.ts";
 import type { VmRuntimeOptions } from "./options.ts";
 import { PooledVms } from "./pooled-vms.ts";
@@ -38,15 +37,32 @@ import { reap } from "./reaper.ts";
 import { RunningVms } from "./running-vms.ts";
 import { SnapshotUsers } from "./snapshot-users.ts";
 import { StartActivity } from "./start-activity.ts";
-import { parseVmState, type VmState } from "./vm-state.ts";
+import { VM_STATE_CODEC, type VmState } from "./vm-state.ts";
 import { QUIESCE_SCRIPT, VmVolumes } from "./volumes.ts";
 import { WarmImages } from "./warm-images.ts";
 
-export class VmRuntime implements SandboxRuntime {
+export class VmRuntime implements SandboxRuntime<VmState> {
   readonly name: string;
+  readonly state = VM_STATE_CODEC;
   /** The template catalog of this home (built templates and build-base ones). */
   readonly catalog: TemplateCatalog;
   readonly volumes?: VmVolumes;
+  /** Snapshots: pauses and captures of running VMs, listed and deleted (captures.ts). */
+  readonly snapshots: Captures;
+  /**
+   * Metrics come from envd's `GET /metrics` inside the guest, not from the VMM process on the
+   * host: the guest's view is what E2B reports (vCPUs, CPU busy share, MemTotal - MemAvailable,
+   * the root filesystem's use), while the host only sees QEMU's RSS (pages ever touched, never
+   * given back) and its CPU time (under TCG mostly translation work), neither of which is what
+   * the sandbox's programs use.
+   */
+  readonly metrics: RuntimeMetrics = { sample: (t, signal) => fetchEnvdMetrics(envdUrl(t.endpoint.host), t.envdAccessToken, signal) };
+  readonly network: RuntimeNetwork = {
+    check: (network, allowInternetAccess) => void sandboxPolicy(network, allowInternetAccess),
+    update: async (id, policy) => void (await this.o.net.updatePolicy(id, parseNetworkPolicy(policy))),
+  };
+  /** VMs of the restore pool (pooled-vms.ts), claimed by creates. */
+  readonly prepared: PreparedStarts;
   private readonly log: Logger = logger("orchestrator.vm");
   private readonly kernelKeys = new KernelKeys();
   private readonly resolver: BaseResolver;
@@ -55,7 +71,6 @@ export class VmRuntime implements SandboxRuntime {
   private readonly warm: WarmImages;
   private readonly boots: BootSnapshots;
   private readonly launcher: Launcher;
-  private readonly captures: Captures;
   private readonly pool: PooledVms;
   private readonly activity = new StartActivity();
   private gcTimer: ReturnType<typeof setInterval> | undefined;
@@ -71,8 +86,9 @@ export class VmRuntime implements SandboxRuntime {
     this.warm = new WarmImages(o.snapshots.repo, o.snapshots.images, log);
     this.boots = new BootSnapshots(o, this.kernelKeys, this.users, this.warm, log);
     this.launcher = new Launcher(o, this.vms, this.users, this.boots, this.warm, log);
-    this.captures = new Captures(o, this.vms, this.users, this.resolver, this.kernelKeys, log);
+    this.snapshots = new Captures(o, this.vms, this.users, this.resolver, this.kernelKeys, log);
     this.pool = new PooledVms({ o, vms: this.vms, users: this.users, resolver: this.resolver, launcher: this.launcher, activity: this.activity, log });
+    this.prepared = { claim: (template, shape) => this.pool.claim(template, shape) };
     if (o.snapshots.gcIntervalMs > 0) this.gcTimer = setInterval(() => this.gc(), o.snapshots.gcIntervalMs);
   }
 
@@ -92,7 +108,7 @@ export class VmRuntime implements SandboxRuntime {
     return buildVmLauncher({ o: this.o, boots: this.boots, users: this.users, kernelKeys: this.kernelKeys, gc: () => this.gc(), log: this.log }, timeouts);
   }
 
-  async start(spec: RuntimeStartSpec): Promise<RuntimeSandbox> {
+  async start(spec: RuntimeStartSpec): Promise<RuntimeSandbox<VmState>> {
     this.activity.begin();
     try {
       const { base, ...from } = await this.resolver.baseFor(spec.template.templateID, spec.template.buildID);
@@ -102,18 +118,13 @@ export class VmRuntime implements SandboxRuntime {
     }
   }
 
-  claimPrepared(template: TemplateInfo, shape: { cpuCount: number; memoryMB: number; volumes: number }): Promise<string | null> {
-    return this.pool.claim(template, shape);
+  pause(id: string, state: VmState, signal: AbortSignal, opts: { memory: boolean }): Promise<VmState> {
+    return this.snapshots.pause(id, state, signal, opts.memory);
   }
 
-  async pause(id: string, state: Record<string, unknown>, signal: AbortSignal, opts: { memory: boolean } = { memory: true }): Promise<Record<string, unknown>> {
-    return this.captures.pause(id, parseVmState(id, state), signal, opts.memory);
-  }
-
-  async resume(spec: RuntimeStartSpec, state: Record<string, unknown>, opts: { memory: boolean } = { memory: true }): Promise<RuntimeSandbox> {
+  async resume(spec: RuntimeStartSpec, st: VmState, opts: { memory: boolean }): Promise<RuntimeSandbox<VmState>> {
     this.activity.begin();
     try {
-      const st = parseVmState(spec.id, state);
       const m = st.paused ? this.o.snapshots.repo.find(st.paused) : undefined;
       if (!m) throw new OrchestratorError("orchestrator.snapshot_missing", `snapshot of sandbox ${spec.id} is missing`, { sandboxId: spec.id, snapshot: st.paused ?? null });
       // what it started from, never the template's current build (a rebuild or delete changes
@@ -124,16 +135,15 @@ export class VmRuntime implements SandboxRuntime {
     }
   }
 
-  async kill(id: string, state: Record<string, unknown> | null): Promise<void> {
+  async quiesce(t: GuestTarget, volumes: VolumeMount[], timeoutMs: number): Promise<void> {
+    const paths = volumes.filter((m) => !m.readOnly).map((m) => m.path);
+    const r = await execInGuest(envdUrl(t.endpoint.host), t.envdAccessToken, "/bin/sh", ["-c", QUIESCE_SCRIPT, "sh", ...paths], timeoutMs);
+    if (r.exitCode !== 0) throw new OrchestratorError("orchestrator.volume_busy", `a volume of sandbox ${t.id} stayed mounted (busy); it was synced`, { sandboxId: t.id, stderr: r.stderr });
+  }
+
+  async kill(id: string, st: VmState | null): Promise<void> {
     const vm = this.vms.vm(id);
     await this.vms.teardown(id, true);
-    let st: VmState | null = null;
-    try {
-      st = state === null ? null : parseVmState(id, state);
-    } catch (e) {
-      // a record of another version: what it names cannot be trusted, but the sandbox still goes
-      this.log.warn({ sandboxId: id, err: e }, "kill of a sandbox whose runtime state does not parse");
-    }
     if (!vm && st?.vmmPid) {
       // a VMM without handle (should not happen after start-up reaping): kill by pid
       try {
@@ -147,62 +157,7 @@ export class VmRuntime implements SandboxRuntime {
     this.gc();
   }
 
-  snapshot(id: string, state: Record<string, unknown>, req: SnapshotRequest, signal: AbortSignal): Promise<SnapshotInfo> {
-    return this.captures.snapshot(id, parseVmState(id, state), req, signal);
-  }
-
-  /** Every user snapshot (kind `user`), oldest first. */
-  listSnapshots(): SnapshotInfo[] {
-    return this.o.snapshots.repo
-      .list()
-      .filter((m) => m.kind === "user")
-      .map(snapshotInfo);
-  }
-
-  /**
-   * Delete a user or fork snapshot by id or name. One still used by a running sandbox is hidden
-   * at once and removed when its last user stops (its files stay until then).
-   * @returns false when no such snapshot exists
-   */
-  async deleteSnapshot(ref: string): Promise<boolean> {
-    const m = this.resolver.findSnapshot(ref, ["user", "fork"]);
-    if (!m) return false;
-    this.users.retire(m.id);
-    return true;
-  }
-
-  /**
-   * Metrics come from envd's `GET /metrics` inside the guest, not from the VMM process on the
-   * host: the guest's view is what E2B reports (vCPUs, CPU busy share, MemTotal - MemAvailable,
-   * the root filesystem's use), while the host only sees QEMU's RSS (pages ever touched, never
-   * given back) and its CPU time (under TCG mostly translation work), neither of which is what
-   * the sandbox's programs use.
-   */
-  async sampleMetrics(t: RuntimeMetricsTarget, signal: AbortSignal): Promise<Omit<SandboxMetricsSample, "at">> {
-    return fetchEnvdMetrics(envdUrl(t.endpoint.host), t.envdAccessToken, signal);
-  }
-
-  guestVolumeFiles(t: RuntimeMetricsTarget, mountPath: string): GuestVolumeFiles {
-    const v = this.volumes;
-    if (!v) throw new OrchestratorError("orchestrator.bad_request", "this runtime has no volume support configured", {});
-    return new GuestVolumeFiles(envdUrl(t.endpoint.host), t.envdAccessToken, mountPath, v.o.defaults, v.o.maxListEntries, v.o.guestOpTimeoutMs);
-  }
-
-  async quiesce(t: RuntimeMetricsTarget, volumes: VolumeMount[], timeoutMs: number): Promise<void> {
-    const paths = volumes.filter((m) => !m.readOnly).map((m) => m.path);
-    const r = await execInGuest(envdUrl(t.endpoint.host), t.envdAccessToken, "/bin/sh", ["-c", QUIESCE_SCRIPT, "sh", ...paths], timeoutMs);
-    if (r.exitCode !== 0) throw new OrchestratorError("orchestrator.volume_busy", `a volume of sandbox ${t.id} stayed mounted (busy); it was synced`, { sandboxId: t.id, stderr: r.stderr });
-  }
-
-  checkNetwork(network: Record<string, unknown> | null, allowInternetAccess: boolean | null): void {
-    sandboxPolicy(network, allowInternetAccess);
-  }
-
-  async updateNetwork(id: string, _state: Record<string, unknown>, policy: Record<string, unknown>): Promise<void> {
-    await this.o.net.updatePolicy(id, parseNetworkPolicy(policy));
-  }
-
-  reap(known: RuntimeKnownSandbox[]): Promise<ReapReport> {
+  reap(known: RuntimeKnownSandbox<VmState>[]): Promise<ReapReport> {
     return reap({ homePath: this.o.homePath, runtimePath: this.o.runtimePath, repo: this.o.snapshots.repo, bootKeys: () => this.boots.keys(), log: this.log }, known);
   }
 

@@ -2,15 +2,24 @@
  * What the VM runtime keeps in `SandboxRecord.runtimeState` (JSON in the database), as a schema:
  * a stored value is parsed (checked field by field) when it is read back, never cast, so a
  * record written by another version or damaged fails with the field named instead of later as
- * an undefined path. Adding a field: add it here (Type.Optional for values older records lack).
+ * an undefined path. Versioned: a state carries `version` (VM_STATE_VERSION); one stored without
+ * it was written before versions and has version 1's shape. Adding a field: add it here
+ * (Type.Optional for values older records lack); changing one: a new version, with the older
+ * versions still read (converted to the new shape in parseVmState).
  */
 import { type Static, Type as T } from "@sinclair/typebox";
 import { Value } from "@sinclair/typebox/value";
 import { OrchestratorError } from "../orchestrator/errors.ts";
+import type { RuntimeStateCodec } from "../orchestrator/runtime.ts";
 
 const SNAPSHOT_ID = { pattern: "^[a-z0-9]{20}$" };
 
+/** Version of the state this code writes. */
+export const VM_STATE_VERSION = 1;
+
 const VM_STATE = T.Object({
+  /** Shape version; absent in states stored before versions (the same shape as 1). */
+  version: T.Optional(T.Literal(VM_STATE_VERSION)),
   workDir: T.String({ minLength: 1 }),
   /** The served root disk (empty while paused). */
   rootDisk: T.String(),
@@ -82,6 +91,9 @@ export function parseVmState(sandboxId: string, raw: unknown): VmState {
   }
   return raw as VmState;
 }
+
+/** The VM runtime's state as the orchestrator reads it back (`SandboxRuntime.state`). */
+export const VM_STATE_CODEC: RuntimeStateCodec<VmState> = { parse: parseVmState };
 
 /**
  * The template layer files (absolute) a sandbox's stored runtime state pins, `template.rootLayers`,

@@ -10,13 +10,15 @@ import { rmSync } from "node:fs";
 import { join } from "node:path";
 import type { Logger } from "pino";
 import { logger } from "../observability/log.ts";
-import type { VolumeBackend } from "../orchestrator/runtime.ts";
+import type { GuestTarget, VolumeBackend } from "../orchestrator/runtime.ts";
 import type { VolumeMount } from "../orchestrator/types.ts";
 import type { DiskExport, DiskService } from "../storage/daemon/index.ts";
 import { createVolumeImage, HostFiles, HostVolume, repairVolume, volumeTarget, volumePaths, VOLUME_FILE, type CreateDefaults, type HostVolumeOptions } from "../volume/index.ts";
 import type { DriveSpec } from "../vmm/index.ts";
 import { OrchestratorError } from "../orchestrator/errors.ts";
 import { execInGuest } from "./guest-exec.ts";
+import { envdUrl } from "./guest-start.ts";
+import { GuestVolumeFiles } from "./guest-volume-files.ts";
 
 /** Settings of the volume backend. */
 export interface VmVolumesOptions {
@@ -124,6 +126,10 @@ export class VmVolumes implements VolumeBackend {
     this.closing.set(id, closed);
     await closed;
     if (this.closing.get(id) === closed) this.closing.delete(id);
+  }
+
+  guestFiles(t: GuestTarget, mountPath: string): GuestVolumeFiles {
+    return new GuestVolumeFiles(envdUrl(t.endpoint.host), t.envdAccessToken, mountPath, this.o.defaults, this.o.maxListEntries, this.o.guestOpTimeoutMs);
   }
 
   async close(): Promise<void> {

@@ -7,7 +7,7 @@
  * 204 and echoes WebSocket frames prefixed with the sandbox id (the frame `port?` is answered with
  * `{id}:port={guest port}`); `opts.fetch` replaces it.
  *
- * Snapshots without `opts.snapshots` (`snapshot`, `listSnapshots`, `deleteSnapshot`, and a create
+ * Snapshots without `opts.snapshots` (`snapshots.take`, `.list`, `.delete`, and a create
  * naming a snapshot's id or name) are records in this runtime only, so a snapshot is held by the one node that took it:
  * what the cluster tests need to route by holder. A sandbox created from one is a fresh guest
  * (nothing of the source's state is carried over).
@@ -25,7 +25,10 @@
  */
 import type { Server, ServerWebSocket } from "bun";
 import { writeFileSync } from "node:fs";
-import { OrchestratorError, type ReapReport, type RuntimeKnownSandbox, type RuntimeMetricsTarget, type RuntimeSandbox, type RuntimeStartSpec, type SandboxRuntime, type SnapshotInfo, type SnapshotRequest, type TemplateInfo } from "../../src/orchestrator/index.ts";
+import {
+  OrchestratorError, type GuestTarget, type ReapReport, type RuntimeMetrics, type RuntimeNetwork, type RuntimeSandbox, type RuntimeSnapshots, type RuntimeStartSpec, type RuntimeStateCodec, type SandboxRuntime,
+  type SnapshotInfo, type SnapshotRequest, type TemplateInfo,
+} from "../../src/orchestrator/index.ts";
 import { ENVD_PORT } from "../../src/envd/version.ts";
 import { snapshotInfo } from "../../src/sandbox/index.ts";
 import { MANIFEST_VERSION, newSnapshotId, SNAPSHOT_NAME_RE, type LocalRepository, type SnapshotManifest } from "../../src/snapshot/index.ts";
@@ -58,6 +61,19 @@ export interface LoopbackOptions {
 
 type Op = "start" | "pause" | "resume" | "kill" | "snapshot";
 
+/** A loopback guest's stored state: where it ran, or that it is paused. */
+export type LoopbackState = { host: string } | { paused: true };
+
+/** Reads a loopback guest's stored state back. */
+const LOOPBACK_STATE: RuntimeStateCodec<LoopbackState> = {
+  parse(sandboxId, stored) {
+    const s = stored as Partial<{ host: unknown; paused: unknown }> | null;
+    if (typeof s?.host === "string") return { host: s.host };
+    if (s?.paused === true) return { paused: true };
+    throw new OrchestratorError("orchestrator.bad_runtime_state", `sandbox ${sandboxId}: stored runtime state is no loopback state`, { sandboxId, field: "", value: null });
+  },
+};
+
 /**
  * A hold on one lifecycle call: `reached` resolves (with the sandbox id) when a call arrives;
  * `open()` lets it and later ones through, `open(error)` makes the held call fail with `error`.
@@ -86,8 +102,9 @@ function loopbackAddress(): string {
   return `127.${b()}.${b()}.${b()}`;
 }
 
-export class LoopbackRuntime implements SandboxRuntime {
+export class LoopbackRuntime implements SandboxRuntime<LoopbackState> {
   readonly name = "loopback";
+  readonly state = LOOPBACK_STATE;
   private readonly guests = new Map<string, { host: string; servers: Server<GuestWs>[]; lose: (reason: string) => void }>();
   private readonly gates = new Map<Op, { wait: Promise<Error | undefined>; reached: (id: string) => void }>();
   /** Template id each sandbox was started from (the source a snapshot of it records). */
@@ -156,9 +173,7 @@ export class LoopbackRuntime implements SandboxRuntime {
     if (this.templates.includes(ref)) return { ...BASE_TEMPLATE, templateID: ref, aliases: [ref] };
     const snap = this.findSnapshot(ref, ["user", "fork"]);
     if (snap) return { ...BASE_TEMPLATE, templateID: snap.snapshotID, aliases: snap.names, buildID: snap.snapshotID, createdAt: snap.createdAt, updatedAt: snap.createdAt };
-    if (this.opts.base?.resolveTemplate) return this.opts.base.resolveTemplate(ref);
-    const all = (await this.opts.base?.listTemplates()) ?? [];
-    return all.find((t) => t.templateID === ref || t.aliases.includes(ref)) ?? null;
+    return (await this.opts.base?.resolveTemplate(ref)) ?? null;
   }
 
   async listTemplates(): Promise<TemplateInfo[]> {
@@ -167,16 +182,16 @@ export class LoopbackRuntime implements SandboxRuntime {
     return [...own, ...more];
   }
 
-  checkNetwork(network: Record<string, unknown> | null, allowInternetAccess: boolean | null): void {
-    this.opts.base?.checkNetwork?.(network, allowInternetAccess);
-  }
+  /** The base runtime's checks; policy updates are accepted (a loopback guest has no egress rules). */
+  readonly network: RuntimeNetwork = {
+    check: (network, allowInternetAccess) => this.opts.base?.network?.check(network, allowInternetAccess),
+    update: async () => {},
+  };
 
-  sampleMetrics(target: RuntimeMetricsTarget, signal: AbortSignal) {
-    if (!this.opts.base?.sampleMetrics) return Promise.reject(new Error("no metrics without a base runtime"));
-    return this.opts.base.sampleMetrics(target, signal);
-  }
-
-  async updateNetwork(): Promise<void> {}
+  /** The base runtime's sampling (of a real guest); without a base, every sample fails. */
+  readonly metrics: RuntimeMetrics = {
+    sample: (target, signal) => this.opts.base?.metrics?.sample(target, signal) ?? Promise.reject(new Error("no metrics without a base runtime")),
+  };
 
   private async pass(op: Op, id: string, suffix = ""): Promise<void> {
     this.calls.push(`${op}:${id}${suffix}`);
@@ -187,7 +202,7 @@ export class LoopbackRuntime implements SandboxRuntime {
     if (error) throw error;
   }
 
-  private serve(id: string): RuntimeSandbox {
+  private serve(id: string): RuntimeSandbox<LoopbackState> {
     const host = loopbackAddress();
     const name = this.opts.name ?? "loopback";
     const handler: GuestFetch =
@@ -228,7 +243,7 @@ export class LoopbackRuntime implements SandboxRuntime {
     this.guests.delete(id);
   }
 
-  async start(spec: RuntimeStartSpec): Promise<RuntimeSandbox> {
+  async start(spec: RuntimeStartSpec): Promise<RuntimeSandbox<LoopbackState>> {
     await this.pass("start", spec.id);
     this.starts++;
     this.started.push(spec.template);
@@ -245,17 +260,24 @@ export class LoopbackRuntime implements SandboxRuntime {
     return undefined;
   }
 
-  async pause(id: string, _state?: Record<string, unknown>, _signal?: AbortSignal, opts?: { memory: boolean }): Promise<Record<string, unknown>> {
+  async pause(id: string, _state?: LoopbackState, _signal?: AbortSignal, opts?: { memory: boolean }): Promise<LoopbackState> {
     await this.pass("pause", id, opts?.memory === false ? ":fs" : "");
     this.stopGuest(id);
     return { paused: true };
   }
 
-  async resume(spec: RuntimeStartSpec, _state?: Record<string, unknown>, opts?: { memory: boolean }): Promise<RuntimeSandbox> {
+  async resume(spec: RuntimeStartSpec, _state?: LoopbackState, opts?: { memory: boolean }): Promise<RuntimeSandbox<LoopbackState>> {
     await this.pass("resume", spec.id, opts?.memory === false ? ":fs" : "");
     this.starts++;
     return this.serve(spec.id);
   }
+
+  /** Snapshots of loopback guests (see the module's doc). */
+  readonly snapshots: RuntimeSnapshots<LoopbackState> = {
+    take: (id, _state, req) => this.takeSnapshot(id, req),
+    list: () => this.listSnapshots(),
+    delete: (ref) => this.deleteSnapshot(ref),
+  };
 
   /**
    * Commit a manifest for sandbox `id` (source: `id`, `req.kind`, `req.name`) with one disk layer
@@ -263,7 +285,7 @@ export class LoopbackRuntime implements SandboxRuntime {
    * Without `opts.snapshots` the snapshot is a record in this runtime only (held by this node).
    * @throws OrchestratorError bad_request for a bad name or a sandbox with volumes (as VmRuntime)
    */
-  async snapshot(id: string, _state: Record<string, unknown>, req: SnapshotRequest): Promise<SnapshotInfo> {
+  private async takeSnapshot(id: string, req: SnapshotRequest): Promise<SnapshotInfo> {
     await this.pass("snapshot", id, `:${req.kind}`);
     if (req.name !== undefined && !SNAPSHOT_NAME_RE.test(req.name)) throw new OrchestratorError("orchestrator.bad_request", `invalid snapshot name ${JSON.stringify(req.name)}`, { name: req.name });
     if (req.volumes > 0) throw new OrchestratorError("orchestrator.bad_request", `sandbox ${id} has volumes attached`, { sandboxId: id });
@@ -302,14 +324,14 @@ export class LoopbackRuntime implements SandboxRuntime {
   }
 
   /** User snapshots, oldest first: the base runtime's with `opts.snapshots`, else this runtime's records. */
-  listSnapshots(): SnapshotInfo[] {
-    if (this.opts.snapshots) return this.opts.base?.listSnapshots?.() ?? [];
+  private listSnapshots(): SnapshotInfo[] {
+    if (this.opts.snapshots) return this.opts.base?.snapshots?.list() ?? [];
     return [...this.snaps.values()].filter((s) => s.kind === "user").map(({ kind: _kind, ...info }) => info);
   }
 
   /** Delete a user or fork snapshot by id or name; false when there is none such. */
-  async deleteSnapshot(ref: string): Promise<boolean> {
-    if (this.opts.snapshots) return (await this.opts.base?.deleteSnapshot?.(ref)) ?? false;
+  private async deleteSnapshot(ref: string): Promise<boolean> {
+    if (this.opts.snapshots) return (await this.opts.base?.snapshots?.delete(ref)) ?? false;
     const s = this.findSnapshot(ref, ["user", "fork"]);
     if (!s) return false;
     this.calls.push(`deleteSnapshot:${s.snapshotID}`);
@@ -317,7 +339,7 @@ export class LoopbackRuntime implements SandboxRuntime {
     return true;
   }
 
-  async quiesce(t: RuntimeMetricsTarget): Promise<void> {
+  async quiesce(t: GuestTarget): Promise<void> {
     this.calls.push(`quiesce:${t.id}`);
   }
 
@@ -327,14 +349,14 @@ export class LoopbackRuntime implements SandboxRuntime {
     this.templateOf.delete(id);
   }
 
-  async reap(known: RuntimeKnownSandbox[]): Promise<ReapReport> {
-    // a paused guest's state is this runtime's own ({ paused: true }), not a VM state, and holds
-    // no repository snapshot: the VM runtime reaps what it knows
-    return (await this.opts.base?.reap(known.filter((k) => k.state !== "paused"))) ?? { stoppedVms: [], removed: [] };
+  async reap(): Promise<ReapReport> {
+    // a guest's state is this runtime's own (its host, or { paused: true }), not the base's, and
+    // a paused guest holds no repository snapshot: the base reaps what it left
+    return (await this.opts.base?.reap([])) ?? { stoppedVms: [], removed: [] };
   }
 
   beginShutdown(): void {
-    this.opts.base?.beginShutdown?.();
+    this.opts.base?.beginShutdown();
   }
 
   async close(): Promise<void> {

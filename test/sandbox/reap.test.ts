@@ -1,9 +1,10 @@
 /**
- * The VM runtime's start-up reap over a real snapshot repository (no VM boots: its network
- * manager and disk daemon are never started): pause snapshots go only when no paused sandbox's
- * stored state names them, and a paused sandbox whose stored state does not parse keeps its own
- * (never data lost to a damaged record). Also what template garbage collection keeps for live
- * sandboxes (`sandboxLayers`), which parses the same state.
+ * The VM runtime's start-up reap over a real snapshot repository and SQLite file (no VM boots:
+ * its network manager and disk daemon are never started), as the orchestrator's start runs it on
+ * the stored records: pause snapshots go only when no paused sandbox's stored state names them,
+ * and a paused sandbox whose stored state does not parse keeps its own (never data lost to a
+ * damaged record). Also what template garbage collection keeps for live sandboxes
+ * (`sandboxLayers`), which parses the same state.
  */
 import { afterAll, expect, test } from "bun:test";
 import { mkdtempSync, rmSync } from "node:fs";
@@ -12,7 +13,8 @@ import { join } from "node:path";
 import { loadConfig } from "../../src/config/index.ts";
 import { openDb } from "../../src/db/index.ts";
 import { sandboxLayers } from "../../src/node/templates.ts";
-import type { SandboxRecord } from "../../src/orchestrator/index.ts";
+import { Orchestrator, orchestratorConfig, type ReapReport, type SandboxRecord, type SandboxState } from "../../src/orchestrator/index.ts";
+import { SandboxStore } from "../../src/orchestrator/store.ts";
 import type { VmState } from "../../src/sandbox/index.ts";
 import { idleVmRuntime } from "../helpers/vm-runtime.ts";
 import { commitFake } from "../snapshot/helpers.ts";
@@ -21,11 +23,22 @@ const home = mkdtempSync(join(tmpdir(), "aenv-reap-"));
 const cfg = loadConfig({ env: { AENV_HOME_PATH: home, AENV_RUNTIME_PATH: join(home, "run"), AENV__snapshot__gc_grace_secs: "0" } });
 const db = openDb(join(home, "node.db"));
 const { runtime, repo } = idleVmRuntime(cfg, db);
+const orch = new Orchestrator(db, runtime, orchestratorConfig(cfg));
 afterAll(async () => {
-  await runtime.close();
+  await orch.close(); // closes the runtime
   db.close();
   rmSync(home, { recursive: true, force: true });
 });
+
+/** A stored sandbox record in `state` with runtime state `runtimeState`. */
+function record(id: string, state: SandboxState, runtimeState: unknown): SandboxRecord {
+  const t = Date.now();
+  return {
+    id, templateId: "base", alias: null, state, cpuCount: 1, memoryMB: 512, diskSizeMB: 2048, envdVersion: "0.6.4", envdAccessToken: null, trafficAccessToken: null, metadata: {}, envVars: {},
+    autoPause: false, autoPauseMemory: true, autoResume: false, snapshotKind: state === "paused" ? "memory" : null, allowInternetAccess: null, network: null, volumeMounts: [], endpoint: null,
+    runtimeState, error: null, createdAt: t, startedAt: t, endAt: t + 3_600_000, updatedAt: t,
+  };
+}
 
 /** A paused sandbox's stored state naming pause snapshot `paused`. */
 function pausedState(paused: string, rootLayers: string[] = ["/t/base.layer"]): VmState {
@@ -46,14 +59,25 @@ test("start-up reap: a pause snapshot goes only when no paused sandbox names it;
   const ofRunning = pause("wasrunning", "running");
   const user = commitFake(repo, { kind: "user", sandboxId: "wasrunning", names: ["keep"], disk: ["disk-user"], memory: ["mem-user"] });
   const { paused: _, ...noPause } = pausedState(named.id);
-  const report = await runtime.reap([
-    { id: "good", state: "paused", runtimeState: { ...pausedState(named.id) } },
-    // the paused field damaged (the case that removed a paused sandbox's only snapshot before)
-    { id: "damaged", state: "paused", runtimeState: { ...pausedState(ofDamaged.id), paused: 7 } },
-    { id: "nostate", state: "paused", runtimeState: null },
-    { id: "unnamed", state: "paused", runtimeState: noPause },
-    { id: "wasrunning", state: "running", runtimeState: { ...pausedState(ofRunning.id) } },
-  ]);
+  const store = new SandboxStore(db);
+  const stored = (id: string, state: SandboxState, runtimeState: unknown) => store.insert(record(id, state, runtimeState));
+  stored("good", "paused", { ...pausedState(named.id), version: 1 });
+  // the paused field damaged (the case that removed a paused sandbox's only snapshot before)
+  stored("damaged", "paused", { ...pausedState(ofDamaged.id), paused: 7 });
+  stored("nostate", "paused", null);
+  stored("unnamed", "paused", noPause);
+  stored("wasrunning", "running", { ...pausedState(ofRunning.id) });
+  // the real reap, its report kept
+  const reports: ReapReport[] = [];
+  const reap = runtime.reap.bind(runtime);
+  runtime.reap = async (known) => {
+    reports.push(await reap(known));
+    return reports.at(-1)!;
+  };
+  await orch.start();
+  expect(reports).toHaveLength(1);
+  const report = reports[0]!;
+  expect(["good", "damaged", "nostate", "unnamed", "wasrunning"].map((id) => store.get(id)!.state)).toEqual(["paused", "paused", "paused", "paused", "killed"]);
   const left = repo.list({ hidden: true }).map((m) => m.id);
   expect(left.sort()).toEqual([named.id, ofDamaged.id, ofNull.id, ofUnnamed.id, user.id].sort());
   expect(report.removed.filter((r) => r.startsWith("snapshot ")).sort()).toEqual([`snapshot ${stale.id} (pause)`, `snapshot ${ofRunning.id} (pause)`].sort());

@@ -1,5 +1,5 @@
 import { expect, test } from "bun:test";
-import { parseVmState } from "../../src/sandbox/vm-state.ts";
+import { parseVmState, VM_STATE_CODEC, VM_STATE_VERSION } from "../../src/sandbox/vm-state.ts";
 
 const ok = {
   workDir: "/w/s1",
@@ -27,6 +27,10 @@ test("a stored runtime state is parsed: valid ones pass unchanged, JSON round tr
   const layer = { digest: `sha256:${"ab".repeat(32)}`, size: 4096 };
   const booted = { ...ok, coldBoot: true, bootSnapshot: { id: "bootbootbootboot0000", memory: [layer], tools: layer, kernelKey: "0123456789abcdef" } };
   expect(parseVmState("s1", JSON.parse(JSON.stringify(booted)))).toEqual(booted);
+  // versioned: a state carries the version it was written as; one without (written before
+  // versions) has the same shape
+  expect(parseVmState("s1", { ...ok, version: VM_STATE_VERSION })).toEqual({ ...ok, version: 1 });
+  expect(VM_STATE_CODEC.parse("s1", ok)).toEqual(ok);
   // a sandbox of a user snapshot: no template layers, no process defaults
   expect(parseVmState("s1", { ...ok, template: { rootLayers: [], boot: null } }).template).toEqual({ rootLayers: [], boot: null });
 });
@@ -44,6 +48,9 @@ test("a damaged or foreign state is orchestrator.bad_runtime_state naming the fi
     [{ ...ok, template: { rootLayers: [""], boot: null } }, "/template/rootLayers/0"],
     [{ ...ok, bootSnapshot: { id: "nope", memory: [{ digest: "sha256:x", size: 1 }], tools: { digest: "sha256:x", size: 1 }, kernelKey: "k" } }, "/bootSnapshot/id"],
     [{ ...ok, bootSnapshot: { id: "bootbootbootboot0000", memory: [], tools: { digest: "sha256:x", size: 1 }, kernelKey: "k" } }, "/bootSnapshot/memory"],
+    // a version this code does not know (written by a newer node)
+    [{ ...ok, version: 2 }, "/version"],
+    [{ ...ok, version: "1" }, "/version"],
   ];
   for (const [raw, field] of cases) {
     let err: unknown;

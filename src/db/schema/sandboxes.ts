@@ -33,7 +33,7 @@ export const sandboxes = sqliteTable(
     /** Where the sandbox's ports are reachable from the host: {host, ports?{guest: host}}. */
     endpoint: text("endpoint", { mode: "json" }).$type<{ host: string; ports?: Record<string, number> }>(),
     /** Runtime-owned opaque state (VMM pid, slot, work dir, snapshot files). */
-    runtimeState: text("runtime_state", { mode: "json" }).$type<Record<string, unknown>>(),
+    runtimeState: text("runtime_state", { mode: "json" }).$type<unknown>(),
     error: text("error"),
     createdAt: integer("created_at").notNull(),
     startedAt: integer("started_at").notNull(),

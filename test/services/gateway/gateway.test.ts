@@ -290,8 +290,8 @@ test("snapshots through the gateway with the unmodified SDK: snapshot and fork o
   const snap = await Sandbox.createSnapshot(src, { ...sdk, name: "gwsnap" });
   expect(snap.names).toEqual(["gwsnap"]);
   expect(holder.runtime.calls).toContain(`snapshot:${src}:user`);
-  expect(holder.runtime.listSnapshots().map((x) => x.snapshotID)).toEqual([snap.snapshotId]);
-  expect(other.runtime.listSnapshots()).toEqual([]);
+  expect(holder.runtime.snapshots.list().map((x) => x.snapshotID)).toEqual([snap.snapshotId]);
+  expect(other.runtime.snapshots.list()).toEqual([]);
   expect(await Sandbox.listSnapshots(sdk).nextItems()).toEqual([{ snapshotId: snap.snapshotId, names: ["gwsnap"] }]);
   // three creates: round_robin schedules at least one of them on the other node, which does not
   // hold the snapshot (404 template_not_found); the gateway then creates on the holder
@@ -323,7 +323,7 @@ test("snapshots through the gateway with the unmodified SDK: snapshot and fork o
   expect(parentNode.runtime.calls.filter((c) => c.startsWith("deleteSnapshot:"))).toHaveLength(1); // the fork's checkpoint
   // deleteSnapshot (DELETE /templates/{id}) reaches the holder; a second one finds nothing
   expect(await Sandbox.deleteSnapshot(snap.snapshotId, sdk)).toBe(true);
-  expect(holder.runtime.listSnapshots()).toEqual([]);
+  expect(holder.runtime.snapshots.list()).toEqual([]);
   expect(await Sandbox.deleteSnapshot(snap.snapshotId, sdk)).toBe(false);
   const gone = await api("/v2/sandboxes", { method: "POST", body: JSON.stringify({ templateID: snap.snapshotId }) });
   expect([gone.status, ((await gone.json()) as { error_code: string }).error_code]).toEqual([404, "orchestrator.template_not_found"]);
