@@ -369,7 +369,11 @@ export const CONFIG_SCHEMA = section("", {
     pause_timeout_ms: int(120_000, "Bound on one pause (VM pause + snapshot), ms.", { min: 100, max: MS_MAX, unit: "ms" }),
     lock_wait_ms: int(180_000, "Bound on waiting behind another operation on the same sandbox, ms; then 409.", { min: 1, max: MS_MAX, unit: "ms" }),
     lock_max_waiters: int(32, "Bound on operations queued on one sandbox; further ones answer 409.", { min: 1, unit: "count" }),
-    evict_interval_ms: int(1000, "Period of the scan that kills (or pauses, with autoPause) expired sandboxes, ms.", { min: 10, max: MS_MAX, unit: "ms" }),
+    evict_interval_ms: int(
+      1000,
+      "No longer used; accepted so that configs naming it still load. Expired sandboxes are killed (or\npaused, with autoPause) by one timer armed at the earliest deadline, not by a periodic scan.",
+      { min: 10, max: MS_MAX, unit: "ms" },
+    ),
     killed_retention_secs: int(3600, "How long killed and failed sandbox records stay in the database, seconds.", { min: 0, unit: "s" }),
     shutdown_action: oneOf(["kill", "pause"], "kill", 'What a graceful shutdown (SIGINT/SIGTERM) does with running sandboxes: "kill" or "pause".'),
     default_cpu_count: int(1, "vCPUs and memory (MiB) of a sandbox whose template does not say.", { min: 1, max: 255, unit: "count" }),

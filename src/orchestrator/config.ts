@@ -20,8 +20,6 @@ export interface OrchestratorConfig {
   lockWaitMs: number;
   /** Bound on operations queued on one sandbox. */
   lockMaxWaiters: number;
-  /** Period of the expiry scan, ms. */
-  evictIntervalMs: number;
   /** How long killed/failed rows stay in the database, seconds. */
   killedRetentionSecs: number;
   /** What a graceful shutdown does with running sandboxes. */
@@ -56,7 +54,6 @@ export function orchestratorConfig(cfg: Config): OrchestratorConfig {
     pauseTimeoutMs: o.pause_timeout_ms,
     lockWaitMs: o.lock_wait_ms,
     lockMaxWaiters: o.lock_max_waiters,
-    evictIntervalMs: o.evict_interval_ms,
     killedRetentionSecs: o.killed_retention_secs,
     shutdownAction: o.shutdown_action,
     defaultCpuCount: o.default_cpu_count,

@@ -1,5 +1,7 @@
 /** Orchestrator: sandbox lifecycle over a SandboxRuntime. See orchestrator.ts and runtime.ts. */
-export { Orchestrator, type ShutdownSummary, encodeCursor, decodeCursor } from "./orchestrator.ts";
+export { Orchestrator, type ShutdownSummary } from "./orchestrator.ts";
+export { encodeCursor, decodeCursor } from "./pages.ts";
+export { systemClock, MAX_TIMER_MS, type Clock } from "./clock.ts";
 export type { ConnectResult, ForkResult, OrchestratorObserver, SandboxEvent, SandboxNote, SandboxService, StopReason } from "./service.ts";
 export { FORK_DEFAULT_TIMEOUT_SECS, MAX_FORK_COUNT } from "./service.ts";
 export { OrchestratorError, ORCHESTRATOR_ERRORS, type OrchestratorErrorCode, isRequestFault, notFound } from "./errors.ts";
@@ -12,4 +14,4 @@ export { SANDBOX_STATES, TRANSITIONS, LIVE_STATES, canTransition, publicState, t
 export { SANDBOX_ID_RE, newSandboxId, randomHex } from "./ids.ts";
 export type * from "./types.ts";
 export { LOG_LEVELS } from "./types.ts";
-export { lifecycleEntry } from "./orchestrator.ts";
+export { lifecycleEntry } from "./events.ts";

@@ -62,6 +62,21 @@ export class SandboxStore {
   }
 
   /**
+   * The earliest endAt (unix ms) of running sandboxes other than `skip`, or null when there is
+   * none.
+   */
+  nextExpiry(skip: ReadonlySet<string>): number | null {
+    const rows = this.db.orm
+      .select({ id: sandboxes.id, endAt: sandboxes.endAt })
+      .from(sandboxes)
+      .where(eq(sandboxes.state, "running"))
+      .orderBy(asc(sandboxes.endAt))
+      .limit(skip.size + 1)
+      .all();
+    return rows.find((r) => !skip.has(r.id))?.endAt ?? null;
+  }
+
+  /**
    * One page of records in `states`, ordered by (startedAt, id), after `cursor`; filters that
    * SQL cannot express (metadata) are applied by `keep`, so a page may be built from several
    * batches. Returns up to `limit` rows and whether more exist.

@@ -12,7 +12,7 @@ import { waitFor } from "../helpers/wait.ts";
 let node: TestNode;
 
 beforeAll(async () => {
-  node = await startNodeNoVm({ AENV__orchestrator__evict_interval_ms: "20" }, undefined, {});
+  node = await startNodeNoVm({}, undefined, {});
 });
 afterAll(async () => {
   await node.dispose();

@@ -24,7 +24,7 @@ afterEach(async () => {
 });
 
 function world(env: Record<string, string> = {}, home = mkdtempSync(join(tmpdir(), "orch-life-"))) {
-  const cfg = loadConfig({ env: { AENV_HOME_PATH: home, AENV_RUNTIME_PATH: join(home, "run"), AENV__orchestrator__evict_interval_ms: "20", ...env } });
+  const cfg = loadConfig({ env: { AENV_HOME_PATH: home, AENV_RUNTIME_PATH: join(home, "run"), ...env } });
   const db: Db = openDb(join(home, "node.db"));
   const base = idleVmRuntime(cfg, db).runtime;
   const runtime = new LoopbackRuntime({ base, templates: env.NO_TEMPLATE ? [] : ["base"] });
@@ -69,7 +69,7 @@ test("a sandbox is killed when its timeout expires; observers see each transitio
   expect(w.orch.getCounters()).toMatchObject({ running: 1, killed: 1 });
   expect(counters[counters.length - 1]).toMatchObject({ running: 1, killed: 1 });
   expect(() => w.orch.get(exp1)).toThrow(expect.objectContaining({ code: "orchestrator.not_found" }));
-  // setTimeout(0) expires at the next scan
+  // setTimeout(0): due at once
   const gone = killed(keep1);
   await w.orch.setTimeout(keep1, 0);
   await gone;

@@ -4,7 +4,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { openDb } from "../../src/db/index.ts";
 import { SandboxStore } from "../../src/orchestrator/store.ts";
-import { decodeCursor, encodeCursor } from "../../src/orchestrator/orchestrator.ts";
+import { decodeCursor, encodeCursor } from "../../src/orchestrator/pages.ts";
 import { newSandboxId, SANDBOX_ID_RE } from "../../src/orchestrator/ids.ts";
 import type { SandboxRecord } from "../../src/orchestrator/types.ts";
 import type { SandboxState } from "../../src/orchestrator/states.ts";
