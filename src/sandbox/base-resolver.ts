@@ -13,20 +13,14 @@ import type { SnapshotInfo } from "../orchestrator/runtime.ts";
 import type { TemplateInfo } from "../orchestrator/types.ts";
 import { SNAPSHOT_ID_RE, type LayerRef, type SnapshotManifest } from "../snapshot/index.ts";
 import { importSparse } from "../storage/overlaybd/index.ts";
-import { resolveTemplate, shownBuild, TemplateError, type BootSpec, type BuildRecord, type ResolvedTemplate, type TemplateCatalog, type TemplateRecord } from "../template/index.ts";
+import { resolveTemplate, shownBuild, TemplateError, type BuildRecord, type ResolvedTemplate, type TemplateCatalog, type TemplateRecord } from "../template/index.ts";
 import { errorMessage } from "../util/error.ts";
 import type { KernelKeys } from "./capture.ts";
 import { templateManifest } from "./capture.ts";
 import type { VmRuntimeOptions } from "./options.ts";
-import type { VmState } from "./vm-state.ts";
+import type { StartedFrom, VmState } from "./vm-state.ts";
 
 const MiB = 1024 * 1024;
-
-/** What runs in sandboxes of a template (a catalog build's process defaults), or null. */
-export type BootDefaults = Pick<BootSpec, "envs" | "workdir" | "user" | "startCmd" | "readyCmd"> | null;
-
-/** What a sandbox records of the template it started from (`VmState.template`). */
-export type StartedFrom = VmState["template"];
 
 /** The snapshot a sandbox starts from, with what it records of its template. */
 export type StartBase = { base: SnapshotManifest } & StartedFrom;

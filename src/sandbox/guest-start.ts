@@ -9,10 +9,9 @@ import type { RuntimeStartSpec } from "../orchestrator/runtime.ts";
 import { waitReady } from "../template/index.ts";
 import { probeCommand } from "../tools/index.ts";
 import type { VmHandle } from "../vmm/index.ts";
-import type { BootDefaults } from "./base-resolver.ts";
 import { initEnvd, runInGuest } from "./envd-client.ts";
 import { waitEnvdHealthy } from "./envd-health.ts";
-import type { VmState } from "./vm-state.ts";
+import type { BootDefaults, VmState } from "./vm-state.ts";
 
 /** envd's base URL at guest address `host`. */
 export function envdUrl(host: string): string {

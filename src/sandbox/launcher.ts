@@ -16,7 +16,6 @@ import { layersOf, type ImageLease, type LayerHold, type SnapshotManifest } from
 import type { DiskExport } from "../storage/daemon/index.ts";
 import { keptBootArgs, toolsBoot } from "../tools/index.ts";
 import type { DriveSpec, VmHandle, VmSpec } from "../vmm/index.ts";
-import type { StartedFrom } from "./base-resolver.ts";
 import { restoreBootSnapshot, RootMountError } from "./boot-snapshot.ts";
 import { BOOT_SNAPSHOT_TIMEOUT_MS, type BootSnapshots } from "./boot-snapshots.ts";
 import { layerPaths, memoryKey } from "./capture.ts";
@@ -26,7 +25,7 @@ import { envdUrl, initGuest, startTemplateProcess } from "./guest-start.ts";
 import type { VmRuntimeOptions } from "./options.ts";
 import type { RunningVms } from "./running-vms.ts";
 import type { SnapshotUsers } from "./snapshot-users.ts";
-import { VM_STATE_VERSION, type VmState } from "./vm-state.ts";
+import { VM_STATE_VERSION, type StartedFrom, type VmState } from "./vm-state.ts";
 import { mountVolumesInGuest } from "./volumes.ts";
 import { WARM_KINDS, type WarmImages } from "./warm-images.ts";
 

@@ -12,7 +12,7 @@ import { OrchestratorError } from "../orchestrator/errors.ts";
 import type { RuntimeSandbox, RuntimeStartSpec } from "../orchestrator/runtime.ts";
 import type { SandboxLogLine, TemplateInfo } from "../orchestrator/types.ts";
 import type { SnapshotManifest } from "../snapshot/index.ts";
-import { snapshotTemplateInfo, type BaseResolver, type StartBase, type StartedFrom } from "./base-resolver.ts";
+import { snapshotTemplateInfo, type BaseResolver, type StartBase } from "./base-resolver.ts";
 import { sandboxPolicy } from "./egress.ts";
 import { runInGuest } from "./envd-client.ts";
 import { envdUrl, initGuest } from "./guest-start.ts";
@@ -22,7 +22,7 @@ import { RestorePool } from "./restore-pool.ts";
 import type { RunningVms } from "./running-vms.ts";
 import type { SnapshotUsers } from "./snapshot-users.ts";
 import type { StartActivity } from "./start-activity.ts";
-import type { VmState } from "./vm-state.ts";
+import type { StartedFrom, VmState } from "./vm-state.ts";
 import { WARM_KINDS } from "./warm-images.ts";
 
 /** What the restore pool keeps of a snapshot to make VMs of it. */

@@ -75,6 +75,12 @@ const VM_STATE = T.Object({
 /** The VM runtime's per-sandbox state. */
 export type VmState = Static<typeof VM_STATE>;
 
+/** What a sandbox records of the template it started from (`VmState.template`). */
+export type StartedFrom = VmState["template"];
+
+/** What runs in sandboxes of a template (a catalog build's process defaults: `BootSpec`'s), or null. */
+export type BootDefaults = StartedFrom["boot"];
+
 /**
  * Check a stored runtime state.
  * @throws OrchestratorError `orchestrator.bad_runtime_state` naming the sandbox, the field and the problem.
