@@ -32,6 +32,7 @@ import { OrchestratorError } from "../orchestrator/errors.ts";
 import { newSnapshotId, type LocalRepository, type SharedImages, type SnapshotManifest } from "../snapshot/index.ts";
 import { importSparse } from "../storage/overlaybd/index.ts";
 import { KEEP_TMP_ARG, ROOTFS_DEVICE, ROOTFS_DRIVE_ID, TOOLS_MOUNT, toolsBoot } from "../tools/index.ts";
+import { errorMessage } from "../util/error.ts";
 import type { DriveSpec, VmHandle, VmmDriver, VmSpec } from "../vmm/index.ts";
 import { toolsKeyOf } from "./build-snapshot.ts";
 import { captureVm, layerPaths, memoryKey } from "./capture.ts";
@@ -320,6 +321,6 @@ export function servedSize(path: string): number {
     const major = Math.floor(st.rdev / 256) & 0xfff, minor = (st.rdev & 0xff) | ((st.rdev >>> 12) & 0xfff00);
     return Number(readFileSync(`/sys/dev/block/${major}:${minor}/size`, "utf8").trim()) * 512;
   } catch (e) {
-    throw new OrchestratorError("orchestrator.runtime_failed", `cannot read the size of the served disk ${path}: ${(e as Error).message}`, { path });
+    throw new OrchestratorError("orchestrator.runtime_failed", `cannot read the size of the served disk ${path}: ${errorMessage(e)}`, { path });
   }
 }

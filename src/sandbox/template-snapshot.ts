@@ -21,6 +21,7 @@ import { openRepository, snapshotConfig } from "../snapshot/index.ts";
 import { agentenvCommand, diskConfig, DiskService, reapStaleMounts, upperPaths, type DiskExport } from "../storage/daemon/index.ts";
 import { readManifest, resolveTemplate, TemplateError, writeManifest } from "../template/index.ts";
 import { KEEP_TMP_ARG, resolveTools, toolsBoot } from "../tools/index.ts";
+import { errorMessage } from "../util/error.ts";
 import { createDriver, resolveKernelPath, type VmHandle } from "../vmm/index.ts";
 import { captureVm, commitUpper, kernelKey, templateManifest } from "./capture.ts";
 import { initEnvd, runInGuest, type GuestResult } from "./envd-client.ts";
@@ -137,7 +138,7 @@ export async function commitTemplateSnapshot(cfg: Config, name: string, onProgre
   } catch (e) {
     txn.abort();
     const console = vm && "consoleTail" in vm ? (vm as unknown as { consoleTail(n: number): string }).consoleTail(2000) : "";
-    throw new TemplateError("template.snapshot_failed", `snapshot of template ${name} failed at ${step}: ${(e as Error).message}`, { name, step, console }, { cause: e });
+    throw new TemplateError("template.snapshot_failed", `snapshot of template ${name} failed at ${step}: ${errorMessage(e)}`, { name, step, console }, { cause: e });
   } finally {
     await vm?.stop().catch(() => {});
     await disk?.close().catch(() => {});
