@@ -41,6 +41,10 @@ import { VM_STATE_CODEC, type VmState } from "./vm-state.ts";
 import { QUIESCE_SCRIPT, VmVolumes } from "./volumes.ts";
 import { WarmImages } from "./warm-images.ts";
 
+/**
+ * The VM runtime: the SandboxRuntime port's core and its capabilities (snapshots, metrics,
+ * volumes, network policy, prepared starts), each handed to the part that does it.
+ */
 export class VmRuntime implements SandboxRuntime<VmState> {
   readonly name: string;
   readonly state = VM_STATE_CODEC;
