@@ -10,7 +10,7 @@ export class SnapshotUsers {
 
   /**
    * @param repo the node's snapshot repository
-   * @param removed called after a snapshot was removed here (collects what it left)
+   * @param removed called after a snapshot was removed or retired here (collects what it left)
    */
   constructor(
     private readonly repo: LocalRepository,
@@ -40,13 +40,15 @@ export class SnapshotUsers {
     return (this.#users.get(snapshotId)?.size ?? 0) > 0;
   }
 
-  /** Remove snapshot `id` now when nothing runs from it, else tombstone it (removed with its last user). */
+  /**
+   * Remove snapshot `id` now when nothing runs from it, else tombstone it (removed with its last
+   * user). Either way `removed` runs at once: what only serves new starts from it (restore pool
+   * VMs, a warm memory image) goes now, not at the next sweep.
+   */
   retire(id: string): void {
     if (this.inUse(id)) this.repo.tombstone(id);
-    else {
-      this.repo.remove(id);
-      this.removed();
-    }
+    else this.repo.remove(id);
+    this.removed();
   }
 
   /** Remove `base` when it is sandbox `id`'s own pause snapshot (superseded or dead with it). */
