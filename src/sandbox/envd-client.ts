@@ -43,7 +43,7 @@ export async function initEnvd(base: string, body: EnvdInit, currentToken: strin
       signal,
     });
   } catch (e) {
-    throw new OrchestratorError("orchestrator.envd_init_failed", `envd /init at ${base} failed: ${(e as Error).message}`, { base });
+    throw new OrchestratorError("orchestrator.envd_init_failed", `envd /init at ${base} failed: ${errorMessage(e)}`, { base });
   }
   const text = await textCapped(res, ANSWER_TEXT_BYTES);
   if (!res.ok) throw new OrchestratorError("orchestrator.envd_init_failed", `envd /init at ${base} answered ${res.status}: ${text.slice(0, 200)}`, { base, status: res.status });
@@ -155,7 +155,7 @@ export async function runInGuest(
       signal,
     });
   } catch (e) {
-    throw new OrchestratorError("orchestrator.envd_failed", `envd process start at ${base} failed: ${(e as Error).message}`, { base, cmd: c.cmd });
+    throw new OrchestratorError("orchestrator.envd_failed", `envd process start at ${base} failed: ${errorMessage(e)}`, { base, cmd: c.cmd });
   }
   if (!res.ok || !res.body) {
     const text = await textCapped(res, ANSWER_TEXT_BYTES);
@@ -206,7 +206,7 @@ export async function uploadToGuest(base: string, localPath: string, guestPath: 
     body: Bun.file(localPath),
     signal,
   }).catch((e) => {
-    throw new OrchestratorError("orchestrator.envd_failed", `upload of ${localPath} to the guest failed: ${(e as Error).message}`, { base, guestPath });
+    throw new OrchestratorError("orchestrator.envd_failed", `upload of ${localPath} to the guest failed: ${errorMessage(e)}`, { base, guestPath });
   });
   const text = await textCapped(res, ANSWER_TEXT_BYTES);
   if (!res.ok) throw new OrchestratorError("orchestrator.envd_failed", `envd /files answered ${res.status}: ${text.slice(0, 300)}`, { base, guestPath, status: res.status });
