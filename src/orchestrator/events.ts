@@ -4,7 +4,7 @@
  * node's counters.
  */
 import type { Logger } from "pino";
-import type { Clock } from "./clock.ts";
+import type { Clock } from "../util/deadline-timer.ts";
 import { notFound } from "./errors.ts";
 import type { SandboxLogStore } from "./logs.ts";
 import type { MetricsHistory } from "./metrics.ts";

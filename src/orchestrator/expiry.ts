@@ -1,11 +1,11 @@
 /**
  * Sandbox expiry: a running sandbox whose `endAt` has passed is killed, or paused with
- * `autoPause`. One timer, armed at the earliest deadline of the running sandboxes and armed
- * again whenever a state or a deadline changes, instead of a periodic scan: nothing runs while
- * no deadline is due, and a due one is acted on at its time.
+ * `autoPause`. One timer (src/util/deadline-timer.ts) armed at the earliest deadline of the
+ * running sandboxes, and again whenever a state or a deadline changes, instead of a periodic
+ * scan: nothing runs while no deadline is due, and a due one is acted on at its time.
  */
 import type { Logger } from "pino";
-import type { Clock } from "./clock.ts";
+import { DeadlineTimer, type Clock } from "../util/deadline-timer.ts";
 import { OrchestratorError } from "./errors.ts";
 import type { SandboxStore } from "./store.ts";
 
@@ -26,66 +26,61 @@ export interface ExpiredSandbox {
 export class SandboxExpiry {
   /** Sandboxes whose expiry action is running: not acted on again, nor waited for, until it ends. */
   readonly #expiring = new Set<string>();
-  #cancel: (() => void) | undefined;
-  /** The deadline the timer is armed at (unix ms), or null when none is. */
-  #armedAt: number | null = null;
+  readonly #timer: DeadlineTimer;
   /** No firing before this (unix ms): set by a failed action. */
   #notBefore = 0;
-  #stopped = true;
+  #started = false;
 
   /**
    * @param act the expiry action of one sandbox (kill or pause); its failure is logged, and the
-   *   sandbox, if still running and due, acted on again at the next arming
+   *   sandbox, if still running and due, acted on again at the next firing
    */
   constructor(
     private readonly store: SandboxStore,
     private readonly clock: Clock,
     private readonly act: (s: ExpiredSandbox) => Promise<void>,
     private readonly log: Logger,
-  ) {}
+  ) {
+    this.#timer = new DeadlineTimer(() => this.#due(), (err) => this.log.error({ err }, "expiry sweep failed"), clock);
+  }
 
   /** Arm the timer (at once for what is due already). */
   start(): void {
-    this.#stopped = false;
+    this.#started = true;
     this.changed();
   }
 
-  /** Disarm for good; actions already running finish on their own. */
-  stop(): void {
-    this.#stopped = true;
-    this.#disarm();
+  /** Disarm for good (waits for a firing in progress); actions already running finish on their own. */
+  stop(): Promise<void> {
+    this.#started = false;
+    return this.#timer.stop();
   }
 
-  /** When the timer fires next (unix ms: the earliest deadline), or null (none running, or stopped). */
+  /** Resolves once no firing is in progress (a test moving a fake clock waits for the re-arming). */
+  idle(): Promise<void> {
+    return this.#timer.idle();
+  }
+
+  /** When the timer fires next (unix ms), or null (none running, or stopped). */
   get armedAt(): number | null {
-    return this.#armedAt;
+    return this.#timer.armedAt;
   }
 
-  /** A state or a deadline changed: arm the timer at the earliest deadline now. */
+  /** A state or a deadline changed: make sure the timer fires at the earliest deadline now. */
   changed(): void {
-    if (this.#stopped) return;
+    const next = this.#next();
+    if (next !== null) this.#timer.armAt(next);
+  }
+
+  /** The earliest deadline not being acted on, no sooner than a failure allows; null when none. */
+  #next(): number | null {
+    if (!this.#started) return null;
     const due = this.store.nextExpiry(this.#expiring);
-    const next = due === null ? null : Math.max(due, this.#notBefore);
-    if (next === this.#armedAt) return;
-    this.#disarm();
-    if (next === null) return;
-    this.#armedAt = next;
-    this.#cancel = this.clock.after(next - this.clock.now(), () => {
-      this.#cancel = undefined;
-      this.#armedAt = null;
-      this.#due();
-    });
+    return due === null ? null : Math.max(due, this.#notBefore);
   }
 
-  #disarm(): void {
-    this.#cancel?.();
-    this.#cancel = undefined;
-    this.#armedAt = null;
-  }
-
-  /** Act on every running sandbox past its deadline, then arm for the next. */
-  #due(): void {
-    if (this.#stopped) return;
+  /** Act on every running sandbox past its deadline; the next deadline to fire at. */
+  #due(): number | null {
     for (const s of this.store.expired(this.clock.now())) {
       if (this.#expiring.has(s.id)) continue;
       this.#expiring.add(s.id);
@@ -101,6 +96,6 @@ export class SandboxExpiry {
           this.changed();
         });
     }
-    this.changed();
+    return this.#next();
   }
 }

@@ -1,7 +1,6 @@
 /** Orchestrator: sandbox lifecycle over a SandboxRuntime. See orchestrator.ts and runtime.ts. */
 export { Orchestrator, type ShutdownSummary } from "./orchestrator.ts";
 export { encodeCursor, decodeCursor } from "./pages.ts";
-export { systemClock, MAX_TIMER_MS, type Clock } from "./clock.ts";
 export type { ConnectResult, ForkResult, OrchestratorObserver, SandboxEvent, SandboxNote, SandboxService, StopReason } from "./service.ts";
 export { FORK_DEFAULT_TIMEOUT_SECS, MAX_FORK_COUNT } from "./service.ts";
 export { OrchestratorError, ORCHESTRATOR_ERRORS, type OrchestratorErrorCode, isRequestFault, notFound } from "./errors.ts";

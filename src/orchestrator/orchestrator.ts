@@ -8,7 +8,7 @@
 import type { Db } from "../db/index.ts";
 import { AgentEnvError } from "../errors.ts";
 import { asError, errorMessage } from "../util/error.ts";
-import { systemClock, type Clock } from "./clock.ts";
+import { SYSTEM_CLOCK, type Clock } from "../util/deadline-timer.ts";
 import type { OrchestratorConfig } from "./config.ts";
 import { isRequestFault, notFound, OrchestratorError } from "./errors.ts";
 import { SandboxEvents } from "./events.ts";
@@ -59,7 +59,7 @@ export class Orchestrator<S = unknown> extends SandboxReads<S> implements Sandbo
     db: Db,
     runtime: SandboxRuntime<S>,
     config: OrchestratorConfig,
-    private readonly clock: Clock = systemClock,
+    private readonly clock: Clock = SYSTEM_CLOCK,
   ) {
     super(db, runtime, config);
     const now = () => clock.now();
@@ -113,7 +113,7 @@ export class Orchestrator<S = unknown> extends SandboxReads<S> implements Sandbo
     const summary: ShutdownSummary = { killed: 0, paused: 0, failed: 0 };
     if (this.closed) return summary;
     this.closed = true;
-    this.expiry.stop();
+    await this.expiry.stop();
     await this.sampler.stop();
     this.runtime.beginShutdown();
     this.shutdown.abort(new OrchestratorError("orchestrator.shutting_down", "node is shutting down"));
