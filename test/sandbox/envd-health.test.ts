@@ -6,6 +6,7 @@
  */
 import { afterEach, expect, test } from "bun:test";
 import { waitEnvdHealthy } from "../../src/sandbox/envd-health.ts";
+import { waitEvent } from "../helpers/wait.ts";
 
 const servers: { stop(force: boolean): void }[] = [];
 afterEach(() => {
@@ -57,7 +58,7 @@ test("a VM that exits while /health hangs ends the wait at once, with the reques
   const exited = new Promise<void>((r) => (exit = r));
   // a poll period of 10 s: one request may take 100 s, far past this test's timeout
   const wait = waitEnvdHealthy(e.base, 10_000, new AbortController().signal, exited);
-  await e.reached(1);
+  await waitEvent("the first GET /health", e.reached(1));
   exit();
   await expect(wait).rejects.toMatchObject({ code: "orchestrator.envd_unready", message: "the sandbox VM exited before envd answered (no answer yet)" });
   expect(e.hits).toBe(1);
@@ -68,7 +69,7 @@ test("a VM that exits after a failed poll ends the wait at once (the next poll w
   let exit!: () => void;
   const exited = new Promise<void>((r) => (exit = r));
   const wait = waitEnvdHealthy(e.base, 600_000, new AbortController().signal, exited);
-  await e.reached(1);
+  await waitEvent("the first GET /health", e.reached(1));
   exit();
   // the 503 may or may not have reached the wait before the exit did: the message names it when it had
   const err = await wait.catch((x) => x);
@@ -81,7 +82,7 @@ test("an abandoned start (its signal aborted) ends the wait as not ready in time
   const e = envd(() => 503);
   const start = new AbortController();
   const wait = waitEnvdHealthy(e.base, 600_000, start.signal);
-  await e.reached(1);
+  await waitEvent("the first GET /health", e.reached(1));
   start.abort();
   const err = await wait.catch((x) => x);
   expect(err).toMatchObject({ code: "orchestrator.envd_unready" });
