@@ -44,7 +44,9 @@ export function envdOptions(s: Config["envd"]): EnvdOptions {
     maxRequestBodyBytes: s.max_request_body_bytes,
     maxComposeSources: s.max_compose_sources,
     enforcePermissions: s.enforce_permissions,
+    reseedRandom: s.reseed_random,
     caDir: s.ca_dir,
+    caBundlePath: s.ca_bundle_path,
     caUpdateCommand: s.ca_update_command,
   };
 }

@@ -656,8 +656,16 @@ export const CONFIG_SCHEMA = section("", {
       false,
       "Check the acting user's rights on file operations (upload, download, list, make_dir, move,\nremove, watch): refusals are 403 / permission_denied. false = E2B's behaviour: envd acts as root\nand only ownership follows the user.",
     ),
+    reseed_random: bool(
+      true,
+      "Mix POST /init's entropy (host random bytes, sent on every create, resume, fork and pool\nadoption) into the kernel random generator and reseed it (RNDADDENTROPY + RNDRESEEDCRNG), so\nclones of one snapshot stop sharing its CRNG state. Guests only (needs root).",
+    ),
     ca_dir: str("/usr/local/share/ca-certificates", "Where POST /init's caBundle (PEM) is written, as agentenv-init.crt (Debian's extra-CA directory).", { minLength: 1 }),
-    ca_update_command: str("update-ca-certificates", "Command that rebuilds the trust store after a new bundle; empty: none. Skipped if not installed."),
+    ca_bundle_path: str(
+      "/etc/ssl/certs/ca-certificates.crt",
+      "System CA bundle POST /init's caBundle is added to (replacing the one an earlier /init added);\nempty: none. Processes envd starts then get NODE_EXTRA_CA_CERTS, REQUESTS_CA_BUNDLE,\nSSL_CERT_FILE and CURL_CA_BUNDLE.",
+    ),
+    ca_update_command: str("", "Command that rebuilds the trust store after a new bundle (e.g. update-ca-certificates, seconds\nunder TCG); empty: none. Skipped if not installed."),
     jsc_options: str(
       "useBaselineJIT=0",
       "JavaScriptCore options for the guest's envd runtime, `name=value` separated by spaces (Bun reads\nthem as BUN_JSC_<name> at start; the tools drive's init sets them, envd's commands never see\nthem); empty: none. Under TCG, compiling envd's run-once start-up code with the baseline JIT\ncosts more than it saves: without it envd listens in 1.6 s instead of 2.3-2.9 s (bench/vm.ts)\nand QEMU translates less code; hot code is still optimised by the later tiers.",

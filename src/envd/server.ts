@@ -70,8 +70,12 @@ export interface EnvdOptions {
   maxComposeSources: number;
   /** Check the acting user's rights on file operations (off = E2B behaviour, see EnvdState). */
   enforcePermissions: boolean;
+  /** Mix /init's entropy into the kernel random generator and reseed it (guests only). */
+  reseedRandom: boolean;
   /** Directory /init's caBundle is written to. */
   caDir: string;
+  /** System CA bundle /init's caBundle is put into; "" = none. */
+  caBundlePath: string;
   /** Command run after writing a CA bundle; empty = none. */
   caUpdateCommand: string;
 }
@@ -103,8 +107,10 @@ export const DEFAULT_ENVD_OPTIONS: EnvdOptions = {
   maxRequestBodyBytes: 1024 ** 4,
   maxComposeSources: 10_000,
   enforcePermissions: false,
+  reseedRandom: false,
   caDir: "/usr/local/share/ca-certificates",
-  caUpdateCommand: "update-ca-certificates",
+  caBundlePath: "",
+  caUpdateCommand: "",
 };
 
 /** A running envd. */
@@ -204,9 +210,9 @@ export function startEnvd(partial: Partial<EnvdOptions> = {}): Envd {
       return json({ code: 405, message: "method not allowed" }, 405);
     }
     if (path === "/init" && req.method === "POST") {
-      await handleInit(state, req, { syncClock: opts.clockSync, caDir: opts.caDir, caUpdateCommand: opts.caUpdateCommand });
+      await handleInit(state, req, { syncClock: opts.clockSync, reseedRandom: opts.reseedRandom, ca: { caDir: opts.caDir, bundlePath: opts.caBundlePath, updateCommand: opts.caUpdateCommand } });
       // one line per (re)initialisation: a restored guest's log shows when its envd took over
-      log.info({ user: state.defaultUser, envVars: Object.keys(state.envVars).length, token: state.accessToken !== undefined }, "envd initialised");
+      log.info({ user: state.defaultUser, envVars: Object.keys(state.envVars).length, token: state.accessToken !== undefined, reseeds: state.reseeds }, "envd initialised");
       return new Response(null, { status: 204, headers: { "X-Envd-Version": ENVD_VERSION, "Cache-Control": "no-store" } });
     }
     if (!hasValidToken(state, req.headers)) return json({ code: 401, message: "invalid access token" }, 401);

@@ -15,6 +15,8 @@ export interface InitRequest {
   caBundle?: string;
   /** Guest host name (AgentENV extension; applied in guests only). */
   hostname?: string;
+  /** Base64 host random bytes for the kernel's generator (AgentENV extension; guests only). */
+  entropy?: string;
 }
 
 /** Mutable settings shared by every handler of one envd instance. */
@@ -25,6 +27,13 @@ export class EnvdState {
   defaultWorkdir: string | undefined;
   /** ms since epoch of the newest /init timestamp applied. */
   lastInitMs = 0;
+  /**
+   * Trust-store variables of an installed caBundle (NODE_EXTRA_CA_CERTS, ...), under every
+   * process's env vars; empty until an /init brings one.
+   */
+  trustEnv: Record<string, string> = {};
+  /** Kernel random reseeds this envd process made from /init entropy (one per restore it was initialised after). */
+  reseeds = 0;
 
   /**
    * Check the acting user's rights on file operations (403 / permission_denied). Off = E2B's

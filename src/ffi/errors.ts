@@ -20,6 +20,8 @@ export const FFI_ERRORS = {
   "xattr.failed": "an xattr call failed otherwise (details.path, name, errno)",
   "mount.failed": "mount(2) failed (details.target, fstype, errno)",
   "mount.bad_argument": "a mount argument holds a NUL byte or is empty",
+  "random.failed": "feeding or reseeding the kernel's random generator failed (details.call, errno)",
+  "sockopt.failed": "getsockopt(2) on a socket failed (details.option, fd, errno)",
   "procmem.failed": "reading another process's maps, pagemap or memory failed (details.pid, what)",
 } as const satisfies ErrorTable;
 /** An FFI error code. */

@@ -4,6 +4,7 @@
  * envd-health.ts).
  * Facts: e2b-contract.md §3.2.
  */
+import { randomBytes } from "node:crypto";
 import { OrchestratorError } from "../orchestrator/errors.ts";
 import { Type as T } from "@sinclair/typebox";
 import { errorMessage } from "../util/error.ts";
@@ -16,6 +17,9 @@ export { connectEnvelope, connectFrames, MAX_CONNECT_FRAME_BYTES } from "./conne
 /** Bytes of an envd error answer read for the error message. */
 const ANSWER_TEXT_BYTES = 4096;
 
+/** Host random bytes every /init carries for the guest's kernel generator (docs/security.md). */
+export const INIT_ENTROPY_BYTES = 64;
+
 /** Body of envd `/init` (the fields AgentENV sends). */
 export interface EnvdInit {
   accessToken?: string;
@@ -26,10 +30,15 @@ export interface EnvdInit {
   timestamp: string;
   /** Guest host name (AgentENV extension; a restored guest keeps the one it had otherwise). */
   hostname?: string;
+  /** PEM certificates for the guest's trust store (the node's egress CA). */
+  caBundle?: string;
 }
 
 /**
- * `POST base/init`. `currentToken` authorises a re-init once a token is installed.
+ * `POST base/init`. `currentToken` authorises a re-init once a token is installed. Every call
+ * adds `entropy`: fresh host random bytes envd reseeds the guest kernel's generator with before it
+ * applies the rest, so each restore of a snapshot (create, fork child, resume, pool adoption)
+ * leaves /init with a CRNG of its own.
  * @returns the envd version it reports (header `X-Envd-Version`), or null when absent.
  * @throws OrchestratorError `orchestrator.envd_init_failed` for a non-2xx answer or a network error.
  */
@@ -39,7 +48,7 @@ export async function initEnvd(base: string, body: EnvdInit, currentToken: strin
     res = await fetch(`${base}/init`, {
       method: "POST",
       headers: { "content-type": "application/json", ...(currentToken ? { "x-access-token": currentToken } : {}) },
-      body: JSON.stringify(body),
+      body: JSON.stringify({ ...body, entropy: randomBytes(INIT_ENTROPY_BYTES).toString("base64") }),
       signal,
     });
   } catch (e) {

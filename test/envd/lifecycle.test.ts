@@ -43,24 +43,40 @@ test("SIGTERM stops envd and takes its processes with it", async () => {
   }
 }, 30_000);
 
-test("/init caBundle is written to the configured CA dir and the update command runs", async () => {
-  const { mkdtempSync, readFileSync, rmSync, existsSync } = await import("node:fs");
+test("/init caBundle goes to the CA dir and into the system bundle (replacing the previous one), the update command runs, and processes get the trust-store variables", async () => {
+  const { mkdtempSync, readFileSync, rmSync, existsSync, writeFileSync } = await import("node:fs");
   const { join } = await import("node:path");
   const tmp = mkdtempSync("/tmp/envd-ca-");
-  // a real self-signed certificate, made by openssl
-  const gen = Bun.spawnSync(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", join(tmp, "k.pem"), "-out", join(tmp, "c.pem"), "-days", "1", "-subj", "/CN=agentenv-test"]);
-  expect(gen.exitCode).toBe(0);
-  const pem = readFileSync(join(tmp, "c.pem"), "utf8");
+  // real self-signed certificates, made by openssl
+  const cert = (n: string) => {
+    const gen = Bun.spawnSync(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", join(tmp, `${n}.key`), "-out", join(tmp, `${n}.pem`), "-days", "1", "-subj", `/CN=${n}`]);
+    expect(gen.exitCode).toBe(0);
+    return readFileSync(join(tmp, `${n}.pem`), "utf8");
+  };
+  const [pem, pem2] = [cert("agentenv-test-1"), cert("agentenv-test-2")];
+  const bundle = join(tmp, "ca-certificates.crt");
+  writeFileSync(bundle, "SYSTEM ROOTS\n");
   // the "update command" records that it ran
   const marker = join(tmp, "updated");
   const envd = await startEnvdChild(undefined, {
     AENV__envd__ca_dir: join(tmp, "cas"),
+    AENV__envd__ca_bundle_path: bundle,
     AENV__envd__ca_update_command: `touch ${marker}`,
   });
   try {
     expect((await initEnvd(envd.url, { caBundle: `junk before\n${pem}junk after` })).status).toBe(204);
-    expect(readFileSync(join(tmp, "cas/agentenv-init.crt"), "utf8")).toBe(pem.replace(/\r\n/g, "\n").trim() + "\n");
+    const norm = (p: string) => p.replace(/\r\n/g, "\n").trim() + "\n";
+    expect(readFileSync(join(tmp, "cas/agentenv-init.crt"), "utf8")).toBe(norm(pem));
+    expect(readFileSync(bundle, "utf8")).toBe(`SYSTEM ROOTS\n${norm(pem)}`);
     expect(existsSync(marker)).toBe(true);
+    // the same bundle again changes nothing; another one replaces it in the system bundle
+    expect((await initEnvd(envd.url, { caBundle: pem })).status).toBe(204);
+    expect(readFileSync(bundle, "utf8")).toBe(`SYSTEM ROOTS\n${norm(pem)}`);
+    expect((await initEnvd(envd.url, { caBundle: pem2 })).status).toBe(204);
+    expect(readFileSync(bundle, "utf8")).toBe(`SYSTEM ROOTS\n${norm(pem2)}`);
+    const env = await runEnv(envd.url);
+    expect(env.NODE_EXTRA_CA_CERTS).toBe(join(tmp, "cas/agentenv-init.crt"));
+    expect([env.REQUESTS_CA_BUNDLE, env.SSL_CERT_FILE, env.CURL_CA_BUNDLE]).toEqual([bundle, bundle, bundle]);
     const bad = await initEnvd(envd.url, { caBundle: "not a certificate" });
     expect(bad.status).toBe(400);
   } finally {
@@ -68,6 +84,39 @@ test("/init caBundle is written to the configured CA dir and the update command 
     rmSync(tmp, { recursive: true, force: true });
   }
 }, 30_000);
+
+test("/init entropy: base64 of 32..4096 bytes is mixed into the kernel generator (root); anything else is a 400 naming the field", async () => {
+  const { randomBytes } = await import("node:crypto");
+  const envd = await startEnvdChild(undefined, { AENV__envd__reseed_random: "true" });
+  try {
+    expect((await initEnvd(envd.url, { entropy: randomBytes(64).toString("base64") })).status).toBe(204);
+    for (const bad of [randomBytes(16).toString("base64"), "not base64!", randomBytes(4097).toString("base64"), 7]) {
+      const r = await initEnvd(envd.url, { entropy: bad });
+      expect(r.status).toBe(400);
+      expect(((await r.json()) as { message: string }).message).toContain("entropy");
+    }
+  } finally {
+    await envd.stop();
+  }
+}, 30_000);
+
+/** The environment a process envd starts sees (`env -0` through process.Process/Start). */
+async function runEnv(url: string): Promise<Record<string, string>> {
+  const msg = Buffer.from(JSON.stringify({ process: { cmd: "/usr/bin/env", args: [] } }));
+  const f = Buffer.alloc(5 + msg.length);
+  f.writeUInt32BE(msg.length, 1);
+  msg.copy(f, 5);
+  const res = await fetch(`${url}/process.Process/Start`, { method: "POST", headers: { "content-type": "application/connect+json", "connect-protocol-version": "1" }, body: f });
+  const buf = Buffer.from(await res.arrayBuffer());
+  let out = "";
+  for (let o = 0; o + 5 <= buf.length; ) {
+    const len = buf.readUInt32BE(o + 1);
+    const m = JSON.parse(buf.subarray(o + 5, o + 5 + len).toString());
+    if (m.event?.data?.stdout) out += Buffer.from(m.event.data.stdout, "base64").toString();
+    o += 5 + len;
+  }
+  return Object.fromEntries(out.split("\n").filter((l) => l.includes("=")).map((l) => [l.slice(0, l.indexOf("=")), l.slice(l.indexOf("=") + 1)]));
+}
 
 test("[envd] enforce_permissions = true: the user's rights are checked (403 / permission_denied)", async () => {
   const { mkdirSync, rmSync, existsSync } = await import("node:fs");

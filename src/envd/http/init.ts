@@ -1,26 +1,33 @@
 /**
  * `POST /init` (docs/e2b-contract.md §3.2): install the access token, env vars, default user and
  * workdir, and sync the clock. Once a token is set only a caller holding it (the host) may
- * re-init.
+ * re-init. AgentENV extensions: `hostname`, and `entropy` (base64 host random bytes mixed into
+ * the kernel's random generator, which is then reseeded: every restore of a snapshot sends its own,
+ * so clones stop sharing the CRNG state they were captured with; docs/security.md).
  */
 import { readFileSync, writeFileSync } from "node:fs";
 import { setRealtimeClock, timespecOfMs } from "../../ffi/clock.ts";
+import { MAX_ENTROPY_BYTES, reseedKernelRandom } from "../../ffi/random.ts";
 import { hasValidToken } from "../auth.ts";
 import { EnvdError } from "../errors.ts";
 import { logger } from "../log.ts";
 import type { EnvdState, InitRequest } from "../state.ts";
 import { lookupUser } from "../users.ts";
-import { installCaBundle, pemCertificates } from "./cabundle.ts";
+import { errorMessage } from "../../util/error.ts";
+import { installCaBundle, pemCertificates, trustEnv, type CaTarget } from "./cabundle.ts";
 
 /** Where /init's side effects go (config `[envd]`). */
 export interface InitOptions {
   /** Set the system clock from the timestamp and the host name from `hostname` (guests only). */
   syncClock: boolean;
-  /** Directory for extra CA certificates. */
-  caDir: string;
-  /** Command that rebuilds the trust store; empty = none. */
-  caUpdateCommand: string;
+  /** Mix `entropy` into the kernel random generator and reseed it (guests only; needs root). */
+  reseedRandom: boolean;
+  /** Where `caBundle` certificates go. */
+  ca: CaTarget;
 }
+
+/** Fewest bytes of `entropy` accepted (the CRNG key is 32 bytes). */
+export const MIN_ENTROPY_BYTES = 32;
 
 function isStringMap(v: unknown): v is Record<string, string> {
   return typeof v === "object" && v !== null && !Array.isArray(v) && Object.values(v).every((x) => typeof x === "string");
@@ -35,7 +42,7 @@ export function parseInitBody(body: unknown): InitRequest {
   if (typeof body !== "object" || Array.isArray(body)) throw new EnvdError("invalid_argument", "init body must be a JSON object", {});
   const b = body as Record<string, unknown>;
   const out: InitRequest = {};
-  for (const key of ["accessToken", "timestamp", "defaultUser", "defaultWorkdir", "caBundle", "hostname"] as const) {
+  for (const key of ["accessToken", "timestamp", "defaultUser", "defaultWorkdir", "caBundle", "hostname", "entropy"] as const) {
     if (b[key] === undefined || b[key] === null) continue;
     if (typeof b[key] !== "string") throw new EnvdError("invalid_argument", `init field ${key} must be a string`, { field: key });
     out[key] = b[key] as string;
@@ -51,6 +58,12 @@ export function parseInitBody(body: unknown): InitRequest {
     throw new EnvdError("invalid_argument", "init field hostname must be 1-63 letters, digits or '-'", { field: "hostname" });
   }
   if (out.caBundle) pemCertificates(out.caBundle);
+  if (out.entropy !== undefined) {
+    const n = /^[A-Za-z0-9+/]*={0,2}$/.test(out.entropy) ? Buffer.from(out.entropy, "base64").length : -1;
+    if (n < MIN_ENTROPY_BYTES || n > MAX_ENTROPY_BYTES) {
+      throw new EnvdError("invalid_argument", `init field entropy must be base64 of ${MIN_ENTROPY_BYTES}..${MAX_ENTROPY_BYTES} bytes`, { field: "entropy" });
+    }
+  }
   if (out.defaultUser) {
     try {
       lookupUser(out.defaultUser);
@@ -90,12 +103,15 @@ const CLOCK_AHEAD_MS = 5000;
 
 /**
  * Handle POST /init.
- * Sets the system clock (clock_settime(CLOCK_REALTIME), no child process: a restored guest's
- * clock is always stale, so every create sets it, and a fork/exec of `date` under TCG cost more
- * than the rest of /init) when `opts.syncClock` and the host time differs enough, and installs
- * `caBundle` certificates. A clock that cannot be set is logged and left as it is.
+ * Reseeds the kernel's random generator from `entropy` first (before anything else of this
+ * /init, and whatever its timestamp: a stale /init still carries fresh bytes), sets the system
+ * clock (clock_settime(CLOCK_REALTIME), no child process: a restored guest's clock is always
+ * stale, so every create sets it, and a fork/exec of `date` under TCG cost more than the rest of
+ * /init) when `opts.syncClock` and the host time differs enough, and installs `caBundle`
+ * certificates. A clock that cannot be set is logged and left as it is.
  * @throws EnvdError `unauthenticated` when a token is set and the caller does not hold it,
- *   `invalid_argument` for a bad body.
+ *   `invalid_argument` for a bad body, `internal` when the reseed fails (the host must not hand
+ *   out a clone whose generator is a copy).
  */
 export async function handleInit(state: EnvdState, req: Request, opts: InitOptions): Promise<void> {
   if (state.accessToken && !hasValidToken(state, req.headers)) {
@@ -109,8 +125,19 @@ export async function handleInit(state: EnvdState, req: Request, opts: InitOptio
     throw new EnvdError("invalid_argument", "init body is not valid JSON", {});
   }
   const init = parseInitBody(body);
+  if (init.entropy !== undefined && opts.reseedRandom) {
+    try {
+      reseedKernelRandom(Buffer.from(init.entropy, "base64"));
+    } catch (e) {
+      throw new EnvdError("internal", `reseeding the kernel random generator failed: ${errorMessage(e)}`, {}, { cause: e });
+    }
+    state.reseeds++;
+  }
   if (!state.apply(init)) return;
-  if (init.caBundle) await installCaBundle(init.caBundle, opts.caDir, opts.caUpdateCommand);
+  if (init.caBundle) {
+    await installCaBundle(init.caBundle, opts.ca);
+    state.trustEnv = trustEnv(opts.ca);
+  }
   if (opts.syncClock && init.hostname) applyHostname(init.hostname);
   if (opts.syncClock && init.timestamp) {
     const host = Date.parse(init.timestamp);

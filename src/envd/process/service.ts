@@ -60,9 +60,9 @@ function selector(sel: ProcessSelector | undefined): Selector {
   }
 }
 
-/** Build the child environment: PATH, the user's identity, sandbox vars, then request envs. */
+/** Build the child environment: PATH, the user's identity, trust-store vars, sandbox vars, then request envs. */
 function childEnv(user: UserInfo, state: EnvdState, req: Record<string, string>, path: string): Record<string, string> {
-  return { PATH: path, HOME: user.home, USER: user.name, LOGNAME: user.name, ...state.envVars, ...req };
+  return { PATH: path, HOME: user.home, USER: user.name, LOGNAME: user.name, ...state.trustEnv, ...state.envVars, ...req };
 }
 
 /**
