@@ -26,6 +26,7 @@ import type { TemplateService } from "../template/index.ts";
 import { templateRoutes } from "./routes/templates.ts";
 import { eventRoutes } from "./routes/events.ts";
 import type { EventsService } from "../events/index.ts";
+import { secretRoutes, type SecretsBackend } from "./routes/secrets.ts";
 // @ts-expect-error: a file asset (path string), embedded by `bun build --compile`
 import scalarJs from "../../node_modules/@scalar/api-reference/dist/browser/standalone.js" with { type: "file" };
 
@@ -43,6 +44,8 @@ export interface ApiDeps {
   strictBodies?: boolean;
   /** Lifecycle events and webhooks (routes under /events); absent: not served. */
   events?: EventsService;
+  /** The `/secrets` routes' store (or the gateway that keeps it); absent: not served. */
+  secrets?: SecretsBackend;
 }
 
 /** Optional E2B features every node serves (GET /health); the app adds those of its deps. */
@@ -68,6 +71,9 @@ export const PUBLIC_PATHS = [/^\/health$/, /^\/metrics$/, /^\/openapi\.json$/, /
  * takes the volume's bearer token) and stream their bodies (no `max_body_bytes` bound).
  */
 export const SELF_AUTH_PATHS = [/^\/volumecontent\//];
+
+/** Fields of `PUT /sandboxes/{id}/network` (E2B `SandboxNetworkUpdateConfig`); others are refused. */
+const NETWORK_UPDATE_FIELDS = ["allowOut", "denyOut", "rules", "egressProxy", "allow_internet_access", "allowInternetAccess"];
 
 const ERR = { 400: S.ErrorBody, 401: S.ErrorBody, 404: S.ErrorBody, 409: S.ErrorBody, 500: S.ErrorBody };
 const noContent = () => new Response(null, { status: 204 });
@@ -289,6 +295,9 @@ export function buildApp(deps: ApiDeps) {
     .put(
       "/sandboxes/:sandboxID/network",
       async ({ params, body }) => {
+        for (const k of Object.keys(body ?? {})) {
+          if (!NETWORK_UPDATE_FIELDS.includes(k)) throw new ApiError("api.validation", `${k}: not a field of a network update (accepted: ${NETWORK_UPDATE_FIELDS.join(", ")}; ingress settings are fixed at create)`, { field: k });
+        }
         await orch.updateNetwork(params.sandboxID, body as Record<string, unknown>);
         return noContent();
       },
@@ -313,6 +322,7 @@ export function buildApp(deps: ApiDeps) {
     );
   if (deps.templates) app.use(templateRoutes(deps.templates, orch, bodies));
   if (deps.events) app.use(eventRoutes(deps.events, bodies));
+  if (deps.secrets) app.use(secretRoutes(deps.secrets));
 
   return app;
 }

@@ -45,7 +45,7 @@ export const SandboxNetworkUpdate = t.Object(
     egressProxy: t.Optional(t.Any({ description: "E2B SandboxEgressProxyConfig | null" })),
     rules: t.Optional(t.Any({ description: "E2B: host -> [SandboxNetworkRule]" })),
   },
-  { additionalProperties: true },
+  { additionalProperties: true, description: "fields are checked (strictly) by the node's network parser" },
 );
 
 const newSandboxFields = {

@@ -3,6 +3,7 @@
  */
 import type { SandboxRecord, TemplateListing } from "../orchestrator/index.ts";
 import { publicState } from "../orchestrator/index.ts";
+import { maskNetwork } from "../net/index.ts";
 
 /** E2B's deprecated constant `clientID`. */
 export const CLIENT_ID = "6532622b";
@@ -49,7 +50,8 @@ export function toDetail(r: SandboxRecord, domain: string | null) {
     ...(r.envdAccessToken ? { envdAccessToken: r.envdAccessToken } : {}),
     allowInternetAccess: r.allowInternetAccess,
     domain,
-    ...(r.network ? { network: r.network } : {}),
+    // rule header values masked, the egress proxy's password left out
+    ...(r.network ? { network: maskNetwork(r.network) } : {}),
     lifecycle: { autoResume: r.autoResume, onTimeout: r.autoPause ? ("pause" as const) : ("kill" as const) },
   };
 }

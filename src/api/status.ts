@@ -24,6 +24,7 @@ import { VMM_ERRORS, type VmmErrorCode } from "../vmm/errors.ts";
 import { VOLUME_ERRORS, type VolumeErrorCode } from "../volume/errors.ts";
 import { SNAPSHOT_ERRORS, type SnapshotErrorCode } from "../snapshot/errors.ts";
 import { EVENTS_ERRORS, type EventsErrorCode } from "../events/errors.ts";
+import { SECRETS_ERRORS, type SecretsErrorCode } from "../secrets/errors.ts";
 import { logger } from "../observability/log.ts";
 import { AgentEnvError } from "../errors.ts";
 import { API_ERRORS, type ApiErrorCode } from "./errors.ts";
@@ -48,7 +49,8 @@ export type ErrorCode =
   | VolumeErrorCode
   | SnapshotErrorCode
   | ConsoleErrorCode
-  | EventsErrorCode;
+  | EventsErrorCode
+  | SecretsErrorCode;
 
 /** Every subsystem code table this module maps (for tests and documentation). */
 export const ERROR_TABLES = {
@@ -70,6 +72,7 @@ export const ERROR_TABLES = {
   snapshot: SNAPSHOT_ERRORS,
   console: CONSOLE_ERRORS,
   events: EVENTS_ERRORS,
+  secrets: SECRETS_ERRORS,
 } as const;
 
 /** Codes whose status is not 500: faults of the request, and refusals a client may retry. */
@@ -134,6 +137,11 @@ const NOT_500 = {
   "events.bad_request": 400,
   "events.webhook_not_found": 404,
   "events.webhook_limit": 429,
+  "secrets.bad_request": 400,
+  "secrets.not_found": 404,
+  "secrets.conflict": 409,
+  "secrets.remote_store": 403,
+  "secrets.remote_failed": 502,
 } as const satisfies Partial<Record<ErrorCode, number>>;
 
 /** HTTP status of every code an API response may carry: `NOT_500`, else 500. */

@@ -10,15 +10,10 @@ import { ApiError } from "./errors.ts";
 type Rule = [path: string, asks: (v: unknown) => boolean, why: string];
 
 const present = (v: unknown) => v !== undefined && v !== null;
-const nonEmpty = (v: unknown) => (Array.isArray(v) ? v.length > 0 : present(v));
 
 const CREATE: Rule[] = [
   ["mcp", present, "MCP gateways are not supported by this node"],
   ["iam", present, "IAM settings are not supported by this node"],
-  ["network.maskRequestHost", present, "request host masking is not supported by this node"],
-  ["network.egressProxy", present, "egress proxies are not supported by this node"],
-  ["network.httpsPorts", nonEmpty, "HTTPS guest ports are not supported by this node"],
-  ["network.rules", nonEmpty, "network rules are not supported by this node; use allowOut/denyOut"],
 ];
 const RESUME: Rule[] = [["autoPause", (v) => v === true, "autoPause on resume is not supported; set it at create"]];
 

@@ -559,6 +559,19 @@ export const CONFIG_SCHEMA = section("", {
         dns_max_inflight: int(1024, "Bound on queries waiting for upstream at once; more get SERVFAIL.", { min: 1, max: 65536, unit: "count" }),
         dns_max_addresses_per_slot: int(256, "Bound on DNS-learned addresses per slot; the least recently refreshed are dropped first.", { min: 1, max: 65536, unit: "count" }),
         dns_min_ttl_secs: int(60, "Floor on how long a learned address stays admitted, seconds (answers' TTLs below it are raised).", { min: 0, max: 86_400, unit: "s" }),
+        interceptor_enabled: bool(
+          true,
+          "The egress interceptor (docs/security.md): sandboxes' network.rules (headers set on outbound\nHTTPS per host, secrets resolved on the node) and network.egressProxy. Guests trust the node's\negress CA (sent with every envd /init). false: both are refused with 400.",
+        ),
+        interceptor_port: int(10443, "TCP port of the egress interceptor on the node (all addresses; node INPUT rules admit only\nredirected slot traffic). 0: any free port, e.g. for several nodes on one host.", { min: 0, max: 65535 }),
+        intercept_ports: list([], "Ports besides 443 whose TLS is looked at for network.rules hosts (e.g. \"8443\"); at most 14."),
+        upstream_ca_path: str("", "PEM file of CA certificates trusted for upstream servers of intercepted requests, besides the\nhost's roots (private services, tests). Empty: the host's roots only."),
+        ca_dir: str("", "Directory of the node's egress CA (ca.crt, ca.key mode 0600), made on first start. Empty:\n$home_path/egress-ca."),
+        client_hello_timeout_ms: int(10_000, "Wait for a TLS ClientHello on an intercepted port before the connection is passed through untouched, ms.", { min: 10, max: 600_000, unit: "ms" }),
+        upstream_connect_timeout_ms: int(10_000, "Bound on connecting upstream from the interceptor (and the egress proxy's handshake, and TLS), ms.", { min: 10, max: 600_000, unit: "ms" }),
+        interceptor_max_connections: int(4096, "Most guest connections the interceptor handles at once; more are reset.", { min: 1, max: 1_048_576, unit: "count" }),
+        max_request_head_bytes: int(65_536, "Largest HTTP request head of an intercepted request; larger ones are answered 431.", { min: 1024, max: 16_777_216, unit: "bytes" }),
+        max_rule_domains: int(10, "Most domains one sandbox's network.rules may name (E2B: 10).", { min: 1, max: 1024, unit: "count" }),
       }),
     },
   ),
@@ -598,6 +611,13 @@ export const CONFIG_SCHEMA = section("", {
       }),
     },
   ),
+
+  secrets: section("Customer secrets (/secrets; docs/security.md): values encrypted in the node database, resolved by the egress interceptor.", {
+    key_path: str("", "File of the key values are encrypted with (32 random bytes as hex), made with mode 0600 on\nfirst start; kept out of the database (and its backups). Empty: $home_path/secrets.key."),
+    max_secrets: int(1000, "Most secrets the store holds; more creates are refused with 409.", { min: 1, max: 1_000_000, unit: "count" }),
+    gateway_url: str("", "Cluster nodes: URL of the gateway that keeps the cluster's secrets; the interceptor asks it for a\nvalue at each request (with this node's API key) and /secrets here answers 403. Empty: this node's store."),
+    resolve_timeout_ms: int(5000, "Bound on one look-up of a secret at the gateway, ms.", { min: 10, max: 600_000, unit: "ms" }),
+  }),
 
   envd: section("In-guest daemon (`agentenv envd`), E2B envd protocol.", {
     host: str("0.0.0.0", "Bind address.", { minLength: 1 }),

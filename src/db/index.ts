@@ -7,6 +7,7 @@ import { Database } from "bun:sqlite";
 import { drizzle, type BunSQLiteDatabase } from "drizzle-orm/bun-sqlite";
 import { AgentEnvError, type ErrorTable } from "../errors.ts";
 import { MIGRATIONS, type Migration } from "./migrations/index.ts";
+export { SECRETS_MIGRATIONS } from "./migrations/index.ts";
 import * as schema from "./schema/index.ts";
 
 /** Database failures. Adding a code: see src/errors.ts. */

@@ -3,6 +3,7 @@
  * `[network.egress]`, `[pool]` and `[pool.network]` sections of the node config
  * (defaults and meaning of every key: config/default.toml).
  */
+import { join } from "node:path";
 import type { Config } from "../config/index.ts";
 import { NetError } from "./errors.ts";
 import { type Cidr, cidrSize, cidrsOverlap, formatCidr, parseCidr, parseIpv4 } from "./ipv4.ts";
@@ -37,6 +38,21 @@ export interface NetConfig {
     maxInflight: number;
     maxAddressesPerSlot: number;
     minTtlSecs: number;
+  };
+  /** The egress interceptor (src/net/egress). */
+  egress: {
+    enabled: boolean;
+    /** Listen port; after `start()`, the bound one. */
+    port: number;
+    /** Intercepted ports besides 443. */
+    interceptPorts: number[];
+    upstreamCaPath: string;
+    caDir: string;
+    helloTimeoutMs: number;
+    connectTimeoutMs: number;
+    maxConnections: number;
+    maxHeadBytes: number;
+    maxRuleDomains: number;
   };
   pool: {
     low: number;
@@ -77,6 +93,12 @@ export function netConfigFromConfig(cfg: Config): NetConfig {
     if (!m || parseIpv4(m[1]!) === null || port < 1 || port > 65535) throw badConfig(key, entry, 'must be "ip" or "ip:port"');
     return { ip: m[1]!, port };
   });
+  if (e.intercept_ports.length > 14) throw badConfig("network.egress.intercept_ports", e.intercept_ports, "at most 14 ports");
+  const interceptPorts = e.intercept_ports.map((v, i) => {
+    const n = Number(v);
+    if (!/^[0-9]{1,5}$/.test(v) || n < 1 || n > 65535) throw badConfig(`network.egress.intercept_ports[${i}]`, v, "must be a port 1..65535");
+    return n;
+  });
   const c: NetConfig = {
     namePrefix: n.name_prefix,
     maxSlots: n.max_slots,
@@ -94,6 +116,18 @@ export function netConfigFromConfig(cfg: Config): NetConfig {
       maxInflight: e.dns_max_inflight,
       maxAddressesPerSlot: e.dns_max_addresses_per_slot,
       minTtlSecs: e.dns_min_ttl_secs,
+    },
+    egress: {
+      enabled: e.interceptor_enabled,
+      port: e.interceptor_port,
+      interceptPorts: [...new Set(interceptPorts.filter((p) => p !== 443))],
+      upstreamCaPath: e.upstream_ca_path,
+      caDir: e.ca_dir || join(cfg.home_path, "egress-ca"),
+      helloTimeoutMs: e.client_hello_timeout_ms,
+      connectTimeoutMs: e.upstream_connect_timeout_ms,
+      maxConnections: e.interceptor_max_connections,
+      maxHeadBytes: e.max_request_head_bytes,
+      maxRuleDomains: e.max_rule_domains,
     },
     pool: {
       low: cfg.pool.low_watermark,

@@ -82,3 +82,5 @@ export type { SlotRow, SlotState } from "./store.ts";
 export { defaultPolicy, domainMatches, type DomainPattern, type EgressPolicy, parseCreateNetwork, parseEgressPolicy, policyToJson } from "./policy.ts";
 export { type AllocatedSlot, GATEWAY_IP, GUEST_IP, guestAddress, netSpec, type Slot, slotLayout, TAP_MAC, TAP_NAME, TAP_PREFIX_LEN } from "./slot.ts";
 export { makeTapNamespace, reapTapNamespaces, type TapNamespace } from "./tapns.ts";
+export { maskNetwork, type EgressProxy, type HostRule } from "./egress/index.ts";
+export { maskedHost } from "./ingress.ts";

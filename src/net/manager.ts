@@ -17,6 +17,8 @@ import { planAdoption, reapplySlot, replaceHostRules, type KeepSlot, type LostSl
 import { DeadlineTimer, SYSTEM_CLOCK, type Clock } from "../util/deadline-timer.ts";
 import type { NetConfig } from "./config.ts";
 import { DnsProxy, systemResolvers } from "./dns-proxy.ts";
+import { EgressService, type EgressDeps } from "./egress/service.ts";
+import type { InterceptorStats } from "./egress/interceptor.ts";
 import { NetError } from "./errors.ts";
 import { applyDnsAllowed, applyPolicy, buildSlot, destroySlot, enableForwarding, reapSlots, type ReapReport, resetSlot, teardownHost } from "./netns.ts";
 import { defaultPolicy, domainMatches, type EgressPolicy, policyToJson } from "./policy.ts";
@@ -88,17 +90,23 @@ export class NetworkManager {
   private readonly dnsExpiry: DeadlineTimer;
   private counters = { poolHits: 0, poolMisses: 0, built: 0, destroyed: 0 };
 
-  /** The settings in force; after `start()`, `dns.port` is the bound port (relevant when configured 0). */
+  /** The settings in force; after `start()`, `dns.port` and `egress.port` are the bound ports (relevant when configured 0). */
   cfg: NetConfig;
+  private readonly egress: EgressService;
 
   /**
    * @param db open node database (migrations applied).
+   * @param deps what the egress interceptor needs of the node (its secrets, a label for its CA).
    * @param clock time of DNS-learned addresses' expiry (a test's own clock).
    */
-  constructor(cfg: NetConfig, db: Db, private readonly clock: Clock = SYSTEM_CLOCK) {
+  constructor(cfg: NetConfig, db: Db, deps: EgressDeps = {}, private readonly clock: Clock = SYSTEM_CLOCK) {
     this.cfg = cfg;
     this.dnsExpiry = new DeadlineTimer(() => this.closeExpiredDns(), (err) => log.warn({ err }, "closing expired DNS-learned addresses failed"), clock);
     this.store = new SlotStore(db);
+    this.egress = new EgressService(() => this.cfg, deps, (ip) => {
+      const idx = this.byNsIp.get(ip);
+      return idx === undefined ? undefined : this.allocated.get(idx);
+    });
     this.target = cfg.pool.low;
     for (let i = cfg.maxSlots - 1; i >= 0; i--) this.free.push(i);
   }
@@ -154,6 +162,11 @@ export class NetworkManager {
       await this.dns.start();
       this.cfg = { ...this.cfg, dns: { ...this.cfg.dns, port: this.dns.port } };
     }
+    if (this.cfg.egress.enabled) {
+      // bound before the node rules, which name its port
+      const port = await this.egress.start();
+      this.cfg = { ...this.cfg, egress: { ...this.cfg.egress, port } };
+    }
     await enableForwarding(this.cfg);
     const chains = await replaceHostRules(this.cfg);
     const lost = [...plan.lost];
@@ -168,6 +181,8 @@ export class NetworkManager {
     }
     const report = { ...reaped, chains };
     if (stale.length + report.netns.length + report.links.length > 0) log.warn({ rows: stale.length, ...report, adopted: adopted.length, lost }, "network state of a previous run: kept slots adopted, the rest reaped");
+    // adopted slots with rules or an egress proxy: their redirects again (the node rules emptied the chain)
+    await this.egress.sync(this.allocated.values());
     while (this.pool.length < this.cfg.pool.low) await this.buildPooled();
     if (this.cfg.pool.maintenanceEnabled) this.worker = this.runWorker();
     return { ...report, previous: stale, adopted, lost };
@@ -181,7 +196,7 @@ export class NetworkManager {
    */
   async allocate(policy: EgressPolicy, sandboxId: string): Promise<AllocatedSlot> {
     this.assertOpen();
-    this.assertEnforceable(policy);
+    await this.checkPolicy(policy);
     if (this.bySandbox.has(sandboxId)) {
       throw new NetError("net.duplicate_sandbox", `sandbox ${sandboxId} already holds slot ${this.bySandbox.get(sandboxId)}`, { sandboxId });
     }
@@ -215,6 +230,13 @@ export class NetworkManager {
         await this.release(a);
         throw new NetError("net.shut_down", "network manager shut down during allocation", { sandboxId });
       }
+      try {
+        await this.egress.sync(this.allocated.values());
+      } catch (e) {
+        // an egress proxy not in force would let the sandbox out directly: no slot then
+        await this.release(a);
+        throw e;
+      }
       return a;
     } catch (e) {
       if (this.bySandbox.get(sandboxId) === -1) this.bySandbox.delete(sandboxId);
@@ -236,6 +258,7 @@ export class NetworkManager {
     this.bySandbox.delete(a.sandboxId);
     this.byNsIp.delete(a.nsVethIp);
     this.dnsAllowed.delete(a.idx);
+    if (a.policy.rules.length || a.policy.egressProxy) await this.egress.sync(this.allocated.values()).catch((e) => log.error({ err: e, idx: a.idx }, "egress redirects of a released slot not removed"));
     const slot = slotLayout(this.cfg, a.idx);
     const keep = !this.closed && (this.cfg.pool.maintenanceEnabled || this.pool.length < this.cfg.pool.high);
     if (keep) {
@@ -260,7 +283,7 @@ export class NetworkManager {
    */
   async updatePolicy(slotOrSandbox: Slot | string, policy: EgressPolicy): Promise<AllocatedSlot> {
     this.assertOpen();
-    this.assertEnforceable(policy);
+    await this.checkPolicy(policy);
     const a = this.lookup(slotOrSandbox);
     await this.serial(a.idx, async () => {
       const learned = this.dnsAllowed.get(a.idx);
@@ -271,7 +294,28 @@ export class NetworkManager {
     });
     a.policy = policy;
     this.store.put(a.idx, a.netnsName, "allocated", a.sandboxId, policy);
+    await this.egress.sync(this.allocated.values());
     return a;
+  }
+
+  /**
+   * Check `policy` against this node (domain rules need the DNS proxy; rules and egress proxies
+   * need the interceptor, existing secrets and the node's limits) before anything is applied.
+   * @throws NetError `net.bad_policy` naming the field
+   */
+  async checkPolicy(policy: EgressPolicy): Promise<void> {
+    this.assertEnforceable(policy);
+    await this.egress.check(policy, this.cfg.egress.enabled);
+  }
+
+  /** The node egress CA's certificate (PEM) guests are given to trust, or null when interception is off. */
+  caBundle(): string | null {
+    return this.cfg.egress.enabled ? this.egress.caBundle() : null;
+  }
+
+  /** The egress interceptor's counters, or null when it is off. */
+  egressStats(): InterceptorStats | null {
+    return this.egress.stats();
   }
 
   /** The allocated slot of a sandbox, if any. */
@@ -322,6 +366,7 @@ export class NetworkManager {
     await this.worker;
     await this.dnsExpiry.stop();
     await this.dns?.stop();
+    await this.egress.stop();
     while (this.building > 0 || this.draining > 0) await this.changed(Infinity);
     const all = [...this.pool.splice(0), ...[...this.allocated.values()].map((a) => slotLayout(this.cfg, a.idx))];
     this.allocated.clear();
@@ -344,6 +389,8 @@ export class NetworkManager {
     await this.worker;
     await this.dnsExpiry.stop();
     await this.dns?.stop();
+    // the interceptor goes with this process (its redirects stay; the next node's start rewrites them)
+    await this.egress.stop();
     while (this.building > 0 || this.draining > 0) await this.changed(Infinity);
   }
 

@@ -10,6 +10,9 @@
  * default action. The first match decides, so an allow entry beats every deny entry.
  */
 import { NetError } from "./errors.ts";
+import { parseEgressProxy, type EgressProxy } from "./egress/proxy-config.ts";
+import { parseRules, type HostRule } from "./egress/rules.ts";
+import { checkHttpsPorts, checkMaskRequestHost } from "./ingress.ts";
 import { type Cidr, formatCidr, parseCidr } from "./ipv4.ts";
 
 /** A domain rule: `exact` matches one name; `suffix` (from "*.example.com") matches strict subdomains. */
@@ -26,12 +29,25 @@ export interface EgressPolicy {
   denyCidrs: Cidr[];
   /** false ≡ deny 0.0.0.0/0 (after allow rules). */
   allowInternetAccess: boolean;
+  /** `network.rules`: header transforms of outbound HTTPS per host (grant no access). */
+  rules: HostRule[];
+  /** `network.egressProxy`: every TCP connection leaves through it; null: direct. */
+  egressProxy: EgressProxy | null;
 }
 
 /** The policy of a sandbox created without any network fields. */
 export function defaultPolicy(): EgressPolicy {
-  return { allowCidrs: [], allowDomains: [], denyCidrs: [], allowInternetAccess: true };
+  return { allowCidrs: [], allowDomains: [], denyCidrs: [], allowInternetAccess: true, rules: [], egressProxy: null };
 }
+
+/** Hard bound on rule domains the parser takes (the node's `[network.egress] max_rule_domains` is checked by the manager). */
+const RULE_DOMAINS_CAP = 1024;
+
+/**
+ * Fields of a `network` object (create: E2B `SandboxNetworkConfig`; `PUT .../network`: its egress
+ * part). Anything else is refused.
+ */
+export const NETWORK_FIELDS = ["allowOut", "denyOut", "allow_internet_access", "allowInternetAccess", "rules", "egressProxy", "allowPublicTraffic", "maskRequestHost", "httpsPorts"] as const;
 
 const LABEL = /^[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?$/;
 
@@ -93,9 +109,10 @@ export const MAX_POLICY_ENTRIES = 1024;
 
 /**
  * Validate untrusted JSON (the API body) into an `EgressPolicy`.
- * Accepts `allowOut`, `denyOut` (arrays of strings), and `allow_internet_access` or
- * `allowInternetAccess` (boolean, default true). Unknown keys are ignored (the create body carries
- * other network fields such as `allowPublicTraffic`).
+ * Accepts `allowOut`, `denyOut` (arrays of strings), `allow_internet_access` or
+ * `allowInternetAccess` (boolean, default true), `rules` (egress/rules.ts) and `egressProxy`
+ * (egress/proxy-config.ts); the ingress fields `allowPublicTraffic`, `maskRequestHost` and
+ * `httpsPorts` are checked here too (ingress.ts) and left to the proxy. Any other key is refused.
  * @throws NetError `net.bad_policy` naming the field, index and entry at fault, e.g.
  *   `allowOut[2] "10.0.0.300": not a valid IPv4 address, CIDR or domain pattern`.
  */
@@ -103,6 +120,12 @@ export function parseEgressPolicy(json: unknown): EgressPolicy {
   if (json === undefined || json === null) return defaultPolicy();
   if (typeof json !== "object" || Array.isArray(json)) throw bad("network", null, json, "must be an object");
   const obj = json as Record<string, unknown>;
+  for (const k of Object.keys(obj)) {
+    if (!(NETWORK_FIELDS as readonly string[]).includes(k)) throw new NetError("net.bad_policy", `network.${k}: unknown field (accepted: ${NETWORK_FIELDS.join(", ")})`, { field: `network.${k}` });
+  }
+  if (obj.allowPublicTraffic !== undefined && obj.allowPublicTraffic !== null && typeof obj.allowPublicTraffic !== "boolean") throw bad("allowPublicTraffic", null, obj.allowPublicTraffic, "must be a boolean");
+  checkMaskRequestHost(obj.maskRequestHost);
+  checkHttpsPorts(obj.httpsPorts);
   const allow = parseList(obj, "allowOut");
   const deny = parseList(obj, "denyOut");
   for (const [field, list] of [["allowOut", allow], ["denyOut", deny]] as const) {
@@ -135,6 +158,8 @@ export function parseEgressPolicy(json: unknown): EgressPolicy {
   }
   const flag = (snake ?? camel) as boolean | undefined | null;
   if (flag === false) policy.allowInternetAccess = false;
+  policy.rules = parseRules(obj.rules, RULE_DOMAINS_CAP);
+  policy.egressProxy = parseEgressProxy(obj.egressProxy);
   return policy;
 }
 

@@ -22,6 +22,7 @@ import type { NetConfig } from "./config.ts";
 import { type Cidr, formatCidr } from "./ipv4.ts";
 import type { EgressPolicy } from "./policy.ts";
 import type { Slot } from "./slot.ts";
+import { egressChain } from "./egress/redirect.ts";
 
 /** Filter chain in the slot: everything the guest sends (jumped to from FORWARD -i tap0). */
 export const CHAIN_EGRESS = "AENV-EGRESS";
@@ -73,9 +74,9 @@ export function parseDnsAllowed(save: string, fallbackExpiresAt: number): DnsAll
   return out;
 }
 
-/** Names of the node-namespace chains for a prefix. */
-export function hostChains(prefix: string): { fwd: string; input: string; post: string } {
-  return { fwd: `${prefix}fwd`, input: `${prefix}in`, post: `${prefix}post` };
+/** Names of the node-namespace chains for a prefix (`egr`: the egress interceptor's redirects, egress/redirect.ts). */
+export function hostChains(prefix: string): { fwd: string; input: string; post: string; egr: string } {
+  return { fwd: `${prefix}fwd`, input: `${prefix}in`, post: `${prefix}post`, egr: egressChain(prefix) };
 }
 
 /**
@@ -83,7 +84,7 @@ export function hostChains(prefix: string): { fwd: string; input: string; post: 
  * (which empty the chain in --noflush mode), their rules, and the jumps into them.
  */
 export function hostRuleLines(cfg: NetConfig): { filter: string[]; nat: string[] } {
-  const { fwd, input, post } = hostChains(cfg.namePrefix);
+  const { fwd, input, post, egr } = hostChains(cfg.namePrefix);
   const ifw = `${cfg.namePrefix}+`;
   const filter = [
     `:${fwd} - [0:0]`,
@@ -100,8 +101,15 @@ export function hostRuleLines(cfg: NetConfig): { filter: string[]; nat: string[]
       filter.push(`-A ${input} ! -i ${ifw} -p ${proto} --dport ${cfg.dns.port} -j DROP`);
     }
   }
+  if (cfg.egress.enabled) {
+    // only connections our redirect chain sent here (REDIRECT counts as DNAT), and none from elsewhere
+    filter.push(`-A ${input} -i ${ifw} -p tcp --dport ${cfg.egress.port} -m conntrack --ctstate DNAT -j ACCEPT`);
+    filter.push(`-A ${input} ! -i ${ifw} -p tcp --dport ${cfg.egress.port} -j DROP`);
+  }
   filter.push(`-A ${input} -i ${ifw} -j DROP`, `-I FORWARD 1 -j ${fwd}`, `-I INPUT 1 -j ${input}`);
   const nat = [`:${post} - [0:0]`, `-A ${post} -s ${formatCidr(cfg.vethCidr)} ! -o ${ifw} -j MASQUERADE`, `-I POSTROUTING 1 -j ${post}`];
+  // the egress interceptor's redirects (egress/redirect.ts fills the chain; empty until then)
+  if (cfg.egress.enabled) nat.push(`:${egr} - [0:0]`, `-I PREROUTING 1 -j ${egr}`);
   return { filter, nat };
 }
 

@@ -26,6 +26,7 @@ import { setUpOutboundProxy } from "./outbound.ts";
 import { redactUrl } from "../util/proxy.ts";
 import type { TemplateService } from "../template/index.ts";
 import { EventsService, eventsConfig } from "../events/index.ts";
+import { openSecrets, type NodeSecrets } from "../secrets/index.ts";
 
 /** A started node. `close()` stops listening, then the orchestrator (shutdown_action), then the DB. */
 export interface RunningNode {
@@ -144,6 +145,14 @@ export async function bootNode(cfg: Config, makeRuntime: RuntimeFactory = create
     await undo();
     throw e;
   }
+  let secrets: NodeSecrets;
+  try {
+    // first: the key file is made (or refused) before anything else uses it
+    secrets = openSecrets(cfg, db);
+  } catch (e) {
+    await undo(db);
+    throw e;
+  }
   const oc = orchestratorConfig(cfg);
   let runtime: SandboxRuntime;
   try {
@@ -188,6 +197,7 @@ export async function bootNode(cfg: Config, makeRuntime: RuntimeFactory = create
     node: identity,
     strictBodies: cfg.api.strict_bodies,
     events,
+    secrets: secrets.store ? { store: secrets.store } : { remoteUrl: secrets.remoteUrl },
   });
   serveOpts.apiKey = key;
   serveOpts.apiKeyHint = source === "config" ? "config [api] key / AENV_API_KEY" : `file ${apiKeyPath(home)}`;

@@ -24,7 +24,7 @@ import { StoredStates } from "./runtime-state.ts";
 import { Semaphore } from "./semaphore.ts";
 import { FORK_DEFAULT_TIMEOUT_SECS, MAX_FORK_COUNT, type ConnectResult, type ForkResult, type OrchestratorObserver, type SandboxService, type StopReason } from "./service.ts";
 import { publicState, type SandboxState } from "./states.ts";
-import type { CreateSandboxRequest, OrchestratorCounters, SandboxRecord, TemplateInfo } from "./types.ts";
+import { INGRESS_FIELDS, type CreateSandboxRequest, type OrchestratorCounters, type SandboxRecord, type TemplateInfo } from "./types.ts";
 import { VolumeManager } from "./volumes.ts";
 
 /** What `Orchestrator.close()` did with the live sandboxes. */
@@ -164,7 +164,7 @@ export class Orchestrator<S = unknown> extends SandboxReads<S> implements Sandbo
         autoResume: true,
       });
     }
-    this.runtime.network?.check(req.network ?? null, req.allowInternetAccess ?? null);
+    await this.runtime.network?.check(req.network ?? null, req.allowInternetAccess ?? null);
     // checked now for a prompt 400/409, and again just before the record is inserted (holders may change meanwhile)
     this.volumes.resolveMounts(req.volumeMounts ?? []);
     const tpl = await this.runtime.resolveTemplate(req.template);
@@ -396,7 +396,9 @@ export class Orchestrator<S = unknown> extends SandboxReads<S> implements Sandbo
       // the body replaces the policy (an omitted field clears it): keep exactly what was applied,
       // so a resume or restart rebuilds the same rules
       const flag = policy.allow_internet_access ?? policy.allowInternetAccess;
-      const sandbox = this.store.update(id, { network: policy, allowInternetAccess: typeof flag === "boolean" ? flag : null }, this.clock.now())!;
+      // ingress settings are made at create and stay (E2B: the PUT replaces the egress part only)
+      const ingress = Object.fromEntries(Object.entries(r.network ?? {}).filter(([k]) => (INGRESS_FIELDS as readonly string[]).includes(k)));
+      const sandbox = this.store.update(id, { network: { ...ingress, ...policy }, allowInternetAccess: typeof flag === "boolean" ? flag : null }, this.clock.now())!;
       this.events.note({ kind: "network", id, at: this.clock.now(), sandbox });
     });
   }

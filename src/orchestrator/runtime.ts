@@ -204,10 +204,11 @@ export interface RuntimeMetrics {
 /** Egress policies of sandboxes. */
 export interface RuntimeNetwork {
   /**
-   * Check a create request's network settings before anything is made.
+   * Check a create request's network settings before anything is made (the runtime may ask its
+   * secrets store whether the rules' secrets exist).
    * @throws OrchestratorError `orchestrator.bad_request` (400) naming the bad entry.
    */
-  check(network: Record<string, unknown> | null, allowInternetAccess: boolean | null): void;
+  check(network: Record<string, unknown> | null, allowInternetAccess: boolean | null): void | Promise<void>;
   /**
    * Apply a new egress policy to running sandbox `id`.
    * @throws OrchestratorError `orchestrator.bad_request` (400) naming the bad entry.

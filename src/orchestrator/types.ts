@@ -200,3 +200,6 @@ export interface SandboxLogQuery {
   /** Case-sensitive substring of the message. */
   search?: string;
 }
+
+/** `network` fields about traffic into the sandbox, which `PUT /sandboxes/{id}/network` leaves as they are. */
+export const INGRESS_FIELDS = ["allowPublicTraffic", "maskRequestHost", "httpsPorts"] as const;

@@ -7,6 +7,8 @@
 import { ConfigError, type Config } from "../config/index.ts";
 import type { Db } from "../db/index.ts";
 import { netConfigFromConfig, NetworkManager } from "../net/index.ts";
+import { openSecrets } from "../secrets/index.ts";
+import { hostname } from "node:os";
 import { diskConfig, DiskService, reapStaleMounts } from "../storage/daemon/index.ts";
 import { resolveTools } from "../tools/index.ts";
 import { createDriver, reapLeftovers, resolveKernelPath } from "../vmm/index.ts";
@@ -77,7 +79,9 @@ export async function createVmRuntime(cfg: Config, db: Db, oc: OrchestratorConfi
   const disks = await DiskService.start({ dir: join(runtimePath, "disk"), config: diskConfig(cfg) });
   reapStaleMounts([join(homePath, "sandboxes"), volumeHostDir]);
   rmSync(volumeHostDir, { recursive: true, force: true });
-  const net = new NetworkManager(netConfigFromConfig(cfg), db);
+  // the egress interceptor resolves rules' secrets per request: this node's store or the gateway's
+  const secrets = openSecrets(cfg, db);
+  const net = new NetworkManager(netConfigFromConfig(cfg), db, { resolveSecret: (name) => secrets.source.resolve(name), label: cfg.node.id || hostname() });
   try {
     await net.start();
   } catch (e) {

@@ -28,13 +28,22 @@ export interface GuestTimings {
 
 /**
  * Wait for envd at `host` (raced against the VM's exit), init it (token, template's user,
- * workdir and env under the request's, clock, host name), and give the sandbox's state with the
- * envd version it reports.
+ * workdir and env under the request's, clock, host name, the node's egress CA; every /init also
+ * reseeds the guest's generator: envd-client.ts), and give the sandbox's state with the envd
+ * version it reports.
  * @param currentToken the token envd holds now (a restored envd keeps its snapshot's), or null
  * @throws OrchestratorError `orchestrator.envd_unready` (the VM exited, or `spec.signal` ended
  *   the wait), `orchestrator.envd_init_failed`
  */
-export async function initGuest(spec: RuntimeStartSpec, vm: VmHandle, host: string, state: VmState, currentToken: string | null, boot: BootDefaults, o: { envdPollMs: number; defaultUser: string }): Promise<{ state: VmState; timings: GuestTimings }> {
+export async function initGuest(
+  spec: RuntimeStartSpec,
+  vm: VmHandle,
+  host: string,
+  state: VmState,
+  currentToken: string | null,
+  boot: BootDefaults,
+  o: { envdPollMs: number; defaultUser: string; net?: { caBundle(): string | null } },
+): Promise<{ state: VmState; timings: GuestTimings }> {
   const base = envdUrl(host);
   const t0 = performance.now();
   await waitEnvdHealthy(base, o.envdPollMs, spec.signal, vm.exited);
@@ -50,6 +59,8 @@ export async function initGuest(spec: RuntimeStartSpec, vm: VmHandle, host: stri
       defaultWorkdir: boot?.workdir ?? `/home/${user}`,
       timestamp: new Date().toISOString(),
       hostname: spec.id,
+      // the node's egress CA (network.rules: TLS the node terminates), as E2B sends its own
+      caBundle: o.net?.caBundle() ?? undefined,
     },
     currentToken,
     spec.signal,

@@ -62,7 +62,8 @@ export class VmRuntime implements SandboxRuntime<VmState> {
    */
   readonly metrics: RuntimeMetrics = { sample: (t, signal) => fetchEnvdMetrics(envdUrl(t.endpoint.host), t.envdAccessToken, signal) };
   readonly network: RuntimeNetwork = {
-    check: (network, allowInternetAccess) => void sandboxPolicy(network, allowInternetAccess),
+    // the node's part too: rules' secrets exist, the interceptor is on, the node's limits
+    check: (network, allowInternetAccess) => this.o.net.checkPolicy(sandboxPolicy(network, allowInternetAccess)),
     update: async (id, policy) => void (await this.o.net.updatePolicy(id, parseNetworkPolicy(policy))),
   };
   /** VMs of the restore pool (pooled-vms.ts), claimed by creates. */

@@ -67,7 +67,7 @@ describe("parseEgressPolicy", () => {
       allow_internet_access: false,
     });
     expect(parseEgressPolicy({ allowInternetAccess: false }).allowInternetAccess).toBe(false);
-    expect(parseEgressPolicy(undefined)).toEqual({ allowCidrs: [], allowDomains: [], denyCidrs: [], allowInternetAccess: true });
+    expect(parseEgressPolicy(undefined)).toEqual({ allowCidrs: [], allowDomains: [], denyCidrs: [], allowInternetAccess: true, rules: [], egressProxy: null });
     expect(parseEgressPolicy({}).allowInternetAccess).toBe(true);
   });
 

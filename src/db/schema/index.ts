@@ -2,3 +2,4 @@
 export * from "./sandboxes.ts";
 export * from "./net.ts";
 export * from "./events.ts";
+export * from "./secrets.ts";
