@@ -86,15 +86,21 @@ test("fields this node does not implement are refused with 400 api.unsupported n
   const create: [Record<string, unknown>, string][] = [
     [{ mcp: { server: {} } }, "mcp"],
     [{ iam: { role: "x" } }, "iam"],
-    [{ network: { maskRequestHost: "x.example" } }, "network.maskRequestHost"],
-    [{ network: { egressProxy: { url: "http://p" } } }, "network.egressProxy"],
-    [{ network: { rules: [{ host: "a" }] } }, "network.rules"],
   ];
   for (const [extra, field] of create) {
     for (const path of ["/v2/sandboxes", "/sandboxes"]) {
       const r = await json(await api(node, path, { method: "POST", body: JSON.stringify({ templateID: "base", ...extra }) }));
       expect(r).toEqual({ status: 400, body: { code: 400, message: expect.stringContaining(`${field}:`), error_code: "api.unsupported" } });
     }
+  }
+  // network.rules, egressProxy and maskRequestHost are implemented: malformed ones are a 400 naming the field
+  const network: [Record<string, unknown>, string][] = [
+    [{ egressProxy: { url: "http://p" } }, "network.egressProxy.url"],
+    [{ rules: [{ host: "a" }] }, "network.rules"],
+  ];
+  for (const [n, field] of network) {
+    const r = await json(await api(node, "/v2/sandboxes", { method: "POST", body: JSON.stringify({ templateID: "base", network: n }) }));
+    expect(r).toEqual({ status: 400, body: { code: 400, message: expect.stringContaining(`${field}:`), error_code: "orchestrator.bad_request" } });
   }
   // defaults and empty values are fine (checked against a missing template: 404, not 400)
   const ok = await json(await api(node, "/v2/sandboxes", { method: "POST", body: JSON.stringify({ templateID: "nope", volumeMounts: [], autoPauseMemory: true, mcp: null }) }));

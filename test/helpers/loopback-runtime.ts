@@ -182,10 +182,10 @@ export class LoopbackRuntime implements SandboxRuntime<LoopbackState> {
     return [...own, ...more];
   }
 
-  /** The base runtime's checks; policy updates are accepted (a loopback guest has no egress rules). */
+  /** The base runtime's checks, at create and for updates (a loopback guest applies no egress rules). */
   readonly network: RuntimeNetwork = {
     check: (network, allowInternetAccess) => this.opts.base?.network?.check(network, allowInternetAccess),
-    update: async () => {},
+    update: async (_id, policy) => void (await this.opts.base?.network?.check(policy, null)),
   };
 
   /** The base runtime's sampling (of a real guest); without a base, every sample fails. */

@@ -9,6 +9,7 @@ import { join } from "node:path";
 import type { Config } from "../../src/config/index.ts";
 import type { Db } from "../../src/db/index.ts";
 import { netConfigFromConfig, NetworkManager } from "../../src/net/index.ts";
+import { openSecrets } from "../../src/secrets/index.ts";
 import { orchestratorConfig } from "../../src/orchestrator/index.ts";
 import { vmRuntimeOptions, VmRuntime } from "../../src/sandbox/index.ts";
 import type { LocalRepository } from "../../src/snapshot/index.ts";
@@ -24,7 +25,8 @@ export function idleVmRuntime(cfg: Config, db: Db, o: { volumes?: boolean } = {}
   const disks = new DiskService({ dir: join(cfg.runtime_path, "disk"), config: diskConfig(cfg) });
   const opts = vmRuntimeOptions(cfg, orchestratorConfig(cfg), {
     driver: new QemuDriver(qemuOptions(cfg)),
-    net: new NetworkManager(netConfigFromConfig(cfg), db),
+    // rules' secrets are checked against the node's store, as the real factory wires it
+    net: new NetworkManager(netConfigFromConfig(cfg), db, { resolveSecret: (name) => openSecrets(cfg, db).source.resolve(name) }),
     disks,
     kernelPath: () => "/nonexistent",
     toolsImage: () => "/nonexistent",
