@@ -25,6 +25,8 @@ pkgs+=(busybox-static curl patchelf)
 [ "$want_test" = 1 ] && pkgs+=(procps)
 # cluster tests (test/services): the scheduler's shared Redis store against a real redis-server.
 [ "$want_test" = 1 ] && pkgs+=(redis-server)
+# egress tests (test/e2e/egress.test.ts): a SOCKS5 server with username/password auth.
+[ "$want_test" = 1 ] && pkgs+=(microsocks)
 # disk benchmark (bench/disk.ts): fio.
 [ "$want_test" = 1 ] && pkgs+=(fio)
 # console browser tests (test/console): Debian's Chromium, driven by playwright-core (no browser download);

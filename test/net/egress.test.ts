@@ -92,7 +92,7 @@ test("a real ClientHello (node:tls) gives its server name; partial bytes ask for
   const hello = await new Promise<Buffer>((resolve) => {
     const srv = net.createServer((s) => {
       s.once("data", (d) => {
-        resolve(d);
+        resolve(Buffer.from(d));
         s.destroy();
         srv.close();
       });

@@ -1,0 +1,206 @@
+/**
+ * Egress rules, secrets and the egress proxy end to end: `agentenv server` in a private namespace,
+ * the unmodified SDK, real QEMU guests, an HTTPS upstream (certificate from a test CA the node is
+ * told to trust: `[network.egress] upstream_ca_path`) and microsocks (SOCKS5 with credentials) in
+ * a namespace of their own behind a veth. A rule for api.test that sets
+ * `Authorization: Bearer ${e2b.secrets.k}` makes the guest's plain `curl https://api.test:8443/`
+ * (port 8443 via `intercept_ports`) arrive with the header, while the secret's bytes are nowhere in
+ * the guest (env, files, envd's log lines, QEMU's whole memory), in the node's log or in an API
+ * answer; another host gets no header (its TLS passes untouched); plain HTTP gets no header;
+ * `Secret.update` applies to the next request; a deleted secret fails the request with a clear
+ * 502 and nothing sent; pause and resume keep the rule. The egress proxy carries the sandbox's
+ * connections (seen from the proxy's address), wrong credentials fail closed, and clearing it
+ * sends traffic directly again.
+ */
+import { afterAll, beforeAll, expect, test } from "bun:test";
+import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import type { Subprocess } from "bun";
+import { NodeWorld, pidsNaming, vmPrerequisites } from "./world.ts";
+
+const missing = vmPrerequisites();
+const VALUE = `sk-live-${crypto.randomUUID()}`;
+const VALUE2 = `sk-rotated-${crypto.randomUUID()}`;
+const UP = "10.201.0.2";
+let world: NodeWorld | undefined;
+let dir = "";
+let upNs = "";
+let links: string[] = [];
+const procs: Subprocess[] = [];
+
+function sh(cmd: string[]): string {
+  const r = Bun.spawnSync(cmd, { stdout: "pipe", stderr: "pipe" });
+  if (r.exitCode !== 0) throw new Error(`${cmd.join(" ")}: ${r.stderr.toString()}`);
+  return r.stdout.toString();
+}
+
+/** Requests the upstream has seen, in order. */
+function seen(): { port: number; host: string; path: string; authorization: string | null; remote: string }[] {
+  try {
+    return readFileSync(join(dir, "upstream.log"), "utf8").trim().split("\n").filter(Boolean).map((l) => JSON.parse(l));
+  } catch {
+    return [];
+  }
+}
+
+beforeAll(async () => {
+  if (missing) return;
+  world = new NodeWorld();
+  dir = mkdtempSync("/tmp/aenv-egress-");
+  // test CA and a server certificate for api.test and other.test
+  const o = (args: string[]) => sh(["openssl", ...args]);
+  o(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", join(dir, "ca.key"), "-out", join(dir, "ca.pem"), "-days", "2", "-subj", "/CN=egress test CA"]);
+  o(["req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", join(dir, "srv.key"), "-out", join(dir, "srv.csr"), "-subj", "/CN=api.test"]);
+  writeFileSync(join(dir, "ext"), "subjectAltName=DNS:api.test,DNS:other.test\nextendedKeyUsage=serverAuth\n");
+  o(["x509", "-req", "-in", join(dir, "srv.csr"), "-CA", join(dir, "ca.pem"), "-CAkey", join(dir, "ca.key"), "-CAcreateserial", "-out", join(dir, "srv.pem"), "-days", "2", "-extfile", join(dir, "ext")]);
+  // the upstream's namespace, a veth to the node's (names outside the node's prefix: its rules match <prefix>+)
+  const tag = world.prefix.slice(2, 6);
+  upNs = `eg${tag}up`;
+  links = [`eg${tag}a`, `eg${tag}b`];
+  sh(["ip", "netns", "add", upNs]);
+  sh(["ip", "link", "add", links[0]!, "netns", world.ns, "type", "veth", "peer", "name", links[1]!, "netns", upNs]);
+  sh(["ip", "-n", world.ns, "addr", "add", "10.201.0.1/24", "dev", links[0]!]);
+  sh(["ip", "-n", upNs, "addr", "add", `${UP}/24`, "dev", links[1]!]);
+  for (const [ns, l] of [[world.ns, links[0]!], [upNs, links[1]!], [upNs, "lo"]]) sh(["ip", "-n", ns, "link", "set", l, "up"]);
+  const up = Bun.spawn(["ip", "netns", "exec", upNs, process.execPath, join(import.meta.dir, "fixtures/egress-upstream.ts"), UP, join(dir, "srv.pem"), join(dir, "srv.key"), join(dir, "upstream.log")], { stdout: "pipe", stderr: "inherit" });
+  procs.push(up);
+  const reader = up.stdout.getReader();
+  let text = "";
+  while (!text.includes("upstream ready")) {
+    const r = await reader.read();
+    if (r.done) throw new Error(`upstream did not start: ${text}`);
+    text += new TextDecoder().decode(r.value);
+  }
+  procs.push(Bun.spawn(["ip", "netns", "exec", upNs, "microsocks", "-i", UP, "-p", "1080", "-u", "puser", "-P", "ppass"], { stdout: "ignore", stderr: "ignore" }));
+  await world.start({ AENV_LOG_LEVEL: "info", AENV__network__egress__upstream_ca_path: join(dir, "ca.pem"), AENV__network__egress__intercept_ports: "8443" });
+}, 180_000);
+
+afterAll(async () => {
+  await world?.dispose();
+  for (const p of procs) p.kill("SIGKILL");
+  await Promise.all(procs.map((p) => p.exited));
+  if (upNs) Bun.spawnSync(["ip", "netns", "del", upNs]);
+  if (dir) rmSync(dir, { recursive: true, force: true });
+}, 60_000);
+
+const client = <T = any>(...args: string[]) => world!.client<T>("egress.ts", args);
+
+/** Count of `needle` in the whole readable memory of process `pid` (its guest RAM included). */
+function memoryHits(pid: number, needle: Buffer): number {
+  const maps = readFileSync(`/proc/${pid}/maps`, "utf8").trim().split("\n");
+  const fd = require("node:fs").openSync(`/proc/${pid}/mem`, "r");
+  let hits = 0;
+  const CHUNK = 8 * 1024 * 1024;
+  const buf = Buffer.alloc(CHUNK + needle.length);
+  try {
+    for (const line of maps) {
+      const m = /^([0-9a-f]+)-([0-9a-f]+) r/.exec(line);
+      if (!m || line.includes("[vvar]") || line.includes("[vsyscall]")) continue;
+      const start = parseInt(m[1]!, 16);
+      const end = parseInt(m[2]!, 16);
+      for (let a = start; a < end; a += CHUNK) {
+        const len = Math.min(CHUNK + needle.length, end - a);
+        let got = 0;
+        try {
+          got = require("node:fs").readSync(fd, buf, 0, len, a);
+        } catch {
+          break;
+        }
+        let i = buf.subarray(0, got).indexOf(needle);
+        while (i >= 0 && i < Math.min(got, CHUNK)) {
+          hits++;
+          i = buf.subarray(0, got).indexOf(needle, i + 1);
+        }
+      }
+    }
+  } finally {
+    require("node:fs").closeSync(fd);
+  }
+  return hits;
+}
+
+let box = "";
+
+test("a rule's header reaches the upstream with the secret; another host and plain HTTP get none; the guest trusts the node CA", async () => {
+  if (missing) throw new Error(`VM prerequisites missing: ${missing}`);
+  const r = await client("setup", VALUE, readFileSync(join(dir, "ca.pem"), "utf8"));
+  box = r.id;
+  expect(r.api).toEqual({ exit: 0, stdout: "ok /one status=200", stderr: "" });
+  expect(r.other).toMatchObject({ exit: 0, stdout: "ok /two status=200" });
+  expect(r.plain).toMatchObject({ exit: 0, stdout: "ok /plain status=200" });
+  expect(r.python).toMatchObject({ exit: 0, stdout: "ok /py" });
+  const log = seen();
+  expect(log.map((l) => [l.path, l.authorization])).toEqual([
+    ["/one", `Bearer ${VALUE}`],
+    ["/two", null],
+    ["/plain", null],
+    ["/py", `Bearer ${VALUE}`],
+  ]);
+  // the intercepted requests left from the node's side of the veth; the others too (masquerade)
+  expect(log.every((l) => l.remote === "10.201.0.1")).toBe(true);
+}, 300_000);
+
+test("the secret is nowhere in the guest (env, files, envd's logs, QEMU's memory) nor in the node's log or API answers", async () => {
+  const g = await client("guest-scan", box, VALUE);
+  expect(g.env.stdout).toBe("0");
+  expect(g.files.stdout).toBe("scanned");
+  expect(g.marker.stdout).toBe("/home/user/marker.txt");
+  expect(g.logs.status).toBe(200);
+  expect(g.logs.envd).toBeGreaterThan(0);
+  expect(g.logs.hasValue).toBe(false);
+  const pids = pidsNaming(box).filter((p) => readFileSync(`/proc/${p}/cmdline`, "utf8").includes("qemu-system"));
+  expect(pids.length).toBe(1);
+  // positive control: a string the guest holds is found by the same scan
+  expect(memoryHits(pids[0]!, Buffer.from("MEMSCAN-MARKER-42-PRESENT"))).toBeGreaterThan(0);
+  expect(memoryHits(pids[0]!, Buffer.from(VALUE))).toBe(0);
+  const info = await client("info", box);
+  expect(info.info.includes(VALUE)).toBe(false);
+  expect(info.info).toContain("${e2b.secrets.k}");
+  expect(world!.log.includes(VALUE)).toBe(false);
+  expect(world!.log.length).toBeGreaterThan(0);
+}, 300_000);
+
+test("Secret.update applies to the next request; a deleted secret fails the request with a clear 502 and nothing is sent", async () => {
+  expect((await client("rotate", VALUE2)).version).toBe(2);
+  const r = await client("curl", box, "rotated");
+  expect(r.r).toMatchObject({ exit: 0, stdout: "ok /rotated status=200" });
+  expect(seen().at(-1)).toMatchObject({ path: "/rotated", authorization: `Bearer ${VALUE2}` });
+  expect((await client("drop-secret")).dropped).toBe(true);
+  const n = seen().length;
+  const f = await client("curl", box, "no-secret");
+  expect(f.r.stdout).toContain("status=502");
+  expect(f.r.stdout).toContain('secret "k"');
+  expect(f.r.stderr.toLowerCase()).toContain("x-agentenv-egress-error: secret_not_found");
+  expect(seen().length).toBe(n);
+  expect((await client("make-secret", VALUE)).version).toBe(1);
+}, 300_000);
+
+test("pause and resume keep the rule", async () => {
+  expect((await client("pause-resume", box)).resumed).toBe(true);
+  const r = await client("curl", box, "resumed");
+  expect(r.r).toMatchObject({ exit: 0, stdout: "ok /resumed status=200" });
+  expect(seen().at(-1)).toMatchObject({ path: "/resumed", authorization: `Bearer ${VALUE}` });
+  expect(world!.log.includes(VALUE)).toBe(false);
+  await client("kill", box);
+}, 300_000);
+
+test("egress proxy: connections leave through SOCKS5 with credentials; wrong credentials fail closed; clearing it goes direct", async () => {
+  const p = await client("proxy-create", "puser", "ppass", join(dir, "ca.pem"));
+  const via = await client("proxy-curl", p.id, "via-socks");
+  expect(via.r).toMatchObject({ exit: 0, stdout: "ok /via-socks status=200" });
+  // microsocks connects from its own address
+  expect(seen().at(-1)).toMatchObject({ path: "/via-socks", remote: UP });
+  await client("proxy-set", p.id, "puser", "wrong");
+  const n = seen().length;
+  const refused = await client("proxy-curl", p.id, "wrong-creds");
+  expect(refused.r.exit).not.toBe(0);
+  expect(seen().length).toBe(n);
+  await client("proxy-clear", p.id);
+  const direct = await client("proxy-curl", p.id, "direct");
+  expect(direct.r).toMatchObject({ exit: 0, stdout: "ok /direct status=200" });
+  expect(seen().at(-1)).toMatchObject({ path: "/direct", remote: "10.201.0.1" });
+  const info = await client("info", p.id);
+  expect(info.info.includes("ppass")).toBe(false);
+  expect(world!.log.includes("ppass")).toBe(false);
+  await client("kill", p.id);
+}, 300_000);
