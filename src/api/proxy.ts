@@ -13,6 +13,7 @@ import { ENVD_PORT } from "../envd/version.ts";
 import { fileSignature, SIGNATURE_EXPIRED, tokensEqual } from "../envd/signature.ts";
 import { logger } from "../observability/log.ts";
 import { OrchestratorError, type SandboxService } from "../orchestrator/index.ts";
+import { maskedHost } from "../net/index.ts";
 import { RouteTable, TRANSITIONAL } from "./route-table.ts";
 import { errorResponse } from "./status.ts";
 
@@ -316,6 +317,16 @@ export class SandboxProxy {
     }
   }
 
+  /**
+   * How the node speaks to `route`'s port: `https` for the sandbox's `httpsPorts` (its certificate
+   * is not verified, as E2B's edge does), and the Host to send (`maskRequestHost` with `${PORT}`
+   * replaced), or null for the node's own.
+   */
+  upstreamOf(route: ProxyRoute): { scheme: "http" | "https"; host: string | null } {
+    const r = this.routes.get(route.sandboxId);
+    return { scheme: r?.httpsPorts.includes(route.port) ? "https" : "http", host: r?.maskRequestHost ? maskedHost(r.maskRequestHost, route.port) : null };
+  }
+
   private async forwardUnsafe(req: Request, route: ProxyRoute, clientIp: string | null): Promise<Response> {
     const target = await this.target(route, req.headers);
     if (target instanceof Response) return target;
@@ -323,6 +334,8 @@ export class SandboxProxy {
     for (const n of HOP) headers.delete(n);
     for (const n of ROUTING) headers.delete(n);
     if (clientIp) headers.set("x-forwarded-for", clientIp);
+    const up = this.upstreamOf(route);
+    if (up.host) headers.set("host", up.host);
     const ctl = new AbortController();
     const untrack = this.track(route.sandboxId, () => ctl.abort(new Error(`sandbox ${route.sandboxId} went away`)));
     ctl.signal.addEventListener("abort", untrack, { once: true });
@@ -335,9 +348,10 @@ export class SandboxProxy {
     dog.arm(firstMs, hasBody ? `not connected within ${firstMs} ms` : `no response within ${firstMs} ms`);
     let res: Response;
     try {
-      res = await fetch(`http://${target}${route.pathAndQuery}`, {
+      res = await fetch(`${up.scheme}://${target}${route.pathAndQuery}`, {
         method: req.method,
         headers,
+        ...(up.scheme === "https" ? { tls: { rejectUnauthorized: false } } : {}),
         body: hasBody ? watchedBody(req.body!, dog, this.opts.idleTimeoutMs, answerMs) : undefined,
         redirect: "manual",
         decompress: false,

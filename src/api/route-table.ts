@@ -19,6 +19,10 @@ export interface Route {
   autoResume: boolean;
   /** While paused: "filesystem" when only the disk was kept (traffic must not resume it). */
   snapshotKind: SandboxRecord["snapshotKind"];
+  /** `network.maskRequestHost`: the Host sent into the sandbox (`${PORT}`: the port); null: the node's own. */
+  maskRequestHost: string | null;
+  /** `network.httpsPorts`: guest ports spoken to over TLS (their certificate is not verified). */
+  httpsPorts: readonly number[];
 }
 
 /** States a request waits out instead of being refused (the sandbox is about to run or pause). */
@@ -33,6 +37,8 @@ function routeOf(r: SandboxRecord): Route {
     envdAccessToken: r.envdAccessToken,
     autoResume: r.autoResume,
     snapshotKind: r.snapshotKind,
+    maskRequestHost: typeof r.network?.maskRequestHost === "string" ? r.network.maskRequestHost : null,
+    httpsPorts: Array.isArray(r.network?.httpsPorts) ? (r.network.httpsPorts as unknown[]).filter((p): p is number => typeof p === "number") : [],
   };
 }
 

@@ -100,7 +100,9 @@ export function serve(o: ServeOptions, listen: ListenOptions = o): Server<WsData
             if (v !== null) headers[n] = v;
           }
           if (ip) headers["x-forwarded-for"] = ip;
-          const ok = server.upgrade(req, { data: relayData(`ws://${target}${route.pathAndQuery}`, headers, { sandboxId: route.sandboxId }) });
+          const up = proxy.upstreamOf(route);
+          if (up.host) headers.host = up.host;
+          const ok = server.upgrade(req, { data: relayData(`${up.scheme === "https" ? "wss" : "ws"}://${target}${route.pathAndQuery}`, headers, { sandboxId: route.sandboxId }) });
           return ok ? undefined : badGateway(route.sandboxId, "WebSocket upgrade failed");
         }
         return proxy.forward(req, route, ip);

@@ -196,7 +196,10 @@ export class NetworkManager {
    */
   async allocate(policy: EgressPolicy, sandboxId: string): Promise<AllocatedSlot> {
     this.assertOpen();
-    await this.checkPolicy(policy);
+    // the rules' secrets were checked when the policy was given (create, update): a secret
+    // deleted since fails its requests, not a resume or a fork
+    this.assertEnforceable(policy);
+    await this.egress.check(policy, this.cfg.egress.enabled, { secrets: false });
     if (this.bySandbox.has(sandboxId)) {
       throw new NetError("net.duplicate_sandbox", `sandbox ${sandboxId} already holds slot ${this.bySandbox.get(sandboxId)}`, { sandboxId });
     }
@@ -299,13 +302,14 @@ export class NetworkManager {
   }
 
   /**
-   * Check `policy` against this node (domain rules need the DNS proxy; rules and egress proxies
-   * need the interceptor, existing secrets and the node's limits) before anything is applied.
+   * Check a policy given by a create or an update against this node (domain rules need the DNS
+   * proxy; rules and egress proxies need the interceptor, existing secrets and the node's limits)
+   * before anything is applied.
    * @throws NetError `net.bad_policy` naming the field
    */
   async checkPolicy(policy: EgressPolicy): Promise<void> {
     this.assertEnforceable(policy);
-    await this.egress.check(policy, this.cfg.egress.enabled);
+    await this.egress.check(policy, this.cfg.egress.enabled, { secrets: true });
   }
 
   /** The node egress CA's certificate (PEM) guests are given to trust, or null when interception is off. */

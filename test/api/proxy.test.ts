@@ -659,7 +659,7 @@ test("the route table follows create, pause, resume and kill; proxied requests r
     const rec = await createLoopback(node, { network: { allowPublicTraffic: false } });
     const id = rec.id;
     const route = () => proxy.routes.get(id);
-    expect(route()).toEqual({ id, state: "running", host: node.runtime!.hostOf(id)!, trafficAccessToken: rec.trafficAccessToken, envdAccessToken: rec.envdAccessToken, autoResume: false, snapshotKind: null });
+    expect(route()).toEqual({ id, state: "running", host: node.runtime!.hostOf(id)!, trafficAccessToken: rec.trafficAccessToken, envdAccessToken: rec.envdAccessToken, autoResume: false, snapshotKind: null, maskRequestHost: null, httpsPorts: [] });
     expect(rec.trafficAccessToken).toMatch(/.{16,}/);
     await node.orch.pause(id);
     expect(route()).toMatchObject({ state: "paused", host: null });
@@ -711,4 +711,31 @@ test("a sandbox created with allowPublicTraffic=false: its user ports need e2b-t
   // WebSocket upgrades are checked too
   const ws = await fetch(`${node.url}/ws`, { headers: h(3000, { upgrade: "websocket", connection: "Upgrade", "sec-websocket-key": "dGhlIHNhbXBsZSBub25jZQ==", "sec-websocket-version": "13" }) });
   expect(ws.status).toBe(403);
+});
+
+test("allowPublicTraffic=false needs the traffic token through every route: headers, {port}-{id}.{domain}, /proxy/{id}/{port}/, x-agentenv-sandbox-id", async () => {
+  const priv = await createLoopback(node, { network: { allowPublicTraffic: false } });
+  const tok = { "e2b-traffic-access-token": priv.trafficAccessToken! };
+  const routes: [string, Record<string, string>][] = [
+    [`${node.url}/teapot`, { "e2b-sandbox-id": priv.id, "e2b-sandbox-port": "3000" }],
+    [`${node.url}/teapot`, { "x-agentenv-sandbox-id": priv.id, "x-agentenv-sandbox-port": "3000" }],
+    [`${node.url}/teapot`, { host: `3000-${priv.id}.agentenv.test` }],
+    [`${node.url}/proxy/${priv.id}/3000/teapot`, {}],
+  ];
+  for (const [url, h] of routes) {
+    const without = await fetch(url, { headers: h });
+    expect([JSON.stringify(h), without.status, without.headers.get("x-agentenv-error-source")]).toEqual([JSON.stringify(h), 403, "proxy"]);
+    expect((await fetch(url, { headers: { ...h, "e2b-traffic-access-token": "wrong" } })).status).toBe(403);
+    expect((await fetch(url, { headers: { ...h, ...tok } })).status).toBe(418);
+  }
+});
+
+test("maskRequestHost: requests into the sandbox carry that Host with ${PORT} replaced, on every route; unmasked sandboxes keep the node's", async () => {
+  const masked = await createLoopback(node, { network: { maskRequestHost: "app-${PORT}.internal.example:${PORT}" } });
+  const hostSeen = async (url: string, h: Record<string, string>) => ((await (await fetch(url, { headers: h })).json()) as { headers: Record<string, string> }).headers.host;
+  expect(await hostSeen(`${node.url}/h`, { "e2b-sandbox-id": masked.id, "e2b-sandbox-port": "3000" })).toBe("app-3000.internal.example:3000");
+  expect(await hostSeen(`${node.url}/h`, { "e2b-sandbox-id": masked.id })).toBe("app-49983.internal.example:49983");
+  expect(await hostSeen(`${node.url}/proxy/${masked.id}/3000/h`, {})).toBe("app-3000.internal.example:3000");
+  expect(await hostSeen(`${node.url}/h`, { host: `3000-${masked.id}.agentenv.test` })).toBe("app-3000.internal.example:3000");
+  expect(await hostSeen(`${node.url}/h`, { "e2b-sandbox-id": ID, "e2b-sandbox-port": "3000" })).toMatch(/^127\.[0-9.]+:3000$/);
 });

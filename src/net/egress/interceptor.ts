@@ -239,31 +239,41 @@ export class EgressInterceptor {
     guest.on("error", () => sock.destroy());
     let upstream: tls.TLSSocket | null = null;
     const reader = new RequestReader(this.o.maxHeadBytes);
-    const fail = (r: EgressRefusal) => {
+    /** Answer the refusal and close, before the loop below ends (leaving it destroys the stream). */
+    const refuse = async (r: EgressRefusal) => {
       this.stats.failedRequests++;
       this.log.warn({ sandboxId: ctx.sandboxId, host: serverName, reason: r.reason, err: r.message }, "egress request refused");
-      guest.end(refusalResponse(r));
       upstream?.destroy();
+      await new Promise<void>((resolve) => {
+        guest.once("finish", resolve);
+        guest.once("close", resolve);
+        guest.end(refusalResponse(r));
+      });
     };
     try {
       for await (const chunk of guest as AsyncIterable<Buffer>) {
-        for (const ev of reader.push(chunk)) {
-          if (ev.kind === "error") throw new EgressRefusal(ev.status, "bad_request", ev.message);
-          if (ev.kind === "end") continue;
-          if (ev.kind === "head") {
-            this.stats.requests++;
-            const set = await this.headers(rule, serverName);
-            upstream ??= await this.connectUpstream(serverName, orig, ctx, guest);
-            await write(upstream, serializeHead(ev.head, set));
-            continue;
+        try {
+          for (const ev of reader.push(chunk)) {
+            if (ev.kind === "error") throw new EgressRefusal(ev.status, "bad_request", ev.message);
+            if (ev.kind === "end") continue;
+            if (ev.kind === "head") {
+              this.stats.requests++;
+              const set = await this.headers(rule, serverName);
+              upstream ??= await this.connectUpstream(serverName, orig, ctx, guest);
+              await write(upstream, serializeHead(ev.head, set));
+              continue;
+            }
+            if (!upstream) throw new EgressRefusal(400, "bad_request", "request bytes before a request head");
+            await write(upstream, ev.bytes);
           }
-          if (!upstream) throw new EgressRefusal(400, "bad_request", "request bytes before a request head");
-          await write(upstream, ev.bytes);
+        } catch (e) {
+          if (!(e instanceof EgressRefusal)) throw e;
+          await refuse(e);
+          return;
         }
       }
       upstream?.end();
     } catch (e) {
-      if (e instanceof EgressRefusal) return fail(e);
       this.log.debug({ sandboxId: ctx.sandboxId, host: serverName, err: errorMessage(e) }, "intercepted connection ended by an error");
       guest.destroy();
       upstream?.destroy();

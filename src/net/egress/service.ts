@@ -95,11 +95,11 @@ export class EgressService {
 
   /**
    * Check what of `policy` depends on the node: the feature is on, the rule domains are within
-   * `max_rule_domains`, every secret the rules name exists, an egress proxy's IP literal is not in
-   * a denied range.
+   * `max_rule_domains`, an egress proxy's IP literal is not in a denied range, and (`o.secrets`)
+   * every secret the rules name exists.
    * @throws NetError `net.bad_policy` naming the field
    */
-  async check(policy: EgressPolicy, enabled: boolean): Promise<void> {
+  async check(policy: EgressPolicy, enabled: boolean, o: { secrets: boolean }): Promise<void> {
     const e = this.cfg().egress;
     if (!enabled && policy.rules.length) throw new NetError("net.bad_policy", "network.rules: this node does not intercept egress ([network.egress] interceptor_enabled = false)", { field: "network.rules" });
     if (!enabled && policy.egressProxy) throw new NetError("net.bad_policy", "network.egressProxy: this node does not intercept egress ([network.egress] interceptor_enabled = false)", { field: "network.egressProxy" });
@@ -109,6 +109,7 @@ export class EgressService {
     if (p && ip !== null && deniedFor(this.cfg(), policy)(ip)) {
       throw new NetError("net.bad_policy", `network.egressProxy.address: ${p.host} is in a range sandboxes may not reach (network.egress.always_denied_cidrs); allowOut it to use it`, { field: "network.egressProxy.address" });
     }
+    if (!o.secrets) return;
     for (const [name, field] of referencedSecrets(policy.rules)) {
       if (!this.deps.resolveSecret) throw new NetError("net.bad_policy", `${field}: names secret "${name}", but this node has no secrets store`, { field });
       let v: string | null;
