@@ -4,6 +4,7 @@
  */
 import type { Config } from "../../src/config/index.ts";
 import { ConfigError } from "../../src/config/index.ts";
+import { secretsKeyPath } from "../../src/secrets/index.ts";
 
 /** The gateway's settings (keys documented in src/config/schema.ts, `[gateway]`). */
 export interface GatewayConfig {
@@ -46,6 +47,9 @@ export interface GatewayConfig {
   console?: { enabled: boolean; refreshMs: number };
   /** Largest node answer read whole (merged lists, rewritten create and fork answers), bytes. */
   maxAnswerBytes: number;
+  /** The cluster's secrets (`[secrets]` of the gateway's config): key file and limit. */
+  secretsKeyPath: string;
+  maxSecrets: number;
 }
 
 /** @throws ConfigError config.bad_value when no scheduler endpoint is configured. */
@@ -71,5 +75,7 @@ export function gatewayConfig(cfg: Config): GatewayConfig {
     maxBodyBytes: g.max_body_bytes,
     console: { enabled: cfg.console.enabled, refreshMs: cfg.console.refresh_ms },
     maxAnswerBytes: g.max_answer_bytes,
+    secretsKeyPath: secretsKeyPath(cfg),
+    maxSecrets: cfg.secrets.max_secrets,
   };
 }

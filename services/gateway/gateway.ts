@@ -40,6 +40,7 @@ import { checkAnswer, forwardToNode, neverReached, NODE_HEADER, nodeFailureOf, p
 import { RouteCache } from "./route-cache.ts";
 import { GatewayEvents } from "./events.ts";
 import { SchedulerLink, type ClusterNodes } from "./scheduler-link.ts";
+import { GatewaySecrets } from "./secrets.ts";
 import pkg from "../../package.json" with { type: "json" };
 
 /** Sandbox operations that boot, snapshot or restore a VM: bounded by create_timeout_ms. */
@@ -99,15 +100,20 @@ export class Gateway {
     async (req) => (await this.jsonBody(req)).json,
   );
 
+  /** The cluster's secrets store (secrets.ts). */
+  readonly secrets: GatewaySecrets;
+
   constructor(readonly cfg: GatewayConfig, readonly apiKey: string) {
     this.routes = new RouteCache(cfg.routeCacheSize);
     this.uploads = new RouteCache(cfg.routeCacheSize);
-    this.scheduler = new SchedulerLink({ endpoint: cfg.schedulerEndpoint, timeoutMs: cfg.schedulerTimeoutMs, retryMs: cfg.schedulerRetryMs, nodeListTtlMs: cfg.nodeListTtlMs });
     this.nodeKey = cfg.nodeApiKey || apiKey;
+    this.secrets = new GatewaySecrets(cfg.homePath, cfg.secretsKeyPath, cfg.maxSecrets, this.nodeKey);
+    this.scheduler = new SchedulerLink({ endpoint: cfg.schedulerEndpoint, timeoutMs: cfg.schedulerTimeoutMs, retryMs: cfg.schedulerRetryMs, nodeListTtlMs: cfg.nodeListTtlMs });
   }
 
   close(): void {
     this.scheduler.close();
+    this.secrets.close();
   }
 
   /**
@@ -154,6 +160,8 @@ export class Gateway {
     const m = req.method;
     if (path === "/health") return Response.json({ status: "ok", version: pkg.version, role: "gateway" });
     if (path === "/metrics") return this.metrics();
+    // the cluster's one secrets store lives here, never on a node
+    if (path === "/secrets" || path.startsWith("/secrets/")) return this.secrets.handle(req);
     if (m === "POST" && (path === "/sandboxes" || path === "/v2/sandboxes")) return this.create(req, url, clientIp);
     if (m === "GET" && path === "/v2/sandboxes") return listV2(await this.fan(), url.searchParams, this.learn);
     if (m === "GET" && path === "/sandboxes") return listV1(await this.fan(), url.search, this.learn);

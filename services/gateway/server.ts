@@ -13,6 +13,7 @@ import { relayData, wsRelay, type RelayData } from "../../src/api/ws-relay.ts";
 import { logger } from "../../src/observability/log.ts";
 import { UPLOAD_PATH_RE } from "../../src/template/index.ts";
 import { ConsoleSite, TERMINAL_PATH_RE } from "../../src/console/index.ts";
+import { RESOLVE_PATH } from "../../src/secrets/index.ts";
 import type { GatewayConfig } from "./config.ts";
 import { dataRoute } from "./dataplane.ts";
 import { gatewayError, GatewayError } from "./errors.ts";
@@ -93,6 +94,8 @@ export function startGateway(c: GatewayConfig): RunningGateway {
           const data = relayData(node.endpoint.replace(/^http/, "ws") + url.pathname, {}, { connectTimeoutMs: c.requestTimeoutMs, unreachable: `node ${node.nodeId} (${node.endpoint}) is unreachable` });
           return srv.upgrade(req, { data }) ? undefined : gatewayError("gateway.bad_request", "WebSocket upgrade failed");
         }
+        // nodes asking for a secret's value authenticate with the node key, not the client key
+        if (url.pathname === RESOLVE_PATH) return gw.secrets.resolve(req);
         if (url.pathname !== "/health" && url.pathname !== "/metrics" && !keyMatches(req.headers.get("x-api-key"), key)) {
           return gatewayError("gateway.unauthorized", "Invalid API key: use the gateway's key ([api] key / AENV_API_KEY, or the api-key file in its data directory)");
         }
