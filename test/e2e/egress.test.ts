@@ -13,74 +13,27 @@
  * sends traffic directly again.
  */
 import { afterAll, beforeAll, expect, test } from "bun:test";
-import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
-import type { Subprocess } from "bun";
-import { NodeWorld, pidsNaming, vmPrerequisites } from "./world.ts";
+import { EgressWorld, NODE_SIDE, UP } from "./egress-world.ts";
+import { pidsNaming, vmPrerequisites, type NodeWorld } from "./world.ts";
 
 const missing = vmPrerequisites();
 const VALUE = `sk-live-${crypto.randomUUID()}`;
 const VALUE2 = `sk-rotated-${crypto.randomUUID()}`;
-const UP = "10.201.0.2";
+let ew: EgressWorld | undefined;
 let world: NodeWorld | undefined;
-let dir = "";
-let upNs = "";
-let links: string[] = [];
-const procs: Subprocess[] = [];
-
-function sh(cmd: string[]): string {
-  const r = Bun.spawnSync(cmd, { stdout: "pipe", stderr: "pipe" });
-  if (r.exitCode !== 0) throw new Error(`${cmd.join(" ")}: ${r.stderr.toString()}`);
-  return r.stdout.toString();
-}
-
-/** Requests the upstream has seen, in order. */
-function seen(): { port: number; host: string; path: string; authorization: string | null; remote: string }[] {
-  try {
-    return readFileSync(join(dir, "upstream.log"), "utf8").trim().split("\n").filter(Boolean).map((l) => JSON.parse(l));
-  } catch {
-    return [];
-  }
-}
+const seen = () => ew!.seen();
 
 beforeAll(async () => {
   if (missing) return;
-  world = new NodeWorld();
-  dir = mkdtempSync("/tmp/aenv-egress-");
-  // test CA and a server certificate for api.test and other.test
-  const o = (args: string[]) => sh(["openssl", ...args]);
-  o(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", join(dir, "ca.key"), "-out", join(dir, "ca.pem"), "-days", "2", "-subj", "/CN=egress test CA"]);
-  o(["req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", join(dir, "srv.key"), "-out", join(dir, "srv.csr"), "-subj", "/CN=api.test"]);
-  writeFileSync(join(dir, "ext"), "subjectAltName=DNS:api.test,DNS:other.test\nextendedKeyUsage=serverAuth\n");
-  o(["x509", "-req", "-in", join(dir, "srv.csr"), "-CA", join(dir, "ca.pem"), "-CAkey", join(dir, "ca.key"), "-CAcreateserial", "-out", join(dir, "srv.pem"), "-days", "2", "-extfile", join(dir, "ext")]);
-  // the upstream's namespace, a veth to the node's (names outside the node's prefix: its rules match <prefix>+)
-  const tag = world.prefix.slice(2, 6);
-  upNs = `eg${tag}up`;
-  links = [`eg${tag}a`, `eg${tag}b`];
-  sh(["ip", "netns", "add", upNs]);
-  sh(["ip", "link", "add", links[0]!, "netns", world.ns, "type", "veth", "peer", "name", links[1]!, "netns", upNs]);
-  sh(["ip", "-n", world.ns, "addr", "add", "10.201.0.1/24", "dev", links[0]!]);
-  sh(["ip", "-n", upNs, "addr", "add", `${UP}/24`, "dev", links[1]!]);
-  for (const [ns, l] of [[world.ns, links[0]!], [upNs, links[1]!], [upNs, "lo"]]) sh(["ip", "-n", ns, "link", "set", l, "up"]);
-  const up = Bun.spawn(["ip", "netns", "exec", upNs, process.execPath, join(import.meta.dir, "fixtures/egress-upstream.ts"), UP, join(dir, "srv.pem"), join(dir, "srv.key"), join(dir, "upstream.log")], { stdout: "pipe", stderr: "inherit" });
-  procs.push(up);
-  const reader = up.stdout.getReader();
-  let text = "";
-  while (!text.includes("upstream ready")) {
-    const r = await reader.read();
-    if (r.done) throw new Error(`upstream did not start: ${text}`);
-    text += new TextDecoder().decode(r.value);
-  }
-  procs.push(Bun.spawn(["ip", "netns", "exec", upNs, "microsocks", "-i", UP, "-p", "1080", "-u", "puser", "-P", "ppass"], { stdout: "ignore", stderr: "ignore" }));
-  await world.start({ AENV_LOG_LEVEL: "info", AENV__network__egress__upstream_ca_path: join(dir, "ca.pem"), AENV__network__egress__intercept_ports: "8443" });
+  ew = new EgressWorld();
+  world = ew.world;
+  await ew.start({ AENV_LOG_LEVEL: "info" });
 }, 180_000);
 
 afterAll(async () => {
-  await world?.dispose();
-  for (const p of procs) p.kill("SIGKILL");
-  await Promise.all(procs.map((p) => p.exited));
-  if (upNs) Bun.spawnSync(["ip", "netns", "del", upNs]);
-  if (dir) rmSync(dir, { recursive: true, force: true });
+  await ew?.dispose();
 }, 60_000);
 
 const client = <T = any>(...args: string[]) => world!.client<T>("egress.ts", args);
@@ -123,7 +76,7 @@ let box = "";
 
 test("a rule's header reaches the upstream with the secret; another host and plain HTTP get none; the guest trusts the node CA", async () => {
   if (missing) throw new Error(`VM prerequisites missing: ${missing}`);
-  const r = await client("setup", VALUE, readFileSync(join(dir, "ca.pem"), "utf8"));
+  const r = await client("setup", VALUE, readFileSync(ew!.caFile, "utf8"));
   box = r.id;
   expect(r.api).toEqual({ exit: 0, stdout: "ok /one status=200", stderr: "" });
   expect(r.other).toMatchObject({ exit: 0, stdout: "ok /two status=200" });
@@ -137,7 +90,7 @@ test("a rule's header reaches the upstream with the secret; another host and pla
     ["/py", `Bearer ${VALUE}`],
   ]);
   // the intercepted requests left from the node's side of the veth; the others too (masquerade)
-  expect(log.every((l) => l.remote === "10.201.0.1")).toBe(true);
+  expect(log.every((l) => l.remote === NODE_SIDE)).toBe(true);
 }, 300_000);
 
 test("the secret is nowhere in the guest (env, files, envd's logs, QEMU's memory, its disk) nor in the node's log or API answers", async () => {
@@ -199,7 +152,7 @@ test("pause and resume keep the rule", async () => {
 }, 300_000);
 
 test("egress proxy: connections leave through SOCKS5 with credentials; wrong credentials fail closed; clearing it goes direct", async () => {
-  const p = await client("proxy-create", "puser", "ppass", join(dir, "ca.pem"));
+  const p = await client("proxy-create", "puser", "ppass", ew!.caFile);
   const via = await client("proxy-curl", p.id, "via-socks");
   expect(via.r).toMatchObject({ exit: 0, stdout: "ok /via-socks status=200" });
   // microsocks connects from its own address
@@ -212,7 +165,7 @@ test("egress proxy: connections leave through SOCKS5 with credentials; wrong cre
   await client("proxy-clear", p.id);
   const direct = await client("proxy-curl", p.id, "direct");
   expect(direct.r).toMatchObject({ exit: 0, stdout: "ok /direct status=200" });
-  expect(seen().at(-1)).toMatchObject({ path: "/direct", remote: "10.201.0.1" });
+  expect(seen().at(-1)).toMatchObject({ path: "/direct", remote: NODE_SIDE });
   const info = await client("info", p.id);
   expect(info.info.includes("ppass")).toBe(false);
   expect(world!.log.includes("ppass")).toBe(false);
