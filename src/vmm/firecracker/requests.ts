@@ -102,6 +102,10 @@ export function snapshotCreateRequest(files: SnapshotFiles): ApiRequest {
 /**
  * Requests that restore a fresh process from snapshot files (memory mapped privately from a
  * File backend), then re-PUT the MMDS data store, which snapshots do not carry.
+ * VMGenID needs no request: Firecracker ≥ 1.8 on x86_64 always puts the device in the guest's
+ * ACPI tables and gives it a new id on every snapshot load (the API spec has no setting for it);
+ * a guest kernel with CONFIG_VMGENID (src/vmm/kernel/guest.config) reseeds its generator then.
+ * The node also reseeds it through envd's /init (docs/security.md).
  */
 export function restoreRequests(spec: VmSpec, files: SnapshotFiles, resume: boolean, cfg: FirecrackerConfig): ApiRequest[] {
   validateSpec(spec);
