@@ -29,6 +29,8 @@ function config(low: number, high: number, maintenance: boolean): NetConfig {
   // as in production (DNS redirect rules in every slot); no query is ever sent
   t.network.egress.dns_proxy_enabled = true;
   t.network.egress.dns_upstream = ["127.0.0.1:53"];
+  // slots only: the egress interceptor (its CA in a data dir) is measured by bench/egress.ts
+  t.network.egress.interceptor_enabled = false;
   t.pool.low_watermark = low;
   t.pool.high_watermark = high;
   t.pool.network.maintenance_enabled = maintenance;

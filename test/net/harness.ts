@@ -110,13 +110,15 @@ export class World {
   /** Config tree overrides every agent of this world starts with. */
   config(over: Record<string, any> = {}): Record<string, any> {
     const base: Record<string, any> = {
+      // the egress CA and anything else of a data dir stay in the world's own directory
+      home_path: this.dir,
       network: {
         name_prefix: this.prefix,
         max_slots: 4,
         command_timeout_ms: 10000,
         enable_ip_forward: true,
         internal: { host_interaction_cidr: "169.254.64.0/24", veth_cidr: "169.254.128.0/24" },
-        egress: { default_action: "deny", dns_proxy_enabled: true, dns_proxy_port: 0, dns_upstream: ["169.254.200.2:53"], dns_timeout_ms: 1000, dns_min_ttl_secs: 0 },
+        egress: { default_action: "deny", dns_proxy_enabled: true, dns_proxy_port: 0, interceptor_port: 0, dns_upstream: ["169.254.200.2:53"], dns_timeout_ms: 1000, dns_min_ttl_secs: 0 },
       },
       pool: { low_watermark: 1, high_watermark: 2, network: { maintenance_enabled: true, retry_backoff_ms: 100 } },
     };
