@@ -119,7 +119,7 @@ describe("slot life cycle (real netns)", () => {
     const report = second.start.result.report;
     expect(report.netns).toEqual([0, 1, 2, 3].map((i) => `${w!.prefix}${i}`));
     expect(report.links).toEqual([0, 1, 2, 3].map((i) => `${w!.prefix}${i}`));
-    expect(report.chains).toEqual([`filter/${w.prefix}fwd`, `filter/${w.prefix}in`, `nat/${w.prefix}post`]);
+    expect(report.chains).toEqual([`filter/${w.prefix}fwd`, `filter/${w.prefix}in`, `nat/${w.prefix}egr`, `nat/${w.prefix}post`]);
     // the rows the crashed run persisted tell which sandboxes held which slot
     expect(report.previous.map((r: any) => [r.idx, r.state, r.sandboxId])).toEqual([
       [0, "allocated", "x"],
