@@ -8,12 +8,12 @@
  * upstream in a namespace behind a veth (test/e2e/egress-world.ts). Prints the medians (ms) of
  * new-connection and kept-alive requests and their ratios (intercepted / direct).
  * Needs root, the built kernel and base template (scripts/test.sh pre-step).
- *   bun bench/egress.ts [--runs 20]
+ *   bun bench/egress.ts [--runs 10]
  */
 import { EgressWorld } from "../test/e2e/egress-world.ts";
 
 const i = process.argv.indexOf("--runs");
-const RUNS = i > 0 ? Number(process.argv[i + 1]) : 20;
+const RUNS = i > 0 ? Number(process.argv[i + 1]) : 10;
 const median = (xs: number[]) => {
   const s = [...xs].sort((a, b) => a - b);
   return s[Math.floor(s.length / 2)]!;
