@@ -27,6 +27,7 @@ import { templateRoutes } from "./routes/templates.ts";
 import { eventRoutes } from "./routes/events.ts";
 import type { EventsService } from "../events/index.ts";
 import { secretRoutes, type SecretsBackend } from "./routes/secrets.ts";
+import { NETWORK_FIELDS } from "../net/index.ts";
 // @ts-expect-error: a file asset (path string), embedded by `bun build --compile`
 import scalarJs from "../../node_modules/@scalar/api-reference/dist/browser/standalone.js" with { type: "file" };
 
@@ -132,6 +133,9 @@ export function buildApp(deps: ApiDeps) {
   };
   const create = (body: typeof S.NewSandbox.static, secure: boolean) => {
     refuseUnsupported(body, UNSUPPORTED.create);
+    for (const k of Object.keys(body.network ?? {})) {
+      if (!(NETWORK_FIELDS as readonly string[]).includes(k)) throw new ApiError("api.validation", `network.${k}: unknown field (accepted: ${NETWORK_FIELDS.join(", ")})`, { field: `network.${k}` });
+    }
     return orch.create({
       template: body.templateID,
       timeoutSecs: body.timeout,

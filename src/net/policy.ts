@@ -44,8 +44,7 @@ export function defaultPolicy(): EgressPolicy {
 const RULE_DOMAINS_CAP = 1024;
 
 /**
- * Fields of a `network` object (create: E2B `SandboxNetworkConfig`; `PUT .../network`: its egress
- * part). Anything else is refused.
+ * Fields of a create's `network` object (E2B `SandboxNetworkConfig`); the API refuses others.
  */
 export const NETWORK_FIELDS = ["allowOut", "denyOut", "allow_internet_access", "allowInternetAccess", "rules", "egressProxy", "allowPublicTraffic", "maskRequestHost", "httpsPorts"] as const;
 
@@ -112,7 +111,8 @@ export const MAX_POLICY_ENTRIES = 1024;
  * Accepts `allowOut`, `denyOut` (arrays of strings), `allow_internet_access` or
  * `allowInternetAccess` (boolean, default true), `rules` (egress/rules.ts) and `egressProxy`
  * (egress/proxy-config.ts); the ingress fields `allowPublicTraffic`, `maskRequestHost` and
- * `httpsPorts` are checked here too (ingress.ts) and left to the proxy. Any other key is refused.
+ * `httpsPorts` are checked here too (ingress.ts) and left to the proxy. Other keys are ignored here
+ * (a stored record of an older node may carry some): the API refuses them in requests.
  * @throws NetError `net.bad_policy` naming the field, index and entry at fault, e.g.
  *   `allowOut[2] "10.0.0.300": not a valid IPv4 address, CIDR or domain pattern`.
  */
@@ -120,9 +120,6 @@ export function parseEgressPolicy(json: unknown): EgressPolicy {
   if (json === undefined || json === null) return defaultPolicy();
   if (typeof json !== "object" || Array.isArray(json)) throw bad("network", null, json, "must be an object");
   const obj = json as Record<string, unknown>;
-  for (const k of Object.keys(obj)) {
-    if (!(NETWORK_FIELDS as readonly string[]).includes(k)) throw new NetError("net.bad_policy", `network.${k}: unknown field (accepted: ${NETWORK_FIELDS.join(", ")})`, { field: `network.${k}` });
-  }
   if (obj.allowPublicTraffic !== undefined && obj.allowPublicTraffic !== null && typeof obj.allowPublicTraffic !== "boolean") throw bad("allowPublicTraffic", null, obj.allowPublicTraffic, "must be a boolean");
   checkMaskRequestHost(obj.maskRequestHost);
   checkHttpsPorts(obj.httpsPorts);
