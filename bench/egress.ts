@@ -21,7 +21,8 @@ const median = (xs: number[]) => {
 
 const ew = new EgressWorld();
 try {
-  await ew.start({ AENV_LOG_LEVEL: "warn" });
+  // a loaded host stretches TCG boots: creates may take minutes
+  await ew.start({ AENV_LOG_LEVEL: "warn", AENV__orchestrator__create_timeout_ms: "600000" });
   const r = await ew.world.client<{ intercepted: { fresh: number[]; reused: number[] }; direct: { fresh: number[]; reused: number[] } }>("egress-bench.ts", [String(RUNS), ew.caFile], 1_200_000);
   const ms = (s: number) => Math.round(s * 10000) / 10;
   const row = (what: "fresh" | "reused") => {
