@@ -5,15 +5,22 @@
  * head rewritten with a secret's value, TLS to the upstream verified) against the same request
  * from a guest without rules (straight out through the slot), in the same run, same upstream.
  * Real parts: `agentenv server` in a namespace, QEMU guests (TCG here), curl in the guest, an HTTPS
- * upstream in a namespace behind a veth (test/e2e/egress-world.ts). Prints the medians (ms) of
- * new-connection and kept-alive requests and their ratios (intercepted / direct).
- * Needs root, the built kernel and base template (scripts/test.sh pre-step).
- *   bun bench/egress.ts [--runs 10]
+ * upstream in a namespace behind a veth (test/e2e/egress-world.ts). Rounds alternate between the
+ * two guests; each times N requests on new connections (a curl each) and N over one kept-alive
+ * connection. Prints the medians over rounds of the mean ms per request and the ratios
+ * (intercepted / direct), and the added ms per request.
+ * Needs root, the built kernel and base template (scripts/test.sh pre-step: it also re-commits the
+ * base template with this tree's envd, which installs the node CA).
+ *   bun bench/egress.ts [--runs 10] [--rounds 5]
  */
 import { EgressWorld } from "../test/e2e/egress-world.ts";
 
-const i = process.argv.indexOf("--runs");
-const RUNS = i > 0 ? Number(process.argv[i + 1]) : 10;
+const arg = (n: string, d: number) => {
+  const i = process.argv.indexOf(n);
+  return i > 0 ? Number(process.argv[i + 1]) : d;
+};
+const RUNS = arg("--runs", 10);
+const ROUNDS = arg("--rounds", 5);
 const median = (xs: number[]) => {
   const s = [...xs].sort((a, b) => a - b);
   return s[Math.floor(s.length / 2)]!;
@@ -23,15 +30,15 @@ const ew = new EgressWorld();
 try {
   // a loaded host stretches TCG boots: creates may take minutes
   await ew.start({ AENV_LOG_LEVEL: "warn", AENV__orchestrator__create_timeout_ms: "600000" });
-  const r = await ew.world.client<{ intercepted: { fresh: number[]; reused: number[] }; direct: { fresh: number[]; reused: number[] } }>("egress-bench.ts", [String(RUNS), ew.caFile], 1_200_000);
-  const ms = (s: number) => Math.round(s * 10000) / 10;
+  const r = await ew.world.client<{ intercepted: { fresh: number[]; reused: number[] }; direct: { fresh: number[]; reused: number[] } }>("egress-bench.ts", [String(RUNS), String(ROUNDS), ew.caFile], 3_600_000);
+  const ms = (x: number) => Math.round(x * 10) / 10;
   const row = (what: "fresh" | "reused") => {
     const a = median(r.intercepted[what]);
     const b = median(r.direct[what]);
-    return { intercepted_ms: ms(a), direct_ms: ms(b), ratio: Math.round((a / b) * 100) / 100 };
+    return { intercepted_ms: ms(a), direct_ms: ms(b), added_ms: ms(a - b), ratio: Math.round((a / b) * 100) / 100 };
   };
   const added = ew.seen().filter((s) => s.path.startsWith("/f") || s.path.startsWith("/r"));
-  console.log(JSON.stringify({ runs: RUNS, new_connection: row("fresh"), kept_alive: row("reused"), upstream_requests: added.length, with_header: added.filter((s) => s.authorization !== null).length }));
+  console.log(JSON.stringify({ runs: RUNS, rounds: ROUNDS, new_connection: row("fresh"), kept_alive: row("reused"), upstream_requests: added.length, with_header: added.filter((s) => s.authorization !== null).length }));
 } finally {
   await ew.dispose();
 }
