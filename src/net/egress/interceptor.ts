@@ -310,8 +310,8 @@ export class EgressInterceptor {
   private async connectUpstream(serverName: string, orig: DialTarget, ctx: SlotEgress, guest: tls.TLSSocket): Promise<tls.TLSSocket> {
     let raw: net.Socket;
     try {
-      // through a proxy the name is sent (the proxy resolves it, as E2B does for named hosts)
-      raw = this.track(await dial(ctx.proxy ? { host: serverName, port: orig.port } : orig, ctx.proxy, ctx.isDenied, this.o.connectTimeoutMs));
+      // the address the guest resolved and the slot's policy admitted, directly or through the proxy
+      raw = this.track(await dial(orig, ctx.proxy, ctx.isDenied, this.o.connectTimeoutMs));
     } catch (e) {
       throw new EgressRefusal(502, "upstream_unreachable", `cannot reach ${serverName} (${orig.host}:${orig.port}): ${errorMessage(e)}`);
     }
