@@ -99,6 +99,8 @@ export class LocalCluster {
     mkdirSync(o.home, { recursive: true });
     this.apiKey = loadOrCreateApiKey(o.apiKey, o.home).key;
     const schedulerAddr = `127.0.0.1:${o.schedulerPort}`;
+    const shown = o.gatewayAddr.replace(/^0\.0\.0\.0:/, "127.0.0.1:");
+    this.gatewayUrl = `http://${shown}`;
     const nodeUrls: string[] = [];
     for (let i = 0; i < o.nodes; i++) {
       const x = LETTERS[i]!;
@@ -122,12 +124,15 @@ export class LocalCluster {
           AENV_OBSERVABILITY_SCHEDULER_REPORT_ENABLED: "true",
           AENV_OBSERVABILITY_SCHEDULER_ENDPOINT: schedulerAddr,
           AENV_OBSERVABILITY_REPORT_INTERVAL_SECS: String(o.reportIntervalSecs),
-          // disjoint host objects per node: netns/veth/chain prefix, slot ranges, DNS proxy, guest RAM
+          // disjoint host objects per node: netns/veth/chain prefix, slot ranges, DNS proxy, egress interceptor, guest RAM
           AENV__network__name_prefix: `acl${x}-`,
           AENV__network__internal__host_interaction_cidr: `10.${40 + 2 * i}.0.0/16`,
           AENV__network__internal__veth_cidr: `10.${41 + 2 * i}.0.0/16`,
           AENV__network__egress__dns_proxy_port: "0",
+          AENV__network__egress__interceptor_port: "0",
           AENV__qemu__memory_dir: `/dev/shm/agentenv-cluster-${id}`,
+          // one secrets store for the cluster: the gateway's (docs/security.md)
+          AENV__secrets__gateway_url: this.gatewayUrl,
         },
         ready: /API key \(\w+\):/,
         restartDelayMs: o.nodeRestartDelayMs,
@@ -147,8 +152,6 @@ export class LocalCluster {
       restartDelayMs: o.serviceRestartDelayMs,
       describe: () => `scheduler pid ${this.pidOf("scheduler")} ${schedulerAddr}`,
     });
-    const shown = o.gatewayAddr.replace(/^0\.0\.0\.0:/, "127.0.0.1:");
-    this.gatewayUrl = `http://${shown}`;
     this.members.push({
       name: "gateway",
       args: ["gateway"],
