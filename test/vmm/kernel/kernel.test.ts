@@ -25,9 +25,9 @@ describe("kernel config fragment", () => {
     ]);
   });
 
-  test("the shipped fragment asks for ublk, io_uring, cmdline virtio-mmio and no modules", () => {
+  test("the shipped fragment asks for ublk, io_uring, cmdline virtio-mmio, VMGenID and no modules", () => {
     const f = kernelFragment();
-    for (const k of ["CONFIG_BLK_DEV_UBLK=y", "CONFIG_IO_URING=y", "CONFIG_VIRTIO_MMIO_CMDLINE_DEVICES=y", "CONFIG_PVH=y", "CONFIG_FUSE_FS=y", "CONFIG_IP_PNP=y"]) {
+    for (const k of ["CONFIG_BLK_DEV_UBLK=y", "CONFIG_IO_URING=y", "CONFIG_VIRTIO_MMIO_CMDLINE_DEVICES=y", "CONFIG_PVH=y", "CONFIG_FUSE_FS=y", "CONFIG_IP_PNP=y", "CONFIG_VMGENID=y"]) {
       expect(f).toContain(`\n${k}\n`);
     }
     expect(f).not.toMatch(/^CONFIG_MODULES=y/m);
