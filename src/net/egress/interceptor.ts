@@ -24,7 +24,7 @@ import { errorMessage } from "../../util/error.ts";
 import type { EgressCa } from "./ca.ts";
 import { parseClientHello } from "./client-hello.ts";
 import { dial, type DialTarget } from "./dial.ts";
-import { RequestReader, serializeHead, type RequestHead } from "./http1.ts";
+import { RequestReader, serializeHead } from "./http1.ts";
 import type { EgressProxy } from "./proxy-config.ts";
 import { matchRule, type HostRule } from "./rules.ts";
 
@@ -345,5 +345,3 @@ function write(s: net.Socket | tls.TLSSocket, bytes: Uint8Array): Promise<void> 
     s.write(bytes, (e) => (e ? reject(e) : resolve()));
   });
 }
-
-export type { RequestHead };
