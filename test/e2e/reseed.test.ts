@@ -31,7 +31,8 @@ test("restores, fork children, pool adoptions and a resume each read a UUID and 
   if (missing) throw new Error(`VM prerequisites missing: ${missing}`);
   world = new NodeWorld();
   const w = world;
-  await w.start({ AENV_LOG_LEVEL: "info", AENV__pool__restore__low_watermark: "1", AENV__pool__restore__high_watermark: "2", AENV__pool__restore__fill_delay_ms: "0" });
+  // creates race the pool filling (three TCG restores at once): a loaded host needs minutes
+  await w.start({ AENV_LOG_LEVEL: "info", AENV__orchestrator__create_timeout_ms: "600000", AENV__pool__restore__low_watermark: "1", AENV__pool__restore__high_watermark: "2", AENV__pool__restore__fill_delay_ms: "0" });
   const reads: Read[] = [];
   const run = async (...args: string[]) => reads.push(...(await w.client<{ reads: Read[] }>("reseed.ts", args, 600_000)).reads);
   // the first create of base makes it the pooled snapshot; the next ones adopt VMs restored ahead
