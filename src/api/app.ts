@@ -27,7 +27,6 @@ import { templateRoutes } from "./routes/templates.ts";
 import { eventRoutes } from "./routes/events.ts";
 import type { EventsService } from "../events/index.ts";
 import { secretRoutes, type SecretsBackend } from "./routes/secrets.ts";
-import { NETWORK_FIELDS } from "../net/index.ts";
 // @ts-expect-error: a file asset (path string), embedded by `bun build --compile`
 import scalarJs from "../../node_modules/@scalar/api-reference/dist/browser/standalone.js" with { type: "file" };
 
@@ -58,6 +57,9 @@ const NODE_FEATURES: Feature[] = [
   "auto_resume",
   "network.egress",
   "network.update",
+  "network.rules",
+  "network.egress_proxy",
+  "network.mask_request_host",
   "snapshots",
   "fork",
   "volumes",
@@ -72,9 +74,6 @@ export const PUBLIC_PATHS = [/^\/health$/, /^\/metrics$/, /^\/openapi\.json$/, /
  * takes the volume's bearer token) and stream their bodies (no `max_body_bytes` bound).
  */
 export const SELF_AUTH_PATHS = [/^\/volumecontent\//];
-
-/** Fields of `PUT /sandboxes/{id}/network` (E2B `SandboxNetworkUpdateConfig`); others are refused. */
-const NETWORK_UPDATE_FIELDS = ["allowOut", "denyOut", "rules", "egressProxy", "allow_internet_access", "allowInternetAccess"];
 
 const ERR = { 400: S.ErrorBody, 401: S.ErrorBody, 404: S.ErrorBody, 409: S.ErrorBody, 500: S.ErrorBody };
 const noContent = () => new Response(null, { status: 204 });
@@ -126,6 +125,7 @@ export function buildApp(deps: ApiDeps) {
     ...NODE_FEATURES,
     ...(deps.templates ? (["templates.build"] as const) : []),
     ...(deps.events ? (["events", "webhooks"] as const) : []),
+    ...(deps.secrets ? (["secrets"] as const) : []),
   ]);
   const created = (r: SandboxRecord, set: { status?: number | string }) => {
     set.status = 201;
@@ -133,9 +133,6 @@ export function buildApp(deps: ApiDeps) {
   };
   const create = (body: typeof S.NewSandbox.static, secure: boolean) => {
     refuseUnsupported(body, UNSUPPORTED.create);
-    for (const k of Object.keys(body.network ?? {})) {
-      if (!(NETWORK_FIELDS as readonly string[]).includes(k)) throw new ApiError("api.validation", `network.${k}: unknown field (accepted: ${NETWORK_FIELDS.join(", ")})`, { field: `network.${k}` });
-    }
     return orch.create({
       template: body.templateID,
       timeoutSecs: body.timeout,
@@ -299,9 +296,6 @@ export function buildApp(deps: ApiDeps) {
     .put(
       "/sandboxes/:sandboxID/network",
       async ({ params, body }) => {
-        for (const k of Object.keys(body ?? {})) {
-          if (!NETWORK_UPDATE_FIELDS.includes(k)) throw new ApiError("api.validation", `${k}: not a field of a network update (accepted: ${NETWORK_UPDATE_FIELDS.join(", ")}; ingress settings are fixed at create)`, { field: k });
-        }
         await orch.updateNetwork(params.sandboxID, body as Record<string, unknown>);
         return noContent();
       },

@@ -43,10 +43,6 @@ export function defaultPolicy(): EgressPolicy {
 /** Hard bound on rule domains the parser takes (the node's `[network.egress] max_rule_domains` is checked by the manager). */
 const RULE_DOMAINS_CAP = 1024;
 
-/**
- * Fields of a create's `network` object (E2B `SandboxNetworkConfig`); the API refuses others.
- */
-export const NETWORK_FIELDS = ["allowOut", "denyOut", "allow_internet_access", "allowInternetAccess", "rules", "egressProxy", "allowPublicTraffic", "maskRequestHost", "httpsPorts"] as const;
 
 const LABEL = /^[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?$/;
 
@@ -112,7 +108,7 @@ export const MAX_POLICY_ENTRIES = 1024;
  * `allowInternetAccess` (boolean, default true), `rules` (egress/rules.ts) and `egressProxy`
  * (egress/proxy-config.ts); the ingress fields `allowPublicTraffic`, `maskRequestHost` and
  * `httpsPorts` are checked here too (ingress.ts) and left to the proxy. Other keys are ignored here
- * (a stored record of an older node may carry some): the API refuses them in requests.
+ * (a stored record of an older node may carry some): the API's strict bodies refuse them in requests.
  * @throws NetError `net.bad_policy` naming the field, index and entry at fault, e.g.
  *   `allowOut[2] "10.0.0.300": not a valid IPv4 address, CIDR or domain pattern`.
  */

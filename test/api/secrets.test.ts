@@ -100,7 +100,7 @@ test("create: rules naming an unknown secret, a bare *, malformed rules, a bad e
     [{ egressProxy: { address: "user:pw@1.2.3.4:1080" } }, "network.egressProxy.address"],
     [{ maskRequestHost: "bad host!" }, "network.maskRequestHost"],
     [{ httpsPorts: [49983] }, "network.httpsPorts[0]"],
-    [{ unknownThing: 1 }, "network.unknownThing: unknown field"],
+    [{ unknownThing: 1 }, "unknown field \"network.unknownThing\""],
   ];
   for (const [network, field] of cases) {
     const r = await api(node, "/sandboxes", { method: "POST", body: JSON.stringify({ templateID: "base", network }) });

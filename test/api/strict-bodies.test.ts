@@ -103,7 +103,7 @@ test("unknownFields walks objects, records, unions and arrays", () => {
 test("GET /health names the version, envd's, strictness and the optional E2B features served", async () => {
   const h = (await (await api(strict, "/health", { key: null })).json()) as Record<string, unknown>;
   expect(h).toMatchObject({ status: "ok", version: pkg.version, strictBodies: true, envdVersion: expect.stringMatching(/^\d+\.\d+\.\d+$/) });
-  expect(h.features).toEqual(expect.arrayContaining(["events", "webhooks", "snapshots", "fork", "volumes", "templates.build", "pause.filesystem"]));
+  expect(h.features).toEqual(expect.arrayContaining(["events", "webhooks", "snapshots", "fork", "volumes", "templates.build", "pause.filesystem", "network.rules", "network.egress_proxy", "secrets"]));
   expect(h.unsupported).toEqual(expect.arrayContaining(["create.mcp", "create.iam", "resume.autoPause"]));
   expect(((await (await api(lenient, "/health", { key: null })).json()) as Record<string, unknown>).strictBodies).toBe(false);
 });
