@@ -1,8 +1,8 @@
 /** `agentenv cluster up`: scheduler + gateway + N nodes on this host (services/cluster/up.ts). */
 import { defineCommand } from "citty";
 import { join } from "node:path";
-import { loadConfigOrExit } from "../../src/cli/config.ts";
-import { runUntilStopped } from "../../src/cli/until-stopped.ts";
+import { loadConfigOrExit } from "../../src/node/load-config.ts";
+import { runUntilStopped } from "../../src/node/until-stopped.ts";
 
 export default defineCommand({
   meta: { name: "cluster", description: "a local cluster on one host" },

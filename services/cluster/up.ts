@@ -18,7 +18,7 @@ import { existsSync, mkdirSync, symlinkSync } from "node:fs";
 import { join } from "node:path";
 import type { Subprocess } from "bun";
 import { loadOrCreateApiKey } from "../../src/api/auth.ts";
-import { STOP_ON_STDIN_EOF_ENV } from "../../src/cli/until-stopped.ts";
+import { STOP_ON_STDIN_EOF_ENV } from "../../src/node/until-stopped.ts";
 import { logger } from "../../src/observability/log.ts";
 import { ClusterError } from "./errors.ts";
 

@@ -16,7 +16,7 @@
 import { type Static, type TSchema, Type as T } from "@sinclair/typebox";
 import { encodeCursor } from "../../src/orchestrator/index.ts";
 import { jsonSchema, type JsonSchema } from "../../src/util/json-check.ts";
-import type { NodeRef } from "../scheduler/types.ts";
+import type { NodeRef } from "../../src/cluster/index.ts";
 import { GatewayError } from "./errors.ts";
 import { checkAnswer, getJson } from "./forward.ts";
 import type { ClusterNodes } from "./scheduler-link.ts";

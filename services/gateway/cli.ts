@@ -1,10 +1,10 @@
 /**
- * `agentenv gateway`: run the cluster's E2B API until stopped (src/cli/until-stopped.ts); prints the SDK line.
+ * `agentenv gateway`: run the cluster's E2B API until stopped (src/node/until-stopped.ts); prints the SDK line.
  */
 import { defineCommand } from "citty";
 import { loadConfig } from "../../src/config/index.ts";
 import { AgentEnvError } from "../../src/errors.ts";
-import { runUntilStopped } from "../../src/cli/until-stopped.ts";
+import { runUntilStopped } from "../../src/node/until-stopped.ts";
 
 export default defineCommand({
   meta: { name: "gateway", description: "run the cluster gateway: the E2B API in front of the nodes" },

@@ -2,14 +2,14 @@
  * Which requests are sandbox traffic (the data plane) and for which sandbox and port:
  * headers `e2b-sandbox-id` or `x-agentenv-sandbox-id`, with the port in `e2b-sandbox-port`,
  * `x-agentenv-sandbox-port` or upstream AgentENV's `x-agentenv-target-port` (they must agree,
- * as on the node: src/api/proxy.ts headerPort), hosts
+ * as on the node: src/api/sandbox-port.ts), hosts
  * `{port}-{sandboxID}.{domain}` for the gateway's `sandbox_proxy_domains`, and the node's
  * `/proxy/{id}/{port}/...` prefix. Host rules (seeds, Distributed Control Plane): only the
  * configured domains, the sandbox id must be a DNS label character set (E2B ids: lowercase
  * letters and digits, never `-`, so the first `-` splits port from id), and the whole
  * `{port}-{sandboxID}` label must fit DNS's 63-character label limit.
  */
-import { headerPort } from "../../src/api/proxy.ts";
+import { headerPort, parsePort } from "../../src/api/sandbox-port.ts";
 
 /** A request's target inside a sandbox. */
 export interface DataRoute {
@@ -22,12 +22,6 @@ export interface DataRoute {
 /** Longest DNS label (RFC 1035 §2.3.4). */
 export const DNS_LABEL_MAX = 63;
 const SANDBOX_ID = /^[a-z0-9]+$/;
-
-function parsePort(s: string | null): number | null {
-  if (s === null || !/^[0-9]{1,5}$/.test(s)) return null;
-  const n = Number(s);
-  return n >= 1 && n <= 65535 ? n : null;
-}
 
 /**
  * Parse the left-most label of `host` (port stripped) against `domains`.

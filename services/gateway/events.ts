@@ -16,7 +16,7 @@
 import { type Static, type TSchema, Type as T } from "@sinclair/typebox";
 import { errorMessage } from "../../src/util/error.ts";
 import { jsonSchema, type JsonSchema } from "../../src/util/json-check.ts";
-import type { NodeRef } from "../scheduler/types.ts";
+import type { NodeRef } from "../../src/cluster/index.ts";
 import { ClientFault, fanOut, someAnswered, UNREACHABLE_HEADER, type FanOut, type NodeAnswer } from "./aggregate.ts";
 import { GatewayError } from "./errors.ts";
 import { callJson, checkAnswer } from "./forward.ts";

@@ -1,6 +1,6 @@
 /**
  * Forwarding one HTTP request to a node: streamed both ways, hop-by-hop headers dropped, the
- * client's abort passed on. Bounds, as the node's sandbox proxy has them (src/api/proxy.ts):
+ * client's abort passed on. Bounds, as the node's sandbox proxy has them (src/api/proxy.ts, src/api/upstream.ts):
  * `timeoutMs` on connecting (until the node pulls the streamed request body, or for a request
  * without a streamed body until its response headers arrive: `answerMs` when given); while a streamed body moves,
  * `idleTimeoutMs` between its chunks (it may stream for as long as it keeps moving); from its end
@@ -11,11 +11,11 @@
  * whole answer, body included, in time and in bytes.
  */
 import type { Static, TSchema } from "@sinclair/typebox";
-import { upstreamFailure, upstreamFailureKind, Watchdog, watchedBody, type UpstreamFailureKind } from "../../src/api/proxy.ts";
+import { upstreamFailure, upstreamFailureKind, Watchdog, watchedBody, type UpstreamFailureKind } from "../../src/api/upstream.ts";
 import { describeProblem, type JsonSchema } from "../../src/util/json-check.ts";
 import { readCapped, type CappedBody } from "../../src/util/read-capped.ts";
 import { GatewayError } from "./errors.ts";
-import type { NodeRef } from "../scheduler/types.ts";
+import type { NodeRef } from "../../src/cluster/index.ts";
 
 /** A signal that never aborts (a read bounded by its caller's own signal). */
 const NEVER = new AbortController().signal;

@@ -29,7 +29,7 @@
 import type { Logger } from "pino";
 import { logger } from "../../src/observability/log.ts";
 import { UPLOAD_PATH_RE } from "../../src/template/index.ts";
-import type { NodeRef } from "../scheduler/types.ts";
+import type { NodeRef } from "../../src/cluster/index.ts";
 import { Type as T } from "@sinclair/typebox";
 import { jsonSchema } from "../../src/util/json-check.ts";
 import { ClientFault, fanOut, listV1, listV2, mergedList, RECORDS, type FanOut, type NodeAnswer } from "./aggregate.ts";

@@ -4,7 +4,7 @@
  * dropped when the sandbox is deleted or its node answers 404 for it. While the scheduler is
  * down, known sandboxes keep routing from here.
  */
-import type { NodeRef } from "../scheduler/types.ts";
+import type { NodeRef } from "../../src/cluster/index.ts";
 
 /** A bounded LRU map from a key (a sandbox id, a files hash) to the node that serves it. */
 export class RouteCache {

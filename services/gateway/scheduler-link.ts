@@ -7,10 +7,8 @@
  * cached for node_list_ttl_ms and kept (last known) while the scheduler is down.
  */
 import { ClientError, createClient, Metadata, Status, type Channel } from "nice-grpc";
-import { NodeStatus, SchedulerDefinition, schedulerChannel, untilAnswered, type ObservedNode, type SchedulerClient } from "../../src/cluster/index.ts";
-import { ERROR_CODE_TRAILER, type SchedulerErrorCode } from "../scheduler/errors.ts";
+import { ERROR_CODE_TRAILER, NodeStatus, SchedulerDefinition, schedulerChannel, untilAnswered, type NodeRef, type ObservedNode, type SchedulerClient } from "../../src/cluster/index.ts";
 import { GatewayError } from "./errors.ts";
-import type { NodeRef } from "../scheduler/types.ts";
 
 /** Settings of the link (from GatewayConfig). */
 export interface SchedulerLinkOptions {
@@ -57,8 +55,8 @@ export class SchedulerLink {
    */
   private async call<T>(what: string, fn: (o: { signal: AbortSignal; onTrailer: (t: Metadata) => void }) => Promise<T>): Promise<T | null> {
     const signal = AbortSignal.timeout(this.o.timeoutMs);
-    let code: SchedulerErrorCode | undefined;
-    const onTrailer = (t: Metadata) => (code = t.get(ERROR_CODE_TRAILER) as SchedulerErrorCode | undefined);
+    let code: string | undefined; // the scheduler's error code (services/scheduler/errors.ts), when it sent one
+    const onTrailer = (t: Metadata) => (code = t.get(ERROR_CODE_TRAILER));
     try {
       // an UNAVAILABLE with an error code is the scheduler's own answer (its store failed): not retried
       return await untilAnswered(() => fn({ signal, onTrailer }), signal, this.o.retryMs, () => code === undefined);

@@ -1,9 +1,9 @@
 /**
- * `agentenv scheduler`: run the scheduler's gRPC service until stopped (src/cli/until-stopped.ts).
+ * `agentenv scheduler`: run the scheduler's gRPC service until stopped (src/node/until-stopped.ts).
  */
 import { defineCommand } from "citty";
 import { loadConfig } from "../../src/config/index.ts";
-import { runUntilStopped } from "../../src/cli/until-stopped.ts";
+import { runUntilStopped } from "../../src/node/until-stopped.ts";
 import { AgentEnvError } from "../../src/errors.ts";
 
 export default defineCommand({

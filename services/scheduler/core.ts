@@ -24,7 +24,8 @@ import { SchedulerError } from "./errors.ts";
 import { NODE_ID_RE } from "./discovery/static.ts";
 import { Picker, type Candidate, type StrategyName } from "./strategy.ts";
 import type { SchedulerStore } from "./store/types.ts";
-import type { NodeRef, NodeReport } from "./types.ts";
+import type { NodeReport } from "./types.ts";
+import type { NodeRef } from "../../src/cluster/index.ts";
 
 /** Settings of SchedulerCore (from SchedulerConfig; clock and randomness injectable for tests). */
 export interface SchedulerCoreOptions {

@@ -5,7 +5,7 @@ import { AgentEnvError, type ErrorTable } from "../../src/errors.ts";
  * status codes: bad_request → INVALID_ARGUMENT, not_found → NOT_FOUND, no_nodes and
  * unknown_node → FAILED_PRECONDITION, store_failed → UNAVAILABLE; bad_config and
  * discovery_failed stop `agentenv scheduler` at start. Every error status carries its code in
- * the trailer `agentenv-error-code` (ERROR_CODE_TRAILER).
+ * the trailer `agentenv-error-code` (ERROR_CODE_TRAILER, src/cluster/contract.ts).
  */
 export const SCHEDULER_ERRORS = {
   "scheduler.bad_request": "a malformed request: sandbox or node id, endpoint, event type, protobuf (details name it)",
@@ -18,9 +18,6 @@ export const SCHEDULER_ERRORS = {
   "scheduler.bad_event": "a Kubernetes list answer or watch event that is not what the API sends: over its byte bound, not JSON, or a field of the wrong type (details.field names it); discovery lists again",
 } as const satisfies ErrorTable;
 export type SchedulerErrorCode = keyof typeof SCHEDULER_ERRORS;
-
-/** gRPC trailer naming the SchedulerErrorCode of a failed RPC. */
-export const ERROR_CODE_TRAILER = "agentenv-error-code";
 
 /** Errors of the scheduler (services/scheduler). */
 export class SchedulerError extends AgentEnvError<SchedulerErrorCode> {}

@@ -7,9 +7,9 @@
  */
 import { ServerError, Status, type CallContext } from "nice-grpc";
 import { logger } from "../../src/observability/log.ts";
-import { SchedulerDefinition, type SchedulerServiceImplementation } from "../../src/cluster/index.ts";
+import { ERROR_CODE_TRAILER, SchedulerDefinition, type SchedulerServiceImplementation } from "../../src/cluster/index.ts";
 import type { SchedulerCore } from "./core.ts";
-import { ERROR_CODE_TRAILER, SchedulerError, type SchedulerErrorCode } from "./errors.ts";
+import { SchedulerError, type SchedulerErrorCode } from "./errors.ts";
 
 const log = logger("scheduler.grpc");
 

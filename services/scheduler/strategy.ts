@@ -2,7 +2,7 @@
  * Placement strategies: pick one node among the candidates (already filtered to schedulable
  * nodes, sorted by id).
  */
-import type { NodeRef } from "./types.ts";
+import type { NodeRef } from "../../src/cluster/index.ts";
 
 export type StrategyName = "round_robin" | "random" | "least_loaded";
 export const STRATEGIES: readonly StrategyName[] = ["round_robin", "random", "least_loaded"];

@@ -1,14 +1,7 @@
 /**
  * Plain data of the scheduler. Times are unix milliseconds.
  */
-import type { ObservedNode, P2pEndpoint } from "../../src/cluster/index.ts";
-
-/** A node as discovery knows it: its id and the base URL of its HTTP API. */
-export interface NodeRef {
-  nodeId: string;
-  /** e.g. `http://10.0.0.7:8000` (no trailing slash). */
-  endpoint: string;
-}
+import type { NodeRef, ObservedNode, P2pEndpoint } from "../../src/cluster/index.ts";
 
 /** Where a sandbox lives. */
 export interface Binding {

@@ -3,7 +3,7 @@
  */
 import { cpus, freemem, totalmem } from "node:os";
 import { statfsSync } from "node:fs";
-import type { CpuMeter } from "../observability/host.ts";
+import type { CpuMeter } from "../ffi/cpu.ts";
 import { machineInfo } from "../observability/identity.ts";
 import type { SandboxService } from "../orchestrator/index.ts";
 import pkg from "../../package.json" with { type: "json" };

@@ -15,15 +15,15 @@ import { logger } from "../observability/log.ts";
 import { OrchestratorError, type SandboxService } from "../orchestrator/index.ts";
 import { maskedHost } from "../net/index.ts";
 import { RouteTable, TRANSITIONAL } from "./route-table.ts";
+import { headerPort, parsePort, PORT_HEADERS } from "./sandbox-port.ts";
 import { errorResponse } from "./status.ts";
+import { upstreamFailure, Watchdog, watchedBody } from "./upstream.ts";
 
 /** Header carrying a sandbox's traffic access token (E2B). */
 export const TRAFFIC_TOKEN_HEADER = "e2b-traffic-access-token";
 /** envd routes only the host may call (e2b-contract.md §3.2). */
 export const ENVD_INTERNAL = new Set(["/init", "/freeze", "/unfreeze", "/collapse", "/fsfreeze", "/fsthaw", "/upgrade"]);
 const HOP = ["connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade", "host", "proxy-authorization", "proxy-authenticate"];
-/** Headers naming the sandbox port (E2B's, ours, and upstream AgentENV's); they must agree. */
-export const PORT_HEADERS = ["e2b-sandbox-port", "x-agentenv-sandbox-port", "x-agentenv-target-port"];
 const ROUTING = ["e2b-sandbox-id", "x-agentenv-sandbox-id", ...PORT_HEADERS];
 
 /** A request's target inside a sandbox. */
@@ -53,54 +53,6 @@ export interface ProxyOptions {
 }
 
 /** A 502 as the E2B edge proxy answers it. */
-/**
- * How an upstream fetch failed: `refused` and `unreachable` mean nothing reached the upstream
- * (safe to send the request elsewhere); `aborted` = our signal fired (a deadline or the
- * client went away); the others may have delivered part of the request.
- */
-export type UpstreamFailureKind = "refused" | "unreachable" | "reset" | "timeout" | "aborted" | "failed";
-
-/** The kind of a failed upstream fetch (`signal`: the request's abort signal). */
-export function upstreamFailureKind(e: unknown, signal: AbortSignal): UpstreamFailureKind {
-  if (signal.aborted) return "aborted";
-  switch ((e as { code?: unknown } | null)?.code) {
-    case "ECONNREFUSED":
-    case "ConnectionRefused":
-      return "refused";
-    case "ECONNRESET":
-    case "ConnectionReset":
-    case "ConnectionClosed":
-      return "reset";
-    case "ETIMEDOUT":
-    case "Timeout":
-      return "timeout";
-    case "EHOSTUNREACH":
-    case "ENETUNREACH":
-      return "unreachable";
-    default:
-      return "failed";
-  }
-}
-
-const FAILURE_WORDS: Record<Exclude<UpstreamFailureKind, "aborted" | "failed">, string> = {
-  refused: "connection refused",
-  reset: "connection reset",
-  timeout: "connection timed out",
-  unreachable: "address unreachable",
-};
-
-/**
- * Our own words for a failed upstream fetch (Bun's messages address a desktop user: "Is the
- * computer able to access the url?"). `signal` is the request's abort signal (timeout reason).
- */
-export function upstreamFailure(e: unknown, signal: AbortSignal): string {
-  const kind = upstreamFailureKind(e, signal);
-  if (kind === "aborted") return signal.reason instanceof Error ? signal.reason.message : "request aborted";
-  if (kind !== "failed") return FAILURE_WORDS[kind];
-  const code = (e as { code?: unknown } | null)?.code;
-  return typeof code === "string" ? `connection failed (${code})` : "connection failed";
-}
-
 export function badGateway(sandboxId: string, message: string): Response {
   return Response.json({ sandboxId, message, code: 502 }, { status: 502, headers: { [ERROR_SOURCE]: "proxy" } });
 }
@@ -113,27 +65,6 @@ export const ERROR_SOURCE = "x-agentenv-error-source";
 
 /** Largest upstream 5xx body the proxy reads to log it (bytes); larger ones are relayed unread. */
 const LOGGED_BODY_MAX = 64 * 1024;
-
-function parsePort(s: string | null): number | null {
-  if (s === null || !/^[0-9]{1,5}$/.test(s)) return null;
-  const n = Number(s);
-  return n >= 1 && n <= 65535 ? n : null;
-}
-
-/**
- * The sandbox port a header-routed request names: any of PORT_HEADERS, which must agree; none
- * means envd's port.
- * @returns the port, or `{ error }` describing a malformed or conflicting port header (a 400).
- */
-export function headerPort(h: Headers): number | { error: string } {
-  const named = PORT_HEADERS.map((n) => [n, h.get(n)] as const).filter(([, v]) => v !== null) as [string, string][];
-  for (const [n, v] of named) {
-    if (parsePort(v) === null) return { error: `invalid sandbox port ${JSON.stringify(v)} in header ${n}` };
-  }
-  const ports = new Set(named.map(([, v]) => parsePort(v)!));
-  if (ports.size > 1) return { error: `conflicting sandbox ports (${named.map(([n, v]) => `${n}: ${v}`).join(", ")}): name one port` };
-  return ports.size ? [...ports][0]! : ENVD_PORT;
-}
 
 /**
  * Decide whether `req` is for a sandbox.
@@ -393,49 +324,6 @@ export class SandboxProxy {
   }
 }
 
-/** One timer that aborts `ctl` with a reason; re-armed as a request moves from phase to phase. */
-export class Watchdog {
-  private timer: ReturnType<typeof setTimeout> | undefined;
-  /** Set by watchedBody once the upstream pulled the body: it is connected and part of the request may have reached it. */
-  bodyPulled = false;
-  constructor(private readonly ctl: AbortController) {}
-  /** Abort with `reason` after `ms` unless re-armed or cleared first. */
-  arm(ms: number, reason: string): void {
-    clearTimeout(this.timer);
-    this.timer = setTimeout(() => this.ctl.abort(new Error(reason)), ms);
-  }
-  clear(): void {
-    clearTimeout(this.timer);
-  }
-}
-
-/**
- * The client's request body as the upstream pulls it: a pull means the upstream is connected and
- * reading, so each one re-arms `dog` with the idle bound (the connect bound stops counting), and
- * the end of the body leaves `endMs` (default: the idle bound) on the wait for response headers.
- * Nothing is read ahead of the upstream (high water mark 0), so memory stays at one chunk.
- */
-export function watchedBody(body: ReadableStream<Uint8Array>, dog: Watchdog, idleMs: number, endMs = idleMs): ReadableStream<Uint8Array> {
-  const reader = body.getReader();
-  return new ReadableStream<Uint8Array>(
-    {
-      async pull(c) {
-        dog.bodyPulled = true;
-        dog.arm(idleMs, `the request body stalled for ${idleMs} ms`);
-        const r = await reader.read();
-        if (r.done) {
-          dog.arm(endMs, `no response within ${endMs} ms of the request body's end`);
-          return c.close();
-        }
-        c.enqueue(r.value);
-      },
-      cancel(reason) {
-        return reader.cancel(reason);
-      },
-    },
-    { highWaterMark: 0 },
-  );
-}
 
 /**
  * Relay an upstream body chunk by chunk (no buffering). When the upstream read fails (the

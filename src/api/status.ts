@@ -13,7 +13,7 @@ import { DB_ERRORS, type DbErrorCode } from "../db/index.ts";
 import { FFI_ERRORS, type FfiErrorCode } from "../ffi/errors.ts";
 import { NET_ERRORS, type NetErrorCode } from "../net/errors.ts";
 import { ORCHESTRATOR_ERRORS, type OrchestratorErrorCode } from "../orchestrator/errors.ts";
-import { DISK_ERRORS, type DiskErrorCode } from "../storage/daemon/errors.ts";
+import { DISK_ERRORS, type DiskErrorCode } from "../storage/errors.ts";
 import { FUSE_ERRORS, type FuseErrorCode } from "../storage/fuse/errors.ts";
 import { IMAGE_ERRORS, type ImageErrorCode } from "../image/errors.ts";
 import { OVERLAYBD_ERRORS, type OverlaybdErrorCode } from "../storage/overlaybd/errors.ts";

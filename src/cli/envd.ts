@@ -86,7 +86,7 @@ export default defineCommand({
     // nor the JavaScriptCore options it may set for envd's own runtime ([envd] jsc_options)
     for (const k of Object.keys(process.env)) if (k.startsWith("BUN_JSC_")) delete process.env[k];
     // the config module (and its schema library) loads only when there is no settings file
-    const section = args.settings ? readSettings(args.settings) : (await import("./config.ts")).loadConfigOrExit({ path: args.config }).envd;
+    const section = args.settings ? readSettings(args.settings) : (await import("../node/load-config.ts")).loadConfigOrExit({ path: args.config }).envd;
     const opts = envdOptions(section);
     const port = args.port !== undefined ? Number(args.port) : opts.port;
     if (!Number.isInteger(port) || port < 0 || port > 65535) throw new Error(`invalid --port ${args.port}`);

@@ -12,7 +12,7 @@ import {
 } from "../storage/overlaybd/index.ts";
 import { decodeHeaderTrailer, HT_SIZE, HTFlag } from "../storage/overlaybd/format.ts";
 import { openRoLayer } from "../storage/overlaybd/layer.ts";
-import { loadConfigOrExit } from "./config.ts";
+import { loadConfigOrExit } from "../node/load-config.ts";
 import { registryAccess, registrySettings } from "../image/index.ts";
 import { logger } from "../observability/log.ts";
 

@@ -3,7 +3,7 @@
  * with the project config fragment; prints the vmlinux path on stdout, progress on stderr.
  */
 import { defineCommand } from "citty";
-import { loadConfigOrExit } from "./config.ts";
+import { loadConfigOrExit } from "../node/load-config.ts";
 import { buildKernel } from "../vmm/kernel/build.ts";
 
 export default defineCommand({

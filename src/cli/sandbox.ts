@@ -10,7 +10,7 @@ import { defineCommand } from "citty";
 import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { ENVD_PORT } from "../envd/version.ts";
-import { loadConfigOrExit } from "./config.ts";
+import { loadConfigOrExit } from "../node/load-config.ts";
 
 export interface Conn {
   url: string;

@@ -1,13 +1,13 @@
 /**
  * `agentenv server`: start the node (API + sandbox proxy on `[api] addr`), print the API URL
- * and key, run until stopped (src/cli/until-stopped.ts), then shut down
+ * and key, run until stopped (src/node/until-stopped.ts), then shut down
  * (`[orchestrator] shutdown_action`).
  */
 import { defineCommand } from "citty";
-import { loadConfigOrExit } from "./config.ts";
+import { loadConfigOrExit } from "../node/load-config.ts";
 import { ConfigError } from "../config/index.ts";
 import { bootNode, NodeError } from "../node/index.ts";
-import { runUntilStopped } from "./until-stopped.ts";
+import { runUntilStopped } from "../node/until-stopped.ts";
 
 export default defineCommand({
   meta: { name: "server", description: "run the node: E2B-compatible API and sandbox proxy" },

@@ -7,7 +7,7 @@
  * command), `template rm NAME`. Builds stream their log lines to stderr with the elapsed time.
  */
 import { defineCommand } from "citty";
-import { loadConfigOrExit } from "./config.ts";
+import { loadConfigOrExit } from "../node/load-config.ts";
 import { buildBase } from "../template/index.ts";
 import { dirname, resolve } from "node:path";
 import { readFileSync } from "node:fs";

@@ -4,7 +4,7 @@
  */
 import { defineCommand } from "citty";
 import { buildTools, resolveTools } from "../tools/index.ts";
-import { loadConfigOrExit } from "./config.ts";
+import { loadConfigOrExit } from "../node/load-config.ts";
 
 export default defineCommand({
   meta: { name: "tools", description: "the tools drive (guest init, envd, glibc, busybox)" },

@@ -1,7 +1,8 @@
 /**
  * What nodes, the scheduler and the gateway share about the cluster: the scheduler's gRPC
- * contract (proto/: messages, the nice-grpc service definition, channels to the scheduler).
- * Lives under src/ so the node's reporter (src/observability) needs nothing from services/;
- * services/ import it from here.
+ * contract (proto/: messages, the nice-grpc service definition, channels to the scheduler) and
+ * the facts beside it (contract.ts). Lives under src/ so the node's reporter (src/node/reporter.ts)
+ * needs nothing from services/; services/ import it from here.
  */
 export * from "./proto/index.ts";
+export { ERROR_CODE_TRAILER, type NodeRef } from "./contract.ts";

@@ -16,7 +16,7 @@ import { composeFiles, parseComposeBody } from "./http/compose.ts";
 import { downloadFile, uploadFiles } from "./http/files.ts";
 import { handleInit } from "./http/init.ts";
 import { collectMetrics } from "./http/metrics.ts";
-import { CpuMeter } from "../observability/host.ts";
+import { CpuMeter } from "../ffi/cpu.ts";
 import { ProcessManager } from "./process/manager.ts";
 import { processService, processStreams } from "./process/service.ts";
 import { EnvdState } from "./state.ts";

@@ -5,7 +5,7 @@
  * orchestrator as snapshot source, and its state changes as sandbox events.
  */
 import { ConfigError, type Config } from "../config/index.ts";
-import { SchedulerReporter, type ReporterOptions } from "../observability/reporter.ts";
+import { SchedulerReporter, type ReporterOptions } from "./reporter.ts";
 import type { NodeIdentityInfo } from "../observability/snapshot.ts";
 import { LIVE_STATES, type SandboxService } from "../orchestrator/index.ts";
 

@@ -1,2 +1,1 @@
 export { log, logger } from "./log.ts";
-export { renderPrometheus, renderSandboxMetrics } from "./metrics.ts";

@@ -6,7 +6,7 @@
 import { statfsSync } from "node:fs";
 import { cpus, freemem, totalmem } from "node:os";
 import pkg from "../../package.json" with { type: "json" };
-import type { CpuMeter } from "./host.ts";
+import type { CpuMeter } from "../ffi/cpu.ts";
 import { machineInfo, type MachineInfo } from "./identity.ts";
 
 /** Who the node is. */

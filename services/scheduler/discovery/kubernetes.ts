@@ -22,7 +22,8 @@ import { logger } from "../../../src/observability/log.ts";
 import { describeProblem, jsonSchema, type JsonSchema } from "../../../src/util/json-check.ts";
 import { readCapped } from "../../../src/util/read-capped.ts";
 import { SchedulerError } from "../errors.ts";
-import type { DiscoveredNodes, NodeRef } from "../types.ts";
+import type { NodeRef } from "../../../src/cluster/index.ts";
+import type { DiscoveredNodes } from "../types.ts";
 import type { Discovery } from "./types.ts";
 
 const OPT_STRING = T.Optional(T.String());

@@ -2,7 +2,8 @@
  * Static discovery: `[scheduler] nodes`, entries "id=http://host:port".
  */
 import { SchedulerError } from "../errors.ts";
-import type { DiscoveredNodes, NodeRef } from "../types.ts";
+import type { NodeRef } from "../../../src/cluster/index.ts";
+import type { DiscoveredNodes } from "../types.ts";
 import type { Discovery } from "./types.ts";
 
 /** Node ids: what `[node] id` may be (letters, digits, `.`, `_`, `-`). */

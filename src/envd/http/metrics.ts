@@ -4,7 +4,7 @@
  */
 import { readFileSync, statfsSync } from "node:fs";
 import { cpus } from "node:os";
-import type { CpuMeter } from "../../observability/host.ts";
+import type { CpuMeter } from "../../ffi/cpu.ts";
 
 /** Wire shape of /metrics. */
 export interface EnvdMetrics {

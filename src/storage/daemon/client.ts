@@ -4,7 +4,7 @@
  * (`device_lost`) go to `onLost`.
  */
 import type { Socket } from "bun";
-import { DiskError, isDiskErrorCode } from "./errors.ts";
+import { DiskError, isDiskErrorCode } from "../errors.ts";
 import { encodeFrame, FrameReader, parseResponse, type LostInfo, type ReadResponse, type Request, type Response } from "./protocol.ts";
 
 interface Pending {

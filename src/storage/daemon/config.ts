@@ -1,7 +1,7 @@
 /** Typed view of config `[disk]` and `[pool.block]` (defaults in config/default.toml). */
 import { loadConfig, type Config } from "../../config/index.ts";
 import type { DaemonSettings } from "./daemon.ts";
-import { DiskError } from "./errors.ts";
+import { DiskError } from "../errors.ts";
 import type { BlockPoolSettings } from "./manager.ts";
 import { ublkConfig, type UblkConfig } from "../ublk/index.ts";
 

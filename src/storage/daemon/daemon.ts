@@ -21,7 +21,7 @@ import type { Socket } from "bun";
 import { tryFlockExclusive, type HeldFlock } from "../../ffi/flock.ts";
 import { logger } from "../../observability/log.ts";
 import type { ExportEngine } from "./engine.ts";
-import { DiskError } from "./errors.ts";
+import { DiskError } from "../errors.ts";
 import { FuseEngine } from "./fuse-engine.ts";
 import { UblkEngine } from "./ublk-engine.ts";
 import { ownerTagOf, ublkAvailable, type UblkConfig } from "../ublk/index.ts";

@@ -17,7 +17,7 @@ import { logger } from "../../observability/log.ts";
 import type { BlockImage } from "../block.ts";
 import { FUSE_FS_NAME, FuseConnection, FuseReaderPool, mountFuse, type DirectPlan } from "../fuse/index.ts";
 import type { EngineDevice, EngineStats, ExportEngine, PlaceSpec } from "./engine.ts";
-import { DiskError } from "./errors.ts";
+import { DiskError } from "../errors.ts";
 import type { DeviceRow } from "./store.ts";
 import { directPlanOf } from "./target.ts";
 

@@ -20,8 +20,8 @@
  * - `reapStaleMounts(roots)` at node start for mounts no daemon owns
  */
 export { daemonSettings, diskConfig, type DiskConfig } from "./config.ts";
-export { DiskError } from "./errors.ts";
-export { RawFileImage } from "./raw.ts";
+export { DiskError } from "../errors.ts";
+export { RawFileImage } from "../raw.ts";
 export { reapStaleMounts } from "./reap.ts";
 export { agentenvCommand, DiskService, ROOT_DISK_FILE, sharedDeviceId, upperPaths, type DiskClaim, type DiskExport, type DiskStartMode, type RootDiskOptions } from "./service.ts";
 export { DISK_PROTOCOL_VERSION } from "./protocol.ts";

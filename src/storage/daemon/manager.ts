@@ -17,7 +17,7 @@ import { logger } from "../../observability/log.ts";
 import type { BlockImage } from "../block.ts";
 import { LayeredImage } from "../overlaybd/index.ts";
 import type { EngineDevice, ExportEngine, PlaceSpec } from "./engine.ts";
-import { DiskError } from "./errors.ts";
+import { DiskError } from "../errors.ts";
 import type { DeviceInfo, DeviceStats, EngineName, FuseSpec, Request, TargetSpec } from "./protocol.ts";
 import type { DeviceRow, DeviceStore } from "./store.ts";
 import { directPlanOf, openTarget } from "./target.ts";

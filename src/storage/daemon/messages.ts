@@ -7,7 +7,7 @@
  */
 import { Type as T, type Static } from "@sinclair/typebox";
 import { jsonSchema, jsonSchemas, type JsonProblem } from "../../util/json-check.ts";
-import { DiskError, type DiskErrorCode } from "./errors.ts";
+import { DiskError, type DiskErrorCode } from "../errors.ts";
 
 const MAX_SAFE = Number.MAX_SAFE_INTEGER;
 

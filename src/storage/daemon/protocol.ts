@@ -18,7 +18,7 @@
  * connection existed are in the `list` answer's `lost`.
  */
 import { ChunkQueue } from "../../util/chunk-queue.ts";
-import { DiskError, toDiskError } from "./errors.ts";
+import { DiskError, toDiskError } from "../errors.ts";
 import type { Response } from "./messages.ts";
 
 export { parseRequest, parseResponse, REQUEST_KINDS } from "./messages.ts";

@@ -33,7 +33,7 @@ import { errorMessage } from "../../util/error.ts";
 import { DaemonClient, type Answer, type Req } from "./client.ts";
 import { daemonSettings, type DiskConfig } from "./config.ts";
 import { daemonPaths } from "./daemon.ts";
-import { DiskError } from "./errors.ts";
+import { DiskError } from "../errors.ts";
 import { adoptedDaemon, agentenvCommand, isDaemon, readLine, spawnedDaemon, stopLeftoverDaemon, tail, type DaemonProcess } from "./process.ts";
 import { DISK_PROTOCOL_VERSION, type DeviceInfo, type DeviceStats, type EngineName, type Request, type TargetSpec } from "./protocol.ts";
 

@@ -7,7 +7,7 @@
 import { Database } from "bun:sqlite";
 import type { Static, TSchema } from "@sinclair/typebox";
 import { describeProblem, type JsonSchema } from "../../util/json-check.ts";
-import { DiskError } from "./errors.ts";
+import { DiskError } from "../errors.ts";
 import { PERSISTED } from "./messages.ts";
 import type { EngineName, FuseSpec, TargetSpec } from "./protocol.ts";
 

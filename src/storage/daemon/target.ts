@@ -8,9 +8,9 @@ import type { BlockImage } from "../block.ts";
 import { createUpper, LayeredImage, openStack } from "../overlaybd/index.ts";
 import type { DirectPlan } from "../fuse/index.ts";
 import { layeredDirectPlan } from "./direct.ts";
-import { DiskError } from "./errors.ts";
+import { DiskError } from "../errors.ts";
 import type { TargetSpec } from "./protocol.ts";
-import { RawFileImage } from "./raw.ts";
+import { RawFileImage } from "../raw.ts";
 
 /**
  * Open `t`. For an overlaybd target with `create_upper_size`, the upper pair is created (with

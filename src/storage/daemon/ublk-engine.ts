@@ -22,7 +22,7 @@
 import type { BlockImage } from "../block.ts";
 import { targetOf, UblkServer, type UblkConfig, type UblkDevice } from "../ublk/index.ts";
 import type { EngineDevice, EngineStats, ExportEngine, PlaceSpec } from "./engine.ts";
-import { DiskError } from "./errors.ts";
+import { DiskError } from "../errors.ts";
 import type { DeviceRow } from "./store.ts";
 
 class UblkEngineDevice implements EngineDevice {

@@ -8,7 +8,7 @@
  * `imageTarget`.
  */
 import type { BlockImage } from "../block.ts";
-import { RawFileImage } from "../daemon/raw.ts";
+import { RawFileImage } from "../raw.ts";
 import { LayeredImage, openImageConfig, openStack, type UpperPaths } from "../overlaybd/index.ts";
 import { CowImage, type CowOptions } from "./cow.ts";
 import { UblkError } from "./errors.ts";

@@ -8,7 +8,7 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import { ClientError, createClient, Status, type Metadata } from "nice-grpc";
 import { NodeStatus, schedulerChannel } from "../../../src/cluster/index.ts";
-import { ERROR_CODE_TRAILER } from "../../../services/scheduler/errors.ts";
+import { ERROR_CODE_TRAILER } from "../../../src/cluster/index.ts";
 import { beat, startRedis, startTestScheduler } from "../helpers.ts";
 
 const home = mkdtempSync("/tmp/aenv-sched-grpc-");

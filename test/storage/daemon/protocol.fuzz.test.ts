@@ -11,7 +11,7 @@
  * - responses with mutated fields are accepted or named as bad, never thrown.
  */
 import { describe, expect, test } from "bun:test";
-import { DiskError } from "../../../src/storage/daemon/errors.ts";
+import { DiskError } from "../../../src/storage/errors.ts";
 import { encodeFrame, FRAME_HEADER, FrameReader, parseRequest, parseResponse, REQUEST_KINDS } from "../../../src/storage/daemon/protocol.ts";
 import { Fuzz, show } from "../../helpers/fuzz.ts";
 

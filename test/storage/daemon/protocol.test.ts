@@ -8,7 +8,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { DaemonClient } from "../../../src/storage/daemon/client.ts";
 import { encodeFrame, errorResponse, FrameReader, parseRequest, REQUEST_KINDS } from "../../../src/storage/daemon/protocol.ts";
-import { DISK_ERRORS, DiskError } from "../../../src/storage/daemon/errors.ts";
+import { DISK_ERRORS, DiskError } from "../../../src/storage/errors.ts";
 import { SyscallError } from "../../../src/ffi/errors.ts";
 import { UblkError } from "../../../src/storage/ublk/errors.ts";
 

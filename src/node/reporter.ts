@@ -8,12 +8,12 @@
  * Every RPC is bounded by `timeout_ms`; a scheduler that is down is logged (once per outage) and
  * retried at the next tick, never awaited by requests.
  */
-import { CpuMeter } from "./host.ts";
+import { CpuMeter } from "../ffi/cpu.ts";
 import { createClient, type Channel } from "nice-grpc";
 import type { Logger } from "pino";
 import { CHANNEL_RETRY_MS, NodeStatus, SandboxEventType, SchedulerDefinition, schedulerChannel, untilAnswered, type HeartbeatRequest, type SandboxEvent, type SchedulerClient } from "../cluster/index.ts";
-import { logger } from "./log.ts";
-import { nodeSnapshot, type NodeIdentityInfo, type SnapshotSource } from "./snapshot.ts";
+import { logger } from "../observability/log.ts";
+import { nodeSnapshot, type NodeIdentityInfo, type SnapshotSource } from "../observability/snapshot.ts";
 
 /** Settings of the reporter (`[observability.scheduler_report]`, `[cluster] scheduler_endpoint`). */
 export interface ReporterOptions {

@@ -1,7 +1,7 @@
 /**
- * Host CPU usage from /proc/stat (proc(5): the first line holds cumulative jiffies per state:
- * user nice system idle iowait irq softirq steal ...). Usage between two samples is
- * 1 - Δ(idle + iowait) / Δtotal.
+ * CPU usage of the machine this process runs on (the host; the guest for envd) from /proc/stat
+ * (proc(5): the first line holds cumulative jiffies per state: user nice system idle iowait irq
+ * softirq steal ...). Usage between two samples is 1 - Δ(idle + iowait) / Δtotal.
  */
 import { readFileSync } from "node:fs";
 

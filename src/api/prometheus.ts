@@ -2,7 +2,7 @@
  * Prometheus text exposition (format 0.0.4) of the orchestrator's counters,
  * reading the orchestrator's published counters. Served by the API at GET /metrics.
  */
-import type { OrchestratorCounters, SandboxMetricsSample } from "../orchestrator/types.ts";
+import type { OrchestratorCounters, SandboxMetricsSample } from "../orchestrator/index.ts";
 
 /** Metric name, type and help of each counter. */
 const METRICS: [keyof OrchestratorCounters, string, "gauge" | "counter", string][] = [

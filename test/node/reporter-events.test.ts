@@ -5,7 +5,7 @@
  */
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { mkdtempSync, rmSync } from "node:fs";
-import { SchedulerReporter, type ReporterOptions } from "../../src/observability/reporter.ts";
+import { SchedulerReporter, type ReporterOptions } from "../../src/node/reporter.ts";
 import type { NodeIdentityInfo, SnapshotSource } from "../../src/observability/snapshot.ts";
 import { startTestScheduler } from "../services/helpers.ts";
 import { waitFor } from "../helpers/wait.ts";

@@ -1,5 +1,5 @@
 import { expect, test } from "bun:test";
-import { CpuMeter, cpuPercentBetween, readCpuSample, type CpuSample } from "../../src/observability/host.ts";
+import { CpuMeter, cpuPercentBetween, readCpuSample, type CpuSample } from "../../src/ffi/cpu.ts";
 
 test("/proc/stat parsing and the busy share between two samples", () => {
   const a = readCpuSample("cpu  100 0 100 700 100 0 0 0 0 0\ncpu0 1 2 3 4\n");

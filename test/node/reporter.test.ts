@@ -8,7 +8,7 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { grpcTarget, NodeStatus } from "../../src/cluster/index.ts";
 import { loadConfig } from "../../src/config/index.ts";
 import { parseCpuinfo } from "../../src/observability/identity.ts";
-import { eventTypeOf } from "../../src/observability/reporter.ts";
+import { eventTypeOf } from "../../src/node/reporter.ts";
 import { reporterOptions } from "../../src/node/reporting.ts";
 import { createLoopback, startNodeNoVm, type TestNode } from "../api/helpers.ts";
 import { startTestScheduler } from "../services/helpers.ts";

@@ -1,4 +1,4 @@
-import { AgentEnvError, type ErrorTable } from "../../errors.ts";
+import { AgentEnvError, type ErrorTable } from "../errors.ts";
 
 /** Errors of the disk service (daemon, its protocol and its images). Adding a code: see src/errors.ts. */
 export const DISK_ERRORS = {

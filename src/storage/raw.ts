@@ -4,7 +4,7 @@
  * zeros (same read-back contract as a punched hole, without a fallocate binding).
  */
 import { closeSync, fdatasyncSync, fstatSync, fsyncSync, ftruncateSync, openSync, readSync, writeSync, constants as fsc } from "node:fs";
-import type { BlockImage } from "../block.ts";
+import type { BlockImage } from "./block.ts";
 import { DiskError } from "./errors.ts";
 
 /** Largest zero-fill chunk used by discard, in bytes. */
