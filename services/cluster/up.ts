@@ -21,6 +21,7 @@ import { loadOrCreateApiKey } from "../../src/api/auth.ts";
 import { STOP_ON_STDIN_EOF_ENV } from "../../src/node/until-stopped.ts";
 import { logger } from "../../src/observability/log.ts";
 import { ClusterError } from "./errors.ts";
+import { orLate } from "../../src/util/timeout.ts";
 
 /** What `agentenv cluster up` starts and how it supervises it. */
 export interface ClusterOptions {
@@ -70,17 +71,6 @@ export function selfCommand(): string[] {
 }
 
 const LETTERS = "abcdefghij";
-
-/** `p`'s value, or "late" when it has not settled within `ms`. */
-async function orLate<T>(p: Promise<T>, ms: number): Promise<T | "late"> {
-  let timer: ReturnType<typeof setTimeout> | undefined;
-  const late = new Promise<"late">((resolve) => (timer = setTimeout(() => resolve("late"), Math.max(0, ms))));
-  try {
-    return await Promise.race([p, late]);
-  } finally {
-    clearTimeout(timer);
-  }
-}
 
 /**
  * The members of a one-host cluster (scheduler, N nodes, gateway) as child processes of this
@@ -178,7 +168,7 @@ export class LocalCluster {
     let out = "";
     const deadline = Date.now() + this.o.readyTimeoutMs;
     while (!m.ready.test(out)) {
-      const r = await orLate(reader.read(), deadline - Date.now());
+      const r = await orLate(reader.read(), deadline - Date.now(), "late");
       if (r === "late") {
         p.kill("SIGKILL");
         await p.exited;
@@ -244,7 +234,7 @@ export class LocalCluster {
       const p = m.proc;
       if (!p || p.exitCode !== null || p.signalCode !== null) continue;
       p.kill("SIGTERM");
-      if ((await orLate(p.exited, this.o.stopTimeoutMs)) === "late") {
+      if ((await orLate(p.exited, this.o.stopTimeoutMs, "late")) === "late") {
         this.log.warn({ member: m.name, pid: p.pid, timeoutMs: this.o.stopTimeoutMs }, "member did not stop in time; killed");
         p.kill("SIGKILL");
         await p.exited;

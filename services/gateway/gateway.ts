@@ -37,11 +37,11 @@ import type { GatewayConfig } from "./config.ts";
 import { plausibleSandboxId, type DataRoute } from "./dataplane.ts";
 import { gatewayError, GatewayError, GATEWAY_SOURCE, toGatewayResponse } from "./errors.ts";
 import { checkAnswer, forwardToNode, neverReached, NODE_HEADER, nodeFailureOf, parseAnswer, readAnswer } from "./forward.ts";
-import { RouteCache } from "./route-cache.ts";
 import { GatewayEvents } from "./events.ts";
 import { SchedulerLink, type ClusterNodes } from "./scheduler-link.ts";
 import { GatewaySecrets } from "./secrets.ts";
 import pkg from "../../package.json" with { type: "json" };
+import { LruMap } from "../../src/util/lru.ts";
 
 /** Sandbox operations that boot, snapshot or restore a VM: bounded by create_timeout_ms. */
 const SLOW_OPS = new Set(["pause", "resume", "connect", "snapshots", "fork"]);
@@ -86,10 +86,11 @@ function segment(s: string): string {
  * Holds the route cache and the scheduler link; no other state.
  */
 export class Gateway {
-  readonly routes: RouteCache;
+  /** Sandbox -> node routes learned (create, lookups, list answers); a sandbox never moves, so an entry stays right until it is deleted or its node answers 404. Known sandboxes keep routing from here while the scheduler is down. */
+  readonly routes: LruMap<string, NodeRef>;
   readonly scheduler: SchedulerLink;
   /** Files hash -> the node whose upload URL for it was handed out through this gateway. */
-  private readonly uploads: RouteCache;
+  private readonly uploads: LruMap<string, NodeRef>;
   private readonly log: Logger = logger("gateway");
   private readonly nodeKey: string;
   /** Counters for /metrics and tests. */
@@ -104,8 +105,8 @@ export class Gateway {
   readonly secrets: GatewaySecrets;
 
   constructor(readonly cfg: GatewayConfig, readonly apiKey: string) {
-    this.routes = new RouteCache(cfg.routeCacheSize);
-    this.uploads = new RouteCache(cfg.routeCacheSize);
+    this.routes = new LruMap(cfg.routeCacheSize);
+    this.uploads = new LruMap(cfg.routeCacheSize);
     this.nodeKey = cfg.nodeApiKey || apiKey;
     this.secrets = new GatewaySecrets(cfg.homePath, cfg.secretsKeyPath, cfg.maxSecrets, this.nodeKey);
     this.scheduler = new SchedulerLink({ endpoint: cfg.schedulerEndpoint, timeoutMs: cfg.schedulerTimeoutMs, retryMs: cfg.schedulerRetryMs, nodeListTtlMs: cfg.nodeListTtlMs });

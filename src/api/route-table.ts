@@ -5,6 +5,7 @@
  * state are woken by the event that ends it (no polling).
  */
 import { LIVE_STATES, type SandboxRecord, type SandboxService, type SandboxState } from "../orchestrator/index.ts";
+import { Notifier } from "../util/wait.ts";
 
 /** What the proxy needs of one sandbox. */
 export interface Route {
@@ -44,7 +45,8 @@ function routeOf(r: SandboxRecord): Route {
 
 export class RouteTable {
   private readonly routes = new Map<string, Route>();
-  private readonly waiters = new Map<string, Set<() => void>>();
+  /** Per sandbox with waiters: woken by each of its events. */
+  private readonly waiters = new Map<string, Notifier>();
   private readonly unobserve: () => void;
 
   /** Subscribe to `sandboxes`' events, then seed from its live sandboxes (events win over the seed). */
@@ -75,31 +77,22 @@ export class RouteTable {
       if (!r || !TRANSITIONAL.has(r.state)) return r;
       const left = deadline - performance.now();
       if (left <= 0) return r;
-      await new Promise<void>((resolve) => {
-        let set = this.waiters.get(id);
-        if (!set) this.waiters.set(id, (set = new Set()));
-        const wake = () => {
-          clearTimeout(timer);
-          set.delete(wake);
-          if (set.size === 0 && this.waiters.get(id) === set) this.waiters.delete(id);
-          resolve();
-        };
-        const timer = setTimeout(wake, left);
-        set.add(wake);
-      });
+      let n = this.waiters.get(id);
+      if (!n) this.waiters.set(id, (n = new Notifier()));
+      await n.wait(left);
+      if (n.waiting === 0 && this.waiters.get(id) === n) this.waiters.delete(id);
     }
   }
 
   /** Stop following events; pending waits return what they have. */
   close(): void {
     this.unobserve();
-    for (const set of [...this.waiters.values()]) for (const wake of [...set]) wake();
+    for (const n of [...this.waiters.values()]) n.notify();
   }
 
   private apply(r: SandboxRecord): void {
     if ((LIVE_STATES as readonly string[]).includes(r.state)) this.routes.set(r.id, routeOf(r));
     else this.routes.delete(r.id);
-    const set = this.waiters.get(r.id);
-    if (set) for (const wake of [...set]) wake();
+    this.waiters.get(r.id)?.notify();
   }
 }

@@ -1,14 +1,13 @@
 /**
- * epoll(7), eventfd(2) and errno-returning read/write/pread for hot loops in worker threads
- * (the FUSE reader pool): no exceptions on EAGAIN, no allocation per call. Every function here
- * returns a byte count / fd, or a negative errno, instead of throwing, except the set-up calls
- * (`epollCreate`, `eventfdCreate`, `setNonBlocking`), which throw `SyscallError`. Functions
+ * epoll(7) and errno-returning read/write/pread for hot loops in worker threads (the FUSE
+ * reader pool; its wake-up eventfd is ./eventfd.ts): no exceptions on EAGAIN, no allocation per
+ * call. Every function here returns a byte count / fd, or a negative errno, instead of throwing,
+ * except the set-up calls (`epollCreate`, `setNonBlocking`), which throw `SyscallError`. Functions
  * from the one libc binding (./libc.ts), which each thread that imports it opens for itself.
  * Values from include/uapi/linux/eventpoll.h, include/uapi/asm-generic/fcntl.h and
  * include/uapi/asm-generic/errno-base.h (x86_64): EPOLL_CLOEXEC = O_CLOEXEC 02000000,
  * EPOLL_CTL_ADD 1 / DEL 2 / MOD 3, EPOLLIN 0x1, EPOLLERR 0x8, EPOLLHUP 0x10, EPOLLEXCLUSIVE 1 << 28; `struct epoll_event`
- * is packed on x86_64: u32 events @0, u64 data @4, 12 bytes. EFD_CLOEXEC 02000000, EFD_NONBLOCK
- * 04000, F_GETFL 3, F_SETFL 4, O_NONBLOCK 04000.
+ * is packed on x86_64: u32 events @0, u64 data @4, 12 bytes. F_GETFL 3, F_SETFL 4, O_NONBLOCK 04000.
  * Safe in any thread: errno is per thread.
  */
 import { ptr } from "bun:ffi";
@@ -25,8 +24,6 @@ export const EPOLL_EVENT_SIZE = 12;
 const EPOLL_CLOEXEC = 0o2000000;
 const EPOLL_CTL_ADD = 1;
 const EPOLL_CTL_DEL = 2;
-const EFD_CLOEXEC = 0o2000000;
-const EFD_NONBLOCK = 0o4000;
 const F_GETFL = 3;
 const F_SETFL = 4;
 const O_NONBLOCK = 0o4000;
@@ -74,29 +71,6 @@ export function epollWait(epfd: number, events: Uint8Array, timeoutMs: number): 
 /** The `data` word (low 32 bits) of event `i`, from a DataView over the buffer `epollWait` filled. */
 export function eventData(events: DataView, i: number): number {
   return events.getUint32(i * EPOLL_EVENT_SIZE + 4, true);
-}
-
-/**
- * A non-blocking, close-on-exec eventfd (counter 0), to wake a thread parked in `epollWait`.
- * @throws SyscallError `eventfd`
- */
-export function eventfdCreate(): number {
-  const fd = libc().eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (fd < 0) throw new SyscallError("eventfd", errno());
-  return fd;
-}
-
-const one = new BigUint64Array([1n]);
-const sink = new BigUint64Array(1);
-
-/** Add 1 to an eventfd's counter (wakes its watchers). Returns 0 or a negative errno. */
-export function eventfdSignal(fd: number): number {
-  return Number(libc().write(fd, one, 8)) < 0 ? -errno() : 0;
-}
-
-/** Reset an eventfd's counter to 0. Returns 0, or a negative errno (EAGAIN: it was already 0). */
-export function eventfdDrain(fd: number): number {
-  return Number(libc().read(fd, sink, 8)) < 0 ? -errno() : 0;
 }
 
 /**

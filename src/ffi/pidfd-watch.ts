@@ -18,7 +18,8 @@ import { closeSync } from "node:fs";
 import { constants } from "node:os";
 import { Worker } from "node:worker_threads";
 import { workerEntry } from "../bundle.ts";
-import { EPOLLIN, epollAdd, epollCreate, epollDel, eventfdCreate, eventfdSignal } from "./epoll.ts";
+import { EPOLLIN, epollAdd, epollCreate, epollDel } from "./epoll.ts";
+import { createEventfd, signalEventfd } from "./eventfd.ts";
 import { SyscallError } from "./errors.ts";
 import { errno, libc } from "./libc.ts";
 import { processStartTime } from "./proc.ts";
@@ -41,7 +42,7 @@ class Generation {
   constructor(onEmpty: (g: Generation) => void) {
     this.epfd = epollCreate();
     try {
-      this.wake = eventfdCreate();
+      this.wake = createEventfd({ nonBlocking: true });
     } catch (e) {
       closeSync(this.epfd);
       throw e;
@@ -72,7 +73,7 @@ class Generation {
   stop(): void {
     if (this.stopped) return;
     this.stopped = true;
-    eventfdSignal(this.wake);
+    signalEventfd(this.wake);
   }
 }
 

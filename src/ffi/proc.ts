@@ -14,3 +14,16 @@ export function processStartTime(pid: number): number | null {
     return null;
   }
 }
+
+/**
+ * True when process `pid` exists and is not a zombie (state Z or X, /proc/<pid>/stat field 3):
+ * it runs, whoever owns it. A zombie has ended; only its parent's wait is missing.
+ */
+export function processAlive(pid: number): boolean {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+    return !/^\d+ \(.*\) [ZX] /s.test(stat);
+  } catch {
+    return false;
+  }
+}

@@ -20,7 +20,7 @@
  * a second pull of the same tag asks the registry for the manifest only.
  */
 import { createHash, randomBytes } from "node:crypto";
-import { existsSync, linkSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, truncateSync, utimesSync, writeFileSync } from "node:fs";
+import { existsSync, linkSync, mkdirSync, readdirSync, readFileSync, rmSync, statSync, truncateSync, utimesSync, writeFileSync } from "node:fs";
 import { basename, dirname, join } from "node:path";
 import { importSparse } from "../storage/overlaybd/index.ts";
 import { TOOLS_MOUNT } from "../tools/index.ts";
@@ -31,6 +31,7 @@ import { formatImageRef, parseImageRef } from "./reference.ts";
 import { RootTree } from "./rootfs.ts";
 import type { RegistrySettings } from "./settings.ts";
 import { tool } from "./skopeo.ts";
+import { writeFileDurable } from "../util/durable.ts";
 
 /** Process defaults of the image (its OCI config, as umoci's runtime spec has them). */
 export interface ImageRunConfig {
@@ -234,8 +235,7 @@ export async function pullImage(o: PullOptions): Promise<PulledImage> {
     }
     const layerPath = join(cacheDir, layerName);
     const entry: CacheEntry = { layer: layerName, ref, digest, diskBytes, config, compressedBytes };
-    writeFileSync(`${metaPath}.tmp`, JSON.stringify(entry, null, 2));
-    renameSync(`${metaPath}.tmp`, metaPath);
+    writeFileDurable(metaPath, JSON.stringify(entry, null, 2));
     progress(`${ref} ${digest}: ${(compressedBytes / 1048576).toFixed(1)} MiB in ${(fetchMs / 1000).toFixed(1)} s`);
     return { key, ref, digest, layerPath, diskBytes, config, pulled: true, compressedBytes, fetchMs };
   } finally {

@@ -9,9 +9,10 @@
  * changes the tree while it is edited (a pull's private work directory, no guest running).
  */
 import { randomBytes } from "node:crypto";
-import { chmodSync, closeSync, fchmodSync, fchownSync, lchownSync, lstatSync, mkdirSync, openSync, readFileSync, readlinkSync, renameSync, rmSync, symlinkSync, writeSync, type Stats } from "node:fs";
+import { chmodSync, closeSync, fchmodSync, fchownSync, lchownSync, lstatSync, mkdirSync, openSync, readFileSync, readlinkSync, rmSync, symlinkSync, writeSync, type Stats } from "node:fs";
 import { dirname, join, relative } from "node:path";
 import { ImageError } from "./errors.ts";
+import { renameDurable } from "../util/durable.ts";
 
 /** Most symlinks one resolution follows (Linux's MAXSYMLINKS). */
 const MAX_LINKS = 40;
@@ -121,7 +122,12 @@ export class RootTree {
       throw e;
     }
     closeSync(fd);
-    renameSync(tmp, host);
+    try {
+      renameDurable(tmp, host);
+    } catch (e) {
+      rmSync(tmp, { force: true });
+      throw e;
+    }
   }
 
   /**

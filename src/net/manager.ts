@@ -25,6 +25,8 @@ import { defaultPolicy, domainMatches, type EgressPolicy, policyToJson } from ".
 import type { DnsAllowed } from "./rules.ts";
 import { type AllocatedSlot, type Slot, slotLayout } from "./slot.ts";
 import { type SlotRow, SlotStore } from "./store.ts";
+import { LruMap } from "../util/lru.ts";
+import { Notifier } from "../util/wait.ts";
 
 const log = logger("net");
 
@@ -74,7 +76,7 @@ export class NetworkManager {
   private readonly allocated = new Map<number, AllocatedSlot>();
   private readonly bySandbox = new Map<string, number>();
   private readonly byNsIp = new Map<string, number>();
-  private readonly dnsAllowed = new Map<number, Map<string, DnsEntry>>();
+  private readonly dnsAllowed = new Map<number, LruMap<string, DnsEntry>>();
   private readonly locks = new Map<number, Promise<unknown>>();
   private building = 0;
   private draining = 0;
@@ -84,7 +86,7 @@ export class NetworkManager {
   private worker?: Promise<void>;
   private wakeWorker?: () => void;
   /** Waits for a build or teardown to end, or for a kick (allocate, release, shutdown). */
-  private readonly waiters = new Set<() => void>();
+  private readonly changes = new Notifier();
   private dns?: DnsProxy;
   /** Fires when the first DNS-learned address runs out (see `closeExpiredDns`). */
   private readonly dnsExpiry: DeadlineTimer;
@@ -144,7 +146,11 @@ export class NetworkManager {
       this.bySandbox.set(a.sandboxId, a.idx);
       this.byNsIp.set(a.nsVethIp, a.idx);
       const live = k.dnsAllowed.filter((e) => k.policy.allowDomains.some((d) => domainMatches(d, e.qname)));
-      if (live.length) this.dnsAllowed.set(a.idx, new Map(live.map((e) => [e.ip, { qname: e.qname, expiresAt: e.expiresAt }])));
+      if (live.length) {
+        const m = new LruMap<string, DnsEntry>(this.cfg.dns.maxAddressesPerSlot);
+        for (const e of live) m.set(e.ip, { qname: e.qname, expiresAt: e.expiresAt });
+        this.dnsAllowed.set(a.idx, m);
+      }
       for (const e of live) this.dnsExpiry.armAt(e.expiresAt);
       this.store.put(a.idx, a.netnsName, "allocated", a.sandboxId, a.policy);
       adopted.push(a);
@@ -503,20 +509,12 @@ export class NetworkManager {
 
   /** Wake every `changed()` wait: a build or teardown ended, or the pool's state moved. */
   private notify(): void {
-    for (const wake of [...this.waiters]) wake();
+    this.changes.notify();
   }
 
   /** Resolves at the next `notify()`, or at `until` (unix ms) at the latest. */
   private changed(until: number): Promise<void> {
-    return new Promise<void>((resolve) => {
-      const wake = () => {
-        clearTimeout(timer);
-        this.waiters.delete(wake);
-        resolve();
-      };
-      const timer = Number.isFinite(until) ? setTimeout(wake, Math.max(0, until - Date.now())) : undefined;
-      this.waiters.add(wake);
-    });
+    return this.changes.wait(until - Date.now());
   }
 
   /** The single pool worker: drain above high, refill up to target, else sleep until kicked. */
@@ -589,16 +587,15 @@ export class NetworkManager {
     if (!a || !a.policy.allowDomains.some((d) => domainMatches(d, qname))) return;
     await this.serial(a.idx, async () => {
       let m = this.dnsAllowed.get(a.idx);
-      if (!m) this.dnsAllowed.set(a.idx, (m = new Map()));
+      // the least recently refreshed go first past the bound
+      if (!m) this.dnsAllowed.set(a.idx, (m = new LruMap(this.cfg.dns.maxAddressesPerSlot)));
       const before = this.liveDnsAddrs(a.idx).join(",");
       const now = this.clock.now();
       for (const { ip, ttl } of addrs) {
-        m.delete(ip); // re-insert so Map order is by last refresh
         const expiresAt = now + Math.max(ttl, this.cfg.dns.minTtlSecs) * 1000;
         m.set(ip, { qname, expiresAt });
         this.dnsExpiry.armAt(expiresAt);
       }
-      while (m.size > this.cfg.dns.maxAddressesPerSlot) m.delete(m.keys().next().value!);
       const after = this.liveDnsEntries(a.idx);
       // the kernel holds the set (and each address's first expiry, for a node that adopts the slot)
       if (after.map((e) => e.ip).join(",") !== before) await applyDnsAllowed(this.cfg, a, after);

@@ -8,6 +8,7 @@ import { existsSync, readdirSync } from "node:fs";
 import { run } from "./exec.ts";
 import { GATEWAY_IP, GUEST_IP, TAP_MAC, TAP_NAME, TAP_PREFIX_LEN } from "./slot.ts";
 import type { NetSpec } from "../vmm/types.ts";
+import { processAlive } from "../ffi/proc.ts";
 
 const NETNS_DIR = "/run/netns";
 
@@ -56,12 +57,7 @@ export async function reapTapNamespaces(prefix: string, timeoutMs: number): Prom
     if (!n.startsWith(prefix)) continue;
     const pid = Number(n.slice(prefix.length));
     if (!Number.isInteger(pid) || pid <= 0) continue;
-    try {
-      process.kill(pid, 0);
-      continue;
-    } catch (e) {
-      if ((e as NodeJS.ErrnoException).code === "EPERM") continue;
-    }
+    if (processAlive(pid)) continue;
     await run(["ip", "netns", "del", n], { timeoutMs, check: false });
     out.push(n);
   }

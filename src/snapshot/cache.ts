@@ -11,13 +11,14 @@
  * with the right size (asked when this process did not push or fetch it itself). Recency is kept
  * in memory; at start it is the file's atime.
  */
-import { readdirSync, renameSync, statSync, chmodSync, rmSync, existsSync } from "node:fs";
+import { readdirSync, statSync, chmodSync, rmSync, existsSync } from "node:fs";
 import { join } from "node:path";
 import { logger } from "../observability/log.ts";
 import { SnapshotError } from "./errors.ts";
 import type { LocalRepository } from "./local.ts";
 import { DIGEST_RE, type LayerRef } from "./manifest.ts";
 import type { S3Repository } from "./s3.ts";
+import { renameDurable } from "../util/durable.ts";
 
 const log = logger("snapshot.cache");
 
@@ -209,7 +210,7 @@ export class LayerCache {
     try {
       await this.store.fetchLayer(ref, tmp);
       chmodSync(tmp, 0o444);
-      renameSync(tmp, dst);
+      renameDurable(tmp, dst);
     } finally {
       rmSync(tmp, { force: true });
     }

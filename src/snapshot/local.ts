@@ -12,11 +12,13 @@
  * crash before that leaves staging files and unreferenced layers, which `gc()` removes: at once
  * the layers a dead commit recorded, after the grace period any other unnamed layer.
  */
-import { appendFileSync, closeSync, existsSync, fsyncSync, linkSync, mkdirSync, openSync, readdirSync, readFileSync, readSync, renameSync, rmSync, statSync, utimesSync, chmodSync, writeFileSync, constants as fsc } from "node:fs";
+import { appendFileSync, closeSync, existsSync, linkSync, mkdirSync, openSync, readdirSync, readFileSync, readSync, rmSync, statSync, utimesSync, chmodSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { logger } from "../observability/log.ts";
 import { SnapshotError } from "./errors.ts";
 import { digestHex, DIGEST_RE, layersOf, parseManifest, SNAPSHOT_ID_RE, type LayerRef, type SnapshotManifest } from "./manifest.ts";
+import { processAlive } from "../ffi/proc.ts";
+import { fsyncDir, fsyncPath, renameDurable } from "../util/durable.ts";
 
 const log = logger("snapshot");
 
@@ -51,27 +53,6 @@ export interface GcReport {
   bytes: number;
 }
 
-/** fsync a folder so a link or rename in it is durable. */
-function fsyncDir(dir: string): void {
-  const fd = openSync(dir, fsc.O_RDONLY);
-  try {
-    fsyncSync(fd);
-  } finally {
-    closeSync(fd);
-  }
-}
-
-/** Write `text` to `path` and fsync it. */
-function writeDurable(path: string, text: string): void {
-  writeFileSync(path, text);
-  const fd = openSync(path, "r");
-  try {
-    fsyncSync(fd);
-  } finally {
-    closeSync(fd);
-  }
-}
-
 /**
  * sha256 of a file's bytes and its size.
  * @throws SnapshotError `snapshot.corrupt_layer` when it cannot be read
@@ -97,15 +78,6 @@ export function hashFile(path: string): LayerRef {
     closeSync(fd);
   }
   return { digest: `sha256:${h.digest("hex")}`, size };
-}
-
-function pidAlive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (e) {
-    return (e as NodeJS.ErrnoException).code === "EPERM";
-  }
 }
 
 /** Digests listed in the `.linked-layers` record of staging entry `path` (none for a file or without one). */
@@ -146,12 +118,7 @@ export class CommitTxn {
   addLayer(path: string, opts: { keepSource?: boolean } = {}): LayerRef {
     if (this.done) throw new SnapshotError("snapshot.commit_failed", "commit already finished", { dir: this.dir });
     try {
-      const fd = openSync(path, "r");
-      try {
-        fsyncSync(fd);
-      } finally {
-        closeSync(fd);
-      }
+      fsyncPath(path);
       // a kept source (a template's layer, a tools image) is hashed once per process and version
       const ref = opts.keepSource ? this.repo.digestOf(path) : hashFile(path);
       this.repo.pin(ref.digest);
@@ -172,10 +139,7 @@ export class CommitTxn {
             // another filesystem: copy in, then move into place
             const tmp = this.file(`.copy-${digestHex(ref)}`);
             Bun.spawnSync(["cp", "--reflink=auto", path, tmp]);
-            const fd2 = openSync(tmp, "r");
-            fsyncSync(fd2);
-            closeSync(fd2);
-            renameSync(tmp, dst);
+            renameDurable(tmp, dst);
           } else if ((e as NodeJS.ErrnoException).code !== "EEXIST") throw e;
         }
         chmodSync(dst, 0o444);
@@ -202,11 +166,10 @@ export class CommitTxn {
       }
       fsyncDir(join(this.repo.root, "layers"));
       const tmp = this.file("manifest.json");
-      writeDurable(tmp, JSON.stringify(m, null, 2) + "\n");
+      writeFileSync(tmp, JSON.stringify(m, null, 2) + "\n");
       const dst = join(this.repo.root, "manifests", `${m.id}.json`);
       if (existsSync(dst)) throw new SnapshotError("snapshot.commit_failed", `snapshot ${m.id} already exists`, { id: m.id });
-      renameSync(tmp, dst);
-      fsyncDir(join(this.repo.root, "manifests"));
+      renameDurable(tmp, dst);
     } catch (e) {
       this.abort();
       if (e instanceof SnapshotError) throw e;
@@ -286,9 +249,8 @@ export class LocalRepository {
     if (existsSync(dst)) throw new SnapshotError("snapshot.commit_failed", `snapshot ${m.id} already exists`, { id: m.id });
     const tmp = join(this.root, "staging", `${process.pid}.adopt-${m.id}.json`);
     try {
-      writeDurable(tmp, JSON.stringify(m, null, 2) + "\n");
-      renameSync(tmp, dst);
-      fsyncDir(join(this.root, "manifests"));
+      writeFileSync(tmp, JSON.stringify(m, null, 2) + "\n");
+      renameDurable(tmp, dst);
     } catch (e) {
       rmSync(tmp, { force: true });
       throw new SnapshotError("snapshot.commit_failed", `adopting snapshot ${m.id} failed: ${(e as Error).message}`, { id: m.id }, { cause: e });
@@ -479,7 +441,7 @@ export class LocalRepository {
       } catch {
         continue;
       }
-      const live = pid === process.pid || (Number.isInteger(pid) && pid > 0 && pidAlive(pid) && young);
+      const live = pid === process.pid || (Number.isInteger(pid) && pid > 0 && processAlive(pid) && young);
       for (const d of linkedLayers(p)) (live ? keep : orphaned).add(d);
       if (!live) deadStaging.push(f);
     }

@@ -18,6 +18,7 @@ import type { LayerCache, LayerHold } from "./cache.ts";
 import type { LocalRepository } from "./local.ts";
 import { layersOf, SNAPSHOT_ID_RE, type LayerRef, type SnapshotKind, type SnapshotManifest } from "./manifest.ts";
 import type { PushReport, S3Repository } from "./s3.ts";
+import { orLate } from "../util/timeout.ts";
 
 const log = logger("snapshot.remote");
 
@@ -150,9 +151,7 @@ export class SnapshotRemote {
   async close(waitMs = this.opts.shutdownWaitMs): Promise<void> {
     this.closed = true;
     clearInterval(this.timer);
-    let timer: ReturnType<typeof setTimeout> | undefined;
-    const done = await Promise.race([this.flush().then(() => true), new Promise<boolean>((r) => (timer = setTimeout(() => r(false), waitMs)))]);
-    clearTimeout(timer);
+    const done = await orLate(this.flush().then(() => true), waitMs, false);
     if (!done) log.warn({ queued: [...this.queued], waitMs }, "snapshot pushes still running at shutdown: the next start pushes them");
   }
 

@@ -12,6 +12,7 @@
  */
 import { logger } from "../observability/log.ts";
 import { SnapshotError } from "./errors.ts";
+import { LruMap } from "../util/lru.ts";
 
 const log = logger("snapshot.shared");
 
@@ -67,15 +68,17 @@ export interface SharedImagesOptions {
 export class SharedImages {
   private readonly entries = new Map<string, Entry>();
   private readonly opens = new Map<string, number>();
-  /** The table's own leases (keepWarm), least recently kept first. */
-  private readonly warm = new Map<string, ImageLease>();
+  /** The table's own leases (keepWarm), least recently kept first; past `warmMax` the oldest is released. */
+  private readonly warm: LruMap<string, ImageLease>;
   /** Releases of cooled images in progress (closeAll waits for them). */
   private readonly cooling = new Set<Promise<void>>();
 
   constructor(
     private readonly exporter: ImageExporter,
     private readonly opts: SharedImagesOptions = { warmMax: 0 },
-  ) {}
+  ) {
+    this.warm = new LruMap(Math.max(0, opts.warmMax), { onEvict: (_key, lease) => this.background(lease.release()) });
+  }
 
   /**
    * Keep image `key` (made of `layers`) open after its last user: the table takes a lease on it
@@ -86,23 +89,18 @@ export class SharedImages {
    */
   async keepWarm(key: string, layers: string[]): Promise<boolean> {
     if (this.opts.warmMax <= 0) return false;
-    const had = this.warm.get(key);
-    if (had) {
-      this.warm.delete(key);
-      this.warm.set(key, had);
-    } else {
+    if (!this.warm.get(key)) {
       const lease = await this.acquire(key, layers);
       // a concurrent keepWarm of the same key may have won meanwhile: one lease per key
-      if (this.warm.has(key)) this.background(lease.release());
+      if (this.warm.get(key)) this.background(lease.release());
       else this.warm.set(key, lease);
     }
-    while (this.warm.size > this.opts.warmMax) this.cool(this.warm.keys().next().value!);
     return true;
   }
 
   /** Release the table's own lease on `key`, if it holds one (the image closes once no VM maps it). */
   cool(key: string): void {
-    const l = this.warm.get(key);
+    const l = this.warm.peek(key);
     if (!l) return;
     this.warm.delete(key);
     this.background(l.release());

@@ -9,7 +9,7 @@
  * (keyed by that and the size). mmdebstrap/mkfs facts: docs/vm-on-this-machine.md §8.
  */
 import { createHash, randomBytes } from "node:crypto";
-import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, truncateSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync, truncateSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { logger } from "../observability/log.ts";
 import { TemplateError } from "./errors.ts";
@@ -18,6 +18,7 @@ import { importSparse } from "../storage/overlaybd/index.ts";
 import { withBuildLock } from "../vmm/buildlock.ts";
 import { buildTools, type ToolsBuildOptions, type ToolsImage } from "../tools/index.ts";
 import { readManifest, templateDir, writeManifest, type TemplateManifest } from "./store.ts";
+import { renameDurable } from "../util/durable.ts";
 
 const log = logger("template");
 
@@ -225,7 +226,7 @@ async function buildBaseLocked(opts: BaseBuildOptions): Promise<Omit<BaseBuildRe
   } finally {
     writeFileSync(marker, markerText);
   }
-  renameSync(tmp, img);
+  renameDurable(tmp, img);
 
   // a new name per build, never an existing file: templates built on this one and sandboxes
   // (running or paused) stack on the layer they started with, which a rebuild must not change
@@ -233,7 +234,7 @@ async function buildBaseLocked(opts: BaseBuildOptions): Promise<Omit<BaseBuildRe
   progress("overlaybd", `importing rootfs.ext4 as the overlaybd layer ${layerName}`);
   const layer = join(dir, layerName);
   await importSparse(img, `${layer}.tmp`);
-  renameSync(`${layer}.tmp`, layer);
+  renameDurable(`${layer}.tmp`, layer);
 
   const manifest: TemplateManifest = {
     name,

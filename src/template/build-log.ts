@@ -13,6 +13,7 @@ import { type Static, Type as T } from "@sinclair/typebox";
 import { appendFileSync, closeSync, mkdirSync, openSync, readSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import { jsonSchema } from "../util/json-check.ts";
+import { LruMap } from "../util/lru.ts";
 
 const LEVEL = T.Union([T.Literal("debug"), T.Literal("info"), T.Literal("warn"), T.Literal("error")]);
 /** Log levels of build log entries. */
@@ -99,14 +100,15 @@ function scanLines(p: string, maxLine: number, onLine: (text: string, start: num
 
 /** The build logs of one catalog directory. */
 export class BuildLogs {
-  private readonly index = new Map<string, LogIndex>();
+  private readonly index: LruMap<string, LogIndex>;
 
   /**
    * @param dir directory of the `.jsonl` files.
    * @param maxBytes size bound of one build's log (bytes).
    * @param maxIndexed builds whose line index stays in memory.
    */
-  constructor(readonly dir: string, private readonly maxBytes: number, private readonly maxIndexed = 32) {
+  constructor(readonly dir: string, private readonly maxBytes: number, maxIndexed = 32) {
+    this.index = new LruMap(maxIndexed);
     mkdirSync(dir, { recursive: true });
   }
 
@@ -203,12 +205,7 @@ export class BuildLogs {
   /** The build's index, made by one scan of its file when not in memory. */
   private indexOf(buildID: string): LogIndex {
     let ix = this.index.get(buildID);
-    if (ix) {
-      // most recently used last
-      this.index.delete(buildID);
-      this.index.set(buildID, ix);
-      return ix;
-    }
+    if (ix) return ix;
     ix = { starts: [], end: 0, truncated: false, errors: [] };
     const p = this.path(buildID);
     const scanned = scanLines(p, this.maxBytes, (text, start) => {
@@ -227,7 +224,6 @@ export class BuildLogs {
       }
     }
     this.index.set(buildID, ix);
-    while (this.index.size > this.maxIndexed) this.index.delete(this.index.keys().next().value!);
     return ix;
   }
 }

@@ -19,7 +19,7 @@
  * chowns what it copied to the step's user (else the current USER) and applies `mode` when given.
  * A relative `dest` or WORKDIR resolves against the current WORKDIR.
  */
-import { closeSync, existsSync, mkdirSync, openSync, readdirSync, readFileSync, readSync, renameSync, rmSync, utimesSync, writeFileSync } from "node:fs";
+import { closeSync, existsSync, mkdirSync, openSync, readdirSync, readFileSync, readSync, rmSync, utimesSync, writeFileSync } from "node:fs";
 import { isAbsolute, join, posix, relative } from "node:path";
 import type { AgentEnvError } from "../errors.ts";
 import { logger } from "../observability/log.ts";
@@ -32,6 +32,7 @@ import { baseKey, hashParts, IGNORED_STEPS, stepKey, SUPPORTED_STEPS, type Build
 import { waitReady } from "./ready.ts";
 import { FINAL_ENTRY, STEP_ENTRY } from "./records.ts";
 import { readManifest } from "./store.ts";
+import { writeFileDurable } from "../util/durable.ts";
 
 /** Process context a step leaves for the next one. */
 export interface StepContext {
@@ -478,8 +479,7 @@ export class TemplateBuilder {
 
   private writeEntry(key: string, e: StepEntry): void {
     const p = join(this.stepDir, `${key}.json`);
-    writeFileSync(`${p}.tmp`, JSON.stringify(e));
-    renameSync(`${p}.tmp`, p);
+    writeFileDurable(p, JSON.stringify(e));
   }
 
   /** Remove temporary files a crashed build left in the layer cache. */

@@ -10,7 +10,7 @@
  * ../shared/docs/template-build.md §4.
  */
 import { randomUUID } from "node:crypto";
-import { mkdirSync, readdirSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
+import { mkdirSync, readdirSync, readFileSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import { asError } from "../util/error.ts";
 import { describeProblem } from "../util/json-check.ts";
@@ -18,6 +18,7 @@ import { TemplateError } from "./errors.ts";
 import { TEMPLATE_RECORD } from "./records.ts";
 import { listTemplates as listManifests, readManifest, TEMPLATE_NAME, type TemplateManifest } from "./store.ts";
 export type { BuildLogEntry, LogLevel } from "./build-log.ts";
+import { writeFileDurable } from "../util/durable.ts";
 
 /** Build states as E2B names them. */
 export type BuildStatus = "waiting" | "building" | "ready" | "error";
@@ -338,8 +339,7 @@ export class TemplateCatalog {
 
   private save(t: TemplateRecord): void {
     const p = join(this.dir, "templates", `${t.templateID}.json`);
-    writeFileSync(`${p}.tmp`, JSON.stringify(t, null, 2) + "\n");
-    renameSync(`${p}.tmp`, p);
+    writeFileDurable(p, JSON.stringify(t, null, 2) + "\n");
   }
 }
 

@@ -11,8 +11,9 @@
 import { createHmac, randomBytes, timingSafeEqual } from "node:crypto";
 import { existsSync, linkSync, mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { open } from "node:fs/promises";
-import { join } from "node:path";
+import { dirname, join } from "node:path";
 import { TemplateError } from "./errors.ts";
+import { fsyncDir } from "../util/durable.ts";
 
 const HASH_RE = /^[0-9a-f]{64}$/;
 
@@ -87,6 +88,7 @@ export class BuildFiles {
       await fh.close();
       try {
         linkSync(tmp, final);
+        fsyncDir(dirname(final));
       } catch (e) {
         if ((e as NodeJS.ErrnoException).code !== "EEXIST") throw e;
       }

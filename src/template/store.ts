@@ -2,9 +2,10 @@
  * Local template store: `$home/templates/<name>/manifest.json` plus the files it names
  * (root filesystem image, overlaybd layers). Plain JSON on disk; no database needed.
  */
-import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, readdirSync, readFileSync } from "node:fs";
 import { isAbsolute, join } from "node:path";
 import { TemplateError } from "./errors.ts";
+import { writeFileDurable } from "../util/durable.ts";
 
 /** Template names: lowercase letters, digits, `-`, `_`, `.`; 1–64 chars, no leading dot. */
 export const TEMPLATE_NAME = /^[a-z0-9][a-z0-9._-]{0,63}$/;
@@ -78,13 +79,12 @@ export function readManifest(homePath: string, name: string): TemplateManifest {
   return m;
 }
 
-/** Write a manifest atomically (tmp + rename). */
+/** Write a manifest atomically and durably (src/util/durable.ts). */
 export function writeManifest(homePath: string, m: TemplateManifest): void {
   const dir = templateDir(homePath, m.name);
   mkdirSync(dir, { recursive: true });
   const path = join(dir, "manifest.json");
-  writeFileSync(`${path}.tmp`, JSON.stringify(m, null, 2) + "\n");
-  renameSync(`${path}.tmp`, path);
+  writeFileDurable(path, JSON.stringify(m, null, 2) + "\n");
 }
 
 /**

@@ -21,7 +21,7 @@
  * build, which new VMs get (`resolveTools`).
  */
 import { createHash } from "node:crypto";
-import { chmodSync, copyFileSync, existsSync, mkdirSync, readdirSync, readFileSync, realpathSync, renameSync, rmSync, statSync, symlinkSync, writeFileSync } from "node:fs";
+import { chmodSync, copyFileSync, existsSync, mkdirSync, readdirSync, readFileSync, realpathSync, rmSync, statSync, symlinkSync, writeFileSync } from "node:fs";
 import { basename, join, relative } from "node:path";
 import { compileEntrypoints } from "../bundle.ts";
 import { logger } from "../observability/log.ts";
@@ -30,6 +30,7 @@ import { TOOLS_INTERPRETER } from "./boot.ts";
 import { setInterpreter } from "./elf.ts";
 import { ToolsError } from "./errors.ts";
 import initScript from "./init.sh" with { type: "text" };
+import { renameDurable, writeFileDurable } from "../util/durable.ts";
 
 const log = logger("tools");
 
@@ -264,7 +265,7 @@ async function buildLocked(opts: ToolsBuildOptions): Promise<{ image: ToolsImage
     await run(["truncate", "-s", `${sizeMiB}M`, tmp]);
     await run(["mkfs.ext4", "-q", "-F", "-L", "aenv-tools", "-O", "^has_journal", "-E", "root_owner=0:0", "-d", tree, tmp]);
     mkdirSync(dir, { recursive: true });
-    renameSync(tmp, image.path);
+    renameDurable(tmp, image.path);
     writeFileSync(join(dir, "tools.json"), `${JSON.stringify({ key, createdAt: new Date().toISOString(), busybox: opts.busybox, binaries: opts.binaries, libraries: [...libs.keys()].sort(), agentenv: agentenv.key }, null, 2)}\n`);
   } finally {
     rmSync(work, { recursive: true, force: true });
@@ -277,6 +278,5 @@ async function buildLocked(opts: ToolsBuildOptions): Promise<{ image: ToolsImage
 
 function writeCurrent(root: string, key: string): void {
   const pointer = join(root, "current");
-  writeFileSync(`${pointer}.tmp`, `${key}\n`);
-  renameSync(`${pointer}.tmp`, pointer);
+  writeFileDurable(pointer, `${key}\n`);
 }

@@ -12,6 +12,7 @@ import { processStartTime } from "../ffi/proc.ts";
 import { logger } from "../observability/log.ts";
 import type { VmmRecord } from "./supervise.ts";
 import type { VmHandle } from "./types.ts";
+import { orLate } from "../util/timeout.ts";
 
 const log = logger("vmm.adopt");
 
@@ -109,9 +110,7 @@ export async function holdRecorded(rec: VmmRecord, driver: VmmRecord["driver"], 
  */
 export async function killHeld(proc: HeldProcess, timeoutMs: number): Promise<boolean> {
   proc.signal("SIGKILL");
-  let timer: Timer | undefined;
-  const done = await Promise.race([proc.exited.then(() => true), new Promise<false>((r) => (timer = setTimeout(() => r(false), timeoutMs)))]);
-  clearTimeout(timer);
+  const done = await orLate(proc.exited.then(() => true), timeoutMs, false);
   proc.release();
   return done;
 }

@@ -8,9 +8,10 @@
  */
 import { processStartTime } from "../ffi/proc.ts";
 import { waitExit } from "../ffi/pidfd.ts";
-import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import { logger } from "../observability/log.ts";
+import { writeFileDurable } from "../util/durable.ts";
 
 const log = logger("vmm.supervise");
 
@@ -58,8 +59,7 @@ export function writeRecord(runtimeDir: string, rec: VmmRecord): void {
   const dir = recordDir(runtimeDir);
   mkdirSync(dir, { recursive: true });
   const path = join(dir, `${rec.id}.json`);
-  writeFileSync(`${path}.tmp`, JSON.stringify(rec));
-  renameSync(`${path}.tmp`, path);
+  writeFileDurable(path, JSON.stringify(rec));
 }
 
 /** Delete a VMM's record and the files it owned. */

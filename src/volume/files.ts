@@ -5,11 +5,12 @@
  * the volume can never lead the node to a file outside it. Final components are never followed
  * (lstat, lchown, replace by rename), except for reading a file, whose real path is checked too.
  */
-import { chmodSync, closeSync, fsyncSync, lchownSync, lstatSync, mkdirSync, openSync, readdirSync, readlinkSync, realpathSync, renameSync, rmSync, type Stats } from "node:fs";
+import { chmodSync, lchownSync, lstatSync, mkdirSync, readdirSync, readlinkSync, realpathSync, rmSync, type Stats } from "node:fs";
 import { basename, dirname, join } from "node:path";
 import { VolumeError } from "./errors.ts";
 import { volumePath } from "./paths.ts";
 import type { VolumeEntry, VolumeFiles, VolumeMetadata, VolumeWriteOptions } from "./types.ts";
+import { renameDurable } from "../util/durable.ts";
 
 /** Owner and modes given to what the content API creates without explicit metadata. */
 export interface CreateDefaults {
@@ -118,14 +119,8 @@ export class HostFiles implements VolumeFiles {
       const w = Bun.file(tmp).writer();
       if (body) for await (const chunk of body) w.write(chunk);
       await w.end();
-      const fd = openSync(tmp, "r");
-      try {
-        fsyncSync(fd);
-      } finally {
-        closeSync(fd);
-      }
       this.applyMeta(tmp, vp, { ...opts, mode: opts.mode ?? this.defaults.fileMode }, true);
-      renameSync(tmp, abs);
+      renameDurable(tmp, abs);
     } catch (e) {
       rmSync(tmp, { force: true });
       if (e instanceof VolumeError) throw e;

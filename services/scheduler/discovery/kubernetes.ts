@@ -25,6 +25,7 @@ import { SchedulerError } from "../errors.ts";
 import type { NodeRef } from "../../../src/cluster/index.ts";
 import type { DiscoveredNodes } from "../types.ts";
 import type { Discovery } from "./types.ts";
+import { sleep } from "../../../src/util/wait.ts";
 
 const OPT_STRING = T.Optional(T.String());
 /** A Go `*bool`: absent, null or a boolean. */
@@ -309,10 +310,7 @@ export class KubernetesDiscovery implements Discovery {
   /** Wait retryBackoffMs, cut short by close(). */
   private pause(): Promise<void> {
     this.pauses++;
-    return new Promise((resolve) => {
-      const t = setTimeout(resolve, this.o.retryBackoffMs);
-      this.stop.signal.addEventListener("abort", () => (clearTimeout(t), resolve()), { once: true });
-    });
+    return sleep(this.o.retryBackoffMs, this.stop.signal);
   }
 
   /**

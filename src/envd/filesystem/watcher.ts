@@ -35,6 +35,7 @@ import { EnvdError } from "../errors.ts";
 import { EventType, FilesystemEventSchema, type FilesystemEvent } from "../gen/filesystem_pb.ts";
 import { loadAccountNames } from "../users.ts";
 import { entryFromStats } from "./entry.ts";
+import { LruMap } from "../../util/lru.ts";
 
 const log = logger("envd.watch");
 
@@ -94,7 +95,7 @@ export function startWatch(spec: WatchSpec, limits: WatchLimits, onEvent: (ev: F
    * and every later event of the entry is reported. Bounded (oldest dropped: at worst a
    * duplicate, never a lost event).
    */
-  const scanned = new Map<string, { create: boolean; write: boolean; mark: number }>();
+  const scanned = new LruMap<string, { create: boolean; write: boolean; mark: number }>(limits.maxDirs);
   let fence: InotifyFence | undefined;
   /** Marks read back so far (marks arrive in the order they were made). */
   let marksRead = 0;
@@ -104,16 +105,14 @@ export function startWatch(spec: WatchSpec, limits: WatchLimits, onEvent: (ev: F
   const byMark = new Map<number, string[]>();
   const remember = (rel: string, write: boolean, mark: number) => {
     if (!dedupe) return;
-    scanned.delete(rel);
     scanned.set(rel, { create: true, write, mark });
     const names = byMark.get(mark);
     if (names) names.push(rel);
     else byMark.set(mark, [rel]);
-    if (scanned.size > limits.maxDirs) scanned.delete(scanned.keys().next().value!);
   };
   const markRead = () => {
     const k = marksRead++;
-    for (const name of byMark.get(k) ?? []) if (scanned.get(name)?.mark === k) scanned.delete(name);
+    for (const name of byMark.get(k) ?? []) if (scanned.peek(name)?.mark === k) scanned.delete(name);
     byMark.delete(k);
   };
 
@@ -245,7 +244,7 @@ export function startWatch(spec: WatchSpec, limits: WatchLimits, onEvent: (ev: F
     const name = rel ? `${rel}/${ev.name}` : ev.name;
     const type = eventTypeOf(ev.mask);
     if (type === undefined) return;
-    const prior = scanned.get(name);
+    const prior = scanned.peek(name);
     if (prior && type === EventType.CREATE && prior.create) {
       prior.create = false; // the scan reported (and followed) it already
       return;

@@ -7,10 +7,11 @@
  * Unchanged bundles are not rewritten. Processes envd starts also get the variables that clients
  * with trust stores of their own read (`trustEnv`).
  */
-import { existsSync, mkdirSync, readFileSync, renameSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { errorMessage } from "../../util/error.ts";
 import { EnvdError } from "../errors.ts";
+import { writeFileDurable } from "../../util/durable.ts";
 
 /** File name envd owns inside the CA directory. */
 export const CA_FILE = "agentenv-init.crt";
@@ -49,11 +50,6 @@ export function trustEnv(t: CaTarget): Record<string, string> {
   return env;
 }
 
-function writeAtomically(path: string, content: string, mode: number): void {
-  writeFileSync(`${path}.tmp`, content, { mode });
-  renameSync(`${path}.tmp`, path);
-}
-
 /**
  * Install `bundle` into `t.caDir` and the system bundle, then run `t.updateCommand` (skipped
  * when empty or not found).
@@ -69,10 +65,10 @@ export async function installCaBundle(bundle: string, t: CaTarget): Promise<bool
   if (previous === content && (system === null || system.includes(content))) return false;
   try {
     mkdirSync(t.caDir, { recursive: true, mode: 0o755 });
-    writeAtomically(target, content, 0o644);
+    writeFileDurable(target, content, { mode: 0o644 });
     if (system !== null) {
       const kept = previous && system.includes(previous) ? system.replace(previous, "") : system;
-      writeAtomically(t.bundlePath, `${kept}${kept.endsWith("\n") || kept === "" ? "" : "\n"}${content}`, 0o644);
+      writeFileDurable(t.bundlePath, `${kept}${kept.endsWith("\n") || kept === "" ? "" : "\n"}${content}`, { mode: 0o644 });
     }
   } catch (err) {
     throw new EnvdError("internal", `cannot write CA bundle to ${target}: ${errorMessage(err)}`, { path: target }, { cause: err });

@@ -3,7 +3,7 @@
  * `destination` (streamed through a temporary file in the destination's directory, then renamed
  * into place), owned by the user; the sources are deleted afterwards.
  */
-import { lstatSync, renameSync, rmSync, statSync } from "node:fs";
+import { lstatSync, rmSync, statSync } from "node:fs";
 import { open } from "node:fs/promises";
 import { basename, dirname, join } from "node:path";
 import { EnvdError, fromFsError } from "../errors.ts";
@@ -12,6 +12,7 @@ import { checkedAs, chownTo, ensureDirs, requireAccess, requireParentWritable, R
 import type { EnvdState } from "../state.ts";
 import { lookupUser } from "../users.ts";
 import type { UploadedEntry } from "./files.ts";
+import { renameDurable } from "../../util/durable.ts";
 
 /** Validated compose request. */
 export interface ComposeRequest {
@@ -79,7 +80,7 @@ export async function composeFiles(state: EnvdState, req: ComposeRequest): Promi
     }
     await fh.close();
     chownTo(tmp, user);
-    renameSync(tmp, dest);
+    renameDurable(tmp, dest);
   } catch (err) {
     await fh.close().catch(() => {});
     rmSync(tmp, { force: true });

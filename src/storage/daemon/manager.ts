@@ -21,6 +21,7 @@ import { DiskError } from "../errors.ts";
 import type { DeviceInfo, DeviceStats, EngineName, FuseSpec, Request, TargetSpec } from "./protocol.ts";
 import type { DeviceRow, DeviceStore } from "./store.ts";
 import { directPlanOf, openTarget } from "./target.ts";
+import { LruMap } from "../../util/lru.ts";
 
 const log = logger("disk");
 
@@ -80,7 +81,8 @@ export class DeviceManager {
   #refilling = new Map<EngineName, Promise<void>>();
   #nextPool = 1;
   #stopping = false;
-  #lost = new Map<string, LostDevice>();
+  /** Devices lost, the oldest forgotten first past LOST_KEPT. */
+  #lost = new LruMap<string, LostDevice>(LOST_KEPT);
   /** Devices served again after a restart (reported by get_features). */
   recovered = 0;
 
@@ -366,7 +368,7 @@ export class DeviceManager {
   #get(devId: string, forget = false): Live {
     const l = this.#live.get(devId);
     if (!l) {
-      const lost = this.#lost.get(devId);
+      const lost = this.#lost.peek(devId);
       if (forget) this.#lost.delete(devId);
       throw new DiskError("disk.not_found", lost ? `device ${devId} was lost: ${lost.reason}` : `no device ${devId}`, { devId, ...(lost ? { lost: lost.reason } : {}) });
     }
@@ -375,9 +377,7 @@ export class DeviceManager {
 
   /** Remember a lost device (bounded) and report it. */
   #remember(lost: LostDevice): void {
-    this.#lost.delete(lost.devId);
     this.#lost.set(lost.devId, lost);
-    while (this.#lost.size > LOST_KEPT) this.#lost.delete(this.#lost.keys().next().value!);
     log.error({ devId: lost.devId, engine: lost.engine, reason: lost.reason }, "device lost");
     try {
       this.#o.onLost?.(lost);

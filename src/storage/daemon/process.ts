@@ -12,6 +12,7 @@ import { logger } from "../../observability/log.ts";
 import { DaemonClient } from "./client.ts";
 import type { DiskConfig } from "./config.ts";
 import { daemonPaths } from "./daemon.ts";
+import { orLate } from "../../util/timeout.ts";
 
 const log = logger("disk");
 
@@ -85,17 +86,15 @@ export function tail(path: string, bytes = 2000): string {
 export async function readLine(proc: ReturnType<typeof Bun.spawn>, timeoutMs: number): Promise<string | null> {
   const reader = (proc.stdout as ReadableStream<Uint8Array>).getReader();
   let text = "";
-  let timer: Timer | undefined;
-  const timeout = new Promise<"timeout">((r) => (timer = setTimeout(() => r("timeout"), timeoutMs)));
+  const deadline = performance.now() + timeoutMs;
   try {
     while (!text.includes("\n")) {
-      const r = await Promise.race([reader.read(), timeout]);
+      const r = await orLate(reader.read(), deadline - performance.now(), "timeout");
       if (r === "timeout" || r.done) return null;
       text += new TextDecoder().decode(r.value);
     }
     return text.slice(0, text.indexOf("\n"));
   } finally {
-    clearTimeout(timer);
     reader.releaseLock();
   }
 }

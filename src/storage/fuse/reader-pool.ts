@@ -8,7 +8,8 @@
 import { Worker } from "node:worker_threads";
 import { MessageChannel, type MessagePort } from "node:worker_threads";
 import { closeSync } from "node:fs";
-import { epollAdd, epollCreate, epollDel, EPOLLEXCLUSIVE, EPOLLIN, eventfdCreate, eventfdSignal, setNonBlocking } from "../../ffi/epoll.ts";
+import { epollAdd, epollCreate, epollDel, EPOLLEXCLUSIVE, EPOLLIN, setNonBlocking } from "../../ffi/epoll.ts";
+import { createEventfd, signalEventfd } from "../../ffi/eventfd.ts";
 import { logger } from "../../observability/log.ts";
 import { workerEntry } from "../../bundle.ts";
 import { FuseError } from "./errors.ts";
@@ -74,7 +75,7 @@ export class FuseReaderPool {
     this.threads = opts.threads;
     for (let index = 0; index < opts.threads; index++) {
       const epfd = epollCreate();
-      const wakeFd = eventfdCreate();
+      const wakeFd = createEventfd({ nonBlocking: true });
       epollAdd(epfd, wakeFd, EPOLLIN, 0);
       const { port1, port2 } = new MessageChannel();
       const worker = new Worker(workerEntry("storage/fuse/reader-worker.ts"), {
@@ -153,7 +154,7 @@ export class FuseReaderPool {
   #post(msg: ControlMsg): void {
     for (const t of this.#threads) {
       t.port.postMessage(msg);
-      eventfdSignal(t.wakeFd);
+      signalEventfd(t.wakeFd);
     }
   }
 

@@ -46,7 +46,8 @@
  * offset @8, size @16 of the body; WRITE data at body offset 40; out header 16 bytes).
  */
 import { parentPort, receiveMessageOnPort, workerData, type MessagePort } from "node:worker_threads";
-import { addressOf, epollDel, epollWait, Errno, eventData, eventfdDrain, preadAt, pwriteAt, readAt, writeAt } from "../../ffi/epoll.ts";
+import { addressOf, epollDel, epollWait, Errno, eventData, preadAt, pwriteAt, readAt, writeAt } from "../../ffi/epoll.ts";
+import { drainEventfd } from "../../ffi/eventfd.ts";
 import { pipeCapacity, pipeClose, pipeCreate, spliceFromFile, spliceToFd, type Pipe } from "../../ffi/splice.ts";
 import { readFileSync } from "node:fs";
 
@@ -364,7 +365,7 @@ function run(d: ReaderData): void {
     for (let i = 0; i < n && !stopping; i++) {
       const slot = eventData(eventsView, i);
       if (slot === 0) {
-        eventfdDrain(wakeFd);
+        drainEventfd(wakeFd);
         drain();
         continue;
       }

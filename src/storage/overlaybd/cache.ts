@@ -5,6 +5,7 @@
  */
 import type { Backend } from "./backend.ts";
 import { fail } from "./errors.ts";
+import { LruMap } from "../../util/lru.ts";
 
 /** Cache counters (blocks and bytes). */
 export interface CacheStats {
@@ -27,9 +28,8 @@ export class BlockCache implements Backend {
   readonly size: number;
   readonly blockSize: number;
   readonly capacityBytes: number;
-  private readonly blocks = new Map<number, Uint8Array>(); // insertion order = LRU order
+  private readonly blocks: LruMap<number, Uint8Array>;
   private readonly inflight = new Map<number, Promise<void>>();
-  private cachedBytes = 0;
   readonly stats: CacheStats = { hits: 0, misses: 0, evictions: 0, fetches: 0, fetchedBytes: 0, cachedBytes: 0 };
 
   /** @throws OverlaybdError `bad_option` for a block size that is not a power of two >= 512 or a capacity below one block */
@@ -41,28 +41,13 @@ export class BlockCache implements Backend {
     this.size = inner.size;
     this.blockSize = bs;
     this.capacityBytes = opts.capacityBytes;
-  }
-
-  private touch(i: number): Uint8Array | undefined {
-    const b = this.blocks.get(i);
-    if (b) {
-      this.blocks.delete(i);
-      this.blocks.set(i, b);
-    }
-    return b;
+    this.blocks = new LruMap(opts.capacityBytes, { weigh: (b) => b.length, onEvict: () => this.stats.evictions++ });
   }
 
   private insert(i: number, b: Uint8Array): void {
     if (this.blocks.has(i)) return;
     this.blocks.set(i, b);
-    this.cachedBytes += b.length;
-    while (this.cachedBytes > this.capacityBytes) {
-      const [k, v] = this.blocks.entries().next().value as [number, Uint8Array];
-      this.blocks.delete(k);
-      this.cachedBytes -= v.length;
-      this.stats.evictions++;
-    }
-    this.stats.cachedBytes = this.cachedBytes;
+    this.stats.cachedBytes = this.blocks.weight;
   }
 
   /** Fetch blocks [first, last] from the inner backend in one read. */
@@ -111,11 +96,11 @@ export class BlockCache implements Backend {
     }
     if (waits.length) await Promise.all(waits);
     for (let i = b0; i <= b1; i++) {
-      let blk = this.touch(i);
+      let blk = this.blocks.get(i);
       if (!blk) {
         // evicted between fill and copy (tiny caches): fetch this one again
         await this.fetchRun(i, i);
-        blk = this.touch(i) ?? fail("cache_thrash", `block ${i} evicted before use`, { file: this.name, offset: i * bs });
+        blk = this.blocks.get(i) ?? fail("cache_thrash", `block ${i} evicted before use`, { file: this.name, offset: i * bs });
       }
       const from = Math.max(offset, i * bs), to = Math.min(end, (i + 1) * bs);
       buf.set(blk.subarray(from - i * bs, to - i * bs), from - offset);
@@ -126,19 +111,12 @@ export class BlockCache implements Backend {
   /** Drop cached blocks overlapping [offset, offset+length) so the next read refetches them. */
   evict(offset: number, length: number): void {
     const bs = this.blockSize;
-    for (let i = Math.floor(offset / bs); i * bs < offset + length; i++) {
-      const b = this.blocks.get(i);
-      if (b) {
-        this.blocks.delete(i);
-        this.cachedBytes -= b.length;
-      }
-    }
-    this.stats.cachedBytes = this.cachedBytes;
+    for (let i = Math.floor(offset / bs); i * bs < offset + length; i++) this.blocks.delete(i);
+    this.stats.cachedBytes = this.blocks.weight;
   }
 
   async close(): Promise<void> {
     this.blocks.clear();
-    this.cachedBytes = 0;
     await this.inner.close();
   }
 }

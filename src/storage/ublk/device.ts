@@ -8,7 +8,7 @@
  * stop (STOP_DEV, threads drain and exit, DEL_DEV).
  * Sequence and pitfalls: ../shared/docs/ublk-iouring-firecracker.md §1.8–1.11.
  */
-import { closeSync, openSync, readFileSync } from "node:fs";
+import { closeSync, openSync } from "node:fs";
 import { Worker } from "node:worker_threads";
 import { workerEntry } from "../../bundle.ts";
 import { closeEventfd, createEventfd, signalEventfd } from "../../ffi/eventfd.ts";
@@ -24,6 +24,10 @@ import { markDiverted, newDivertMap } from "./plan.ts";
 import { RequestOrder } from "./order.ts";
 import { MAILBOX_STOP, mailboxPut, QUEUE_COUNTER_SLOTS, QUEUE_COUNTERS, type QueueCommand, type QueueMessage, type QueueSetup } from "./queue.ts";
 import type { UblkTarget } from "./targets.ts";
+import { orLate, withTimeout } from "../../util/timeout.ts";
+import { processAlive } from "../../ffi/proc.ts";
+import { retryUntil } from "../../util/retry.ts";
+import { errorCode, errorMessage } from "../../util/error.ts";
 
 const log = logger("ublk");
 const O_RDWR = 2, O_CLOEXEC = 0o2000000;
@@ -222,19 +226,15 @@ export class UblkDevice {
 
   /** Open the char device (close-on-exec: a child must never hold it, or DEL_DEV and recovery wait on it). */
   async #openChar(waitMs: number): Promise<void> {
-    const deadline = Date.now() + waitMs;
-    for (;;) {
-      try {
-        this.#charFd = openSync(this.charPath, O_RDWR | O_CLOEXEC);
-        return;
-      } catch (e) {
-        const code = (e as NodeJS.ErrnoException).code;
+    try {
+      this.#charFd = await retryUntil(() => openSync(this.charPath, O_RDWR | O_CLOEXEC), {
+        timeoutMs: waitMs,
+        intervalMs: RECOVERY_POLL_MS / 10,
         // devtmpfs makes the node as the device is added; EBUSY: the old server still holds it
-        if ((code !== "ENOENT" && code !== "EBUSY") || Date.now() > deadline) {
-          throw new UblkError("ublk.queue_failed", `cannot open ${this.charPath}: ${(e as Error).message}`, { devId: this.devId, path: this.charPath, code });
-        }
-      }
-      await Bun.sleep(RECOVERY_POLL_MS / 10);
+        retryable: (e) => errorCode(e) === "ENOENT" || errorCode(e) === "EBUSY",
+      });
+    } catch (e) {
+      throw new UblkError("ublk.queue_failed", `cannot open ${this.charPath}: ${errorMessage(e)}`, { devId: this.devId, path: this.charPath, code: errorCode(e) });
     }
   }
 
@@ -433,17 +433,15 @@ export class UblkDevice {
       q.commanded = true;
       q.worker.postMessage({ type: "stop" } satisfies QueueCommand);
     }
-    let timer: ReturnType<typeof setTimeout> | undefined;
     const all = Promise.all(this.#queues.map((q) => q.exited));
-    const late = waitMs <= 0 || (await Promise.race([all.then(() => false), new Promise<boolean>((r) => (timer = setTimeout(() => r(true), waitMs)))]));
-    clearTimeout(timer);
+    const late = waitMs <= 0 || (await orLate(all.then(() => false), waitMs, true));
     if (!late) return;
     if (waitMs > 0) log.warn({ devId: this.devId, waitMs }, "queue threads did not end after STOP_DEV: stopping them");
     for (const q of this.#queues) {
       mailboxPut(q.mailbox, q.cap, MAILBOX_STOP, 0);
       signalEventfd(q.doorbell);
     }
-    const stopped = await Promise.race([all.then(() => true), Bun.sleep(this.#ctrl.timeoutMs).then(() => false)]);
+    const stopped = await orLate(all.then(() => true), this.#ctrl.timeoutMs, false);
     if (!stopped) for (const q of this.#queues) await q.worker.terminate();
   }
 
@@ -612,27 +610,6 @@ export class UblkDevice {
 function checkSize(size: number, cfg: UblkConfig): void {
   const lbs = 1 << cfg.logicalBlockShift;
   if (size <= 0 || size % lbs !== 0) throw new UblkError("ublk.bad_config", `image size ${size} is not a positive multiple of the ${lbs}-byte logical block`, { size, logicalBlockBytes: lbs });
-}
-
-/** `p`, or `fail()` once `ms` passed first. */
-async function withTimeout<T>(p: Promise<T>, ms: number, fail: () => Error): Promise<T> {
-  let timer: ReturnType<typeof setTimeout> | undefined;
-  const timeout = new Promise<never>((_, rej) => (timer = setTimeout(() => rej(fail()), ms)));
-  try {
-    return await Promise.race([p, timeout]);
-  } finally {
-    clearTimeout(timer);
-  }
-}
-
-/** True when `pid` runs and is not a zombie (a dead server's queue threads are gone once it is reaped or a zombie). */
-export function processAlive(pid: number): boolean {
-  try {
-    const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
-    return !/^\d+ \(.*\) [ZX] /s.test(stat);
-  } catch {
-    return false;
-  }
 }
 
 /** A stopwatch: each call returns the ms (one decimal) since the previous call, or since its making. */

@@ -8,7 +8,8 @@ import { UBLK_CMD, UBLK_CONTROL_PATH, UBLK_F, UBLK_S_DEV, type DevInfo } from ".
 import { logger } from "../../observability/log.ts";
 import type { UblkConfig } from "./config.ts";
 import { UblkControl, type UblkFeatures } from "./control.ts";
-import { processAlive, UblkDevice, type DeviceOptions } from "./device.ts";
+import { processAlive } from "../../ffi/proc.ts";
+import { UblkDevice, type DeviceOptions } from "./device.ts";
 import { UblkError } from "./errors.ts";
 import type { UblkTarget } from "./targets.ts";
 

@@ -39,6 +39,7 @@ import { logger } from "../../observability/log.ts";
 import { FirecrackerApi, type ApiRequest } from "./api.ts";
 import type { FirecrackerConfig } from "./config.ts";
 import { bootRequests, patchDriveRequest, restoreRequests, snapshotCreateRequest, validateSpec, vmStateRequest } from "./requests.ts";
+import { retryUntil } from "../../util/retry.ts";
 
 const log = logger("vmm.firecracker");
 
@@ -342,25 +343,23 @@ export class FirecrackerDriver implements VmmDriver {
    * its existence alone is not enough), the process exits, or `socketTimeoutMs` passes.
    */
   async #waitApi(api: FirecrackerApi, proc: ReturnType<typeof Bun.spawn>, id: string): Promise<void> {
-    const deadline = Date.now() + this.#cfg.socketTimeoutMs;
-    for (;;) {
-      if (proc.exitCode !== null || proc.signalCode !== null) {
-        throw new VmmError("vmm.spawn_failed", `vm ${id}: firecracker exited (${proc.exitCode ?? proc.signalCode}) before its API answered`, {
-          id, exitCode: proc.exitCode, signal: proc.signalCode, binary: this.#cfg.binary,
-        });
-      }
-      if (existsSync(api.socketPath)) {
-        try {
+    const unreachable = (e: unknown) => e instanceof VmmError && e.code === "vmm.firecracker_unreachable";
+    try {
+      await retryUntil(
+        async () => {
+          if (proc.exitCode !== null || proc.signalCode !== null) {
+            throw new VmmError("vmm.spawn_failed", `vm ${id}: firecracker exited (${proc.exitCode ?? proc.signalCode}) before its API answered`, {
+              id, exitCode: proc.exitCode, signal: proc.signalCode, binary: this.#cfg.binary,
+            });
+          }
+          if (!existsSync(api.socketPath)) throw new VmmError("vmm.firecracker_unreachable", `API socket ${api.socketPath} not there yet`, { socket: api.socketPath });
           await api.send({ method: "GET", path: "/" });
-          return;
-        } catch (e) {
-          if (!(e instanceof VmmError) || e.code !== "vmm.firecracker_unreachable") throw e;
-        }
-      }
-      if (Date.now() > deadline) {
-        throw new VmmError("vmm.spawn_failed", `vm ${id}: API socket ${api.socketPath} not answering after ${this.#cfg.socketTimeoutMs} ms`, { id, socket: api.socketPath });
-      }
-      await Bun.sleep(5);
+        },
+        { timeoutMs: this.#cfg.socketTimeoutMs, intervalMs: 5, retryable: unreachable },
+      );
+    } catch (e) {
+      if (!unreachable(e)) throw e;
+      throw new VmmError("vmm.spawn_failed", `vm ${id}: API socket ${api.socketPath} not answering after ${this.#cfg.socketTimeoutMs} ms`, { id, socket: api.socketPath });
     }
   }
 }

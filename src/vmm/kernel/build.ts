@@ -6,13 +6,14 @@
  */
 import { spawn } from "node:child_process";
 import { createHash } from "node:crypto";
-import { existsSync, mkdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync, copyFileSync } from "node:fs";
+import { existsSync, mkdirSync, readFileSync, rmSync, statSync, writeFileSync, copyFileSync } from "node:fs";
 import { cpus } from "node:os";
 import { join } from "node:path";
 import { logger } from "../../observability/log.ts";
 import { withBuildLock } from "../buildlock.ts";
 import { VmmError } from "../errors.ts";
 import fragmentText from "./guest.config" with { type: "text" };
+import { renameDurable } from "../../util/durable.ts";
 
 const log = logger("vmm.kernel");
 
@@ -195,7 +196,7 @@ async function build(opts: KernelBuildOptions, fragment: string, sourceVersion: 
       join(root, key, "meta.json"),
       JSON.stringify({ key, sourceVersion, builtAt: new Date().toISOString(), buildMs: Math.round(performance.now() - t0) }, null, 2),
     );
-    renameSync(`${out}.tmp`, out);
+    renameDurable(`${out}.tmp`, out);
     log.info({ key, path: out, ms: Math.round(performance.now() - t0) }, "kernel built");
     return { path: out, key, sourceVersion, built: true };
   } finally {

@@ -9,6 +9,8 @@ import { Type as T } from "@sinclair/typebox";
 import { connect, type Socket } from "node:net";
 import { describeProblem, jsonSchema } from "../../util/json-check.ts";
 import { VmmError } from "../errors.ts";
+import { retryUntil } from "../../util/retry.ts";
+import { errorMessage } from "../../util/error.ts";
 
 /** One asynchronous QMP event, e.g. `{ event: "STOP", data: {} }`. */
 export interface QmpEvent {
@@ -75,30 +77,30 @@ export class QmpClient {
    * @throws VmmError `vmm.qmp_connect` on timeout or when the greeting is not QMP.
    */
   static async connect(path: string, timeoutMs: number, isAlive: () => boolean = () => true): Promise<QmpClient> {
-    const deadline = Date.now() + timeoutMs;
-    let lastErr = "";
-    while (Date.now() < deadline && isAlive()) {
-      try {
-        const sock = await new Promise<Socket>((resolve, reject) => {
-          const s = connect(path);
-          s.once("connect", () => resolve(s));
-          s.once("error", reject);
-        });
-        const greeting = await readLine(sock, Math.max(1, deadline - Date.now()));
-        if (!("QMP" in greeting)) {
-          sock.destroy();
-          throw new VmmError("vmm.qmp_connect", `unexpected QMP greeting on ${path}`, { path, greeting });
-        }
-        const c = new QmpClient(sock, path, timeoutMs);
-        await c.execute("qmp_capabilities");
-        return c;
-      } catch (e) {
-        if (e instanceof VmmError) throw e;
-        lastErr = (e as Error).message;
-        await Bun.sleep(20);
-      }
+    if (!isAlive()) throw new VmmError("vmm.qmp_connect", `cannot connect to QMP socket ${path}: process exited`, { path, timeoutMs });
+    try {
+      return await retryUntil(
+        async (leftMs) => {
+          const sock = await new Promise<Socket>((resolve, reject) => {
+            const s = connect(path);
+            s.once("connect", () => resolve(s));
+            s.once("error", reject);
+          });
+          const greeting = await readLine(sock, Math.max(1, leftMs));
+          if (!("QMP" in greeting)) {
+            sock.destroy();
+            throw new VmmError("vmm.qmp_connect", `unexpected QMP greeting on ${path}`, { path, greeting });
+          }
+          const c = new QmpClient(sock, path, timeoutMs);
+          await c.execute("qmp_capabilities");
+          return c;
+        },
+        { timeoutMs, intervalMs: 20, retryable: (e) => !(e instanceof VmmError), alive: isAlive },
+      );
+    } catch (e) {
+      if (e instanceof VmmError) throw e;
+      throw new VmmError("vmm.qmp_connect", `cannot connect to QMP socket ${path}: ${errorMessage(e)}`, { path, timeoutMs });
     }
-    throw new VmmError("vmm.qmp_connect", `cannot connect to QMP socket ${path}: ${lastErr || "process exited"}`, { path, timeoutMs });
   }
 
   /**

@@ -19,6 +19,7 @@ import { checkPath } from "./args.ts";
 import type { QemuDriverOptions } from "./driver.ts";
 import { filterMigrationStream, type MigrationFilterStats } from "./migration.ts";
 import { QmpClient, type QmpEvent } from "./qmp.ts";
+import { withTimeout } from "../../util/timeout.ts";
 
 const log = logger("vmm.qemu");
 
@@ -38,15 +39,6 @@ function writeAll(fd: number, b: Uint8Array): void {
   for (let o = 0; o < b.length; ) o += writeSync(fd, b, o, b.length - o);
 }
 
-/** @internal `p`, or `err()` after `ms`. */
-export async function withTimeout<T>(p: Promise<T>, ms: number, err: () => Error): Promise<T> {
-  let t: Timer | undefined;
-  try {
-    return await Promise.race([p, new Promise<never>((_, reject) => (t = setTimeout(() => reject(err()), ms)))]);
-  } finally {
-    clearTimeout(t);
-  }
-}
 
 /** The last `n` bytes of the file at `path` as text ("" when it cannot be read). */
 export function tailFile(path: string, n: number): string {
