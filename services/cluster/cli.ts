@@ -3,6 +3,7 @@ import { defineCommand } from "citty";
 import { join } from "node:path";
 import { loadConfigOrExit } from "../../src/node/load-config.ts";
 import { runUntilStopped } from "../../src/node/until-stopped.ts";
+import { errorMessage } from "../../src/util/error.ts";
 
 export default defineCommand({
   meta: { name: "cluster", description: "a local cluster on one host" },
@@ -61,7 +62,7 @@ export default defineCommand({
           });
           await cluster.up();
         } catch (e) {
-          console.error(`agentenv cluster up: ${(e as Error).message}`);
+          console.error(`agentenv cluster up: ${errorMessage(e)}`);
           process.exit(1);
         }
         await runUntilStopped("cluster", () => cluster.down());

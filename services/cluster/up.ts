@@ -22,6 +22,7 @@ import { STOP_ON_STDIN_EOF_ENV } from "../../src/node/until-stopped.ts";
 import { logger } from "../../src/observability/log.ts";
 import { ClusterError } from "./errors.ts";
 import { orLate } from "../../src/util/timeout.ts";
+import { errorMessage } from "../../src/util/error.ts";
 
 /** What `agentenv cluster up` starts and how it supervises it. */
 export interface ClusterOptions {
@@ -203,7 +204,7 @@ export class LocalCluster {
         () => this.o.print(`  ${m.describe()}`),
         (e) => {
           if (this.stopping) return;
-          this.o.print(`cluster: ${m.name} failed to restart: ${(e as Error).message.split("\n")[0]}; trying again in ${m.restartDelayMs} ms`);
+          this.o.print(`cluster: ${m.name} failed to restart: ${errorMessage(e).split("\n")[0]}; trying again in ${m.restartDelayMs} ms`);
           this.restartLater(m);
         },
       );

@@ -5,6 +5,7 @@
  * "sandbox gone").
  */
 import { AgentEnvError, type ErrorTable } from "../../src/errors.ts";
+import { errorMessage } from "../../src/util/error.ts";
 
 export const GATEWAY_ERRORS = {
   "gateway.unauthorized": "a missing or wrong X-API-Key",
@@ -49,5 +50,5 @@ export function gatewayError(code: GatewayErrorCode, message: string, extra: Rec
 /** Map a thrown value to a response (GatewayError by its code, anything else 500). */
 export function toGatewayResponse(e: unknown): Response {
   if (e instanceof GatewayError) return gatewayError(e.code, e.message, e.details);
-  return gatewayError("gateway.internal", `the gateway failed: ${(e as Error)?.message ?? String(e)}`);
+  return gatewayError("gateway.internal", `the gateway failed: ${errorMessage(e)}`);
 }

@@ -42,6 +42,7 @@ import { SchedulerLink, type ClusterNodes } from "./scheduler-link.ts";
 import { GatewaySecrets } from "./secrets.ts";
 import pkg from "../../package.json" with { type: "json" };
 import { LruMap } from "../../src/util/lru.ts";
+import { errorMessage } from "../../src/util/error.ts";
 
 /** Sandbox operations that boot, snapshot or restore a VM: bounded by create_timeout_ms. */
 const SLOW_OPS = new Set(["pause", "resume", "connect", "snapshots", "fork"]);
@@ -246,7 +247,7 @@ export class Gateway {
     try {
       json = bytes.length ? JSON.parse(new TextDecoder().decode(bytes)) : {};
     } catch (e) {
-      throw new GatewayError("gateway.bad_request", `malformed request body: ${(e as Error).message}`);
+      throw new GatewayError("gateway.bad_request", `malformed request body: ${errorMessage(e)}`);
     }
     if (typeof json !== "object" || json === null || Array.isArray(json)) throw new GatewayError("gateway.bad_request", "the request body must be a JSON object");
     return { bytes, json: json as Record<string, unknown> };
@@ -355,7 +356,7 @@ export class Gateway {
         await this.scheduler.record(id, node);
       } catch (e) {
         // the node's next heartbeat roster binds it anyway; the route cache serves it meanwhile
-        this.log.warn({ sandboxId: id, nodeId: node.nodeId, err: (e as Error).message }, "RecordAssignment failed");
+        this.log.warn({ sandboxId: id, nodeId: node.nodeId, err: errorMessage(e) }, "RecordAssignment failed");
       }
     }
     return out.res;
@@ -387,7 +388,7 @@ export class Gateway {
         try {
           await this.scheduler.record(id, node);
         } catch (e) {
-          this.log.warn({ sandboxId: id, nodeId: node.nodeId, err: (e as Error).message }, "RecordAssignment of a fork child failed");
+          this.log.warn({ sandboxId: id, nodeId: node.nodeId, err: errorMessage(e) }, "RecordAssignment of a fork child failed");
         }
       }),
     );
@@ -431,7 +432,7 @@ export class Gateway {
     const found = answers.find((a) => "res" in a && a.res.status !== 404) ?? answers.find((a) => "res" in a);
     for (const a of answers) if (a !== found && "res" in a) await a.res.body?.cancel();
     if (found && "res" in found) return found.res;
-    throw new GatewayError("gateway.node_unreachable", `no node answered ${pathAndQuery}: ${answers.map((a) => ("err" in a ? (a.err as Error).message : "")).join("; ")}`, { nodeIds: live.map((n) => n.nodeId) });
+    throw new GatewayError("gateway.node_unreachable", `no node answered ${pathAndQuery}: ${answers.map((a) => ("err" in a ? errorMessage(a.err) : "")).join("; ")}`, { nodeIds: live.map((n) => n.nodeId) });
   }
 
   /** The nodes holding template `id` (id, alias or build id), by the nodes' lists, else by asking each. */
@@ -558,6 +559,6 @@ export function routeHeaders(route: DataRoute): Record<string, string> {
  */
 export function dataError(sandboxId: string, e: unknown): Response {
   const status = e instanceof GatewayError && e.code === "gateway.scheduler_unavailable" ? 503 : 502;
-  const message = e === null ? "The sandbox was not found" : ((e as Error)?.message ?? String(e));
+  const message = e === null ? "The sandbox was not found" : errorMessage(e);
   return Response.json({ sandboxId, message, code: status }, { status, headers: { [GATEWAY_SOURCE]: "gateway" } });
 }

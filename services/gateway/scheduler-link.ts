@@ -9,6 +9,7 @@
 import { ClientError, createClient, Metadata, Status, type Channel } from "nice-grpc";
 import { ERROR_CODE_TRAILER, NodeStatus, SchedulerDefinition, schedulerChannel, untilAnswered, type NodeRef, type ObservedNode, type SchedulerClient } from "../../src/cluster/index.ts";
 import { GatewayError } from "./errors.ts";
+import { errorMessage } from "../../src/util/error.ts";
 
 /** Settings of the link (from GatewayConfig). */
 export interface SchedulerLinkOptions {
@@ -64,7 +65,7 @@ export class SchedulerLink {
       if (e instanceof ClientError && e.code === Status.NOT_FOUND) return null;
       if (code === "scheduler.no_nodes") throw new GatewayError("gateway.no_nodes", (e as ClientError).details, { scheduler: this.o.endpoint });
       if (e instanceof ClientError && e.code === Status.INVALID_ARGUMENT) throw new GatewayError("gateway.bad_request", e.details);
-      const why = e instanceof ClientError ? `${Status[e.code]}: ${e.details}` : (e as Error)?.name === "AbortError" || (e as Error)?.name === "TimeoutError" ? `no answer within ${this.o.timeoutMs} ms` : String((e as Error)?.message ?? e);
+      const why = e instanceof ClientError ? `${Status[e.code]}: ${e.details}` : ["AbortError", "TimeoutError"].includes(String((e as { name?: unknown } | null)?.name)) ? `no answer within ${this.o.timeoutMs} ms` : errorMessage(e);
       throw new GatewayError("gateway.scheduler_unavailable", `the scheduler at ${this.o.endpoint} is unavailable (${what}: ${why})`, { scheduler: this.o.endpoint, ...(code ? { schedulerCode: code } : {}) });
     }
   }

@@ -18,6 +18,7 @@ import type { GatewayConfig } from "./config.ts";
 import { dataRoute } from "./dataplane.ts";
 import { gatewayError, GatewayError } from "./errors.ts";
 import { dataError, Gateway, routeHeaders } from "./gateway.ts";
+import { errorMessage } from "../../src/util/error.ts";
 
 /** A started gateway. */
 export interface RunningGateway {
@@ -107,7 +108,7 @@ export function startGateway(c: GatewayConfig): RunningGateway {
     });
   } catch (e) {
     gw.close();
-    throw new GatewayError("gateway.internal", `cannot listen on ${c.addr}: ${(e as Error).message}`, { addr: c.addr });
+    throw new GatewayError("gateway.internal", `cannot listen on ${c.addr}: ${errorMessage(e)}`, { addr: c.addr });
   }
   const shown = hostname === "0.0.0.0" || hostname === "::" ? "127.0.0.1" : hostname;
   const url = `http://${shown.includes(":") ? `[${shown}]` : shown}:${server.port}`;

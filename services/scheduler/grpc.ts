@@ -10,6 +10,7 @@ import { logger } from "../../src/observability/log.ts";
 import { ERROR_CODE_TRAILER, SchedulerDefinition, type SchedulerServiceImplementation } from "../../src/cluster/index.ts";
 import type { SchedulerCore } from "./core.ts";
 import { SchedulerError, type SchedulerErrorCode } from "./errors.ts";
+import { errorMessage } from "../../src/util/error.ts";
 
 const log = logger("scheduler.grpc");
 
@@ -33,7 +34,7 @@ function toServerError(e: unknown, rpc: string, ctx: CallContext): ServerError {
     }
   }
   log.error({ rpc, err: e }, "RPC failed");
-  return new ServerError(Status.INTERNAL, `${rpc} failed: ${(e as Error)?.message ?? String(e)}`);
+  return new ServerError(Status.INTERNAL, `${rpc} failed: ${errorMessage(e)}`);
 }
 
 /** Marker of a request body that did not decode (see tolerantDefinition). */
@@ -60,7 +61,7 @@ function tolerantDefinition(): typeof SchedulerDefinition {
           try {
             return decode(input, length);
           } catch (e) {
-            return { [MALFORMED]: (e as Error)?.message ?? String(e) };
+            return { [MALFORMED]: errorMessage(e) };
           }
         },
       },

@@ -16,6 +16,7 @@ import { schedulerService, servedDefinition } from "./grpc.ts";
 import { RedisStore } from "./store/redis.ts";
 import { SqliteStore } from "./store/sqlite.ts";
 import type { SchedulerStore } from "./store/types.ts";
+import { errorMessage } from "../../src/util/error.ts";
 
 /** A started scheduler. */
 export interface RunningScheduler {
@@ -74,7 +75,7 @@ export async function startScheduler(c: SchedulerConfig): Promise<RunningSchedul
   } catch (e) {
     await discovery.close();
     await store.close();
-    throw new SchedulerError("scheduler.bad_config", `cannot listen on ${c.addr}: ${(e as Error).message}`, { addr: c.addr }, { cause: e });
+    throw new SchedulerError("scheduler.bad_config", `cannot listen on ${c.addr}: ${errorMessage(e)}`, { addr: c.addr }, { cause: e });
   }
   core.startExpiry();
   log.info({ addr: `${host}:${bound}`, store: store.kind, discovery: discovery.mode, strategy: c.strategy, nodes: core.listNodes().map((n) => n.nodeId) }, "scheduler listening");

@@ -29,6 +29,7 @@ import type { EventsService } from "../events/index.ts";
 import { secretRoutes, type SecretsBackend } from "./routes/secrets.ts";
 // @ts-expect-error: a file asset (path string), embedded by `bun build --compile`
 import scalarJs from "../../node_modules/@scalar/api-reference/dist/browser/standalone.js" with { type: "file" };
+import { errorMessage } from "../util/error.ts";
 
 /** What the routes need. */
 export interface ApiDeps {
@@ -175,7 +176,7 @@ export function buildApp(deps: ApiDeps) {
   const app = root
     .onError(({ code, error }) => {
       if (code === "VALIDATION") return errorResponse("api.validation", validationMessage(error));
-      if (code === "PARSE") return errorResponse("api.parse", `malformed request body: ${(error as Error).message}`);
+      if (code === "PARSE") return errorResponse("api.parse", `malformed request body: ${errorMessage(error)}`);
       if (code === "NOT_FOUND") return errorResponse("api.no_route", "no such route");
       return toErrorResponse(error);
     })

@@ -8,6 +8,7 @@ import { chmodSync, existsSync, mkdirSync, readFileSync, writeFileSync } from "n
 import { join } from "node:path";
 import { ApiError } from "./errors.ts";
 import { randomHex } from "../orchestrator/index.ts";
+import { errorMessage } from "../util/error.ts";
 
 /** Where the generated key lives. */
 export function apiKeyPath(homePath: string): string {
@@ -27,7 +28,7 @@ export function loadOrCreateApiKey(configured: string, homePath: string): { key:
     try {
       key = readFileSync(path, "utf8").trim();
     } catch (e) {
-      throw new ApiError("api.key_unreadable", `cannot read API key file ${path}: ${(e as Error).message}`, { path });
+      throw new ApiError("api.key_unreadable", `cannot read API key file ${path}: ${errorMessage(e)}`, { path });
     }
     if (!key) throw new ApiError("api.key_unreadable", `API key file ${path} is empty`, { path });
     return { key, source: "file" };

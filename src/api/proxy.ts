@@ -18,6 +18,7 @@ import { RouteTable, TRANSITIONAL } from "./route-table.ts";
 import { headerPort, parsePort, PORT_HEADERS } from "./sandbox-port.ts";
 import { errorResponse } from "./status.ts";
 import { upstreamFailure, Watchdog, watchedBody } from "./upstream.ts";
+import { errorMessage } from "../util/error.ts";
 
 /** Header carrying a sandbox's traffic access token (E2B). */
 export const TRAFFIC_TOKEN_HEADER = "e2b-traffic-access-token";
@@ -219,7 +220,7 @@ export class SandboxProxy {
     } catch (e) {
       if (e instanceof OrchestratorError && e.code === "orchestrator.not_found") return badGateway(id, "The sandbox was not found");
       this.log.error({ sandboxId: id, port: route.port, path: route.pathAndQuery, err: e }, "proxy: cannot route to the sandbox");
-      return badGateway(id, `cannot route to the sandbox: ${(e as Error).message}`);
+      return badGateway(id, `cannot route to the sandbox: ${errorMessage(e)}`);
     }
     if (r?.state === "paused" && r.snapshotKind === "filesystem") {
       return badGateway(id, `The sandbox ${id} is paused without its memory (a filesystem-only snapshot); traffic does not resume it: connect to it first (POST /sandboxes/${id}/connect)`);
@@ -242,7 +243,7 @@ export class SandboxProxy {
     } catch (e) {
       this.log.error({ sandboxId: route.sandboxId, port: route.port, path: route.pathAndQuery, err: e }, "proxy: forwarding failed");
       return Response.json(
-        { sandboxId: route.sandboxId, message: `the node's proxy failed forwarding to port ${route.port}: ${(e as Error)?.message ?? String(e)}`, code: 500 },
+        { sandboxId: route.sandboxId, message: `the node's proxy failed forwarding to port ${route.port}: ${errorMessage(e)}`, code: 500 },
         { status: 500, headers: { [ERROR_SOURCE]: "proxy" } },
       );
     }

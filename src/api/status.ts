@@ -29,6 +29,7 @@ import { logger } from "../observability/log.ts";
 import { AgentEnvError } from "../errors.ts";
 import { API_ERRORS, type ApiErrorCode } from "./errors.ts";
 import { CONSOLE_ERRORS, type ConsoleErrorCode } from "../console/errors.ts";
+import { errorMessage } from "../util/error.ts";
 
 /** Every code an API response may carry. */
 export type ErrorCode =
@@ -180,6 +181,6 @@ function jsonError(status: number, errorCode: string, message: string, headers: 
 export function toErrorResponse(e: unknown): Response {
   const code = e instanceof AgentEnvError ? e.code : "api.internal";
   const status = statusOf(code) ?? 500;
-  if (status >= 500) log.error({ err: e, code, details: (e as AgentEnvError)?.details }, `API answered ${status}: ${(e as Error)?.message ?? String(e)}`);
+  if (status >= 500) log.error({ err: e, code, details: (e as AgentEnvError)?.details }, `API answered ${status}: ${errorMessage(e)}`);
   return jsonError(status, code, e instanceof Error ? e.message : String(e));
 }

@@ -12,6 +12,7 @@ import ENVD_SECTION from "../config/envd-section.json" with { type: "json" };
 import type { Config } from "../config/index.ts";
 import { startEnvd, type EnvdOptions } from "../envd/server.ts";
 import { ENVD_PORT } from "../envd/version.ts";
+import { errorMessage } from "../util/error.ts";
 
 /**
  * envd's options from the config's `[envd]` section. The port is not configurable: the SDKs and
@@ -64,7 +65,7 @@ export function readSettings(path: string): Config["envd"] {
   try {
     v = JSON.parse(readFileSync(path, "utf8"));
   } catch (e) {
-    throw new Error(`envd settings ${path}: ${(e as Error).message}`);
+    throw new Error(`envd settings ${path}: ${errorMessage(e)}`);
   }
   return sectionFrom(ENVD_SECTION, "envd", v, `envd settings ${path}`) as Config["envd"];
 }

@@ -15,6 +15,7 @@ import { openRoLayer } from "../storage/overlaybd/layer.ts";
 import { loadConfigOrExit } from "../node/load-config.ts";
 import { registryAccess, registrySettings } from "../image/index.ts";
 import { logger } from "../observability/log.ts";
+import { errorCode, errorMessage } from "../util/error.ts";
 
 class UsageError extends Error {}
 
@@ -47,8 +48,8 @@ function guarded(name: string, body: (args: Record<string, any>) => Promise<void
       await body(args);
     } catch (e) {
       // the reader went away (`image cat ... | head`): like cat(1), stop without a complaint
-      if ((e as NodeJS.ErrnoException).code === "EPIPE") process.exit(0);
-      const msg = e instanceof OverlaybdError || e instanceof UsageError ? e.message : `${(e as Error).message ?? e}`;
+      if (errorCode(e) === "EPIPE") process.exit(0);
+      const msg = e instanceof OverlaybdError || e instanceof UsageError ? e.message : errorMessage(e);
       process.stderr.write(`agentenv image ${name}: ${msg.split("\n")[0]}\n`);
       process.exit(e instanceof UsageError ? 2 : 1);
     }

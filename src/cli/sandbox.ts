@@ -11,6 +11,7 @@ import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { ENVD_PORT } from "../envd/version.ts";
 import { loadConfigOrExit } from "../node/load-config.ts";
+import { errorMessage } from "../util/error.ts";
 
 export interface Conn {
   url: string;
@@ -75,7 +76,7 @@ export async function call(c: Conn, method: string, path: string, body?: unknown
       body: body === undefined ? undefined : JSON.stringify(body),
     });
   } catch (e) {
-    throw new CliError(`cannot reach the node at ${c.url}: ${(e as Error).message}`);
+    throw new CliError(`cannot reach the node at ${c.url}: ${errorMessage(e)}`);
   }
   const text = await res.text();
   let data: unknown = text;

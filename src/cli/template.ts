@@ -17,6 +17,7 @@ import { buildOnNode, filesHash } from "./template-build.ts";
 import { BuildProgress } from "./build-progress.ts";
 import { commitTemplateSnapshot, warmTemplateEnvd } from "../sandbox/template-snapshot.ts";
 import { waitEnvdHealthy } from "../sandbox/envd-health.ts";
+import { errorMessage } from "../util/error.ts";
 
 /** Run a build with its progress display on stderr (a status line when stderr is a terminal). */
 async function withProgress<T>(fn: (log: (line: string) => void) => Promise<T>): Promise<T> {
@@ -123,14 +124,14 @@ export default defineCommand({
           try {
             text = readFileSync(file, "utf8");
           } catch (e) {
-            throw new CliError(`cannot read ${file}: ${(e as Error).message}`);
+            throw new CliError(`cannot read ${file}: ${errorMessage(e)}`);
           }
           let df;
           try {
             df = parseDockerfile(text, (src, dest) => filesHash(contextDir, src, dest));
           } catch (e) {
             if (e instanceof CliError) throw e;
-            throw new CliError((e as Error).message);
+            throw new CliError(errorMessage(e));
           }
           const c = conn(args);
           const build = { name: args.name, fromImage: df.fromImage, steps: df.steps, startCmd: df.startCmd, readyCmd: df.readyCmd, contextDir, cpuCount: num(args.cpu, "cpu"), memoryMB: num(args.memory, "memory"), force: args["no-cache"] === true };

@@ -19,6 +19,7 @@ export { CONFIG_SCHEMA, type Config } from "./schema.ts";
 export { type ConfigUnit, expectation, isSection, type KeySchema, sectionFrom } from "./check.ts";
 export { CONFIG_ERRORS, ConfigError, type ConfigErrorCode } from "./errors.ts";
 export { renderDefaultToml } from "./toml.ts";
+import { errorMessage } from "../util/error.ts";
 
 const ROOT: KeySchema = CONFIG_SCHEMA;
 
@@ -70,7 +71,7 @@ export function loadConfig(opts: { path?: string; env?: Record<string, string | 
     try {
       text = readFileSync(path, "utf8");
     } catch (e) {
-      throw new ConfigError("config.unreadable", `cannot read config file ${path}: ${(e as Error).message}`, { path });
+      throw new ConfigError("config.unreadable", `cannot read config file ${path}: ${errorMessage(e)}`, { path });
     }
     let user: Table;
     try {
@@ -79,7 +80,7 @@ export function loadConfig(opts: { path?: string; env?: Record<string, string | 
       // smol-toml, not Bun.TOML: Bun 1.4.4's parse errors carry no position in the document (their
       // line and column point into the calling script)
       const where = e instanceof TomlError ? ` at line ${e.line}, column ${e.column}` : "";
-      const first = (e as Error).message.split("\n")[0];
+      const first = errorMessage(e).split("\n")[0];
       throw new ConfigError("config.bad_toml", `config file ${path} is not valid TOML${where}: ${first}`, {
         path,
         ...(e instanceof TomlError ? { line: e.line, column: e.column } : {}),

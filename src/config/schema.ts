@@ -3,59 +3,18 @@
  * This file is the one place a key is defined; `config/default.toml` is generated from it
  * (`bun run config:defaults`, checked by test/config/config.test.ts).
  *
- * Adding a key: add one line to the section's object below with `int`, `str`, `bool`, `oneOf`
- * or `list` (default, range, unit, doc comment), then run `bun run config:defaults` to
- * regenerate config/default.toml. Read it typed as `cfg.section.key` (type `Config`); a value
+ * Adding a key: add one line to the section's object below (the control plane's sections:
+ * control-plane-schema.ts; envd's: envd-schema.ts) with `int`, `str`, `bool`, `oneOf`, `list` or `map` of fields.ts
+ * (default, range, unit, doc comment), then run `bun run config:defaults` to regenerate
+ * config/default.toml. Read it typed as `cfg.section.key` (type `Config`); a value
  * outside the range is refused at load time with the key named, so code need not re-check it.
  * Cross-key rules (low <= high, ranges that must not overlap) stay in the subsystem that owns the
  * keys (e.g. src/net/config.ts).
  */
-import { type Static, type TLiteral, type TObject, type TProperties, type TUnion, Type as T } from "@sinclair/typebox";
-import type { ConfigUnit } from "./check.ts";
-
-/** An integer key in `[min, max]` (`max` omitted: no upper bound). */
-function int(def: number, doc: string, o: { min: number; max?: number; unit?: ConfigUnit; multipleOf?: number }) {
-  return T.Integer({ default: def, description: doc, minimum: o.min, ...(o.max === undefined ? {} : { maximum: o.max }), ...(o.unit ? { unit: o.unit } : {}), ...(o.multipleOf ? { multipleOf: o.multipleOf } : {}) });
-}
-
-/** A string key; `pattern` (a regular expression source) restricts it when given. */
-function str(def: string, doc: string, o: { pattern?: string; minLength?: number } = {}) {
-  return T.String({ default: def, description: doc, ...o });
-}
-
-function bool(def: boolean, doc: string) {
-  return T.Boolean({ default: def, description: doc });
-}
-
-/** A key that takes one of a fixed set of strings or numbers. */
-function oneOf<const V extends string | number>(values: readonly V[], def: NoInfer<V>, doc: string): TUnion<TLiteral<V>[]> {
-  return T.Union(
-    values.map((v) => T.Literal(v)),
-    { default: def, description: doc },
-  ) as unknown as TUnion<TLiteral<V>[]>;
-}
-
-/** A list of strings (from an environment variable: comma-separated). */
-function list(def: string[], doc: string) {
-  return T.Array(T.String(), { default: def, description: doc });
-}
-
-/**
- * A table of operator-chosen keys matching `keyPattern` (a regular expression source), each
- * holding a list of strings: `[image.registry_mirrors]` "docker.io" = ["..."]. From an environment
- * variable one entry at a time: `AENV__section__key__<entry>=a,b`.
- */
-function map(keyPattern: string, doc: string) {
-  return T.Record(T.String({ pattern: keyPattern }), T.Array(T.String()), { default: {}, description: doc, additionalProperties: false });
-}
-
-/** A TOML table; unknown keys in it are refused. */
-function section<P extends TProperties>(doc: string, props: P): TObject<P> {
-  return T.Object(props, { description: doc, additionalProperties: false });
-}
-
-const MS_MAX = 86_400_000; // one day: no wait in this node is meant to be longer
-const TIB = 1024 ** 4;
+import { type Static } from "@sinclair/typebox";
+import { CONTROL_PLANE_SECTIONS } from "./control-plane-schema.ts";
+import { ENVD_SECTION } from "./envd-schema.ts";
+import { bool, int, list, map, MS_MAX, oneOf, section, str, TIB } from "./fields.ts";
 
 /** Every key of the node configuration. */
 export const CONFIG_SCHEMA = section("", {
@@ -279,86 +238,7 @@ export const CONFIG_SCHEMA = section("", {
     }),
   }),
 
-  scheduler: section("`agentenv scheduler`: picks nodes for new sandboxes and remembers where each sandbox lives.", {
-    addr: str("0.0.0.0:9090", "gRPC listen address host:port.", { pattern: "^.+:[0-9]{1,5}$" }),
-    strategy: oneOf(
-      ["round_robin", "random", "least_loaded"],
-      "round_robin",
-      'Placement: "round_robin", "random", or "least_loaded" (fewest running + starting sandboxes\nfrom the heartbeats, then most free memory). Nodes whose reports stopped are never picked.',
-    ),
-    store: oneOf(["sqlite", "redis"], "sqlite", 'Where bindings (sandbox -> node) and observed nodes persist: "sqlite" (db_path) or "redis"\n(redis_url; several scheduler replicas may share it).'),
-    db_path: str("", "SQLite file. Empty: $home_path/scheduler.db."),
-    redis_url: str("redis://127.0.0.1:6379", 'Redis server of store = "redis" (redis://[user:password@]host:port[/db]).'),
-    redis_prefix: str("agentenv:scheduler:", "Prefix of every Redis key the scheduler writes."),
-    redis_connect_timeout_ms: int(3000, "Bound on connecting to the Redis server, ms; an RPC needing the store then fails UNAVAILABLE.", { min: 1, max: MS_MAX, unit: "ms" }),
-    binding_ttl_secs: int(
-      30,
-      "Freshness of a binding, seconds: one not refreshed for this long (by a heartbeat roster that\nlists it, a RecordAssignment or a sandbox event) is dropped at the next lookup. A restarted\nscheduler counts it from its own start, so downtime loses no binding.",
-      { min: 1, unit: "s" },
-    ),
-    report_ttl_secs: int(10, "A node that reported once and then sent nothing for this long is UNHEALTHY: never scheduled,\nand its bindings are dropped (at that moment: a timer armed at the earliest report's end). Seconds.", { min: 1, unit: "s" }),
-    discovery: oneOf(["static", "kubernetes"], "static", 'Node discovery: "static" (the nodes list) or "kubernetes" (EndpointSlices of a headless\nService, ready endpoints only).'),
-    nodes: list([], 'Static nodes, "id=http://host:port" each (id as the node reports it in [node] id).\nAENV__scheduler__nodes="a=http://10.0.0.1:8000,b=http://10.0.0.2:8000" overrides it.'),
-    max_p2p_artifacts: int(100_000, "Bound on P2P artifact records kept (ListP2pPeers / LookupP2pArtifact bookkeeping).", { min: 1, unit: "count" }),
-
-    kubernetes: section("", {
-      namespace: str("", "Namespace of the Service. Empty: the scheduler Pod's own (service account namespace file)."),
-      service_name: str("agentenv-nodes", "Headless Service whose EndpointSlices list the nodes (label kubernetes.io/service-name).", { minLength: 1 }),
-      port: int(8000, "Port of the node API on each endpoint, and the URL scheme the gateway uses.", { min: 1, max: 65535 }),
-      scheme: oneOf(["http", "https"], "http", ""),
-      api_url: str("", "API server URL. Empty: https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT (in-cluster)."),
-      token_path: str("/var/run/secrets/kubernetes.io/serviceaccount/token", "Service account token and CA bundle (in-cluster defaults)."),
-      ca_path: str("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt", ""),
-      watch_timeout_secs: int(300, "Server-side timeout of one watch request, seconds (the client re-watches from the last\nresourceVersion after it).", { min: 1, max: 86_400, unit: "s" }),
-      retry_backoff_ms: int(2000, "Wait before re-listing after a failed list or watch, and before watching again after a\nwatch that ended without any event, ms.", { min: 1, max: MS_MAX, unit: "ms" }),
-      request_timeout_ms: int(10_000, "Bound on a list request, and on a watch's response headers, ms. A watch is cut\nwatch_timeout_secs plus this after it started (the server should have ended it).", { min: 1, max: MS_MAX, unit: "ms" }),
-      max_list_bytes: int(67_108_864, "Largest EndpointSlice list answer read, bytes; a longer one fails the list (retried after\nretry_backoff_ms).", { min: 1024, max: TIB, unit: "bytes" }),
-      max_event_bytes: int(
-        4_194_304,
-        "Largest watch event (one line) read, bytes: one EndpointSlice holds at most 1000 endpoints.\nA longer line cuts the watch, and discovery lists again.",
-        { min: 1024, max: TIB, unit: "bytes" },
-      ),
-    }),
-  }),
-
-  gateway: section(
-    "`agentenv gateway`: the cluster's E2B API. Clients authenticate with [api] key\n(AENV_API_KEY; empty: generated in $home_path/api-key); the gateway sends node_api_key to\nnodes. Scheduler address: [cluster] scheduler_endpoint.",
-    {
-      addr: str("0.0.0.0:8080", "Listen address host:port.", { pattern: "^.+:[0-9]{1,5}$" }),
-      node_api_key: str("", "X-API-Key the gateway presents to nodes (every node must be configured with it).\nEmpty: the gateway's own key, i.e. one key for the whole cluster."),
-      sandbox_proxy_domains: list(
-        [],
-        "DNS suffixes for host routes {port}-{sandboxID}.{domain} on the gateway; the first is\nreturned to SDKs as the sandbox `domain`. AENV_GATEWAY_SANDBOX_PROXY_DOMAINS overrides it.",
-      ),
-      request_timeout_ms: int(
-        30_000,
-        "Bound on connecting to a node (until it reads a streamed request body, or for a control-plane\nrequest without one until its response headers arrive), and on the response headers after a\ncontrol-plane body's end, ms; then 502 naming the node. Reads the gateway merges from every\nnode (lists) are bounded whole, body included, and so is opening a WebSocket to a node.\nCreates, pauses and resumes take longer: create_timeout_ms bounds those.",
-        { min: 1, max: MS_MAX, unit: "ms" },
-      ),
-      idle_timeout_ms: int(
-        120_000,
-        "Once a request body streams through the gateway: the longest pause between its chunks, ms.\nA body may stream for as long as it keeps moving; one that stalls is cut (502 naming the node).",
-        { min: 1, max: MS_MAX, unit: "ms" },
-      ),
-      response_timeout_ms: int(
-        300_000,
-        "Sandbox traffic: the longest wait for the answer's headers, ms, from the request body's end or,\nfor a request without a body, from its start (as the node's [sandbox_proxy] response_timeout_ms:\nslow and long-polling endpoints); then 502 naming the node.",
-        { min: 1, max: MS_MAX, unit: "ms" },
-      ),
-      create_timeout_ms: int(150_000, "Bound on a create, pause, resume or connect forwarded to a node (a VM boot or snapshot), ms.", { min: 1, max: MS_MAX, unit: "ms" }),
-      scheduler_timeout_ms: int(3000, "Bound on one scheduler RPC, ms; a scheduler that does not answer makes creates 503.", { min: 1, max: MS_MAX, unit: "ms" }),
-      scheduler_retry_ms: int(100, "Pause between tries of a scheduler RPC that found the channel down (it reconnects), within\nscheduler_timeout_ms, ms.", { min: 1, max: MS_MAX, unit: "ms" }),
-      create_attempts: int(3, "Schedule calls one create may make: a node that refused the connection (nothing reached it)\nis left out and the create goes to the next node the scheduler picks.", { min: 1, max: 100, unit: "count" }),
-      route_cache_size: int(100_000, "Sandbox -> node routes the gateway remembers (LRU). Routing of known sandboxes keeps working\nfrom it while the scheduler is down.", { min: 1, unit: "count" }),
-      node_list_ttl_ms: int(2000, "How long the node list from the scheduler is reused for list/aggregation fan-out, ms.", { min: 0, max: MS_MAX, unit: "ms" }),
-      max_body_bytes: int(1_048_576, "Largest control-plane request body the gateway accepts, bytes (sandbox traffic is streamed).", { min: 1024, max: TIB, unit: "bytes" }),
-      max_answer_bytes: int(
-        67_108_864,
-        "Largest node answer the gateway reads whole, bytes: each node's part of a merged list, a create\nor fork answer it rewrites. A longer one is 502 naming the node (sandbox traffic and other\nforwarded answers stream through unread).",
-        { min: 1024, max: TIB, unit: "bytes" },
-      ),
-    },
-  ),
+  ...CONTROL_PLANE_SECTIONS,
 
   orchestrator: section("", {
     default_timeout_secs: int(300, "Sandbox lifetime when a create request omits `timeout`, seconds (E2B SDKs default to 300).", { min: 1, unit: "s" }),
@@ -619,79 +499,7 @@ export const CONFIG_SCHEMA = section("", {
     resolve_timeout_ms: int(5000, "Bound on one look-up of a secret at the gateway, ms.", { min: 10, max: 600_000, unit: "ms" }),
   }),
 
-  envd: section("In-guest daemon (`agentenv envd`), E2B envd protocol.", {
-    host: str("0.0.0.0", "Bind address.", { minLength: 1 }),
-    default_user: str("root", 'Acting user before POST /init sets one (E2B\'s envd default is root; templates set "user").', { minLength: 1 }),
-    clock_sync: bool(true, "Set the guest clock from /init's timestamp when it is >50 ms behind or >5 s ahead. Guests only."),
-    keepalive_interval_s: int(90, "Keepalive interval on streams when the client sends no Keepalive-Ping-Interval header, seconds.", { min: 1, max: 86_400, unit: "s" }),
-    max_processes: int(1024, "Most processes running at once; more Start calls get resource_exhausted.", { min: 1, unit: "count" }),
-    exited_retention_ms: int(30_000, "How long an exited process stays attachable with Connect (its end event is kept), ms.", { min: 0, max: MS_MAX, unit: "ms" }),
-    kill_wait_ms: int(5000, "SendSignal with SIGKILL (the SDK's commands.kill) answers once the process is reaped, waiting at\nmost this long, ms.", { min: 0, max: MS_MAX, unit: "ms" }),
-    output_drain_ms: int(
-      100,
-      "After a process exited, its output is read until no byte arrived for this long (background\nchildren may hold its pipes open), ms. Waiting for a slow client does not count.",
-      { min: 0, max: 600_000, unit: "ms" },
-    ),
-    stream_queue_events: int(256, "Events buffered per open stream before process output reading pauses (back-pressure).", { min: 1, unit: "count" }),
-    stream_queue_bytes: int(
-      1_048_576,
-      "Output bytes buffered per open process stream (Start/Connect) before envd stops reading the\nprocess's pipe, so a slow client blocks the writer instead of growing envd's memory.",
-      { min: 1, max: TIB, unit: "bytes" },
-    ),
-    detached_output_bytes: int(262_144, "Output a process writes while no stream is attached to it (its client went away: a dropped\nconnection, a node restart) kept for the next Connect, which gets it first, bytes per process\n(the newest are kept). 0 drops it, as E2B's envd does.", { min: 0, max: 67_108_864, unit: "bytes" }),
-    output_event_bytes: int(32_768, "Largest output payload of one data event, bytes (1..65536; E2B's envd reads 32 KiB at a time).", { min: 1, max: 65_536, unit: "bytes" }),
-    output_pipe_bytes: int(
-      1_048_576,
-      "Capacity of each process's stdout and stderr pipe, bytes (F_SETPIPE_SZ; the kernel rounds up to\na power of two pages): a fast writer hands over up to this much per wake-up of envd. Kernel\nmemory, held only while output waits in the pipe (a process writing to a slow client holds up\nto twice this); not envd's RSS.",
-      { min: 4096, max: 67_108_864, unit: "bytes" },
-    ),
-    output_batch_bytes: int(
-      262_144,
-      "Most output bytes written to a client before one flush (whole reads of the process's pipe, at\nleast one): fewer, larger socket writes when output is fast.",
-      { min: 1, max: TIB, unit: "bytes" },
-    ),
-    gc_every_output_bytes: int(
-      67_108_864,
-      "Bytes of short-lived output buffers (all streams: JSON's base64 text, envelope headers) after\nwhich envd collects garbage at once; the runtime's own collector lets RSS climb tens of MiB\nfirst. Reads sent as binary payloads are not counted: they are freed once every stream sent\nthem. 0 = leave it to the runtime.",
-      { min: 0, unit: "bytes" },
-    ),
-    stream_request_max_bytes: int(4_194_304, "Largest request message of a streaming call (Start/Connect: command, args, env), bytes.", { min: 1024, max: TIB, unit: "bytes" }),
-    max_list_entries: int(100_000, "Most entries one ListDir answer holds; deeper/larger listings get resource_exhausted.", { min: 1, unit: "count" }),
-    max_watchers: int(256, "Most polling watchers (CreateWatcher) at once.", { min: 1, unit: "count" }),
-    max_watcher_events: int(10_000, "Events a polling watcher keeps between GetWatcherEvents calls; the oldest are dropped beyond it.", { min: 1, unit: "count" }),
-    max_watch_dirs: int(8192, "Most directories one recursive watch follows (one inotify watch each).", { min: 1, unit: "count" }),
-    idle_timeout_s: int(255, "HTTP idle timeout per connection, s (Bun caps it at 255); streams send keepalives well inside it.", { min: 0, max: 255, unit: "s" }),
-    max_request_body_bytes: int(
-      TIB,
-      "Largest request body (uploads), bytes. Bodies are streamed to disk, never held whole; Bun's own\ndefault (128 MiB) would refuse bigger files. Default 1 TiB.",
-      { min: 1, unit: "bytes" },
-    ),
-    upload_buffer_bytes: int(
-      1_048_576,
-      "No longer used; accepted so that configs naming it still load. Each chunk of an upload is now\nwritten as it arrives (about 64 KiB at a time): an octet-stream upload holds that one chunk, a\nmultipart one that chunk and the parser's tail of the one before.",
-      { min: 65_536, max: 268_435_456, unit: "bytes" },
-    ),
-    max_compose_sources: int(10_000, "Most source files one POST /files/compose concatenates.", { min: 1, unit: "count" }),
-    enforce_permissions: bool(
-      false,
-      "Check the acting user's rights on file operations (upload, download, list, make_dir, move,\nremove, watch): refusals are 403 / permission_denied. false = E2B's behaviour: envd acts as root\nand only ownership follows the user.",
-    ),
-    reseed_random: bool(
-      true,
-      "Mix POST /init's entropy (host random bytes, sent on every create, resume, fork and pool\nadoption) into the kernel random generator and reseed it (RNDADDENTROPY + RNDRESEEDCRNG), so\nclones of one snapshot stop sharing its CRNG state. Guests only (needs root).",
-    ),
-    ca_dir: str("/usr/local/share/ca-certificates", "Where POST /init's caBundle (PEM) is written, as agentenv-init.crt (Debian's extra-CA directory).", { minLength: 1 }),
-    ca_bundle_path: str(
-      "/etc/ssl/certs/ca-certificates.crt",
-      "System CA bundle POST /init's caBundle is added to (replacing the one an earlier /init added);\nempty: none. Processes envd starts then get NODE_EXTRA_CA_CERTS, REQUESTS_CA_BUNDLE,\nSSL_CERT_FILE and CURL_CA_BUNDLE.",
-    ),
-    ca_update_command: str("", "Command that rebuilds the trust store after a new bundle (e.g. update-ca-certificates, seconds\nunder TCG); empty: none. Skipped if not installed."),
-    jsc_options: str(
-      "useBaselineJIT=0",
-      "JavaScriptCore options for the guest's envd runtime, `name=value` separated by spaces (Bun reads\nthem as BUN_JSC_<name> at start; the tools drive's init sets them, envd's commands never see\nthem); empty: none. Under TCG, compiling envd's run-once start-up code with the baseline JIT\ncosts more than it saves: without it envd listens in 1.6 s instead of 2.3-2.9 s (bench/vm.ts)\nand QEMU translates less code; hot code is still optimised by the later tiers.",
-      { pattern: "^([A-Za-z][A-Za-z0-9]*=[A-Za-z0-9._-]+( [A-Za-z][A-Za-z0-9]*=[A-Za-z0-9._-]+)*)?$" },
-    ),
-  }),
+  envd: ENVD_SECTION,
 
   overlaybd: section("", {
     cache_size_bytes: int(268_435_456, "Block cache in front of remote (registry) layers: total bytes kept in memory (LRU).", { min: 0, max: TIB, unit: "bytes" }),

@@ -9,6 +9,7 @@ import { AgentEnvError, type ErrorTable } from "../errors.ts";
 import { MIGRATIONS, type Migration } from "./migrations/index.ts";
 export { SECRETS_MIGRATIONS } from "./migrations/index.ts";
 import * as schema from "./schema/index.ts";
+import { errorMessage } from "../util/error.ts";
 
 /** Database failures. Adding a code: see src/errors.ts. */
 export const DB_ERRORS = {
@@ -39,7 +40,7 @@ export function openDb(path: string, migrations: Migration[] = MIGRATIONS): Db {
     sqlite = new Database(path, { create: true, strict: true });
     sqlite.exec("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=ON; PRAGMA busy_timeout=5000;");
   } catch (e) {
-    throw new DbError("db.open_failed", `cannot open database ${path}: ${(e as Error).message}`, { path });
+    throw new DbError("db.open_failed", `cannot open database ${path}: ${errorMessage(e)}`, { path });
   }
   applyMigrations(sqlite, migrations, path);
   const orm = drizzle({ client: sqlite, schema });
@@ -59,7 +60,7 @@ function applyMigrations(sqlite: Database, migrations: Migration[], path: string
         sqlite.query("INSERT INTO __migrations (tag, applied_at) VALUES (?, ?)").run(m.tag, Date.now());
       })();
     } catch (e) {
-      throw new DbError("db.migration_failed", `migration ${m.tag} failed on ${path}: ${(e as Error).message}`, { path, tag: m.tag });
+      throw new DbError("db.migration_failed", `migration ${m.tag} failed on ${path}: ${errorMessage(e)}`, { path, tag: m.tag });
     }
   }
 }

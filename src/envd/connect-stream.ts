@@ -19,6 +19,7 @@ import { fromBinary, fromJson, type DescMessage, type MessageShape } from "@bufb
 import { Code, ConnectError } from "@connectrpc/connect";
 import { codeToString, parseTimeout } from "@connectrpc/connect/protocol-connect";
 import { toConnectError } from "./errors.ts";
+import { errorMessage } from "../util/error.ts";
 
 /** Envelope flag: the message is compressed with the stream's `connect-content-encoding`. */
 const FLAG_COMPRESSED = 0x01;
@@ -106,7 +107,7 @@ async function readRequest<D extends DescMessage>(req: Request, schema: D, binar
     if (binary) return fromBinary(schema, data);
     return fromJson(schema, JSON.parse(new TextDecoder().decode(data)), { ignoreUnknownFields: true });
   } catch (err) {
-    throw new ConnectError(`cannot decode request: ${(err as Error).message}`, Code.InvalidArgument);
+    throw new ConnectError(`cannot decode request: ${errorMessage(err)}`, Code.InvalidArgument);
   }
 }
 

@@ -5,6 +5,7 @@
  */
 import { Code, ConnectError } from "@connectrpc/connect";
 import { AgentEnvError } from "../errors.ts";
+import { errorCode, errorMessage } from "../util/error.ts";
 
 /** Failure classes envd distinguishes on the wire. */
 export type EnvdErrorKind =
@@ -83,8 +84,8 @@ export class EnvdError extends AgentEnvError<EnvdErrorCode> {
  */
 export function fromFsError(err: unknown, path: string, op: string): EnvdError {
   if (err instanceof EnvdError) return err;
-  const code = (err as NodeJS.ErrnoException)?.code;
-  const msg = (err as Error)?.message ?? String(err);
+  const code = errorCode(err);
+  const msg = errorMessage(err);
   const details = { path, op, errno: code };
   switch (code) {
     case "ENOENT":
@@ -112,5 +113,5 @@ export function fromFsError(err: unknown, path: string, op: string): EnvdError {
 export function toConnectError(err: unknown): ConnectError {
   if (err instanceof ConnectError) return err;
   if (err instanceof EnvdError) return err.toConnect();
-  return new ConnectError((err as Error)?.message ?? String(err), Code.Internal);
+  return new ConnectError(errorMessage(err), Code.Internal);
 }

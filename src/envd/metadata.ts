@@ -5,6 +5,7 @@
  */
 import { getXattr, listXattrs, removeXattr, setXattr, XattrError } from "../ffi/xattr.ts";
 import { EnvdError } from "./errors.ts";
+import { errorMessage } from "../util/error.ts";
 
 const PREFIX = "user.e2b.";
 const HEADER_PREFIX = "x-metadata-";
@@ -64,6 +65,6 @@ export function replaceMetadata(path: string, meta: Record<string, string>): voi
       if (!wanted) return;
       throw new EnvdError("invalid_argument", `the filesystem of '${path}' does not support file metadata`, { path }, { cause: err });
     }
-    throw new EnvdError("internal", `cannot store metadata on '${path}': ${(err as Error).message}`, { path }, { cause: err });
+    throw new EnvdError("internal", `cannot store metadata on '${path}': ${errorMessage(err)}`, { path }, { cause: err });
   }
 }

@@ -8,6 +8,7 @@ import { chownSync, mkdirSync, statSync, type Stats } from "node:fs";
 import { dirname } from "node:path";
 import { EnvdError, fromFsError } from "./errors.ts";
 import { userGroups, type UserInfo } from "./users.ts";
+import { errorCode } from "../util/error.ts";
 
 /** Access bits as in access(2). */
 export const R_OK = 4;
@@ -65,7 +66,7 @@ export function requireParentWritable(user: UserInfo, path: string, op: string):
       return;
     } catch (err) {
       if (err instanceof EnvdError) throw err;
-      if ((err as NodeJS.ErrnoException).code !== "ENOENT" || dir === "/") throw fromFsError(err, dir, op);
+      if (errorCode(err) !== "ENOENT" || dir === "/") throw fromFsError(err, dir, op);
       dir = dirname(dir);
     }
   }
@@ -86,7 +87,7 @@ export function ensureDirs(dir: string, user: UserInfo, op: string): boolean {
       break;
     } catch (err) {
       if (err instanceof EnvdError) throw err;
-      if ((err as NodeJS.ErrnoException).code !== "ENOENT") throw fromFsError(err, cur, op);
+      if (errorCode(err) !== "ENOENT") throw fromFsError(err, cur, op);
       missing.push(cur);
       const up = dirname(cur);
       if (up === cur) break;
@@ -97,7 +98,7 @@ export function ensureDirs(dir: string, user: UserInfo, op: string): boolean {
     try {
       mkdirSync(d, { mode: 0o755 });
     } catch (err) {
-      if ((err as NodeJS.ErrnoException).code === "EEXIST") continue;
+      if (errorCode(err) === "EEXIST") continue;
       throw fromFsError(err, d, op);
     }
     chownTo(d, user);

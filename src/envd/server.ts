@@ -21,6 +21,7 @@ import { ProcessManager } from "./process/manager.ts";
 import { processService, processStreams } from "./process/service.ts";
 import { EnvdState } from "./state.ts";
 import { ENVD_PORT, ENVD_VERSION } from "./version.ts";
+import { errorMessage } from "../util/error.ts";
 
 const log = logger("envd");
 
@@ -140,7 +141,7 @@ function httpError(err: unknown): Response {
     return json({ code: err.httpStatus, message: err.message }, err.httpStatus);
   }
   log.error({ err }, "unhandled error");
-  return json({ code: 500, message: (err as Error)?.message ?? String(err) }, 500);
+  return json({ code: 500, message: errorMessage(err) }, 500);
 }
 
 function withCors(res: Response): Response {

@@ -15,6 +15,7 @@
 import { closeSync, openSync, readFileSync, readSync } from "node:fs";
 import { AgentEnvError } from "../errors.ts";
 import type { FfiCodes } from "./errors.ts";
+import { errorMessage } from "../util/error.ts";
 
 /** Page size of x86-64 and arm64 (4 KiB) assumed by the pagemap walk. */
 export const PAGE_SIZE = 4096;
@@ -51,7 +52,7 @@ export function fileMappings(pid: number, path: string): FileMapping[] {
   try {
     text = readFileSync(`/proc/${pid}/maps`, "utf8");
   } catch (e) {
-    throw new ProcMemError(`cannot read /proc/${pid}/maps: ${(e as Error).message}`, pid, "maps");
+    throw new ProcMemError(`cannot read /proc/${pid}/maps: ${errorMessage(e)}`, pid, "maps");
   }
   const out: FileMapping[] = [];
   for (const line of text.split("\n")) {
@@ -75,7 +76,7 @@ export function privatePages(pid: number, mappings: readonly FileMapping[]): Arr
   try {
     fd = openSync(`/proc/${pid}/pagemap`, "r");
   } catch (e) {
-    throw new ProcMemError(`cannot open /proc/${pid}/pagemap: ${(e as Error).message}`, pid, "pagemap");
+    throw new ProcMemError(`cannot open /proc/${pid}/pagemap: ${errorMessage(e)}`, pid, "pagemap");
   }
   const runs: Array<[number, number]> = [];
   const CHUNK_PAGES = 65536; // 512 KiB of entries per read
@@ -107,7 +108,7 @@ export function privatePages(pid: number, mappings: readonly FileMapping[]): Arr
     }
   } catch (e) {
     if (e instanceof ProcMemError) throw e;
-    throw new ProcMemError(`reading /proc/${pid}/pagemap failed: ${(e as Error).message}`, pid, "pagemap");
+    throw new ProcMemError(`reading /proc/${pid}/pagemap failed: ${errorMessage(e)}`, pid, "pagemap");
   } finally {
     closeSync(fd);
   }
@@ -124,7 +125,7 @@ export class ProcessMemory {
     try {
       this.fd = openSync(`/proc/${pid}/mem`, "r");
     } catch (e) {
-      throw new ProcMemError(`cannot open /proc/${pid}/mem: ${(e as Error).message}`, pid, "mem");
+      throw new ProcMemError(`cannot open /proc/${pid}/mem: ${errorMessage(e)}`, pid, "mem");
     }
   }
 
@@ -141,7 +142,7 @@ export class ProcessMemory {
         got += r;
       }
     } catch (e) {
-      throw new ProcMemError(`reading ${buf.length} bytes at 0x${addr.toString(16)} of pid ${this.pid} failed: ${(e as Error).message}`, this.pid, "mem");
+      throw new ProcMemError(`reading ${buf.length} bytes at 0x${addr.toString(16)} of pid ${this.pid} failed: ${errorMessage(e)}`, this.pid, "mem");
     }
     if (got < buf.length) throw new ProcMemError(`short read at 0x${addr.toString(16)} of pid ${this.pid}: ${got} of ${buf.length} bytes`, this.pid, "mem");
   }

@@ -32,6 +32,7 @@ import { RootTree } from "./rootfs.ts";
 import type { RegistrySettings } from "./settings.ts";
 import { tool } from "./skopeo.ts";
 import { writeFileDurable } from "../util/durable.ts";
+import { errorCode } from "../util/error.ts";
 
 /** Process defaults of the image (its OCI config, as umoci's runtime spec has them). */
 export interface ImageRunConfig {
@@ -229,7 +230,7 @@ export async function pullImage(o: PullOptions): Promise<PulledImage> {
     try {
       linkSync(tmpLayer, join(cacheDir, layerName));
     } catch (e) {
-      if ((e as NodeJS.ErrnoException).code !== "EEXIST") throw e;
+      if (errorCode(e) !== "EEXIST") throw e;
       layerName = `${key}-${randomBytes(4).toString("hex")}.layer`;
       linkSync(tmpLayer, join(cacheDir, layerName));
     }

@@ -5,6 +5,7 @@
  * as progress, the tail of stderr (and stdout) kept for the error. Callers turn the outcome into
  * their own typed error.
  */
+import { errorMessage } from "../util/error.ts";
 
 /** How to run one tool. */
 export interface ToolOptions {
@@ -50,7 +51,7 @@ export async function runTool(cmd: string[], o: ToolOptions): Promise<ToolOutcom
       signal: AbortSignal.any([timeout, ...(o.signal ? [o.signal] : [])]),
     });
   } catch (e) {
-    return { code: 127, stdout: "", stderr: (e as Error).message, timedOut: false, cancelled: false, missing: true };
+    return { code: 127, stdout: "", stderr: errorMessage(e), timedOut: false, cancelled: false, missing: true };
   }
   const read = async (stream: ReadableStream<Uint8Array>, lines: boolean, keep: number): Promise<string> => {
     let text = "";

@@ -11,6 +11,7 @@ import { run } from "./exec.ts";
 import type { EgressPolicy } from "./policy.ts";
 import { dnsScript, policyScript, slotRules, type DnsAllowed } from "./rules.ts";
 import { type Slot, TAP_MAC, TAP_PREFIX_LEN } from "./slot.ts";
+import { errorMessage } from "../util/error.ts";
 
 const log = logger("net");
 /** Directory where `ip netns add` pins named namespaces. */
@@ -49,7 +50,7 @@ export async function buildSlot(cfg: NetConfig, slot: Slot, policy: EgressPolicy
     });
   } catch (e) {
     await destroySlot(cfg, slot).catch((d) => log.error({ err: d, idx: slot.idx }, "rollback of a half-built slot failed"));
-    throw new NetError("net.setup_failed", `building slot ${slot.idx} (${slot.netnsName}) failed: ${(e as Error).message}`, { idx: slot.idx, netns: slot.netnsName }, { cause: e });
+    throw new NetError("net.setup_failed", `building slot ${slot.idx} (${slot.netnsName}) failed: ${errorMessage(e)}`, { idx: slot.idx, netns: slot.netnsName }, { cause: e });
   }
 }
 

@@ -27,6 +27,7 @@ import { redactUrl } from "../util/proxy.ts";
 import type { TemplateService } from "../template/index.ts";
 import { EventsService, eventsConfig } from "../events/index.ts";
 import { openSecrets, type NodeSecrets } from "../secrets/index.ts";
+import { errorMessage } from "../util/error.ts";
 
 /** A started node. `close()` stops listening, then the orchestrator (shutdown_action), then the DB. */
 export interface RunningNode {
@@ -63,13 +64,13 @@ function proxyTls(cfg: Config): { cert: string; key: string } | null {
     try {
       return readFileSync(path, "utf8");
     } catch (e) {
-      throw new ConfigError("config.unreadable", `config: sandbox_proxy.${key} ${path}: ${(e as Error).message}`, { path, key: `sandbox_proxy.${key}` });
+      throw new ConfigError("config.unreadable", `config: sandbox_proxy.${key} ${path}: ${errorMessage(e)}`, { path, key: `sandbox_proxy.${key}` });
     }
   };
   const cert = read("tls_cert_path", certPath);
   const key = read("tls_key_path", keyPath);
   const bad = (name: string, path: string, expected: string, e?: unknown) =>
-    new ConfigError("config.bad_value", `config: sandbox_proxy.${name} ${path}: expected ${expected}${e ? ` (${(e as Error).message})` : ""}`, { key: `sandbox_proxy.${name}`, value: path, expected });
+    new ConfigError("config.bad_value", `config: sandbox_proxy.${name} ${path}: expected ${expected}${e ? ` (${errorMessage(e)})` : ""}`, { key: `sandbox_proxy.${name}`, value: path, expected });
   let x509: X509Certificate;
   try {
     x509 = new X509Certificate(cert);
@@ -114,7 +115,7 @@ export async function bootNode(cfg: Config, makeRuntime: RuntimeFactory = create
     server = serve(serveOpts);
   } catch (e) {
     locks.release();
-    throw new NodeError("node.listen_failed", `cannot listen on ${cfg.api.addr}: ${(e as Error).message}`, { addr: cfg.api.addr });
+    throw new NodeError("node.listen_failed", `cannot listen on ${cfg.api.addr}: ${errorMessage(e)}`, { addr: cfg.api.addr });
   }
   try {
     const tls = proxyTls(cfg);
@@ -123,7 +124,7 @@ export async function bootNode(cfg: Config, makeRuntime: RuntimeFactory = create
       try {
         tlsServer = serve(serveOpts, { ...addr, tls });
       } catch (e) {
-        throw new NodeError("node.listen_failed", `cannot listen for HTTPS on ${cfg.sandbox_proxy.https_addr}: ${(e as Error).message}`, { addr: cfg.sandbox_proxy.https_addr });
+        throw new NodeError("node.listen_failed", `cannot listen for HTTPS on ${cfg.sandbox_proxy.https_addr}: ${errorMessage(e)}`, { addr: cfg.sandbox_proxy.https_addr });
       }
     }
   } catch (e) {

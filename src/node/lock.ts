@@ -11,6 +11,7 @@ import { join } from "node:path";
 import { tryFlockExclusive, type HeldFlock } from "../ffi/flock.ts";
 import { jsonSchema } from "../util/json-check.ts";
 import { NodeError } from "./errors.ts";
+import { errorMessage } from "../util/error.ts";
 
 /** Directory of the host-wide per-prefix locks. */
 export const HOST_LOCK_DIR = "/run";
@@ -60,7 +61,7 @@ export function acquireNodeLocks(runtimePath: string, namePrefix: string, hostLo
         mkdirSync(dir, { recursive: true });
         h = tryFlockExclusive(path);
       } catch (e) {
-        throw new NodeError("node.lock_failed", `cannot lock ${path}: ${(e as Error).message}`, { lockPath: path });
+        throw new NodeError("node.lock_failed", `cannot lock ${path}: ${errorMessage(e)}`, { lockPath: path });
       }
       if (!h) {
         const o = owner(path);

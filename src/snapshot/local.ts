@@ -19,6 +19,7 @@ import { SnapshotError } from "./errors.ts";
 import { digestHex, DIGEST_RE, layersOf, parseManifest, SNAPSHOT_ID_RE, type LayerRef, type SnapshotManifest } from "./manifest.ts";
 import { processAlive } from "../ffi/proc.ts";
 import { fsyncDir, fsyncPath, renameDurable } from "../util/durable.ts";
+import { errorCode, errorMessage } from "../util/error.ts";
 
 const log = logger("snapshot");
 
@@ -62,7 +63,7 @@ export function hashFile(path: string): LayerRef {
   try {
     fd = openSync(path, "r");
   } catch (e) {
-    throw new SnapshotError("snapshot.corrupt_layer", `layer file ${path} cannot be opened: ${(e as Error).message}`, { path });
+    throw new SnapshotError("snapshot.corrupt_layer", `layer file ${path} cannot be opened: ${errorMessage(e)}`, { path });
   }
   const h = new Bun.CryptoHasher("sha256");
   const buf = new Uint8Array(1 << 20);
@@ -135,12 +136,12 @@ export class CommitTxn {
         try {
           linkSync(path, dst);
         } catch (e) {
-          if ((e as NodeJS.ErrnoException).code === "EXDEV") {
+          if (errorCode(e) === "EXDEV") {
             // another filesystem: copy in, then move into place
             const tmp = this.file(`.copy-${digestHex(ref)}`);
             Bun.spawnSync(["cp", "--reflink=auto", path, tmp]);
             renameDurable(tmp, dst);
-          } else if ((e as NodeJS.ErrnoException).code !== "EEXIST") throw e;
+          } else if (errorCode(e) !== "EEXIST") throw e;
         }
         chmodSync(dst, 0o444);
       }
@@ -148,7 +149,7 @@ export class CommitTxn {
       return ref;
     } catch (e) {
       if (e instanceof SnapshotError) throw e;
-      throw new SnapshotError("snapshot.commit_failed", `adding layer ${path} failed: ${(e as Error).message}`, { path }, { cause: e });
+      throw new SnapshotError("snapshot.commit_failed", `adding layer ${path} failed: ${errorMessage(e)}`, { path }, { cause: e });
     }
   }
 
@@ -173,7 +174,7 @@ export class CommitTxn {
     } catch (e) {
       this.abort();
       if (e instanceof SnapshotError) throw e;
-      throw new SnapshotError("snapshot.commit_failed", `publishing snapshot ${m.id} failed: ${(e as Error).message}`, { id: m.id }, { cause: e });
+      throw new SnapshotError("snapshot.commit_failed", `publishing snapshot ${m.id} failed: ${errorMessage(e)}`, { id: m.id }, { cause: e });
     }
     this.finish();
     log.info({ id: m.id, kind: m.kind, layers: layersOf(m).length }, "snapshot committed");
@@ -253,7 +254,7 @@ export class LocalRepository {
       renameDurable(tmp, dst);
     } catch (e) {
       rmSync(tmp, { force: true });
-      throw new SnapshotError("snapshot.commit_failed", `adopting snapshot ${m.id} failed: ${(e as Error).message}`, { id: m.id }, { cause: e });
+      throw new SnapshotError("snapshot.commit_failed", `adopting snapshot ${m.id} failed: ${errorMessage(e)}`, { id: m.id }, { cause: e });
     }
   }
 
@@ -342,7 +343,7 @@ export class LocalRepository {
     try {
       raw = JSON.parse(readFileSync(path, "utf8"));
     } catch (e) {
-      throw new SnapshotError("snapshot.bad_manifest", `snapshot manifest ${path}: ${(e as Error).message}`, { id, path });
+      throw new SnapshotError("snapshot.bad_manifest", `snapshot manifest ${path}: ${errorMessage(e)}`, { id, path });
     }
     const m = parseManifest(raw, path);
     if (m.id !== id) throw new SnapshotError("snapshot.bad_manifest", `snapshot manifest ${path} names id ${m.id}`, { id, path });

@@ -14,6 +14,7 @@ import { proxyFor, proxySettings, redactUrl } from "../util/proxy.ts";
 import type { S3Settings } from "./config.ts";
 import { SnapshotError } from "./errors.ts";
 import { digestHex, layersOf, parseManifest, SNAPSHOT_ID_RE, type LayerRef, type SnapshotManifest } from "./manifest.ts";
+import { errorMessage } from "../util/error.ts";
 
 const log = logger("snapshot.s3");
 
@@ -147,7 +148,7 @@ export class S3Repository {
     try {
       raw = JSON.parse(text);
     } catch (e) {
-      throw new SnapshotError("snapshot.bad_manifest", `snapshot manifest ${key} in ${this.location}: ${(e as Error).message}`, { id, where: key });
+      throw new SnapshotError("snapshot.bad_manifest", `snapshot manifest ${key} in ${this.location}: ${errorMessage(e)}`, { id, where: key });
     }
     const m = parseManifest(raw, key);
     if (m.id !== id) throw new SnapshotError("snapshot.bad_manifest", `snapshot manifest ${key} names id ${m.id}`, { id, where: key });

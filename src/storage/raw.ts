@@ -6,6 +6,7 @@
 import { closeSync, fdatasyncSync, fstatSync, fsyncSync, ftruncateSync, openSync, readSync, writeSync, constants as fsc } from "node:fs";
 import type { BlockImage } from "./block.ts";
 import { DiskError } from "./errors.ts";
+import { errorCode, errorMessage } from "../util/error.ts";
 
 /** Largest zero-fill chunk used by discard, in bytes. */
 const ZERO_CHUNK = 1 << 20;
@@ -39,7 +40,7 @@ export class RawFileImage implements BlockImage {
     try {
       fd = openSync(path, (opts.readOnly ? fsc.O_RDONLY : fsc.O_RDWR) | 0o2000000 /* O_CLOEXEC */);
     } catch (e) {
-      throw new DiskError("disk.open_failed", `cannot open ${path}: ${(e as Error).message}`, { path, code: (e as NodeJS.ErrnoException).code });
+      throw new DiskError("disk.open_failed", `cannot open ${path}: ${errorMessage(e)}`, { path, code: errorCode(e) });
     }
     const img = new RawFileImage(path, fd, opts.readOnly);
     if (img.size % 512 !== 0) {

@@ -33,6 +33,7 @@ import { waitReady } from "./ready.ts";
 import { FINAL_ENTRY, STEP_ENTRY } from "./records.ts";
 import { readManifest } from "./store.ts";
 import { writeFileDurable } from "../util/durable.ts";
+import { errorMessage } from "../util/error.ts";
 
 /** Process context a step leaves for the next one. */
 export interface StepContext {
@@ -217,7 +218,7 @@ export class TemplateBuilder {
         try {
           parent = catalog.readyBuild(spec.fromTemplate);
         } catch (e) {
-          throw new StepFailure("base", (e as TemplateError).code ?? "template.not_found", `base template: ${(e as Error).message}`);
+          throw new StepFailure("base", (e as TemplateError).code ?? "template.not_found", `base template: ${errorMessage(e)}`);
         }
         const boot = parent.build.boot ?? this.legacyBoot(parent.template.templateID);
         base = { layers: boot.layers, context: { envs: boot.envs, workdir: boot.workdir, user: boot.user }, diskBytes: boot.diskBytes };
@@ -230,7 +231,7 @@ export class TemplateBuilder {
           img = await this.d.pullBase(ref, spec.credentials, (line) => log("info", line, "base"), signal);
         } catch (e) {
           // the image's own code (image.not_found, image.auth, ...) goes into the build's reason
-          throw new StepFailure("base", "template.build_failed", `base image ${ref}: ${(e as Error).message}`, { cause: (e as AgentEnvError).code ?? "template.build_failed" });
+          throw new StepFailure("base", "template.build_failed", `base image ${ref}: ${errorMessage(e)}`, { cause: (e as AgentEnvError).code ?? "template.build_failed" });
         }
         const workdir = img.workdir && img.workdir !== "/" ? img.workdir : "/home/user";
         base = { layers: [relative(this.d.homePath, img.layerPath)], context: { envs: img.env, workdir, user: "user" }, diskBytes: img.diskBytes };
@@ -271,7 +272,7 @@ export class TemplateBuilder {
           state = { layers, context, diskBytes: state.diskBytes };
         } catch (e) {
           if (e instanceof StepFailure) throw e;
-          throw new StepFailure(label, "template.build_failed", `step ${label}: ${(e as Error).message}`);
+          throw new StepFailure(label, "template.build_failed", `step ${label}: ${errorMessage(e)}`);
         }
         this.writeEntry(keys[i]!, state);
       }
@@ -311,7 +312,7 @@ export class TemplateBuilder {
           }
         } catch (e) {
           if (e instanceof StepFailure) throw e;
-          throw new StepFailure("finalize", "template.build_failed", `finalize: ${(e as Error).message}`);
+          throw new StepFailure("finalize", "template.build_failed", `finalize: ${errorMessage(e)}`);
         }
         writeFileSync(finalPath, JSON.stringify({ ready: true, at: new Date().toISOString(), ...(snapshot ? { snapshot } : {}) } satisfies FinalEntry));
       }
@@ -333,7 +334,7 @@ export class TemplateBuilder {
     } catch (e) {
       await vm?.stop();
       const step = e instanceof StepFailure ? e.step : undefined;
-      const message = signal.aborted && !(e instanceof StepFailure) ? `build cancelled: ${(e as Error).message}` : (e as Error).message;
+      const message = signal.aborted && !(e instanceof StepFailure) ? `build cancelled: ${errorMessage(e)}` : errorMessage(e);
       const code = e instanceof StepFailure ? String(e.details.cause ?? e.code) : ((e as AgentEnvError).code ?? "template.build_failed");
       log("error", message, step);
       const reason: BuildReason = { message, ...(step ? { step } : {}), code };

@@ -12,13 +12,13 @@
 import { randomUUID } from "node:crypto";
 import { mkdirSync, readdirSync, readFileSync, rmSync } from "node:fs";
 import { join } from "node:path";
+import { writeFileDurable } from "../util/durable.ts";
 import { asError } from "../util/error.ts";
 import { describeProblem } from "../util/json-check.ts";
 import { TemplateError } from "./errors.ts";
 import { TEMPLATE_RECORD } from "./records.ts";
 import { listTemplates as listManifests, readManifest, TEMPLATE_NAME, type TemplateManifest } from "./store.ts";
 export type { BuildLogEntry, LogLevel } from "./build-log.ts";
-import { writeFileDurable } from "../util/durable.ts";
 
 /** Build states as E2B names them. */
 export type BuildStatus = "waiting" | "building" | "ready" | "error";

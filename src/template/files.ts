@@ -14,6 +14,7 @@ import { open } from "node:fs/promises";
 import { dirname, join } from "node:path";
 import { TemplateError } from "./errors.ts";
 import { fsyncDir } from "../util/durable.ts";
+import { errorCode, errorMessage } from "../util/error.ts";
 
 const HASH_RE = /^[0-9a-f]{64}$/;
 
@@ -90,13 +91,13 @@ export class BuildFiles {
         linkSync(tmp, final);
         fsyncDir(dirname(final));
       } catch (e) {
-        if ((e as NodeJS.ErrnoException).code !== "EEXIST") throw e;
+        if (errorCode(e) !== "EEXIST") throw e;
       }
       return n;
     } catch (e) {
       await fh.close().catch(() => {});
       if (e instanceof TemplateError) throw e;
-      throw new TemplateError("template.upload_failed", `upload of ${hash} failed: ${(e as Error).message}`, { hash });
+      throw new TemplateError("template.upload_failed", `upload of ${hash} failed: ${errorMessage(e)}`, { hash });
     } finally {
       rmSync(tmp, { force: true });
     }

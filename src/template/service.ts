@@ -12,6 +12,7 @@ import { TemplateError } from "./errors.ts";
 import { collectGarbage, type GcReport } from "./gc.ts";
 import type { BuildFiles } from "./files.ts";
 import { checkBuildSpec } from "./spec.ts";
+import { errorMessage } from "../util/error.ts";
 
 /** Tunables of the service (`[template_build]`, `[orchestrator]` limits). */
 export interface TemplateServiceOptions {
@@ -162,7 +163,7 @@ export class TemplateService {
       try {
         const { build } = this.catalog.build(template.templateID, buildID);
         if (build.status === "ready" || build.status === "error") return;
-        this.catalog.setStatus(template.templateID, buildID, "error", { reason: { message: `build failed: ${(e as Error).message}`, code: (e as { code?: string }).code ?? "template.build_failed" } });
+        this.catalog.setStatus(template.templateID, buildID, "error", { reason: { message: `build failed: ${errorMessage(e)}`, code: (e as { code?: string }).code ?? "template.build_failed" } });
       } catch (err) {
         this.log.error({ err, buildID }, "build status could not be saved; it reads error until the node restarts");
       }

@@ -6,6 +6,7 @@ import { existsSync, mkdirSync, readdirSync, readFileSync } from "node:fs";
 import { isAbsolute, join } from "node:path";
 import { TemplateError } from "./errors.ts";
 import { writeFileDurable } from "../util/durable.ts";
+import { errorMessage } from "../util/error.ts";
 
 /** Template names: lowercase letters, digits, `-`, `_`, `.`; 1–64 chars, no leading dot. */
 export const TEMPLATE_NAME = /^[a-z0-9][a-z0-9._-]{0,63}$/;
@@ -66,7 +67,7 @@ export function readManifest(homePath: string, name: string): TemplateManifest {
   try {
     m = JSON.parse(readFileSync(path, "utf8"));
   } catch (e) {
-    throw new TemplateError("template.bad_manifest", `${path}: ${(e as Error).message}`, { name, path });
+    throw new TemplateError("template.bad_manifest", `${path}: ${errorMessage(e)}`, { name, path });
   }
   const ok =
     m && m.name === name && typeof m.rootfs === "string" && !isAbsolute(m.rootfs) && !m.rootfs.includes("..") &&

@@ -31,6 +31,7 @@ import { setInterpreter } from "./elf.ts";
 import { ToolsError } from "./errors.ts";
 import initScript from "./init.sh" with { type: "text" };
 import { renameDurable, writeFileDurable } from "../util/durable.ts";
+import { errorMessage } from "../util/error.ts";
 
 const log = logger("tools");
 
@@ -82,7 +83,7 @@ async function run(cmd: string[], onLine?: (l: string) => void, env?: Record<str
   try {
     p = Bun.spawn(cmd, { stdout: "pipe", stderr: "pipe", ...(env ? { env } : {}) });
   } catch (e) {
-    throw new ToolsError("tools.build_failed", `cannot run ${cmd[0]}: ${(e as Error).message}`, { cmd: cmd.slice(0, 3) });
+    throw new ToolsError("tools.build_failed", `cannot run ${cmd[0]}: ${errorMessage(e)}`, { cmd: cmd.slice(0, 3) });
   }
   const [out, err, code] = await Promise.all([new Response(p.stdout).text(), new Response(p.stderr).text(), p.exited]);
   for (const l of (out + err).split("\n")) if (l.trim()) onLine?.(l.trim());
@@ -132,7 +133,7 @@ export function agentenvSource(): { key: string; build: (out: string) => Promise
       try {
         await run([process.execPath, ...args.slice(0, 2), "--bytecode", ...args.slice(2)], undefined, compileEnv());
       } catch (e) {
-        log.warn({ err: (e as Error).message.slice(0, 500) }, "bytecode compile failed; compiling without --bytecode");
+        log.warn({ err: errorMessage(e).slice(0, 500) }, "bytecode compile failed; compiling without --bytecode");
         await run([process.execPath, ...args], undefined, compileEnv());
       }
     },

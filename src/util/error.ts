@@ -1,6 +1,6 @@
 /**
  * Reading a caught value. `catch (e)` gives `unknown`: a thrown Error, or anything else a
- * library threw (a string, a Response, an object). These two helpers replace `(e as Error)` casts.
+ * library threw (a string, a Response, an object). These helpers replace casting a caught value to Error.
  */
 
 /**

@@ -11,6 +11,7 @@ import { VolumeError } from "./errors.ts";
 import { volumePath } from "./paths.ts";
 import type { VolumeEntry, VolumeFiles, VolumeMetadata, VolumeWriteOptions } from "./types.ts";
 import { renameDurable } from "../util/durable.ts";
+import { errorCode, errorMessage } from "../util/error.ts";
 
 /** Owner and modes given to what the content API creates without explicit metadata. */
 export interface CreateDefaults {
@@ -18,10 +19,6 @@ export interface CreateDefaults {
   gid: number;
   fileMode: number;
   dirMode: number;
-}
-
-function errno(e: unknown): string | undefined {
-  return (e as NodeJS.ErrnoException)?.code;
 }
 
 function entryOf(st: Stats, vpath: string, abs: string): VolumeEntry {
@@ -163,7 +160,7 @@ export class HostFiles implements VolumeFiles {
     try {
       realParent = realpathSync(parent);
     } catch (e) {
-      if (errno(e) !== "ENOENT" && errno(e) !== "ENOTDIR") throw this.ioError("resolve", vp, e);
+      if (errorCode(e) !== "ENOENT" && errorCode(e) !== "ENOTDIR") throw this.ioError("resolve", vp, e);
       if (!createParents || this.readOnly) throw new VolumeError("volume.path_not_found", `the directory of ${vp} does not exist`, { path: vp });
       this.makeParents(parent, vp);
       realParent = realpathSync(parent);
@@ -206,7 +203,7 @@ export class HostFiles implements VolumeFiles {
     try {
       return lstatSync(abs);
     } catch (e) {
-      if (errno(e) === "ENOENT" || errno(e) === "ENOTDIR") return undefined;
+      if (errorCode(e) === "ENOENT" || errorCode(e) === "ENOTDIR") return undefined;
       throw e;
     }
   }
@@ -230,10 +227,10 @@ export class HostFiles implements VolumeFiles {
   }
 
   private ioError(op: string, vp: string, e: unknown): VolumeError {
-    const code = errno(e);
+    const code = errorCode(e);
     if (code === "ENOENT") return new VolumeError("volume.path_not_found", `${vp} does not exist`, { path: vp });
     if (code === "EEXIST") return new VolumeError("volume.exists", `${vp} already exists`, { path: vp });
     if (code === "ENOTDIR") return new VolumeError("volume.not_a_directory", `a parent of ${vp} is not a directory`, { path: vp });
-    return new VolumeError("volume.io_failed", `cannot ${op} ${vp}: ${(e as Error).message}`, { path: vp, errno: code ?? null }, { cause: e });
+    return new VolumeError("volume.io_failed", `cannot ${op} ${vp}: ${errorMessage(e)}`, { path: vp, errno: code ?? null }, { cause: e });
   }
 }

@@ -10,6 +10,7 @@ import { join } from "node:path";
 import type { TargetSpec } from "../storage/daemon/index.ts";
 import { createUpper, importSparse } from "../storage/overlaybd/index.ts";
 import { VolumeError } from "./errors.ts";
+import { errorMessage } from "../util/error.ts";
 
 /** Files of one volume. */
 export interface VolumePaths {
@@ -57,7 +58,7 @@ export async function createVolumeImage(p: VolumePaths, sizeBytes: number, owner
   } catch (e) {
     rmSync(p.dir, { recursive: true, force: true });
     if (e instanceof VolumeError) throw e;
-    throw new VolumeError("volume.image_failed", `making the volume disk in ${p.dir} failed: ${(e as Error).message}`, { dir: p.dir }, { cause: e });
+    throw new VolumeError("volume.image_failed", `making the volume disk in ${p.dir} failed: ${errorMessage(e)}`, { dir: p.dir }, { cause: e });
   } finally {
     rmSync(raw, { force: true });
   }

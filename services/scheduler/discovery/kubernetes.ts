@@ -26,6 +26,7 @@ import type { NodeRef } from "../../../src/cluster/index.ts";
 import type { DiscoveredNodes } from "../types.ts";
 import type { Discovery } from "./types.ts";
 import { sleep } from "../../../src/util/wait.ts";
+import { errorMessage } from "../../../src/util/error.ts";
 
 const OPT_STRING = T.Optional(T.String());
 /** A Go `*bool`: absent, null or a boolean. */
@@ -195,7 +196,7 @@ export class KubernetesDiscovery implements Discovery {
       try {
         this.ca = readFileSync(o.caPath, "utf8");
       } catch (e) {
-        throw new SchedulerError("scheduler.bad_config", `cannot read the Kubernetes CA bundle ${o.caPath}: ${(e as Error).message}`, { path: o.caPath });
+        throw new SchedulerError("scheduler.bad_config", `cannot read the Kubernetes CA bundle ${o.caPath}: ${errorMessage(e)}`, { path: o.caPath });
       }
     }
   }
@@ -213,7 +214,7 @@ export class KubernetesDiscovery implements Discovery {
     try {
       rv = await this.list();
     } catch (e) {
-      throw new SchedulerError("scheduler.discovery_failed", `listing EndpointSlices of service ${this.o.namespace}/${this.o.serviceName} at ${this.o.apiUrl} failed: ${(e as Error).message}`, { apiUrl: this.o.apiUrl }, { cause: e });
+      throw new SchedulerError("scheduler.discovery_failed", `listing EndpointSlices of service ${this.o.namespace}/${this.o.serviceName} at ${this.o.apiUrl} failed: ${errorMessage(e)}`, { apiUrl: this.o.apiUrl }, { cause: e });
     }
     this.loop = this.run(rv);
   }
@@ -258,7 +259,7 @@ export class KubernetesDiscovery implements Discovery {
       if (b.truncated) throw new SchedulerError("scheduler.bad_event", `the EndpointSlice list exceeds ${this.o.maxListBytes} bytes ([scheduler.kubernetes] max_list_bytes)`, { field: "", max: this.o.maxListBytes });
       bytes = b.bytes;
     } catch (e) {
-      throw d.signal.aborted ? (d.signal.reason as Error) : e;
+      throw d.signal.aborted ? d.signal.reason : e;
     } finally {
       d.clear();
     }
@@ -341,7 +342,7 @@ export class KubernetesDiscovery implements Discovery {
         }
       }
     } catch (e) {
-      for (const s of [d.signal, h.signal]) if (s.aborted) throw s.reason as Error;
+      for (const s of [d.signal, h.signal]) if (s.aborted) throw s.reason;
       throw e;
     } finally {
       d.clear();

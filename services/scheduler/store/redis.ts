@@ -17,6 +17,7 @@ import { redactUrl } from "../../../src/util/proxy.ts";
 import { SchedulerError } from "../errors.ts";
 import type { Binding, NodeReport } from "../types.ts";
 import type { RosterChange, SchedulerStore } from "./types.ts";
+import { errorMessage } from "../../../src/util/error.ts";
 
 // ARGV[1] = prefix, then per script
 const PUT = `
@@ -132,7 +133,7 @@ export class RedisStore implements SchedulerStore {
       if (!this.client.connected) await this.client.connect();
       return await fn();
     } catch (e) {
-      throw new SchedulerError("scheduler.store_failed", `scheduler Redis store ${redactUrl(this.url)}: ${what} failed: ${(e as Error).message}`, { url: redactUrl(this.url) }, { cause: e });
+      throw new SchedulerError("scheduler.store_failed", `scheduler Redis store ${redactUrl(this.url)}: ${what} failed: ${errorMessage(e)}`, { url: redactUrl(this.url) }, { cause: e });
     }
   }
 

@@ -11,6 +11,7 @@ import type { Binding, NodeReport } from "../types.ts";
 import { SCHEDULER_MIGRATIONS } from "./migrations/index.ts";
 import * as schema from "./schema.ts";
 import type { RosterChange, SchedulerStore } from "./types.ts";
+import { errorMessage } from "../../../src/util/error.ts";
 
 const { bindings, nodeReports } = schema;
 
@@ -18,7 +19,7 @@ function wrap<T>(what: string, path: string, fn: () => T): T {
   try {
     return fn();
   } catch (e) {
-    throw new SchedulerError("scheduler.store_failed", `scheduler database ${path}: ${what} failed: ${(e as Error).message}`, { path }, { cause: e });
+    throw new SchedulerError("scheduler.store_failed", `scheduler database ${path}: ${what} failed: ${errorMessage(e)}`, { path }, { cause: e });
   }
 }
 

@@ -7,6 +7,7 @@ import { useState } from "preact/hooks";
 import { envdDownload, envdRpc, envdUpload, type EnvdAccess } from "./api.ts";
 import { bytes, when } from "./format.ts";
 import { usePoll } from "./hooks.ts";
+import { errorMessage } from "../../util/error.ts";
 
 interface Entry {
   name: string;
@@ -49,7 +50,7 @@ export function Files({ access }: { access: EnvdAccess }) {
       a.remove();
       setTimeout(() => URL.revokeObjectURL(a.href), 60_000);
     } catch (err) {
-      setNote({ text: `download of ${e.path} failed: ${(err as Error).message}`, error: true });
+      setNote({ text: `download of ${e.path} failed: ${errorMessage(err)}`, error: true });
     }
   };
   const upload = async (files: FileList | null) => {
@@ -59,7 +60,7 @@ export function Files({ access }: { access: EnvdAccess }) {
         await envdUpload(access, path, f);
         setNote({ text: `uploaded ${path} (${bytes(f.size)})` });
       } catch (err) {
-        setNote({ text: `upload of ${path} failed: ${(err as Error).message}`, error: true });
+        setNote({ text: `upload of ${path} failed: ${errorMessage(err)}`, error: true });
       }
     }
     list.reload();

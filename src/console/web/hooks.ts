@@ -1,5 +1,6 @@
 /** Small hooks the pages share: polling, the hash route. */
 import { useEffect, useRef, useState } from "preact/hooks";
+import { asError } from "../../util/error.ts";
 
 /**
  * Run `load` now and every `ms` while the component is mounted (the next run starts `ms` after
@@ -21,7 +22,7 @@ export function usePoll<T>(load: () => Promise<T>, ms: number, deps: unknown[] =
         setValue(() => v);
         setError(null);
       } catch (e) {
-        if (!stopped) setError(e as Error);
+        if (!stopped) setError(asError(e));
       }
       if (!stopped) timer = setTimeout(run, ms);
     };

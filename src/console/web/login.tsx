@@ -1,6 +1,7 @@
 /** The key prompt: the key is checked against the API, then kept for this tab only. */
 import { useState } from "preact/hooks";
 import { login } from "./api.ts";
+import { errorMessage } from "../../util/error.ts";
 
 export function Login({ onLogin }: { onLogin: () => void }) {
   const [key, setKey] = useState("");
@@ -14,7 +15,7 @@ export function Login({ onLogin }: { onLogin: () => void }) {
       if (why === null) onLogin();
       else setError(`Key refused: ${why}`);
     } catch (err) {
-      setError(`Cannot reach the API: ${(err as Error).message}`);
+      setError(`Cannot reach the API: ${errorMessage(err)}`);
     } finally {
       setBusy(false);
     }

@@ -7,6 +7,7 @@ import { useEffect, useRef, useState } from "preact/hooks";
 import { LogCursor, type LogEntryBody } from "../log-cursor.ts";
 import { api, settings } from "./api.ts";
 import { when } from "./format.ts";
+import { errorMessage } from "../../util/error.ts";
 
 const MAX_LINES = 2000;
 const PAGE = 1000;
@@ -35,7 +36,7 @@ export function LogTail({ id }: { id: string }) {
           if (r.data.logs.length < PAGE) break;
         }
       } catch (e) {
-        if (!stopped) setError((e as Error).message);
+        if (!stopped) setError(errorMessage(e));
       }
       if (!stopped) timer = setTimeout(tick, settings.refreshMs);
     };

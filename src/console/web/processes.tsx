@@ -2,6 +2,7 @@
 import { useState } from "preact/hooks";
 import { envdRpc, settings, type EnvdAccess } from "./api.ts";
 import { usePoll } from "./hooks.ts";
+import { errorMessage } from "../../util/error.ts";
 
 interface ProcessInfo {
   pid: number;
@@ -17,7 +18,7 @@ export function Processes({ access }: { access: EnvdAccess }) {
       await envdRpc(access, "process.Process/SendSignal", { process: { pid }, signal: "SIGNAL_SIGKILL" });
       setError(null);
     } catch (e) {
-      setError(`kill ${pid}: ${(e as Error).message}`);
+      setError(`kill ${pid}: ${errorMessage(e)}`);
     }
     list.reload();
   };

@@ -14,6 +14,7 @@ import { Processes } from "./processes.tsx";
 import { Files } from "./files.tsx";
 import { Terminal } from "./terminal.tsx";
 import type { Metric } from "./sandboxes.tsx";
+import { errorMessage } from "../../util/error.ts";
 
 /** `SandboxDetail` fields the page shows. */
 interface Detail {
@@ -55,7 +56,7 @@ function Actions({ d, onChange }: { d: Detail; onChange: () => void }) {
     try {
       setNote(await fn());
     } catch (e) {
-      setNote({ text: `${what} failed: ${(e as Error).message}`, error: true });
+      setNote({ text: `${what} failed: ${errorMessage(e)}`, error: true });
     } finally {
       setBusy(null);
       onChange();

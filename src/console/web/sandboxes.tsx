@@ -10,6 +10,7 @@ import { allPages, api, settings } from "./api.ts";
 import { Sparkline } from "./charts.tsx";
 import { bytes, duration, pct } from "./format.ts";
 import { usePoll } from "./hooks.ts";
+import { errorMessage } from "../../util/error.ts";
 
 /** `ListedSandbox` fields the console shows (the gateway adds `nodeID`). */
 export interface Listed {
@@ -97,7 +98,7 @@ function CreateForm({ onCreated }: { onCreated: () => void }) {
       onCreated();
       location.hash = `#/sandboxes/${encodeURIComponent(r.data.sandboxID)}`;
     } catch (err) {
-      setError((err as Error).message);
+      setError(errorMessage(err));
     } finally {
       setBusy(false);
     }
@@ -123,7 +124,7 @@ export function Sandboxes() {
       // the rows show at once; their sparklines fill in when the metrics arrive
       loadMetrics(items.filter((s) => s.state === "running").map((s) => s.sandboxID)).then(
         () => (metricsArrived((n) => n + 1), setMetricsError(null)),
-        (e) => setMetricsError((e as Error).message),
+        (e) => setMetricsError(errorMessage(e)),
       );
       return items;
     },
@@ -136,7 +137,7 @@ export function Sandboxes() {
       setFilter(metadataFilter(filterText));
       setFilterError(null);
     } catch (err) {
-      setFilterError((err as Error).message);
+      setFilterError(errorMessage(err));
     }
   };
   const rows = list.value ?? [];

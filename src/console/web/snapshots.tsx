@@ -10,6 +10,7 @@ import { allPages, api, settings } from "./api.ts";
 import { when } from "./format.ts";
 import { usePoll } from "./hooks.ts";
 import { listSandboxes, type Listed } from "./sandboxes.tsx";
+import { errorMessage } from "../../util/error.ts";
 
 /** `GET /snapshots` items (AgentENV adds the source and time to E2B's id and names). */
 export interface SnapshotRow {
@@ -58,7 +59,7 @@ function SnapshotItem({ s, children, onChange }: { s: SnapshotRow; children: Map
       const r = await api<{ sandboxID: string }>("/v2/sandboxes", { method: "POST", body: { templateID: s.snapshotID } });
       location.hash = `#/sandboxes/${encodeURIComponent(r.data.sandboxID)}`;
     } catch (e) {
-      setNote((e as Error).message);
+      setNote(errorMessage(e));
     }
   };
   const remove = async () => {
@@ -66,7 +67,7 @@ function SnapshotItem({ s, children, onChange }: { s: SnapshotRow; children: Map
       await api(`/templates/${encodeURIComponent(s.snapshotID)}`, { method: "DELETE" });
       onChange();
     } catch (e) {
-      setNote((e as Error).message);
+      setNote(errorMessage(e));
     }
   };
   return (

@@ -10,6 +10,7 @@ import { parseDockerfile } from "../../template/dockerfile.ts";
 import { api, settings } from "./api.ts";
 import { when } from "./format.ts";
 import { usePoll } from "./hooks.ts";
+import { errorMessage } from "../../util/error.ts";
 
 interface TemplateRow {
   templateID: string;
@@ -71,7 +72,7 @@ function BuildForm({ known }: { known: TemplateRow[] }) {
       const r = await startBuild(name.trim(), text, known);
       location.hash = `#/templates/${enc(r.templateID)}/builds/${enc(r.buildID)}`;
     } catch (err) {
-      setError((err as Error).message);
+      setError(errorMessage(err));
     } finally {
       setBusy(false);
     }
@@ -201,7 +202,7 @@ function BuildLog({ id, buildId }: { id: string; buildId: string }) {
         timer = setTimeout(tick, r.data.logEntries.length ? 0 : Math.min(settings.refreshMs, 1000));
       } catch (e) {
         if (stopped) return;
-        setError((e as Error).message);
+        setError(errorMessage(e));
         timer = setTimeout(tick, settings.refreshMs);
       }
     };

@@ -9,6 +9,7 @@ import { useEffect, useRef, useState } from "preact/hooks";
 import type { Terminal as XTerm } from "@xterm/xterm";
 import { api } from "./api.ts";
 import { CLOSE, parseServerMessage, terminalPath, type AuthMessage, type ResizeMessage, type TicketBody } from "../protocol.ts";
+import { errorMessage } from "../../util/error.ts";
 
 export function Terminal({ id }: { id: string }) {
   const box = useRef<HTMLDivElement>(null);
@@ -52,7 +53,7 @@ export function Terminal({ id }: { id: string }) {
         try {
           ticket = (await api<TicketBody>(terminalPath(id), { method: "POST" })).data;
         } catch (e) {
-          setStatus(`refused: ${(e as Error).message}`);
+          setStatus(`refused: ${errorMessage(e)}`);
           return;
         }
         if (closed) return;

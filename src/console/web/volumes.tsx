@@ -3,6 +3,7 @@ import { useState } from "preact/hooks";
 import { api, settings } from "./api.ts";
 import { usePoll } from "./hooks.ts";
 import { listSandboxes } from "./sandboxes.tsx";
+import { errorMessage } from "../../util/error.ts";
 
 interface VolumeRow {
   volumeID: string;
@@ -23,7 +24,7 @@ export function Volumes() {
       setNote({ text: `volume ${name.trim()} created` });
       setName("");
     } catch (err) {
-      setNote({ text: (err as Error).message, error: true });
+      setNote({ text: errorMessage(err), error: true });
     }
     data.reload();
   };
@@ -32,7 +33,7 @@ export function Volumes() {
       await api(`/volumes/${encodeURIComponent(v.volumeID)}`, { method: "DELETE" });
       setNote({ text: `volume ${v.name} deleted` });
     } catch (err) {
-      setNote({ text: (err as Error).message, error: true });
+      setNote({ text: errorMessage(err), error: true });
     }
     data.reload();
   };

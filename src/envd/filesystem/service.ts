@@ -16,6 +16,7 @@ import type { EnvdState } from "../state.ts";
 import { loadAccountNames, type AccountNames, type UserInfo } from "../users.ts";
 import { entryFromStats, entryInfo } from "./entry.ts";
 import { startWatch, type DirWatch, type WatchSpec } from "./watcher.ts";
+import { errorCode } from "../../util/error.ts";
 
 /** Bounds from config (`[envd]`). */
 export interface FilesystemServiceOptions {
@@ -181,7 +182,7 @@ export function filesystemService(state: EnvdState, opts: FilesystemServiceOptio
         lstatSync(path);
       } catch (err) {
         // like E2B's envd (os.RemoveAll): removing what is not there succeeds
-        if ((err as NodeJS.ErrnoException).code === "ENOENT") return {};
+        if (errorCode(err) === "ENOENT") return {};
         throw fromFsError(err, path, "remove");
       }
       requireParentWritable(checkedAs(user, state.enforcePermissions), path, "remove");

@@ -36,6 +36,7 @@ import { EventType, FilesystemEventSchema, type FilesystemEvent } from "../gen/f
 import { loadAccountNames } from "../users.ts";
 import { entryFromStats } from "./entry.ts";
 import { LruMap } from "../../util/lru.ts";
+import { asError, errorMessage } from "../../util/error.ts";
 
 const log = logger("envd.watch");
 
@@ -83,7 +84,7 @@ export function startWatch(spec: WatchSpec, limits: WatchLimits, onEvent: (ev: F
   try {
     fd = inotifyInit();
   } catch (err) {
-    throw new EnvdError("resource_exhausted", `cannot create an inotify instance: ${(err as Error).message}`, { path: spec.path }, { cause: err });
+    throw new EnvdError("resource_exhausted", `cannot create an inotify instance: ${errorMessage(err)}`, { path: spec.path }, { cause: err });
   }
   const dirs = new Map<number, string>(); // wd -> path relative to the root ("" = root)
   let closed = false;
@@ -133,7 +134,7 @@ export function startWatch(spec: WatchSpec, limits: WatchLimits, onEvent: (ev: F
       if (err instanceof InotifyError && err.code === "inotify.limit") {
         throw new EnvdError("resource_exhausted", "inotify watch limit reached (fs.inotify.max_user_watches)", { path: abs });
       }
-      throw new EnvdError("internal", (err as Error).message, { path: abs }, { cause: err });
+      throw new EnvdError("internal", errorMessage(err), { path: abs }, { cause: err });
     }
     dirs.set(wd, rel);
     return true;
@@ -260,7 +261,7 @@ export function startWatch(spec: WatchSpec, limits: WatchLimits, onEvent: (ev: F
         // entries made between the mkdir and our watch raised no event: they are reported now
         follow(name, true);
       } catch (err) {
-        log.warn({ path: spec.path, name, err: (err as Error).message }, "cannot follow new directory");
+        log.warn({ path: spec.path, name, err: errorMessage(err) }, "cannot follow new directory");
       }
     }
   };
@@ -285,7 +286,7 @@ export function startWatch(spec: WatchSpec, limits: WatchLimits, onEvent: (ev: F
         for (const ev of decoder.push(chunk)) if (!closed) handle(ev);
       }
     } catch (err) {
-      if (!closed) onError(err as Error);
+      if (!closed) onError(asError(err));
     }
   })();
 

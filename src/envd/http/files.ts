@@ -15,6 +15,7 @@ import { checkedAs, chownTo, ensureDirs, requireAccess, requireParentWritable, R
 import type { EnvdState } from "../state.ts";
 import { lookupUser, type UserInfo } from "../users.ts";
 import { boundaryOf, readMultipart } from "./multipart.ts";
+import { errorCode } from "../../util/error.ts";
 
 /** One uploaded file in the POST /files answer. */
 export interface UploadedEntry {
@@ -82,7 +83,7 @@ class UploadFile {
       requireAccess(checker, path, W_OK, "upload");
     } catch (err) {
       if (err instanceof EnvdError && err.kind !== "not_found") throw err;
-      if (!(err instanceof EnvdError) && (err as NodeJS.ErrnoException).code !== "ENOENT") throw fromFsError(err, path, "upload");
+      if (!(err instanceof EnvdError) && errorCode(err) !== "ENOENT") throw fromFsError(err, path, "upload");
       requireParentWritable(checker, path, "upload");
     }
     ensureDirs(dirname(path), user, "upload");

@@ -19,6 +19,7 @@ import { EventQueue } from "../queue.ts";
 import { freeBuffer } from "../buffers.ts";
 import { userGroups, type UserInfo } from "../users.ts";
 import { exitStatusText } from "./signals.ts";
+import { errorCode, errorMessage } from "../../util/error.ts";
 
 const log = logger("envd.process");
 
@@ -228,10 +229,10 @@ export class ProcessHandle {
       return new ProcessHandle(spec, proc, undefined, limits, { stdout: out.read, stderr: err.read });
     } catch (err) {
       if (err instanceof EnvdError) throw err;
-      const code = (err as NodeJS.ErrnoException).code;
+      const code = errorCode(err);
       throw new EnvdError(
         code === "EACCES" || code === "ENOENT" || code === "ENOEXEC" ? "invalid_argument" : "internal",
-        `failed to start process '${spec.cmd}': ${(err as Error).message}`,
+        `failed to start process '${spec.cmd}': ${errorMessage(err)}`,
         { cmd: spec.cmd, cwd: spec.cwd, user: spec.user.name, errno: code },
         { cause: err },
       );
@@ -320,7 +321,7 @@ export class ProcessHandle {
     try {
       process.kill(this.pid, signo);
     } catch (err) {
-      if ((err as NodeJS.ErrnoException).code !== "ESRCH") throw err;
+      if (errorCode(err) !== "ESRCH") throw err;
     }
   }
 
@@ -424,7 +425,7 @@ export class ProcessHandle {
         await this.broadcast({ kind: "data", stream: name, data: r.value, holders: 0 });
       }
     } catch (err) {
-      log.debug({ pid: this.pid, stream: name, err: (err as Error).message }, "output stream ended with error");
+      log.debug({ pid: this.pid, stream: name, err: errorMessage(err) }, "output stream ended with error");
     } finally {
       // settled before the caller may close the fd the stream reads
       await reader.cancel().catch(() => {});

@@ -5,6 +5,8 @@
  */
 import { defineCommand } from "citty";
 import { join } from "node:path";
+import { errorCode, errorMessage } from "../../util/error.ts";
+import { AgentEnvError } from "../../errors.ts";
 
 export default defineCommand({
   meta: { name: "ublk-daemon", description: "disk daemon: serves every sandbox disk of a node (started by the node)" },
@@ -40,8 +42,7 @@ export default defineCommand({
         process.exitCode = await runDaemon(settings, (socket) => process.stdout.write(`ready ${socket}\n`));
       }
     } catch (e) {
-      const err = e as Error & { code?: string; details?: unknown };
-      process.stderr.write(`ublk-daemon failed: ${err.code ?? ""} ${err.message} ${JSON.stringify(err.details ?? {})}\n`);
+      process.stderr.write(`ublk-daemon failed: ${errorCode(e) ?? ""} ${errorMessage(e)} ${JSON.stringify(e instanceof AgentEnvError ? e.details : {})}\n`);
       process.exitCode = 1;
     }
     // reader threads may still be parked in epoll_wait: exit explicitly

@@ -6,6 +6,7 @@
 import type { Socket } from "bun";
 import { DiskError, isDiskErrorCode } from "../errors.ts";
 import { encodeFrame, FrameReader, parseResponse, type LostInfo, type ReadResponse, type Request, type Response } from "./protocol.ts";
+import { errorMessage } from "../../util/error.ts";
 
 interface Pending {
   resolve: (r: ReadResponse) => void;
@@ -75,7 +76,7 @@ export class DaemonClient {
       client = new DaemonClient(sock, reader, opts.timeoutMs);
       return client;
     } catch (e) {
-      throw new DiskError("disk.daemon_unavailable", `cannot connect to the disk daemon at ${socket}: ${(e as Error).message}`, { socket });
+      throw new DiskError("disk.daemon_unavailable", `cannot connect to the disk daemon at ${socket}: ${errorMessage(e)}`, { socket });
     }
   }
 

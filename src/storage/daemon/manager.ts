@@ -22,6 +22,7 @@ import type { DeviceInfo, DeviceStats, EngineName, FuseSpec, Request, TargetSpec
 import type { DeviceRow, DeviceStore } from "./store.ts";
 import { directPlanOf, openTarget } from "./target.ts";
 import { LruMap } from "../../util/lru.ts";
+import { errorCode, errorMessage } from "../../util/error.ts";
 
 const log = logger("disk");
 
@@ -137,7 +138,7 @@ export class DeviceManager {
         this.#o.store.delete(row.devId);
         cleaned.push(row.devId);
         log.warn({ devId: row.devId, err: e }, "device not recovered: cleaned up");
-        this.#remember({ devId: row.devId, engine: row.engine, reason: `not recovered after a daemon restart: ${(e as Error).message}`, at: Date.now() });
+        this.#remember({ devId: row.devId, engine: row.engine, reason: `not recovered after a daemon restart: ${errorMessage(e)}`, at: Date.now() });
       }
     }
     // kernel objects earlier daemons made but never recorded (a crash right after making one)
@@ -551,7 +552,7 @@ function removeEmptyDir(path: string): void {
   try {
     rmdirSync(path);
   } catch (e) {
-    const code = (e as NodeJS.ErrnoException).code;
+    const code = errorCode(e);
     if (code !== "ENOENT" && code !== "EBUSY" && code !== "ENOTEMPTY" && code !== "ENOTDIR") log.warn({ path, err: e }, "could not remove a mount point directory");
   }
 }

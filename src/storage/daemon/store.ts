@@ -10,6 +10,7 @@ import { describeProblem, type JsonSchema } from "../../util/json-check.ts";
 import { DiskError } from "../errors.ts";
 import { PERSISTED } from "./messages.ts";
 import type { EngineName, FuseSpec, TargetSpec } from "./protocol.ts";
+import { errorMessage } from "../../util/error.ts";
 
 /** One device as persisted. */
 export interface DeviceRow {
@@ -80,7 +81,7 @@ export class DeviceStore {
       this.#db.exec("PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA busy_timeout=5000;");
       this.#db.exec(SCHEMA);
     } catch (e) {
-      throw new DiskError("disk.open_failed", `cannot open the device database ${path}: ${(e as Error).message}`, { path });
+      throw new DiskError("disk.open_failed", `cannot open the device database ${path}: ${errorMessage(e)}`, { path });
     }
   }
 

@@ -6,7 +6,8 @@
  * - `new FuseReaderPool({ threads, bufSize })` once per process
  * - `new FuseConnection(pool, { fd, mountPoint, maxWrite, requestTimeoutSec, resume, serve? })`
  */
-export { FuseConnection, type DirectFile, type DirectFileImage, type DirectPlan, type FuseConnectionOptions, type FuseStats, type ServeOptions, type SyncReadImage } from "./connection.ts";
+export { FuseConnection } from "./connection.ts";
+export type { DirectFile, DirectFileImage, DirectPlan, FuseConnectionOptions, FuseStats, ServeOptions, SyncReadImage } from "./serve.ts";
 export { FuseError } from "./errors.ts";
 export { FUSE_FS_NAME, mountFuse } from "./mount.ts";
 export { FuseReaderPool, type ReaderPoolOptions } from "./reader-pool.ts";

@@ -5,6 +5,7 @@
 import { closeSync, mkdirSync, openSync, writeFileSync, constants as fsc } from "node:fs";
 import { listMounts, MS_NODEV, MS_NOSUID, mount, MountError } from "../../ffi/mount.ts";
 import { FuseError } from "./errors.ts";
+import { errorMessage } from "../../util/error.ts";
 
 const O_CLOEXEC = 0o2000000;
 const O_NONBLOCK = 0o4000;
@@ -25,7 +26,7 @@ export function mountFuse(mountPoint: string, maxWrite: number, fsName = FUSE_FS
   try {
     fd = openSync("/dev/fuse", fsc.O_RDWR | O_CLOEXEC | O_NONBLOCK);
   } catch (e) {
-    throw new FuseError("fuse.open_device", `cannot open /dev/fuse: ${(e as Error).message}`, {}, { cause: e });
+    throw new FuseError("fuse.open_device", `cannot open /dev/fuse: ${errorMessage(e)}`, {}, { cause: e });
   }
   const data = [
     `fd=${fd}`, "rootmode=40000", "user_id=0", "group_id=0", "allow_other", "default_permissions", `max_read=${maxWrite}`,
@@ -56,6 +57,6 @@ export function setReadAheadKb(mountPoint: string, kb: number): string | null {
     writeFileSync(`/sys/class/bdi/${m.dev}/read_ahead_kb`, `${kb}\n`);
     return null;
   } catch (e) {
-    return `read_ahead_kb of bdi ${m.dev}: ${(e as Error).message}`;
+    return `read_ahead_kb of bdi ${m.dev}: ${errorMessage(e)}`;
   }
 }

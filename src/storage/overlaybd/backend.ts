@@ -7,6 +7,7 @@
 import { closeSync, existsSync, fstatSync, ftruncateSync, fsyncSync, linkSync, openSync, readSync, rmSync, unlinkSync, writeSync, constants } from "node:fs";
 import { dirname } from "node:path";
 import { fail } from "./errors.ts";
+import { errorCode, errorMessage } from "../../util/error.ts";
 
 /** A readable byte source. `size` is fixed once open. */
 export interface Backend {
@@ -56,7 +57,7 @@ export class LocalFile implements Backend {
     try {
       return new LocalFile(path, openSync(path, flags, 0o644));
     } catch (e) {
-      fail("open_failed", `cannot open ${path}: ${(e as Error).message}`, { file: path, errno: (e as NodeJS.ErrnoException).code });
+      fail("open_failed", `cannot open ${path}: ${errorMessage(e)}`, { file: path, errno: errorCode(e) });
     }
   }
 
@@ -199,7 +200,7 @@ export class AtomicOutput {
       linkSync(this.tmpPath, this.path);
     } catch (e) {
       rmSync(this.tmpPath, { force: true });
-      fail("open_failed", `cannot publish ${this.path}: ${(e as Error).message}`, { file: this.path, errno: (e as NodeJS.ErrnoException).code });
+      fail("open_failed", `cannot publish ${this.path}: ${errorMessage(e)}`, { file: this.path, errno: errorCode(e) });
     }
     unlinkSync(this.tmpPath);
     const dfd = openSync(dirname(this.path), constants.O_RDONLY);

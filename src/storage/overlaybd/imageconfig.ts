@@ -10,6 +10,7 @@ import type { Backend } from "./backend.ts";
 import { fail, OverlaybdError } from "./errors.ts";
 import { openRoLayer, openRoLayerFile, type RoLayer } from "./layer.ts";
 import { LayeredImage, openStack } from "./stack.ts";
+import { errorMessage } from "../../util/error.ts";
 
 /** One lower entry as written by the snapshotter. */
 export interface ConfigLower {
@@ -39,7 +40,7 @@ export function parseImageConfig(text: string, file: string): ImageConfig {
   try {
     j = JSON.parse(text);
   } catch (e) {
-    fail("bad_config", `image config is not JSON: ${(e as Error).message}`, { file });
+    fail("bad_config", `image config is not JSON: ${errorMessage(e)}`, { file });
   }
   const o = j as Record<string, unknown>;
   if (typeof o !== "object" || o === null || !Array.isArray(o.lowers)) fail("bad_config", "image config needs a `lowers` array", { file, field: "lowers" });
@@ -79,7 +80,7 @@ export async function openImageConfig(path: string, opts: { remote?: RemoteOpene
   try {
     text = readFileSync(path, "utf8");
   } catch (e) {
-    fail("open_failed", `cannot read image config: ${(e as Error).message}`, { file: path });
+    fail("open_failed", `cannot read image config: ${errorMessage(e)}`, { file: path });
   }
   const cfg = parseImageConfig(text, path);
   const base = dirname(path);

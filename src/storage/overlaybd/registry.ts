@@ -12,6 +12,7 @@ import { rootCertificates } from "node:tls";
 import type { Backend } from "./backend.ts";
 import { fail } from "./errors.ts";
 import { logger } from "../../observability/log.ts";
+import { errorMessage } from "../../util/error.ts";
 
 /** A token server's answer (Docker registry token authentication: `token` or `access_token`, `expires_in` seconds). */
 const TOKEN_ANSWER = jsonSchema(T.Object({ token: T.Optional(T.String()), access_token: T.Optional(T.String()), expires_in: T.Optional(T.Number()) }));
@@ -112,7 +113,7 @@ export class RegistryBlob implements Backend {
         ...(this.opts.ca?.length ? { tls: { ca: [...rootCertificates, ...this.opts.ca] } } : {}),
       } as RequestInit);
     } catch (e) {
-      fail("registry_http", `request to ${url} failed: ${(e as Error).message}`, { file: this.url, url });
+      fail("registry_http", `request to ${url} failed: ${errorMessage(e)}`, { file: this.url, url });
     }
   }
 
@@ -219,7 +220,7 @@ export class RegistryBlob implements Backend {
         return end - offset;
       } catch (e) {
         last = e;
-        log.warn({ file: this.url, offset, attempt, err: (e as Error).message }, "registry range read failed");
+        log.warn({ file: this.url, offset, attempt, err: errorMessage(e) }, "registry range read failed");
         this.actualUrl = null;
         this.auth = null;
         try {

@@ -14,6 +14,7 @@ import {
 } from "./format.ts";
 import { insertSegment, removeRange } from "./segments.ts";
 import { dataExtents, punchHole } from "../../ffi/file_extents.ts";
+import { errorMessage } from "../../util/error.ts";
 
 const log = logger("overlaybd");
 /** Largest data piece one index entry gets on write (sectors; overlaybd cuts at 4 MiB). */
@@ -210,7 +211,7 @@ export class RwLayer {
       try {
         punchHole(this.data.fd, HT_SIZE + offset, length);
       } catch (e) {
-        fail("discard_failed", `cannot punch a hole: ${(e as Error).message}`, { file: this.data.name, offset: HT_SIZE + offset, length });
+        fail("discard_failed", `cannot punch a hole: ${errorMessage(e)}`, { file: this.data.name, offset: HT_SIZE + offset, length });
       }
       removeRange(this.segments, offset / SECTOR, (offset + length) / SECTOR);
       return;

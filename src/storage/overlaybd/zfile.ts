@@ -9,6 +9,7 @@ import { rawCrc32c, ZFILE_BLOCK_CRC_SEED } from "./crc32c.ts";
 import { fail } from "./errors.ts";
 import { lz4Bound, lz4Compress, lz4Decompress, lz4Table } from "./lz4.ts";
 import { tarPrefix, tarSuffixLength } from "./tar.ts";
+import { errorMessage } from "../../util/error.ts";
 
 /** Size of the ZFile header and trailer (bytes). */
 export const ZF_HT_SIZE = 512;
@@ -239,7 +240,7 @@ export class ZFileReader implements Backend {
       }
     } catch (e) {
       if ((e as { code?: string }).code === "overlaybd.decompress_failed") throw e;
-      fail("decompress_failed", `ZFile block ${i} does not decompress: ${(e as Error).message}`, { file: this.name, offset: blockOff, block: i });
+      fail("decompress_failed", `ZFile block ${i} does not decompress: ${errorMessage(e)}`, { file: this.name, offset: blockOff, block: i });
     }
     if (n !== want) fail("decompress_failed", `ZFile block ${i} inflates to ${n} bytes, expected ${want}`, { file: this.name, offset: blockOff, block: i });
     return n;

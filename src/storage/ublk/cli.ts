@@ -10,6 +10,7 @@ import { checkUblkConfig, ublkConfig, type UblkConfig } from "./config.ts";
 import { UblkError } from "./errors.ts";
 import { UblkServer, ublkAvailable } from "./server.ts";
 import { openConfigTarget, openCowTarget, openRawTarget, type UblkTarget } from "./targets.ts";
+import { errorCode, errorMessage } from "../../util/error.ts";
 
 class UsageError extends Error {}
 
@@ -18,8 +19,8 @@ function guarded(name: string, body: (args: Record<string, any>) => Promise<void
     try {
       await body(args);
     } catch (e) {
-      const err = e as Error & { code?: string; details?: unknown };
-      process.stderr.write(`agentenv ublk ${name}: ${err.code ? `${err.code}: ` : ""}${err.message.split("\n")[0]}\n`);
+      const code = errorCode(e);
+      process.stderr.write(`agentenv ublk ${name}: ${code ? `${code}: ` : ""}${errorMessage(e).split("\n")[0]}\n`);
       process.exit(e instanceof UsageError ? 2 : 1);
     }
   };

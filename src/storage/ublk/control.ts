@@ -16,6 +16,7 @@ import {
   CTRL_CMD, ctrlOpcode, decodeDevInfo, DEV_INFO, type DevInfo, encodeCtrlCmd, encodeDevInfo, PARAMS, UBLK_CMD, UBLK_CONTROL_PATH, UBLK_F_LEGACY,
 } from "../../ffi/ublk.ts";
 import { UblkError } from "./errors.ts";
+import { errorMessage } from "../../util/error.ts";
 
 const O_RDWR = 2, O_CLOEXEC = 0o2000000;
 /** Commands in flight at once (ring entries and payload slots). */
@@ -96,14 +97,14 @@ export class UblkControl {
     try {
       fd = openSync(UBLK_CONTROL_PATH, O_RDWR | O_CLOEXEC);
     } catch (e) {
-      throw new UblkError("ublk.unavailable", `cannot open ${UBLK_CONTROL_PATH}: ${(e as Error).message}`, { path: UBLK_CONTROL_PATH });
+      throw new UblkError("ublk.unavailable", `cannot open ${UBLK_CONTROL_PATH}: ${errorMessage(e)}`, { path: UBLK_CONTROL_PATH });
     }
     try {
       return new UblkControl(fd, timeoutMs);
     } catch (e) {
       closeSync(fd);
       const errno = e instanceof IoUringError ? e.errno : undefined;
-      throw new UblkError("ublk.unavailable", `cannot set up the control ring: ${(e as Error).message}`, { errno });
+      throw new UblkError("ublk.unavailable", `cannot set up the control ring: ${errorMessage(e)}`, { errno });
     }
   }
 
@@ -158,7 +159,7 @@ export class UblkControl {
         this.#pending.delete(slot);
         this.#free.push(slot);
         clearTimeout(p.timer);
-        reject(new UblkError("ublk.control_failed", `cannot submit ${CMD_NAME[nr] ?? nr}: ${(e as Error).message}`, { command: CMD_NAME[nr] ?? nr, devId }));
+        reject(new UblkError("ublk.control_failed", `cannot submit ${CMD_NAME[nr] ?? nr}: ${errorMessage(e)}`, { command: CMD_NAME[nr] ?? nr, devId }));
         return;
       }
       this.#reap();

@@ -19,6 +19,7 @@ import type { BlockImage } from "../block.ts";
 import { dataExtents } from "../../ffi/file_extents.ts";
 import { UblkError } from "./errors.ts";
 import type { CowPlan, PlanFile, ReadPiece } from "./plan.ts";
+import { errorMessage } from "../../util/error.ts";
 
 /** Chunk read from the origin. */
 export const CHUNK_ORIGIN = 0;
@@ -47,7 +48,7 @@ export function cowFilesOf(p: CowPlan): CowFiles {
 }
 
 function ioFailed(what: string, file: string, offset: number, cause: unknown): UblkError {
-  return new UblkError("ublk.io_failed", `${what} ${file} at ${offset}: ${(cause as Error)?.message ?? cause}`, { file, offset });
+  return new UblkError("ublk.io_failed", `${what} ${file} at ${offset}: ${errorMessage(cause)}`, { file, offset });
 }
 
 function readFull(f: PlanFile, buf: Uint8Array, offset: number): void {
@@ -213,7 +214,7 @@ export class CowImage implements BlockImage {
     const C = opts.chunkBytes;
     if (!Number.isInteger(C) || C < 4096 || C > 4 << 20 || (C & (C - 1)) !== 0) throw new UblkError("ublk.bad_config", `CoW chunk of ${C} bytes is not a power of two in 4096..4194304`, { chunkBytes: C });
     const fail = (msg: string, file: string, cause?: unknown): never => {
-      throw new UblkError("ublk.target_failed", cause ? `${msg}: ${(cause as Error).message}` : msg, { file });
+      throw new UblkError("ublk.target_failed", cause ? `${msg}: ${errorMessage(cause)}` : msg, { file });
     };
     let originFd = -1, cowFd = -1;
     try {

@@ -9,12 +9,9 @@
  * Sequence and pitfalls: ../shared/docs/ublk-iouring-firecracker.md §1.8–1.11.
  */
 import { closeSync, openSync } from "node:fs";
-import { Worker } from "node:worker_threads";
-import { workerEntry } from "../../bundle.ts";
-import { closeEventfd, createEventfd, signalEventfd } from "../../ffi/eventfd.ts";
-import { mapMemory, MAP_POPULATE, MAP_SHARED, PROT_READ, unmapMemory, type Mapping } from "../../ffi/mmap.ts";
+import { signalEventfd } from "../../ffi/eventfd.ts";
 import {
-  encodeParams, ioDescMapping, UBLK_ATTR, UBLK_CMD, UBLK_DEV_ID_ANY, UBLK_F, UBLK_IO_OP, UBLK_S_DEV, ublkBlockPath, ublkCharPath, type DevInfo,
+  encodeParams, UBLK_ATTR, UBLK_CMD, UBLK_DEV_ID_ANY, UBLK_F, UBLK_IO_OP, UBLK_S_DEV, ublkBlockPath, ublkCharPath, type DevInfo,
 } from "../../ffi/ublk.ts";
 import { logger } from "../../observability/log.ts";
 import type { UblkConfig } from "./config.ts";
@@ -22,12 +19,14 @@ import { errnoName, type UblkControl } from "./control.ts";
 import { UblkError } from "./errors.ts";
 import { markDiverted, newDivertMap } from "./plan.ts";
 import { RequestOrder } from "./order.ts";
-import { MAILBOX_STOP, mailboxPut, QUEUE_COUNTER_SLOTS, QUEUE_COUNTERS, type QueueCommand, type QueueMessage, type QueueSetup } from "./queue.ts";
+import { mailboxPut, QUEUE_COUNTERS, type QueueCommand } from "./queue.ts";
 import type { UblkTarget } from "./targets.ts";
-import { orLate, withTimeout } from "../../util/timeout.ts";
+import { withTimeout } from "../../util/timeout.ts";
 import { processAlive } from "../../ffi/proc.ts";
 import { retryUntil } from "../../util/retry.ts";
 import { errorCode, errorMessage } from "../../util/error.ts";
+import { AgentEnvError } from "../../errors.ts";
+import { releaseQueueThread, startQueueThread, stopQueueThreads, type ForwardedRequest, type QueueThread } from "./queue-thread.ts";
 
 const log = logger("ublk");
 const O_RDWR = 2, O_CLOEXEC = 0o2000000;
@@ -88,28 +87,6 @@ export interface DeviceOptions {
   ownerTag?: bigint;
 }
 
-interface Queue {
-  worker: Worker;
-  /** The thread was sent its QueueCommand. */
-  commanded: boolean;
-  loaded: Promise<void>;
-  ready: Promise<void>;
-  desc: Mapping;
-  arena: Mapping;
-  bufs: Uint8Array;
-  mailbox: Int32Array;
-  cap: number;
-  counters: Float64Array;
-  doorbell: number;
-  exited: Promise<string>;
-}
-
-function nextPow2(n: number): number {
-  let p = 1;
-  while (p < n) p *= 2;
-  return p;
-}
-
 /** Errno for a failed image operation: ENOSPC passes through, everything else is EIO. */
 function errnoOf(e: unknown): number {
   const code = (e as { code?: string; details?: { errno?: string } }).details?.errno ?? (e as { code?: string }).code;
@@ -139,7 +116,7 @@ export class UblkDevice {
   #target: UblkTarget | null = null;
   #size = 0;
   #charFd = -1;
-  #queues: Queue[] = [];
+  #queues: QueueThread[] = [];
   #divert: Int32Array | null = null;
   /** Order of the requests the main thread answers (serial writes, exclusive operations). */
   #order = new RequestOrder();
@@ -245,55 +222,8 @@ export class UblkDevice {
   async #spawnQueues(timeoutMs: number): Promise<void> {
     const { nrHwQueues, queueDepth: depth, maxIoBufBytes: maxIo } = this.info;
     for (let q = 0; q < nrHwQueues; q++) {
-      const m = ioDescMapping(q, depth);
-      const desc = mapMemory(m.length, { fd: this.#charFd, offset: m.offset, prot: PROT_READ, flags: MAP_SHARED | MAP_POPULATE });
-      let arena: Mapping;
-      try {
-        arena = mapMemory(depth * maxIo);
-      } catch (e) {
-        unmapMemory(desc);
-        throw e;
-      }
-      const cap = nextPow2(depth + 2);
-      const mailbox = new Int32Array(new SharedArrayBuffer(4 * (2 + 2 * cap)));
-      const doorbell = createEventfd();
-      const counters = new Float64Array(new SharedArrayBuffer(8 * QUEUE_COUNTER_SLOTS));
-      const setup: QueueSetup = {
-        devId: this.devId, qId: q, depth, maxIoBytes: maxIo, charFd: this.#charFd, descPtr: desc.ptr, descLength: desc.length, bufPtr: arena.ptr,
-        encodedOps: this.#encodedOps, mailbox: mailbox.buffer as SharedArrayBuffer, mailboxCap: cap, doorbellFd: doorbell, ringFlags: 0,
-        counters: counters.buffer as SharedArrayBuffer,
-      };
-      const worker = new Worker(workerEntry("storage/ublk/queue-worker.ts"), { workerData: setup });
-      let onLoaded!: () => void, onReady!: () => void, onFail!: (e: Error) => void;
-      const loaded = new Promise<void>((res, rej) => ((onLoaded = res), (onFail = rej)));
-      let onFailReady!: (e: Error) => void;
-      const ready = new Promise<void>((res, rej) => ((onReady = res), (onFailReady = rej)));
-      // a start that fails early leaves these unawaited: never an unhandled rejection
-      loaded.catch(() => undefined);
-      ready.catch(() => undefined);
-      const fail = (e: Error) => {
-        onFail(e);
-        onFailReady(e);
-      };
-      const exited = new Promise<string>((resolve) => {
-        let reason = "";
-        worker.on("message", (msg: QueueMessage) => {
-          if (Array.isArray(msg)) return this.#serve(q, msg as [number, number, number, number, number]);
-          if (msg.type === "loaded") onLoaded();
-          else if (msg.type === "ready") onReady();
-          else if (msg.type === "exit") reason = msg.reason;
-        });
-        worker.on("error", (e: Error) => {
-          reason ||= `queue ${q} thread crashed: ${e.message}`;
-          log.error({ devId: this.devId, queue: q, err: e.message }, "queue thread crashed");
-          fail(e);
-        });
-        worker.on("exit", () => {
-          fail(new UblkError("ublk.queue_failed", `queue ${q} of device ${this.devId} ended before it was ready: ${reason}`, { devId: this.devId, queue: q, reason }));
-          resolve(reason || "exited");
-        });
-      });
-      this.#queues.push({ worker, commanded: false, loaded, ready, desc, arena, bufs: new Uint8Array(arena.buffer, 0, depth * maxIo), mailbox, cap, counters, doorbell, exited });
+      const spec = { devId: this.devId, q, depth, maxIoBytes: maxIo, charFd: this.#charFd, encodedOps: this.#encodedOps };
+      this.#queues.push(startQueueThread(spec, (msg) => this.#serve(q, msg)));
     }
     void Promise.all(this.#queues.map((q) => q.exited)).then((reasons) => {
       if (this.#state === "live" || this.#state === "starting") {
@@ -316,12 +246,12 @@ export class UblkDevice {
   }
 
   /** Answer a request a queue thread forwarded: `[tag, op, flags, offset, length]`. */
-  #serve(q: number, msg: [number, number, number, number, number]): void {
+  #serve(q: number, msg: ForwardedRequest): void {
     this.#order.admit(() => this.#answer(q, msg));
   }
 
   /** Answer one forwarded request through the image; resolves once its result is in the mailbox. */
-  #answer(q: number, [tag, op, , offset, length]: [number, number, number, number, number]): Promise<void> {
+  #answer(q: number, [tag, op, , offset, length]: ForwardedRequest): Promise<void> {
     this.#forwarded++;
     const queue = this.#queues[q]!;
     const maxIo = this.info.maxIoBufBytes;
@@ -332,8 +262,8 @@ export class UblkDevice {
       signalEventfd(queue.doorbell);
     };
     const failed = (e: unknown) => {
-      const err = e as Error & { code?: string; details?: Record<string, unknown> };
-      log.error({ devId: this.devId, queue: q, tag, op, offset, length, code: err.code, file: err.details?.file, fileOffset: err.details?.offset, err: err.message }, `request failed: ${err.message}`);
+      const details = e instanceof AgentEnvError ? e.details : {};
+      log.error({ devId: this.devId, queue: q, tag, op, offset, length, code: errorCode(e), file: details.file, fileOffset: details.offset, err: errorMessage(e) }, `request failed: ${errorMessage(e)}`);
       done(-errnoOf(e));
     };
     let work: Promise<number>;
@@ -427,30 +357,11 @@ export class UblkDevice {
 
   /** Wait for the queue threads to end; past `waitMs`, tell them to stop (then terminate what still runs). */
   async #stopQueues(waitMs: number): Promise<void> {
-    // threads still waiting for their command end when told to
-    for (const q of this.#queues) {
-      if (q.commanded) continue;
-      q.commanded = true;
-      q.worker.postMessage({ type: "stop" } satisfies QueueCommand);
-    }
-    const all = Promise.all(this.#queues.map((q) => q.exited));
-    const late = waitMs <= 0 || (await orLate(all.then(() => false), waitMs, true));
-    if (!late) return;
-    if (waitMs > 0) log.warn({ devId: this.devId, waitMs }, "queue threads did not end after STOP_DEV: stopping them");
-    for (const q of this.#queues) {
-      mailboxPut(q.mailbox, q.cap, MAILBOX_STOP, 0);
-      signalEventfd(q.doorbell);
-    }
-    const stopped = await orLate(all.then(() => true), this.#ctrl.timeoutMs, false);
-    if (!stopped) for (const q of this.#queues) await q.worker.terminate();
+    await stopQueueThreads(this.#queues, waitMs, this.#ctrl.timeoutMs, this.devId);
   }
 
   #release(): void {
-    for (const q of this.#queues) {
-      unmapMemory(q.desc);
-      unmapMemory(q.arena);
-      closeEventfd(q.doorbell);
-    }
+    for (const q of this.#queues) releaseQueueThread(q);
     this.#queues = [];
     if (this.#charFd >= 0) closeSync(this.#charFd);
     this.#charFd = -1;
@@ -491,7 +402,7 @@ export class UblkDevice {
       return dev;
     } catch (e) {
       dev.#state = "failed";
-      await dev.close().catch((c) => log.warn({ devId: dev.devId, err: (c as Error).message }, "cleanup after a failed pre-create"));
+      await dev.close().catch((c) => log.warn({ devId: dev.devId, err: errorMessage(c) }, "cleanup after a failed pre-create"));
       throw e;
     }
   }
@@ -536,7 +447,7 @@ export class UblkDevice {
       log.info({ devId: this.devId, path: this.blockPath, target: target.describe, size: img.size, queues: this.info.nrHwQueues, depth: this.info.queueDepth, recovery: this.recoverable, pooled: !this.#fresh, ...this.timings }, "ublk device started");
     } catch (e) {
       this.#state = "failed";
-      await this.close().catch((c) => log.warn({ devId: this.devId, err: (c as Error).message }, "cleanup after a failed start"));
+      await this.close().catch((c) => log.warn({ devId: this.devId, err: errorMessage(c) }, "cleanup after a failed start"));
       throw e;
     }
   }

@@ -24,6 +24,7 @@ import { encodeIoCmd, IO_DESC, ioOpcode, UBLK_IO, UBLK_IO_OP, UBLK_IO_RES } from
 import { logger } from "../../observability/log.ts";
 import { cowFilesOf, cowFlush, cowWrite, planCowRead, type CowFiles } from "./cow.ts";
 import { isDiverted, planExtentRead, type DirectPlan, type ExtentPlan, type PlanFile, type ReadPiece } from "./plan.ts";
+import { errorMessage } from "../../util/error.ts";
 
 /**
  * What the main thread hands a queue thread when it starts (structured-clone data; fds and
@@ -266,7 +267,7 @@ export function runQueue(init: QueueInit, post: (m: QueueMessage) => void): stri
             cowWrite(cow, arena.subarray(tag * maxIo, tag * maxIo + length), offset);
             return commit(tag, length);
           } catch (e) {
-            log.error({ err: (e as Error).message, ...(e as { details?: object }).details, tag, offset, length }, "CoW write failed");
+            log.error({ err: errorMessage(e), ...(e as { details?: object }).details, tag, offset, length }, "CoW write failed");
             return commit(tag, -EIO);
           }
         }
@@ -286,7 +287,7 @@ export function runQueue(init: QueueInit, post: (m: QueueMessage) => void): stri
             cowFlush(cow);
             return commit(tag, 0);
           } catch (e) {
-            log.error({ err: (e as Error).message, tag }, "flush failed");
+            log.error({ err: errorMessage(e), tag }, "flush failed");
             return commit(tag, -EIO);
           }
         }
@@ -376,8 +377,8 @@ export function runQueue(init: QueueInit, post: (m: QueueMessage) => void): stri
     }
     reason = stop;
   } catch (e) {
-    reason = `queue failed: ${(e as Error).message}`;
-    log.error({ err: (e as Error).message }, "queue thread failed");
+    reason = `queue failed: ${errorMessage(e)}`;
+    log.error({ err: errorMessage(e) }, "queue thread failed");
   } finally {
     ring.close();
     unmapMemory(bell);

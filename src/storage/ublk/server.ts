@@ -12,6 +12,7 @@ import { processAlive } from "../../ffi/proc.ts";
 import { UblkDevice, type DeviceOptions } from "./device.ts";
 import { UblkError } from "./errors.ts";
 import type { UblkTarget } from "./targets.ts";
+import { errorMessage } from "../../util/error.ts";
 
 const log = logger("ublk");
 /** sysfs class of ublk char devices (`ublk_chr_class`, drivers/block/ublk_drv.c). */
@@ -204,7 +205,7 @@ export class UblkServer {
         await this.remove(d.devId);
         removed.push(d.devId);
       } catch (e) {
-        log.warn({ devId: d.devId, err: (e as Error).message }, "an unrecorded device of this owner was not removed");
+        log.warn({ devId: d.devId, err: errorMessage(e) }, "an unrecorded device of this owner was not removed");
       }
     }
     if (removed.length) log.warn({ removed }, "removed ublk devices of this owner that no record names");

@@ -13,6 +13,8 @@ import { LayeredImage, openImageConfig, openStack, type UpperPaths } from "../ov
 import { CowImage, type CowOptions } from "./cow.ts";
 import { UblkError } from "./errors.ts";
 import { rawPlan, stackPlan, type DirectPlan } from "./plan.ts";
+import { errorCode, errorMessage } from "../../util/error.ts";
+import { AgentEnvError } from "../../errors.ts";
 
 /** A served image and how queue threads may serve it. */
 export interface UblkTarget {
@@ -28,8 +30,7 @@ export interface UblkTarget {
 
 function targetFailed(what: string, e: unknown): never {
   if (e instanceof UblkError) throw e;
-  const err = e as Error & { code?: string; details?: Record<string, unknown> };
-  throw new UblkError("ublk.target_failed", `cannot open ${what}: ${err.message}`, { cause: err.code, ...(err.details ?? {}) }, { cause: e });
+  throw new UblkError("ublk.target_failed", `cannot open ${what}: ${errorMessage(e)}`, { cause: errorCode(e), ...(e instanceof AgentEnvError ? e.details : {}) }, { cause: e });
 }
 
 /** Wrap an open overlaybd image. */

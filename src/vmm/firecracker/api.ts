@@ -8,6 +8,7 @@ import { VmmError } from "../errors.ts";
 import { logger } from "../../observability/log.ts";
 import { jsonSchema } from "../../util/json-check.ts";
 import { readCapped } from "../../util/read-capped.ts";
+import { errorMessage } from "../../util/error.ts";
 
 const log = logger("vmm.firecracker");
 
@@ -48,7 +49,7 @@ export class FirecrackerApi {
         signal: AbortSignal.timeout(this.timeoutMs),
       } as RequestInit);
     } catch (e) {
-      throw new VmmError("vmm.firecracker_unreachable", `firecracker API ${req.method} ${req.path} failed: ${(e as Error).message}`, {
+      throw new VmmError("vmm.firecracker_unreachable", `firecracker API ${req.method} ${req.path} failed: ${errorMessage(e)}`, {
         id: this.vmId, socket: this.socketPath, method: req.method, path: req.path,
       }, { cause: e });
     }

@@ -156,13 +156,13 @@ class FirecrackerVm implements VmHandle {
     try {
       fd = openSync(this.dirtyMemPath, "r");
     } catch (e) {
-      throw new VmmError("vmm.snapshot_failed", `vm ${this.id}: diff memory file ${this.dirtyMemPath} unreadable: ${(e as Error).message}`, { id: this.id, path: this.dirtyMemPath }, { cause: e });
+      throw new VmmError("vmm.snapshot_failed", `vm ${this.id}: diff memory file ${this.dirtyMemPath} unreadable: ${errorMessage(e)}`, { id: this.id, path: this.dirtyMemPath }, { cause: e });
     }
     try {
       ranges = pageRanges(dataExtents(fd, fstatSync(fd).size));
     } catch (e) {
       closeSync(fd);
-      throw new VmmError("vmm.snapshot_failed", `vm ${this.id}: extents of ${this.dirtyMemPath}: ${(e as Error).message}`, { id: this.id, path: this.dirtyMemPath }, { cause: e });
+      throw new VmmError("vmm.snapshot_failed", `vm ${this.id}: extents of ${this.dirtyMemPath}: ${errorMessage(e)}`, { id: this.id, path: this.dirtyMemPath }, { cause: e });
     }
     const f = fd;
     return { kind: "changed", ranges, read: (buf, offset) => preadAll(f, buf, offset, this.dirtyMemPath), release: () => closeSync(f) };
@@ -276,7 +276,7 @@ export class FirecrackerDriver implements VmmDriver {
       // node's terminal does not reach the VMM before the node's shutdown handles it
       proc = Bun.spawn(cmd, { cwd: spec.workDir, stdin: "ignore", stdout: logFd, stderr: logFd, detached: true });
     } catch (e) {
-      throw new VmmError("vmm.spawn_failed", `vm ${spec.id}: cannot start ${this.#cfg.binary}: ${(e as Error).message}`, { id: spec.id, binary: this.#cfg.binary }, { cause: e });
+      throw new VmmError("vmm.spawn_failed", `vm ${spec.id}: cannot start ${this.#cfg.binary}: ${errorMessage(e)}`, { id: spec.id, binary: this.#cfg.binary }, { cause: e });
     } finally {
       closeSync(logFd);
     }

@@ -10,7 +10,7 @@ import { connect, type Socket } from "node:net";
 import { describeProblem, jsonSchema } from "../../util/json-check.ts";
 import { VmmError } from "../errors.ts";
 import { retryUntil } from "../../util/retry.ts";
-import { errorMessage } from "../../util/error.ts";
+import { asError, errorMessage } from "../../util/error.ts";
 
 /** One asynchronous QMP event, e.g. `{ event: "STOP", data: {} }`. */
 export interface QmpEvent {
@@ -245,7 +245,7 @@ async function readLine(sock: Socket, timeoutMs: number): Promise<Record<string,
       try {
         done(null, JSON.parse(buf.slice(0, nl)));
       } catch (e) {
-        done(e as Error);
+        done(asError(e));
       }
     };
     const onClose = () => done(new Error("closed before greeting"));

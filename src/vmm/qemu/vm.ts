@@ -313,7 +313,7 @@ export class QemuVm implements VmHandle {
       fsyncSync(fd);
     } catch (e) {
       if (e instanceof VmmError) throw e;
-      throw new VmmError("vmm.snapshot_failed", `snapshot of ${this.id} failed: ${(e as Error).message}`, { id: this.id, stderr: this.stderrTail() }, { cause: e });
+      throw new VmmError("vmm.snapshot_failed", `snapshot of ${this.id} failed: ${errorMessage(e)}`, { id: this.id, stderr: this.stderrTail() }, { cause: e });
     } finally {
       closeSync(fd);
       server.close();
