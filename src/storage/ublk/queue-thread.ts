@@ -12,7 +12,7 @@ import { ioDescMapping } from "../../ffi/ublk.ts";
 import { logger } from "../../observability/log.ts";
 import { orLate } from "../../util/timeout.ts";
 import { UblkError } from "./errors.ts";
-import { MAILBOX_STOP, mailboxPut, QUEUE_COUNTER_SLOTS, type QueueCommand, type QueueMessage, type QueueSetup } from "./queue.ts";
+import { MAILBOX_STOP, mailboxPut, nextPow2, QUEUE_COUNTER_SLOTS, type QueueCommand, type QueueMessage, type QueueSetup } from "./queue.ts";
 
 const log = logger("ublk");
 
@@ -48,12 +48,6 @@ export interface QueueThreadSpec {
   /** The device's open /dev/ublkcN. */
   charFd: number;
   encodedOps: boolean;
-}
-
-function nextPow2(n: number): number {
-  let p = 1;
-  while (p < n) p *= 2;
-  return p;
 }
 
 /**

@@ -386,7 +386,8 @@ export function runQueue(init: QueueInit, post: (m: QueueMessage) => void): stri
   return reason;
 }
 
-function nextPow2(n: number): number {
+/** The smallest power of two >= `n` (1 for n <= 1): ring and mailbox sizes. */
+export function nextPow2(n: number): number {
   let p = 1;
   while (p < n) p *= 2;
   return p;
