@@ -7,10 +7,21 @@
  */
 import { closeSync, fsyncSync, openSync, renameSync, rmSync, writeFileSync, constants as fsc } from "node:fs";
 import { dirname } from "node:path";
+import { errorCode } from "./error.ts";
 
-/** fsync the file or directory at `path`. @throws the fs error (ENOENT, EIO, ...) */
+/**
+ * fsync the file or directory at `path` (a file this process may only write, e.g. mode 0200
+ * for a non-root owner, is opened for writing instead).
+ * @throws the fs error (ENOENT, EIO, ...)
+ */
 export function fsyncPath(path: string): void {
-  const fd = openSync(path, fsc.O_RDONLY);
+  let fd: number;
+  try {
+    fd = openSync(path, fsc.O_RDONLY);
+  } catch (e) {
+    if (errorCode(e) !== "EACCES") throw e;
+    fd = openSync(path, fsc.O_WRONLY);
+  }
   try {
     fsyncSync(fd);
   } finally {
