@@ -26,7 +26,9 @@ const RANKS: readonly (readonly string[])[] = [
   ["src/cli/main.ts"], // the binary's entry point: loads every command lazily, the control plane's too
   ["src/cli", "services/cluster", "services/gateway", "services/scheduler", "deploy"], // commands
   ["src/node"], // the composition root: a node's parts wired together
-  ["src/api", "src/sandbox"], // the HTTP API; the SandboxRuntime adapter (implements the orchestrator's port)
+  ["src/api"], // the node's HTTP API and sandbox proxy
+  ["src/console", "src/events"], // the operators' console (its terminal reads envd's Connect frames with src/sandbox/connect-frames.ts); lifecycle events and webhooks
+  ["src/sandbox"], // the SandboxRuntime adapter (implements the orchestrator's port)
   ["src/orchestrator", "src/template"], // sandbox lifecycle (defines the port); the template catalog and builds
   ["src/image"], // registry images as template bases
   ["src/net", "src/tools", "src/snapshot", "src/volume"],
@@ -60,25 +62,25 @@ interface Import {
   kind: "static" | "type" | "export" | "dynamic" | "type-import" | "require";
 }
 
-/** The file a relative specifier names: the path itself, + `.ts`, or its folder's index.ts. */
+/** The file a relative specifier names: the path itself, + `.ts` or `.tsx`, or its folder's index.ts. */
 function resolveSpecifier(root: string, fromAbs: string, spec: string): string {
   if (!spec.startsWith(".")) return spec;
   const base = resolve(dirname(fromAbs), spec);
-  for (const c of [base, `${base}.ts`, join(base, "index.ts")]) {
+  for (const c of [base, `${base}.ts`, `${base}.tsx`, join(base, "index.ts")]) {
     if (existsSync(c) && statSync(c).isFile()) return relative(root, c);
   }
   return `unresolved:${relative(root, base)}`;
 }
 
-/** Every import of the .ts files under `dirs` (relative to `root`), read with the TypeScript parser. */
+/** Every import of the .ts and .tsx files under `dirs` (relative to `root`), read with the TypeScript parser. */
 function readImports(root: string, dirs: readonly string[]): Import[] {
   const out: Import[] = [];
   for (const dir of dirs) {
     if (!existsSync(join(root, dir))) continue;
-    for (const f of [...new Bun.Glob("**/*.ts").scanSync(join(root, dir))].sort()) {
+    for (const f of [...new Bun.Glob("**/*.{ts,tsx}").scanSync(join(root, dir))].sort()) {
       const abs = join(root, dir, f);
       const from = relative(root, abs);
-      const sf = ts.createSourceFile(abs, readFileSync(abs, "utf8"), ts.ScriptTarget.Latest, true);
+      const sf = ts.createSourceFile(abs, readFileSync(abs, "utf8"), ts.ScriptTarget.Latest, true, f.endsWith(".tsx") ? ts.ScriptKind.TSX : ts.ScriptKind.TS);
       const add = (spec: ts.Node | undefined, kind: Import["kind"]) => {
         if (!spec || !ts.isStringLiteralLike(spec)) {
           out.push({ from, to: `computed:${spec?.getText(sf) ?? ""}`, kind });
@@ -203,7 +205,7 @@ test("every import is read and resolves to a file", () => {
 });
 
 test("RANKS names every file's unit, and only units that exist", () => {
-  const files = ROOTS.flatMap((r) => [...new Bun.Glob("**/*.ts").scanSync(join(REPO, r))].map((f) => join(r, f)));
+  const files = ROOTS.flatMap((r) => [...new Bun.Glob("**/*.{ts,tsx}").scanSync(join(REPO, r))].map((f) => join(r, f)));
   expect(files.filter((f) => !unitOf(f))).toEqual([]);
   expect(RANKS.flat().filter((u) => !existsSync(join(REPO, u)))).toEqual([]);
   expect(new Set(RANKS.flat()).size).toBe(RANKS.flat().length);
@@ -302,18 +304,20 @@ test("the checker reports exactly a planted upward import, a planted sideways im
     "src/orchestrator/run.ts": 'import { c } from "../util/c.ts";\nexport const run = (x: string) => x + c;\n',
     "src/cli/main.ts": 'export const gw = () => import("../../services/gateway/cli.ts");\n',
     "services/gateway/cli.ts": 'import { boot } from "../../src/node/boot.ts";\nexport default boot;\n',
-    // planted: ffi imports the node (upward), api imports sandbox (same rank), util c <-> d (cycle, type-only one way)
+    // planted: ffi imports the node (upward), net imports tools (same rank), util c <-> d (cycle, type-only one way)
     "src/ffi/sys.ts": 'import { boot } from "../node/boot.ts";\nexport const sys = boot;\n',
-    "src/api/app.ts": 'export type { Vm } from "../sandbox/vm.ts";\n',
-    "src/sandbox/vm.ts": "export interface Vm { id: string }\n",
+    "src/net/slot.ts": 'export type { Drive } from "../tools/drive.ts";\n',
+    "src/tools/drive.ts": "export interface Drive { path: string }\n",
     "src/util/c.ts": 'import type { D } from "./d.ts";\nexport const c: D = "c";\n',
     "src/util/d.ts": 'export type D = string;\nexport const lazyC = () => import("./c.ts");\n',
   });
   const imports = readImports(root, ROOTS);
   expect(imports.filter((i) => i.to.startsWith("unresolved:")).map(show)).toEqual([]);
+  const rank = (unit: string) => unitOf(`${unit}/x.ts`)!.rank;
+  expect(rank("src/net")).toBe(rank("src/tools"));
   expect(layerViolations(imports)).toEqual([
-    "src/api/app.ts -> src/sandbox/vm.ts (src/api rank 3 -> src/sandbox rank 3)",
-    "src/ffi/sys.ts -> src/node/boot.ts (src/ffi rank 12 -> src/node rank 2)",
+    `src/ffi/sys.ts -> src/node/boot.ts (src/ffi rank ${rank("src/ffi")} -> src/node rank ${rank("src/node")})`,
+    `src/net/slot.ts -> src/tools/drive.ts (src/net rank ${rank("src/net")} -> src/tools rank ${rank("src/tools")})`,
   ]);
   expect(fileCycles(imports)).toEqual([["src/util/c.ts", "src/util/d.ts"]]);
 });

@@ -6,7 +6,7 @@
  * The scripts are static: completing runs no agentenv process.
  */
 import { defineCommand, type ArgsDef, type CommandDef } from "citty";
-import { CliError, run } from "./sandbox.ts";
+import { CliError, run } from "./node-client.ts";
 
 /** One command of the tree: its words to complete. */
 export interface CommandNode {

@@ -6,7 +6,7 @@
  * interrupted. Node URL and key as for `agentenv sandbox` (--url, --key, AENV_API_URL, ...).
  */
 import { defineCommand } from "citty";
-import { call, CliError, common, conn, run, type Conn } from "./sandbox.ts";
+import { call, CliError, common, conn, run, type Conn } from "./node-client.ts";
 
 interface Event {
   id: string;

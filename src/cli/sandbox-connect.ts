@@ -8,7 +8,7 @@
  */
 import { defineCommand } from "citty";
 import { CLOSE, parseServerMessage, terminalPath, type AuthMessage, type ResizeMessage, type TicketBody } from "../console/index.ts";
-import { call, CliError, common, conn, run, type Conn } from "./sandbox.ts";
+import { call, CliError, common, conn, run, type Conn } from "./node-client.ts";
 
 /** The size to report: the terminal's, else 80x24. */
 function termSize(): { cols: number; rows: number } {

@@ -7,7 +7,7 @@
  */
 import { defineCommand } from "citty";
 import { LogCursor, type LogEntryBody } from "../console/index.ts";
-import { call, CliError, common, conn, run, type Conn } from "./sandbox.ts";
+import { call, CliError, common, conn, run, type Conn } from "./node-client.ts";
 
 const LOG_PAGE = 1000;
 

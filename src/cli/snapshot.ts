@@ -6,7 +6,7 @@
  * `DELETE /templates/{ref}`).
  */
 import { defineCommand } from "citty";
-import { call, CliError, common, conn, run, table, type Conn } from "./sandbox.ts";
+import { call, CliError, common, conn, run, table, type Conn } from "./node-client.ts";
 
 /** A listed snapshot (`GET /snapshots`). */
 interface SnapshotRow {

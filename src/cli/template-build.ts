@@ -15,7 +15,7 @@ import { existsSync, lstatSync, mkdtempSync, readdirSync, readFileSync, readlink
 import { tmpdir } from "node:os";
 import { dirname, isAbsolute, join, posix, relative, sep } from "node:path";
 import type { BuildStep } from "../template/index.ts";
-import { call, CliError, type Conn } from "./sandbox.ts";
+import { call, CliError, type Conn } from "./node-client.ts";
 
 /** A build to run on the node. */
 export interface CliBuild {

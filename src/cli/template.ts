@@ -12,7 +12,7 @@ import { buildBase } from "../template/index.ts";
 import { dirname, resolve } from "node:path";
 import { readFileSync } from "node:fs";
 import { parseDockerfile } from "../template/dockerfile.ts";
-import { call, CliError, common, conn, run, table } from "./sandbox.ts";
+import { call, CliError, common, conn, run, table } from "./node-client.ts";
 import { buildOnNode, filesHash } from "./template-build.ts";
 import { BuildProgress } from "./build-progress.ts";
 import { commitTemplateSnapshot, warmTemplateEnvd } from "../sandbox/template-snapshot.ts";

@@ -11,35 +11,10 @@ import { holdProcess, type HeldProcess } from "../ffi/pidfd-watch.ts";
 import { processStartTime } from "../ffi/proc.ts";
 import { logger } from "../observability/log.ts";
 import type { VmmRecord } from "./supervise.ts";
-import type { VmHandle } from "./types.ts";
+import type { VmHandle, VmmAttachResult, VmmLostReason } from "./types.ts";
 import { orLate } from "../util/timeout.ts";
 
 const log = logger("vmm.adopt");
-
-/**
- * Why a recorded VMM cannot be adopted:
- * - `gone`: no process has the recorded pid any more, or it has exited (a zombie);
- * - `other_process`: the pid names another process now (start time or command line differ);
- * - `record_invalid`: the record lacks what adoption needs (written by an older node), names
- *   another driver, or another sandbox;
- * - `unresponsive`: the VMM is ours but its control socket did not answer;
- * - `bad_state`: the VMM answered but the VM is in a state nobody can continue from (a restore
- *   cut halfway, a guest stopped on an I/O error, a panic).
- * In the last three cases a live VMM that was proved ours has been killed (SIGKILL through its
- * pidfd) and its exit awaited, so its disk is no longer written when the caller takes it over.
- */
-export type VmmLostReason = "gone" | "other_process" | "record_invalid" | "unresponsive" | "bad_state";
-
-/** What `VmmDriver.attach` found. */
-export type VmmAttachResult =
-  | { kind: "attached"; vm: VmHandle }
-  | { kind: "lost"; id: string; reason: VmmLostReason; detail: string };
-
-/** Options of `VmmDriver.attach`. */
-export interface AttachOptions {
-  /** Called with each guest console line read from now on (QEMU), as `VmSpec.onConsoleLine`. */
-  onConsoleLine?: (line: string) => void;
-}
 
 /** The arguments of process `pid` (/proc/<pid>/cmdline split on NUL), or null when unreadable. */
 export function processArgv(pid: number): string[] | null {

@@ -25,7 +25,6 @@ export * from "./types.ts";
 export { VmmError } from "./errors.ts";
 export { kernelClockArg, kernelIpArg, prefixToNetmask } from "./bootargs.ts";
 export { readRecords, reapLeftovers, processStartTime, type VmmRecord } from "./supervise.ts";
-export type { AttachOptions, VmmAttachResult, VmmLostReason } from "./adopt.ts";
 export { QemuDriver, QemuVm, type QemuDriverOptions, type QemuVmState } from "./qemu/driver.ts";
 export { buildKernel, hasPvhNote, type KernelArtifact } from "./kernel/build.ts";
 

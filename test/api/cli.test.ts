@@ -2,7 +2,8 @@ import { afterAll, beforeAll, expect, test } from "bun:test";
 import { join } from "node:path";
 import { createLoopback, startNodeNoVm, type TestNode } from "./helpers.ts";
 import { mkdirSync, writeFileSync } from "node:fs";
-import { connectEnvelope, defaultNodeUrl, table } from "../../src/cli/sandbox.ts";
+import { defaultNodeUrl, table } from "../../src/cli/node-client.ts";
+import { connectEnvelope } from "../../src/cli/sandbox.ts";
 import { writeManifest } from "../../src/template/index.ts";
 
 const MAIN = join(import.meta.dir, "../../src/cli/main.ts");

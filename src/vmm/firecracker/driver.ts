@@ -30,11 +30,11 @@ import { closeSync, existsSync, fstatSync, mkdirSync, openSync, readSync, rmSync
 import { join } from "node:path";
 import { dataExtents } from "../../ffi/file_extents.ts";
 import { errorMessage } from "../../util/error.ts";
-import { holdRecorded, killHeld, lost, type AttachOptions, type VmmAttachResult } from "../adopt.ts";
+import { holdRecorded, killHeld, lost } from "../adopt.ts";
 import { VmmError } from "../errors.ts";
 import { bunVmm, heldVmm, type VmmProcess } from "../process.ts";
 import { processStartTime, removeRecord, writeRecord, type VmmRecord } from "../supervise.ts";
-import type { DriveSpec, MemoryCapture, SnapshotFiles, VmHandle, VmmDriver, VmSpec } from "../types.ts";
+import type { AttachOptions, DriveSpec, MemoryCapture, SnapshotFiles, VmHandle, VmmAttachResult, VmmDriver, VmSpec } from "../types.ts";
 import { logger } from "../../observability/log.ts";
 import { FirecrackerApi, type ApiRequest } from "./api.ts";
 import type { FirecrackerConfig } from "./config.ts";

@@ -19,18 +19,20 @@ import { join } from "node:path";
 import { logger } from "../../observability/log.ts";
 import { errorMessage } from "../../util/error.ts";
 import { listenUnix, UNIX_PATH_MAX } from "../../ffi/unix-listen.ts";
-import { holdRecorded, lost, type AttachOptions, type VmmAttachResult } from "../adopt.ts";
+import { holdRecorded, lost } from "../adopt.ts";
 import { kernelClockArg, kernelIpArg } from "../bootargs.ts";
 import { VmmError } from "../errors.ts";
 import { childVmm, heldVmm } from "../process.ts";
 import { processStartTime, writeRecord, type VmmRecord } from "../supervise.ts";
-import type { SnapshotFiles, VmmDriver, VmSpec } from "../types.ts";
+import type { AttachOptions, SnapshotFiles, VmmAttachResult, VmmDriver, VmSpec } from "../types.ts";
 import { buildQemuArgs, checkPath } from "./args.ts";
 import { detectAccel, hostTscKhz } from "./host.ts";
 import { QmpClient } from "./qmp.ts";
+import type { QemuDriverOptions } from "./options.ts";
 import { QemuVm, type QemuVmState } from "./vm.ts";
 
 export { QemuVm, RAM_BLOCK_ID, type QemuVmState } from "./vm.ts";
+export type { QemuDriverOptions } from "./options.ts";
 
 const log = logger("vmm.qemu");
 
@@ -40,30 +42,6 @@ const QMP_CHILD_FD = 3;
 const CONSOLE_CHILD_FD = 4;
 /** Record fields `attach` needs (records of nodes before issue 27 lack them). */
 const ATTACH_NEEDS: (keyof VmmRecord)[] = ["argv", "workDir", "controlSocket", "consoleSocket", "consolePath", "logPath", "memPath", "memShared"];
-
-/** Settings of the QEMU driver (from the `[qemu]` and `[vm]` config sections). */
-export interface QemuDriverOptions {
-  /** qemu-system-x86_64 path or name on PATH. */
-  binary: string;
-  accel: "auto" | "kvm" | "tcg";
-  /** -cpu model; "max" under TCG (Bun needs x86-64-v2). Under KVM "host" is used when this is "max". */
-  cpu: string;
-  /** tsc_early_khz for TCG; 0 reads the host's /proc/cpuinfo. */
-  tscKhz: number;
-  /** TCG translation cache in MiB; 0 keeps QEMU's default (the largest per-VM memory cost under TCG). */
-  tcgTbSizeMiB: number;
-  /** The same for a VM restored from a snapshot (`restore`); 0 keeps QEMU's default. */
-  tcgTbSizeRestoreMiB: number;
-  /** Where VMM records, QMP and console sockets live (`<runtimeDir>/vmm/`). */
-  runtimeDir: string;
-  /** Directory of the guest RAM files of booted VMs (`<memoryDir>/<id>.mem`); tmpfs is best. */
-  memoryDir: string;
-  stopTimeoutMs: number;
-  socketTimeoutMs: number;
-  /** Guest console log rotation threshold in bytes (`<workDir>/console.log`, one `.1` kept). */
-  consoleMaxBytes: number;
-  qmpTimeoutMs: number;
-}
 
 // pci=off: microvm has no PCI host bridge here (avoids probing one and its "No config space" error).
 // pty.legacy_count=0: no BSD-style /dev/ptyXX pairs (256 by default; /dev/ptmx and /dev/pts, which

@@ -16,7 +16,7 @@ import type { VmmProcess } from "../process.ts";
 import { removeRecord, type VmmRecord } from "../supervise.ts";
 import type { DriveSpec, MemoryCapture, VmHandle } from "../types.ts";
 import { checkPath } from "./args.ts";
-import type { QemuDriverOptions } from "./driver.ts";
+import type { QemuDriverOptions } from "./options.ts";
 import { filterMigrationStream, type MigrationFilterStats } from "./migration.ts";
 import { QmpClient, type QmpEvent } from "./qmp.ts";
 import { withTimeout } from "../../util/timeout.ts";
