@@ -35,7 +35,7 @@ const RANKS: readonly (readonly string[])[] = [
   ["src/vmm", "src/storage/daemon", "src/envd"], // VMM drivers; the disk daemon; the guest's daemon
   ["src/storage/ublk", "src/storage/fuse"], // the two ways a disk is exported
   ["src/storage/overlaybd"], // the image format
-  ["src/storage"], // what every disk shares (block.ts)
+  ["src/storage"], // what every disk shares: block.ts, raw.ts, errors.ts
   ["src/observability", "src/config", "src/db", "src/cluster"],
   ["src/ffi"], // every kernel interface
   ["src/util", "src/errors.ts", "src/bundle.ts"], // plain helpers, the error base class, worker entry points
