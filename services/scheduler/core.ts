@@ -26,6 +26,7 @@ import { Picker, type Candidate, type StrategyName } from "./strategy.ts";
 import type { SchedulerStore } from "./store/types.ts";
 import type { NodeReport } from "./types.ts";
 import type { NodeRef } from "../../src/cluster/index.ts";
+import { LruMap } from "../../src/util/lru.ts";
 
 /** Settings of SchedulerCore (from SchedulerConfig; clock and randomness injectable for tests). */
 export interface SchedulerCoreOptions {
@@ -88,8 +89,8 @@ export class SchedulerCore {
   private readonly placements = new Map<string, number[]>();
   /** Nodes whose bindings were dropped for a stale report (cleared when they report again). */
   private readonly droppedStale = new Set<string>();
-  /** P2P artifacts: "cluster\0backend\0key" -> node ids (insertion order = age, for the bound). */
-  private readonly artifacts = new Map<string, Set<string>>();
+  /** P2P artifacts: "cluster\0backend\0key" -> node ids; past maxP2pArtifacts the least recently recorded goes. */
+  private readonly artifacts: LruMap<string, Set<string>>;
   /** Runs the sweep when the first report runs out (one timer, armed at the earliest expiry). */
   private readonly expiry: DeadlineTimer;
   private expiryStarted = false;
@@ -100,6 +101,7 @@ export class SchedulerCore {
     this.now = () => clock.now();
     this.startedAt = this.now();
     this.expiry = new DeadlineTimer(() => this.sweepAndNext(), (err) => this.log.warn({ err }, "sweep failed"), clock);
+    this.artifacts = new LruMap(o.maxP2pArtifacts);
   }
 
   /**
@@ -409,22 +411,20 @@ export class SchedulerCore {
   recordArtifact(clusterId: string, backend: string, key: string, nodeId: string): void {
     if (!NODE_ID_RE.test(nodeId)) throw badRequest(`invalid node_id ${JSON.stringify(nodeId)}`, { nodeId });
     const k = this.artifactKey(clusterId, backend, key);
-    const set = this.artifacts.get(k) ?? new Set<string>();
-    this.artifacts.delete(k);
+    const set = this.artifacts.peek(k) ?? new Set<string>();
     set.add(nodeId);
     this.artifacts.set(k, set);
-    while (this.artifacts.size > this.o.maxP2pArtifacts) this.artifacts.delete(this.artifacts.keys().next().value!);
   }
 
   forgetArtifact(clusterId: string, backend: string, key: string, nodeId: string): void {
     const k = this.artifactKey(clusterId, backend, key);
-    const set = this.artifacts.get(k);
+    const set = this.artifacts.peek(k);
     set?.delete(nodeId);
     if (set?.size === 0) this.artifacts.delete(k);
   }
 
   async lookupArtifact(clusterId: string, backend: string, key: string, excludeNodeId: string): Promise<P2pPeer[]> {
-    const holders = this.artifacts.get(this.artifactKey(clusterId, backend, key));
+    const holders = this.artifacts.peek(this.artifactKey(clusterId, backend, key));
     if (!holders) return [];
     const peers = await this.p2pPeers(clusterId, backend, excludeNodeId);
     return peers.filter((p) => holders.has(p.nodeId));

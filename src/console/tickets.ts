@@ -4,6 +4,7 @@
  * `ttlMs` and works once, so it never stands in for the API key anywhere else.
  */
 import { randomBytes, timingSafeEqual } from "node:crypto";
+import { LruMap } from "../util/lru.ts";
 
 /** Most tickets outstanding at once; minting beyond it drops the oldest. */
 export const MAX_OUTSTANDING_TICKETS = 1024;
@@ -15,7 +16,8 @@ interface Entry {
 
 /** Outstanding tickets of one listener. `now` is injectable for tests (unix ms). */
 export class TicketBook {
-  private readonly tickets = new Map<string, Entry>();
+  /** Oldest first: past MAX_OUTSTANDING_TICKETS the oldest goes. */
+  private readonly tickets = new LruMap<string, Entry>(MAX_OUTSTANDING_TICKETS);
 
   constructor(
     private readonly ttlMs: number,
@@ -25,7 +27,6 @@ export class TicketBook {
   /** A fresh ticket for `sandboxId` (64 hex chars) and its expiry (unix ms). */
   mint(sandboxId: string): { ticket: string; expiresAt: number } {
     this.sweep();
-    while (this.tickets.size >= MAX_OUTSTANDING_TICKETS) this.tickets.delete(this.tickets.keys().next().value!);
     const ticket = randomBytes(32).toString("hex");
     const expiresAt = this.now() + this.ttlMs;
     this.tickets.set(ticket, { sandboxId, expiresAt });
@@ -38,7 +39,7 @@ export class TicketBook {
    */
   redeem(ticket: unknown, sandboxId: string): boolean {
     if (typeof ticket !== "string" || !/^[0-9a-f]{64}$/.test(ticket)) return false;
-    const e = this.tickets.get(ticket);
+    const e = this.tickets.peek(ticket);
     if (!e) return false;
     this.tickets.delete(ticket);
     const a = Buffer.from(e.sandboxId);
