@@ -41,15 +41,6 @@ const RANKS: readonly (readonly string[])[] = [
   ["src/util", "src/errors.ts", "src/bundle.ts"], // plain helpers, the error base class, worker entry points
 ];
 
-/**
- * File cycles that exist today and have an owner removing them. Each entry is one cycle's files,
- * sorted. The test fails when a listed cycle is gone (delete its entry then) or a new one appears.
- */
-const KNOWN_CYCLES: readonly (readonly string[])[] = [
-  // removed by the h31-runtime split (issue 31: the options type moves to its own module)
-  ["src/sandbox/build-vm.ts", "src/sandbox/vm-runtime.ts"],
-];
-
 /** One import, as the parser sees it. */
 interface Import {
   /** Importing file, relative to the root. */
@@ -215,8 +206,8 @@ test("imports point down the ranks only", () => {
   expect(layerViolations(ALL)).toEqual([]);
 });
 
-test("no file-level import cycle but the known ones being removed", () => {
-  expect(fileCycles(ALL)).toEqual(KNOWN_CYCLES.map((c) => [...c]));
+test("no file-level import cycle", () => {
+  expect(fileCycles(ALL)).toEqual([]);
 });
 
 test("nothing under src/ imports services/ or deploy/, but the binary's entry point (its lazy subcommands)", () => {
