@@ -31,7 +31,7 @@ const RANKS: readonly (readonly string[])[] = [
   ["src/sandbox"], // the SandboxRuntime adapter (implements the orchestrator's port)
   ["src/orchestrator", "src/template"], // sandbox lifecycle (defines the port); the template catalog and builds
   ["src/image"], // registry images as template bases
-  ["src/net", "src/tools", "src/snapshot", "src/volume"],
+  ["src/net", "src/tools", "src/snapshot", "src/volume", "src/secrets"],
   ["src/vmm", "src/storage/daemon", "src/envd"], // VMM drivers; the disk daemon; the guest's daemon
   ["src/storage/ublk", "src/storage/fuse"], // the two ways a disk is exported
   ["src/storage/overlaybd"], // the image format

@@ -79,7 +79,8 @@ export { NetworkManager, type NetStartReport, type NetStats } from "./manager.ts
 export type { KeepSlot, LostSlot } from "./adopt.ts";
 export type { ReapReport } from "./netns.ts";
 export type { SlotRow, SlotState } from "./store.ts";
-export { defaultPolicy, domainMatches, type DomainPattern, type EgressPolicy, parseCreateNetwork, parseEgressPolicy, policyToJson } from "./policy.ts";
+export { defaultPolicy, type EgressPolicy, parseCreateNetwork, parseEgressPolicy, policyToJson } from "./policy.ts";
+export { domainMatches, type DomainPattern } from "./domain.ts";
 export { type AllocatedSlot, GATEWAY_IP, GUEST_IP, guestAddress, netSpec, type Slot, slotLayout, TAP_MAC, TAP_NAME, TAP_PREFIX_LEN } from "./slot.ts";
 export { makeTapNamespace, reapTapNamespaces, type TapNamespace } from "./tapns.ts";
 export { maskNetwork, type EgressProxy, type HostRule } from "./egress/index.ts";

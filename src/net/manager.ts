@@ -21,12 +21,13 @@ import { EgressService, type EgressDeps } from "./egress/service.ts";
 import type { InterceptorStats } from "./egress/interceptor.ts";
 import { NetError } from "./errors.ts";
 import { applyDnsAllowed, applyPolicy, buildSlot, destroySlot, enableForwarding, reapSlots, type ReapReport, resetSlot, teardownHost } from "./netns.ts";
-import { defaultPolicy, domainMatches, type EgressPolicy, policyToJson } from "./policy.ts";
+import { domainMatches } from "./domain.ts";
+import { defaultPolicy, type EgressPolicy, policyToJson } from "./policy.ts";
 import type { DnsAllowed } from "./rules.ts";
 import { type AllocatedSlot, type Slot, slotLayout } from "./slot.ts";
 import { type SlotRow, SlotStore } from "./store.ts";
-import { LruMap } from "../util/lru.ts";
 import { Notifier } from "../util/wait.ts";
+import { LearnedAddresses } from "./dns-learned.ts";
 
 const log = logger("net");
 
@@ -53,11 +54,6 @@ export interface NetStats {
   destroyed: number;
 }
 
-interface DnsEntry {
-  qname: string;
-  expiresAt: number;
-}
-
 /** What `start()` did. */
 export interface NetStartReport extends ReapReport {
   /** The slot rows the previous run had persisted. */
@@ -76,7 +72,7 @@ export class NetworkManager {
   private readonly allocated = new Map<number, AllocatedSlot>();
   private readonly bySandbox = new Map<string, number>();
   private readonly byNsIp = new Map<string, number>();
-  private readonly dnsAllowed = new Map<number, LruMap<string, DnsEntry>>();
+  private readonly learned: LearnedAddresses;
   private readonly locks = new Map<number, Promise<unknown>>();
   private building = 0;
   private draining = 0;
@@ -103,6 +99,7 @@ export class NetworkManager {
    */
   constructor(cfg: NetConfig, db: Db, deps: EgressDeps = {}, private readonly clock: Clock = SYSTEM_CLOCK) {
     this.cfg = cfg;
+    this.learned = new LearnedAddresses(cfg.dns.maxAddressesPerSlot);
     this.dnsExpiry = new DeadlineTimer(() => this.closeExpiredDns(), (err) => log.warn({ err }, "closing expired DNS-learned addresses failed"), clock);
     this.store = new SlotStore(db);
     this.egress = new EgressService(() => this.cfg, deps, (ip) => {
@@ -146,12 +143,10 @@ export class NetworkManager {
       this.bySandbox.set(a.sandboxId, a.idx);
       this.byNsIp.set(a.nsVethIp, a.idx);
       const live = k.dnsAllowed.filter((e) => k.policy.allowDomains.some((d) => domainMatches(d, e.qname)));
-      if (live.length) {
-        const m = new LruMap<string, DnsEntry>(this.cfg.dns.maxAddressesPerSlot);
-        for (const e of live) m.set(e.ip, { qname: e.qname, expiresAt: e.expiresAt });
-        this.dnsAllowed.set(a.idx, m);
+      for (const e of live) {
+        this.learned.learn(a.idx, e.ip, e.qname, e.expiresAt);
+        this.dnsExpiry.armAt(e.expiresAt);
       }
-      for (const e of live) this.dnsExpiry.armAt(e.expiresAt);
       this.store.put(a.idx, a.netnsName, "allocated", a.sandboxId, a.policy);
       adopted.push(a);
     }
@@ -266,7 +261,7 @@ export class NetworkManager {
     this.allocated.delete(a.idx);
     this.bySandbox.delete(a.sandboxId);
     this.byNsIp.delete(a.nsVethIp);
-    this.dnsAllowed.delete(a.idx);
+    this.learned.drop(a.idx);
     if (a.policy.rules.length || a.policy.egressProxy) await this.egress.sync(this.allocated.values()).catch((e) => log.error({ err: e, idx: a.idx }, "egress redirects of a released slot not removed"));
     const slot = slotLayout(this.cfg, a.idx);
     const keep = !this.closed && (this.cfg.pool.maintenanceEnabled || this.pool.length < this.cfg.pool.high);
@@ -295,10 +290,7 @@ export class NetworkManager {
     await this.checkPolicy(policy);
     const a = this.lookup(slotOrSandbox);
     await this.serial(a.idx, async () => {
-      const learned = this.dnsAllowed.get(a.idx);
-      if (learned) {
-        for (const [ip, e] of learned) if (!policy.allowDomains.some((d) => domainMatches(d, e.qname))) learned.delete(ip);
-      }
+      this.learned.retain(a.idx, (qname) => policy.allowDomains.some((d) => domainMatches(d, qname)));
       await applyPolicy(this.cfg, a, policy, this.liveDnsEntries(a.idx));
     });
     a.policy = policy;
@@ -544,27 +536,16 @@ export class NetworkManager {
    * @returns the next expiry (unix ms), or null when no address is learned.
    */
   private async closeExpiredDns(): Promise<number | null> {
-    const now = this.clock.now();
-    for (const [idx, m] of this.dnsAllowed) {
+    for (const idx of this.learned.expiredSlots(this.clock.now())) {
       const a = this.allocated.get(idx);
-      if (!a || ![...m.values()].some((e) => e.expiresAt <= now)) continue;
+      if (!a) continue;
       try {
         await this.serial(idx, () => applyDnsAllowed(this.cfg, a, this.liveDnsEntries(idx)));
       } catch (e) {
         log.warn({ err: e, idx }, "closing expired DNS-learned addresses failed");
       }
     }
-    return this.nextDnsExpiry();
-  }
-
-  /** The earliest expiry of a DNS-learned address of an allocated slot (unix ms), or null. */
-  private nextDnsExpiry(): number | null {
-    let next: number | null = null;
-    for (const [idx, m] of this.dnsAllowed) {
-      if (!this.allocated.has(idx)) continue;
-      for (const e of m.values()) if (next === null || e.expiresAt < next) next = e.expiresAt;
-    }
-    return next;
+    return this.learned.nextExpiry((idx) => this.allocated.has(idx));
   }
 
   private liveDnsAddrs(idx: number): string[] {
@@ -573,11 +554,7 @@ export class NetworkManager {
 
   /** The unexpired DNS-learned addresses of a slot (expired ones are dropped), sorted by address. */
   private liveDnsEntries(idx: number): DnsAllowed[] {
-    const m = this.dnsAllowed.get(idx);
-    if (!m) return [];
-    const now = this.clock.now();
-    for (const [ip, e] of m) if (e.expiresAt <= now) m.delete(ip);
-    return [...m.entries()].map(([ip, e]) => ({ ip, qname: e.qname, expiresAt: e.expiresAt })).sort((x, y) => (x.ip < y.ip ? -1 : x.ip > y.ip ? 1 : 0));
+    return this.learned.live(idx, this.clock.now());
   }
 
   /** DNS proxy hook: admit A records of names matching the querying slot's allowOut domains. */
@@ -586,14 +563,11 @@ export class NetworkManager {
     const a = idx === undefined ? undefined : this.allocated.get(idx);
     if (!a || !a.policy.allowDomains.some((d) => domainMatches(d, qname))) return;
     await this.serial(a.idx, async () => {
-      let m = this.dnsAllowed.get(a.idx);
-      // the least recently refreshed go first past the bound
-      if (!m) this.dnsAllowed.set(a.idx, (m = new LruMap(this.cfg.dns.maxAddressesPerSlot)));
       const before = this.liveDnsAddrs(a.idx).join(",");
       const now = this.clock.now();
       for (const { ip, ttl } of addrs) {
         const expiresAt = now + Math.max(ttl, this.cfg.dns.minTtlSecs) * 1000;
-        m.set(ip, { qname, expiresAt });
+        this.learned.learn(a.idx, ip, qname, expiresAt);
         this.dnsExpiry.armAt(expiresAt);
       }
       const after = this.liveDnsEntries(a.idx);

@@ -1,7 +1,8 @@
 import { describe, expect, test } from "bun:test";
 import { NetError } from "../../src/net/errors.ts";
 import { cidrContains, cidrsOverlap, formatCidr, parseCidr, parseIpv4 } from "../../src/net/ipv4.ts";
-import { domainMatches, parseCreateNetwork, parseDomainPattern, parseEgressPolicy, policyToJson } from "../../src/net/policy.ts";
+import { domainMatches, parseDomainPattern } from "../../src/net/domain.ts";
+import { parseCreateNetwork, parseEgressPolicy, policyToJson } from "../../src/net/policy.ts";
 
 function policyError(json: unknown): NetError {
   try {

@@ -12,6 +12,7 @@ import { closeSync, existsSync, mkdirSync, openSync, readFileSync, statSync, wri
 import { join } from "node:path";
 import { errorMessage } from "../../util/error.ts";
 import { NetError } from "../errors.ts";
+import { LruMap } from "../../util/lru.ts";
 
 const ALG = { name: "ECDSA", namedCurve: "P-256", hash: "SHA-256" } as const;
 const HOUR = 3_600_000;
@@ -45,7 +46,8 @@ const serial = () => `01${Buffer.from(webcrypto.getRandomValues(new Uint8Array(1
 
 /** The CA of one node. Create with `EgressCa.open(dir, label)`. */
 export class EgressCa {
-  private readonly leaves = new Map<string, Promise<LeafCert>>();
+  /** Minted leaves by host, oldest minted first: past `maxLeaves` the oldest goes. */
+  private readonly leaves: LruMap<string, Promise<LeafCert>>;
   private leafKeys: Promise<CryptoKeyPair> | undefined;
 
   private constructor(
@@ -54,8 +56,10 @@ export class EgressCa {
     private readonly cert: x509.X509Certificate,
     private readonly key: CryptoKey,
     /** Most leaves kept in memory. */
-    private readonly maxLeaves: number,
-  ) {}
+    maxLeaves: number,
+  ) {
+    this.leaves = new LruMap(maxLeaves);
+  }
 
   /**
    * The CA in `dir` (ca.crt + ca.key), made there when absent (key written with mode 0600,
@@ -112,7 +116,7 @@ export class EgressCa {
   /** A leaf certificate for `host` (a DNS name), minted on first use and cached until near its end. */
   leaf(host: string): Promise<LeafCert> {
     const h = host.toLowerCase();
-    const have = this.leaves.get(h);
+    const have = this.leaves.peek(h);
     if (have) return have.then((l) => (l.notAfter - Date.now() > DAY ? l : this.mint(h)));
     return this.mint(h);
   }
@@ -142,10 +146,7 @@ export class EgressCa {
       });
       return { cert: `${cert.toString("pem")}\n${this.certPem}`, key: pemKey(await webcrypto.subtle.exportKey("pkcs8", keys.privateKey)), notAfter };
     })();
-    this.leaves.delete(host);
     this.leaves.set(host, p);
-    // bounded: the oldest minted go first
-    while (this.leaves.size > this.maxLeaves) this.leaves.delete(this.leaves.keys().next().value!);
     p.catch(() => this.leaves.delete(host));
     return p;
   }

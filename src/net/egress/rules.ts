@@ -8,7 +8,7 @@
  * Parsing is strict: an unknown field is refused, and every error names the field at fault.
  */
 import { NetError } from "../errors.ts";
-import type { DomainPattern } from "../policy.ts";
+import type { DomainPattern } from "../domain.ts";
 
 /** Most rule domains per sandbox (`[network.egress] max_rule_domains` overrides it in the node). */
 export const MAX_RULE_DOMAINS = 10;
