@@ -34,27 +34,35 @@ export function testPrefix(): string {
  * @param guest run sandboxes as loopback guests with these options (their HTTP handler, ports);
  *   absent: the VM runtime alone (sandbox starts fail: there is no kernel).
  */
-export async function startNodeNoVm(env: Record<string, string> = {}, home = mkdtempSync(join(tmpdir(), "aenv-api-")), guest?: Omit<LoopbackOptions, "base">): Promise<TestNode> {
+export async function startNodeNoVm(env: Record<string, string> = {}, homeGiven?: string, guest?: Omit<LoopbackOptions, "base">): Promise<TestNode> {
+  const home = homeGiven ?? mkdtempSync(join(tmpdir(), "aenv-api-"));
   const prefix = env.AENV__network__name_prefix ?? testPrefix();
-  const cfg = loadConfig({
-    env: {
-      AENV_HOME_PATH: home,
-      AENV_RUNTIME_PATH: join(home, "run"),
-      AENV_API_ADDR: "127.0.0.1:0",
-      AENV_LOG_LEVEL: "error",
-      ...env,
-      AENV__network__name_prefix: prefix,
-    },
-  });
   let runtime: LoopbackRuntime | null = null;
-  const node = await bootNode(cfg, async (c, db) => {
-    // the disk daemon starts on first use only (these tests serve no disk)
-    const { runtime: base, repo } = idleVmRuntime(c, db, { volumes: true });
-    if (!guest) return base;
-    // no template of its own until a test creates a sandbox (createLoopback adds "base")
-    runtime = new LoopbackRuntime({ templates: [], ...guest, base, snapshots: repo });
-    return runtime;
-  });
+  let node: Awaited<ReturnType<typeof bootNode>>;
+  try {
+    const cfg = loadConfig({
+      env: {
+        AENV_HOME_PATH: home,
+        AENV_RUNTIME_PATH: join(home, "run"),
+        AENV_API_ADDR: "127.0.0.1:0",
+        AENV_LOG_LEVEL: "error",
+        ...env,
+        AENV__network__name_prefix: prefix,
+      },
+    });
+    node = await bootNode(cfg, async (c, db) => {
+      // the disk daemon starts on first use only (these tests serve no disk)
+      const { runtime: base, repo } = idleVmRuntime(c, db, { volumes: true });
+      if (!guest) return base;
+      // no template of its own until a test creates a sandbox (createLoopback adds "base")
+      runtime = new LoopbackRuntime({ templates: [], ...guest, base, snapshots: repo });
+      return runtime;
+    });
+  } catch (e) {
+    // a node that refuses to start (a test of bad config) leaves no home this helper made
+    if (homeGiven === undefined) rmSync(home, { recursive: true, force: true });
+    throw e;
+  }
   return {
     ...node,
     runtime,
