@@ -255,7 +255,11 @@ export const CONFIG_SCHEMA = section("", {
       { min: 10, max: MS_MAX, unit: "ms" },
     ),
     killed_retention_secs: int(3600, "How long killed and failed sandbox records stay in the database, seconds.", { min: 0, unit: "s" }),
-    shutdown_action: oneOf(["kill", "pause"], "kill", 'What a graceful shutdown (SIGINT/SIGTERM) does with running sandboxes: "kill" or "pause".'),
+    shutdown_action: oneOf(
+      ["kill", "pause", "detach"],
+      "kill",
+      'What a graceful shutdown (SIGINT/SIGTERM) does with running sandboxes: "kill"; "pause" (memory\nand disk kept, resumed on connect); or "detach": left running (VMMs, disks, slots) for the next\nnode started on the same runtime path to adopt, as after a crash (an upgrade: stop, replace the\nbinary, start; docs/survival.md). A crash (kill -9) leaves them running whatever this says.',
+    ),
     default_cpu_count: int(1, "vCPUs and memory (MiB) of a sandbox whose template does not say.", { min: 1, max: 255, unit: "count" }),
     default_memory_mb: int(512, "", { min: 128, max: 1_048_576, unit: "MiB" }),
     max_cpu_count: int(

@@ -9,7 +9,8 @@
  *   * -> failed           failed {error}   notes               checkpointed, forked, updated
  *
  * A run (E2B's execution: a create or resume up to the pause, kill or failure that ends it) gets
- * its own `sandboxExecutionId`; runs cut by a node restart are found again in the store.
+ * its own `sandboxExecutionId`; runs cut by a node restart, or going on in a sandbox the
+ * restarted node adopted (no event marks an adoption), are found again in the store.
  */
 import { randomUUID } from "node:crypto";
 import type { Logger } from "pino";
@@ -53,10 +54,13 @@ export class EventRecorder implements OrchestratorObserver {
       this.record(e.from === "creating" ? "sandbox.lifecycle.created" : "sandbox.lifecycle.resumed", r, e.at, {}, run.executionId);
     } else if (e.to === "paused" && e.from === "pausing") {
       const end = this.endRun(r, e.at);
-      this.record("sandbox.lifecycle.paused", r, e.at, { ...end.data, snapshot_kind: r.snapshotKind ?? "memory", pause_reason: e.reason ?? "request" }, end.executionId);
+      // a VM lost (died, or its disk or slot gone) says why: the error the sandbox was paused with
+      const lost = e.reason === "vm_lost" && r.error ? { error: r.error } : {};
+      this.record("sandbox.lifecycle.paused", r, e.at, { ...end.data, snapshot_kind: r.snapshotKind ?? "memory", pause_reason: e.reason ?? "request", ...lost }, end.executionId);
     } else if (e.to === "killed") {
-      // a kill after a pause or failure ends no run; a run a node restart cut is found in the store
-      const ran = e.from === "killing" ? this.runs.has(e.id) : e.from !== "paused" && e.from !== "failed";
+      // a kill after a pause or failure ends no run (runOf finds none: the last event ended it);
+      // the run of a sandbox a restarted node adopted, or that a restart cut, is found in the store
+      const ran = e.from === "killing" || (e.from !== "paused" && e.from !== "failed");
       const end = ran ? this.endRun(r, e.at) : { data: {}, executionId: "" };
       this.record("sandbox.lifecycle.killed", r, e.at, { ...end.data, kill_reason: e.reason ?? "unknown" }, end.executionId);
     } else if (e.to === "failed") {
@@ -98,8 +102,8 @@ export class EventRecorder implements OrchestratorObserver {
   private runOf(id: string): Run | undefined {
     const known = this.runs.get(id);
     if (known) return known;
-    const start = this.store.last(id, ["sandbox.lifecycle.created", "sandbox.lifecycle.resumed", "sandbox.lifecycle.paused"]);
-    if (!start || start.type === "sandbox.lifecycle.paused") return undefined;
+    const start = this.store.last(id, ["sandbox.lifecycle.created", "sandbox.lifecycle.resumed", "sandbox.lifecycle.paused", "sandbox.lifecycle.killed", "sandbox.lifecycle.failed"]);
+    if (!start || (start.type !== "sandbox.lifecycle.created" && start.type !== "sandbox.lifecycle.resumed")) return undefined;
     return { executionId: start.sandboxExecutionId, startedAt: Date.parse(start.timestamp) };
   }
 

@@ -22,8 +22,8 @@ export interface OrchestratorConfig {
   lockMaxWaiters: number;
   /** How long killed/failed rows stay in the database, seconds. */
   killedRetentionSecs: number;
-  /** What a graceful shutdown does with running sandboxes. */
-  shutdownAction: "kill" | "pause";
+  /** What a graceful shutdown does with running sandboxes (detach: leave them running for the next node). */
+  shutdownAction: "kill" | "pause" | "detach";
   /** vCPUs of a sandbox whose template does not say. */
   defaultCpuCount: number;
   /** Memory of a sandbox whose template does not say, MiB. */

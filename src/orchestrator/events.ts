@@ -110,8 +110,9 @@ export function lifecycleEntry(e: SandboxEvent, error: string | null): SandboxLo
     "killing>killed": "sandbox killed",
   };
   const key = `${e.from}>${e.to}`;
-  let message = what[key] ?? (e.to === "killing" ? "sandbox killing" : e.to === "failed" ? `sandbox failed (was ${e.from})` : `sandbox ${e.from} -> ${e.to}`);
+  const lost = e.reason === "vm_lost";
+  let message = lost && e.to === "paused" ? "sandbox paused with its files (filesystem only: the next connect boots it on its disk)" : lost && e.to === "pausing" ? "sandbox VM lost" : what[key] ?? (e.to === "killing" ? "sandbox killing" : e.to === "failed" ? `sandbox failed (was ${e.from})` : `sandbox ${e.from} -> ${e.to}`);
   if (error) message += `: ${error}`;
-  const level = e.to === "failed" ? "error" : key === "resuming>paused" ? "warn" : "info";
+  const level = e.to === "failed" ? "error" : key === "resuming>paused" || lost ? "warn" : "info";
   return { at: e.at, level, source: "lifecycle", message, fields: { from: e.from ?? "", to: e.to } };
 }

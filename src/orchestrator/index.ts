@@ -6,7 +6,7 @@ export { FORK_DEFAULT_TIMEOUT_SECS, MAX_FORK_COUNT } from "./service.ts";
 export { OrchestratorError, ORCHESTRATOR_ERRORS, type OrchestratorErrorCode, isRequestFault, notFound } from "./errors.ts";
 export { orchestratorConfig, type OrchestratorConfig } from "./config.ts";
 export type {
-  GuestTarget, PreparedStarts, ReapReport, RuntimeKnownSandbox, RuntimeMetrics, RuntimeNetwork, RuntimeSandbox, RuntimeSnapshots, RuntimeStartSpec, RuntimeStateCodec, SandboxRuntime, SnapshotInfo,
+  GuestTarget, PreparedStarts, ReapReport, RecoveredSandbox, RuntimeKnownSandbox, RuntimeMetrics, RuntimeNetwork, RuntimeSandbox, RuntimeSnapshots, RuntimeStartSpec, RuntimeStateCodec, SandboxRuntime, SnapshotInfo,
   SnapshotRequest, VolumeBackend,
 } from "./runtime.ts";
 export { SANDBOX_STATES, TRANSITIONS, LIVE_STATES, canTransition, publicState, type SandboxState } from "./states.ts";

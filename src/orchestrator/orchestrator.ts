@@ -20,6 +20,7 @@ import { MetricsSampler } from "./metrics.ts";
 import { SandboxReads } from "./reads.ts";
 import { checkResources, checkTimeout, forkRequest, newRecord, startSpec, targetOf, templateOf } from "./requests.ts";
 import type { SandboxRuntime, SnapshotInfo, SnapshotRequest } from "./runtime.ts";
+import { keepFilesOfLost, recoverAtStart } from "./recovery.ts";
 import { StoredStates } from "./runtime-state.ts";
 import { Semaphore } from "./semaphore.ts";
 import { FORK_DEFAULT_TIMEOUT_SECS, MAX_FORK_COUNT, type ConnectResult, type ForkResult, type OrchestratorObserver, type SandboxService, type StopReason } from "./service.ts";
@@ -31,6 +32,8 @@ import { VolumeManager } from "./volumes.ts";
 export interface ShutdownSummary {
   killed: number;
   paused: number;
+  /** Left running for the next node to adopt (`shutdown_action = "detach"`). */
+  detached: number;
   /** Sandboxes whose kill or pause threw (logged individually). */
   failed: number;
 }
@@ -79,23 +82,19 @@ export class Orchestrator<S = unknown> extends SandboxReads<S> implements Sandbo
   }
 
   /**
-   * Reconcile with what a previous run left, then arm the expiry timer. Sandboxes that were in
-   * any state but `paused` cannot continue (their VMM died with the node or is orphaned): the
-   * runtime stops and frees them and they become `killed`. Paused ones stay paused.
+   * Reconcile with what a previous node left (recovery.ts): sandboxes whose VM still runs are
+   * adopted and run on, those whose VM died keep their files as a paused sandbox, the rest are
+   * recorded killed; paused ones stay paused. Then arm the expiry timer (a deadline that passed
+   * while no node ran fires at once) and start sampling.
    */
   async start(): Promise<void> {
-    const left = this.store.inStates(["creating", "running", "pausing", "resuming", "killing", "failed", "paused"]);
-    const report = await this.runtime.reap(left.map((r) => this.states.known(r)));
+    const t0 = performance.now();
+    const s = await recoverAtStart({ store: this.store, events: this.events, exits: this.exits, runtime: this.runtime, states: this.states, logs: this.logs, clock: this.clock, log: this.log });
     const t = this.clock.now();
-    for (const r of left) {
-      if (r.state === "paused") continue;
-      // "resuming"/"pausing" may have left a usable snapshot, but its completeness is unknown: discard
-      const error = r.error ?? `node restarted while ${r.state}`;
-      const sandbox = this.store.update(r.id, { state: "killed", error, endpoint: null }, t)!;
-      this.events.stored({ id: r.id, from: r.state, to: "killed", at: t, sandbox, reason: "orphaned" });
-      this.log.warn({ sandboxId: r.id, was: r.state }, "sandbox did not survive the node restart");
-    }
-    this.log.info({ stoppedVms: report.stoppedVms.length, removed: report.removed.length, paused: left.filter((r) => r.state === "paused").length }, "start-up reconciliation done");
+    this.log.info(
+      { adopted: s.adopted, pausedWithFiles: s.paused, killed: s.killed, paused: s.stayedPaused, stoppedVms: s.report.stoppedVms.length, removed: s.report.removed.length, ms: Math.round(performance.now() - t0), ...s.report.timings },
+      "start-up reconciliation done",
+    );
     this.store.prune(t - this.config.killedRetentionSecs * 1000);
     this.logs.pruneOrphans();
     this.logs.start();
@@ -105,12 +104,14 @@ export class Orchestrator<S = unknown> extends SandboxReads<S> implements Sandbo
   }
 
   /**
-   * Disarm the expiry timer, wait for operations in flight, then kill (or pause, per
-   * `shutdown_action`) every live sandbox, log one summary line, and close the runtime.
-   * @returns how many sandboxes were killed, paused, or failed to stop (all 0 on a second call).
+   * Disarm the expiry timer, wait for operations in flight, then kill, pause or leave running
+   * (per `shutdown_action`) every live sandbox, log one summary line, and close (or, with
+   * "detach", detach) the runtime. "detach" on a runtime that cannot leave sandboxes running
+   * kills them.
+   * @returns how many sandboxes were killed, paused, left running, or failed to stop (all 0 on a second call).
    */
   async close(): Promise<ShutdownSummary> {
-    const summary: ShutdownSummary = { killed: 0, paused: 0, failed: 0 };
+    const summary: ShutdownSummary = { killed: 0, paused: 0, detached: 0, failed: 0 };
     if (this.closed) return summary;
     this.closed = true;
     await this.expiry.stop();
@@ -118,9 +119,12 @@ export class Orchestrator<S = unknown> extends SandboxReads<S> implements Sandbo
     this.runtime.beginShutdown();
     this.shutdown.abort(new OrchestratorError("orchestrator.shutting_down", "node is shutting down"));
     await Promise.allSettled([...this.inflight]);
+    const detach = this.config.shutdownAction === "detach" && this.runtime.detach !== undefined;
+    if (this.config.shutdownAction === "detach" && !detach) this.log.warn({ runtime: this.runtime.name }, "shutdown_action detach: this runtime cannot leave sandboxes running; they are killed");
     const live = this.store.inStates(["running", "creating", "resuming", "pausing"]);
     const results = await Promise.allSettled(
       live.map(async (r) => {
+        if (detach && r.state === "running") return "detached" as const;
         if (this.config.shutdownAction === "pause" && r.state === "running") {
           await this.pauseNow(r.id, true, "shutdown");
           return "paused" as const;
@@ -133,8 +137,10 @@ export class Orchestrator<S = unknown> extends SandboxReads<S> implements Sandbo
       summary[x.status === "fulfilled" ? x.value : "failed"]++;
       if (x.status === "rejected") this.log.warn({ sandboxId: live[i]!.id, err: x.reason }, "shutdown: sandbox did not stop");
     });
-    this.log.info(summary, `shutdown: killed ${summary.killed}, paused ${summary.paused} sandboxes${summary.failed ? `, ${summary.failed} failed to stop` : ""}`);
-    await this.runtime.close();
+    const left = summary.detached ? `, left ${summary.detached} running for the next start` : "";
+    this.log.info(summary, `shutdown: killed ${summary.killed}, paused ${summary.paused} sandboxes${left}${summary.failed ? `, ${summary.failed} failed to stop` : ""}`);
+    if (detach) await this.runtime.detach!();
+    else await this.runtime.close();
     this.logs.close();
     return summary;
   }
@@ -501,8 +507,8 @@ export class Orchestrator<S = unknown> extends SandboxReads<S> implements Sandbo
 
   /**
    * Running sandbox `id`'s VM ended by itself, or the runtime reports it lost (its disk device
-   * removed): it becomes failed and its leftovers are freed, unless a newer start (or a pause or
-   * kill) took its place meanwhile.
+   * removed): it is paused with its files, or failed when they cannot be kept (recovery.ts
+   * `keepFilesOfLost`), unless a newer start (or a pause or kill) took its place meanwhile.
    */
   private failEnded(id: string, why: string, current: () => boolean): void {
     if (this.closed) return;
@@ -511,9 +517,7 @@ export class Orchestrator<S = unknown> extends SandboxReads<S> implements Sandbo
         const r = this.store.get(id);
         if (!r || r.state !== "running" || !current()) return;
         this.exits.forget(id);
-        this.log.error({ sandboxId: id, reason: why }, `sandbox failed: ${why}`);
-        this.events.transition(id, "running", "failed", { error: why, endpoint: null });
-        await this.runtime.kill(id, this.states.forKill(r)).catch((e) => this.log.error({ sandboxId: id, err: e }, "clean-up after exit failed"));
+        await keepFilesOfLost({ store: this.store, events: this.events, runtime: this.runtime, states: this.states, log: this.log }, r, why);
         this.events.recount();
       })
       .catch((e) => this.log.error({ sandboxId: id, err: e }, "exit watcher failed"));

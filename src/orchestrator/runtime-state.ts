@@ -36,11 +36,12 @@ export class StoredStates<S> {
 
   /** `r` as start-up reconciliation sees it: its state read back, or why it cannot be. */
   known(r: SandboxRecord): RuntimeKnownSandbox<S> {
-    if (r.runtimeState == null) return { id: r.id, state: r.state, runtimeState: null };
+    const k = { id: r.id, state: r.state, network: r.network, allowInternetAccess: r.allowInternetAccess, volumes: r.volumeMounts };
+    if (r.runtimeState == null) return { ...k, runtimeState: null };
     try {
-      return { id: r.id, state: r.state, runtimeState: this.of(r) };
+      return { ...k, runtimeState: this.of(r) };
     } catch (e) {
-      return { id: r.id, state: r.state, runtimeState: null, unreadable: asError(e) };
+      return { ...k, runtimeState: null, unreadable: asError(e) };
     }
   }
 }

@@ -83,14 +83,41 @@ export interface RuntimeKnownSandbox<S> {
   runtimeState: S | null;
   /** Why its stored state did not parse: what it may name is unknown (keep it rather than lose data). */
   unreadable?: Error;
+  /** Its egress settings as stored (a kept network slot is re-applied with them). */
+  network: Record<string, unknown> | null;
+  allowInternetAccess: boolean | null;
+  /** Volumes attached to it, in drive order. */
+  volumes: VolumeMount[];
+  /** Sink for its log lines from now on (an adopted guest's console), as `RuntimeStartSpec.onLog`. */
+  onLog?: (line: SandboxLogLine) => void;
 }
 
+/**
+ * What start-up recovery made of one sandbox the database says was alive (running, or pausing):
+ * - `adopted`: its VM runs on under this node (VMM, disks, slot taken over), as a start returns it;
+ * - `paused`: its VM could not be kept (it died, or its disk export or slot was lost) but its files
+ *   were: `runtimeState` names a pause snapshot (`snapshotKind` filesystem: a resume cold-boots
+ *   it; memory: a pause that had committed before the node died); `why` says what happened;
+ * - `gone`: nothing could be kept (`why`); the orchestrator records it killed.
+ */
+export type RecoveredSandbox<S> =
+  | { kind: "adopted"; sandbox: RuntimeSandbox<S> }
+  | { kind: "paused"; runtimeState: S; snapshotKind: "memory" | "filesystem"; why: string }
+  | { kind: "gone"; why: string };
+
 /** What a start-up reconciliation did. */
-export interface ReapReport {
-  /** Sandboxes whose VM was running at start-up and has been stopped. */
+export interface ReapReport<S = unknown> {
+  /** Ids of VMMs a previous run left that were stopped (not adopted). */
   stoppedVms: string[];
   /** Other leftovers removed (netns, mounts, work dirs), described for the log. */
   removed: string[];
+  /**
+   * The outcome for each known sandbox in state running or pausing (by id); one absent was not
+   * kept (a runtime that adopts nothing reports none).
+   */
+  recovered: Map<string, RecoveredSandbox<S>>;
+  /** Time taken, ms: all of it, and the part spent adopting (attaches, claims, slots). */
+  timings?: { totalMs: number; adoptMs: number };
 }
 
 /** The core every runtime has. */
@@ -134,10 +161,13 @@ export interface SandboxRuntime<S = unknown> {
    */
   kill(id: string, state: S | null): Promise<void>;
   /**
-   * Start-up reconciliation after a crash: stop VMs of sandboxes that cannot continue
-   * (everything not paused), keep paused snapshots, remove leftovers no record names.
+   * Start-up reconciliation with what a previous node of this runtime left (issue 27): take over
+   * the sandboxes `known` says are running or pausing whose VM still runs (`adopted`), keep the
+   * files of those whose VM is gone (`paused`), keep paused sandboxes' snapshots, and remove what
+   * no known sandbox names (VMMs, disks, slots, work dirs, snapshots only dead VMs used).
+   * Called once, before anything is started.
    */
-  reap(known: RuntimeKnownSandbox<S>[]): Promise<ReapReport>;
+  recover(known: RuntimeKnownSandbox<S>[]): Promise<ReapReport<S>>;
   /**
    * Called first when the node starts shutting down, before sandboxes are paused or killed:
    * helpers that die from now on (e.g. disk servers) are expected, not crashes to repair.
@@ -145,6 +175,13 @@ export interface SandboxRuntime<S = unknown> {
   beginShutdown(): void;
   /** Release runtime-wide resources (warm pools); running sandboxes are the orchestrator's job. */
   close(): Promise<void>;
+  /**
+   * Instead of `close`: let go of everything without stopping the running sandboxes (VMMs, disk
+   * exports, slots stay) for the next node on this runtime path to adopt (`recover`); warm pools
+   * are freed. Absent: this runtime cannot leave sandboxes running (`shutdown_action = "detach"`
+   * then kills them).
+   */
+  detach?(): Promise<void>;
 
   /** Snapshots of sandboxes; absent: snapshot and fork requests are refused. */
   readonly snapshots?: RuntimeSnapshots<S>;
@@ -189,6 +226,15 @@ export interface RuntimeSnapshots<S> {
   list(): SnapshotInfo[];
   /** Delete a user or fork snapshot by id or name (kept for running users until they stop); false when absent. */
   delete(ref: string): Promise<boolean>;
+  /**
+   * Running sandbox `id`'s VM ended by itself or lost a drive (`why`): stop what is left of it and
+   * keep its disk as the VM left it, as a filesystem-only pause snapshot (a resume cold-boots it,
+   * the guest's journal replayed), freeing its slot and exports.
+   * @returns the paused sandbox's state
+   * @throws when the disk cannot be kept (its upper files are gone or unreadable); what the VM
+   *   held is freed either way
+   */
+  salvage(id: string, state: S, why: string): Promise<S>;
 }
 
 /** Resource samples of running sandboxes. */

@@ -14,9 +14,12 @@ import type { SnapshotInfo } from "./runtime.ts";
 /**
  * Who or what stopped a sandbox (a pause or a kill); E2B's `kill_reason` words where it has
  * them: a client's request, its timeout, the node's shutdown (`shutdown_action`), a node restart
- * that found it running (`orphaned`).
+ * that found it in a state it could not continue from (`orphaned`: a create or kill cut by the
+ * restart, a VM whose files could not be kept), and this node's own `vm_lost`: its VM died or
+ * lost its disk export or slot (while the node ran, or while no node watched), and the sandbox
+ * was paused with its files.
  */
-export type StopReason = "request" | "timeout" | "shutdown" | "orphaned";
+export type StopReason = "request" | "timeout" | "shutdown" | "orphaned" | "vm_lost";
 
 /** A state change of one sandbox, with its record as it is after the change. */
 export interface SandboxEvent {

@@ -78,8 +78,13 @@ export async function commitUpper(txn: CommitTxn, lowers: string[], upper: Upper
 
 /** Name of the shared memory image of `m` (same layers, same image): 16 hex of the sha256 of its layer digests. */
 export function memoryKey(m: SnapshotManifest): string {
+  return memoryKeyOf(m.memory?.layers ?? []);
+}
+
+/** Name of the shared memory image of memory layers `layers` (see `memoryKey`). */
+export function memoryKeyOf(layers: readonly LayerRef[]): string {
   const h = new Bun.CryptoHasher("sha256");
-  for (const l of m.memory?.layers ?? []) h.update(l.digest);
+  for (const l of layers) h.update(l.digest);
   return h.digest("hex").slice(0, 16);
 }
 

@@ -73,7 +73,41 @@ export class Captures implements RuntimeSnapshots<VmState> {
     rmSync(st.workDir, { recursive: true, force: true });
     await this.vms.releaseSlot(id);
     this.users.leave(id, base, st.bootSnapshot?.id);
-    return { ...st, rootDisk: "", vmmPid: undefined, paused: m.id, bootSnapshot: undefined };
+    return { ...st, rootDisk: "", vmmPid: undefined, held: undefined, paused: m.id, bootSnapshot: undefined };
+  }
+
+  /**
+   * Keep sandbox `id`'s disk as its VM left it (the VM died or lost a drive: `why`): what is left
+   * of the VM is stopped, its exports closed and its slot released, then its upper is committed
+   * as a filesystem-only pause snapshot (the guest's ext4 journal is replayed at its next boot)
+   * and its work dir goes. A failure leaves the work dir for the kill that follows.
+   * @returns the paused sandbox's state
+   * @throws OrchestratorError `orchestrator.snapshot_missing` (no base), SnapshotError,
+   *   OverlaybdError (the upper files are gone or unreadable)
+   */
+  async salvage(id: string, st: VmState, why: string): Promise<VmState> {
+    const t0 = performance.now();
+    await this.vms.teardown(id, false);
+    const m = await this.commitDisk(id, st);
+    this.log.warn({ sandboxId: id, snapshotId: m.id, reason: why, totalMs: Math.round(performance.now() - t0) }, "sandbox disk kept as a filesystem-only pause snapshot");
+    rmSync(st.workDir, { recursive: true, force: true });
+    this.users.leave(id, st.base, st.bootSnapshot?.id);
+    return { ...st, rootDisk: "", vmmPid: undefined, held: undefined, paused: m.id, bootSnapshot: undefined };
+  }
+
+  /** Commit the upper of sandbox `id`, whose VM is gone, as a filesystem-only pause snapshot over its base. */
+  private async commitDisk(id: string, st: VmState): Promise<SnapshotManifest> {
+    const base = this.resolver.baseOfState(id, st);
+    const txn = this.repo.begin();
+    try {
+      const up = await commitUpper(txn, layerPaths(this.repo, base.disk.layers), upperPaths(st.workDir));
+      const m = this.manifestFrom(base, st, { kind: "pause", names: [], sandboxId: id, memory: null, vmState: null, disk: up?.layer ?? null, tools: undefined });
+      txn.publish(m);
+      return m;
+    } catch (e) {
+      txn.abort();
+      throw e;
+    }
   }
 
   /**

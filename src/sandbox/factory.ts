@@ -1,19 +1,17 @@
 /**
- * Build the VM runtime from the node config: VMM driver (`[vm]`), network manager (`[network]`,
- * started here: it reaps slots a crashed run left, after leftover VMMs are killed), guest kernel,
- * tools drive (the current one for every new VM), snapshot repository and shared memory images
- * (`[snapshot]`).
+ * Build the VM runtime from the node config: VMM driver (`[vm]`), disk daemon and network manager
+ * (`[network]`; both started by the runtime's start-up recovery, which adopts what a previous node
+ * left running), guest kernel, tools drive (the current one for every new VM), snapshot
+ * repository and shared memory images (`[snapshot]`).
  */
 import { ConfigError, type Config } from "../config/index.ts";
 import type { Db } from "../db/index.ts";
 import { netConfigFromConfig, NetworkManager } from "../net/index.ts";
 import { openSecrets } from "../secrets/index.ts";
 import { hostname } from "node:os";
-import { diskConfig, DiskService, reapStaleMounts } from "../storage/daemon/index.ts";
+import { diskConfig, DiskService } from "../storage/daemon/index.ts";
 import { resolveTools } from "../tools/index.ts";
-import { createDriver, reapLeftovers, resolveKernelPath } from "../vmm/index.ts";
-import { reapHostVolumes } from "../volume/index.ts";
-import { rmSync } from "node:fs";
+import { createDriver, resolveKernelPath } from "../vmm/index.ts";
 import { join } from "node:path";
 import type { OrchestratorConfig } from "../orchestrator/config.ts";
 import { openRepository, SharedImages, snapshotConfig } from "../snapshot/index.ts";
@@ -60,8 +58,11 @@ export function restorePoolOptions(cfg: Config): RestorePoolOptions {
 }
 
 /**
- * Create and start the VM runtime.
- * @throws VmmError (bad driver config), NetError (host networking setup failed).
+ * Create the VM runtime. Nothing is reaped or started here: the orchestrator's start calls
+ * `recover`, which adopts what a previous node left running (VMMs, the disk daemon and the
+ * exports its sandboxes use, their slots), reaps the rest, then starts the disk daemon and the
+ * network manager (adoption.ts).
+ * @throws VmmError (bad driver config), SnapshotError / ConfigError (bad `[snapshot]` or `[pool.restore]`).
  */
 export async function createVmRuntime(cfg: Config, db: Db, oc: OrchestratorConfig): Promise<VmRuntime> {
   const runtimePath = cfg.runtime_path;
@@ -70,27 +71,15 @@ export async function createVmRuntime(cfg: Config, db: Db, oc: OrchestratorConfi
   restorePoolOptions(cfg);
   const driver = await createDriver(cfg);
   const homePath = cfg.home_path;
-  const volumeHostDir = join(runtimePath, "volumes");
-  // VMMs first: a slot or a disk must not be torn down under a VMM that still uses it; the
-  // node's own volume mounts (ext4 on a loop over an export) before the exports under them
-  await reapLeftovers(runtimePath);
-  reapHostVolumes(volumeHostDir);
-  // starting the disk daemon shuts down one a crashed node left (it removes its devices)
-  const disks = await DiskService.start({ dir: join(runtimePath, "disk"), config: diskConfig(cfg) });
-  reapStaleMounts([join(homePath, "sandboxes"), volumeHostDir]);
-  rmSync(volumeHostDir, { recursive: true, force: true });
+  // adopt: a daemon a previous node left serving is kept with its devices (claimed by recover)
+  const disks = new DiskService({ dir: join(runtimePath, "disk"), config: diskConfig(cfg), mode: "adopt" });
   // the egress interceptor resolves rules' secrets per request: this node's store or the gateway's
   const secrets = openSecrets(cfg, db);
   const net = new NetworkManager(netConfigFromConfig(cfg), db, { resolveSecret: (name) => secrets.source.resolve(name), label: cfg.node.id || hostname() });
-  try {
-    await net.start();
-  } catch (e) {
-    await disks.close();
-    throw e;
-  }
   let kernel: string | undefined;
   return new VmRuntime({
     ...vmRuntimeOptions(cfg, oc, { driver, net, disks, kernelPath: () => (kernel ??= resolveKernelPath(cfg)), toolsImage: () => resolveTools(homePath).path }),
+    adoptAtStart: true,
     onClose: () => net.shutdown(),
   });
 }

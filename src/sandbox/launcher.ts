@@ -14,7 +14,7 @@ import { guestAddress, netSpec, type AllocatedSlot } from "../net/index.ts";
 import type { RuntimeSandbox, RuntimeStartSpec } from "../orchestrator/runtime.ts";
 import { layersOf, type ImageLease, type LayerHold, type SnapshotManifest } from "../snapshot/index.ts";
 import type { DiskExport } from "../storage/daemon/index.ts";
-import { keptBootArgs, toolsBoot } from "../tools/index.ts";
+import { KEEP_TMP_ARG, keptBootArgs, toolsBoot } from "../tools/index.ts";
 import type { DriveSpec, VmHandle, VmSpec } from "../vmm/index.ts";
 import { restoreBootSnapshot, RootMountError } from "./boot-snapshot.ts";
 import { BOOT_SNAPSHOT_TIMEOUT_MS, type BootSnapshots } from "./boot-snapshots.ts";
@@ -154,7 +154,7 @@ export class Launcher {
       const slot = await this.o.net.allocate(sandboxPolicy(spec.network, spec.allowInternetAccess), id);
       t.slotMs = lap();
       const at: Placement = { id, workDir, disk, volumeDrives, slot };
-      const vmSpec = (tools: string | undefined, mac: string) => this.vmSpec(spec, base, restore, at, tools, mac);
+      const vmSpec = (tools: string | undefined, mac: string) => this.vmSpec(spec, base, restore, at, tools, mac, mode.kind === "resume");
       const started = restore ? await this.restoreVm(base, vmSpec, held, step, () => (t.memoryMs = lap())) : await this.coldBootVm(spec, base, at, vmSpec, held, step, t);
       const vm = (held.vm = started.vm);
       this.vms.setVm(id, vm);
@@ -175,6 +175,14 @@ export class Launcher {
         ...(bootSnap ? { bootSnapshot: { id: bootSnap.id, memory: bootSnap.memory!.layers, tools: bootSnap.tools!, kernelKey: bootSnap.vm.kernelKey } } : {}),
         ...(started.toolsImage ? { toolsImage: started.toolsImage } : {}),
         vmmPid: vm.pid,
+        held: {
+          vmmStartTime: vm.startTime,
+          controlSocket: vm.controlSocket,
+          slot: slot.idx,
+          rootExport: disk.id,
+          volumeExports: this.vms.volumeExports(id),
+          memoryImages: restore ? [memoryKey(base)] : bootSnap ? [memoryKey(bootSnap)] : [],
+        },
         vcpus: started.vcpus,
         memoryMiB: started.memoryMiB,
         envdToken: spec.envdAccessToken,
@@ -217,8 +225,11 @@ export class Launcher {
   }
 
   /** The VM of a start placed at `at`, booting through tools drive `tools` with guest MAC `mac`. */
-  private vmSpec(spec: RuntimeStartSpec, base: SnapshotManifest, restore: boolean, at: Placement, tools: string | undefined, mac: string): VmSpec {
+  private vmSpec(spec: RuntimeStartSpec, base: SnapshotManifest, restore: boolean, at: Placement, tools: string | undefined, mac: string, keepTmp: boolean): VmSpec {
     const drivesAndArgs = tools ? toolsBoot(tools, at.disk.path, base.vm.bootArgs) : { drives: [{ id: "root", path: at.disk.path, readOnly: false, isRoot: true }], bootArgs: base.vm.bootArgs };
+    // only a sandbox's first boot empties /tmp: a resume that boots (a filesystem-only pause, a
+    // VM lost) keeps what its programs left there, as a memory restore does
+    if (keepTmp && tools) drivesAndArgs.bootArgs += ` ${KEEP_TMP_ARG}`;
     const sink = spec.onLog;
     return {
       id: at.id,

@@ -8,28 +8,37 @@
  * lost (its device gone).
  */
 import type { ImageExporter, ServedImage } from "../snapshot/index.ts";
-import type { DiskService } from "../storage/daemon/index.ts";
+import { sharedDeviceId, type DiskExport, type DiskService } from "../storage/daemon/index.ts";
 
 /** File name of a served memory image inside its mount. */
 export const MEMORY_IMAGE_FILE = "memory.img";
+
+/** Disk daemon device id of the memory image `key` (`SharedImages` key) this exporter serves. */
+export function memoryImageDevice(key: string): string {
+  return sharedDeviceId(`mem-${key}`);
+}
 
 /** An exporter serving memory images through `disks` (share key `mem-<key>`). */
 export function diskMemoryExporter(disks: DiskService): ImageExporter {
   return {
     async open(key: string, layers: string[]): Promise<ServedImage> {
-      const d = await disks.acquireShared({ key: `mem-${key}`, lowers: layers, fileName: MEMORY_IMAGE_FILE, acceptWritableOpen: true });
-      let closed!: () => void;
-      const exited = new Promise<void>((r) => (closed = r));
-      void d.lost.then(() => closed());
-      return {
-        path: d.path,
-        exited,
-        stats: () => d.stats(),
-        close: async () => {
-          await d.close();
-          closed();
-        },
-      };
+      return servedImage(await disks.acquireShared({ key: `mem-${key}`, lowers: layers, fileName: MEMORY_IMAGE_FILE, acceptWritableOpen: true }));
+    },
+  };
+}
+
+/** Export `d` of a memory image as a served image (its `exited` resolves when it closes or is lost). */
+export function servedImage(d: DiskExport): ServedImage {
+  let closed!: () => void;
+  const exited = new Promise<void>((r) => (closed = r));
+  void d.lost.then(() => closed());
+  return {
+    path: d.path,
+    exited,
+    stats: () => d.stats(),
+    close: async () => {
+      await d.close();
+      closed();
     },
   };
 }

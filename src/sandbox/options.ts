@@ -45,4 +45,11 @@ export interface VmRuntimeOptions {
   restorePool?: RestorePoolOptions;
   /** Cold boots restore boot snapshots (`[vm] boot_snapshots`, src/sandbox/boot-snapshot.ts). */
   bootSnapshots?: boolean;
+  /**
+   * `recover()` adopts the sandboxes a previous node left running (adoption.ts): it starts the
+   * disk daemon (`disks` must be in adopt mode) and the network manager itself, keeping what
+   * those sandboxes hold. Absent: nothing is adopted (every VMM a previous node left is
+   * killed) and the caller starts both (tests that boot no VM leave them unstarted).
+   */
+  adoptAtStart?: boolean;
 }

@@ -77,6 +77,43 @@ export class RunningVms {
     return drives;
   }
 
+  /** Disk daemon device ids of sandbox `id`'s volume drives, in drive order. */
+  volumeExports(id: string): string[] {
+    return (this.#volumeDisks.get(id) ?? []).map((d) => d.id);
+  }
+
+  /**
+   * Take over sandbox `id`'s VM as a previous node left it: its VMM (attached), root disk and
+   * volume drive exports (claimed), as a start records them.
+   */
+  adopt(id: string, vm: VmHandle, root: DiskExport, volumes: DiskExport[]): void {
+    this.#vms.set(id, vm);
+    this.#disks.set(id, root);
+    if (volumes.length > 0) this.#volumeDisks.set(id, volumes);
+  }
+
+  /**
+   * Let go of every VM without stopping it (`VmHandle.detach`) and forget the disk exports
+   * without closing them: the next node adopts both (a node's detach). Never throws.
+   */
+  detachAll(): void {
+    for (const [id, vm] of this.#vms) {
+      try {
+        vm.detach();
+      } catch (e) {
+        this.d.log.error({ sandboxId: id, err: e }, "VM detach failed");
+      }
+    }
+    this.#vms.clear();
+    this.#disks.clear();
+    this.#volumeDisks.clear();
+  }
+
+  /** Ids of the sandboxes whose VM runs here. */
+  ids(): string[] {
+    return [...this.#vms.keys()];
+  }
+
   /**
    * Resolves with a reason when sandbox `id`'s root disk or one of its volume drives is removed
    * under the guest (the orchestrator then fails the sandbox); never when it has no disk export.

@@ -9,7 +9,8 @@
  * - captures.ts: pauses (with memory or filesystem only) and snapshots;
  * - pooled-vms.ts: VMs restored ahead for creates (the restore pool);
  * - snapshot-users.ts, warm-images.ts: which snapshots VMs run from, memory images kept served;
- * - reaper.ts: start-up reconciliation after a crash.
+ * - adoption.ts, reaper.ts: start-up recovery: sandboxes a previous node left running are taken
+ *   over (or their files kept), the rest reaped; `detach` leaves them running for the next node.
  * Snapshots outlive sandboxes; one still used by a running sandbox is tombstoned on delete and
  * removed when its last user stops. Layout under the data dir: `sandboxes/<id>/` (upper, mount,
  * VMM work files) and the snapshot repository (`snapshots/` by default).
@@ -33,7 +34,7 @@ import { envdUrl } from "./guest-start.ts";
 import { Launcher } from "./launcher.ts";
 import type { VmRuntimeOptions } from "./options.ts";
 import { PooledVms } from "./pooled-vms.ts";
-import { reap } from "./reaper.ts";
+import { recover } from "./adoption.ts";
 import { RunningVms } from "./running-vms.ts";
 import { SnapshotUsers } from "./snapshot-users.ts";
 import { StartActivity } from "./start-activity.ts";
@@ -162,8 +163,9 @@ export class VmRuntime implements SandboxRuntime<VmState> {
     this.gc();
   }
 
-  reap(known: RuntimeKnownSandbox<VmState>[]): Promise<ReapReport> {
-    return reap({ homePath: this.o.homePath, runtimePath: this.o.runtimePath, repo: this.o.snapshots.repo, bootKeys: () => this.boots.keys(), log: this.log }, known);
+  recover(known: RuntimeKnownSandbox<VmState>[]): Promise<ReapReport<VmState>> {
+    const reaper = { homePath: this.o.homePath, repo: this.o.snapshots.repo, bootKeys: () => this.boots.keys(), log: this.log };
+    return recover({ o: this.o, vms: this.vms, users: this.users, captures: this.snapshots, resolver: this.resolver, reaper, log: this.log }, known);
   }
 
   beginShutdown(): void {
@@ -183,6 +185,25 @@ export class VmRuntime implements SandboxRuntime<VmState> {
     await this.volumes?.close();
     await this.o.disks.close().catch((e) => this.log.error({ err: e }, "disk daemon shutdown failed"));
     await this.o.onClose?.();
+  }
+
+  /**
+   * Leave every running sandbox to the next node (`shutdown_action = "detach"`): restore pool VMs
+   * and VMs making boot snapshots are stopped, the node's own volume mounts closed, pushes to
+   * the object store finished; then each sandbox VMM is let go (`VmHandle.detach`: its record
+   * stays), the disk daemon left serving its exports, the network slots left as they are.
+   */
+  async detach(): Promise<void> {
+    clearInterval(this.gcTimer);
+    await this.pool.close();
+    await this.boots.close();
+    await this.o.snapshots.remote?.close();
+    await this.volumes?.close();
+    const ids = this.vms.ids();
+    this.vms.detachAll();
+    this.o.disks.detach();
+    await this.o.net.detach();
+    this.log.info({ sandboxes: ids.length }, "runtime detached: sandboxes left running for the next node");
   }
 
   /** Let go of warm images of deleted snapshots, let the pool sweep, collect unreferenced layers. */

@@ -6,6 +6,12 @@
  * it was written before versions and has version 1's shape. Adding a field: add it here
  * (Type.Optional for values older records lack); changing one: a new version, with the older
  * versions still read (converted to the new shape in parseVmState).
+ *
+ * Versions: 1 (and unversioned): what a node needs to pause, snapshot, resume and kill the
+ * sandbox it started. 2 (issue 27) adds `held`, what the running VM holds, so that the next node
+ * can take it over: the VMM's start time and control socket, its slot, the disk daemon's device
+ * ids of its exports and the memory images it maps. A version 1 state reads as version 2 without
+ * `held` (its sandbox is adopted by what can be derived: the sandbox id names its root export).
  */
 import { type Static, Type as T } from "@sinclair/typebox";
 import { Value } from "@sinclair/typebox/value";
@@ -15,11 +21,28 @@ import type { RuntimeStateCodec } from "../orchestrator/runtime.ts";
 const SNAPSHOT_ID = { pattern: "^[a-z0-9]{20}$" };
 
 /** Version of the state this code writes. */
-export const VM_STATE_VERSION = 1;
+export const VM_STATE_VERSION = 2;
+
+/** What a running VM holds (version 2): what the next node takes over. */
+const HELD = T.Object({
+  /** The VMM process's start time (/proc/<pid>/stat field 22): with `vmmPid`, which process it is. */
+  vmmStartTime: T.Integer({ minimum: 0 }),
+  /** Its QMP / Firecracker API socket. */
+  controlSocket: T.String(),
+  /** Index of its network slot. */
+  slot: T.Integer({ minimum: 0 }),
+  /** Disk daemon device ids: the root disk's, and the volume drives' in drive order. */
+  rootExport: T.String({ minLength: 1 }),
+  volumeExports: T.Array(T.String({ minLength: 1 })),
+  /** Keys of the shared memory images its VMM maps (the base's, or its boot snapshot's): at most one. */
+  memoryImages: T.Array(T.String({ pattern: "^[0-9a-f]{16}$" }), { maxItems: 1 }),
+});
 
 const VM_STATE = T.Object({
-  /** Shape version; absent in states stored before versions (the same shape as 1). */
-  version: T.Optional(T.Literal(VM_STATE_VERSION)),
+  /** Shape version; absent in states stored before versions (the shape of 1). */
+  version: T.Optional(T.Union([T.Literal(1), T.Literal(VM_STATE_VERSION)])),
+  /** What the running VM holds (version 2; absent while paused, and in version 1 states). */
+  held: T.Optional(HELD),
   workDir: T.String({ minLength: 1 }),
   /** The served root disk (empty while paused). */
   rootDisk: T.String(),
@@ -75,6 +98,9 @@ const VM_STATE = T.Object({
 /** The VM runtime's per-sandbox state. */
 export type VmState = Static<typeof VM_STATE>;
 
+/** What a running VM holds (`VmState.held`). */
+export type VmHeld = Static<typeof HELD>;
+
 /** What a sandbox records of the template it started from (`VmState.template`). */
 export type StartedFrom = VmState["template"];
 
@@ -95,7 +121,9 @@ export function parseVmState(sandboxId: string, raw: unknown): VmState {
       value: first.value ?? null,
     });
   }
-  return raw as VmState;
+  const st = raw as VmState;
+  // version 1 has no fields version 2 lacks: it reads as version 2 without `held`
+  return st.version === 1 || st.version === undefined ? { ...st, version: VM_STATE_VERSION } : st;
 }
 
 /** The VM runtime's state as the orchestrator reads it back (`SandboxRuntime.state`). */

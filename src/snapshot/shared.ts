@@ -123,16 +123,18 @@ export class SharedImages {
 
   /**
    * Take a hold on the image `key` made of `layers`, opening it when nobody holds it.
+   * @param already the image as it is served already, used instead of opening it when nobody
+   *   holds it (a node taking over the image a previous node served for the VMs it adopts)
    * @throws whatever the exporter throws (the hold is not taken)
    */
-  async acquire(key: string, layers: string[]): Promise<ImageLease> {
+  async acquire(key: string, layers: string[], already?: ServedImage): Promise<ImageLease> {
     let e = this.entries.get(key);
     if (e?.closing) {
       await e.closing;
       e = this.entries.get(key);
     }
     if (!e) {
-      const entry: Entry = { refs: 0, opening: this.exporter.open(key, layers) };
+      const entry: Entry = { refs: 0, opening: already ? Promise.resolve(already) : this.exporter.open(key, layers) };
       this.entries.set(key, entry);
       this.opens.set(key, (this.opens.get(key) ?? 0) + 1);
       entry.opening.then(

@@ -91,6 +91,15 @@ export interface VmHandle {
   readonly consolePath?: string;
   /** ms from spawning the VMM until its control socket answered (QMP / API), when the driver measures it. */
   readonly spawnMs?: number;
+  /** True while the vCPUs are stopped (a pause, a capture; a VM adopted in that state). */
+  readonly paused: boolean;
+  /**
+   * The VMM process's start time (/proc/<pid>/stat field 22, clock ticks since boot) and its
+   * control socket (QMP / Firecracker API), as its record has them: what proves to the next node
+   * that the pid is still this VMM.
+   */
+  readonly startTime: number;
+  readonly controlSocket: string;
   pause(): Promise<void>;
   resume(): Promise<void>;
   /**

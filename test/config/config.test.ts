@@ -201,7 +201,7 @@ describe("refusals name the source, key, value and expectation", () => {
       ["[disk]\nfuse_max_write = 5000\n", "disk.fuse_max_write = 5000: expected an integer in 4096..1048576, a multiple of 4096 (bytes)"],
       ["[orchestrator]\nmax_sandboxes = 0\n", "orchestrator.max_sandboxes = 0: expected an integer >= 1 (count)"],
       ["[orchestrator]\nevict_interval_ms = 2.5\n", "orchestrator.evict_interval_ms = 2.5: expected an integer in 10..86400000 (ms)"],
-      ['[orchestrator]\nshutdown_action = "explode"\n', 'orchestrator.shutdown_action = "explode": expected one of "kill", "pause"'],
+      ['[orchestrator]\nshutdown_action = "explode"\n', 'orchestrator.shutdown_action = "explode": expected one of "kill", "pause", "detach"'],
       ["[overlaybd]\nzfile_block_size = 1000\n", 'overlaybd.zfile_block_size = 1000: expected one of 4096, 8192, 16384, 32768, 65536'],
       ['[network]\nname_prefix = "BAD"\n', 'network.name_prefix = "BAD": expected a string matching /^[a-z][a-z0-9-]{0,9}$/'],
     ];

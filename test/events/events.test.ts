@@ -3,8 +3,8 @@
  * are loopback guests, driven by the unmodified e2b@2.51.0 SDK: every transition of a sandbox is
  * one event in `GET /events/sandboxes/{id}` as E2B serves them (shape, order, filters, paging),
  * the node-wide feed follows a cursor, timeouts and failures carry their reasons, a restart keeps
- * the events and records the sandboxes it found running as killed (orphaned), and the retention
- * scan deletes old events.
+ * the events and records the sandboxes it could not keep as killed (orphaned; those it adopts:
+ * test/orchestrator/recovery.test.ts), and the retention scan deletes old events.
  */
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { mkdtempSync, rmSync } from "node:fs";
@@ -143,11 +143,16 @@ test("timeouts: a sandbox past its end is killed with kill_reason timeout; one w
   expect((await until(p.sandboxID, "killed")).eventData).toEqual({ kill_reason: "request" });
 });
 
-test("a sandbox whose VM is lost is failed with the error", async () => {
+test("a sandbox whose VM is lost is paused with its files, the event saying why; one whose disk cannot be kept is failed with the error", async () => {
   const lost = await Sandbox.create("base", opts);
   node.runtime!.lose(lost.sandboxId, "disk device removed");
-  const failed = await until(lost.sandboxId, "failed");
-  expect(failed.eventData).toMatchObject({ error: "disk device removed", failed_in: "running", execution: { vcpu_count: 1 } });
+  const paused = await until(lost.sandboxId, "paused");
+  expect(paused.eventData).toMatchObject({ pause_reason: "vm_lost", snapshot_kind: "filesystem", error: "disk device removed", execution: { vcpu_count: 1 } });
+  const broken = await Sandbox.create("base", opts);
+  node.runtime!.failSalvage(broken.sandboxId);
+  node.runtime!.lose(broken.sandboxId, "disk device removed");
+  const failed = await until(broken.sandboxId, "failed");
+  expect(failed.eventData).toMatchObject({ error: `disk device removed; its disk could not be kept: the disk of ${broken.sandboxId} cannot be kept`, failed_in: "pausing", execution: { vcpu_count: 1 } });
 });
 
 test("a restart keeps every event and records the sandboxes it found running as killed (orphaned), in the run they had", async () => {

@@ -26,7 +26,7 @@
 import type { Server, ServerWebSocket } from "bun";
 import { writeFileSync } from "node:fs";
 import {
-  OrchestratorError, type GuestTarget, type ReapReport, type RuntimeMetrics, type RuntimeNetwork, type RuntimeSandbox, type RuntimeSnapshots, type RuntimeStartSpec, type RuntimeStateCodec, type SandboxRuntime,
+  OrchestratorError, type GuestTarget, type ReapReport, type RecoveredSandbox, type RuntimeKnownSandbox, type RuntimeMetrics, type RuntimeNetwork, type RuntimeSandbox, type RuntimeSnapshots, type RuntimeStartSpec, type RuntimeStateCodec, type SandboxRuntime,
   type SnapshotInfo, type SnapshotRequest, type TemplateInfo,
 } from "../../src/orchestrator/index.ts";
 import { ENVD_PORT } from "../../src/envd/version.ts";
@@ -105,7 +105,11 @@ function loopbackAddress(): string {
 export class LoopbackRuntime implements SandboxRuntime<LoopbackState> {
   readonly name = "loopback";
   readonly state = LOOPBACK_STATE;
-  private readonly guests = new Map<string, { host: string; servers: Server<GuestWs>[]; lose: (reason: string) => void }>();
+  private readonly guests = new Map<string, { host: string; servers: Server<GuestWs>[]; lose: (reason: string) => void; lost: Promise<string> }>();
+  /** Guests whose "VM" died while no node watched (`die`): the next recovery keeps their files. */
+  private readonly died = new Set<string>();
+  /** Sandboxes whose disk cannot be kept when their VM is lost (`salvage` throws). */
+  private readonly unsalvageable = new Set<string>();
   private readonly gates = new Map<Op, { wait: Promise<Error | undefined>; reached: (id: string) => void }>();
   /** Template id each sandbox was started from (the source a snapshot of it records). */
   private readonly templateOf = new Map<string, string>();
@@ -156,6 +160,22 @@ export class LoopbackRuntime implements SandboxRuntime<LoopbackState> {
     const g = this.guests.get(id);
     if (!g) throw new Error(`sandbox ${id} does not run here`);
     g.lose(reason);
+  }
+
+  /**
+   * Sandbox `id`'s guest dies while no node watches (a VMM killed while the node is down): the
+   * next `recover` reports it paused with its files (filesystem only).
+   * @throws Error when `id` does not run here
+   */
+  die(id: string): void {
+    if (!this.guests.has(id)) throw new Error(`sandbox ${id} does not run here`);
+    this.stopGuest(id);
+    this.died.add(id);
+  }
+
+  /** From now on a salvage of sandbox `id` (its VM lost) fails: its disk cannot be kept. */
+  failSalvage(id: string): void {
+    this.unsalvageable.add(id);
   }
 
   /** The address sandbox `id`'s guest ports are served at, while it runs. */
@@ -234,7 +254,7 @@ export class LoopbackRuntime implements SandboxRuntime<LoopbackState> {
     });
     let lose!: (reason: string) => void;
     const lost = new Promise<string>((r) => (lose = r));
-    this.guests.set(id, { host, servers, lose });
+    this.guests.set(id, { host, servers, lose, lost });
     return { endpoint: { host }, runtimeState: { host }, envdVersion: "0.5.7", lost };
   }
 
@@ -277,6 +297,12 @@ export class LoopbackRuntime implements SandboxRuntime<LoopbackState> {
     take: (id, _state, req) => this.takeSnapshot(id, req),
     list: () => this.listSnapshots(),
     delete: (ref) => this.deleteSnapshot(ref),
+    salvage: async (id) => {
+      this.calls.push(`salvage:${id}`);
+      this.stopGuest(id);
+      if (this.unsalvageable.has(id)) throw new Error(`the disk of ${id} cannot be kept`);
+      return { paused: true };
+    },
   };
 
   /**
@@ -349,10 +375,28 @@ export class LoopbackRuntime implements SandboxRuntime<LoopbackState> {
     this.templateOf.delete(id);
   }
 
-  async reap(): Promise<ReapReport> {
-    // a guest's state is this runtime's own (its host, or { paused: true }), not the base's, and
-    // a paused guest holds no repository snapshot: the base reaps what it left
-    return (await this.opts.base?.reap([])) ?? { stoppedVms: [], removed: [] };
+  /**
+   * Guests this runtime (the same instance) still serves are adopted by the new orchestrator;
+   * those that `die`d are paused with their files; the rest are gone. A guest's state is this
+   * runtime's own (its host, or { paused: true }), not the base's, and a paused guest holds no
+   * repository snapshot: the base reaps what it left.
+   */
+  async recover(known: RuntimeKnownSandbox<LoopbackState>[]): Promise<ReapReport<LoopbackState>> {
+    const base = (await this.opts.base?.recover([])) ?? { stoppedVms: [], removed: [], recovered: new Map() };
+    const recovered = new Map<string, RecoveredSandbox<LoopbackState>>();
+    for (const k of known) {
+      if (k.state !== "running" && k.state !== "pausing") continue;
+      this.calls.push(`recover:${k.id}`);
+      const g = this.guests.get(k.id);
+      if (g) recovered.set(k.id, { kind: "adopted", sandbox: { endpoint: { host: g.host }, runtimeState: { host: g.host }, envdVersion: "0.5.7", lost: g.lost } });
+      else if (this.died.delete(k.id)) recovered.set(k.id, { kind: "paused", runtimeState: { paused: true }, snapshotKind: "filesystem", why: "its VMM died while no node watched" });
+    }
+    return { stoppedVms: base.stoppedVms, removed: base.removed, recovered };
+  }
+
+  /** Leave the guests serving for the next orchestrator over this runtime (`shutdown_action = "detach"`). */
+  async detach(): Promise<void> {
+    this.calls.push("detach");
   }
 
   beginShutdown(): void {

@@ -76,7 +76,7 @@ test("a sandbox is killed when its timeout expires; observers see each transitio
   expect(w.orch.store.get(keep1)!.state).toBe("killed");
 });
 
-test("a sandbox the runtime reports lost (its disk device removed) becomes failed with the reason in its log, and the runtime kills it", async () => {
+test("a sandbox whose VM is lost (its disk device removed) is paused with its files, the reason in its log; one whose disk cannot be kept fails and is killed", async () => {
   const w = world();
   cleanup.push(() => rmSync(w.home, { recursive: true, force: true }), () => w.db.close(), () => w.orch.close());
   await w.orch.start();
@@ -84,27 +84,46 @@ test("a sandbox the runtime reports lost (its disk device removed) becomes faile
   w.orch.observe({ onEvent: (e) => events.push(e) });
   const lost = (await create(w.orch)).id;
   const other = (await create(w.orch)).id;
-  const failed = new Promise<void>((r) => w.orch.observe({ onEvent: (e) => e.id === lost && e.to === "failed" && r() }));
+  const broken = (await create(w.orch)).id;
+  const settled = (id: string, to: string) => new Promise<void>((r) => w.orch.observe({ onEvent: (e) => e.id === id && e.to === to && r() }));
+  const paused = settled(lost, "paused");
   const logBefore = w.orch.sandboxLogs(lost, { limit: 1000, direction: "forward" }).length;
-  w.runtime.lose(lost, "root disk lost: its ublk device stopped being served: all tags aborted");
-  await failed;
+  const why = "root disk lost: its ublk device stopped being served: all tags aborted";
+  w.runtime.lose(lost, why);
+  await paused;
   const r = w.orch.store.get(lost)!;
-  expect(r.state).toBe("failed");
-  expect(r.error).toBe("root disk lost: its ublk device stopped being served: all tags aborted");
-  expect(r.endpoint).toBeNull();
-  // the sandbox's own log says why (what an SDK user reads); the record is gone from the API
+  expect(r).toMatchObject({ state: "paused", snapshotKind: "filesystem", error: why, endpoint: null, runtimeState: { paused: true } });
+  expect(w.runtime.calls).toContain(`salvage:${lost}`);
+  expect(w.runtime.calls).not.toContain(`kill:${lost}`);
+  expect(events.filter((e) => e.id === lost).map((e) => [e.from, e.to, e.reason ?? null])).toEqual([
+    [null, "creating", null],
+    ["creating", "running", null],
+    ["running", "pausing", "vm_lost"],
+    ["pausing", "paused", "vm_lost"],
+  ]);
+  // the sandbox's own log says why (what an SDK user reads); it is listed paused and connects again
   const entries = w.orch.logs.query(lost, { limit: 1000, direction: "forward" });
-  expect(entries.length).toBe(logBefore + 1);
-  expect(entries.at(-1)).toMatchObject({ level: "error", source: "lifecycle", message: "sandbox failed (was running): root disk lost: its ublk device stopped being served: all tags aborted" });
-  expect(() => w.orch.get(lost)).toThrow();
-  // its leftovers are freed by the runtime: a kill follows the failure
-  await waitFor("the failed sandbox's leftovers to be freed", () => w.runtime.hostOf(lost) === undefined);
-  expect(w.runtime.calls).toContain(`kill:${lost}`);
-  expect(events.filter((e) => e.id === lost).map((e) => [e.from, e.to])).toEqual([[null, "creating"], ["creating", "running"], ["running", "failed"]]);
-  expect(w.orch.getCounters().running).toBe(1);
+  expect(entries.slice(logBefore).map((e) => [e.level, e.message])).toEqual([
+    ["warn", `sandbox VM lost`],
+    ["warn", `sandbox paused with its files (filesystem only: the next connect boots it on its disk): ${why}`],
+  ]);
+  expect(w.orch.get(lost).state).toBe("paused");
+  const back = await w.orch.connect(lost, 60);
+  expect(back.resumed).toBe(true);
+  expect(w.runtime.calls).toContain(`resume:${lost}:fs`);
+  // a disk that cannot be kept: failed, and the runtime frees what is left
+  w.runtime.failSalvage(broken);
+  const failed = settled(broken, "failed");
+  w.runtime.lose(broken, "VM exited");
+  await failed;
+  expect(w.orch.store.get(broken)).toMatchObject({ state: "failed", error: "VM exited; its disk could not be kept: the disk of " + broken + " cannot be kept" });
+  await waitFor("the failed sandbox's leftovers to be freed", () => w.runtime.calls.includes(`kill:${broken}`));
+  expect(() => w.orch.get(broken)).toThrow();
   // the other sandbox runs on; a loss reported for a sandbox that is gone changes nothing
   expect(w.orch.store.get(other)!.state).toBe("running");
-  expect(() => w.runtime.lose(lost, "again")).toThrow();
+  await waitFor("the counters after the failure", () => w.orch.getCounters().running === 2);
+  expect(w.orch.getCounters()).toMatchObject({ running: 2, paused: 0 });
+  expect(() => w.runtime.lose(broken, "again")).toThrow();
 });
 
 test("shutdown kills live sandboxes and refuses new work with 503", async () => {
@@ -113,9 +132,9 @@ test("shutdown kills live sandboxes and refuses new work with 503", async () => 
   await w.orch.start();
   const live1 = (await create(w.orch)).id;
   const live2 = (await create(w.orch)).id;
-  expect(await w.orch.close()).toEqual({ killed: 2, paused: 0, failed: 0 });
+  expect(await w.orch.close()).toEqual({ killed: 2, paused: 0, detached: 0, failed: 0 });
   expect([w.orch.store.get(live1)!.state, w.orch.store.get(live2)!.state]).toEqual(["killed", "killed"]);
-  expect(await w.orch.close()).toEqual({ killed: 0, paused: 0, failed: 0 }); // once only
+  expect(await w.orch.close()).toEqual({ killed: 0, paused: 0, detached: 0, failed: 0 }); // once only
   await expect(w.orch.create({ template: "base", secure: true })).rejects.toMatchObject({ code: "orchestrator.shutting_down" });
 });
 

@@ -1,7 +1,7 @@
 /**
- * The VM runtime's start-up reap over a real snapshot repository and SQLite file (no VM boots:
- * its network manager and disk daemon are never started), as the orchestrator's start runs it on
- * the stored records: pause snapshots go only when no paused sandbox's stored state names them,
+ * The VM runtime's start-up recovery over a real snapshot repository and SQLite file (no VM
+ * boots: its network manager and disk daemon are never started, nothing is adopted), as the
+ * orchestrator's start runs it on the stored records: pause snapshots go only when no paused sandbox's stored state names them,
  * and a paused sandbox whose stored state does not parse keeps its own (never data lost to a
  * damaged record). Also what template garbage collection keeps for live sandboxes
  * (`sandboxLayers`), which parses the same state.
@@ -68,10 +68,10 @@ test("start-up reap: a pause snapshot goes only when no paused sandbox names it;
   stored("unnamed", "paused", noPause);
   stored("wasrunning", "running", { ...pausedState(ofRunning.id) });
   // the real reap, its report kept
-  const reports: ReapReport[] = [];
-  const reap = runtime.reap.bind(runtime);
-  runtime.reap = async (known) => {
-    reports.push(await reap(known));
+  const reports: ReapReport<VmState>[] = [];
+  const recover = runtime.recover.bind(runtime);
+  runtime.recover = async (known) => {
+    reports.push(await recover(known));
     return reports.at(-1)!;
   };
   await orch.start();

@@ -62,6 +62,8 @@ class FirecrackerVm implements VmHandle {
   readonly exited: Promise<number | null>;
   /** Guest serial console (Firecracker's stdout) and Firecracker's own messages. */
   readonly consolePath: string;
+  readonly startTime: number;
+  readonly controlSocket: string;
   #state: VmState;
   #api: FirecrackerApi;
   #proc: VmmProcess;
@@ -81,7 +83,11 @@ class FirecrackerVm implements VmHandle {
     readonly restored = false,
     /** Sparse file every Diff snapshot of this VM merges its dirty pages into (see the module comment). */
     readonly dirtyMemPath = "",
+    /** The process's start time and API socket, as its record has them. */
+    rec: { startTime: number; controlSocket: string } = { startTime: 0, controlSocket: "" },
   ) {
+    this.startTime = rec.startTime;
+    this.controlSocket = rec.controlSocket;
     this.id = id;
     this.consolePath = consolePath;
     this.pid = proc.pid;
@@ -102,6 +108,10 @@ class FirecrackerVm implements VmHandle {
   /** Current state as the driver tracks it. */
   get state(): VmState {
     return this.#state;
+  }
+
+  get paused(): boolean {
+    return this.#state === "paused";
   }
 
   #require(action: Action): void {
@@ -286,12 +296,13 @@ export class FirecrackerDriver implements VmmDriver {
     const owned = dirtyMemPath ? [sock, dirtyMemPath] : [sock];
     const record = { id: spec.id, ownedFiles: owned };
     const consolePath = join(spec.workDir, "firecracker.log");
+    const startTime = processStartTime(proc.pid) ?? 0;
     writeRecord(this.#runtimeDir, {
-      id: spec.id, driver: "firecracker", pid: proc.pid, startTime: processStartTime(proc.pid) ?? 0, ownedFiles: owned,
+      id: spec.id, driver: "firecracker", pid: proc.pid, startTime, ownedFiles: owned,
       argv: spec.net ? cmd.slice(3) : cmd, workDir: spec.workDir, controlSocket: sock, consolePath, restored, dirtyMemPath,
     });
     const api = new FirecrackerApi(sock, spec.id, this.#cfg.apiTimeoutMs);
-    const vm = new FirecrackerVm(spec.id, bunVmm(proc), api, this.#cfg, state, consolePath, () => removeRecord(this.#runtimeDir, record), restored, dirtyMemPath);
+    const vm = new FirecrackerVm(spec.id, bunVmm(proc), api, this.#cfg, state, consolePath, () => removeRecord(this.#runtimeDir, record), restored, dirtyMemPath, { startTime, controlSocket: sock });
     try {
       await this.#waitApi(api, proc, spec.id);
       for (const r of reqs) await api.send(r);
@@ -333,7 +344,7 @@ export class FirecrackerDriver implements VmmDriver {
         ? lost(rec.id, "record_invalid", `API socket ${rec.controlSocket} answers as instance ${JSON.stringify(info.id)}`)
         : lost(rec.id, "bad_state", `instance state ${JSON.stringify(info.state)}`);
     }
-    const vm = new FirecrackerVm(rec.id, heldVmm(held.proc), api, this.#cfg, state, rec.consolePath!, () => removeRecord(this.#runtimeDir, rec), rec.restored!, rec.dirtyMemPath!);
+    const vm = new FirecrackerVm(rec.id, heldVmm(held.proc), api, this.#cfg, state, rec.consolePath!, () => removeRecord(this.#runtimeDir, rec), rec.restored!, rec.dirtyMemPath!, { startTime: rec.startTime, controlSocket: rec.controlSocket! });
     log.info({ id: rec.id, pid: rec.pid, state }, "firecracker adopted");
     return { kind: "attached", vm };
   }

@@ -110,6 +110,8 @@ export class QemuVm implements VmHandle {
   readonly memShared: boolean;
   /** The record this handle owns (removed with the VM's files at exit). */
   readonly record: VmmRecord;
+  readonly startTime: number;
+  readonly controlSocket: string;
   private readonly proc: VmmProcess;
   private readonly consoleSocket: string;
   private readonly console: ConsoleLog;
@@ -122,6 +124,8 @@ export class QemuVm implements VmHandle {
     this.pid = p.proc.pid;
     this.proc = p.proc;
     this.record = p.rec;
+    this.startTime = p.rec.startTime;
+    this.controlSocket = p.rec.controlSocket ?? "";
     this.state = p.state;
     this.consolePath = p.consolePath;
     this.logPath = p.logPath;
@@ -141,6 +145,11 @@ export class QemuVm implements VmHandle {
       removeRecord(opts.runtimeDir, p.rec);
       return code;
     });
+  }
+
+  /** True while the vCPUs are stopped (a pause, a capture, a restore not yet continued). */
+  get paused(): boolean {
+    return this.state === "paused";
   }
 
   /**
