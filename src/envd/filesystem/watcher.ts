@@ -3,7 +3,8 @@
  * E2B's envd (fsnotify) reports it: IN_CREATE/IN_MOVED_TO = CREATE, IN_MODIFY = WRITE,
  * IN_DELETE = REMOVE, IN_MOVED_FROM = RENAME, IN_ATTRIB = CHMOD. Recursive watches add a watch
  * per subdirectory, including directories created later. The blocking inotify fd is relayed
- * through a child `cat` so Bun reads a pipe it can poll.
+ * through a child `cat` so Bun reads a pipe it can poll. An upload (written to a temporary file,
+ * then renamed over its target) is reported as E2B's in-place write is (`uploadEvent`).
  */
 import { closeSync, lstatSync, readdirSync, type BigIntStats } from "node:fs";
 import { join } from "node:path";
@@ -33,6 +34,7 @@ import {
 import { logger } from "../log.ts";
 import { EnvdError } from "../errors.ts";
 import { EventType, FilesystemEventSchema, type FilesystemEvent } from "../gen/filesystem_pb.ts";
+import { uploadTargetOf } from "../upload-names.ts";
 import { loadAccountNames } from "../users.ts";
 import { entryFromStats } from "./entry.ts";
 import { LruMap } from "../../util/lru.ts";
@@ -42,6 +44,15 @@ const log = logger("envd.watch");
 
 const WATCH_MASK =
   IN_CREATE | IN_MODIFY | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO | IN_ATTRIB | IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR | IN_DONT_FOLLOW;
+
+/** Bound on the uploads one watcher follows at once (the oldest is forgotten past it). */
+const MAX_UPLOADS_TRACKED = 1024;
+
+/** An upload's temporary file as a watcher follows it: whether its target existed, whether bytes were written. */
+interface Upload {
+  existed: boolean;
+  wrote: boolean;
+}
 
 /** What a watcher was asked for. */
 export interface WatchSpec {
@@ -165,6 +176,7 @@ export function startWatch(spec: WatchSpec, limits: WatchLimits, onEvent: (ev: F
     }
     const found: { rel: string; st: BigIntStats }[] = [];
     for (const n of names) {
+      if (uploadTargetOf(n) !== null) continue; // an upload in progress: reported when it completes
       const childRel = rel ? `${rel}/${n}` : n;
       try {
         found.push({ rel: childRel, st: lstatSync(join(spec.path, childRel), { bigint: true }) });
@@ -243,6 +255,7 @@ export function startWatch(spec: WatchSpec, limits: WatchLimits, onEvent: (ev: F
     }
     if (rel === undefined || !ev.name) return; // self events: the parent reports them
     const name = rel ? `${rel}/${ev.name}` : ev.name;
+    if (uploadEvent(ev, rel, name)) return;
     const type = eventTypeOf(ev.mask);
     if (type === undefined) return;
     const prior = scanned.peek(name);
@@ -264,6 +277,51 @@ export function startWatch(spec: WatchSpec, limits: WatchLimits, onEvent: (ev: F
         log.warn({ path: spec.path, name, err: errorMessage(err) }, "cannot follow new directory");
       }
     }
+  };
+
+  /** Uploads in progress (by their temporary file's name), and those renamed away (by inotify cookie). */
+  const uploads = new Map<string, Upload>();
+  const renamedUploads = new Map<number, Upload>();
+  /**
+   * An event of an upload's temporary file (src/envd/upload-names.ts), or of the rename that
+   * completes it: nothing is reported for the temporary file; the rename over the target is
+   * reported as E2B's in-place write is: a create when the target was new, a write when bytes
+   * were written or an old file replaced. An upload cut short reports nothing (the target is as
+   * it was). @returns true when `ev` was such an event (handled here)
+   */
+  const uploadEvent = (ev: InotifyEvent, rel: string, name: string): boolean => {
+    const target = uploadTargetOf(ev.name);
+    if (target !== null) {
+      if (ev.mask & IN_CREATE) {
+        if (uploads.size >= MAX_UPLOADS_TRACKED) uploads.delete(uploads.keys().next().value!);
+        let existed = true;
+        try {
+          lstatSync(join(spec.path, rel, target));
+        } catch {
+          existed = false;
+        }
+        uploads.set(name, { existed, wrote: false });
+      } else if (ev.mask & IN_MODIFY) {
+        const u = uploads.get(name);
+        if (u) u.wrote = true;
+      } else if (ev.mask & IN_MOVED_FROM) {
+        const u = uploads.get(name);
+        uploads.delete(name);
+        if (u) {
+          if (renamedUploads.size >= MAX_UPLOADS_TRACKED) renamedUploads.delete(renamedUploads.keys().next().value!);
+          renamedUploads.set(ev.cookie, u);
+        }
+      } else if (ev.mask & IN_DELETE) uploads.delete(name);
+      return true;
+    }
+    if (!(ev.mask & IN_MOVED_TO)) return false;
+    const u = renamedUploads.get(ev.cookie);
+    if (!u) return false;
+    renamedUploads.delete(ev.cookie);
+    scanned.delete(name);
+    if (!u.existed) emit(name, EventType.CREATE);
+    if (u.wrote || u.existed) emit(name, EventType.WRITE);
+    return true;
   };
 
   const emit = (name: string, type: EventType) => {

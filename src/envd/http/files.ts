@@ -2,14 +2,15 @@
  * `GET /files` and `POST /files` (docs/e2b-contract.md §3.3, §3.4): download a file, upload one
  * or more files as multipart or octet-stream. Bodies are streamed to and from disk.
  */
-import { lstatSync, statSync, writeSync } from "node:fs";
+import { chmodSync, lstatSync, realpathSync, renameSync, rmSync, statSync, writeSync, type Stats } from "node:fs";
 import { open, type FileHandle } from "node:fs/promises";
-import { basename, dirname } from "node:path";
+import { basename, dirname, join } from "node:path";
 import { tokensEqual } from "../auth.ts";
 import { freeBuffer } from "../buffers.ts";
 import { fileSignature, SIGNATURE_EXPIRED } from "../signature.ts";
 import { EnvdError, fromFsError } from "../errors.ts";
 import { metadataFromHeaders, replaceMetadata } from "../metadata.ts";
+import { uploadTempName } from "../upload-names.ts";
 import { resolvePath } from "../paths.ts";
 import { checkedAs, chownTo, ensureDirs, requireAccess, requireParentWritable, R_OK, W_OK } from "../permissions.ts";
 import type { EnvdState } from "../state.ts";
@@ -70,11 +71,20 @@ class UploadFile {
     readonly path: string,
     /** A regular file: written synchronously (see the class doc). */
     private readonly regular: boolean,
+    /**
+     * Where the bytes go until the upload is complete: a new file beside the target, renamed over
+     * it by `close` (after a datasync) and removed by `abort`; null when the target is written in
+     * place (not a regular file, or one with other hard links, which must see the new content).
+     */
+    private readonly tmp: { path: string; target: string } | null,
   ) {}
 
   /**
-   * Open `path` for writing for `user`: parents created and owned by the user, file truncated.
-   * Rights are checked for `checker` (see `checkedAs`).
+   * Open `path` for writing for `user`: parents created and owned by the user. A regular file is
+   * written as a new file beside it and renamed over it at the end, so that an upload cut short
+   * (the client, the node between it and the sandbox, or the sandbox dies) leaves the file as it
+   * was, never torn under its name; it keeps the old file's mode (a symlink is followed: its
+   * target is replaced). Rights are checked for `checker` (see `checkedAs`).
    * @throws EnvdError from the checks, or the open mapped by `fromFsError`.
    */
   static async open(path: string, user: UserInfo, checker: UserInfo): Promise<UploadFile> {
@@ -87,17 +97,29 @@ class UploadFile {
       requireParentWritable(checker, path, "upload");
     }
     ensureDirs(dirname(path), user, "upload");
+    let old: Stats | undefined;
+    try {
+      old = statSync(path);
+    } catch {
+      // a new file (or a dangling link: the link is replaced)
+    }
+    const inPlace = old !== undefined && (!old.isFile() || old.nlink > 1);
+    const target = old ? realpathSync(path) : path;
+    const tmp = inPlace ? null : { path: join(dirname(target), uploadTempName(basename(target))), target };
+    const opened = tmp?.path ?? path;
     let fh: FileHandle;
     try {
-      fh = await open(path, "w", 0o644);
+      fh = await open(opened, tmp ? "wx" : "w", 0o644);
     } catch (err) {
       throw fromFsError(err, path, "upload");
     }
     try {
-      chownTo(path, user);
-      return new UploadFile(fh, path, (await fh.stat()).isFile());
+      if (tmp && old) chmodSync(tmp.path, old.mode & 0o7777);
+      chownTo(opened, user);
+      return new UploadFile(fh, path, (await fh.stat()).isFile(), tmp);
     } catch (err) {
       await fh.close().catch(() => {});
+      if (tmp) rmSync(tmp.path, { force: true });
       throw err instanceof EnvdError ? err : fromFsError(err, path, "upload");
     }
   }
@@ -121,18 +143,25 @@ class UploadFile {
     if (release) freeBuffer(chunk);
   }
 
-  /** Close the file. @throws EnvdError when the close fails. */
+  /**
+   * Close the file; a new file is synced and renamed over the target (the upload is complete).
+   * @throws EnvdError when the sync, close or rename fails (the target is then as it was).
+   */
   async close(): Promise<void> {
     try {
+      if (this.tmp) await this.fh.datasync();
       await this.fh.close();
+      if (this.tmp) renameSync(this.tmp.path, this.tmp.target);
     } catch (err) {
+      if (this.tmp) rmSync(this.tmp.path, { force: true });
       throw fromFsError(err, this.path, "upload");
     }
   }
 
-  /** Close after a failure; never throws. */
+  /** Close after a failure, the target left as it was; never throws. */
   async abort(): Promise<void> {
     await this.fh.close().catch(() => {});
+    if (this.tmp) rmSync(this.tmp.path, { force: true });
   }
 }
 
