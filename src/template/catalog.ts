@@ -315,22 +315,22 @@ export class TemplateCatalog {
   /**
    * Builds the node stopped: `building` ones, and `waiting` ones already started (queued for a
    * slot), become `error` (a build is never resumed). Registered but never started builds stay
-   * `waiting` (the SDK may still start them). @returns how many.
+   * `waiting` (the SDK may still start them). @returns the builds failed, with why.
    */
-  failInterrupted(now = Date.now()): number {
-    let n = 0;
+  failInterrupted(now = Date.now()): { buildID: string; reason: string }[] {
+    const out: { buildID: string; reason: string }[] = [];
     for (const t of this.byId.values()) {
       let hit = 0;
       for (const b of t.builds) {
         const why = b.status === "building" ? "the node restarted while this build ran" : b.status === "waiting" && b.acceptedAt !== undefined ? "the node restarted before this queued build ran" : null;
         if (!why) continue;
         Object.assign(b, { status: "error", reason: { message: why }, finishedAt: now, updatedAt: now });
+        out.push({ buildID: b.buildID, reason: why });
         hit++;
       }
       if (hit) this.save(t);
-      n += hit;
     }
-    return n;
+    return out;
   }
 
   private assertWritable(t: TemplateRecord): void {

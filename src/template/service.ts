@@ -70,8 +70,16 @@ export class TemplateService {
     private readonly builder: TemplateBuilder,
     readonly opts: TemplateServiceOptions,
   ) {
-    const n = catalog.failInterrupted();
-    if (n) this.log.warn({ builds: n }, "builds interrupted by a node restart marked error");
+    const cut = catalog.failInterrupted();
+    // its log ends saying why (what `template build` and the SDK's status show last)
+    for (const b of cut) {
+      try {
+        logStore.append(b.buildID, [{ timestamp: new Date().toISOString(), level: "error", message: `build failed: ${b.reason}` }]);
+      } catch (err) {
+        this.log.warn({ buildID: b.buildID, err }, "the interrupted build's log could not be written");
+      }
+    }
+    if (cut.length) this.log.warn({ builds: cut.map((b) => b.buildID) }, "builds interrupted by a node restart marked error");
     builder.reapLeftovers();
     if (opts.gc) {
       this.gcTimer = setInterval(() => this.collect(), opts.gc.intervalMs);

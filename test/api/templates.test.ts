@@ -388,6 +388,9 @@ test("a node killed (SIGKILL) mid-build: at the next start the running and the q
     const status = async (r: any) => J(api(again!, `/templates/${r.templateID}/builds/${r.buildID}/status`));
     expect((await status(running)).status).toBe("error");
     expect((await status(running)).reason.message).toBe("the node restarted while this build ran");
+    // its log ends saying so (what `template build` and the SDK show last)
+    const logs = (await J(api(again!, `/templates/${running.templateID}/builds/${running.buildID}/status?logsOffset=0`))).logEntries as { level: string; message: string }[];
+    expect(logs.at(-1)).toMatchObject({ level: "error", message: "build failed: the node restarted while this build ran" });
     expect((await status(queued)).status).toBe("error");
     expect((await status(queued)).reason.message).toBe("the node restarted before this queued build ran");
     expect((await status(registered)).status).toBe("waiting");
