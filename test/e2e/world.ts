@@ -193,7 +193,58 @@ export class NodeWorld {
 
   /** Named network namespaces of this world's slots. */
   slotNamespaces(): string[] {
-    return existsSync("/run/netns") ? readdirSync("/run/netns").filter((n) => n.startsWith(this.prefix) && n !== this.ns) : [];
+    return existsSync("/run/netns") ? readdirSync("/run/netns").filter((n) => n.startsWith(this.prefix) && n !== this.ns && n !== this.inetNs) : [];
+  }
+
+  /** The namespace standing for the internet (`inet()`), once made. */
+  inetNs: string | undefined;
+  private inetServer: Subprocess | undefined;
+
+  /**
+   * An "internet" for the sandboxes, inside test namespaces only: a namespace joined to the
+   * node's by a veth (169.254.200.1 on the node's side) whose addresses 169.254.200.2 and .3
+   * greet every TCP connection on port 8080 with "hello <ip>:8080" (test/net/fixtures/server.ts).
+   * 169.254.0.0/16 is always denied to sandboxes but for their allowOut entries.
+   */
+  async inet(): Promise<void> {
+    const inet = (this.inetNs = `${this.prefix}inet`);
+    sh(["ip", "netns", "add", inet]);
+    sh(["ip", "-n", this.ns, "link", "add", "inet0", "type", "veth", "peer", "name", "eth0", "netns", inet]);
+    sh(["ip", "-n", this.ns, "addr", "add", "169.254.200.1/24", "dev", "inet0"]);
+    sh(["ip", "-n", this.ns, "link", "set", "inet0", "up"]);
+    for (const a of ["169.254.200.2/24", "169.254.200.3/24"]) sh(["ip", "-n", inet, "addr", "add", a, "dev", "eth0"]);
+    sh(["ip", "-n", inet, "link", "set", "eth0", "up"]);
+    sh(["ip", "-n", inet, "link", "set", "lo", "up"]);
+    const spec = { tcp: [["169.254.200.2", 8080], ["169.254.200.3", 8080]] };
+    const p = Bun.spawn(["nsenter", `--net=/run/netns/${inet}`, "--", process.execPath, join(ROOT, "test/net/fixtures/server.ts"), JSON.stringify(spec)], { stdout: "pipe", stderr: "inherit" });
+    this.inetServer = p;
+    const { value } = await p.stdout.getReader().read();
+    if (!new TextDecoder().decode(value).includes("ready")) throw new Error("the inet servers did not start");
+  }
+
+  /**
+   * Start a client script (as `client`) and leave it running: its stdout lines come one by one
+   * from `lines`; the caller waits for its exit (`proc.exited`) or kills it.
+   */
+  spawnClient(script: string, args: string[] = []): { proc: Subprocess<"ignore", "pipe", "pipe">; lines: AsyncIterator<string> } {
+    const proc = Bun.spawn(["nsenter", `--net=/run/netns/${this.ns}`, "--", process.execPath, join(import.meta.dir, "fixtures", script), ...args], {
+      stdin: "ignore",
+      stdout: "pipe",
+      stderr: "pipe",
+      env: { ...(process.env as Record<string, string>), E2B_API_URL: this.url, E2B_SANDBOX_URL: this.url, E2B_API_KEY: this.apiKey, AENV_HOME_PATH: this.home },
+    });
+    async function* split(): AsyncGenerator<string> {
+      let buf = "";
+      for await (const c of proc.stdout) {
+        buf += new TextDecoder().decode(c);
+        for (let i = buf.indexOf("\n"); i >= 0; i = buf.indexOf("\n")) {
+          yield buf.slice(0, i);
+          buf = buf.slice(i + 1);
+        }
+      }
+      if (buf) yield buf;
+    }
+    return { proc, lines: split() };
   }
 
   /** Stop the node, remove leftovers (slots, VMM processes, files), delete the namespace. */
@@ -208,6 +259,8 @@ export class NodeWorld {
       }
     }
     for (const n of this.slotNamespaces()) Bun.spawnSync(["ip", "netns", "del", n]);
+    this.inetServer?.kill("SIGKILL");
+    if (this.inetNs) Bun.spawnSync(["ip", "netns", "del", this.inetNs]);
     Bun.spawnSync(["ip", "netns", "del", this.ns]);
     // a node that died (a test's failure) leaves its disk daemon and FUSE mounts: remove them
     // first, or the recursive delete below walks into a live mount
