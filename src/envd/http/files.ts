@@ -2,7 +2,7 @@
  * `GET /files` and `POST /files` (docs/e2b-contract.md §3.3, §3.4): download a file, upload one
  * or more files as multipart or octet-stream. Bodies are streamed to and from disk.
  */
-import { chmodSync, lstatSync, realpathSync, renameSync, rmSync, statSync, writeSync, type Stats } from "node:fs";
+import { chmodSync, closeSync, fsyncSync, lstatSync, openSync, realpathSync, renameSync, rmSync, statSync, writeSync, type Stats } from "node:fs";
 import { open, type FileHandle } from "node:fs/promises";
 import { basename, dirname, join } from "node:path";
 import { tokensEqual } from "../auth.ts";
@@ -144,14 +144,19 @@ class UploadFile {
   }
 
   /**
-   * Close the file; a new file is synced and renamed over the target (the upload is complete).
+   * Close the file; a new file is synced, renamed over the target and the rename synced (the
+   * directory), so an upload the client saw answered is on the sandbox's disk: a VM that dies
+   * right after (its disk kept as it left it) has it.
    * @throws EnvdError when the sync, close or rename fails (the target is then as it was).
    */
   async close(): Promise<void> {
     try {
       if (this.tmp) await this.fh.datasync();
       await this.fh.close();
-      if (this.tmp) renameSync(this.tmp.path, this.tmp.target);
+      if (this.tmp) {
+        renameSync(this.tmp.path, this.tmp.target);
+        syncDir(dirname(this.tmp.target));
+      }
     } catch (err) {
       if (this.tmp) rmSync(this.tmp.path, { force: true });
       throw fromFsError(err, this.path, "upload");
@@ -162,6 +167,16 @@ class UploadFile {
   async abort(): Promise<void> {
     await this.fh.close().catch(() => {});
     if (this.tmp) rmSync(this.tmp.path, { force: true });
+  }
+}
+
+/** fsync directory `dir` (a rename in it reaches the disk). */
+function syncDir(dir: string): void {
+  const fd = openSync(dir, "r");
+  try {
+    fsyncSync(fd);
+  } finally {
+    closeSync(fd);
   }
 }
 
