@@ -1,17 +1,21 @@
 /**
  * Restart: the node (agentenv server, real VMs, network slots, SQLite) is SIGKILLed with one
- * running and one paused sandbox; the next start reaps the orphaned VMM, its slot namespace,
- * disk and the memory image it mapped, keeps the paused sandbox (its pause snapshot), and the API
- * shows exactly that. A node SIGKILLed while it captures a pause and a snapshot, or during a fork
- * (while its checkpoint is committed, then while its children start), loses no committed snapshot
- * and leaves nothing (VMM, mount, staging commit, layer no manifest names) the next start does
- * not reap.
+ * running and one paused sandbox and the running one's VMM is killed while no node runs: the next
+ * start pauses it with its disk as the VMM left it (a filesystem-only snapshot) and reaps what its
+ * VM held (its slot namespace, disk export, the memory image it mapped), keeps the paused sandbox
+ * (its pause snapshot) and the disk daemon (adopted), and the API shows exactly that; both come
+ * back with their files at connect. A node SIGKILLed while it captures a pause and a snapshot,
+ * while it creates a sandbox, or during a fork (while its checkpoint is committed, then while its
+ * children start) leaves every sandbox running or paused with its files, never half made: no
+ * committed snapshot is lost, nothing (VMM, mount, staging commit, layer no manifest names,
+ * fork checkpoint) is left that the next start does not reap. (Sandboxes whose VM survives:
+ * test/e2e/adopt.test.ts.)
  */
 import { afterAll, expect, test } from "bun:test";
 import { existsSync, readFileSync, readdirSync } from "node:fs";
 import { join } from "node:path";
 import { Database } from "bun:sqlite";
-import { diskDaemonsUnder, NodeWorld, qemuPidsUnder, vmPrerequisites } from "./world.ts";
+import { diskDaemonsUnder, logLines, NodeWorld, qemuPidsUnder, vmPrerequisites } from "./world.ts";
 import { alive, exited } from "../helpers/proc.ts";
 import { waitFor } from "../helpers/wait.ts";
 
@@ -33,12 +37,17 @@ function unnamedLayers(home: string): string[] {
   return readdirSync(join(home, "snapshots", "layers")).filter((f) => !named.has(f));
 }
 
-/** Kinds of the committed manifests under `home`. */
-function manifestKinds(home: string): string[] {
+/** The committed manifests under `home`. */
+function manifestsOf(home: string): Record<string, any>[] {
   const dir = join(home, "snapshots", "manifests");
   return readdirSync(dir)
     .filter((f) => f.endsWith(".json"))
-    .map((f) => JSON.parse(readFileSync(join(dir, f), "utf8")).kind as string);
+    .map((f) => JSON.parse(readFileSync(join(dir, f), "utf8")));
+}
+
+/** Kinds of the committed manifests under `home`. */
+function manifestKinds(home: string): string[] {
+  return manifestsOf(home).map((m) => m.kind as string);
 }
 
 /** FUSE disk mounts under `dir`. */
@@ -47,10 +56,12 @@ function diskMounts(dir: string): string[] {
 }
 
 
-test("a crashed node's running sandbox is reaped at the next start; its paused sandbox survives", async () => {
+test("a VMM killed while no node runs: its sandbox comes back paused with its files (filesystem only) and boots on them at connect; the paused sandbox survives; what its VM held is reaped", async () => {
   if (missing) throw new Error(`VM prerequisites missing: ${missing}`);
   world = new NodeWorld();
-  await world.start();
+  // removed snapshots' layers go at once (else after the grace period): the end asserts none is left
+  const noGrace = { AENV__snapshot__gc_grace_secs: "0" };
+  await world.start(noGrace);
   const p1 = await world.client("restart-phase1.ts");
   expect(p1.paused).toBe(true);
   expect(p1.states.sort()).toEqual([[p1.a, "running"], [p1.b, "paused"]].sort());
@@ -85,30 +96,40 @@ test("a crashed node's running sandbox is reaped at the next start; its paused s
   expect(diskMounts(world.home).filter((l) => l.includes(`/sandboxes/${p1.a}/`)).length).toBe(1);
   expect(diskMounts(world.home).filter((l) => l.includes(`/sandboxes/${p1.b}/`))).toEqual([]);
   expect(diskMounts(world.home).filter((l) => l.includes("/shared/mem-")).length).toBe(1);
+  // A's VMM dies while no node runs
+  process.kill(pidA, "SIGKILL");
+  await waitFor("A's VMM to die", () => !alive(pidA) || exited(pidA));
 
-  await world.start();
+  await world.start({ ...noGrace, AENV_LOG_LEVEL: "info" });
+  expect(logLines(world, "start-up reconciliation done")[0]).toMatchObject({ adopted: 0, pausedWithFiles: 1, killed: 0, paused: 1 });
   // every slot namespace of the crashed run was deleted (a name may be reused by the new warm pool)
   expect(world.slotNamespaces().filter(marked)).toEqual([]);
-  // the old daemon was shut down (with its mounts); the new node runs its own. It and A's VMM
-  // were not the new node's children: each may still be a zombie until init reaps it
-  expect(exited(daemons[0]!)).toBe(true);
-  expect(diskDaemonsUnder(world.home).length).toBe(1);
+  // the daemon was adopted; the exports A's VM held are gone with it (nothing else claimed them)
+  expect(diskDaemonsUnder(world.home)).toEqual(daemons);
   expect(diskMounts(world.home).filter((l) => l.includes("/sandboxes/") || l.includes("/shared/mem-"))).toEqual([]);
-  expect(exited(pidA)).toBe(true);
   expect(qemuPidsUnder(world.home, world.memDir)).toEqual([]);
+  // a paused sandbox is its snapshot: no work dir; A's disk is a filesystem-only pause snapshot now
   expect(existsSync(join(world.home, "sandboxes", p1.a))).toBe(false);
-  // a paused sandbox is its snapshot: no work dir, the manifest kept
   expect(existsSync(join(world.home, "sandboxes", p1.b))).toBe(false);
   expect(existsSync(manifest)).toBe(true);
+  const db2 = new Database(join(world.home, "agentenv.db"), { readonly: true });
+  const aNow = db2.query<{ state: string; snapshot_kind: string; error: string; runtime_state: string }, [string]>("SELECT state, snapshot_kind, error, runtime_state FROM sandboxes WHERE id = ?").get(p1.a)!;
+  db2.close();
+  expect(aNow).toMatchObject({ state: "paused", snapshot_kind: "filesystem" });
+  expect(aNow.error).toContain("its VMM was not adopted (gone)");
+  const aSnap = JSON.parse(readFileSync(join(world.home, "snapshots", "manifests", `${JSON.parse(aNow.runtime_state).paused}.json`), "utf8"));
+  expect(aSnap).toMatchObject({ kind: "pause", source: { sandboxId: p1.a }, memory: null, vmState: null });
 
   const p2 = await world.client("restart-phase2.ts", [p1.a, p1.b]);
-  expect(p2.listed).toEqual([[p1.b, "paused"]]);
-  expect(p2.aInfo).toBe("SandboxNotFoundError");
-  expect(p2.killA).toBe(false);
+  expect(p2.listed).toEqual([[p1.a, "paused"], [p1.b, "paused"]].sort());
+  // A booted on its disk: its files, /tmp included (only a sandbox's first boot empties /tmp)
+  expect(p2.aFile).toBe("written before its VMM was killed");
+  expect(p2.aTmp).toBe("a\n");
+  expect(p2.aRun).toBe("booted on its disk\n");
   expect(p2.kept).toBe("survives a node crash");
   expect(p2.run).toBe("resumed\n");
-  expect(p2.listedAfterResume).toEqual([[p1.b, "running"]]);
-  expect(p2.killB).toBe(true);
+  expect(p2.listedAfterResume).toEqual([[p1.a, "running"], [p1.b, "running"]].sort());
+  expect([p2.killA, p2.killB]).toEqual([true, true]);
   expect(p2.listedEnd).toEqual([]);
   expect(existsSync(manifest)).toBe(false);
 
@@ -119,6 +140,7 @@ test("a crashed node's running sandbox is reaped at the next start; its paused s
   expect(diskMounts(world.home)).toEqual([]);
   // a clean stop removes every slot of this node
   expect(world.slotNamespaces()).toEqual([]);
+  expect(unnamedLayers(world.home)).toEqual([]);
 }, 400_000);
 
 test("graceful stop with shutdown_action = pause: running sandboxes are paused and resume after the restart", async () => {
@@ -148,7 +170,7 @@ test("graceful stop with shutdown_action = pause: running sandboxes are paused a
   expect(o).toEqual({ listed: [[id, "paused"]], file: "paused at shutdown", killed: true });
 }, 400_000);
 
-test("kill -9 of the node during a pause and a snapshot: committed snapshots kept, nothing leaked after the restart", async () => {
+test("kill -9 of the node during a pause and a snapshot, then during a create: every sandbox running or paused with its files, committed snapshots kept, nothing half made or leaked", async () => {
   if (missing) throw new Error(`VM prerequisites missing: ${missing}`);
   await world?.dispose();
   world = new NodeWorld();
@@ -161,26 +183,49 @@ test("kill -9 of the node during a pause and a snapshot: committed snapshots kep
   expect(c.stagingAtKill).toBeGreaterThan(0);
   await world.crash();
   await world.start();
-  // the next start reaped the VMMs, the mounts and the half-written commits; the committed snapshot stays
-  expect(qemuPidsUnder(world.home, world.memDir)).toEqual([]);
-  expect(diskMounts(world.home).filter((l) => l.includes("/sandboxes/") || l.includes("/shared/mem-"))).toEqual([]);
+  // the half-written commits are reaped, the committed snapshot stays
   expect(readdirSync(join(world.home, "snapshots", "staging"))).toEqual([]);
   expect(unnamedLayers(world.home)).toEqual([]);
-  expect(readdirSync(join(world.home, "sandboxes"))).toEqual([]);
   expect(existsSync(committed)).toBe(true);
-  // no pause snapshot left for a sandbox that is not paused
-  const dir = join(world.home, "snapshots", "manifests");
-  const kinds = readdirSync(dir).map((f) => JSON.parse(readFileSync(join(dir, f), "utf8"))).filter((m) => m.kind === "pause");
-  const a = await world.client("crash-capture.ts", ["after", s.committed]);
-  expect(kinds.map((m) => m.source.sandboxId).every((id: string) => a.listed.some((l: string[]) => l[0] === id && l[1] === "paused"))).toBe(true);
-  // sandboxes caught mid-capture are gone (their state was unknown), never listed running without a VM
-  expect(a.listed.filter((l: string[]) => l[1] === "running")).toEqual([]);
+  // A (its pause cut) runs on or is paused; B (its snapshot cut) runs on; only they have VMMs and work dirs
+  const a = await world.client("crash-capture.ts", ["after", s.committed, s.a, s.b]);
+  const listed = new Map<string, string>(a.listed);
+  expect([...listed.keys()].sort()).toEqual([s.a, s.b].sort());
+  expect(["running", "paused"]).toContain(listed.get(s.a)!);
+  expect(listed.get(s.b)).toBe("running");
+  expect(a.aFile).toBe("committed before the crash");
+  expect(a.bFile).toBe("b");
+  expect(a.bRun).toBe("still here\n");
   expect(a.snapshots).toContain(s.committed);
   expect(a.fromCommitted).toBe("committed before the crash");
+  // a pause snapshot only for a sandbox listed paused
+  const pauses = () => manifestsOf(world!.home).filter((m) => m.kind === "pause").map((m) => m.source.sandboxId as string);
+  expect(pauses().every((id) => listed.get(id) === "paused")).toBe(true);
+  expect(qemuPidsUnder(world.home, world.memDir).length).toBe(2);
+
+  // a create cut once its VMM was spawned: gone, nothing of it left; the others run on
+  const cr = await world.client("crash-capture.ts", ["crash-create", String(world.node!.pid)]);
+  expect(cr.creating).toHaveLength(1);
+  const [creating] = cr.creating as string[];
+  await world.crash();
+  await world.start();
+  const b = await world.client("crash-capture.ts", ["after", s.committed]);
+  expect(b.listed.map((l: string[]) => l[0]).sort()).toEqual([s.a, s.b].sort());
+  expect(existsSync(join(world.home, "sandboxes", creating!))).toBe(false);
+  expect(existsSync(join(world.home, "run", "vmm", `${creating}.json`))).toBe(false);
+  expect(diskMounts(world.home).filter((l) => l.includes(`/sandboxes/${creating}/`))).toEqual([]);
+  expect(qemuPidsUnder(world.home, world.memDir).length).toBe(2);
+  await world.client("crash-capture.ts", ["kill", s.a, s.b]);
+  expect(await world.stop()).toBe(0);
   expect(qemuPidsUnder(world.home, world.memDir)).toEqual([]);
+  expect(diskMounts(world.home)).toEqual([]);
+  expect(world.slotNamespaces()).toEqual([]);
+  expect(readdirSync(join(world.home, "sandboxes"))).toEqual([]);
+  expect(unnamedLayers(world.home)).toEqual([]);
+  expect(pauses()).toEqual([]);
 }, 400_000);
 
-test("kill -9 of the node during a fork, while its checkpoint is committed and then while its children start: committed snapshots kept; no VMM, mount, staging, work dir, fork checkpoint or unnamed layer after the restart", async () => {
+test("kill -9 of the node during a fork, while its checkpoint is committed and then while its children start: the parents run on (adopted), children cut while starting are gone, committed snapshots kept; no stray VMM, mount, staging, work dir, fork checkpoint or unnamed layer after the restart", async () => {
   if (missing) throw new Error(`VM prerequisites missing: ${missing}`);
   await world?.dispose();
   world = new NodeWorld();
@@ -189,14 +234,25 @@ test("kill -9 of the node during a fork, while its checkpoint is committed and t
   const s = await w.client("crash-fork.ts", ["setup"]);
   const committed = join(w.home, "snapshots", "manifests", `${s.committed}.json`);
   expect(existsSync(committed)).toBe(true);
-  const clean = () => {
-    expect(qemuPidsUnder(w.home, w.memDir)).toEqual([]);
-    expect(diskMounts(w.home).filter((l) => l.includes("/sandboxes/") || l.includes("/shared/mem-"))).toEqual([]);
+  /** What must hold after each restart: only the listed sandboxes run (one VMM and work dir each), nothing half made. */
+  const clean = async (parents: string[]) => {
+    const a = await w.client("crash-fork.ts", ["after", s.committed]);
+    const running = (a.listed as string[][]).filter((l) => l[1] === "running").map((l) => l[0]!);
+    expect(a.listed.every((l: string[]) => l[1] === "running")).toBe(true);
+    for (const p of parents) expect(running).toContain(p);
+    expect(qemuPidsUnder(w.home, w.memDir).length).toBe(running.length);
+    expect(readdirSync(join(w.home, "sandboxes")).sort()).toEqual([...running].sort());
+    expect(diskMounts(w.home).filter((l) => l.includes("/sandboxes/")).length).toBe(running.length);
     expect(readdirSync(join(w.home, "snapshots", "staging"))).toEqual([]);
-    expect(readdirSync(join(w.home, "sandboxes"))).toEqual([]);
     expect(unnamedLayers(w.home)).toEqual([]);
-    expect(manifestKinds(w.home).filter((k) => k === "fork" || k === "pause")).toEqual([]);
+    expect(manifestKinds(w.home).filter((k) => k === "pause")).toEqual([]);
+    // a fork checkpoint stays only while a child that reached running runs from it
+    const children = running.filter((id) => !parents.includes(id));
+    expect(manifestKinds(w.home).filter((k) => k === "fork").length).toBe(children.length > 0 ? 1 : 0);
     expect(existsSync(committed)).toBe(true);
+    expect(a.snapshots).toEqual([s.committed]);
+    expect(a.fromCommitted).toBe("committed before the crash");
+    return running;
   };
 
   // 1: killed while the checkpoint's commit has linked layers but not published its manifest
@@ -209,7 +265,7 @@ test("kill -9 of the node during a fork, while its checkpoint is committed and t
   expect(unnamedLayers(w.home).length).toBeGreaterThan(0);
   expect(readdirSync(join(w.home, "snapshots", "staging")).length).toBeGreaterThan(0);
   await w.start();
-  clean();
+  expect(await clean([s.p])).toEqual([s.p]);
 
   // 2: a parent made from the committed snapshot; killed once the checkpoint is committed and
   // its children are starting
@@ -221,14 +277,14 @@ test("kill -9 of the node during a fork, while its checkpoint is committed and t
   await w.crash();
   expect(manifestKinds(w.home).filter((k) => k === "fork").length).toBe(1);
   await w.start();
-  clean();
+  const running = await clean([s.p, p2.p]);
 
-  // nothing that ran is listed (the parents and children died with the node); the committed
-  // snapshot is listed and restores
-  const a = await w.client("crash-fork.ts", ["after", s.committed]);
-  expect(a.listed).toEqual([]);
-  expect(a.snapshots).toEqual([s.committed]);
-  expect(a.fromCommitted).toBe("committed before the crash");
+  // the parents (and any child that had started) ran on with their files; then they go
+  const end = await w.client("crash-fork.ts", ["after", s.committed, ...running]);
+  expect(end.parentFiles).toEqual(running.map(() => "committed before the crash"));
+  expect(await w.stop()).toBe(0);
   expect(qemuPidsUnder(w.home, w.memDir)).toEqual([]);
+  expect(readdirSync(join(w.home, "sandboxes"))).toEqual([]);
   expect(unnamedLayers(w.home)).toEqual([]);
+  expect(manifestKinds(w.home).filter((k) => k === "fork" || k === "pause")).toEqual([]);
 }, 600_000);
