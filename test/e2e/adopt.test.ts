@@ -1,14 +1,15 @@
 /**
  * Sandboxes outlive the node (issue 27), end to end: the real node (`agentenv server` in a
  * namespace of its own, real QEMU VMs, network slots, the disk daemon, SQLite) driven by the
- * unmodified e2b SDK. The node is SIGKILLed (or stopped with `shutdown_action = "detach"`) while
- * its sandboxes run, one of them streaming a command's output to a client, one limited to one
- * egress destination; the next node adopts them: the same VMM processes, disk daemon and slot
- * namespaces, the same ids answering with their files, a background counter that counted on,
- * the egress rules still enforced (traffic only inside the test's namespaces), and
- * `commands.connect` reattaching to the command whose stream the crash cut. A VMM killed while
- * no node runs leaves a paused sandbox whose files (/tmp too) come back at `connect`. Nothing is
- * leaked at the end: processes, namespaces, mounts, work dirs, staging, layers.
+ * unmodified e2b SDK. The node is SIGKILLed, then (the same sandboxes) stopped by SIGTERM with
+ * `shutdown_action = "detach"`, while its sandboxes run, one of them streaming a command's
+ * output to a client, one limited to one egress destination; each next node adopts them: the
+ * same VMM processes, disk daemon and slot namespaces, the same ids answering with their files,
+ * a background counter that counted on, the egress rules still enforced (traffic only inside the
+ * test's namespaces), and
+ * `commands.connect` reattaching to the command whose stream the stop cut. Nothing is leaked at
+ * the end: processes, namespaces, mounts, work dirs, staging, layers. (A VMM killed while no node
+ * runs, and kill -9 mid-create, mid-pause, mid-snapshot, mid-fork: test/e2e/restart.test.ts.)
  */
 import { afterAll, expect, test } from "bun:test";
 import { Database } from "bun:sqlite";
@@ -103,7 +104,7 @@ async function expectContinued(w: NodeWorld, s: any, streamPid: number, lastSeen
   expect(c.reattachedLast).toBeGreaterThanOrEqual(c.reattachedFirst + 3);
 }
 
-test("kill -9 of the node: the next node adopts the running sandboxes (same VMMs, disks, slots), files, counters, egress rules and command streams go on; nothing leaked", async () => {
+test("kill -9 of the node, then a SIGTERM with shutdown_action = detach: each next node adopts the running sandboxes (same VMMs, disks, slots), files, counters, egress rules and command streams go on; nothing leaked", async () => {
   if (missing) throw new Error(`VM prerequisites missing: ${missing}`);
   world = new NodeWorld();
   const w = world;
@@ -126,7 +127,9 @@ test("kill -9 of the node: the next node adopts the running sandboxes (same VMMs
   expect(vmms.every(alive)).toBe(true);
   expect(alive(daemons[0]!)).toBe(true);
 
-  await w.start({ AENV_LOG_LEVEL: "info" });
+  // this node is stopped by SIGTERM below: it leaves the sandboxes running (the upgrade path)
+  const detach = { AENV_LOG_LEVEL: "info", AENV__orchestrator__shutdown_action: "detach" };
+  await w.start(detach);
   const done = logLines(w, "start-up reconciliation done");
   expect(done).toHaveLength(1);
   expect(done[0]).toMatchObject({ adopted: 2, pausedWithFiles: 0, killed: 0 });
@@ -137,6 +140,32 @@ test("kill -9 of the node: the next node adopts the running sandboxes (same VMMs
   expect(sandboxSlots(w, [s.a, s.b])).toEqual(slots);
   expect(slots.filter(marked)).toEqual(slots);
   await expectContinued(w, s, first.pid, ended.last);
+
+  // the upgrade path: the node (shutdown_action = detach) stopped by SIGTERM while a client
+  // streams a command again leaves the same sandboxes running for the next one
+  const again = w.spawnClient("adopt.ts", ["stream", s.b]);
+  const second = JSON.parse((await again.lines.next()).value as string) as { pid: number; last: number };
+  expect(second.pid).not.toBe(first.pid);
+  expect(await w.stop()).toBe(0);
+  // stderr drains after exit
+  const shutdownLines = () => logLines(w, "shutdown: killed 0, paused 0 sandboxes, left 2 running for the next start");
+  const summary = await waitFor("the shutdown summary line", () => shutdownLines().length > 0 && shutdownLines(), { timeoutMs: 2000 });
+  expect(summary).toHaveLength(1);
+  expect(summary[0]).toMatchObject({ killed: 0, paused: 0, detached: 2, failed: 0 });
+  const cut = JSON.parse((await again.lines.next()).value as string) as { last: number; ended: string };
+  expect(cut.ended).not.toBe("exited");
+  await again.proc.exited;
+  expect(qemuPidsUnder(w.home, w.memDir).sort()).toEqual(vmms);
+  expect(diskDaemonsUnder(w.home)).toEqual(daemons);
+  expect(slots.filter(marked)).toEqual(slots);
+
+  await w.start({ AENV_LOG_LEVEL: "info" });
+  expect(logLines(w, "start-up reconciliation done")[0]).toMatchObject({ adopted: 2, pausedWithFiles: 0, killed: 0 });
+  expect(qemuPidsUnder(w.home, w.memDir).sort()).toEqual(vmms);
+  expect(diskDaemonsUnder(w.home)).toEqual(daemons);
+  expect(sandboxSlots(w, [s.a, s.b])).toEqual(slots);
+  expect(slots.filter(marked)).toEqual(slots);
+  await expectContinued(w, s, second.pid, cut.last);
 
   await w.client("adopt.ts", ["kill", s.a, s.b]);
   expect(await w.stop()).toBe(0);
