@@ -4,6 +4,7 @@
 import { defineCommand } from "citty";
 import { loadConfig } from "../../src/config/index.ts";
 import { AgentEnvError } from "../../src/errors.ts";
+import { errorMessage } from "../../src/util/error.ts";
 import { runUntilStopped } from "../../src/node/until-stopped.ts";
 
 export default defineCommand({
@@ -23,6 +24,18 @@ export default defineCommand({
         process.exit(1);
       }
       throw e;
+    }
+    // a replica whose key does not open the shared secrets stops here, where an operator sees it;
+    // a Redis that does not answer yet is tried again at the first /secrets call
+    try {
+      await g.gateway.secrets.check();
+    } catch (e) {
+      if (e instanceof AgentEnvError && e.code === "secrets.key_mismatch") {
+        console.error(`agentenv gateway: ${e.message}`);
+        await g.close();
+        process.exit(1);
+      }
+      console.error(`agentenv gateway: warning: ${errorMessage(e)}`);
     }
     // the stop handlers first: whoever reads the banner may send SIGTERM at once
     const stopped = runUntilStopped("gateway", () => g.close());

@@ -50,6 +50,11 @@ export interface GatewayConfig {
   /** The cluster's secrets (`[secrets]` of the gateway's config): key file and limit. */
   secretsKeyPath: string;
   maxSecrets: number;
+  /**
+   * `[secrets] store = "redis"`: the Redis every gateway replica keeps the secrets in (url: `[secrets]
+   * redis_url`, else `[scheduler] redis_url`). Absent: the file store in homePath.
+   */
+  secretsRedis?: { url: string; prefix: string; connectTimeoutMs: number };
 }
 
 /** @throws ConfigError config.bad_value when no scheduler endpoint is configured. */
@@ -77,5 +82,6 @@ export function gatewayConfig(cfg: Config): GatewayConfig {
     maxAnswerBytes: g.max_answer_bytes,
     secretsKeyPath: secretsKeyPath(cfg),
     maxSecrets: cfg.secrets.max_secrets,
+    ...(cfg.secrets.store === "redis" ? { secretsRedis: { url: cfg.secrets.redis_url || cfg.scheduler.redis_url, prefix: cfg.secrets.redis_prefix, connectTimeoutMs: cfg.secrets.redis_connect_timeout_ms } } : {}),
   };
 }

@@ -109,7 +109,7 @@ export class Gateway {
     this.routes = new LruMap(cfg.routeCacheSize);
     this.uploads = new LruMap(cfg.routeCacheSize);
     this.nodeKey = cfg.nodeApiKey || apiKey;
-    this.secrets = new GatewaySecrets(cfg.homePath, cfg.secretsKeyPath, cfg.maxSecrets, this.nodeKey);
+    this.secrets = new GatewaySecrets({ homePath: cfg.homePath, keyPath: cfg.secretsKeyPath, maxSecrets: cfg.maxSecrets, nodeKey: this.nodeKey, ...(cfg.secretsRedis ? { redis: cfg.secretsRedis } : {}) });
     this.scheduler = new SchedulerLink({ endpoint: cfg.schedulerEndpoint, timeoutMs: cfg.schedulerTimeoutMs, retryMs: cfg.schedulerRetryMs, nodeListTtlMs: cfg.nodeListTtlMs });
   }
 

@@ -112,7 +112,7 @@ export function startGateway(c: GatewayConfig): RunningGateway {
   }
   const shown = hostname === "0.0.0.0" || hostname === "::" ? "127.0.0.1" : hostname;
   const url = `http://${shown.includes(":") ? `[${shown}]` : shown}:${server.port}`;
-  log.info({ url, scheduler: c.schedulerEndpoint }, "gateway listening");
+  log.info({ url, scheduler: c.schedulerEndpoint, secretsStore: gw.secrets.kind }, "gateway listening");
   return {
     url,
     port: server.port!,

@@ -143,6 +143,7 @@ const NOT_500 = {
   "secrets.conflict": 409,
   "secrets.remote_store": 403,
   "secrets.remote_failed": 503,
+  "secrets.store_failed": 503,
 } as const satisfies Partial<Record<ErrorCode, number>>;
 
 /** HTTP status of every code an API response may carry: `NOT_500`, else 500. */

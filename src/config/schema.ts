@@ -497,7 +497,11 @@ export const CONFIG_SCHEMA = section("", {
   ),
 
   secrets: section("Customer secrets (/secrets; docs/security.md): values encrypted in the node database, resolved by the egress interceptor.", {
-    key_path: str("", "File of the key values are encrypted with (32 random bytes as hex), made with mode 0600 on\nfirst start; kept out of the database (and its backups). Empty: $home_path/secrets.key."),
+    key_path: str("", "File of the key values are encrypted with (32 random bytes as hex), made with mode 0600 on\nfirst start; kept out of the database (and its backups). Empty: $home_path/secrets.key.\nWith store = \"redis\" the file must exist (every gateway replica needs the same key; the\nKubernetes manifests mount it from the Secret agentenv-secrets-key)."),
+    store: oneOf(["file", "redis"], "file", 'Where the gateway keeps the cluster\'s secrets: "file" ($home_path/gateway-secrets.db; one gateway\nwith a persistent data directory) or "redis" (redis_url; every gateway replica shares them,\nvalues sealed with key_path\'s key before they reach Redis). Nodes keep theirs in their database.'),
+    redis_url: str("", 'Redis server of store = "redis" (redis://[user:password@]host:port[/db]). Empty: [scheduler] redis_url\n(one Redis per cluster).'),
+    redis_prefix: str("agentenv:secrets:", "Prefix of every Redis key the secrets store writes."),
+    redis_connect_timeout_ms: int(3000, "Bound on connecting to the Redis server, ms; a /secrets call then fails 503 secrets.store_failed.", { min: 1, max: MS_MAX, unit: "ms" }),
     max_secrets: int(1000, "Most secrets the store holds; more creates are refused with 409.", { min: 1, max: 1_000_000, unit: "count" }),
     gateway_url: str("", "Cluster nodes: URL of the gateway that keeps the cluster's secrets; the interceptor asks it for a\nvalue at each request (with this node's API key) and /secrets here answers 403. Empty: this node's store."),
     resolve_timeout_ms: int(5000, "Bound on one look-up of a secret at the gateway, ms.", { min: 10, max: 600_000, unit: "ms" }),

@@ -20,11 +20,14 @@ export class SecretCipher {
 
   /**
    * The key of `path`, made (32 random bytes, hex, mode 0600, parent directories 0700) when the
-   * file does not exist.
-   * @throws SecretsError `secrets.key_unusable` when the file cannot be made or read, holds no
-   *   64-hex-digit key, or is readable or writable by group or others
+   * file does not exist and `create` is true. A store shared by several processes (Redis) passes
+   * false: a key made here would be this process's alone.
+   * @throws SecretsError `secrets.key_unusable` when the file cannot be made or read (or is
+   *   missing and `create` is false), holds no 64-hex-digit key, or is readable or writable by
+   *   group or others
    */
-  static fromKeyFile(path: string): SecretCipher {
+  static fromKeyFile(path: string, create = true): SecretCipher {
+    if (!create && !existsSync(path)) throw new SecretsError("secrets.key_unusable", `the secrets key file ${path} does not exist: a shared store needs the one key of every process that uses it ([secrets] key_path)`, { path });
     try {
       if (!existsSync(path)) {
         mkdirSync(dirname(path), { recursive: true, mode: 0o700 });

@@ -12,6 +12,8 @@ export const SECRETS_ERRORS = {
   "secrets.sealed_corrupt": "a stored value does not decrypt with the key (another key, or a damaged row) (details.secret)",
   "secrets.remote_failed": "the cluster's secrets store (the gateway) did not answer as expected (details.url, status)",
   "secrets.remote_store": "this node's secrets are kept by the cluster's gateway: manage them there (details.url)",
+  "secrets.store_failed": "the shared secrets store (Redis) did not answer, or holds a record this code cannot read (details.url)",
+  "secrets.key_mismatch": "the shared store's records were sealed with another key than this process's [secrets] key_path (details.url)",
 } as const satisfies ErrorTable;
 /** A SecretsError code. */
 export type SecretsErrorCode = keyof typeof SECRETS_ERRORS;

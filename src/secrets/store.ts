@@ -80,8 +80,51 @@ export interface SecretPage {
   nextToken?: string;
 }
 
+/**
+ * What `/secrets` manages (src/api/routes/secrets.ts): the node's SecretStore (SQLite, answers at
+ * once) or the gateway's RedisSecretStore (shared by its replicas, answers later). Methods throw
+ * (or reject with) SecretsError as SecretStore documents.
+ */
+export interface SecretKeeper extends SecretSource {
+  create(name: string, value: unknown, metadata?: unknown): SecretInfo | Promise<SecretInfo>;
+  update(selector: string, value: unknown, metadata?: unknown): SecretInfo | Promise<SecretInfo>;
+  get(selector: string): SecretInfo | Promise<SecretInfo>;
+  destroy(selector: string): boolean | Promise<boolean>;
+  list(limit?: number, nextToken?: string): SecretPage | Promise<SecretPage>;
+}
+
+/** Where a listing goes on: after the secret created at `t` (unix ms) with id `id`. */
+export interface PagePosition {
+  t: number;
+  id: string;
+}
+
+/** The `nextToken` of a page that ended at `last`. */
+export function encodePageToken(last: SecretInfo): string {
+  return Buffer.from(`${last.createdAt}.${last.secretID}`).toString("base64url");
+}
+
+/**
+ * Where a `nextToken` says to go on.
+ * @throws SecretsError bad_request (field nextToken) for a token no store handed out
+ */
+export function decodePageToken(token: string): PagePosition {
+  const m = /^([0-9]{1,16})\.(sec_[0-9a-z]{26})$/.exec(Buffer.from(token, "base64url").toString());
+  if (!m) throw new SecretsError("secrets.bad_request", "nextToken is not a token this node handed out", { field: "nextToken" });
+  return { t: Number(m[1]), id: m[2]! };
+}
+
+/**
+ * A listing's `limit`: an integer in 1..100.
+ * @throws SecretsError bad_request (field limit)
+ */
+export function checkLimit(limit: number): number {
+  if (!Number.isInteger(limit) || limit < 1 || limit > 100) throw new SecretsError("secrets.bad_request", "limit must be an integer in 1..100", { field: "limit" });
+  return limit;
+}
+
 /** Secrets in the node database, sealed by `cipher`; at most `maxSecrets` of them. */
-export class SecretStore implements SecretSource {
+export class SecretStore implements SecretKeeper {
   constructor(
     private readonly db: Db,
     private readonly cipher: SecretCipher,
@@ -151,13 +194,8 @@ export class SecretStore implements SecretSource {
    * @throws SecretsError bad_request (limit, nextToken)
    */
   list(limit = 100, nextToken?: string): SecretPage {
-    if (!Number.isInteger(limit) || limit < 1 || limit > 100) throw new SecretsError("secrets.bad_request", "limit must be an integer in 1..100", { field: "limit" });
-    let after: { t: number; id: string } | undefined;
-    if (nextToken !== undefined) {
-      const m = /^([0-9]{1,16})\.(sec_[0-9a-z]{26})$/.exec(Buffer.from(nextToken, "base64url").toString());
-      if (!m) throw new SecretsError("secrets.bad_request", "nextToken is not a token this node handed out", { field: "nextToken" });
-      after = { t: Number(m[1]), id: m[2]! };
-    }
+    checkLimit(limit);
+    const after = nextToken === undefined ? undefined : decodePageToken(nextToken);
     const rows = this.db.orm
       .select()
       .from(secrets)
@@ -167,7 +205,7 @@ export class SecretStore implements SecretSource {
       .all();
     const items = rows.slice(0, limit).map(info);
     const last = items.at(-1);
-    return rows.length > limit && last ? { items, nextToken: Buffer.from(`${last.createdAt}.${last.secretID}`).toString("base64url") } : { items };
+    return rows.length > limit && last ? { items, nextToken: encodePageToken(last) } : { items };
   }
 
   /** The current value of secret `name` (any case), or null. @throws SecretsError sealed_corrupt */
@@ -191,6 +229,7 @@ export class SecretStore implements SecretSource {
   }
 }
 
-function notFound(selector: string): SecretsError {
+/** The error of a selector no secret answers to. */
+export function notFound(selector: string): SecretsError {
   return new SecretsError("secrets.not_found", "Secret not found", { secret: selector.trim().slice(0, 128) });
 }

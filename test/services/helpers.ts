@@ -63,15 +63,16 @@ export interface TestRedis {
 
 /**
  * Start Debian's redis-server on a free port. Fails (never skips) when it is not installed.
+ * `extraArgs` are appended to its command line (e.g. `--dir`, `--rdbcompression no`).
  * @throws Error with redis-server's output when it does not come up.
  */
-export async function startRedis(): Promise<TestRedis> {
+export async function startRedis(extraArgs: string[] = []): Promise<TestRedis> {
   const bin = Bun.which("redis-server");
   if (!bin) throw new Error("redis-server missing: install Debian's redis-server (scripts/install.sh --test)");
   const probe = Bun.listen({ hostname: "127.0.0.1", port: 0, socket: { data() {} } });
   const port = probe.port;
   probe.stop(true);
-  const p = Bun.spawn([bin, "--bind", "127.0.0.1", "--port", String(port), "--save", "", "--appendonly", "no", "--daemonize", "no"], { stdout: "pipe", stderr: "pipe" });
+  const p = Bun.spawn([bin, "--bind", "127.0.0.1", "--port", String(port), "--save", "", "--appendonly", "no", "--daemonize", "no", ...extraArgs], { stdout: "pipe", stderr: "pipe" });
   try {
     await waitFor("redis-server to accept connections", async () => {
       if (p.exitCode !== null) throw new Error(`redis-server exited ${p.exitCode}`);

@@ -7,11 +7,11 @@
  * A cluster node whose secrets the gateway keeps answers 403 `secrets.remote_store`.
  */
 import { Elysia } from "elysia";
-import { SecretsError, type SecretInfo, type SecretStore } from "../../secrets/index.ts";
+import { SecretsError, type SecretInfo, type SecretKeeper } from "../../secrets/index.ts";
 import { toErrorResponse } from "../status.ts";
 
-/** What the routes serve: this node's store, or where the cluster's store is. */
-export type SecretsBackend = { store: SecretStore } | { remoteUrl: string };
+/** What the routes serve: this node's store (or the gateway's), or where the cluster's store is. */
+export type SecretsBackend = { store: SecretKeeper } | { remoteUrl: string };
 
 const NO_STORE = { "cache-control": "no-store" };
 const iso = (ms: number) => new Date(ms).toISOString();
@@ -40,10 +40,10 @@ export function strictBody(text: unknown, allowed: readonly string[]): Record<st
   return v as Record<string, unknown>;
 }
 
-function answer(fn: () => Response): Response {
+async function answer(fn: () => Response | Promise<Response>): Promise<Response> {
   let r: Response;
   try {
-    r = fn();
+    r = await fn();
   } catch (e) {
     r = toErrorResponse(e);
   }
@@ -53,7 +53,7 @@ function answer(fn: () => Response): Response {
 
 /** The `/secrets` routes over `backend`. */
 export function secretRoutes(backend: SecretsBackend) {
-  const store = (): SecretStore => {
+  const store = (): SecretKeeper => {
     if ("store" in backend) return backend.store;
     throw new SecretsError("secrets.remote_store", `this node's secrets are kept by the cluster gateway (${backend.remoteUrl}): manage them there`, { url: backend.remoteUrl });
   };
@@ -62,11 +62,11 @@ export function secretRoutes(backend: SecretsBackend) {
     .get(
       "/secrets",
       ({ query }) =>
-        answer(() => {
+        answer(async () => {
           const q = query as Record<string, string | undefined>;
           for (const k of Object.keys(q)) if (k !== "limit" && k !== "nextToken") throw new SecretsError("secrets.bad_request", `unknown query parameter ${JSON.stringify(k.slice(0, 64))}`, { field: k.slice(0, 64) });
           const limit = q.limit === undefined ? 100 : /^[0-9]{1,3}$/.test(q.limit) ? Number(q.limit) : NaN;
-          const page = store().list(limit, q.nextToken || undefined);
+          const page = await store().list(limit, q.nextToken || undefined);
           return Response.json(page.items.map(secretBody), { headers: { ...NO_STORE, ...(page.nextToken ? { "x-next-token": page.nextToken } : {}) } });
         }),
       { detail: { summary: "List secrets (oldest first; X-Next-Token when more pages exist)", tags } },
@@ -74,30 +74,30 @@ export function secretRoutes(backend: SecretsBackend) {
     .post(
       "/secrets",
       ({ body }) =>
-        answer(() => {
+        answer(async () => {
           const b = strictBody(body, ["name", "value", "metadata"]);
           if (typeof b.name !== "string") throw new SecretsError("secrets.bad_request", "name must be a string", { field: "name" });
-          return Response.json(secretBody(store().create(b.name, b.value, b.metadata ?? {})), { status: 201, headers: NO_STORE });
+          return Response.json(secretBody(await store().create(b.name, b.value, b.metadata ?? {})), { status: 201, headers: NO_STORE });
         }),
       { parse: "text", detail: { summary: "Create a secret (body {name, value, metadata?}; the value is never returned)", tags } },
     )
-    .get("/secrets/:secretID", ({ params }) => answer(() => Response.json(secretBody(store().get(params.secretID)), { headers: NO_STORE })), {
+    .get("/secrets/:secretID", ({ params }) => answer(async () => Response.json(secretBody(await store().get(params.secretID)), { headers: NO_STORE })), {
       detail: { summary: "Get a secret's info (by id or name)", tags },
     })
     .post(
       "/secrets/:secretID",
       ({ params, body }) =>
-        answer(() => {
+        answer(async () => {
           const b = strictBody(body, ["value", "metadata"]);
-          return Response.json(secretBody(store().update(params.secretID, b.value, b.metadata)), { headers: NO_STORE });
+          return Response.json(secretBody(await store().update(params.secretID, b.value, b.metadata)), { headers: NO_STORE });
         }),
       { parse: "text", detail: { summary: "Give a secret a new value (its next version; metadata replaces the stored one when present)", tags } },
     )
     .delete(
       "/secrets/:secretID",
       ({ params }) =>
-        answer(() => {
-          if (!store().destroy(params.secretID)) throw new SecretsError("secrets.not_found", "Secret not found", { secret: params.secretID.slice(0, 128) });
+        answer(async () => {
+          if (!(await store().destroy(params.secretID))) throw new SecretsError("secrets.not_found", "Secret not found", { secret: params.secretID.slice(0, 128) });
           return new Response(null, { status: 204, headers: NO_STORE });
         }),
       { detail: { summary: "Destroy a secret", tags } },
