@@ -26,6 +26,7 @@ export default defineCommand({
         config: { type: "string", description: "node configuration file (TOML) for the ConfigMap every node reads, e.g. with [image] registry_mirrors, mirror_only, proxy (default: config/default.toml); checked before rendering" },
         "registry-auth-secret": { type: "string", description: "Secret holding a Docker config.json (key config.json) of registry credentials, mounted into every node as [image] auth_file" },
         "registry-ca-configmap": { type: "string", description: "ConfigMap of PEM CA certificates (*.crt / *.pem keys) for registries, mounted into every node as [image] ca_path" },
+        "redis-secret": { type: "string", description: "Secret whose key url is the cluster's Redis (redis://[user:password@]host:port[/db]): the gateway replicas share the secrets store there and the scheduler keeps its bindings there" },
         "node-cidr": { type: "string", default: DEFAULT_RENDER.nodeCidrs.join(","), description: "comma-separated CIDRs of the node hosts: the only addresses besides the gateway Pods the scheduler's NetworkPolicy admits (narrow the default to your nodes' subnet)" },
       },
       run({ args }) {
@@ -51,7 +52,7 @@ export default defineCommand({
           }
         }
         const name = /^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$/;
-        for (const flag of ["registry-auth-secret", "registry-ca-configmap"] as const) {
+        for (const flag of ["registry-auth-secret", "registry-ca-configmap", "redis-secret"] as const) {
           if (args[flag] !== undefined && !name.test(args[flag])) {
             console.error(`agentenv deploy render: --${flag} must be a Kubernetes object name, got ${JSON.stringify(args[flag])}`);
             process.exit(2);
@@ -65,7 +66,11 @@ export default defineCommand({
           ...(configToml !== undefined ? { configToml } : {}),
           ...(args["registry-auth-secret"] ? { registryAuthSecret: args["registry-auth-secret"] } : {}),
           ...(args["registry-ca-configmap"] ? { registryCaConfigMap: args["registry-ca-configmap"] } : {}),
+          ...(args["redis-secret"] ? { redisSecret: args["redis-secret"] } : {}),
         });
+        if (replicas > 1 && !args["redis-secret"]) {
+          console.error(`agentenv deploy render: warning: ${replicas} gateway replicas without --redis-secret each keep a secrets store of their own, lost when the Pod restarts (docs/security.md)`);
+        }
         if (args.out) writeFileSync(args.out, yaml);
         else process.stdout.write(yaml);
       },

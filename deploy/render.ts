@@ -6,7 +6,12 @@
  * RBAC to list/watch EndpointSlices) and the gateway (Deployment) with their Services; and a
  * ConfigMap holding config/default.toml verbatim, so node configuration stays single-sourced
  * (operators edit the ConfigMap; the environment below only wires the cluster together).
- * The API key comes from a Secret the operator creates (`agentenv-api-key`, key `key`). Registry
+ * The API key comes from a Secret the operator creates (`agentenv-api-key`, key `key`), and so does
+ * the key the cluster's secrets are sealed with (`agentenv-secrets-key`, key `key`: 64 hex digits),
+ * mounted into the gateway as `[secrets] key_path`. With `--redis-secret` (a Secret whose key `url`
+ * is the cluster's Redis) the gateway replicas keep the secrets in that Redis, sealed, and the
+ * scheduler its bindings; without it each gateway replica has a store of its own on a throwaway
+ * directory. Nodes ask the gateway for secret values (`[secrets] gateway_url`). Registry
  * settings (`[image]`: mirrors, proxy) travel in the ConfigMap (`--config`); registry credentials
  * and CAs in a Secret and a ConfigMap the operator creates, mounted into every node.
  * The scheduler's gRPC port has no authentication, so a NetworkPolicy admits only the gateway
@@ -40,6 +45,12 @@ export interface RenderOptions {
   registryAuthSecret?: string;
   /** ConfigMap of PEM CA certificates (keys ending in .crt or .pem) mounted into every node and named by `[image] ca_path`. */
   registryCaConfigMap?: string;
+  /**
+   * Secret whose key `url` is the cluster's Redis (redis://[user:password@]host:port[/db]): the
+   * gateway replicas share the secrets store there (`[secrets] store = "redis"`) and the
+   * scheduler keeps its bindings there (`[scheduler] store = "redis"`).
+   */
+  redisSecret?: string;
 }
 
 export const DEFAULT_RENDER: RenderOptions = { namespace: "agentenv", image: "agentenv:latest", gatewayReplicas: 2, nodeCidrs: ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"] };
@@ -47,10 +58,14 @@ export const DEFAULT_RENDER: RenderOptions = { namespace: "agentenv", image: "ag
 /** Where the registry credentials and CAs are mounted in node Pods. */
 export const REGISTRY_AUTH_DIR = "/etc/agentenv/registry-auth";
 export const REGISTRY_CA_DIR = "/etc/agentenv/registry-ca";
+/** The Secret of the key the cluster's secrets are sealed with, and where the gateway reads it. */
+export const SECRETS_KEY_SECRET = "agentenv-secrets-key";
+export const SECRETS_KEY_DIR = "/etc/agentenv-secrets";
 
 const NODE_PORT = 8000;
 const SCHEDULER_PORT = 9090;
 const GATEWAY_PORT = 8080;
+const GATEWAY_SERVICE_PORT = 80;
 const CONFIG_FILE = "agentenv.toml";
 const CONFIG_DIR = "/etc/agentenv";
 
@@ -82,6 +97,8 @@ export function manifests(o: RenderOptions = DEFAULT_RENDER): Obj[] {
   ];
   const meta = (name: string, component: string) => ({ name, namespace: ns, labels: labels(component) });
   const schedulerAddr = `agentenv-scheduler.${ns}.svc:${SCHEDULER_PORT}`;
+  // one Redis per cluster: the scheduler's bindings and the gateway's secrets (the URL may hold a password)
+  const redisUrl = (section: string) => (o.redisSecret ? [{ name: `AENV__${section}__store`, value: "redis" }, { name: `AENV__${section}__redis_url`, valueFrom: { secretKeyRef: { name: o.redisSecret, key: "url" } } }] : []);
   return [
     { apiVersion: "v1", kind: "Namespace", metadata: { name: ns, labels: { "app.kubernetes.io/name": "agentenv" } } },
     { apiVersion: "v1", kind: "ConfigMap", metadata: meta("agentenv-config", "config"), data: { [CONFIG_FILE]: toml } },
@@ -129,6 +146,8 @@ export function manifests(o: RenderOptions = DEFAULT_RENDER): Obj[] {
                   { name: "AENV_NODE_ID", valueFrom: { fieldRef: { fieldPath: "metadata.name" } } },
                   { name: "AENV_OBSERVABILITY_SCHEDULER_REPORT_ENABLED", value: "true" },
                   { name: "AENV_OBSERVABILITY_SCHEDULER_ENDPOINT", value: schedulerAddr },
+                  // the gateway keeps the cluster's secrets; the egress interceptor asks it per request
+                  { name: "AENV__secrets__gateway_url", value: `http://agentenv-gateway.${ns}.svc:${GATEWAY_SERVICE_PORT}` },
                   ...registryEnv,
                 ],
                 readinessProbe: health(NODE_PORT),
@@ -173,7 +192,7 @@ export function manifests(o: RenderOptions = DEFAULT_RENDER): Obj[] {
       kind: "Deployment",
       metadata: meta("agentenv-scheduler", "scheduler"),
       spec: {
-        // SQLite: one replica (store = "redis" allows more)
+        // SQLite: one replica (store = "redis", --redis-secret, allows more)
         replicas: 1,
         strategy: { type: "Recreate" },
         selector: { matchLabels: labels("scheduler") },
@@ -195,6 +214,7 @@ export function manifests(o: RenderOptions = DEFAULT_RENDER): Obj[] {
                   { name: "AENV__scheduler__kubernetes__namespace", valueFrom: { fieldRef: { fieldPath: "metadata.namespace" } } },
                   { name: "AENV__scheduler__kubernetes__service_name", value: "agentenv-nodes" },
                   { name: "AENV__scheduler__kubernetes__port", value: String(NODE_PORT) },
+                  ...redisUrl("scheduler"),
                 ],
                 readinessProbe: { tcpSocket: { port: SCHEDULER_PORT }, periodSeconds: 5 },
                 volumeMounts: [configMount, { name: "data", mountPath: "/var/lib/agentenv-scheduler" }],
@@ -243,12 +263,22 @@ export function manifests(o: RenderOptions = DEFAULT_RENDER): Obj[] {
                 image: o.image,
                 command: ["agentenv", "gateway"],
                 ports: [{ name: "http", containerPort: GATEWAY_PORT, protocol: "TCP" }],
-                env: [configEnv, apiKeyEnv, { name: "AENV_HOME_PATH", value: "/tmp/agentenv-gateway" }, { name: "AENV__gateway__addr", value: `0.0.0.0:${GATEWAY_PORT}` }, { name: "AENV__cluster__scheduler_endpoint", value: schedulerAddr }],
+                env: [
+                  configEnv,
+                  apiKeyEnv,
+                  { name: "AENV_HOME_PATH", value: "/tmp/agentenv-gateway" },
+                  { name: "AENV__gateway__addr", value: `0.0.0.0:${GATEWAY_PORT}` },
+                  { name: "AENV__cluster__scheduler_endpoint", value: schedulerAddr },
+                  // every replica seals and opens with the one key of the Secret (never made in the Pod)
+                  { name: "AENV__secrets__key_path", value: `${SECRETS_KEY_DIR}/key` },
+                  ...redisUrl("secrets"),
+                ],
                 readinessProbe: health(GATEWAY_PORT),
-                volumeMounts: [configMount],
+                volumeMounts: [configMount, { name: "secrets-key", mountPath: SECRETS_KEY_DIR, readOnly: true }],
               },
             ],
-            volumes: [configVolume],
+            // 0400: the key file check refuses a key others may read
+            volumes: [configVolume, { name: "secrets-key", secret: { secretName: SECRETS_KEY_SECRET, defaultMode: 0o400, items: [{ key: "key", path: "key" }] } }],
           },
         },
       },
@@ -257,13 +287,13 @@ export function manifests(o: RenderOptions = DEFAULT_RENDER): Obj[] {
       apiVersion: "v1",
       kind: "Service",
       metadata: meta("agentenv-gateway", "gateway"),
-      spec: { selector: labels("gateway"), ports: [{ name: "http", port: 80, targetPort: GATEWAY_PORT, protocol: "TCP" }] },
+      spec: { selector: labels("gateway"), ports: [{ name: "http", port: GATEWAY_SERVICE_PORT, targetPort: GATEWAY_PORT, protocol: "TCP" }] },
     },
   ];
 }
 
 /** The manifests as one multi-document YAML stream. */
 export function renderYaml(o: RenderOptions = DEFAULT_RENDER): string {
-  const head = "# AgentENV on Kubernetes, rendered by `agentenv deploy render` (deploy/render.ts); do not edit by hand.\n# Before applying: kubectl create namespace agentenv; kubectl -n agentenv create secret generic agentenv-api-key --from-literal=key=e2b_<40 hex>\n";
+  const head = "# AgentENV on Kubernetes, rendered by `agentenv deploy render` (deploy/render.ts); do not edit by hand.\n# Before applying: kubectl create namespace agentenv; kubectl -n agentenv create secret generic agentenv-api-key --from-literal=key=e2b_<40 hex>\n# kubectl -n agentenv create secret generic agentenv-secrets-key --from-literal=key=<64 hex> (the key secrets are sealed with; back it up)\n";
   return head + manifests(o).map((m) => YAML.stringify(m, { lineWidth: 0 })).map((d) => "---\n" + d).join("");
 }

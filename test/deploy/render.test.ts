@@ -191,3 +191,41 @@ test("registry settings reach every node: --config becomes the ConfigMap ([image
     require("node:fs").rmSync(dir, { recursive: true, force: true });
   }
 });
+
+test("the cluster's secrets: the sealing key from a Secret mounted 0400 into the gateway, nodes resolve at the gateway, --redis-secret shares the store", () => {
+  const gwSpec = (d: any[]) => d.find((x) => x.kind === "Deployment" && x.metadata.name === "agentenv-gateway").spec.template.spec;
+  const envOf = (c: any) => Object.fromEntries(c.env.map((e: any) => [e.name, e.value ?? e.valueFrom]));
+  const g = gwSpec(docs);
+  const c = g.containers[0];
+  expect(g.volumes.find((v: any) => v.name === "secrets-key")).toEqual({ name: "secrets-key", secret: { secretName: "agentenv-secrets-key", defaultMode: 0o400, items: [{ key: "key", path: "key" }] } });
+  expect(c.volumeMounts.find((m: any) => m.name === "secrets-key")).toEqual({ name: "secrets-key", mountPath: "/etc/agentenv-secrets", readOnly: true });
+  const env = envOf(c);
+  expect(env.AENV__secrets__key_path).toBe("/etc/agentenv-secrets/key");
+  // without Redis: the file store (each replica its own), and nothing names a Redis
+  expect(env.AENV__secrets__store).toBeUndefined();
+  expect(loadConfig({ env: { AENV__secrets__key_path: env.AENV__secrets__key_path } }).secrets.store).toBe("file");
+  const node = envOf(one("DaemonSet", "agentenv-node").spec.template.spec.containers[0]);
+  expect(node.AENV__secrets__gateway_url).toBe("http://agentenv-gateway.agentenv.svc:80");
+  expect(one("Service", "agentenv-gateway").spec.ports[0].port).toBe(80);
+  // the default 2 replicas without Redis is rendered with a warning naming the loss
+  const warn = Bun.spawnSync([process.execPath, join(ROOT, "src/cli/main.ts"), "deploy", "render"], { stdout: "pipe", stderr: "pipe" });
+  expect(warn.stderr.toString()).toContain("2 gateway replicas without --redis-secret");
+  const single = Bun.spawnSync([process.execPath, join(ROOT, "src/cli/main.ts"), "deploy", "render", "--gateway-replicas", "1"], { stdout: "pipe", stderr: "pipe" });
+  expect([single.exitCode, single.stderr.toString()]).toEqual([0, ""]);
+
+  // with Redis: the gateway and the scheduler take store = "redis" and the URL from the Secret's key url
+  const d = render(["--redis-secret", "agentenv-redis", "--namespace", "sbx"]);
+  const rc = gwSpec(d).containers[0];
+  const renv = envOf(rc);
+  const fromSecret = { secretKeyRef: { name: "agentenv-redis", key: "url" } };
+  expect([renv.AENV__secrets__store, renv.AENV__secrets__redis_url, renv.AENV__secrets__key_path]).toEqual(["redis", fromSecret, "/etc/agentenv-secrets/key"]);
+  const senv = envOf(d.find((x) => x.kind === "Deployment" && x.metadata.name === "agentenv-scheduler").spec.template.spec.containers[0]);
+  expect([senv.AENV__scheduler__store, senv.AENV__scheduler__redis_url]).toEqual(["redis", fromSecret]);
+  expect(envOf(d.find((x) => x.kind === "DaemonSet").spec.template.spec.containers[0]).AENV__secrets__gateway_url).toBe("http://agentenv-gateway.sbx.svc:80");
+  // what a gateway loads from that environment (the URL as the Secret would give it)
+  const cfg = loadConfig({ env: { AENV__secrets__store: renv.AENV__secrets__store, AENV__secrets__redis_url: "redis://redis.sbx.svc:6379", AENV__secrets__key_path: renv.AENV__secrets__key_path } });
+  expect([cfg.secrets.store, cfg.secrets.redis_url, cfg.secrets.redis_prefix]).toEqual(["redis", "redis://redis.sbx.svc:6379", "agentenv:secrets:"]);
+  const r = Bun.spawnSync([process.execPath, join(ROOT, "src/cli/main.ts"), "deploy", "render", "--redis-secret", "Not_A_Name"], { stderr: "pipe" });
+  expect(r.exitCode).toBe(2);
+  expect(r.stderr.toString()).toContain("--redis-secret must be a Kubernetes object name");
+});
