@@ -65,8 +65,8 @@ test("two stores over one Redis see each other's creates, updates, listings and 
   expect(p1.items.map((s) => s.name)).toEqual(["openai", "second"]);
   const p2 = await b.list(2, p1.nextToken);
   expect([p2.items.map((s) => s.name), p2.nextToken]).toEqual([["third"], undefined]);
-  expect((await failure(b.list(2, "bm9wZQ"))).code).toBe("secrets.bad_request");
-  expect((await failure(b.list(0))).code).toBe("secrets.bad_request");
+  expect((await failure(b.list(2, "bm9wZQ")))?.code).toBe("secrets.bad_request");
+  expect((await failure(b.list(0)))?.code).toBe("secrets.bad_request");
   // a destroys; b no longer finds it, and the name is free again
   expect(await a.destroy("openai")).toBe(true);
   expect(await a.destroy("openai")).toBe(false);

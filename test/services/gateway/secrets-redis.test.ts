@@ -65,7 +65,8 @@ test("two gateways over one Redis serve one set of secrets; a gateway started ag
   const ob = { apiUrl: b.url, apiKey: KEY };
   const made = await Secret.create("shared-k", "value-one", { ...oa, metadata: { env: "prod" } });
   const seen = await Secret.getInfo("shared-k", ob);
-  expect([seen.id, seen.version, seen.metadata]).toEqual([made.id, 1, { env: "prod" }]);
+  expect(made.secretId).toMatch(/^sec_[0-9a-z]{26}$/);
+  expect([seen.secretId, seen.version, seen.metadata]).toEqual([made.secretId, 1, { env: "prod" }]);
   // nodes resolve through either gateway with the node key
   expect(await new RemoteSecretSource(b.url, () => KEY, 5000).resolve("shared-k")).toBe("value-one");
   // an update through b is the value a resolves next
