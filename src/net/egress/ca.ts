@@ -6,13 +6,23 @@
  * for all leaves). X.509 by @peculiar/x509 over WebCrypto (it needs the Reflect metadata polyfill).
  */
 import "reflect-metadata";
-import * as x509 from "@peculiar/x509";
+import type * as X509 from "@peculiar/x509";
 import { webcrypto } from "node:crypto";
 import { closeSync, existsSync, mkdirSync, openSync, readFileSync, statSync, writeFileSync, writeSync } from "node:fs";
 import { join } from "node:path";
 import { errorMessage } from "../../util/error.ts";
 import { NetError } from "../errors.ts";
 import { LruMap } from "../../util/lru.ts";
+
+/**
+ * @peculiar/x509, loaded after the polyfill above (tsyringe, which it loads, throws at load time
+ * without `Reflect.getMetadata`). Required in the module body, not imported: `bun build` evaluates
+ * a lazily wrapped module's ES imports before its CommonJS ones (reflect-metadata is CommonJS), so
+ * with two imports the compiled binary loaded x509 first and any role loading this module died at
+ * start; an ES module of its own for the polyfill instead fixes the bundle but not `bun run`,
+ * where CommonJS imports are then evaluated ahead of it some of the time.
+ */
+const x509: typeof X509 = require("@peculiar/x509");
 
 const ALG = { name: "ECDSA", namedCurve: "P-256", hash: "SHA-256" } as const;
 const HOUR = 3_600_000;
@@ -53,7 +63,7 @@ export class EgressCa {
   private constructor(
     /** The CA certificate (PEM): what guests trust. */
     readonly certPem: string,
-    private readonly cert: x509.X509Certificate,
+    private readonly cert: X509.X509Certificate,
     private readonly key: CryptoKey,
     /** Most leaves kept in memory. */
     maxLeaves: number,
@@ -100,7 +110,7 @@ export class EgressCa {
     } catch (e) {
       throw fail("cannot create the CA", e);
     }
-    let certPem: string, cert: x509.X509Certificate, key: CryptoKey;
+    let certPem: string, cert: X509.X509Certificate, key: CryptoKey;
     try {
       if (statSync(keyPath).mode & 0o077) throw fail(`${keyPath} may be read by others: chmod 600 it`);
       certPem = readFileSync(certPath, "utf8");
