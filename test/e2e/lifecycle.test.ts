@@ -25,9 +25,10 @@ test("v1 create + autoPause: paused at expiry, 409 on pause again, resume 201 wi
   expect(o.run).toBe("back\n");
   expect(o.network).toBe(204);
   expect(o.badNetwork).toBe(400);
-  expect(o.detailNetwork).toEqual({ denyOut: ["1.1.1.1/32"], allowOut: ["example.com"] });
+  // the PUT replaces the egress part; the ingress setting made at create stays (E2B: ingress is not touched)
+  expect(o.detailNetwork).toEqual({ allowPublicTraffic: false, denyOut: ["1.1.1.1/32"], allowOut: ["example.com"] });
   expect(o.network2).toBe(204);
-  expect(o.detailNetwork2).toEqual({ allowOut: ["example.com"] });
+  expect(o.detailNetwork2).toEqual({ allowPublicTraffic: false, allowOut: ["example.com"] });
   expect(o.kill).toBe(204);
   expect(o.get).toBe(404);
 }, 300_000);
