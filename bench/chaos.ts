@@ -21,14 +21,16 @@
  * layers, staging, VMM records. Figures: kills by kind, sandboxes lost that the workload did not
  * kill, bytes lost of acknowledged writes, leaks, adoption times, unavailability per restart.
  *
- * Needs root, QEMU and the kernel and base template (with its snapshot) in AENV_TEST_HOME_PATH.
+ * Needs root, QEMU and the kernel and base template (with its snapshot) in AENV_TEST_HOME_PATH,
+ * built by this checkout (`AENV_HOME_PATH=$AENV_TEST_HOME_PATH bun src/cli/main.ts template
+ * build-base`): the guests run the envd of its tools drive and of the template's memory snapshot.
  *   bun bench/chaos.ts [--kills 50] [--seed N] [--concurrency 4] [--duration 3600 (s)]
  *     [--min-gap 2] [--max-gap 15 (s)] [--weights node=2,daemon=1,vmm=2] [--max-sandboxes 8]
  *     [--max-write-kib 256] [--adopt 50] [--startup-runs 3] [--json]
  */
 import { join } from "node:path";
 import { readFileSync } from "node:fs";
-import { diskDaemonsUnder, NodeWorld, qemuPidsUnder } from "../test/e2e/world.ts";
+import { diskDaemonsUnder, NodeWorld, qemuPidsUnder, TEST_HOME } from "../test/e2e/world.ts";
 import { killSchedule, KILL_KINDS, leakCounts, percentile, type KillKind } from "./chaos/plan.ts";
 import { leftovers, ublkDevices } from "./chaos/leaks.ts";
 import { loadConfig } from "../src/config/index.ts";
@@ -167,6 +169,18 @@ function sandboxOfVmm(pid: number): string | null {
 const stats = (xs: number[]) => ({ n: xs.length, p50: percentile(xs, 50), p95: percentile(xs, 95), max: xs.length ? Math.max(...xs) : null });
 const sum = (xs: number[]) => xs.reduce((s, x) => s + x, 0);
 
+/** What the guests run: the tools drive (envd) and the base template's snapshot of the test home. */
+function guestProvenance(): { tools: string | null; baseSnapshot: string | null } {
+  const read = (p: string) => {
+    try {
+      return readFileSync(p, "utf8");
+    } catch {
+      return null;
+    }
+  };
+  return { tools: read(join(TEST_HOME, "tools", "current"))?.trim() ?? null, baseSnapshot: JSON.parse(read(join(TEST_HOME, "templates", "base", "manifest.json")) ?? "{}").snapshot ?? null };
+}
+
 const world = new NodeWorld();
 let workload: Workload | undefined;
 const ublkBefore = ublkDevices();
@@ -235,6 +249,8 @@ try {
     }
     const a = await workload.next("available");
     const c = await workload.next("checked");
+    // how long before the kill each lost version was acknowledged (negative: after it)
+    for (const f of c.check.wrong) f.ackedMsBeforeKill = f.ackedAt ? at - f.ackedAt : null;
     checks.push({ after: `${kind} kill ${kills.length + 1}`, ...c.check });
     kills.push({ kind, planned: k.kind, healthMs: a.healthMs, sandboxMs: a.sandboxMs, restart: r, sandboxId, alive: c.alive });
     const lost = c.check.lost.length + c.check.bytesLost + c.check.wrong.length;
@@ -272,6 +288,7 @@ try {
   const leaks = leakCounts(left);
   const figures = {
     seed: SEED,
+    guest: guestProvenance(),
     concurrency: CONCURRENCY,
     chaosMs,
     totalMs: Date.now() - t0,
@@ -279,7 +296,7 @@ try {
     sandboxesLost: sum(checks.map((c) => c.lost.length)),
     lost: checks.flatMap((c) => c.lost.map((l: object) => ({ after: c.after, ...l }))),
     bytesLost: sum(checks.map((c) => c.bytesLost)),
-    wrongFiles: checks.flatMap((c) => c.wrong.map((t: object) => ({ after: c.after, ...t }))),
+    filesLost: checks.flatMap((c) => c.wrong.map((t: object) => ({ after: c.after, ...t }))),
     unverifiedFiles: checks.flatMap((c) => c.unverified.map((t: object) => ({ after: c.after, ...t }))),
     snapshotsLost: checks.flatMap((c) => c.snapshotsLost),
     strays: sum(checks.map((c) => c.strays)),
@@ -309,10 +326,11 @@ try {
 
   say("");
   say(`chaos: ${kills.length} kills (${KILL_KINDS.map((k) => `${k} ${byKind[k]}`).join(", ")}) over ${ms(chaosMs)}, seed ${SEED}, concurrency ${CONCURRENCY}`);
-  say(`  ops: ${Object.entries(fin.ops as Record<string, { ok: number; failed: number }>).map(([k, v]) => `${k} ${v.ok}/${v.ok + v.failed}`).join(", ")} (ok/all); workload kills ${fin.workloadKills}`);
+  say(`  guests: tools drive ${figures.guest.tools}, base template snapshot ${figures.guest.baseSnapshot} (of ${TEST_HOME})`);
+  say(`  ops: ${Object.entries(fin.ops as Record<string, { ok: number; failed: number }>).map(([k, v]) => `${k} ${v.ok}/${v.ok + v.failed}`).join(", ")} (ok/all; errors in --json); workload kills ${fin.workloadKills}`);
   say(`  checked ${figures.sandboxesChecked} sandboxes and ${figures.filesChecked} files over ${checks.length} checks`);
   say(`  sandboxes lost (not killed by the workload): ${figures.sandboxesLost}${figures.lost.length ? ` ${JSON.stringify(figures.lost)}` : ""}`);
-  say(`  bytes lost of acknowledged writes: ${figures.bytesLost}; files with wrong content ${figures.wrongFiles.length}; files not readable ${figures.unverifiedFiles.length}; snapshots lost ${figures.snapshotsLost.length}; strays killed ${figures.strays}`);
+  say(`  bytes lost of acknowledged writes: ${figures.bytesLost}; files that lost an acknowledged version ${figures.filesLost.length}${figures.filesLost.length ? ` ${JSON.stringify(figures.filesLost)}` : ""}; files not readable ${figures.unverifiedFiles.length}; snapshots lost ${figures.snapshotsLost.length}; strays killed ${figures.strays}`);
   say(`  leaks after the final stop: ${leaks.total} ${leaks.total ? JSON.stringify(left) : ""} (node exit ${stopCode}); layers of deleted snapshots inside gc_grace_secs ${layersAwaitingGc}`);
   if (nodeDiedAlone.length) say(`  the node died by itself ${nodeDiedAlone.length} times (exit codes ${nodeDiedAlone.join(", ")})`);
   for (const kind of KILL_KINDS) {
@@ -326,7 +344,7 @@ try {
     const s = figures.startup;
     say(`  start-up after kill -9: with ${ADOPT} sandboxes to adopt p50 ${ms(withNP50)} vs none p50 ${ms(emptyP50)}: +${ms(s.deltaMs)} (x${s.ratio.toFixed(2)}); adoption per sandbox p50 ${ms(s.adoptMsFromNodeStart.p50)} p95 ${ms(s.adoptMsFromNodeStart.p95)}; adopted ${s.adopted.join(", ")}`);
   }
-  const pass = figures.sandboxesLost === 0 && figures.bytesLost === 0 && figures.wrongFiles.length === 0 && leaks.total === 0 && (!figures.startup || figures.startup.deltaMs < 2000);
+  const pass = figures.sandboxesLost === 0 && figures.bytesLost === 0 && figures.filesLost.length === 0 && leaks.total === 0 && (!figures.startup || figures.startup.deltaMs < 2000);
   say(`  done-when (0 lost, 0 bytes lost, 0 leaks${figures.startup ? ", start-up delta < 2 s" : ""}): ${pass ? "met" : "NOT met"}${kills.length < 50 ? ` (only ${kills.length} kills; it asks for >= 50)` : ""}`);
   if (JSON_OUT) process.stdout.write(`${JSON.stringify(figures)}\n`);
   if (!pass) exitCode = 1;

@@ -96,11 +96,19 @@ export interface FileVerdict {
    * not simply gone).
    */
   wrong: boolean;
+  /** When not ok, what was there instead: an older acknowledged version, nothing, or content no write put there. */
+  found?: "older" | "absent" | "foreign";
+  /** When not ok, when the lost version was acknowledged (epoch ms, as given to `acked`). */
+  ackedAt?: number;
 }
 
 interface FileEntry {
   /** The last version the SDK acknowledged; null: none yet (absent). */
   acked: FileVersion | null;
+  /** When it was acknowledged (epoch ms), 0 when unknown. */
+  ackedAt: number;
+  /** Digests of the versions acknowledged before it (the last few). */
+  older: string[];
   /** Writes sent after it whose answer never came: each may or may not have landed. */
   pending: FileVersion[];
 }
@@ -115,14 +123,16 @@ interface FileEntry {
 export class FileLedger {
   private readonly files = new Map<string, FileEntry>();
 
-  /** A write of `v` to `path` was acknowledged. */
-  acked(path: string, v: FileVersion): void {
-    this.files.set(path, { acked: v, pending: [] });
+  /** A write of `v` to `path` was acknowledged at `at` (epoch ms). */
+  acked(path: string, v: FileVersion, at = 0): void {
+    const e = this.files.get(path);
+    const older = e?.acked ? [...e.older, e.acked.sha256].slice(-8) : e?.older ?? [];
+    this.files.set(path, { acked: v, ackedAt: at, older, pending: [] });
   }
 
   /** A write of `v` to `path` failed or got no answer: it may or may not have landed. */
   cut(path: string, v: FileVersion): void {
-    const e = this.files.get(path) ?? { acked: null, pending: [] };
+    const e = this.files.get(path) ?? { acked: null, ackedAt: 0, older: [], pending: [] };
     e.pending.push(v);
     this.files.set(path, e);
   }
@@ -148,16 +158,19 @@ export class FileLedger {
     if (!e) throw new RangeError(`no write to ${path} was recorded`);
     const same = (a: Observed, b: Observed) => (a === null || b === null ? a === b : a.sha256 === b.sha256 && a.size === b.size);
     const ok = same(seen, e.acked) || e.pending.some((p) => same(seen, p));
-    const verdict: FileVerdict = ok ? { ok, bytesLost: 0, wrong: false } : { ok, bytesLost: e.acked?.size ?? 0, wrong: seen !== null };
-    if (seen === null) this.files.delete(path);
-    else this.files.set(path, { acked: seen, pending: [] });
+    const found = seen === null ? "absent" : e.older.includes(seen.sha256) ? "older" : "foreign";
+    const verdict: FileVerdict = ok ? { ok, bytesLost: 0, wrong: false } : { ok, bytesLost: e.acked?.size ?? 0, wrong: seen !== null, found, ackedAt: e.ackedAt };
+    // every version that was there once stays known, so one coming back later is "older"
+    const older = [...e.older, ...[e.acked, ...e.pending].filter((v) => v !== null && v.sha256 !== seen?.sha256).map((v) => v!.sha256)].slice(-16);
+    if (seen === null && older.length === 0) this.files.delete(path);
+    else this.files.set(path, { acked: seen, ackedAt: 0, older, pending: [] });
     return verdict;
   }
 
   /** A copy (a fork's child or a snapshot holds the files its parent held at that moment). */
   copy(): FileLedger {
     const c = new FileLedger();
-    for (const [p, e] of this.files) c.files.set(p, { acked: e.acked, pending: [...e.pending] });
+    for (const [p, e] of this.files) c.files.set(p, { ...e, older: [...e.older], pending: [...e.pending] });
     return c;
   }
 }

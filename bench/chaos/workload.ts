@@ -59,7 +59,8 @@ const doubtful = new Set<string>();
 /** Snapshots the node acknowledged, with the files their sandbox held. */
 const snapshots = new Map<string, FileLedger>();
 let baselineSnapshots = new Set<string>();
-const ops: Record<string, { ok: number; failed: number }> = {};
+/** Per operation: how many succeeded and failed, and the first few distinct errors (for a reader of the figures). */
+const ops: Record<string, { ok: number; failed: number; errors: string[] }> = {};
 let workloadKills = 0;
 
 function track(id: string, files = new FileLedger()): Tracked {
@@ -99,7 +100,7 @@ async function writeFile(t: Tracked, s?: Sandbox): Promise<void> {
     const sbx = s ?? (await connect(t.id));
     t.paused = false;
     await sbx.files.write(path, bytes.buffer as ArrayBuffer, REQ);
-    t.files.acked(path, v);
+    t.files.acked(path, v, Date.now());
   } catch (e) {
     t.files.cut(path, v);
     throw e;
@@ -217,12 +218,14 @@ async function worker(): Promise<void> {
     }
     const free = [...alive.values()].filter((t) => !t.busy);
     const op = pickOp(free);
-    const tally = (ops[op] ??= { ok: 0, failed: 0 });
+    const tally = (ops[op] ??= { ok: 0, failed: 0, errors: [] });
     try {
       if (await runOp(op, free)) tally.ok++;
       else await Bun.sleep(100);
-    } catch {
+    } catch (e) {
       tally.failed++;
+      const why = errName(e);
+      if (tally.errors.length < 5 && !tally.errors.includes(why)) tally.errors.push(why);
       // a dead node refuses at once: do not spin
       await Bun.sleep(250 + rnd() * 500);
     }
@@ -254,8 +257,8 @@ interface CheckResult {
   files: number;
   lost: { id: string; why: string }[];
   bytesLost: number;
-  /** Files holding content they must not (an older version, torn, foreign). */
-  wrong: { id: string; path: string }[];
+  /** Files that lost an acknowledged version: gone, or holding an older version or foreign content; when that version was acknowledged (epoch ms). */
+  wrong: { id: string; path: string; found: string; bytes: number; ackedAt: number }[];
   unverified: { id: string; path: string; why: string }[];
   snapshotsLost: string[];
   /** Listed sandboxes the workload did not know (a create or fork whose answer the kill cut): killed. */
@@ -320,7 +323,7 @@ async function check(): Promise<CheckResult> {
       r.files++;
       const v = t.files.observe(path, seen);
       r.bytesLost += v.bytesLost;
-      if (v.wrong) r.wrong.push({ id: t.id, path });
+      if (!v.ok) r.wrong.push({ id: t.id, path, found: v.found!, bytes: v.bytesLost, ackedAt: v.ackedAt! });
     }
   });
   const listed = await all(Sandbox.list({ query: { state: ["running", "paused"] }, limit: 100, ...REQ }));

@@ -64,17 +64,29 @@ describe("FileLedger", () => {
     expect(l.ackedBytes()).toBe(300);
     expect(l.observe("/a", v("ab", 300))).toEqual({ ok: true, bytesLost: 0, wrong: false });
     // the older version came back: the acknowledged one is lost
-    l.acked("/a", v("ac", 50));
-    expect(l.observe("/a", v("ab", 300))).toEqual({ ok: false, bytesLost: 50, wrong: true });
+    l.acked("/a", v("ac", 50), 1234);
+    expect(l.observe("/a", v("ab", 300))).toEqual({ ok: false, bytesLost: 50, wrong: true, found: "older", ackedAt: 1234 });
     // the ledger took what it saw: the same content again is no new loss
     expect(l.observe("/a", v("ab", 300))).toEqual({ ok: true, bytesLost: 0, wrong: false });
   });
 
-  test("a file gone loses its acknowledged bytes and leaves the ledger", () => {
+  test("a file gone loses its acknowledged bytes once; it must stay gone, and a version of it coming back is an older one", () => {
     const l = new FileLedger();
-    l.acked("/b", v("bb", 1234));
-    expect(l.observe("/b", null)).toEqual({ ok: false, bytesLost: 1234, wrong: false });
-    expect(l.paths()).toEqual([]);
+    l.acked("/b", v("bb", 1234), 99);
+    expect(l.observe("/b", null)).toEqual({ ok: false, bytesLost: 1234, wrong: false, found: "absent", ackedAt: 99 });
+    expect(l.paths()).toEqual(["/b"]);
+    expect(l.observe("/b", null)).toEqual({ ok: true, bytesLost: 0, wrong: false });
+    expect(l.observe("/b", v("bb", 1234))).toMatchObject({ ok: false, bytesLost: 0, wrong: true, found: "older" });
+  });
+
+  test("a version seen at an earlier check that comes back later is an older one, not foreign", () => {
+    const l = new FileLedger();
+    l.acked("/g", v("g1", 1));
+    expect(l.observe("/g", v("g1", 1)).ok).toBe(true);
+    l.acked("/g", v("g2", 2));
+    expect(l.observe("/g", v("g2", 2)).ok).toBe(true);
+    l.acked("/g", v("g3", 3));
+    expect(l.observe("/g", v("g1", 1))).toMatchObject({ ok: false, bytesLost: 3, found: "older" });
   });
 
   test("a write whose answer was cut may or may not have landed, never half", () => {
@@ -89,7 +101,7 @@ describe("FileLedger", () => {
     l.cut("/d", v("d1", 40));
     expect(l.observe("/d", null)).toEqual({ ok: true, bytesLost: 0, wrong: false });
     l.cut("/e", v("e1", 40));
-    expect(l.observe("/e", v("torn", 17))).toEqual({ ok: false, bytesLost: 0, wrong: true });
+    expect(l.observe("/e", v("torn", 17))).toEqual({ ok: false, bytesLost: 0, wrong: true, found: "foreign", ackedAt: 0 });
   });
 
   test("a copy (a fork child's, a snapshot's) is judged apart from its original", () => {
