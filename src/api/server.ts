@@ -23,8 +23,6 @@ export interface ServeOptions {
   hostname: string;
   port: number;
   apiKey: string;
-  /** Where the operator finds the key (`file <path>` or the config setting), named in 401 messages. */
-  apiKeyHint: string | null;
   /** Null while the node is still starting (the address is bound first): every request gets 503. */
   app: FetchApp | null;
   proxy: SandboxProxy | null;
@@ -44,6 +42,9 @@ interface WsData extends RelayData {
 }
 
 const log = logger("api");
+
+/** The 401 answer's message: the same for a missing and a wrong key, naming nothing of the server. */
+export const UNAUTHORIZED_MESSAGE = "Invalid API key: send this node's key in the X-API-Key header";
 
 /** Parse `host:port` (IPv6 in brackets). @throws Error naming the bad value. */
 export function parseAddr(addr: string): { hostname: string; port: number } {
@@ -116,7 +117,9 @@ export function serve(o: ServeOptions, listen: ListenOptions = o): Server<WsData
       if (terminal) return terminal;
       const selfAuth = SELF_AUTH_PATHS.some((p) => p.test(url.pathname));
       if (!selfAuth && !PUBLIC_PATHS.some((p) => p.test(url.pathname)) && !keyMatches(req.headers.get("x-api-key"), o.apiKey)) {
-        return errorResponse("api.unauthorized", `Invalid API key: use this node's key (${o.apiKeyHint ?? "file $home_path/api-key"})`);
+        // no server path or setting name here: whoever reads this has not shown a key (the node's
+        // start banner and its "node listening" log line say where the key is)
+        return errorResponse("api.unauthorized", UNAUTHORIZED_MESSAGE);
       }
       const len = Number(req.headers.get("content-length") ?? 0);
       if (!selfAuth && len > o.maxBodyBytes) return errorResponse("api.body_too_large", `request body of ${len} bytes exceeds the limit of ${o.maxBodyBytes}`);

@@ -108,7 +108,7 @@ export async function bootNode(cfg: Config, makeRuntime: RuntimeFactory = create
   if (outbound.httpsProxy || outbound.httpProxy) log.info({ https: redactUrl(outbound.httpsProxy), http: redactUrl(outbound.httpProxy), noProxy: outbound.noProxy }, "outbound requests go through a proxy");
   const registries = nodeRegistries(cfg, outbound);
   const locks = acquireNodeLocks(cfg.runtime_path, cfg.network.name_prefix);
-  const serveOpts: ServeOptions = { hostname, port, apiKey: "", apiKeyHint: null, app: null, proxy: null, maxBodyBytes: cfg.api.max_body_bytes, console: cfg.console };
+  const serveOpts: ServeOptions = { hostname, port, apiKey: "", app: null, proxy: null, maxBodyBytes: cfg.api.max_body_bytes, console: cfg.console };
   let server: ReturnType<typeof serve>;
   let tlsServer: ReturnType<typeof serve> | null = null;
   try {
@@ -201,7 +201,6 @@ export async function bootNode(cfg: Config, makeRuntime: RuntimeFactory = create
     secrets: secrets.store ? { store: secrets.store } : { remoteUrl: secrets.remoteUrl },
   });
   serveOpts.apiKey = key;
-  serveOpts.apiKeyHint = source === "config" ? "config [api] key / AENV_API_KEY" : `file ${apiKeyPath(home)}`;
   serveOpts.proxy = proxy;
   serveOpts.direct = (req, url) => handleUpload(req, url, templates);
   serveOpts.app = app;
@@ -209,7 +208,7 @@ export async function bootNode(cfg: Config, makeRuntime: RuntimeFactory = create
   const url = `http://${shownHost.includes(":") ? `[${shownHost}]` : shownHost}:${server.port}`;
   const httpsPort = tlsServer?.port ?? null;
   const stopReporting = reporting ? startReporting(reporting, { nodeId: id, clusterId: identity.clusterId, serviceInstanceId: identity.serviceInstanceId, homePath: home, commit }, orch) : null;
-  log.info({ url, runtime: runtime.name, apiKeySource: source, scheduler: reporting?.endpoint ?? null }, "node listening");
+  log.info({ url, runtime: runtime.name, apiKeySource: source, ...(source === "config" ? {} : { apiKeyFile: apiKeyPath(home) }), scheduler: reporting?.endpoint ?? null }, "node listening");
   let closing: Promise<void> | undefined;
   return {
     url,
