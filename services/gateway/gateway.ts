@@ -32,6 +32,7 @@ import { UPLOAD_PATH_RE } from "../../src/template/index.ts";
 import type { NodeRef } from "../../src/cluster/index.ts";
 import { Type as T } from "@sinclair/typebox";
 import { jsonSchema } from "../../src/util/json-check.ts";
+import { malformedJsonMessage, notJsonReason } from "../../src/util/json-body.ts";
 import { ClientFault, fanOut, listV1, listV2, mergedList, RECORDS, type FanOut, type NodeAnswer } from "./aggregate.ts";
 import type { GatewayConfig } from "./config.ts";
 import { plausibleSandboxId, type DataRoute } from "./dataplane.ts";
@@ -243,11 +244,13 @@ export class Gateway {
       }
     }
     const bytes = new Uint8Array(Buffer.concat(chunks));
+    const notJson = bytes.length ? notJsonReason(req.headers.get("content-type")) : null;
+    if (notJson) throw new GatewayError("gateway.bad_request", notJson);
     let json: unknown;
     try {
       json = bytes.length ? JSON.parse(new TextDecoder().decode(bytes)) : {};
     } catch (e) {
-      throw new GatewayError("gateway.bad_request", `malformed request body: ${errorMessage(e)}`);
+      throw new GatewayError("gateway.bad_request", malformedJsonMessage(errorMessage(e)));
     }
     if (typeof json !== "object" || json === null || Array.isArray(json)) throw new GatewayError("gateway.bad_request", "the request body must be a JSON object");
     return { bytes, json: json as Record<string, unknown> };

@@ -18,6 +18,7 @@ import { toDetail, toListed, toSandbox, toTemplate } from "./serialize.ts";
 import { BodyPolicy, strictBody } from "./strict.ts";
 import { healthBody, type Feature } from "./features.ts";
 import { logger } from "../observability/log.ts";
+import { malformedJsonMessage } from "../util/json-body.ts";
 import { telemetryRoutes } from "./routes/telemetry.ts";
 import { volumeRoutes } from "./routes/volumes.ts";
 import { snapshotRoutes } from "./routes/snapshots.ts";
@@ -176,7 +177,11 @@ export function buildApp(deps: ApiDeps) {
   const app = root
     .onError(({ code, error }) => {
       if (code === "VALIDATION") return errorResponse("api.validation", validationMessage(error));
-      if (code === "PARSE") return errorResponse("api.parse", `malformed request body: ${errorMessage(error)}`);
+      if (code === "PARSE") {
+        // JSON routes read their own bodies (strict.ts readJsonBody): its ApiError is the cause
+        if (error.cause instanceof ApiError) return toErrorResponse(error.cause);
+        return errorResponse("api.parse", malformedJsonMessage(errorMessage(error.cause ?? error)));
+      }
       if (code === "NOT_FOUND") return errorResponse("api.no_route", "no such route");
       return toErrorResponse(error);
     })

@@ -5,6 +5,7 @@ import { AgentEnvError, type ErrorTable } from "../errors.ts";
 export const API_ERRORS = {
   "api.validation": "the request does not match the route's schema",
   "api.parse": "the request body is not valid JSON",
+  "api.not_json": "a request body on a JSON route sent without a JSON content type (details.contentType)",
   "api.no_route": "no route for this method and path",
   "api.bad_limit": "a list `limit` outside 1..100",
   "api.bad_metadata": "a metadata filter that is not key=value pairs or is badly percent-encoded",

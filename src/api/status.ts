@@ -80,6 +80,7 @@ export const ERROR_TABLES = {
 const NOT_500 = {
   "api.validation": 400,
   "api.parse": 400,
+  "api.not_json": 400,
   "api.no_route": 404,
   "api.bad_limit": 400,
   "api.bad_metadata": 400,

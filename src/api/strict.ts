@@ -17,7 +17,10 @@
  * of the value's JSON type; arrays check each item; `t.Any()` takes anything.
  */
 import type { TSchema } from "elysia";
+import { OptionalKind } from "@sinclair/typebox";
 import type { Logger } from "pino";
+import { errorMessage } from "../util/error.ts";
+import { malformedJsonMessage, notJsonReason } from "../util/json-body.ts";
 import { ApiError } from "./errors.ts";
 
 type Schema = TSchema & {
@@ -108,12 +111,51 @@ export class BodyPolicy {
 }
 
 /**
- * Route options making `schema` the route's body and checking it for unknown fields with
- * `policy` before the handler runs (after validation). Spread into the route's options.
+ * The body of a JSON route, read by the route itself instead of Elysia's parsers (which pick one
+ * by content type: a `text/plain` body reached validation as a string, "Expected object", or was
+ * dropped on routes whose body is optional, and malformed JSON answered "Bad Request"). An empty
+ * body is `undefined` where the body is optional (`t.Optional`).
+ * @throws ApiError `api.not_json` (a body without a JSON content type), `api.parse` (malformed
+ *   JSON), `api.validation` (no body where one is required).
+ */
+export async function readJsonBody(request: Request, optional: boolean): Promise<unknown> {
+  const text = await request.text();
+  const contentType = request.headers.get("content-type");
+  if (text.trim() === "") {
+    if (optional) return undefined;
+    throw new ApiError("api.validation", "this route takes a JSON body (content-type: application/json); the request has none", { contentType });
+  }
+  const notJson = notJsonReason(contentType);
+  if (notJson) throw new ApiError("api.not_json", notJson, { contentType });
+  try {
+    return JSON.parse(text);
+  } catch (e) {
+    throw new ApiError("api.parse", malformedJsonMessage(errorMessage(e)), { contentType });
+  }
+}
+
+/**
+ * What the parse hook hands on for an empty optional body: Elysia falls back to its own parsers
+ * (reading the body again) when a parse hook gives `undefined`, so "no body" travels as this and
+ * the transform hook (before validation) makes it `undefined`.
+ */
+const NO_BODY = Symbol("no body");
+
+/**
+ * Route options making `schema` the route's JSON body (read by readJsonBody; its ApiError reaches
+ * the app's error handler as the `cause` of Elysia's parse error) and checking it for unknown
+ * fields with `policy` before the handler runs (after validation). Spread into the route's options.
  */
 export function strictBody<S extends TSchema>(policy: BodyPolicy, schema: S) {
+  const optional = (schema as { [OptionalKind]?: string })[OptionalKind] === "Optional";
   return {
     body: schema,
+    // the "json" after it is never reached (the first always answers): it makes the OpenAPI
+    // document list application/json as the one content type of the body
+    parse: [async ({ request }: { request: Request }) => (await readJsonBody(request, optional)) ?? NO_BODY, "json" as const],
+    transform(ctx: { body: unknown }) {
+      if (ctx.body === NO_BODY) ctx.body = undefined;
+    },
     beforeHandle({ body, request, route }: { body: unknown; request: Request; route: string }) {
       policy.check(`${request.method} ${route}`, body, schema);
     },

@@ -94,6 +94,36 @@ test("strict_bodies = false accepts the request and logs each unknown field once
   expect(pairs).toContain("POST /sandboxes/:sandboxID/timeout|bogus");
 });
 
+/** Routes whose body may be left out (the SDKs send none): an empty body is no body there. */
+const OPTIONAL = ["/v2/sandboxes/abc123/connect", "/sandboxes/abc123/resume", "/sandboxes/abc123/pause", "/sandboxes/abc123/refreshes", "/sandboxes/abc123/snapshots", "/sandboxes/abc123/fork", "/volumecontent/vol1/path?path=/x"];
+
+test("a body that is not JSON on every route with a body is 400 naming what was sent: api.not_json for another content type, api.parse for malformed JSON", async () => {
+  for (const [method, path, body] of ROUTES) {
+    const route = `${method} ${path}`;
+    // a JSON text sent as text/plain (curl -d, a form) is refused for its content type, not its fields
+    for (const contentType of ["text/plain", "text/plain;charset=UTF-8", "application/x-www-form-urlencoded", "application/xml"]) {
+      const r = await api(strict, path, { method, body: JSON.stringify(body), headers: { "content-type": contentType } });
+      expect({ route, status: r.status, body: await r.json() }).toEqual({
+        route,
+        status: 400,
+        body: { code: 400, error_code: "api.not_json", message: `this route takes a JSON body (content-type: application/json); the request sent content-type ${JSON.stringify(contentType)}` },
+      });
+    }
+    const bad = await api(strict, path, { method, body: "{not json", headers: { "content-type": "application/json" } });
+    expect({ route, status: bad.status, body: await bad.json() }).toEqual({ route, status: 400, body: { code: 400, error_code: "api.parse", message: expect.stringMatching(/^the request body is not valid JSON: JSON Parse error: /) } });
+    // no body: refused where one is required, no body at all where it is optional
+    const none = await api(strict, path, { method });
+    const b = (await none.json().catch(() => ({}))) as { error_code?: string; message?: string };
+    if (OPTIONAL.includes(path)) expect({ route, code: b.error_code }).not.toMatchObject({ code: expect.stringMatching(/^api\./) });
+    else expect({ route, status: none.status, body: b }).toMatchObject({ route, status: 400, body: { error_code: "api.validation", message: "this route takes a JSON body (content-type: application/json); the request has none" } });
+  }
+  // a JSON media type with parameters or a +json suffix is JSON
+  for (const contentType of ["application/json; charset=utf-8", "application/merge-patch+json"]) {
+    const r = await api(strict, "/sandboxes/abc123/timeout", { method: "POST", body: JSON.stringify({ timeout: 10 }), headers: { "content-type": contentType } });
+    expect([contentType, r.status, ((await r.json()) as { error_code: string }).error_code]).toEqual([contentType, 404, "orchestrator.not_found"]);
+  }
+});
+
 test("unknownFields walks objects, records, unions and arrays", () => {
   expect(unknownFields({ templateID: "t", metadata: { any: "key" }, envVars: null, network: { rules: { "a.com": [{ x: 1 }] }, allowOut: ["x"], zz: 1 }, q: 2 }, NewSandboxV2)).toEqual(["network.zz", "q"]);
   expect(unknownFields(undefined, NewSandboxV2)).toEqual([]);

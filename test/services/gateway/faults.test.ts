@@ -101,7 +101,7 @@ async function cluster(nodes: Record<string, string>, env: { scheduler?: Record<
     ),
   );
   cleanup.push(() => gw.close());
-  const api = (path: string, init: RequestInit = {}) => fetch(gw.url + path, { ...init, headers: { "x-api-key": KEY, ...(init.headers as Record<string, string>) } });
+  const api = (path: string, init: RequestInit = {}) => fetch(gw.url + path, { ...init, headers: { "x-api-key": KEY, ...(typeof init.body === "string" ? { "content-type": "application/json" } : {}), ...(init.headers as Record<string, string>) } });
   return { sched, gw, api };
 }
 

@@ -28,7 +28,7 @@ function schedulerEnv() {
 const api = (path: string, init: RequestInit & { key?: string | null } = {}) => {
   const headers = new Headers(init.headers);
   if (init.key !== null) headers.set("x-api-key", init.key ?? KEY);
-  if (init.body) headers.set("content-type", "application/json");
+  if (init.body && !headers.has("content-type")) headers.set("content-type", "application/json");
   return fetch(gw.url + path, { ...init, headers });
 };
 
@@ -70,7 +70,13 @@ test("create: Schedule picks the node, the node creates, the binding is recorded
   expect(nodes[0]!.runtime.starts).toBe(2);
   expect(nodes[1]!.runtime.starts).toBe(2);
   // bad input: malformed JSON is refused by the gateway, a bad field by the node
-  expect((await api("/v2/sandboxes", { method: "POST", body: "{nope" })).status).toBe(400);
+  const malformed = await api("/v2/sandboxes", { method: "POST", body: "{nope" });
+  expect([malformed.status, ((await malformed.json()) as any).message]).toEqual([400, expect.stringMatching(/^the request body is not valid JSON: /)]);
+  // a JSON text sent as text/plain is refused for its content type, naming it (webhooks too: the gateway reads both)
+  for (const path of ["/v2/sandboxes", "/events/webhooks"]) {
+    const plain = await api(path, { method: "POST", body: JSON.stringify({ templateID: "base" }), headers: { "content-type": "text/plain" } });
+    expect([path, plain.status, await plain.json()]).toEqual([path, 400, { code: 400, error_code: "gateway.bad_request", message: 'this route takes a JSON body (content-type: application/json); the request sent content-type "text/plain"' }]);
+  }
   const bad = await api("/v2/sandboxes", { method: "POST", body: JSON.stringify({ templateID: "base", timeout: -5 }) });
   expect(bad.status).toBe(400);
   expect((await bad.json() as any).code).toBe(400);
