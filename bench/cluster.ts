@@ -9,6 +9,7 @@
  *     creates sent directly to the nodes, 8 concurrent clients.
  * Usage: bun bench/cluster.ts [--requests N] [--creates N]
  */
+import "./quiet-logs.ts";
 import { mkdtempSync, rmSync } from "node:fs";
 import { loadConfig } from "../src/config/index.ts";
 import { gatewayConfig, startGateway } from "../services/gateway/index.ts";
@@ -54,7 +55,7 @@ const home = mkdtempSync("/tmp/aenv-bench-cluster-");
 const schedPort = freePort();
 const nodes = [await startLoopbackNode("a", schedPort, KEY, { AENV__orchestrator__max_sandboxes: "10000" }), await startLoopbackNode("b", schedPort, KEY, { AENV__orchestrator__max_sandboxes: "10000" })];
 const sched = await startTestScheduler({ AENV_HOME_PATH: home, AENV__scheduler__addr: `127.0.0.1:${schedPort}`, AENV__scheduler__nodes: `a=${nodes[0]!.url},b=${nodes[1]!.url}` });
-const gw = startGateway(gatewayConfig(loadConfig({ env: { AENV_HOME_PATH: home, AENV_API_KEY: KEY, AENV_LOG_LEVEL: "error", AENV__gateway__addr: "127.0.0.1:0", AENV__cluster__scheduler_endpoint: `127.0.0.1:${schedPort}` } })));
+const gw = startGateway(gatewayConfig(loadConfig({ env: { AENV_HOME_PATH: home, AENV_API_KEY: KEY, AENV__gateway__addr: "127.0.0.1:0", AENV__cluster__scheduler_endpoint: `127.0.0.1:${schedPort}` } })));
 const load = (await Bun.file("/proc/loadavg").text()).split(" ").slice(0, 3).join(" ");
 console.log(`cluster bench: load average ${load}, ${REQUESTS} requests, ${CREATES} creates`);
 

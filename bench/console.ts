@@ -17,6 +17,7 @@
  *
  *   bun bench/console.ts [--sandboxes 200] [--runs 5]
  */
+import "./quiet-logs.ts";
 import { parseArgs } from "node:util";
 import { createLoopback, startNodeNoVm, type TestNode } from "../test/api/helpers.ts";
 import { launchChromium, type TestBrowser } from "../test/console/browser.ts";
@@ -88,7 +89,7 @@ function report(label: string, runs: Run[]): void {
   );
 }
 
-const node = await startNodeNoVm({ AENV_LOG_LEVEL: "error", AENV__orchestrator__max_sandboxes: String(Math.max(16, N)) }, undefined, {});
+const node = await startNodeNoVm({ AENV__orchestrator__max_sandboxes: String(Math.max(16, N)) }, undefined, {});
 const chrome = await launchChromium();
 try {
   await load(chrome, node, 0); // warm the node's bundle and the browser binary's caches

@@ -15,6 +15,7 @@
  * and JS heap after a full GC) before and after each variant, with the webhooks' queue depths.
  * Usage: bun bench/events.ts [--events N] [--rounds R]   (default R: batches of 50)
  */
+import "./quiet-logs.ts";
 import type { Socket } from "bun";
 
 const arg = (name: string, def: number) => {
@@ -27,7 +28,7 @@ const SANDBOXES = 10;
 
 const { startNodeNoVm, api } = await import("../test/api/helpers.ts");
 
-const node = await startNodeNoVm({ AENV_LOG_LEVEL: "error" }, undefined, { templates: ["base"] });
+const node = await startNodeNoVm({}, undefined, { templates: ["base"] });
 const ids: string[] = [];
 for (let i = 0; i < SANDBOXES; i++) {
   const r = await api(node, "/v2/sandboxes", { method: "POST", body: JSON.stringify({ templateID: "base", timeout: 3600 }) });
