@@ -138,6 +138,21 @@ describe("overrides", () => {
     expect(configError(() => loadConfig({ env: { "AENV__image__registry_mirrors__bad/key": "m" } })).details.key).toBe("image.registry_mirrors.bad/key");
   });
 
+  test("a mirror entry of a registry with a dot: the shell form docs/image-pulls.md gives reaches the node's config; export refuses the name", async () => {
+    const doc = readFileSync(join(REPO, "docs/image-pulls.md"), "utf8");
+    const section = doc.slice(doc.indexOf("### A mirror entry in the environment"));
+    const line = /```sh\n(?:#.*\n)*(env .*) agentenv server\n```/.exec(section)?.[1];
+    expect(line).toBeDefined();
+    // the documented command, with a config read in place of the node
+    const read = `${process.execPath} -e 'const { loadConfig } = await import(${JSON.stringify(join(REPO, "src/config/index.ts"))}); console.log(JSON.stringify(loadConfig({ env: process.env }).image.registry_mirrors))'`;
+    const run = (script: string) => Bun.spawnSync(["bash", "-c", script], { env: { PATH: process.env.PATH!, AENV_HOME_PATH: TMP }, stdout: "pipe", stderr: "pipe" });
+    const ok = run(`${line} ${read}`);
+    expect([ok.exitCode, JSON.parse(ok.stdout.toString())]).toEqual([0, { "docker.io": ["127.0.0.1:5000", "harbor.corp/dockerhub-proxy"] }]);
+    // what the page warns about: bash refuses the name
+    const refused = run("export AENV__image__registry_mirrors__docker.io=127.0.0.1:5000");
+    expect([refused.exitCode, refused.stderr.toString()]).toEqual([1, expect.stringContaining("not a valid identifier")]);
+  });
+
   test("a tree is checked like a file", () => {
     expect(loadConfig({ env: {}, tree: { pool: { network: { retry_backoff_ms: 7 } } } }).pool.network.retry_backoff_ms).toBe(7);
     const e = configError(() => loadConfig({ env: {}, tree: { pool: { nope: 1 } } }));
