@@ -271,13 +271,17 @@ export class LoopbackRuntime implements SandboxRuntime<LoopbackState> {
     return this.serve(spec.id);
   }
 
-  /** A snapshot by id, or by name (`name` or `name:tag`), of one of `kinds`. */
+  /**
+   * A snapshot of one of `kinds` by id (`id` or `id:default`), else the newest carrying `ref` as a
+   * name (with or without `:tag`): the rule of VmRuntime.findSnapshot, so a name two snapshots
+   * carry resolves here as on a VM node.
+   */
   private findSnapshot(ref: string, kinds: SnapshotRequest["kind"][]) {
-    const bare = ref.replace(/:[^:/]*$/, "");
-    for (const s of this.snaps.values()) {
-      if (kinds.includes(s.kind) && (s.snapshotID === ref || s.names.some((n) => n === ref || n.replace(/:[^:/]*$/, "") === bare))) return s;
-    }
-    return undefined;
+    const id = ref.endsWith(":default") ? ref.slice(0, -8) : ref;
+    const byId = this.snaps.get(id);
+    if (byId && kinds.includes(byId.kind)) return byId;
+    // records in creation order: the last match is the newest
+    return [...this.snaps.values()].filter((s) => kinds.includes(s.kind) && s.names.some((n) => n === ref || n.replace(/:[^:/]*$/, "") === ref)).at(-1);
   }
 
   async pause(id: string, _state?: LoopbackState, _signal?: AbortSignal, opts?: { memory: boolean }): Promise<LoopbackState> {
