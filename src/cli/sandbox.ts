@@ -8,6 +8,7 @@
 import { defineCommand } from "citty";
 import { ENVD_PORT } from "../envd/version.ts";
 import { call, CliError, common, conn, run, table, type Conn } from "./node-client.ts";
+import { CREATE_DEFAULT_TIMEOUT_SECS } from "../orchestrator/timeouts.ts";
 
 function parseKv(list: string | string[] | undefined, what: string): Record<string, string> {
   const out: Record<string, string> = {};
@@ -66,7 +67,7 @@ export default defineCommand({
       args: {
         ...common,
         template: { type: "positional", required: false, default: "base", description: "template id or alias" },
-        timeout: { type: "string", description: "lifetime in seconds (default 300)" },
+        timeout: { type: "string", description: `lifetime in seconds (default: the node's [orchestrator] default_timeout_secs, ${CREATE_DEFAULT_TIMEOUT_SECS} unless set)` },
         env: { type: "string", description: "KEY=VALUE env var (repeatable)" },
         meta: { type: "string", description: "KEY=VALUE metadata (repeatable)" },
         json: { type: "boolean", description: "print the full response as JSON" },

@@ -1,11 +1,12 @@
 /**
  * Snapshots from the CLI: `agentenv sandbox snapshot ID [--name N]` (commit a snapshot of a
- * running sandbox; it keeps running), `agentenv sandbox fork ID [--count N]` (snapshot once,
- * start N children), and `agentenv snapshot list|rm` (the node's or cluster's snapshots; `rm`
+ * running sandbox; it keeps running), `agentenv sandbox fork ID [--count N] [--timeout S]`
+ * (snapshot once, start N children living S seconds, by default as long as a created sandbox), and `agentenv snapshot list|rm` (the node's or cluster's snapshots; `rm`
  * deletes by id or name, as the SDK's `Sandbox.deleteSnapshot` does through
  * `DELETE /templates/{ref}`).
  */
 import { defineCommand } from "citty";
+import { CREATE_DEFAULT_TIMEOUT_SECS, FORK_DEFAULT_TIMEOUT_SECS } from "../orchestrator/timeouts.ts";
 import { call, CliError, common, conn, run, table, type Conn } from "./node-client.ts";
 
 /** A listed snapshot (`GET /snapshots`). */
@@ -73,15 +74,15 @@ export const forkSandbox = defineCommand({
     ...common,
     id: { type: "positional", required: true, description: "sandbox id" },
     count: { type: "string", default: "1", description: "children to start (1..100)" },
-    timeout: { type: "string", description: "lifetime of each child, seconds" },
+    timeout: { type: "string", default: String(CREATE_DEFAULT_TIMEOUT_SECS), description: `lifetime of each child, seconds (default ${CREATE_DEFAULT_TIMEOUT_SECS}, as \`sandbox create\`; the API's own fork default is ${FORK_DEFAULT_TIMEOUT_SECS})` },
     json: { type: "boolean", description: "JSON output" },
   },
   run: ({ args }) =>
     run(async () => {
       const n = count(args.count, "count", 100)!;
-      const timeout = args.timeout === undefined ? undefined : Number(args.timeout);
-      if (timeout !== undefined && (!Number.isInteger(timeout) || timeout < 0)) throw new CliError(`--timeout must be a whole number of seconds, got ${args.timeout}`);
-      const r = (await call(conn(args), "POST", `/sandboxes/${encodeURIComponent(args.id)}/fork`, { count: n, ...(timeout === undefined ? {} : { timeout }) })).data as {
+      const timeout = Number(args.timeout);
+      if (!Number.isInteger(timeout) || timeout < 0) throw new CliError(`--timeout must be a whole number of seconds, got ${args.timeout}`);
+      const r = (await call(conn(args), "POST", `/sandboxes/${encodeURIComponent(args.id)}/fork`, { count: n, timeout })).data as {
         sandbox?: { sandboxID: string };
         error?: { message: string; error_code?: string };
       }[];

@@ -3,6 +3,7 @@ export { Orchestrator, type ShutdownSummary } from "./orchestrator.ts";
 export { encodeCursor, decodeCursor } from "./pages.ts";
 export type { ConnectResult, ForkResult, OrchestratorObserver, SandboxEvent, SandboxNote, SandboxService, StopReason } from "./service.ts";
 export { FORK_DEFAULT_TIMEOUT_SECS, MAX_FORK_COUNT } from "./service.ts";
+export { CREATE_DEFAULT_TIMEOUT_SECS } from "./timeouts.ts";
 export { OrchestratorError, ORCHESTRATOR_ERRORS, type OrchestratorErrorCode, isRequestFault, notFound } from "./errors.ts";
 export { orchestratorConfig, type OrchestratorConfig } from "./config.ts";
 export type {

@@ -55,8 +55,7 @@ export interface OrchestratorObserver {
 
 /** Most children one fork may ask for (E2B `SandboxForkRequest.count`). */
 export const MAX_FORK_COUNT = 100;
-/** Lifetime of fork children when the request names none, seconds (E2B's default). */
-export const FORK_DEFAULT_TIMEOUT_SECS = 15;
+export { FORK_DEFAULT_TIMEOUT_SECS } from "./timeouts.ts";
 
 /** One fork child: the sandbox, or why it did not start. */
 export type ForkResult = { sandbox: SandboxRecord; error?: undefined } | { sandbox?: undefined; error: Error };

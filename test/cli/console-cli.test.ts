@@ -56,6 +56,14 @@ test("sandbox snapshot, sandbox fork, snapshot list and rm: ids, tables, --json,
   const children = fork.out.trim().split("\n");
   expect(children.length).toBe(2);
   for (const c of children) expect(node.orch.get(c).state).toBe("running");
+  // children live as long as a created sandbox (not the API's 15 s fork default), unless --timeout says
+  const life = (id: string) => (node.orch.get(id).endAt - node.orch.get(id).startedAt) / 1000;
+  expect(children.map(life)).toEqual([300, 300]);
+  const short = (await cli(["sandbox", "fork", s.id, "--timeout", "40"])).out.trim();
+  expect(life(short)).toBe(40);
+  expect((await cli(["sandbox", "fork", s.id, "--timeout", "soon"])).err).toBe("error: --timeout must be a whole number of seconds, got soon\n");
+  expect((await cli(["sandbox", "fork", "--help"])).out).toContain("lifetime of each child, seconds (default 300, as `sandbox create`; the API's own fork default is 15)");
+  await node.orch.kill(short);
   const forkJson = JSON.parse((await cli(["sandbox", "fork", s.id, "--json"])).out);
   expect(forkJson).toEqual([{ sandbox: expect.objectContaining({ sandboxID: expect.any(String), templateID: expect.any(String) }) }]);
 

@@ -9,6 +9,7 @@ import { envdOptions, readSettings } from "../../src/cli/envd.ts";
 import { checkValue } from "../../src/config/check.ts";
 import { CONFIG_SCHEMA, ConfigError, defaultConfig, isSection, loadConfig, renderDefaultToml, sectionSchemaJson } from "../../src/config/index.ts";
 import { DEFAULT_ENVD_OPTIONS, ENVD_PORT } from "../../src/envd/index.ts";
+import { CREATE_DEFAULT_TIMEOUT_SECS } from "../../src/orchestrator/timeouts.ts";
 
 const REPO = join(import.meta.dir, "../..");
 
@@ -151,6 +152,10 @@ describe("overrides", () => {
     // what the page warns about: bash refuses the name
     const refused = run("export AENV__image__registry_mirrors__docker.io=127.0.0.1:5000");
     expect([refused.exitCode, refused.stderr.toString()]).toEqual([1, expect.stringContaining("not a valid identifier")]);
+  });
+
+  test("the sandbox lifetime the CLI and console ask for (create and fork) is the default of [orchestrator] default_timeout_secs", () => {
+    expect(defaultConfig().orchestrator.default_timeout_secs).toBe(CREATE_DEFAULT_TIMEOUT_SECS);
   });
 
   test("a tree is checked like a file", () => {

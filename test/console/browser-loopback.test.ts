@@ -117,6 +117,16 @@ test("pause, resume, snapshot, fork and kill from the buttons; the snapshot tree
   const children = await note.$$eval("a", (as) => as.map((a) => a.textContent));
   expect(children.length).toBe(2);
   for (const c of children) expect(node.orch.get(c!).state).toBe("running");
+  // they live as long as a created sandbox, not the API's 15 s fork default; the field sets it
+  expect(await page.inputValue("input[aria-label='fork timeout']")).toBe("300");
+  for (const c of children) expect(node.orch.get(c!).endAt - node.orch.get(c!).startedAt).toBe(300_000);
+  await page.fill("input[aria-label='fork count']", "1");
+  await page.fill("input[aria-label='fork timeout']", "45");
+  await page.click("#fork");
+  const one = await page.waitForSelector("text=/forked 1/");
+  const shortLived = (await one.$$eval("a", (as) => as.map((a) => a.textContent)))[0]!;
+  expect(node.orch.get(shortLived).endAt - node.orch.get(shortLived).startedAt).toBe(45_000);
+  children.push(shortLived);
 
   await page.goto(`${node.url}/console/#/snapshots`);
   const item = await page.waitForSelector(`li.sandbox[data-sandbox="${s.id}"] li.snapshot[data-snapshot="${snaps[0]!.snapshotID}"]`);

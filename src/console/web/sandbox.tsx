@@ -15,6 +15,7 @@ import { Files } from "./files.tsx";
 import { Terminal } from "./terminal.tsx";
 import type { Metric } from "./sandboxes.tsx";
 import { errorMessage } from "../../util/error.ts";
+import { CREATE_DEFAULT_TIMEOUT_SECS } from "../../orchestrator/timeouts.ts";
 
 /** `SandboxDetail` fields the page shows. */
 interface Detail {
@@ -48,6 +49,7 @@ function Actions({ d, onChange }: { d: Detail; onChange: () => void }) {
   const [note, setNote] = useState<{ text: string; error?: boolean; links?: string[] } | null>(null);
   const [snapName, setSnapName] = useState("");
   const [forks, setForks] = useState("1");
+  const [forkTimeout, setForkTimeout] = useState(String(CREATE_DEFAULT_TIMEOUT_SECS));
   const [armedKill, setArmedKill] = useState(false);
   const id = encodeURIComponent(d.sandboxID);
   const act = async (what: string, fn: () => Promise<{ text: string; links?: string[] }>) => {
@@ -94,7 +96,7 @@ function Actions({ d, onChange }: { d: Detail; onChange: () => void }) {
         onSubmit={(e) => {
           e.preventDefault();
           void act("fork", async () => {
-            const r = await api<{ sandbox?: { sandboxID: string }; error?: { message: string } }[]>(`/sandboxes/${id}/fork`, { method: "POST", body: { count: Number(forks) } });
+            const r = await api<{ sandbox?: { sandboxID: string }; error?: { message: string } }[]>(`/sandboxes/${id}/fork`, { method: "POST", body: { count: Number(forks), timeout: Number(forkTimeout) } });
             const ok = r.data.flatMap((x) => (x.sandbox ? [x.sandbox.sandboxID] : []));
             const bad = r.data.flatMap((x) => (x.error ? [x.error.message] : []));
             return { text: `forked ${ok.length}${bad.length ? `, ${bad.length} failed: ${bad.join("; ")}` : ""}`, links: ok };
@@ -102,6 +104,7 @@ function Actions({ d, onChange }: { d: Detail; onChange: () => void }) {
         }}
       >
         <input aria-label="fork count" type="number" min="1" max="100" value={forks} onInput={(e) => setForks((e.target as HTMLInputElement).value)} />
+        <input aria-label="fork timeout" title="lifetime of each child, seconds" type="number" min="1" value={forkTimeout} onInput={(e) => setForkTimeout((e.target as HTMLInputElement).value)} />
         <button id="fork" disabled={busy !== null || !running}>
           {busy === "fork" ? "Forking…" : "Fork"}
         </button>
