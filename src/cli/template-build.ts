@@ -22,7 +22,8 @@ export interface CliBuild {
   /** `name[:tag]`. */
   name: string;
   fromImage?: string;
-  fromTemplate?: string;
+  /** A Dockerfile's FROM: the node decides whether it names one of its templates or an image. */
+  from?: string;
   /** Registry credentials for `fromImage`. */
   registry?: { username: string; password: string };
   steps: BuildStep[];
@@ -168,7 +169,7 @@ export async function buildOnNode(c: Conn, b: CliBuild, onLog: (line: string) =>
   }
   await call(c, "POST", `/v2/templates/${reg.templateID}/builds/${reg.buildID}`, {
     ...(b.fromImage ? { fromImage: b.fromImage } : {}),
-    ...(b.fromTemplate ? { fromTemplate: b.fromTemplate } : {}),
+    ...(b.from ? { from: b.from } : {}),
     ...(b.registry ? { fromImageRegistry: { type: "registry", ...b.registry } } : {}),
     steps: b.steps,
     startCmd: b.startCmd || undefined,

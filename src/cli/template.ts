@@ -2,7 +2,9 @@
  * `agentenv template build-base` (Debian base template: mmdebstrap + envd + ext4, cached; local),
  * and against the node (same --url/--key handling as `agentenv sandbox`): `template list`,
  * `template build --dockerfile FILE --name NAME` (a Dockerfile's FROM/RUN/COPY/ENV/ARG/WORKDIR/
- * USER/CMD as a template build; COPY sources uploaded from the context directory),
+ * USER/CMD as a template build; FROM a template of the node builds on it, else on the image:
+ * the node's rule, src/template/spec.ts dockerfileBase; COPY sources uploaded from the context
+ * directory),
  * `template pull IMAGE --name NAME` (a registry image as a template, optional start/ready
  * command), `template rm NAME`. Builds stream their log lines to stderr with the elapsed time.
  */
@@ -112,7 +114,7 @@ export default defineCommand({
       args: {
         ...common,
         ...sizeArgs,
-        dockerfile: { type: "string", description: "Dockerfile path", required: true },
+        dockerfile: { type: "string", description: "Dockerfile path (FROM a template of the node builds on it; any other FROM is an image: docker.io/library/NAME names the image when a template has that name)", required: true },
         name: { type: "string", description: "template name[:tag]", required: true },
         context: { type: "string", description: "directory COPY sources are relative to (default: the Dockerfile's)" },
       },
@@ -134,7 +136,7 @@ export default defineCommand({
             throw new CliError(errorMessage(e));
           }
           const c = conn(args);
-          const build = { name: args.name, fromImage: df.fromImage, steps: df.steps, startCmd: df.startCmd, readyCmd: df.readyCmd, contextDir, cpuCount: num(args.cpu, "cpu"), memoryMB: num(args.memory, "memory"), force: args["no-cache"] === true };
+          const build = { name: args.name, from: df.from, steps: df.steps, startCmd: df.startCmd, readyCmd: df.readyCmd, contextDir, cpuCount: num(args.cpu, "cpu"), memoryMB: num(args.memory, "memory"), force: args["no-cache"] === true };
           const r = await withProgress((log) => buildOnNode(c, build, log));
           console.log(`${args.name} ready: template ${r.templateID} build ${r.buildID}`);
         }),

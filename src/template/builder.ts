@@ -214,6 +214,8 @@ export class TemplateBuilder {
       let key: string;
       if (spec.fromTemplate) {
         log("info", `[base] FROM TEMPLATE ${spec.fromTemplate}`, "base");
+        // a Dockerfile's FROM that named a template of this node: say how to get the image instead
+        if (spec.from) log("info", `[base] ${spec.from} is a template of this node (FROM docker.io/library/${spec.from} names the registry image)`, "base");
         let parent;
         try {
           parent = catalog.readyBuild(spec.fromTemplate);

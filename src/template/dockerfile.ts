@@ -1,6 +1,7 @@
 /**
  * Dockerfile → template build steps, as the E2B SDK's `fromDockerfile` maps them
- * (../shared/docs/template-build.md §1): FROM is the base; RUN, COPY/ADD, ENV/ARG, WORKDIR, USER
+ * (../shared/docs/template-build.md §1): FROM is the base (what it names, a template of the node
+ * or an image, is the node's to decide: spec.ts dockerfileBase); RUN, COPY/ADD, ENV/ARG, WORKDIR, USER
  * become steps; CMD/ENTRYPOINT become the start command (ready check: `sleep 20`, E2B's
  * `waitForTimeout(20000)`); `USER root` + `WORKDIR /` are prepended and `USER user` +
  * `WORKDIR /home/user` appended when the file sets neither. Unlike the SDK (which drops them with
@@ -12,9 +13,10 @@
 import { TemplateError } from "./errors.ts";
 import type { BuildStep } from "./spec.ts";
 
-/** A parsed Dockerfile. `copies` lists the COPY sources (relative to the context) in step order. */
+/** A parsed Dockerfile. */
 export interface ParsedDockerfile {
-  fromImage: string;
+  /** FROM's argument as written: sent to the node as the build's `from` (spec.ts dockerfileBase). */
+  from: string;
   steps: BuildStep[];
   startCmd: string;
   readyCmd: string;
@@ -121,7 +123,7 @@ const HEREDOC_RE = /(?<!<)<<(?!<)-?\s*["']?[A-Za-z_]/;
  *   (multi-stage builds are not supported) or a malformed instruction, naming its line.
  */
 export function parseDockerfile(text: string, filesHash: (src: string, dest: string) => string): ParsedDockerfile {
-  let fromImage = "";
+  let from = "";
   const steps: BuildStep[] = [{ type: "USER", args: ["root"], force: false }, { type: "WORKDIR", args: ["/"], force: false }];
   let startCmd = "";
   let entrypoint: string[] | null = null;
@@ -135,13 +137,13 @@ export function parseDockerfile(text: string, filesHash: (src: string, dest: str
     const m = /^(\S+)\s*(.*)$/.exec(l)!;
     const kw = m[1]!.toUpperCase();
     const rest = m[2]!.trim();
-    if (kw !== "FROM" && kw !== "ARG" && !fromImage) bad(line, `${kw} before FROM`);
+    if (kw !== "FROM" && kw !== "ARG" && !from) bad(line, `${kw} before FROM`);
     switch (kw) {
       case "FROM": {
-        if (fromImage) bad(line, "a second FROM: multi-stage builds are not supported");
+        if (from) bad(line, "a second FROM: multi-stage builds are not supported");
         const parts = rest.split(/\s+/).filter((p) => !p.startsWith("--"));
         if (!parts[0]) bad(line, "FROM needs an image");
-        fromImage = parts[0]!;
+        from = parts[0]!;
         break;
       }
       case "RUN": {
@@ -173,7 +175,7 @@ export function parseDockerfile(text: string, filesHash: (src: string, dest: str
       }
       case "ENV":
       case "ARG": {
-        if (!fromImage) break; // an ARG before FROM only parameterises FROM (not supported here)
+        if (!from) break; // an ARG before FROM only parameterises FROM (not supported here)
         const pairs = envPairs(kw, rest);
         if (typeof pairs === "string") {
           bad(line, pairs);
@@ -203,10 +205,10 @@ export function parseDockerfile(text: string, filesHash: (src: string, dest: str
         steps.push({ type: kw, args: rest ? [rest] : [], force: false });
     }
   }
-  if (!fromImage) throw new TemplateError("template.bad_request", "Dockerfile has no FROM", {});
+  if (!from) throw new TemplateError("template.bad_request", "Dockerfile has no FROM", {});
   if (!setUser) steps.push({ type: "USER", args: ["user"], force: false });
   if (!setWorkdir) steps.push({ type: "WORKDIR", args: ["/home/user"], force: false });
   const argv = [...(entrypoint ?? []), ...(cmd ?? [])];
   if (argv.length) startCmd = argv.map(shellQuote).join(" ");
-  return { fromImage, steps, startCmd, readyCmd: startCmd ? "sleep 20" : "" };
+  return { from, steps, startCmd, readyCmd: startCmd ? "sleep 20" : "" };
 }

@@ -35,7 +35,7 @@ export {
   type TemplateRecord,
 } from "./catalog.ts";
 export { BuildFiles, UPLOAD_PATH_RE } from "./files.ts";
-export { checkBuildSpec, stepKey, baseKey, SUPPORTED_STEPS, IGNORED_STEPS, type BuildSpec, type BuildStep } from "./spec.ts";
+export { checkBuildSpec, dockerfileBase, stepKey, baseKey, SUPPORTED_STEPS, IGNORED_STEPS, type BuildSpec, type BuildStep } from "./spec.ts";
 export { readyProbe, waitReady, type ReadyOutcome } from "./ready.ts";
 export { BuildLogs } from "./build-log.ts";
 export { copyScript, expandEnv, extractScript, StepFailure, TemplateBuilder, type BaseImage, type BuildSettings, type BuilderDeps, type StepContext } from "./builder.ts";

@@ -151,7 +151,8 @@ export class TemplateService {
     if (build.status !== "waiting" || this.running.has(buildID)) {
       throw new TemplateError("template.conflict", `build ${buildID} was already started (status ${build.status})`, { templateID, buildID, status: build.status });
     }
-    const spec = checkBuildSpec(body, this.opts.defaultBase);
+    // a Dockerfile's FROM (`from`) is a template when this node has one of that id or alias
+    const spec = checkBuildSpec(body, this.opts.defaultBase, (ref) => this.catalog.find(ref.split(":")[0]!) !== undefined);
     // persisted before it queues: a restart fails it instead of leaving it waiting forever
     this.catalog.markAccepted(template.templateID, buildID);
     const abort = new AbortController();

@@ -25,6 +25,8 @@ export interface RegistryCredentials {
 export interface BuildSpec {
   fromImage?: string;
   fromTemplate?: string;
+  /** The request's `from` (a Dockerfile's FROM) when it chose the base by dockerfileBase. */
+  from?: string;
   credentials?: RegistryCredentials;
   /** Rebuild every step regardless of the cache. */
   force: boolean;
@@ -44,12 +46,28 @@ function bad(message: string, details: Record<string, unknown> = {}): never {
 }
 
 /**
+ * The base a Dockerfile's `FROM <ref>` names on this node, the one rule for every client that
+ * sends a Dockerfile's FROM as the build's `from` (`agentenv template build --dockerfile`, the
+ * console's build form): a template this node knows (`isTemplate`: its id or alias, either with
+ * `:tag`) is built on; anything else is an image reference. A name that is both (a template
+ * `ubuntu` here, the image `ubuntu` on Docker Hub) is the template; a reference holding `/` or `@`
+ * (`docker.io/library/ubuntu`, `127.0.0.1:5000/app`) is always an image, since no template name
+ * holds either. (E2B's CLI always reads FROM as an image; the SDK's `fromImage` / `fromTemplate`
+ * say which they mean and are not resolved.)
+ */
+export function dockerfileBase(ref: string, isTemplate: (ref: string) => boolean): { fromTemplate: string } | { fromImage: string } {
+  if (/[/@]/.test(ref) || !isTemplate(ref)) return { fromImage: ref };
+  return { fromTemplate: ref };
+}
+
+/**
  * Check a build start body. Unknown keys are ignored (later SDKs add some). Step *types* are not
  * checked here: an unsupported one fails the build naming the step (so the SDK shows it).
- * `defaultTemplate` replaces E2B's `e2bdev/base` (what the SDK sends without any `from*`).
+ * `defaultTemplate` replaces E2B's `e2bdev/base` (what the SDK sends without any `from*`). `from`
+ * (this node's addition: a Dockerfile's FROM) is resolved by dockerfileBase with `isTemplate`.
  * @throws TemplateError `template.bad_request` naming the field.
  */
-export function checkBuildSpec(body: Record<string, unknown>, defaultTemplate: string): BuildSpec {
+export function checkBuildSpec(body: Record<string, unknown>, defaultTemplate: string, isTemplate: (ref: string) => boolean = () => false): BuildSpec {
   const str = (k: string): string | undefined => {
     const v = body[k];
     if (v === undefined || v === null) return undefined;
@@ -59,7 +77,12 @@ export function checkBuildSpec(body: Record<string, unknown>, defaultTemplate: s
   let fromImage = str("fromImage");
   let fromTemplate = str("fromTemplate");
   if (fromImage && fromTemplate) bad("give either fromImage or fromTemplate, not both", { field: "fromTemplate" });
-  if ((!fromImage && !fromTemplate) || fromImage === "e2bdev/base") {
+  const from = str("from");
+  if (from !== undefined) {
+    if (fromImage || fromTemplate) bad("give from (a Dockerfile's FROM) or fromImage / fromTemplate, not both", { field: "from" });
+    if (!from.trim()) bad("from must name a template or an image", { field: "from" });
+    ({ fromImage, fromTemplate } = { fromImage: undefined, fromTemplate: undefined, ...dockerfileBase(from, isTemplate) });
+  } else if ((!fromImage && !fromTemplate) || fromImage === "e2bdev/base") {
     // the SDK's default base: the node's default template
     fromImage = undefined;
     fromTemplate = defaultTemplate;
@@ -102,7 +125,7 @@ export function checkBuildSpec(body: Record<string, unknown>, defaultTemplate: s
     return { type: o.type.toUpperCase(), args: args as string[], ...(typeof o.filesHash === "string" ? { filesHash: o.filesHash } : {}), force: o.force === true };
   });
   if (body.force !== undefined && body.force !== null && typeof body.force !== "boolean") bad("force must be a boolean", { field: "force" });
-  return { fromImage, fromTemplate, credentials, force: body.force === true, steps, startCmd: str("startCmd") ?? "", readyCmd: str("readyCmd") ?? "" };
+  return { fromImage, fromTemplate, ...(from !== undefined ? { from } : {}), credentials, force: body.force === true, steps, startCmd: str("startCmd") ?? "", readyCmd: str("readyCmd") ?? "" };
 }
 
 /** sha256 hex over parts separated by NUL. */

@@ -436,6 +436,33 @@ test("CLI: template build --dockerfile streams the log and fails naming an unsup
   }
 }, 60_000);
 
+test("CLI: template build --dockerfile FROM a template of the node builds on it (no registry asked: the base is in place, the first step runs); a reference with a registry host is the image", async () => {
+  const dir = mkdtempSync(join(tmpdir(), "aenv-df-"));
+  const cli = async (...args: string[]) => {
+    const p = Bun.spawn([process.execPath, join(import.meta.dir, "../../src/cli/main.ts"), "template", ...args, "--url", node.url, "--key", node.apiKey], { stdout: "pipe", stderr: "pipe", env: { ...process.env, AENV_LOG_LEVEL: "error" } });
+    const [stdout, stderr, exitCode] = await Promise.all([new Response(p.stdout).text(), new Response(p.stderr).text(), p.exited]);
+    return { stdout, stderr, exitCode };
+  };
+  try {
+    // `base` is a build-base template of this node (and an image name on Docker Hub): the template
+    writeFileSync(join(dir, "Dockerfile"), "FROM base\nENV GREETING=hi\n");
+    const onTemplate = await cli("build", "--dockerfile", join(dir, "Dockerfile"), "--name", "on-base");
+    expect(onTemplate.stderr).toContain("[base] FROM TEMPLATE base");
+    expect(onTemplate.stderr).toContain("[base] base is a template of this node (FROM docker.io/library/base names the registry image)");
+    // the base is in place; the Dockerfile's USER root step then needs a build VM, which this node has not
+    expect([onTemplate.exitCode, onTemplate.stderr]).toEqual([1, expect.stringContaining("error: build failed at step 1: ")]);
+    // with a registry host it is an image, whatever templates the node has
+    writeFileSync(join(dir, "Dockerfile"), "FROM 127.0.0.1:1/base\nENV GREETING=hi\n");
+    const onImage = await cli("build", "--dockerfile", join(dir, "Dockerfile"), "--name", "on-image");
+    expect(onImage.exitCode).toBe(1);
+    expect(onImage.stderr).toContain("[base] FROM 127.0.0.1:1/base");
+    expect(onImage.stderr).toContain("error: build failed at step base: base image 127.0.0.1:1/base");
+    expect(onImage.stderr).not.toContain("FROM TEMPLATE");
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+}, 60_000);
+
 test("create of name:tag boots the tagged build; name alone the default tag's; an unknown tag is a 404", async () => {
   const n = await startNodeNoVm(NO_SNAPSHOT, undefined, {});
   try {

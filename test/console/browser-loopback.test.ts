@@ -8,6 +8,8 @@
  * builds need a guest with envd: test/console/console-vm.test.ts.
  */
 import { afterAll, beforeAll, expect, test } from "bun:test";
+import { mkdirSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
 import type { Page } from "playwright-core";
 import { createLoopback, startNodeNoVm, type TestNode } from "../api/helpers.ts";
 import { launchChromium, logIn, screenshot, type TestBrowser } from "./browser.ts";
@@ -162,4 +164,26 @@ test("nodes, volumes and templates pages show the API's data", async () => {
   await page.waitForSelector("table#templates");
   await screenshot(page, "templates");
   await node.orch.kill(s.id);
+}, 60_000);
+
+test("the build form sends FROM to the node, which builds on its template of that name, or pulls a registry reference", async () => {
+  // a build-base template named base (its manifest: the base of a build needs nothing more)
+  mkdirSync(join(node.home, "templates", "base"), { recursive: true });
+  writeFileSync(join(node.home, "templates", "base", "manifest.json"), JSON.stringify({ name: "base", rootfs: "rootfs.ext4", layers: ["rootfs-k-1.layer"], bootArgs: "", diskBytes: 1 << 30, buildKey: "k", createdAt: new Date().toISOString() }));
+  const page = await loggedIn();
+  const build = async (name: string, dockerfile: string) => {
+    await page.goto(`${node.url}/console/#/templates`);
+    await page.fill("input[aria-label='template name']", name);
+    await page.fill("textarea[aria-label='Dockerfile']", dockerfile);
+    await page.click("#build");
+    // the build's page follows its log to the end (no build VM here: it fails after the base)
+    await page.waitForSelector("#build-status.error");
+    return (await page.textContent("#build-log"))!;
+  };
+  const onTemplate = await build("form-on-base", "FROM base\nRUN true\n");
+  expect(onTemplate).toContain("[base] FROM TEMPLATE base");
+  expect(onTemplate).toContain("[base] base is a template of this node (FROM docker.io/library/base names the registry image)");
+  const onImage = await build("form-on-image", "FROM 127.0.0.1:1/base\nRUN true\n");
+  expect(onImage).toContain("[base] FROM 127.0.0.1:1/base");
+  expect(onImage).not.toContain("FROM TEMPLATE");
 }, 60_000);

@@ -24,7 +24,7 @@ test("FROM/RUN/COPY/ENV/ARG/WORKDIR/USER/CMD with continuations, exec forms and 
     ].join("\n"),
     hash,
   );
-  expect(df.fromImage).toBe("127.0.0.1:5000/base/img:v1");
+  expect(df.from).toBe("127.0.0.1:5000/base/img:v1");
   expect(df.steps.map((s) => [s.type, s.args, s.filesHash])).toEqual([
     ["USER", ["root"], undefined],
     ["WORKDIR", ["/"], undefined],

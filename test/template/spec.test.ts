@@ -8,8 +8,29 @@ import { existsSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync,
 import { open } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { baseKey, checkBuildSpec, copyScript, expandEnv, extractScript, readyProbe, stepKey } from "../../src/template/index.ts";
+import { baseKey, checkBuildSpec, copyScript, dockerfileBase, expandEnv, extractScript, readyProbe, stepKey } from "../../src/template/index.ts";
 import { waitFor } from "../helpers/wait.ts";
+
+test("a Dockerfile's FROM (`from`): a template this node knows is built on, anything else is an image; a reference with / or @ is always an image", () => {
+  const known = new Set(["base", "web", "k2j3h4g5f6d7s8a9q0w1"]);
+  const isTemplate = (ref: string) => known.has(ref.split(":")[0]!);
+  expect(dockerfileBase("base", isTemplate)).toEqual({ fromTemplate: "base" });
+  expect(dockerfileBase("web:v2", isTemplate)).toEqual({ fromTemplate: "web:v2" });
+  expect(dockerfileBase("k2j3h4g5f6d7s8a9q0w1", isTemplate)).toEqual({ fromTemplate: "k2j3h4g5f6d7s8a9q0w1" });
+  expect(dockerfileBase("ubuntu:22.04", isTemplate)).toEqual({ fromImage: "ubuntu:22.04" });
+  // how to name the image when a template has its name
+  expect(dockerfileBase("docker.io/library/base", isTemplate)).toEqual({ fromImage: "docker.io/library/base" });
+  expect(dockerfileBase("base@sha256:" + "a".repeat(64), () => true)).toEqual({ fromImage: "base@sha256:" + "a".repeat(64) });
+  expect(dockerfileBase("127.0.0.1:5000/base:v1", () => true)).toEqual({ fromImage: "127.0.0.1:5000/base:v1" });
+  // through the build body: resolved, and kept for the build log
+  expect(checkBuildSpec({ from: "base", steps: [] }, "base", isTemplate)).toMatchObject({ fromTemplate: "base", fromImage: undefined, from: "base" });
+  expect(checkBuildSpec({ from: "python:3.12" }, "base", isTemplate)).toMatchObject({ fromImage: "python:3.12", fromTemplate: undefined, from: "python:3.12" });
+  // without a catalog to ask, nothing is a template
+  expect(checkBuildSpec({ from: "base" }, "base")).toMatchObject({ fromImage: "base" });
+  expect(() => checkBuildSpec({ from: "base", fromImage: "x" }, "base", isTemplate)).toThrow("give from (a Dockerfile's FROM) or fromImage / fromTemplate, not both");
+  expect(() => checkBuildSpec({ from: " " }, "base", isTemplate)).toThrow("from must name a template or an image");
+  expect(() => checkBuildSpec({ from: 3 }, "base", isTemplate)).toThrow("from must be a string");
+});
 
 test("checkBuildSpec: defaults, e2bdev/base → the default template, credentials, bad fields", () => {
   expect(checkBuildSpec({}, "base")).toEqual({ fromImage: undefined, fromTemplate: "base", credentials: undefined, force: false, steps: [], startCmd: "", readyCmd: "" });

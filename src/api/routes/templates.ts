@@ -42,6 +42,9 @@ const TemplateBuildStartV2 = t.Object(
     fromImage: t.Optional(t.Any()),
     fromImageRegistry: t.Optional(t.Any({ description: "E2B FromImageRegistry (aws | gcp | registry)" })),
     fromTemplate: t.Optional(t.Any()),
+    from: t.Optional(
+      t.Any({ description: "AgentENV: a Dockerfile's FROM, resolved here: a template of this node (id or alias, optional :tag) is built on, anything else is an image reference; instead of fromImage / fromTemplate" }),
+    ),
     readyCmd: t.Optional(t.Any()),
     startCmd: t.Optional(t.Any()),
     steps: t.Optional(t.Array(t.Object({ type: t.Any(), args: t.Optional(t.Any()), filesHash: t.Optional(t.Any()), force: t.Optional(t.Any()) }, open))),

@@ -3,7 +3,8 @@
  * (`GET /templates/{id}`), a build's status and log followed live
  * (`GET /templates/{id}/builds/{b}/status?logsOffset=`) until it ends, and a build form: a
  * Dockerfile without COPY (the browser holds no build context; `agentenv template build` uploads
- * one), whose FROM names a template of the node (built on it) or a registry image.
+ * one), whose FROM names a template of the node (built on it) or a registry image, as the node
+ * decides (src/template/spec.ts dockerfileBase).
  */
 import { useEffect, useRef, useState } from "preact/hooks";
 import { parseDockerfile } from "../../template/dockerfile.ts";
@@ -46,20 +47,20 @@ const enc = encodeURIComponent;
  * @returns the template and build ids.
  * @throws Error for a Dockerfile the parser refuses or one with COPY/ADD; ApiFailure when the node refuses.
  */
-async function startBuild(name: string, dockerfile: string, known: TemplateRow[]): Promise<{ templateID: string; buildID: string }> {
+async function startBuild(name: string, dockerfile: string): Promise<{ templateID: string; buildID: string }> {
   const df = parseDockerfile(dockerfile, (src) => {
     throw new Error(`COPY ${src}: the console has no build context; use \`agentenv template build --dockerfile\``);
   });
-  const isTemplate = known.some((t) => t.templateID === df.fromImage || t.aliases.includes(df.fromImage));
   const reg = (await api<{ templateID: string; buildID: string }>("/v3/templates", { method: "POST", body: { name } })).data;
+  // FROM goes as `from`: the node decides whether it names one of its templates or an image
   await api(`/v2/templates/${enc(reg.templateID)}/builds/${enc(reg.buildID)}`, {
     method: "POST",
-    body: { ...(isTemplate ? { fromTemplate: df.fromImage } : { fromImage: df.fromImage }), steps: df.steps, startCmd: df.startCmd || undefined, readyCmd: df.readyCmd || undefined },
+    body: { from: df.from, steps: df.steps, startCmd: df.startCmd || undefined, readyCmd: df.readyCmd || undefined },
   });
   return reg;
 }
 
-function BuildForm({ known }: { known: TemplateRow[] }) {
+function BuildForm() {
   const [name, setName] = useState("");
   const [text, setText] = useState("FROM base\nRUN echo hello > /home/user/hello.txt\n");
   const [error, setError] = useState<string | null>(null);
@@ -69,7 +70,7 @@ function BuildForm({ known }: { known: TemplateRow[] }) {
     setBusy(true);
     setError(null);
     try {
-      const r = await startBuild(name.trim(), text, known);
+      const r = await startBuild(name.trim(), text);
       location.hash = `#/templates/${enc(r.templateID)}/builds/${enc(r.buildID)}`;
     } catch (err) {
       setError(errorMessage(err));
@@ -129,7 +130,7 @@ function TemplateList() {
           ))}
         </tbody>
       </table>
-      <BuildForm known={rows} />
+      <BuildForm />
     </section>
   );
 }
