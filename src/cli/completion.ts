@@ -43,15 +43,17 @@ export async function commandTree(cmd: CommandDef<any>, path: string[] = []): Pr
 const key = (path: string[]) => `/${path.join("/")}`;
 const shQuote = (s: string) => `'${s.replace(/'/g, `'\\''`)}'`;
 
-/** A bash completion script (complete -F) for the tree. */
-export function bashScript(tree: CommandNode[]): string {
+/**
+ * The part both scripts share (bash and zsh read it alike): walk the words before the cursor
+ * (`word` expands to the i-th, from index `first` up to `cursor`) to the deepest command path they
+ * name (`$at`, e.g. `/sandbox/logs`; flags are passed over), then run that command's line of
+ * `body(node)`, which sets the words to offer.
+ */
+function walkToCommand(tree: CommandNode[], o: { first: number; cursor: string; word: string }, body: (n: CommandNode) => string): string {
   const paths = tree.filter((n) => n.path.length > 0).map((n) => `"${key(n.path)}"`);
-  const cases = tree.map((n) => `    "${n.path.length ? key(n.path) : ""}") words=${shQuote([...n.subs.map((s) => s.name), ...n.flags.map((f) => f.name)].join(" "))} ;;`);
-  return `# bash completion for agentenv (agentenv completion bash)
-_agentenv() {
-  local cur=\${COMP_WORDS[COMP_CWORD]} at="" words="" i w
-  for ((i = 1; i < COMP_CWORD; i++)); do
-    w=\${COMP_WORDS[i]}
+  const cases = tree.map((n) => `    "${n.path.length ? key(n.path) : ""}") ${body(n)} ;;`);
+  return `  for ((i = ${o.first}; i < ${o.cursor}; i++)); do
+    w=${o.word}
     [[ $w == -* ]] && continue
     case "$at/$w" in
       ${paths.join("|")}) at="$at/$w" ;;
@@ -59,7 +61,16 @@ _agentenv() {
   done
   case "$at" in
 ${cases.join("\n")}
-  esac
+  esac`;
+}
+
+/** A bash completion script (complete -F) for the tree. */
+export function bashScript(tree: CommandNode[]): string {
+  const walk = walkToCommand(tree, { first: 1, cursor: "COMP_CWORD", word: "${COMP_WORDS[i]}" }, (n) => `words=${shQuote([...n.subs.map((s) => s.name), ...n.flags.map((f) => f.name)].join(" "))}`);
+  return `# bash completion for agentenv (agentenv completion bash)
+_agentenv() {
+  local cur=\${COMP_WORDS[COMP_CWORD]} at="" words="" i w
+${walk}
   COMPREPLY=($(compgen -W "$words" -- "$cur"))
 }
 complete -o default -F _agentenv agentenv
@@ -70,27 +81,14 @@ const zshEscape = (s: string) => s.replace(/\\/g, "\\\\").replace(/'/g, `'\\''`)
 
 /** A zsh completion function (#compdef) for the tree, with descriptions. */
 export function zshScript(tree: CommandNode[]): string {
-  const paths = tree.filter((n) => n.path.length > 0).map((n) => `"${key(n.path)}"`);
-  const cases = tree.map((n) => {
-    const subs = n.subs.map((s) => `'${zshEscape(s.name)}:${zshEscape(s.description)}'`).join(" ");
-    const flags = n.flags.map((f) => `'${zshEscape(f.name)}:${zshEscape(f.description)}'`).join(" ");
-    return `    "${n.path.length ? key(n.path) : ""}") subs=(${subs}); flags=(${flags}) ;;`;
-  });
+  const described = (xs: { name: string; description: string }[]) => xs.map((x) => `'${zshEscape(x.name)}:${zshEscape(x.description)}'`).join(" ");
+  const walk = walkToCommand(tree, { first: 2, cursor: "CURRENT", word: "${words[i]}" }, (n) => `subs=(${described(n.subs)}); flags=(${described(n.flags)})`);
   return `#compdef agentenv
 # zsh completion for agentenv (agentenv completion zsh)
 _agentenv() {
   local at="" w i
   local -a subs flags
-  for ((i = 2; i < CURRENT; i++)); do
-    w=\${words[i]}
-    [[ $w == -* ]] && continue
-    case "$at/$w" in
-      ${paths.join("|")}) at="$at/$w" ;;
-    esac
-  done
-  case "$at" in
-${cases.join("\n")}
-  esac
+${walk}
   if [[ \${words[CURRENT]} == -* ]]; then
     _describe -t options 'option' flags
   else
