@@ -8,6 +8,7 @@ import { envdDownload, envdRpc, envdUpload, type EnvdAccess } from "./api.ts";
 import { bytes, when } from "./format.ts";
 import { usePoll } from "./hooks.ts";
 import { errorMessage } from "../../util/error.ts";
+import { ListTable } from "./table.tsx";
 
 interface Entry {
   name: string;
@@ -93,21 +94,16 @@ export function Files({ access }: { access: EnvdAccess }) {
         </p>
       )}
       {list.error && <p class="error">{list.error.message}</p>}
-      <table class="list" id="files">
-        <thead>
-          <tr>
-            <th>Name</th>
-            <th>Size</th>
-            <th>Mode</th>
-            <th>Owner</th>
-            <th>Modified</th>
-            <th />
-          </tr>
-        </thead>
-        <tbody>
-          {rows.map((e) => (
-            <tr key={e.path} data-path={e.path}>
-              <td>
+      <ListTable
+        id="files"
+        rows={rows}
+        rowKey={(e) => e.path}
+        rowData={(e) => ({ path: e.path })}
+        columns={[
+          {
+            head: "Name",
+            cell: (e) => (
+              <>
                 {isDir(e) ? (
                   <button class="link" onClick={() => go(e.path)}>
                     {e.name}/
@@ -116,22 +112,24 @@ export function Files({ access }: { access: EnvdAccess }) {
                   <span>{e.name}</span>
                 )}
                 {e.symlinkTarget ? <span class="muted"> → {e.symlinkTarget}</span> : null}
-              </td>
-              <td>{isDir(e) ? "" : bytes(Number(e.size ?? 0))}</td>
-              <td class="mono">{e.permissions ?? ""}</td>
-              <td>{e.owner ?? ""}</td>
-              <td>{when(e.modifiedTime ?? null)}</td>
-              <td>
-                {!isDir(e) && (
-                  <button class="small" onClick={() => void download(e)}>
-                    Download
-                  </button>
-                )}
-              </td>
-            </tr>
-          ))}
-        </tbody>
-      </table>
+              </>
+            ),
+          },
+          { head: "Size", cell: (e) => (isDir(e) ? "" : bytes(Number(e.size ?? 0))) },
+          { head: "Mode", class: "mono", cell: (e) => e.permissions ?? "" },
+          { head: "Owner", cell: (e) => e.owner ?? "" },
+          { head: "Modified", cell: (e) => when(e.modifiedTime ?? null) },
+          {
+            head: "",
+            cell: (e) =>
+              !isDir(e) && (
+                <button class="small" onClick={() => void download(e)}>
+                  Download
+                </button>
+              ),
+          },
+        ]}
+      />
     </div>
   );
 }

@@ -7,6 +7,7 @@ import { api, settings } from "./api.ts";
 import { bytes } from "./format.ts";
 import { usePoll } from "./hooks.ts";
 import { listSandboxes, type Listed } from "./sandboxes.tsx";
+import { ListTable, SandboxLink, State } from "./table.tsx";
 
 interface NodeRow {
   id: string;
@@ -41,53 +42,54 @@ export function Nodes() {
         Nodes <span class="count">{nodes.length}</span>
       </h2>
       {data.error && <p class="error">{data.error.message}</p>}
-      <table class="list" id="nodes">
-        <thead>
-          <tr>
-            <th>Node</th>
-            <th>Status</th>
-            <th>Sandboxes</th>
-            <th>Host CPU</th>
-            <th>vCPUs allocated</th>
-            <th>Host memory</th>
-            <th>Memory allocated</th>
-            <th>Disk</th>
-            <th>Version</th>
-          </tr>
-        </thead>
-        <tbody>
-          {nodes.map((n) => {
-            const m = n.metrics;
-            const d = m?.disks?.[0];
-            const mine = on(n);
-            return (
-              <tr key={n.id} data-node={n.id}>
-                <td>{n.id}</td>
-                <td>
-                  <span class={`state ${n.status}`}>{n.status}</span>
-                  {n.message && <span class="error"> {n.message}</span>}
-                </td>
-                <td>
+      <ListTable
+        id="nodes"
+        rows={nodes}
+        rowKey={(n) => n.id}
+        rowData={(n) => ({ node: n.id })}
+        columns={[
+          { head: "Node", cell: (n) => n.id },
+          {
+            head: "Status",
+            cell: (n) => (
+              <>
+                <State value={n.status} />
+                {n.message && <span class="error"> {n.message}</span>}
+              </>
+            ),
+          },
+          {
+            head: "Sandboxes",
+            cell: (n) => {
+              const mine = on(n);
+              return (
+                <>
                   {n.sandboxCount}
                   {mine.length ? (
                     <div class="small-list">
                       {mine.map((s) => (
-                        <a href={`#/sandboxes/${encodeURIComponent(s.sandboxID)}`}>{s.sandboxID}</a>
+                        <SandboxLink id={s.sandboxID} />
                       ))}
                     </div>
                   ) : null}
-                </td>
-                <td>{m ? `${m.cpuPercent}% of ${m.cpuCount}` : "-"}</td>
-                <td>{m ? m.allocatedCPU : "-"}</td>
-                <td>{m ? `${bytes(m.memoryUsedBytes)} / ${bytes(m.memoryTotalBytes)}` : "-"}</td>
-                <td>{m ? bytes(m.allocatedMemoryBytes) : "-"}</td>
-                <td>{d ? `${bytes(d.usedBytes)} / ${bytes(d.totalBytes)}` : "-"}</td>
-                <td>{n.version}</td>
-              </tr>
-            );
-          })}
-        </tbody>
-      </table>
+                </>
+              );
+            },
+          },
+          { head: "Host CPU", cell: ({ metrics: m }) => (m ? `${m.cpuPercent}% of ${m.cpuCount}` : "-") },
+          { head: "vCPUs allocated", cell: ({ metrics: m }) => (m ? m.allocatedCPU : "-") },
+          { head: "Host memory", cell: ({ metrics: m }) => (m ? `${bytes(m.memoryUsedBytes)} / ${bytes(m.memoryTotalBytes)}` : "-") },
+          { head: "Memory allocated", cell: ({ metrics: m }) => (m ? bytes(m.allocatedMemoryBytes) : "-") },
+          {
+            head: "Disk",
+            cell: ({ metrics: m }) => {
+              const d = m?.disks?.[0];
+              return d ? `${bytes(d.usedBytes)} / ${bytes(d.totalBytes)}` : "-";
+            },
+          },
+          { head: "Version", cell: (n) => n.version },
+        ]}
+      />
     </section>
   );
 }

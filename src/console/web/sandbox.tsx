@@ -15,6 +15,7 @@ import { Files } from "./files.tsx";
 import { Terminal } from "./terminal.tsx";
 import type { Metric } from "./sandboxes.tsx";
 import { errorMessage } from "../../util/error.ts";
+import { ListTable, SandboxLink, State } from "./table.tsx";
 import { CREATE_DEFAULT_TIMEOUT_SECS } from "../../orchestrator/timeouts.ts";
 
 /** `SandboxDetail` fields the page shows. */
@@ -135,7 +136,7 @@ function Actions({ d, onChange }: { d: Detail; onChange: () => void }) {
           {note.links?.map((l) => (
             <>
               {" "}
-              <a href={`#/sandboxes/${encodeURIComponent(l)}`}>{l}</a>
+              <SandboxLink id={l} />
             </>
           ))}
         </p>
@@ -174,24 +175,16 @@ function SnapshotsTab({ id }: { id: string }) {
       <p class="muted">
         Snapshots taken from this sandbox, oldest first; the <a href="#/snapshots">snapshot tree</a> shows what was created from them.
       </p>
-      <table class="list" id="sandbox-snapshots">
-        <thead>
-          <tr>
-            <th>Snapshot</th>
-            <th>Names</th>
-            <th>Taken</th>
-          </tr>
-        </thead>
-        <tbody>
-          {list.map((x) => (
-            <tr key={x.snapshotID}>
-              <td>{x.snapshotID}</td>
-              <td>{x.names.join(", ")}</td>
-              <td>{when(x.createdAt ?? null)}</td>
-            </tr>
-          ))}
-        </tbody>
-      </table>
+      <ListTable
+        id="sandbox-snapshots"
+        rows={list}
+        rowKey={(x) => x.snapshotID}
+        columns={[
+          { head: "Snapshot", cell: (x) => x.snapshotID },
+          { head: "Names", cell: (x) => x.names.join(", ") },
+          { head: "Taken", cell: (x) => when(x.createdAt ?? null) },
+        ]}
+      />
     </div>
   );
 }
@@ -209,7 +202,7 @@ export function SandboxPage({ id, tab }: { id: string; tab: string }) {
     <section>
       <div class="toolbar">
         <h2>
-          <a href="#/sandboxes">Sandboxes</a> / {s.sandboxID} <span id="state" class={`state ${s.state}`}>{s.state}</span>
+          <a href="#/sandboxes">Sandboxes</a> / {s.sandboxID} <State id="state" value={s.state} />
         </h2>
       </div>
       {d.error && <p class="error">{d.error.message}</p>}

@@ -11,6 +11,7 @@ import { Sparkline } from "./charts.tsx";
 import { bytes, duration, pct } from "./format.ts";
 import { usePoll } from "./hooks.ts";
 import { errorMessage } from "../../util/error.ts";
+import { ListTable, SandboxLink, State, type Column } from "./table.tsx";
 
 /** `ListedSandbox` fields the console shows (the gateway adds `nodeID`). */
 export interface Listed {
@@ -112,6 +113,62 @@ function CreateForm({ onCreated }: { onCreated: () => void }) {
   );
 }
 
+/** The sandboxes table's columns at time `now` (unix ms): sparklines while running, the shape otherwise. */
+function sandboxColumns(now: number): Column<Listed>[] {
+  const sampled = (s: Listed) => (s.state === "running" ? history.get(s.sandboxID) : undefined);
+  return [
+    {
+      head: "Sandbox",
+      cell: (s) => (
+        <>
+          <SandboxLink id={s.sandboxID} />
+          {s.nodeID && <span class="muted"> @{s.nodeID}</span>}
+        </>
+      ),
+    },
+    { head: "State", cell: (s) => <State value={s.state} /> },
+    { head: "Template", cell: (s) => s.alias ?? s.templateID },
+    { head: "Age", cell: (s) => duration(now - Date.parse(s.startedAt)) },
+    {
+      head: "CPU",
+      class: "metric",
+      cell: (s) => {
+        const h = sampled(s);
+        return h ? (
+          <>
+            <Sparkline values={h.cpu} max={100} label={`CPU of ${s.sandboxID}`} /> {pct(h.last.cpuUsedPct)}
+          </>
+        ) : (
+          "-"
+        );
+      },
+    },
+    {
+      head: "Memory",
+      class: "metric",
+      cell: (s) => {
+        const h = sampled(s);
+        return h ? (
+          <>
+            <Sparkline values={h.mem} max={h.last.memTotal} label={`memory of ${s.sandboxID}`} /> {bytes(h.last.memUsed)}
+          </>
+        ) : (
+          `${s.memoryMB} MiB`
+        );
+      },
+    },
+    { head: "Expires in", cell: (s) => (s.state === "running" ? duration(Date.parse(s.endAt) - now) : "-") },
+    {
+      head: "Metadata",
+      class: "meta",
+      cell: (s) =>
+        Object.entries(s.metadata ?? {})
+          .map(([k, v]) => `${k}=${v}`)
+          .join(", "),
+    },
+  ];
+}
+
 export function Sandboxes() {
   const [filterText, setFilterText] = useState("");
   const [filter, setFilter] = useState("");
@@ -157,63 +214,7 @@ export function Sandboxes() {
       </div>
       {list.error && <p class="error">{list.error.message}</p>}
       {metricsError && <p class="error">metrics: {metricsError}</p>}
-      <table class="list" id="sandboxes">
-        <thead>
-          <tr>
-            <th>Sandbox</th>
-            <th>State</th>
-            <th>Template</th>
-            <th>Age</th>
-            <th>CPU</th>
-            <th>Memory</th>
-            <th>Expires in</th>
-            <th>Metadata</th>
-          </tr>
-        </thead>
-        <tbody>
-          {rows.map((s) => {
-            const h = history.get(s.sandboxID);
-            const running = s.state === "running";
-            return (
-              <tr key={s.sandboxID} data-sandbox={s.sandboxID}>
-                <td>
-                  <a href={`#/sandboxes/${encodeURIComponent(s.sandboxID)}`}>{s.sandboxID}</a>
-                  {s.nodeID && <span class="muted"> @{s.nodeID}</span>}
-                </td>
-                <td>
-                  <span class={`state ${s.state}`}>{s.state}</span>
-                </td>
-                <td>{s.alias ?? s.templateID}</td>
-                <td>{duration(now - Date.parse(s.startedAt))}</td>
-                <td class="metric">
-                  {running && h ? (
-                    <>
-                      <Sparkline values={h.cpu} max={100} label={`CPU of ${s.sandboxID}`} /> {pct(h.last.cpuUsedPct)}
-                    </>
-                  ) : (
-                    "-"
-                  )}
-                </td>
-                <td class="metric">
-                  {running && h ? (
-                    <>
-                      <Sparkline values={h.mem} max={h.last.memTotal} label={`memory of ${s.sandboxID}`} /> {bytes(h.last.memUsed)}
-                    </>
-                  ) : (
-                    `${s.memoryMB} MiB`
-                  )}
-                </td>
-                <td>{running ? duration(Date.parse(s.endAt) - now) : "-"}</td>
-                <td class="meta">
-                  {Object.entries(s.metadata ?? {})
-                    .map(([k, v]) => `${k}=${v}`)
-                    .join(", ")}
-                </td>
-              </tr>
-            );
-          })}
-        </tbody>
-      </table>
+      <ListTable id="sandboxes" columns={sandboxColumns(now)} rows={rows} rowKey={(s) => s.sandboxID} rowData={(s) => ({ sandbox: s.sandboxID })} />
       {list.value && rows.length === 0 && <p class="muted">No sandboxes{filter ? " match the filter" : ""}.</p>}
     </section>
   );

@@ -9,6 +9,7 @@ import { useState } from "preact/hooks";
 import { allPages, api, settings } from "./api.ts";
 import { when } from "./format.ts";
 import { usePoll } from "./hooks.ts";
+import { SandboxLink, State } from "./table.tsx";
 import { listSandboxes, type Listed } from "./sandboxes.tsx";
 import { errorMessage } from "../../util/error.ts";
 
@@ -92,8 +93,8 @@ function SandboxList({ list, children, onChange }: { list: SandboxNode[]; childr
     <ul>
       {list.map((n) => (
         <li class="sandbox" data-sandbox={n.id}>
-          <span class="kind">sandbox</span> {n.live ? <a href={`#/sandboxes/${encodeURIComponent(n.id)}`}>{n.id}</a> : n.id}{" "}
-          <span class={`state ${n.live?.state ?? "gone"}`}>{n.live?.state ?? "gone"}</span>
+          <span class="kind">sandbox</span> {n.live ? <SandboxLink id={n.id} /> : n.id}{" "}
+          <State value={n.live?.state ?? "gone"} />
           {n.snapshots.length ? (
             <ul>
               {n.snapshots.map((s) => (

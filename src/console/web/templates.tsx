@@ -12,6 +12,7 @@ import { api, settings } from "./api.ts";
 import { when } from "./format.ts";
 import { usePoll } from "./hooks.ts";
 import { errorMessage } from "../../util/error.ts";
+import { ListTable, State } from "./table.tsx";
 
 interface TemplateRow {
   templateID: string;
@@ -98,38 +99,20 @@ function TemplateList() {
     <section>
       <h2>Templates</h2>
       {list.error && <p class="error">{list.error.message}</p>}
-      <table class="list" id="templates">
-        <thead>
-          <tr>
-            <th>Template</th>
-            <th>Names</th>
-            <th>Status</th>
-            <th>Shape</th>
-            <th>Spawns</th>
-            <th>Last spawned</th>
-            <th>Created</th>
-          </tr>
-        </thead>
-        <tbody>
-          {rows.map((t) => (
-            <tr key={t.templateID}>
-              <td>
-                <a href={`#/templates/${enc(t.templateID)}`}>{t.templateID}</a>
-              </td>
-              <td>{t.aliases.join(", ")}</td>
-              <td>
-                <span class={`state ${t.buildStatus}`}>{t.buildStatus}</span>
-              </td>
-              <td>
-                {t.cpuCount} vCPU · {t.memoryMB} MiB · {t.diskSizeMB} MiB disk
-              </td>
-              <td>{t.spawnCount}</td>
-              <td>{when(t.lastSpawnedAt)}</td>
-              <td>{when(t.createdAt)}</td>
-            </tr>
-          ))}
-        </tbody>
-      </table>
+      <ListTable
+        id="templates"
+        rows={rows}
+        rowKey={(t) => t.templateID}
+        columns={[
+          { head: "Template", cell: (t) => <a href={`#/templates/${enc(t.templateID)}`}>{t.templateID}</a> },
+          { head: "Names", cell: (t) => t.aliases.join(", ") },
+          { head: "Status", cell: (t) => <State value={t.buildStatus} /> },
+          { head: "Shape", cell: (t) => `${t.cpuCount} vCPU · ${t.memoryMB} MiB · ${t.diskSizeMB} MiB disk` },
+          { head: "Spawns", cell: (t) => t.spawnCount },
+          { head: "Last spawned", cell: (t) => when(t.lastSpawnedAt) },
+          { head: "Created", cell: (t) => when(t.createdAt) },
+        ]}
+      />
       <BuildForm />
     </section>
   );
@@ -145,34 +128,18 @@ function TemplateBuilds({ id }: { id: string }) {
       <h2>
         <a href="#/templates">Templates</a> / {t.value.aliases.join(", ") || id}
       </h2>
-      <table class="list" id="builds">
-        <thead>
-          <tr>
-            <th>Build</th>
-            <th>Status</th>
-            <th>Started</th>
-            <th>Finished</th>
-            <th>Shape</th>
-          </tr>
-        </thead>
-        <tbody>
-          {builds.map((b) => (
-            <tr key={b.buildID}>
-              <td>
-                <a href={`#/templates/${enc(id)}/builds/${enc(b.buildID)}`}>{b.buildID}</a>
-              </td>
-              <td>
-                <span class={`state ${b.status}`}>{b.status}</span>
-              </td>
-              <td>{when(b.createdAt)}</td>
-              <td>{when(b.finishedAt ?? null)}</td>
-              <td>
-                {b.cpuCount} vCPU · {b.memoryMB} MiB
-              </td>
-            </tr>
-          ))}
-        </tbody>
-      </table>
+      <ListTable
+        id="builds"
+        rows={builds}
+        rowKey={(b) => b.buildID}
+        columns={[
+          { head: "Build", cell: (b) => <a href={`#/templates/${enc(id)}/builds/${enc(b.buildID)}`}>{b.buildID}</a> },
+          { head: "Status", cell: (b) => <State value={b.status} /> },
+          { head: "Started", cell: (b) => when(b.createdAt) },
+          { head: "Finished", cell: (b) => when(b.finishedAt ?? null) },
+          { head: "Shape", cell: (b) => `${b.cpuCount} vCPU · ${b.memoryMB} MiB` },
+        ]}
+      />
     </section>
   );
 }
@@ -220,9 +187,7 @@ function BuildLog({ id, buildId }: { id: string; buildId: string }) {
     <section>
       <h2>
         <a href="#/templates">Templates</a> / <a href={`#/templates/${enc(id)}`}>{id}</a> / build {buildId}{" "}
-        <span id="build-status" class={`state ${status}`}>
-          {status}
-        </span>
+        <State id="build-status" value={status} />
       </h2>
       {reason && <p class="error">{reason}</p>}
       {error && <p class="error">{error}</p>}

@@ -4,6 +4,7 @@ import { api, settings } from "./api.ts";
 import { usePoll } from "./hooks.ts";
 import { listSandboxes } from "./sandboxes.tsx";
 import { errorMessage } from "../../util/error.ts";
+import { ListTable, SandboxLink } from "./table.tsx";
 
 interface VolumeRow {
   volumeID: string;
@@ -52,36 +53,32 @@ export function Volumes() {
         </form>
       </div>
       {note && <p class={note.error ? "error" : "note"}>{note.text}</p>}
-      <table class="list" id="volumes">
-        <thead>
-          <tr>
-            <th>Name</th>
-            <th>Volume</th>
-            <th>Mounted by</th>
-            <th />
-          </tr>
-        </thead>
-        <tbody>
-          {vols.map((v) => (
-            <tr key={v.volumeID}>
-              <td>{v.name}</td>
-              <td class="mono">{v.volumeID}</td>
-              <td>
-                {mounts(v).map((m) => (
-                  <>
-                    <a href={`#/sandboxes/${encodeURIComponent(m.id)}`}>{m.id}</a> at {m.path}{" "}
-                  </>
-                ))}
-              </td>
-              <td>
-                <button class="small danger" onClick={() => void remove(v)}>
-                  Delete
-                </button>
-              </td>
-            </tr>
-          ))}
-        </tbody>
-      </table>
+      <ListTable
+        id="volumes"
+        rows={vols}
+        rowKey={(v) => v.volumeID}
+        columns={[
+          { head: "Name", cell: (v) => v.name },
+          { head: "Volume", class: "mono", cell: (v) => v.volumeID },
+          {
+            head: "Mounted by",
+            cell: (v) =>
+              mounts(v).map((m) => (
+                <>
+                  <SandboxLink id={m.id} /> at {m.path}{" "}
+                </>
+              )),
+          },
+          {
+            head: "",
+            cell: (v) => (
+              <button class="small danger" onClick={() => void remove(v)}>
+                Delete
+              </button>
+            ),
+          },
+        ]}
+      />
     </section>
   );
 }
