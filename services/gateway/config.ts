@@ -16,7 +16,7 @@ export interface GatewayConfig {
   apiKey: string;
   /** Key sent to nodes ("" = the client key). */
   nodeApiKey: string;
-  /** Data dir (the generated api-key file). */
+  /** Data dir (the generated api-key file, the webhook registry gateway-webhooks.json). */
   homePath: string;
   /** Sandbox host suffixes; the first is returned to SDKs as `domain`. */
   domains: string[];
@@ -55,6 +55,8 @@ export interface GatewayConfig {
    * redis_url`, else `[scheduler] redis_url`). Absent: the file store in homePath.
    */
   secretsRedis?: { url: string; prefix: string; connectTimeoutMs: number };
+  /** Rounds that bring every node up to the webhooks registered here (webhook-sync.ts), ms. */
+  webhookSync: { intervalMs: number; fullCheckMs: number };
 }
 
 /** @throws ConfigError config.bad_value when no scheduler endpoint is configured. */
@@ -83,5 +85,6 @@ export function gatewayConfig(cfg: Config): GatewayConfig {
     secretsKeyPath: secretsKeyPath(cfg),
     maxSecrets: cfg.secrets.max_secrets,
     ...(cfg.secrets.store === "redis" ? { secretsRedis: { url: cfg.secrets.redis_url || cfg.scheduler.redis_url, prefix: cfg.secrets.redis_prefix, connectTimeoutMs: cfg.secrets.redis_connect_timeout_ms } } : {}),
+    webhookSync: { intervalMs: g.webhook_sync_interval_ms, fullCheckMs: g.webhook_full_check_ms },
   };
 }

@@ -17,6 +17,7 @@ export const GATEWAY_ERRORS = {
   "gateway.scheduler_unavailable": "the scheduler did not answer and the gateway's cache cannot serve the request",
   "gateway.no_nodes": "the scheduler knows no node to place or list on",
   "gateway.node_unreachable": "the node holding the sandbox (details.nodeId) did not answer",
+  "gateway.bad_state": "a file in the gateway's data directory (its webhook registry, details.path) that cannot be read",
   "gateway.internal": "an unexpected failure inside the gateway (a bug; logged)",
 } as const satisfies ErrorTable;
 export type GatewayErrorCode = keyof typeof GATEWAY_ERRORS;
@@ -32,6 +33,7 @@ export const GATEWAY_STATUS: Readonly<Record<GatewayErrorCode, number>> = {
   "gateway.scheduler_unavailable": 503,
   "gateway.no_nodes": 503,
   "gateway.node_unreachable": 502,
+  "gateway.bad_state": 500,
   "gateway.internal": 500,
 };
 

@@ -2,10 +2,10 @@
  * The gateway's `/events/...` routes (lifecycle events and webhooks, docs/events.md). Each node
  * records the events of its own sandboxes and delivers them to its own copy of each webhook, so:
  * - a webhook registered here is registered on every live node under one id (the gateway picks
- *   a UUID and PUTs the registration to each node; PATCH and DELETE go to every node too): one
- *   registration reaches every node's events. A node that did not answer is named in
- *   `x-agentenv-unreachable-nodes`; repeating the registration (`PUT /events/webhooks/{id}` here,
- *   same body) brings it in line;
+ *   a UUID and PUTs the registration to each node; PATCH and DELETE go to every node too), and
+ *   kept in the gateway's registry (webhook-registry.ts): a node that did not answer (named in
+ *   `x-agentenv-unreachable-nodes`), joins later or comes back is brought up to date by the
+ *   webhook sync (webhook-sync.ts), so one registration reaches every node's events;
  * - `GET /events/sandboxes/{id}` is the answer of the node that knows the sandbox;
  * - `GET /events/sandboxes` merges every node's answer by time: with E2B's `offset`/`limit`, each
  *   node is asked for its first offset + limit events (at most MAX_MERGED); with `cursor` (the
@@ -20,6 +20,8 @@ import type { NodeRef } from "../../src/cluster/index.ts";
 import { ClientFault, fanOut, someAnswered, UNREACHABLE_HEADER, type FanOut, type NodeAnswer } from "./aggregate.ts";
 import { GatewayError } from "./errors.ts";
 import { callJson, checkAnswer } from "./forward.ts";
+import type { WebhookRegistry } from "./webhook-registry.ts";
+import type { WebhookSync } from "./webhook-sync.ts";
 
 /** Most events the gateway merges for one offset/limit listing (offset + limit). */
 export const MAX_MERGED = 1000;
@@ -64,11 +66,13 @@ export class GatewayEvents {
   /**
    * @param fan the live nodes, their key and the bound on each answer
    * @param body a request's JSON body, read within the gateway's body bound
+   * @param hooks the webhook registry and its sync to the nodes (null: writes reach the live nodes only)
    * @param uuid a new webhook id
    */
   constructor(
     private readonly fan: () => Promise<FanOut>,
     private readonly body: (req: Request) => Promise<unknown>,
+    private readonly hooks: { registry: WebhookRegistry; sync: WebhookSync } | null = null,
     private readonly uuid: () => string = () => crypto.randomUUID(),
   ) {}
 
@@ -81,15 +85,38 @@ export class GatewayEvents {
     if (m === "GET" && one) return this.firstKnowing(path + url.search);
     if (path === "/events/webhooks") {
       if (m === "GET") return this.webhooks();
-      if (m === "POST") return this.everywhere("PUT", `/events/webhooks/${this.uuid()}`, await this.body(req), 201);
+      if (m === "POST") return this.write("PUT", this.uuid(), (await this.body(req)) as Record<string, unknown>, 201);
     }
     const hook = /^\/events\/webhooks\/([0-9a-fA-F-]{36})(\/deliveries)?$/.exec(path);
     if (hook && hook[2] && m === "GET") return this.deliveries(hook[1]!, url.searchParams);
     if (hook && !hook[2]) {
       if (m === "GET") return this.firstKnowing(path);
-      if (m === "PUT" || m === "PATCH" || m === "DELETE") return this.everywhere(m, path, m === "DELETE" ? undefined : await this.body(req));
+      if (m === "PUT" || m === "PATCH" || m === "DELETE") return this.write(m, hook[1]!, m === "DELETE" ? undefined : ((await this.body(req)) as Record<string, unknown>));
     }
     return null;
+  }
+
+  /**
+   * A webhook write (`method` PUT, PATCH or DELETE of webhook `id`) on every live node, then, when
+   * the nodes took it, into the registry (so later nodes get it) with the nodes that took it
+   * noted; one at a time with the sync's rounds (webhook-sync.ts).
+   */
+  private write(method: "PUT" | "PATCH" | "DELETE", id: string, b: Record<string, unknown> | undefined, created?: number): Promise<Response> {
+    const path = `/events/webhooks/${id}`;
+    if (!this.hooks) return this.everywhere(method, path, b, created).then((r) => r.response);
+    const { registry, sync } = this.hooks;
+    return sync.exclusive(async () => {
+      const { response, took } = await this.everywhere(method, path, b, created);
+      let version: number | undefined;
+      if (method === "DELETE") {
+        // gone from every node that answered, or never on them: nodes away get the delete later
+        if (response.ok || (response.status === 404 && registry.has(id))) version = registry.remove(id).version;
+      } else if (response.ok) {
+        version = method === "PUT" ? registry.put(id, b!).version : registry.patch(id, b!)?.version;
+      }
+      if (version !== undefined) for (const n of took) sync.took(n, id, version);
+      return response;
+    });
   }
 
   /** E2B listing (offset/limit merged by time) or the feed (per-node cursors). */
@@ -178,9 +205,9 @@ export class GatewayEvents {
    * `method path` with `body` on every live node. The first client fault (a bad field: every
    * node refuses it alike) answers as the node gave it; else the first success, with the nodes
    * that did not answer named; all 404: 404. `created` is the status of a success (201 for a
-   * POST that became PUTs).
+   * POST that became PUTs). `took`: the ids of the nodes that answered with success.
    */
-  private async everywhere(method: string, path: string, b: unknown, created?: number): Promise<Response> {
+  private async everywhere(method: string, path: string, b: unknown, created?: number): Promise<{ response: Response; took: string[] }> {
     const f = await this.fan();
     const answers = await Promise.all(
       f.nodes.live.map(async (node) => {
@@ -194,14 +221,15 @@ export class GatewayEvents {
     const down = [...answers.filter((a) => "error" in a).map((a) => a.node.nodeId), ...f.nodes.unhealthy.map((n) => n.nodeId)];
     const headers = down.length ? { [UNREACHABLE_HEADER]: down.join(",") } : {};
     const got = answers.flatMap((a) => ("r" in a && a.r ? [a.r] : []));
+    const took = answers.flatMap((a) => ("r" in a && a.r && a.r.status < 300 ? [a.node.nodeId] : []));
     const fault = got.find((r) => r.status >= 400 && r.status < 500 && r.status !== 404);
-    if (fault) return Response.json(fault.body, { status: fault.status, headers });
+    if (fault) return { response: Response.json(fault.body, { status: fault.status, headers }), took: [] };
     const ok = got.find((r) => r.status < 300);
-    if (ok) return ok.body === null ? new Response(null, { status: ok.status, headers }) : Response.json(ok.body, { status: created ?? ok.status, headers });
+    if (ok) return { response: ok.body === null ? new Response(null, { status: ok.status, headers }) : Response.json(ok.body, { status: created ?? ok.status, headers }), took };
     const nf = got.find((r) => r.status === 404);
-    if (nf) return Response.json(nf.body, { status: 404, headers });
+    if (nf) return { response: Response.json(nf.body, { status: 404, headers }), took };
     const bad = got[0];
-    if (bad) return Response.json(bad.body, { status: bad.status, headers });
+    if (bad) return { response: Response.json(bad.body, { status: bad.status, headers }), took };
     throw new GatewayError("gateway.node_unreachable", `no node answered ${method} ${path}: ${answers.map((a) => ("error" in a ? a.error : "")).join("; ")}`, { nodeIds: down });
   }
 

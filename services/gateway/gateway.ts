@@ -22,7 +22,8 @@
  *   naming a snapshot the scheduled node does not hold goes to a node whose GET /snapshots?name=
  *   lists it.
  * - GET /sandboxes/metrics?sandbox_ids=: split by node, asked in parallel, answers merged.
- * - /events/...: lifecycle events merged from every node; a webhook registered on every node (events.ts).
+ * - /events/...: lifecycle events merged from every node; a webhook registered on every node,
+ *   kept in the gateway's data directory and given to nodes that join later (events.ts).
  * A node that does not answer: 502 naming it. Scheduler down: creates 503; known sandboxes keep
  * routing from the route cache.
  */
@@ -39,6 +40,8 @@ import { plausibleSandboxId, type DataRoute } from "./dataplane.ts";
 import { gatewayError, GatewayError, GATEWAY_SOURCE, toGatewayResponse } from "./errors.ts";
 import { checkAnswer, forwardToNode, neverReached, NODE_HEADER, nodeFailureOf, parseAnswer, readAnswer } from "./forward.ts";
 import { GatewayEvents } from "./events.ts";
+import { WebhookRegistry } from "./webhook-registry.ts";
+import { WebhookSync } from "./webhook-sync.ts";
 import { SchedulerLink, type ClusterNodes } from "./scheduler-link.ts";
 import { GatewaySecrets } from "./secrets.ts";
 import pkg from "../../package.json" with { type: "json" };
@@ -85,7 +88,7 @@ function segment(s: string): string {
 /**
  * The cluster's E2B API over a scheduler and its nodes: `control()` for API requests (key
  * checked by the listener), `data()` for sandbox traffic, `upload()` for template file uploads.
- * Holds the route cache and the scheduler link; no other state.
+ * Holds the route cache, the scheduler link and the webhook registry with its sync loop.
  */
 export class Gateway {
   /** Sandbox -> node routes learned (create, lookups, list answers); a sandbox never moves, so an entry stays right until it is deleted or its node answers 404. Known sandboxes keep routing from here while the scheduler is down. */
@@ -98,23 +101,27 @@ export class Gateway {
   /** Counters for /metrics and tests. */
   readonly stats = { requests: 0, nodeErrors: 0, schedulerErrors: 0 };
   /** `/events/...`: lifecycle events and webhooks over every node (events.ts). */
-  private readonly events = new GatewayEvents(
-    () => this.fan(),
-    async (req) => (await this.jsonBody(req)).json,
-  );
-
+  private readonly events: GatewayEvents;
+  /** Brings every live node up to the webhooks registered here (webhook-sync.ts). */
+  readonly webhookSync: WebhookSync;
   /** The cluster's secrets store (secrets.ts). */
   readonly secrets: GatewaySecrets;
 
+  /** @throws GatewayError bad_state when the webhook registry in the data directory cannot be read */
   constructor(readonly cfg: GatewayConfig, readonly apiKey: string) {
     this.routes = new LruMap(cfg.routeCacheSize);
     this.uploads = new LruMap(cfg.routeCacheSize);
     this.nodeKey = cfg.nodeApiKey || apiKey;
     this.secrets = new GatewaySecrets({ homePath: cfg.homePath, keyPath: cfg.secretsKeyPath, maxSecrets: cfg.maxSecrets, nodeKey: this.nodeKey, ...(cfg.secretsRedis ? { redis: cfg.secretsRedis } : {}) });
     this.scheduler = new SchedulerLink({ endpoint: cfg.schedulerEndpoint, timeoutMs: cfg.schedulerTimeoutMs, retryMs: cfg.schedulerRetryMs, nodeListTtlMs: cfg.nodeListTtlMs });
+    const registry = new WebhookRegistry(cfg.homePath);
+    this.webhookSync = new WebhookSync(registry, () => this.fan(), cfg.webhookSync, this.log);
+    this.events = new GatewayEvents(() => this.fan(), async (req) => (await this.jsonBody(req)).json, { registry, sync: this.webhookSync });
   }
 
-  close(): void {
+  /** Stop the webhook sync (after its round), release the scheduler link and the secrets store. */
+  async close(): Promise<void> {
+    await this.webhookSync.stop();
     this.scheduler.close();
     this.secrets.close();
   }

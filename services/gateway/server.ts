@@ -35,7 +35,8 @@ const log = logger("gateway");
 
 /**
  * Start the gateway.
- * @throws GatewayError / ApiError when the key file cannot be read; Error when the address is taken.
+ * @throws GatewayError / ApiError when the key file or the webhook registry cannot be read
+ *   (bad_state); GatewayError internal when the address is taken.
  */
 export function startGateway(c: GatewayConfig): RunningGateway {
   const { key } = loadOrCreateApiKey(c.apiKey, c.homePath);
@@ -107,12 +108,13 @@ export function startGateway(c: GatewayConfig): RunningGateway {
       websocket: wsRelay<RelayData>({ unreachable: "the sandbox's node is unreachable" }),
     });
   } catch (e) {
-    gw.close();
+    void gw.close();
     throw new GatewayError("gateway.internal", `cannot listen on ${c.addr}: ${errorMessage(e)}`, { addr: c.addr });
   }
   const shown = hostname === "0.0.0.0" || hostname === "::" ? "127.0.0.1" : hostname;
   const url = `http://${shown.includes(":") ? `[${shown}]` : shown}:${server.port}`;
   log.info({ url, scheduler: c.schedulerEndpoint, secretsStore: gw.secrets.kind }, "gateway listening");
+  gw.webhookSync.start();
   return {
     url,
     port: server.port!,
@@ -120,7 +122,7 @@ export function startGateway(c: GatewayConfig): RunningGateway {
     gateway: gw,
     close: async () => {
       await server.stop(true);
-      gw.close();
+      await gw.close();
     },
   };
 }

@@ -84,6 +84,16 @@ export const CONTROL_PLANE_SECTIONS = {
         "Largest node answer the gateway reads whole, bytes: each node's part of a merged list, a create\nor fork answer it rewrites. A longer one is 502 naming the node (sandbox traffic and other\nforwarded answers stream through unread).",
         { min: 1024, max: TIB, unit: "bytes" },
       ),
+      webhook_sync_interval_ms: int(
+        2000,
+        "Webhooks registered through the gateway are kept in its data directory (gateway-webhooks.json)\nand given to every live node: a round every this many ms sends each node what it lacks (a node\nthat joined or came back gets every registration; a change it missed is sent again), ms.",
+        { min: 1, max: MS_MAX, unit: "ms" },
+      ),
+      webhook_full_check_ms: int(
+        60_000,
+        "Longest time between two full checks of a node's webhooks (its list read, every registration it\nlacks sent again), besides the check when it joins or comes back, ms.",
+        { min: 1, max: MS_MAX, unit: "ms" },
+      ),
     },
   ),
 };

@@ -13,6 +13,7 @@ import { loadConfig } from "../../src/config/index.ts";
 import { NodeStatus, SchedulerDefinition, schedulerChannel, type HeartbeatRequest, type SchedulerClient } from "../../src/cluster/index.ts";
 import { schedulerConfig, startScheduler, type RunningScheduler } from "../../services/scheduler/index.ts";
 import { waitFor } from "../helpers/wait.ts";
+import type { SandboxLifecycleEvent } from "../../src/events/index.ts";
 
 /** A heartbeat from `nodeId` holding `roster`, with `running` sandboxes and `freeMiB` free memory. */
 export function beat(nodeId: string, roster: string[], o: { running?: number; freeMiB?: number; reportedAt?: number; instance?: string } = {}): HeartbeatRequest {
@@ -143,4 +144,26 @@ export async function startLoopbackNode(name: string, schedulerPort: number, api
       rmSync(home, { recursive: true, force: true });
     },
   };
+}
+
+/** One delivery a webhook receiver got: its body as sent, its E2B signature header, the event. */
+export interface ReceivedEvent {
+  raw: string;
+  sig: string;
+  event: SandboxLifecycleEvent;
+}
+
+/** A webhook receiver on 127.0.0.1 answering 204: `got` holds every delivery in arrival order; `stop()` closes it. */
+export function webhookReceiver(): { port: number; got: ReceivedEvent[]; stop(): void } {
+  const got: ReceivedEvent[] = [];
+  const server = Bun.serve({
+    hostname: "127.0.0.1",
+    port: 0,
+    fetch: async (req) => {
+      const raw = await req.text();
+      got.push({ raw, sig: req.headers.get("e2b-signature") ?? "", event: JSON.parse(raw) as SandboxLifecycleEvent });
+      return new Response(null, { status: 204 });
+    },
+  });
+  return { port: server.port!, got, stop: () => void server.stop(true) };
 }

@@ -12,7 +12,7 @@ import { Sandbox } from "e2b";
 import { loadConfig } from "../../../src/config/index.ts";
 import type { SandboxLifecycleEvent } from "../../../src/events/index.ts";
 import { gatewayConfig, startGateway, type RunningGateway } from "../../../services/gateway/index.ts";
-import { freePort, startLoopbackNode, startTestScheduler } from "../helpers.ts";
+import { freePort, startLoopbackNode, startTestScheduler, webhookReceiver, type ReceivedEvent } from "../helpers.ts";
 import { waitFor as wait } from "../../helpers/wait.ts";
 
 const KEY = "e2b_" + "cd".repeat(20);
@@ -20,8 +20,8 @@ const home = mkdtempSync("/tmp/aenv-gw-ev-");
 let sched: Awaited<ReturnType<typeof startTestScheduler>>;
 let nodes: Awaited<ReturnType<typeof startLoopbackNode>>[];
 let gw: RunningGateway;
-const got: { raw: string; sig: string; event: SandboxLifecycleEvent }[] = [];
-let rx: ReturnType<typeof Bun.serve>;
+let got: ReceivedEvent[] = [];
+let rx: ReturnType<typeof webhookReceiver>;
 
 const call = (base: string, path: string, init: RequestInit = {}) => fetch(base + path, { ...init, headers: { "x-api-key": KEY, ...(init.body ? { "content-type": "application/json" } : {}) } });
 const gwCall = (path: string, init: RequestInit = {}) => call(gw.url, path, init);
@@ -33,19 +33,12 @@ beforeAll(async () => {
   nodes = [await startLoopbackNode("a", port, KEY, env), await startLoopbackNode("b", port, KEY, env)];
   sched = await startTestScheduler({ AENV_HOME_PATH: home, AENV__scheduler__addr: `127.0.0.1:${port}`, AENV__scheduler__nodes: nodes.map((n, i) => `${"ab"[i]}=${n.url}`).join(","), AENV__scheduler__report_ttl_secs: "2" });
   gw = startGateway(gatewayConfig(loadConfig({ env: { AENV_HOME_PATH: home, AENV_API_KEY: KEY, AENV_LOG_LEVEL: "error", AENV__gateway__addr: "127.0.0.1:0", AENV__cluster__scheduler_endpoint: `127.0.0.1:${port}`, AENV__gateway__request_timeout_ms: "5000" } })));
-  rx = Bun.serve({
-    hostname: "127.0.0.1",
-    port: 0,
-    fetch: async (req) => {
-      const raw = await req.text();
-      got.push({ raw, sig: req.headers.get("e2b-signature") ?? "", event: JSON.parse(raw) as SandboxLifecycleEvent });
-      return new Response(null, { status: 204 });
-    },
-  });
+  rx = webhookReceiver();
+  got = rx.got;
 });
 
 afterAll(async () => {
-  rx?.stop(true);
+  rx?.stop();
   await gw?.close();
   await sched?.close();
   for (const n of nodes ?? []) await n.dispose();
