@@ -67,6 +67,9 @@ test("raw API: no-store on every answer, strict bodies, 400s naming the field, 4
     ["/secrets", { method: "POST", body: JSON.stringify({ name: "bad name", value: VALUE }) }, 400, "name"],
     ["/secrets", { method: "POST", body: JSON.stringify({ name: "x", value: 7 }) }, 400, "value"],
     ["/secrets", { method: "POST", body: `{"name":"x","value":"${VALUE}"` }, 400, "body"],
+    // JSON sent as text/plain: refused for its content type, as every JSON route refuses it
+    ["/secrets", { method: "POST", body: JSON.stringify({ name: "plain", value: VALUE }), headers: { "content-type": "text/plain" } }, 400, 'this route takes a JSON body (content-type: application/json); the request sent content-type "text/plain"'],
+    ["/secrets/raw", { method: "POST", body: JSON.stringify({ value: VALUE }), headers: { "content-type": "application/x-www-form-urlencoded" } }, 400, "application/x-www-form-urlencoded"],
     ["/secrets/raw", { method: "POST", body: JSON.stringify({ value: VALUE, name: "no" }) }, 400, "name"],
     ["/secrets/sec_bad", { method: "GET" }, 400, "secretID"],
     ["/secrets?limit=0", { method: "GET" }, 400, "limit"],

@@ -9,6 +9,7 @@
 import { Elysia } from "elysia";
 import { SecretsError, type SecretInfo, type SecretKeeper } from "../../secrets/index.ts";
 import { toErrorResponse } from "../status.ts";
+import { notJsonReason } from "../../util/json-body.ts";
 
 /** What the routes serve: this node's store (or the gateway's), or where the cluster's store is. */
 export type SecretsBackend = { store: SecretKeeper } | { remoteUrl: string };
@@ -22,11 +23,14 @@ export function secretBody(s: SecretInfo) {
 }
 
 /**
- * The JSON object of a request body with only `allowed` fields.
- * @throws SecretsError bad_request naming the unknown field, or saying the body is not a JSON
- *   object (never quoting it)
+ * The JSON object of a request body with only `allowed` fields, sent as JSON (`contentType`, the
+ * rule of every JSON route: src/util/json-body.ts).
+ * @throws SecretsError bad_request naming the unknown field, or saying the body is not JSON (its
+ *   content type, never its text) or not a JSON object
  */
-export function strictBody(text: unknown, allowed: readonly string[]): Record<string, unknown> {
+export function strictBody(text: unknown, allowed: readonly string[], contentType: string | null): Record<string, unknown> {
+  const notJson = typeof text === "string" && text.trim() !== "" ? notJsonReason(contentType) : null;
+  if (notJson) throw new SecretsError("secrets.bad_request", notJson, { field: "body" });
   let v: unknown;
   try {
     v = JSON.parse(typeof text === "string" ? text : "");
@@ -73,9 +77,9 @@ export function secretRoutes(backend: SecretsBackend) {
     )
     .post(
       "/secrets",
-      ({ body }) =>
+      ({ body, request }) =>
         answer(async () => {
-          const b = strictBody(body, ["name", "value", "metadata"]);
+          const b = strictBody(body, ["name", "value", "metadata"], request.headers.get("content-type"));
           if (typeof b.name !== "string") throw new SecretsError("secrets.bad_request", "name must be a string", { field: "name" });
           return Response.json(secretBody(await store().create(b.name, b.value, b.metadata ?? {})), { status: 201, headers: NO_STORE });
         }),
@@ -86,9 +90,9 @@ export function secretRoutes(backend: SecretsBackend) {
     })
     .post(
       "/secrets/:secretID",
-      ({ params, body }) =>
+      ({ params, body, request }) =>
         answer(async () => {
-          const b = strictBody(body, ["value", "metadata"]);
+          const b = strictBody(body, ["value", "metadata"], request.headers.get("content-type"));
           return Response.json(secretBody(await store().update(params.secretID, b.value, b.metadata)), { headers: NO_STORE });
         }),
       { parse: "text", detail: { summary: "Give a secret a new value (its next version; metadata replaces the stored one when present)", tags } },
