@@ -3,7 +3,6 @@ import { useState } from "preact/hooks";
 import { envdRpc, settings, type EnvdAccess } from "./api.ts";
 import { usePoll } from "./hooks.ts";
 import { errorMessage } from "../../util/error.ts";
-import { ListTable } from "./table.tsx";
 
 interface ProcessInfo {
   pid: number;
@@ -28,25 +27,32 @@ export function Processes({ access }: { access: EnvdAccess }) {
     <div>
       <p class="muted">Processes started through envd (commands, terminals, the start command); the guest's own daemons are not listed.</p>
       {(list.error || error) && <p class="error">{error ?? list.error?.message}</p>}
-      <ListTable
-        id="processes"
-        rows={rows}
-        rowKey={(p) => p.pid}
-        columns={[
-          { head: "PID", cell: (p) => p.pid },
-          { head: "Command", class: "mono", cell: (p) => [p.config.cmd, ...(p.config.args ?? [])].join(" ") },
-          { head: "Directory", class: "mono", cell: (p) => p.config.cwd ?? "" },
-          { head: "Tag", cell: (p) => p.tag ?? "" },
-          {
-            head: "",
-            cell: (p) => (
-              <button class="small danger" onClick={() => kill(p.pid)}>
-                Kill
-              </button>
-            ),
-          },
-        ]}
-      />
+      <table class="list" id="processes">
+        <thead>
+          <tr>
+            <th>PID</th>
+            <th>Command</th>
+            <th>Directory</th>
+            <th>Tag</th>
+            <th />
+          </tr>
+        </thead>
+        <tbody>
+          {rows.map((p) => (
+            <tr key={p.pid}>
+              <td>{p.pid}</td>
+              <td class="mono">{[p.config.cmd, ...(p.config.args ?? [])].join(" ")}</td>
+              <td class="mono">{p.config.cwd ?? ""}</td>
+              <td>{p.tag ?? ""}</td>
+              <td>
+                <button class="small danger" onClick={() => kill(p.pid)}>
+                  Kill
+                </button>
+              </td>
+            </tr>
+          ))}
+        </tbody>
+      </table>
       {list.value && rows.length === 0 && <p class="muted">No processes.</p>}
     </div>
   );

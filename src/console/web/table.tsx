@@ -1,6 +1,8 @@
 /**
- * The pieces every list page draws its table with: `ListTable` (a `table.list` from columns and
- * rows), the state badge and the link to a sandbox's page.
+ * The pieces the list pages draw their tables with: `ListTable` (a `table.list` from columns and
+ * rows), the state badge and the link to a sandbox's page. The processes tab keeps its own
+ * markup: drawn by ListTable, its rows were replaced between polls, so a Kill button taken before
+ * a poll was gone when clicked (test/console/console-vm.test.ts).
  */
 import type { ComponentChildren } from "preact";
 
