@@ -51,6 +51,8 @@ const CONCURRENCY = arg("--concurrency", 4);
 const DURATION_MS = arg("--duration", 3600) * 1000;
 const ADOPT = arg("--adopt", 50);
 const STARTUP_RUNS = arg("--startup-runs", 3);
+/** The node's environment at every start: its limit of live sandboxes leaves room for the --adopt set and the workload's. */
+const NODE_ENV = { AENV_LOG_LEVEL: "info", AENV__orchestrator__max_sandboxes: String(ADOPT + arg("--max-sandboxes", 8) + 16) };
 const JSON_OUT = flag("--json");
 const weights = Object.fromEntries(KILL_KINDS.map((k) => [k, k === "daemon" ? 1 : 2])) as Record<KillKind, number>;
 for (const kv of str("--weights", "").split(",").filter(Boolean)) {
@@ -142,7 +144,7 @@ async function killNode(w: NodeWorld): Promise<number> {
 async function restart(w: NodeWorld): Promise<Restart> {
   const from = w.fullLog.length;
   const spawnAt = Date.now();
-  await w.start({ AENV_LOG_LEVEL: "info" });
+  await w.start(NODE_ENV);
   const startMs = Date.now() - spawnAt;
   // the reconciliation line comes before the banner; stderr may lag stdout a little
   for (let i = 0; i < 100 && linesSince(w, from, "start-up reconciliation done").length === 0; i++) await Bun.sleep(20);
@@ -187,7 +189,7 @@ const ublkBefore = ublkDevices();
 let exitCode = 0;
 try {
   const t0 = Date.now();
-  await world.start({ AENV_LOG_LEVEL: "info" });
+  await world.start(NODE_ENV);
   workload = new Workload(world);
   const checks: Record<string, any>[] = [];
 
