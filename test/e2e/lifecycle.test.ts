@@ -2,16 +2,42 @@
  * Lifecycle routes with real VMs (agentenv server in a private netns): v1 create with autoPause
  * and a short timeout pauses at expiry, deprecated resume, network policy update, and the
  * `agentenv sandbox` CLI end to end (create, exec with exit code, pause, list, resume, kill), and
- * kills racing a create of the same sandbox, a VM that dies on its own, and a sandbox whose root
- * disk a restarted disk daemon cannot serve again (the disk is lost under it).
+ * kills racing a create of the same sandbox, a VM that dies on its own (paused with its files, booted
+ * on them at connect), and a sandbox whose root disk a restarted disk daemon cannot serve again
+ * because its upper is gone (failed: its files are lost; nothing left).
  */
 import { expect, test } from "bun:test";
-import { existsSync, readFileSync, renameSync } from "node:fs";
+import { existsSync, readdirSync, readFileSync, renameSync } from "node:fs";
 import { join } from "node:path";
-import { diskDaemonsUnder, nodeForFile, qemuPidsUnder } from "./world.ts";
+import { Database } from "bun:sqlite";
+import { diskDaemonsUnder, logLines, nodeForFile, qemuPidsUnder, type NodeWorld } from "./world.ts";
 import { waitFor } from "../helpers/wait.ts";
 
 const node = nodeForFile();
+
+/** Network slots the node's database gives sandbox `id`. */
+function slotOf(w: NodeWorld, id: string): number[] {
+  const db = new Database(join(w.home, "agentenv.db"), { readonly: true });
+  try {
+    return db.query<{ idx: number }, [string]>("SELECT idx FROM net_slots WHERE sandbox_id = ?").all(id).map((r) => r.idx);
+  } finally {
+    db.close();
+  }
+}
+
+/** What of sandbox `id` is still held: its slot, disk mounts, work dir, and its pause snapshots in the repository. */
+function held(w: NodeWorld, id: string): { slot: number[]; mounts: string[]; workDir: boolean; pauseSnapshots: number } {
+  const dir = join(w.home, "snapshots", "manifests");
+  const manifests = readdirSync(dir)
+    .filter((f) => f.endsWith(".json"))
+    .map((f) => JSON.parse(readFileSync(join(dir, f), "utf8")));
+  return {
+    slot: slotOf(w, id),
+    mounts: readFileSync("/proc/self/mountinfo", "utf8").split("\n").filter((l) => l.includes(join(w.home, "sandboxes", id))),
+    workDir: existsSync(join(w.home, "sandboxes", id)),
+    pauseSnapshots: manifests.filter((m) => m.kind === "pause" && m.source?.sandboxId === id).length,
+  };
+}
 
 test("v1 create + autoPause: paused at expiry, 409 on pause again, resume 201 with the same token, network update, kill", async () => {
   const world = node();
@@ -61,35 +87,66 @@ test("concurrent create and kill of one sandbox: the kills wait for the create; 
   expect(qemuPidsUnder(world.home, world.memDir)).toEqual([]);
 }, 300_000);
 
-test("a VM that dies on its own: the sandbox disappears (404, proxy 502) and its VMM, disk server and slot are freed", async () => {
+test("a VM that dies on its own: the sandbox is paused with its files (reason vm_lost, in its log and events), what its VM held is freed, and connect boots it on its disk", async () => {
   const world = node();
   const { id } = await world.client("create-hold.ts");
   const pids = qemuPidsUnder(world.home, world.memDir);
   expect(pids).toHaveLength(1);
+  expect(slotOf(world, id)).toHaveLength(1);
   process.kill(pids[0]!, "SIGKILL");
-  const o = await world.client("poll-gone.ts", [id]);
-  expect(o).toMatchObject({ status: 404, kill: false, proxy: 502, listed: 0 });
-  // the API forgets the sandbox first; its clean-up (slot, disk server, files) follows
-  await waitFor("the sandbox's files to be removed", () => !existsSync(join(world.home, "sandboxes", id)), { timeoutMs: 20_000 });
-  expect(readFileSync("/proc/self/mountinfo", "utf8").includes(join(world.home, "sandboxes", id))).toBe(false);
+  const o = await world.client("vm-lost.ts", [id]);
+  const why = "sandbox VM exited unexpectedly";
+  expect(o.get).toEqual({ status: 200, state: "paused" });
+  expect(o.listed).toEqual([[id, "paused"]]);
+  expect(o.lifecycleLog).toEqual([`warn sandbox VM lost`, `warn sandbox paused with its files (filesystem only: the next connect boots it on its disk): ${why}`]);
+  expect(o.events).toEqual(["sandbox.lifecycle.created", "sandbox.lifecycle.paused"]);
+  expect(o.pausedEvent).toEqual({ pause_reason: "vm_lost", snapshot_kind: "filesystem", error: why });
+  expect(o.proxy.status).toBe(502);
+  expect(o.proxy.message).toContain("paused without its memory");
+  expect(logLines(world, `sandbox paused with its files: ${why}`)).toMatchObject([{ sandboxId: id, reason: why }]);
+  // what the dead VM held was freed before the sandbox showed paused (its slot, disk export, work
+  // dir); its disk is a filesystem-only pause snapshot
+  expect(qemuPidsUnder(world.home, world.memDir)).toEqual([]);
+  expect(held(world, id)).toEqual({ slot: [], mounts: [], workDir: false, pauseSnapshots: 1 });
+  // connect cold-boots it on its disk: the upload and the synced /tmp file are there
+  const c = await world.client("connect-files.ts", [id]);
+  expect(c.kept).toBe("written before its VM went");
+  expect(c.tmp).toBe("t\n");
+  expect(c.run).toBe("booted on its disk\n");
+  expect(c.listedAfterConnect).toEqual([[id, "running"]]);
+  expect(c).toMatchObject({ kill: true, getAfterKill: 404, listedEnd: 0 });
+  expect(c.events).toEqual(["sandbox.lifecycle.created", "sandbox.lifecycle.paused", "sandbox.lifecycle.resumed", "sandbox.lifecycle.killed"]);
+  expect(qemuPidsUnder(world.home, world.memDir)).toEqual([]);
+  await waitFor("the killed sandbox's files to be removed", () => !existsSync(join(world.home, "sandboxes", id)), { timeoutMs: 20_000 });
+  expect(held(world, id)).toEqual({ slot: [], mounts: [], workDir: false, pauseSnapshots: 0 });
 }, 300_000);
 
-test("a sandbox whose root disk the restarted disk daemon cannot serve again: failed (404, proxy 502), its VMM stopped, the node log says why", async () => {
+test("a sandbox whose root disk the restarted disk daemon cannot serve again (its upper gone): failed, not paused (its files are lost), the log and its failed event say why, nothing left", async () => {
   const world = node();
   const { id } = await world.client("create-hold.ts");
   expect(qemuPidsUnder(world.home, world.memDir)).toHaveLength(1);
-  // the running daemon has the upper open; the next one cannot open it (recovery fails)
+  // the running daemon has the upper open; the next one cannot open it (recovery fails), nor can
+  // the node commit it as a pause snapshot: the sandbox's files are lost
   const upper = join(world.home, "sandboxes", id, "upper", "upper.data");
   renameSync(upper, `${upper}.away`);
   const daemons = diskDaemonsUnder(world.home);
   expect(daemons).toHaveLength(1);
   process.kill(daemons[0]!, "SIGKILL");
   const o = await world.client("poll-gone.ts", [id]);
-  expect(o).toMatchObject({ status: 404, kill: false, proxy: 502, listed: 0 });
-  expect(world.log).toContain(`"sandboxId":"${id}","reason":"root disk lost: not recovered after a daemon restart: `);
-  expect(world.log).toContain("sandbox failed: root disk lost: not recovered after a daemon restart");
-  // the VMM goes with it; the restarted daemon serves on (the next test's sandbox gets its disks)
+  expect(o).toMatchObject({ status: 404, kill: false, proxy: 502, listed: 0, logs: 404 });
+  // it went through pausing (the node tried to keep its disk), then failed, saying both whys
+  expect(o.events).toEqual(["sandbox.lifecycle.created", "sandbox.lifecycle.failed"]);
+  expect(o.failed.failed_in).toBe("pausing");
+  expect(o.failed.error).toMatch(/^root disk lost: not recovered after a daemon restart: .+; its disk could not be kept: .+/);
+  const failed = logLines(world, `sandbox failed: ${o.failed.error}`);
+  expect(failed).toHaveLength(1);
+  expect(failed[0]).toMatchObject({ sandboxId: id });
+  // the VMM goes with it, and every trace of it: slot, export, work dir (the moved upper too), no
+  // pause snapshot claiming its files; the restarted daemon serves on (the next test's sandbox gets its disks)
   await waitFor("the failed sandbox's VMM to stop", () => qemuPidsUnder(world.home, world.memDir).length === 0, { timeoutMs: 30_000 });
+  await waitFor("the failed sandbox's files to be removed", () => !existsSync(join(world.home, "sandboxes", id)), { timeoutMs: 20_000 });
+  expect(held(world, id)).toEqual({ slot: [], mounts: [], workDir: false, pauseSnapshots: 0 });
+  expect(readdirSync(join(world.home, "snapshots", "staging"))).toEqual([]);
   expect(diskDaemonsUnder(world.home)).toHaveLength(1);
   expect(diskDaemonsUnder(world.home)[0]).not.toBe(daemons[0]);
 }, 300_000);
