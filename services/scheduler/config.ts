@@ -26,6 +26,10 @@ export interface SchedulerConfig {
   bindingTtlMs: number;
   /** Report age after which a node is UNHEALTHY, ms. */
   reportTtlMs: number;
+  /** Report age after which a node's bindings are dropped, ms. */
+  goneNodeTtlMs: number;
+  /** Report age after which a node's sandboxes may be moved (RebindSandbox), ms. */
+  rebindAfterMs: number;
   discovery: "static" | "kubernetes";
   /** Static entries "id=url". */
   nodes: string[];
@@ -64,6 +68,8 @@ export function schedulerConfig(cfg: Config, env: Record<string, string | undefi
     redisConnectTimeoutMs: sc.redis_connect_timeout_ms,
     bindingTtlMs: sc.binding_ttl_secs * 1000,
     reportTtlMs: sc.report_ttl_secs * 1000,
+    goneNodeTtlMs: sc.gone_node_ttl_secs * 1000,
+    rebindAfterMs: sc.rebind_after_secs * 1000,
     discovery: sc.discovery,
     nodes: sc.nodes,
     maxP2pArtifacts: sc.max_p2p_artifacts,

@@ -1,10 +1,17 @@
 /**
  * The scheduler's logic, free of gRPC: placement, bindings with their freshness TTL, node
  * reports (heartbeats) with the roster as the truth for each node, node health from report
- * age, and P2P bookkeeping. Node status (proto NodeStatus): discovered + fresh report = READY;
- * discovered, no report yet = CONNECTING; report older than report_ttl (counted from this
- * process's start at the earliest), or unregistered and not reporting since = UNHEALTHY;
- * lingering (terminating) + fresh report = LINGERING. Only nodes discovery knows may report.
+ * age, moves of sandboxes off nodes that are gone (RebindSandbox), and P2P bookkeeping. Node
+ * status (proto NodeStatus): discovered + fresh report = READY; discovered, no report yet =
+ * CONNECTING; report older than report_ttl (counted from this process's start at the
+ * earliest), or unregistered and not reporting since = UNHEALTHY; lingering (terminating) +
+ * fresh report = LINGERING. Only nodes discovery knows may report.
+ *
+ * Bindings of a node whose reports stopped stay (its sandboxes keep routing to it, and a
+ * restarted node finds them where it left them) until gone_node_ttl after its last report; a
+ * node silent for rebind_after may have its sandboxes moved (RebindSandbox) to a node that
+ * resumes them from the shared snapshot store. A roster never takes a sandbox from another node
+ * that holds it: the reporting node is told to drop its copy instead (HeartbeatResponse).
  */
 import type { Logger } from "pino";
 import { logger } from "../../src/observability/log.ts";
@@ -23,7 +30,7 @@ import type { Discovery } from "./discovery/types.ts";
 import { SchedulerError } from "./errors.ts";
 import { NODE_ID_RE } from "./discovery/static.ts";
 import { Picker, type Candidate, type StrategyName } from "./strategy.ts";
-import type { SchedulerStore } from "./store/types.ts";
+import type { RosterChange, SchedulerStore } from "./store/types.ts";
 import type { NodeReport } from "./types.ts";
 import type { NodeRef } from "../../src/cluster/index.ts";
 import { LruMap } from "../../src/util/lru.ts";
@@ -37,6 +44,10 @@ export interface SchedulerCoreOptions {
   bindingTtlMs: number;
   /** Age of the last report after which a node is UNHEALTHY, ms. */
   reportTtlMs: number;
+  /** Age of the last report after which a node's bindings are dropped, ms. */
+  goneNodeTtlMs: number;
+  /** Age of the last report after which a node's sandboxes may be moved to another node (RebindSandbox), ms. */
+  rebindAfterMs: number;
   /** Bound on P2P artifact records. */
   maxP2pArtifacts: number;
   /** Clock (tests); ignored when `clock` is given. */
@@ -87,7 +98,9 @@ export class SchedulerCore {
    * the reported load. A heartbeat forgets those made before its snapshot was taken.
    */
   private readonly placements = new Map<string, number[]>();
-  /** Nodes whose bindings were dropped for a stale report (cleared when they report again). */
+  /** Nodes logged as silent past report_ttl (cleared when they report again). */
+  private readonly silent = new Set<string>();
+  /** Nodes whose bindings were dropped past gone_node_ttl (cleared when they report again). */
   private readonly droppedStale = new Set<string>();
   /** P2P artifacts: "cluster\0backend\0key" -> node ids; past maxP2pArtifacts the least recently recorded goes. */
   private readonly artifacts: LruMap<string, Set<string>>;
@@ -105,8 +118,8 @@ export class SchedulerCore {
   }
 
   /**
-   * Start dropping the bindings of nodes whose reports stop: a sweep now, then one each time the
-   * earliest report runs out (a heartbeat arms its own expiry). With a store several replicas
+   * Start watching reports run out: a sweep now, then one each time the earliest report passes
+   * report_ttl or gone_node_ttl (a heartbeat arms its own expiry). With a store several replicas
    * share (Redis), reports another replica writes are seen by a sweep at least every report_ttl,
    * before any of them can run out.
    */
@@ -212,8 +225,10 @@ export class SchedulerCore {
   }
 
   /**
-   * The node of a sandbox. A binding not refreshed within binding_ttl (counted from this
-   * process's start at the earliest) is dropped.
+   * The node of a sandbox. A binding of a node that reports is kept fresh by its rosters and
+   * lives until gone_node_ttl after the node's last report; one of a node that never reported
+   * and is not refreshed within binding_ttl is dropped (both ages counted from this process's
+   * start at the earliest).
    * @throws SchedulerError bad_request (malformed id), not_found (no binding, an expired one, or
    *   one naming a node that neither discovery nor the binding gives an endpoint for).
    */
@@ -221,10 +236,13 @@ export class SchedulerCore {
     if (!SANDBOX_ID_RE.test(sandboxId)) throw badRequest(`invalid sandbox_id ${JSON.stringify(sandboxId)}: expected 1-64 lowercase letters and digits`, { sandboxId });
     const b = await this.store.getBinding(sandboxId);
     if (!b) throw new SchedulerError("scheduler.not_found", `no node holds sandbox ${sandboxId}`, { sandboxId });
-    if (this.now() - Math.max(b.updatedAt, this.startedAt) > this.o.bindingTtlMs) {
+    const report = await this.store.getReport(b.nodeId);
+    const [age, ttl] = report ? [this.reportAgeMs(report), this.o.goneNodeTtlMs] : [this.now() - Math.max(b.updatedAt, this.startedAt), this.o.bindingTtlMs];
+    if (age > ttl) {
       await this.store.deleteBinding(sandboxId, b.nodeId);
-      this.log.info({ sandboxId, nodeId: b.nodeId, ageMs: this.now() - b.updatedAt }, "binding expired");
-      throw new SchedulerError("scheduler.not_found", `the binding of sandbox ${sandboxId} expired (not refreshed for ${this.o.bindingTtlMs} ms)`, { sandboxId });
+      this.log.info({ sandboxId, nodeId: b.nodeId, ageMs: age }, "binding expired");
+      const why = report ? `its node ${b.nodeId} has not reported for ${ttl} ms` : `not refreshed for ${ttl} ms`;
+      throw new SchedulerError("scheduler.not_found", `the binding of sandbox ${sandboxId} expired (${why})`, { sandboxId });
     }
     const endpoint = this.endpointOf(b.nodeId) ?? b.endpoint;
     if (!endpoint) throw new SchedulerError("scheduler.not_found", `sandbox ${sandboxId} is bound to node ${b.nodeId}, which discovery no longer knows`, { sandboxId, nodeId: b.nodeId });
@@ -245,16 +263,45 @@ export class SchedulerCore {
       endpoint = httpEndpoint(node.endpoint);
       if (endpoint === null) throw badRequest(`node ${node.nodeId}: endpoint ${JSON.stringify(node.endpoint)} is not an http(s) URL`, { nodeId: node.nodeId });
     }
-    await this.store.putBinding({ sandboxId, nodeId: node.nodeId, endpoint, updatedAt: this.now() });
+    await this.store.putBinding({ sandboxId, nodeId: node.nodeId, endpoint, updatedAt: this.now(), held: false });
+  }
+
+  /**
+   * Move sandbox `sandboxId` off node `fromNodeId`, which is gone (its last report is older than
+   * rebind_after, counted from this process's start at the earliest), to a node picked as for
+   * a new sandbox; the new binding is not held until that node reports the sandbox. A binding
+   * that no longer names `fromNodeId` is answered as it is (another caller moved it).
+   * @throws SchedulerError bad_request (malformed ids), not_found (no binding), node_alive (the
+   *   node reported within rebind_after, or never reported), no_nodes (no node to move it to)
+   */
+  async rebind(sandboxId: string, fromNodeId: string): Promise<{ node: NodeRef; moved: boolean }> {
+    if (!SANDBOX_ID_RE.test(sandboxId)) throw badRequest(`invalid sandbox_id ${JSON.stringify(sandboxId)}: expected 1-64 lowercase letters and digits`, { sandboxId });
+    if (!NODE_ID_RE.test(fromNodeId)) throw badRequest(`invalid from_node_id ${JSON.stringify(fromNodeId)}`, { nodeId: fromNodeId });
+    const b = await this.store.getBinding(sandboxId);
+    if (!b) throw new SchedulerError("scheduler.not_found", `no node holds sandbox ${sandboxId}`, { sandboxId });
+    if (b.nodeId !== fromNodeId) return { node: { nodeId: b.nodeId, endpoint: this.endpointOf(b.nodeId) ?? b.endpoint }, moved: false };
+    const report = await this.store.getReport(fromNodeId);
+    const age = report ? this.reportAgeMs(report) : null;
+    if (age === null || age <= this.o.rebindAfterMs) {
+      const why = age === null ? "it never reported" : `it reported ${age} ms ago (rebind_after is ${this.o.rebindAfterMs} ms)`;
+      throw new SchedulerError("scheduler.node_alive", `sandbox ${sandboxId} stays on node ${fromNodeId}: ${why}`, { sandboxId, nodeId: fromNodeId, ageMs: age });
+    }
+    const to = await this.schedule();
+    const after = await this.store.moveBinding(fromNodeId, { sandboxId, nodeId: to.nodeId, endpoint: to.endpoint, updatedAt: this.now(), held: false });
+    if (!after) throw new SchedulerError("scheduler.not_found", `no node holds sandbox ${sandboxId}`, { sandboxId });
+    const moved = after.nodeId === to.nodeId;
+    if (moved) this.log.warn({ sandboxId, from: fromNodeId, to: to.nodeId, silentMs: age }, "sandbox moved off a node that is gone");
+    return { node: { nodeId: after.nodeId, endpoint: this.endpointOf(after.nodeId) ?? after.endpoint }, moved };
   }
 
   /**
    * A node's report: store it (status derived at read time) and make its roster the truth for
-   * its bindings. Bindings recorded after the roster was taken (`reported_at`) are kept.
+   * its bindings. Bindings recorded after the roster was taken (`reported_at`) are kept; ids
+   * another node holds stay there and come back in `foreign` (the node drops its copies).
    * @throws SchedulerError bad_request for a missing or malformed node id or sandbox id,
    *   unknown_node for a node discovery does not know.
    */
-  async heartbeat(req: HeartbeatRequest): Promise<{ added: number; removed: number }> {
+  async heartbeat(req: HeartbeatRequest): Promise<RosterChange> {
     const endpoint = this.reportingNode(req.nodeId, "heartbeat");
     const bad = req.sandboxIds.find((id) => !SANDBOX_ID_RE.test(id));
     if (bad !== undefined) throw badRequest(`invalid sandbox id ${JSON.stringify(bad)} in the roster of node ${req.nodeId}`, { nodeId: req.nodeId });
@@ -272,7 +319,8 @@ export class SchedulerCore {
     };
     await this.store.putReport({ node, p2p: req.p2pEndpoint?.address ? req.p2pEndpoint : null, leftAtUnixMs: null });
     if (this.expiryStarted) this.expiry.armAt(now + this.o.reportTtlMs + 1);
-    if (this.droppedStale.delete(req.nodeId)) this.log.info({ nodeId: req.nodeId }, "node reports again");
+    const back = this.silent.delete(req.nodeId);
+    if (this.droppedStale.delete(req.nodeId) || back) this.log.info({ nodeId: req.nodeId }, "node reports again");
     const takenAt = Math.min(req.snapshot?.reportedAtUnixMs || now, now);
     // the snapshot counts the placements made before it was taken, not those after
     const list = this.placements.get(req.nodeId);
@@ -281,13 +329,14 @@ export class SchedulerCore {
       if (list.length === 0) this.placements.delete(req.nodeId);
     }
     const change = await this.store.reconcileRoster(req.nodeId, endpoint, req.sandboxIds, now, takenAt);
-    if (change.added || change.removed) this.log.debug({ nodeId: req.nodeId, ...change }, "roster reconciled");
+    if (change.added || change.removed) this.log.debug({ nodeId: req.nodeId, added: change.added, removed: change.removed }, "roster reconciled");
+    if (change.foreign.length) this.log.warn({ nodeId: req.nodeId, sandboxIds: change.foreign }, "the roster lists sandboxes another node holds now: the node is told to drop its copies");
     return change;
   }
 
   /**
-   * Apply lifecycle events: create/resume/fork/pause bind or refresh, delete unbinds. The batch
-   * is checked whole before any is applied.
+   * Apply lifecycle events: create/resume/fork/pause bind or refresh (never a sandbox another
+   * node holds), delete unbinds. The batch is checked whole before any is applied.
    * @throws SchedulerError bad_request (malformed id, an event type outside the contract),
    *   unknown_node.
    */
@@ -301,7 +350,9 @@ export class SchedulerCore {
     }
     for (const ev of req.events) {
       if (ev.eventType === SandboxEventType.SANDBOX_EVENT_TYPE_DELETE) await this.store.deleteBinding(ev.sandboxId, req.nodeId);
-      else await this.store.putBinding({ sandboxId: ev.sandboxId, nodeId: req.nodeId, endpoint, updatedAt: this.now() });
+      else if (!(await this.store.claimBinding({ sandboxId: ev.sandboxId, nodeId: req.nodeId, endpoint, updatedAt: this.now(), held: true }))) {
+        this.log.warn({ sandboxId: ev.sandboxId, nodeId: req.nodeId, eventType: SandboxEventType[ev.eventType] }, "event of a sandbox another node holds: binding left there");
+      }
     }
   }
 
@@ -332,12 +383,14 @@ export class SchedulerCore {
   }
 
   /**
-   * A node leaves: drop its bindings and mark its report as left, so it is not scheduled (and
-   * shows UNHEALTHY) until it reports again. An unregister from an older process
-   * (service_instance_id differs from the current report's) is ignored.
+   * A node leaves: mark its report as left, so it is not scheduled (and shows UNHEALTHY) until it
+   * reports again, and drop its bindings unless `keepBindings` (its sandboxes outlive the
+   * process: paused, or left running for its next start; they then go as a silent node's do).
+   * An unregister from an older process (service_instance_id differs from the current
+   * report's) is ignored.
    * @returns whether the node was marked.
    */
-  async unregister(nodeId: string, serviceInstanceId: string): Promise<boolean> {
+  async unregister(nodeId: string, serviceInstanceId: string, keepBindings = false): Promise<boolean> {
     if (!NODE_ID_RE.test(nodeId)) throw badRequest(`invalid node_id ${JSON.stringify(nodeId)}`, { nodeId });
     const r = await this.store.getReport(nodeId);
     if (r && serviceInstanceId && r.node.serviceInstanceId && r.node.serviceInstanceId !== serviceInstanceId) {
@@ -347,37 +400,48 @@ export class SchedulerCore {
     const now = this.now();
     const node: ObservedNode = r?.node ?? { nodeId, endpoint: this.endpointOf(nodeId) ?? "", clusterId: "", serviceInstanceId, version: "", commit: "", machineInfo: undefined, snapshot: undefined, lastSeenUnixMs: now };
     await this.store.putReport({ node, p2p: r?.p2p ?? null, leftAtUnixMs: now });
-    const dropped = await this.store.dropNodeBindings(nodeId);
+    const dropped = keepBindings ? 0 : await this.store.dropNodeBindings(nodeId);
     this.placements.delete(nodeId);
-    this.log.info({ nodeId, bindings: dropped }, "node unregistered");
+    this.log.info({ nodeId, bindings: dropped, keepBindings }, "node unregistered");
     return true;
   }
 
   /**
-   * Drop the bindings of nodes whose reports stopped (once per outage). Run by the expiry timer.
-   * @returns the node ids handled this time.
+   * Log nodes whose reports stopped (past report_ttl) and drop the bindings of nodes silent past
+   * gone_node_ttl, each once per outage. Run by the expiry timer.
+   * @returns the node ids whose bindings were dropped this time.
    */
   async sweep(): Promise<string[]> {
     return (await this.sweepReports()).handled;
   }
 
-  /** The sweep, and when the first report it left runs out (unix ms; null: none left). */
+  /** The sweep, and when it is due next (unix ms; null: no report can run out). */
   private async sweepReports(): Promise<{ handled: string[]; next: number | null }> {
     const handled: string[] = [];
     let next: number | null = null;
+    const due = (at: number) => (next = next === null ? at : Math.min(next, at));
     for (const r of await this.store.listReports()) {
       const id = r.node.nodeId;
       if (this.droppedStale.has(id)) continue;
-      if (this.reportAgeMs(r) <= this.o.reportTtlMs) {
-        // stale from the first ms its age exceeds report_ttl
-        const at = Math.max(r.node.lastSeenUnixMs, this.startedAt) + this.o.reportTtlMs + 1;
-        next = next === null ? at : Math.min(next, at);
+      const age = this.reportAgeMs(r);
+      // each step from the first ms the age exceeds its bound
+      const from = Math.max(r.node.lastSeenUnixMs, this.startedAt) + 1;
+      if (age <= this.o.reportTtlMs) {
+        due(from + this.o.reportTtlMs);
+        continue;
+      }
+      if (!this.silent.has(id)) {
+        this.silent.add(id);
+        this.log.warn({ nodeId: id, lastSeenMsAgo: this.now() - r.node.lastSeenUnixMs, keptMs: this.o.goneNodeTtlMs }, "node stopped reporting: unschedulable; its bindings are kept until gone_node_ttl");
+      }
+      if (age <= this.o.goneNodeTtlMs) {
+        due(from + this.o.goneNodeTtlMs);
         continue;
       }
       const n = await this.store.dropNodeBindings(id);
       this.droppedStale.add(id);
       handled.push(id);
-      this.log.warn({ nodeId: id, lastSeenMsAgo: this.now() - r.node.lastSeenUnixMs, bindings: n }, "node stopped reporting: unschedulable, bindings dropped");
+      this.log.warn({ nodeId: id, lastSeenMsAgo: this.now() - r.node.lastSeenUnixMs, bindings: n }, "node gone past gone_node_ttl: its bindings dropped");
     }
     return { handled, next };
   }

@@ -1,7 +1,7 @@
 /**
  * The gRPC face of the scheduler (nice-grpc): each RPC calls SchedulerCore and maps its errors
- * to status codes (bad_request → INVALID_ARGUMENT, not_found → NOT_FOUND, no_nodes and
- * unknown_node → FAILED_PRECONDITION, store_failed → UNAVAILABLE, anything else → INTERNAL),
+ * to status codes (bad_request → INVALID_ARGUMENT, not_found → NOT_FOUND, no_nodes,
+ * unknown_node and node_alive → FAILED_PRECONDITION, store_failed → UNAVAILABLE, anything else → INTERNAL),
  * with the error's code in the trailer `agentenv-error-code`. A request that is not valid
  * protobuf answers INVALID_ARGUMENT (grpc-js alone would answer INTERNAL).
  */
@@ -20,6 +20,7 @@ const STATUS: Partial<Record<SchedulerErrorCode, Status>> = {
   "scheduler.not_found": Status.NOT_FOUND,
   "scheduler.no_nodes": Status.FAILED_PRECONDITION,
   "scheduler.unknown_node": Status.FAILED_PRECONDITION,
+  "scheduler.node_alive": Status.FAILED_PRECONDITION,
   "scheduler.store_failed": Status.UNAVAILABLE,
 };
 
@@ -106,8 +107,8 @@ export function schedulerService(core: SchedulerCore): SchedulerServiceImplement
       return {};
     },
     async heartbeat(req) {
-      await core.heartbeat(req);
-      return { cpuConfigJson: "" };
+      const change = await core.heartbeat(req);
+      return { cpuConfigJson: "", foreignSandboxIds: change.foreign };
     },
     async reportSandboxEvent(req) {
       await core.reportEvents(req);
@@ -134,8 +135,11 @@ export function schedulerService(core: SchedulerCore): SchedulerServiceImplement
       return { node: await core.getNode(req.nodeId, req.clusterId) };
     },
     async unregisterNode(req) {
-      await core.unregister(req.nodeId, req.serviceInstanceId);
+      await core.unregister(req.nodeId, req.serviceInstanceId, req.keepBindings);
       return {};
+    },
+    async rebindSandbox(req) {
+      return core.rebind(req.sandboxId, req.fromNodeId);
     },
   });
 }

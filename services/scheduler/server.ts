@@ -66,7 +66,7 @@ export async function startScheduler(c: SchedulerConfig): Promise<RunningSchedul
     await store.close();
     throw e;
   }
-  const core = new SchedulerCore(store, discovery, { strategy: c.strategy, bindingTtlMs: c.bindingTtlMs, reportTtlMs: c.reportTtlMs, maxP2pArtifacts: c.maxP2pArtifacts });
+  const core = new SchedulerCore(store, discovery, { strategy: c.strategy, bindingTtlMs: c.bindingTtlMs, reportTtlMs: c.reportTtlMs, goneNodeTtlMs: c.goneNodeTtlMs, rebindAfterMs: c.rebindAfterMs, maxP2pArtifacts: c.maxP2pArtifacts });
   const server = createServer();
   server.add(servedDefinition(), schedulerService(core));
   let bound: number;

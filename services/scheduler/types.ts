@@ -11,6 +11,12 @@ export interface Binding {
   endpoint: string;
   /** Last refresh (RecordAssignment, a roster listing it, a sandbox event), unix ms. */
   updatedAt: number;
+  /**
+   * The node itself said it holds the sandbox (its roster listed it, or it reported an event of
+   * it); false for a binding the gateway recorded (a create's RecordAssignment, a rebind) until
+   * the node confirms it. Another node's roster never takes a held binding over.
+   */
+  held: boolean;
 }
 
 /** A node's last report, as persisted: the proto record plus its P2P endpoint. */

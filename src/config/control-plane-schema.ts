@@ -20,10 +20,20 @@ export const CONTROL_PLANE_SECTIONS = {
     redis_connect_timeout_ms: int(3000, "Bound on connecting to the Redis server, ms; an RPC needing the store then fails UNAVAILABLE.", { min: 1, max: MS_MAX, unit: "ms" }),
     binding_ttl_secs: int(
       30,
-      "Freshness of a binding, seconds: one not refreshed for this long (by a heartbeat roster that\nlists it, a RecordAssignment or a sandbox event) is dropped at the next lookup. A restarted\nscheduler counts it from its own start, so downtime loses no binding.",
+      "Freshness of a binding of a node that never reported, seconds: one not refreshed for this long\n(by a RecordAssignment) is dropped at the next lookup. Bindings of reporting nodes follow their\nrosters and gone_node_ttl_secs instead. A restarted scheduler counts it from its own start, so\ndowntime loses no binding.",
       { min: 1, unit: "s" },
     ),
-    report_ttl_secs: int(10, "A node that reported once and then sent nothing for this long is UNHEALTHY: never scheduled,\nand its bindings are dropped (at that moment: a timer armed at the earliest report's end). Seconds.", { min: 1, unit: "s" }),
+    report_ttl_secs: int(10, "A node that reported once and then sent nothing for this long is UNHEALTHY: never scheduled,\nleft out of cluster-wide lists. Its bindings stay (see gone_node_ttl_secs). Seconds.", { min: 1, unit: "s" }),
+    gone_node_ttl_secs: int(
+      86_400,
+      "Bindings of a node whose reports stopped (or that left keeping them, its sandboxes paused or\ndetached for its next start) stay this long after its last report: its sandboxes keep routing\nto it (502 naming it while it is down) and a restarted node finds them bound to it. Then they\nare dropped (at that moment: a timer armed at the earliest report's end). Seconds.",
+      { min: 1, unit: "s" },
+    ),
+    rebind_after_secs: int(
+      60,
+      "A node silent for this long (since its last report) is gone for RebindSandbox: a connect through\nthe gateway moves its paused sandboxes whose pause snapshots are in the shared snapshot store\n([snapshot.s3] push_kinds with \"pause\") to another node, which resumes them. Longer than a\nnode's restart, so an upgrade moves nothing. Seconds.",
+      { min: 1, unit: "s" },
+    ),
     discovery: oneOf(["static", "kubernetes"], "static", 'Node discovery: "static" (the nodes list) or "kubernetes" (EndpointSlices of a headless\nService, ready endpoints only).'),
     nodes: list([], 'Static nodes, "id=http://host:port" each (id as the node reports it in [node] id).\nAENV__scheduler__nodes="a=http://10.0.0.1:8000,b=http://10.0.0.2:8000" overrides it.'),
     max_p2p_artifacts: int(100_000, "Bound on P2P artifact records kept (ListP2pPeers / LookupP2pArtifact bookkeeping).", { min: 1, unit: "count" }),

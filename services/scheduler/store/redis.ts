@@ -1,7 +1,7 @@
 /**
  * SchedulerStore in Redis (Bun's built-in RedisClient), for several scheduler replicas sharing
  * bindings. Layout under the configured prefix P:
- *   P b:<sandboxId>   string, JSON {n: nodeId, e: endpoint, t: updatedAt ms}
+ *   P b:<sandboxId>   string, JSON {n: nodeId, e: endpoint, t: updatedAt ms, h: held (absent: true)}
  *   P n:<nodeId>      set of the sandbox ids bound to that node
  *   P nodes           set of node ids that have a P n:<nodeId> set
  *   P reports         hash nodeId -> JSON {node: ObservedNode JSON, p2p: P2pEndpoint JSON | null,
@@ -20,15 +20,24 @@ import type { RosterChange, SchedulerStore } from "./types.ts";
 import { errorMessage } from "../../../src/util/error.ts";
 
 // ARGV[1] = prefix, then per script
-const PUT = `
-local p = ARGV[1]
+// ARGV: prefix, sandboxId, nodeId, endpoint, updatedAt, held ('1' | '0'), mode ('put' | 'claim'
+// | 'move'), fromNodeId (move). A binding staying on its node keeps held; claim leaves a binding
+// another node holds; move replaces only a binding naming fromNodeId. Answer: 1 when written.
+const WRITE = `
+local p, mode = ARGV[1], ARGV[7]
 local key = p .. 'b:' .. ARGV[2]
+local held = ARGV[6] == '1'
 local old = redis.call('GET', key)
 if old then
   local o = cjson.decode(old)
-  if o.n ~= ARGV[3] then redis.call('SREM', p .. 'n:' .. o.n, ARGV[2]) end
+  local oheld = o.h ~= false
+  if mode == 'claim' and o.n ~= ARGV[3] and oheld then return 0 end
+  if mode == 'move' and o.n ~= ARGV[8] then return 0 end
+  if o.n ~= ARGV[3] then redis.call('SREM', p .. 'n:' .. o.n, ARGV[2]) elseif oheld then held = true end
+elseif mode == 'move' then
+  return 0
 end
-redis.call('SET', key, cjson.encode({n = ARGV[3], e = ARGV[4], t = tonumber(ARGV[5])}))
+redis.call('SET', key, cjson.encode({n = ARGV[3], e = ARGV[4], t = tonumber(ARGV[5]), h = held}))
 redis.call('SADD', p .. 'n:' .. ARGV[3], ARGV[2])
 redis.call('SADD', p .. 'nodes', ARGV[3])
 return 1`;
@@ -51,19 +60,27 @@ local node, ep, now, stale = ARGV[2], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[
 local nset = p .. 'n:' .. node
 local listed = {}
 local added = 0
+local foreign = {}
 for i = 6, #ARGV do
   local id = ARGV[i]
   listed[id] = true
   local key = p .. 'b:' .. id
   local old = redis.call('GET', key)
+  local mine = true
   if old then
     local o = cjson.decode(old)
-    if o.n ~= node then redis.call('SREM', p .. 'n:' .. o.n, id); added = added + 1 end
+    if o.n ~= node then
+      -- moved to another node while this one was away: that node's, once it holds it
+      mine = false
+      if o.h ~= false then foreign[#foreign + 1] = id end
+    end
   else
     added = added + 1
   end
-  redis.call('SET', key, cjson.encode({n = node, e = ep, t = now}))
-  redis.call('SADD', nset, id)
+  if mine then
+    redis.call('SET', key, cjson.encode({n = node, e = ep, t = now, h = true}))
+    redis.call('SADD', nset, id)
+  end
 end
 redis.call('SADD', p .. 'nodes', node)
 local removed = 0
@@ -85,7 +102,7 @@ for _, id in ipairs(redis.call('SMEMBERS', nset)) do
     end
   end
 end
-return {added, removed}`;
+return {added, removed, foreign}`;
 
 const DROP = `
 local p = ARGV[1]
@@ -147,12 +164,25 @@ export class RedisStore implements SchedulerStore {
       if (raw === null) return null;
       const r = STORED.binding.parse(raw);
       if (!r.ok) throw new Error(`corrupt binding of ${sandboxId} (${describeProblem(r.problem)}): ${raw.slice(0, 200)}`);
-      return { sandboxId, nodeId: r.value.n, endpoint: r.value.e, updatedAt: r.value.t };
+      return { sandboxId, nodeId: r.value.n, endpoint: r.value.e, updatedAt: r.value.t, held: r.value.h !== false };
     });
   }
 
+  private write(mode: "put" | "claim" | "move", b: Binding, from = ""): Promise<unknown> {
+    return this.eval(WRITE, [b.sandboxId, b.nodeId, b.endpoint, b.updatedAt, b.held ? "1" : "0", mode, from]);
+  }
+
   async putBinding(b: Binding): Promise<void> {
-    await this.run("record", () => this.eval(PUT, [b.sandboxId, b.nodeId, b.endpoint, b.updatedAt]));
+    await this.run("record", () => this.write("put", b));
+  }
+
+  async claimBinding(b: Binding): Promise<boolean> {
+    return (await this.run("claim", () => this.write("claim", b))) === 1;
+  }
+
+  async moveBinding(fromNodeId: string, to: Binding): Promise<Binding | null> {
+    await this.run("move", () => this.write("move", to, fromNodeId));
+    return this.getBinding(to.sandboxId);
   }
 
   async deleteBinding(sandboxId: string, nodeId?: string): Promise<boolean> {
@@ -160,8 +190,7 @@ export class RedisStore implements SchedulerStore {
   }
 
   async reconcileRoster(nodeId: string, endpoint: string, roster: string[], now: number, staleBefore: number): Promise<RosterChange> {
-    const [added, removed] = await this.run("roster reconcile", async () => counts(await this.eval(ROSTER, [nodeId, endpoint, now, staleBefore, ...roster]), 2));
-    return { added: added!, removed: removed! };
+    return this.run("roster reconcile", async () => rosterAnswer(await this.eval(ROSTER, [nodeId, endpoint, now, staleBefore, ...roster])));
   }
 
   async dropNodeBindings(nodeId: string): Promise<number> {
@@ -208,7 +237,7 @@ export class RedisStore implements SchedulerStore {
 
 /** What the store keeps as JSON (written by any replica: read back checked). */
 const STORED = {
-  binding: jsonSchema(T.Object({ n: T.String(), e: T.String(), t: T.Number() })),
+  binding: jsonSchema(T.Object({ n: T.String(), e: T.String(), t: T.Number(), h: T.Optional(T.Boolean()) })),
   report: jsonSchema(T.Object({ node: T.Record(T.String(), T.Unknown()), p2p: T.Union([T.Null(), T.Record(T.String(), T.Unknown())]), left: T.Optional(T.Union([T.Null(), T.Number()])) })),
 };
 
@@ -218,6 +247,14 @@ function parseReport(raw: string): NodeReport {
   if (!r.ok) throw new Error(`corrupt node report (${describeProblem(r.problem)}): ${raw.slice(0, 200)}`);
   const o = r.value;
   return { node: ObservedNode.fromJSON(o.node), p2p: o.p2p ? P2pEndpoint.fromJSON(o.p2p) : null, leftAtUnixMs: o.left ?? null };
+}
+
+/** The ROSTER script's answer: {added, removed, {foreign ids}} (an empty Lua table may come back as an empty list or nothing). @throws Error for anything else. */
+function rosterAnswer(v: unknown): RosterChange {
+  const list = Array.isArray(v) ? v : [];
+  const [added, removed, foreign = []] = list as [unknown, unknown, unknown];
+  if (!Number.isInteger(added) || !Number.isInteger(removed) || !Array.isArray(foreign) || !foreign.every((x) => typeof x === "string")) throw new Error(`unexpected roster script answer ${JSON.stringify(v)?.slice(0, 200)}`);
+  return { added: added as number, removed: removed as number, foreign: foreign as string[] };
 }
 
 /** A script's answer: `n` integers (one alone may come as a plain integer). @throws Error for anything else. */

@@ -11,6 +11,8 @@ export const bindings = sqliteTable(
     nodeId: text("node_id").notNull(),
     endpoint: text("endpoint").notNull(),
     updatedAt: integer("updated_at").notNull(),
+    /** Binding.held: the node itself reported the sandbox. */
+    held: integer("held", { mode: "boolean" }).notNull().default(true),
   },
   (t) => [index("bindings_node_idx").on(t.nodeId)],
 );

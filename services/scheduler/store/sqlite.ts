@@ -44,8 +44,12 @@ export class SqliteStore implements SchedulerStore {
     this.getStmt = this.orm.select().from(bindings).where(eq(bindings.sandboxId, sql.placeholder("id"))).prepare();
     this.upsertStmt = this.orm
       .insert(bindings)
-      .values({ sandboxId: sql.placeholder("sandboxId"), nodeId: sql.placeholder("nodeId"), endpoint: sql.placeholder("endpoint"), updatedAt: sql.placeholder("updatedAt") })
-      .onConflictDoUpdate({ target: bindings.sandboxId, set: { nodeId: sql`excluded.node_id`, endpoint: sql`excluded.endpoint`, updatedAt: sql`excluded.updated_at` } })
+      .values({ sandboxId: sql.placeholder("sandboxId"), nodeId: sql.placeholder("nodeId"), endpoint: sql.placeholder("endpoint"), updatedAt: sql.placeholder("updatedAt"), held: sql.placeholder("held") })
+      .onConflictDoUpdate({
+        target: bindings.sandboxId,
+        // a binding staying on its node keeps `held`
+        set: { held: sql`excluded.held OR (${bindings.held} AND ${bindings.nodeId} = excluded.node_id)`, nodeId: sql`excluded.node_id`, endpoint: sql`excluded.endpoint`, updatedAt: sql`excluded.updated_at` },
+      })
       .prepare();
   }
 
@@ -54,7 +58,34 @@ export class SqliteStore implements SchedulerStore {
   }
 
   async putBinding(b: Binding): Promise<void> {
-    wrap("record", this.path, () => this.upsertStmt.run({ ...b }));
+    wrap("record", this.path, () => this.upsert(b));
+  }
+
+  /** The prepared upsert (booleans as SQLite stores them). */
+  private upsert(b: Binding): void {
+    this.upsertStmt.run({ ...b, held: b.held ? 1 : 0 });
+  }
+
+  async claimBinding(b: Binding): Promise<boolean> {
+    return wrap("claim", this.path, () =>
+      this.db.sqlite.transaction((): boolean => {
+        const cur = this.getStmt.get({ id: b.sandboxId });
+        if (cur && cur.nodeId !== b.nodeId && cur.held) return false;
+        this.upsert(b);
+        return true;
+      })(),
+    );
+  }
+
+  async moveBinding(fromNodeId: string, to: Binding): Promise<Binding | null> {
+    return wrap("move", this.path, () =>
+      this.db.sqlite.transaction((): Binding | null => {
+        const cur = this.getStmt.get({ id: to.sandboxId });
+        if (!cur || cur.nodeId !== fromNodeId) return cur ?? null;
+        this.upsert(to);
+        return this.getStmt.get({ id: to.sandboxId })!;
+      })(),
+    );
   }
 
   async deleteBinding(sandboxId: string, nodeId?: string): Promise<boolean> {
@@ -68,10 +99,16 @@ export class SqliteStore implements SchedulerStore {
     return wrap("roster reconcile", this.path, () =>
       this.db.sqlite.transaction((): RosterChange => {
         let added = 0;
+        const foreign: string[] = [];
         for (const id of roster) {
           const cur = this.getStmt.get({ id });
-          if (!cur || cur.nodeId !== nodeId) added++;
-          this.upsertStmt.run({ sandboxId: id, nodeId, endpoint, updatedAt: now });
+          if (cur && cur.nodeId !== nodeId) {
+            // moved to another node while this one was away: that node's, once it holds it
+            if (cur.held) foreign.push(id);
+            continue;
+          }
+          if (!cur) added++;
+          this.upsert({ sandboxId: id, nodeId, endpoint, updatedAt: now, held: true });
         }
         // diffed here rather than in one NOT IN (...): a roster may exceed SQLite's parameter limit
         const listed = new Set(roster);
@@ -86,7 +123,7 @@ export class SqliteStore implements SchedulerStore {
           this.orm.delete(bindings).where(eq(bindings.sandboxId, id)).run();
           removed++;
         }
-        return { added, removed };
+        return { added, removed, foreign };
       })(),
     );
   }

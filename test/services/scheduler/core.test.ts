@@ -1,6 +1,7 @@
 /**
  * SchedulerCore over a real SQLite store (in memory) and static discovery, with a test clock:
- * strategies, binding TTL, roster truth, node health, unregister, events, observed nodes.
+ * strategies, binding TTL, roster truth, node health, unregister, events, observed nodes, moves
+ * off nodes that are gone (rebind) and the fence against a node that comes back.
  */
 import { describe, expect, test } from "bun:test";
 import { NodeStatus, SandboxEventType } from "../../../src/cluster/index.ts";
@@ -9,7 +10,7 @@ import { FakeClock } from "../../helpers/clock.ts";
 import { beat } from "../helpers.ts";
 
 function world(o: Partial<SchedulerCoreOptions> = {}, nodes = ["a=http://10.0.0.1:8000", "b=http://10.0.0.2:8000", "c=http://10.0.0.3:8000"], clock = { t: 1_000_000 }, store = new SqliteStore(":memory:")) {
-  const core = new SchedulerCore(store, new StaticDiscovery(nodes), { strategy: "round_robin", bindingTtlMs: 30_000, reportTtlMs: 10_000, maxP2pArtifacts: 100, now: () => clock.t, ...o });
+  const core = new SchedulerCore(store, new StaticDiscovery(nodes), { strategy: "round_robin", bindingTtlMs: 30_000, reportTtlMs: 10_000, goneNodeTtlMs: 3_600_000, rebindAfterMs: 60_000, maxP2pArtifacts: 100, now: () => clock.t, ...o });
   return { clock, store, core };
 }
 
@@ -139,20 +140,31 @@ describe("bindings", () => {
     expect(await store.nodeBindings("a")).toEqual(["f1", "p1", "r1"]);
   });
 
-  test("binding_ttl: a binding not refreshed is dropped at lookup; a roster listing it refreshes it", async () => {
+  test("binding_ttl: a binding of a node that never reported, not refreshed, is dropped at lookup", async () => {
     const { core, clock, store } = world();
-    await core.recordAssignment("old", { nodeId: "a", endpoint: "" });
-    await core.recordAssignment("kept", { nodeId: "a", endpoint: "" });
+    await core.recordAssignment("old", { nodeId: "c", endpoint: "" });
     clock.t += 20_000;
-    await core.heartbeat(beat("a", ["kept", "old"]));
-    clock.t += 20_000; // old and kept refreshed 20 s ago
-    expect((await core.lookup("old")).nodeId).toBe("a");
-    clock.t += 15_000; // 35 s since refresh
-    await expect(core.lookup("old")).rejects.toMatchObject({ code: "scheduler.not_found", message: expect.stringContaining("expired") });
+    await core.recordAssignment("kept", { nodeId: "c", endpoint: "" });
+    clock.t += 15_000; // old: 35 s since it was recorded, kept 15 s
+    await expect(core.lookup("old")).rejects.toMatchObject({ code: "scheduler.not_found", message: expect.stringContaining("not refreshed for 30000 ms") });
     expect(await store.getBinding("old")).toBeNull();
+    expect((await core.lookup("kept")).nodeId).toBe("c");
   });
 
-  test("heartbeat roster is the truth: missing bindings dropped, listed ones added, newer ones kept", async () => {
+  test("bindings of a node whose reports stopped keep routing to it until gone_node_ttl after its last report", async () => {
+    const { core, clock, store } = world({ goneNodeTtlMs: 120_000 });
+    await core.heartbeat(beat("a", ["s1", "s2"]));
+    clock.t += 100_000; // silent: UNHEALTHY (report_ttl 10 s), bindings kept
+    expect((await core.getNode("a")).snapshot!.status).toBe(NodeStatus.NODE_STATUS_UNHEALTHY);
+    expect(await core.sweep()).toEqual([]);
+    expect(await core.lookup("s1")).toEqual({ nodeId: "a", endpoint: "http://10.0.0.1:8000" });
+    clock.t += 20_001;
+    await expect(core.lookup("s1")).rejects.toMatchObject({ code: "scheduler.not_found", message: expect.stringContaining("its node a has not reported for 120000 ms") });
+    expect(await core.sweep()).toEqual(["a"]);
+    expect(await store.nodeBindings("a")).toEqual([]);
+  });
+
+  test("heartbeat roster is the truth: missing bindings dropped, listed ones added, newer ones kept, other nodes' left alone", async () => {
     const { core, clock, store } = world();
     await core.recordAssignment("s1", { nodeId: "a", endpoint: "" });
     await core.recordAssignment("s2", { nodeId: "a", endpoint: "" });
@@ -163,10 +175,11 @@ describe("bindings", () => {
     // recorded after the roster below was taken: must survive it
     await core.recordAssignment("fresh", { nodeId: "a", endpoint: "" });
     clock.t += 500;
+    // "moved" is recorded for b, which has not confirmed it: neither a's nor foreign
     const change = await core.heartbeat(beat("a", ["s1", "s3", "moved"], { reportedAt: takenAt }));
-    expect(change).toEqual({ added: 2, removed: 1 });
-    expect(await store.nodeBindings("a")).toEqual(["fresh", "moved", "s1", "s3"]);
-    expect(await store.nodeBindings("b")).toEqual([]);
+    expect(change).toEqual({ added: 1, removed: 1, foreign: [] });
+    expect(await store.nodeBindings("a")).toEqual(["fresh", "s1", "s3"]);
+    expect(await store.nodeBindings("b")).toEqual(["moved"]);
     expect(await store.getBinding("s2")).toBeNull();
     expect((await core.lookup("s3")).endpoint).toBe("http://10.0.0.1:8000");
     // the next roster without "fresh" drops it
@@ -181,6 +194,17 @@ describe("bindings", () => {
     await expect(core.heartbeat(beat("a", ["ok", "NOT OK"]))).rejects.toMatchObject({ code: "scheduler.bad_request" });
     await expect(core.heartbeat(beat("", []))).rejects.toMatchObject({ code: "scheduler.bad_request" });
     expect(await store.nodeBindings("a")).toEqual(["s1"]);
+  });
+
+  test("sandbox events never take a sandbox another node holds", async () => {
+    const { core } = world();
+    const ev = (sandboxId: string, eventType: SandboxEventType) => ({ sandboxId, eventType, requestedCpu: 0, requestedMemoryBytes: 0, requestedDiskBytes: 0 });
+    await core.heartbeat(beat("b", ["held1"]));
+    await core.recordAssignment("loose1", { nodeId: "b", endpoint: "" });
+    await core.reportEvents({ nodeId: "a", clusterId: "", serviceInstanceId: "", events: [ev("held1", SandboxEventType.SANDBOX_EVENT_TYPE_RESUME), ev("loose1", SandboxEventType.SANDBOX_EVENT_TYPE_RESUME)] });
+    expect((await core.lookup("held1")).nodeId).toBe("b");
+    // recorded for b but never confirmed by it: the node that reports it running has it
+    expect((await core.lookup("loose1")).nodeId).toBe("a");
   });
 
   test("sandbox events: create/resume bind, delete unbinds only from the reporting node", async () => {
@@ -214,13 +238,14 @@ describe("nodes", () => {
     expect((await core.listObserved("other-cluster")).map((n) => n.nodeId)).toEqual(["c"]);
   });
 
-  test("sweep drops the bindings of a node whose reports stopped, once", async () => {
-    const { core, clock, store } = world();
+  test("sweep drops the bindings of a node silent past gone_node_ttl, once", async () => {
+    const { core, clock, store } = world({ goneNodeTtlMs: 30_000 });
     await core.heartbeat(beat("a", ["s1", "s2"]));
     await core.heartbeat(beat("b", ["s3"]));
-    clock.t += 9000;
+    clock.t += 29_000;
     await core.heartbeat(beat("b", ["s3"]));
     expect(await core.sweep()).toEqual([]);
+    expect(await store.nodeBindings("a")).toEqual(["s1", "s2"]);
     clock.t += 2000;
     expect(await core.sweep()).toEqual(["a"]);
     expect(await store.nodeBindings("a")).toEqual([]);
@@ -228,10 +253,10 @@ describe("nodes", () => {
     expect(await core.sweep()).toEqual([]);
   });
 
-  test("report expiry is one timer armed at the earliest report's end: a stale node is dropped at that moment, never before, and nothing fires while no report can run out", async () => {
+  test("report expiry is one timer armed at the earliest report's next bound: a gone node's bindings are dropped at that moment, never before, and nothing fires while no report can run out", async () => {
     const clock = new FakeClock(1_000_000);
     const t0 = clock.t;
-    const { core, store } = world({ clock }, undefined, clock);
+    const { core, store } = world({ clock, goneNodeTtlMs: 20_000 }, undefined, clock);
     core.startExpiry();
     clock.advance(0);
     await core.sweepsSettled();
@@ -241,39 +266,59 @@ describe("nodes", () => {
     clock.advance(5000);
     await core.heartbeat(beat("b", ["s2"]));
     expect(core.nextSweepAt).toBe(t0 + 10_001);
-    clock.advance(5000); // a's report is exactly report_ttl old: still fresh
+    clock.advance(5001); // a's report just passed report_ttl: UNHEALTHY, bindings kept, next bound: b's report_ttl
     await core.sweepsSettled();
     expect(await store.nodeBindings("a")).toEqual(["s1"]);
-    clock.advance(1);
-    await core.sweepsSettled();
-    expect(await store.nodeBindings("a")).toEqual([]);
-    // next: b's report end; b reports again before it, so that firing only moves the timer on
     expect(core.nextSweepAt).toBe(t0 + 15_001);
+    // b reports again before its report_ttl: that firing only moves the timer on
     clock.advance(2000);
     await core.heartbeat(beat("b", ["s2"]));
     clock.advance(3000);
     await core.sweepsSettled();
-    expect([core.nextSweepAt, await store.nodeBindings("b")]).toEqual([t0 + 22_002, ["s2"]]);
+    expect(core.nextSweepAt).toBe(t0 + 20_001);
+    clock.advance(4999); // a: exactly gone_node_ttl old
+    await core.sweepsSettled();
+    expect(await store.nodeBindings("a")).toEqual(["s1"]);
+    clock.advance(1);
+    await core.sweepsSettled();
+    expect([await store.nodeBindings("a"), await store.nodeBindings("b")]).toEqual([[], ["s2"]]);
+    expect(core.nextSweepAt).toBe(t0 + 22_002);
     await core.stopExpiry();
     expect(clock.pending).toEqual([]);
   });
 
   test("a restarted scheduler counts saved reports from its own start: a minute of downtime drops no binding", async () => {
-    const first = world();
+    const first = world({ goneNodeTtlMs: 30_000 });
     await first.core.heartbeat(beat("a", ["keep1", "keep2"]));
     await first.core.recordAssignment("keep3", { nodeId: "a", endpoint: "" });
-    first.clock.t += 60_000; // the scheduler was down for a minute (report_ttl is 10 s)
-    const { core, store, clock } = world({}, undefined, first.clock, first.store);
+    first.clock.t += 60_000; // the scheduler was down for a minute (report_ttl is 10 s, gone_node_ttl 30 s)
+    const { core, store, clock } = world({ goneNodeTtlMs: 30_000 }, undefined, first.clock, first.store);
     expect(await core.sweep()).toEqual([]);
     expect(await store.countBindings()).toBe(3);
     expect((await core.lookup("keep1")).nodeId).toBe("a");
     expect((await core.getNode("a")).snapshot!.status).toBe(NodeStatus.NODE_STATUS_READY);
     expect(await picks(core, 3)).toEqual(["a", "b", "c"]);
-    // a node that really stopped reporting goes report_ttl after the restart
+    // a node that really stopped reporting is UNHEALTHY report_ttl after the restart, gone gone_node_ttl after it
     clock.t += 10_001;
     expect((await core.getNode("a")).snapshot!.status).toBe(NodeStatus.NODE_STATUS_UNHEALTHY);
+    expect(await core.sweep()).toEqual([]);
+    clock.t += 20_000;
     expect(await core.sweep()).toEqual(["a"]);
     expect(await store.countBindings()).toBe(0);
+  });
+
+  test("unregister keeping bindings (sandboxes outlive the process): marked left, not scheduled, its sandboxes still routed to it", async () => {
+    const { core, store, clock } = world();
+    await core.heartbeat(beat("a", ["s1", "s2"]));
+    expect(await core.unregister("a", "a-1", true)).toBe(true);
+    expect((await core.getNode("a")).snapshot!.status).toBe(NodeStatus.NODE_STATUS_UNHEALTHY);
+    expect(await picks(core, 2)).toEqual(["b", "c"]);
+    expect(await core.lookup("s1")).toEqual({ nodeId: "a", endpoint: "http://10.0.0.1:8000" });
+    // the restarted node's first roster: what it still holds
+    clock.t += 5000;
+    await core.heartbeat(beat("a", ["s2"], { instance: "a-2" }));
+    expect(await store.nodeBindings("a")).toEqual(["s2"]);
+    expect((await core.getNode("a")).snapshot!.status).toBe(NodeStatus.NODE_STATUS_READY);
   });
 
   test("unregister drops the node's bindings and marks it left; one from an older instance is ignored", async () => {
@@ -289,6 +334,69 @@ describe("nodes", () => {
     expect(await core.unregister("c", "c-1")).toBe(true);
     expect((await core.getNode("c")).snapshot!.status).toBe(NodeStatus.NODE_STATUS_UNHEALTHY);
     expect(await picks(core, 2)).toEqual(["b", "b"]);
+  });
+
+  test("rebind: refused while the node is not gone; then the sandbox moves to a live node, once; the node that comes back keeps it until the new node holds it, then is told to drop it", async () => {
+    const { core, clock, store } = world({ rebindAfterMs: 30_000 });
+    await core.heartbeat(beat("a", ["p1", "p2"]));
+    await core.heartbeat(beat("b", []));
+    await core.heartbeat(beat("c", []));
+    await expect(core.rebind("p1", "a")).rejects.toMatchObject({ code: "scheduler.node_alive", message: expect.stringContaining("reported 0 ms ago") });
+    await expect(core.rebind("p1", "Bad!")).rejects.toMatchObject({ code: "scheduler.bad_request" });
+    await expect(core.rebind("none", "a")).rejects.toMatchObject({ code: "scheduler.not_found" });
+    clock.t += 20_000;
+    await core.heartbeat(beat("b", []));
+    await core.heartbeat(beat("c", []));
+    // 20 s silent: UNHEALTHY, but not gone for moves
+    await expect(core.rebind("p1", "a")).rejects.toMatchObject({ code: "scheduler.node_alive" });
+    clock.t += 10_001;
+    await core.heartbeat(beat("b", []));
+    await core.heartbeat(beat("c", []));
+    const first = await core.rebind("p1", "a");
+    expect(first).toEqual({ node: { nodeId: "b", endpoint: "http://10.0.0.2:8000" }, moved: true });
+    expect(await store.getBinding("p1")).toMatchObject({ nodeId: "b", held: false });
+    // a second caller that also found a gone: answered where it is now, nothing moves
+    expect(await core.rebind("p1", "a")).toEqual({ node: { nodeId: "b", endpoint: "http://10.0.0.2:8000" }, moved: false });
+    expect((await core.lookup("p1")).nodeId).toBe("b");
+    // a comes back before b holds p1: a keeps its copy (not foreign), the binding stays b's
+    expect(await core.heartbeat(beat("a", ["p1", "p2"], { instance: "a-2" }))).toMatchObject({ foreign: [] });
+    expect((await core.lookup("p1")).nodeId).toBe("b");
+    // b resumed it (its event): held there; a's next roster is told to drop its copy
+    await core.reportEvents({ nodeId: "b", clusterId: "", serviceInstanceId: "", events: [{ sandboxId: "p1", eventType: SandboxEventType.SANDBOX_EVENT_TYPE_RESUME, requestedCpu: 1, requestedMemoryBytes: 0, requestedDiskBytes: 0 }] });
+    clock.t += 1000;
+    expect(await core.heartbeat(beat("a", ["p1", "p2"], { instance: "a-2", reportedAt: clock.t }))).toEqual({ added: 0, removed: 0, foreign: ["p1"] });
+    expect(await store.nodeBindings("a")).toEqual(["p2"]);
+    // a dropped it: its roster no longer lists it, nothing changes
+    clock.t += 1000;
+    expect(await core.heartbeat(beat("a", ["p2"], { instance: "a-2", reportedAt: clock.t }))).toEqual({ added: 0, removed: 0, foreign: [] });
+    expect(await store.nodeBindings("b")).toEqual(["p1"]);
+  });
+
+  test("rebind to a node that could not take the sandbox: its roster drops the binding and the old node takes it back", async () => {
+    const { core, clock, store } = world({ rebindAfterMs: 30_000 });
+    await core.heartbeat(beat("a", ["p1"]));
+    clock.t += 31_000;
+    await core.heartbeat(beat("b", []));
+    await core.heartbeat(beat("c", []));
+    expect((await core.rebind("p1", "a")).node.nodeId).toBe("b");
+    // b never took it (its store has no pause snapshot of p1): its next roster lacks it
+    clock.t += 1000;
+    await core.heartbeat(beat("b", [], { reportedAt: clock.t }));
+    expect(await store.getBinding("p1")).toBeNull();
+    // a comes back and lists it: a's again
+    expect(await core.heartbeat(beat("a", ["p1"], { instance: "a-2" }))).toEqual({ added: 1, removed: 0, foreign: [] });
+    expect((await core.lookup("p1")).nodeId).toBe("a");
+  });
+
+  test("rebind of a node that never reported is refused; with no other live node, no_nodes", async () => {
+    const { core, clock } = world({ rebindAfterMs: 30_000 }, ["a=http://10.0.0.1:8000", "b=http://10.0.0.2:8000"]);
+    await core.recordAssignment("q1", { nodeId: "a", endpoint: "" });
+    await expect(core.rebind("q1", "a")).rejects.toMatchObject({ code: "scheduler.node_alive", message: expect.stringContaining("never reported") });
+    await core.heartbeat(beat("a", ["q1"]));
+    await core.heartbeat(beat("b", []));
+    clock.t += 31_000; // both silent
+    await expect(core.rebind("q1", "a")).rejects.toMatchObject({ code: "scheduler.no_nodes" });
+    expect((await core.lookup("q1")).nodeId).toBe("a");
   });
 
   test("P2P: peers from heartbeats, artifacts bounded and looked up", async () => {

@@ -277,6 +277,12 @@ export interface HeartbeatRequest {
 
 export interface HeartbeatResponse {
   cpuConfigJson: string;
+  /**
+   * AgentENV addition: sandboxes of this roster that another node holds now (moved there by
+   * RebindSandbox while this node was away, and reported by that node since). The node drops
+   * its copies; their bindings stay where they are.
+   */
+  foreignSandboxIds: string[];
 }
 
 export interface SandboxEvent {
@@ -363,6 +369,29 @@ export interface GetNodeResponse {
 export interface UnregisterNodeRequest {
   nodeId: string;
   serviceInstanceId: string;
+  /**
+   * AgentENV addition: the node's sandboxes outlive this process (paused, or left running for
+   * its next start): keep their bindings (false, upstream's behaviour: drop them).
+   */
+  keepBindings: boolean;
+}
+
+export interface RebindSandboxRequest {
+  sandboxId: string;
+  /** The node the caller found gone; the binding moves only while it still names this node. */
+  fromNodeId: string;
+}
+
+export interface RebindSandboxResponse {
+  /**
+   * The sandbox's node now: the new one, or the node it was already bound to when the binding
+   * no longer named from_node_id.
+   */
+  node:
+    | Node
+    | undefined;
+  /** Whether this call moved the binding. */
+  moved: boolean;
 }
 
 export interface UnregisterNodeResponse {
@@ -2754,13 +2783,16 @@ export const HeartbeatRequest: MessageFns<HeartbeatRequest> = {
 };
 
 function createBaseHeartbeatResponse(): HeartbeatResponse {
-  return { cpuConfigJson: "" };
+  return { cpuConfigJson: "", foreignSandboxIds: [] };
 }
 
 export const HeartbeatResponse: MessageFns<HeartbeatResponse> = {
   encode(message: HeartbeatResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
     if (message.cpuConfigJson !== "") {
       writer.uint32(10).string(message.cpuConfigJson);
+    }
+    for (const v of message.foreignSandboxIds) {
+      writer.uint32(18).string(v!);
     }
     return writer;
   },
@@ -2786,6 +2818,14 @@ export const HeartbeatResponse: MessageFns<HeartbeatResponse> = {
             message.cpuConfigJson = reader.string();
             continue;
           }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.foreignSandboxIds.push(reader.string());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2805,6 +2845,11 @@ export const HeartbeatResponse: MessageFns<HeartbeatResponse> = {
         : isSet(object.cpu_config_json)
         ? globalThis.String(object.cpu_config_json)
         : "",
+      foreignSandboxIds: globalThis.Array.isArray(object?.foreignSandboxIds)
+        ? object.foreignSandboxIds.map((e: any) => globalThis.String(e))
+        : globalThis.Array.isArray(object?.foreign_sandbox_ids)
+        ? object.foreign_sandbox_ids.map((e: any) => globalThis.String(e))
+        : [],
     };
   },
 
@@ -2812,6 +2857,9 @@ export const HeartbeatResponse: MessageFns<HeartbeatResponse> = {
     const obj: any = {};
     if (message.cpuConfigJson !== "") {
       obj.cpuConfigJson = message.cpuConfigJson;
+    }
+    if (message.foreignSandboxIds?.length) {
+      obj.foreignSandboxIds = message.foreignSandboxIds;
     }
     return obj;
   },
@@ -2822,6 +2870,7 @@ export const HeartbeatResponse: MessageFns<HeartbeatResponse> = {
   fromPartial(object: DeepPartial<HeartbeatResponse>): HeartbeatResponse {
     const message = createBaseHeartbeatResponse();
     message.cpuConfigJson = object.cpuConfigJson ?? "";
+    message.foreignSandboxIds = object.foreignSandboxIds?.map((e) => e) || [];
     return message;
   },
 };
@@ -4278,7 +4327,7 @@ export const GetNodeResponse: MessageFns<GetNodeResponse> = {
 };
 
 function createBaseUnregisterNodeRequest(): UnregisterNodeRequest {
-  return { nodeId: "", serviceInstanceId: "" };
+  return { nodeId: "", serviceInstanceId: "", keepBindings: false };
 }
 
 export const UnregisterNodeRequest: MessageFns<UnregisterNodeRequest> = {
@@ -4288,6 +4337,9 @@ export const UnregisterNodeRequest: MessageFns<UnregisterNodeRequest> = {
     }
     if (message.serviceInstanceId !== "") {
       writer.uint32(18).string(message.serviceInstanceId);
+    }
+    if (message.keepBindings !== false) {
+      writer.uint32(24).bool(message.keepBindings);
     }
     return writer;
   },
@@ -4321,6 +4373,14 @@ export const UnregisterNodeRequest: MessageFns<UnregisterNodeRequest> = {
             message.serviceInstanceId = reader.string();
             continue;
           }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.keepBindings = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4345,6 +4405,11 @@ export const UnregisterNodeRequest: MessageFns<UnregisterNodeRequest> = {
         : isSet(object.service_instance_id)
         ? globalThis.String(object.service_instance_id)
         : "",
+      keepBindings: isSet(object.keepBindings)
+        ? globalThis.Boolean(object.keepBindings)
+        : isSet(object.keep_bindings)
+        ? globalThis.Boolean(object.keep_bindings)
+        : false,
     };
   },
 
@@ -4356,6 +4421,9 @@ export const UnregisterNodeRequest: MessageFns<UnregisterNodeRequest> = {
     if (message.serviceInstanceId !== "") {
       obj.serviceInstanceId = message.serviceInstanceId;
     }
+    if (message.keepBindings !== false) {
+      obj.keepBindings = message.keepBindings;
+    }
     return obj;
   },
 
@@ -4366,6 +4434,185 @@ export const UnregisterNodeRequest: MessageFns<UnregisterNodeRequest> = {
     const message = createBaseUnregisterNodeRequest();
     message.nodeId = object.nodeId ?? "";
     message.serviceInstanceId = object.serviceInstanceId ?? "";
+    message.keepBindings = object.keepBindings ?? false;
+    return message;
+  },
+};
+
+function createBaseRebindSandboxRequest(): RebindSandboxRequest {
+  return { sandboxId: "", fromNodeId: "" };
+}
+
+export const RebindSandboxRequest: MessageFns<RebindSandboxRequest> = {
+  encode(message: RebindSandboxRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.sandboxId !== "") {
+      writer.uint32(10).string(message.sandboxId);
+    }
+    if (message.fromNodeId !== "") {
+      writer.uint32(18).string(message.fromNodeId);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): RebindSandboxRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseRebindSandboxRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.sandboxId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.fromNodeId = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): RebindSandboxRequest {
+    return {
+      sandboxId: isSet(object.sandboxId)
+        ? globalThis.String(object.sandboxId)
+        : isSet(object.sandbox_id)
+        ? globalThis.String(object.sandbox_id)
+        : "",
+      fromNodeId: isSet(object.fromNodeId)
+        ? globalThis.String(object.fromNodeId)
+        : isSet(object.from_node_id)
+        ? globalThis.String(object.from_node_id)
+        : "",
+    };
+  },
+
+  toJSON(message: RebindSandboxRequest): unknown {
+    const obj: any = {};
+    if (message.sandboxId !== "") {
+      obj.sandboxId = message.sandboxId;
+    }
+    if (message.fromNodeId !== "") {
+      obj.fromNodeId = message.fromNodeId;
+    }
+    return obj;
+  },
+
+  create(base?: DeepPartial<RebindSandboxRequest>): RebindSandboxRequest {
+    return RebindSandboxRequest.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<RebindSandboxRequest>): RebindSandboxRequest {
+    const message = createBaseRebindSandboxRequest();
+    message.sandboxId = object.sandboxId ?? "";
+    message.fromNodeId = object.fromNodeId ?? "";
+    return message;
+  },
+};
+
+function createBaseRebindSandboxResponse(): RebindSandboxResponse {
+  return { node: undefined, moved: false };
+}
+
+export const RebindSandboxResponse: MessageFns<RebindSandboxResponse> = {
+  encode(message: RebindSandboxResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.node !== undefined) {
+      Node.encode(message.node, writer.uint32(10).fork()).join();
+    }
+    if (message.moved !== false) {
+      writer.uint32(16).bool(message.moved);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): RebindSandboxResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseRebindSandboxResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.node = Node.decode(reader, reader.uint32());
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.moved = reader.bool();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): RebindSandboxResponse {
+    return {
+      node: isSet(object.node) ? Node.fromJSON(object.node) : undefined,
+      moved: isSet(object.moved) ? globalThis.Boolean(object.moved) : false,
+    };
+  },
+
+  toJSON(message: RebindSandboxResponse): unknown {
+    const obj: any = {};
+    if (message.node !== undefined) {
+      obj.node = Node.toJSON(message.node);
+    }
+    if (message.moved !== false) {
+      obj.moved = message.moved;
+    }
+    return obj;
+  },
+
+  create(base?: DeepPartial<RebindSandboxResponse>): RebindSandboxResponse {
+    return RebindSandboxResponse.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<RebindSandboxResponse>): RebindSandboxResponse {
+    const message = createBaseRebindSandboxResponse();
+    message.node = (object.node !== undefined && object.node !== null) ? Node.fromPartial(object.node) : undefined;
+    message.moved = object.moved ?? false;
     return message;
   },
 };
@@ -4541,6 +4788,21 @@ export const SchedulerDefinition = {
       responseStream: false,
       options: {},
     },
+    /**
+     * AgentENV addition (not in upstream's contract): move a sandbox off a node that is gone
+     * (silent for the scheduler's rebind_after_secs) to a node the scheduler picks, which resumes
+     * it from the shared snapshot store. NOT_FOUND: no binding; FAILED_PRECONDITION: the node is
+     * not gone (agentenv-error-code scheduler.node_alive) or no other node can take it
+     * (scheduler.no_nodes).
+     */
+    rebindSandbox: {
+      name: "RebindSandbox",
+      requestType: RebindSandboxRequest as typeof RebindSandboxRequest,
+      requestStream: false,
+      responseType: RebindSandboxResponse as typeof RebindSandboxResponse,
+      responseStream: false,
+      options: {},
+    },
   },
 } as const;
 
@@ -4595,6 +4857,17 @@ export interface SchedulerServiceImplementation<CallContextExt = {}> {
     request: UnregisterNodeRequest,
     context: CallContext & CallContextExt,
   ): Promise<DeepPartial<UnregisterNodeResponse>>;
+  /**
+   * AgentENV addition (not in upstream's contract): move a sandbox off a node that is gone
+   * (silent for the scheduler's rebind_after_secs) to a node the scheduler picks, which resumes
+   * it from the shared snapshot store. NOT_FOUND: no binding; FAILED_PRECONDITION: the node is
+   * not gone (agentenv-error-code scheduler.node_alive) or no other node can take it
+   * (scheduler.no_nodes).
+   */
+  rebindSandbox(
+    request: RebindSandboxRequest,
+    context: CallContext & CallContextExt,
+  ): Promise<DeepPartial<RebindSandboxResponse>>;
 }
 
 export interface SchedulerClient<CallOptionsExt = {}> {
@@ -4648,6 +4921,17 @@ export interface SchedulerClient<CallOptionsExt = {}> {
     request: DeepPartial<UnregisterNodeRequest>,
     options?: CallOptions & CallOptionsExt,
   ): Promise<UnregisterNodeResponse>;
+  /**
+   * AgentENV addition (not in upstream's contract): move a sandbox off a node that is gone
+   * (silent for the scheduler's rebind_after_secs) to a node the scheduler picks, which resumes
+   * it from the shared snapshot store. NOT_FOUND: no binding; FAILED_PRECONDITION: the node is
+   * not gone (agentenv-error-code scheduler.node_alive) or no other node can take it
+   * (scheduler.no_nodes).
+   */
+  rebindSandbox(
+    request: DeepPartial<RebindSandboxRequest>,
+    options?: CallOptions & CallOptionsExt,
+  ): Promise<RebindSandboxResponse>;
 }
 
 type Builtin = Date | Function | Uint8Array | string | number | boolean | undefined;

@@ -1,0 +1,1 @@
+ALTER TABLE `bindings` ADD `held` integer DEFAULT true NOT NULL;
