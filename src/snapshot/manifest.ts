@@ -84,6 +84,14 @@ export interface SnapshotManifest {
   toolsKey?: string;
   /** Build key of the template this snapshot is the state of (kind `template`), else absent. */
   templateBuild?: string;
+  /**
+   * Kind `pause` only: the paused sandbox's record (settings, envd token, env vars, lifecycle,
+   * network policy) and what its runtime needs to resume it, as JSON its node's orchestrator and
+   * runtime write and read back (src/orchestrator/portable.ts). With it, a node that finds this
+   * snapshot in a shared store can resume the sandbox under the same id. Absent: the sandbox
+   * cannot move to another node (volumes attached, or written before sandboxes could move).
+   */
+  sandbox?: Record<string, unknown>;
 }
 
 /** Snapshot ids: 20 lowercase letters and digits, like sandbox ids (valid as E2B template ids). */
@@ -155,5 +163,6 @@ export function parseManifest(v: unknown, where: string): SnapshotManifest {
   if (m.tools !== undefined) layer(m.tools, "tools");
   if (m.templateBuild !== undefined && typeof m.templateBuild !== "string") bad("templateBuild");
   if (m.toolsKey !== undefined && typeof m.toolsKey !== "string") bad("toolsKey");
+  if (m.sandbox !== undefined && (typeof m.sandbox !== "object" || m.sandbox === null || Array.isArray(m.sandbox) || m.kind !== "pause" || m.source.sandboxId === null)) bad("sandbox");
   return m as SnapshotManifest;
 }

@@ -3,6 +3,8 @@
  * Layout under the configured prefix:
  *   layers/sha256/<hex>     layer files, content-addressed (equal layers stored once)
  *   manifests/<id>.json     committed manifests
+ *   sandboxes/<id>.json     paused sandbox <id>'s current pause snapshot: {sandboxId, snapshotId}
+ *                           (written after that snapshot's manifest, so it never names a missing one)
  * A push uploads every layer the store lacks, then the manifest: a PUT is atomic, so a manifest
  * is visible only once every layer it names is stored. A fetch streams a layer into a local file
  * while hashing it, and keeps it only when its size and sha256 match the manifest's.
@@ -15,6 +17,9 @@ import type { S3Settings } from "./config.ts";
 import { SnapshotError } from "./errors.ts";
 import { digestHex, layersOf, parseManifest, SNAPSHOT_ID_RE, type LayerRef, type SnapshotManifest } from "./manifest.ts";
 import { errorMessage } from "../util/error.ts";
+
+/** Sandbox ids as nodes make them (the object key names one). */
+const SANDBOX_ID_RE = /^[a-z0-9]{1,64}$/;
 
 const log = logger("snapshot.s3");
 
@@ -69,6 +74,67 @@ export class S3Repository {
   /** Object key of a manifest. */
   manifestKey(id: string): string {
     return `${this.s.prefix}manifests/${id}.json`;
+  }
+
+  /** Object key naming paused sandbox `sandboxId`'s pause snapshot. */
+  pausedKey(sandboxId: string): string {
+    return `${this.s.prefix}sandboxes/${sandboxId}.json`;
+  }
+
+  /**
+   * Record that paused sandbox `sandboxId` resumes from pause snapshot `snapshotId` (which the
+   * store must hold already).
+   * @throws SnapshotError `snapshot.remote_failed`
+   */
+  async putPaused(sandboxId: string, snapshotId: string): Promise<void> {
+    const key = this.pausedKey(sandboxId);
+    try {
+      await this.client.write(key, JSON.stringify({ sandboxId, snapshotId }) + "\n", { type: "application/json" });
+    } catch (e) {
+      throw this.failed("upload", key, e);
+    }
+  }
+
+  /**
+   * The pause snapshot paused sandbox `sandboxId` resumes from, or undefined when the store names none.
+   * @throws SnapshotError `snapshot.remote_failed`; `snapshot.bad_manifest` for an object that is
+   *   not one this store writes
+   */
+  async getPaused(sandboxId: string): Promise<string | undefined> {
+    if (!SANDBOX_ID_RE.test(sandboxId)) return undefined;
+    const key = this.pausedKey(sandboxId);
+    let text: string;
+    try {
+      text = await this.client.file(key).text();
+    } catch (e) {
+      if (isNotFound(e)) return undefined;
+      throw this.failed("get", key, e);
+    }
+    let v: { sandboxId?: unknown; snapshotId?: unknown } | null = null;
+    try {
+      v = JSON.parse(text) as typeof v;
+    } catch {
+      // reported below
+    }
+    if (!v || v.sandboxId !== sandboxId || typeof v.snapshotId !== "string" || !SNAPSHOT_ID_RE.test(v.snapshotId)) {
+      throw new SnapshotError("snapshot.bad_manifest", `paused sandbox record ${key} in ${this.location} is not {sandboxId: "${sandboxId}", snapshotId}`, { where: key });
+    }
+    return v.snapshotId;
+  }
+
+  /**
+   * Forget paused sandbox `sandboxId`'s pause snapshot when the store names `snapshotId` (a newer
+   * one is left). Idempotent.
+   * @throws SnapshotError `snapshot.remote_failed`, `snapshot.bad_manifest`
+   */
+  async deletePaused(sandboxId: string, snapshotId: string): Promise<void> {
+    if ((await this.getPaused(sandboxId)) !== snapshotId) return;
+    const key = this.pausedKey(sandboxId);
+    try {
+      await this.client.delete(key);
+    } catch (e) {
+      if (!isNotFound(e)) throw this.failed("delete", key, e);
+    }
   }
 
   /**

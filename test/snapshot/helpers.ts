@@ -17,6 +17,8 @@ export function commitFake(
     vm?: Partial<SnapshotManifest["vm"]>;
     /** A tools drive layer with these contents, and its `toolsKey`. */
     tools?: { content: string; key: string };
+    /** A paused sandbox's record (kind `pause`). */
+    sandbox?: Record<string, unknown>;
   } = {},
 ): SnapshotManifest {
   const txn = repo.begin();
@@ -41,6 +43,7 @@ export function commitFake(
     memory: memory ? { size: 256 << 20, layers: memory } : null,
     vmState: memory ? add(`state-${Math.random()}`, 99) : null,
     ...(o.tools ? { tools: add(o.tools.content, 98), toolsKey: o.tools.key } : {}),
+    ...(o.sandbox ? { sandbox: o.sandbox } : {}),
   };
   txn.publish(m);
   return m;
