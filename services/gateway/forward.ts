@@ -14,6 +14,7 @@ import type { Static, TSchema } from "@sinclair/typebox";
 import { upstreamFailure, upstreamFailureKind, Watchdog, watchedBody, type UpstreamFailureKind } from "../../src/api/upstream.ts";
 import { describeProblem, type JsonSchema } from "../../src/util/json-check.ts";
 import { readCapped, type CappedBody } from "../../src/util/read-capped.ts";
+import { GATEWAY_ONLY_HEADERS } from "../../src/cluster/index.ts";
 import { GatewayError } from "./errors.ts";
 import type { NodeRef } from "../../src/cluster/index.ts";
 
@@ -86,6 +87,8 @@ export function passHeaders(h: Headers): Headers {
 export async function forwardToNode(req: Request, node: NodeRef, o: ForwardOptions): Promise<Response> {
   const headers = new Headers(req.headers);
   for (const n of HOP) headers.delete(n);
+  // a client must not say what only the gateway may (a take-over of another node's sandbox)
+  for (const n of GATEWAY_ONLY_HEADERS) headers.delete(n);
   for (const [k, v] of Object.entries(o.set ?? {})) headers.set(k, v);
   if (o.clientIp) headers.set("x-forwarded-for", o.clientIp);
   const ctl = new AbortController();

@@ -4,7 +4,8 @@
  *   the request never reached, e.g. refusing the connection, is left out and Schedule asked
  *   again, up to create_attempts times).
  * - /sandboxes/{id}/..., /v2/sandboxes/{id}/...: to the sandbox's node (route cache, else
- *   LookupNode; unknown → 404 without asking any node).
+ *   LookupNode; unknown → 404 without asking any node). A connect or resume of a sandbox whose
+ *   node is gone goes to the node the scheduler moves it to (moves.ts: cross-node resume).
  * - Sandbox traffic (dataplane.ts): to the sandbox's node, which proxies it into the sandbox.
  * - GET /sandboxes, /v2/sandboxes, /templates, /v2/templates, /snapshots, /nodes: every node the
  *   scheduler does not report UNHEALTHY, in parallel (aggregate.ts); GET /nodes/{id}: the node
@@ -42,6 +43,7 @@ import { checkAnswer, forwardToNode, neverReached, NODE_HEADER, nodeFailureOf, p
 import { GatewayEvents } from "./events.ts";
 import { WebhookRegistry } from "./webhook-registry.ts";
 import { WebhookSync } from "./webhook-sync.ts";
+import { connectAnywhere } from "./moves.ts";
 import { SchedulerLink, type ClusterNodes } from "./scheduler-link.ts";
 import { GatewaySecrets } from "./secrets.ts";
 import pkg from "../../package.json" with { type: "json" };
@@ -127,16 +129,25 @@ export class Gateway {
   }
 
   /**
-   * The node holding `sandboxId`: route cache, else the scheduler.
+   * The node holding `sandboxId`: route cache, else the scheduler. A cached node the scheduler
+   * reports UNHEALTHY is asked about again (the sandbox may have moved to another node; the
+   * cache serves while the scheduler is down).
    * @returns null when no node holds it.
    * @throws GatewayError scheduler_unavailable (cache miss while the scheduler is down)
    */
   async resolve(sandboxId: string): Promise<NodeRef | null> {
     if (!plausibleSandboxId(sandboxId)) return null;
     const cached = this.routes.get(sandboxId);
-    if (cached) return cached;
-    const n = await this.scheduler.lookup(sandboxId);
+    if (cached && !this.scheduler.seemsUnhealthy(cached.nodeId)) return cached;
+    let n: NodeRef | null;
+    try {
+      n = await this.scheduler.lookup(sandboxId);
+    } catch (e) {
+      if (cached) return cached;
+      throw e;
+    }
     if (n) this.routes.set(sandboxId, n);
+    else this.routes.delete(sandboxId);
     return n;
   }
 
@@ -219,8 +230,9 @@ export class Gateway {
    * x-forwarded-host/-proto (a client's own x-forwarded-* are kept: the gateway may sit behind
    * a proxy), so URLs the node builds for the client point at the gateway.
    */
-  private forward(req: Request, url: URL, node: NodeRef, clientIp: string | null, slow: boolean, body?: Uint8Array | null, pathAndQuery = url.pathname + url.search): Promise<Response> {
+  private forward(req: Request, url: URL, node: NodeRef, clientIp: string | null, slow: boolean, body?: Uint8Array | null, pathAndQuery = url.pathname + url.search, extra: Record<string, string> = {}): Promise<Response> {
     const set: Record<string, string> = {
+      ...extra,
       "x-api-key": this.nodeKey,
       "x-forwarded-host": req.headers.get("x-forwarded-host") ?? req.headers.get("host") ?? url.host,
       "x-forwarded-proto": req.headers.get("x-forwarded-proto") ?? url.protocol.replace(":", ""),
@@ -375,11 +387,23 @@ export class Gateway {
   private async bySandbox(req: Request, url: URL, id: string, op: string | undefined, clientIp: string | null): Promise<Response> {
     const node = await this.resolve(id);
     if (!node) return gatewayError("gateway.sandbox_not_found", `sandbox "${id}" doesn't exist or you don't have access to it`);
+    if ((op === "connect" || op === "resume") && req.method === "POST") return this.connect(req, url, id, op, node, clientIp);
     const res = await this.forward(req, url, node, clientIp, op !== undefined && SLOW_OPS.has(op));
     if (res.status === 404 && !op) this.routes.delete(id);
     if (req.method === "DELETE" && !op && (res.status === 204 || res.status === 404)) this.routes.delete(id);
-    if ((op === "connect" || op === "resume") && (res.status === 200 || res.status === 201)) return (await this.withOurDomain(res, node, `a ${op}`)).res;
     if (op === "fork" && req.method === "POST" && res.status === 201) return this.forked(res, node);
+    return res;
+  }
+
+  /**
+   * POST /sandboxes/{id}/connect or /resume: to its node, or, when that node is gone, to the node
+   * the scheduler moves the sandbox to, which resumes it from the shared snapshot store (moves.ts).
+   */
+  private async connect(req: Request, url: URL, id: string, op: string, node: NodeRef, clientIp: string | null): Promise<Response> {
+    const { bytes } = await this.jsonBody(req);
+    const send = (n: NodeRef, extra?: Record<string, string>) => this.forward(req, url, n, clientIp, true, bytes, undefined, extra);
+    const { res, node: at } = await connectAnywhere({ scheduler: this.scheduler, routes: this.routes, log: this.log, send }, id, node);
+    if (res.status === 200 || res.status === 201) return (await this.withOurDomain(res, at, `a ${op}`)).res;
     return res;
   }
 

@@ -38,6 +38,8 @@ export class SchedulerLink {
   private readonly channel: Channel;
   private readonly client: SchedulerClient;
   private nodes: { at: number; set: ClusterNodes } | null = null;
+  /** A refresh of `nodes` in progress (seemsUnhealthy starts at most one). */
+  private refreshing: Promise<unknown> | null = null;
 
   constructor(private readonly o: SchedulerLinkOptions) {
     this.channel = schedulerChannel(o.endpoint);
@@ -66,7 +68,8 @@ export class SchedulerLink {
       if (code === "scheduler.no_nodes") throw new GatewayError("gateway.no_nodes", (e as ClientError).details, { scheduler: this.o.endpoint });
       if (e instanceof ClientError && e.code === Status.INVALID_ARGUMENT) throw new GatewayError("gateway.bad_request", e.details);
       const why = e instanceof ClientError ? `${Status[e.code]}: ${e.details}` : ["AbortError", "TimeoutError"].includes(String((e as { name?: unknown } | null)?.name)) ? `no answer within ${this.o.timeoutMs} ms` : errorMessage(e);
-      throw new GatewayError("gateway.scheduler_unavailable", `the scheduler at ${this.o.endpoint} is unavailable (${what}: ${why})`, { scheduler: this.o.endpoint, ...(code ? { schedulerCode: code } : {}) });
+      const status = e instanceof ClientError ? { grpcStatus: Status[e.code] } : {};
+      throw new GatewayError("gateway.scheduler_unavailable", `the scheduler at ${this.o.endpoint} is unavailable (${what}: ${why})`, { scheduler: this.o.endpoint, ...(code ? { schedulerCode: code } : {}), ...status });
     }
   }
 
@@ -81,6 +84,23 @@ export class SchedulerLink {
   async lookup(sandboxId: string): Promise<NodeRef | null> {
     const r = await this.call("LookupNode", (o) => this.client.lookupNode({ sandboxId }, o));
     return r?.node ?? null;
+  }
+
+  /**
+   * Move sandbox `sandboxId` off node `fromNodeId`, which is gone (RebindSandbox): the node it is
+   * bound to now and whether this call moved it; null when it stays (no binding, the node is not
+   * gone long enough, no other node can take it, or a scheduler without RebindSandbox).
+   * @throws GatewayError scheduler_unavailable, bad_request
+   */
+  async rebind(sandboxId: string, fromNodeId: string): Promise<{ node: NodeRef; moved: boolean } | null> {
+    try {
+      const r = await this.call("RebindSandbox", (o) => this.client.rebindSandbox({ sandboxId, fromNodeId }, o));
+      return r?.node ? { node: r.node, moved: r.moved } : null;
+    } catch (e) {
+      const d = e instanceof GatewayError ? (e.details as { schedulerCode?: string; grpcStatus?: string }) : {};
+      if (e instanceof GatewayError && (e.code === "gateway.no_nodes" || d.schedulerCode === "scheduler.node_alive" || d.grpcStatus === "UNIMPLEMENTED")) return null;
+      throw e;
+    }
   }
 
   /** Bind a sandbox to its node. @throws GatewayError scheduler_unavailable, bad_request */
@@ -104,6 +124,19 @@ export class SchedulerLink {
       if (!this.nodes) throw e;
     }
     return this.nodes!.set;
+  }
+
+  /**
+   * Whether the last known node list marks `nodeId` UNHEALTHY (false when none is known). Never
+   * waits for the scheduler: a list older than node_list_ttl_ms is refreshed in the background.
+   */
+  seemsUnhealthy(nodeId: string): boolean {
+    if ((!this.nodes || performance.now() - this.nodes.at >= this.o.nodeListTtlMs) && !this.refreshing) {
+      this.refreshing = this.listNodes()
+        .catch(() => {})
+        .finally(() => (this.refreshing = null));
+    }
+    return this.nodes?.set.unhealthy.some((n) => n.nodeId === nodeId) ?? false;
   }
 
   /** Every node the scheduler observes, with its derived status. @throws GatewayError scheduler_unavailable */

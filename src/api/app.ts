@@ -28,6 +28,7 @@ import { templateRoutes } from "./routes/templates.ts";
 import { eventRoutes } from "./routes/events.ts";
 import type { EventsService } from "../events/index.ts";
 import { secretRoutes, type SecretsBackend } from "./routes/secrets.ts";
+import { TAKE_OVER_HEADER } from "../cluster/headers.ts";
 // @ts-expect-error: a file asset (path string), embedded by `bun build --compile`
 import scalarJs from "../../node_modules/@scalar/api-reference/dist/browser/standalone.js" with { type: "file" };
 import { errorMessage } from "../util/error.ts";
@@ -275,16 +276,16 @@ export function buildApp(deps: ApiDeps) {
     )
     .post(
       "/sandboxes/:sandboxID/resume",
-      async ({ params, body, set }) => {
+      async ({ params, body, set, request }) => {
         refuseUnsupported(body, UNSUPPORTED.resume);
-        return created(await orch.resume(params.sandboxID, body?.timeout, { memory: body?.memory }), set);
+        return created(await orch.resume(params.sandboxID, body?.timeout, { memory: body?.memory, fromStore: request.headers.has(TAKE_OVER_HEADER) }), set);
       },
       { ...strictBody(bodies, t.Optional(S.ResumedSandbox)), response: { 201: S.Sandbox, ...ERR }, detail: { summary: "Resume a paused sandbox (deprecated; use connect)", tags: ["sandboxes"] } },
     )
     .post(
       "/v2/sandboxes/:sandboxID/connect",
-      async ({ params, body, set }) => {
-        const r = await orch.connect(params.sandboxID, body?.timeout, { memory: body?.memory });
+      async ({ params, body, set, request }) => {
+        const r = await orch.connect(params.sandboxID, body?.timeout, { memory: body?.memory, fromStore: request.headers.has(TAKE_OVER_HEADER) });
         set.status = r.resumed ? 201 : 200;
         return toSandbox(r.sandbox, domain);
       },
@@ -292,8 +293,8 @@ export function buildApp(deps: ApiDeps) {
     )
     .post(
       "/sandboxes/:sandboxID/connect",
-      async ({ params, body, set }) => {
-        const r = await orch.connect(params.sandboxID, body.timeout, { memory: body.memory });
+      async ({ params, body, set, request }) => {
+        const r = await orch.connect(params.sandboxID, body.timeout, { memory: body.memory, fromStore: request.headers.has(TAKE_OVER_HEADER) });
         set.status = r.resumed ? 201 : 200;
         return toSandbox(r.sandbox, domain);
       },

@@ -6,7 +6,11 @@
  * bindings follow at once; on shutdown a best-effort UnregisterNode after any heartbeat or event
  * call in flight has ended (a late event must not bind a sandbox again after the unregister).
  * Every RPC is bounded by `timeout_ms`; a scheduler that is down is logged (once per outage) and
- * retried at the next tick, never awaited by requests.
+ * retried at the next tick, never awaited by requests. The first heartbeat goes at `start()`,
+ * which the node calls once its start-up reconciliation is done: a restarted node's first roster
+ * names every sandbox it still holds (running and paused), so the scheduler keeps their bindings
+ * and drops the others. A heartbeat's answer may name sandboxes of the roster that another node
+ * holds now (moved while this node was away): `onForeign` gets them, to drop this node's copies.
  */
 import { CpuMeter } from "../ffi/cpu.ts";
 import { createClient, type Channel } from "nice-grpc";
@@ -27,6 +31,13 @@ export interface ReporterOptions {
   eventFlushMs: number;
   /** Most events in one ReportSandboxEvent call. */
   eventBatchMax: number;
+  /**
+   * Tell the scheduler at `close()` to keep this node's bindings (UnregisterNode keep_bindings):
+   * its sandboxes outlive the process (paused, or left running for the next start).
+   */
+  keepBindings?: boolean;
+  /** Sandboxes of this node's roster another node holds now (from a heartbeat's answer); must not throw. */
+  onForeign?: (sandboxIds: string[]) => void;
 }
 
 /** A lifecycle change to report: the orchestrator's state change. */
@@ -150,9 +161,13 @@ export class SchedulerReporter {
   private async beat(): Promise<void> {
     try {
       const req = await this.heartbeatRequest();
-      await this.client.heartbeat(req, { signal: AbortSignal.timeout(this.o.timeoutMs) });
+      const res = await this.client.heartbeat(req, { signal: AbortSignal.timeout(this.o.timeoutMs) });
       if (this.failing) this.log.info({ endpoint: this.o.endpoint }, "scheduler reachable again");
       this.failing = false;
+      if (res.foreignSandboxIds.length > 0 && !this.closed) {
+        this.log.warn({ sandboxIds: res.foreignSandboxIds }, "the scheduler binds sandboxes of this node to another node that holds them now");
+        this.o.onForeign?.(res.foreignSandboxIds);
+      }
     } catch (e) {
       if (!this.failing) this.log.warn({ endpoint: this.o.endpoint, err: e }, "heartbeat to the scheduler failed; retrying every interval");
       this.failing = true;
@@ -162,7 +177,7 @@ export class SchedulerReporter {
   /**
    * Stop reporting, wait for the heartbeat and event call in flight, then tell the scheduler this
    * node leaves (best effort, bounded). Events still queued are dropped: the unregister drops
-   * every binding of the node anyway.
+   * every binding of the node anyway, or keeps them all (`keepBindings`) for the next start's roster.
    */
   async close(): Promise<void> {
     if (this.closed) return;
@@ -175,7 +190,7 @@ export class SchedulerReporter {
     try {
       // a channel backing off after a scheduler restart would fail the one call at once
       const signal = AbortSignal.timeout(this.o.timeoutMs);
-      await untilAnswered(() => this.client.unregisterNode({ nodeId: this.identity.nodeId, serviceInstanceId: this.identity.serviceInstanceId }, { signal }), signal, CHANNEL_RETRY_MS);
+      await untilAnswered(() => this.client.unregisterNode({ nodeId: this.identity.nodeId, serviceInstanceId: this.identity.serviceInstanceId, keepBindings: this.o.keepBindings ?? false }, { signal }), signal, CHANNEL_RETRY_MS);
     } catch (e) {
       this.log.warn({ endpoint: this.o.endpoint, err: e }, "UnregisterNode failed (the scheduler drops this node when its reports stop)");
     }

@@ -7,7 +7,8 @@
 import { ConfigError, type Config } from "../config/index.ts";
 import { SchedulerReporter, type ReporterOptions } from "./reporter.ts";
 import type { NodeIdentityInfo } from "../observability/snapshot.ts";
-import { LIVE_STATES, type SandboxService } from "../orchestrator/index.ts";
+import { LIVE_STATES, type Orchestrator, type SandboxService } from "../orchestrator/index.ts";
+import { logger } from "../observability/log.ts";
 
 /**
  * The reporter's options, or null when reporting is off.
@@ -20,18 +21,38 @@ export function reporterOptions(cfg: Config): ReporterOptions | null {
   if (!endpoint) {
     throw new ConfigError("config.bad_value", "scheduler reporting is enabled but [cluster] scheduler_endpoint (AENV_OBSERVABILITY_SCHEDULER_ENDPOINT) is empty", { key: "cluster.scheduler_endpoint" });
   }
-  return { endpoint, intervalMs: r.interval_secs * 1000, timeoutMs: r.timeout_ms, eventFlushMs: r.event_flush_ms, eventBatchMax: r.event_batch_max };
+  // sandboxes a stop leaves (paused, or running for the next start) keep their bindings
+  const keepBindings = cfg.orchestrator.shutdown_action !== "kill";
+  return { endpoint, intervalMs: r.interval_secs * 1000, timeoutMs: r.timeout_ms, eventFlushMs: r.event_flush_ms, eventBatchMax: r.event_batch_max, keepBindings };
 }
 
-/** Start reporting for `orch`. @returns the stop function (unregisters the node). */
-export function startReporting(o: ReporterOptions, identity: NodeIdentityInfo, orch: SandboxService): () => Promise<void> {
+/**
+ * Start reporting for `orch`. Sandboxes the scheduler says another node holds now are released
+ * (`orch.release`: this node's copy goes without losing data), one at a time, each once while
+ * its release runs.
+ * @returns the stop function (unregisters the node).
+ */
+export function startReporting(o: ReporterOptions, identity: NodeIdentityInfo, orch: SandboxService & Pick<Orchestrator, "release">): () => Promise<void> {
+  const log = logger("reporter");
+  const releasing = new Set<string>();
+  let queue = Promise.resolve();
+  const onForeign = (ids: string[]) => {
+    for (const id of ids) {
+      if (releasing.has(id)) continue;
+      releasing.add(id);
+      queue = queue
+        .then(() => orch.release(id))
+        .then((r) => log.info({ sandboxId: id, outcome: r.kind }, "sandbox held by another node: release done"))
+        .finally(() => releasing.delete(id));
+    }
+  };
   const reporter = new SchedulerReporter(
     identity,
     {
       counters: () => orch.getCounters(),
       sandboxes: () => orch.inStates(LIVE_STATES).map((r) => ({ id: r.id, state: r.state, cpuCount: r.cpuCount, memoryMB: r.memoryMB })),
     },
-    o,
+    { ...o, onForeign },
   );
   const unobserve = orch.observe({
     onEvent: (e) => reporter.noteChange({ id: e.id, from: e.from, to: e.to, cpuCount: e.sandbox.cpuCount, memoryMB: e.sandbox.memoryMB }),
@@ -40,5 +61,6 @@ export function startReporting(o: ReporterOptions, identity: NodeIdentityInfo, o
   return async () => {
     unobserve();
     await reporter.close();
+    await queue;
   };
 }

@@ -105,6 +105,7 @@ export function lifecycleEntry(e: SandboxEvent, error: string | null): SandboxLo
     "pausing>paused": "sandbox paused",
     "pausing>running": "sandbox pause undone",
     "paused>resuming": "sandbox resuming",
+    "null>paused": "sandbox taken over from the shared snapshot store, paused (its node is gone)",
     "resuming>running": "sandbox resumed",
     "resuming>paused": "sandbox resume failed; it stays paused",
     "killing>killed": "sandbox killed",

@@ -7,7 +7,8 @@ export { CREATE_DEFAULT_TIMEOUT_SECS } from "./timeouts.ts";
 export { OrchestratorError, ORCHESTRATOR_ERRORS, type OrchestratorErrorCode, isRequestFault, notFound } from "./errors.ts";
 export { orchestratorConfig, type OrchestratorConfig } from "./config.ts";
 export type {
-  GuestTarget, PreparedStarts, ReapReport, RecoveredSandbox, RuntimeKnownSandbox, RuntimeMetrics, RuntimeNetwork, RuntimeSandbox, RuntimeSnapshots, RuntimeStartSpec, RuntimeStateCodec, SandboxRuntime, SnapshotInfo,
+  GuestTarget, PreparedStarts, ReapReport, RecoveredSandbox, RuntimeKnownSandbox, RuntimeMetrics, RuntimeNetwork, RuntimeSandbox, RuntimeSharedPauses, RuntimeSnapshots, RuntimeStartSpec, RuntimeStateCodec, SandboxRuntime,
+  SnapshotInfo,
   SnapshotRequest, VolumeBackend,
 } from "./runtime.ts";
 export { SANDBOX_STATES, TRANSITIONS, LIVE_STATES, canTransition, publicState, type SandboxState } from "./states.ts";
@@ -15,3 +16,4 @@ export { SANDBOX_ID_RE, newSandboxId, randomHex } from "./ids.ts";
 export type * from "./types.ts";
 export { LOG_LEVELS } from "./types.ts";
 export { lifecycleEntry } from "./events.ts";
+export { importedRecord, portableRecord, type PortableRecord } from "./portable.ts";

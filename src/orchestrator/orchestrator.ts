@@ -17,6 +17,8 @@ import { SandboxExpiry } from "./expiry.ts";
 import { newSandboxId, SANDBOX_ID_RE } from "./ids.ts";
 import { KeyedLock } from "./lock.ts";
 import { MetricsSampler } from "./metrics.ts";
+import { SandboxMoves, type ReleaseOutcome } from "./moves.ts";
+import { portableRecord } from "./portable.ts";
 import { SandboxReads } from "./reads.ts";
 import { checkResources, checkTimeout, forkRequest, newRecord, startSpec, targetOf, templateOf } from "./requests.ts";
 import type { SandboxRuntime, SnapshotInfo, SnapshotRequest } from "./runtime.ts";
@@ -52,6 +54,8 @@ export class Orchestrator<S = unknown> extends SandboxReads<S> implements Sandbo
   private readonly states: StoredStates<S>;
   private readonly exits: ExitWatch;
   private readonly sampler: MetricsSampler;
+  /** Sandboxes taken over from, or let go to, other nodes (moves.ts). */
+  private readonly moves: SandboxMoves<S>;
   private readonly lock: KeyedLock;
   private readonly starts: Semaphore;
   private readonly inflight = new Set<Promise<unknown>>();
@@ -79,6 +83,17 @@ export class Orchestrator<S = unknown> extends SandboxReads<S> implements Sandbo
     this.volumes = new VolumeManager(db, backend, { ...config.volumes, lockWaitMs: config.lockWaitMs }, () => this.store.inStates(live), backend ? (holder, mount) => backend.guestFiles(targetOf(holder), mount.path) : undefined, now);
     const running = () => this.store.inStates(["running"]).filter((r) => r.endpoint).map(targetOf);
     this.sampler = new MetricsSampler(runtime.metrics, this.metricsHistory, running, { intervalMs: config.metrics.sampleIntervalMs, timeoutMs: config.metrics.sampleTimeoutMs }, now, this.log);
+    this.moves = new SandboxMoves({
+      runtime,
+      store: this.store,
+      events: this.events,
+      states: this.states,
+      lock: this.lock,
+      clock,
+      log: this.log,
+      kill: (id) => this.track(this.killNow(id, false, "moved")),
+      snapshot: (id, name) => this.createSnapshot(id, name),
+    });
   }
 
   /**
@@ -333,9 +348,12 @@ export class Orchestrator<S = unknown> extends SandboxReads<S> implements Sandbo
    * E2B connect: a running sandbox gets its TTL extended (if the new end is later) -> resumed
    * false; a paused one is resumed with TTL now + timeout -> resumed true. A filesystem-only
    * snapshot, or `memory: false` (the SDK's onResume "reboot"), cold-boots it on its disk.
+   * `fromStore`: take a sandbox that is not here over from the shared snapshot store first (its
+   * node is gone; the gateway sends this after the scheduler moved the sandbox here).
    * @throws not_found (404), bad_request (400, timeout out of range).
    */
-  connect(id: string, timeoutSecs?: number, opts: { memory?: boolean } = {}): Promise<ConnectResult> {
+  async connect(id: string, timeoutSecs?: number, opts: { memory?: boolean; fromStore?: boolean } = {}): Promise<ConnectResult> {
+    if (opts.fromStore) await this.takeOver(id);
     return this.underLockWithTimeout(id, timeoutSecs, async (r, secs) => {
       if (r.state === "paused") return { sandbox: await this.resumeLocked(r, secs, opts.memory ?? true), resumed: true };
       this.setEndAt(r, Math.max(r.endAt, this.clock.now() + secs * 1000));
@@ -343,12 +361,28 @@ export class Orchestrator<S = unknown> extends SandboxReads<S> implements Sandbo
     });
   }
 
-  /** Deprecated E2B resume: 409 when running; `memory: false` as for connect. @throws not_found (404), conflict (409). */
-  resume(id: string, timeoutSecs?: number, opts: { memory?: boolean } = {}): Promise<SandboxRecord> {
+  /** Deprecated E2B resume: 409 when running; `memory: false`, `fromStore` as for connect. @throws not_found (404), conflict (409). */
+  async resume(id: string, timeoutSecs?: number, opts: { memory?: boolean; fromStore?: boolean } = {}): Promise<SandboxRecord> {
+    if (opts.fromStore) await this.takeOver(id);
     return this.underLockWithTimeout(id, timeoutSecs, (r, secs) => {
       if (r.state !== "paused") throw new OrchestratorError("orchestrator.conflict", `sandbox ${id} is already running`, { sandboxId: id, state: r.state });
       return this.resumeLocked(r, secs, opts.memory ?? true);
     });
+  }
+
+  /** Take paused sandbox `id` over from the shared snapshot store unless it is here (moves.ts). */
+  private async takeOver(id: string): Promise<void> {
+    this.assertOpen();
+    await this.track(this.moves.takeOver(id));
+  }
+
+  /**
+   * Another node holds sandbox `id` now (the scheduler said so in a heartbeat answer): drop this
+   * node's copy without losing data (moves.ts). Never throws.
+   */
+  release(id: string): Promise<ReleaseOutcome> {
+    if (this.closed) return Promise.resolve({ kind: "refused", reason: "node is shutting down" });
+    return this.track(this.moves.release(id));
   }
 
   /**
@@ -450,7 +484,7 @@ export class Orchestrator<S = unknown> extends SandboxReads<S> implements Sandbo
             this.log.warn({ sandboxId: id, err: e }, "could not flush the guest before a filesystem-only pause; writes not yet on disk are lost");
           });
         }
-        const st = await this.runtime.pause(id, this.states.of(r), signal, { memory });
+        const st = await this.runtime.pause(id, this.states.of(r), signal, { memory, record: portableRecord(r, memory) });
         this.events.transition(id, "pausing", "paused", { runtimeState: st, endpoint: null, snapshotKind: memory ? "memory" : "filesystem" }, reason);
       } catch (e) {
         // the runtime leaves the VM running when a pause fails before the VMM is stopped

@@ -139,10 +139,12 @@ export interface SandboxRuntime<S = unknown> {
   /**
    * Pause + commit a pause snapshot (memory, device state, disk upper), then stop the VMM.
    * With `memory: false` only the disk is kept (a filesystem-only snapshot): the VMM is stopped
-   * without a snapshot (the orchestrator has flushed the guest's filesystems first).
+   * without a snapshot (the orchestrator has flushed the guest's filesystems first). `record`:
+   * the sandbox's portable record (portable.ts), kept with the pause snapshot so another node can
+   * take the sandbox over from a shared store (`shared.find`); null: it cannot move.
    * Returns the paused sandbox's state.
    */
-  pause(id: string, state: S, signal: AbortSignal, opts: { memory: boolean }): Promise<S>;
+  pause(id: string, state: S, signal: AbortSignal, opts: { memory: boolean; record?: Record<string, unknown> | null }): Promise<S>;
   /**
    * Restore a paused sandbox and re-init envd (same token, env vars). With `memory: false` the
    * sandbox cold-boots on its disk instead (any memory snapshot is discarded once it runs): a new
@@ -193,6 +195,32 @@ export interface SandboxRuntime<S = unknown> {
   readonly network?: RuntimeNetwork;
   /** Sandboxes started ahead of creates; absent: every create starts its own. */
   readonly prepared?: PreparedStarts;
+  /** Paused sandboxes in a store nodes share; absent: sandboxes never move between nodes. */
+  readonly shared?: RuntimeSharedPauses<S>;
+}
+
+/**
+ * Paused sandboxes in a snapshot store the cluster's nodes share: a node taking a sandbox over
+ * from a node that is gone, and a node letting one go that another holds now.
+ */
+export interface RuntimeSharedPauses<S> {
+  /**
+   * Paused sandbox `id` as another node left it in the shared store: the record `pause` was
+   * given, and this runtime's state for it here (its pause snapshot adopted; layers fetched when
+   * it resumes). Null when the store names no pause snapshot of `id`.
+   * @throws when the store cannot be read (the caller answers 503)
+   */
+  find(id: string): Promise<{ record: unknown; runtimeState: S } | null>;
+  /**
+   * Whether paused sandbox `id`'s state `state` is the one the shared store named it by (its
+   * pause snapshot was pushed with its record): what another node resumed it from.
+   */
+  stored(id: string, state: S): boolean;
+  /**
+   * Another node holds sandbox `id` now: from here on, killing this node's copy leaves the
+   * shared store's copy alone (that node may still be fetching it).
+   */
+  release(id: string, state: S): Promise<void>;
 }
 
 /** A committed snapshot as the API lists it (E2B `SnapshotInfo` plus what filters need). */

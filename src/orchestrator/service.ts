@@ -15,11 +15,11 @@ import type { SnapshotInfo } from "./runtime.ts";
  * Who or what stopped a sandbox (a pause or a kill); E2B's `kill_reason` words where it has
  * them: a client's request, its timeout, the node's shutdown (`shutdown_action`), a node restart
  * that found it in a state it could not continue from (`orphaned`: a create or kill cut by the
- * restart, a VM whose files could not be kept), and this node's own `vm_lost`: its VM died or
+ * restart, a VM whose files could not be kept), this node's own `vm_lost`: its VM died or
  * lost its disk export or slot (while the node ran, or while no node watched), and the sandbox
- * was paused with its files.
+ * was paused with its files, and another node holding it now (`moved`: this node's copy goes).
  */
-export type StopReason = "request" | "timeout" | "shutdown" | "orphaned" | "vm_lost";
+export type StopReason = "request" | "timeout" | "shutdown" | "orphaned" | "vm_lost" | "moved";
 
 /** A state change of one sandbox, with its record as it is after the change. */
 export interface SandboxEvent {
@@ -83,9 +83,13 @@ export interface SandboxService {
   kill(id: string): Promise<void>;
   /** `memory: false`: keep only the disk (a filesystem-only snapshot). */
   pause(id: string, opts?: { memory?: boolean }): Promise<void>;
-  /** A filesystem-only snapshot, or `memory: false`, cold-boots the sandbox on its disk. */
-  connect(id: string, timeoutSecs?: number, opts?: { memory?: boolean }): Promise<ConnectResult>;
-  resume(id: string, timeoutSecs?: number, opts?: { memory?: boolean }): Promise<SandboxRecord>;
+  /**
+   * A filesystem-only snapshot, or `memory: false`, cold-boots the sandbox on its disk.
+   * `fromStore`: the sandbox was moved here from a node that is gone (the cluster's gateway says
+   * so): take it over from the shared snapshot store first when it is not here.
+   */
+  connect(id: string, timeoutSecs?: number, opts?: { memory?: boolean; fromStore?: boolean }): Promise<ConnectResult>;
+  resume(id: string, timeoutSecs?: number, opts?: { memory?: boolean; fromStore?: boolean }): Promise<SandboxRecord>;
   setTimeout(id: string, secs: number): Promise<void>;
   refresh(id: string, secs: number): Promise<void>;
   updateNetwork(id: string, policy: Record<string, unknown>): Promise<void>;

@@ -29,6 +29,21 @@ export class SandboxStore {
     this.db.orm.insert(sandboxes).values(rec).run();
   }
 
+  /**
+   * Insert `rec` unless a live record of its id exists; an ended one (killed, failed) is replaced
+   * (a sandbox that was here before, moved away, and comes back).
+   * @returns whether `rec` was stored
+   */
+  insertOrReplaceEnded(rec: SandboxRecord): boolean {
+    return this.db.sqlite.transaction((): boolean => {
+      const cur = this.get(rec.id);
+      if (cur && cur.state !== "killed" && cur.state !== "failed") return false;
+      if (cur) this.db.orm.delete(sandboxes).where(eq(sandboxes.id, rec.id)).run();
+      this.insert(rec);
+      return true;
+    })();
+  }
+
   /** The record of `id`, or undefined. */
   get(id: string): SandboxRecord | undefined {
     const r = this.db.orm.select().from(sandboxes).where(eq(sandboxes.id, id)).get();

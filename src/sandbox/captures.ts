@@ -22,6 +22,7 @@ import type { VmRuntimeOptions } from "./options.ts";
 import type { RunningVms } from "./running-vms.ts";
 import type { SnapshotUsers } from "./snapshot-users.ts";
 import type { VmState } from "./vm-state.ts";
+import { pausedSandboxRecord } from "./shared-pauses.ts";
 
 const MiB = 1024 * 1024;
 
@@ -43,6 +44,8 @@ interface CommitPlan {
   names: string[];
   memory: boolean;
   vmAfter: "stopped" | "running";
+  /** A pause's sandbox record (`SnapshotManifest.sandbox`): another node may resume it from a shared store. */
+  sandbox?: Record<string, unknown>;
 }
 
 /** Pauses and snapshots of sandbox VMs, and the snapshots users took. */
@@ -61,14 +64,16 @@ export class Captures implements RuntimeSnapshots<VmState> {
   }
 
   /**
-   * Pause sandbox `id`: commit a pause snapshot (with its memory, or only its disk), stop its VM,
-   * free its work dir and slot. A failure before the VMM stopped leaves the VM running.
+   * Pause sandbox `id`: commit a pause snapshot (with its memory, or only its disk, and the
+   * orchestrator's `record` of it when it may move to another node), stop its VM, free its work
+   * dir and slot. A failure before the VMM stopped leaves the VM running.
    * @returns the paused sandbox's state (naming the pause snapshot)
    * @throws OrchestratorError `orchestrator.runtime_failed` (no VM), `orchestrator.snapshot_missing`
    *   (no base), SnapshotError, VmmError
    */
-  async pause(id: string, st: VmState, signal: AbortSignal, memory: boolean): Promise<VmState> {
-    const { base, m, report } = await this.commit(id, st, { kind: "pause", names: [], memory, vmAfter: "stopped" }, signal);
+  async pause(id: string, st: VmState, signal: AbortSignal, memory: boolean, record?: Record<string, unknown> | null): Promise<VmState> {
+    const sandbox = pausedSandboxRecord(st, record) as Record<string, unknown> | undefined;
+    const { base, m, report } = await this.commit(id, st, { kind: "pause", names: [], memory, vmAfter: "stopped", sandbox }, signal);
     this.log.info({ sandboxId: id, ...report }, memory ? "sandbox paused" : "sandbox paused (filesystem only)");
     rmSync(st.workDir, { recursive: true, force: true });
     await this.vms.releaseSlot(id);
@@ -154,7 +159,9 @@ export class Captures implements RuntimeSnapshots<VmState> {
   private async recommit(id: string, paused: string, kind: SnapshotManifest["kind"], names: string[]): Promise<SnapshotInfo> {
     const p = this.repo.find(paused);
     if (!p) throw new OrchestratorError("orchestrator.snapshot_missing", `snapshot of sandbox ${id} is missing`, { sandboxId: id });
-    const m: SnapshotManifest = { ...p, id: newSnapshotId(), kind, names, createdAt: new Date().toISOString() };
+    // the paused sandbox's record stays with its pause snapshot: a user snapshot is no sandbox
+    const { sandbox: _record, ...copied } = p;
+    const m: SnapshotManifest = { ...copied, id: newSnapshotId(), kind, names, createdAt: new Date().toISOString() };
     // its layers may have left the layer cache since the pause
     const hold = await this.o.snapshots.remote?.acquire(layersOf(p));
     try {
@@ -199,6 +206,7 @@ export class Captures implements RuntimeSnapshots<VmState> {
         }
       }
       const m = this.manifestFrom(base, st, { kind: plan.kind, names: plan.names, sandboxId: id, memory: cap?.memory ?? null, vmState: cap?.vmState ?? null, disk: up?.layer ?? null, tools: cap ? this.toolsRef(txn, base, st) : undefined });
+      if (plan.sandbox) m.sandbox = plan.sandbox;
       txn.publish(m);
       const report = { snapshotId: m.id, changedMemoryBytes: cap?.changedBytes ?? 0, bytesWritten: (cap?.bytesWritten ?? 0) + (up?.bytes ?? 0), pauseMs, totalMs: ms() };
       return { base, m, report };

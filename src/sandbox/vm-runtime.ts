@@ -18,7 +18,7 @@
 import type { Logger } from "pino";
 import { logger } from "../observability/log.ts";
 import { OrchestratorError } from "../orchestrator/errors.ts";
-import type { GuestTarget, PreparedStarts, ReapReport, RuntimeKnownSandbox, RuntimeMetrics, RuntimeNetwork, RuntimeSandbox, RuntimeStartSpec, SandboxRuntime } from "../orchestrator/runtime.ts";
+import type { GuestTarget, PreparedStarts, ReapReport, RuntimeKnownSandbox, RuntimeMetrics, RuntimeNetwork, RuntimeSandbox, RuntimeSharedPauses, RuntimeStartSpec, SandboxRuntime } from "../orchestrator/runtime.ts";
 import type { TemplateInfo, VolumeMount } from "../orchestrator/types.ts";
 import { TemplateCatalog, type BuildVmLauncher } from "../template/index.ts";
 import { BaseResolver } from "./base-resolver.ts";
@@ -36,6 +36,7 @@ import type { VmRuntimeOptions } from "./options.ts";
 import { PooledVms } from "./pooled-vms.ts";
 import { recover } from "./adoption.ts";
 import { RunningVms } from "./running-vms.ts";
+import { SharedPauses } from "./shared-pauses.ts";
 import { SnapshotUsers } from "./snapshot-users.ts";
 import { StartActivity } from "./start-activity.ts";
 import { VM_STATE_CODEC, type VmState } from "./vm-state.ts";
@@ -69,6 +70,8 @@ export class VmRuntime implements SandboxRuntime<VmState> {
   };
   /** VMs of the restore pool (pooled-vms.ts), claimed by creates. */
   readonly prepared: PreparedStarts;
+  /** Paused sandboxes moving between nodes through the object store (shared-pauses.ts); absent without `[snapshot.s3]`. */
+  readonly shared?: RuntimeSharedPauses<VmState>;
   private readonly log: Logger = logger("orchestrator.vm");
   private readonly kernelKeys = new KernelKeys();
   private readonly resolver: BaseResolver;
@@ -95,6 +98,7 @@ export class VmRuntime implements SandboxRuntime<VmState> {
     this.snapshots = new Captures(o, this.vms, this.users, this.resolver, this.kernelKeys, log);
     this.pool = new PooledVms({ o, vms: this.vms, users: this.users, resolver: this.resolver, launcher: this.launcher, activity: this.activity, log });
     this.prepared = { claim: (template, shape) => this.pool.claim(template, shape) };
+    if (o.snapshots.remote) this.shared = new SharedPauses(o.snapshots.remote, (id) => this.vms.workDir(id));
     if (o.snapshots.gcIntervalMs > 0) this.gcTimer = setInterval(() => this.gc(), o.snapshots.gcIntervalMs);
   }
 
@@ -124,18 +128,25 @@ export class VmRuntime implements SandboxRuntime<VmState> {
     }
   }
 
-  pause(id: string, state: VmState, signal: AbortSignal, opts: { memory: boolean }): Promise<VmState> {
-    return this.snapshots.pause(id, state, signal, opts.memory);
+  pause(id: string, state: VmState, signal: AbortSignal, opts: { memory: boolean; record?: Record<string, unknown> | null }): Promise<VmState> {
+    return this.snapshots.pause(id, state, signal, opts.memory, opts.record);
   }
 
   async resume(spec: RuntimeStartSpec, st: VmState, opts: { memory: boolean }): Promise<RuntimeSandbox<VmState>> {
     this.activity.begin();
     try {
-      const m = st.paused ? this.o.snapshots.repo.find(st.paused) : undefined;
+      const remote = this.o.snapshots.remote;
+      // this node's copy, else the object store's (a repository emptied by hand; an adopted
+      // snapshot is local already)
+      const m = st.paused ? (this.o.snapshots.repo.find(st.paused) ?? (await remote?.open(st.paused))) : undefined;
       if (!m) throw new OrchestratorError("orchestrator.snapshot_missing", `snapshot of sandbox ${spec.id} is missing`, { sandboxId: spec.id, snapshot: st.paused ?? null });
       // what it started from, never the template's current build (a rebuild or delete changes
       // nothing for it); memory: false boots the snapshot's disk (a filesystem-only pause has nothing else)
-      return await this.launcher.launch(spec, m, st.template, { kind: "resume", memory: opts.memory });
+      const started = await this.launcher.launch(spec, m, st.template, { kind: "resume", memory: opts.memory });
+      // running again: the store keeps no pause snapshot of a running sandbox (no node may
+      // resume it from there); not awaited, the object store's queue may be busy with pushes
+      if (remote && m.kind === "pause") void remote.unpublish(m.id);
+      return started;
     } finally {
       this.activity.end();
     }

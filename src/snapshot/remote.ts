@@ -237,6 +237,14 @@ export class SnapshotRemote {
     return join(this.localOnly, id);
   }
 
+  /**
+   * The sandbox whose record in the store named pause snapshot `id` when this node pushed or
+   * adopted it, or null (not stored because of this node, or carrying no record).
+   */
+  recordIn(id: string): string | null {
+    return SNAPSHOT_ID_RE.test(id) ? this.pausedOf(id) : null;
+  }
+
   /** The sandbox whose paused record in the store names `id` (from its marker), or null. */
   private pausedOf(id: string): string | null {
     try {

@@ -110,12 +110,13 @@ export class S3Repository {
       if (isNotFound(e)) return undefined;
       throw this.failed("get", key, e);
     }
-    let v: { sandboxId?: unknown; snapshotId?: unknown } | null = null;
+    let parsed: unknown = null;
     try {
-      v = JSON.parse(text) as typeof v;
+      parsed = JSON.parse(text);
     } catch {
       // reported below
     }
+    const v = typeof parsed === "object" ? (parsed as { sandboxId?: unknown; snapshotId?: unknown } | null) : null;
     if (!v || v.sandboxId !== sandboxId || typeof v.snapshotId !== "string" || !SNAPSHOT_ID_RE.test(v.snapshotId)) {
       throw new SnapshotError("snapshot.bad_manifest", `paused sandbox record ${key} in ${this.location} is not {sandboxId: "${sandboxId}", snapshotId}`, { where: key });
     }

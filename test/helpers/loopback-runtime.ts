@@ -22,12 +22,18 @@
  * guest commits a real manifest into that repository, with one small disk layer and no memory
  * (nothing of the guest is captured); listing, lookup by id or name (a create from it) and
  * deletion are the base runtime's, as on a VM node.
+ *
+ * Moves between nodes with `opts.sharedStore` (one LoopbackSharedStore given to every node of a
+ * test): a pause with a record puts it there, as a VM node's push of its pause snapshot does;
+ * another node's take-over reads it and its resume takes it away; `stored` answers from the
+ * pushing node's own marks, which outlive its restarts (a VM node's `remote/` markers); a kill
+ * of a paused sandbox this node put there removes it, a release first lets go of the mark.
  */
 import type { Server, ServerWebSocket } from "bun";
 import { writeFileSync } from "node:fs";
 import {
-  OrchestratorError, type GuestTarget, type ReapReport, type RecoveredSandbox, type RuntimeKnownSandbox, type RuntimeMetrics, type RuntimeNetwork, type RuntimeSandbox, type RuntimeSnapshots, type RuntimeStartSpec, type RuntimeStateCodec, type SandboxRuntime,
-  type SnapshotInfo, type SnapshotRequest, type TemplateInfo,
+  OrchestratorError, type GuestTarget, type ReapReport, type RecoveredSandbox, type RuntimeKnownSandbox, type RuntimeMetrics, type RuntimeNetwork, type RuntimeSandbox, type RuntimeSharedPauses, type RuntimeSnapshots,
+  type RuntimeStartSpec, type RuntimeStateCodec, type SandboxRuntime, type SnapshotInfo, type SnapshotRequest, type TemplateInfo,
 } from "../../src/orchestrator/index.ts";
 import { ENVD_PORT } from "../../src/envd/version.ts";
 import { snapshotInfo } from "../../src/sandbox/index.ts";
@@ -57,6 +63,16 @@ export interface LoopbackOptions {
   base?: SandboxRuntime;
   /** The base runtime's snapshot repository: snapshots of guests are committed there (see above). */
   snapshots?: LocalRepository;
+  /** A store the test's loopback nodes share: paused sandboxes move between them (see above). */
+  sharedStore?: LoopbackSharedStore;
+}
+
+/** Paused sandboxes the loopback nodes of one test share (in memory). */
+export interface LoopbackSharedStore {
+  /** Sandbox id -> the record its pause carried and the node that put it. */
+  paused: Map<string, { record: unknown; from: string }>;
+  /** `<node>:<sandbox id>` of what each node put there (its markers). */
+  marks: Set<string>;
 }
 
 type Op = "start" | "pause" | "resume" | "kill" | "snapshot";
@@ -128,8 +144,30 @@ export class LoopbackRuntime implements SandboxRuntime<LoopbackState> {
   /** Without `opts.snapshots`: snapshots taken here (user ones listed, fork checkpoints not), by id. */
   private readonly snaps = new Map<string, SnapshotInfo & { kind: SnapshotRequest["kind"] }>();
 
+  /** Paused sandboxes moving through `opts.sharedStore`; absent without one. */
+  readonly shared?: RuntimeSharedPauses<LoopbackState>;
+
   constructor(private readonly opts: LoopbackOptions = {}) {
     this.templates = [...(opts.templates ?? ["base"])];
+    const store = opts.sharedStore;
+    if (store) {
+      this.shared = {
+        find: async (id) => {
+          this.calls.push(`find:${id}`);
+          const e = store.paused.get(id);
+          return e ? { record: e.record, runtimeState: { paused: true } } : null;
+        },
+        stored: (id) => store.marks.has(this.mark(id)),
+        release: async (id) => {
+          this.calls.push(`release:${id}`);
+          store.marks.delete(this.mark(id));
+        },
+      };
+    }
+  }
+
+  private mark(id: string): string {
+    return `${this.opts.name ?? "loopback"}:${id}`;
   }
 
   get volumes() {
@@ -284,15 +322,23 @@ export class LoopbackRuntime implements SandboxRuntime<LoopbackState> {
     return [...this.snaps.values()].filter((s) => kinds.includes(s.kind) && s.names.some((n) => n === ref || n.replace(/:[^:/]*$/, "") === ref)).at(-1);
   }
 
-  async pause(id: string, _state?: LoopbackState, _signal?: AbortSignal, opts?: { memory: boolean }): Promise<LoopbackState> {
+  async pause(id: string, _state?: LoopbackState, _signal?: AbortSignal, opts?: { memory: boolean; record?: Record<string, unknown> | null }): Promise<LoopbackState> {
     await this.pass("pause", id, opts?.memory === false ? ":fs" : "");
     this.stopGuest(id);
+    const store = this.opts.sharedStore;
+    if (store && opts?.record) {
+      store.paused.set(id, { record: opts.record, from: this.opts.name ?? "loopback" });
+      store.marks.add(this.mark(id));
+    }
     return { paused: true };
   }
 
   async resume(spec: RuntimeStartSpec, _state?: LoopbackState, opts?: { memory: boolean }): Promise<RuntimeSandbox<LoopbackState>> {
     await this.pass("resume", spec.id, opts?.memory === false ? ":fs" : "");
     this.starts++;
+    // running again: the store keeps no pause of it (a VM node unpublishes its pause snapshot)
+    this.opts.sharedStore?.paused.delete(spec.id);
+    this.opts.sharedStore?.marks.delete(this.mark(spec.id));
     return this.serve(spec.id);
   }
 
@@ -377,6 +423,8 @@ export class LoopbackRuntime implements SandboxRuntime<LoopbackState> {
     await this.pass("kill", id);
     this.stopGuest(id);
     this.templateOf.delete(id);
+    const store = this.opts.sharedStore;
+    if (store?.marks.delete(this.mark(id))) store.paused.delete(id);
   }
 
   /**

@@ -89,7 +89,9 @@ test("heartbeats carry identity, machine, host figures and counters; events and 
 
 test("config: the upstream env names override the TOML; enabled without an endpoint is refused", () => {
   const cfg = loadConfig({ env: { AENV_OBSERVABILITY_SCHEDULER_REPORT_ENABLED: "true", AENV_OBSERVABILITY_SCHEDULER_ENDPOINT: "http://sched:9090", AENV_OBSERVABILITY_REPORT_INTERVAL_SECS: "7" } });
-  expect(reporterOptions(cfg)).toEqual({ endpoint: "http://sched:9090", intervalMs: 7000, timeoutMs: 3000, eventFlushMs: 100, eventBatchMax: 1000 });
+  expect(reporterOptions(cfg)).toEqual({ endpoint: "http://sched:9090", intervalMs: 7000, timeoutMs: 3000, eventFlushMs: 100, eventBatchMax: 1000, keepBindings: false });
+  // sandboxes a stop leaves behind keep their bindings
+  expect(reporterOptions(loadConfig({ env: { AENV_OBSERVABILITY_SCHEDULER_REPORT_ENABLED: "true", AENV_OBSERVABILITY_SCHEDULER_ENDPOINT: "s:1", AENV__orchestrator__shutdown_action: "pause" } }))?.keepBindings).toBe(true);
   expect(reporterOptions(loadConfig({ env: {} }))).toBeNull();
   expect(() => reporterOptions(loadConfig({ env: { AENV_OBSERVABILITY_SCHEDULER_REPORT_ENABLED: "true" } }))).toThrow("scheduler_endpoint");
   expect(() => reporterOptions(loadConfig({ env: { AENV_OBSERVABILITY_SCHEDULER_REPORT_ENABLED: "yes" } }))).toThrow("AENV_OBSERVABILITY_SCHEDULER_REPORT_ENABLED");

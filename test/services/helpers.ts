@@ -8,7 +8,7 @@ import { join } from "node:path";
 import { createClient } from "nice-grpc";
 import { bootNode, type RunningNode } from "../../src/node/index.ts";
 import { netLockPath } from "../../src/node/lock.ts";
-import { LoopbackRuntime } from "../helpers/loopback-runtime.ts";
+import { LoopbackRuntime, type LoopbackSharedStore } from "../helpers/loopback-runtime.ts";
 import { loadConfig } from "../../src/config/index.ts";
 import { NodeStatus, SchedulerDefinition, schedulerChannel, type HeartbeatRequest, type SchedulerClient } from "../../src/cluster/index.ts";
 import { schedulerConfig, startScheduler, type RunningScheduler } from "../../services/scheduler/index.ts";
@@ -105,10 +105,18 @@ export function freePort(): number {
 
 /**
  * A real node (API, orchestrator, SQLite, proxy) over LoopbackRuntime, reporting to the
- * scheduler at `schedulerPort` every second, node id `name`.
+ * scheduler at `schedulerPort` every second, node id `name`; `o.home` starts it on an existing
+ * data dir (a restart), `o.sharedStore` lets its paused sandboxes move to other loopback nodes.
  */
-export async function startLoopbackNode(name: string, schedulerPort: number, apiKey: string, env: Record<string, string> = {}, templates = ["base"]): Promise<RunningNode & { home: string; runtime: LoopbackRuntime; dispose(): Promise<void> }> {
-  const home = mkdtempSync(join(tmpdir(), `aenv-${name}-`));
+export async function startLoopbackNode(
+  name: string,
+  schedulerPort: number,
+  apiKey: string,
+  env: Record<string, string> = {},
+  templates = ["base"],
+  o: { home?: string; sharedStore?: LoopbackSharedStore } = {},
+): Promise<RunningNode & { home: string; runtime: LoopbackRuntime; dispose(): Promise<void> }> {
+  const home = o.home ?? mkdtempSync(join(tmpdir(), `aenv-${name}-`));
   const prefix = `t${Math.floor(Math.random() * 0xffffff).toString(16).padStart(6, "0")}-`;
   const cfg = loadConfig({
     env: {
@@ -125,7 +133,7 @@ export async function startLoopbackNode(name: string, schedulerPort: number, api
       ...env,
     },
   });
-  const runtime = new LoopbackRuntime({ name, templates });
+  const runtime = new LoopbackRuntime({ name, templates, sharedStore: o.sharedStore });
   const node = await bootNode(cfg, async () => runtime);
   let closed = false;
   const close = async () => {

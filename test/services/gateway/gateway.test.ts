@@ -34,7 +34,8 @@ const api = (path: string, init: RequestInit & { key?: string | null } = {}) => 
 
 beforeAll(async () => {
   schedPort = freePort();
-  nodes = [await startLoopbackNode("a", schedPort, KEY), await startLoopbackNode("b", schedPort, KEY, {}, ["base", "onlyb"])];
+  // b stops keeping its sandboxes (paused) and so their bindings: they stay routed to it
+  nodes = [await startLoopbackNode("a", schedPort, KEY), await startLoopbackNode("b", schedPort, KEY, { AENV__orchestrator__shutdown_action: "pause" }, ["base", "onlyb"])];
   sched = await startTestScheduler(schedulerEnv());
   gw = startGateway(gatewayConfig(loadConfig({ env: { AENV_HOME_PATH: home, AENV_API_KEY: KEY, AENV_LOG_LEVEL: "error", AENV__gateway__addr: "127.0.0.1:0", AENV__cluster__scheduler_endpoint: `127.0.0.1:${schedPort}`, AENV__gateway__sandbox_proxy_domains: "sbx.test", AENV__gateway__request_timeout_ms: "5000", AENV__gateway__scheduler_timeout_ms: "2500" } })));
 });
@@ -367,7 +368,7 @@ test("scheduler down: creates answer 503, known sandboxes keep routing from the 
   for (const id of ids) expect((await sched.client.lookupNode({ sandboxId: id })).node!.nodeId).toBe(placed[id]!);
 }, 20_000);
 
-test("a node stopped: its sandboxes answer 502 naming it, the other node's keep working; it unregistered, so it leaves scheduling", async () => {
+test("a node stopped: its sandboxes answer 502 naming it (their bindings stay), the other node's keep working; it unregistered, so it leaves scheduling", async () => {
   const b = nodes[1]!;
   await b.close();
   const onB = ids.filter((id) => placed[id] === "b");
