@@ -61,8 +61,8 @@ export class ClusterWorld {
     sh(["ip", "-n", this.ns, "link", "set", "lo", "up"]);
   }
 
-  /** Start cluster up and wait for its banner. */
-  async up(): Promise<void> {
+  /** Start cluster up (with `env` over the options' env) and wait for its banner. */
+  async up(env: Record<string, string> = {}): Promise<void> {
     const o = this.o;
     const args = ["cluster", "up", "--nodes", String(o.nodes), "--home", this.home, "--from-home", TEST_HOME, "--runtime", this.runtime, "--gateway-addr", `127.0.0.1:${o.gatewayPort}`, "--scheduler-port", String(o.schedulerPort), "--node-port", String(o.nodePort), "--node-restart-delay", String(o.nodeRestartMs)];
     const p = Bun.spawn(["nsenter", `--net=/run/netns/${this.ns}`, "--", process.execPath, MAIN, ...args], {
@@ -75,6 +75,7 @@ export class ClusterWorld {
         AENV__kernel__path: resolveKernelPath(loadConfig({ env: { AENV_HOME_PATH: TEST_HOME } })),
         AENV__vm__driver: "qemu",
         ...o.env,
+        ...env,
       },
     });
     this.proc = p;
