@@ -69,7 +69,14 @@ export class SandboxMoves<S> {
       const found = await shared.find(id);
       if (!found) throw notFound(id);
       const now = this.d.clock.now();
-      const rec = importedRecord(id, found.record, found.runtimeState, now);
+      let rec;
+      try {
+        rec = importedRecord(id, found.record, found.runtimeState, now);
+      } catch (e) {
+        // not taken over: what find adopted here must never take the store's copy with it
+        await shared.release(id, found.runtimeState).catch((err) => this.d.log.error({ sandboxId: id, err }, "letting go of a pause snapshot not taken over failed"));
+        throw e;
+      }
       if (!this.d.store.insertOrReplaceEnded(rec)) return false;
       this.d.events.stored({ id, from: null, to: "paused", at: now, sandbox: rec });
       this.d.events.recount();

@@ -48,8 +48,14 @@ export class SharedPauses implements RuntimeSharedPauses<VmState> {
       envdVersion: m.envd.version,
       template: { rootLayers: [], boot: carried.boot ?? null },
     };
-    // checked as a stored state is: what another node wrote may not fit this version
-    return { record: carried.record, runtimeState: parseVmState(id, state) };
+    try {
+      // checked as a stored state is: what another node wrote may not fit this version
+      return { record: carried.record, runtimeState: parseVmState(id, state) };
+    } catch (e) {
+      // not taken over: removing the adopted copy here must leave the store's alone
+      await this.remote.forget(m.id);
+      throw e;
+    }
   }
 
   stored(id: string, st: VmState): boolean {

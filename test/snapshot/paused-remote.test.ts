@@ -4,7 +4,8 @@
  * carries its sandbox's record is named by `sandboxes/<id>.json` once its manifest is stored;
  * another node finds it by sandbox id; a resume takes the store's copy away and keeps the local
  * one (never pushed again); a node that lets a sandbox go to another leaves the store's copy; a
- * kill removes both; an older pause never removes the record of a newer one.
+ * kill removes both; an older pause never removes the record of a newer one; a record that does
+ * not fit this node's state is refused and leaves the store's copy.
  */
 import { afterAll, afterEach, beforeAll, expect, test } from "bun:test";
 import { mkdtempSync, rmSync } from "node:fs";
@@ -13,6 +14,7 @@ import { join } from "node:path";
 import { S3Client } from "bun";
 import { loadConfig } from "../../src/config/index.ts";
 import { openRepository, parseManifest, snapshotConfig, type OpenedRepository } from "../../src/snapshot/index.ts";
+import { SharedPauses } from "../../src/sandbox/shared-pauses.ts";
 import { S3rver, S3RVER_KEY } from "../helpers/s3rver.ts";
 import { commitFake } from "./helpers.ts";
 
@@ -148,4 +150,20 @@ test("a record naming a snapshot the store lacks, or malformed, finds nothing or
   for (const bad of [{ ...m, kind: "user" }, { ...m, sandbox: [1] }, { ...m, sandbox: "x" }, { ...m, source: { sandboxId: null, templateId: "base" } }]) {
     expect(() => parseManifest(JSON.parse(JSON.stringify(bad)), "test")).toThrow("invalid sandbox");
   }
+});
+
+test("a pause snapshot whose carried state does not fit this node is refused typed, and the node that refused it leaves the store's copy", async () => {
+  const prefix = freshPrefix();
+  const a = node(prefix);
+  const p = commitFake(a.repo, { kind: "pause", sandboxId: "sbxmove1", sandbox: { ...RECORD, boot: "not defaults" } });
+  await settle(a);
+  const b = node(prefix);
+  const shared = new SharedPauses(b.remote, (id) => `/nonexistent/${id}`);
+  await expect(shared.find("sbxmove1")).rejects.toMatchObject({ code: "orchestrator.bad_runtime_state", details: { sandboxId: "sbxmove1", field: "/template/boot" } });
+  // b's adopted copy is local-only now: removing it leaves the store's copy and its record
+  b.repo.remove(p.id);
+  await settle(b);
+  expect(await b.remote.store.listIds()).toEqual([p.id]);
+  expect(await b.remote.store.getPaused("sbxmove1")).toBe(p.id);
+  expect(await shared.find("nosuchsandbox")).toBeNull();
 });

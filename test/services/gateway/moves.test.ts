@@ -12,7 +12,8 @@
  *   node resumed from), or keeps state the store lacks as snapshot `fenced-<id>` first;
  * - a sandbox the store has no pause of stays the gone node's (the move is undone) and resumes
  *   there when it is back;
- * - a take-over header sent by a client never reaches a node.
+ * - a take-over header sent by a client never reaches a node; a record in the store that does not
+ *   fit is refused typed and leaves the store's copy.
  */
 import { afterAll, afterEach, expect, test } from "bun:test";
 import { mkdtempSync, rmSync } from "node:fs";
@@ -208,4 +209,12 @@ test("a take-over header from a client never reaches a node (only the gateway se
   const direct = await fetch(`${c.nodes.a.url}/sandboxes/nosuchsandbox1/connect`, { method: "POST", headers: { "x-api-key": KEY, "content-type": "application/json", [TAKE_OVER_HEADER]: "b" }, body: JSON.stringify({ timeout: 60 }) });
   expect(direct.status).toBe(404);
   expect(c.nodes.a.runtime.calls).toEqual(["find:nosuchsandbox1"]);
+  // a record that names another sandbox: refused typed, what find adopted is let go, the store's copy stays
+  c.store.paused.set("sbxbadrecord1", { record: { id: "someoneelse" }, from: "b" });
+  const bad = await fetch(`${c.nodes.a.url}/sandboxes/sbxbadrecord1/connect`, { method: "POST", headers: { "x-api-key": KEY, "content-type": "application/json", [TAKE_OVER_HEADER]: "b" }, body: JSON.stringify({ timeout: 60 }) });
+  expect(bad.status).toBe(500);
+  expect(((await bad.json()) as { message: string }).message).toContain("the record its pause snapshot carries");
+  expect(c.nodes.a.runtime.calls).toEqual(["find:nosuchsandbox1", "find:sbxbadrecord1", "release:sbxbadrecord1"]);
+  expect(c.store.paused.has("sbxbadrecord1")).toBe(true);
+  expect(() => c.nodes.a.orch.get("sbxbadrecord1")).toThrow("doesn't exist");
 }, 60_000);
