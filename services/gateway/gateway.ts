@@ -93,7 +93,7 @@ function segment(s: string): string {
  * Holds the route cache, the scheduler link and the webhook registry with its sync loop.
  */
 export class Gateway {
-  /** Sandbox -> node routes learned (create, lookups, list answers); a sandbox never moves, so an entry stays right until it is deleted or its node answers 404. Known sandboxes keep routing from here while the scheduler is down. */
+  /** Sandbox -> node routes learned (create, lookups, list answers); a sandbox moves only by a rebind (moves.ts, which sets it), so an entry stays right until it is deleted or its node answers 404. Known sandboxes keep routing from here while the scheduler is down. */
   readonly routes: LruMap<string, NodeRef>;
   readonly scheduler: SchedulerLink;
   /** Files hash -> the node whose upload URL for it was handed out through this gateway. */

@@ -11,17 +11,16 @@
  * confirms the binding, or drops it when the node holds nothing.
  */
 import type { Logger } from "pino";
-import { TAKE_OVER_HEADER } from "../../src/cluster/index.ts";
-import type { NodeRef } from "../scheduler/types.ts";
+import { TAKE_OVER_HEADER, type NodeRef } from "../../src/cluster/index.ts";
+import type { LruMap } from "../../src/util/lru.ts";
 import { GatewayError } from "./errors.ts";
 import { neverReached, nodeFailureOf } from "./forward.ts";
-import type { RouteCache } from "./route-cache.ts";
 import type { SchedulerLink } from "./scheduler-link.ts";
 
 /** What a connect that may move needs of the gateway. */
 export interface MoveDeps {
   scheduler: SchedulerLink;
-  routes: RouteCache;
+  routes: LruMap<string, NodeRef>;
   log: Logger;
   /** Send the connect (its body already read) to `node`, with `extra` headers. @throws GatewayError node_unreachable */
   send(node: NodeRef, extra?: Record<string, string>): Promise<Response>;
