@@ -72,6 +72,10 @@ export const CONFIG_SCHEMA = section("", {
       { min: 0, max: 65536, unit: "MiB" },
     ),
     qmp_timeout_ms: int(30_000, "Longest wait (ms) for one QMP command (migrations included).", { min: 1, max: MS_MAX, unit: "ms" }),
+    free_page_reporting: bool(
+      true,
+      "Give booted VMs a virtio-balloon device with free page reporting: memory the guest frees (in 4 MiB\nblocks, about 2 s later) goes back to the host instead of staying with QEMU until the sandbox\nends. Snapshots keep the device (a restore has it when the snapshot's VM had it); changing this\nremakes template and boot snapshots. docs/density.md.",
+    ),
     memory_dir: str("/dev/shm/agentenv", "Directory of the guest RAM files of booted VMs (<dir>/<vm id>.mem, mapped shared so snapshots\nneed not stream RAM). A tmpfs keeps guest RAM off the disk.", { minLength: 1 }),
   }),
 
@@ -274,10 +278,21 @@ export const CONFIG_SCHEMA = section("", {
   metrics: section("", {
     sample_interval_ms: int(
       5000,
-      "Sandbox resource samples (GET /sandboxes/{id}/metrics, Prometheus /metrics): every running\nsandbox's envd is asked for its guest view (vCPUs, CPU %, memory, disk) this often, ms.",
+      "Sandbox resource samples (GET /sandboxes/{id}/metrics, Prometheus /metrics) are the guest's view\n(vCPUs, CPU %, memory, disk), asked of its envd. A sandbox whose metrics someone read in the\nlast watch_ms is sampled this often, ms; a read that finds no sample this recent takes one first.",
       { min: 100, max: MS_MAX, unit: "ms" },
     ),
-    sample_timeout_ms: int(2000, "Bound on one sample (envd's /metrics answer), ms; a sandbox that does not answer in time\nis skipped until the next round.", { min: 10, max: MS_MAX, unit: "ms" }),
+    watch_ms: int(
+      60_000,
+      "How long a sandbox stays sampled every sample_interval_ms after its metrics were read through\nGET /sandboxes/{id}/metrics or /sandboxes/metrics, ms (a Prometheus scrape takes fresh samples\nwithout extending this).",
+      { min: 0, max: MS_MAX, unit: "ms" },
+    ),
+    idle_sample_interval_ms: int(
+      600_000,
+      "Sampling period of running sandboxes nobody reads metrics of, ms; 0: none. Every sample wakes an\nidle guest (docs/density.md).",
+      { min: 0, max: MS_MAX, unit: "ms" },
+    ),
+    sample_timeout_ms: int(2000, "Bound on one sample (envd's /metrics answer), and on how long a read waits for fresh samples,\nms; a sandbox that does not answer in time is tried again later.", { min: 10, max: MS_MAX, unit: "ms" }),
+    max_concurrent_samples: int(16, "Most samples in flight at once (a Prometheus scrape of many sandboxes queues behind it).", { min: 1, max: 1024, unit: "count" }),
     history_samples: int(
       720,
       "Samples kept per sandbox (oldest dropped first): 720 x 5 s = the last hour. The history is\nkept in memory while the sandbox lives (also while it is paused) and dropped when it is killed.",

@@ -79,9 +79,11 @@ export function volumePlaceholderSerial(i: number): string {
  */
 export const BOOT_PLACEHOLDER_BYTES = 1024 * 1024 * 1024;
 
-/** What makes a boot snapshot current: the node's driver, guest kernel and tools drive. */
+/** What makes a boot snapshot current: the node's driver and its machine, guest kernel and tools drive. */
 export interface BootKeys {
   driver: SnapshotManifest["vm"]["driver"];
+  /** `VmmDriver.machineKey`. */
+  machineKey: string;
   kernelKey: string;
   /** Tools drive image path (`$home/tools/<key>/tools.ext4`). */
   toolsImage: string;
@@ -116,16 +118,17 @@ export function findBootSnapshot(repo: LocalRepository, shape: BootShape, keys: 
         m.vm.memoryMiB === shape.memoryMiB &&
         (m.vm.volumeSlots ?? 0) === (shape.volumeSlots ?? 0) &&
         m.vm.driver === keys.driver &&
+        m.vm.machine === keys.machineKey &&
         m.vm.kernelKey === keys.kernelKey &&
         m.toolsKey === toolsKey,
     )
     .at(-1);
 }
 
-/** Boot snapshots no longer current (another kernel, tools drive or driver). */
+/** Boot snapshots no longer current (another kernel, tools drive, driver or machine). */
 export function staleBootSnapshots(repo: LocalRepository, keys: BootKeys): SnapshotManifest[] {
   const toolsKey = toolsKeyOf(keys.toolsImage);
-  return repo.list().filter((m) => m.kind === "boot" && (m.vm.driver !== keys.driver || m.vm.kernelKey !== keys.kernelKey || m.toolsKey !== toolsKey));
+  return repo.list().filter((m) => m.kind === "boot" && (m.vm.driver !== keys.driver || m.vm.machine !== keys.machineKey || m.vm.kernelKey !== keys.kernelKey || m.toolsKey !== toolsKey));
 }
 
 /**
@@ -186,7 +189,7 @@ export async function makeBootSnapshot(d: BootSnapshotDeps, id: string, shape: B
       createdAt: new Date().toISOString(),
       names: [],
       source: { sandboxId: null, templateId: "" },
-      vm: { driver: keys.driver, vcpus: shape.vcpus, memoryMiB: shape.memoryMiB, kernelKey: keys.kernelKey, mac: net.mac, bootArgs: boot.bootArgs, ...(slots > 0 ? { volumeSlots: slots } : {}) },
+      vm: { driver: keys.driver, machine: keys.machineKey, vcpus: shape.vcpus, memoryMiB: shape.memoryMiB, kernelKey: keys.kernelKey, mac: net.mac, bootArgs: boot.bootArgs, ...(slots > 0 ? { volumeSlots: slots } : {}) },
       envd: { version: ENVD_VERSION, accessToken: null },
       disk: { virtualSize: BOOT_PLACEHOLDER_BYTES, layers: [txn.addLayer(diskOut)] },
       memory: { size: shape.memoryMiB * MiB, layers: [cap.memory] },

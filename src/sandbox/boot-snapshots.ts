@@ -45,7 +45,7 @@ export class BootSnapshots {
    * @throws when the kernel or the tools drive cannot be read
    */
   keys(): BootKeys {
-    return { driver: this.o.driver.name, kernelKey: this.kernelKeys.of(this.o.kernelPath()), toolsImage: this.o.toolsImage() };
+    return { driver: this.o.driver.name, machineKey: this.o.driver.machineKey, kernelKey: this.kernelKeys.of(this.o.kernelPath()), toolsImage: this.o.toolsImage() };
   }
 
   /**

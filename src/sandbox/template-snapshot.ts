@@ -59,9 +59,13 @@ export async function commitTemplateSnapshot(cfg: Config, name: string, onProgre
   const tools = resolveTools(home);
   const kernelPath = resolveKernelPath(cfg);
   const kernel = kernelKey(kernelPath);
+  const workRoot = join(home, "templates", ".snapshot");
+  const work = join(workRoot, `${name}-${process.pid}`);
+  // a private runtime dir: a node's start-up reaping never touches this VM
+  const driver = await createDriver({ ...cfg, runtime_path: work });
   if (tpl.snapshot) {
     const have = repo.find(tpl.snapshot);
-    const current = have && have.templateBuild === tpl.buildKey && have.toolsKey === tools.key && have.vm.kernelKey === kernel;
+    const current = have && have.templateBuild === tpl.buildKey && have.toolsKey === tools.key && have.vm.kernelKey === kernel && have.vm.machine === driver.machineKey;
     if (have && current && have.memory && !repo.isTombstoned(have.id)) {
       onProgress("snapshot", `cached ${have.id}`);
       return { snapshotId: have.id, built: false, memoryBytes: 0, readyMs: 0 };
@@ -70,14 +74,10 @@ export async function commitTemplateSnapshot(cfg: Config, name: string, onProgre
   const vcpus = cfg.template.cpu_count;
   const memoryMiB = cfg.template.memory_mib;
   const timeoutMs = cfg.template.snapshot_ready_timeout_ms;
-  const workRoot = join(home, "templates", ".snapshot");
   await reapStaleWork(workRoot, cfg);
   await reapTapNamespaces(NETNS_PREFIX, 10_000);
-  const work = join(workRoot, `${name}-${process.pid}`);
   rmSync(work, { recursive: true, force: true });
   mkdirSync(work, { recursive: true });
-  // a private runtime dir: a node's start-up reaping never touches this VM
-  const driver = await createDriver({ ...cfg, runtime_path: work });
   const id = `tpl${process.pid}`;
   let step = "network";
   let vm: VmHandle | undefined;
@@ -121,7 +121,7 @@ export async function commitTemplateSnapshot(cfg: Config, name: string, onProgre
     const base = tpl.rootLayers.map((p) => txn.addLayer(p, { keepSource: true }));
     const up = await commitUpper(txn, tpl.rootLayers, upperPaths(diskDir));
     const diskLayers = [...base, ...(up ? [up.layer] : [])];
-    const m = { ...templateManifest(tpl, { driver: driver.name, vcpus, memoryMiB, kernelKey: kernel, mac: TEMPLATE_GUEST_MAC }, diskLayers, cap), tools: txn.addLayer(tools.path, { keepSource: true }), toolsKey: tools.key };
+    const m = { ...templateManifest(tpl, { driver: driver.name, machine: driver.machineKey, vcpus, memoryMiB, kernelKey: kernel, mac: TEMPLATE_GUEST_MAC }, diskLayers, cap), tools: txn.addLayer(tools.path, { keepSource: true }), toolsKey: tools.key };
     txn.publish(m);
     // the template now names it; older snapshots of the template go once no sandbox runs from them
     writeManifest(home, { ...readManifest(home, name), snapshot: m.id, cpuCount: vcpus, memoryMB: memoryMiB });

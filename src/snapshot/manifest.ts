@@ -42,6 +42,11 @@ export interface SnapshotManifest {
   source: { sandboxId: string | null; templateId: string };
   vm: {
     driver: "qemu" | "firecracker";
+    /**
+     * `VmmDriver.machineKey` of the VM a template or boot snapshot captured (absent: made before
+     * the key existed); one made under another key is made again.
+     */
+    machine?: string;
     vcpus: number;
     memoryMiB: number;
     /** sha256 prefix of the guest kernel the memory image was booted with. */
@@ -146,6 +151,7 @@ export function parseManifest(v: unknown, where: string): SnapshotManifest {
   if (vm.driver !== "qemu" && vm.driver !== "firecracker") bad("vm.driver");
   for (const k of ["vcpus", "memoryMiB"]) if (!Number.isInteger(vm[k]) || vm[k] < 1) bad(`vm.${k}`);
   for (const k of ["kernelKey", "mac", "bootArgs"]) if (typeof vm[k] !== "string") bad(`vm.${k}`);
+  if (vm.machine !== undefined && (typeof vm.machine !== "string" || !/^[0-9a-f]{16}$/.test(vm.machine))) bad("vm.machine");
   if (vm.volumeSlots !== undefined && (!Number.isInteger(vm.volumeSlots) || vm.volumeSlots < 0 || vm.volumeSlots > MAX_VOLUME_SLOTS || m.kind !== "boot")) bad("vm.volumeSlots");
   if (typeof m.envd !== "object" || m.envd === null || typeof m.envd.version !== "string" || (m.envd.accessToken !== null && typeof m.envd.accessToken !== "string")) bad("envd");
   const layer = (l: unknown, field: string) => {

@@ -43,6 +43,7 @@ export function qemuOptions(cfg: Config): QemuDriverOptions {
     socketTimeoutMs: cfg.vm.socket_timeout_ms,
     consoleMaxBytes: cfg.vm.console_max_bytes,
     qmpTimeoutMs: cfg.qemu.qmp_timeout_ms,
+    freePageReporting: cfg.qemu.free_page_reporting,
   };
 }
 

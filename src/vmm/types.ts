@@ -133,6 +133,12 @@ export interface VmHandle {
 /** A VMM driver. */
 export interface VmmDriver {
   readonly name: "qemu" | "firecracker";
+  /**
+   * 16 hex chars naming what the driver gives every VM it boots beyond the spec: its kernel
+   * command line and fixed devices. A template's or boot snapshot made under another key is made
+   * again, so every sandbox gets today's machine (a restore itself follows the snapshot's devices).
+   */
+  readonly machineKey: string;
   boot(spec: VmSpec): Promise<VmHandle>;
   /** Start a VM from snapshot files; it starts paused unless `resume` is true. */
   restore(spec: VmSpec, files: SnapshotFiles, opts: { resume: boolean }): Promise<VmHandle>;

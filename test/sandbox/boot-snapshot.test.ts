@@ -11,7 +11,7 @@ import { join } from "node:path";
 import pino from "pino";
 import { LocalRepository, type SnapshotManifest } from "../../src/snapshot/index.ts";
 import { commitFake } from "../snapshot/helpers.ts";
-import { bootShapeKey, findBootSnapshot, reprobeVolumesInGuest, restoreBootSnapshot, type BootRestoreDeps } from "../../src/sandbox/boot-snapshot.ts";
+import { bootShapeKey, findBootSnapshot, reprobeVolumesInGuest, staleBootSnapshots, restoreBootSnapshot, type BootRestoreDeps } from "../../src/sandbox/boot-snapshot.ts";
 import { FIND_DEV_SH, MOUNT_SCRIPT, REPROBE_SCRIPT } from "../../src/sandbox/volumes.ts";
 import type { VmSpec } from "../../src/vmm/index.ts";
 
@@ -25,7 +25,7 @@ const tmp = (p: string) => {
   return d;
 };
 
-const KEYS = { driver: "qemu" as const, kernelKey: "k1", toolsImage: "/x/tools/t1/tools.img" };
+const KEYS = { driver: "qemu" as const, machineKey: "00000000000000a1", kernelKey: "k1", toolsImage: "/x/tools/t1/tools.img" };
 
 /** Publish a boot manifest of `vcpus`/`memoryMiB` with `volumeSlots` (undefined: the field is absent). */
 function commitBoot(repo: LocalRepository, vcpus: number, memoryMiB: number, volumeSlots: number | undefined): SnapshotManifest {
@@ -34,7 +34,7 @@ function commitBoot(repo: LocalRepository, vcpus: number, memoryMiB: number, vol
     sandboxId: null,
     disk: [`disk-${Math.random()}`],
     memory: [`mem-${Math.random()}`],
-    vm: { vcpus, memoryMiB, kernelKey: KEYS.kernelKey, ...(volumeSlots === undefined ? {} : { volumeSlots }) },
+    vm: { vcpus, memoryMiB, kernelKey: KEYS.kernelKey, machine: KEYS.machineKey, ...(volumeSlots === undefined ? {} : { volumeSlots }) },
     tools: { content: `tools-${Math.random()}`, key: "t1" },
   });
 }
@@ -50,8 +50,11 @@ describe("finding a boot snapshot", () => {
     expect(findBootSnapshot(repo, { vcpus: 1, memoryMiB: 512, volumeSlots: 2 }, KEYS)?.id).toBe(two.id);
     expect(findBootSnapshot(repo, { vcpus: 2, memoryMiB: 512, volumeSlots: 2 }, KEYS)?.id).toBe(other.id);
     expect(findBootSnapshot(repo, { vcpus: 1, memoryMiB: 512, volumeSlots: 1 }, KEYS)).toBeUndefined();
-    // another kernel or tools drive: none is current
+    // another kernel, tools drive or machine (QEMU command line, devices): none is current
     expect(findBootSnapshot(repo, { vcpus: 1, memoryMiB: 512 }, { ...KEYS, kernelKey: "k2" })).toBeUndefined();
+    expect(findBootSnapshot(repo, { vcpus: 1, memoryMiB: 512 }, { ...KEYS, machineKey: "00000000000000a2" })).toBeUndefined();
+    expect(staleBootSnapshots(repo, { ...KEYS, machineKey: "00000000000000a2" }).map((m) => m.id).sort()).toEqual([none.id, two.id, other.id].sort());
+    expect(staleBootSnapshots(repo, KEYS)).toEqual([]);
     expect(findBootSnapshot(repo, { vcpus: 1, memoryMiB: 512 }, { ...KEYS, toolsImage: "/x/tools/t2/tools.img" })).toBeUndefined();
     // the newest of equal shapes
     const newer = commitBoot(repo, 1, 512, 2);

@@ -456,10 +456,16 @@ export class FuseConnection {
       }
       case F.Op.FALLOCATE: {
         if (h.nodeid !== FILE_INO || !img) return this.#reply(h.unique, F.Errno.EISDIR);
-        if (img.readOnly) return this.#reply(h.unique, F.Errno.EROFS);
         const a = F.decodeFallocateIn(body);
-        if (a.offset + a.length > img.size) return this.#reply(h.unique, F.Errno.ENOSPC);
         const punch = a.mode === (F.FALLOC_FL_PUNCH_HOLE | F.FALLOC_FL_KEEP_SIZE);
+        if (img.readOnly) {
+          // a private mapper's discard hint (ServeOptions.acceptWritableOpen): nothing changes
+          if (!punch || !this.#serve?.acceptWritableOpen) return this.#reply(h.unique, F.Errno.EROFS);
+          if (a.offset + a.length > img.size) return this.#reply(h.unique, F.Errno.EINVAL);
+          this.#stats.discards++;
+          return this.#reply(h.unique, 0);
+        }
+        if (a.offset + a.length > img.size) return this.#reply(h.unique, F.Errno.ENOSPC);
         const zero = (a.mode & ~F.FALLOC_FL_KEEP_SIZE) === F.FALLOC_FL_ZERO_RANGE;
         if (a.mode === 0 || a.mode === F.FALLOC_FL_KEEP_SIZE) return this.#reply(h.unique, 0); // preallocation inside the size: nothing to do
         if (!punch && !zero) return this.#reply(h.unique, F.Errno.EOPNOTSUPP);

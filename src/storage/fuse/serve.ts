@@ -76,7 +76,14 @@ export interface ServeOptions {
   direct?: DirectPlan;
   /**
    * For a read-only image: accept read-write opens anyway (WRITE still gets EROFS). A VMM maps a
-   * guest-RAM file MAP_PRIVATE but opens it O_RDWR (QEMU memory-backend-file,share=off).
+   * guest-RAM file MAP_PRIVATE but opens it O_RDWR (QEMU memory-backend-file,share=off). A hole
+   * punch (PUNCH_HOLE|KEEP_SIZE) is then a discard hint: answered as done, the image unchanged.
+   * QEMU 7.2 gives guest RAM a guest reported free (virtio-balloon free page reporting) back by
+   * punching the range in its RAM file and then dropping the range from its mapping
+   * (ram_block_discard_range: fallocate, then madvise DONTNEED; a failed fallocate stops it
+   * before the madvise): the madvise frees the VM's private copies of those pages; the kernel
+   * drops the range from this file's page cache (other VMs mapping it read it again through
+   * READ), and every reader still reads the image's bytes. docs/density.md.
    */
   acceptWritableOpen?: boolean;
 }
@@ -113,6 +120,7 @@ export interface FuseStats {
   /** bytes */
   bytesWritten: number;
   fsyncs: number;
+  /** PUNCH_HOLE / ZERO_RANGE requests done (on a read-only image: discard hints, nothing changed). */
   discards: number;
   /** OPEN requests of the file (each open(2) by a VMM or reader). */
   opens: number;

@@ -245,12 +245,15 @@ export interface FirecrackerDriverOptions {
 /** The Firecracker implementation of VmmDriver. */
 export class FirecrackerDriver implements VmmDriver {
   readonly name = "firecracker" as const;
+  /** `VmmDriver.machineKey`: the configured base command line (the devices are the spec's). */
+  readonly machineKey: string;
   readonly #cfg: FirecrackerConfig;
   readonly #runtimeDir: string;
 
   constructor(opts: FirecrackerDriverOptions) {
     this.#cfg = opts.config;
     this.#runtimeDir = opts.runtimeDir;
+    this.machineKey = new Bun.CryptoHasher("sha256").update(`firecracker\0${opts.config.bootArgs}`).digest("hex").slice(0, 16);
   }
 
   /**

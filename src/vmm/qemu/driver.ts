@@ -25,11 +25,12 @@ import { VmmError } from "../errors.ts";
 import { childVmm, heldVmm } from "../process.ts";
 import { processStartTime, writeRecord, type VmmRecord } from "../supervise.ts";
 import type { AttachOptions, SnapshotFiles, VmmAttachResult, VmmDriver, VmSpec } from "../types.ts";
-import { buildQemuArgs, checkPath } from "./args.ts";
+import { buildQemuArgs, checkPath, MACHINE } from "./args.ts";
 import { detectAccel, hostTscKhz } from "./host.ts";
 import { QmpClient } from "./qmp.ts";
 import type { QemuDriverOptions } from "./options.ts";
 import { QemuVm, type QemuVmState } from "./vm.ts";
+import { stateDevices } from "./vmdesc.ts";
 
 export { QemuVm, RAM_BLOCK_ID, type QemuVmState } from "./vm.ts";
 export type { QemuDriverOptions } from "./options.ts";
@@ -53,20 +54,35 @@ const BASE_CMDLINE = "console=ttyS0 quiet panic=1 pci=off pty.legacy_count=0";
 export class QemuDriver implements VmmDriver {
   readonly name = "qemu" as const;
   readonly accel: "kvm" | "tcg";
+  /** `VmmDriver.machineKey`: the machine options, the command line's fixed words (TSC rate aside), the CPU model, the balloon. */
+  readonly machineKey: string;
   private readonly tsc: number | null;
 
   constructor(readonly opts: QemuDriverOptions) {
     this.accel = opts.accel === "auto" ? detectAccel() : opts.accel;
     this.tsc = opts.tscKhz > 0 ? opts.tscKhz : hostTscKhz();
+    const fixed = this.baseCmdline().filter((w) => !w.startsWith("tsc_early_khz="));
+    const machine = JSON.stringify({ machine: MACHINE, cmdline: fixed, accel: this.accel, cpu: opts.cpu, balloon: opts.freePageReporting });
+    this.machineKey = new Bun.CryptoHasher("sha256").update(machine).digest("hex").slice(0, 16);
   }
 
   /** Kernel command line for `spec`: base + TSC hint (TCG) + ip= + clock + the template's args. */
   cmdline(spec: VmSpec): string {
-    const parts = [BASE_CMDLINE];
-    if (this.accel === "tcg" && this.tsc) parts.push(`tsc_early_khz=${this.tsc}`);
+    const parts = this.baseCmdline();
     if (spec.net) parts.push(kernelIpArg(spec.net));
     parts.push(kernelClockArg(), spec.bootArgs);
     return parts.filter(Boolean).join(" ");
+  }
+
+  /** The words every VM's command line starts with. */
+  private baseCmdline(): string[] {
+    const parts = BASE_CMDLINE.split(" ");
+    // tsc=reliable: the guest's TSC is the host's (constant, known rate). Without it the kernel's
+    // clocksource watchdog, whose only reference on microvm is the jiffies a loaded host's TCG
+    // delivers late, marks the TSC unstable; the guest then keeps time in jiffies, cannot stop its
+    // tick and wakes QEMU 250 times a second while idle (docs/density.md)
+    if (this.accel === "tcg" && this.tsc) parts.push(`tsc_early_khz=${this.tsc}`, "tsc=reliable");
+    return parts;
   }
 
   /** TCG translation cache size (MiB, 0 = QEMU's default) of a booted VM, or of a restored one when `restore`. */
@@ -82,7 +98,7 @@ export class QemuDriver implements VmmDriver {
     mkdirSync(this.opts.memoryDir, { recursive: true });
     const memPath = join(this.opts.memoryDir, `${spec.id}.mem`);
     rmSync(memPath, { force: true });
-    return await this.start(spec, { memPath, memShared: true, ownsMem: true, incoming: false });
+    return await this.start(spec, { memPath, memShared: true, ownsMem: true, incoming: false, balloon: this.opts.freePageReporting });
   }
 
   /**
@@ -97,7 +113,11 @@ export class QemuDriver implements VmmDriver {
       checkPath(p, "snapshotPath");
       if (!existsSync(p)) throw new VmmError("vmm.snapshot_missing", `snapshot file ${p} not found`, { id: spec.id, path: p });
     }
-    const vm = await this.start(spec, { memPath: files.memPath, memShared: false, ownsMem: false, incoming: true });
+    // QEMU must be given the devices the snapshot's VM had (a PIT, the balloon): its device state
+    // says which, whatever node version took it
+    const devices = stateDevices(files.statePath);
+    const has = (vmsd: string) => devices?.some((d) => d.vmsdName === vmsd) ?? false;
+    const vm = await this.start(spec, { memPath: files.memPath, memShared: false, ownsMem: false, incoming: true, balloon: has("virtio-balloon"), pit: has("i8254") });
     try {
       await vm.migrate("restore", "migrate-incoming", `exec:cat ${files.statePath}`);
       const st = await vm.qmp.execute<{ status: string }>("query-status");
@@ -161,7 +181,7 @@ export class QemuDriver implements VmmDriver {
     return { kind: "attached", vm };
   }
 
-  private async start(spec: VmSpec, m: { memPath: string; memShared: boolean; ownsMem: boolean; incoming: boolean }): Promise<QemuVm> {
+  private async start(spec: VmSpec, m: { memPath: string; memShared: boolean; ownsMem: boolean; incoming: boolean; balloon: boolean; pit?: boolean }): Promise<QemuVm> {
     const vmmDir = join(this.opts.runtimeDir, "vmm");
     mkdirSync(vmmDir, { recursive: true });
     mkdirSync(spec.workDir, { recursive: true });
@@ -183,6 +203,8 @@ export class QemuDriver implements VmmDriver {
       consoleFd: CONSOLE_CHILD_FD,
       cmdline: this.cmdline(spec),
       incoming: m.incoming,
+      balloon: m.balloon,
+      pit: m.pit,
     });
     const qemuArgv = [this.opts.binary, ...args];
     const argv = spec.net ? ["nsenter", `--net=${checkPath(spec.net.netnsPath, "netnsPath")}`, "--", ...qemuArgv] : qemuArgv;

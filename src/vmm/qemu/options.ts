@@ -25,4 +25,9 @@ export interface QemuDriverOptions {
   /** Guest console log rotation threshold in bytes (`<workDir>/console.log`, one `.1` kept). */
   consoleMaxBytes: number;
   qmpTimeoutMs: number;
+  /**
+   * Boot VMs with a free page reporting balloon (args.ts `BALLOON_DEVICE`), so memory their
+   * guests free goes back to the host. A restore has the device when its snapshot's VM had it.
+   */
+  freePageReporting: boolean;
 }

@@ -165,6 +165,14 @@ describe("disk daemon protocol", () => {
     expect(read()).toBe(0);
     s = await a.stats();
     expect(s.bytes_read).toBe(afterFirst);
+    // such an opener's hole punch (QEMU giving back guest RAM the guest reported free) is a
+    // discard hint: answered, counted, and the image reads as before; zeroing a range is refused
+    const punch = Bun.spawnSync(["fallocate", "--punch-hole", "--keep-size", "--offset", "4096", "--length", "8192", a.path]);
+    expect(punch.exitCode).toBe(0);
+    expect((await a.stats()).discards).toBe(s.discards + 1);
+    expect(Bun.spawnSync(["fallocate", "--zero-range", "--keep-size", "--offset", "4096", "--length", "8192", a.path]).exitCode).not.toBe(0);
+    expect(Bun.spawnSync(["fallocate", "--punch-hole", "--keep-size", "--offset", String(SIZE), "--length", "8192", a.path]).exitCode).not.toBe(0);
+    expect((await a.stats()).discards).toBe(s.discards + 1);
     expect(readFileSync(a.path).equals(Buffer.from(expected))).toBe(true);
     await a.close();
     await a.close(); // idempotent: one reference dropped once

@@ -32,6 +32,7 @@ const opts: QemuArgsOptions = {
   consoleFd: 4,
   cmdline: "console=ttyS0 root=/dev/vda",
   incoming: false,
+  balloon: false,
 };
 
 function flag(a: string[], f: string): string[] {
@@ -51,7 +52,7 @@ function code(fn: () => unknown): string {
 describe("buildQemuArgs", () => {
   test("microvm with shared file RAM, QMP, console, root drive first, rng, tap", () => {
     const a = buildQemuArgs(spec, opts);
-    expect(flag(a, "-M")).toEqual(["microvm,memory-backend=mem"]);
+    expect(flag(a, "-M")).toEqual(["microvm,memory-backend=mem,pit=off"]);
     expect(flag(a, "-accel")).toEqual(["tcg"]);
     expect(flag(a, "-cpu")).toEqual(["max"]);
     expect(flag(a, "-m")).toEqual(["512M"]);
@@ -84,6 +85,20 @@ describe("buildQemuArgs", () => {
     expect(a).not.toContain("-incoming");
     expect(flag(buildQemuArgs(spec, { ...opts, tcgTbSizeMiB: 64 }), "-accel")).toEqual(["tcg,tb-size=64"]);
     expect(flag(buildQemuArgs(spec, { ...opts, accel: "kvm", tcgTbSizeMiB: 64 }), "-accel")).toEqual(["kvm"]);
+  });
+
+  test("the free page reporting balloon comes last, after every other device, only when asked for", () => {
+    const a = buildQemuArgs(spec, { ...opts, balloon: true });
+    expect(flag(a, "-device")).toEqual([
+      "virtio-blk-device,drive=root",
+      "virtio-blk-device,drive=data",
+      "virtio-rng-device,rng=rng0",
+      "virtio-net-device,netdev=net0,mac=02:ae:00:00:00:01",
+      "virtio-balloon-device,free-page-reporting=on,page-poison=off",
+    ]);
+    expect(flag(buildQemuArgs(spec, opts), "-device").some((d) => d.startsWith("virtio-balloon"))).toBe(false);
+    // a restore of a snapshot taken with microvm's PIT keeps it
+    expect(flag(buildQemuArgs(spec, { ...opts, pit: true }), "-M")).toEqual(["microvm,memory-backend=mem"]);
   });
 
   test("restore maps RAM privately and waits for migrate-incoming", () => {
@@ -177,7 +192,7 @@ describe("kernel command-line pieces", () => {
   test("the QEMU driver's command line: console, TSC hint under TCG, no legacy PTYs, then the spec's arguments", () => {
     const o = { ...qemuOptions(loadConfig({ env: {} })), accel: "tcg" as const, tscKhz: 2596134 };
     const words = new QemuDriver(o).cmdline({ ...spec, net: undefined, bootArgs: "root=/dev/vda" }).split(" ");
-    expect(words.slice(0, 6)).toEqual(["console=ttyS0", "quiet", "panic=1", "pci=off", "pty.legacy_count=0", "tsc_early_khz=2596134"]);
+    expect(words.slice(0, 7)).toEqual(["console=ttyS0", "quiet", "panic=1", "pci=off", "pty.legacy_count=0", "tsc_early_khz=2596134", "tsc=reliable"]);
     expect(words.at(-1)).toBe("root=/dev/vda");
     expect(new QemuDriver({ ...o, accel: "kvm" }).cmdline({ ...spec, net: undefined, bootArgs: "" }).split(" ")).not.toContain("tsc_early_khz=2596134");
   });
