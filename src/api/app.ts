@@ -192,14 +192,18 @@ export function buildApp(deps: ApiDeps) {
     .use(snapshotRoutes(orch, domain, bodies))
     .get(
       "/metrics",
-      () =>
-        new Response(
+      async () => {
+        // the scrape is the sampling clock of the sandbox gauges: fresh samples, no watching
+        const running = orch.inStates(["running"]).map((r) => r.id);
+        await orch.watchMetrics(running, false);
+        return new Response(
           renderPrometheus(orch.getCounters(), { agentenv_uptime_seconds: { value: Math.round(process.uptime()), help: "Seconds since the node process started." } }) +
-            renderSandboxMetrics(orch.latestMetrics(orch.inStates(["running"]).map((r) => r.id))),
+            renderSandboxMetrics(orch.latestMetrics(running)),
           {
             headers: { "content-type": "text/plain; version=0.0.4; charset=utf-8" },
           },
-        ),
+        );
+      },
       { detail: { summary: "Prometheus metrics (sandbox counters, per-sandbox resource gauges)", tags: ["node"] } },
     )
     .post("/v2/sandboxes", async ({ body, set }) => created(await create(body, true), set), {

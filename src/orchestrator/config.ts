@@ -34,8 +34,11 @@ export interface OrchestratorConfig {
   maxMemoryMB: number;
   /** Period of polling envd's /health during boot, ms. */
   envdPollMs: number;
-  /** `[metrics]`: sampling period, per-sample bound (ms) and samples kept per sandbox. */
-  metrics: { sampleIntervalMs: number; sampleTimeoutMs: number; historySamples: number };
+  /**
+   * `[metrics]`: sampling period of watched sandboxes, how long a read keeps one watched, period
+   * of the others (0: none), per-sample bound (ms), samples in flight and kept per sandbox.
+   */
+  metrics: { sampleIntervalMs: number; watchMs: number; idleSampleIntervalMs: number; sampleTimeoutMs: number; maxConcurrentSamples: number; historySamples: number };
   /** `[volumes]` the orchestrator needs: new volume size (bytes), mounts per sandbox, guest detach bound (ms). */
   volumes: { sizeBytes: number; maxMountsPerSandbox: number; detachTimeoutMs: number };
   /** `[logs]`: entries kept per sandbox, longest message (bytes), batch period (ms), pending bound. */
@@ -63,7 +66,10 @@ export function orchestratorConfig(cfg: Config): OrchestratorConfig {
     envdPollMs: o.envd_poll_ms,
     metrics: {
       sampleIntervalMs: cfg.metrics.sample_interval_ms,
+      watchMs: cfg.metrics.watch_ms,
+      idleSampleIntervalMs: cfg.metrics.idle_sample_interval_ms,
       sampleTimeoutMs: cfg.metrics.sample_timeout_ms,
+      maxConcurrentSamples: cfg.metrics.max_concurrent_samples,
       historySamples: cfg.metrics.history_samples,
     },
     volumes: {

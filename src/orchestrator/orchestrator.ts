@@ -16,7 +16,7 @@ import { ExitWatch } from "./exit-watch.ts";
 import { SandboxExpiry } from "./expiry.ts";
 import { newSandboxId, SANDBOX_ID_RE } from "./ids.ts";
 import { KeyedLock } from "./lock.ts";
-import { MetricsSampler } from "./metrics.ts";
+import { MetricsSampler } from "./sampler.ts";
 import { SandboxMoves, type ReleaseOutcome } from "./moves.ts";
 import { portableRecord } from "./portable.ts";
 import { SandboxReads } from "./reads.ts";
@@ -78,11 +78,19 @@ export class Orchestrator<S = unknown> extends SandboxReads<S> implements Sandbo
     this.expiry = new SandboxExpiry(this.store, clock, (s) => this.track(s.autoPause ? this.pauseNow(s.id, s.autoPauseMemory, "timeout") : this.killNow(s.id, false, "timeout")), this.log);
     // every state change may move the earliest deadline
     this.events.observe({ onEvent: () => this.expiry.changed() });
+    // a sandbox that ended is watched no more
+    this.events.observe({ onEvent: (e) => (e.to === "killed" || e.to === "failed" ? this.sampler.forget(e.id) : undefined) });
     const backend = runtime.volumes;
     const live: SandboxState[] = ["creating", "running", "pausing", "paused", "resuming", "killing"];
     this.volumes = new VolumeManager(db, backend, { ...config.volumes, lockWaitMs: config.lockWaitMs }, () => this.store.inStates(live), backend ? (holder, mount) => backend.guestFiles(targetOf(holder), mount.path) : undefined, now);
     const running = () => this.store.inStates(["running"]).filter((r) => r.endpoint).map(targetOf);
-    this.sampler = new MetricsSampler(runtime.metrics, this.metricsHistory, running, { intervalMs: config.metrics.sampleIntervalMs, timeoutMs: config.metrics.sampleTimeoutMs }, now, this.log);
+    this.sampler = new MetricsSampler(runtime.metrics, this.metricsHistory, running, {
+        intervalMs: config.metrics.sampleIntervalMs,
+        watchMs: config.metrics.watchMs,
+        idleIntervalMs: config.metrics.idleSampleIntervalMs,
+        timeoutMs: config.metrics.sampleTimeoutMs,
+        maxConcurrent: config.metrics.maxConcurrentSamples,
+      }, now, this.log);
     this.moves = new SandboxMoves({
       runtime,
       store: this.store,
@@ -325,6 +333,15 @@ export class Orchestrator<S = unknown> extends SandboxReads<S> implements Sandbo
       const code = e instanceof AgentEnvError ? `[${e.code}] ` : "";
       throw new OrchestratorError("orchestrator.runtime_failed", `failed to snapshot sandbox ${id}: ${code}${errorMessage(e)}`, { sandboxId: id, cause: e instanceof AgentEnvError ? e.code : null }, { cause: e });
     }
+  }
+
+  /**
+   * Someone reads the metrics of `ids` (sampler.ts): with `keep` they are sampled every
+   * `[metrics] sample_interval_ms` for `watch_ms`; running ones without a current sample get one
+   * before this resolves (at most `sample_timeout_ms` later). Unknown ids are ignored.
+   */
+  watchMetrics(ids: readonly string[], keep: boolean): Promise<void> {
+    return this.sampler.watch(ids, keep);
   }
 
   /** Kill a live sandbox. @throws OrchestratorError not_found (404), busy (409). */

@@ -93,6 +93,8 @@ export interface SandboxService {
   setTimeout(id: string, secs: number): Promise<void>;
   refresh(id: string, secs: number): Promise<void>;
   updateNetwork(id: string, policy: Record<string, unknown>): Promise<void>;
+  /** Someone reads the metrics of `ids`: keep them sampled (`keep`) and take current samples first. */
+  watchMetrics(ids: readonly string[], keep: boolean): Promise<void>;
   metrics(id: string, startMs?: number, endMs?: number): SandboxMetricsSample[];
   latestMetrics(ids: readonly string[]): Map<string, SandboxMetricsSample>;
   sandboxLogs(id: string, q: SandboxLogQuery): SandboxLogEntry[];

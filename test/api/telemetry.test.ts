@@ -34,7 +34,11 @@ const guest: GuestFetch = (req) => {
 };
 
 beforeAll(async () => {
-  node = await startNodeNoVm({ AENV__metrics__sample_interval_ms: "100", AENV__logs__max_entries_per_sandbox: "50", AENV__logs__max_line_bytes: "64" }, undefined, { fetch: guest });
+  node = await startNodeNoVm(
+    { AENV__metrics__sample_interval_ms: "100", AENV__metrics__idle_sample_interval_ms: "0", AENV__logs__max_entries_per_sandbox: "50", AENV__logs__max_line_bytes: "64" },
+    undefined,
+    { fetch: guest },
+  );
 });
 afterAll(async () => {
   await node.dispose();
@@ -99,6 +103,31 @@ test("metrics: sampled from envd with the sandbox's token; GET by interval, seve
   expect(gone.status).toBe(404);
   expect(gone.body).toMatchObject({ code: 404, message: `sandbox "${metr1}" doesn't exist or you don't have access to it` });
   expect((await json(await api(node, `/sandboxes/metrics?sandbox_ids=${metr1}`))).body).toEqual({ sandboxes: {} });
+});
+
+test("metrics on demand: nobody reads, nothing is sampled; a read answers with a sample taken for it; a scrape samples without watching", async () => {
+  const watched = (await createLoopback(node)).id;
+  const idle = (await createLoopback(node)).id;
+  const scraped = (await createLoopback(node)).id;
+  const count = (id: string) => node.orch.metricsHistory.range(id).length;
+  // `watched` is read: sampled every 100 ms from then on; meanwhile nobody reads `idle`
+  const first = (await json(await api(node, `/sandboxes/${watched}/metrics`))).body as any[];
+  expect(first.length).toBe(1); // the read's own sample, taken before the answer
+  await waitFor("4 samples of the watched sandbox", async () => (count(watched) >= 4 ? true : undefined));
+  expect(count(idle)).toBe(0);
+  // its first read answers at once with one sample, in the usual shape
+  const got = (await json(await api(node, `/sandboxes/metrics?sandbox_ids=${idle}`))).body;
+  expect(Object.keys(got.sandboxes)).toEqual([idle]);
+  expect(Object.keys(got.sandboxes[idle]).sort()).toEqual(["cpuCount", "cpuUsedPct", "diskTotal", "diskUsed", "memCache", "memTotal", "memUsed", "timestamp", "timestampUnix"]);
+  expect(count(idle)).toBe(1);
+  // a Prometheus scrape: one current sample of each running sandbox, and no watching
+  const prom = await (await api(node, "/metrics", { key: null })).text();
+  expect(prom).toContain(`agentenv_sandbox_cpu_count{sandbox_id="${scraped}"} 2\n`);
+  expect(count(scraped)).toBe(1);
+  const seen = count(watched);
+  await waitFor("4 more samples of the watched sandbox", async () => (count(watched) >= seen + 4 ? true : undefined));
+  expect(count(scraped)).toBe(1);
+  for (const id of [watched, idle, scraped]) await node.orch.kill(id);
 });
 
 test("metrics: bad input is a 400 with the E2B body", async () => {

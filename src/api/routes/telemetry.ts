@@ -59,8 +59,10 @@ export function telemetryRoutes(orch: SandboxService) {
   return new Elysia({ normalize: false })
     .get(
       "/sandboxes/metrics",
-      ({ query }) => {
-        const latest = orch.latestMetrics(parseSandboxIds(query.sandbox_ids));
+      async ({ query }) => {
+        const ids = parseSandboxIds(query.sandbox_ids);
+        await orch.watchMetrics(ids, true);
+        const latest = orch.latestMetrics(ids);
         return { sandboxes: Object.fromEntries([...latest].map(([id, s]) => [id, toMetric(s)])) };
       },
       {
@@ -71,12 +73,14 @@ export function telemetryRoutes(orch: SandboxService) {
     )
     .get(
       "/sandboxes/:sandboxID/metrics",
-      ({ params, query }) => {
+      async ({ params, query }) => {
         const start = int(query.start);
         const end = int(query.end);
         if (start !== undefined && end !== undefined && end < start) {
           throw new ApiError("api.bad_time_range", `end (${end}) must not be before start (${start})`, { start, end });
         }
+        orch.get(params.sandboxID); // 404 before anything is sampled
+        await orch.watchMetrics([params.sandboxID], true);
         return orch.metrics(params.sandboxID, start === undefined ? undefined : start * 1000, end === undefined ? undefined : end * 1000 + 999).map(toMetric);
       },
       {
