@@ -55,7 +55,8 @@ const SCRIPT = [
   'python3 -c "import os,sys,time; n=int(sys.argv[1]); b=os.urandom(n<<20) if n else b\'\'; print(\'PD-HELD\', n, flush=True); time.sleep(86400)" "$n"',
 ].join("\n");
 
-const drv = testDriver();
+// restores map a plain copy of the RAM file: no free page reporting balloon (QemuDriver refuses it there)
+const drv = testDriver({ AENV__qemu__free_page_reporting: "false" });
 const dir = mkdtempSync(join(tmpdir(), "pausediff-"));
 const cfg = testConfig();
 const tpl = resolveTemplate(TEST_HOME, "base");

@@ -271,14 +271,18 @@ try {
   if (RESTORE) {
     const disk = await disks.rootDisk({ id: `b${process.pid}${sid}`, lowers: tpl.rootLayers, sandboxDir: join(root, sid) });
     try {
-      const files = { statePath: join(root, "snap.state"), memPath: join(root, "snap.mem"), kind: "full" as const };
+      const imagePath = join(root, "snap.mem");
       const vm = await drv.driver.boot(spec(sid, disk.path));
       await waitEnvd(net.url(ENVD_PORT), 120_000);
       await vm.pause();
-      const cap = await vm.captureSnapshot(files.statePath);
-      copyFileSync(vm.memPath, files.memPath); // a booted VM's RAM is its shared file
+      const statePath = join(root, "snap.state");
+      const cap = await vm.captureSnapshot(statePath);
+      copyFileSync(vm.memPath, imagePath); // a booted VM's RAM is its shared file
       cap.release();
       await vm.stop();
+      // restores map the image through the disk daemon's shared read-only export, as a node's do
+      const image = await disks.acquireShared({ key: `bench${process.pid}`, rawPath: imagePath, fileName: "memory.img", acceptWritableOpen: true });
+      const files = { statePath, memPath: image.path, kind: "full" as const };
       // restores interleaved by cache size as the boots are; the CPU-bound command and memory
       // after each (a restored guest starts with an empty translation cache)
       for (let i = 0; i < RUNS; i++) {
@@ -305,6 +309,7 @@ try {
           }
         }
       }
+      await image.close();
     } finally {
       await disk.close();
     }

@@ -14,7 +14,7 @@
  * starts after the spawning one died takes it over with `attach` (./vm.ts is the handle).
  */
 import { spawn } from "node:child_process";
-import { closeSync, existsSync, mkdirSync, openSync, rmSync } from "node:fs";
+import { closeSync, existsSync, mkdirSync, openSync, rmSync, statfsSync, statSync } from "node:fs";
 import { join } from "node:path";
 import { logger } from "../../observability/log.ts";
 import { errorMessage } from "../../util/error.ts";
@@ -49,6 +49,27 @@ const ATTACH_NEEDS: (keyof VmmRecord)[] = ["argv", "workDir", "controlSocket", "
 // openpty and envd use, stay): their registration took 104 ms of a TCG boot's kernel time
 // (initcall_debug: pty_init 103.6 ms, 1.6 ms with it).
 const BASE_CMDLINE = "console=ttyS0 quiet panic=1 pci=off pty.legacy_count=0";
+
+/** statfs(2) f_type of FUSE (linux/magic.h). */
+const FUSE_SUPER_MAGIC = 0x65735546;
+
+/**
+ * A VM with the free page reporting balloon discards the ranges its guest reports free by
+ * punching them in its RAM file (QEMU 7.2 ram_block_discard_range), also when it maps that file
+ * privately: a restore's memory image must be one that survives it. The node's shared memory
+ * export (FUSE, read-only, acceptWritableOpen) treats the punch as a hint and a block device
+ * refuses it; a plain file would lose the ranges for every later restore from it.
+ * @throws VmmError `vmm.bad_spec` for a regular file outside FUSE
+ */
+function punchSafe(memPath: string, id: string): void {
+  const st = statSync(memPath);
+  if (st.isBlockDevice() || (st.isFile() && statfsSync(memPath).type === FUSE_SUPER_MAGIC)) return;
+  throw new VmmError(
+    "vmm.bad_spec",
+    `memory image ${memPath} is a plain file: the snapshot's VM has a free page reporting balloon, whose discards would punch holes in it; restore from the disk daemon's shared export of it`,
+    { id, memPath },
+  );
+}
 
 /** The QEMU implementation of `VmmDriver`. */
 export class QemuDriver implements VmmDriver {
@@ -117,7 +138,9 @@ export class QemuDriver implements VmmDriver {
     // says which, whatever node version took it
     const devices = stateDevices(files.statePath);
     const has = (vmsd: string) => devices?.some((d) => d.vmsdName === vmsd) ?? false;
-    const vm = await this.start(spec, { memPath: files.memPath, memShared: false, ownsMem: false, incoming: true, balloon: has("virtio-balloon"), pit: has("i8254") });
+    const balloon = has("virtio-balloon");
+    if (balloon) punchSafe(files.memPath, spec.id);
+    const vm = await this.start(spec, { memPath: files.memPath, memShared: false, ownsMem: false, incoming: true, balloon, pit: has("i8254") });
     try {
       await vm.migrate("restore", "migrate-incoming", `exec:cat ${files.statePath}`);
       const st = await vm.qmp.execute<{ status: string }>("query-status");

@@ -186,6 +186,67 @@ describe("disk daemon protocol", () => {
     expect(await code(svc.request({ kind: "acquire", access_mode: "shared", share_key: "w", target: { kind: "overlaybd", lowers, upper: upperPaths(join(root, "w")) } }))).toBe("disk.bad_request");
   });
 
+  test("a private mapper's discard (QEMU free page reporting): its copies go, it reads the image again, other mappers keep theirs", async () => {
+    const d = await svc.acquireShared({ key: "snap-discard", lowers, fileName: "mem.img", acceptWritableOpen: true });
+    try {
+      // two processes map the image MAP_PRIVATE (as QEMU maps a memory image) and write the same
+      // 8 KiB at 1 MiB (image bytes there: the pattern); then the first gives the range back the
+      // way QEMU 7.2's ram_block_discard_range does: fallocate(PUNCH_HOLE) on the file, then
+      // madvise(DONTNEED) on its mapping; the second reads its own bytes last
+      const off = 1 * MiB;
+      const script = `
+import json, mmap, os, subprocess, sys
+path, off, fill, discard = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
+fd = os.open(path, os.O_RDWR)
+m = mmap.mmap(fd, 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+m[off:off + 8192] = bytes([fill]) * 8192
+print("written", flush=True)
+sys.stdin.readline()
+if discard:
+    subprocess.run(["fallocate", "--punch-hole", "--keep-size", "--offset", str(off), "--length", "8192", path], check=True)
+    m.madvise(mmap.MADV_DONTNEED, off, 8192)
+print(json.dumps({"hex": m[off:off + 8192].hex()}), flush=True)
+`;
+      const run = (fill: number, discard: boolean) => Bun.spawn(["python3", "-c", script, d.path, String(off), String(fill), discard ? "1" : "0"], { stdin: "pipe", stdout: "pipe" });
+      const lines = (p: ReturnType<typeof run>) => {
+        const r = p.stdout.getReader();
+        let buf = "";
+        return async () => {
+          while (!buf.includes("\n")) {
+            const c = await r.read();
+            if (c.done) throw new Error("mapper ended early");
+            buf += new TextDecoder().decode(c.value);
+          }
+          const l = buf.slice(0, buf.indexOf("\n"));
+          buf = buf.slice(buf.indexOf("\n") + 1);
+          return l;
+        };
+      };
+      const a = run(0xaa, true);
+      const b = run(0xbb, false);
+      const [la, lb] = [lines(a), lines(b)];
+      expect(await la()).toBe("written");
+      expect(await lb()).toBe("written");
+      a.stdin.write("\n");
+      a.stdin.flush();
+      const afterA = Buffer.from(JSON.parse(await la()).hex, "hex");
+      b.stdin.write("\n");
+      b.stdin.flush();
+      const afterB = Buffer.from(JSON.parse(await lb()).hex, "hex");
+      expect(await a.exited).toBe(0);
+      expect(await b.exited).toBe(0);
+      // the discarded range reads the image's bytes again: not zeros, not what the mapper wrote
+      expect(afterA.equals(Buffer.from(expected.subarray(off, off + 8192)))).toBe(true);
+      expect(afterA.some((x) => x !== 0)).toBe(true);
+      // the other VM's private copies are its own
+      expect(afterB.equals(Buffer.alloc(8192, 0xbb))).toBe(true);
+      expect((await d.stats()).discards).toBe(1);
+      expect(readFileSync(d.path).equals(Buffer.from(expected))).toBe(true);
+    } finally {
+      await d.close();
+    }
+  });
+
   test("exclusive acquire binds a pre-created export of the warm pool, which refills", async () => {
     const before = (await svc.features()).pooled.fuse ?? 0;
     expect(before).toBeGreaterThanOrEqual(1);

@@ -28,11 +28,15 @@ export function testBoot(rootDisk: string, o: { readOnly?: boolean; args?: strin
   return toolsBoot(resolveTools(TEST_HOME).path, rootDisk, o.args ?? "", { rootReadOnly: o.readOnly });
 }
 
-/** A QEMU driver whose records, sockets and RAM files live in fresh temp dirs; `dispose()` removes them. */
-export function testDriver(): { driver: QemuDriver; runtimeDir: string; dispose: () => void } {
+/**
+ * A QEMU driver whose records, sockets and RAM files live in fresh temp dirs; `dispose()` removes
+ * them. `extra`: config overrides (AENV__section__key), e.g. no free page reporting for tests that
+ * restore from plain memory files (the driver refuses those with the balloon: `punchSafe`).
+ */
+export function testDriver(extra: Record<string, string> = {}): { driver: QemuDriver; runtimeDir: string; dispose: () => void } {
   const runtimeDir = mkdtempSync(join(tmpdir(), "c1rt-"));
   const memoryDir = mkdtempSync("/dev/shm/c1mem-");
-  const driver = new QemuDriver({ ...qemuOptions(testConfig()), runtimeDir, memoryDir });
+  const driver = new QemuDriver({ ...qemuOptions(testConfig(extra)), runtimeDir, memoryDir });
   return {
     driver,
     runtimeDir,

@@ -17,7 +17,9 @@ import { processStartTime, reapLeftovers, resolveKernelPath, type VmSpec } from 
 import { TEST_HOME, testBoot, testConfig, testDriver, waitConsole } from "./helpers.ts";
 import { waitFor } from "../../helpers/wait.ts";
 
-const drv = testDriver();
+// restores map plain copies of the RAM file: no free page reporting balloon, whose discards
+// would punch them (the driver refuses that; test/vmm/qemu/balloon.test.ts restores with one)
+const drv = testDriver({ AENV__qemu__free_page_reporting: "false" });
 let dir: string;
 let spec: (id: string) => VmSpec;
 
