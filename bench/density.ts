@@ -5,7 +5,8 @@
  * after another, until a bound: `--max` sandboxes, the host's MemAvailable below `--min-free-mib`,
  * or (with `--max-p95-ratio`) a step's p95 create latency above that multiple of the first 10's.
  * At each checkpoint count (`--checkpoints`, and where a bound stopped it) the sandboxes are left
- * idle for `--idle-secs` and the bench reports:
+ * alone for `--settle-secs` (60: a restored sandbox's first minute has one-off work, envd's first
+ * heap check at 30 s among it), then measured idle over `--idle-secs` (30), and the bench reports:
  *  - create and first-command latency (Sandbox.create; create -> first commands.run returned) of
  *    the creates since the previous checkpoint, p50/p95, and their ratio to the first 10's;
  *  - idle CPU per sandbox: each QEMU's utime + stime (/proc/<pid>/stat) over the window, as % of
@@ -22,7 +23,7 @@
  *  - the guest RAM dirtied per sandbox (mean) and the load average;
  *  - after the last checkpoint: `echo ok` in every sandbox (all must answer).
  * Needs root, the kernel and base template with its snapshot in AENV_TEST_HOME_PATH.
- *   bun bench/density.ts [--max 400] [--step 10] [--idle-secs 30] [--checkpoints 10,20,40,...]
+ *   bun bench/density.ts [--max 400] [--step 10] [--settle-secs 60] [--idle-secs 30] [--checkpoints 10,20,40,...]
  *     [--min-free-mib 1024] [--max-p95-ratio 0] [--metrics-asked 0] [--env KEY=VALUE]...
  * `--env` sets the node's environment (config overrides such as AENV__metrics__sample_interval_ms=5000);
  * `--metrics-asked N` asks GET /sandboxes/{id}/metrics of N sandboxes before each idle window
@@ -41,6 +42,7 @@ const arg = (n: string, d: number) => {
 const MAX = arg("--max", 400);
 const STEP = arg("--step", 10);
 const IDLE_SECS = arg("--idle-secs", 30);
+const SETTLE_SECS = arg("--settle-secs", 60);
 const MIN_FREE_MIB = arg("--min-free-mib", 1024);
 const MAX_P95_RATIO = arg("--max-p95-ratio", 0);
 const METRICS_ASKED = arg("--metrics-asked", 0);
@@ -243,8 +245,9 @@ try {
     const seg = created.slice(segStart);
     segStart = created.length;
     if (METRICS_ASKED > 0) await client.op({ op: "metrics", ids: METRICS_ASKED });
-    // idle window: every sandbox made, nobody asks anything (but --metrics-asked)
-    await Bun.sleep(5000);
+    // idle window: every sandbox made and settled (a restored guest's first seconds are busy:
+    // envd's first requests, page reporting), nobody asks anything (but --metrics-asked)
+    await Bun.sleep(SETTLE_SECS * 1000);
     const pids = qemuPidsUnder(world.home, world.memDir);
     const t0 = new Map(pids.map((p) => [p, cpuTicks(p)]));
     const n0 = cpuTicks(nodePid);

@@ -18,7 +18,7 @@
  * loaded host stretches less than the wall time.
  * `--ab-args "<kernel args>"` boots each size twice per run, without and with those arguments
  * appended (A/B of boot options in one run, interleaved).
- *   bun bench/vm.ts [--runs 5] [--mem-mib 512] [--tb-sizes 0,32,64,256] [--no-restore] [--ab-args "..."]
+ *   bun bench/vm.ts [--runs 5] [--mem-mib 512] [--tb-sizes 0,32,64,256] [--no-restore] [--restores-only] [--ab-args "..."]
  */
 import { copyFileSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { loadavg, tmpdir } from "node:os";
@@ -41,6 +41,8 @@ const RUNS = arg("--runs", 5);
 const MEM = arg("--mem-mib", 512);
 const tbArg = process.argv.indexOf("--tb-sizes");
 const RESTORE = !process.argv.includes("--no-restore");
+/** Only the restores: no boots per size and run (one boot makes the snapshot). */
+const RESTORES_ONLY = process.argv.includes("--restores-only");
 const abIdx = process.argv.indexOf("--ab-args");
 /** Kernel arguments to boot each size also with, interleaved (an A/B of boot options in one run). */
 const AB_ARGS = abIdx > 0 ? process.argv[abIdx + 1]! : null;
@@ -189,13 +191,15 @@ try {
     /** The same for restores of one snapshot with this cache size. */
     restoreMs: number[];
     restoreCpuMs: [number, number][];
+    /** QEMU's own CPU time (user + system) for the command pair after a restore, ms: the work, which load stretches less than the wall time. */
+    restoreQemuCpuMs: number[];
     restoreFlushes: number[];
     /** Translated code in the cache after the command (MiB): booted, restored. */
     codeMiB: number[];
     restoreCodeMiB: number[];
     restoreMem?: [ReturnType<typeof qemuMemory>, ReturnType<typeof qemuMemory>];
   }
-  const sweeps: Sweep[] = TB_SIZES.flatMap((tbMiB) => (AB_ARGS ? ["", AB_ARGS] : [""]).map((extraArgs) => ({ tbMiB, restoreTbMiB: tbArg > 0 ? tbMiB : drv.driver.opts.tcgTbSizeRestoreMiB, extraArgs, cpuToReadyMs: [], bootMs: [], phases: [], overhead: [], cpuMs: [], flushes: [], restoreMs: [], restoreCpuMs: [], restoreFlushes: [], codeMiB: [], restoreCodeMiB: [] })));
+  const sweeps: Sweep[] = TB_SIZES.flatMap((tbMiB) => (AB_ARGS ? ["", AB_ARGS] : [""]).map((extraArgs) => ({ tbMiB, restoreTbMiB: tbArg > 0 ? tbMiB : drv.driver.opts.tcgTbSizeRestoreMiB, extraArgs, cpuToReadyMs: [], bootMs: [], phases: [], overhead: [], cpuMs: [], flushes: [], restoreMs: [], restoreCpuMs: [], restoreQemuCpuMs: [], restoreFlushes: [], codeMiB: [], restoreCodeMiB: [] })));
   /** A process's CPU time (utime + stime), ms. */
   const cpuMsOf = (pid: number): number => {
     const f = readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1]!.split(" ");
@@ -228,7 +232,7 @@ try {
   /** Translated code in the cache at the end of each command pair (MiB), in run order, for the log. */
   const codeMiB: number[] = [];
   // sizes interleaved run by run, so a change of host load does not favour one of them
-  for (let i = 0; i < RUNS; i++) {
+  for (let i = 0; i < (RESTORES_ONLY ? 0 : RUNS); i++) {
     for (const sw of sweeps) {
       const tbMiB = sw.tbMiB;
       const driver = new QemuDriver({ ...drv.driver.opts, tcgTbSizeMiB: tbMiB });
@@ -300,7 +304,9 @@ try {
             if (sw === sweeps[0]) restoreMs.push(ms);
             await Bun.sleep(1000);
             const m0 = qemuMemory(r.pid, files.memPath);
+            const c0 = cpuMsOf(r.pid);
             sw.restoreCpuMs.push(await cpuTwice());
+            sw.restoreQemuCpuMs.push(cpuMsOf(r.pid) - c0);
             sw.restoreMem = [m0, qemuMemory(r.pid, files.memPath)];
             sw.restoreFlushes.push(await flushCount(r));
             sw.restoreCodeMiB.push(codeMiB.at(-1)!);
@@ -340,20 +346,24 @@ try {
     const c2 = median(sw.cpuMs.map((c) => c[1]));
     const mib = (k: number) => (k / 1024).toFixed(1);
     console.log(`-- tb-size ${sw.tbMiB === 0 ? "QEMU default" : `${sw.tbMiB} MiB`}${AB_ARGS ? (sw.extraArgs ? `, kernel args + "${sw.extraArgs}"` : ", kernel args as configured") : ""}`);
-    console.log(`cold boot -> envd /health ready:                ${fmt(bm)}   (${(bm / q).toFixed(1)}x baseline)   runs: ${sw.bootMs.map(fmt).join(" ")}; QEMU CPU to ready ${fmt(median(sw.cpuToReadyMs))} (runs ${sw.cpuToReadyMs.map(fmt).join(" ")})`);
-    console.log(
-      `cold boot phases (medians): QEMU start + kernel + tools init ${fmt(init)}, -> envd exec ${fmt(started - init)}, ` +
-        `envd exec -> listening ${fmt(listening - started)}, listening -> /health answered ${fmt(bm - listening)}`,
-    );
-    console.log(`CPU-bound guest command (python3): first ${fmt(c1)}, second ${fmt(c2)}   runs: ${sw.cpuMs.map((c) => `${fmt(c[0])}/${fmt(c[1])}`).join(" ")}; translation cache flushes by its end: ${sw.flushes.join(" ")}, translated code in the cache then: ${sw.codeMiB.map((m) => m.toFixed(1)).join(" ")} MiB`);
-    if (sw.mem) console.log(`QEMU memory at envd ready ${memLine(sw.mem[0])}\n  after the command ${memLine(sw.mem[1])}`);
+    if (!RESTORES_ONLY) {
+      console.log(`cold boot -> envd /health ready:                ${fmt(bm)}   (${(bm / q).toFixed(1)}x baseline)   runs: ${sw.bootMs.map(fmt).join(" ")}; QEMU CPU to ready ${fmt(median(sw.cpuToReadyMs))} (runs ${sw.cpuToReadyMs.map(fmt).join(" ")})`);
+      console.log(
+        `cold boot phases (medians): QEMU start + kernel + tools init ${fmt(init)}, -> envd exec ${fmt(started - init)}, ` +
+          `envd exec -> listening ${fmt(listening - started)}, listening -> /health answered ${fmt(bm - listening)}`,
+      );
+      console.log(`CPU-bound guest command (python3): first ${fmt(c1)}, second ${fmt(c2)}   runs: ${sw.cpuMs.map((c) => `${fmt(c[0])}/${fmt(c[1])}`).join(" ")}; translation cache flushes by its end: ${sw.flushes.join(" ")}, translated code in the cache then: ${sw.codeMiB.map((m) => m.toFixed(1)).join(" ")} MiB`);
+      if (sw.mem) console.log(`QEMU memory at envd ready ${memLine(sw.mem[0])}\n  after the command ${memLine(sw.mem[1])}`);
+    }
     if (sw.restoreMs.length > 0) {
-      console.log(`restore (tb-size ${sw.restoreTbMiB || "QEMU default"}) -> envd /health ready: ${fmt(median(sw.restoreMs))}; CPU-bound command after restore: first ${fmt(median(sw.restoreCpuMs.map((c) => c[0])))}, second ${fmt(median(sw.restoreCpuMs.map((c) => c[1])))}   runs: ${sw.restoreCpuMs.map((c) => `${fmt(c[0])}/${fmt(c[1])}`).join(" ")}; flushes: ${sw.restoreFlushes.join(" ")}, translated code in the cache: ${sw.restoreCodeMiB.map((m) => m.toFixed(1)).join(" ")} MiB`);
+      console.log(`restore (tb-size ${sw.restoreTbMiB || "QEMU default"}) -> envd /health ready: ${fmt(median(sw.restoreMs))}; CPU-bound command after restore: first ${fmt(median(sw.restoreCpuMs.map((c) => c[0])))}, second ${fmt(median(sw.restoreCpuMs.map((c) => c[1])))}   runs: ${sw.restoreCpuMs.map((c) => `${fmt(c[0])}/${fmt(c[1])}`).join(" ")}; QEMU CPU for both ${fmt(median(sw.restoreQemuCpuMs))} (runs ${sw.restoreQemuCpuMs.map(fmt).join(" ")}); flushes: ${sw.restoreFlushes.join(" ")}, translated code in the cache: ${sw.restoreCodeMiB.map((m) => m.toFixed(1)).join(" ")} MiB`);
       if (sw.restoreMem) console.log(`restored QEMU memory at envd ready ${memLine(sw.restoreMem[0])}\n  after the command ${memLine(sw.restoreMem[1])}`);
     }
-    console.log(`memory per VM beyond guest RAM: QEMU ${mib(oq)} MiB at envd ready, ${mib(oqa)} MiB after the command + disk daemon +${mib(od)} MiB for its disk` +
-      ` = ${mib(oqa + od)} MiB (${(((oqa + od) / 1024 / MEM) * 100).toFixed(1)}% of guest RAM; guest RAM touched at envd ready: ${mib(og)} MiB);` +
-      ` QEMU anonymous (heap + translation cache) after the command ${mib(oan)} MiB`);
+    if (!RESTORES_ONLY) {
+      console.log(`memory per VM beyond guest RAM: QEMU ${mib(oq)} MiB at envd ready, ${mib(oqa)} MiB after the command + disk daemon +${mib(od)} MiB for its disk` +
+        ` = ${mib(oqa + od)} MiB (${(((oqa + od) / 1024 / MEM) * 100).toFixed(1)}% of guest RAM; guest RAM touched at envd ready: ${mib(og)} MiB);` +
+        ` QEMU anonymous (heap + translation cache) after the command ${mib(oan)} MiB`);
+    }
   }
 } finally {
   await disks.close();

@@ -88,6 +88,8 @@ export default defineCommand({
     for (const k of Object.keys(process.env)) if (k.startsWith("BUN_JSC_")) delete process.env[k];
     // the config module (and its schema library) loads only when there is no settings file
     const section = args.settings ? readSettings(args.settings) : (await import("../node/load-config.ts")).loadConfigOrExit({ path: args.config }).envd;
+    // nor the rest of its runtime's environment ([envd] runtime_env)
+    for (const w of String(section.runtime_env ?? "").split(" ")) if (w.includes("=")) delete process.env[w.slice(0, w.indexOf("="))];
     const opts = envdOptions(section);
     const port = args.port !== undefined ? Number(args.port) : opts.port;
     if (!Number.isInteger(port) || port < 0 || port > 65535) throw new Error(`invalid --port ${args.port}`);

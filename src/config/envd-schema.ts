@@ -78,4 +78,9 @@ export const ENVD_SECTION = section("In-guest daemon (`agentenv envd`), E2B envd
     "JavaScriptCore options for the guest's envd runtime, `name=value` separated by spaces (Bun reads\nthem as BUN_JSC_<name> at start; the tools drive's init sets them, envd's commands never see\nthem); empty: none. Under TCG, compiling envd's run-once start-up code with the baseline JIT\ncosts more than it saves: without it envd listens in 1.6 s instead of 2.3-2.9 s (bench/vm.ts)\nand QEMU translates less code; hot code is still optimised by the later tiers.",
     { pattern: "^([A-Za-z][A-Za-z0-9]*=[A-Za-z0-9._-]+( [A-Za-z][A-Za-z0-9]*=[A-Za-z0-9._-]+)*)?$" },
   ),
+  runtime_env: str(
+    "MIMALLOC_PURGE_DELAY=0 BUN_GC_TIMER_INTERVAL=30000",
+    "Environment of the guest envd's own runtime, `NAME=VALUE` separated by spaces (the tools drive's\ninit sets it beside jsc_options; envd drops it before it starts anything); empty: none. An idle\nguest wakes for every runtime timer, and each wakeup costs the host a QEMU wakeup under TCG:\nthe default drops mimalloc's scavenger thread (freed memory is returned at once instead of by a\nthread waking every few hundred ms) and makes Bun's heap check every 30 s instead of every\nsecond (JavaScriptCore still collects as envd allocates). docs/density.md.",
+    { pattern: "^([A-Z][A-Z0-9_]*=[A-Za-z0-9._-]+( [A-Z][A-Z0-9_]*=[A-Za-z0-9._-]+)*)?$" },
+  ),
 });

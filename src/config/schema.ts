@@ -67,8 +67,8 @@ export const CONFIG_SCHEMA = section("", {
       { min: 0, max: 65536, unit: "MiB" },
     ),
     tcg_tb_size_restore_mib: int(
-      32,
-      "TCG translation cache in MiB of a VM restored from a snapshot (most sandboxes); 0 keeps QEMU's\ndefault. A restored guest translates only what it runs from then on (10 MiB to envd ready), not\nthe boot. bench/vm.ts --tb-sizes 32,256 (5 interleaved restores each, load 0.8-1.0): QEMU PSS\nbeyond guest RAM 47 MiB at envd ready either way; after the python3 command 75 vs 118 MiB (TCG\ncache 32 vs 70, heap 18 vs 23, the qemu binary and its libraries 25, pages every QEMU of the\nhost shares); the command 12.6 / 10.9 s vs 12.5 / 10.4 s (first / second run; 32 flushes the\nfull cache 6 times and retranslates).",
+      16,
+      "TCG translation cache in MiB of a VM restored from a snapshot (most sandboxes); 0 keeps QEMU's\ndefault. A restored guest translates only what it runs from then on (10 MiB to envd ready, the\nwhole cache after its first commands: each is a login bash), and the cache stays resident for the\nVM's life, so it is most of an idle sandbox's host memory beyond its guest's. bench/vm.ts\n--restores-only --tb-sizes 12,16,32 (5 interleaved restores each, a python3 command run twice,\nload 3-5): QEMU CPU for the command pair 18.7 / 16.2 / 15.0 s (35 / 17 / 5 whole-cache flushes);\nbench/density.ts (10 idle sandboxes): 43.5 MiB per sandbox beyond what its guest dirtied at 16,\n61 MiB at 32. docs/density.md.",
       { min: 0, max: 65536, unit: "MiB" },
     ),
     qmp_timeout_ms: int(30_000, "Longest wait (ms) for one QMP command (migrations included).", { min: 1, max: MS_MAX, unit: "ms" }),

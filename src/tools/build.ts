@@ -9,8 +9,8 @@
  *                       library path (DT_RPATH) rewritten by Debian's patchelf
  *   /lib/               the glibc loader (also as ld.so) and every shared library those need
  *   /etc/envd.json      the node's `[envd]` settings, which envd reads instead of a config file
- *   /etc/envd.env       `[envd] jsc_options` as BUN_JSC_<name>=<value> lines, set by the init for
- *                       envd's runtime only (see `jscEnvLines`)
+ *   /etc/envd.env       `[envd] jsc_options` as BUN_JSC_<name>=<value> lines and `runtime_env`,
+ *                       set by the init for envd's runtime only (see `jscEnvLines`)
  *   /dev /proc /sys /newroot   mount points of the init's first stage
  *   /.aenv              a link to `.`: the drive's own paths (/.aenv/bin, /.aenv/lib/ld.so) before
  *                       the root filesystem is mounted (a boot snapshot, see ./init.sh)
@@ -94,14 +94,12 @@ async function run(cmd: string[], onLine?: (l: string) => void, env?: Record<str
 /**
  * `/etc/envd.env` of the drive: each `name=value` of `[envd] jsc_options` (space separated, checked
  * by the config schema: no spaces or shell characters) as a `BUN_JSC_<name>=<value>` line, the
- * variables through which Bun sets JavaScriptCore options at start. Empty options: an empty file.
+ * variables through which Bun sets JavaScriptCore options at start, then each `NAME=VALUE` of
+ * `runtime` (`[envd] runtime_env`, same rules) as it is. Empty options: an empty file.
  */
-export function jscEnvLines(options: string): string {
-  return options
-    .split(" ")
-    .filter(Boolean)
-    .map((o) => `BUN_JSC_${o}\n`)
-    .join("");
+export function jscEnvLines(options: string, runtime = ""): string {
+  const words = (s: string) => s.split(" ").filter(Boolean);
+  return [...words(options).map((o) => `BUN_JSC_${o}\n`), ...words(runtime).map((o) => `${o}\n`)].join("");
 }
 
 /** Where the guest's agentenv binary comes from, and a key that changes when it would. */
@@ -222,7 +220,7 @@ async function buildLocked(opts: ToolsBuildOptions): Promise<{ image: ToolsImage
     symlinkSync(".", join(tree, ".aenv"));
     writeFileSync(join(tree, "init"), initScript);
     writeFileSync(join(tree, "etc/envd.json"), envdSettings);
-    writeFileSync(join(tree, "etc/envd.env"), jscEnvLines(String(opts.envd.jsc_options ?? "")));
+    writeFileSync(join(tree, "etc/envd.env"), jscEnvLines(String(opts.envd.jsc_options ?? ""), String(opts.envd.runtime_env ?? "")));
     chmodSync(join(tree, "init"), 0o755);
 
     progress("busybox", opts.busybox);

@@ -94,10 +94,16 @@ describe("the drive's agentenv build", () => {
   }, 60_000);
 });
 
-describe("[envd] jsc_options", () => {
-  test("become BUN_JSC_<name>=<value> lines; anything but name=value words is refused by the config", () => {
+describe("[envd] jsc_options and runtime_env", () => {
+  test("become BUN_JSC_<name>=<value> lines, then the runtime's NAME=VALUE lines; anything but such words is refused by the config", () => {
     expect(jscEnvLines("useBaselineJIT=0 thresholdForJITSoon=100")).toBe("BUN_JSC_useBaselineJIT=0\nBUN_JSC_thresholdForJITSoon=100\n");
     expect(jscEnvLines("")).toBe("");
+    expect(jscEnvLines("useBaselineJIT=0", "MIMALLOC_PURGE_DELAY=0 BUN_GC_TIMER_INTERVAL=30000")).toBe("BUN_JSC_useBaselineJIT=0\nMIMALLOC_PURGE_DELAY=0\nBUN_GC_TIMER_INTERVAL=30000\n");
+    expect(jscEnvLines("", "A=1")).toBe("A=1\n");
+    expect(loadConfig({ env: { AENV__envd__runtime_env: "" } }).envd.runtime_env).toBe("");
+    for (const bad of ["A=1;reboot", "A=$(id)", "A", "lower=1", " A=1", "A=1  B=2", "LD_PRELOAD=/x.so"]) {
+      expect(() => loadConfig({ env: { AENV__envd__runtime_env: bad } })).toThrow(expect.objectContaining({ code: "config.bad_value" }));
+    }
     expect(loadConfig({ env: { AENV__envd__jsc_options: "" } }).envd.jsc_options).toBe("");
     for (const bad of ["useJIT=0;reboot", "a=$(id)", "useJIT", " useJIT=0", "a=1  b=2", "a=1\nb=2"]) {
       expect(() => loadConfig({ env: { AENV__envd__jsc_options: bad } })).toThrow(expect.objectContaining({ code: "config.bad_value" }));
@@ -111,9 +117,10 @@ describe("the test home's tools drive", () => {
     expect(cat("/init")).toBe(toolsInitScript());
     // the node's [envd] settings, which the guest's envd reads instead of a config file
     expect(JSON.parse(cat("/etc/envd.json"))).toEqual(testConfig().envd);
-    // and its [envd] jsc_options as the variables Bun reads them from (the default turns the baseline JIT off)
+    // and its [envd] jsc_options as the variables Bun reads them from (the default turns the baseline
+    // JIT off), then runtime_env (no mimalloc scavenger thread, Bun's heap timer every 30 s)
     expect(testConfig().envd.jsc_options).toBe("useBaselineJIT=0");
-    expect(cat("/etc/envd.env")).toBe("BUN_JSC_useBaselineJIT=0\n");
+    expect(cat("/etc/envd.env")).toBe("BUN_JSC_useBaselineJIT=0\nMIMALLOC_PURGE_DELAY=0\nBUN_GC_TIMER_INTERVAL=30000\n");
     const envd = join(work, "agentenv");
     sh(["debugfs", "-R", `dump /bin/agentenv ${envd}`, tools.path]);
     expect(readInterpreter(envd)).toBe("/.aenv/lib/ld.so");
@@ -197,9 +204,11 @@ describe("VMs whose root filesystem has no glibc", () => {
     expect((await run(`readlink ${envd}/exe; tr '\\0' ' ' < ${envd}/cmdline; echo; grep ' /.aenv ' /proc/mounts | cut -d' ' -f4 | cut -d, -f1`)).stdout).toBe(
       "/.aenv/bin/agentenv\n/.aenv/bin/agentenv envd --settings /.aenv/etc/envd.json \nro\n",
     );
-    // envd started with the drive's JavaScriptCore options; the commands it runs do not inherit them
-    expect((await run(`tr '\\0' '\\n' < ${envd}/environ | grep ^BUN_JSC_`)).stdout).toBe("BUN_JSC_useBaselineJIT=0\n");
-    expect(await run("env | grep BUN_JSC_; echo rc=$?")).toEqual({ stdout: "rc=1\n", stderr: "", exitCode: 0 });
+    // envd started with the drive's JavaScriptCore options and runtime environment; the commands
+    // it runs do not inherit them; its runtime has no mimalloc scavenger thread
+    expect((await run(`tr '\\0' '\\n' < ${envd}/environ | grep -E '^(BUN_JSC_|MIMALLOC_|BUN_GC_)'`)).stdout).toBe("BUN_JSC_useBaselineJIT=0\nMIMALLOC_PURGE_DELAY=0\nBUN_GC_TIMER_INTERVAL=30000\n");
+    expect(await run("env | grep -E '^(BUN_JSC_|MIMALLOC_|BUN_GC_)'; echo rc=$?")).toEqual({ stdout: "rc=1\n", stderr: "", exitCode: 0 });
+    expect((await run(`cat ${envd}/task/*/comm | grep -c mi-scavenger`)).stdout).toBe("0\n");
     expect(await run("id -un; id -u; echo $HOME", "user")).toEqual({ stdout: "user\n1000\n/home/user\n", stderr: "", exitCode: 0 });
     // the drive's programs are at the end of PATH: busybox has no ss and no curl
     const ss = await run("ss -Htln | grep -c ':49983 '");

@@ -136,11 +136,11 @@ describe("buildQemuArgs", () => {
 describe("TCG translation cache sizes", () => {
   test("a restored VM gets [qemu] tcg_tb_size_restore_mib, a booted one tcg_tb_size_mib", () => {
     const o = qemuOptions(loadConfig({ env: {} }));
-    expect([o.tcgTbSizeMiB, o.tcgTbSizeRestoreMiB]).toEqual([256, 32]);
-    const d = new QemuDriver({ ...o, accel: "tcg", tscKhz: 2596134, tcgTbSizeMiB: 128, tcgTbSizeRestoreMiB: 16 });
+    expect([o.tcgTbSizeMiB, o.tcgTbSizeRestoreMiB]).toEqual([256, 16]);
+    const d = new QemuDriver({ ...o, accel: "tcg", tscKhz: 2596134, tcgTbSizeMiB: 128, tcgTbSizeRestoreMiB: 24 });
     expect(d.tcgTbSizeMiBFor(false)).toBe(128);
-    expect(d.tcgTbSizeMiBFor(true)).toBe(16);
-    expect(flag(buildQemuArgs(spec, { ...opts, tcgTbSizeMiB: d.tcgTbSizeMiBFor(true) }), "-accel")).toEqual(["tcg,tb-size=16"]);
+    expect(d.tcgTbSizeMiBFor(true)).toBe(24);
+    expect(flag(buildQemuArgs(spec, { ...opts, tcgTbSizeMiB: d.tcgTbSizeMiBFor(true) }), "-accel")).toEqual(["tcg,tb-size=24"]);
     const env = loadConfig({ env: { AENV__qemu__tcg_tb_size_restore_mib: "0" } });
     expect(qemuOptions(env).tcgTbSizeRestoreMiB).toBe(0); // 0: QEMU's own default
     expect(() => loadConfig({ env: { AENV__qemu__tcg_tb_size_restore_mib: "-1" } })).toThrow(expect.objectContaining({ code: "config.bad_value" }));

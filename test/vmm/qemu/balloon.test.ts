@@ -19,7 +19,8 @@ import { diskConfig, DiskService, type DiskExport } from "../../../src/storage/d
 import { resolveTemplate } from "../../../src/template/index.ts";
 import { resolveKernelPath, type QemuVm, type VmSpec } from "../../../src/vmm/index.ts";
 import { ENVD_PORT, runInGuest, waitEnvd } from "./envd-client.ts";
-import { TEST_HOME, TestNet, testBoot, testConfig, testDriver, waitFor } from "./helpers.ts";
+import { waitFor } from "../../helpers/wait.ts";
+import { TEST_HOME, TestNet, testBoot, testConfig, testDriver } from "./helpers.ts";
 
 const MiB = 1 << 20;
 const MEM_MIB = 512;
@@ -125,7 +126,7 @@ test("a restored VM hands back what its guest freed, its pause snapshot is byte-
   const low = await waitFor("the freed memory to leave QEMU", () => {
     const now = privateKiB(a.pid, image.path);
     return peak - now >= 200 * 1024 ? now : null;
-  }, 60_000);
+  }, { timeoutMs: 60_000, maxIntervalMs: 250 });
   expect(peak - low).toBeGreaterThanOrEqual(200 * 1024);
   expect((await image.stats()).discards).toBeGreaterThan(0); // QEMU's punches reached the export as hints
   expect(sha(imagePath)).toBe(imageSha); // ... and changed nothing
