@@ -29,7 +29,7 @@
  * `--metrics-asked N` asks GET /sandboxes/{id}/metrics of N sandboxes before each idle window
  * (someone looking at them).
  */
-import { readFileSync } from "node:fs";
+import { readdirSync, readFileSync } from "node:fs";
 import { loadavg } from "node:os";
 import { join } from "node:path";
 import { diskDaemonsUnder, NodeWorld, qemuPidsUnder } from "../test/e2e/world.ts";
@@ -69,6 +69,15 @@ function cpuTicks(pid: number): number {
     return Number(f[11]) + Number(f[12]);
   } catch {
     return NaN;
+  }
+}
+
+/** Open descriptors of a process (0 when it is gone). */
+function fdCount(pid: number): number {
+  try {
+    return readdirSync(`/proc/${pid}/fd`).length;
+  } catch {
+    return 0;
   }
 }
 
@@ -222,7 +231,7 @@ try {
   const client = new Client(world);
   await Bun.sleep(3000); // the disk daemon's and the slot pool's first fill
   const daemonPid = diskDaemonsUnder(world.home)[0]!;
-  const base = { avail: meminfo("MemAvailable"), daemon: pssOf(daemonPid), node: pssOf(nodePid) };
+  const base = { avail: meminfo("MemAvailable"), daemon: pssOf(daemonPid), node: pssOf(nodePid), nodeFds: fdCount(nodePid), daemonFds: fdCount(daemonPid) };
   console.log(`node up; load ${load0.map((x) => x.toFixed(2)).join(" ")}; MemAvailable ${mib(base.avail)}; env ${JSON.stringify(nodeEnv)}`);
   const created: Created[] = [];
   let segStart = 0;
@@ -284,7 +293,8 @@ try {
         `first command p50 ${ms(p.firstP50)} p95 ${ms(p.firstP95)} (${(p.firstP95 / b.firstP95).toFixed(2)}x); ` +
         `idle CPU per QEMU ${p.cpuMeanPct.toFixed(2)}% (max ${p.cpuMaxPct.toFixed(2)}%) of a core over ${secs.toFixed(0)} s, node ${p.nodePct.toFixed(2)}%, disk daemon ${p.daemonPct.toFixed(2)}%; ` +
         `memory per sandbox beyond what its guest dirtied ${mib(p.perSandboxKiB)} (processes) / ${mib(p.systemKiB)} (MemAvailable), dirtied ${mib(p.dirtiedKiB)}; ` +
-        `load ${p.load.map((x) => x.toFixed(2)).join(" ")}; MemAvailable ${p.availMiB.toFixed(0)} MiB`,
+        `load ${p.load.map((x) => x.toFixed(2)).join(" ")}; MemAvailable ${p.availMiB.toFixed(0)} MiB; ` +
+        `descriptors per sandbox: node ${((fdCount(nodePid) - base.nodeFds) / n).toFixed(1)}, disk daemon ${((fdCount(daemonPid) - base.daemonFds) / n).toFixed(1)} (limit ${Number(/^Max open files\s+(\d+)/m.exec(readFileSync(`/proc/${nodePid}/limits`, "utf8"))?.[1])})`,
     );
     if (failed) break;
     if (MAX_P95_RATIO > 0 && points.length > 1 && p.createP95 > MAX_P95_RATIO * b.createP95) {

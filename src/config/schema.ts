@@ -67,8 +67,8 @@ export const CONFIG_SCHEMA = section("", {
       { min: 0, max: 65536, unit: "MiB" },
     ),
     tcg_tb_size_restore_mib: int(
-      16,
-      "TCG translation cache in MiB of a VM restored from a snapshot (most sandboxes); 0 keeps QEMU's\ndefault. A restored guest translates only what it runs from then on (10 MiB to envd ready, the\nwhole cache after its first commands: each is a login bash), and the cache stays resident for the\nVM's life, so it is most of an idle sandbox's host memory beyond its guest's. bench/vm.ts\n--restores-only --tb-sizes 12,16,32 (5 interleaved restores each, a python3 command run twice,\nload 3-5): QEMU CPU for the command pair 18.7 / 16.2 / 15.0 s (35 / 17 / 5 whole-cache flushes);\nbench/density.ts (10 idle sandboxes): 43.5 MiB per sandbox beyond what its guest dirtied at 16,\n61 MiB at 32. docs/density.md.",
+      32,
+      "TCG translation cache in MiB of a VM restored from a snapshot (most sandboxes); 0 keeps QEMU's\ndefault. A restored guest translates only what it runs from then on (10 MiB to envd ready, the\nwhole cache after its first commands: each is a login bash), and the cache stays resident for the\nVM's life: the largest part of an idle sandbox's host memory beyond its guest's. Smaller saves\nmemory and costs every command: a full cache is flushed whole and the kernel, envd and bash are\ntranslated again. Two nodes side by side, 8 interleaved creates each (load 8): first\ncommands.run p50 1955 / 1161 / 856 ms, the next 1639 / 1048 / 775 ms at 16 / 24 / 32;\nbench/density.ts (10 idle sandboxes): 43.5 vs 61 MiB per sandbox beyond what its guest dirtied\nat 16 vs 32; bench/vm.ts --restores-only: QEMU CPU for a python3 pair 16.2 vs 15.0 s.\ndocs/density.md.",
       { min: 0, max: 65536, unit: "MiB" },
     ),
     qmp_timeout_ms: int(30_000, "Longest wait (ms) for one QMP command (migrations included).", { min: 1, max: MS_MAX, unit: "ms" }),

@@ -136,7 +136,7 @@ describe("buildQemuArgs", () => {
 describe("TCG translation cache sizes", () => {
   test("a restored VM gets [qemu] tcg_tb_size_restore_mib, a booted one tcg_tb_size_mib", () => {
     const o = qemuOptions(loadConfig({ env: {} }));
-    expect([o.tcgTbSizeMiB, o.tcgTbSizeRestoreMiB]).toEqual([256, 16]);
+    expect([o.tcgTbSizeMiB, o.tcgTbSizeRestoreMiB]).toEqual([256, 32]);
     const d = new QemuDriver({ ...o, accel: "tcg", tscKhz: 2596134, tcgTbSizeMiB: 128, tcgTbSizeRestoreMiB: 24 });
     expect(d.tcgTbSizeMiBFor(false)).toBe(128);
     expect(d.tcgTbSizeMiBFor(true)).toBe(24);
