@@ -21,10 +21,16 @@
  *    dirtied (this also holds kernel memory no process accounts for: network namespaces, taps,
  *    FUSE connections, slab; and whatever else changed on the host meanwhile);
  *  - the guest RAM dirtied per sandbox (mean) and the load average;
- *  - after the last checkpoint: `echo ok` in every sandbox (all must answer).
+ *  - after the last checkpoint, memory given back (`--memory-return-mib`, 256; 0: skip): the newest
+ *    sandbox's guest allocates and frees that much (python3), and the bench polls its QEMU's
+ *    private guest RAM (the mapping's Anonymous pages) every 250 ms for up to 60 s: the rise, how
+ *    much went back and when it first reached 200/256 of the amount (goal: >= 200 MiB of 256
+ *    within 30 s, free page reporting);
+ *  - then `echo ok` in every sandbox (all must answer).
  * Needs root, the kernel and base template with its snapshot in AENV_TEST_HOME_PATH.
  *   bun bench/density.ts [--max 400] [--step 10] [--settle-secs 60] [--idle-secs 30] [--checkpoints 10,20,40,...]
- *     [--min-free-mib 1024] [--max-p95-ratio 0] [--metrics-asked 0] [--env KEY=VALUE]...
+ *     [--min-free-mib 1024] [--max-p95-ratio 0] [--metrics-asked 0] [--memory-return-mib 256]
+ *     [--env KEY=VALUE]...
  * `--env` sets the node's environment (config overrides such as AENV__metrics__sample_interval_ms=5000);
  * `--metrics-asked N` asks GET /sandboxes/{id}/metrics of N sandboxes before each idle window
  * (someone looking at them).
@@ -46,6 +52,7 @@ const SETTLE_SECS = arg("--settle-secs", 60);
 const MIN_FREE_MIB = arg("--min-free-mib", 1024);
 const MAX_P95_RATIO = arg("--max-p95-ratio", 0);
 const METRICS_ASKED = arg("--metrics-asked", 0);
+const MEMORY_RETURN_MIB = arg("--memory-return-mib", 256);
 const cpIdx = argv.indexOf("--checkpoints");
 const CHECKPOINTS = (cpIdx >= 0 ? argv[cpIdx + 1]!.split(",").map(Number) : [10, 20, 40, 80, 120, 160, 200, 240, 280, 320, 360, 400]).filter((c) => c <= MAX);
 if (!CHECKPOINTS.includes(MAX)) CHECKPOINTS.push(MAX);
@@ -134,6 +141,55 @@ function qemuMem(pid: number, ramKiB: number): QemuMem | null {
   return out;
 }
 
+/** pid of sandbox `id`'s QEMU among `pids` (its command line carries the id). */
+function qemuPidOf(pids: number[], id: string): number | undefined {
+  return pids.find((p) => {
+    try {
+      return readFileSync(`/proc/${p}/cmdline`, "utf8").includes(id);
+    } catch {
+      return false;
+    }
+  });
+}
+
+/** What one sandbox's QEMU gave back after its guest allocated and freed `mib` MiB. */
+interface MemoryReturn {
+  mib: number;
+  /** Rise of the guest RAM's private pages over the allocation, kB. */
+  roseKiB: number;
+  /** Fall from the peak at the last reading, kB. */
+  returnedKiB: number;
+  /** ms from the command's return until the fall first reached `mib` * 200/256 MiB; NaN if it never did. */
+  reachedMs: number;
+}
+
+/**
+ * Have sandbox `c` allocate and free `mib` MiB and watch its QEMU's private guest RAM for up to
+ * `boundMs`; null when its QEMU is not found or the command failed.
+ */
+async function memoryReturn(client: Client, c: Created, pids: number[], mib: number, boundMs = 60_000): Promise<MemoryReturn | null> {
+  const pid = qemuPidOf(pids, c.id);
+  if (pid === undefined) return null;
+  const dirtied = () => qemuMem(pid, MEM_MIB * 1024)?.dirtied ?? NaN;
+  const before = dirtied();
+  const [r] = await client.op({ op: "run", i: c.i, cmd: `python3 -c "b = b'x' * (${mib} << 20); print(len(b))"` });
+  if (r?.ev !== "ran" || r.exitCode !== 0) return null;
+  const peak = dirtied();
+  const goal = ((mib * 200) / 256) * 1024;
+  const t0 = performance.now();
+  let now = peak;
+  let reachedMs = NaN;
+  while (performance.now() - t0 < boundMs) {
+    await Bun.sleep(250);
+    now = dirtied();
+    if (peak - now >= goal) {
+      reachedMs = performance.now() - t0;
+      break;
+    }
+  }
+  return { mib, roseKiB: peak - before, returnedKiB: peak - now, reachedMs };
+}
+
 /** One created sandbox as the client reported it. */
 interface Created {
   i: number;
@@ -207,6 +263,8 @@ interface Point {
   nodePct: number;
   daemonPct: number;
   perSandboxKiB: number;
+  /** Of it: the disk daemon's and the node's growth, per sandbox. */
+  sharedKiB: number;
   systemKiB: number;
   dirtiedKiB: number;
   load: number[];
@@ -281,6 +339,7 @@ try {
       nodePct: ((cpuTicks(nodePid) - n0) / USER_HZ / secs) * 100,
       daemonPct: ((cpuTicks(daemonPid) - d0) / USER_HZ / secs) * 100,
       perSandboxKiB: mean(mems.map((m) => m.pss - m.dirtied + m.pte)) + shared,
+      sharedKiB: shared,
       systemKiB: (base.avail - availNow) / Math.max(1, n) - dirtied,
       dirtiedKiB: dirtied,
       load: loadavg(),
@@ -292,7 +351,7 @@ try {
       `${n} live (${pids.length} QEMU): create p50 ${ms(p.createP50)} p95 ${ms(p.createP95)} (${(p.createP95 / b.createP95).toFixed(2)}x the first 10's p95), ` +
         `first command p50 ${ms(p.firstP50)} p95 ${ms(p.firstP95)} (${(p.firstP95 / b.firstP95).toFixed(2)}x); ` +
         `idle CPU per QEMU ${p.cpuMeanPct.toFixed(2)}% (max ${p.cpuMaxPct.toFixed(2)}%) of a core over ${secs.toFixed(0)} s, node ${p.nodePct.toFixed(2)}%, disk daemon ${p.daemonPct.toFixed(2)}%; ` +
-        `memory per sandbox beyond what its guest dirtied ${mib(p.perSandboxKiB)} (processes) / ${mib(p.systemKiB)} (MemAvailable), dirtied ${mib(p.dirtiedKiB)}; ` +
+        `memory per sandbox beyond what its guest dirtied ${mib(p.perSandboxKiB)} (processes: QEMU ${mib(p.perSandboxKiB - p.sharedKiB)}, disk daemon and node ${mib(p.sharedKiB)}) / ${mib(p.systemKiB)} (MemAvailable), dirtied ${mib(p.dirtiedKiB)}; ` +
         `load ${p.load.map((x) => x.toFixed(2)).join(" ")}; MemAvailable ${p.availMiB.toFixed(0)} MiB; ` +
         `descriptors per sandbox: node ${((fdCount(nodePid) - base.nodeFds) / n).toFixed(1)}, disk daemon ${((fdCount(daemonPid) - base.daemonFds) / n).toFixed(1)} (limit ${Number(/^Max open files\s+(\d+)/m.exec(readFileSync(`/proc/${nodePid}/limits`, "utf8"))?.[1])})`,
     );
@@ -302,6 +361,16 @@ try {
       break;
     }
   }
+  let ret: MemoryReturn | null = null;
+  if (MEMORY_RETURN_MIB > 0 && created.length > 0) {
+    ret = await memoryReturn(client, created.at(-1)!, qemuPidsUnder(world.home, world.memDir), MEMORY_RETURN_MIB);
+    console.log(
+      ret
+        ? `memory given back: a guest allocated and freed ${ret.mib} MiB (its QEMU's private guest RAM rose ${mib(ret.roseKiB)}); ${mib(ret.returnedKiB)} back, ` +
+            `${Number.isFinite(ret.reachedMs) ? `${((ret.mib * 200) / 256).toFixed(0)} MiB of it after ${(ret.reachedMs / 1000).toFixed(1)} s` : "never reaching 200/256 of it in 60 s"} (goal >= 200 MiB of 256 within 30 s)`
+        : "memory given back: not measured (the sandbox's QEMU was not found or the command failed)",
+    );
+  }
   const [chk] = await client.op({ op: "check" });
   console.log(`stopped: ${stopReason}`);
   console.log(`every sandbox asked to run \`echo ok\`: ${chk!.answered} of ${created.length} answered (p50 ${ms(chk!.p50Ms)}, p95 ${ms(chk!.p95Ms)})${chk!.failed.length ? `; no answer from ${chk!.failed.join(" ")}` : ""}`);
@@ -309,7 +378,9 @@ try {
   const first = points[0]!;
   console.log(
     `summary at ${last.count} live vs the first ${first.count}: create p95 ${(last.createP95 / first.createP95).toFixed(2)}x (goal <= 3x), idle CPU per QEMU ${last.cpuMeanPct.toFixed(2)}% (goal <= 0.3%), ` +
-      `memory per sandbox beyond dirtied ${mib(last.perSandboxKiB)} / ${mib(last.systemKiB)} (goal <= 45 MiB), load ${last.load[0]!.toFixed(2)} (goal < 8; ${load0[0]!.toFixed(2)} before the node started)`,
+      `memory per sandbox beyond dirtied ${mib(last.perSandboxKiB)} / ${mib(last.systemKiB)} (goal <= 45 MiB), load ${last.load[0]!.toFixed(2)} (goal < 8; ${load0[0]!.toFixed(2)} before the node started), ` +
+      `answering ${chk!.answered} of ${created.length}` +
+      (ret ? `, memory back ${mib(ret.returnedKiB)} of ${ret.mib} MiB${Number.isFinite(ret.reachedMs) ? ` (${((ret.mib * 200) / 256).toFixed(0)} MiB after ${(ret.reachedMs / 1000).toFixed(1)} s)` : ""} (goal >= 200 MiB within 30 s)` : ""),
   );
   await client.op({ op: "kill" });
   await client.close();
