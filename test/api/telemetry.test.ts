@@ -91,8 +91,9 @@ test("metrics: sampled from envd with the sandbox's token; GET by interval, seve
   const callsOf = (token: string | null | undefined) => seenTokens.filter((t) => t === token).length;
   const calls = callsOf(rec.envdAccessToken);
   const kept = (await json(await api(node, `/sandboxes/${metr1}/metrics`))).body.length;
-  // another running sandbox sampled twice: the sampler has made a whole round since the pause
+  // another running sandbox, read (so watched), sampled twice: the sampler has ticked since the pause
   const other = await createLoopback(node);
+  expect((await api(node, `/sandboxes/${other.id}/metrics`)).status).toBe(200);
   await waitFor("two samples of another sandbox", () => callsOf(other.envdAccessToken) >= 2);
   await node.orch.kill(other.id);
   expect(callsOf(rec.envdAccessToken)).toBe(calls);
