@@ -74,7 +74,7 @@ export const CONFIG_SCHEMA = section("", {
     qmp_timeout_ms: int(30_000, "Longest wait (ms) for one QMP command (migrations included).", { min: 1, max: MS_MAX, unit: "ms" }),
     free_page_reporting: bool(
       true,
-      "Give booted VMs a virtio-balloon device with free page reporting: memory the guest frees (in 4 MiB\nblocks, about 2 s later) goes back to the host instead of staying with QEMU until the sandbox\nends. Snapshots keep the device (a restore has it when the snapshot's VM had it); changing this\nremakes template and boot snapshots. docs/density.md.",
+      "Give booted VMs a virtio-balloon device with free page reporting: memory the guest frees (in 2 MiB\nblocks, about 2 s later: the guest init sets page_reporting_order 9) goes back to the host instead of staying with QEMU until the sandbox\nends. Snapshots keep the device (a restore has it when the snapshot's VM had it); changing this\nremakes template and boot snapshots. docs/density.md.",
     ),
     memory_dir: str("/dev/shm/agentenv", "Directory of the guest RAM files of booted VMs (<dir>/<vm id>.mem, mapped shared so snapshots\nneed not stream RAM). A tmpfs keeps guest RAM off the disk.", { minLength: 1 }),
   }),
