@@ -26,10 +26,13 @@
  * build-base`): the guests run the envd of its tools drive and of the template's memory snapshot.
  *   bun bench/chaos.ts [--kills 50] [--seed N] [--concurrency 4] [--duration 3600 (s)]
  *     [--min-gap 2] [--max-gap 15 (s)] [--weights node=2,daemon=1,vmm=2] [--max-sandboxes 8]
- *     [--max-write-kib 256] [--adopt 50] [--startup-runs 3] [--json]
+ *     [--max-write-kib 256] [--adopt 50] [--startup-runs 3] [--out DIR] [--log PATH] [--json]
+ * `--out` (default a new /tmp/aenv-chaos-XXXX) receives the node's full log of every start
+ * (`node.log`, or `--log PATH`; pino JSON lines, level info) and the figures (`figures.json`):
+ * a sandbox the check finds lost is diagnosed from its lines there (grep its id).
  */
 import { join } from "node:path";
-import { readFileSync } from "node:fs";
+import { mkdirSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs";
 import { diskDaemonsUnder, NodeWorld, qemuPidsUnder, TEST_HOME } from "../test/e2e/world.ts";
 import { killSchedule, KILL_KINDS, leakCounts, percentile, type KillKind } from "./chaos/plan.ts";
 import { leftovers, ublkDevices } from "./chaos/leaks.ts";
@@ -54,6 +57,9 @@ const STARTUP_RUNS = arg("--startup-runs", 3);
 /** The node's environment at every start: its limit of live sandboxes leaves room for the --adopt set and the workload's. */
 const NODE_ENV = { AENV_LOG_LEVEL: "info", AENV__orchestrator__max_sandboxes: String(ADOPT + arg("--max-sandboxes", 8) + 16) };
 const JSON_OUT = flag("--json");
+const OUT_DIR = argv.includes("--out") ? str("--out", "") : mkdtempSync("/tmp/aenv-chaos-");
+mkdirSync(OUT_DIR, { recursive: true });
+const NODE_LOG = str("--log", join(OUT_DIR, "node.log"));
 const weights = Object.fromEntries(KILL_KINDS.map((k) => [k, k === "daemon" ? 1 : 2])) as Record<KillKind, number>;
 for (const kv of str("--weights", "").split(",").filter(Boolean)) {
   const [k, v] = kv.split("=");
@@ -184,6 +190,9 @@ function guestProvenance(): { tools: string | null; baseSnapshot: string | null 
 }
 
 const world = new NodeWorld();
+world.logFile = NODE_LOG;
+writeFileSync(NODE_LOG, "");
+say(`node log: ${NODE_LOG}`);
 let workload: Workload | undefined;
 const ublkBefore = ublkDevices();
 let exitCode = 0;
@@ -290,6 +299,7 @@ try {
   const leaks = leakCounts(left);
   const figures = {
     seed: SEED,
+    nodeLog: NODE_LOG,
     guest: guestProvenance(),
     concurrency: CONCURRENCY,
     chaosMs,
@@ -328,6 +338,7 @@ try {
 
   say("");
   say(`chaos: ${kills.length} kills (${KILL_KINDS.map((k) => `${k} ${byKind[k]}`).join(", ")}) over ${ms(chaosMs)}, seed ${SEED}, concurrency ${CONCURRENCY}`);
+  say(`  node log (every start, pino JSON): ${NODE_LOG}; figures: ${join(OUT_DIR, "figures.json")}`);
   say(`  guests: tools drive ${figures.guest.tools}, base template snapshot ${figures.guest.baseSnapshot} (of ${TEST_HOME})`);
   say(`  ops: ${Object.entries(fin.ops as Record<string, { ok: number; failed: number }>).map(([k, v]) => `${k} ${v.ok}/${v.ok + v.failed}`).join(", ")} (ok/all; errors in --json); workload kills ${fin.workloadKills}`);
   say(`  checked ${figures.sandboxesChecked} sandboxes and ${figures.filesChecked} files over ${checks.length} checks`);
@@ -348,11 +359,12 @@ try {
   }
   const pass = figures.sandboxesLost === 0 && figures.bytesLost === 0 && figures.filesLost.length === 0 && leaks.total === 0 && (!figures.startup || figures.startup.deltaMs < 2000);
   say(`  done-when (0 lost, 0 bytes lost, 0 leaks${figures.startup ? ", start-up delta < 2 s" : ""}): ${pass ? "met" : "NOT met"}${kills.length < 50 ? ` (only ${kills.length} kills; it asks for >= 50)` : ""}`);
+  writeFileSync(join(OUT_DIR, "figures.json"), `${JSON.stringify(figures, null, 2)}\n`);
   if (JSON_OUT) process.stdout.write(`${JSON.stringify(figures)}\n`);
   if (!pass) exitCode = 1;
 } catch (e) {
   console.error(e);
-  console.error(`node log tail:\n${world.log.slice(-4000)}`);
+  console.error(`node log tail:\n${world.log.slice(-4000)}\n(whole log: ${NODE_LOG})`);
   exitCode = 2;
 } finally {
   workload?.kill();

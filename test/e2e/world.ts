@@ -6,7 +6,7 @@
  * inside it too. `dispose()` stops everything and removes what the node may have left.
  */
 import { netLockPath } from "../../src/node/lock.ts";
-import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, symlinkSync } from "node:fs";
+import { appendFileSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, symlinkSync } from "node:fs";
 import { join } from "node:path";
 import type { Subprocess } from "bun";
 import { afterAll, beforeAll } from "bun:test";
@@ -49,6 +49,8 @@ export class NodeWorld {
   private nodeErr = "";
   /** Everything the node wrote to stderr (its pino log), every start of it. */
   private nodeErrAll = "";
+  /** When set, every start's stderr (the node's pino log) is appended to this file as it comes (a bench keeps it for diagnosis). */
+  logFile: string | undefined;
 
   constructor() {
     const tag = Math.random().toString(36).slice(2, 6).replace(/[^a-z0-9]/g, "a");
@@ -102,6 +104,7 @@ export class NodeWorld {
         const text = new TextDecoder().decode(c);
         this.nodeErr = (this.nodeErr + text).slice(-20_000);
         this.nodeErrAll += text;
+        if (this.logFile) appendFileSync(this.logFile, text);
       }
     })();
     const reader = p.stdout.getReader();
