@@ -2,7 +2,8 @@
  * Watching started sandboxes for an end of their own: the VMM exits, or the runtime reports the
  * sandbox lost (its disk device removed). Each start (create or resume) gets a node-wide unique
  * generation number; the end of an older generation (the VM a pause or kill stopped on purpose)
- * is not reported.
+ * is not reported. A stop that fails (a pause whose VM runs on, or died meanwhile) watches the
+ * same ends again: an end that came meanwhile is reported then.
  */
 
 /** What a started sandbox may end by. */
@@ -14,6 +15,8 @@ export interface Ends {
 /** Generations of sandbox starts and the watch on their ends. */
 export class ExitWatch {
   readonly #generations = new Map<string, number>();
+  /** The ends of each sandbox's current start, while watched. */
+  readonly #ends = new Map<string, Ends>();
   #last = 0;
 
   /**
@@ -27,6 +30,7 @@ export class ExitWatch {
   watch(id: string, started: Ends): void {
     const gen = ++this.#last;
     this.#generations.set(id, gen);
+    this.#ends.set(id, started);
     const ends: Promise<string>[] = [];
     if (started.exited) ends.push(started.exited.then(() => "sandbox VM exited unexpectedly"));
     if (started.lost) ends.push(started.lost);
@@ -37,8 +41,14 @@ export class ExitWatch {
     });
   }
 
-  /** Sandbox `id`'s current start is being stopped on purpose (pause, kill): its end is no failure. */
-  forget(id: string): void {
+  /**
+   * Sandbox `id`'s current start is being stopped on purpose (pause, kill): its end is no failure.
+   * @returns that start's ends (to `watch` again when the stop fails), or null when none was watched
+   */
+  forget(id: string): Ends | null {
     this.#generations.delete(id);
+    const ends = this.#ends.get(id) ?? null;
+    this.#ends.delete(id);
+    return ends;
   }
 }

@@ -491,7 +491,7 @@ export class Orchestrator<S = unknown> extends SandboxReads<S> implements Sandbo
     await this.lock.run(id, async () => {
       const r = this.get(id);
       if (r.state === "paused") throw new OrchestratorError("orchestrator.conflict", `sandbox ${id} is already paused`, { sandboxId: id });
-      this.exits.forget(id);
+      const ends = this.exits.forget(id);
       this.events.transition(id, "running", "pausing", {}, reason);
       const signal = AbortSignal.timeout(this.config.pauseTimeoutMs);
       try {
@@ -504,9 +504,20 @@ export class Orchestrator<S = unknown> extends SandboxReads<S> implements Sandbo
         const st = await this.runtime.pause(id, this.states.of(r), signal, { memory, record: portableRecord(r, memory) });
         this.events.transition(id, "pausing", "paused", { runtimeState: st, endpoint: null, snapshotKind: memory ? "memory" : "filesystem" }, reason);
       } catch (e) {
-        // the runtime leaves the VM running when a pause fails before the VMM is stopped
-        this.events.transition(id, "pausing", "failed", { error: `pause failed: ${errorMessage(e)}` });
-        await this.runtime.kill(id, this.states.forKill(r)).catch(() => {});
+        const error = `pause failed: ${errorMessage(e)}`;
+        if (ends) {
+          // the runtime leaves the VM running when a pause fails before the VMM is stopped: the
+          // sandbox runs on. A VMM that died meanwhile (or was stopped before the commit failed)
+          // ends the watch at once, and its sandbox is paused with its files (failEnded), never
+          // killed: a pause cut by a VM loss must not lose the files
+          this.log.warn({ sandboxId: id, err: e }, `${error}; the sandbox runs on (paused with its files if its VM is gone)`);
+          this.events.transition(id, "pausing", "running", {});
+          this.exits.watch(id, ends);
+        } else {
+          // no end of its VM to watch: whether it runs on is unknown
+          this.events.transition(id, "pausing", "failed", { error });
+          await this.runtime.kill(id, this.states.forKill(r)).catch(() => {});
+        }
         this.events.recount();
         throw new OrchestratorError("orchestrator.runtime_failed", `failed to pause sandbox ${id}: ${errorMessage(e)}`, { sandboxId: id }, { cause: e });
       }

@@ -3,7 +3,8 @@
  * and a short timeout pauses at expiry, deprecated resume, network policy update, and the
  * `agentenv sandbox` CLI end to end (create, exec with exit code, pause, list, resume, kill), and
  * kills racing a create of the same sandbox, a VM that dies on its own (paused with its files, booted
- * on them at connect), and a sandbox whose root disk a restarted disk daemon cannot serve again
+ * on them at connect), VMMs killed in the middle of a pause, a connect's resume, a snapshot and a
+ * fork, and again after a boot from a vm_lost pause (never lost: paused with its files), and a sandbox whose root disk a restarted disk daemon cannot serve again
  * because its upper is gone (failed: its files are lost; nothing left).
  */
 import { expect, test } from "bun:test";
@@ -120,6 +121,112 @@ test("a VM that dies on its own: the sandbox is paused with its files (reason vm
   await waitFor("the killed sandbox's files to be removed", () => !existsSync(join(world.home, "sandboxes", id)), { timeoutMs: 20_000 });
   expect(held(world, id)).toEqual({ slot: [], mounts: [], workDir: false, pauseSnapshots: 0 });
 }, 300_000);
+
+/** Sandbox `id`'s stored state and snapshot kind, as the node's database has them now. */
+function stored(w: NodeWorld, id: string): { state: string; kind: string | null } {
+  const db = new Database(join(w.home, "agentenv.db"), { readonly: true });
+  try {
+    const r = db.query<{ state: string; snapshot_kind: string | null }, [string]>("SELECT state, snapshot_kind FROM sandboxes WHERE id = ?").get(id);
+    return { state: r?.state ?? "none", kind: r?.snapshot_kind ?? null };
+  } finally {
+    db.close();
+  }
+}
+
+/** The pid of sandbox `id`'s VMM (its QEMU names it), or undefined. */
+function vmmOf(w: NodeWorld, id: string): number | undefined {
+  return qemuPidsUnder(w.home, w.memDir).find((pid) => {
+    try {
+      return readFileSync(`/proc/${pid}/cmdline`, "utf8").includes(`aenv-${id}`);
+    } catch {
+      return false;
+    }
+  });
+}
+
+/** SIGKILL sandbox `id`'s VMM once `when` holds (polled every few ms); returns the killed pid. */
+async function killVmmWhen(w: NodeWorld, id: string, what: string, when: () => boolean): Promise<number> {
+  const pid = await waitFor(what, () => (when() ? vmmOf(w, id) : undefined), { timeoutMs: 120_000, maxIntervalMs: 5 });
+  process.kill(pid, "SIGKILL");
+  return pid;
+}
+
+/** Commits in progress in the node's snapshot repository (a capture has begun), by staging folder. */
+function staging(w: NodeWorld): string[] {
+  const dir = join(w.home, "snapshots", "staging");
+  return existsSync(dir) ? readdirSync(dir) : [];
+}
+
+/** Whether a commit began that was not in progress in `before`. */
+function newCommit(w: NodeWorld, before: string[]): boolean {
+  return staging(w).some((s) => !before.includes(s));
+}
+
+/**
+ * Wait until sandbox `id`, whose VM was killed, settled paused in the database (a failed pause
+ * passes through running until the VM's end is seen); returns its snapshot kind.
+ */
+async function settledPaused(w: NodeWorld, id: string): Promise<string | null> {
+  const r = await waitFor(`sandbox ${id} to settle paused (or end)`, () => {
+    const x = stored(w, id);
+    return x.state === "paused" || x.state === "killed" || x.state === "failed" ? x : undefined;
+  }, { timeoutMs: 120_000 });
+  expect(r.state).toBe("paused");
+  return r.kind;
+}
+
+test("a VMM killed in the middle of an operation never loses its sandbox: during a pause, during the resume of connect, after a boot from a vm_lost pause, during a snapshot and a fork: paused with its files each time, connect boots it on them", async () => {
+  const world = node();
+  const { id } = await world.client("create-hold.ts");
+  const files = { ok: true, kept: "written before its VM went", tmp: "t\n", run: "booted on its disk\n" };
+  // (a) during a pause (its capture begun): the pause fails, the sandbox is paused with its files
+  const pausing = world.client("vm-op.ts", ["pause", id]);
+  await killVmmWhen(world, id, "the pause to begin", () => stored(world, id).state === "pausing");
+  const pause = await pausing;
+  expect(await settledPaused(world, id)).toBe(pause.ok ? "memory" : "filesystem");
+  expect(await world.client("vm-op.ts", ["check", id])).toEqual({ ...files, marks: "1" });
+  // (c) a second VM loss, after a boot from a vm_lost pause (its base is its own pause snapshot)
+  process.kill(vmmOf(world, id)!, "SIGKILL");
+  expect(await settledPaused(world, id)).toBe("filesystem");
+  // (b) the VM a connect boots is killed before the connect answered: back to paused on the same snapshot
+  // (a VM killed while it restores the boot snapshot makes the resume boot another: that one too)
+  let connected = false;
+  const connecting = world.client("vm-op.ts", ["check", id]).finally(() => (connected = true));
+  await killVmmWhen(world, id, "the resume's VM", () => stored(world, id).state === "resuming");
+  while (!connected && stored(world, id).state === "resuming") {
+    const again = vmmOf(world, id);
+    if (again) process.kill(again, "SIGKILL");
+    await Bun.sleep(5);
+  }
+  const cut = await connecting;
+  expect(cut.ok).toBe(false);
+  expect(await settledPaused(world, id)).toBe("filesystem");
+  expect(await world.client("vm-op.ts", ["check", id])).toEqual({ ...files, marks: "2" });
+  // (d) during a snapshot (its capture begun): the snapshot fails, the sandbox keeps its files
+  const marks = Number((await world.client("vm-op.ts", ["check", id])).marks);
+  let before = staging(world);
+  const snapshotting = world.client("vm-op.ts", ["snapshot", id]);
+  await killVmmWhen(world, id, "the snapshot's capture", () => newCommit(world, before));
+  const snap = await snapshotting;
+  expect(snap.ok).toBe(false);
+  expect(await settledPaused(world, id)).toBe("filesystem");
+  expect(await world.client("vm-op.ts", ["check", id])).toEqual({ ...files, marks: String(marks + 1) });
+  // (d) during a fork's checkpoint: the fork fails (no child), the parent keeps its files
+  before = staging(world);
+  const forking = world.client("vm-op.ts", ["fork", id]);
+  await killVmmWhen(world, id, "the fork's checkpoint", () => newCommit(world, before));
+  const fork = await forking;
+  expect(fork.ok).toBe(false);
+  expect(await settledPaused(world, id)).toBe("filesystem");
+  const last = await world.client("vm-op.ts", ["check", id]);
+  expect(last).toEqual({ ...files, marks: String(marks + 2) });
+  // nothing of the failed operations is left: one sandbox, one VMM, no commit in progress, no fork child
+  const c = await world.client("connect-files.ts", [id]);
+  expect(c).toMatchObject({ kill: true, getAfterKill: 404, listedEnd: 0 });
+  expect(c.events).not.toContain("sandbox.lifecycle.failed");
+  expect(qemuPidsUnder(world.home, world.memDir)).toEqual([]);
+  expect(staging(world)).toEqual([]);
+}, 900_000);
 
 test("a sandbox whose root disk the restarted disk daemon cannot serve again (its upper gone): failed, not paused (its files are lost), the log and its failed event say why, nothing left", async () => {
   const world = node();

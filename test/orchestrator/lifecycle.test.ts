@@ -126,6 +126,58 @@ test("a sandbox whose VM is lost (its disk device removed) is paused with its fi
   expect(() => w.runtime.lose(broken, "again")).toThrow();
 });
 
+test("a pause that fails: the sandbox runs on when its VM does; when its VM was lost during the pause, it is paused with its files, never killed", async () => {
+  const w = world();
+  cleanup.push(() => rmSync(w.home, { recursive: true, force: true }), () => w.db.close(), () => w.orch.close());
+  await w.orch.start();
+  const events: SandboxEvent[] = [];
+  w.orch.observe({ onEvent: (e) => events.push(e) });
+  const intact = (await create(w.orch)).id;
+  const lost = (await create(w.orch)).id;
+  // the pause fails with the guest still served: the pause is undone, the VM watched again
+  let gate = w.runtime.gate("pause");
+  const p1 = w.orch.pause(intact);
+  expect(await gate.reached).toBe(intact);
+  gate.open(new Error("QMP stop timed out"));
+  await expect(p1).rejects.toMatchObject({ code: "orchestrator.runtime_failed" });
+  expect(w.orch.store.get(intact)).toMatchObject({ state: "running", endpoint: { host: w.runtime.hostOf(intact)! } });
+  expect(w.runtime.calls).not.toContain(`kill:${intact}`);
+  expect(events.filter((e) => e.id === intact).map((e) => [e.from, e.to])).toEqual([
+    [null, "creating"],
+    ["creating", "running"],
+    ["running", "pausing"],
+    ["pausing", "running"],
+  ]);
+  // its end is watched again: a later loss keeps its files
+  const intactPaused = new Promise<void>((r) => w.orch.observe({ onEvent: (e) => e.id === intact && e.to === "paused" && r() }));
+  w.runtime.lose(intact, "VM exited");
+  await intactPaused;
+  expect(w.orch.store.get(intact)).toMatchObject({ state: "paused", snapshotKind: "filesystem", error: "VM exited" });
+  // the VM is lost while its pause runs (its VMM killed): the pause fails, the loss is seen, the files are kept
+  gate = w.runtime.gate("pause");
+  const p2 = w.orch.pause(lost);
+  expect(await gate.reached).toBe(lost);
+  const lostPaused = new Promise<void>((r) => w.orch.observe({ onEvent: (e) => e.id === lost && e.to === "paused" && r() }));
+  w.runtime.lose(lost, "sandbox VM exited unexpectedly");
+  gate.open(new Error("QMP connection closed"));
+  await expect(p2).rejects.toMatchObject({ code: "orchestrator.runtime_failed" });
+  await lostPaused;
+  expect(w.orch.store.get(lost)).toMatchObject({ state: "paused", snapshotKind: "filesystem", error: "sandbox VM exited unexpectedly", endpoint: null });
+  expect(w.runtime.calls.filter((c) => c.endsWith(`:${lost}`))).toEqual([`start:${lost}`, `pause:${lost}`, `salvage:${lost}`]);
+  expect(events.filter((e) => e.id === lost).map((e) => [e.from, e.to, e.reason ?? null])).toEqual([
+    [null, "creating", null],
+    ["creating", "running", null],
+    ["running", "pausing", "request"],
+    ["pausing", "running", null],
+    ["running", "pausing", "vm_lost"],
+    ["pausing", "paused", "vm_lost"],
+  ]);
+  // both connect again (cold boots on their disks)
+  expect((await w.orch.connect(lost, 60)).resumed).toBe(true);
+  expect((await w.orch.connect(intact, 60)).resumed).toBe(true);
+  expect(w.orch.getCounters()).toMatchObject({ running: 2, paused: 0, failed: 0 });
+});
+
 test("shutdown kills live sandboxes and refuses new work with 503", async () => {
   const w = world();
   cleanup.push(() => rmSync(w.home, { recursive: true, force: true }), () => w.db.close());
