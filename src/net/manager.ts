@@ -363,13 +363,7 @@ export class NetworkManager {
    */
   async shutdown(): Promise<void> {
     if (this.closed) return;
-    this.closed = true;
-    this.kick();
-    await this.worker;
-    await this.dnsExpiry.stop();
-    await this.dns?.stop();
-    await this.egress.stop();
-    while (this.building > 0 || this.draining > 0) await this.changed(Infinity);
+    await this.quiesce();
     const all = [...this.pool.splice(0), ...[...this.allocated.values()].map((a) => slotLayout(this.cfg, a.idx))];
     this.allocated.clear();
     this.bySandbox.clear();
@@ -386,12 +380,17 @@ export class NetworkManager {
    */
   async detach(): Promise<void> {
     if (this.closed) return;
+    // the interceptor goes with this process (its redirects stay; the next node's start rewrites them)
+    await this.quiesce();
+  }
+
+  /** Refuse allocation from now on; stop the worker, the DNS proxy, its expiry timer and the egress interceptor; wait for slot builds and drains under way. */
+  private async quiesce(): Promise<void> {
     this.closed = true;
     this.kick();
     await this.worker;
     await this.dnsExpiry.stop();
     await this.dns?.stop();
-    // the interceptor goes with this process (its redirects stay; the next node's start rewrites them)
     await this.egress.stop();
     while (this.building > 0 || this.draining > 0) await this.changed(Infinity);
   }

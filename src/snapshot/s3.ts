@@ -95,6 +95,16 @@ export class S3Repository {
     }
   }
 
+  /** The text of object `key`, or undefined when the store has no such object. @throws SnapshotError `snapshot.remote_failed` */
+  private async readText(key: string): Promise<string | undefined> {
+    try {
+      return await this.client.file(key).text();
+    } catch (e) {
+      if (isNotFound(e)) return undefined;
+      throw this.failed("get", key, e);
+    }
+  }
+
   /**
    * The pause snapshot paused sandbox `sandboxId` resumes from, or undefined when the store names none.
    * @throws SnapshotError `snapshot.remote_failed`; `snapshot.bad_manifest` for an object that is
@@ -103,13 +113,8 @@ export class S3Repository {
   async getPaused(sandboxId: string): Promise<string | undefined> {
     if (!SANDBOX_ID_RE.test(sandboxId)) return undefined;
     const key = this.pausedKey(sandboxId);
-    let text: string;
-    try {
-      text = await this.client.file(key).text();
-    } catch (e) {
-      if (isNotFound(e)) return undefined;
-      throw this.failed("get", key, e);
-    }
+    const text = await this.readText(key);
+    if (text === undefined) return undefined;
     let parsed: unknown = null;
     try {
       parsed = JSON.parse(text);
@@ -204,13 +209,8 @@ export class S3Repository {
   async getManifest(id: string): Promise<SnapshotManifest | undefined> {
     if (!SNAPSHOT_ID_RE.test(id)) return undefined;
     const key = this.manifestKey(id);
-    let text: string;
-    try {
-      text = await this.client.file(key).text();
-    } catch (e) {
-      if (isNotFound(e)) return undefined;
-      throw this.failed("get", key, e);
-    }
+    const text = await this.readText(key);
+    if (text === undefined) return undefined;
     let raw: unknown;
     try {
       raw = JSON.parse(text);
