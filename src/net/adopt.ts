@@ -8,6 +8,7 @@
  */
 import { existsSync } from "node:fs";
 import { errorMessage } from "../util/error.ts";
+import { mapLimit } from "../util/map-limit.ts";
 import type { NetConfig } from "./config.ts";
 import { run } from "./exec.ts";
 import { listOurLinks, NETNS_DIR, restoreIn } from "./netns.ts";
@@ -15,6 +16,9 @@ import { parseEgressPolicy, type EgressPolicy } from "./policy.ts";
 import { CHAIN_DENY, CHAIN_DNS, CHAIN_EGRESS, CHAIN_POLICY, hostRuleLines, parseDnsAllowed, slotRules, type DnsAllowed } from "./rules.ts";
 import { slotLayout, type Slot } from "./slot.ts";
 import type { SlotRow } from "./store.ts";
+
+/** How many slots are inspected, or have their rules re-applied, at once when a node adopts them. */
+export const ADOPT_PARALLEL = 8;
 
 /** A slot a starting node keeps for a sandbox that outlives the previous node. */
 export interface KeepSlot {
@@ -44,37 +48,42 @@ export interface LostSlot {
  * (`inspectSlot`).
  */
 export async function planAdoption(cfg: NetConfig, rows: SlotRow[], keep: readonly KeepSlot[], enforceable: (p: EgressPolicy) => void, now: number): Promise<{ adopt: SlotToAdopt[]; lost: LostSlot[] }> {
-  const adopt: SlotToAdopt[] = [];
-  const lost: LostSlot[] = [];
-  if (keep.length === 0) return { adopt, lost };
+  if (keep.length === 0) return { adopt: [], lost: [] };
   const byId = new Map(rows.filter((r) => r.state === "allocated" && r.sandboxId).map((r) => [r.sandboxId!, r]));
   const hostLinks = await hostLinkSet(cfg);
   const seen = new Set<string>();
+  // in the order of `keep`: refused at once, or a candidate whose kernel objects are to be inspected
+  const planned: ({ lost: LostSlot } | { candidate: Omit<SlotToAdopt, "dnsAllowed"> })[] = [];
   for (const k of keep) {
     const row = byId.get(k.sandboxId);
     if (seen.has(k.sandboxId)) continue;
     seen.add(k.sandboxId);
     if (!row) {
-      lost.push({ sandboxId: k.sandboxId, reason: "no allocated slot row names it" });
+      planned.push({ lost: { sandboxId: k.sandboxId, reason: "no allocated slot row names it" } });
       continue;
     }
     if (row.idx >= cfg.maxSlots || slotLayout(cfg, row.idx).netnsName !== row.netns) {
-      lost.push({ sandboxId: k.sandboxId, reason: `slot ${row.idx} (${row.netns}) does not fit this configuration (name_prefix, max_slots)` });
+      planned.push({ lost: { sandboxId: k.sandboxId, reason: `slot ${row.idx} (${row.netns}) does not fit this configuration (name_prefix, max_slots)` } });
       continue;
     }
-    let policy: EgressPolicy;
     try {
-      policy = k.policy ?? parseEgressPolicy(row.policy);
+      const policy = k.policy ?? parseEgressPolicy(row.policy);
       enforceable(policy);
+      planned.push({ candidate: { slot: slotLayout(cfg, row.idx), sandboxId: k.sandboxId, policy } });
     } catch (e) {
-      lost.push({ sandboxId: k.sandboxId, reason: `its egress policy: ${errorMessage(e)}` });
-      continue;
+      planned.push({ lost: { sandboxId: k.sandboxId, reason: `its egress policy: ${errorMessage(e)}` } });
     }
-    const slot = slotLayout(cfg, row.idx);
-    const found = await inspectSlot(cfg, slot, hostLinks, now);
-    if (!found.whole) lost.push({ sandboxId: k.sandboxId, reason: `slot ${row.idx} is not whole: missing ${found.missing.join(", ")}` });
-    else adopt.push({ slot, sandboxId: k.sandboxId, policy, dnsAllowed: found.dnsAllowed });
   }
+  // each inspection is two commands in the slot's netns: several at once (issue 27: 50 slots)
+  const found = await mapLimit(planned, ADOPT_PARALLEL, async (p) => ("candidate" in p ? inspectSlot(cfg, p.candidate.slot, hostLinks, now) : null));
+  const adopt: SlotToAdopt[] = [];
+  const lost: LostSlot[] = [];
+  planned.forEach((p, i) => {
+    const f = found[i];
+    if ("lost" in p) lost.push(p.lost);
+    else if (f && f.whole) adopt.push({ ...p.candidate, dnsAllowed: f.dnsAllowed });
+    else if (f && !f.whole) lost.push({ sandboxId: p.candidate.sandboxId, reason: `slot ${p.candidate.slot.idx} is not whole: missing ${f.missing.join(", ")}` });
+  });
   return { adopt, lost };
 }
 

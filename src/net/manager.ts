@@ -13,7 +13,8 @@
 import type { Db } from "../db/index.ts";
 import { logger } from "../observability/log.ts";
 import { errorMessage } from "../util/error.ts";
-import { planAdoption, reapplySlot, replaceHostRules, type KeepSlot, type LostSlot } from "./adopt.ts";
+import { mapLimit } from "../util/map-limit.ts";
+import { ADOPT_PARALLEL, planAdoption, reapplySlot, replaceHostRules, type KeepSlot, type LostSlot } from "./adopt.ts";
 import { DeadlineTimer, SYSTEM_CLOCK, type Clock } from "../util/deadline-timer.ts";
 import type { NetConfig } from "./config.ts";
 import { DnsProxy, systemResolvers } from "./dns-proxy.ts";
@@ -171,14 +172,18 @@ export class NetworkManager {
     await enableForwarding(this.cfg);
     const chains = await replaceHostRules(this.cfg);
     const lost = [...plan.lost];
-    for (const a of [...adopted]) {
-      try {
-        await this.serial(a.idx, () => reapplySlot(this.cfg, a, a.policy, this.liveDnsEntries(a.idx)));
-      } catch (e) {
-        lost.push({ sandboxId: a.sandboxId, reason: `re-applying its rules failed: ${errorMessage(e)}` });
-        adopted.splice(adopted.indexOf(a), 1);
-        await this.release(a).catch((d) => log.error({ err: d, idx: a.idx }, "reaping a slot that could not be adopted failed"));
-      }
+    const failed = await mapLimit([...adopted], ADOPT_PARALLEL, (a) =>
+      this.serial(a.idx, () => reapplySlot(this.cfg, a, a.policy, this.liveDnsEntries(a.idx))).then(
+        () => null,
+        (e: unknown) => ({ a, e }),
+      ),
+    );
+    for (const f of failed) {
+      if (!f) continue;
+      const { a, e } = f;
+      lost.push({ sandboxId: a.sandboxId, reason: `re-applying its rules failed: ${errorMessage(e)}` });
+      adopted.splice(adopted.indexOf(a), 1);
+      await this.release(a).catch((d) => log.error({ err: d, idx: a.idx }, "reaping a slot that could not be adopted failed"));
     }
     const report = { ...reaped, chains };
     if (stale.length + report.netns.length + report.links.length > 0) log.warn({ rows: stale.length, ...report, adopted: adopted.length, lost }, "network state of a previous run: kept slots adopted, the rest reaped");
