@@ -168,8 +168,10 @@ async function runOp(op: Op, free: Tracked[]): Promise<boolean> {
     } else if (op === "snapshot") {
       if (snapshots.size >= MAX_SNAPSHOTS) {
         const oldest = snapshots.keys().next().value!;
-        await Sandbox.deleteSnapshot(oldest, REQ);
+        // no longer expected from here: a delete cut by a kill may or may not have happened
+        // (the final clean-up deletes it if it is still there)
         snapshots.delete(oldest);
+        await Sandbox.deleteSnapshot(oldest, REQ);
       }
       const files = t.files.copy();
       const snap = await Sandbox.createSnapshot(t.id, REQ);
