@@ -1,30 +1,17 @@
 /**
- * The pure pieces of the chaos bench (bench/chaos.ts): a seeded random source, the kill schedule
- * it draws, the ledger of files the workload wrote (what a check may find in each, and the bytes
- * lost when it finds something else), the leak tally after the final stop, and percentiles.
+ * The pure pieces of the chaos bench (bench/chaos.ts): the kill schedule it draws from a seeded
+ * random source (test/helpers/fuzz.ts rng), the ledger of files the workload wrote (what a
+ * check may find in each, and the bytes lost when it finds something else), the leak tally after
+ * the final stop, and percentiles.
  * Nothing here touches a process, a file or the network; test/bench/chaos.test.ts covers it.
  */
+import { rng } from "../../test/helpers/fuzz.ts";
 
 /** What the bench kills with SIGKILL: the node process, the disk daemon, or one VMM. */
 export type KillKind = "node" | "daemon" | "vmm";
 
 /** Every kind, in report order. */
 export const KILL_KINDS: readonly KillKind[] = ["node", "daemon", "vmm"];
-
-/**
- * A random source in [0, 1) from a 32-bit seed (mulberry32): the same seed gives the same
- * sequence, so a run's schedule and choices can be replayed with `--seed`.
- */
-export function seededRandom(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 /** One kill of the schedule. */
 export interface PlannedKill {
@@ -62,7 +49,7 @@ export function killSchedule(o: ScheduleOptions): PlannedKill[] {
   if (!(o.kills >= 0) || !(o.minGapMs >= 0) || !(o.maxGapMs >= o.minGapMs)) throw new RangeError(`bad schedule bounds: kills ${o.kills}, gap ${o.minGapMs}..${o.maxGapMs} ms`);
   const total = KILL_KINDS.reduce((s, k) => s + Math.max(0, o.weights[k]), 0);
   if (!(total > 0)) throw new RangeError("every kill kind has weight 0");
-  const rnd = seededRandom(o.seed);
+  const rnd = rng(o.seed);
   const out: PlannedKill[] = [];
   let daemonKills = 0;
   for (let i = 0; i < o.kills; i++) {

@@ -21,7 +21,8 @@
  */
 import { createHash } from "node:crypto";
 import { FileNotFoundError, Sandbox } from "e2b";
-import { FileLedger, seededRandom, type FileVersion } from "./plan.ts";
+import { FileLedger, type FileVersion } from "./plan.ts";
+import { rng } from "../../test/helpers/fuzz.ts";
 
 const API = process.env.E2B_API_URL!;
 const KEY = process.env.E2B_API_KEY!;
@@ -36,7 +37,7 @@ const REQ = { requestTimeoutMs: 120_000 };
 /** Bound of the wait for the API and a sandbox after a kill, and of one sandbox's check. */
 const PROBE_BOUND_MS = 300_000;
 const ANSWER_BOUND_MS = 180_000;
-const rnd = seededRandom(Number(process.env.CHAOS_SEED ?? 1) ^ 0x5eed);
+const rnd = rng(Number(process.env.CHAOS_SEED ?? 1) ^ 0x5eed);
 
 const emit = (o: Record<string, unknown>) => process.stdout.write(`${JSON.stringify(o)}\n`);
 const sha256 = (b: Uint8Array) => createHash("sha256").update(b).digest("hex");

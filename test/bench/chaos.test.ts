@@ -1,14 +1,15 @@
 // The chaos bench's pure pieces (bench/chaos/plan.ts): the seeded kill schedule, the ledger of
 // written files and what a check may find in them, the leak tally, percentiles.
 import { describe, expect, test } from "bun:test";
-import { FileLedger, killSchedule, leakCounts, percentile, seededRandom, type Leftovers, type ScheduleOptions } from "../../bench/chaos/plan.ts";
+import { FileLedger, killSchedule, leakCounts, percentile, type Leftovers, type ScheduleOptions } from "../../bench/chaos/plan.ts";
+import { rng } from "../helpers/fuzz.ts";
 
 const opts: ScheduleOptions = { seed: 42, kills: 200, minGapMs: 1000, maxGapMs: 5000, weights: { node: 2, daemon: 1, vmm: 2 }, daemonKillsPerNode: 2 };
 
-describe("seededRandom", () => {
+describe("rng (the seeded source the chaos bench replays --seed with)", () => {
   test("the same seed gives the same sequence, another seed another one, all in [0, 1)", () => {
     const take = (seed: number) => {
-      const r = seededRandom(seed);
+      const r = rng(seed);
       return Array.from({ length: 1000 }, () => r());
     };
     expect(take(7)).toEqual(take(7));

@@ -4,7 +4,7 @@
  * failure reproducible: the failing case's index and bytes are in the assertion message.
  */
 
-/** Deterministic PRNG (mulberry32): floats in [0, 1). */
+/** Deterministic PRNG (mulberry32): floats in [0, 1); the same seed gives the same sequence (fuzz tests, and bench/chaos replaying a run with --seed). */
 export function rng(seed: number): () => number {
   let a = seed >>> 0;
   return () => {
