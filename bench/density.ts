@@ -27,10 +27,14 @@
  *    much went back and when it first reached 200/256 of the amount (goal: >= 200 MiB of 256
  *    within 30 s, free page reporting);
  *  - then `echo ok` in every sandbox (all must answer).
+ * `--ksm off|guest|all` sets the node's `[vm] ksm` (kernel samepage merging, docs/density.md),
+ * `--ksm-scan-secs N` its `ksm_scan_secs` and `--ksm-pages N` its `ksm_pages_to_scan`; each checkpoint then also gives ksmd's CPU over the
+ * idle window (/proc/<ksmd>/stat) and the pages it merged (/sys/kernel/mm/ksm). The host's KSM
+ * knobs are put back as they were at the end.
  * Needs root, the kernel and base template with its snapshot in AENV_TEST_HOME_PATH.
  *   bun bench/density.ts [--max 400] [--step 10] [--settle-secs 60] [--idle-secs 30] [--checkpoints 10,20,40,...]
  *     [--min-free-mib 1024] [--max-p95-ratio 0] [--metrics-asked 0] [--memory-return-mib 256]
- *     [--env KEY=VALUE]...
+ *     [--ksm off|guest|all] [--ksm-scan-secs N] [--ksm-pages N] [--env KEY=VALUE]...
  * `--env` sets the node's environment (config overrides such as AENV__metrics__sample_interval_ms=5000);
  * `--metrics-asked N` asks GET /sandboxes/{id}/metrics of N sandboxes before each idle window
  * (someone looking at them).
@@ -39,6 +43,7 @@ import { readdirSync, readFileSync } from "node:fs";
 import { loadavg } from "node:os";
 import { join } from "node:path";
 import { diskDaemonsUnder, NodeWorld, qemuPidsUnder } from "../test/e2e/world.ts";
+import { ksmSettingsOf, readKsmHost, writeKsmHost } from "../src/ffi/ksm.ts";
 
 const argv = process.argv.slice(2);
 const arg = (n: string, d: number) => {
@@ -53,6 +58,10 @@ const MIN_FREE_MIB = arg("--min-free-mib", 1024);
 const MAX_P95_RATIO = arg("--max-p95-ratio", 0);
 const METRICS_ASKED = arg("--metrics-asked", 0);
 const MEMORY_RETURN_MIB = arg("--memory-return-mib", 256);
+const KSM = argv.includes("--ksm") ? argv[argv.indexOf("--ksm") + 1]! : "";
+if (KSM && !["off", "guest", "all"].includes(KSM)) throw new Error(`--ksm ${KSM}: off, guest or all`);
+const KSM_PAGES = arg("--ksm-pages", -1);
+const KSM_SCAN_SECS = arg("--ksm-scan-secs", -1);
 const cpIdx = argv.indexOf("--checkpoints");
 const CHECKPOINTS = (cpIdx >= 0 ? argv[cpIdx + 1]!.split(",").map(Number) : [10, 20, 40, 80, 120, 160, 200, 240, 280, 320, 360, 400]).filter((c) => c <= MAX);
 if (!CHECKPOINTS.includes(MAX)) CHECKPOINTS.push(MAX);
@@ -62,6 +71,10 @@ argv.forEach((a, i) => {
   const [k, ...v] = argv[i + 1]!.split("=");
   nodeEnv[k!] = v.join("=");
 });
+
+if (KSM) nodeEnv.AENV__vm__ksm = KSM;
+if (KSM_PAGES >= 0) nodeEnv.AENV__vm__ksm_pages_to_scan = String(KSM_PAGES);
+if (KSM_SCAN_SECS >= 0) nodeEnv.AENV__vm__ksm_scan_secs = String(KSM_SCAN_SECS);
 
 const USER_HZ = 100;
 const pct = (xs: number[], p: number) => (xs.length === 0 ? NaN : [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.ceil((p / 100) * xs.length) - 1)]!);
@@ -77,6 +90,19 @@ function cpuTicks(pid: number): number {
   } catch {
     return NaN;
   }
+}
+
+/** pid of the kernel's ksmd thread, or null. */
+function ksmdPid(): number | null {
+  for (const d of readdirSync("/proc")) {
+    if (!/^\d+$/.test(d)) continue;
+    try {
+      if (readFileSync(`/proc/${d}/comm`, "utf8").trim() === "ksmd") return Number(d);
+    } catch {
+      // gone
+    }
+  }
+  return null;
 }
 
 /** Open descriptors of a process (0 when it is gone). */
@@ -269,12 +295,18 @@ interface Point {
   dirtiedKiB: number;
   load: number[];
   availMiB: number;
+  /** ksmd's CPU over the idle window, % of one core (NaN without ksmd). */
+  ksmdPct: number;
+  /** Pages merged away on the host (/sys/kernel/mm/ksm/pages_sharing) at the window's end. */
+  ksmSharing: number;
 }
 
 const world = new NodeWorld();
 const load0 = loadavg();
 const MEM_MIB = 512;
 const points: Point[] = [];
+const ksmBefore = readKsmHost();
+const ksmd = ksmdPid();
 let stopReason = `reached --max ${MAX}`;
 try {
   await world.start({
@@ -319,6 +351,7 @@ try {
     const t0 = new Map(pids.map((p) => [p, cpuTicks(p)]));
     const n0 = cpuTicks(nodePid);
     const d0 = cpuTicks(daemonPid);
+    const k0 = ksmd === null ? NaN : cpuTicks(ksmd);
     const w0 = performance.now();
     await Bun.sleep(IDLE_SECS * 1000);
     const secs = (performance.now() - w0) / 1000;
@@ -344,6 +377,8 @@ try {
       dirtiedKiB: dirtied,
       load: loadavg(),
       availMiB: availNow / 1024,
+      ksmdPct: ksmd === null ? NaN : ((cpuTicks(ksmd) - k0) / USER_HZ / secs) * 100,
+      ksmSharing: readKsmHost()?.pagesSharing ?? NaN,
     };
     points.push(p);
     const b = points[0]!;
@@ -352,6 +387,8 @@ try {
         `first command p50 ${ms(p.firstP50)} p95 ${ms(p.firstP95)} (${(p.firstP95 / b.firstP95).toFixed(2)}x); ` +
         `idle CPU per QEMU ${p.cpuMeanPct.toFixed(2)}% (max ${p.cpuMaxPct.toFixed(2)}%) of a core over ${secs.toFixed(0)} s, node ${p.nodePct.toFixed(2)}%, disk daemon ${p.daemonPct.toFixed(2)}%; ` +
         `memory per sandbox beyond what its guest dirtied ${mib(p.perSandboxKiB)} (processes: QEMU ${mib(p.perSandboxKiB - p.sharedKiB)}, disk daemon and node ${mib(p.sharedKiB)}) / ${mib(p.systemKiB)} (MemAvailable), dirtied ${mib(p.dirtiedKiB)}; ` +
+        `host memory per sandbox in all ${mib(p.perSandboxKiB + p.dirtiedKiB)} / ${mib(p.systemKiB + p.dirtiedKiB)}; ` +
+        `ksmd ${p.ksmdPct.toFixed(2)}% of a core, ${mib((p.ksmSharing * 4) / n)} per sandbox merged away (pages_sharing ${p.ksmSharing}); ` +
         `load ${p.load.map((x) => x.toFixed(2)).join(" ")}; MemAvailable ${p.availMiB.toFixed(0)} MiB; ` +
         `descriptors per sandbox: node ${((fdCount(nodePid) - base.nodeFds) / n).toFixed(1)}, disk daemon ${((fdCount(daemonPid) - base.daemonFds) / n).toFixed(1)} (limit ${Number(/^Max open files\s+(\d+)/m.exec(readFileSync(`/proc/${nodePid}/limits`, "utf8"))?.[1])})`,
     );
@@ -378,7 +415,7 @@ try {
   const first = points[0]!;
   console.log(
     `summary at ${last.count} live vs the first ${first.count}: create p95 ${(last.createP95 / first.createP95).toFixed(2)}x (goal <= 3x), idle CPU per QEMU ${last.cpuMeanPct.toFixed(2)}% (goal <= 0.3%), ` +
-      `memory per sandbox beyond dirtied ${mib(last.perSandboxKiB)} / ${mib(last.systemKiB)} (goal <= 45 MiB), load ${last.load[0]!.toFixed(2)} (goal < 8; ${load0[0]!.toFixed(2)} before the node started), ` +
+      `memory per sandbox beyond dirtied ${mib(last.perSandboxKiB)} / ${mib(last.systemKiB)} (goal <= 45 MiB; in all ${mib(last.perSandboxKiB + last.dirtiedKiB)} / ${mib(last.systemKiB + last.dirtiedKiB)}), ksmd ${last.ksmdPct.toFixed(2)}% of a core, load ${last.load[0]!.toFixed(2)} (goal < 8; ${load0[0]!.toFixed(2)} before the node started), ` +
       `answering ${chk!.answered} of ${created.length}` +
       (ret ? `, memory back ${mib(ret.returnedKiB)} of ${ret.mib} MiB${Number.isFinite(ret.reachedMs) ? ` (${((ret.mib * 200) / 256).toFixed(0)} MiB after ${(ret.reachedMs / 1000).toFixed(1)} s)` : ""} (goal >= 200 MiB within 30 s)` : ""),
   );
@@ -386,4 +423,6 @@ try {
   await client.close();
 } finally {
   await world.dispose();
+  // the node started ksmd at its rate: put the host's knobs back
+  if (ksmBefore) writeKsmHost(ksmSettingsOf(ksmBefore));
 }

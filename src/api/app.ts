@@ -11,6 +11,7 @@ import { errorResponse, toErrorResponse } from "./status.ts";
 import { refuseUnsupported, UNSUPPORTED } from "./unsupported.ts";
 import { parseMetadataFilter } from "./metadata.ts";
 import { renderPrometheus, renderSandboxMetrics } from "./prometheus.ts";
+import { ksmGauges } from "../vmm/index.ts";
 import { nodeInfo, type NodeIdentity } from "./node.ts";
 import { CpuMeter } from "../ffi/cpu.ts";
 import * as S from "./schemas.ts";
@@ -197,7 +198,7 @@ export function buildApp(deps: ApiDeps) {
         const running = orch.inStates(["running"]).map((r) => r.id);
         await orch.watchMetrics(running, false);
         return new Response(
-          renderPrometheus(orch.getCounters(), { agentenv_uptime_seconds: { value: Math.round(process.uptime()), help: "Seconds since the node process started." } }) +
+          renderPrometheus(orch.getCounters(), { agentenv_uptime_seconds: { value: Math.round(process.uptime()), help: "Seconds since the node process started." }, ...ksmGauges() }) +
             renderSandboxMetrics(orch.latestMetrics(running)),
           {
             headers: { "content-type": "text/plain; version=0.0.4; charset=utf-8" },

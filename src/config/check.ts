@@ -12,7 +12,7 @@
 import { ConfigError } from "./errors.ts";
 
 /** Units a numeric key may carry; they appear in the generated documentation and in errors. */
-export type ConfigUnit = "ms" | "s" | "h" | "bytes" | "MiB" | "kHz" | "count";
+export type ConfigUnit = "ms" | "s" | "h" | "bytes" | "MiB" | "kHz" | "count" | "percent";
 
 /** The JSON Schema keywords the config schema uses (src/config/schema.ts builds no others). */
 export interface KeySchema {

@@ -53,6 +53,22 @@ export const CONFIG_SCHEMA = section("", {
       true,
       "Cold boots (a template without a memory snapshot, a create asking for another VM shape, a resume\nwithout memory) restore a boot snapshot instead of booting the kernel and envd: a VM of that\nshape (vCPUs, memory) booted once up to envd with no root filesystem, kept in the snapshot\nrepository (kind boot) and made on the first cold boot of a shape; the restored guest is told\nthe sandbox disk's size, mounts it and pivots into it. A create with volumes restores one made\nwith as many placeholder volume drives, and the guest re-probes each drive before it mounts the\nvolume. Templates with kernel arguments of their own and Firecracker nodes boot; a boot snapshot\nthat fails to restore makes its shape's cold boots boot for 10 minutes.",
     ),
+    ksm: oneOf(
+      ["off", "guest", "all"],
+      "off",
+      'Kernel samepage merging of sandboxes\' memory (docs/density.md). "guest": QEMU marks guest RAM\nmergeable (-machine mem-merge=on): equal pages that clones of one snapshot wrote are kept once.\n"all": the node process and everything it starts (VMMs, the disk daemon) have all their\nanonymous memory mergeable (prctl PR_SET_MEMORY_MERGE, Linux >= 6.4): QEMU\'s heap too, and\nFirecracker\'s guest memory. Either starts the host\'s ksmd (/sys/kernel/mm/ksm/run = 1, with\nuse_zero_pages) at node start. "off": guest RAM is not marked (mem-merge=off). Merging lets one\nsandbox learn, by write timing, whether another holds a page of given content: leave it off\nwhere sandboxes of different tenants share a host. bench/density.ts --ksm: 20 idle sandboxes,\nmemory per sandbox beyond what its guest dirtied 58.5 / 47.2 / 43.1 MiB off / guest / all.',
+    ),
+    ksm_scan_secs: int(
+      60,
+      "With ksm on: the time of one full pass of ksmd over the mergeable pages, s, kept by the kernel's\nscan advisor (/sys/kernel/mm/ksm/advisor_mode scan-time, Linux >= 6.9), which sets ksmd's rate\nfrom the number of pages: few sandboxes cost ksmd little, many cost it up to ksm_max_cpu_percent.\nA page is merged after two or three passes. 0, or a kernel without the advisor:\nksm_pages_to_scan.",
+      { min: 0, max: 86_400, unit: "s" },
+    ),
+    ksm_max_cpu_percent: int(25, "With ksm on and the advisor: the bound on ksmd's CPU, % of one core (advisor_max_cpu).", { min: 1, max: 100, unit: "percent" }),
+    ksm_pages_to_scan: int(
+      1000,
+      "With ksm on and no advisor (ksm_scan_secs 0, or an older kernel): pages ksmd scans per wakeup\n(/sys/kernel/mm/ksm/pages_to_scan, every sleep_millisecs: 20 ms by default); 0 leaves the host's\nvalue. 1000 here: ksmd 15-30% of a core whatever the number of sandboxes, a pass over 400\nsandboxes in about 2.5 minutes; the kernel's default 100 takes 25.",
+      { min: 0, max: 1_000_000, unit: "count" },
+    ),
     console_max_bytes: int(4_194_304, "Guest serial console log per VM (<workDir>/console.log): rotated to console.log.1 when it\nwould pass this many bytes, so at most twice this is kept.", { min: 4096, max: TIB, unit: "bytes" }),
   }),
 

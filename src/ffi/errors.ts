@@ -22,6 +22,7 @@ export const FFI_ERRORS = {
   "mount.bad_argument": "a mount argument holds a NUL byte or is empty",
   "random.failed": "feeding or reseeding the kernel's random generator failed (details.call, errno)",
   "sockopt.failed": "getsockopt(2) on a socket failed (details.option, fd, errno)",
+  "ksm.failed": "a kernel samepage merging call failed: prctl(PR_SET_MEMORY_MERGE) or a write under /sys/kernel/mm/ksm (details.call, errno or path)",
   "procmem.failed": "reading another process's maps, pagemap or memory failed (details.pid, what)",
 } as const satisfies ErrorTable;
 /** An FFI error code. */

@@ -47,6 +47,8 @@ const SYMBOLS = {
   // memory
   mmap: { args: [FFIType.ptr, FFIType.u64, FFIType.i32, FFIType.i32, FFIType.i32, FFIType.i64], returns: FFIType.ptr },
   munmap: { args: [FFIType.ptr, FFIType.u64], returns: FFIType.i32 },
+  // prctl(2): PR_SET_MEMORY_MERGE / PR_GET_MEMORY_MERGE (src/ffi/ksm.ts)
+  prctl: { args: [FFIType.i32, FFIType.u64, FFIType.u64, FFIType.u64, FFIType.u64], returns: FFIType.i32 },
   // clock
   clock_settime: { args: [FFIType.i32, FFIType.ptr], returns: FFIType.i32 },
   // raw system calls without a glibc wrapper (io_uring_setup/enter/register)

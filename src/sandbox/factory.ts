@@ -11,7 +11,8 @@ import { openSecrets } from "../secrets/index.ts";
 import { hostname } from "node:os";
 import { diskConfig, DiskService } from "../storage/daemon/index.ts";
 import { resolveTools } from "../tools/index.ts";
-import { createDriver, resolveKernelPath } from "../vmm/index.ts";
+import { applyKsm, createDriver, resolveKernelPath } from "../vmm/index.ts";
+import { logger } from "../observability/log.ts";
 import { join } from "node:path";
 import type { OrchestratorConfig } from "../orchestrator/config.ts";
 import { openRepository, SharedImages, snapshotConfig } from "../snapshot/index.ts";
@@ -70,6 +71,13 @@ export async function createVmRuntime(cfg: Config, db: Db, oc: OrchestratorConfi
   snapshotConfig(cfg);
   restorePoolOptions(cfg);
   const driver = await createDriver(cfg);
+  // before the disk daemon or any VMM is spawned: "all" is inherited by what the node starts
+  const ksm = applyKsm({ mode: cfg.vm.ksm, scanSecs: cfg.vm.ksm_scan_secs, maxCpuPercent: cfg.vm.ksm_max_cpu_percent, pagesToScan: cfg.vm.ksm_pages_to_scan, driver: driver.name });
+  if (ksm.mode !== "off") {
+    const h = (s: typeof ksm.before) => s && { run: s.run, pagesToScan: s.pagesToScan, sleepMs: s.sleepMs, useZeroPages: s.useZeroPages, advisor: s.advisorMode, advisorMaxCpu: s.advisorMaxCpu, advisorScanSecs: s.advisorTargetScanSecs };
+    logger("vmm.ksm").info({ mode: ksm.mode, processMerge: ksm.processMerge, before: h(ksm.before), after: h(ksm.after) }, "kernel samepage merging on");
+    if (ksm.warning) logger("vmm.ksm").warn({ mode: ksm.mode, driver: driver.name }, ksm.warning);
+  }
   const homePath = cfg.home_path;
   // adopt: a daemon a previous node left serving is kept with its devices (claimed by recover)
   const disks = new DiskService({ dir: join(runtimePath, "disk"), config: diskConfig(cfg), mode: "adopt" });

@@ -20,6 +20,7 @@ export const VMM_ERRORS = {
   "vmm.snapshot_missing": "a snapshot file to restore from does not exist (details.path)",
   "vmm.stream_bad": "a QEMU migration stream the snapshot filter cannot parse (details.offset, and the field at fault)",
   "vmm.stream_truncated": "a QEMU migration stream ended in the middle of a record (details.offset)",
+  "vmm.ksm_unavailable": "[vm] ksm asks for kernel samepage merging and this kernel has none (no /sys/kernel/mm/ksm)",
   "vmm.kernel_missing": "the guest kernel file does not exist (details.path)",
   "vmm.kernel_not_pvh": "the guest kernel has no PVH entry note (details.path)",
   "vmm.kernel_source_missing": "the kernel source tarball is not installed (details.path)",

@@ -12,6 +12,8 @@
  * - VMMs run in their own session (setsid): a Ctrl-C on the node's terminal does not reach them,
  *   the node's shutdown decides their fate (pause/snapshot or stop).
  * - `kernelIpArg`, `kernelClockArg`: command-line pieces every driver adds.
+ * - `applyKsm(setup)`: `[vm] ksm` (kernel samepage merging) at node start, before any VMM is
+ *   spawned; `ksmGauges()`: the host's KSM counters for /metrics (./ksm.ts).
  * Shapes of specs and handles: ./types.ts. Errors: `VmmError` (./errors.ts).
  */
 import { existsSync } from "node:fs";
@@ -27,6 +29,7 @@ export { kernelClockArg, kernelIpArg, prefixToNetmask } from "./bootargs.ts";
 export { readRecords, reapLeftovers, processStartTime, type VmmRecord } from "./supervise.ts";
 export { QemuDriver, QemuVm, type QemuDriverOptions, type QemuVmState } from "./qemu/driver.ts";
 export { buildKernel, hasPvhNote, type KernelArtifact } from "./kernel/build.ts";
+export { applyKsm, ksmGauges, type KsmApplied, type KsmSetup } from "./ksm.ts";
 
 /** The `[qemu]`/`[vm]` settings as QemuDriverOptions. */
 export function qemuOptions(cfg: Config): QemuDriverOptions {
@@ -44,6 +47,7 @@ export function qemuOptions(cfg: Config): QemuDriverOptions {
     consoleMaxBytes: cfg.vm.console_max_bytes,
     qmpTimeoutMs: cfg.qemu.qmp_timeout_ms,
     freePageReporting: cfg.qemu.free_page_reporting,
+    memMerge: cfg.vm.ksm !== "off",
   };
 }
 

@@ -45,6 +45,8 @@ export interface QemuArgsOptions {
   balloon: boolean;
   /** Keep microvm's i8254 PIT (restores of snapshots whose VM had it; see `MACHINE`). */
   pit?: boolean;
+  /** `mem-merge=on`: QEMU madvises guest RAM MADV_MERGEABLE for the host's KSM (docs/density.md); off otherwise. */
+  memMerge: boolean;
 }
 
 /**
@@ -99,7 +101,7 @@ export function buildQemuArgs(spec: VmSpec, o: QemuArgsOptions): string[] {
 
   const a: string[] = [
     "-name", `aenv-${spec.id}`,
-    "-M", o.pit ? MACHINE.replace(",pit=off", "") : MACHINE,
+    "-M", `${o.pit ? MACHINE.replace(",pit=off", "") : MACHINE},mem-merge=${o.memMerge ? "on" : "off"}`,
     "-accel", o.accel === "tcg" && o.tcgTbSizeMiB > 0 ? `tcg,tb-size=${o.tcgTbSizeMiB}` : o.accel,
     "-cpu", o.cpu,
     "-m", `${spec.memoryMiB}M`,

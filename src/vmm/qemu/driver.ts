@@ -228,6 +228,7 @@ export class QemuDriver implements VmmDriver {
       incoming: m.incoming,
       balloon: m.balloon,
       pit: m.pit,
+      memMerge: this.opts.memMerge,
     });
     const qemuArgv = [this.opts.binary, ...args];
     const argv = spec.net ? ["nsenter", `--net=${checkPath(spec.net.netnsPath, "netnsPath")}`, "--", ...qemuArgv] : qemuArgv;

@@ -30,4 +30,10 @@ export interface QemuDriverOptions {
    * guests free goes back to the host. A restore has the device when its snapshot's VM had it.
    */
   freePageReporting: boolean;
+  /**
+   * Mark guest RAM mergeable for the host's KSM (`-machine mem-merge=on`; `[vm] ksm` "guest" or
+   * "all"). Off: `mem-merge=off`, so a host whose ksmd runs for other processes never merges
+   * sandboxes' memory. Not part of the machine key: it changes no guest-visible state.
+   */
+  memMerge: boolean;
 }

@@ -33,6 +33,7 @@ const opts: QemuArgsOptions = {
   cmdline: "console=ttyS0 root=/dev/vda",
   incoming: false,
   balloon: false,
+  memMerge: false,
 };
 
 function flag(a: string[], f: string): string[] {
@@ -52,7 +53,7 @@ function code(fn: () => unknown): string {
 describe("buildQemuArgs", () => {
   test("microvm with shared file RAM, QMP, console, root drive first, rng, tap", () => {
     const a = buildQemuArgs(spec, opts);
-    expect(flag(a, "-M")).toEqual(["microvm,memory-backend=mem,pit=off"]);
+    expect(flag(a, "-M")).toEqual(["microvm,memory-backend=mem,pit=off,mem-merge=off"]);
     expect(flag(a, "-accel")).toEqual(["tcg"]);
     expect(flag(a, "-cpu")).toEqual(["max"]);
     expect(flag(a, "-m")).toEqual(["512M"]);
@@ -98,7 +99,8 @@ describe("buildQemuArgs", () => {
     ]);
     expect(flag(buildQemuArgs(spec, opts), "-device").some((d) => d.startsWith("virtio-balloon"))).toBe(false);
     // a restore of a snapshot taken with microvm's PIT keeps it
-    expect(flag(buildQemuArgs(spec, { ...opts, pit: true }), "-M")).toEqual(["microvm,memory-backend=mem"]);
+    expect(flag(buildQemuArgs(spec, { ...opts, pit: true }), "-M")).toEqual(["microvm,memory-backend=mem,mem-merge=off"]);
+    expect(flag(buildQemuArgs(spec, { ...opts, memMerge: true }), "-M")).toEqual(["microvm,memory-backend=mem,pit=off,mem-merge=on"]);
   });
 
   test("restore maps RAM privately and waits for migrate-incoming", () => {
