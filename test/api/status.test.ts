@@ -9,7 +9,7 @@ import { OrchestratorError } from "../../src/orchestrator/errors.ts";
 
 const ALL = Object.entries(ERROR_TABLES).flatMap(([subsystem, t]) => Object.keys(t).map((code) => ({ subsystem, code })));
 // FFI modules each own a prefix; every other table's codes carry the subsystem's name
-const FFI_PREFIXES = ["syscall", "flock", "io_uring", "inotify", "pty", "xattr", "mount", "procmem", "random", "sockopt"];
+const FFI_PREFIXES = ["syscall", "flock", "io_uring", "inotify", "pty", "xattr", "mount", "procmem", "random", "sockopt", "ksm"];
 
 test("every code of every table answers its status with E2B's error body", async () => {
   expect(ALL.length).toBeGreaterThan(120);
