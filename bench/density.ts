@@ -297,7 +297,7 @@ interface Point {
   availMiB: number;
   /** ksmd's CPU over the idle window, % of one core (NaN without ksmd). */
   ksmdPct: number;
-  /** Pages merged away on the host (/sys/kernel/mm/ksm/pages_sharing) at the window's end. */
+  /** Pages merged away on the host at the window's end: pages_sharing + ksm_zero_pages (/sys/kernel/mm/ksm). */
   ksmSharing: number;
 }
 
@@ -378,7 +378,7 @@ try {
       load: loadavg(),
       availMiB: availNow / 1024,
       ksmdPct: ksmd === null ? NaN : ((cpuTicks(ksmd) - k0) / USER_HZ / secs) * 100,
-      ksmSharing: readKsmHost()?.pagesSharing ?? NaN,
+      ksmSharing: (readKsmHost()?.pagesSharing ?? NaN) + (readKsmHost()?.zeroPages ?? 0),
     };
     points.push(p);
     const b = points[0]!;
@@ -388,7 +388,7 @@ try {
         `idle CPU per QEMU ${p.cpuMeanPct.toFixed(2)}% (max ${p.cpuMaxPct.toFixed(2)}%) of a core over ${secs.toFixed(0)} s, node ${p.nodePct.toFixed(2)}%, disk daemon ${p.daemonPct.toFixed(2)}%; ` +
         `memory per sandbox beyond what its guest dirtied ${mib(p.perSandboxKiB)} (processes: QEMU ${mib(p.perSandboxKiB - p.sharedKiB)}, disk daemon and node ${mib(p.sharedKiB)}) / ${mib(p.systemKiB)} (MemAvailable), dirtied ${mib(p.dirtiedKiB)}; ` +
         `host memory per sandbox in all ${mib(p.perSandboxKiB + p.dirtiedKiB)} / ${mib(p.systemKiB + p.dirtiedKiB)}; ` +
-        `ksmd ${p.ksmdPct.toFixed(2)}% of a core, ${mib((p.ksmSharing * 4) / n)} per sandbox merged away (pages_sharing ${p.ksmSharing}); ` +
+        `ksmd ${p.ksmdPct.toFixed(2)}% of a core, ${mib((p.ksmSharing * 4) / n)} per sandbox merged away (pages_sharing + ksm_zero_pages ${p.ksmSharing}); ` +
         `load ${p.load.map((x) => x.toFixed(2)).join(" ")}; MemAvailable ${p.availMiB.toFixed(0)} MiB; ` +
         `descriptors per sandbox: node ${((fdCount(nodePid) - base.nodeFds) / n).toFixed(1)}, disk daemon ${((fdCount(daemonPid) - base.daemonFds) / n).toFixed(1)} (limit ${Number(/^Max open files\s+(\d+)/m.exec(readFileSync(`/proc/${nodePid}/limits`, "utf8"))?.[1])})`,
     );
@@ -423,6 +423,10 @@ try {
   await client.close();
 } finally {
   await world.dispose();
-  // the node started ksmd at its rate: put the host's knobs back
-  if (ksmBefore) writeKsmHost(ksmSettingsOf(ksmBefore));
+  // the node started ksmd at its rate: put the host's knobs back (a failure here must not hide the bench's own)
+  try {
+    if (ksmBefore) writeKsmHost(ksmSettingsOf(ksmBefore));
+  } catch (e) {
+    console.error(`the host's KSM knobs could not be put back: ${e instanceof Error ? e.message : String(e)}`);
+  }
 }

@@ -5,16 +5,19 @@
  * - A mapping becomes mergeable by madvise(MADV_MERGEABLE) (QEMU does it for guest RAM with
  *   `-machine mem-merge=on`) or, for every anonymous mapping of a process, by
  *   prctl(PR_SET_MEMORY_MERGE, 1) (Linux >= 6.4, include/uapi/linux/prctl.h: 67; 68 reads it).
- *   The process flag is inherited by children and kept across execve (seen on this host's 6.18
- *   kernel: test/ffi/ksm.test.ts spawns a child and reads its ksm_stat).
+ *   The process flag is inherited by children on fork and, since Linux 6.7 ("mm/ksm: support
+ *   fork/exec for prctl"), kept across execve (test/ffi/ksm.test.ts checks it on this host).
  * - ksmd runs only while /sys/kernel/mm/ksm/run is 1; it scans `pages_to_scan` pages every
  *   `sleep_millisecs` ms. `use_zero_pages` 1 maps empty pages to the kernel's zero page.
- * - The scan advisor (Linux >= 6.9): with `advisor_mode` "scan-time" the kernel sets
- *   pages_to_scan itself so that a full pass takes `advisor_target_scan_time` seconds, with ksmd
- *   using at most `advisor_max_cpu` percent of a core; pages_to_scan then refuses writes (EINVAL,
- *   seen here), and going back to "none" resets it to 100.
+ * - The scan advisor (kernels with /sys/kernel/mm/ksm/advisor_mode; this host's 6.18 has it): with
+ *   "scan-time" the kernel sets pages_to_scan itself, between advisor_min_pages_to_scan (500) and
+ *   advisor_max_pages_to_scan, so that a full pass takes `advisor_target_scan_time` seconds, with
+ *   ksmd steered towards at most `advisor_max_cpu` percent of a core; pages_to_scan then refuses
+ *   writes (EINVAL, seen here), and going back to "none" resets it to 100.
  * - Counters: /sys/kernel/mm/ksm/{pages_shared, pages_sharing, general_profit, full_scans, ...}
- *   (host), /proc/<pid>/ksm_stat (per process: ksm_merging_pages, ksm_merge_any, ...).
+ *   (host; pages_sharing does not count ksm_zero_pages), /proc/<pid>/ksm_stat (per process:
+ *   ksm_merging_pages, which does not count ksm_zero_pages either; ksm_merge_any and
+ *   ksm_mergeable only on newer kernels).
  * All of it needs root to change; reading the host counters does not.
  */
 import { readFileSync, writeFileSync } from "node:fs";
@@ -22,8 +25,9 @@ import { AgentEnvError } from "../errors.ts";
 import type { FfiCodes } from "./errors.ts";
 import { errno, libc } from "./libc.ts";
 
-/** prctl(2) options (include/uapi/linux/prctl.h). */
+/** prctl(2) option that sets the process-wide merge flag (include/uapi/linux/prctl.h). */
 export const PR_SET_MEMORY_MERGE = 67;
+/** prctl(2) option that reads it (1 set, 0 not). */
 export const PR_GET_MEMORY_MERGE = 68;
 /** Where the host's KSM knobs and counters live. */
 export const KSM_SYSFS = "/sys/kernel/mm/ksm";
@@ -38,7 +42,8 @@ export class KsmError extends AgentEnvError<FfiCodes<"ksm">> {
 /**
  * Mark every anonymous mapping of this process, and of every process it starts from now on,
  * mergeable (`on`), or undo it (`false`: the kernel unmerges the process's merged pages first).
- * @throws KsmError `ksm.failed` (EINVAL on kernels without PR_SET_MEMORY_MERGE, EPERM without root).
+ * @throws KsmError `ksm.failed` (EINVAL on kernels without PR_SET_MEMORY_MERGE or without
+ *   CONFIG_KSM, EINTR when interrupted; the kernel checks no capability).
  */
 export function setProcessMemoryMerge(on: boolean): void {
   if (libc().prctl(PR_SET_MEMORY_MERGE, on ? 1 : 0, 0, 0, 0) !== 0) throw new KsmError("prctl(PR_SET_MEMORY_MERGE)", { errno: errno() });
@@ -126,39 +131,39 @@ export interface KsmHostSettings {
 }
 
 /**
- * Write the given KSM knobs (`dir`: for tests).
+ * The sysfs writes, in order, that apply `s` to a host whose advisor is in `currentMode` and
+ * whose use_zero_pages is `currentZeroPages`: [file name, value]. The order follows the kernel's
+ * rules: pages_to_scan refuses writes while the advisor is "scan-time", so the advisor leaves
+ * first when a fixed rate is asked and is chosen last (after its bounds) when it is; `run` comes
+ * last, so ksmd starts at the rate asked for. pages_to_scan is not written when the advisor is chosen.
+ */
+export function ksmWrites(s: KsmHostSettings, currentMode: KsmHostState["advisorMode"], currentZeroPages: boolean): [string, string][] {
+  const w: [string, string][] = [];
+  if (s.useZeroPages !== undefined && s.useZeroPages !== currentZeroPages) w.push(["use_zero_pages", s.useZeroPages ? "1" : "0"]);
+  const leaveAdvisor = s.advisor?.mode === "none" || (s.pagesToScan !== undefined && s.advisor === undefined && currentMode === "scan-time");
+  if (leaveAdvisor) w.push(["advisor_mode", "none"]);
+  if (s.pagesToScan !== undefined && s.advisor?.mode !== "scan-time") w.push(["pages_to_scan", String(s.pagesToScan)]);
+  if (s.advisor?.maxCpuPercent !== undefined) w.push(["advisor_max_cpu", String(s.advisor.maxCpuPercent)]);
+  if (s.advisor?.targetScanSecs !== undefined) w.push(["advisor_target_scan_time", String(s.advisor.targetScanSecs)]);
+  if (s.advisor?.mode === "scan-time") w.push(["advisor_mode", "scan-time"]);
+  if (s.sleepMs !== undefined) w.push(["sleep_millisecs", String(s.sleepMs)]);
+  if (s.run !== undefined) w.push(["run", String(s.run)]);
+  return w;
+}
+
+/**
+ * Write the given KSM knobs (`dir`: for tests), in `ksmWrites`' order.
  * @throws KsmError `ksm.failed` naming the file (no KSM in this kernel, not root, a value the kernel refuses).
  */
 export function writeKsmHost(s: KsmHostSettings, dir = KSM_SYSFS): void {
-  const put = (name: string, v: number) => {
+  for (const [name, value] of ksmWrites(s, readAdvisorMode(dir), readNumber(dir, "use_zero_pages") === 1)) {
     const path = `${dir}/${name}`;
     try {
-      writeFileSync(path, `${v}\n`);
+      writeFileSync(path, `${value}\n`);
     } catch (e) {
       throw new KsmError(`write ${name}`, { path, cause: e instanceof Error ? e.message : String(e) });
     }
-  };
-  // the rates before `run`, so ksmd starts at the rate asked for
-  if (s.useZeroPages !== undefined) {
-    const want = s.useZeroPages ? 1 : 0;
-    if (readNumber(dir, "use_zero_pages") !== want) put("use_zero_pages", want);
   }
-  const putMode = (mode: string) => {
-    const path = `${dir}/advisor_mode`;
-    try {
-      writeFileSync(path, `${mode}\n`);
-    } catch (e) {
-      throw new KsmError("write advisor_mode", { path, cause: e instanceof Error ? e.message : String(e) });
-    }
-  };
-  // pages_to_scan refuses writes while the advisor runs: leave it first, choose it last
-  if (s.advisor?.mode === "none" || (s.pagesToScan !== undefined && s.advisor === undefined && readAdvisorMode(dir) === "scan-time")) putMode("none");
-  if (s.pagesToScan !== undefined && s.advisor?.mode !== "scan-time") put("pages_to_scan", s.pagesToScan);
-  if (s.advisor?.maxCpuPercent !== undefined) put("advisor_max_cpu", s.advisor.maxCpuPercent);
-  if (s.advisor?.targetScanSecs !== undefined) put("advisor_target_scan_time", s.advisor.targetScanSecs);
-  if (s.advisor?.mode === "scan-time") putMode("scan-time");
-  if (s.sleepMs !== undefined) put("sleep_millisecs", s.sleepMs);
-  if (s.run !== undefined) put("run", s.run);
 }
 
 /** The settings that put the host's knobs back to `s` (what `readKsmHost` read before a change). */
@@ -173,19 +178,19 @@ export function ksmSettingsOf(s: KsmHostState): KsmHostSettings {
 
 /** One process's /proc/<pid>/ksm_stat: pages it maps from merged copies, and whether all its memory is mergeable. */
 export interface KsmProcessStat {
-  /** Its pages that are merged (shared KSM copies it maps, zero pages included). */
+  /** Its pages that map a merged copy (not counting `zeroPages`). */
   mergingPages: number;
   /** Its empty pages mapped to the kernel's zero page. */
   zeroPages: number;
   /** The kernel's estimate of what merging saved for it, bytes (may be negative). */
   profitBytes: number;
-  /** PR_SET_MEMORY_MERGE is on for it. */
-  mergeAny: boolean;
-  /** It has at least one mergeable mapping. */
-  mergeable: boolean;
+  /** PR_SET_MEMORY_MERGE is on for it; null on kernels whose ksm_stat lacks the line. */
+  mergeAny: boolean | null;
+  /** It has at least one mergeable mapping; null likewise. */
+  mergeable: boolean | null;
 }
 
-/** Parse the text of /proc/<pid>/ksm_stat (`name value` lines; fields a kernel lacks read 0 / false). */
+/** Parse the text of /proc/<pid>/ksm_stat (`name value` lines; numbers a kernel lacks read 0, flags null). */
 export function parseKsmStat(text: string): KsmProcessStat {
   const f = new Map<string, string>();
   for (const line of text.split("\n")) {
@@ -197,8 +202,8 @@ export function parseKsmStat(text: string): KsmProcessStat {
     mergingPages: num("ksm_merging_pages"),
     zeroPages: num("ksm_zero_pages"),
     profitBytes: num("ksm_process_profit"),
-    mergeAny: f.get("ksm_merge_any") === "yes",
-    mergeable: f.get("ksm_mergeable") === "yes",
+    mergeAny: f.has("ksm_merge_any") ? f.get("ksm_merge_any") === "yes" : null,
+    mergeable: f.has("ksm_mergeable") ? f.get("ksm_mergeable") === "yes" : null,
   };
 }
 

@@ -63,7 +63,9 @@ export function restorePoolOptions(cfg: Config): RestorePoolOptions {
  * `recover`, which adopts what a previous node left running (VMMs, the disk daemon and the
  * exports its sandboxes use, their slots), reaps the rest, then starts the disk daemon and the
  * network manager (adoption.ts).
- * @throws VmmError (bad driver config), SnapshotError / ConfigError (bad `[snapshot]` or `[pool.restore]`).
+ * @throws VmmError (bad driver config; `vmm.ksm_unavailable` for `[vm] ksm` without KSM, or "all"
+ *   before Linux 6.7), KsmError `ksm.failed` (a KSM knob or the prctl refused), SnapshotError /
+ *   ConfigError (bad `[snapshot]` or `[pool.restore]`).
  */
 export async function createVmRuntime(cfg: Config, db: Db, oc: OrchestratorConfig): Promise<VmRuntime> {
   const runtimePath = cfg.runtime_path;
@@ -76,8 +78,8 @@ export async function createVmRuntime(cfg: Config, db: Db, oc: OrchestratorConfi
   if (ksm.mode !== "off") {
     const h = (s: typeof ksm.before) => s && { run: s.run, pagesToScan: s.pagesToScan, sleepMs: s.sleepMs, useZeroPages: s.useZeroPages, advisor: s.advisorMode, advisorMaxCpu: s.advisorMaxCpu, advisorScanSecs: s.advisorTargetScanSecs };
     logger("vmm.ksm").info({ mode: ksm.mode, processMerge: ksm.processMerge, before: h(ksm.before), after: h(ksm.after) }, "kernel samepage merging on");
-    if (ksm.warning) logger("vmm.ksm").warn({ mode: ksm.mode, driver: driver.name }, ksm.warning);
   }
+  if (ksm.warning) logger("vmm.ksm").warn({ mode: ksm.mode, driver: driver.name }, ksm.warning);
   const homePath = cfg.home_path;
   // adopt: a daemon a previous node left serving is kept with its devices (claimed by recover)
   const disks = new DiskService({ dir: join(runtimePath, "disk"), config: diskConfig(cfg), mode: "adopt" });
