@@ -1,8 +1,9 @@
 /**
  * Kernel samepage merging through a real node (issue 32, `[vm] ksm = "all"`): the node starts the
  * host's ksmd and its own memory, the disk daemon's and every QEMU's become mergeable; equal pages
- * two sandboxes' guests wrote are merged (fixtures/ksm.ts), a write to them reaches only its
- * writer, and /metrics shows the host's counters. The host's KSM knobs are put back afterwards.
+ * two sandboxes' guests wrote are merged, which the writer's overwrite in place shows by taking
+ * them private again (fixtures/ksm.ts), the write reaches only its writer, and /metrics shows
+ * the host's counters. The host's KSM knobs are put back afterwards.
  */
 import { afterAll, expect, test } from "bun:test";
 import { ksmSettingsOf, readKsmHost, readKsmStat, writeKsmHost } from "../../src/ffi/ksm.ts";
@@ -26,20 +27,25 @@ test('with [vm] ksm = "all", equal pages of two sandboxes are merged, and a writ
   expect(daemons.length).toBe(1);
   expect(readKsmStat(daemons[0]!)!.mergeAny).toBe(true);
 
-  const o = await w.client("ksm.ts", ["300"]);
+  const o = await w.client("ksm.ts", ["150"], 420_000);
   expect(o.memMerge).toEqual(["microvm,memory-backend=mem,pit=off,mem-merge=on", "microvm,memory-backend=mem,pit=off,mem-merge=on"]);
   for (const q of o.qemu) expect([q.mergeAny, q.mergeable]).toEqual([true, true]);
-  // both guests wrote the same 4096 distinct pages: each QEMU's merged (non-empty) pages rose by
-  // at least that many
   expect(o.shaA).toBe(o.expected);
   expect(o.shaB).toBe(o.expected);
-  for (const m of o.merging) expect(m).toBeGreaterThanOrEqual(4096);
+  expect(o.passesBefore).toBeGreaterThanOrEqual(3);
+  // A overwrote its 4096 data pages in place: at least 3072 of them had been merged (its merged
+  // pages fell by that much once ksmd passed again)
+  if (o.drop < 3072) console.log(`ksm: drop too small: ${JSON.stringify({ mergedBefore: o.mergedBefore, drop: o.drop, host: o.host, qemu: o.qemu })}`);
+  expect(o.dropWanted).toBe(3072);
+  expect(o.drop).toBeGreaterThanOrEqual(3072);
+  expect(o.mergedBefore).toBeGreaterThanOrEqual(3072);
+  expect(o.sharingBefore).toBeGreaterThanOrEqual(3072);
   // copy-on-write of a merged page: the writer sees its new bytes, its neighbour the old ones
   expect(o.newA).toMatch(/^[0-9a-f]{64}$/);
   expect(o.newA).not.toBe(o.expected);
   expect(o.afterA).toBe(o.newA);
   expect(o.afterB).toBe(o.expected);
   expect(o.ksmRunning).toBe(1);
-  expect(o.ksmPagesSharing).toBeGreaterThanOrEqual(4096);
-  console.log(`ksm: ${o.merging.join(" / ")} pages merged per QEMU within ${(o.mergedAfterMs / 1000).toFixed(1)} s; host pages_sharing ${o.ksmPagesSharing}`);
+  expect(o.ksmPagesSharing).toBeGreaterThan(0);
+  console.log(`ksm: ${o.drop} of A's merged pages went private when it overwrote its 4096 (${(o.dropAfterMs / 1000).toFixed(1)} s); host pages_sharing ${o.sharingBefore} before`);
 }, 600_000);
