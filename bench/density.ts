@@ -92,6 +92,12 @@ function cpuTicks(pid: number): number {
   }
 }
 
+/** Pages merged away on the host now: pages_sharing + ksm_zero_pages (NaN without KSM). */
+function ksmMergedAway(): number {
+  const h = readKsmHost();
+  return h ? h.pagesSharing + (Number.isNaN(h.zeroPages) ? 0 : h.zeroPages) : NaN;
+}
+
 /** pid of the kernel's ksmd thread, or null. */
 function ksmdPid(): number | null {
   for (const d of readdirSync("/proc")) {
@@ -378,7 +384,7 @@ try {
       load: loadavg(),
       availMiB: availNow / 1024,
       ksmdPct: ksmd === null ? NaN : ((cpuTicks(ksmd) - k0) / USER_HZ / secs) * 100,
-      ksmSharing: (readKsmHost()?.pagesSharing ?? NaN) + (readKsmHost()?.zeroPages ?? 0),
+      ksmSharing: ksmMergedAway(),
     };
     points.push(p);
     const b = points[0]!;

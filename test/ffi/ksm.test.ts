@@ -8,6 +8,7 @@ import { afterAll, expect, test } from "bun:test";
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { KsmError, ksmSettingsOf, ksmWrites, parseKsmStat, readKsmHost, readKsmStat, writeKsmHost } from "../../src/ffi/ksm.ts";
+import { thrown } from "../helpers/thrown.ts";
 
 const dirs: string[] = [];
 afterAll(() => {
@@ -78,12 +79,7 @@ test("writing knobs changes exactly the ones given; a missing file is ksm.failed
   const empty = mkdtempSync("/tmp/aenv-ksm-");
   dirs.push(empty);
   mkdirSync(join(empty, "run")); // a directory where the file should be: the write fails
-  let err: unknown;
-  try {
-    writeKsmHost({ run: 1 }, empty);
-  } catch (e) {
-    err = e;
-  }
+  const err = thrown(() => writeKsmHost({ run: 1 }, empty));
   expect(err).toBeInstanceOf(KsmError);
   expect((err as KsmError).code).toBe("ksm.failed");
   expect((err as KsmError).details).toMatchObject({ call: "write run", path: join(empty, "run") });

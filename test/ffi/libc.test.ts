@@ -15,20 +15,12 @@ import { openPty, PtyError, resizePty } from "../../src/ffi/pty.ts";
 import { getXattr, setXattr, XattrError } from "../../src/ffi/xattr.ts";
 import { errno, libc } from "../../src/ffi/libc.ts";
 import { encodeTimespec, setRealtimeClock, TIMESPEC_SIZE, timespecOfMs } from "../../src/ffi/clock.ts";
+import { thrown } from "../helpers/thrown.ts";
 
 const dir = mkdtempSync(join(tmpdir(), "libc-"));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
 /** The error `fn` throws (the test fails when it throws nothing). */
-function thrown(fn: () => unknown): unknown {
-  try {
-    fn();
-  } catch (e) {
-    return e;
-  }
-  throw new Error("expected a throw");
-}
-
 test("only src/ffi/libc.ts opens a shared library", () => {
   const root = join(import.meta.dir, "../../src");
   const offenders: string[] = [];

@@ -5,15 +5,7 @@
 import { expect, test } from "bun:test";
 import { randomBytes } from "node:crypto";
 import { encodeRandPoolInfo, MAX_ENTROPY_BYTES, RandomError, reseedKernelRandom, RNDADDENTROPY, RNDRESEEDCRNG } from "../../src/ffi/random.ts";
-
-function thrown(fn: () => unknown): unknown {
-  try {
-    fn();
-  } catch (e) {
-    return e;
-  }
-  throw new Error("expected a throw");
-}
+import { thrown } from "../helpers/thrown.ts";
 
 test("ioctl numbers are _IOW('R', 3, int[2]) and _IO('R', 7)", () => {
   // _IOC(dir, type, nr, size) = dir << 30 | size << 16 | type << 8 | nr

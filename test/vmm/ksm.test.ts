@@ -8,6 +8,7 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { applyKsm, ksmGauges, VmmError } from "../../src/vmm/index.ts";
 import { kernelVersion } from "../../src/vmm/ksm.ts";
+import { thrown } from "../helpers/thrown.ts";
 
 const dirs: string[] = [];
 afterAll(() => {
@@ -62,15 +63,6 @@ test('"guest" under Firecracker warns that nothing is marked', () => {
   const r = applyKsm({ mode: "guest", scanSecs: 0, maxCpuPercent: 25, pagesToScan: 0, driver: "firecracker" }, fakeSysfs());
   expect(r.warning).toContain('use "all"');
 });
-
-function thrown(fn: () => unknown): unknown {
-  try {
-    fn();
-  } catch (e) {
-    return e;
-  }
-  throw new Error("expected a throw");
-}
 
 test('merging asked for on a kernel without KSM, or "all" before Linux 6.7, is vmm.ksm_unavailable and changes nothing', () => {
   const err = thrown(() => applyKsm({ mode: "all", scanSecs: 0, maxCpuPercent: 25, pagesToScan: 1000, driver: "qemu" }, "/nonexistent/ksm"));
